@@ -1,0 +1,5 @@
+import sys
+
+from dpfy.cli import main
+
+sys.exit(main())

@@ -1,0 +1,272 @@
+"""The privacy ledger: a record of every noisy release a run makes.
+
+Every noisy release (a clipped-gradient sum, a quantile count, a threshold gradient, a loss
+probe, ...) is written here, and nothing else in dpfy is allowed to know how much privacy a run
+spent: accountants read a ledger (``dpfy.privacy.accountants``), calibration searches over
+ledgers that *would* be written, and the privacy report is rendered from one.
+
+A ledger is a list of :class:`StepGroup` records. A group is a run of consecutive, identical
+steps (same sampling, same rate, same releases), so 100,000 steps at one σ are one record and a
+1,000-step decay schedule is at most 1,000 records. Each step is turned into a ``dp_accounting``
+``DpEvent`` by :meth:`StepGroup.step_event`; the whole ledger by :meth:`Ledger.dp_event`.
+
+Sampling semantics (DESIGN.md: "the sampler and the accountant's assumption are the same
+object's facts"): the sampler hands its :class:`Sampling` and rate to ``record_step``; the
+ledger never guesses them.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Iterator, Sequence
+
+import dp_accounting
+
+from dpfy._validate import require
+
+__all__ = ["Sampling", "Release", "StepGroup", "Ledger"]
+
+
+class Sampling(str, enum.Enum):
+    """How the examples of one step were chosen; decides amplification and adjacency.
+
+    - ``POISSON``: each example joins the batch independently with probability q
+      (add/remove-one adjacency). Accounted as ``PoissonSampledDpEvent(q, ·)``.
+    - ``SHUFFLE``: fixed-size batches from a shuffled pass over the data (what a plain
+      ``DataLoader(shuffle=True)`` does). No Poisson amplification may be claimed: each step is
+      accounted as the unamplified release, which is an upper bound for every example.
+    - ``NONE``: full-batch or otherwise unsampled releases; no amplification.
+    """
+
+    POISSON = "poisson"
+    SHUFFLE = "shuffle"
+    NONE = "none"
+
+
+@dataclass(frozen=True)
+class Release:
+    """One noisy Gaussian release inside a step: Σ_i v_i + N(0, (σ·Δ)²).
+
+    Args:
+      mechanism: what was released, e.g. ``"gradient"``, ``"quantile_count"``,
+        ``"threshold_gradient"``, ``"loss_probe"``.
+      noise_multiplier: σ, the noise std divided by the release's L2 sensitivity Δ
+        (add/remove one example). 0 means no noise: the release is not private.
+    """
+
+    mechanism: str
+    noise_multiplier: float
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.mechanism, str) and self.mechanism != "", "mechanism",
+                self.mechanism, "a non-empty name", "Name what is released, e.g. 'gradient'")
+        require(self.noise_multiplier >= 0, "noise_multiplier", self.noise_multiplier, ">= 0",
+                "Pass the noise std divided by the release's sensitivity")
+
+    def dp_event(self) -> dp_accounting.DpEvent:
+        """The unsampled event of this release."""
+        if self.noise_multiplier == 0:
+            return dp_accounting.NonPrivateDpEvent()
+        return dp_accounting.GaussianDpEvent(self.noise_multiplier)
+
+
+@dataclass(frozen=True)
+class StepGroup:
+    """``count`` consecutive identical steps starting at ``first_step`` (0-based).
+
+    Args:
+      first_step: index of the first step of the run.
+      count: number of identical steps (>= 1).
+      sampling: how the batch of each step was formed.
+      sample_rate: q, the probability an example is in a step's batch (Poisson), or
+        batch_size / dataset_size for shuffled batches (informational only: not amplified).
+      releases: the noisy releases of one step; composed within the step.
+    """
+
+    first_step: int
+    count: int
+    sampling: Sampling
+    sample_rate: float
+    releases: tuple[Release, ...]
+
+    def __post_init__(self) -> None:
+        require(self.first_step >= 0, "first_step", self.first_step, ">= 0")
+        require(self.count >= 1, "count", self.count, ">= 1")
+        require(isinstance(self.sampling, Sampling), "sampling", self.sampling,
+                f"one of {[s.value for s in Sampling]}")
+        require(0 < self.sample_rate <= 1, "sample_rate", self.sample_rate, "in (0, 1]",
+                "Use batch_size / dataset_size")
+        require(len(self.releases) >= 1, "releases", self.releases, "at least one Release")
+
+    @property
+    def last_step(self) -> int:
+        return self.first_step + self.count - 1
+
+    def same_step_as(self, other: "StepGroup") -> bool:
+        return (self.sampling, self.sample_rate, self.releases) == (
+            other.sampling, other.sample_rate, other.releases)
+
+    def step_event(self) -> dp_accounting.DpEvent:
+        """The DpEvent of *one* step of this group."""
+        inner = (self.releases[0].dp_event() if len(self.releases) == 1 else
+                 dp_accounting.ComposedDpEvent([r.dp_event() for r in self.releases]))
+        if self.sampling is Sampling.POISSON and self.sample_rate < 1:
+            return dp_accounting.PoissonSampledDpEvent(self.sample_rate, inner)
+        return inner
+
+    def dp_event(self) -> dp_accounting.DpEvent:
+        """The DpEvent of all ``count`` steps of this group."""
+        step = self.step_event()
+        return step if self.count == 1 else dp_accounting.SelfComposedDpEvent(step, self.count)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["sampling"] = self.sampling.value
+        d["releases"] = [asdict(r) for r in self.releases]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "StepGroup":
+        return cls(first_step=int(d["first_step"]), count=int(d["count"]),
+                   sampling=Sampling(d["sampling"]), sample_rate=float(d["sample_rate"]),
+                   releases=tuple(Release(r["mechanism"], float(r["noise_multiplier"]))
+                                  for r in d["releases"]))
+
+
+@dataclass
+class Ledger:
+    """Every noisy release of a run, as run-length-encoded step groups.
+
+    Use :meth:`record_step` once per optimizer update (one logical batch). ``dataset_size`` is
+    the number of private examples N; it is public and needed by reports and by accountants of
+    shuffled sampling.
+    """
+
+    dataset_size: int | None = None
+    groups: list[StepGroup] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.dataset_size is not None:
+            require(self.dataset_size >= 1, "dataset_size", self.dataset_size, ">= 1")
+
+    # -- writing ---------------------------------------------------------------------------
+    def record_step(self, *, sampling: Sampling, sample_rate: float,
+                    releases: Sequence[Release], count: int = 1) -> None:
+        """Record ``count`` identical steps, each releasing ``releases`` (composed)."""
+        group = StepGroup(self.num_steps, count, Sampling(sampling), float(sample_rate),
+                          tuple(releases))
+        if self.groups and self.groups[-1].same_step_as(group):
+            last = self.groups[-1]
+            self.groups[-1] = StepGroup(last.first_step, last.count + count, last.sampling,
+                                        last.sample_rate, last.releases)
+        else:
+            self.groups.append(group)
+
+    def extend(self, other: "Ledger") -> None:
+        """Append every step of ``other`` after this ledger's steps."""
+        for g in other.groups:
+            self.record_step(sampling=g.sampling, sample_rate=g.sample_rate,
+                             releases=g.releases, count=g.count)
+
+    # -- reading ---------------------------------------------------------------------------
+    @property
+    def num_steps(self) -> int:
+        return self.groups[-1].last_step + 1 if self.groups else 0
+
+    def __len__(self) -> int:
+        return self.num_steps
+
+    def __iter__(self) -> Iterator[StepGroup]:
+        return iter(self.groups)
+
+    def mechanisms(self) -> list[str]:
+        """Names of all mechanisms released, in first-seen order."""
+        seen: dict[str, None] = {}
+        for g in self.groups:
+            for r in g.releases:
+                seen.setdefault(r.mechanism, None)
+        return list(seen)
+
+    def samplings(self) -> set[Sampling]:
+        return {g.sampling for g in self.groups}
+
+    def is_private(self) -> bool:
+        """False if any release had no noise (then ε is infinite)."""
+        return all(r.noise_multiplier > 0 for g in self.groups for r in g.releases)
+
+    def prefix(self, num_steps: int) -> "Ledger":
+        """The ledger of the first ``num_steps`` steps (for ε-over-steps curves)."""
+        require(0 <= num_steps <= self.num_steps, "num_steps", num_steps,
+                f"in [0, {self.num_steps}]")
+        out = Ledger(self.dataset_size)
+        for g in self.groups:
+            if g.first_step >= num_steps:
+                break
+            n = min(g.count, num_steps - g.first_step)
+            out.record_step(sampling=g.sampling, sample_rate=g.sample_rate,
+                            releases=g.releases, count=n)
+        return out
+
+    def only(self, mechanism: str) -> "Ledger":
+        """The ledger restricted to one mechanism (for each mechanism's share of the budget)."""
+        out = Ledger(self.dataset_size)
+        for g in self.groups:
+            rs = tuple(r for r in g.releases if r.mechanism == mechanism)
+            if rs:
+                out.record_step(sampling=g.sampling, sample_rate=g.sample_rate, releases=rs,
+                                count=g.count)
+        return out
+
+    def dp_event(self) -> dp_accounting.DpEvent:
+        """The whole run as one dp_accounting event (NoOp when empty)."""
+        if not self.groups:
+            return dp_accounting.NoOpDpEvent()
+        events = [g.dp_event() for g in self.groups]
+        return events[0] if len(events) == 1 else dp_accounting.ComposedDpEvent(events)
+
+    # -- serialization ---------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": "dpfy-ledger/1", "dataset_size": self.dataset_size,
+                "num_steps": self.num_steps, "groups": [g.to_dict() for g in self.groups]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Ledger":
+        require(d.get("format") == "dpfy-ledger/1", "format", d.get("format"),
+                "'dpfy-ledger/1'", "This is not a dpfy ledger")
+        out = cls(d.get("dataset_size"))
+        for g in d["groups"]:
+            sg = StepGroup.from_dict(g)
+            require(sg.first_step == out.num_steps, "first_step", sg.first_step,
+                    f"== {out.num_steps} (groups must be contiguous)", "The ledger is corrupt")
+            out.record_step(sampling=sg.sampling, sample_rate=sg.sample_rate,
+                            releases=sg.releases, count=sg.count)
+        return out
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Ledger":
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def homogeneous(cls, *, sample_rate: float, noise_multiplier: float, steps: int,
+                    sampling: Sampling = Sampling.POISSON, dataset_size: int | None = None,
+                    mechanism: str = "gradient") -> "Ledger":
+        """A ledger of ``steps`` identical DP-SGD steps (what calibration searches over)."""
+        out = cls(dataset_size)
+        out.record_step(sampling=sampling, sample_rate=sample_rate,
+                        releases=[Release(mechanism, noise_multiplier)], count=steps)
+        return out
+
+    @classmethod
+    def from_schedule(cls, *, sample_rates: Iterable[float], noise_multipliers: Iterable[float],
+                      sampling: Sampling = Sampling.POISSON, dataset_size: int | None = None,
+                      mechanism: str = "gradient") -> "Ledger":
+        """A ledger with one step per (q_t, σ_t) pair; equal neighbours are merged."""
+        out = cls(dataset_size)
+        for q, s in zip(sample_rates, noise_multipliers, strict=True):
+            out.record_step(sampling=sampling, sample_rate=q, releases=[Release(mechanism, s)])
+        return out
