@@ -1,0 +1,203 @@
+"""Dynamic DP-SGD: a growing per-step GDP parameter μ_t and a decaying clip C_t.
+
+References: "Dynamic Differential-Privacy Preserving SGD" (seed 001), digest
+``shared/reference/001-dynamic-dpsgd.md`` §2 (growing μ_t, Alg. 1), §3 (sensitivity decay),
+§4 (Alg. 2).
+
+With the paper's 1-based step t = 1..T (``t = step + 1`` for dpfy's 0-based steps):
+
+    C_t = C_0 · ρ_c^(−t/T)                                  (Eq. 14)
+    μ_t = μ_0 · ρ_μ^(t/T)                                   (Eq. 11)
+    σ_t = C_t / μ_t = (C_0/μ_0) · (ρ_μ ρ_c)^(−t/T)           (Alg. 2 line 4; absolute noise std)
+    z_t = σ_t / C_t = ρ_μ^(−t/T) / μ_0                       (noise multiplier on the sum)
+
+Only z_t reaches the ledger, so privacy depends on ρ_μ and μ_0 and *not* on ρ_c or C_0:
+sensitivity decay (ρ_μ = 1) is vanilla DP-SGD's accounting with a shrinking clip and noise.
+Later steps spend more (μ_t grows): the ε-consumption curve stays below vanilla's until T
+and meets it there.
+
+μ_0 is chosen so the run meets a target (ε, δ), in one of two ways:
+
+- ``calibration="gdp"`` (the paper's Algorithm 1): μ_tot from (ε, δ) by Eq. (1), then μ_0
+  from Eq. (12), p·sqrt(Σ_t expm1(μ_t²)) = μ_tot, by bisection on the bracket
+  [μ_0⁽¹⁾/ρ_μ, μ_0⁽¹⁾] with μ_0⁽¹⁾ the constant-μ solution (Eq. 15). The CLT is an
+  approximation and can under-report ε (Gopi et al. 2021), so the rigorous ε of the run
+  (PLD) can exceed the target.
+- ``calibration="pld"`` (the paper's "future work"): the accountant solves the scale s of
+  z_t = s·ρ_μ^(−t/T) so the PLD ε of the ledger equals the target; μ_0 = 1/s.
+
+Releases per step: the clipped-gradient sum (clip C_t), noise multiplier z_t.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from dpfy._validate import require
+from dpfy.adaptive._planned import PlannedSchedule
+from dpfy.adaptive.base import register
+
+__all__ = ["DynamicDPSGD", "PRESETS", "CALIBRATIONS", "solve_mu0", "calibrate_dynamic"]
+
+# preset name -> (uses ρ_μ, uses ρ_c); the other ratio is fixed at 1 (digest §4).
+PRESETS = {
+    "vanilla": (False, False),            # constant μ and C: DP-SGD with the GDP CLT (Bu et al.)
+    "growing_mu": (True, False),          # Alg. 1
+    "sensitivity_decay": (False, True),   # §4.3
+    "dynamic": (True, True),              # Alg. 2
+}
+CALIBRATIONS = ("gdp", "pld")
+
+
+@register("dynamic")
+@dataclass(frozen=True)
+class DynamicDPSGD(PlannedSchedule):
+    """The Alg. 2 schedule for a given μ_0 (use :func:`calibrate_dynamic` to solve μ_0).
+
+    Args:
+      mu0: μ_0 > 0, the GDP parameter before step 1 (never applied itself; μ_1 = μ_0 ρ_μ^(1/T)).
+      total_steps: T, fixed in advance; later steps are refused.
+      rho_mu: ρ_μ = μ_T/μ_0 ≥ 1.
+      rho_c: ρ_c = C_0/C_T ≥ 1.
+      clip0: C_0 > 0, the clip before step 1 (the engine's max_grad_norm is ignored).
+      stages: None (the paper: a new value every step) or K ≤ T, holding μ_t and C_t constant
+        within K equal stages at the value of each stage's last step. Fewer distinct steps make
+        PLD accounting and calibration far cheaper; the schedule trained and the ledger
+        accounted are the same either way.
+    """
+
+    mu0: float
+    total_steps: int
+    rho_mu: float = 1.0
+    rho_c: float = 1.0
+    clip0: float = 1.0
+    stages: int | None = None
+
+    def __post_init__(self) -> None:
+        require(self.mu0 > 0, "mu0", self.mu0, "> 0", "Use calibrate_dynamic() to solve μ_0")
+        require(self.total_steps >= 1, "total_steps", self.total_steps, ">= 1")
+        require(self.rho_mu >= 1, "rho_mu", self.rho_mu, ">= 1",
+                "ρ_μ = μ_T/μ_0; the paper's grid is 1/ρ in {0.1, ..., 0.8}")
+        require(self.rho_c >= 1, "rho_c", self.rho_c, ">= 1",
+                "ρ_c = C_0/C_T; the paper's grid is 1/ρ in {0.1, ..., 0.8}")
+        require(self.clip0 > 0, "clip0", self.clip0, "> 0")
+        if self.stages is not None:
+            require(1 <= self.stages <= self.total_steps, "stages", self.stages,
+                    f"None or in [1, total_steps = {self.total_steps}]")
+
+    def fraction(self, step: int) -> float:
+        """t/T for 0-based ``step`` (paper t = step + 1), rounded up to the stage end."""
+        self.check_step(step)
+        t, big_t = step + 1, self.total_steps
+        if self.stages is None:
+            return t / big_t
+        stage = -(-t * self.stages // big_t)          # ⌈tK/T⌉ in 1..K, exact integers
+        return stage / self.stages
+
+    def mu(self, step: int) -> float:
+        """μ_t = μ_0 ρ_μ^(t/T) (Eq. 11)."""
+        return self.mu0 * self.rho_mu ** self.fraction(step)
+
+    def clip(self, step: int, base_clip: float = 1.0) -> float:
+        """C_t = C_0 ρ_c^(−t/T) (Eq. 14); ``base_clip`` is ignored (C_0 is the schedule's)."""
+        return self.clip0 * self.rho_c ** (-self.fraction(step))
+
+    def sigma(self, step: int) -> float:
+        """σ_t = C_t/μ_t, the absolute noise std on the gradient sum (Alg. 2 line 4)."""
+        return self.clip(step) / self.mu(step)
+
+    def noise_multiplier(self, step: int) -> float:
+        """z_t = σ_t/C_t = 1/μ_t, what the ledger records."""
+        return 1.0 / self.mu(step)
+
+    def fractions(self) -> np.ndarray:
+        """t/T for every step, shape (T,); the vectorized :meth:`fraction`."""
+        t = np.arange(1, self.total_steps + 1)
+        if self.stages is None:
+            return t / self.total_steps
+        return -(-t * self.stages // self.total_steps) / self.stages
+
+    def mus(self) -> np.ndarray:
+        """μ_t for every step, shape (T,)."""
+        return self.mu0 * self.rho_mu ** self.fractions()
+
+    def noise_multipliers(self) -> np.ndarray:
+        """z_t = 1/μ_t for every step, shape (T,)."""
+        return 1.0 / self.mus()
+
+    def mu_tot(self, sample_rate: float, steps: int | None = None) -> float:
+        """The paper's CLT μ_tot (Eq. 9) after ``steps`` steps (default T), via dpfy.privacy.gdp."""
+        from dpfy.privacy import gdp
+
+        mus = self.mus()[: self.total_steps if steps is None else steps]
+        return float(gdp.mu_total(sample_rate, mus))
+
+
+def solve_mu0(mu_tot: float, *, sample_rate: float, total_steps: int, rho_mu: float,
+              stages: int | None = None, tol: float = 1e-13) -> float:
+    """μ_0 with Eq. (9) of the schedule equal to ``mu_tot`` (the paper's Algorithm 1, step 2).
+
+    Eq. (9) increases strictly with μ_0, and every μ_t lies in [μ_0, ρ_μ μ_0], so the root
+    lies in [μ_0⁽¹⁾/ρ_μ, μ_0⁽¹⁾] where μ_0⁽¹⁾ = sqrt(log(μ_tot²/(p²T) + 1)) solves the
+    constant-μ case (Eq. 15). Bisection to relative ``tol``; μ_tot itself is evaluated by
+    ``dpfy.privacy.gdp.mu_total`` so there is one Eq. (9) in dpfy.
+    """
+    require(mu_tot > 0, "mu_tot", mu_tot, "> 0")
+    require(0 < sample_rate <= 1, "sample_rate", sample_rate, "in (0, 1]")
+    flat = math.sqrt(math.log1p(mu_tot ** 2 / (sample_rate ** 2 * total_steps)))   # Eq. (15)
+    if rho_mu == 1:
+        return flat
+
+    def excess(mu0: float) -> float:
+        sched = DynamicDPSGD(mu0=mu0, total_steps=total_steps, rho_mu=rho_mu, stages=stages)
+        return sched.mu_tot(sample_rate) - mu_tot
+
+    lo, hi = flat / rho_mu, flat
+    while hi - lo > tol * hi:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if excess(mid) < 0 else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+def calibrate_dynamic(preset: str = "dynamic", *, target_epsilon: float, delta: float,
+                      sample_rate: float, total_steps: int, clip0: float = 1.0,
+                      rho_mu: float = 2.0, rho_c: float = 2.0, stages: int | None = None,
+                      calibration: str = "pld") -> DynamicDPSGD:
+    """A :class:`DynamicDPSGD` of ``preset`` whose run spends ``target_epsilon`` at ``delta``.
+
+    Args:
+      preset: ``vanilla`` (ρ_μ = ρ_c = 1), ``growing_mu`` (ρ_c = 1), ``sensitivity_decay``
+        (ρ_μ = 1) or ``dynamic``; a ratio the preset does not use is set to 1.
+      calibration: ``"gdp"`` (paper's CLT, Alg. 1) or ``"pld"`` (rigorous: the run's PLD ε
+        equals the target to the accountant's precision).
+      rho_mu, rho_c: defaults 2 are the middle of the paper's grid (1/ρ = 0.5), chosen a
+        priori; the paper's selected values are not reported.
+    """
+    require(preset in PRESETS, "preset", preset, f"one of {sorted(PRESETS)}")
+    require(calibration in CALIBRATIONS, "calibration", calibration,
+            f"one of {list(CALIBRATIONS)}",
+            "Use 'pld' for a rigorous guarantee; 'gdp' reproduces the paper's CLT calibration")
+    require(target_epsilon > 0, "target_epsilon", target_epsilon, "> 0")
+    require(total_steps >= 1, "total_steps", total_steps, ">= 1")
+    uses_mu, uses_c = PRESETS[preset]
+    rho_mu, rho_c = (rho_mu if uses_mu else 1.0), (rho_c if uses_c else 1.0)
+    shape = DynamicDPSGD(mu0=1.0, total_steps=total_steps, rho_mu=rho_mu, stages=stages)
+    if calibration == "gdp":
+        from dpfy.privacy import gdp
+
+        mu_tot = gdp.mu_for_epsilon(target_epsilon, delta)                 # Eq. (1) inverted
+        mu0 = solve_mu0(mu_tot, sample_rate=sample_rate, total_steps=total_steps,
+                        rho_mu=rho_mu, stages=stages)
+    else:
+        from dpfy.privacy.calibration import calibrate_schedule_scale
+
+        # z_t = s · ρ_μ^(−t/T): the shape is the noise multipliers at μ_0 = 1, and μ_0 = 1/s.
+        scale = calibrate_schedule_scale(shape=shape.noise_multipliers(),
+                                         target_epsilon=target_epsilon, delta=delta,
+                                         sample_rate=sample_rate, accountant="pld")
+        mu0 = 1.0 / scale
+    return DynamicDPSGD(mu0=mu0, total_steps=total_steps, rho_mu=rho_mu, rho_c=rho_c,
+                        clip0=clip0, stages=stages)

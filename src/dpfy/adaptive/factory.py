@@ -1,0 +1,112 @@
+"""``make_schedule``: one entry point from a name and a privacy target to a ready schedule.
+
+Used by ``make_private(..., schedule=...)`` callers, ``dpfy train --schedule NAME`` and the
+reproductions. Every schedule it returns spends at most ``target_epsilon`` at ``delta`` over
+its ``total_steps`` — by construction for the calibrated ones (the accountant solves the
+scale), by truncation for explicit ones (early stopping at the target ε), and by the engine's
+budget guard for ``plateau`` (which cannot be calibrated; STYLE.md R9).
+
+Names:
+
+- noise decay (``schedules.py``): ``constant``, ``time``, ``exponential``, ``step``,
+  ``polynomial``. Options: ``rate`` (k), ``period``, ``final_ratio`` (σ_end/σ_0, polynomial),
+  ``per`` (``"epoch"`` default, or ``"step"``), ``initial`` (σ_0: if given, the schedule is
+  used as is and stopped early at the first step where ε would exceed the target; if not, σ_0
+  is calibrated so the whole run spends exactly the target).
+- validation plateau (``plateau.py``): ``plateau``. Options: ``initial`` (required),
+  ``factor``, ``threshold``, ``min_noise_multiplier``, ``window``.
+- Dynamic DP-SGD presets (``dynamic.py``): ``vanilla``, ``growing_mu``,
+  ``sensitivity_decay``, ``dynamic``. Options: ``rho_mu``, ``rho_c``, ``stages``. The clip
+  C_0 is ``max_grad_norm``. ``accountant="pld"`` solves μ_0 against PLD (rigorous);
+  ``accountant="gdp"`` uses the paper's CLT bracket (Alg. 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from dpfy._validate import require
+from dpfy.adaptive._planned import steps_within_budget
+from dpfy.adaptive.base import AdaptiveMethod
+from dpfy.adaptive.dynamic import PRESETS, calibrate_dynamic
+from dpfy.adaptive.plateau import PlateauNoiseDecay
+from dpfy.adaptive.schedules import KINDS, NoiseDecay
+
+__all__ = ["make_schedule", "SCHEDULE_NAMES"]
+
+SCHEDULE_NAMES = tuple(KINDS) + ("plateau",) + tuple(PRESETS)
+
+
+def make_schedule(name: str, *, target_epsilon: float, delta: float, sample_rate: float,
+                  total_steps: int, steps_per_epoch: int, max_grad_norm: float,
+                  accountant: str = "pld", **options: Any) -> AdaptiveMethod:
+    """Build schedule ``name`` for a run of ``total_steps`` updates at Poisson rate ``sample_rate``.
+
+    Args:
+      name: one of ``SCHEDULE_NAMES``.
+      target_epsilon, delta: the run's budget.
+      sample_rate: q, the sampler's Poisson rate.
+      total_steps: optimizer updates planned (the budget guard's horizon).
+      steps_per_epoch: updates per epoch (per-epoch decay and reporting).
+      max_grad_norm: the clip C (C_0 for Dynamic DP-SGD).
+      accountant: ``"pld"`` (default, rigorous), ``"rdp"``, or ``"gdp"`` (the paper's CLT; an
+        approximation that can under-report ε).
+      **options: schedule-specific, see the module docstring. Unknown options raise.
+    """
+    require(name in SCHEDULE_NAMES, "schedule", name, f"one of {sorted(SCHEDULE_NAMES)}")
+    require(target_epsilon > 0, "target_epsilon", target_epsilon, "> 0")
+    require(0 < delta < 1, "delta", delta, "in (0, 1)")
+    require(0 < sample_rate <= 1, "sample_rate", sample_rate, "in (0, 1]")
+    require(total_steps >= 1, "total_steps", total_steps, ">= 1")
+    require(steps_per_epoch >= 1, "steps_per_epoch", steps_per_epoch, ">= 1")
+    require(max_grad_norm > 0, "max_grad_norm", max_grad_norm, "> 0")
+    budget = dict(target_epsilon=target_epsilon, delta=delta, sample_rate=sample_rate)
+    if name in PRESETS:
+        _check_options(name, options, {"rho_mu", "rho_c", "stages"})
+        require(accountant in ("pld", "gdp"), "accountant", accountant,
+                "'pld' or 'gdp' for Dynamic DP-SGD",
+                "'pld' solves μ_0 rigorously; 'gdp' is the paper's CLT calibration")
+        return calibrate_dynamic(name, total_steps=total_steps, clip0=max_grad_norm,
+                                 calibration=accountant, **budget, **options)
+    if name == "plateau":
+        _check_options(name, options, {"initial", "factor", "threshold",
+                                       "min_noise_multiplier", "window"})
+        if "initial" not in options:
+            PlateauNoiseDecay.calibrate()   # raises, naming the budget guard
+        options.setdefault("factor", 0.9)
+        options.setdefault("threshold", 0.0)
+        options.setdefault("min_noise_multiplier", options["initial"] / 4)
+        return PlateauNoiseDecay(total_steps=total_steps, **options)
+    _check_options(name, options, {"per", "rate", "period", "final_ratio", "initial"})
+    return _noise_decay(name, total_steps=total_steps, steps_per_epoch=steps_per_epoch,
+                        accountant=accountant, budget=budget, **options)
+
+
+def _noise_decay(kind: str, *, total_steps: int, steps_per_epoch: int, accountant: str,
+                 budget: dict[str, float], per: str = "epoch", rate: float = 0.0,
+                 period: int | None = None, final_ratio: float = 0.5,
+                 initial: float | None = None) -> NoiseDecay:
+    units = total_steps if per == "step" else -(-total_steps // steps_per_epoch)
+    if kind == "polynomial":
+        require(0 < final_ratio <= 1, "final_ratio", final_ratio, "in (0, 1]",
+                "σ_end/σ_0 must not exceed 1 (σ_end > σ_0 is growth, not decay)")
+    period = period if period is not None else (max(units - 1, 1) if kind == "polynomial" else 1)
+    sigma0 = 1.0 if initial is None else initial
+    sched = NoiseDecay(kind=kind, initial=sigma0, total_steps=total_steps, rate=rate,
+                       period=period, final=final_ratio * sigma0 if kind == "polynomial" else 0.0,
+                       per=per, steps_per_epoch=steps_per_epoch)
+    if initial is None:                                    # calibrate σ_0 to spend the target
+        from dpfy.privacy.calibration import calibrate_schedule_scale
+
+        scale = calibrate_schedule_scale(shape=sched.shape(), accountant=accountant, **budget)
+        return sched.scaled(scale)
+    stop = steps_within_budget(sched, accountant=accountant, **budget)   # early stopping
+    require(stop >= 1, "initial", initial, "large enough that one step fits the budget",
+            "Raise σ_0 or the target ε")
+    return replace(sched, total_steps=stop)
+
+
+def _check_options(name: str, options: dict[str, Any], allowed: set[str]) -> None:
+    extra = sorted(set(options) - allowed)
+    require(not extra, "options", extra, f"among {sorted(allowed)} for schedule {name!r}")
