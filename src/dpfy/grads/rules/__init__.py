@@ -1,0 +1,6 @@
+"""Layer rules, one file per layer type; importing this package registers them all."""
+
+from dpfy.grads.rules import conv, embedding, groupnorm, layernorm, linear  # noqa: F401
+from dpfy.grads.rules.base import RULES, LayerRule, register_rule, rule_for
+
+__all__ = ["LayerRule", "RULES", "register_rule", "rule_for"]

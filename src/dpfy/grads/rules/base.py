@@ -1,0 +1,84 @@
+"""The layer-rule registry: one rule object per layer type, carrying per-sample gradients,
+ghost norms and book-keeping weighted sums (STYLE.md R7).
+
+For a layer y = f(a; θ) called on a batch, the engine captures the input ``a`` (forward hook) and
+the output gradient ``g = ∂L/∂y`` (tensor hook) during the user's single backward pass. A rule
+turns (a, g) into, per trainable parameter θ_k of the layer:
+
+- ``grad_sample``: the per-sample gradients ∂ℓ_i/∂θ_k, shape (B, *θ_k.shape);
+- ``sq_norm`` (optional, "ghost"): ‖∂ℓ_i/∂θ_k‖², shape (B,), without materializing them;
+- ``weighted_sum``: Σ_i w_i ∂ℓ_i/∂θ_k for per-sample weights w (B,), by contracting w⊙g with
+  a (book-keeping, Bu et al. 2022), i.e. no second backward pass.
+
+``prefers_ghost`` decides per call, by size, whether the ghost route is cheaper (the hybrid rule
+of fast-differential-privacy: ghost when T² < d_in·d_out for a sequence of length T).
+
+Lookup is by *exact* type: a subclass of ``nn.Linear`` is not silently treated as a Linear (its
+forward may differ); it goes to the vmap engine and ``dpfy explain`` says so.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+__all__ = ["LayerRule", "RULES", "register_rule", "rule_for"]
+
+
+class LayerRule:
+    """Per-sample gradient math for one layer type.
+
+    Subclasses implement ``grad_sample``; they may add ``sq_norm`` (then set ``has_ghost``)
+    and a faster ``weighted_sum``. ``a`` is the layer's captured input (the first positional
+    argument), ``g`` the gradient of the loss w.r.t. its output, already rescaled so that row i
+    is the gradient of example i's own loss ℓ_i.
+    """
+
+    has_ghost: bool = False
+
+    def params(self, layer: nn.Module) -> dict[str, nn.Parameter]:
+        """The layer's own parameters by attribute name (``None`` ones skipped)."""
+        return {n: p for n, p in layer.named_parameters(recurse=False)}
+
+    def grad_sample(self, layer: nn.Module, a: torch.Tensor, g: torch.Tensor
+                    ) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def sq_norm(self, layer: nn.Module, a: torch.Tensor, g: torch.Tensor
+                ) -> dict[str, torch.Tensor]:
+        raise NotImplementedError(f"{type(self).__name__} has no ghost norm")
+
+    def prefers_ghost(self, layer: nn.Module, a: torch.Tensor, g: torch.Tensor) -> bool:
+        return False
+
+    def weighted_sum(self, layer: nn.Module, a: torch.Tensor, g: torch.Tensor,
+                     w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Σ_i w_i ∂ℓ_i/∂θ. Default: contract the materialized per-sample gradients."""
+        gs = self.grad_sample(layer, a, g)  # sensitive: name -> (B, *θ.shape)
+        return {n: torch.einsum("b,b...->...", w[n].to(t.dtype), t) for n, t in gs.items()}
+
+
+RULES: dict[type[nn.Module], LayerRule] = {}
+
+
+def register_rule(*layer_types: type[nn.Module]) -> Callable[[type[LayerRule]], type[LayerRule]]:
+    """Class decorator: register one rule instance for the given exact layer types.
+
+    Registering a type twice raises (no silent overwrite).
+    """
+    def deco(cls: type[LayerRule]) -> type[LayerRule]:
+        rule = cls()
+        for t in layer_types:
+            if t in RULES:
+                raise ValueError(f"a layer rule for {t.__name__} is already registered by "
+                                 f"{type(RULES[t]).__name__}; unregister it first")
+            RULES[t] = rule
+        return cls
+    return deco
+
+
+def rule_for(layer: nn.Module) -> LayerRule | None:
+    """The rule registered for exactly ``type(layer)``, or None."""
+    return RULES.get(type(layer))

@@ -1,0 +1,59 @@
+"""Layer rule for ``nn.Linear`` on (B, d_in) and sequences (B, T..., d_in).
+
+Per-sample gradient of the weight: G_i = Σ_t g_{i,t} a_{i,t}^T  (d_out, d_in).
+Ghost norm (Goodfellow 2015; Li et al. 2022): ‖G_i‖_F² = Σ_{t,t'} (a_t·a_t')(g_t·g_t'),
+i.e. ⟨A_i A_iᵀ, G_i G_iᵀ⟩ with A_i (T, d_in), G_i (T, d_out); for T = 1 it is ‖a_i‖²‖g_i‖².
+Cost: ghost B·T²·(d_in + d_out), materialized B·T·d_in·d_out; we take ghost when
+T² < d_in·d_out (fast-differential-privacy's hybrid rule, shared/reference/003 §2.6).
+Bias: G_i = Σ_t g_{i,t}.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dpfy.grads.rules.base import LayerRule, register_rule
+
+
+def _as_seq(a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flatten all middle dims into one sequence dim: (B, T, d)."""
+    return a.reshape(a.shape[0], -1, a.shape[-1]), g.reshape(g.shape[0], -1, g.shape[-1])
+
+
+@register_rule(nn.Linear)
+class LinearRule(LayerRule):
+    has_ghost = True
+
+    def grad_sample(self, layer, a, g):
+        a, g = _as_seq(a, g)  # (B, T, d_in), (B, T, d_out)
+        out = {"weight": torch.einsum("bto,bti->boi", g, a)}  # (B, d_out, d_in) sensitive
+        if layer.bias is not None:
+            out["bias"] = g.sum(1)  # (B, d_out) sensitive
+        return out
+
+    def prefers_ghost(self, layer, a, g):
+        t = a[0].numel() // a.shape[-1] if a.shape[0] else 1
+        return t * t < layer.in_features * layer.out_features
+
+    def sq_norm(self, layer, a, g):
+        a, g = _as_seq(a, g)  # (B, T, d_in), (B, T, d_out)
+        if a.shape[1] == 1:
+            w = a.square().sum((1, 2)) * g.square().sum((1, 2))  # (B,)
+        else:
+            aa = torch.bmm(a, a.transpose(1, 2))  # (B, T, T) sensitive
+            gg = torch.bmm(g, g.transpose(1, 2))  # (B, T, T) sensitive
+            w = (aa * gg).sum((1, 2))  # (B,)
+        out = {"weight": w}
+        if layer.bias is not None:
+            out["bias"] = g.sum(1).square().sum(1)  # (B,)
+        return out
+
+    def weighted_sum(self, layer, a, g, w):
+        a, g = _as_seq(a, g)
+        gw = g * w["weight"].to(g.dtype)[:, None, None]  # (B, T, d_out)
+        out = {"weight": gw.reshape(-1, gw.shape[-1]).T @ a.reshape(-1, a.shape[-1])}
+        if layer.bias is not None:
+            gb = gw if w["bias"] is w["weight"] else g * w["bias"].to(g.dtype)[:, None, None]
+            out["bias"] = gb.sum((0, 1))  # (d_out,)
+        return out

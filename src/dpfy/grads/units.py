@@ -1,0 +1,113 @@
+"""How a model is split into *units*, each handled by one route, and ``explain`` rows.
+
+A unit is a module with trainable parameters and one way to get its per-sample gradients:
+
+- ``rule``: a registered layer rule (``grads/rules/``): ghost norm or materialized per-sample
+  gradients from the activations and output gradients of the user's own backward pass, chosen per
+  call by size;
+- ``vmap``: torch.func on the module's whole subtree (any module; one extra forward+backward).
+
+With ``engine="vmap"`` the whole model is one vmap unit. Otherwise the model is walked top-down:
+a module with a rule becomes a rule unit; a module that owns trainable parameters directly but has
+no rule becomes a vmap unit covering its subtree (``engine="auto"``) or is an error
+(``engine="ghost"``). Every trainable parameter ends up in exactly one unit or we raise: no
+parameter is ever silently left out.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from dpfy.grads.rules import LayerRule, rule_for
+
+__all__ = ["Unit", "ENGINES", "build_units", "check_model"]
+
+ENGINES = ("auto", "ghost", "vmap")
+
+
+@dataclass
+class Unit:
+    """One module and the route that yields its parameters' per-sample gradients."""
+
+    name: str                         # qualified module name ("" for the root)
+    module: nn.Module
+    rule: LayerRule | None            # None: vmap
+    params: dict[str, nn.Parameter]   # relative name -> trainable parameter
+
+    @property
+    def route(self) -> str:
+        return "vmap" if self.rule is None else "rule"
+
+    def qualified(self, rel: str) -> str:
+        return f"{self.name}.{rel}" if self.name else rel
+
+    def explain(self, why: str = "") -> dict[str, Any]:
+        if self.rule is None:
+            where, how = "dpfy/grads/vmap.py", "vmap"
+        else:
+            where = "dpfy/grads/rules/" + inspect.getfile(type(self.rule)).rsplit("/", 1)[-1]
+            how = ("ghost or per-sample, by size per batch" if self.rule.has_ghost
+                   else "per-sample")
+        return {"module": self.name or "(root)", "type": type(self.module).__name__,
+                "params": sum(p.numel() for p in self.params.values()), "rule": where,
+                "engine": how, "why": why}
+
+
+def check_model(model: nn.Module) -> None:
+    """Refuse layers that mix examples (their per-sample gradients are undefined)."""
+    for name, m in model.named_modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            raise ValueError(
+                f"module {name or '(root)'!r} must not be a {type(m).__name__}, got a layer that "
+                f"mixes the examples of a batch, so per-sample gradients (and DP) are undefined. "
+                f"Call model = dpfy.validate(model, fix=True) to replace it with GroupNorm")
+
+
+def build_units(model: nn.Module, engine: str, trainable: set[int]) -> list[Unit]:
+    """Split ``model`` into units (see module docstring); raise for uncovered parameters."""
+    from dpfy._validate import require
+    require(engine in ENGINES, "engine", engine, f"one of {list(ENGINES)}")
+    check_model(model)
+    if engine == "vmap":
+        params = {n: p for n, p in model.named_parameters() if id(p) in trainable}
+        return [Unit("", model, None, params)] if params else []
+    units: list[Unit] = []
+
+    def visit(m: nn.Module, name: str) -> None:
+        own = {n: p for n, p in m.named_parameters(recurse=False) if id(p) in trainable}
+        rule = rule_for(m)
+        if rule is not None:
+            if own:
+                units.append(Unit(name, m, rule, own))
+            return
+        if own:
+            if engine == "ghost":
+                raise ValueError(
+                    f"engine must be 'auto' or 'vmap' for this model, got engine = 'ghost' with "
+                    f"module {name or '(root)'!r} of type {type(m).__name__}, which has no layer "
+                    f"rule. Use engine='auto' (vmap for that module only) or register a rule "
+                    f"with dpfy.grads.register_rule")
+            units.append(Unit(name, m, None, {n: p for n, p in m.named_parameters()
+                                              if id(p) in trainable}))
+            return
+        for child_name, child in m.named_children():
+            visit(child, f"{name}.{child_name}" if name else child_name)
+
+    visit(model, "")
+    seen: dict[int, str] = {}
+    for u in units:
+        for rel, p in u.params.items():
+            q = u.qualified(rel)
+            if id(p) in seen:
+                raise ValueError(
+                    f"parameter {q!r} must belong to one layer, got it shared with "
+                    f"{seen[id(p)]!r} (tied weights). Use engine='vmap', which handles ties")
+            seen[id(p)] = q
+    missing = [n for n, p in model.named_parameters() if id(p) in trainable and id(p) not in seen]
+    require(not missing, "every trainable parameter", missing, "covered by a unit",
+            "This is a bug in dpfy's unit builder; please report it")
+    return units

@@ -1,0 +1,72 @@
+"""The vmap engine: per-sample gradients of *any* module with torch.func (STYLE.md R8).
+
+The math is written for one example: for a captured call y = m(x; θ) with output gradient
+ḡ = ∂L/∂y, example i's gradient is ∇_θ ⟨m(x_i; θ), ḡ_i⟩ (a vector–Jacobian product). ``vmap``
+batches that over i. It needs the captured inputs and output gradients of the call, and costs one
+more forward and backward of the module, vectorized over the batch.
+
+Assumptions (checked where possible): the batch dimension is dim 0 of every tensor positional
+argument; keyword arguments are shared by all examples; the module does not mix examples
+(BatchNorm is refused before we get here) and uses no randomness (vmap raises on random ops, and
+dropout modules in training mode are refused with a clear message, since recomputing the forward
+would draw different masks).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+from torch.utils._pytree import tree_flatten
+
+__all__ = ["vmap_grad_sample"]
+
+_DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
+             nn.FeatureAlphaDropout)
+
+
+def _check_no_dropout(module: nn.Module, name: str) -> None:
+    for sub_name, sub in module.named_modules():
+        if isinstance(sub, _DROPOUTS) and sub.training and sub.p > 0:
+            full = ".".join(x for x in (name, sub_name) if x) or type(module).__name__
+            raise ValueError(
+                f"module {full!r} ({type(sub).__name__}) must not be active inside a "
+                f"vmap-engine unit, got p = {sub.p} in training mode. The vmap engine recomputes "
+                f"the forward, so dropout masks would differ from the ones used in your loss; "
+                f"use engine='ghost' with supported layers, move dropout out of the module, or "
+                f"call .eval() on it")
+
+
+def vmap_grad_sample(module: nn.Module, name: str, params: dict[str, nn.Parameter],
+                     args: tuple[Any, ...], kwargs: dict[str, Any],
+                     out_grads: list[torch.Tensor | None]) -> dict[str, torch.Tensor]:
+    """Per-sample gradients {qualified name: (B, *θ.shape)} of ``params`` for one call.
+
+    Args:
+      module: the module that was called.
+      name: its qualified name (for error messages).
+      params: the trainable parameters of the module's subtree, by name relative to ``module``.
+      args, kwargs: the captured (detached) call arguments.
+      out_grads: the gradient of the loss w.r.t. each tensor leaf of the output, None where the
+        loss did not depend on it.
+    """
+    _check_no_dropout(module, name)
+    detached = {n: p.detach() for n, p in params.items()}
+    frozen = {n: t.detach() for n, t in module.named_parameters() if n not in params}
+    frozen.update(dict(module.named_buffers()))
+    in_dims = tuple(0 if torch.is_tensor(a) else None for a in args)
+    used = [i for i, g in enumerate(out_grads) if g is not None]
+    grads = tuple(out_grads[i] for i in used)
+
+    def inner_product(p: dict[str, torch.Tensor], xs: tuple[Any, ...],
+                      gs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        one = tuple(x.unsqueeze(0) if torch.is_tensor(x) else x for x in xs)  # batch of 1
+        leaves = tree_flatten(functional_call(module, {**p, **frozen}, one, kwargs))[0]
+        outs = [t for t in leaves if torch.is_tensor(t)]
+        return sum(((outs[i] * g.unsqueeze(0)).sum() for i, g in zip(used, gs)),
+                   start=torch.zeros((), dtype=gs[0].dtype if gs else torch.float32))
+
+    per_sample = vmap(grad(inner_product), in_dims=(None, in_dims, 0))(detached, args, grads)
+    return per_sample  # sensitive: name -> (B, *θ.shape)
