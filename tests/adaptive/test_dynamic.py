@@ -1,0 +1,177 @@
+"""Dynamic DP-SGD (seed 001): schedule math, GDP calibration (Alg. 1) and PLD calibration.
+
+Expected values are the digest's computed tables, shared/reference/001-dynamic-dpsgd.md §2, §4,
+§7.5 (computed there from the paper's formulas with scipy, independently of dpfy).
+"""
+
+import inspect
+import math
+
+import numpy as np
+import pytest
+
+from dpfy.adaptive import REGISTRY, DynamicDPSGD, calibrate_dynamic
+from dpfy.adaptive.dynamic import solve_mu0
+from dpfy.plan import StepPlan
+from dpfy.privacy import epsilon
+
+gdp = pytest.importorskip("dpfy.privacy.gdp", reason="dpfy.privacy.gdp (issue 2) not landed")
+
+P_EX, T_EX, DELTA_EX = 256 / 60000, 5000, 1e-5       # digest §2 worked example
+MU_TOT_EX = 0.115881                                  # digest §2: (ε, δ) = (0.4, 1e-5)
+
+
+def test_registered_in_its_own_file():
+    # STYLE R1: key "dynamic" lives in adaptive/dynamic.py
+    assert inspect.getfile(REGISTRY["dynamic"]).endswith("adaptive/dynamic.py")
+
+
+# -- schedule math (pure) ------------------------------------------------------------------
+@pytest.mark.parametrize("t, clip, sigma, mu, z", [
+    # digest §4 table: C_0 = 1, ρ_μ = ρ_c = 2, μ_0 = 0.250819 (§2 table row ρ_μ = 2), T = 5000
+    (1, 0.99986, 3.98584, 0.250854, 3.9864),
+    (2500, 0.70711, 1.99347, 0.354711, 2.8192),
+    (5000, 0.5, 0.99674, 0.501638, 1.9935),
+])
+def test_algorithm2_table(t, clip, sigma, mu, z):
+    s = DynamicDPSGD(mu0=0.250819, total_steps=T_EX, rho_mu=2, rho_c=2, clip0=1.0)
+    step = t - 1                                      # the paper's t is 1-based
+    assert s.clip(step) == pytest.approx(clip, abs=1e-5)
+    assert s.sigma(step) == pytest.approx(sigma, abs=1e-5)
+    assert s.mu(step) == pytest.approx(mu, abs=1e-6)
+    assert s.noise_multiplier(step) == pytest.approx(z, abs=1e-4)
+
+
+@pytest.mark.parametrize("rho_mu, rho_c", [(1, 1), (2, 1), (1, 5), (10, 2.5)])
+def test_mu_is_clip_over_sigma_and_grows_geometrically(rho_mu, rho_c):
+    # Alg. 2: μ_t = C_t/σ_t = μ_0 ρ_μ^(t/T), independent of ρ_c (digest §4 "consequences")
+    s = DynamicDPSGD(mu0=0.3, total_steps=50, rho_mu=rho_mu, rho_c=rho_c, clip0=3.0)
+    for step in range(50):
+        t = step + 1
+        assert s.clip(step) / s.sigma(step) == pytest.approx(0.3 * rho_mu ** (t / 50), rel=1e-12)
+    np.testing.assert_allclose(s.mus(), [s.mu(i) for i in range(50)], rtol=1e-14)
+
+
+def test_plan_sets_clip_and_noise_multiplier_and_refuses_step_T():
+    s = DynamicDPSGD(mu0=0.5, total_steps=10, rho_mu=2, rho_c=4, clip0=2.0)
+    base = StepPlan(step=9, sample_rate=0.01, noise_multiplier=0.0, clip=1.0)
+    p = s.plan(None, base)
+    assert p.clip == pytest.approx(2.0 / 4)           # C_T = C_0/ρ_c
+    assert p.noise_multiplier == pytest.approx(1 / (0.5 * 2))   # z_T = 1/(μ_0 ρ_μ)
+    with pytest.raises(ValueError, match="step must be in \\[0, 10\\).*total_steps"):
+        s.plan(None, StepPlan(step=10, sample_rate=0.01, noise_multiplier=0.0, clip=1.0))
+
+
+def test_stages_hold_values_to_the_stage_end():
+    # stages=K: μ_t takes the value of each stage's last step; stages=T is the paper's schedule
+    s = DynamicDPSGD(mu0=1.0, total_steps=12, rho_mu=8, stages=3)
+    assert [s.fraction(i) for i in range(12)] == [1/3] * 4 + [2/3] * 4 + [1.0] * 4
+    full = DynamicDPSGD(mu0=1.0, total_steps=12, rho_mu=8)
+    np.testing.assert_allclose(DynamicDPSGD(mu0=1.0, total_steps=12, rho_mu=8, stages=12).mus(),
+                               full.mus())
+
+
+@pytest.mark.parametrize("field, value", [("rho_mu", 0.5), ("rho_c", 0.99), ("mu0", 0.0),
+                                          ("total_steps", 0), ("clip0", -1.0)])
+def test_bad_parameters_are_clear_errors(field, value):
+    kwargs = dict(mu0=0.3, total_steps=10, rho_mu=2.0, rho_c=2.0, clip0=1.0)
+    kwargs[field] = value
+    with pytest.raises(ValueError, match=f"^{field} must be .*got {field} = "):
+        DynamicDPSGD(**kwargs)
+
+
+# -- GDP accounting: the paper's CLT (via dpfy.privacy.gdp) --------------------------------
+@pytest.mark.parametrize("eps, delta, mu_tot", [
+    # digest §7.5 μ_tot table
+    (0.4, 1 / 600000, 0.103633), (0.6, 1 / 600000, 0.151166), (1.2, 1 / 600000, 0.287288),
+    (2.0, 1 / 600000, 0.458784), (0.5, 4e-6, 0.134194), (1, 4e-6, 0.254282),
+    (3, 4e-6, 0.688185), (6, 4e-6, 1.260937), (9, 4e-6, 1.774381),
+    (0.4, 1e-5, 0.115881), (1.2, 1e-5, 0.316379),
+])
+def test_mu_tot_table(eps, delta, mu_tot):
+    assert gdp.mu_for_epsilon(eps, delta) == pytest.approx(mu_tot, abs=2e-6)
+
+
+def test_eq9_with_constant_mu_is_eq7_and_eq15_inverts_it():
+    # Eq. (7): μ_tot = p sqrt(T (e^{μ²} − 1)); Eq. (15) is its inverse (digest §7.5)
+    mu, p, T = 0.37, 0.01, 1234
+    eq7 = p * math.sqrt(T * math.expm1(mu ** 2))
+    assert gdp.mu_total(p, np.full(T, mu)) == pytest.approx(eq7, rel=1e-12)
+    assert solve_mu0(eq7, sample_rate=p, total_steps=T, rho_mu=1.0) == pytest.approx(mu, rel=1e-12)
+
+
+@pytest.mark.parametrize("rho, mu0", [
+    # digest §2 worked example: ε = 0.4, δ = 1e-5, p = 256/60000, T = 5000
+    (1, 0.370958), (1.25, 0.330228), (1 / 0.7, 0.306653), (2, 0.250819), (2.5, 0.217182),
+    (5, 0.132519), (10, 0.076575),
+])
+def test_solve_mu0_worked_example(rho, mu0):
+    got = solve_mu0(MU_TOT_EX, sample_rate=P_EX, total_steps=T_EX, rho_mu=rho)
+    assert got == pytest.approx(mu0, abs=2e-6)
+    s = DynamicDPSGD(mu0=got, total_steps=T_EX, rho_mu=rho)
+    assert s.mu_tot(P_EX) == pytest.approx(MU_TOT_EX, rel=1e-9)     # re-accounts to μ_tot
+
+
+@pytest.mark.parametrize("eps, z, mu0_rho2", [
+    # digest §7.5 "illustrative vanilla noise multipliers": p = 256/60000, T = 3516, δ = 1/600000
+    (0.4, 2.5391, 0.266108), (0.6, 1.8099, 0.371212), (1.2, 1.0988, 0.600033),
+    (2.0, 0.8288, 0.779263),
+])
+def test_gdp_calibration_presets(eps, z, mu0_rho2):
+    budget = dict(target_epsilon=eps, delta=1 / 600000, sample_rate=256 / 60000,
+                  total_steps=3516, calibration="gdp")
+    vanilla = calibrate_dynamic("vanilla", **budget)
+    assert vanilla.noise_multiplier(0) == pytest.approx(z, abs=1e-4)
+    dyn = calibrate_dynamic("dynamic", rho_mu=2, rho_c=3, **budget)
+    assert dyn.mu0 == pytest.approx(mu0_rho2, abs=2e-6)
+    # sensitivity decay has vanilla's accounting: same μ_0, ρ_μ = 1 (digest §3)
+    sd = calibrate_dynamic("sensitivity_decay", rho_c=3, **budget)
+    assert (sd.mu0, sd.rho_mu, sd.rho_c) == (pytest.approx(vanilla.mu0), 1.0, 3.0)
+
+
+@pytest.mark.parametrize("rho, expected", [
+    # digest §2 consumption table, ε(t) at 25/50/75/100 % of T (ε = 0.4, δ = 1e-5)
+    (1, [0.1880, 0.2742, 0.3420, 0.4000]),
+    (2, [0.1329, 0.2160, 0.3023, 0.4000]),
+    (10, [0.0455, 0.1002, 0.1990, 0.4000]),
+])
+def test_consumption_curve_table(rho, expected):
+    mu0 = solve_mu0(MU_TOT_EX, sample_rate=P_EX, total_steps=T_EX, rho_mu=rho)
+    s = DynamicDPSGD(mu0=mu0, total_steps=T_EX, rho_mu=rho)
+    for frac, eps in zip([0.25, 0.5, 0.75, 1.0], expected):
+        mu = s.mu_tot(P_EX, steps=int(frac * T_EX))
+        assert gdp.epsilon_for_delta(DELTA_EX, mu) == pytest.approx(eps, abs=1e-4)
+
+
+def test_consumption_stays_below_vanilla_until_T():
+    # digest §2: for ρ_μ > 1 the cumulative CLT cost is strictly below vanilla for t < T
+    vanilla = DynamicDPSGD(mu0=solve_mu0(MU_TOT_EX, sample_rate=P_EX, total_steps=T_EX,
+                                         rho_mu=1), total_steps=T_EX)
+    grow = DynamicDPSGD(mu0=solve_mu0(MU_TOT_EX, sample_rate=P_EX, total_steps=T_EX, rho_mu=2.5),
+                        total_steps=T_EX, rho_mu=2.5)
+    # μ_tot(t)² is a cumulative sum, so compare it at every t at once
+    cum_v = np.cumsum(np.expm1(vanilla.mus() ** 2))
+    cum_g = np.cumsum(np.expm1(grow.mus() ** 2))
+    assert np.all(cum_g[:-1] < cum_v[:-1])
+    assert cum_g[-1] == pytest.approx(cum_v[-1], rel=1e-9)
+    for t in (1, 1000, 4999):                          # and in ε, through the accountant
+        assert (gdp.epsilon_for_delta(DELTA_EX, grow.mu_tot(P_EX, t))
+                < gdp.epsilon_for_delta(DELTA_EX, vanilla.mu_tot(P_EX, t)))
+
+
+# -- rigorous accounting (PLD) -------------------------------------------------------------
+def test_rho_c_does_not_change_the_ledger_or_epsilon():
+    a = DynamicDPSGD(mu0=0.8, total_steps=40, rho_mu=2, rho_c=1, stages=4)
+    b = DynamicDPSGD(mu0=0.8, total_steps=40, rho_mu=2, rho_c=7, clip0=5.0, stages=4)
+    la, lb = a.ledger(sample_rate=0.05), b.ledger(sample_rate=0.05)
+    assert la.to_dict() == lb.to_dict()
+    assert epsilon(la, delta=1e-5, accountant="pld") == epsilon(lb, delta=1e-5, accountant="pld")
+
+
+@pytest.mark.parametrize("preset", ["vanilla", "dynamic"])
+def test_pld_calibration_hits_target(preset):
+    s = calibrate_dynamic(preset, target_epsilon=1.2, delta=1 / 600000, sample_rate=256 / 60000,
+                          total_steps=1000, rho_mu=2, rho_c=2, stages=10, calibration="pld")
+    eps = epsilon(s.ledger(sample_rate=256 / 60000), delta=1 / 600000, accountant="pld")
+    assert eps == pytest.approx(1.2, rel=0.01)
+    assert eps <= 1.2 * (1 + 1e-6)                       # never above the target

@@ -1,0 +1,118 @@
+"""Noise decay schedules (review 000 §2.1.2): formulas, per-epoch stepping, calibration, early stop.
+
+Expected σ values are derived by hand in each test from the digest's formulas
+(shared/reference/000-review-adaptive-dpsgd.md §2.1.2 table).
+"""
+
+import inspect
+import math
+
+import pytest
+
+from dpfy.adaptive import REGISTRY, NoiseDecay, make_schedule
+from dpfy.adaptive._planned import steps_within_budget
+from dpfy.plan import StepPlan
+from dpfy.privacy import epsilon
+
+
+def sigmas(**kw):
+    return list(NoiseDecay(per="step", **kw).noise_multipliers())
+
+
+def test_registered_in_schedules_file():
+    # STYLE §7 table: key "noise_decay" lives in adaptive/schedules.py
+    assert inspect.getfile(REGISTRY["noise_decay"]).endswith("adaptive/schedules.py")
+
+
+def test_time_decay():
+    # σ_0/(1+kt), σ_0 = 10, k = 0.5: 10, 10/1.5, 10/2, 10/2.5
+    assert sigmas(kind="time", initial=10, rate=0.5, total_steps=4) == pytest.approx(
+        [10, 20 / 3, 5, 4])
+
+
+def test_exponential_decay():
+    # σ_0 e^{-kt}, σ_0 = 2, k = 0.1
+    assert sigmas(kind="exponential", initial=2, rate=0.1, total_steps=3) == pytest.approx(
+        [2, 2 * math.exp(-0.1), 2 * math.exp(-0.2)])
+
+
+def test_step_decay_is_a_step_function():
+    # σ_0 k^⌊t/period⌋, σ_0 = 8, k = 0.5, period = 2: 8 8 4 4 2
+    assert sigmas(kind="step", initial=8, rate=0.5, period=2, total_steps=5) == pytest.approx(
+        [8, 8, 4, 4, 2])
+
+
+def test_polynomial_decay_holds_final_after_period():
+    # (σ_0−σ_end)(1−t/P)^k + σ_end, σ_0 = 10, σ_end = 2, P = 4, k = 2:
+    # t=0: 10; t=1: 8·(3/4)²+2 = 6.5; t=2: 8·¼+2 = 4; t=4: 2; t=6: held at 2
+    got = sigmas(kind="polynomial", initial=10, final=2, rate=2, period=4, total_steps=7)
+    assert got == pytest.approx([10, 6.5, 4, 8 / 16 + 2, 2, 2, 2])
+
+
+def test_per_epoch_stepping():
+    # per="epoch": u = step // steps_per_epoch, so σ changes every 3 steps
+    s = NoiseDecay(kind="time", initial=6, rate=1.0, total_steps=7, per="epoch", steps_per_epoch=3)
+    assert list(s.noise_multipliers()) == pytest.approx([6, 6, 6, 3, 3, 3, 2])
+    assert len(s.ledger(sample_rate=0.1).groups) == 3       # one ledger group per epoch
+
+
+def test_plan_is_a_pure_function_of_the_step():
+    # STYLE R5: plan(t) computed fresh equals plan(t) after any history (no compounding)
+    s = NoiseDecay(kind="exponential", initial=3, rate=0.2, total_steps=10, per="step")
+    base = lambda t: StepPlan(step=t, sample_rate=0.1, noise_multiplier=0.0, clip=1.5)
+    later = [s.plan(None, base(t)) for t in range(10)][7]
+    fresh = NoiseDecay(kind="exponential", initial=3, rate=0.2, total_steps=10,
+                       per="step").plan(None, base(7))
+    assert later == fresh
+    assert fresh.noise_multiplier == pytest.approx(3 * math.exp(-1.4)) and fresh.clip == 1.5
+    with pytest.raises(ValueError, match="total_steps"):
+        s.plan(None, base(10))
+
+
+@pytest.mark.parametrize("kw, name", [
+    (dict(kind="time", rate=-0.1), "rate"),                     # k < 0
+    (dict(kind="exponential", rate=0.0), "rate"),
+    (dict(kind="step", rate=1.5), "rate"),                      # step needs 0 < k < 1
+    (dict(kind="polynomial", rate=1.0, final=12.0), "final"),   # σ_end > σ_0
+    (dict(kind="polynomial", rate=1.0, final=0.0), "final"),
+    (dict(kind="linear", rate=1.0), "kind"),
+    (dict(kind="time", rate=1.0, per="batch"), "per"),
+])
+def test_bad_parameters_are_clear_errors(kw, name):
+    with pytest.raises(ValueError, match=f"^{name} must be .*got {name} = "):
+        NoiseDecay(initial=10.0, total_steps=5, **kw)
+
+
+def test_scaled_keeps_the_shape():
+    s = NoiseDecay(kind="polynomial", initial=1.0, final=0.25, rate=1.0, period=3, total_steps=5,
+                   per="step")
+    assert list(s.scaled(4.0).noise_multipliers()) == pytest.approx(
+        list(4.0 * s.noise_multipliers()))
+
+
+@pytest.mark.parametrize("kind, opts", [("constant", {}), ("time", {"rate": 1.0}),
+                                        ("exponential", {"rate": 0.3}),
+                                        ("polynomial", {"rate": 1.0, "final_ratio": 0.4})])
+def test_calibrated_schedule_spends_the_target(kind, opts):
+    # the whole run's PLD ε equals the target within 1 % (issue 5), never above it
+    budget = dict(target_epsilon=1.0, delta=1e-5, sample_rate=0.01)
+    s = make_schedule(kind, total_steps=500, steps_per_epoch=100, max_grad_norm=1.0,
+                      accountant="pld", **budget, **opts)
+    eps = epsilon(s.ledger(sample_rate=0.01), delta=1e-5, accountant="pld")
+    assert eps == pytest.approx(1.0, rel=0.01) and eps <= 1.0 + 1e-9
+
+
+def test_early_stopping_at_target_epsilon():
+    # review Table 8 "stopping criterion ε": an explicit σ_0 stops at the last step within ε
+    sched = NoiseDecay(kind="time", initial=3.0, rate=0.5, total_steps=400, per="epoch",
+                       steps_per_epoch=50)
+    stop = steps_within_budget(sched, target_epsilon=1.0, delta=1e-5, sample_rate=0.02,
+                               accountant="rdp")
+    full = sched.ledger(sample_rate=0.02)
+    assert 0 < stop < 400
+    assert epsilon(full.prefix(stop), delta=1e-5) <= 1.0 < epsilon(full.prefix(stop + 1),
+                                                                     delta=1e-5)
+    via_factory = make_schedule("time", initial=3.0, rate=0.5, target_epsilon=1.0, delta=1e-5,
+                                sample_rate=0.02, total_steps=400, steps_per_epoch=50,
+                                max_grad_norm=1.0, accountant="rdp")
+    assert via_factory.total_steps == stop

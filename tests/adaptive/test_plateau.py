@@ -1,0 +1,66 @@
+"""Validation-plateau noise decay (review 000 §2.1.1, erratum 2 applied)."""
+
+import inspect
+
+import pytest
+
+from dpfy.adaptive import REGISTRY, PlateauNoiseDecay, make_schedule
+from dpfy.plan import StepPlan
+from dpfy.privacy import Ledger, epsilon
+
+
+def make(**kw):
+    args = dict(initial=4.0, factor=0.5, threshold=0.01, min_noise_multiplier=1.0,
+                total_steps=100)
+    return PlateauNoiseDecay(**{**args, **kw})
+
+
+def test_registered_in_its_own_file():
+    assert inspect.getfile(REGISTRY["plateau"]).endswith("adaptive/plateau.py")
+
+
+def test_decays_only_on_a_plateau_and_respects_the_floor():
+    s = make()
+    st = s.init()
+    # gains vs S_0 = 0: 0.5 (no decay); 0.6-0.5 = 0.1 (no); 0.605-0.6 = 0.005 ≤ 0.01 (decay 4→2)
+    for metric, sigma in [(0.5, 4.0), (0.6, 4.0), (0.605, 2.0), (0.60, 1.0), (0.59, 1.0)]:
+        st = s.observe(st, val_metric=metric)
+        assert st.noise_multiplier == sigma            # last two: 2→1, then the floor σ_min = 1
+    assert st.decays == 2 and len(st.metrics) == 5
+    plan = s.plan(st, StepPlan(step=3, sample_rate=0.1, noise_multiplier=0.0, clip=1.0))
+    assert plan.noise_multiplier == 1.0
+
+
+def test_moving_average_smooths_one_bad_evaluation():
+    # window 2: metrics .5,.7,.68 -> averages .5,.6,.69: gains .5,.1,.09 > .01, no decay,
+    # although the raw metric fell from .7 to .68
+    s = make(window=2)
+    st = s.init()
+    for m in (0.5, 0.7, 0.68):
+        st = s.observe(st, val_metric=m)
+    assert st.noise_multiplier == 4.0
+
+
+def test_calibration_raises_and_names_the_budget_guard():
+    # STYLE R9: the ledger depends on released data, so no ε can be solved in advance
+    with pytest.raises(ValueError, match="budget guard"):
+        PlateauNoiseDecay.calibrate(target_epsilon=1.0)
+    with pytest.raises(ValueError, match="budget guard"):
+        make_schedule("plateau", target_epsilon=1.0, delta=1e-5, sample_rate=0.01,
+                      total_steps=100, steps_per_epoch=10, max_grad_norm=1.0)
+
+
+def test_worst_case_ledger_bounds_any_run():
+    s = make()
+    worst = s.worst_case_ledger(sample_rate=0.05)
+    # a run that never decays spends less than the worst case (every step at σ_min)
+    never = Ledger.homogeneous(sample_rate=0.05, noise_multiplier=4.0, steps=100)
+    assert epsilon(never, delta=1e-5) < epsilon(worst, delta=1e-5)
+
+
+@pytest.mark.parametrize("kw, name", [(dict(factor=1.0), "factor"), (dict(threshold=-1), "threshold"),
+                                      (dict(min_noise_multiplier=5.0), "min_noise_multiplier"),
+                                      (dict(window=0), "window")])
+def test_bad_parameters_are_clear_errors(kw, name):
+    with pytest.raises(ValueError, match=f"^{name} must be"):
+        make(**kw)
