@@ -1,0 +1,182 @@
+"""Clipping policies: per-sample gradient norms -> per-sample weights, and the sensitivity.
+
+DESIGN.md step 2: clipping is just a weight per example (and per parameter group),
+``Σ_i w_i g_i``. Each policy states the L2 sensitivity Δ of that sum under add/remove-one, and
+the engine adds noise N(0, (σ·Δ)²) to it.
+
+=============  ==========================================  ==========================
+policy         weight of example i                          sensitivity Δ
+=============  ==========================================  ==========================
+flat           w_i = min(1, C/‖g_i‖)                        C
+per_layer      w_ik = min(1, C_k/‖g_ik‖) for layer k        √(Σ_k C_k²)
+automatic      w_i = C/(‖g_i‖ + γ)   (Bu et al. 2023)        C   (‖w_i g_i‖ < C)
+individual     w_i = min(1, C_i/‖g_i‖), C_i per example     max_i C_i
+=============  ==========================================  ==========================
+
+References: shared/reference/000-review-adaptive-dpsgd.md (clipping variants, automatic
+clipping); Abadi et al. 2016 (flat); McMahan et al. 2018 (per-layer).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from dpfy._validate import require
+
+__all__ = ["ClippingPolicy", "FlatClipping", "PerLayerClipping", "AutomaticClipping",
+           "IndividualClipping", "CLIPPINGS", "make_clipping"]
+
+CLIPPINGS = ("flat", "per_layer", "automatic", "individual")
+
+SqNorms = dict[str, torch.Tensor]   # parameter name -> ‖∂ℓ_i/∂θ‖² (B,), sensitive
+Weights = dict[str, torch.Tensor]   # parameter name -> w_i (B,), sensitive
+
+
+def _total_norm(sq: SqNorms, names: Sequence[str]) -> torch.Tensor:
+    return torch.sqrt(sum(sq[n] for n in names))  # (B,) sensitive
+
+
+def _min1(clip: torch.Tensor | float, norm: torch.Tensor) -> torch.Tensor:
+    # C/0 = inf -> 1: a zero gradient is kept as is (exact, no epsilon in the denominator)
+    return torch.clamp(clip / norm, max=1.0)
+
+
+class ClippingPolicy:
+    """norms -> weights; and Δ(clip), the L2 sensitivity of the weighted sum."""
+
+    name = ""
+
+    def default_clip(self) -> float | torch.Tensor:
+        raise NotImplementedError
+
+    def sensitivity(self, clip: float | torch.Tensor) -> float:
+        return float(clip)
+
+    def weights(self, sq: SqNorms, clip: float | torch.Tensor,
+                index: torch.Tensor | None = None) -> Weights:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class FlatClipping(ClippingPolicy):
+    """One threshold C on the norm over all parameters."""
+
+    clip: float
+    name = "flat"
+
+    def __post_init__(self) -> None:
+        require(self.clip > 0, "max_grad_norm", self.clip, "> 0")
+
+    def default_clip(self) -> float:
+        return self.clip
+
+    def weights(self, sq, clip, index=None):
+        w = _min1(float(clip), _total_norm(sq, list(sq)))  # (B,) sensitive
+        return {n: w for n in sq}
+
+
+@dataclass(frozen=True)
+class AutomaticClipping(ClippingPolicy):
+    """Automatic clipping (Bu et al. 2023): w_i = C/(‖g_i‖ + γ); every example contributes a
+    vector of norm < C, so no threshold needs tuning beyond the scale C (which can be folded
+    into the learning rate)."""
+
+    clip: float
+    gamma: float = 0.01
+    name = "automatic"
+
+    def __post_init__(self) -> None:
+        require(self.clip > 0, "max_grad_norm", self.clip, "> 0")
+        require(self.gamma > 0, "gamma", self.gamma, "> 0", "γ = 0.01 is the paper's default")
+
+    def default_clip(self) -> float:
+        return self.clip
+
+    def weights(self, sq, clip, index=None):
+        w = float(clip) / (_total_norm(sq, list(sq)) + self.gamma)  # (B,) sensitive
+        return {n: w for n in sq}
+
+
+@dataclass(frozen=True)
+class PerLayerClipping(ClippingPolicy):
+    """Threshold C_k per layer (group of parameters, e.g. a Linear's weight and bias)."""
+
+    groups: tuple[tuple[str, ...], ...]
+    clips: tuple[float, ...]
+    name = "per_layer"
+
+    def __post_init__(self) -> None:
+        require(len(self.clips) == len(self.groups), "len(max_grad_norm)", len(self.clips),
+                f"{len(self.groups)} (one threshold per layer: "
+                f"{[g[0].rsplit('.', 1)[0] for g in self.groups]})",
+                "Pass a float (split equally) or one value per layer")
+        require(all(c > 0 for c in self.clips), "max_grad_norm", self.clips, "all > 0")
+
+    def default_clip(self) -> torch.Tensor:
+        return torch.tensor(self.clips, dtype=torch.float64)
+
+    def sensitivity(self, clip):
+        return float(torch.as_tensor(clip, dtype=torch.float64).square().sum().sqrt())
+
+    def weights(self, sq, clip, index=None):
+        clip = torch.as_tensor(clip, dtype=torch.float64)
+        out: Weights = {}
+        for k, names in enumerate(self.groups):
+            w = _min1(float(clip[k]), _total_norm(sq, names))  # (B,) sensitive
+            out.update({n: w for n in names})
+        return out
+
+
+@dataclass(frozen=True)
+class IndividualClipping(ClippingPolicy):
+    """Per-example thresholds C_i (individualized privacy); noise follows max_i C_i."""
+
+    clips: torch.Tensor   # (N,) one threshold per dataset example, public
+    name = "individual"
+
+    def __post_init__(self) -> None:
+        require(self.clips.ndim == 1 and bool((self.clips > 0).all()), "max_grad_norm",
+                "a tensor" if self.clips.ndim else self.clips, "one positive value per example")
+
+    def default_clip(self) -> float:
+        return float(self.clips.max())
+
+    def weights(self, sq, clip, index=None):
+        require(index is not None, "the batch's dataset indices", None, "known",
+                "Individual clipping needs the private loader returned by make_private")
+        c = self.clips[index].to(next(iter(sq.values())).dtype)  # (B,) public
+        c = c * (float(clip) / float(self.clips.max()))         # a schedule may rescale C
+        w = _min1(c, _total_norm(sq, list(sq)))                  # (B,) sensitive
+        return {n: w for n in sq}
+
+
+def make_clipping(kind: str, max_grad_norm: float | Sequence[float],
+                  layers: Sequence[Sequence[str]], *, dataset_size: int | None = None,
+                  gamma: float = 0.01) -> ClippingPolicy:
+    """Build the policy named ``kind`` from the user's ``max_grad_norm``.
+
+    ``layers`` lists the parameter names of each layer (engine order), for ``per_layer``; a
+    scalar C is then split equally, C_k = C/√K, so that the total sensitivity is C.
+    """
+    require(kind in CLIPPINGS, "clipping", kind, f"one of {list(CLIPPINGS)}")
+    scalar = isinstance(max_grad_norm, (int, float))
+    if kind == "per_layer":
+        k = len(layers)
+        clips = ([float(max_grad_norm) / math.sqrt(k)] * k if scalar
+                 else [float(c) for c in max_grad_norm])
+        return PerLayerClipping(tuple(tuple(g) for g in layers), tuple(clips))
+    if kind == "individual":
+        clips = torch.as_tensor(max_grad_norm, dtype=torch.float64)
+        require(clips.ndim == 1 and dataset_size is not None and len(clips) == dataset_size,
+                "max_grad_norm", f"shape {tuple(clips.shape)}",
+                f"one threshold per example ({dataset_size})", "Pass a sequence of length N")
+        return IndividualClipping(clips)
+    require(scalar, "max_grad_norm", max_grad_norm, f"a float for clipping={kind!r}",
+            "Use clipping='per_layer' for one threshold per layer")
+    if kind == "automatic":
+        return AutomaticClipping(float(max_grad_norm), gamma)
+    return FlatClipping(float(max_grad_norm))

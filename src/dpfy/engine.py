@@ -1,0 +1,202 @@
+"""``make_private``: turn a model, optimizer and loader into private ones; the budget guard.
+
+The user's loop stays plain PyTorch::
+
+    model, optimizer, loader = dpfy.make_private(model, optimizer, loader,
+                                                 noise_multiplier=1.0, max_grad_norm=1.0)
+    for x, y in loader:
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    optimizer.epsilon(delta=1e-5)
+
+What it wires together (DESIGN.md): a sampler (whose facts the loader *and* the ledger read), the
+per-sample gradient engine (``dpfy.grads``), a clipping policy (``dpfy.clipping``), a noise source
+(``dpfy.noise``), the ledger (``dpfy.privacy``) and the optimizer wrapper (``dpfy.optim``) that
+executes one plan per logical batch. Normalizer: the noisy sum is divided by b = qN, the expected
+batch size, under Poisson sampling (b = batch size for a kept shuffled loader).
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import warnings
+import weakref
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from dpfy._validate import require
+from dpfy.adaptive.base import AdaptiveMethod
+from dpfy.clipping import make_clipping
+from dpfy.grads import GradEngine
+from dpfy.noise import NoiseSource
+from dpfy.optim import DPOptimizer
+from dpfy.privacy import Ledger, calibrate_noise_multiplier, epsilon as ledger_epsilon
+from dpfy.sampling import DPDataLoader, PoissonSampler, ShuffleSampler
+
+__all__ = ["make_private", "derive_seeds"]
+
+_ATTACHED: "weakref.WeakKeyDictionary[nn.Module, GradEngine]" = weakref.WeakKeyDictionary()
+
+
+def derive_seeds(seed: int) -> tuple[int, int]:
+    """Independent (sampling, noise) generator seeds from one run seed."""
+    s, n = np.random.SeedSequence(seed).generate_state(2, dtype=np.uint64)
+    return int(s), int(n)
+
+
+def make_private(
+    model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader, *,
+    noise_multiplier: float | None = None,
+    target_epsilon: float | None = None, target_delta: float | None = None,
+    epochs: float | None = None,
+    max_grad_norm: float | Sequence[float] = 1.0,
+    clipping: str = "flat",
+    engine: str = "auto",
+    seed: int | None = None,
+    schedule: AdaptiveMethod | None = None,
+    poisson_sampling: bool = True,
+    max_physical_batch_size: int | None = None,
+    secure_mode: bool = False,
+    accountant: str = "pld",
+    max_steps: int | None = None, epsilon_cap: float | None = None,
+    loss_reduction: str = "mean",
+    sample_rates: Sequence[float] | torch.Tensor | None = None,
+) -> tuple[nn.Module, DPOptimizer, DPDataLoader]:
+    """Make ``model``/``optimizer``/``loader`` differentially private (DP-SGD and variants).
+
+    Each logical batch releases Σ_i w_i g_i + N(0, (σ·Δ)²) once (w_i from the clipping policy,
+    Δ its sensitivity), records ``Release("gradient", σ)`` in the ledger with the sampler's
+    sampling and rate, and steps the optimizer on that sum divided by b = qN (Poisson).
+
+    Args:
+      model: any ``nn.Module`` without BatchNorm (see :func:`dpfy.validate`); batch dim first.
+      optimizer: any torch.optim optimizer over exactly the model's trainable parameters.
+      loader: a DataLoader with a ``batch_size``; q = batch_size / len(dataset).
+      noise_multiplier: σ; ``0`` is allowed for debugging (nothing is private then).
+      target_epsilon, target_delta, epochs: instead of σ: calibrate σ so that
+        ⌈epochs/q⌉ steps (or ``max_steps``) spend ``target_epsilon`` at ``target_delta``; the
+        budget guard then refuses any further step.
+      max_grad_norm: C (flat, automatic); per layer: a float (split C/√K) or K floats;
+        ``clipping="individual"``: one C_i per example.
+      clipping: ``"flat" | "per_layer" | "automatic" | "individual"`` (see ``dpfy.clipping``).
+      engine: ``"auto"`` (layer rules + vmap for other modules), ``"ghost"`` or ``"vmap"``.
+      seed: fixes sampling and noise; None draws one from the OS (kept in the state_dict).
+      schedule: an adaptive method writing each step's plan (σ_t, C_t, lr scale).
+      poisson_sampling: False keeps the user's loader, accounted as ``Sampling.SHUFFLE``.
+      max_physical_batch_size: split logical batches into physical ones of at most this size.
+      secure_mode: draw noise and Poisson masks from the OS CSPRNG.
+      accountant: for ``target_epsilon``, ``epsilon_cap`` and ``optimizer.epsilon``.
+      max_steps: budget guard T (default: from calibration or ``schedule.total_steps``).
+      epsilon_cap: stop (raise) before a step that would take ε(target_delta) above this.
+      loss_reduction: ``"mean"`` or ``"sum"``, how your loss reduces over the batch.
+      sample_rates: per-example Poisson rates q_i instead of batch_size / N.
+
+    Returns:
+      ``(model, optimizer, loader)``: the same model (hooked; its trainable parameters get
+      ``requires_grad=False`` while private, since their gradients come from the engine), a
+      :class:`dpfy.optim.DPOptimizer` and a :class:`dpfy.sampling.DPDataLoader`.
+    """
+    require(isinstance(model, nn.Module), "model", type(model).__name__, "an nn.Module")
+    require(isinstance(optimizer, torch.optim.Optimizer), "optimizer",
+            type(optimizer).__name__, "a torch.optim.Optimizer")
+    require(isinstance(loader, DataLoader), "loader", type(loader).__name__,
+            "a torch.utils.data.DataLoader")
+    require(model not in _ATTACHED, "model", type(model).__name__, "not already private",
+            "Call make_private once per model (build a fresh model to start over)")
+    require(noise_multiplier is None or target_epsilon is None,
+            "noise_multiplier / target_epsilon", (noise_multiplier, target_epsilon),
+            "not both given", "Pass σ directly or a target ε to calibrate it, not both")
+    require(noise_multiplier is not None or target_epsilon is not None or schedule is not None,
+            "noise_multiplier", None, "given (or target_epsilon, or a schedule that sets σ)",
+            "Pass noise_multiplier=σ or target_epsilon=..., target_delta=..., epochs=...")
+    if noise_multiplier is not None:
+        require(noise_multiplier >= 0, "noise_multiplier", noise_multiplier, ">= 0")
+        if noise_multiplier == 0:
+            warnings.warn("noise_multiplier=0: no noise is added; training is NOT private "
+                          "(use only for debugging)", stacklevel=2)
+    ledger_epsilon(Ledger(), delta=0.5, accountant=accountant)  # validates the name
+    if max_steps is not None:
+        require(isinstance(max_steps, int) and max_steps >= 1, "max_steps", max_steps, ">= 1")
+
+    n = len(loader.dataset)
+    batch_size = loader.batch_size
+    if sample_rates is None:
+        require(batch_size is not None and batch_size >= 1, "loader.batch_size", batch_size,
+                "an int >= 1", "Build the DataLoader with batch_size= (not a batch_sampler)")
+    if seed is None:
+        seed = secrets.randbits(63)
+    sampling_seed, noise_seed = derive_seeds(seed)
+
+    if poisson_sampling:
+        require(sample_rates is not None or batch_size <= n, "loader.batch_size", batch_size,
+                f"<= len(dataset) = {n}")
+        sampler: PoissonSampler | ShuffleSampler = PoissonSampler(
+            n, sample_rate=None if sample_rates is not None else batch_size / n,
+            sample_rates=sample_rates, seed=sampling_seed, secure=secure_mode)
+    else:
+        require(sample_rates is None, "sample_rates", "given", "None with poisson_sampling=False",
+                "Per-example rates need Poisson sampling")
+        sampler = ShuffleSampler(n, batch_size)
+    q = sampler.sample_rate
+
+    if target_epsilon is not None:
+        require(target_delta is not None and 0 < target_delta < 1, "target_delta",
+                target_delta, "in (0, 1) with target_epsilon", "The usual choice is δ < 1/N")
+        require(epochs is not None or max_steps is not None, "epochs", epochs,
+                "given with target_epsilon", "Say how long the run is: epochs= or max_steps=")
+        steps = max_steps if max_steps is not None else math.ceil(epochs / q - 1e-9)
+        require(steps >= 1, "epochs", epochs, f">= q = {q} (at least one step)")
+        calibrated = calibrate_noise_multiplier(
+            target_epsilon=target_epsilon, delta=target_delta, sample_rate=q, steps=steps,
+            accountant=accountant, sampling=sampler.sampling)
+        max_steps = steps
+        if schedule is None:
+            noise_multiplier = calibrated
+        elif epsilon_cap is None:
+            epsilon_cap = target_epsilon  # the schedule writes σ_t: hold it to the target
+    if max_steps is None and schedule is not None and getattr(schedule, "total_steps", None):
+        max_steps = int(schedule.total_steps)
+    if epsilon_cap is not None:
+        require(epsilon_cap > 0, "epsilon_cap", epsilon_cap, "> 0")
+        require(target_delta is not None, "target_delta", None, "given with epsilon_cap",
+                "ε is defined at a δ: pass target_delta=")
+
+    grads = GradEngine(model, engine=engine, loss_reduction=loss_reduction)
+    try:
+        _check_optimizer_params(optimizer, grads)
+        layers = [[u.qualified(r) for r in u.params] for u in grads.units]
+        policy = make_clipping(clipping, max_grad_norm, layers, dataset_size=n)
+        if clipping == "individual":
+            require(poisson_sampling, "poisson_sampling", False, "True for clipping="
+                    "'individual'", "Per-example thresholds need the batch's dataset indices")
+        dp_loader = DPDataLoader(loader, sampler, max_physical_batch_size=max_physical_batch_size)
+        dp_optimizer = DPOptimizer(
+            optimizer, grads=grads, clipping=policy,
+            noise=NoiseSource(noise_seed, secure=secure_mode), sampler=sampler,
+            cursor=dp_loader.cursor, noise_multiplier=noise_multiplier, schedule=schedule,
+            ledger=Ledger(dataset_size=n), accountant=accountant, seed=seed,
+            max_steps=max_steps, epsilon_cap=epsilon_cap, target_delta=target_delta)
+    except Exception:
+        grads.detach()
+        raise
+    _ATTACHED[model] = grads
+    return model, dp_optimizer, dp_loader
+
+
+def _check_optimizer_params(optimizer: torch.optim.Optimizer, grads: GradEngine) -> None:
+    """The optimizer must update exactly the model's trainable parameters."""
+    in_opt = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    names = {id(p): n for n, p in grads.named_params}
+    extra = len(in_opt - set(names))
+    require(extra == 0, "optimizer parameters", f"{extra} not in the model",
+            "a subset of the model's trainable parameters",
+            "Build the optimizer from model.parameters()")
+    left = sorted(n for i, n in names.items() if i not in in_opt)
+    require(not left, "trainable parameters", left, "all in the optimizer",
+            "Add them to the optimizer or freeze them with requires_grad_(False) first")

@@ -1,0 +1,281 @@
+"""The private optimizer: wraps any torch.optim optimizer; one ledger step per logical batch.
+
+One logical step t (DESIGN.md steps 1–3, one screen):
+
+1. plan:    P_t = schedule.plan(state, StepPlan(t, q, σ, C))       public / privatized inputs only
+2. norms:   n_i = ‖∂ℓ_i/∂θ‖ from the per-sample engine               (B,)  sensitive
+3. weights: w_i = schedule.weights(n, P_t) or clipping policy        (B,)  sensitive
+4. sum:     S = Σ_{physical batches} Σ_i w_i ∂ℓ_i/∂θ                 accumulated over the logical batch
+5. release: S̃ = S + N(0, (σ_t·Δ(C_t))² I);  ledger.record_step(q, [Release("gradient", σ_t)])
+6. update:  p.grad = S̃ / b, where b is the sampler's public normalizer (b = qN, the expected
+            batch size, for Poisson sampling; the batch size for shuffled batches); the inner
+            optimizer steps with its learning rate × P_t.lr_scale.
+
+So with SGD(lr=1), no momentum and σ = 0 a step moves θ by exactly −Σ_i clip(g_i)/b.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from typing import Any, Callable
+
+import torch
+
+from dpfy._validate import require
+from dpfy.adaptive.base import AdaptiveMethod, Released
+from dpfy.clipping import ClippingPolicy
+from dpfy.grads import GradEngine
+from dpfy.noise import NoiseSource
+from dpfy.plan import StepPlan
+from dpfy.privacy import Ledger, Release, epsilon as ledger_epsilon
+from dpfy.sampling import BatchCursor, PoissonSampler, ShuffleSampler
+
+__all__ = ["DPOptimizer"]
+
+FORMAT = "dpfy-optimizer/1"
+
+
+class DPOptimizer(torch.optim.Optimizer):
+    """A private view of ``optimizer``; build it with :func:`dpfy.make_private`.
+
+    Attributes:
+      ledger: every release so far (one ``record_step`` per logical batch).
+      step_count: logical steps taken.
+      max_steps: the budget guard's T (None: unbounded); step T+1 raises. Setting a larger
+        value is an explicit re-plan.
+      epsilon_cap: optional hard cap; a step whose release would push ε(target_delta) above it
+        raises instead.
+      last_step_info: ``step, noise_multiplier, clip, sample_rate, lr_scale`` of the last step,
+        plus ``mean_grad_norm_nonprivate``, the mean raw per-sample gradient norm: a debug
+        statistic that is NOT private and is never fed back into training.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, *, grads: GradEngine,
+                 clipping: ClippingPolicy, noise: NoiseSource,
+                 sampler: PoissonSampler | ShuffleSampler, cursor: BatchCursor,
+                 noise_multiplier: float | None, schedule: AdaptiveMethod | None,
+                 ledger: Ledger, accountant: str, seed: int, max_steps: int | None = None,
+                 epsilon_cap: float | None = None, target_delta: float | None = None) -> None:
+        # Not calling Optimizer.__init__: parameter groups and state are the inner optimizer's.
+        self.original_optimizer = optimizer
+        for hooks in ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks",
+                      "_optimizer_state_dict_pre_hooks", "_optimizer_state_dict_post_hooks",
+                      "_optimizer_load_state_dict_pre_hooks",
+                      "_optimizer_load_state_dict_post_hooks"):
+            setattr(self, hooks, OrderedDict())
+        self.grads, self.clipping, self.noise = grads, clipping, noise
+        self.sampler, self.cursor = sampler, cursor
+        self.noise_multiplier, self.schedule = noise_multiplier, schedule
+        self.schedule_state = schedule.init() if schedule is not None else None
+        self.ledger, self.accountant, self.seed = ledger, accountant, seed
+        self.max_steps, self.epsilon_cap, self.target_delta = max_steps, epsilon_cap, target_delta
+        self.step_count = 0
+        self.last_step_info: dict[str, Any] = {}
+        self._names = [n for n, _ in grads.named_params]
+        self._params = dict(grads.named_params)
+        self._plan: StepPlan | None = None      # fixed at the first physical batch of a step
+        self._acc: dict[str, torch.Tensor] | None = None  # sensitive: Σ w_i g_i so far
+        self._norm_sum, self._rows = 0.0, 0
+        self._cap_cache: tuple[tuple, int, int] | None = None
+
+    # -- torch.optim.Optimizer surface (delegated) ------------------------------------------
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.original_optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        self.original_optimizer.param_groups = value
+
+    @property
+    def state(self) -> Any:
+        return self.original_optimizer.state
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return self.original_optimizer.defaults
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear parameter gradients and the captured activations (not the logical-batch sum)."""
+        self.original_optimizer.zero_grad(set_to_none=set_to_none)
+        self.grads.clear()
+
+    def __repr__(self) -> str:
+        return f"DPOptimizer({self.original_optimizer!r})"
+
+    # -- privacy ----------------------------------------------------------------------------
+    def epsilon(self, delta: float, accountant: str | None = None) -> float:
+        """ε(δ) of everything released so far, read from the ledger."""
+        return ledger_epsilon(self.ledger, delta=delta, accountant=accountant or self.accountant)
+
+    def _plan_step(self) -> StepPlan:
+        t = self.step_count
+        if self.max_steps is not None and t >= self.max_steps:
+            raise ValueError(
+                f"step must be < max_steps = {self.max_steps} (the budget the run was planned "
+                f"for), got step = {t}. Stop training, or re-plan explicitly by setting "
+                f"optimizer.max_steps to a larger value, knowing ε will exceed the target")
+        sigma = self.noise_multiplier if self.noise_multiplier is not None else 0.0
+        plan = StepPlan(step=t, sample_rate=self.sampler.sample_rate, noise_multiplier=sigma,
+                        clip=self.clipping.default_clip())
+        if self.schedule is not None:
+            plan = self.schedule.plan(self.schedule_state, plan)
+            require(plan.sample_rate == self.sampler.sample_rate, "plan.sample_rate",
+                    plan.sample_rate, f"the sampler's rate {self.sampler.sample_rate}",
+                    "The sample rate is a fact of the sampler; a schedule may not change it")
+        if plan.noise_multiplier == 0 and self.noise_multiplier != 0:
+            raise ValueError(
+                f"noise_multiplier must be > 0 at step {t}, got noise_multiplier = 0 from "
+                f"{'the schedule' if self.schedule is not None else 'no source'}. Pass "
+                f"noise_multiplier= or target_epsilon= to make_private, or a schedule that sets "
+                f"σ (noise_multiplier=0 is allowed only when passed explicitly, for debugging)")
+        self._check_cap(plan)
+        return plan
+
+    def _releases(self, plan: StepPlan) -> list[Release]:
+        return [Release("gradient", float(plan.noise_multiplier))]
+
+    def _check_cap(self, plan: StepPlan) -> None:
+        """Refuse a step whose release would take ε(target_delta) above ``epsilon_cap``.
+
+        To avoid an accountant call per step, we search once how many more steps of the same
+        kind fit under the cap and count down; a new kind of step searches again.
+        """
+        if self.epsilon_cap is None:
+            return
+        kind = (self.sampler.sampling, self.sampler.sample_rate, tuple(self._releases(plan)))
+        if self._cap_cache is None or self._cap_cache[0] != kind:
+            self._cap_cache = (kind, self.ledger.num_steps, self._steps_under_cap(plan))
+        _, start, fit = self._cap_cache
+        if self.ledger.num_steps - start >= fit:
+            raise ValueError(
+                f"epsilon must stay <= epsilon_cap = {self.epsilon_cap} at delta = "
+                f"{self.target_delta}, got {self.ledger.num_steps} steps taken and the next "
+                f"would exceed it. Training must stop here (raise epsilon_cap only if your "
+                f"privacy budget allows it)")
+
+    def _steps_under_cap(self, plan: StepPlan) -> int:
+        def eps_after(k: int) -> float:
+            trial = Ledger.from_dict(self.ledger.to_dict())
+            trial.record_step(sampling=self.sampler.sampling, sample_rate=self.sampler.sample_rate,
+                              releases=self._releases(plan), count=k)
+            return ledger_epsilon(trial, delta=self.target_delta, accountant=self.accountant)
+        if eps_after(1) > self.epsilon_cap:
+            return 0
+        lo, hi = 1, 2
+        while hi < 10**7 and eps_after(hi) <= self.epsilon_cap:
+            lo, hi = hi, hi * 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if eps_after(mid) <= self.epsilon_cap else (lo, mid)
+        return lo
+
+    # -- the step ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Clip, accumulate; at the end of a logical batch add noise, record, update."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        require(self.cursor.fresh, "the batch", "not from the private loader",
+                "one yielded by the loader make_private returned",
+                "Iterate the loader returned by make_private; each of its batches allows one "
+                "optimizer.step()")
+        self.cursor.fresh = False
+        if self._plan is None:
+            self._plan = self._plan_step()
+        self._accumulate(self._plan)
+        if not self.cursor.last:
+            for p in self._params.values():
+                p.grad = None
+            return loss
+        self._release(self._plan)
+        self._plan, self._acc, self._norm_sum, self._rows = None, None, 0.0, 0
+        return loss
+
+    def _accumulate(self, plan: StepPlan) -> None:
+        sq = self.grads.per_sample_sq_norms()  # name -> (B,) sensitive
+        norms = torch.sqrt(sum(sq.values()))  # (B,) sensitive
+        w = self.schedule.weights(norms, plan) if self.schedule is not None else None
+        if w is not None:
+            weights = {n: w for n in sq}
+        else:
+            weights = self.clipping.weights(sq, plan.clip, index=self.cursor.indices)
+        sums = self.grads.weighted_sums(weights)  # name -> θ-shaped, sensitive
+        if self._acc is None:
+            self._acc = sums
+        else:
+            for n, s in sums.items():
+                self._acc[n].add_(s)
+        self._norm_sum += float(norms.sum())  # debug only: NOT private
+        self._rows += norms.shape[0]
+        self.grads.clear()
+        del sq, norms, w, weights, sums
+
+    def _release(self, plan: StepPlan) -> None:
+        sigma = float(plan.noise_multiplier)
+        std = sigma * self.clipping.sensitivity(plan.clip)
+        b = self.sampler.normalizer
+        for n in self._names:
+            p = self._params[n]
+            noisy = self._acc[n] + self.noise.gaussian(self._acc[n], std)  # released
+            p.grad = (noisy / b).to(p.dtype)
+        self.ledger.record_step(sampling=self.sampler.sampling,
+                                sample_rate=self.sampler.sample_rate,
+                                releases=self._releases(plan))
+        groups = self.original_optimizer.param_groups
+        lrs = [g["lr"] for g in groups]
+        if plan.lr_scale != 1.0:
+            for g in groups:
+                g["lr"] = g["lr"] * plan.lr_scale
+        try:
+            self.original_optimizer.step()
+        finally:
+            for g, lr in zip(groups, lrs):
+                g["lr"] = lr
+        if self.schedule is not None:
+            self.schedule_state = self.schedule.update(
+                self.schedule_state, Released(plan=plan, expected_batch_size=b))
+        clip = plan.clip
+        self.last_step_info = {
+            "step": plan.step, "noise_multiplier": sigma,
+            "clip": clip.tolist() if torch.is_tensor(clip) else float(clip),
+            "sample_rate": plan.sample_rate, "lr_scale": plan.lr_scale,
+            "batch_size": self._rows,
+            "mean_grad_norm_nonprivate": self._norm_sum / self._rows if self._rows else math.nan,
+        }
+        self.step_count += 1
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume bit-identically (the model's weights are the model's)."""
+        return {
+            "format": FORMAT, "seed": self.seed, "step_count": self.step_count,
+            "optimizer": self.original_optimizer.state_dict(),
+            "ledger": self.ledger.to_dict(), "noise": self.noise.state_dict(),
+            "sampler": self.sampler.state_dict(), "max_steps": self.max_steps,
+            "schedule_state": (self.schedule.state_dict(self.schedule_state)
+                               if self.schedule is not None else None),
+            "pending": None if self._plan is None else {
+                "plan": self._plan, "sum": self._acc, "norm_sum": self._norm_sum,
+                "rows": self._rows},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        require(state.get("format") == FORMAT, "format", state.get("format"), repr(FORMAT),
+                "This is not a dpfy optimizer checkpoint")
+        self.original_optimizer.load_state_dict(state["optimizer"])
+        self.ledger.groups[:] = Ledger.from_dict(state["ledger"]).groups
+        self.noise.load_state_dict(state["noise"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.seed, self.step_count = state["seed"], state["step_count"]
+        self.max_steps = state["max_steps"]
+        self.schedule_state = state["schedule_state"]
+        pending = state["pending"]
+        self._plan = pending["plan"] if pending else None
+        self._acc = pending["sum"] if pending else None
+        self._norm_sum = pending["norm_sum"] if pending else 0.0
+        self._rows = pending["rows"] if pending else 0
+        self._cap_cache = None
