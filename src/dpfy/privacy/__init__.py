@@ -1,8 +1,14 @@
-"""dpfy.privacy: the ledger of noisy releases, accountants, calibration and reports."""
+"""dpfy.privacy: the ledger of noisy releases, accountants, calibration and reports.
 
-from dpfy.privacy.accountants import delta, epsilon
+Everything that says how much privacy a run spends lives here (DESIGN.md: "every noisy release
+is a privacy event"). Other packages write to a :class:`Ledger` and read ε from
+:func:`epsilon` / :func:`epsilon_curve`; nothing else computes ε.
+"""
+
+from dpfy.privacy import gdp
+from dpfy.privacy.accountants import ACCOUNTANTS, delta, epsilon, epsilon_curve
 from dpfy.privacy.calibration import calibrate_noise_multiplier
 from dpfy.privacy.ledger import Ledger, Release, Sampling, StepGroup
 
-__all__ = ["Ledger", "Release", "Sampling", "StepGroup", "epsilon", "delta",
-           "calibrate_noise_multiplier"]
+__all__ = ["ACCOUNTANTS", "Ledger", "Release", "Sampling", "StepGroup", "epsilon", "delta",
+           "epsilon_curve", "calibrate_noise_multiplier", "gdp"]

@@ -32,17 +32,44 @@ __all__ = ["Sampling", "Release", "StepGroup", "Ledger"]
 class Sampling(str, enum.Enum):
     """How the examples of one step were chosen; decides amplification and adjacency.
 
-    - ``POISSON``: each example joins the batch independently with probability q
-      (add/remove-one adjacency). Accounted as ``PoissonSampledDpEvent(q, ·)``.
-    - ``SHUFFLE``: fixed-size batches from a shuffled pass over the data (what a plain
-      ``DataLoader(shuffle=True)`` does). No Poisson amplification may be claimed: each step is
-      accounted as the unamplified release, which is an upper bound for every example.
-    - ``NONE``: full-batch or otherwise unsampled releases; no amplification.
+    The sampler that formed the batches reports this; the accountant never guesses it.
+
+    - ``POISSON``: each example joins the batch independently with probability q. Adjacency:
+      add-or-remove one example. Amplified: ``PoissonSampledDpEvent(q, Gaussian(σ))``.
+    - ``FIXED_SIZE``: each step draws a fresh uniformly random batch of exactly b = q·N
+      examples without replacement (Balle et al. 2018; the guide's "uniform sampling").
+      Adjacency: replace-one (N is public). Amplified by sampling without replacement; needs
+      ``Ledger.dataset_size``.
+    - ``SHUFFLE``: fixed-size batches from a shuffled pass over the data (a plain
+      ``DataLoader(shuffle=True)``). Adjacency: replace-one. **No amplification**: the
+      accountant assumes the worst position of the example in every epoch. Each example is in
+      at most one batch per epoch, so a run of ``c`` steps at batch fraction q has at most
+      ``ceil(c / floor(1/q))`` participations, each a Gaussian release whose replace-one
+      sensitivity is twice the add/remove one (σ becomes σ/2). The participations are charged
+      at the smallest noise multipliers of the run, which makes the bound hold for every
+      ordering.
+    - ``NONE``: every example is in every step (full batch, or a release not subsampled);
+      no amplification; every step is charged.
+
+    A ledger whose steps need different adjacencies (Poisson with fixed-size or shuffled) is
+    refused by the accountants: the two guarantees are not about the same neighbouring relation.
     """
 
     POISSON = "poisson"
+    FIXED_SIZE = "fixed_size"
     SHUFFLE = "shuffle"
     NONE = "none"
+
+    @property
+    def adjacency(self) -> str | None:
+        """The neighbouring relation this sampling is analysed under (None: either)."""
+        return {"poisson": "add_or_remove", "fixed_size": "replace_one",
+                "shuffle": "replace_one", "none": None}[self.value]
+
+    @property
+    def amplified(self) -> bool:
+        """True when the accountant claims privacy amplification by sampling."""
+        return self in (Sampling.POISSON, Sampling.FIXED_SIZE)
 
 
 @dataclass(frozen=True)
@@ -108,17 +135,39 @@ class StepGroup:
         return (self.sampling, self.sample_rate, self.releases) == (
             other.sampling, other.sample_rate, other.releases)
 
-    def step_event(self) -> dp_accounting.DpEvent:
-        """The DpEvent of *one* step of this group."""
+    def effective_noise_multiplier(self) -> float:
+        """σ_eff of one step's releases taken together (0 if any release has no noise).
+
+        The releases of one step are computed on the same batch, so stacking them, each
+        divided by its σ_i·Δ_i, is one Gaussian mechanism whose sensitivity is
+        sqrt(Σ σ_i⁻²). Its noise multiplier is σ_eff = (Σ_i σ_i⁻²)^(−1/2): exact, not a bound
+        (digest 002 §2.4, Proposition 1; 000 §2.5.2).
+        """
+        if any(r.noise_multiplier == 0 for r in self.releases):
+            return 0.0
+        return sum(r.noise_multiplier ** -2 for r in self.releases) ** -0.5
+
+    def step_event(self, dataset_size: int | None = None) -> dp_accounting.DpEvent:
+        """The DpEvent of *one* step of this group, as recorded (before accounting).
+
+        POISSON: ``PoissonSampledDpEvent(q, releases)``; FIXED_SIZE:
+        ``SampledWithoutReplacementDpEvent(N, b, releases)`` (needs ``dataset_size``);
+        SHUFFLE and NONE: the unsampled releases. The accountants do not read these events
+        directly; they read :func:`dpfy.privacy.canonical.canonical_form`, which applies the
+        adjacency and participation rules of :class:`Sampling`.
+        """
         inner = (self.releases[0].dp_event() if len(self.releases) == 1 else
                  dp_accounting.ComposedDpEvent([r.dp_event() for r in self.releases]))
         if self.sampling is Sampling.POISSON and self.sample_rate < 1:
             return dp_accounting.PoissonSampledDpEvent(self.sample_rate, inner)
+        if self.sampling is Sampling.FIXED_SIZE and dataset_size is not None:
+            return dp_accounting.SampledWithoutReplacementDpEvent(
+                dataset_size, max(1, round(self.sample_rate * dataset_size)), inner)
         return inner
 
-    def dp_event(self) -> dp_accounting.DpEvent:
-        """The DpEvent of all ``count`` steps of this group."""
-        step = self.step_event()
+    def dp_event(self, dataset_size: int | None = None) -> dp_accounting.DpEvent:
+        """The DpEvent of all ``count`` steps of this group, as recorded."""
+        step = self.step_event(dataset_size)
         return step if self.count == 1 else dp_accounting.SelfComposedDpEvent(step, self.count)
 
     def to_dict(self) -> dict[str, Any]:
@@ -219,11 +268,37 @@ class Ledger:
                                 count=g.count)
         return out
 
+    def adjacency(self) -> str:
+        """The neighbouring relation of the whole ledger: ``add_or_remove`` or ``replace_one``.
+
+        Raises ValueError when Poisson steps (add/remove) are mixed with fixed-size or shuffled
+        steps (replace-one).
+        """
+        kinds = {s.adjacency for s in self.samplings()} - {None}
+        require(len(kinds) <= 1, "ledger samplings", sorted(s.value for s in self.samplings()),
+                "all analysed under one neighbouring relation",
+                "Poisson steps use add/remove adjacency, fixed-size and shuffled steps use "
+                "replace-one: account the two parts separately, or use one sampler for the run")
+        return kinds.pop() if kinds else "add_or_remove"
+
     def dp_event(self) -> dp_accounting.DpEvent:
-        """The whole run as one dp_accounting event (NoOp when empty)."""
+        """The whole run as one dp_accounting event, in the form the accountants use.
+
+        Sampled steps keep their sampling events; shuffled and unsampled steps are charged as
+        Gaussian releases (see :class:`Sampling`). Under replace-one adjacency every noise
+        multiplier is halved (sensitivity 2Δ), and fixed-size steps are
+        ``SampledWithoutReplacementDpEvent``s whose inner σ is relative to that doubled
+        sensitivity, as dp_accounting's RDP accountant expects. NoOp when empty.
+        """
+        from dpfy.privacy.canonical import canonical_form  # canonical imports this module
+
+        return canonical_form(self).dp_event()
+
+    def recorded_dp_event(self) -> dp_accounting.DpEvent:
+        """The run as recorded, one event per group (no adjacency or participation rules)."""
         if not self.groups:
             return dp_accounting.NoOpDpEvent()
-        events = [g.dp_event() for g in self.groups]
+        events = [g.dp_event(self.dataset_size) for g in self.groups]
         return events[0] if len(events) == 1 else dp_accounting.ComposedDpEvent(events)
 
     # -- serialization ---------------------------------------------------------------------

@@ -1,0 +1,71 @@
+"""PLD accounting of a canonical form, through dp_accounting's privacy loss distributions.
+
+Each distinct atom's PLD is built once (cached), self-composed ``count`` times, and the atoms are
+convolved. dp_accounting's "connect the dots" construction with ``pessimistic_estimate=True``
+gives a PLD that dominates the mechanism's, so ε is an upper bound up to the discretization
+interval's effect (digest 003 §5.6: 4.6107 at 1e-4 vs 4.6200 at 1e-3 on the guide's 100-epoch
+example; both are upper bounds, the finer one is tighter).
+
+Atoms:
+- Poisson-subsampled Gaussian, add/remove: dp_accounting's tight pair
+  (q·N(1, σ²) + (1 − q)·N(0, σ²), N(0, σ²)) in both directions.
+- Fixed-size sampling without replacement, replace-one: σ is already relative to the
+  replace-one sensitivity, and the same mixture pair is used. It dominates sampling without
+  replacement under replace-one (Balle, Barthe & Gaboardi 2018, Thm 10: the subsampled
+  privacy profile is q·H_{e^ε}(base) at ε' = log(1 + q(e^ε − 1)), which the mixture pair
+  attains; Zhu, Dong & Wang 2022 give the same pair for this case).
+- Unsampled Gaussian: N(0, σ²) vs N(1, σ²).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from dp_accounting.pld import privacy_loss_distribution as _pld
+
+from dpfy.privacy.canonical import GAUSSIAN, CanonicalForm
+
+__all__ = ["DEFAULT_DISCRETIZATION", "build", "epsilon", "delta"]
+
+DEFAULT_DISCRETIZATION = 1e-4
+
+
+@functools.lru_cache(maxsize=4096)
+def _atom_pld(q: float, sigma: float, discretization: float) -> _pld.PrivacyLossDistribution:
+    return _pld.from_gaussian_mechanism(
+        standard_deviation=sigma, sampling_prob=q,
+        value_discretization_interval=discretization, pessimistic_estimate=True)
+
+
+def build(form: CanonicalForm, discretization: float = DEFAULT_DISCRETIZATION,
+          start: _pld.PrivacyLossDistribution | None = None) -> _pld.PrivacyLossDistribution:
+    """The composed PLD of every atom in ``form`` (composed onto ``start`` if given)."""
+    out = start
+    for a in form.atoms:
+        if a.kind == GAUSSIAN:
+            # Gaussians compose exactly: c copies at σ are one Gaussian at σ/√c.
+            p = _atom_pld(1.0, a.noise_multiplier / a.count ** 0.5, discretization)
+        else:
+            p = _atom_pld(a.sample_rate, a.noise_multiplier, discretization)
+            if a.count > 1:
+                p = p.self_compose(a.count)
+        out = p if out is None else out.compose(p)
+    return out  # type: ignore[return-value]
+
+
+def epsilon(form: CanonicalForm, delta: float,
+            discretization: float = DEFAULT_DISCRETIZATION) -> float:
+    if form.non_private:
+        return float("inf")
+    if not form.atoms:
+        return 0.0
+    return float(build(form, discretization).get_epsilon_for_delta(delta))
+
+
+def delta(form: CanonicalForm, epsilon: float,
+          discretization: float = DEFAULT_DISCRETIZATION) -> float:
+    if form.non_private:
+        return 1.0
+    if not form.atoms:
+        return 0.0
+    return float(build(form, discretization).get_delta_for_epsilon(epsilon))
