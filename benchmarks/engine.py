@@ -1,0 +1,168 @@
+"""Engine benchmark: private step time and peak memory as ratios to a non-private step.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/engine.py [--rounds 30] [--models cnn,mlp,encoder]
+
+CPU, threads pinned (1 by default), batch 256, Fashion-MNIST-shaped input (1×28×28; the encoder
+gets 256 sequences of 32 token ids). For every model all rows run in ONE process and are
+*interleaved*: each round times one step of every row, so load from other processes hits all rows
+alike; we report the median over rounds. A step is zero_grad + forward + loss + backward +
+optimizer.step on the same fixed batch (data loading is excluded for every row).
+
+Peak memory: the largest amount of tensor memory allocated during one step above what was live
+when it started (torch profiler, ``profile_memory=True``), so parameters, inputs and optimizer
+state that exist before the step are not counted for any row.
+
+Rows: non-private; dpfy with each engine (auto = the default); Opacus 1.6 ``hooks`` and
+``ghost`` (fixed batch, ``poisson_sampling`` irrelevant here; same σ and C).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import dpfy  # noqa: E402
+from tiny_encoder import TinyEncoder  # noqa: E402
+from dpfy.models import build_model  # noqa: E402
+
+BATCH = 256
+SIGMA, CLIP = 1.0, 1.0
+
+
+def make_model(name: str) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 10, (BATCH,), generator=g)
+    if name == "cnn":
+        return (build_model("tanh_cnn", input_shape=(1, 28, 28), num_classes=10),
+                torch.randn(BATCH, 1, 28, 28, generator=g), y)
+    if name == "mlp":
+        return (nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10)),
+                torch.randn(BATCH, 1, 28, 28, generator=g), y)
+    if name == "encoder":
+        return TinyEncoder(), torch.randint(0, 1000, (BATCH, 32), generator=g), y
+    raise ValueError(f"model must be one of cnn, mlp, encoder, got model = {name!r}")
+
+
+Step = Callable[[], None]
+
+
+def nonprivate(name: str) -> Step:
+    model, x, y = make_model(name)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return step
+
+
+def dpfy_row(name: str, engine: str) -> Step:
+    model, x, y = make_model(name)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(TensorDataset(x, y), batch_size=BATCH)
+    model, opt, dl = dpfy.make_private(model, opt, loader, noise_multiplier=SIGMA,
+                                       max_grad_norm=CLIP, engine=engine, seed=0)
+
+    def step() -> None:
+        dl.cursor.fresh = True  # as if the private loader had yielded (x, y): we time the step
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return step
+
+
+def opacus_row(name: str, mode: str) -> Step:
+    from opacus import PrivacyEngine
+    model, x, y = make_model(name)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(TensorDataset(x, y), batch_size=BATCH)
+    engine = PrivacyEngine()
+    kwargs = dict(module=model, optimizer=opt, data_loader=loader, noise_multiplier=SIGMA,
+                  max_grad_norm=CLIP, grad_sample_mode=mode, poisson_sampling=False)
+    if mode == "ghost":
+        model, opt, crit, _ = engine.make_private(criterion=nn.CrossEntropyLoss(), **kwargs)
+    else:
+        model, opt, _ = engine.make_private(**kwargs)
+        crit = nn.CrossEntropyLoss()
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        crit(model(x), y).backward()
+        opt.step()
+    return step
+
+
+def peak_bytes(step: Step) -> int:
+    """Peak of tensor memory allocated during one step, above the level at its start."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                profile_memory=True) as prof:
+        step()
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    level = peak = 0
+    for e in events:
+        level += e.nbytes()
+        peak = max(peak, level)
+    return peak
+
+
+def bench(name: str, rounds: int, rows: list[str]) -> list[tuple[str, float, float, float]]:
+    makers: dict[str, Callable[[], Step]] = {
+        "non-private": lambda: nonprivate(name),
+        "dpfy auto (default)": lambda: dpfy_row(name, "auto"),
+        "dpfy ghost": lambda: dpfy_row(name, "ghost"),
+        "dpfy vmap": lambda: dpfy_row(name, "vmap"),
+        "opacus hooks": lambda: opacus_row(name, "hooks"),
+        "opacus ghost": lambda: opacus_row(name, "ghost"),
+    }
+    steps = {r: makers[r]() for r in rows}
+    for s in steps.values():  # warm-up
+        for _ in range(3):
+            s()
+    times: dict[str, list[float]] = {r: [] for r in rows}
+    for _ in range(rounds):
+        for r, s in steps.items():
+            t0 = time.perf_counter()
+            s()
+            times[r].append(time.perf_counter() - t0)
+    mems = {r: peak_bytes(s) for r, s in steps.items()}
+    base_t, base_m = statistics.median(times["non-private"]), mems["non-private"]
+    return [(r, statistics.median(times[r]) * 1e3, statistics.median(times[r]) / base_t,
+             mems[r] / base_m) for r in rows]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--models", default="cnn,mlp,encoder")
+    ap.add_argument("--rows", default="non-private,dpfy auto (default),dpfy ghost,dpfy vmap,"
+                                      "opacus hooks,opacus ghost")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore")
+    rows = args.rows.split(",")
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, batch {BATCH}, "
+          f"rounds {args.rounds}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
+    print("| model | row | median step (ms) | time × non-private | peak mem × non-private |")
+    print("|---|---|---:|---:|---:|")
+    for name in args.models.split(","):
+        for r, ms, tr, mr in bench(name, args.rounds, rows):
+            print(f"| {name} | {r} | {ms:.1f} | {tr:.2f} | {mr:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
