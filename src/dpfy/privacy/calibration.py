@@ -1,36 +1,306 @@
 """Calibration: searches over ledgers that a run would write.
 
-Minimal first version (σ for a target ε); the accounting issue extends it.
+Every function here builds the ledger the run would record (``Ledger.homogeneous`` /
+``Ledger.from_schedule``, the same constructors the engine's ledger is compared with) and asks
+the accountant for its ε, then bisects a monotone parameter (STYLE.md R9: no second formula for
+"the ε this run will spend"). Each search is bracketed first; a target that no admissible value
+reaches raises a ValueError that says what to change.
+
+Monotonicity used: ε falls as σ grows (or a schedule's scale s grows), and rises with q and with
+the number of steps. Every result is on the safe side: its ledger spends at most the target.
 """
 
 from __future__ import annotations
 
-from dpfy._validate import require
-from dpfy.privacy.accountants import epsilon
-from dpfy.privacy.ledger import Ledger, Sampling
+import math
+from typing import Callable, Sequence
 
-__all__ = ["calibrate_noise_multiplier"]
+from dpfy._validate import require
+from dpfy.privacy import gdp
+from dpfy.privacy.accountants import ACCOUNTANTS, epsilon
+from dpfy.privacy.ledger import Ledger, Release, Sampling
+from dpfy.privacy.split import (combine_noise_multipliers, gaussian_remainder,
+                                quantile_noise_split, split_noise_multiplier)
+
+__all__ = ["calibrate_noise_multiplier", "calibrate_sample_rate", "calibrate_steps",
+           "calibrate_schedule_scale", "hyfree_noise_split", "gaussian_remainder",
+           "split_noise_multiplier", "quantile_noise_split", "combine_noise_multipliers"]
+
+MAX_NOISE_MULTIPLIER = 1e4
+
+
+def _check_common(target_epsilon: float, delta: float, accountant: str) -> None:
+    require(isinstance(target_epsilon, (int, float)) and 0 < target_epsilon < math.inf,
+            "target_epsilon", target_epsilon, "> 0 and finite")
+    require(isinstance(delta, (int, float)) and 0 < delta < 1, "delta", delta, "in (0, 1)",
+            "The guide's convention is δ ≪ 1/N, e.g. 1/N^1.1")
+    require(accountant in ACCOUNTANTS, "accountant", accountant, f"one of {list(ACCOUNTANTS)}")
+
+
+def _check_rate(sample_rate: float) -> None:
+    require(isinstance(sample_rate, (int, float)) and 0 < sample_rate <= 1, "sample_rate",
+            sample_rate, "in (0, 1]", "Use batch_size / dataset_size")
+
+
+def _check_steps(steps: int) -> None:
+    require(isinstance(steps, int) and steps >= 1, "steps", steps, "an integer >= 1")
+
+
+def _solve_decreasing(eps: Callable[[float], float], target: float, x0: float, *,
+                      rel_tol: float, x_max: float, fail: Callable[[], None]) -> float:
+    """Smallest x > 0 (to relative ``rel_tol``, on the safe side) with eps(x) <= target.
+
+    ``eps`` must be non-increasing in x. The search brackets the root around ``x0`` and then
+    runs the Illinois variant of regula falsi on log ε against log x (ε is close to a power law
+    in σ, so this needs a handful of accountant calls instead of ~20 bisections), falling back to
+    bisection whenever an interpolation step would not shrink the bracket enough.
+    """
+    def f(x: float) -> float:
+        v = eps(x)
+        if v <= 0:
+            return -math.inf
+        return math.inf if math.isinf(v) else math.log(v / target)
+
+    lo, hi = x0 / 1.25, x0 * 1.25
+    f_lo, f_hi = f(lo), f(hi)
+    while f_hi > 0:
+        lo, f_lo, hi = hi, f_hi, hi * 2
+        if hi > x_max:
+            fail()
+        f_hi = f(hi)
+    while f_lo <= 0:
+        hi, f_hi, lo = lo, f_lo, lo / 2
+        if lo < 1e-12:
+            return hi
+        f_lo = f(lo)
+    side = 0
+    while hi / lo - 1 > rel_tol:
+        u_lo, u_hi = math.log(lo), math.log(hi)
+        width = u_hi - u_lo
+        if math.isfinite(f_lo) and math.isfinite(f_hi) and f_lo != f_hi:
+            u = u_hi - f_hi * width / (f_hi - f_lo)
+            u = min(max(u, u_lo + 0.02 * width), u_hi - 0.02 * width)
+        else:
+            u = (u_lo + u_hi) / 2
+        if side == 2 or side == -2:  # two steps on one side in a row: bisect instead
+            u, side = (u_lo + u_hi) / 2, 0
+        x = math.exp(u)
+        fx = f(x)
+        if fx <= 0:
+            hi, f_hi = x, fx
+            f_lo = f_lo / 2 if side > 0 else f_lo
+            side = side + 1 if side > 0 else 1
+        else:
+            lo, f_lo = x, fx
+            f_hi = f_hi / 2 if side < 0 else f_hi
+            side = side - 1 if side < 0 else -1
+    return hi
+
+
+def _gdp_sigma_guess(target_epsilon: float, delta: float, sample_rate: float,
+                     steps: int) -> float:
+    """σ that the GDP CLT gives for homogeneous Poisson steps: a starting point, not a result."""
+    try:
+        mu = gdp.mu_for_epsilon(target_epsilon, delta)
+    except ValueError:
+        return 1.0
+    ratio = (mu / sample_rate) ** 2 / steps
+    return 1.0 / math.sqrt(math.log1p(ratio)) if ratio > 0 else 1.0
 
 
 def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, sample_rate: float,
                                steps: int, accountant: str = "rdp",
                                sampling: Sampling = Sampling.POISSON,
-                               tol: float = 1e-3) -> float:
-    """Smallest σ (to relative ``tol``) whose ledger of ``steps`` identical steps spends ≤ target."""
-    require(target_epsilon > 0, "target_epsilon", target_epsilon, "> 0")
-    require(steps >= 1, "steps", steps, ">= 1")
+                               dataset_size: int | None = None, tol: float = 1e-3) -> float:
+    """Smallest σ (to relative ``tol``) whose ledger of ``steps`` identical steps spends ≤ target.
+
+    Args:
+      target_epsilon: ε to spend, > 0.
+      delta: δ in (0, 1).
+      sample_rate: q per step (batch_size / dataset_size).
+      steps: number of optimizer updates (logical batches), >= 1.
+      accountant: ``"rdp"``, ``"pld"`` or ``"gdp"`` (GDP is an approximation).
+      sampling: the sampler the run will use (decides amplification and adjacency).
+      dataset_size: N, required for ``Sampling.FIXED_SIZE``.
+      tol: relative tolerance on σ; the returned σ is on the safe side.
+    """
+    _check_common(target_epsilon, delta, accountant)
+    _check_rate(sample_rate)
+    _check_steps(steps)
 
     def eps(sigma: float) -> float:
-        return epsilon(Ledger.homogeneous(sample_rate=sample_rate, noise_multiplier=sigma,
-                                          steps=steps, sampling=sampling),
-                       delta=delta, accountant=accountant)
+        ledger = Ledger.homogeneous(sample_rate=sample_rate, noise_multiplier=sigma, steps=steps,
+                                    sampling=sampling, dataset_size=dataset_size)
+        return epsilon(ledger, delta=delta, accountant=accountant)
 
-    lo, hi = 0.1, 1.0
-    while eps(hi) > target_epsilon:
+    def fail() -> None:
+        require(False, "target_epsilon", target_epsilon,
+                f"reachable with a noise multiplier below {MAX_NOISE_MULTIPLIER:g}",
+                "Raise the target ε or δ, or lower the sample rate or the number of steps")
+
+    guess = _gdp_sigma_guess(target_epsilon, delta, sample_rate, steps)
+    return _solve_decreasing(eps, target_epsilon, guess, rel_tol=tol,
+                             x_max=MAX_NOISE_MULTIPLIER, fail=fail)
+
+
+def calibrate_sample_rate(*, target_epsilon: float, delta: float, noise_multiplier: float,
+                          steps: int, accountant: str = "rdp",
+                          sampling: Sampling = Sampling.POISSON,
+                          dataset_size: int | None = None, tol: float = 1e-3) -> float:
+    """Largest q in (0, 1] (to relative ``tol``) whose ledger spends ≤ target.
+
+    Multiply by the dataset size and round *down* to get a batch size. Raises if even
+    q = 1e-9 (or 1/N when ``dataset_size`` is given) overspends.
+    """
+    _check_common(target_epsilon, delta, accountant)
+    require(noise_multiplier > 0, "noise_multiplier", noise_multiplier, "> 0")
+    _check_steps(steps)
+
+    def eps(q: float) -> float:
+        ledger = Ledger.homogeneous(sample_rate=q, noise_multiplier=noise_multiplier,
+                                    steps=steps, sampling=sampling, dataset_size=dataset_size)
+        return epsilon(ledger, delta=delta, accountant=accountant)
+
+    if eps(1.0) <= target_epsilon:
+        return 1.0
+    q_min = 1.0 / dataset_size if dataset_size else 1e-9
+    require(eps(q_min) <= target_epsilon, "target_epsilon", target_epsilon,
+            f"reachable with the smallest sample rate {q_min:.3g}",
+            "Raise the noise multiplier or the target ε, or run fewer steps")
+    # ε grows with q, so it falls with y = 1/q: find the smallest safe y, i.e. the largest q.
+    def eps_y(y: float) -> float:
+        return eps(1.0 / y) if y >= 1 else math.inf
+
+    y = _solve_decreasing(eps_y, target_epsilon, 100.0, rel_tol=tol, x_max=1 / q_min * 1.0001,
+                          fail=lambda: None)
+    return 1.0 / y
+
+
+def calibrate_steps(*, target_epsilon: float, delta: float, noise_multiplier: float,
+                    sample_rate: float, accountant: str = "rdp",
+                    sampling: Sampling = Sampling.POISSON, dataset_size: int | None = None,
+                    max_steps: int = 10 ** 8) -> int:
+    """Largest number of steps whose ledger spends ≤ target (exact integer bisection)."""
+    _check_common(target_epsilon, delta, accountant)
+    require(noise_multiplier > 0, "noise_multiplier", noise_multiplier, "> 0")
+    _check_rate(sample_rate)
+
+    def ok(steps: int) -> bool:
+        ledger = Ledger.homogeneous(sample_rate=sample_rate, noise_multiplier=noise_multiplier,
+                                    steps=steps, sampling=sampling, dataset_size=dataset_size)
+        return epsilon(ledger, delta=delta, accountant=accountant) <= target_epsilon
+
+    require(ok(1), "target_epsilon", target_epsilon, "reachable by a single step",
+            "One step already overspends: raise the noise multiplier or the target ε, or lower "
+            "the sample rate")
+    lo, hi = 1, 2
+    while ok(hi):
         lo, hi = hi, hi * 2
-        require(hi < 1e4, "target_epsilon", target_epsilon, "reachable with σ < 1e4",
-                "Raise the target ε, lower the sample rate or the number of steps")
-    while hi - lo > tol * hi:
-        mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if eps(mid) <= target_epsilon else (mid, hi)
-    return hi
+        if hi > max_steps:
+            return max_steps
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo
+
+
+def calibrate_schedule_scale(*, shape: Sequence[float], target_epsilon: float, delta: float,
+                             sample_rate: float, accountant: str = "pld",
+                             sampling: Sampling = Sampling.POISSON,
+                             dataset_size: int | None = None, tol: float = 2e-3) -> float:
+    """Smallest s such that the ledger with σ_t = s·shape[t] (one step per entry) spends ≤ target.
+
+    ``shape`` is the schedule's form f(t) (e.g. a decay k^t), one positive value per step. Big
+    heterogeneous ledgers are accounted with σ's rounded down (see
+    :mod:`dpfy.privacy.accountants`), so the returned s is an upper bound on the exact answer:
+    within ~1–3 % of it, and always on the safe side.
+    """
+    _check_common(target_epsilon, delta, accountant)
+    _check_rate(sample_rate)
+    values = [float(v) for v in shape]
+    require(len(values) >= 1, "shape", shape, "a non-empty sequence (one value per step)")
+    require(all(v > 0 and math.isfinite(v) for v in values), "shape", min(values),
+            "positive and finite at every step")
+
+    def eps_for(name: str) -> Callable[[float], float]:
+        def eps(s: float) -> float:
+            ledger = Ledger.from_schedule(sample_rates=[sample_rate] * len(values),
+                                          noise_multipliers=[s * v for v in values],
+                                          sampling=sampling, dataset_size=dataset_size)
+            return epsilon(ledger, delta=delta, accountant=name)
+        return eps
+
+    def fail() -> None:
+        require(False, "target_epsilon", target_epsilon,
+                "reachable by scaling the schedule", "Raise the target ε or δ, or shorten the run")
+
+    top = MAX_NOISE_MULTIPLIER / max(values)
+    # Start where the (fast, closed-form) GDP CLT puts the answer; only the accountant's own
+    # ε decides the result.
+    guess = _solve_decreasing(eps_for("gdp"), target_epsilon, 1.0 / _mean(values),
+                              rel_tol=0.02, x_max=top, fail=fail)
+    return _solve_decreasing(eps_for(accountant), target_epsilon, guess, rel_tol=tol,
+                             x_max=top, fail=fail)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def hyfree_noise_split(*, target_epsilon: float, delta: float, sample_rate: float, steps: int,
+                       probe_every: int, probes_per_round: int = 3, gamma: float = 1.01,
+                       accountant: str = "rdp", probes_share_batch: bool = True,
+                       tol: float = 1e-3) -> tuple[float, float]:
+    """HyFreeDP's end-to-end split (Bu & Liu, Algorithm 2; digest 004 §4.2): (σ_g, σ_l).
+
+    1. σ = the noise multiplier plain DP-SGD would need for (ε, δ) over ``steps``;
+    2. σ_g = γ·σ (γ slightly above 1: the gradient gets ~1 % more noise);
+    3. σ_l = the smallest loss-probe σ such that the whole ledger (``steps`` gradient releases
+       plus ``probes_per_round`` loss releases every ``probe_every`` steps) spends ≤ ε.
+
+    Args:
+      probes_share_batch: True (the paper's Algorithm 1, and the conservative choice) records
+        the probes as releases of the gradient step's batch, so they compose with it into one
+        step (digest 004 §4.4). False records them as separately Poisson-sampled steps, which is
+        the paper's own accounting (Theorem 2, 3T/K extra mechanisms) and is only valid if the
+        probes use a fresh Poisson sample.
+    """
+    _check_common(target_epsilon, delta, accountant)
+    _check_rate(sample_rate)
+    _check_steps(steps)
+    require(isinstance(probe_every, int) and probe_every >= 1, "probe_every", probe_every,
+            "an integer >= 1 (K: steps between learning-rate updates)")
+    require(probes_per_round >= 1, "probes_per_round", probes_per_round, ">= 1")
+    require(gamma > 1, "gamma", gamma, "> 1", "The paper uses γ = 1.01")
+    sigma = calibrate_noise_multiplier(target_epsilon=target_epsilon, delta=delta,
+                                       sample_rate=sample_rate, steps=steps,
+                                       accountant=accountant, tol=tol / 4)
+    sigma_g = gamma * sigma
+
+    def ledger_for(sigma_l: float) -> Ledger:
+        ledger = Ledger()
+        grad = Release("gradient", sigma_g)
+        probes = [Release("loss_probe", sigma_l)] * probes_per_round
+        for t in range(steps):
+            probe_round = t % probe_every == 0
+            if probes_share_batch:
+                ledger.record_step(sampling=Sampling.POISSON, sample_rate=sample_rate,
+                                   releases=[grad, *probes] if probe_round else [grad])
+            else:
+                ledger.record_step(sampling=Sampling.POISSON, sample_rate=sample_rate,
+                                   releases=[grad])
+                for p in probes if probe_round else []:
+                    ledger.record_step(sampling=Sampling.POISSON, sample_rate=sample_rate,
+                                       releases=[p])
+        return ledger
+
+    def eps(sigma_l: float) -> float:
+        return epsilon(ledger_for(sigma_l), delta=delta, accountant=accountant)
+
+    def fail() -> None:
+        require(False, "gamma", gamma, "large enough to leave budget for the loss probes",
+                "Raise γ, probe less often (larger probe_every) or raise the target ε")
+
+    sigma_l = _solve_decreasing(eps, target_epsilon, sigma_g * 2, rel_tol=tol,
+                                x_max=MAX_NOISE_MULTIPLIER, fail=fail)
+    return sigma_g, sigma_l
