@@ -218,10 +218,10 @@ class DPOptimizer(torch.optim.Optimizer):
         sigma = float(plan.noise_multiplier)
         std = sigma * self.clipping.sensitivity(plan.clip)
         b = self.sampler.normalizer
-        for n in self._names:
-            p = self._params[n]
-            noisy = self._acc[n] + self.noise.gaussian(self._acc[n], std)  # released
-            p.grad = (noisy / b).to(p.dtype)
+        for n in self._names:  # in place, one parameter at a time: peak = Σθ + max θ
+            p, acc = self._params[n], self._acc.pop(n)
+            acc.add_(self.noise.gaussian(acc, std)).div_(b)  # released: (S + N(0, σ²Δ²)) / b
+            p.grad = acc.to(p.dtype)
         self.ledger.record_step(sampling=self.sampler.sampling,
                                 sample_rate=self.sampler.sample_rate,
                                 releases=self._releases(plan))

@@ -1,12 +1,16 @@
 """Layer rule for ``nn.Conv1d`` and ``nn.Conv2d`` (any stride, padding, dilation, groups,
-padding mode), by unfolding the input into patches.
+padding mode).
 
-With the input unfolded into patches U_i (D, L) (D = C_in/G·k_h·k_w per group, L output
-positions) and the output gradient G_i (C_out, L), a convolution is a Linear layer applied at L
-positions, so per group: ∂ℓ_i/∂W = G_i U_iᵀ (C_out/G, D) and the ghost norm is
-Σ_{l,l'} (u_l·u_l')(g_l·g_l'). Ghost costs L²·(D + C_out/G) per group, materializing
-L·D·C_out/G; we take the cheaper (fast-differential-privacy's hybrid rule).
+With the input cut into patches U_i (L, D) (L output positions, D = C_in/G·k_h·k_w per group)
+and the output gradient G_i (C_out/G, L), a convolution is a Linear layer applied at L
+positions, so per group ∂ℓ_i/∂W = G_i U_i and the ghost norm is Σ_{l,l'} (u_l·u_l')(g_l·g_l').
+Ghost costs L²·(D + C_out/G) per example, materializing L·D·C_out/G: we take the cheaper.
+The weighted sum Σ_i w_i ∂ℓ_i/∂W is the ordinary weight gradient of the rescaled output
+gradients w_i·G_i, so it is one call to torch's own convolution backward (no patches needed).
 Conv1d is handled as a Conv2d of height 1. Bias: ∂ℓ_i/∂b = Σ_l G_i[:, l].
+
+Patches are an ``as_strided`` view of the padded, channels-last input, copied once into
+(B, L, k_h·k_w·C_in): on CPU this is several times faster than ``F.unfold``.
 """
 
 from __future__ import annotations
@@ -18,19 +22,33 @@ from torch import nn
 from dpfy.grads.rules.base import LayerRule, register_rule
 
 
-def _unfold(layer: nn.Module, a: torch.Tensor, g: torch.Tensor
-            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Patches (B, G, D, L) and output grads (B, G, C_out/G, L)."""
-    mode = "constant" if layer.padding_mode == "zeros" else layer.padding_mode
-    a = F.pad(a, layer._reversed_padding_repeated_twice, mode=mode)
+def _as_2d(layer: nn.Module, a: torch.Tensor, g: torch.Tensor):
+    """(a, g, kernel, stride, dilation) with Conv1d lifted to height 1."""
     k, s, d = layer.kernel_size, layer.stride, layer.dilation
     if isinstance(layer, nn.Conv1d):
-        a, k, s, d = a.unsqueeze(2), (1, k[0]), (1, s[0]), (1, d[0])  # (B, C_in, 1, L_in)
-    b, grp = a.shape[0], layer.groups
-    u = F.unfold(a, k, dilation=d, stride=s)  # (B, C_in·k_h·k_w, L)
-    u = u.reshape(b, grp, -1, u.shape[-1])  # (B, G, D, L)
-    g = g.reshape(b, grp, layer.out_channels // grp, -1)  # (B, G, C_out/G, L)
-    return u, g
+        return a.unsqueeze(2), g.unsqueeze(2), (1, k[0]), (1, s[0]), (1, d[0])
+    return a, g, k, s, d
+
+
+def _padded(layer: nn.Module, a: torch.Tensor) -> torch.Tensor:
+    mode = "constant" if layer.padding_mode == "zeros" else layer.padding_mode
+    pad = layer._reversed_padding_repeated_twice
+    return F.pad(a, pad, mode=mode) if any(pad) else a
+
+
+def _patches(layer: nn.Module, a: torch.Tensor, g: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Patches (B, G, L, k_h·k_w·C_in/G) and output grads (B, G, C_out/G, L)."""
+    a, g, (kh, kw), (sh, sw), (dh, dw) = _as_2d(layer, _padded(layer, a), g)
+    b, c, grp = a.shape[0], a.shape[1], layer.groups
+    ho, wo = g.shape[-2], g.shape[-1]
+    x = a.permute(0, 2, 3, 1).contiguous()  # (B, H, W, C) channels-last
+    bs, hs, ws, cs = x.stride()
+    u = x.as_strided((b, ho, wo, kh, kw, grp, c // grp),
+                     (bs, hs * sh, ws * sw, hs * dh, ws * dw, (c // grp) * cs, cs))
+    u = u.permute(0, 5, 1, 2, 3, 4, 6).reshape(b, grp, ho * wo, kh * kw * (c // grp))
+    g = g.reshape(b, grp, layer.out_channels // grp, ho * wo)
+    return u, g  # (B, G, L, D) sensitive, (B, G, C_out/G, L) sensitive
 
 
 @register_rule(nn.Conv1d, nn.Conv2d)
@@ -38,11 +56,15 @@ class ConvRule(LayerRule):
     has_ghost = True
 
     def grad_sample(self, layer, a, g):
-        u, g = _unfold(layer, a, g)
-        w = torch.einsum("bgol,bgdl->bgod", g, u)  # (B, G, C_out/G, D) sensitive
-        out = {"weight": w.reshape(a.shape[0], *layer.weight.shape)}
+        u, gg = _patches(layer, a, g)
+        b, grp, o = u.shape[0], layer.groups, layer.out_channels // layer.groups
+        w = torch.matmul(gg, u)  # (B, G, C_out/G, D) with D ordered (k_h, k_w, C_in/G)
+        c = layer.in_channels // grp
+        kh, kw = (1, layer.kernel_size[0]) if isinstance(layer, nn.Conv1d) else layer.kernel_size
+        w = w.reshape(b, grp, o, kh, kw, c).permute(0, 1, 2, 5, 3, 4)  # (B, G, O/G, C/G, kh, kw)
+        out = {"weight": w.reshape(b, *layer.weight.shape)}  # sensitive
         if layer.bias is not None:
-            out["bias"] = g.sum(-1).reshape(a.shape[0], -1)  # (B, C_out) sensitive
+            out["bias"] = gg.sum(-1).reshape(b, -1)  # (B, C_out) sensitive
         return out
 
     def prefers_ghost(self, layer, a, g):
@@ -52,20 +74,26 @@ class ConvRule(LayerRule):
         return positions * (d + o) < d * o
 
     def sq_norm(self, layer, a, g):
-        u, g = _unfold(layer, a, g)
+        u, gg = _patches(layer, a, g)
         b = u.shape[0]
-        uu = torch.einsum("bgdl,bgdm->bglm", u, u)  # (B, G, L, L) sensitive
-        gg = torch.einsum("bgol,bgom->bglm", g, g)  # (B, G, L, L) sensitive
-        out = {"weight": (uu * gg).reshape(b, -1).sum(1)}  # (B,)
+        uu = torch.matmul(u, u.transpose(-1, -2))  # (B, G, L, L) sensitive
+        ggt = torch.matmul(gg.transpose(-1, -2), gg)  # (B, G, L, L) sensitive
+        out = {"weight": (uu * ggt).reshape(b, -1).sum(1)}  # (B,)
         if layer.bias is not None:
-            out["bias"] = g.sum(-1).reshape(b, -1).square().sum(1)  # (B,)
+            out["bias"] = gg.sum(-1).reshape(b, -1).square().sum(1)  # (B,)
         return out
 
     def weighted_sum(self, layer, a, g, w):
-        u, gu = _unfold(layer, a, g)
-        gw = gu * w["weight"].to(gu.dtype)[:, None, None, None]  # (B, G, C_out/G, L)
-        out = {"weight": torch.einsum("bgol,bgdl->god", gw, u).reshape(layer.weight.shape)}
+        shape = (-1,) + (1,) * (g.dim() - 1)
+        gw = g * w["weight"].to(g.dtype).reshape(shape)  # (B, C_out, *spatial) sensitive
+        zeros = layer.padding_mode == "zeros" and not isinstance(layer.padding, str)
+        x = a if zeros else _padded(layer, a)
+        padding = layer.padding if zeros else (0,) * (a.dim() - 2)
+        _, dw, _ = torch.ops.aten.convolution_backward(
+            gw, x, layer.weight, None, layer.stride, padding, layer.dilation, False,
+            (0,) * (a.dim() - 2), layer.groups, (False, True, False))
+        out = {"weight": dw}
         if layer.bias is not None:
-            gb = gw if w["bias"] is w["weight"] else gu * w["bias"].to(gu.dtype)[:, None, None, None]
-            out["bias"] = gb.sum((0, 3)).reshape(-1)  # (C_out,)
+            gb = gw if w["bias"] is w["weight"] else g * w["bias"].to(g.dtype).reshape(shape)
+            out["bias"] = gb.transpose(0, 1).reshape(layer.out_channels, -1).sum(1)
         return out
