@@ -201,7 +201,8 @@ def epsilon_curve(ledger: Ledger, *, delta: float, accountant: str = "rdp",
     whole = prepare(ledger, accountant=accountant, amplify=amplify,
                     sigma_resolution=sigma_resolution)
     resolution = whole.resolution
-    disc = pld_discretization(whole, value_discretization)
+    disc = PLD_COARSE if value_discretization == AUTO else pld_discretization(
+        whole, value_discretization)
     for t in points:
         segment = _segment(ledger, done, t)
         form = prepare(segment, accountant=accountant, amplify=amplify,

@@ -14,7 +14,10 @@ Atoms:
   replacement under replace-one (Balle, Barthe & Gaboardi 2018, Thm 10: the subsampled
   privacy profile is q·H_{e^ε}(base) at ε' = log(1 + q(e^ε − 1)), which the mixture pair
   attains; Zhu, Dong & Wang 2022 give the same pair for this case).
-- Unsampled Gaussian: N(0, σ²) vs N(1, σ²).
+- Unsampled Gaussian: N(0, σ²) vs N(1, σ²). When the whole form is unsampled Gaussians (they
+  merge into one), ε and δ are computed in closed form instead (the Gaussian mechanism is
+  exactly (1/σ)-GDP, Balle & Wang 2018 / Dong et al. 2022): exact and fast, where a discretized
+  PLD of a low-noise Gaussian would be huge.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import functools
 
 from dp_accounting.pld import privacy_loss_distribution as _pld
 
+from dpfy.privacy import gdp as _gdp
 from dpfy.privacy.canonical import GAUSSIAN, CanonicalForm
 
 __all__ = ["DEFAULT_DISCRETIZATION", "build", "epsilon", "delta"]
@@ -59,6 +63,8 @@ def epsilon(form: CanonicalForm, delta: float,
         return float("inf")
     if not form.atoms:
         return 0.0
+    if _only_gaussian(form):
+        return _gdp.epsilon_for_delta(delta, 1 / form.atoms[0].noise_multiplier)
     return float(build(form, discretization).get_epsilon_for_delta(delta))
 
 
@@ -68,4 +74,10 @@ def delta(form: CanonicalForm, epsilon: float,
         return 1.0
     if not form.atoms:
         return 0.0
+    if _only_gaussian(form):
+        return _gdp.delta_for_epsilon(epsilon, 1 / form.atoms[0].noise_multiplier)
     return float(build(form, discretization).get_delta_for_epsilon(epsilon))
+
+
+def _only_gaussian(form: CanonicalForm) -> bool:
+    return len(form.atoms) == 1 and form.atoms[0].kind == GAUSSIAN and form.atoms[0].count == 1

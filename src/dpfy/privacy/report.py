@@ -1,0 +1,415 @@
+"""The privacy report: the guide's "Reporting Privacy Guarantees" checklist, from a ledger.
+
+Rendered as Markdown (for people), JSON (for machines) and a PNG of ε over steps. Every number
+in it comes from the accountants reading the ledger; the context (what is released, the unit of
+privacy, tuning) is given explicitly by the caller. Checklist items (digest 003 §3.2 and §5.4):
+
+1. DP setting (central, trusted curator by default).
+2. The guarantee instantiated: data accesses covered (this run; tuning if given), what the
+   mechanism outputs, unit of privacy, adjacency (from the sampling the ledger recorded).
+3. Accounting: accountant type and version, sampling assumption and whether it held, the bound
+   without amplification when amplification is claimed, each mechanism's share of the budget,
+   formal (ε, δ) statements for training and for tuning, δ convention (δ ≪ 1/N).
+4. Transparency: library versions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from dpfy._validate import require
+from dpfy.privacy.accountants import (ACCOUNTANTS, APPROXIMATE, accountant_label, epsilon,
+                                      epsilon_curve, prepare)
+from dpfy.privacy.ledger import Ledger, Sampling
+
+__all__ = ["TuningCost", "MechanismShare", "PrivacyReport", "DEFAULT_DP_SETTING", "tier"]
+
+DEFAULT_DP_SETTING = ("Central differential privacy: the party that trains the model is trusted to "
+                      "run the mechanism as described and sees the raw data; the guarantee is "
+                      "about what the released output reveals.")
+
+ADJACENCY_TEXT = {
+    "add_or_remove": "add-or-remove one unit of privacy (the datasets differ by one record)",
+    "replace_one": ("replace-one: the datasets have the same size N and differ in one record "
+                    "(roughly twice as strong as add-or-remove at the same ε)"),
+}
+
+SAMPLING_TEXT = {
+    Sampling.POISSON: ("Poisson sampling: each example joined each batch independently with "
+                       "probability q (dpfy's sampler recorded this). Amplification by sampling "
+                       "is claimed; the assumption held by construction."),
+    Sampling.FIXED_SIZE: ("Fixed-size batches drawn uniformly without replacement at every step. "
+                          "Amplification by sampling without replacement is claimed "
+                          "(replace-one adjacency)."),
+    Sampling.SHUFFLE: ("Fixed-size batches from a shuffled pass over the data (the user's "
+                       "loader). No amplification is claimed: each example is charged once per "
+                       "epoch at the worst position, with replace-one sensitivity."),
+    Sampling.NONE: "No sampling: every example took part in every such step.",
+}
+
+
+def tier(eps: float) -> int:
+    """The guide's ε tier: 1 (ε ≤ 1, strong), 2 (ε ≤ 10, reasonable), 3 (weak to none)."""
+    return 1 if eps <= 1 else 2 if eps <= 10 else 3
+
+
+TIER_TEXT = {
+    1: "Tier 1 (ε ≤ 1): strong formal privacy guarantee.",
+    2: "Tier 2 (ε ≤ 10): reasonable privacy guarantee for many applications.",
+    3: ("Tier 3 (ε > 10): weak to no formal guarantee. The DP guarantee alone is not sufficient "
+        "evidence of anonymization; additional measures (e.g. empirical privacy auditing, "
+        "demonstrated robustness to attacks, removing privacy-sensitive data) may be necessary."),
+}
+
+
+@dataclass(frozen=True)
+class TuningCost:
+    """The privacy cost of the hyperparameter search that chose this run's settings.
+
+    Args:
+      method: how tuning was accounted, e.g. "Papernot-Steinke, Poisson K, mean 100".
+      epsilon: ε of tuning *including* the released run, at ``delta``.
+      delta: δ of that statement.
+      details: anything a reviewer needs (the search space, adaptive or not, ...).
+    """
+
+    method: str
+    epsilon: float
+    delta: float
+    details: str = ""
+
+
+@dataclass(frozen=True)
+class MechanismShare:
+    """One mechanism of the ledger.
+
+    Attributes:
+      mechanism: its name in the ledger (``"gradient"``, ``"quantile_count"``, ...).
+      steps: steps in which it was released.
+      epsilon_alone: ε(δ) of this mechanism's releases alone.
+      noise_share: its share of Σ_t Σ_i σ_{t,i}⁻², the budget that releases made on one batch
+        split exactly (ν⁻² = Σ ν_i⁻²); 1.0 when it is the only mechanism.
+    """
+
+    mechanism: str
+    steps: int
+    epsilon_alone: float
+    noise_share: float
+
+
+def _finite(x: float) -> float | str:
+    return x if math.isfinite(x) else "inf"
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+@dataclass(frozen=True)
+class PrivacyReport:
+    """A privacy statement for one run, built by :meth:`from_ledger`."""
+
+    epsilon: float
+    delta: float
+    accountant: str
+    steps: int
+    dataset_size: int | None
+    adjacency: str
+    samplings: tuple[str, ...]
+    sample_rates: tuple[float, float]
+    noise_multipliers: tuple[float, float]
+    epsilons: Mapping[str, float]
+    epsilon_without_amplification: float
+    coarsened: float | None
+    curve: tuple[tuple[int, float], ...]
+    mechanisms: tuple[MechanismShare, ...]
+    released: str
+    unit_of_privacy: str
+    protects: str
+    dp_setting: str
+    data_accesses: str
+    tuning: TuningCost | None = None
+    group_size: int | None = None
+    group_statement: tuple[float, float] | None = None
+    layer_table: tuple[Mapping[str, Any], ...] = ()
+    model_description: str | None = None
+    sampling_note: str | None = None
+    versions: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_ledger(cls, ledger: Ledger, *, delta: float, accountant: str = "pld",
+                    released: str = "final model weights",
+                    unit_of_privacy: str = "one example",
+                    protects: str = "features and labels",
+                    dp_setting: str = DEFAULT_DP_SETTING,
+                    dataset_size: int | None = None,
+                    tuning: TuningCost | None = None,
+                    group_size: int | None = None,
+                    layer_table: Sequence[Mapping[str, Any]] | None = None,
+                    model_description: str | None = None,
+                    sampling_note: str | None = None,
+                    num_points: int = 50) -> "PrivacyReport":
+        """Account ``ledger`` and gather the context of the statement.
+
+        Args:
+          ledger: the run's ledger.
+          delta: δ of the statement (the guide: δ ≪ 1/N, e.g. 1/N^1.1).
+          accountant: the accountant of the headline ε (``"pld"`` by default; the report also
+            lists RDP and the GDP approximation).
+          released: what is published, e.g. "final model weights" (the guarantee also covers
+            every intermediate noisy gradient and checkpoint).
+          unit_of_privacy: e.g. "one example", "one user (≤ 20 examples)", "128 tokens".
+          protects: "features and labels", "labels only", ...
+          dp_setting: central (default), local or distributed DP, in words.
+          dataset_size: N; defaults to ``ledger.dataset_size``.
+          tuning: the cost of the hyperparameter search, if private data was used for it.
+          group_size: also state the guarantee for groups of this many examples.
+          layer_table: rows (dicts) describing each layer's per-sample rule/engine.
+          model_description: free text about the model.
+          sampling_note: free text about the data pipeline (e.g. what the loader really did).
+          num_points: points of the ε-over-steps curve.
+        """
+        require(accountant in ACCOUNTANTS, "accountant", accountant, f"one of {list(ACCOUNTANTS)}")
+        require(0 < delta < 1, "delta", delta, "in (0, 1)")
+        require(ledger.num_steps >= 1, "ledger", "empty", "a ledger with at least one step",
+                "Record the run's steps before writing a report")
+        n = dataset_size if dataset_size is not None else ledger.dataset_size
+        if group_size is not None:
+            require(isinstance(group_size, int) and group_size >= 1, "group_size", group_size,
+                    "an integer >= 1")
+        eps = {name: epsilon(ledger, delta=delta, accountant=name) for name in ACCOUNTANTS}
+        form = prepare(ledger, accountant=accountant)
+        rates = [g.sample_rate for g in ledger.groups]
+        sigmas = [g.effective_noise_multiplier() for g in ledger.groups]
+        mechanisms = tuple(_mechanism_shares(ledger, delta=delta, accountant=accountant))
+        group = None
+        if group_size is not None:
+            from dpfy.privacy.tuning import group_privacy
+            group = group_privacy(eps[accountant], delta, group_size=group_size)
+        accesses = "this training run only"
+        if tuning is not None:
+            accesses = ("this training run, and the hyperparameter search that chose its "
+                        "settings (see tuning)")
+        return cls(
+            epsilon=eps[accountant], delta=delta, accountant=accountant,
+            steps=ledger.num_steps, dataset_size=n, adjacency=ledger.adjacency(),
+            samplings=tuple(sorted(s.value for s in ledger.samplings())),
+            sample_rates=(min(rates), max(rates)), noise_multipliers=(min(sigmas), max(sigmas)),
+            epsilons=eps,
+            epsilon_without_amplification=epsilon(ledger, delta=delta, accountant=accountant,
+                                                   amplify=False),
+            coarsened=form.resolution,
+            curve=tuple(epsilon_curve(ledger, delta=delta, accountant=accountant,
+                                      num_points=num_points)),
+            mechanisms=mechanisms, released=released, unit_of_privacy=unit_of_privacy,
+            protects=protects, dp_setting=dp_setting, data_accesses=accesses, tuning=tuning,
+            group_size=group_size, group_statement=group,
+            layer_table=tuple(dict(r) for r in (layer_table or ())),
+            model_description=model_description, sampling_note=sampling_note,
+            versions={"dpfy": _version("dpfy"), "dp-accounting": _version("dp-accounting")})
+
+    # -- rendering ---------------------------------------------------------------------------
+    @property
+    def approximate(self) -> bool:
+        return self.accountant in APPROXIMATE
+
+    @property
+    def tier(self) -> int:
+        worst = max(self.epsilon, self.tuning.epsilon if self.tuning else 0.0)
+        return tier(worst)
+
+    def delta_convention(self) -> dict[str, Any]:
+        """The guide's δ ≪ 1/N convention, checked against N."""
+        if not self.dataset_size:
+            return {"dataset_size": None, "ok": None,
+                    "note": "N unknown: cannot check δ ≪ 1/N (set dataset_size)"}
+        n = self.dataset_size
+        ok = self.delta <= n ** -1.1
+        note = (f"δ = {self.delta:.3g} ≤ 1/N^1.1 = {n ** -1.1:.3g} (the guide's recommendation)"
+                if ok else
+                f"δ = {self.delta:.3g} > 1/N^1.1 = {n ** -1.1:.3g}: the guide recommends δ ≪ 1/N "
+                f"= {1 / n:.3g}; with δ ≥ 1/N the guarantee can allow revealing one record")
+        return {"dataset_size": n, "one_over_n": 1 / n, "recommended": n ** -1.1, "ok": ok,
+                "note": note}
+
+    def statement(self) -> str:
+        """One sentence a reviewer can quote."""
+        approx = " (GDP CLT approximation, not a guarantee)" if self.approximate else ""
+        return (f"Training satisfies ({self.epsilon:.4g}, {self.delta:.3g})-differential privacy"
+                f"{approx} for {self.unit_of_privacy} under {self.adjacency.replace('_', '-')} "
+                f"adjacency, over {self.steps} steps, by the {self.accountant.upper()} "
+                f"accountant.")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (infinite values are the string ``"inf"``)."""
+        d: dict[str, Any] = {
+            "format": "dpfy-privacy-report/1",
+            "statement": self.statement(),
+            "epsilon": _finite(self.epsilon), "delta": self.delta,
+            "accountant": self.accountant, "accountant_label": accountant_label(self.accountant),
+            "approximate": self.approximate,
+            "epsilons": {k: _finite(v) for k, v in self.epsilons.items()},
+            "accountant_labels": {k: accountant_label(k) for k in self.epsilons},
+            "epsilon_without_amplification": _finite(self.epsilon_without_amplification),
+            "coarsened_sigma_resolution": self.coarsened,
+            "steps": self.steps, "dataset_size": self.dataset_size,
+            "adjacency": self.adjacency, "samplings": list(self.samplings),
+            "sample_rate_range": list(self.sample_rates),
+            "noise_multiplier_range": list(self.noise_multipliers),
+            "mechanisms": [{**dataclasses.asdict(m), "epsilon_alone": _finite(m.epsilon_alone)}
+                           for m in self.mechanisms],
+            "released": self.released, "unit_of_privacy": self.unit_of_privacy,
+            "protects": self.protects, "dp_setting": self.dp_setting,
+            "data_accesses": self.data_accesses,
+            "tuning": dataclasses.asdict(self.tuning) if self.tuning else None,
+            "group": ({"group_size": self.group_size, "epsilon": _finite(self.group_statement[0]),
+                       "delta": self.group_statement[1]} if self.group_statement else None),
+            "delta_convention": self.delta_convention(),
+            "tier": self.tier,
+            "curve": [[t, _finite(e)] for t, e in self.curve],
+            "layer_table": [dict(r) for r in self.layer_table],
+            "model_description": self.model_description,
+            "sampling_note": self.sampling_note,
+            "versions": dict(self.versions),
+        }
+        return d
+
+    def to_markdown(self) -> str:
+        """The report for people, following the guide's checklist."""
+        f = _fmt
+        lines = ["# Privacy report", "", f"**{self.statement()}**", ""]
+        lines += ["## 1. DP setting", "", self.dp_setting, ""]
+        lines += ["## 2. What the guarantee covers", "",
+                  f"- **Data accesses covered:** {self.data_accesses}.",
+                  f"- **Released:** {self.released}. Formally the mechanism's output is the whole "
+                  "sequence of noisy releases (every noisy gradient and every checkpoint); the "
+                  "guarantee covers all of it, and anything computed from it.",
+                  f"- **Unit of privacy:** {self.unit_of_privacy}; protects {self.protects}.",
+                  f"- **Adjacency:** {ADJACENCY_TEXT[self.adjacency]}.", ""]
+        lines += ["## 3. Accounting", "",
+                  f"- **Accountant:** {accountant_label(self.accountant)}; dp_accounting "
+                  f"{self.versions.get('dp-accounting', '?')}.",
+                  "- **Sampling:**"]
+        for s in self.samplings:
+            lines.append(f"  - `{s}`: {SAMPLING_TEXT[Sampling(s)]}")
+        if self.sampling_note:
+            lines.append(f"  - Note: {self.sampling_note}")
+        lines.append(f"- **Without amplification by sampling** (if the sampling assumption did "
+                     f"not hold): ε = {f(self.epsilon_without_amplification)} at the same δ.")
+        if self.coarsened:
+            lines.append(f"- Noise multipliers were rounded down to a {self.coarsened:.0%} grid "
+                         "before accounting (faster; ε stays an upper bound).")
+        lines += ["", "| accountant | ε | note |", "|---|---|---|"]
+        for name, e in self.epsilons.items():
+            lines.append(f"| {name.upper()} | {f(e)} | {accountant_label(name)} |")
+        lines += ["", "## 4. Formal statements", "",
+                  f"- **Training:** ({f(self.epsilon)}, {self.delta:.3g})-DP.",
+                  ("- **Tuning:** " + (f"({f(self.tuning.epsilon)}, {self.tuning.delta:.3g})-DP "
+                                       f"including the released run; {self.tuning.method}. "
+                                       f"{self.tuning.details}"
+                                       if self.tuning else
+                                       "not covered: the hyperparameters were not chosen on "
+                                       "private data, or that search is not accounted here."))]
+        if self.group_statement:
+            ge, gd = self.group_statement
+            lines.append(f"- **Groups of {self.group_size}:** ({f(ge)}, {gd:.3g})-DP "
+                         "(group privacy; degrades fast).")
+        dc = self.delta_convention()
+        lines += [f"- **δ convention:** {dc['note']}.",
+                  f"- **ε tier:** {TIER_TEXT[self.tier]}", ""]
+        lines += ["## 5. Mechanisms", "",
+                  "| mechanism | steps released | ε alone | share of the noise budget |",
+                  "|---|---|---|---|"]
+        for m in self.mechanisms:
+            lines.append(f"| {m.mechanism} | {m.steps} | {f(m.epsilon_alone)} | "
+                         f"{m.noise_share:.1%} |")
+        lines += ["", "## 6. Hyperparameters", "",
+                  f"- steps (optimizer updates): {self.steps}",
+                  f"- dataset size N: {self.dataset_size if self.dataset_size else 'unknown'}",
+                  f"- sample rate q: {_range(self.sample_rates)}",
+                  f"- noise multiplier σ (all releases of a step combined): "
+                  f"{_range(self.noise_multipliers)}", ""]
+        if self.model_description or self.layer_table:
+            lines += ["## 7. Model", ""]
+            if self.model_description:
+                lines += [self.model_description, ""]
+            if self.layer_table:
+                cols = list(self.layer_table[0].keys())
+                lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+                for r in self.layer_table:
+                    lines.append("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
+                lines.append("")
+        lines += ["## ε over steps", "", "![ε over steps](epsilon_over_steps.png)", "",
+                  "## Transparency", "",
+                  "Computed by dpfy " + self.versions.get("dpfy", "?") + " from the run's ledger "
+                  "(every noisy release recorded as a dp_accounting event).", ""]
+        return "\n".join(lines)
+
+    def plot(self, path: str | Path) -> Path:
+        """Write the ε-over-steps PNG to ``path``."""
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        path = Path(path)
+        fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
+        xs = [t for t, _ in self.curve]
+        ys = [e for _, e in self.curve]
+        label = accountant_label(self.accountant)
+        ax.plot(xs, ys, marker="." if len(xs) < 60 else None, label=label)
+        ax.set_xlabel("step")
+        ax.set_ylabel(f"ε at δ = {self.delta:.2g}")
+        ax.set_title("Privacy spent over training")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(path)
+        plt.close(fig)
+        return path
+
+    def write(self, out_dir: str | Path) -> dict[str, Path]:
+        """Write privacy_report.md, privacy_report.json and epsilon_over_steps.png."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = {"markdown": out / "privacy_report.md", "json": out / "privacy_report.json",
+                 "plot": out / "epsilon_over_steps.png"}
+        paths["markdown"].write_text(self.to_markdown())
+        paths["json"].write_text(json.dumps(self.to_dict(), indent=2))
+        self.plot(paths["plot"])
+        return paths
+
+
+def _fmt(x: float) -> str:
+    return "∞" if math.isinf(x) else f"{x:.4g}"
+
+
+def _range(pair: tuple[float, float]) -> str:
+    lo, hi = pair
+    return f"{lo:.6g}" if lo == hi else f"{lo:.6g} to {hi:.6g}"
+
+
+def _mechanism_shares(ledger: Ledger, *, delta: float, accountant: str) -> list[MechanismShare]:
+    inv_var: dict[str, float] = {}
+    steps: dict[str, int] = {}
+    for g in ledger.groups:
+        for r in g.releases:
+            w = math.inf if r.noise_multiplier == 0 else g.count * r.noise_multiplier ** -2
+            inv_var[r.mechanism] = inv_var.get(r.mechanism, 0.0) + w
+            steps[r.mechanism] = steps.get(r.mechanism, 0) + g.count
+    total = sum(inv_var.values())
+    out = []
+    for name in ledger.mechanisms():
+        alone = epsilon(ledger.only(name), delta=delta, accountant=accountant)
+        share = (inv_var[name] / total) if math.isfinite(total) else (
+            1.0 if math.isinf(inv_var[name]) else 0.0)
+        out.append(MechanismShare(name, steps[name], alone, share))
+    return out
