@@ -1,0 +1,136 @@
+"""``dpfy account``: ε (or δ) of a DP-SGD run, or of a recorded ledger.
+
+Examples::
+
+    dpfy account --sample-rate 0.005 --noise-multiplier 1 --steps 20000 --delta 1e-6
+    dpfy account --batch-size 256 --dataset-size 60000 --epochs 15 --noise-multiplier 1.1 \\
+        --delta 1e-5 --accountant pld --json
+    dpfy account --ledger runs/x/ledger.json --delta 1e-5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from dpfy._validate import require
+from dpfy.privacy.accountants import ACCOUNTANTS, accountant_label, delta, epsilon
+from dpfy.privacy.ledger import Ledger, Sampling
+
+__all__ = ["register", "run", "add_run_shape_arguments", "resolve_run_shape"]
+
+
+def add_run_shape_arguments(p: argparse.ArgumentParser, *, steps_required: bool = True) -> None:
+    """--sample-rate/--steps, or --batch-size/--dataset-size/--epochs, plus --sampling."""
+    g = p.add_argument_group("run shape (give Q and T, or B, N and E)")
+    g.add_argument("--sample-rate", type=float, metavar="Q", help="q = batch size / dataset size")
+    g.add_argument("--steps", type=int, metavar="T", help="number of optimizer updates")
+    g.add_argument("--batch-size", type=int, metavar="B", help="(expected) batch size")
+    g.add_argument("--dataset-size", type=int, metavar="N", help="number of private examples")
+    g.add_argument("--epochs", type=float, metavar="E", help="passes over the data")
+    g.add_argument("--sampling", choices=[s.value for s in Sampling], default="poisson",
+                   help="how batches are formed (default: poisson)")
+
+
+def resolve_run_shape(args: argparse.Namespace, *, need_steps: bool = True,
+                      need_rate: bool = True) -> tuple[float | None, int | None]:
+    """(q, T) from --sample-rate/--steps or from --batch-size/--dataset-size/--epochs.
+
+    T = ceil(E·N/B): a partial last epoch still counts as a step (the conservative choice).
+    """
+    q, steps = args.sample_rate, args.steps
+    if args.batch_size is not None or args.epochs is not None:
+        require(q is None, "sample_rate", q, "omitted when --batch-size is given",
+                "Give either --sample-rate or --batch-size with --dataset-size")
+        require(args.dataset_size is not None, "dataset_size", None,
+                "given with --batch-size / --epochs", "Add --dataset-size N")
+        require(args.dataset_size >= 1, "dataset_size", args.dataset_size, ">= 1")
+        if args.batch_size is not None:
+            require(1 <= args.batch_size <= args.dataset_size, "batch_size", args.batch_size,
+                    f"in [1, dataset_size = {args.dataset_size}]")
+            q = args.batch_size / args.dataset_size
+        if args.epochs is not None:
+            require(steps is None, "steps", steps, "omitted when --epochs is given",
+                    "Give either --steps or --epochs")
+            require(args.epochs > 0, "epochs", args.epochs, "> 0")
+            require(q is not None, "batch_size", None, "given with --epochs",
+                    "Add --batch-size B")
+            steps = math.ceil(args.epochs / q - 1e-9)
+    if need_rate:
+        require(q is not None, "sample_rate", None, "given",
+                "Add --sample-rate Q, or --batch-size B --dataset-size N")
+        require(0 < q <= 1, "sample_rate", q, "in (0, 1]", "Use batch_size / dataset_size")
+    if need_steps:
+        require(steps is not None, "steps", None, "given", "Add --steps T, or --epochs E")
+        require(steps >= 1, "steps", steps, ">= 1")
+    return q, steps
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "account", help="ε (or δ) spent by a DP-SGD run or by a recorded ledger",
+        description=__doc__.splitlines()[0],
+        epilog="Example: dpfy account --sample-rate 0.005 --noise-multiplier 1 --steps 20000 "
+               "--delta 1e-6",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_shape_arguments(p)
+    p.add_argument("--noise-multiplier", type=float, metavar="S",
+                   help="σ: noise std / L2 sensitivity (clip norm)")
+    p.add_argument("--ledger", metavar="FILE", help="account a ledger.json (or a run directory)")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--delta", type=float, metavar="D", help="report ε at this δ")
+    target.add_argument("--epsilon", type=float, metavar="E", help="report δ at this ε")
+    p.add_argument("--accountant", choices=ACCOUNTANTS, default="rdp",
+                   help="rdp (default), pld, or gdp (an approximation)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def load_ledger(path: str) -> Ledger:
+    """A ledger from ledger.json or from a run directory that contains one."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "ledger.json"
+    require(p.is_file(), "ledger", str(p), "an existing ledger.json file",
+            "Pass the file written by `dpfy train` or Ledger.to_json()")
+    return Ledger.from_json(p.read_text())
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.ledger:
+        ledger = load_ledger(args.ledger)
+        shape: dict[str, Any] = {"ledger": args.ledger, "steps": ledger.num_steps}
+    else:
+        q, steps = resolve_run_shape(args)
+        require(args.noise_multiplier is not None, "noise_multiplier", None, "given",
+                "Add --noise-multiplier S")
+        require(args.noise_multiplier >= 0, "noise_multiplier", args.noise_multiplier, ">= 0")
+        sampling = Sampling(args.sampling)
+        ledger = Ledger.homogeneous(sample_rate=q, noise_multiplier=args.noise_multiplier,
+                                    steps=steps, sampling=sampling,
+                                    dataset_size=args.dataset_size)
+        shape = {"sample_rate": q, "noise_multiplier": args.noise_multiplier, "steps": steps,
+                 "sampling": sampling.value}
+    out: dict[str, Any] = {**shape, "accountant": args.accountant,
+                           "accountant_label": accountant_label(args.accountant),
+                           "approximate": args.accountant == "gdp",
+                           "adjacency": ledger.adjacency()}
+    if args.delta is not None:
+        out["delta"] = args.delta
+        out["epsilon"] = epsilon(ledger, delta=args.delta, accountant=args.accountant)
+    else:
+        out["epsilon"] = args.epsilon
+        out["delta"] = delta(ledger, epsilon=args.epsilon, accountant=args.accountant)
+    if args.json:
+        print(json.dumps({k: (v if not (isinstance(v, float) and math.isinf(v)) else "inf")
+                          for k, v in out.items()}))
+        return 0
+    what = (f"{ledger.num_steps} recorded steps" if args.ledger else
+            f"{out['steps']} steps of sampling rate q = {out['sample_rate']:.6g} "
+            f"({out['sampling']}) with noise multiplier σ = {out['noise_multiplier']:g}")
+    print(f"{what} satisfy ({out['epsilon']:.4g}, {out['delta']:.3g})-DP "
+          f"[{out['accountant_label']}; {out['adjacency'].replace('_', '-')} adjacency]")
+    return 0
