@@ -37,7 +37,7 @@ def per_example_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_f
 def per_example_norms(grads: dict[str, torch.Tensor]) -> torch.Tensor:
     """Total L2 norm of each example's gradient over all parameters, (B,)."""
     b = next(iter(grads.values())).shape[0]
-    return torch.sqrt(sum(g.reshape(b, -1).square().sum(1) for g in grads.values()))
+    return torch.sqrt(sum(g.reshape(b, g[0].numel() if b else 0).square().sum(1) for g in grads.values()))
 
 
 def clipped_sum(grads: dict[str, torch.Tensor], clip: float) -> dict[str, torch.Tensor]:

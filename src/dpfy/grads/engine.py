@@ -153,7 +153,7 @@ class GradEngine:
         return out
 
     def _unit_sq_norms(self, u: Unit, calls: list[_Call], b: int) -> dict[str, torch.Tensor]:
-        if not calls:  # the unit did not influence the loss: zero gradients
+        if not calls or b == 0:  # an empty batch, or a unit the loss did not depend on
             self._cache[id(u)] = ("zero", None)
             return {rel: p.new_zeros(b) for rel, p in u.params.items()}
         if u.rule is not None and len(calls) == 1:
