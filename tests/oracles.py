@@ -20,6 +20,10 @@ def per_example_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_f
                       ) -> dict[str, torch.Tensor]:
     """{name: (B, *θ.shape)} float64 gradients of ℓ_i = loss_fn(model(x_i), y_i), one at a time."""
     m = copy.deepcopy(model).double()
+    for sub in m.modules():  # a plain copy: no hooks of a private engine attached to `model`
+        for hooks in (sub._forward_hooks, sub._forward_pre_hooks, sub._backward_hooks,
+                      sub._forward_hooks_with_kwargs):
+            hooks.clear()
     for p in m.parameters():
         p.requires_grad_(True)
     names = [n for n, _ in m.named_parameters()]
