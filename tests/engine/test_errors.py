@@ -1,0 +1,196 @@
+"""Fail loudly: every refusal names the problem and the fix (STYLE.md R3)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import dpfy
+
+
+def data(n=40, d=4):
+    g = torch.Generator().manual_seed(0)
+    return TensorDataset(torch.randn(n, d, generator=g), torch.randint(0, 2, (n,), generator=g))
+
+
+def private(model, **kw):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    kw.setdefault("noise_multiplier", 1.0)
+    return dpfy.make_private(model, opt, DataLoader(data(), batch_size=8), seed=0, **kw)
+
+
+def train(model, opt, dl, steps=100):
+    for k, (x, y) in enumerate(dl):
+        if k == steps:
+            break
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+
+def test_batchnorm_is_refused_with_the_fix_and_validate_fixes_it():
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 2))
+    with pytest.raises(ValueError, match=r"BatchNorm1d.*dpfy.validate\(model, fix=True\)"):
+        private(model)
+    assert any("BatchNorm1d" in p for p in dpfy.validate(model))
+    fixed = dpfy.validate(model, fix=True)
+    assert isinstance(fixed[1], nn.GroupNorm) and isinstance(model[1], nn.BatchNorm1d)
+    assert dpfy.validate(fixed) == []
+    m, opt, dl = private(fixed)
+    train(m, opt, dl, 2)
+    assert opt.step_count == 2
+
+
+def test_ghost_engine_names_the_unsupported_layer():
+    model = nn.Sequential(nn.Linear(4, 4), nn.PReLU(), nn.Linear(4, 2))
+    with pytest.raises(ValueError, match=r"'1' of type PReLU.*engine='auto'"):
+        private(model, engine="ghost")
+    assert dpfy.validate(model, engine="ghost") != []
+    private(model, engine="auto")  # vmap for the PReLU only
+
+
+def test_unknown_names_list_the_choices():
+    with pytest.raises(ValueError, match=r"engine must be one of \['auto', 'ghost', 'vmap'\]"):
+        private(nn.Linear(4, 2), engine="fast")
+    with pytest.raises(ValueError, match=r"clipping must be one of"):
+        private(nn.Linear(4, 2), clipping="hard")
+    with pytest.raises(ValueError, match=r"accountant"):
+        private(nn.Linear(4, 2), accountant="moments")
+
+
+def test_sigma_and_target_both_or_neither():
+    with pytest.raises(ValueError, match="not both"):
+        private(nn.Linear(4, 2), target_epsilon=1.0, target_delta=1e-5, epochs=1)
+    with pytest.raises(ValueError, match="noise_multiplier must be given"):
+        private(nn.Linear(4, 2), noise_multiplier=None)
+    with pytest.raises(ValueError, match="target_delta"):
+        private(nn.Linear(4, 2), noise_multiplier=None, target_epsilon=1.0, epochs=1)
+
+
+def test_zero_noise_warns_that_nothing_is_private():
+    with pytest.warns(UserWarning, match="NOT private"):
+        m, opt, dl = private(nn.Linear(4, 2), noise_multiplier=0.0)
+    train(m, opt, dl, 1)
+    assert opt.epsilon(1e-5) == float("inf")
+
+
+def test_schedule_without_sigma_raises_at_step():
+    from dpfy.adaptive.base import AdaptiveMethod
+    m, opt, dl = private(nn.Linear(4, 2), noise_multiplier=None, schedule=AdaptiveMethod())
+    with pytest.raises(ValueError, match="noise_multiplier must be > 0"):
+        train(m, opt, dl, 1)
+
+
+def test_budget_guard_refuses_step_t_plus_one_and_replan_is_explicit():
+    m, opt, dl = private(nn.Linear(4, 2), noise_multiplier=None, target_epsilon=2.0,
+                         target_delta=1e-5, epochs=1)
+    assert opt.max_steps == 5  # q = 8/40, ⌈1/q⌉ = 5 steps
+    train(m, opt, dl)
+    with pytest.raises(ValueError, match=r"max_steps = 5.*optimizer.max_steps"):
+        train(m, opt, dl, 1)
+    assert opt.step_count == 5 and opt.ledger.num_steps == 5
+    opt.max_steps = 6
+    train(m, opt, dl, 1)
+    assert opt.step_count == 6
+
+
+def test_calibrated_run_spends_at_most_the_target():
+    m, opt, dl = private(nn.Linear(4, 2), noise_multiplier=None, target_epsilon=2.0,
+                         target_delta=1e-5, epochs=2)
+    train(m, opt, dl)
+    train(m, opt, dl)
+    eps = opt.epsilon(1e-5)
+    assert 1.9 < eps <= 2.0  # calibration tolerance 1e-3 on σ
+
+
+def test_epsilon_cap_stops_training():
+    m, opt, dl = private(nn.Linear(4, 2), noise_multiplier=2.0, epsilon_cap=1.5,
+                         target_delta=1e-5)
+    with pytest.raises(ValueError, match="epsilon_cap = 1.5"):
+        for _ in range(20):
+            train(m, opt, dl)
+    assert 5 < opt.step_count < 20  # σ=2, q=0.2: ε(5 steps) ≈ 1.21, ε(20) ≈ 2.22 (PLD)
+    assert opt.epsilon(1e-5) <= 1.5
+    opt.ledger.record_step(sampling=opt.sampler.sampling, sample_rate=opt.sampler.sample_rate,
+                           releases=[dpfy.Release("gradient", 2.0)])
+    assert opt.epsilon(1e-5) > 1.5  # the refused step really would have crossed the cap
+
+
+def test_step_needs_a_batch_from_the_private_loader():
+    m, opt, dl = private(nn.Linear(4, 2))
+    x, y = data().tensors
+    opt.zero_grad()
+    F.cross_entropy(m(x[:8]), y[:8]).backward()
+    with pytest.raises(ValueError, match="loader returned by make_private"):
+        opt.step()
+
+
+def test_optimizer_must_cover_exactly_the_trainable_parameters():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    opt = torch.optim.SGD(model[0].parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=r"1.weight.*requires_grad_\(False\)"):
+        dpfy.make_private(model, opt, DataLoader(data(), batch_size=8), noise_multiplier=1.0)
+    # the refusal left the model untouched
+    assert all(p.requires_grad for p in model.parameters())
+
+
+def test_frozen_parameters_are_left_alone():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    model[0].requires_grad_(False)
+    before = model[0].weight.detach().clone()
+    opt = torch.optim.SGD(model[1].parameters(), lr=0.1)
+    m, opt, dl = dpfy.make_private(model, opt, DataLoader(data(), batch_size=8),
+                                   noise_multiplier=1.0, seed=0)
+    train(m, opt, dl, 2)
+    assert torch.equal(before, model[0].weight)
+
+
+def test_tied_weights_need_the_vmap_engine():
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+            self.b.weight = self.a.weight
+
+        def forward(self, x):
+            return self.b(torch.tanh(self.a(x)))[:, :2]
+
+    with pytest.raises(ValueError, match="tied weights.*engine='vmap'"):
+        private(Tied())
+    m, opt, dl = private(Tied(), engine="vmap")
+    train(m, opt, dl, 1)
+
+
+def test_model_made_private_twice_is_refused():
+    model = nn.Linear(4, 2)
+    private(model)
+    with pytest.raises(ValueError, match="already private"):
+        private(model)
+
+
+def test_dropout_in_a_vmap_unit_is_refused():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.Linear(4, 2))
+    m, opt, dl = private(model, engine="vmap")
+    with pytest.raises(ValueError, match="Dropout.*engine='ghost'"):
+        train(m, opt, dl, 1)
+    m2, opt2, dl2 = private(nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.Linear(4, 2)))
+    train(m2, opt2, dl2, 1)  # fine with layer rules: the real forward's masks are used
+
+
+def test_per_layer_thresholds_count_must_match_layers():
+    with pytest.raises(ValueError, match=r"one threshold per layer"):
+        private(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)), clipping="per_layer",
+                max_grad_norm=[1.0, 1.0, 1.0])
+
+
+def test_public_names_resolve():
+    for name in dpfy.__all__:
+        getattr(dpfy, name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert callable(dpfy.make_private) and callable(dpfy.validate)
