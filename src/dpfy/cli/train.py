@@ -1,0 +1,94 @@
+"""``dpfy train``: private training from flags and/or a TOML/YAML config file.
+
+Every :class:`~dpfy.train.config.TrainConfig` field is one flag of the same name
+(``noise_multiplier`` ↔ ``--noise-multiplier``); flags override the config file, which
+overrides the defaults. ``--resume DIR`` continues an interrupted run; any setting given again
+must match the run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import fields
+from typing import Any
+
+from dpfy.train.config import TrainConfig, field_types, coerce, load_config_file
+
+__all__ = ["register", "run", "explicit_settings"]
+
+
+def _scalar(text: str) -> Any:
+    """``"3"`` → 3, ``"0.5"`` → 0.5, ``"true"`` → True, anything else stays a string."""
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def _options(items: list[str]) -> dict[str, Any]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"schedule_options must be KEY=VALUE pairs, got schedule_options "
+                             f"= {item!r}. Write e.g. --schedule-options rate=0.9")
+        out[key] = _scalar(value)
+    return out
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "train", help="train a model with differential privacy and write a privacy report",
+        description=__doc__.splitlines()[0],
+        epilog="Example: dpfy train --out runs/fmnist   (Fashion-MNIST, ε=3, δ=1e-5)")
+    p.add_argument("--config", metavar="FILE", help="TOML or YAML file of settings")
+    p.add_argument("--out", metavar="DIR",
+                   help="new output directory (default: runs/<dataset>-<time>)")
+    p.add_argument("--resume", metavar="DIR", help="continue the interrupted run in DIR")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    types = field_types()
+    for f in fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        default = "none" if f.default is None else f.default
+        help_ = f.metadata["help"]
+        help_ += "" if "default" in help_ else f" (default: {default})"
+        if types[f.name] is dict:
+            p.add_argument(flag, nargs="+", metavar="KEY=VALUE", default=argparse.SUPPRESS,
+                           help=help_)
+        else:
+            p.add_argument(flag, type=types[f.name], default=argparse.SUPPRESS, help=help_,
+                           metavar=f.name.upper())
+    p.set_defaults(func=run)
+
+
+def explicit_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings the user gave (config file, then flags on top), as field values."""
+    values = load_config_file(args.config) if args.config else {}
+    given = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
+    if "schedule_options" in given:
+        given["schedule_options"] = _options(given["schedule_options"])
+    values.update(coerce(given, source="flags"))
+    # A fixed σ replaces the default target ε unless the user also set ε (then both are an error).
+    if values.get("noise_multiplier") is not None and "epsilon" not in values:
+        values["epsilon"] = None
+    return values
+
+
+def run(args: argparse.Namespace) -> int:
+    from dpfy.train import resume, train
+
+    settings = explicit_settings(args)
+    progress = not args.no_progress
+    if args.resume:
+        if args.out:
+            raise ValueError(f"out must be unset with --resume, got out = '{args.out}'. The "
+                             f"run continues in its own directory; drop --out")
+        resume(args.resume, overrides=settings, progress=progress)
+        return 0
+    cfg = TrainConfig.from_mapping(settings, source="settings")
+    out = args.out or f"runs/{cfg.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    train(cfg, out=out, progress=progress)
+    return 0

@@ -1,0 +1,185 @@
+"""The training configuration: one frozen dataclass, one field per CLI flag (STYLE.md R15).
+
+Values come from, in increasing priority: the defaults below, a TOML or YAML file
+(``--config``), then command-line flags. :func:`resolve` fills in what depends on the data
+(δ) or on the operating system (the seed), and the resolved config is written to
+``config.json`` so a run can be reproduced and resumed.
+
+The defaults are the Fashion-MNIST benchmark: Tramèr & Boneh's (ICLR 2021) end-to-end tanh CNN
+at ε = 3, δ = 1e-5, with their large-batch recipe (batch 2048, SGD with momentum 0.9, a large
+learning rate, clip 0.1); see docs/training.md for what was tried on this machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import secrets
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+from dpfy._validate import require
+
+__all__ = ["TrainConfig", "OPTIMIZERS", "ACCOUNTANTS", "load_config_file", "resolve", "coerce", "field_types",
+           "guide_delta", "RESUME_IGNORED"]
+
+OPTIMIZERS = ("sgd", "adam")
+ACCOUNTANTS = ("pld", "rdp")
+# Fields that may differ when resuming: they change where data is read from or how fast the
+# run goes, not what it computes.
+RESUME_IGNORED = frozenset({"data_dir", "threads"})
+
+
+def _f(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that decides what ``dpfy train`` computes. Validated on construction."""
+
+    dataset: str = _f("fashion_mnist", "dataset name: fashion_mnist, digits, breast_cancer")
+    data_dir: str | None = _f(None, "directory with the dataset's files (Fashion-MNIST IDX); "
+                                    "default /usr/share/datasets/fashion-mnist")
+    model: str = _f("tanh_cnn", "model name: tanh_cnn, groupnorm_cnn, mlp, logreg")
+    epsilon: float | None = _f(3.0, "target ε; σ is calibrated so the whole run spends it")
+    delta: float | None = _f(None, "δ; default: the dataset's reference δ (1e-5 for "
+                                   "Fashion-MNIST), else 1/N^1.1 (the guide's convention)")
+    noise_multiplier: float | None = _f(None, "fixed σ instead of a target ε")
+    epochs: int = _f(40, "passes over the training data (in expectation, Poisson sampling)")
+    batch_size: int = _f(2048, "expected logical batch size; sample rate q = batch_size / N")
+    physical_batch_size: int | None = _f(None, "largest batch held in memory at once")
+    clip: float = _f(0.1, "per-example gradient clipping norm C")
+    clipping: str = _f("flat", "clipping policy (see the engine): flat, per_layer, automatic")
+    optimizer: str = _f("sgd", "sgd or adam")
+    lr: float = _f(4.0, "learning rate")
+    momentum: float = _f(0.9, "SGD momentum")
+    weight_decay: float = _f(0.0, "L2 weight decay")
+    seed: int | None = _f(None, "seed for init, sampling and noise; default: drawn from the OS "
+                                "and recorded")
+    accountant: str = _f("pld", "pld or rdp")
+    schedule: str | None = _f(None, "adaptive schedule name (dpfy.adaptive.make_schedule)")
+    schedule_options: dict = _f(None, "options for the schedule, KEY=VALUE")
+    engine: str = _f("auto", "per-example gradient engine")
+    threads: int | None = _f(None, "torch threads; default: number of usable cores")
+
+    def __post_init__(self) -> None:
+        # dataset and model names are checked against their registries by the trainer, since
+        # the Python API also accepts a user's own Dataset and nn.Module under any name.
+        require(isinstance(self.dataset, str) and self.dataset != "", "dataset", self.dataset,
+                "a name")
+        require(isinstance(self.model, str) and self.model != "", "model", self.model, "a name")
+        require((self.epsilon is None) != (self.noise_multiplier is None),
+                "epsilon", self.epsilon, "given exactly when noise_multiplier is not "
+                f"(noise_multiplier = {self.noise_multiplier})",
+                "Give either a target --epsilon or a fixed --noise-multiplier")
+        if self.epsilon is not None:
+            require(math.isfinite(self.epsilon) and self.epsilon > 0, "epsilon", self.epsilon,
+                    "> 0", "A target ε must be positive; ε = 3 is a common choice")
+        if self.noise_multiplier is not None:
+            require(self.noise_multiplier > 0, "noise_multiplier", self.noise_multiplier, "> 0",
+                    "σ = 0 is not private")
+        if self.delta is not None:
+            require(0 < self.delta < 1, "delta", self.delta, "in (0, 1)",
+                    "Use δ ≪ 1/N, e.g. δ = 1/N^1.1 (leave --delta unset for that)")
+        require(self.epochs >= 1, "epochs", self.epochs, ">= 1")
+        require(self.batch_size >= 1, "batch_size", self.batch_size, ">= 1")
+        if self.physical_batch_size is not None:
+            require(self.physical_batch_size >= 1, "physical_batch_size",
+                    self.physical_batch_size, ">= 1")
+        require(self.clip > 0, "clip", self.clip, "> 0")
+        require(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, f"one of {OPTIMIZERS}")
+        require(self.lr > 0, "lr", self.lr, "> 0")
+        require(0 <= self.momentum < 1, "momentum", self.momentum, "in [0, 1)")
+        require(self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
+        require(self.accountant in ACCOUNTANTS, "accountant", self.accountant,
+                f"one of {ACCOUNTANTS}")
+        if self.seed is not None:
+            require(0 <= self.seed < 2**63, "seed", self.seed, "in [0, 2**63)")
+        if self.threads is not None:
+            require(self.threads >= 1, "threads", self.threads, ">= 1")
+        require(self.schedule_options is None or self.schedule is not None, "schedule_options",
+                self.schedule_options, "empty unless a schedule is chosen", "Add --schedule NAME")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], *, source: str = "config") -> "TrainConfig":
+        """Build from a mapping of field names; unknown keys and wrong types raise."""
+        return cls(**coerce(values, source=source))
+
+
+def field_types() -> dict[str, type]:
+    """Field name -> the non-None type it holds (float, int, str, bool or dict)."""
+    names = {"float": float, "int": int, "str": str, "bool": bool, "dict": dict}
+    return {f.name: names[str(f.type).replace(" | None", "")] for f in fields(TrainConfig)}
+
+
+def coerce(values: Mapping[str, Any], *, source: str) -> dict[str, Any]:
+    """Check keys and convert values to the field types (TOML writes ``lr = 4`` as an int)."""
+    types = field_types()
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        name = key.replace("-", "_")
+        require(name in types, f"{source} key", key, f"one of {sorted(types)}",
+                "Fix the spelling or remove the key")
+        kind = types[name]
+        if value is None or isinstance(value, kind) and not isinstance(value, bool) \
+                or kind is dict:
+            out[name] = value
+            continue
+        ok = kind is float and isinstance(value, int) and not isinstance(value, bool)
+        ok = ok or (kind is int and isinstance(value, float) and value.is_integer())
+        require(ok, name, value, f"a {kind.__name__} (in {source})", "Fix the value's type")
+        out[name] = kind(value)
+    return out
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """The top-level keys of a TOML (``.toml``) or YAML (``.yaml``/``.yml``) config file."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    require(suffix in (".toml", ".yaml", ".yml"), "config", str(path),
+            "a .toml, .yaml or .yml file", "Rename the file or convert it")
+    require(path.is_file(), "config", str(path), "an existing file", "Check the path")
+    text = path.read_text()
+    try:
+        if suffix == ".toml":
+            import tomllib
+            data = tomllib.loads(text)
+        else:
+            import yaml
+            data = yaml.safe_load(text) or {}
+    except Exception as e:  # tomllib.TOMLDecodeError, yaml.YAMLError
+        raise ValueError(f"config must be valid {suffix[1:].upper()}, got a parse error in "
+                         f"'{path}': {str(e).splitlines()[0]}. Fix the file") from None
+    require(isinstance(data, dict), "config", str(path), "a mapping of keys to values",
+            "Write one `key = value` per line")
+    return coerce(data, source=f"config file {path.name}")
+
+
+def guide_delta(num_examples: int) -> float:
+    """δ = 1/N^1.1, the "How to DP-fy ML" guide's convention (digest 003, δ box)."""
+    return float(num_examples) ** -1.1
+
+
+def resolve(cfg: TrainConfig, *, num_examples: int,
+            reference_delta: float | None) -> tuple[TrainConfig, str]:
+    """Fill in δ and the seed; returns the resolved config and how δ was chosen."""
+    how = "given"
+    delta = cfg.delta
+    if delta is None and reference_delta is not None:
+        delta, how = reference_delta, f"reference δ for {cfg.dataset} (comparability with " \
+                                      f"published results)"
+    elif delta is None:
+        delta, how = guide_delta(num_examples), f"1/N^1.1 with N = {num_examples}"
+    require(delta < 1 / num_examples, "delta", delta, f"< 1/N = {1 / num_examples:.3g}",
+            "δ ≥ 1/N would allow leaking one example outright; use δ = 1/N^1.1")
+    seed = cfg.seed if cfg.seed is not None else secrets.randbits(63)
+    return dataclasses.replace(cfg, delta=delta, seed=seed), how

@@ -1,0 +1,39 @@
+"""The run's privacy report, rendered by :class:`dpfy.privacy.report.PrivacyReport` from the
+private optimizer's ledger: privacy_report.md/.json and epsilon_over_steps.png."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from dpfy.data import DataSplits
+from dpfy.privacy import epsilon as ledger_epsilon
+from dpfy.privacy.report import PrivacyReport
+from dpfy.train.config import TrainConfig
+
+__all__ = ["write_report", "RELEASED"]
+
+RELEASED = ("final model weights (model.pt) and test-set metrics. The train loss/accuracy "
+            "columns of metrics.csv are non-private diagnostics computed on raw training data "
+            "and are not covered by this guarantee: do not publish them")
+
+
+def _describe(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, private) -> str:
+    params = sum(p.numel() for p in private.model.parameters())
+    return (f"{cfg.model} ({params:,} parameters) trained with DP-SGD ({cfg.optimizer}, lr "
+            f"{cfg.lr:g}, clip {cfg.clip:g}, {cfg.clipping} clipping, expected batch "
+            f"{cfg.batch_size}, {cfg.epochs} epochs) on {data.description}; δ: "
+            f"{notes.get('delta_rule', 'given')}")
+
+
+def write_report(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, private,
+                 directory: Path) -> float:
+    """Write the report files into ``directory``; return the final ε (``cfg.accountant``)."""
+    ledger = private.optimizer.ledger
+    PrivacyReport.from_ledger(
+        ledger, delta=cfg.delta, accountant=cfg.accountant, released=RELEASED,
+        dataset_size=data.num_train, model_description=_describe(cfg, notes, data, private),
+        sampling_note=f"Poisson sampling by dpfy's sampler, q = {private.sample_rate:.5g}, "
+                      f"{private.steps_per_epoch} steps per epoch",
+    ).write(directory)
+    return float(ledger_epsilon(ledger, delta=cfg.delta, accountant=cfg.accountant))

@@ -1,0 +1,228 @@
+"""The training run behind ``dpfy train``: data → model → private optimizer → epochs → report.
+
+:func:`train` starts a run in a new directory; :func:`resume` continues an interrupted one
+exactly (same data order, noise and ledger) from its last epoch checkpoint. Both write into
+``<out>.partial/`` and rename it to ``<out>/`` only after the model, metrics, plots and the
+privacy report are written (see :mod:`dpfy.train.rundir`).
+
+Privacy: the only path to the model's weights is ``dpfy.make_private``'s optimizer; ε is read
+from its ledger by an accountant. Train loss/accuracy are logged as non-private diagnostics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from dpfy._validate import require
+from dpfy.data import DATASETS, DataSplits, load_dataset
+from dpfy.models import MODELS, build_model
+from dpfy.train.checkpoint import Checkpoint
+from dpfy.train.config import RESUME_IGNORED, TrainConfig, resolve
+from dpfy.train.epoch import run_epoch
+from dpfy.train.evaluate import evaluate
+from dpfy.train.metrics import MetricsLog
+from dpfy.train.plots import plot_accuracy
+from dpfy.train.private import make_private_run
+from dpfy.train.report import write_report
+from dpfy.train.rundir import RunDir, write_atomic
+
+__all__ = ["TrainResult", "train", "resume", "usable_cores"]
+
+Echo = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """Where a finished run is and what it achieved."""
+
+    out: Path
+    epsilon: float
+    delta: float
+    test_acc: float
+    wall_time_s: float
+    config: TrainConfig
+
+    @property
+    def report(self) -> Path:
+        return self.out / "privacy_report.md"
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (the affinity mask, not the machine's total)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _check_names(cfg: TrainConfig, data: DataSplits | None, model: nn.Module | None) -> None:
+    if data is None:
+        require(cfg.dataset in DATASETS, "dataset", cfg.dataset, f"one of {sorted(DATASETS)}",
+                "Pick a listed name, or pass your own DataSplits through the Python API")
+    else:
+        require(cfg.dataset == data.name, "dataset", cfg.dataset, f"'{data.name}' (the name of "
+                "the DataSplits passed in)", "Set TrainConfig(dataset=data.name)")
+    if model is None:
+        require(cfg.model in MODELS, "model", cfg.model, f"one of {sorted(MODELS)}",
+                "Pick a listed name, or pass your own nn.Module through the Python API")
+
+
+def train(cfg: TrainConfig, *, out: str | Path, data: DataSplits | None = None,
+          model: nn.Module | None = None, progress: bool = True,
+          echo: Echo = print) -> TrainResult:
+    """Train privately according to ``cfg`` and write everything to ``out``.
+
+    Args:
+      cfg: the configuration; δ and the seed are resolved here when unset.
+      out: a directory that must not exist yet.
+      data: your own train/test splits (default: ``load_dataset(cfg.dataset)``).
+      model: your own module (default: ``build_model(cfg.model)``). Its initial weights are
+        used as given (the seed then fixes sampling and noise only).
+      progress: show a progress bar with the ε spent so far.
+      echo: where the resolved config and the privacy statement are printed.
+    """
+    _check_names(cfg, data, model)
+    run = RunDir.create(out)          # before any slow work: an unwritable --out fails at once
+    try:
+        data = data if data is not None else load_dataset(cfg.dataset, data_dir=cfg.data_dir)
+        resolved, delta_rule = resolve(cfg, num_examples=data.num_train,
+                                       reference_delta=data.reference_delta)
+        return _run(resolved, {"delta_rule": delta_rule}, run, data, model, None, progress, echo)
+    except BaseException:
+        if not run.checkpoint.exists():   # nothing worth resuming: leave no trace
+            shutil.rmtree(run.staging, ignore_errors=True)
+        raise
+
+
+def resume(path: str | Path, *, overrides: Mapping[str, Any] | None = None,
+           data: DataSplits | None = None, model: nn.Module | None = None,
+           progress: bool = True, echo: Echo = print) -> TrainResult:
+    """Continue the interrupted run at ``path`` from its last checkpoint.
+
+    ``overrides`` are settings the user gave again (flags or a config file); each must equal
+    the stored value, except ``data_dir`` and ``threads``, which may change.
+    """
+    run = RunDir.for_resume(path)
+    ckpt = Checkpoint.load(run.checkpoint)
+    stored = TrainConfig.from_mapping(ckpt.config, source="checkpoint")
+    overrides = dict(overrides or {})
+    differ = {k: v for k, v in overrides.items()
+              if k not in RESUME_IGNORED and getattr(stored, k) != v}
+    if differ:
+        name = sorted(differ)[0]
+        raise ValueError(f"{name} must match the interrupted run when resuming, got {name} = "
+                         f"{differ[name]!r} but the run used {getattr(stored, name)!r}"
+                         + (f" (also differ: {sorted(differ)[1:]})" if len(differ) > 1 else "")
+                         + ". Drop the differing settings, or start a new run with --out")
+    cfg = dataclasses.replace(stored, **{k: v for k, v in overrides.items()
+                                         if k in RESUME_IGNORED})
+    _check_names(cfg, data, model)
+    data = data if data is not None else load_dataset(cfg.dataset, data_dir=cfg.data_dir)
+    return _run(cfg, ckpt.notes, run, data, model, ckpt, progress, echo)
+
+
+def _run(cfg: TrainConfig, notes: dict[str, Any], run: RunDir, data: DataSplits,
+         model: nn.Module | None, ckpt: Checkpoint | None, progress: bool,
+         echo: Echo) -> TrainResult:
+    torch.set_num_threads(cfg.threads or usable_cores())
+    torch.manual_seed(cfg.seed)                      # model init; sampling/noise: the engine
+    if model is None:
+        model = build_model(cfg.model, input_shape=data.input_shape,
+                            num_classes=data.num_classes)
+    private = make_private_run(cfg, model, data)
+    metrics = MetricsLog()
+    start_epoch, elapsed = 0, 0.0
+    if ckpt is None:
+        write_atomic(run.staging / "config.json", cfg.to_json() + "\n")
+        echo(_statement(cfg, notes, data, private))
+    else:
+        private.model.load_state_dict(ckpt.model)
+        private.optimizer.load_state_dict(ckpt.optimizer)
+        torch.set_rng_state(ckpt.torch_rng)
+        metrics = MetricsLog(list(ckpt.metrics))
+        start_epoch = ckpt.epoch
+        elapsed = metrics.last()["wall_time_s"] if metrics.rows else 0.0
+        echo(f"dpfy train: resuming {run.final} after epoch {start_epoch} of {cfg.epochs}")
+    t0 = time.monotonic() - elapsed
+    bar = _progress_bar(private.total_steps, private.optimizer.step_count, progress)
+    try:
+        for epoch in range(start_epoch, cfg.epochs):
+            stats = run_epoch(private, bar=bar, delta=cfg.delta)
+            test_loss, test_acc = evaluate(private.model, data.test)
+            eps = private.optimizer.epsilon(cfg.delta)
+            info = private.optimizer.last_step_info or {}
+            metrics.append(epoch=epoch + 1, step=private.optimizer.step_count, epsilon=eps,
+                           noise_multiplier=info.get("noise_multiplier"),
+                           clip=info.get("clip"), lr=_lr(private.optimizer, info),
+                           train_loss_nonprivate=stats.loss, train_acc_nonprivate=stats.acc,
+                           test_loss=test_loss, test_acc=test_acc,
+                           wall_time_s=round(time.monotonic() - t0, 2))
+            if bar is not None:
+                bar.set_postfix_str(f"ε={eps:.3f} test_acc={100 * test_acc:.2f}%")
+            metrics.write(run.staging)
+            Checkpoint(config=cfg.to_dict(), notes=notes, epoch=epoch + 1,
+                       model=private.model.state_dict(),
+                       optimizer=private.optimizer.state_dict(), metrics=metrics.rows,
+                       torch_rng=torch.get_rng_state()).save(run.checkpoint)
+    finally:
+        if bar is not None:
+            bar.close()
+    return _finish(cfg, notes, run, data, private, metrics, time.monotonic() - t0, echo)
+
+
+def _lr(optimizer: Any, info: Mapping[str, Any]) -> float:
+    base = optimizer.param_groups[0]["lr"]
+    return float(base * info.get("lr_scale", 1.0))
+
+
+def _progress_bar(total: int, done: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+    return tqdm(total=total, initial=done, desc="dpfy train", unit="step", dynamic_ncols=True)
+
+
+def _statement(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, private) -> str:
+    """The resolved config and a plain-English privacy statement (R15)."""
+    budget = (f"target ε = {cfg.epsilon:g}" if cfg.epsilon is not None
+              else f"fixed σ = {cfg.noise_multiplier:g}")
+    sigma = private.noise_multiplier
+    noise = (f"noise multiplier σ = {sigma:.4g}" if sigma is not None
+             else f"noise multiplier σ_t from schedule '{cfg.schedule}'")
+    return (f"dpfy train: resolved config:\n{cfg.to_json()}\n"
+            f"dpfy train: DP-SGD on {data.name} (N = {data.num_train}), Poisson sampling with "
+            f"rate q = {private.sample_rate:.5g} (expected batch {cfg.batch_size}), "
+            f"{private.total_steps} steps, clip C = {cfg.clip:g}, {noise} ({budget}); δ = {cfg.delta:.3g} "
+            f"({notes.get('delta_rule', 'given')}); ε accounted with {cfg.accountant.upper()}.")
+
+
+def _finish(cfg: TrainConfig, notes: Mapping[str, Any], run: RunDir, data: DataSplits,
+            private, metrics: MetricsLog, wall: float, echo: Echo) -> TrainResult:
+    staging = run.staging
+    torch.save(private.model.state_dict(), staging / "model.pt")
+    write_atomic(staging / "ledger.json", private.optimizer.ledger.to_json(indent=1) + "\n")
+    plot_accuracy(metrics.rows, staging / "accuracy.png", title=data.name)
+    eps = write_report(cfg, notes, data, private, staging)
+    summary = {"epsilon": eps, "delta": cfg.delta, "accountant": cfg.accountant,
+               "test_acc": metrics.last()["test_acc"], "epochs": cfg.epochs,
+               "steps": private.optimizer.step_count, "wall_time_s": round(wall, 2)}
+    write_atomic(staging / "summary.json", json.dumps(summary, indent=2) + "\n")
+    run.checkpoint.unlink()                          # a finished run needs no resume state
+    out = run.finalize()
+    echo(f"dpfy train: test accuracy {100 * summary['test_acc']:.2f}% at ε = {eps:.3f}, "
+         f"δ = {cfg.delta:.3g} ({cfg.accountant.upper()}) after {summary['steps']} steps, "
+         f"{wall:.0f} s")
+    echo(f"dpfy train: privacy report: {out / 'privacy_report.md'}")
+    return TrainResult(out=out, epsilon=eps, delta=cfg.delta, test_acc=summary["test_acc"],
+                       wall_time_s=wall, config=cfg)
