@@ -26,7 +26,8 @@ def secure_uniform(n: int) -> torch.Tensor:
     """n float64 uniforms in (0, 1) from the OS CSPRNG (53 random bits each)."""
     bits = torch.frombuffer(bytearray(os.urandom(8 * n)), dtype=torch.int64) if n else \
         torch.zeros(0, dtype=torch.int64)
-    return ((bits >> 11).to(torch.float64) + 0.5) * 2.0 ** -53  # (n,)
+    top53 = (bits >> 11) & ((1 << 53) - 1)  # int64 is signed: keep 53 bits, non-negative
+    return (top53.to(torch.float64) + 0.5) * 2.0 ** -53  # (n,) in (0, 1)
 
 
 class NoiseSource:
