@@ -207,11 +207,28 @@ class GradEngine:
         return out
 
     def explain(self) -> list[dict[str, Any]]:
-        """One row per unit: module, type, parameter count, rule file, route and why."""
+        """One row per unit: module, type, parameter count, rule file, route and why.
+
+        After a forward/backward on an example batch (captures present) the route each rule
+        unit takes at that input size is stated: ``ghost`` or ``per-sample``.
+        """
         rows = []
         for u in self.units:
-            why = ("registered layer rule" if u.rule is not None else
-                   "whole model (engine='vmap')" if u.name == "" and self.engine == "vmap" else
-                   "no layer rule for this type; torch.func on its subtree")
-            rows.append(u.explain(why))
+            calls = [c for c in self._calls[id(u)] if c.used]
+            if u.rule is None:
+                why = ("whole model (engine='vmap')" if u.name == "" and self.engine == "vmap"
+                       else "no layer rule for this type; torch.func on its subtree")
+                rows.append(u.explain(why))
+                continue
+            row = u.explain("registered layer rule")
+            if len(calls) > 1:
+                row["engine"], row["why"] = "per-sample", f"called {len(calls)} times per batch"
+            elif calls:
+                c = calls[0]
+                ghost = u.rule.has_ghost and u.rule.prefers_ghost(u.module, c.args[0], c.grads[0])
+                row["engine"] = "ghost" if ghost else "per-sample"
+                row["why"] = ("ghost norm is cheaper than per-sample gradients at this size"
+                              if ghost else "per-sample gradients are cheaper at this size"
+                              if u.rule.has_ghost else "per-sample gradients are small")
+            rows.append(row)
         return rows

@@ -1,0 +1,71 @@
+"""``dpfy explain MODEL``: per layer, the rule, the engine route and why (STYLE.md R7).
+
+MODEL is a model-zoo name (``dpfy.models``) or ``package.module:factory`` (a callable returning
+an ``nn.Module``). With an input shape, one forward/backward on a random batch decides the route
+each layer takes at that size (ghost norm or materialized per-sample gradients).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Any
+
+import torch
+from torch import nn
+
+from dpfy._validate import require
+
+__all__ = ["register", "run", "explain_model", "format_table"]
+
+
+def _build(spec: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    if ":" in spec:
+        module, _, attr = spec.partition(":")
+        factory = getattr(importlib.import_module(module), attr)
+        return factory()
+    from dpfy.models import build_model
+    return build_model(spec, input_shape=input_shape, num_classes=num_classes)
+
+
+def explain_model(model: nn.Module, *, engine: str = "auto",
+                  example: torch.Tensor | None = None) -> list[dict[str, Any]]:
+    """The engine's table for ``model``; with ``example``, routes decided at that size."""
+    from dpfy.grads import GradEngine
+    eng = GradEngine(model, engine=engine, loss_reduction="sum")
+    try:
+        if example is not None:
+            out = model(example)
+            out.float().square().sum().backward()
+        return eng.explain()
+    finally:
+        eng.detach()
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    cols = ["module", "type", "params", "rule", "engine", "why"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("explain", help="per layer: rule, engine route and why",
+                              description=__doc__.splitlines()[0])
+    p.add_argument("model", help="model-zoo name or package.module:factory")
+    p.add_argument("--input-shape", default="1,28,28",
+                   help="one example's shape, e.g. 1,28,28 (empty: skip the probe)")
+    p.add_argument("--num-classes", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=256,
+                   help="batch size of the probe (routes depend on sizes)")
+    p.add_argument("--engine", default="auto", choices=["auto", "ghost", "vmap"])
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    shape = tuple(int(s) for s in args.input_shape.split(",") if s.strip())
+    require(args.batch_size >= 1, "batch_size", args.batch_size, ">= 1")
+    model = _build(args.model, shape, args.num_classes)
+    example = torch.randn(args.batch_size, *shape) if shape else None
+    print(format_table(explain_model(model, engine=args.engine, example=example)))
+    return 0
