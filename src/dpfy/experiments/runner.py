@@ -1,0 +1,71 @@
+"""Run a grid of :class:`RunSpec` s, resumably, with progress in a log file.
+
+Results are appended, one JSON object per finished run, to ``results.jsonl``; a spec whose
+key is already there is skipped, so an interrupted grid continues where it stopped. Workers
+are separate processes with one torch thread each (the machine's cores are shared).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import time
+from pathlib import Path
+from typing import Iterable
+
+from dpfy.experiments.spec import RunSpec
+
+__all__ = ["run_grid", "load_results"]
+
+_DATA = None
+
+
+def load_results(path: Path) -> list[dict]:
+    """All finished runs in a results file (missing file: none)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _init_worker(data_dir: str | None) -> None:
+    global _DATA
+    import torch
+
+    from dpfy.data import load_dataset
+
+    torch.set_num_threads(1)
+    _DATA = load_dataset("fashion_mnist", data_dir=data_dir)
+
+
+def _work(spec_dict: dict) -> dict:
+    from dpfy.experiments.run import train_run
+
+    return train_run(RunSpec.from_dict(spec_dict), _DATA)
+
+
+def run_grid(specs: Iterable[RunSpec], *, results: Path, log: Path, workers: int = 1,
+             data_dir: str | None = None) -> list[dict]:
+    """Train every spec not yet in ``results``; returns all results (old and new)."""
+    results.parent.mkdir(parents=True, exist_ok=True)
+    done = {r["key"] for r in load_results(results)}
+    todo = [s for s in dict.fromkeys(specs) if s.key() not in done]
+    t0 = time.time()
+
+    def say(msg: str) -> None:
+        with log.open("a") as f:
+            f.write(f"{time.strftime('%H:%M:%S')} {msg}\n")
+
+    say(f"{len(todo)} runs to do ({len(done)} already in {results}), {workers} worker(s)")
+    ctx = mp.get_context("fork")
+    with ctx.Pool(workers, initializer=_init_worker, initargs=(data_dir,)) as pool:
+        jobs = pool.imap_unordered(_work, [s.to_dict() for s in todo])
+        for i, rec in enumerate(jobs, 1):
+            with results.open("a") as f:
+                f.write(json.dumps(rec) + "\n")
+            sp = rec["spec"]
+            say(f"[{i}/{len(todo)}] {sp['experiment']} {sp['schedule']} eps={sp['target_epsilon']}"
+                f" seed={sp['seed']}: acc {rec['test_accuracy']:.2f}%  eps_pld "
+                f"{rec['epsilon_pld']:.3f}  eps_gdp {rec['epsilon_gdp']:.3f}  "
+                f"({rec['seconds']:.0f}s; elapsed {time.time() - t0:.0f}s)")
+    say("done")
+    return load_results(results)

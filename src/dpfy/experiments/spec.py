@@ -1,0 +1,68 @@
+"""What one reproduction run is: a frozen, JSON-able spec (STYLE.md R15).
+
+Everything that decides a run's result is a field here, so a results file names its own
+settings and a finished run can be recognized (and skipped) when a grid is resumed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from dpfy._validate import require
+
+__all__ = ["RunSpec", "FMNIST_DELTA"]
+
+# seed 001 §6.3: δ = 1/(10|X|) with |X| = 60,000 Fashion-MNIST training images.
+FMNIST_DELTA = 1 / 600000
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run on Fashion-MNIST.
+
+    Args:
+      experiment: which table the run belongs to (``dynamic-fmnist`` / ``noise-decay-fmnist``).
+      schedule: a :func:`dpfy.adaptive.make_schedule` name (or ``"nonprivate"``).
+      target_epsilon: the run's budget at ``delta``; every schedule is calibrated to spend it.
+      seed: fixes model init, Poisson sampling and noise.
+      epochs: passes over the data; total steps = epochs · round(1/q).
+      options: schedule options (e.g. ρ_μ, ρ_c, decay rate), as sorted (key, value) pairs.
+      calibration: accountant that solves the schedule's scale (``pld`` rigorous, ``gdp`` paper).
+    """
+
+    experiment: str
+    schedule: str
+    target_epsilon: float
+    seed: int
+    epochs: int = 3
+    expected_batch: int = 256           # q = expected_batch / N (seed 001 / Bu et al.: 256)
+    model: str = "tanh_cnn"
+    lr: float = 0.1
+    momentum: float = 0.9
+    max_grad_norm: float = 1.0
+    delta: float = FMNIST_DELTA
+    calibration: str = "pld"
+    options: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        require(self.epochs >= 1, "epochs", self.epochs, ">= 1")
+        require(self.target_epsilon > 0, "target_epsilon", self.target_epsilon, "> 0")
+        require(self.calibration in ("pld", "gdp"), "calibration", self.calibration,
+                "'pld' or 'gdp'")
+
+    def key(self) -> str:
+        """A stable id of the settings (for resuming a grid)."""
+        text = json.dumps(self.to_dict(), sort_keys=True)
+        return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["options"] = dict(self.options)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunSpec":
+        return cls(**{**d, "options": tuple(sorted(d.get("options", {}).items()))})
