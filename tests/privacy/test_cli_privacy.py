@@ -1,0 +1,75 @@
+"""`dpfy account`, `dpfy calibrate`, `dpfy report`: flags of issue 2, JSON output, exit code 2."""
+
+import json
+
+import pytest
+
+from dpfy.cli import main
+from dpfy.privacy import Ledger, epsilon
+
+
+def _json(capsys):
+    return json.loads(capsys.readouterr().out)
+
+
+def test_account_json_matches_the_accountant(capsys):
+    assert main(["account", "--sample-rate", "0.005", "--noise-multiplier", "1", "--steps",
+                 "20000", "--delta", "1e-6", "--json"]) == 0
+    out = _json(capsys)
+    assert out["epsilon"] == pytest.approx(4.95, abs=0.01)     # the guide's 100-epoch RDP value
+
+
+def test_account_batch_dataset_epochs(capsys):
+    assert main(["account", "--batch-size", "5000", "--dataset-size", "1000000", "--epochs", "1",
+                 "--noise-multiplier", "1", "--delta", "1e-6", "--accountant", "pld",
+                 "--json"]) == 0
+    out = _json(capsys)
+    assert out["steps"] == 200 and out["sample_rate"] == 0.005
+    assert out["epsilon"] == pytest.approx(0.59, abs=0.01)     # the guide's 1-epoch PLD value
+
+
+def test_account_gdp_is_labelled(capsys):
+    main(["account", "--sample-rate", "0.01", "--noise-multiplier", "1", "--steps", "100",
+          "--delta", "1e-5", "--accountant", "gdp"])
+    assert "approximation" in capsys.readouterr().out
+
+
+def test_calibrate_json(capsys):
+    assert main(["calibrate", "--target-epsilon", "2", "--delta", "1e-5", "--sample-rate",
+                 "0.01", "--steps", "500", "--json"]) == 0
+    out = _json(capsys)
+    ledger = Ledger.homogeneous(sample_rate=0.01, noise_multiplier=out["noise_multiplier"],
+                                steps=500)
+    assert out["epsilon"] == pytest.approx(epsilon(ledger, delta=1e-5)) and out["epsilon"] <= 2
+
+
+@pytest.mark.parametrize("argv", [
+    ["account", "--sample-rate", "1.5", "--noise-multiplier", "1", "--steps", "10",
+     "--delta", "1e-5"],
+    ["account", "--sample-rate", "0.1", "--noise-multiplier", "-1", "--steps", "10",
+     "--delta", "1e-5"],
+    ["account", "--sample-rate", "0.1", "--noise-multiplier", "1", "--steps", "0",
+     "--delta", "1e-5"],
+    ["account", "--sample-rate", "0.1", "--noise-multiplier", "1", "--steps", "10",
+     "--delta", "1"],
+    ["calibrate", "--target-epsilon", "0", "--delta", "1e-5", "--sample-rate", "0.1",
+     "--steps", "10"],
+    ["calibrate", "--target-epsilon", "0.0001", "--delta", "1e-5", "--sample-rate", "1",
+     "--steps", "1000000", "--sampling", "none"],
+])
+def test_bad_input_exits_2_with_one_line(argv, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "must be" in err[0]
+
+
+def test_report_command(tmp_path, capsys):
+    ledger = Ledger.homogeneous(sample_rate=0.01, noise_multiplier=1.0, steps=100,
+                                dataset_size=10000)
+    (tmp_path / "ledger.json").write_text(ledger.to_json())
+    assert main(["report", str(tmp_path), "--delta", "1e-5", "--accountant", "rdp"]) == 0
+    assert (tmp_path / "privacy_report.md").is_file()
+    assert (tmp_path / "epsilon_over_steps.png").is_file()
+    capsys.readouterr()
+    assert main(["account", "--ledger", str(tmp_path), "--delta", "1e-5", "--json"]) == 0
+    assert _json(capsys)["epsilon"] == pytest.approx(epsilon(ledger, delta=1e-5))

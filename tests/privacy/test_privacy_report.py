@@ -1,0 +1,71 @@
+"""The privacy report: the guide's checklist items are present and numbers come from the ledger."""
+
+import json
+
+import pytest
+
+from dpfy.privacy import Ledger, Release, Sampling, epsilon
+from dpfy.privacy.report import PrivacyReport, TuningCost, tier
+
+
+def _ledger():
+    ledger = Ledger(dataset_size=60000)
+    ledger.record_step(sampling=Sampling.POISSON, sample_rate=256 / 60000,
+                       releases=[Release("gradient", 1.1), Release("quantile_count", 20.0)],
+                       count=200)
+    return ledger
+
+
+def test_report_files_and_checklist(tmp_path):
+    ledger = _ledger()
+    report = PrivacyReport.from_ledger(
+        ledger, delta=1e-6, accountant="pld", released="final model weights",
+        tuning=TuningCost("composition of 5 runs", 3.0, 1e-6), group_size=2,
+        model_description="MLP", layer_table=[{"layer": "fc1", "engine": "ghost"}])
+    paths = report.write(tmp_path)
+    assert {p.name for p in paths.values()} == {"privacy_report.md", "privacy_report.json",
+                                                "epsilon_over_steps.png"}
+    assert paths["plot"].read_bytes()[:4] == b"\x89PNG"
+    md = paths["markdown"].read_text()
+    for item in ("DP setting", "Data accesses covered", "Released", "Unit of privacy",
+                 "Adjacency", "Accountant", "Sampling", "Without amplification", "Training",
+                 "Tuning", "δ convention", "ε tier", "quantile_count", "approximation"):
+        assert item in md, item
+    data = json.loads(paths["json"].read_text())
+    assert data["epsilon"] == pytest.approx(epsilon(ledger, delta=1e-6, accountant="pld"))
+    assert data["epsilons"]["rdp"] == pytest.approx(epsilon(ledger, delta=1e-6))
+    assert "approximation" in data["accountant_labels"]["gdp"]
+    assert data["adjacency"] == "add_or_remove"
+    assert data["tuning"]["epsilon"] == 3.0
+    assert data["delta_convention"]["ok"] is True          # 1e-6 ≤ 60000^-1.1 = 5.5e-6
+    shares = {m["mechanism"]: m["noise_share"] for m in data["mechanisms"]}
+    # shares of Σσ⁻²: 1.1⁻² : 20⁻² (digest 002 Prop. 1)
+    assert shares["gradient"] == pytest.approx(1.1 ** -2 / (1.1 ** -2 + 20.0 ** -2))
+    assert data["curve"][-1][0] == 200
+
+
+def test_shuffle_report_says_no_amplification_and_replace_one():
+    ledger = Ledger.homogeneous(sample_rate=0.01, noise_multiplier=2.0, steps=300,
+                                sampling=Sampling.SHUFFLE, dataset_size=10000)
+    report = PrivacyReport.from_ledger(ledger, delta=1e-4, accountant="rdp",
+                                       sampling_note="torch DataLoader(shuffle=True)")
+    md = report.to_markdown()
+    assert "No amplification" in md and "replace-one" in md and "DataLoader" in md
+    assert report.to_dict()["delta_convention"]["ok"] is False   # 1e-4 > 10000^-1.1 = 4e-5
+
+
+def test_gdp_report_is_labelled_approximation():
+    report = PrivacyReport.from_ledger(_ledger(), delta=1e-6, accountant="gdp")
+    assert "approximation" in report.statement()
+    assert report.to_dict()["approximate"] is True
+
+
+def test_tiers():
+    assert (tier(0.9), tier(5), tier(11)) == (1, 2, 3)
+
+
+def test_report_rejects_bad_input():
+    with pytest.raises(ValueError, match="accountant"):
+        PrivacyReport.from_ledger(_ledger(), delta=1e-6, accountant="moments")
+    with pytest.raises(ValueError, match="ledger"):
+        PrivacyReport.from_ledger(Ledger(), delta=1e-6)
