@@ -31,11 +31,11 @@ def test_gdp_noise_multipliers_digest_001(eps, sigma):
 @pytest.mark.parametrize("accountant", ["rdp", "pld"])
 def test_noise_multiplier_is_safe_and_tight(accountant):
     tol = 1e-3
-    sigma = calibrate_noise_multiplier(target_epsilon=2.0, delta=1e-5, sample_rate=0.05,
-                                       steps=100, accountant=accountant, tol=tol)
+    sigma = calibrate_noise_multiplier(target_epsilon=2.0, delta=1e-5, sample_rate=0.1,
+                                       steps=30, accountant=accountant, tol=tol)
 
     def eps(s):
-        return epsilon(Ledger.homogeneous(sample_rate=0.05, noise_multiplier=s, steps=100),
+        return epsilon(Ledger.homogeneous(sample_rate=0.1, noise_multiplier=s, steps=30),
                        delta=1e-5, accountant=accountant)
     assert eps(sigma) <= 2.0
     assert eps(sigma * (1 - 2 * tol)) > 2.0
@@ -55,10 +55,10 @@ def test_sample_rate_and_steps():
 
 
 def test_schedule_scale_is_safe_and_within_a_few_percent():
-    shape = np.geomspace(1.0, 0.5, 24).repeat(10)          # 240 steps, 24 distinct levels
+    shape = np.geomspace(1.0, 0.5, 18).repeat(10)          # 180 steps, 18 distinct levels
     s = calibrate_schedule_scale(shape=shape, target_epsilon=2.0, delta=1e-5, sample_rate=0.01,
                                  accountant="rdp")
-    ledger = lambda k: Ledger.from_schedule(sample_rates=[0.01] * 240,
+    ledger = lambda k: Ledger.from_schedule(sample_rates=[0.01] * 180,
                                             noise_multipliers=k * shape)
     exact = epsilon(ledger(s), delta=1e-5, accountant="rdp", sigma_resolution=None)
     assert exact <= 2.0
