@@ -1,0 +1,214 @@
+"""Benchmark (not a test): time and ε of privacy accounting, dpfy vs dp_accounting vs Opacus.
+
+Two ledgers, both with q = 256/60000 (Fashion-MNIST/MNIST batch 256) and δ = 1e-5:
+
+  (a) 10,000 identical steps at σ = 1.1;
+  (b) 1,000 distinct σ's: an exponential decay from 2.0 to 0.8 over 15 epochs (3,516 steps),
+      the level changing every ~3.5 steps.
+
+For each, the time of one ε computation and of one noise calibration (σ for ε = 3 in (a), the
+schedule's scale s for ε = 1.2 in (b)), for dpfy's RDP / PLD / GDP accountants (default
+settings: (b) is coarsened, σ rounded down) and, in the same run, dp_accounting's RDP and PLD
+accountants and Opacus's RDP and PRV accountants on the exact ledger. Runs are interleaved
+(one pass over all tools, repeated) so that load from other processes hits all tools alike;
+the table reports the median time.
+
+    .venv/bin/python benchmarks/accounting.py                  # full run (~10 min on 2 cores)
+    .venv/bin/python benchmarks/accounting.py --quick          # skip the slow references
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import warnings
+from typing import Callable
+
+import numpy as np
+
+Q, DELTA, N, BATCH = 256 / 60000, 1e-5, 60000, 256
+STEPS_A, SIGMA_A = 10_000, 1.1
+EPOCHS_B, LEVELS_B = 15, 1000
+
+
+def schedule_b() -> np.ndarray:
+    steps = int(np.ceil(EPOCHS_B * N / BATCH))                     # 3516
+    levels = np.geomspace(2.0, 0.8, LEVELS_B)
+    return levels[(np.arange(steps) * LEVELS_B) // steps]          # (steps,)
+
+
+# -- the tools ------------------------------------------------------------------------------
+def dpfy_epsilon(accountant: str, sigmas: np.ndarray, **kw) -> float:
+    from dpfy.privacy import Ledger, epsilon
+    ledger = Ledger.from_schedule(sample_rates=[Q] * len(sigmas), noise_multipliers=sigmas)
+    return epsilon(ledger, delta=DELTA, accountant=accountant, **kw)
+
+
+def dpfy_homogeneous(accountant: str) -> float:
+    from dpfy.privacy import Ledger, epsilon
+    return epsilon(Ledger.homogeneous(sample_rate=Q, noise_multiplier=SIGMA_A, steps=STEPS_A),
+                   delta=DELTA, accountant=accountant)
+
+
+def _dp_event(sigmas: np.ndarray):
+    import dp_accounting
+    values, counts = _runs(sigmas)
+    return dp_accounting.ComposedDpEvent([
+        dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(Q, dp_accounting.GaussianDpEvent(float(s))), c)
+        for s, c in zip(values, counts)])
+
+
+def _runs(sigmas: np.ndarray) -> tuple[list[float], list[int]]:
+    values, counts = [], []
+    for s in sigmas:
+        if values and values[-1] == s:
+            counts[-1] += 1
+        else:
+            values.append(float(s))
+            counts.append(1)
+    return values, counts
+
+
+def dp_accounting_epsilon(kind: str, sigmas: np.ndarray) -> float:
+    from dp_accounting import pld, rdp
+    acc = rdp.RdpAccountant() if kind == "rdp" else pld.PLDAccountant(
+        value_discretization_interval=1e-4)
+    acc.compose(_dp_event(sigmas))
+    return float(acc.get_epsilon(DELTA))
+
+
+def opacus_epsilon(kind: str, sigmas: np.ndarray) -> float:
+    from opacus.accountants import PRVAccountant, RDPAccountant
+    acc = RDPAccountant() if kind == "rdp" else PRVAccountant()
+    values, counts = _runs(sigmas)
+    acc.history = [(s, Q, c) for s, c in zip(values, counts)]
+    return float(acc.get_epsilon(DELTA))
+
+
+def dpfy_calibrate_a(accountant: str) -> float:
+    from dpfy.privacy.calibration import calibrate_noise_multiplier
+    return calibrate_noise_multiplier(target_epsilon=3.0, delta=DELTA, sample_rate=Q,
+                                      steps=STEPS_A, accountant=accountant)
+
+
+def dp_accounting_calibrate_a() -> float:
+    import dp_accounting
+    from dp_accounting import rdp
+
+    def make_event(sigma: float):
+        return dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(Q, dp_accounting.GaussianDpEvent(sigma)),
+            STEPS_A)
+    return float(dp_accounting.calibrate_dp_mechanism(
+        rdp.RdpAccountant, make_event, 3.0, DELTA,
+        dp_accounting.LowerEndpointAndGuess(0.1, 1.0), tol=1e-3))
+
+
+def opacus_calibrate_a(kind: str) -> float:
+    from opacus.accountants.utils import get_noise_multiplier
+    return float(get_noise_multiplier(target_epsilon=3.0, target_delta=DELTA, sample_rate=Q,
+                                      steps=STEPS_A, accountant=kind, epsilon_tolerance=0.003))
+
+
+def dpfy_calibrate_b(accountant: str) -> float:
+    from dpfy.privacy.calibration import calibrate_schedule_scale
+    return calibrate_schedule_scale(shape=schedule_b(), target_epsilon=1.2, delta=DELTA,
+                                    sample_rate=Q, accountant=accountant)
+
+
+# -- harness ---------------------------------------------------------------------------------
+def measure(tasks: dict[str, Callable[[], float]], repeats: dict[str, int]) -> dict[str, dict]:
+    """Run every task ``repeats[name]`` times, interleaved round-robin; median time, value."""
+    times: dict[str, list[float]] = {k: [] for k in tasks}
+    values: dict[str, float] = {}
+    for r in range(max(repeats.values())):
+        for name, fn in tasks.items():
+            if r >= repeats[name]:
+                continue
+            t0 = time.perf_counter()
+            values[name] = fn()
+            times[name].append(time.perf_counter() - t0)
+            print(f"  {name}: {values[name]:.4f} in {times[name][-1]:.2f} s", file=sys.stderr)
+    return {k: {"value": values[k], "seconds": statistics.median(times[k]),
+                "runs": len(times[k])} for k in tasks}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="skip the slow references on ledger (b) (dp_accounting PLD, "
+                             "Opacus PRV, exact dpfy)")
+    parser.add_argument("--repeats", type=int, default=3, help="repeats of the fast tasks")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    sig_b = schedule_b()
+    sig_a = np.full(STEPS_A, SIGMA_A)
+    fast, slow = args.repeats, 1
+
+    tasks: dict[str, Callable[[], float]] = {
+        "a/eps/dpfy rdp": lambda: dpfy_homogeneous("rdp"),
+        "a/eps/dpfy pld": lambda: dpfy_homogeneous("pld"),
+        "a/eps/dpfy gdp (approx.)": lambda: dpfy_homogeneous("gdp"),
+        "a/eps/dp_accounting rdp": lambda: dp_accounting_epsilon("rdp", sig_a),
+        "a/eps/dp_accounting pld": lambda: dp_accounting_epsilon("pld", sig_a),
+        "a/eps/opacus rdp": lambda: opacus_epsilon("rdp", sig_a),
+        "a/eps/opacus prv": lambda: opacus_epsilon("prv", sig_a),
+        "a/cal/dpfy rdp": lambda: dpfy_calibrate_a("rdp"),
+        "a/cal/dpfy pld": lambda: dpfy_calibrate_a("pld"),
+        "a/cal/dpfy gdp (approx.)": lambda: dpfy_calibrate_a("gdp"),
+        "a/cal/dp_accounting rdp": dp_accounting_calibrate_a,
+        "a/cal/opacus rdp": lambda: opacus_calibrate_a("rdp"),
+        "a/cal/opacus prv": lambda: opacus_calibrate_a("prv"),
+        "b/eps/dpfy rdp": lambda: dpfy_epsilon("rdp", sig_b),
+        "b/eps/dpfy pld": lambda: dpfy_epsilon("pld", sig_b),
+        "b/eps/dpfy gdp (approx.)": lambda: dpfy_epsilon("gdp", sig_b),
+        "b/eps/dpfy rdp exact": lambda: dpfy_epsilon("rdp", sig_b, sigma_resolution=None),
+        "b/eps/dp_accounting rdp": lambda: dp_accounting_epsilon("rdp", sig_b),
+        "b/eps/opacus rdp": lambda: opacus_epsilon("rdp", sig_b),
+        "b/cal/dpfy rdp": lambda: dpfy_calibrate_b("rdp"),
+        "b/cal/dpfy pld": lambda: dpfy_calibrate_b("pld"),
+        "b/cal/dpfy gdp (approx.)": lambda: dpfy_calibrate_b("gdp"),
+    }
+    if not args.quick:
+        tasks.update({
+            "b/eps/dpfy pld exact (1e-3)": lambda: dpfy_epsilon(
+                "pld", sig_b, sigma_resolution=None, value_discretization=1e-3),
+            "b/eps/dp_accounting pld": lambda: dp_accounting_epsilon("pld", sig_b),
+            "b/eps/opacus prv": lambda: opacus_epsilon("prv", sig_b),
+        })
+    slow_names = {k for k in tasks if ("exact" in k or k.startswith("b/cal") or
+                                        k in ("b/eps/dp_accounting pld", "b/eps/opacus prv",
+                                              "b/eps/dp_accounting rdp", "b/eps/opacus rdp"))}
+    repeats = {k: (slow if k in slow_names else fast) for k in tasks}
+    # The dpfy timings must not profit from caches filled by an earlier identical call: clear
+    # dpfy's per-atom caches before each dpfy task.
+    from dpfy.privacy import pld as _pld
+    from dpfy.privacy import rdp as _rdp
+
+    def cold(fn: Callable[[], float]) -> Callable[[], float]:
+        def run() -> float:
+            _rdp._atom_rdp.cache_clear()
+            _pld._atom_pld.cache_clear()
+            return fn()
+        return run
+    tasks = {k: (cold(fn) if "dpfy" in k else fn) for k, fn in tasks.items()}
+    results = measure(tasks, repeats)
+
+    print("| ledger | task | tool | result | seconds |")
+    print("|---|---|---|---|---|")
+    for name, r in results.items():
+        ledger, task, tool = name.split("/")
+        what = {"eps": "ε", "cal": "σ for ε=3" if ledger == "a" else "scale s for ε=1.2"}[task]
+        print(f"| ({ledger}) | {what} | {tool} | {r['value']:.4f} | {r['seconds']:.3f} |")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()
