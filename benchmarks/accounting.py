@@ -122,19 +122,28 @@ def dpfy_calibrate_b(accountant: str) -> float:
 
 # -- harness ---------------------------------------------------------------------------------
 def measure(tasks: dict[str, Callable[[], float]], repeats: dict[str, int]) -> dict[str, dict]:
-    """Run every task ``repeats[name]`` times, interleaved round-robin; median time, value."""
+    """Run every task ``repeats[name]`` times, interleaved round-robin.
+
+    Reports the median wall time and the median CPU time of the process (``process_time``):
+    on a machine shared with other jobs the wall time grows with the load, the CPU time much
+    less, so both are shown.
+    """
     times: dict[str, list[float]] = {k: [] for k in tasks}
+    cpu: dict[str, list[float]] = {k: [] for k in tasks}
     values: dict[str, float] = {}
     for r in range(max(repeats.values())):
         for name, fn in tasks.items():
             if r >= repeats[name]:
                 continue
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             values[name] = fn()
             times[name].append(time.perf_counter() - t0)
-            print(f"  {name}: {values[name]:.4f} in {times[name][-1]:.2f} s", file=sys.stderr)
+            cpu[name].append(time.process_time() - c0)
+            print(f"  {name}: {values[name]:.4f} in {times[name][-1]:.2f} s "
+                  f"(cpu {cpu[name][-1]:.2f} s)", file=sys.stderr, flush=True)
     return {k: {"value": values[k], "seconds": statistics.median(times[k]),
-                "runs": len(times[k])} for k in tasks}
+                "cpu_seconds": statistics.median(cpu[k]), "runs": len(times[k])}
+            for k in tasks}
 
 
 def main() -> None:
@@ -199,12 +208,13 @@ def main() -> None:
     tasks = {k: (cold(fn) if "dpfy" in k else fn) for k, fn in tasks.items()}
     results = measure(tasks, repeats)
 
-    print("| ledger | task | tool | result | seconds |")
-    print("|---|---|---|---|---|")
+    print("| ledger | task | tool | result | wall s | CPU s |")
+    print("|---|---|---|---|---|---|")
     for name, r in results.items():
         ledger, task, tool = name.split("/")
         what = {"eps": "ε", "cal": "σ for ε=3" if ledger == "a" else "scale s for ε=1.2"}[task]
-        print(f"| ({ledger}) | {what} | {tool} | {r['value']:.4f} | {r['seconds']:.3f} |")
+        print(f"| ({ledger}) | {what} | {tool} | {r['value']:.4f} | {r['seconds']:.2f} | "
+              f"{r['cpu_seconds']:.2f} |")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=2)

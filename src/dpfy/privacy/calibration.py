@@ -47,7 +47,8 @@ def _check_steps(steps: int) -> None:
 
 
 def _solve_decreasing(eps: Callable[[float], float], target: float, x0: float, *,
-                      rel_tol: float, x_max: float, fail: Callable[[], None]) -> float:
+                      rel_tol: float, x_max: float, fail: Callable[[], None],
+                      bracket: tuple[float, float] | None = None) -> float:
     """Smallest x > 0 (to relative ``rel_tol``, on the safe side) with eps(x) <= target.
 
     ``eps`` must be non-increasing in x. The search brackets the root around ``x0`` and then
@@ -61,7 +62,7 @@ def _solve_decreasing(eps: Callable[[float], float], target: float, x0: float, *
             return -math.inf
         return math.inf if math.isinf(v) else math.log(v / target)
 
-    lo, hi = x0 / 1.25, x0 * 1.25
+    lo, hi = bracket if bracket is not None else (x0 / 1.25, x0 * 1.25)
     f_lo, f_hi = f(lo), f(hi)
     while f_hi > 0:
         lo, f_lo, hi = hi, f_hi, hi * 2
@@ -139,8 +140,16 @@ def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, sample_ra
                 "Raise the target ε or δ, or lower the sample rate or the number of steps")
 
     guess = _gdp_sigma_guess(target_epsilon, delta, sample_rate, steps)
+    bracket = None
+    if accountant == "pld" and sampling is Sampling.POISSON:
+        # PLD is tighter than RDP, so RDP's σ (cheap) is a safe upper end; the GDP CLT value is
+        # usually just below PLD's. Both ends are checked by the search before they are used.
+        rdp_sigma = calibrate_noise_multiplier(
+            target_epsilon=target_epsilon, delta=delta, sample_rate=sample_rate, steps=steps,
+            accountant="rdp", sampling=sampling, dataset_size=dataset_size, tol=tol)
+        bracket = (min(guess, rdp_sigma) * 0.98, rdp_sigma)
     return _solve_decreasing(eps, target_epsilon, guess, rel_tol=tol,
-                             x_max=MAX_NOISE_MULTIPLIER, fail=fail)
+                             x_max=MAX_NOISE_MULTIPLIER, fail=fail, bracket=bracket)
 
 
 def calibrate_sample_rate(*, target_epsilon: float, delta: float, noise_multiplier: float,
