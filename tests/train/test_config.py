@@ -1,0 +1,96 @@
+"""TrainConfig: validation, TOML/YAML files, type coercion and how δ and the seed resolve."""
+
+import math
+
+import pytest
+
+from dpfy.train.config import TrainConfig, coerce, guide_delta, load_config_file, resolve
+
+
+def test_defaults_are_the_fashion_mnist_benchmark():
+    c = TrainConfig()
+    assert (c.dataset, c.model, c.epsilon, c.accountant) == ("fashion_mnist", "tanh_cnn", 3.0,
+                                                             "pld")
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(epsilon=0.0), "epsilon must be > 0"),
+    (dict(epsilon=-1.0), "epsilon must be > 0"),
+    (dict(delta=1.0), r"delta must be in \(0, 1\)"),
+    (dict(delta=0.0), r"delta must be in \(0, 1\)"),
+    (dict(noise_multiplier=1.0), "Give either a target --epsilon or a fixed --noise-multiplier"),
+    (dict(epsilon=None), "Give either"),
+    (dict(epochs=0), "epochs must be >= 1"),
+    (dict(clip=0.0), "clip must be > 0"),
+    (dict(optimizer="lbfgs"), "optimizer must be one of"),
+    (dict(accountant="moments"), "accountant must be one of"),
+    (dict(schedule_options={"rate": 0.9}), "Add --schedule NAME"),
+])
+def test_bad_values_name_the_field(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(**kwargs)
+
+
+def test_toml_file(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text('dataset = "digits"\nlr = 4\nepochs = 2\n[schedule_options]\nrate = 0.5\n')
+    values = load_config_file(p)
+    assert values == {"dataset": "digits", "lr": 4.0, "epochs": 2,
+                      "schedule_options": {"rate": 0.5}}
+    assert isinstance(values["lr"], float)            # TOML's int 4 becomes the float field
+
+
+def test_yaml_file(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("model: mlp\nclip: 0.5\nnoise-multiplier: 1.1\nepsilon: null\n")
+    c = TrainConfig.from_mapping(load_config_file(p))
+    assert (c.model, c.clip, c.noise_multiplier, c.epsilon) == ("mlp", 0.5, 1.1, None)
+
+
+def test_unknown_key_lists_the_valid_ones(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text("learning_rate = 0.1\n")
+    with pytest.raises(ValueError, match=r"key must be one of \[.*'lr'.*\], got .* = "
+                                         r"'learning_rate'"):
+        load_config_file(p)
+
+
+def test_bad_file_type_and_syntax(tmp_path):
+    with pytest.raises(ValueError, match="a .toml, .yaml or .yml file"):
+        load_config_file(tmp_path / "c.json")
+    p = tmp_path / "c.toml"
+    p.write_text("lr = = 3\n")
+    with pytest.raises(ValueError, match="valid TOML"):
+        load_config_file(p)
+
+
+def test_wrong_type_is_refused():
+    with pytest.raises(ValueError, match="epochs must be a int"):
+        coerce({"epochs": 2.5}, source="test")
+    with pytest.raises(ValueError, match="lr must be a float"):
+        coerce({"lr": "fast"}, source="test")
+
+
+def test_delta_follows_the_guide_unless_given_or_referenced():
+    n = 1438
+    # the guide's convention δ = 1/N^1.1 (digest 003, δ box), computed independently here
+    expected = math.exp(-1.1 * math.log(n))
+    assert guide_delta(n) == pytest.approx(expected, rel=1e-12)
+    c, how = resolve(TrainConfig(dataset="digits"), num_examples=n, reference_delta=None)
+    assert c.delta == pytest.approx(expected) and "1/N^1.1" in how
+    c, how = resolve(TrainConfig(), num_examples=60000, reference_delta=1e-5)
+    assert c.delta == 1e-5 and "reference" in how
+    c, how = resolve(TrainConfig(delta=1e-7), num_examples=60000, reference_delta=1e-5)
+    assert c.delta == 1e-7 and how == "given"
+
+
+def test_delta_at_least_one_over_n_is_refused():
+    with pytest.raises(ValueError, match=r"delta must be < 1/N"):
+        resolve(TrainConfig(delta=0.01), num_examples=455, reference_delta=None)
+
+
+def test_seed_is_drawn_and_recorded_when_unset():
+    a, _ = resolve(TrainConfig(), num_examples=10**5, reference_delta=None)
+    b, _ = resolve(TrainConfig(), num_examples=10**5, reference_delta=None)
+    assert a.seed is not None and a.seed != b.seed       # from the OS, never a constant (R14)
+    assert TrainConfig.from_mapping(a.to_dict()) == a

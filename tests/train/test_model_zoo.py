@@ -1,0 +1,40 @@
+"""The model zoo: architectures by name, sizes derived by hand."""
+
+import pytest
+import torch
+
+from dpfy.models import MODELS, build_model
+
+
+def test_tanh_cnn_is_tramer_boneh_26k():
+    m = build_model("tanh_cnn", input_shape=(1, 28, 28), num_classes=10)
+    # conv 16·1·8·8+16, conv 32·16·4·4+32, linear 512·32+32, linear 32·10+10 (Tramèr & Boneh 2021: "26k parameters")
+    expected = (16 * 64 + 16) + (32 * 16 * 16 + 32) + (512 * 32 + 32) + (32 * 10 + 10)
+    assert sum(p.numel() for p in m.parameters()) == expected == 26010
+    # 28 -(conv 8, s2, p3)-> 14 -(pool 2, s1)-> 13 -(conv 4, s2)-> 5 -(pool 2, s1)-> 4: 32·4·4
+    assert m[7].in_features == 512
+    assert sum(isinstance(l, torch.nn.Tanh) for l in m) == 3
+    assert m(torch.zeros(3, 1, 28, 28)).shape == (3, 10)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_every_model_runs_on_fashion_mnist_shape(name):
+    m = build_model(name, input_shape=(1, 28, 28), num_classes=10)
+    assert m(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+    assert not any(isinstance(l, torch.nn.modules.batchnorm._BatchNorm) for l in m.modules())
+
+
+def test_logreg_and_mlp_on_vectors():
+    assert build_model("logreg", input_shape=(30,), num_classes=2)(torch.zeros(4, 30)).shape == (4, 2)
+    assert build_model("mlp", input_shape=(30,), num_classes=2)(torch.zeros(4, 30)).shape == (4, 2)
+
+
+def test_image_model_on_vectors_says_what_to_use():
+    with pytest.raises(ValueError, match="Use --model mlp or --model logreg"):
+        build_model("tanh_cnn", input_shape=(30,), num_classes=2)
+
+
+def test_unknown_model_lists_names():
+    with pytest.raises(ValueError, match=r"model must be one of \['groupnorm_cnn', 'logreg', "
+                                         r"'mlp', 'tanh_cnn'\], got model = 'resnet'"):
+        build_model("resnet", input_shape=(1, 28, 28), num_classes=10)
