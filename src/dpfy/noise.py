@@ -49,6 +49,14 @@ class NoiseSource:
         z = torch.randn(like.shape, generator=self.generator, dtype=like.dtype)
         return z.mul_(std).to(like.device)
 
+    def add_gaussian_(self, t: torch.Tensor, std: float, chunk: int = 1 << 16) -> torch.Tensor:
+        """t += N(0, std²) in place, drawn ``chunk`` entries at a time (bounded extra memory)."""
+        flat = t.view(-1)
+        for start in range(0, flat.numel(), chunk):
+            part = flat[start:start + chunk]
+            part.add_(self.gaussian(part, std))
+        return t
+
     def state_dict(self) -> dict[str, Any]:
         return {"generator": self.generator.get_state(), "secure": self.secure}
 

@@ -220,8 +220,9 @@ class DPOptimizer(torch.optim.Optimizer):
         b = self.sampler.normalizer
         for n in self._names:  # in place, one parameter at a time: peak = Σθ + max θ
             p, acc = self._params[n], self._acc.pop(n)
-            acc.add_(self.noise.gaussian(acc, std)).div_(b)  # released: (S + N(0, σ²Δ²)) / b
-            p.grad = acc.to(p.dtype)
+            if std > 0:
+                self.noise.add_gaussian_(acc, std)  # released: S + N(0, σ²Δ²)
+            p.grad = acc.div_(b).to(p.dtype)
         self.ledger.record_step(sampling=self.sampler.sampling,
                                 sample_rate=self.sampler.sample_rate,
                                 releases=self._releases(plan))

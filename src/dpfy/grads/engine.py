@@ -37,19 +37,22 @@ LOSS_REDUCTIONS = ("mean", "sum")
 
 @dataclass
 class _Call:
-    """One captured forward call of a unit and the gradients its outputs received."""
+    """One captured forward call of a unit and the gradients its outputs received.
 
-    args: tuple[Any, ...]                       # detached inputs; args[0] is (B, ...)
+    For a rule unit whose route is "materialized", the per-sample gradients are formed in the
+    backward hook as soon as the output gradient arrives, and the input and output gradient are
+    dropped (``eager``): for small layers such as LayerNorm that frees B·T·d activations early.
+    """
+
+    args: tuple[Any, ...]                       # detached inputs; args[0] is (B, ...) sensitive
     kwargs: dict[str, Any]
-    grads: list[torch.Tensor | None] = field(default_factory=list)  # per output tensor leaf
-
-    @property
-    def batch_size(self) -> int:
-        return next(a.shape[0] for a in self.args if torch.is_tensor(a))
+    batch_size: int
+    grads: list[torch.Tensor | None] = field(default_factory=list)  # per output leaf, sensitive
+    eager: dict[str, torch.Tensor] | None = None  # per-sample gradients (B, *θ), sensitive
 
     @property
     def used(self) -> bool:
-        return any(g is not None for g in self.grads)
+        return self.eager is not None or any(g is not None for g in self.grads)
 
 
 class GradEngine:
@@ -87,8 +90,10 @@ class GradEngine:
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
             if not torch.is_grad_enabled():
                 return
-            call = _Call(tuple(a.detach() if torch.is_tensor(a) else a for a in args),
-                         {k: v.detach() if torch.is_tensor(v) else v for k, v in kwargs.items()})
+            xs = tuple(a.detach() if torch.is_tensor(a) else a for a in args)
+            b = next((a.shape[0] for a in xs if torch.is_tensor(a)), 0)
+            call = _Call(xs, {k: v.detach() if torch.is_tensor(v) else v
+                              for k, v in kwargs.items()}, b)
             leaves = [t for t in tree_flatten(output)[0] if torch.is_tensor(t)]
             call.grads = [None] * len(leaves)
             for k, t in enumerate(leaves):
@@ -96,12 +101,22 @@ class GradEngine:
                     continue
                 if not t.requires_grad:
                     t.requires_grad_(True)  # a leaf: our frozen weights made it constant
-
-                def keep(grad: torch.Tensor, k: int = k) -> None:
-                    call.grads[k] = grad if call.grads[k] is None else call.grads[k] + grad
-                t.register_hook(keep)
+                t.register_hook(self._keeper(unit, call, k))
             calls.append(call)
         return hook
+
+    def _keeper(self, unit: Unit, call: _Call, k: int):
+        def keep(grad: torch.Tensor) -> None:
+            rule = unit.rule
+            if (rule is not None and len(call.grads) == 1 and call.batch_size > 0
+                    and not (rule.has_ghost and rule.prefers_ghost(unit.module, call.args[0], grad))):
+                gs = rule.grad_sample(unit.module, call.args[0], grad)  # sensitive
+                call.eager = gs if call.eager is None else {
+                    n: call.eager[n] + t for n, t in gs.items()}
+                call.args = (call.args[0][:0],) + call.args[1:]  # keep dtype/shape info only
+                return
+            call.grads[k] = grad if call.grads[k] is None else call.grads[k] + grad
+        return keep
 
     def clear(self) -> None:
         """Drop every captured activation, gradient and cached per-sample value (sensitive)."""
@@ -156,7 +171,7 @@ class GradEngine:
         if not calls or b == 0:  # an empty batch, or a unit the loss did not depend on
             self._cache[id(u)] = ("zero", None)
             return {rel: p.new_zeros(b) for rel, p in u.params.items()}
-        if u.rule is not None and len(calls) == 1:
+        if u.rule is not None and len(calls) == 1 and calls[0].eager is None:
             c = calls[0]
             a, g = c.args[0], c.grads[0]
             if u.rule.has_ghost and u.rule.prefers_ghost(u.module, a, g):
@@ -171,9 +186,10 @@ class GradEngine:
         """Per-sample gradients of example losses ℓ_i, summed over the unit's calls."""
         total: dict[str, torch.Tensor] = {}
         for c in calls:
-            if u.rule is not None:
-                g = c.grads[0]
-                gs = u.rule.grad_sample(u.module, c.args[0], g)
+            if c.eager is not None:
+                gs = c.eager
+            elif u.rule is not None:
+                gs = u.rule.grad_sample(u.module, c.args[0], c.grads[0])
             else:
                 gs = vmap_grad_sample(u.module, u.name, u.params, c.args, c.kwargs, c.grads)
             s = self._scale(c)
@@ -186,11 +202,14 @@ class GradEngine:
     def weighted_sums(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """{parameter name: Σ_i w_i ∂ℓ_i/∂θ} for weights {name: (B,)} (sensitive inputs).
 
-        Call after :meth:`per_sample_sq_norms` on the same captures.
+        Call after :meth:`per_sample_sq_norms` on the same captures. Each unit's captures are
+        dropped as soon as its sum is formed, last layer first (the order backward freed them
+        in), so that the largest sums are not allocated while every activation is still held.
         """
         out: dict[str, torch.Tensor] = {}
-        for u in self.units:
-            kind, data = self._cache[id(u)]
+        for u in reversed(self.units):
+            kind, data = self._cache.pop(id(u))
+            self._calls[id(u)].clear()
             w = {rel: weights[u.qualified(rel)] for rel in u.params}
             if kind == "zero":
                 sums = {rel: torch.zeros_like(p) for rel, p in u.params.items()}
@@ -202,9 +221,10 @@ class GradEngine:
             else:
                 sums = {rel: torch.einsum("b,b...->...", w[rel].to(t.dtype), t)
                         for rel, t in data.items()}
+            del data
             for rel, t in sums.items():
                 out[u.qualified(rel)] = t
-        return out
+        return {n: out[n] for n, _ in self.named_params}
 
     def explain(self) -> list[dict[str, Any]]:
         """One row per unit: module, type, parameter count, rule file, route and why.
@@ -225,7 +245,8 @@ class GradEngine:
                 row["engine"], row["why"] = "per-sample", f"called {len(calls)} times per batch"
             elif calls:
                 c = calls[0]
-                ghost = u.rule.has_ghost and u.rule.prefers_ghost(u.module, c.args[0], c.grads[0])
+                ghost = c.eager is None and u.rule.has_ghost and u.rule.prefers_ghost(
+                    u.module, c.args[0], c.grads[0])
                 row["engine"] = "ghost" if ghost else "per-sample"
                 row["why"] = ("ghost norm is cheaper than per-sample gradients at this size"
                               if ghost else "per-sample gradients are cheaper at this size"

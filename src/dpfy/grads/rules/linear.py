@@ -39,7 +39,9 @@ class LinearRule(LayerRule):
     def sq_norm(self, layer, a, g):
         a, g = _as_seq(a, g)  # (B, T, d_in), (B, T, d_out)
         if a.shape[1] == 1:
-            w = a.square().sum((1, 2)) * g.square().sum((1, 2))  # (B,)
+            # vector_norm reduces without a (B, d) temporary: memory matters for wide inputs
+            w = (torch.linalg.vector_norm(a, dim=(1, 2)) *
+                 torch.linalg.vector_norm(g, dim=(1, 2))).square()  # (B,)
         else:
             aa = torch.bmm(a, a.transpose(1, 2))  # (B, T, T) sensitive
             gg = torch.bmm(g, g.transpose(1, 2))  # (B, T, T) sensitive
