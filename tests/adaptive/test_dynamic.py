@@ -175,3 +175,31 @@ def test_pld_calibration_hits_target(preset):
     eps = epsilon(s.ledger(sample_rate=256 / 60000), delta=1 / 600000, accountant="pld")
     assert eps == pytest.approx(1.2, rel=0.01)
     assert eps <= 1.2 * (1 + 1e-6)                       # never above the target
+
+
+def test_engine_runs_the_schedule_and_its_ledger_is_the_planned_one():
+    # make_private(schedule=...) applies C_t and z_t each step, and the ledger it writes is the
+    # one calibration accounted (STYLE R9: same steps, same σ's)
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import dpfy
+
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64, 5), torch.randint(0, 3, (64,)))
+    model = torch.nn.Linear(5, 3)
+    sched = DynamicDPSGD(mu0=0.5, total_steps=8, rho_mu=2, rho_c=4, clip0=2.0)
+    model, opt, loader = dpfy.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                           DataLoader(data, batch_size=16), schedule=sched,
+                                           seed=1)
+    seen = []
+    while opt.step_count < 8:
+        for x, y in loader:
+            if opt.step_count == 8:
+                break
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            seen.append((opt.last_step_info["clip"], opt.last_step_info["noise_multiplier"]))
+    assert seen == [(sched.clip(t), sched.noise_multiplier(t)) for t in range(8)]
+    assert opt.ledger.to_dict() == sched.ledger(sample_rate=16 / 64, dataset_size=64).to_dict()

@@ -64,3 +64,28 @@ def test_worst_case_ledger_bounds_any_run():
 def test_bad_parameters_are_clear_errors(kw, name):
     with pytest.raises(ValueError, match=f"^{name} must be"):
         make(**kw)
+
+
+def test_trainer_feeds_the_metric_through_the_optimizer_state():
+    # the documented hook: optimizer.schedule_state = plateau.observe(..., val_metric=...)
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import dpfy
+
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
+    model = torch.nn.Linear(4, 2)
+    sched = make(total_steps=4)
+    model, opt, loader = dpfy.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                           DataLoader(data, batch_size=16), schedule=sched,
+                                           seed=3)
+    sigmas = []
+    for metric in (0.5, 0.5):                       # 2nd evaluation: gain 0 ≤ δ_val -> decay
+        for x, y in loader:                         # 2 logical steps per epoch
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            sigmas.append(opt.last_step_info["noise_multiplier"])
+        opt.schedule_state = sched.observe(opt.schedule_state, val_metric=metric)
+    assert sigmas == [4.0, 4.0, 4.0, 4.0] and opt.schedule_state.noise_multiplier == 2.0
