@@ -119,11 +119,20 @@ class PerLayerClipping(ClippingPolicy):
     def default_clip(self) -> torch.Tensor:
         return torch.tensor(self.clips, dtype=torch.float64)
 
+    def _per_layer(self, clip: float | torch.Tensor) -> torch.Tensor:
+        """(K,) thresholds; a scalar C (e.g. from a schedule) is split equally, C/√K each."""
+        clip = torch.as_tensor(clip, dtype=torch.float64)
+        if clip.ndim == 0:
+            return clip.expand(len(self.groups)) / math.sqrt(len(self.groups))
+        require(clip.shape == (len(self.groups),), "plan.clip", tuple(clip.shape),
+                f"a scalar or {len(self.groups)} per-layer thresholds")
+        return clip
+
     def sensitivity(self, clip):
-        return float(torch.as_tensor(clip, dtype=torch.float64).square().sum().sqrt())
+        return float(self._per_layer(clip).square().sum().sqrt())
 
     def weights(self, sq, clip, index=None):
-        clip = torch.as_tensor(clip, dtype=torch.float64)
+        clip = self._per_layer(clip)
         out: Weights = {}
         for k, names in enumerate(self.groups):
             w = _min1(float(clip[k]), _total_norm(sq, names))  # (B,) sensitive

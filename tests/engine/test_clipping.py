@@ -99,3 +99,11 @@ def test_flat_clipping_keeps_zero_gradients_exactly():
     sq = {"w": torch.tensor([0.0, 4.0, 0.25])}  # norms 0, 2, 0.5
     w = FlatClipping(1.0).weights(sq, 1.0)["w"]
     assert w.tolist() == [1.0, 0.5, 1.0]
+
+
+def test_per_layer_scalar_clip_from_a_schedule_is_split_equally():
+    policy = make_clipping("per_layer", [1.0, 1.0], [["a"], ["b"]])
+    sq = {"a": torch.tensor([4.0]), "b": torch.tensor([0.01])}  # norms 2 and 0.1
+    w = policy.weights(sq, 2.0)  # C = 2 -> C_k = 2/√2 = √2 each
+    assert w["a"].item() == pytest.approx(math.sqrt(2) / 2) and w["b"].item() == 1.0
+    assert policy.sensitivity(2.0) == pytest.approx(2.0)
