@@ -62,3 +62,42 @@ def test_model_matches_loop_and_opacus(name, engine):
     for n in ref_sum:
         assert rel(sums[n], ref_sum[n]) < 1e-5, n
         assert rel(sums[n], op_sum[n]) < 1e-5, n
+
+
+LAYERS = {
+    # every layer type with a dpfy rule, in a model Opacus' hooks also support
+    "linear_seq": (lambda: torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Flatten()),
+                   lambda g: torch.randn(6, 3, 5, generator=g)),
+    "conv1d": (lambda: torch.nn.Sequential(torch.nn.Conv1d(3, 4, 3, stride=2, padding=1),
+                                           torch.nn.Flatten()),
+               lambda g: torch.randn(6, 3, 9, generator=g)),
+    "conv2d_groups": (lambda: torch.nn.Sequential(torch.nn.Conv2d(4, 6, 3, groups=2, dilation=2),
+                                                  torch.nn.Flatten()),
+                      lambda g: torch.randn(6, 4, 8, 8, generator=g)),
+    "embedding": (lambda: torch.nn.Sequential(torch.nn.Embedding(7, 4), torch.nn.Flatten()),
+                  lambda g: torch.randint(0, 7, (6, 5), generator=g)),
+    "layernorm": (lambda: torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4),
+                                              torch.nn.Flatten()),
+                  lambda g: torch.randn(6, 3, 4, generator=g)),
+    "groupnorm": (lambda: torch.nn.Sequential(torch.nn.Conv2d(2, 4, 2), torch.nn.GroupNorm(2, 4),
+                                              torch.nn.Flatten()),
+                  lambda g: torch.randn(6, 2, 5, 5, generator=g)),
+}
+
+
+@pytest.mark.parametrize("layer", sorted(LAYERS))
+def test_each_layer_matches_opacus(layer):
+    factory, make_x = LAYERS[layer]
+    torch.manual_seed(0)
+    model = factory()
+    for p in model.parameters():  # non-trivial affine parameters for the norms
+        torch.nn.init.normal_(p, std=0.5) if p.dim() == 1 else None
+    x = make_x(torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        classes = model(x).shape[1]
+    y = torch.arange(6) % classes
+    op = opacus_grads(model, x, y)
+    norms, sums = dpfy_norms_and_sum(model, x, y, "ghost")
+    assert rel(norms, oracles.per_example_norms(op)) < 1e-5
+    for n, s in oracles.clipped_sum(op, CLIP).items():
+        assert rel(sums[n], s) < 1e-5, n
