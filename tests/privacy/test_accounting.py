@@ -239,3 +239,16 @@ def test_epsilon_curve(accountant):
 def test_bad_input_names_the_problem(call):
     with pytest.raises(ValueError, match=r"must be .*, got"):
         call()
+
+
+@pytest.mark.parametrize("sampling, epochs, expected, tol", [
+    # digest 003 §5.6 "extra reference points" (dp_accounting RDP, N = 1e6, B = 5000, δ = 1e-6)
+    # with σ = 1 relative to the replace-one sensitivity 2C, i.e. noise std 2C: in dpfy's
+    # convention (σ relative to C) that is σ = 2.
+    (Sampling.FIXED_SIZE, 1, 1.347, 0.001), (Sampling.FIXED_SIZE, 100, 9.427, 0.001),
+    # no amplification, one participation per epoch at σ = 1 per participation
+    (Sampling.SHUFFLE, 1, 5.22, 0.01), (Sampling.SHUFFLE, 100, 100.7, 0.1)])
+def test_digest_reference_points_without_poisson(sampling, epochs, expected, tol):
+    ledger = Ledger.homogeneous(sample_rate=0.005, noise_multiplier=2.0, steps=200 * epochs,
+                                sampling=sampling, dataset_size=1_000_000)
+    assert epsilon(ledger, delta=1e-6, accountant="rdp") == pytest.approx(expected, abs=tol)
