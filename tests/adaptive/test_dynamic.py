@@ -165,7 +165,7 @@ def test_rho_c_does_not_change_the_ledger_or_epsilon():
     b = DynamicDPSGD(mu0=0.8, total_steps=40, rho_mu=2, rho_c=7, clip0=5.0, stages=4)
     la, lb = a.ledger(sample_rate=0.05), b.ledger(sample_rate=0.05)
     assert la.to_dict() == lb.to_dict()
-    assert epsilon(la, delta=1e-5, accountant="pld") == epsilon(lb, delta=1e-5, accountant="pld")
+    assert epsilon(la, delta=1e-5, accountant="rdp") == epsilon(lb, delta=1e-5, accountant="rdp")
 
 
 @pytest.mark.parametrize("preset", ["vanilla", "dynamic"])
