@@ -53,3 +53,15 @@ def test_noise_decay_per_epoch_default_and_polynomial_period():
     s = make_schedule("polynomial", rate=1.0, final_ratio=0.5, initial=50.0, **BUDGET)
     assert isinstance(s, NoiseDecay) and s.per == "epoch" and s.period == 2   # 3 epochs -> 0..2
     assert s.noise_multiplier(299) == pytest.approx(25.0)                      # σ_end at the end
+
+
+def test_r1_file_and_test_file_for_each_schedule_key():
+    # STYLE R1: key -> adaptive/<key or FILE_ALIASES[key]>.py and tests/adaptive/test_<key>.py
+    import inspect
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    for key in ("noise_decay", "plateau", "dynamic", "clip_schedule"):
+        file = adaptive.FILE_ALIASES.get(key, key)
+        assert inspect.getfile(adaptive.REGISTRY[key]).endswith(f"adaptive/{file}.py")
+        assert (here / f"test_{key}.py").exists()

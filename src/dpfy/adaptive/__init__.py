@@ -7,6 +7,9 @@ from dpfy.adaptive.factory import make_schedule
 from dpfy.adaptive.plateau import PlateauNoiseDecay
 from dpfy.adaptive.schedules import NoiseDecay
 
-__all__ = ["AdaptiveMethod", "Released", "REGISTRY", "register", "make_schedule",
+# Registry keys whose file has another name (STYLE.md R1 / §7): a visible decision, not drift.
+FILE_ALIASES = {"noise_decay": "schedules", "clip_schedule": "clip_schedules"}
+
+__all__ = ["AdaptiveMethod", "Released", "REGISTRY", "FILE_ALIASES", "register", "make_schedule",
            "NoiseDecay", "PlateauNoiseDecay", "DynamicDPSGD", "calibrate_dynamic",
            "ClipSchedule"]
