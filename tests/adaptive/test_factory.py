@@ -34,9 +34,9 @@ def test_presets_set_only_their_ratios(preset, rho_mu, rho_c):
     assert (s.rho_mu, s.rho_c, s.clip0, s.total_steps) == (rho_mu, rho_c, 1.5, 300)
 
 
-def test_dynamic_refuses_rdp_calibration():
-    with pytest.raises(ValueError, match="accountant must be 'pld' or 'gdp'"):
-        make_schedule("dynamic", accountant="rdp", **BUDGET)
+def test_dynamic_refuses_unknown_calibration():
+    with pytest.raises(ValueError, match="calibration must be one of \\['gdp', 'pld', 'rdp'\\]"):
+        make_schedule("dynamic", accountant="moments", **BUDGET)
 
 
 def test_polynomial_final_ratio_above_one_is_refused():

@@ -17,8 +17,8 @@ Names:
   ``factor``, ``threshold``, ``min_noise_multiplier``, ``window``.
 - Dynamic DP-SGD presets (``dynamic.py``): ``vanilla``, ``growing_mu``,
   ``sensitivity_decay``, ``dynamic``. Options: ``rho_mu``, ``rho_c``, ``stages``. The clip
-  C_0 is ``max_grad_norm``. ``accountant="pld"`` solves μ_0 against PLD (rigorous);
-  ``accountant="gdp"`` uses the paper's CLT bracket (Alg. 1).
+  C_0 is ``max_grad_norm``. ``accountant="pld"`` (or ``"rdp"``) solves μ_0 against that
+  accountant (rigorous); ``accountant="gdp"`` uses the paper's CLT bracket (Alg. 1).
 """
 
 from __future__ import annotations
@@ -64,9 +64,6 @@ def make_schedule(name: str, *, target_epsilon: float, delta: float, sample_rate
     budget = dict(target_epsilon=target_epsilon, delta=delta, sample_rate=sample_rate)
     if name in PRESETS:
         _check_options(name, options, {"rho_mu", "rho_c", "stages"})
-        require(accountant in ("pld", "gdp"), "accountant", accountant,
-                "'pld' or 'gdp' for Dynamic DP-SGD",
-                "'pld' solves μ_0 rigorously; 'gdp' is the paper's CLT calibration")
         return calibrate_dynamic(name, total_steps=total_steps, clip0=max_grad_norm,
                                  calibration=accountant, **budget, **options)
     if name == "plateau":
