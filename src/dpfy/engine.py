@@ -152,12 +152,11 @@ def make_private(
                 "given with target_epsilon", "Say how long the run is: epochs= or max_steps=")
         steps = max_steps if max_steps is not None else math.ceil(epochs / q - 1e-9)
         require(steps >= 1, "epochs", epochs, f">= q = {q} (at least one step)")
-        calibrated = calibrate_noise_multiplier(
-            target_epsilon=target_epsilon, delta=target_delta, sample_rate=q, steps=steps,
-            accountant=accountant, sampling=sampler.sampling)
         max_steps = steps
         if schedule is None:
-            noise_multiplier = calibrated
+            noise_multiplier = calibrate_noise_multiplier(
+                target_epsilon=target_epsilon, delta=target_delta, sample_rate=q, steps=steps,
+                accountant=accountant, sampling=sampler.sampling)
         elif epsilon_cap is None:
             epsilon_cap = target_epsilon  # the schedule writes σ_t: hold it to the target
     if max_steps is None and schedule is not None and getattr(schedule, "total_steps", None):

@@ -47,8 +47,9 @@ class DPOptimizer(torch.optim.Optimizer):
       epsilon_cap: optional hard cap; a step whose release would push ε(target_delta) above it
         raises instead.
       last_step_info: ``step, noise_multiplier, clip, sample_rate, lr_scale`` of the last step,
-        plus ``mean_grad_norm_nonprivate``, the mean raw per-sample gradient norm: a debug
-        statistic that is NOT private and is never fed back into training.
+        plus ``batch_size`` (the realized size) and ``mean_grad_norm_nonprivate`` (the mean raw
+        per-sample gradient norm): debug statistics that are NOT private and are never fed back
+        into training.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, grads: GradEngine,
