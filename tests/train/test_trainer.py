@@ -88,3 +88,19 @@ def test_failure_before_the_first_epoch_leaves_nothing(tmp_path):
     with pytest.raises(ValueError, match="batch_size must be <= the number of training"):
         train(cfg, out=tmp_path / "x", **quiet)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_any_torch_dataset_and_model_through_the_api(tmp_path):
+    from torch.utils.data import TensorDataset
+
+    from dpfy.data import DataSplits
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(400, 5, generator=g)
+    y = (x[:, 0] > 0).long()                                  # a linearly separable label
+    data = DataSplits("blobs", TensorDataset(x[:300], y[:300]), TensorDataset(x[300:], y[300:]),
+                      input_shape=(5,), num_classes=2, description="synthetic blobs")
+    model = torch.nn.Linear(5, 2)
+    cfg = TrainConfig(dataset="blobs", model="my_linear", epochs=2, batch_size=50, lr=1.0,
+                      clip=1.0, seed=0, threads=1, epsilon=8.0)
+    res = train(cfg, out=tmp_path / "r", data=data, model=model, **quiet)
+    assert res.delta == pytest.approx(300 ** -1.1) and res.test_acc > 0.8
