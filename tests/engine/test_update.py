@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
 import oracles
-from conftest import loader
+from engine_models import loader
 
 
 def one_step(model, opt, dl, loss_fn=F.cross_entropy):
