@@ -126,7 +126,7 @@ def test_composed_releases_equal_one_gaussian():
         assert epsilon(both, delta=1e-5, accountant=acc) == pytest.approx(
             epsilon(one, delta=1e-5, accountant=acc), rel=1e-9)
     assert epsilon(both, delta=1e-5) == pytest.approx(
-        _dp_rdp(both.recorded_dp_event(), 1e-5), rel=1e-9)
+        _dp_rdp(both.dp_event(), 1e-5), rel=1e-9)
 
 
 def test_quantile_split_spends_the_same_as_plain_dpsgd():

@@ -21,8 +21,8 @@ closed form and is never coarsened. docs/accounting.md lists the measured gaps.
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
 from typing import Union
 
 from dpfy._validate import require
@@ -97,13 +97,20 @@ def pld_discretization(form: CanonicalForm, value_discretization: Discretization
 
 def epsilon_from_form(form: CanonicalForm, *, delta: float, accountant: str = "rdp",
                       value_discretization: Discretization = AUTO) -> float:
-    """ε(δ) of an already prepared canonical form."""
+    """ε(δ) of an already prepared canonical form (memoised: forms are immutable)."""
     _check_accountant(accountant)
     _check_delta(delta)
+    return _epsilon_cached(form, float(delta), accountant,
+                           pld_discretization(form, value_discretization))
+
+
+@functools.lru_cache(maxsize=256)
+def _epsilon_cached(form: CanonicalForm, delta: float, accountant: str,
+                    discretization: float) -> float:
     if accountant == "rdp":
         return _rdp.epsilon(form, delta)
     if accountant == "pld":
-        return _pld.epsilon(form, delta, pld_discretization(form, value_discretization))
+        return _pld.epsilon(form, delta, discretization)
     if form.is_empty:
         return 0.0
     return _gdp.epsilon_for_delta(delta, _gdp.mu_of_form(form))
