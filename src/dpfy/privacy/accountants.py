@@ -175,11 +175,14 @@ def _checkpoints(num_steps: int, num_points: int) -> list[int]:
 
 
 def epsilon_curve(ledger: Ledger, *, delta: float, accountant: str = "rdp",
-                  num_points: int = 50, amplify: bool = True,
+                  num_points: int | None = 50, amplify: bool = True,
                   sigma_resolution: Resolution = AUTO,
                   value_discretization: Discretization = AUTO,
                   ) -> list[tuple[int, float]]:
     """ε after step t for about ``num_points`` values of t (always including the last step).
+
+    ``num_points=None`` gives every step (one accountant call per step: fine for RDP and GDP,
+    slow for long PLD ledgers).
 
     Returns a list of (t, ε(δ) of the first t steps), t counted from 1. Each point is the ε of
     the ledger's prefix, so the curve is exactly what :func:`epsilon` would say at that step.
@@ -187,10 +190,10 @@ def epsilon_curve(ledger: Ledger, *, delta: float, accountant: str = "rdp",
     """
     _check_accountant(accountant)
     _check_delta(delta)
-    require(num_points >= 1, "num_points", num_points, ">= 1")
+    require(num_points is None or num_points >= 1, "num_points", num_points, ">= 1 or None")
     if ledger.num_steps == 0:
         return []
-    points = _checkpoints(ledger.num_steps, num_points)
+    points = _checkpoints(ledger.num_steps, num_points or ledger.num_steps)
     incremental = (accountant == "pld" and
                    all(g.sampling.value != "shuffle" for g in ledger.groups))
     out: list[tuple[int, float]] = []
