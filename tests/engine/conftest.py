@@ -16,7 +16,6 @@ for p in (ROOT / "tests", ROOT / "benchmarks"):
         sys.path.insert(0, str(p))
 
 
-
 @pytest.fixture
 def toy():
     """A tiny classification set and MLP (fast end-to-end tests)."""

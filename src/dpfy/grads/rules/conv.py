@@ -58,10 +58,19 @@ class ConvRule(LayerRule):
     def grad_sample(self, layer, a, g):
         u, gg = _patches(layer, a, g)
         b, grp, o = u.shape[0], layer.groups, layer.out_channels // layer.groups
-        w = torch.matmul(gg, u)  # (B, G, C_out/G, D) with D ordered (k_h, k_w, C_in/G)
         c = layer.in_channels // grp
         kh, kw = (1, layer.kernel_size[0]) if isinstance(layer, nn.Conv1d) else layer.kernel_size
-        w = w.reshape(b, grp, o, kh, kw, c).permute(0, 1, 2, 5, 3, 4)  # (B, G, O/G, C/G, kh, kw)
+        u3 = u.reshape(b * grp, u.shape[2], u.shape[3])  # (B·G, L, D) view
+        g3 = gg.reshape(b * grp, o, gg.shape[3])  # (B·G, O/G, L) view
+        if u.shape[2] > u.shape[3]:
+            # long contraction (L > D, e.g. a first layer): the (D, O) product is ~1.6× faster
+            # on CPU BLAS here (measured on Tramèr & Boneh's conv1: 3.1 vs 5.1 ms)
+            w = torch.bmm(u3.transpose(1, 2), g3.transpose(1, 2))  # (B·G, D, O/G)
+            w = w.reshape(b, grp, kh, kw, c, o).permute(0, 1, 5, 4, 2, 3)
+        else:
+            w = torch.bmm(g3, u3)  # (B·G, O/G, D), D ordered (k_h, k_w, C_in/G)
+            w = w.reshape(b, grp, o, kh, kw, c).permute(0, 1, 2, 5, 3, 4)
+        # w: (B, G, O/G, C/G, k_h, k_w) sensitive
         out = {"weight": w.reshape(b, *layer.weight.shape)}  # sensitive
         if layer.bias is not None:
             out["bias"] = gg.sum(-1).reshape(b, -1)  # (B, C_out) sensitive
@@ -76,8 +85,10 @@ class ConvRule(LayerRule):
     def sq_norm(self, layer, a, g):
         u, gg = _patches(layer, a, g)
         b = u.shape[0]
-        uu = torch.matmul(u, u.transpose(-1, -2))  # (B, G, L, L) sensitive
-        ggt = torch.matmul(gg.transpose(-1, -2), gg)  # (B, G, L, L) sensitive
+        u3 = u.reshape(-1, u.shape[2], u.shape[3])  # (B·G, L, D) view
+        g3 = gg.reshape(-1, gg.shape[2], gg.shape[3])  # (B·G, O/G, L) view
+        uu = torch.bmm(u3, u3.transpose(1, 2))  # (B·G, L, L) sensitive
+        ggt = torch.bmm(g3.transpose(1, 2), g3)  # (B·G, L, L) sensitive
         out = {"weight": (uu * ggt).reshape(b, -1).sum(1)}  # (B,)
         if layer.bias is not None:
             out["bias"] = gg.sum(-1).reshape(b, -1).square().sum(1)  # (B,)
