@@ -13,7 +13,7 @@ from dp_accounting import pld as dp_pld
 from dp_accounting import rdp as dp_rdp
 
 from dpfy.privacy import Ledger, Release, Sampling, delta, epsilon, epsilon_curve
-from dpfy.privacy.canonical import canonical_form, shuffle_participations
+from dpfy.privacy.canonical import shuffle_participations
 from dpfy.privacy.split import quantile_noise_split
 
 # The guide's running example: N = 1e6, B = 5000, σ = 1, δ = 1e-6, 200 steps per epoch.

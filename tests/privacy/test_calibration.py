@@ -4,7 +4,6 @@ Expected values: digest 001 §7.5 (GDP noise multipliers), 002 §2.4 and §4.6 (
 000 §2.5.2 (quantile split), 004 §4.3 (HyFreeDP GDP table), dp_accounting for the rest.
 """
 
-import math
 
 import numpy as np
 import pytest

@@ -1,6 +1,5 @@
 """Ledger completeness: samplings, composed releases, JSON round trip, compactness."""
 
-import json
 
 import pytest
 
