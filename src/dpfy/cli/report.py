@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__.splitlines()[0])
     p.add_argument("path", metavar="LEDGER_OR_RUN_DIR", help="ledger.json or a run directory")
     p.add_argument("--delta", type=float, metavar="D",
-                   help="δ of the statement (default: the run's config.json delta)")
+                   help="δ of the statement (default: the run's config.json or privacy_report.json)")
     p.add_argument("--accountant", choices=ACCOUNTANTS, default="pld")
     p.add_argument("--out", metavar="DIR",
                    help="output directory (default: the run directory, or next to the ledger)")
@@ -35,11 +35,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_delta(path: Path) -> float | None:
+    """δ of the run: its config.json, else an earlier privacy_report.json, else None."""
     directory = path if path.is_dir() else path.parent
-    config = directory / "config.json"
-    if config.is_file():
-        value = json.loads(config.read_text()).get("delta")
-        return float(value) if value is not None else None
+    for name in ("config.json", "privacy_report.json"):
+        file = directory / name
+        if file.is_file():
+            value = json.loads(file.read_text()).get("delta")
+            if value is not None:
+                return float(value)
     return None
 
 
