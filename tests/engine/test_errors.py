@@ -194,3 +194,20 @@ def test_public_names_resolve():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert callable(dpfy.make_private) and callable(dpfy.validate)
+
+
+def test_layer_vmap_cannot_handle_is_named():
+    class Noisy(nn.Module):
+        """Has parameters, no rule, and draws randomness inside forward: vmap refuses."""
+
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(4))
+
+        def forward(self, x):
+            return x * self.w + torch.rand_like(x)
+
+    model = nn.Sequential(nn.Linear(4, 4), Noisy(), nn.Linear(4, 2))
+    m, opt, dl = private(model)
+    with pytest.raises(ValueError, match=r"module '1' \(Noisy\) must be supported by torch.func"):
+        train(m, opt, dl, 1)

@@ -68,5 +68,11 @@ def vmap_grad_sample(module: nn.Module, name: str, params: dict[str, nn.Paramete
         return sum(((outs[i] * g.unsqueeze(0)).sum() for i, g in zip(used, gs)),
                    start=torch.zeros((), dtype=gs[0].dtype if gs else torch.float32))
 
-    per_sample = vmap(grad(inner_product), in_dims=(None, in_dims, 0))(detached, args, grads)
+    try:
+        per_sample = vmap(grad(inner_product), in_dims=(None, in_dims, 0))(detached, args, grads)
+    except RuntimeError as e:  # an op torch.func cannot batch, randomness, data-dependent flow
+        raise ValueError(
+            f"module {name or '(root)'!r} ({type(module).__name__}) must be supported by "
+            f"torch.func.vmap for per-sample gradients, got: {str(e).splitlines()[0]}. Register "
+            f"a layer rule for it with dpfy.grads.register_rule, or replace the layer") from e
     return per_sample  # sensitive: name -> (B, *θ.shape)
