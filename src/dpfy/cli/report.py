@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__.splitlines()[0])
     p.add_argument("path", metavar="LEDGER_OR_RUN_DIR", help="ledger.json or a run directory")
     p.add_argument("--delta", type=float, metavar="D",
-                   help="δ of the statement (default: the run's config.json or privacy_report.json)")
+                   help="δ of the statement (default: from config.json or privacy_report.json)")
     p.add_argument("--accountant", choices=ACCOUNTANTS, default="pld")
     p.add_argument("--out", metavar="DIR",
                    help="output directory (default: the run directory, or next to the ledger)")
