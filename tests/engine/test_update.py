@@ -167,3 +167,16 @@ def test_lr_scale_and_step_info_from_schedule(toy):
     assert opt.param_groups[0]["lr"] == 0.2  # restored after each step
     sigmas = [r.noise_multiplier for g in opt.ledger for r in g.releases]
     assert sigmas == [1.0, 2.0, 3.0]
+
+
+def test_torch_lr_scheduler_drives_the_private_optimizer(toy):
+    model, ds = toy
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    model, opt, dl = dpfy.make_private(model, opt, loader(ds, 16), noise_multiplier=1.0, seed=0)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    for x, y in dl:
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        sched.step()
+    assert opt.step_count == 4 and opt.param_groups[0]["lr"] == 0.5 ** 4
