@@ -1,8 +1,8 @@
 """``dpfy train`` from the command line: flags, config files and the bad inputs of issue 4,
 each a one-line error with exit code 2 and no output directory left behind."""
 
-import gzip
 import json
+import math
 
 import pytest
 
@@ -96,3 +96,19 @@ def test_resume_with_a_config_that_does_not_match(tmp_path, capsys, monkeypatch,
     assert (tmp_path / "r.partial" / "checkpoint.pt").is_file()      # still resumable
     assert main(["train", "--resume", str(tmp_path / "r"), "--no-progress"]) == 0
     assert (tmp_path / "r" / "model.pt").is_file()
+
+
+def test_schedule_flag_builds_a_calibrated_schedule(tmp_path, capsys):
+    assert main(["train", *FAST, "--epochs", "2", "--schedule", "exponential",
+                 "--schedule-options", "rate=0.5", "--out", str(tmp_path / "r")]) == 0
+    rows = json.loads((tmp_path / "r" / "metrics.json").read_text())
+    # exponential decay σ_u = σ_0·exp(−k·u) per epoch u (adaptive/schedules.py), k = 0.5
+    assert rows[1]["noise_multiplier"] == pytest.approx(rows[0]["noise_multiplier"] *
+                                                        math.exp(-0.5))
+    assert rows[-1]["epsilon"] <= 3.0 + 1e-6               # the schedule spends the target
+
+
+def test_unknown_schedule_is_a_one_line_error(tmp_path, capsys):
+    fails([*FAST, "--schedule", "warp", "--out", str(tmp_path / "r")], capsys,
+          "schedule must be one of")
+    assert list(tmp_path.iterdir()) == []
