@@ -13,6 +13,7 @@ def plot_accuracy(rows: Sequence[dict[str, Any]], path: Path, *, title: str = ""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     epochs = [r["epoch"] for r in rows]
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -20,12 +21,14 @@ def plot_accuracy(rows: Sequence[dict[str, Any]], path: Path, *, title: str = ""
     ax.plot(epochs, [100 * r["train_acc_nonprivate"] for r in rows], marker="o", ms=3,
             label="train (non-private diagnostic)")
     ax.set_xlabel("epoch")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("accuracy (%)")
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     if rows:
-        ax.set_title(f"{title}  final test {100 * rows[-1]['test_acc']:.2f}% at "
-                     f"ε = {rows[-1]['epsilon']:.2f}".strip())
+        head = f"{title}: " if title else ""
+        ax.set_title(f"{head}final test accuracy {100 * rows[-1]['test_acc']:.2f}% at "
+                     f"ε = {rows[-1]['epsilon']:.2f}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
