@@ -5,7 +5,8 @@
 CPU, threads pinned (1 by default), batch 256, Fashion-MNIST-shaped input (1×28×28; the encoder
 gets 256 sequences of 32 token ids). For every model all rows run in ONE process and are
 *interleaved*: each round times one step of every row, so load from other processes hits all rows
-alike; we report the median over rounds. A step is zero_grad + forward + loss + backward +
+alike; we report the median over rounds of wall time and of process CPU time (the latter is
+less sensitive to waiting for a core on a shared machine). A step is zero_grad + forward + loss + backward +
 optimizer.step on the same fixed batch (data loading is excluded for every row).
 
 Peak memory: the largest amount of tensor memory allocated during one step above what was live
@@ -133,15 +134,19 @@ def bench(name: str, rounds: int, rows: list[str]) -> list[tuple[str, float, flo
         for _ in range(3):
             s()
     times: dict[str, list[float]] = {r: [] for r in rows}
+    cpu: dict[str, list[float]] = {r: [] for r in rows}
     for _ in range(rounds):
         for r, s in steps.items():
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             s()
             times[r].append(time.perf_counter() - t0)
+            cpu[r].append(time.process_time() - c0)
     mems = {r: peak_bytes(s) for r, s in steps.items()}
-    base_t, base_m = statistics.median(times["non-private"]), mems["non-private"]
-    return [(r, statistics.median(times[r]) * 1e3, statistics.median(times[r]) / base_t,
-             mems[r] / base_m) for r in rows]
+    med = {r: statistics.median(v) for r, v in times.items()}
+    med_cpu = {r: statistics.median(v) for r, v in cpu.items()}
+    base_m = mems["non-private"]
+    return [(r, med[r] * 1e3, med[r] / med["non-private"],
+             med_cpu[r] / med_cpu["non-private"], mems[r] / base_m) for r in rows]
 
 
 def main() -> None:
@@ -157,11 +162,12 @@ def main() -> None:
     rows = args.rows.split(",")
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, batch {BATCH}, "
           f"rounds {args.rounds}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
-    print("| model | row | median step (ms) | time × non-private | peak mem × non-private |")
-    print("|---|---|---:|---:|---:|")
+    print("| model | row | median step (ms) | time × non-private | CPU time × non-private "
+          "| peak mem × non-private |")
+    print("|---|---|---:|---:|---:|---:|")
     for name in args.models.split(","):
-        for r, ms, tr, mr in bench(name, args.rounds, rows):
-            print(f"| {name} | {r} | {ms:.1f} | {tr:.2f} | {mr:.2f} |", flush=True)
+        for r, ms, tr, cr, mr in bench(name, args.rounds, rows):
+            print(f"| {name} | {r} | {ms:.1f} | {tr:.2f} | {cr:.2f} | {mr:.2f} |", flush=True)
 
 
 if __name__ == "__main__":
