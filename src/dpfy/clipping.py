@@ -157,7 +157,8 @@ class IndividualClipping(ClippingPolicy):
     def weights(self, sq, clip, index=None):
         require(index is not None, "the batch's dataset indices", None, "known",
                 "Individual clipping needs the private loader returned by make_private")
-        c = self.clips[index].to(next(iter(sq.values())).dtype)  # (B,) public
+        ref = next(iter(sq.values()))
+        c = self.clips[index.cpu()].to(dtype=ref.dtype, device=ref.device)  # (B,) public
         c = c * (float(clip) / float(self.clips.max()))         # a schedule may rescale C
         w = _min1(c, _total_norm(sq, list(sq)))                  # (B,) sensitive
         return {n: w for n in sq}

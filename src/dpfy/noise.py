@@ -45,7 +45,7 @@ class NoiseSource:
             n = like.numel()
             u1, u2 = secure_uniform(n), secure_uniform(n)
             z = torch.sqrt(-2 * torch.log(u1)) * torch.cos(2 * math.pi * u2)  # (n,) float64
-            return (std * z).to(like.dtype).reshape(like.shape)
+            return (std * z).to(dtype=like.dtype, device=like.device).reshape(like.shape)
         z = torch.randn(like.shape, generator=self.generator, dtype=like.dtype)
         return z.mul_(std).to(like.device)
 

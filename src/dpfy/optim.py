@@ -180,11 +180,16 @@ class DPOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        require(self.cursor.fresh, "the batch", "not from the private loader",
+        pending, self.cursor.pending = self.cursor.pending, 0
+        require(pending >= 1, "the batch", "not from the private loader",
                 "one yielded by the loader make_private returned",
                 "Iterate the loader returned by make_private; each of its batches allows one "
                 "optimizer.step()")
-        self.cursor.fresh = False
+        # Two batches before one step would pair example i of one with example i of the other
+        # in the per-sample gradients (sensitivity 2C, not C): refuse.
+        require(pending == 1, "batches per optimizer.step()", pending, "exactly 1",
+                "Call optimizer.step() after every batch of the private loader; to accumulate "
+                "gradients over a large logical batch use max_physical_batch_size=")
         if self._plan is None:
             self._plan = self._plan_step()
         self._accumulate(self._plan)

@@ -127,7 +127,7 @@ class BatchCursor:
 
     indices: torch.Tensor | None = None   # dataset indices of the physical batch, if known
     last: bool = True                     # this physical batch ends its logical batch
-    fresh: bool = False                   # yielded, and not yet consumed by a step()
+    pending: int = 0                      # batches yielded since the last step()
 
 
 def _batch_rows(batch: Any) -> int:
@@ -221,4 +221,5 @@ class DPDataLoader:
                 yield tree_map(lambda t: t[s:s + size] if torch.is_tensor(t) else t, batch)
 
     def _set(self, indices: torch.Tensor | None, last: bool) -> None:
-        self.cursor.indices, self.cursor.last, self.cursor.fresh = indices, last, True
+        self.cursor.indices, self.cursor.last = indices, last
+        self.cursor.pending += 1

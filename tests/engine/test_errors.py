@@ -211,3 +211,14 @@ def test_layer_vmap_cannot_handle_is_named():
     m, opt, dl = private(model)
     with pytest.raises(ValueError, match=r"module '1' \(Noisy\) must be supported by torch.func"):
         train(m, opt, dl, 1)
+
+
+def test_two_batches_before_one_step_are_refused():
+    # per-sample gradients would pair example i of both batches: sensitivity 2C, not C
+    m, opt, dl = private(nn.Linear(4, 2))
+    it = iter(dl)
+    for _ in range(2):
+        x, y = next(it)
+        F.cross_entropy(m(x), y).backward()
+    with pytest.raises(ValueError, match="batches per optimizer.step\\(\\) must be exactly 1"):
+        opt.step()
