@@ -15,11 +15,42 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["NoiseSource", "secure_uniform"]
+__all__ = ["NoiseSource", "NoisySum", "secure_uniform"]
+
+
+@dataclass(frozen=True)
+class NoisySum:
+    """An extra release an adaptive method declares: Σ_i values_i + N(0, noise_std² I).
+
+    Returned by ``method.sums(norms, plan)`` (STYLE.md §8). The engine sums ``values`` over the
+    logical batch, adds the noise once, records ``Release(name, noise_std / sensitivity)`` in the
+    ledger next to the gradient release, and hands the privatized sum to ``method.update`` in
+    ``Released.sums[name]``. So a release without a ledger event cannot be written.
+
+    Args:
+      values: (B,) or (B, k) per-example contributions. Sensitive.
+      sensitivity: L2 bound on one example's contribution (add/remove adjacency), > 0.
+      noise_std: standard deviation of the Gaussian noise on the sum, > 0.
+    """
+
+    values: "torch.Tensor"
+    sensitivity: float
+    noise_std: float
+
+    def __post_init__(self) -> None:
+        from dpfy._validate import require
+        require(self.sensitivity > 0, "sensitivity", self.sensitivity, "> 0")
+        require(self.noise_std > 0, "noise_std", self.noise_std, "> 0",
+                "An extra release without noise is not private")
+
+    @property
+    def noise_multiplier(self) -> float:
+        return self.noise_std / self.sensitivity
 
 
 def secure_uniform(n: int) -> torch.Tensor:

@@ -26,7 +26,7 @@ from dpfy._validate import require
 from dpfy.adaptive.base import AdaptiveMethod, Released
 from dpfy.clipping import ClippingPolicy
 from dpfy.grads import GradEngine
-from dpfy.noise import NoiseSource
+from dpfy.noise import NoiseSource, NoisySum
 from dpfy.plan import StepPlan
 from dpfy.privacy import Ledger, Release, epsilon as ledger_epsilon
 from dpfy.sampling import BatchCursor, PoissonSampler, ShuffleSampler
@@ -77,6 +77,7 @@ class DPOptimizer(torch.optim.Optimizer):
         self._params = dict(grads.named_params)
         self._plan: StepPlan | None = None      # fixed at the first physical batch of a step
         self._acc: dict[str, torch.Tensor] | None = None  # sensitive: Σ w_i g_i so far
+        self._extra: dict[str, tuple[torch.Tensor, float, float]] = {}  # name -> (Σ values, Δ, std)
         self._norm_sum, self._rows = 0.0, 0
         self._cap_cache: tuple[tuple, int, int] | None = None
 
@@ -131,14 +132,17 @@ class DPOptimizer(torch.optim.Optimizer):
                 f"{'the schedule' if self.schedule is not None else 'no source'}. Pass "
                 f"noise_multiplier= or target_epsilon= to make_private, or a schedule that sets "
                 f"σ (noise_multiplier=0 is allowed only when passed explicitly, for debugging)")
-        self._check_cap(plan)
         return plan
 
     def _releases(self, plan: StepPlan) -> list[Release]:
-        return [Release("gradient", float(plan.noise_multiplier))]
+        """The gradient release and every extra release the method declared this step."""
+        return [Release("gradient", float(plan.noise_multiplier))] + [
+            Release(name, std / sens) for name, (_, sens, std) in self._extra.items()]
 
     def _check_cap(self, plan: StepPlan) -> None:
-        """Refuse a step whose release would take ε(target_delta) above ``epsilon_cap``.
+        """Refuse a step whose releases would take ε(target_delta) above ``epsilon_cap``.
+
+        Called just before the noise is drawn, when the step's releases are all known.
 
         To avoid an accountant call per step, we search once how many more steps of the same
         kind fit under the cap and count down; a new kind of step searches again.
@@ -209,6 +213,7 @@ class DPOptimizer(torch.optim.Optimizer):
             weights = {n: w for n in sq}
         else:
             weights = self.clipping.weights(sq, plan.clip, index=self.cursor.indices)
+        self._accumulate_extra(norms, plan)
         sums = self.grads.weighted_sums(weights)  # name -> θ-shaped, sensitive
         if self._acc is None:
             self._acc = sums
@@ -220,7 +225,29 @@ class DPOptimizer(torch.optim.Optimizer):
         self.grads.clear()
         del sq, norms, w, weights, sums
 
+    def _accumulate_extra(self, norms: torch.Tensor, plan: StepPlan) -> None:
+        """Sum the extra releases a method declares (``method.sums``) over the logical batch."""
+        declare = getattr(self.schedule, "sums", None)
+        if declare is None:
+            return
+        for name, ns in declare(norms, plan).items():
+            require(isinstance(ns, NoisySum), f"sums[{name!r}]", type(ns).__name__,
+                    "a dpfy.noise.NoisySum", "Declare extra releases as NoisySum objects")
+            require(name != "gradient", "an extra release name", name, "not 'gradient'")
+            total = ns.values.sum(0)  # sensitive: Σ_i values_i
+            if name in self._extra:
+                prev, sens, std = self._extra[name]
+                require((sens, std) == (ns.sensitivity, ns.noise_std), f"sums[{name!r}]",
+                        (ns.sensitivity, ns.noise_std), f"the same within a step, {(sens, std)}")
+                total = prev + total
+            self._extra[name] = (total, ns.sensitivity, ns.noise_std)
+
     def _release(self, plan: StepPlan) -> None:
+        try:
+            self._check_cap(plan)  # before any noise is drawn: a refused step releases nothing
+        except ValueError:
+            self._plan, self._acc, self._extra = None, None, {}  # sensitive: discard
+            raise
         sigma = float(plan.noise_multiplier)
         std = sigma * self.clipping.sensitivity(plan.clip)
         b = self.sampler.normalizer
@@ -229,9 +256,14 @@ class DPOptimizer(torch.optim.Optimizer):
             if std > 0:
                 self.noise.add_gaussian_(acc, std)  # released: S + N(0, σ²Δ²)
             p.grad = acc.div_(b).to(p.dtype)
+        released_sums: dict[str, Any] = {}
+        for name, (total, _, std) in self._extra.items():
+            noisy = self.noise.add_gaussian_(total.double().reshape(-1).clone(), std)
+            released_sums[name] = float(noisy) if total.dim() == 0 else noisy.reshape(total.shape)
         self.ledger.record_step(sampling=self.sampler.sampling,
                                 sample_rate=self.sampler.sample_rate,
                                 releases=self._releases(plan))
+        self._extra = {}
         groups = self.original_optimizer.param_groups
         lrs = [g["lr"] for g in groups]
         if plan.lr_scale != 1.0:
@@ -244,7 +276,8 @@ class DPOptimizer(torch.optim.Optimizer):
                 g["lr"] = lr
         if self.schedule is not None:
             self.schedule_state = self.schedule.update(
-                self.schedule_state, Released(plan=plan, expected_batch_size=b))
+                self.schedule_state, Released(plan=plan, expected_batch_size=b,
+                                              sums=released_sums))
         clip = plan.clip
         self.last_step_info = {
             "step": plan.step, "noise_multiplier": sigma,
@@ -266,8 +299,8 @@ class DPOptimizer(torch.optim.Optimizer):
             "schedule_state": (self.schedule.state_dict(self.schedule_state)
                                if self.schedule is not None else None),
             "pending": None if self._plan is None else {
-                "plan": self._plan, "sum": self._acc, "norm_sum": self._norm_sum,
-                "rows": self._rows},
+                "plan": self._plan, "sum": self._acc, "extra": self._extra,
+                "norm_sum": self._norm_sum, "rows": self._rows},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -283,6 +316,7 @@ class DPOptimizer(torch.optim.Optimizer):
         pending = state["pending"]
         self._plan = pending["plan"] if pending else None
         self._acc = pending["sum"] if pending else None
+        self._extra = pending["extra"] if pending else {}
         self._norm_sum = pending["norm_sum"] if pending else 0.0
         self._rows = pending["rows"] if pending else 0
         self._cap_cache = None

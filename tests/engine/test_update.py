@@ -180,3 +180,48 @@ def test_torch_lr_scheduler_drives_the_private_optimizer(toy):
         opt.step()
         sched.step()
     assert opt.step_count == 4 and opt.param_groups[0]["lr"] == 0.5 ** 4
+
+
+def test_extra_release_declared_by_a_method_is_noised_recorded_and_handed_back(toy):
+    # A quantile-style count (Andrew et al.; STYLE.md §8): Σ_i (1[‖g_i‖ ≤ C] − ½), sensitivity ½,
+    # noise std 0.25 -> noise multiplier 0.5 in the ledger next to the gradient's σ.
+    from dpfy.adaptive.base import AdaptiveMethod
+    from dpfy.noise import NoisySum
+
+    seen = []
+
+    class Count(AdaptiveMethod):
+        def sums(self, norms, plan):
+            centred = (norms <= plan.clip).double() - 0.5  # (B,) sensitive
+            return {"unclipped": NoisySum(centred, sensitivity=0.5, noise_std=0.25)}
+
+        def update(self, state, released):
+            seen.append(released.sums["unclipped"])
+            return state
+
+    model, ds = toy
+    ref = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3))
+    ref.load_state_dict(model.state_dict())
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the reference stays valid
+    model, opt, dl = dpfy.make_private(model, opt, loader(ds, 16), noise_multiplier=1.0,
+                                       max_grad_norm=1.0, schedule=Count(), seed=0,
+                                       max_physical_batch_size=5)
+    exact = []
+    count = 0.0
+    for x, y in dl:
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        g = oracles.per_example_grads(ref, x, y,
+                                      lambda o, t: F.cross_entropy(o, t, reduction="sum"))
+        count += float(((oracles.per_example_norms(g) <= 1.0).double() - 0.5).sum())
+        opt.step()
+        if dl.cursor.last:
+            exact.append(count)
+            count = 0.0
+    assert len(seen) == len(exact) == 4
+    noise = torch.tensor(seen) - torch.tensor(exact)
+    assert float(noise.abs().max()) < 5 * 0.25  # N(0, 0.25²) once per logical batch
+    assert float(noise.abs().max()) > 0  # and it was noised
+    (group,) = list(opt.ledger)
+    assert [(r.mechanism, r.noise_multiplier) for r in group.releases] == [
+        ("gradient", 1.0), ("unclipped", 0.5)]
