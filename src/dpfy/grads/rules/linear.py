@@ -52,10 +52,14 @@ class LinearRule(LayerRule):
         return out
 
     def weighted_sum(self, layer, a, g, w):
-        a, g = _as_seq(a, g)
-        gw = g * w["weight"].to(g.dtype)[:, None, None]  # (B, T, d_out)
+        a, g = _as_seq(a, g)  # (B, T, d_in), (B, T, d_out)
+        ww = w["weight"].to(g.dtype)  # (B,) sensitive
+        # Σ_i w_i G_iᵀ A_i: scale whichever operand is smaller, then one (d_out, d_in) matmul
+        if a.shape[-1] < g.shape[-1]:
+            a, gw = a * ww[:, None, None], g
+        else:
+            a, gw = a, g * ww[:, None, None]
         out = {"weight": gw.reshape(-1, gw.shape[-1]).T @ a.reshape(-1, a.shape[-1])}
         if layer.bias is not None:
-            gb = gw if w["bias"] is w["weight"] else g * w["bias"].to(g.dtype)[:, None, None]
-            out["bias"] = gb.sum((0, 1))  # (d_out,)
+            out["bias"] = w["bias"].to(g.dtype) @ g.sum(1)  # (B,) @ (B, d_out) -> (d_out,)
         return out
