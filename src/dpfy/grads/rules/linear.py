@@ -61,5 +61,6 @@ class LinearRule(LayerRule):
             a, gw = a, g * ww[:, None, None]
         out = {"weight": gw.reshape(-1, gw.shape[-1]).T @ a.reshape(-1, a.shape[-1])}
         if layer.bias is not None:
-            out["bias"] = w["bias"].to(g.dtype) @ g.sum(1)  # (B,) @ (B, d_out) -> (d_out,)
+            wt = w["bias"].to(g.dtype).repeat_interleave(g.shape[1])  # (B·T,) sensitive
+            out["bias"] = g.reshape(-1, g.shape[-1]).T @ wt  # (d_out,), no (B, d) temporary
         return out
