@@ -109,7 +109,8 @@ class GradEngine:
         def keep(grad: torch.Tensor) -> None:
             rule = unit.rule
             if (rule is not None and len(call.grads) == 1 and call.batch_size > 0
-                    and not (rule.has_ghost and rule.prefers_ghost(unit.module, call.args[0], grad))):
+                    and (call.eager is not None or not (
+                        rule.has_ghost and rule.prefers_ghost(unit.module, call.args[0], grad)))):
                 gs = rule.grad_sample(unit.module, call.args[0], grad)  # sensitive
                 call.eager = gs if call.eager is None else {
                     n: call.eager[n] + t for n, t in gs.items()}
@@ -180,7 +181,8 @@ class GradEngine:
                 return {rel: sq * s2 for rel, sq in u.rule.sq_norm(u.module, a, g).items()}
         gs = self._grad_sample(u, calls)  # sensitive: rel -> (B, *θ.shape)
         self._cache[id(u)] = ("materialized", gs)
-        return {rel: t.reshape(t.shape[0], -1).square().sum(1) for rel, t in gs.items()}
+        return {rel: torch.linalg.vector_norm(t.reshape(t.shape[0], -1), dim=1).square()
+                for rel, t in gs.items()}  # (B,) each, no (B, P) temporary
 
     def _grad_sample(self, u: Unit, calls: list[_Call]) -> dict[str, torch.Tensor]:
         """Per-sample gradients of example losses ℓ_i, summed over the unit's calls."""
