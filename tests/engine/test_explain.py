@@ -25,3 +25,24 @@ def test_cli_explain(capsys):
     assert main(["explain", "tanh_cnn", "--batch-size", "2"]) == 0
     out = capsys.readouterr().out
     assert "| 0 | Conv2d | 1040 | dpfy/grads/rules/conv.py |" in out
+
+
+def test_private_optimizer_reports_routes_taken():
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import dpfy
+    from dpfy.cli.explain import format_table
+
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+    ds = TensorDataset(torch.randn(16, 1, 8, 8), torch.randint(0, 2, (16,)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt, dl = dpfy.make_private(model, opt, DataLoader(ds, batch_size=8),
+                                       noise_multiplier=1.0, seed=0)
+    for x, y in dl:
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    rows = opt.grads.explain()  # for the privacy report: what each layer actually used
+    assert {r["engine"] for r in rows} <= {"ghost", "per-sample"}
+    assert "dpfy/grads/rules/linear.py" in format_table(rows)

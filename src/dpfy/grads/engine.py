@@ -78,6 +78,7 @@ class GradEngine:
         self.units = build_units(model, engine, {id(p) for _, p in self.named_params})
         self._calls: dict[int, list[_Call]] = {id(u): [] for u in self.units}
         self._cache: dict[int, tuple[str, Any]] = {}
+        self._last_route: dict[int, str] = {}  # unit -> route taken on the last batch (public)
         self._handles = [u.module.register_forward_hook(self._hook(u), with_kwargs=True)
                          for u in self.units]
         for _, p in self.named_params:
@@ -166,6 +167,10 @@ class GradEngine:
                     "Freeze those parameters or use engine='vmap'")
             for rel, sq in norms.items():
                 out[u.qualified(rel)] = sq
+            kind = self._cache[id(u)][0]
+            if kind != "zero":
+                self._last_route[id(u)] = ("vmap" if u.rule is None else
+                                           "ghost" if kind == "ghost" else "per-sample")
         return out
 
     def _unit_sq_norms(self, u: Unit, calls: list[_Call], b: int) -> dict[str, torch.Tensor]:
@@ -232,7 +237,8 @@ class GradEngine:
         """One row per unit: module, type, parameter count, rule file, route and why.
 
         After a forward/backward on an example batch (captures present) the route each rule
-        unit takes at that input size is stated: ``ghost`` or ``per-sample``.
+        unit takes at that input size is stated: ``ghost`` or ``per-sample``; after training
+        steps, the route taken on the last batch is.
         """
         rows = []
         for u in self.units:
@@ -243,7 +249,10 @@ class GradEngine:
                 rows.append(u.explain(why))
                 continue
             row = u.explain("registered layer rule")
-            if len(calls) > 1:
+            if not calls and id(u) in self._last_route:
+                row["engine"] = self._last_route[id(u)]
+                row["why"] = "route taken on the last training batch"
+            elif len(calls) > 1:
                 row["engine"], row["why"] = "per-sample", f"called {len(calls)} times per batch"
             elif calls:
                 c = calls[0]
