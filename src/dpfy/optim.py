@@ -76,6 +76,7 @@ class DPOptimizer(torch.optim.Optimizer):
         self._names = [n for n, _ in grads.named_params]
         self._params = dict(grads.named_params)
         self._plan: StepPlan | None = None      # fixed at the first physical batch of a step
+        self._logical = 0                       # cursor.logical of the batch being summed
         self._acc: dict[str, torch.Tensor] | None = None  # sensitive: Σ w_i g_i so far
         self._extra: dict[str, tuple[torch.Tensor, float, float]] = {}  # name -> (Σ values, Δ, std)
         self._norm_sum, self._rows = 0.0, 0
@@ -196,6 +197,15 @@ class DPOptimizer(torch.optim.Optimizer):
                 "gradients over a large logical batch use max_physical_batch_size=")
         if self._plan is None:
             self._plan = self._plan_step()
+            self._logical = self.cursor.logical
+        elif self._logical != self.cursor.logical:
+            self._plan, self._acc, self._extra = None, None, {}  # sensitive: discard
+            self.grads.clear()
+            raise ValueError(
+                "a logical batch must be finished before the next one starts, got a new one "
+                "while the previous was cut into physical batches and not all were stepped. "
+                "Step on every physical batch of the loader (do not break out mid-batch); "
+                "nothing of the unfinished batch was released")
         self._accumulate(self._plan)
         if not self.cursor.last:
             for p in self._params.values():

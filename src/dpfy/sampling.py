@@ -128,6 +128,8 @@ class BatchCursor:
     indices: torch.Tensor | None = None   # dataset indices of the physical batch, if known
     last: bool = True                     # this physical batch ends its logical batch
     pending: int = 0                      # batches yielded since the last step()
+    logical: int = 0                      # id of the logical batch the last yield belongs to
+    _ended: bool = True                   # the previous yield ended its logical batch
 
 
 def _batch_rows(batch: Any) -> int:
@@ -206,7 +208,7 @@ class DPDataLoader:
         """Logical batches (optimizer steps) per epoch."""
         return len(self._batches) if self._batches is not None else len(self.inner)
 
-    def __iter__(self) -> Iterator[Any]:
+    def _iter_batches(self) -> Iterator[Any]:
         for batch in self.inner:
             if self._batches is not None:
                 idx, last = self._batches.meta.popleft()
@@ -221,5 +223,12 @@ class DPDataLoader:
                 yield tree_map(lambda t: t[s:s + size] if torch.is_tensor(t) else t, batch)
 
     def _set(self, indices: torch.Tensor | None, last: bool) -> None:
-        self.cursor.indices, self.cursor.last = indices, last
-        self.cursor.pending += 1
+        c = self.cursor
+        if c._ended:  # this physical batch starts a new logical batch
+            c.logical += 1
+        c.indices, c.last, c._ended = indices, last, last
+        c.pending += 1
+
+    def __iter__(self) -> Iterator[Any]:
+        self.cursor._ended = True  # a new pass never continues an abandoned logical batch
+        yield from self._iter_batches()

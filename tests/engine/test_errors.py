@@ -222,3 +222,21 @@ def test_two_batches_before_one_step_are_refused():
         F.cross_entropy(m(x), y).backward()
     with pytest.raises(ValueError, match="batches per optimizer.step\\(\\) must be exactly 1"):
         opt.step()
+
+
+def test_abandoned_logical_batch_is_not_merged_into_the_next():
+    # 40 examples, q = 8/40, physical batches of 1: breaking out after one physical batch and
+    # starting a new pass must not sum two logical batches into one release
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    m, opt, dl = dpfy.make_private(model, opt, DataLoader(data(), batch_size=8),
+                                   noise_multiplier=1.0, seed=0, max_physical_batch_size=1)
+    for x, y in dl:
+        F.cross_entropy(m(x), y).backward()
+        opt.step()
+        if not dl.cursor.last:
+            break
+    with pytest.raises(ValueError, match="logical batch must be finished"):
+        train(m, opt, dl, 1)
+    assert opt.ledger.num_steps == opt.step_count
+    train(m, opt, dl, 3)  # the discarded partial sum left nothing behind
