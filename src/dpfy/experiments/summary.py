@@ -39,6 +39,13 @@ def _cell(xs: list[float], digits: int = 2) -> str:
     return f"{m:.{digits}f} ± {s:.{digits}f} (n={len(xs)})"
 
 
+MAIN = ("dynamic-fmnist", "noise-decay-fmnist")       # the 3-epoch grids
+
+
+def _main(results: Iterable[dict]) -> list[dict]:
+    return [r for r in results if r["spec"]["experiment"] in MAIN]
+
+
 def _group(results: Iterable[dict]) -> dict[tuple[str, float], list[dict]]:
     out: dict[tuple[str, float], list[dict]] = defaultdict(list)
     for r in results:
@@ -93,6 +100,7 @@ def dynamic_table(results: list[dict]) -> str:
 
 
 def decay_table(results: list[dict]) -> str:
+    results = _main(results)
     g = _group(results)
     eps_values = sorted({r["spec"]["target_epsilon"] for r in results
                          if r["spec"]["experiment"] == "noise-decay-fmnist"})
@@ -146,6 +154,31 @@ def calibration_audit(*, total_steps: int, sample_rate: float, delta: float) -> 
     return "\n".join(lines) + "\n"
 
 
+def long_table(results: list[dict]) -> str:
+    """The 10-epoch follow-up: vanilla vs dynamic at ε = 1.2."""
+    rs = [r for r in results if r["spec"]["experiment"] == "dynamic-fmnist-long"]
+    if not rs:
+        return ""
+    g = _group(rs)
+    lines = ["### Follow-up: 10 epochs (2350 steps), ε = 1.2 by PLD, δ = 1/600000", "",
+             "| method | test accuracy (%) | accuracy after epoch 3 / 5 / 10 (seed 0) | "
+             "ε PLD | ε GDP |", "|---|---|---|---|---|"]
+    for p in ("vanilla", "dynamic"):
+        runs = sorted(g[(p, 1.2)], key=lambda r: r["spec"]["seed"])
+        if not runs:
+            continue
+        curve = " / ".join(f"{runs[0]['epochs'][i - 1]['test_accuracy']:.2f}" for i in (3, 5, 10)
+                           if i <= len(runs[0]["epochs"]))
+        lines.append(f"| {p} | {_cell([r['test_accuracy'] for r in runs])} | {curve} | "
+                     f"{statistics.fmean(r['epsilon_pld'] for r in runs):.3f} | "
+                     f"{statistics.fmean(r['epsilon_gdp'] for r in runs):.3f} |")
+    gain = _paired_gain(g[("dynamic", 1.2)], g[("vanilla", 1.2)])
+    if gain:
+        lines += ["", f"dynamic − vanilla, paired by seed: {gain[0]:+.2f} ± {gain[1]:.2f} "
+                  f"(n={gain[2]})"]
+    return "\n".join(lines) + "\n"
+
+
 def _sigmas_per_epoch(run: dict) -> str:
     spe = run["epochs"][0]["step"]
     seen: dict[int, float] = {}
@@ -161,7 +194,7 @@ def _plots(results: list[dict], out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     written = []
-    g = _group(results)
+    g = _group(_main(results))
     # 1. accuracy vs ε with error bars
     fig, ax = plt.subplots(figsize=(6, 4))
     for i, p in enumerate(PRESETS):
@@ -235,18 +268,21 @@ def _save(fig, path: Path) -> Path:
 
 
 def summarize(results_path: Path, out: Path) -> list[Path]:
-    """Write ``dynamic_fmnist.md``, ``noise_decay_fmnist.md`` and plots; return their paths."""
+    """Write ``dynamic_fmnist*.md``, ``noise_decay_fmnist.md``, the audit and plots."""
     results = load_results(results_path)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in (("dynamic_fmnist.md", dynamic_table(results)),
-                       ("noise_decay_fmnist.md", decay_table(results))):
-        (out / name).write_text(text)
-        written.append(out / name)
-    if results:
-        spec = results[0]["spec"]
-        audit = calibration_audit(total_steps=results[0]["steps"],
-                                  sample_rate=results[0]["sample_rate"], delta=spec["delta"])
+                       ("noise_decay_fmnist.md", decay_table(results)),
+                       ("dynamic_fmnist_long.md", long_table(results))):
+        if text:
+            (out / name).write_text(text)
+            written.append(out / name)
+    main = _main(results)
+    if main:
+        first = main[0]
+        audit = calibration_audit(total_steps=first["steps"], sample_rate=first["sample_rate"],
+                                  delta=first["spec"]["delta"])
         (out / "calibration_audit.md").write_text(audit)
         written += [out / "calibration_audit.md"] + _plots(results, out)
     return written
