@@ -206,7 +206,7 @@ def _plots(results: list[dict], out: Path) -> list[Path]:
                 xs.append(e * (1 + 0.015 * (i - 1.5)))
                 ms.append(m)
                 ss.append(s)
-        ax.errorbar(xs, ms, yerr=ss, marker="o", capsize=3, label=p)
+        ax.errorbar(xs, ms, yerr=ss, marker="o", capsize=3, label=p, color=f"C{i}")
     ax.set_xlabel("ε (PLD, δ = 1/600000)")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title("Fashion-MNIST, tanh CNN, 3 epochs")
@@ -216,19 +216,21 @@ def _plots(results: list[dict], out: Path) -> list[Path]:
     # 2. ε consumption curves and schedules at the middle ε, seed 0
     e_mid = EPSILONS[1]
     fig, axes = plt.subplots(2, 2, figsize=(10, 7))
-    for p in PRESETS:
+    for i, p in enumerate(PRESETS):
         runs = sorted(g[(p, e_mid)], key=lambda r: r["spec"]["seed"])
         if not runs:
             continue
-        r = runs[0]
+        r, c = runs[0], f"C{i}"                    # one colour per preset in every panel
         t, eps = zip(*r["epsilon_curve_pld"])
-        axes[0, 0].plot(t, eps, label=f"{p} PLD")
+        axes[0, 0].plot(t, eps, color=c, label=f"{p} PLD")
         t, eps = zip(*r["epsilon_curve_gdp"])
-        axes[0, 0].plot(t, eps, "--", label=f"{p} GDP", alpha=0.7)
+        axes[0, 0].plot(t, eps, "--", color=c, label=f"{p} GDP", alpha=0.7)
         steps = [x["step"] for x in r["trace"]]
-        axes[0, 1].plot(steps, [x["noise_multiplier"] * x["clip"] for x in r["trace"]], label=p)
-        axes[1, 0].plot(steps, [x["clip"] for x in r["trace"]], label=p)
-        axes[1, 1].plot(steps, [x["mean_grad_norm_nonprivate"] for x in r["trace"]], label=p)
+        axes[0, 1].plot(steps, [x["noise_multiplier"] * x["clip"] for x in r["trace"]],
+                        color=c, label=p)
+        axes[1, 0].plot(steps, [x["clip"] for x in r["trace"]], color=c, label=p)
+        axes[1, 1].plot(steps, [x["mean_grad_norm_nonprivate"] for x in r["trace"]],
+                        color=c, label=p, lw=0.8)
     axes[0, 0].set(title=f"ε spent over steps (target {e_mid})", xlabel="step", ylabel="ε")
     axes[0, 1].set(title="noise std on the gradient sum σ_t·C_t", xlabel="step")
     axes[1, 0].set(title="clip C_t", xlabel="step")
