@@ -322,7 +322,9 @@ class DPOptimizer(torch.optim.Optimizer):
         self.sampler.load_state_dict(state["sampler"])
         self.seed, self.step_count = state["seed"], state["step_count"]
         self.max_steps = state["max_steps"]
-        self.schedule_state = state["schedule_state"]
+        saved = state["schedule_state"]
+        restore = getattr(self.schedule, "load_state_dict", None)  # inverse of state_dict, if any
+        self.schedule_state = restore(saved) if restore is not None else saved
         pending = state["pending"]
         self._plan = pending["plan"] if pending else None
         self._acc = pending["sum"] if pending else None
