@@ -29,6 +29,7 @@ from dpfy.grads import GradEngine
 from dpfy.noise import NoiseSource, NoisySum
 from dpfy.plan import StepPlan
 from dpfy.privacy import Ledger, Release, epsilon as ledger_epsilon
+from dpfy.privacy.running import RunningEpsilon
 from dpfy.sampling import BatchCursor, PoissonSampler, ShuffleSampler
 
 __all__ = ["DPOptimizer"]
@@ -81,6 +82,7 @@ class DPOptimizer(torch.optim.Optimizer):
         self._extra: dict[str, tuple[torch.Tensor, float, float]] = {}  # name -> (Σ values, Δ, std)
         self._norm_sum, self._rows = 0.0, 0
         self._cap_cache: tuple[tuple, int, int] | None = None
+        self._running: RunningEpsilon | None = None  # incremental ε for the cap
 
     # -- torch.optim.Optimizer surface (delegated) ------------------------------------------
     @property
@@ -162,11 +164,15 @@ class DPOptimizer(torch.optim.Optimizer):
                 f"privacy budget allows it)")
 
     def _steps_under_cap(self, plan: StepPlan) -> int:
+        # Incremental: the ledger so far is composed once; each trial adds only k more steps.
+        if self._running is None:
+            self._running = RunningEpsilon(delta=self.target_delta, accountant=self.accountant)
+
         def eps_after(k: int) -> float:
-            trial = Ledger.from_dict(self.ledger.to_dict())
-            trial.record_step(sampling=self.sampler.sampling, sample_rate=self.sampler.sample_rate,
+            extra = Ledger(self.ledger.dataset_size)
+            extra.record_step(sampling=self.sampler.sampling, sample_rate=self.sampler.sample_rate,
                               releases=self._releases(plan), count=k)
-            return ledger_epsilon(trial, delta=self.target_delta, accountant=self.accountant)
+            return self._running.with_extra(self.ledger, extra)
         if eps_after(1) > self.epsilon_cap:
             return 0
         lo, hi = 1, 2
@@ -332,3 +338,4 @@ class DPOptimizer(torch.optim.Optimizer):
         self._norm_sum = pending["norm_sum"] if pending else 0.0
         self._rows = pending["rows"] if pending else 0
         self._cap_cache = None
+        self._running = None  # the ledger was replaced: compose it afresh
