@@ -5,7 +5,8 @@ within 10 minutes on 2 CPU cores; Tramèr & Boneh (ICLR 2021) report 86.0 % for 
 
 Each seed is one ordinary ``dpfy train`` run (same code path as the CLI). Seeds given to one
 invocation run one after the other; on a machine shared with other jobs, several invocations
-(one seed each, ``--set threads=1``) can run side by side and ``--summarize`` merges them. The table gives final test accuracy, the ε the
+(one seed each, ``--set threads=1``) can run side by side and ``--summarize`` merges them.
+The table gives final test accuracy, the ε the
 PLD accountant reads from each run's ledger, wall time and CPU time (wall time on a shared
 machine is inflated by other processes; CPU time shows how much of it was this run).
 
@@ -24,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from dpfy.cli.train import _scalar
+from dpfy.cli.train import parse_scalar
 from dpfy.train import TrainConfig, train
 
 
@@ -43,6 +44,7 @@ def run_seed(cfg: TrainConfig, out: Path) -> dict:
 
 def markdown(rows: list[dict], cfg: TrainConfig, command: str) -> str:
     accs = [100 * r["test_acc"] for r in rows]
+    without_seed = {k: v for k, v in cfg.to_dict().items() if k != "seed"}
     lines = [f"Command: `{command}`", "",
              "| seed | test accuracy | ε (PLD) | δ | wall time | CPU time |",
              "|---|---|---|---|---|---|"]
@@ -52,7 +54,7 @@ def markdown(rows: list[dict], cfg: TrainConfig, command: str) -> str:
     lines += ["", f"Mean test accuracy: **{statistics.mean(accs):.2f} %{spread}** over "
                   f"{len(rows)} seed(s); mean wall time "
                   f"{statistics.mean(r['wall_s'] for r in rows):.0f} s per run.",
-              "", f"Config (besides the seed): `{json.dumps({k: v for k, v in cfg.to_dict().items() if k != 'seed'})}`"]
+              "", f"Config (besides the seed): `{json.dumps(without_seed)}`"]
     return "\n".join(lines) + "\n"
 
 
@@ -67,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     out = Path(args.out)
     if not args.summarize:
-        overrides = {k: _scalar(v) for k, _, v in (s.partition("=") for s in args.set)}
+        overrides = {k: parse_scalar(v) for k, _, v in (s.partition("=") for s in args.set)}
         out.mkdir(parents=True, exist_ok=True)
         command = "python benchmarks/accuracy.py " + " ".join(
             sys.argv[1:] if argv is None else argv)

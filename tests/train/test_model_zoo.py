@@ -8,7 +8,8 @@ from dpfy.models import MODELS, build_model
 
 def test_tanh_cnn_is_tramer_boneh_26k():
     m = build_model("tanh_cnn", input_shape=(1, 28, 28), num_classes=10)
-    # conv 16·1·8·8+16, conv 32·16·4·4+32, linear 512·32+32, linear 32·10+10 (Tramèr & Boneh 2021: "26k parameters")
+    # conv 16·1·8·8+16, conv 32·16·4·4+32, linear 512·32+32, linear 32·10+10;
+    # Tramèr & Boneh 2021 call it the "26k parameters" CNN
     expected = (16 * 64 + 16) + (32 * 16 * 16 + 32) + (512 * 32 + 32) + (32 * 10 + 10)
     assert sum(p.numel() for p in m.parameters()) == expected == 26010
     # 28 -(conv 8, s2, p3)-> 14 -(pool 2, s1)-> 13 -(conv 4, s2)-> 5 -(pool 2, s1)-> 4: 32·4·4
@@ -25,8 +26,9 @@ def test_every_model_runs_on_fashion_mnist_shape(name):
 
 
 def test_logreg_and_mlp_on_vectors():
-    assert build_model("logreg", input_shape=(30,), num_classes=2)(torch.zeros(4, 30)).shape == (4, 2)
-    assert build_model("mlp", input_shape=(30,), num_classes=2)(torch.zeros(4, 30)).shape == (4, 2)
+    for name in ("logreg", "mlp"):
+        model = build_model(name, input_shape=(30,), num_classes=2)
+        assert model(torch.zeros(4, 30)).shape == (4, 2)
 
 
 def test_image_model_on_vectors_says_what_to_use():

@@ -15,10 +15,10 @@ from typing import Any
 
 from dpfy.train.config import TrainConfig, field_types, coerce, load_config_file
 
-__all__ = ["register", "run", "explicit_settings"]
+__all__ = ["register", "run", "explicit_settings", "parse_scalar"]
 
 
-def _scalar(text: str) -> Any:
+def parse_scalar(text: str) -> Any:
     """``"3"`` → 3, ``"0.5"`` → 0.5, ``"true"`` → True, anything else stays a string."""
     for cast in (int, float):
         try:
@@ -35,7 +35,7 @@ def _options(items: list[str]) -> dict[str, Any]:
         if not sep or not key:
             raise ValueError(f"schedule_options must be KEY=VALUE pairs, got schedule_options "
                              f"= {item!r}. Write e.g. --schedule-options rate=0.9")
-        out[key] = _scalar(value)
+        out[key] = parse_scalar(value)
     return out
 
 

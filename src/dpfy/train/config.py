@@ -22,8 +22,8 @@ from typing import Any, Mapping
 
 from dpfy._validate import require
 
-__all__ = ["TrainConfig", "OPTIMIZERS", "ACCOUNTANTS", "load_config_file", "resolve", "coerce", "field_types",
-           "guide_delta", "RESUME_IGNORED"]
+__all__ = ["TrainConfig", "OPTIMIZERS", "ACCOUNTANTS", "RESUME_IGNORED", "load_config_file",
+           "resolve", "coerce", "field_types", "guide_delta"]
 
 OPTIMIZERS = ("sgd", "adam")
 ACCOUNTANTS = ("pld", "rdp")

@@ -203,7 +203,8 @@ def _statement(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, pri
     return (f"dpfy train: resolved config:\n{cfg.to_json()}\n"
             f"dpfy train: DP-SGD on {data.name} (N = {data.num_train}), Poisson sampling with "
             f"rate q = {private.sample_rate:.5g} (expected batch {cfg.batch_size}), "
-            f"{private.total_steps} steps, clip C = {cfg.clip:g}, {noise} ({budget}); δ = {cfg.delta:.3g} "
+            f"{private.total_steps} steps, clip C = {cfg.clip:g}, {noise} ({budget}); "
+            f"δ = {cfg.delta:.3g} "
             f"({notes.get('delta_rule', 'given')}); ε accounted with {cfg.accountant.upper()}.")
 
 
