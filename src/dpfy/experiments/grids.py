@@ -28,7 +28,7 @@ What we changed from the papers, and why (the CPU budget is 2 shared cores):
   exponential k = ln 2 / 2, linear polynomial with σ_end = σ_0/2), σ_0 calibrated; at ε = 1.2.
 
 ``dynamic-fmnist-long``: a follow-up, vanilla vs dynamic at ε = 1.2 with 10 epochs (2350
-steps), 2 seeds, everything else as above.
+steps), 3 seeds, everything else as above.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ PRESETS = ("vanilla", "growing_mu", "sensitivity_decay", "dynamic")
 EPSILONS = (0.4, 1.2, 2.0)
 RHO = 2.0
 STAGES = 15                      # ≤ 16 distinct σ's: calibration and accounting stay exact
-LONG_EPOCHS, LONG_SEEDS = 10, 2  # the follow-up: is the 3-epoch result a short-training effect?
+LONG_EPOCHS, LONG_SEEDS = 10, 3  # the follow-up: is the 3-epoch result a short-training effect?
 
 # per-epoch decay rules reaching σ_0/2 after ``epochs - 1`` epochs (the last epoch)
 DECAYS: dict[str, Callable[[int], dict]] = {
@@ -84,7 +84,7 @@ def noise_decay_fmnist(seeds: int, epochs: int, steps_per_epoch: int,
 
 
 def dynamic_fmnist_long(seeds: int, epochs: int, steps_per_epoch: int) -> list[RunSpec]:
-    """Follow-up: vanilla vs dynamic at ε = 1.2 with 10 epochs (2 seeds; CPU budget)."""
+    """Follow-up: vanilla vs dynamic at ε = 1.2 with 10 epochs (3 seeds)."""
     epochs = LONG_EPOCHS
     return [RunSpec(experiment="dynamic-fmnist-long", schedule=p, target_epsilon=1.2, seed=s,
                     epochs=epochs,
