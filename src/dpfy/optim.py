@@ -172,7 +172,14 @@ class DPOptimizer(torch.optim.Optimizer):
             extra = Ledger(self.ledger.dataset_size)
             extra.record_step(sampling=self.sampler.sampling, sample_rate=self.sampler.sample_rate,
                               releases=self._releases(plan), count=k)
-            return self._running.with_extra(self.ledger, extra)
+            fast = self._running.with_extra(self.ledger, extra)  # an upper bound, coarser PLD
+            if fast <= self.epsilon_cap:
+                return fast
+            # Refuse only on the verdict of the function calibration uses, so a run calibrated
+            # to exactly the cap is not stopped by the coarser incremental bound.
+            trial = Ledger.from_dict(self.ledger.to_dict())
+            trial.extend(extra)
+            return ledger_epsilon(trial, delta=self.target_delta, accountant=self.accountant)
         if eps_after(1) > self.epsilon_cap:
             return 0
         lo, hi = 1, 2
