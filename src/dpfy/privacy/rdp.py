@@ -12,6 +12,7 @@ digest shared/reference/003-how-to-dpfy-ml.md §1.6, §1.8.
 from __future__ import annotations
 
 import functools
+import logging
 
 import dp_accounting
 import numpy as np
@@ -22,6 +23,21 @@ from dpfy.privacy.canonical import WITHOUT_REPLACEMENT, Atom, CanonicalForm
 __all__ = ["ORDERS", "rdp_curve", "epsilon", "delta"]
 
 ORDERS = np.asarray(_rdp.DEFAULT_RDP_ORDERS, dtype=float)
+
+
+class _DropExcludedOrderWarnings(logging.Filter):
+    """Silence dp_accounting's "failed to converge ... Excluding this order" warnings.
+
+    They are benign for correctness: an excluded order's RDP is taken as infinite, and ε is the
+    minimum over the remaining orders, so it can only grow (stay an upper bound). Calibration
+    searches hit them at small σ and would otherwise print dozens of lines per call.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Excluding this order" not in record.getMessage()
+
+
+logging.getLogger("absl").addFilter(_DropExcludedOrderWarnings())
 
 
 @functools.lru_cache(maxsize=65536)
