@@ -9,6 +9,9 @@ alike; we report the median over rounds of wall time and of process CPU time (th
 less sensitive to waiting for a core on a shared machine). A step is zero_grad + forward + loss + backward +
 optimizer.step on the same fixed batch (data loading is excluded for every row).
 
+Page faults / step: median count of minor page faults during one step (``getrusage``): memory
+the C allocator handed back to the OS and must fault in again; each costs CPU time.
+
 Peak memory: the largest amount of tensor memory allocated during one step above what was live
 when it started (torch profiler, ``profile_memory=True``), so parameters, inputs and optimizer
 state that exist before the step are not counted for any row.
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import sys
 import time
@@ -120,7 +124,8 @@ def peak_bytes(step: Step) -> int:
     return peak
 
 
-def bench(name: str, rounds: int, rows: list[str]) -> list[tuple[str, float, float, float]]:
+def bench(name: str, rounds: int, rows: list[str]
+          ) -> list[tuple[str, float, float, float, float, float]]:
     makers: dict[str, Callable[[], Step]] = {
         "non-private": lambda: nonprivate(name),
         "dpfy auto (default)": lambda: dpfy_row(name, "auto"),
@@ -135,18 +140,22 @@ def bench(name: str, rounds: int, rows: list[str]) -> list[tuple[str, float, flo
             s()
     times: dict[str, list[float]] = {r: [] for r in rows}
     cpu: dict[str, list[float]] = {r: [] for r in rows}
+    faults: dict[str, list[int]] = {r: [] for r in rows}
     for _ in range(rounds):
         for r, s in steps.items():
+            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             c0, t0 = time.process_time(), time.perf_counter()
             s()
             times[r].append(time.perf_counter() - t0)
             cpu[r].append(time.process_time() - c0)
+            faults[r].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
     mems = {r: peak_bytes(s) for r, s in steps.items()}
     med = {r: statistics.median(v) for r, v in times.items()}
     med_cpu = {r: statistics.median(v) for r, v in cpu.items()}
     base_m = mems["non-private"]
     return [(r, med[r] * 1e3, med[r] / med["non-private"],
-             med_cpu[r] / med_cpu["non-private"], mems[r] / base_m) for r in rows]
+             med_cpu[r] / med_cpu["non-private"], mems[r] / base_m,
+             statistics.median(faults[r])) for r in rows]
 
 
 def main() -> None:
@@ -163,11 +172,12 @@ def main() -> None:
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, batch {BATCH}, "
           f"rounds {args.rounds}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
     print("| model | row | median step (ms) | time × non-private | CPU time × non-private "
-          "| peak mem × non-private |")
-    print("|---|---|---:|---:|---:|---:|")
+          "| peak mem × non-private | page faults / step |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     for name in args.models.split(","):
-        for r, ms, tr, cr, mr in bench(name, args.rounds, rows):
-            print(f"| {name} | {r} | {ms:.1f} | {tr:.2f} | {cr:.2f} | {mr:.2f} |", flush=True)
+        for r, ms, tr, cr, mr, pf in bench(name, args.rounds, rows):
+            print(f"| {name} | {r} | {ms:.1f} | {tr:.2f} | {cr:.2f} | {mr:.2f} | {pf:.0f} |",
+                  flush=True)
 
 
 if __name__ == "__main__":
