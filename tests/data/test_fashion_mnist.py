@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dpfy.data import load_dataset
-from dpfy.data.fashion_mnist import DEFAULT_DIR, FILES, MEAN, STD
+from dpfy.data.fashion_mnist import DEFAULT_DIR, MEAN, STD
 from fake_idx import write_fake
 
 REAL = (DEFAULT_DIR / "train-images-idx3-ubyte.gz").is_file()

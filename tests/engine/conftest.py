@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import TensorDataset
 
 ROOT = Path(__file__).resolve().parents[2]
 for p in (ROOT / "tests", ROOT / "benchmarks"):

@@ -12,7 +12,6 @@ import inspect
 
 import pytest
 import torch
-import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 from torch import nn
 

@@ -1,6 +1,5 @@
 """The reproduction's grid, spec keys and tables (no training: fake result records)."""
 
-import pytest
 
 from dpfy.experiments.grids import build_grid
 from dpfy.experiments.spec import RunSpec

@@ -42,8 +42,8 @@ def _find(data_dir: Path, stem: str) -> Path:
 
 
 def _split(data_dir: Path, images: str, labels: str) -> TensorDataset:
-    fix = (f"The file is damaged: reinstall with `sudo apt-get install --reinstall "
-           f"dataset-fashion-mnist`, or pass --data-dir DIR with intact files")
+    fix = ("The file is damaged: reinstall with `sudo apt-get install --reinstall "
+           "dataset-fashion-mnist`, or pass --data-dir DIR with intact files")
     x = read_idx(_find(data_dir, FILES[images]), fix=fix)
     y = read_idx(_find(data_dir, FILES[labels]), fix=fix)
     if x.ndim != 3 or y.ndim != 1 or len(x) != len(y) or x.dtype != np.uint8:

@@ -22,7 +22,6 @@ from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 
 from dpfy._validate import require
 from dpfy.data import DATASETS, DataSplits, load_dataset
