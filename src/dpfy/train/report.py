@@ -33,6 +33,7 @@ def write_report(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, p
     PrivacyReport.from_ledger(
         ledger, delta=cfg.delta, accountant=cfg.accountant, released=RELEASED,
         dataset_size=data.num_train, model_description=_describe(cfg, notes, data, private),
+        layer_table=private.optimizer.grads.explain(),  # per layer: rule and engine route (R7)
         sampling_note=f"Poisson sampling by dpfy's sampler, q = {private.sample_rate:.5g}, "
                       f"{private.steps_per_epoch} steps per epoch",
     ).write(directory)
