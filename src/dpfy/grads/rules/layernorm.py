@@ -7,7 +7,6 @@ as small as the parameters, so they are always materialized (no ghost route need
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import nn
 
