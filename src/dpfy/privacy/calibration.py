@@ -98,6 +98,15 @@ def _solve_decreasing(eps: Callable[[float], float], target: float, x0: float, *
     return hi
 
 
+def _homogeneous_epsilon(*, sample_rate: float, noise_multiplier: float, steps: int,
+                         sampling: Sampling, dataset_size: int | None, delta: float,
+                         accountant: str) -> float:
+    """ε of the ledger of ``steps`` identical steps that a run would write."""
+    ledger = Ledger.homogeneous(sample_rate=sample_rate, noise_multiplier=noise_multiplier,
+                                steps=steps, sampling=sampling, dataset_size=dataset_size)
+    return epsilon(ledger, delta=delta, accountant=accountant)
+
+
 def _gdp_sigma_guess(target_epsilon: float, delta: float, sample_rate: float,
                      steps: int) -> float:
     """σ that the GDP CLT gives for homogeneous Poisson steps: a starting point, not a result."""
@@ -130,9 +139,9 @@ def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, sample_ra
     _check_steps(steps)
 
     def eps(sigma: float) -> float:
-        ledger = Ledger.homogeneous(sample_rate=sample_rate, noise_multiplier=sigma, steps=steps,
-                                    sampling=sampling, dataset_size=dataset_size)
-        return epsilon(ledger, delta=delta, accountant=accountant)
+        return _homogeneous_epsilon(sample_rate=sample_rate, noise_multiplier=sigma, steps=steps,
+                                    sampling=sampling, dataset_size=dataset_size, delta=delta,
+                                    accountant=accountant)
 
     def fail() -> None:
         require(False, "target_epsilon", target_epsilon,
@@ -166,9 +175,9 @@ def calibrate_sample_rate(*, target_epsilon: float, delta: float, noise_multipli
     _check_steps(steps)
 
     def eps(q: float) -> float:
-        ledger = Ledger.homogeneous(sample_rate=q, noise_multiplier=noise_multiplier,
-                                    steps=steps, sampling=sampling, dataset_size=dataset_size)
-        return epsilon(ledger, delta=delta, accountant=accountant)
+        return _homogeneous_epsilon(sample_rate=q, noise_multiplier=noise_multiplier,
+                                    steps=steps, sampling=sampling, dataset_size=dataset_size,
+                                    delta=delta, accountant=accountant)
 
     if eps(1.0) <= target_epsilon:
         return 1.0
@@ -195,9 +204,9 @@ def calibrate_steps(*, target_epsilon: float, delta: float, noise_multiplier: fl
     _check_rate(sample_rate)
 
     def ok(steps: int) -> bool:
-        ledger = Ledger.homogeneous(sample_rate=sample_rate, noise_multiplier=noise_multiplier,
-                                    steps=steps, sampling=sampling, dataset_size=dataset_size)
-        return epsilon(ledger, delta=delta, accountant=accountant) <= target_epsilon
+        return _homogeneous_epsilon(sample_rate=sample_rate, noise_multiplier=noise_multiplier,
+                                    steps=steps, sampling=sampling, dataset_size=dataset_size,
+                                    delta=delta, accountant=accountant) <= target_epsilon
 
     require(ok(1), "target_epsilon", target_epsilon, "reachable by a single step",
             "One step already overspends: raise the noise multiplier or the target ε, or lower "
