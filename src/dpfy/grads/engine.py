@@ -35,6 +35,11 @@ __all__ = ["GradEngine", "LOSS_REDUCTIONS"]
 LOSS_REDUCTIONS = ("mean", "sum")
 
 
+def _ghost(unit: Unit, a: torch.Tensor, g: torch.Tensor) -> bool:
+    """Whether a rule unit's call on input ``a`` with output gradient ``g`` goes the ghost way."""
+    return unit.rule.has_ghost and unit.rule.prefers_ghost(unit.module, a, g)
+
+
 @dataclass
 class _Call:
     """One captured forward call of a unit and the gradients its outputs received.
@@ -110,8 +115,7 @@ class GradEngine:
         def keep(grad: torch.Tensor) -> None:
             rule = unit.rule
             if (rule is not None and len(call.grads) == 1 and call.batch_size > 0
-                    and (call.eager is not None or not (
-                        rule.has_ghost and rule.prefers_ghost(unit.module, call.args[0], grad)))):
+                    and (call.eager is not None or not _ghost(unit, call.args[0], grad))):
                 gs = rule.grad_sample(unit.module, call.args[0], grad)  # sensitive
                 call.eager = gs if call.eager is None else {
                     n: call.eager[n] + t for n, t in gs.items()}
@@ -180,7 +184,7 @@ class GradEngine:
         if u.rule is not None and len(calls) == 1 and calls[0].eager is None:
             c = calls[0]
             a, g = c.args[0], c.grads[0]
-            if u.rule.has_ghost and u.rule.prefers_ghost(u.module, a, g):
+            if _ghost(u, a, g):
                 self._cache[id(u)] = ("ghost", c)
                 s2 = self._scale(c) ** 2
                 return {rel: sq * s2 for rel, sq in u.rule.sq_norm(u.module, a, g).items()}
@@ -256,8 +260,7 @@ class GradEngine:
                 row["engine"], row["why"] = "per-sample", f"called {len(calls)} times per batch"
             elif calls:
                 c = calls[0]
-                ghost = c.eager is None and u.rule.has_ghost and u.rule.prefers_ghost(
-                    u.module, c.args[0], c.grads[0])
+                ghost = c.eager is None and _ghost(u, c.args[0], c.grads[0])
                 row["engine"] = "ghost" if ghost else "per-sample"
                 row["why"] = ("ghost norm is cheaper than per-sample gradients at this size"
                               if ghost else "per-sample gradients are cheaper at this size"
