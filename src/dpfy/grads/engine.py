@@ -139,9 +139,6 @@ class GradEngine:
         for _, p in self.named_params:
             p.requires_grad_(True)
 
-    def has_captures(self) -> bool:
-        return any(c.used for calls in self._calls.values() for c in calls)
-
     # -- phase 1: norms --------------------------------------------------------------------
     def _scale(self, call: _Call) -> float:
         return float(call.batch_size) if self.loss_reduction == "mean" else 1.0
