@@ -177,9 +177,8 @@ class DPOptimizer(torch.optim.Optimizer):
                 return fast
             # Refuse only on the verdict of the function calibration uses, so a run calibrated
             # to exactly the cap is not stopped by the coarser incremental bound.
-            trial = Ledger.from_dict(self.ledger.to_dict())
-            trial.extend(extra)
-            return ledger_epsilon(trial, delta=self.target_delta, accountant=self.accountant)
+            return ledger_epsilon(self.ledger.followed_by(extra), delta=self.target_delta,
+                                  accountant=self.accountant)
         if eps_after(1) > self.epsilon_cap:
             return 0
         lo, hi = 1, 2

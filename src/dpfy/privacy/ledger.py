@@ -219,6 +219,13 @@ class Ledger:
             self.record_step(sampling=g.sampling, sample_rate=g.sample_rate,
                              releases=g.releases, count=g.count)
 
+    def followed_by(self, other: "Ledger") -> "Ledger":
+        """A new ledger: this one's steps, then every step of ``other`` (neither is changed)."""
+        out = Ledger(self.dataset_size)
+        out.extend(self)
+        out.extend(other)
+        return out
+
     # -- reading ---------------------------------------------------------------------------
     @property
     def num_steps(self) -> int:

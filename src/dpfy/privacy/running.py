@@ -116,9 +116,7 @@ class RunningEpsilon:
         """ε(δ) if the steps of ``extra`` were appended to ``ledger`` (nothing is committed)."""
         self(ledger)
         if Sampling.SHUFFLE in ledger.samplings() | extra.samplings():
-            trial = Ledger.from_dict(ledger.to_dict())
-            trial.extend(extra)
-            return epsilon(trial, delta=self.delta, accountant=self.accountant,
+            return epsilon(ledger.followed_by(extra), delta=self.delta, accountant=self.accountant,
                            sigma_resolution=None, value_discretization=self.discretization)
         form = self._form(extra, extra)
         rdp, pld, mu2 = self._add(form, self._rdp, self._pld, self._mu2)
