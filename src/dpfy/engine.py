@@ -36,7 +36,8 @@ from dpfy.clipping import make_clipping
 from dpfy.grads import GradEngine
 from dpfy.noise import NoiseSource
 from dpfy.optim import DPOptimizer
-from dpfy.privacy import Ledger, calibrate_noise_multiplier, epsilon as ledger_epsilon
+from dpfy.privacy import Ledger, calibrate_noise_multiplier
+from dpfy.privacy.accountants import check_accountant
 from dpfy.sampling import DPDataLoader, PoissonSampler, ShuffleSampler
 
 __all__ = ["make_private", "derive_seeds"]
@@ -120,7 +121,7 @@ def make_private(
         if noise_multiplier == 0:
             warnings.warn("noise_multiplier=0: no noise is added; training is NOT private "
                           "(use only for debugging)", stacklevel=2)
-    ledger_epsilon(Ledger(), delta=0.5, accountant=accountant)  # validates the name
+    check_accountant(accountant)
     if max_steps is not None:
         require(isinstance(max_steps, int) and max_steps >= 1, "max_steps", max_steps, ">= 1")
 

@@ -50,13 +50,14 @@ Discretization = Union[float, str]
 
 def accountant_label(name: str) -> str:
     """How an accountant is named in reports; GDP always carries its caveat."""
-    _check_accountant(name)
+    check_accountant(name)
     return {"rdp": "RDP (dp_accounting, upper bound)",
             "pld": "PLD (dp_accounting, upper bound)",
             "gdp": "GDP CLT (approximation, may under-report ε)"}[name]
 
 
-def _check_accountant(name: str) -> None:
+def check_accountant(name: str) -> None:
+    """Raise unless ``name`` is one of ACCOUNTANTS (the check every entry point shares)."""
     require(name in ACCOUNTANTS, "accountant", name, f"one of {list(ACCOUNTANTS)}")
 
 
@@ -72,7 +73,7 @@ def _sampled_atoms(form: CanonicalForm) -> int:
 def prepare(ledger: Ledger, *, accountant: str = "rdp", amplify: bool = True,
             sigma_resolution: Resolution = AUTO) -> CanonicalForm:
     """The canonical form ``accountant`` will read, coarsened as ``sigma_resolution`` says."""
-    _check_accountant(accountant)
+    check_accountant(accountant)
     require(isinstance(ledger, Ledger), "ledger", type(ledger).__name__, "a dpfy Ledger")
     form = canonical_form(ledger, amplify=amplify)
     if sigma_resolution is None:
@@ -98,7 +99,7 @@ def pld_discretization(form: CanonicalForm, value_discretization: Discretization
 def epsilon_from_form(form: CanonicalForm, *, delta: float, accountant: str = "rdp",
                       value_discretization: Discretization = AUTO) -> float:
     """ε(δ) of an already prepared canonical form (memoised: forms are immutable)."""
-    _check_accountant(accountant)
+    check_accountant(accountant)
     _check_delta(delta)
     return _epsilon_cached(form, float(delta), accountant,
                            pld_discretization(form, value_discretization))
@@ -119,7 +120,7 @@ def _epsilon_cached(form: CanonicalForm, delta: float, accountant: str,
 def delta_from_form(form: CanonicalForm, *, epsilon: float, accountant: str = "rdp",
                     value_discretization: Discretization = AUTO) -> float:
     """δ(ε) of an already prepared canonical form."""
-    _check_accountant(accountant)
+    check_accountant(accountant)
     require(isinstance(epsilon, (int, float)) and epsilon > 0, "epsilon", epsilon, "> 0")
     if accountant == "rdp":
         return _rdp.delta(form, epsilon)
@@ -147,7 +148,7 @@ def epsilon(ledger: Ledger, *, delta: float, accountant: str = "rdp", amplify: b
 
     Returns ``inf`` if any release had no noise, 0 for an empty ledger.
     """
-    _check_accountant(accountant)
+    check_accountant(accountant)
     _check_delta(delta)
     form = prepare(ledger, accountant=accountant, amplify=amplify,
                    sigma_resolution=sigma_resolution)
@@ -159,7 +160,7 @@ def delta(ledger: Ledger, *, epsilon: float, accountant: str = "rdp", amplify: b
           sigma_resolution: Resolution = AUTO,
           value_discretization: Discretization = AUTO) -> float:
     """δ(ε) of everything recorded in ``ledger`` (arguments as in :func:`epsilon`)."""
-    _check_accountant(accountant)
+    check_accountant(accountant)
     require(isinstance(epsilon, (int, float)) and epsilon > 0, "epsilon", epsilon, "> 0")
     form = prepare(ledger, accountant=accountant, amplify=amplify,
                    sigma_resolution=sigma_resolution)
@@ -188,7 +189,7 @@ def epsilon_curve(ledger: Ledger, *, delta: float, accountant: str = "rdp",
     the ledger's prefix, so the curve is exactly what :func:`epsilon` would say at that step.
     For PLD on ledgers without shuffled steps, prefixes are composed incrementally.
     """
-    _check_accountant(accountant)
+    check_accountant(accountant)
     _check_delta(delta)
     require(num_points is None or num_points >= 1, "num_points", num_points, ">= 1 or None")
     if ledger.num_steps == 0:

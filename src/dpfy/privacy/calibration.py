@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 from dpfy._validate import require
 from dpfy.privacy import gdp
-from dpfy.privacy.accountants import ACCOUNTANTS, DEFAULT_RESOLUTION, epsilon
+from dpfy.privacy.accountants import DEFAULT_RESOLUTION, check_accountant, epsilon
 from dpfy.privacy.ledger import Ledger, Release, Sampling
 from dpfy.privacy.split import (combine_noise_multipliers, gaussian_remainder,
                                 quantile_noise_split, split_noise_multiplier)
@@ -34,7 +34,7 @@ def _check_common(target_epsilon: float, delta: float, accountant: str) -> None:
             "target_epsilon", target_epsilon, "> 0 and finite")
     require(isinstance(delta, (int, float)) and 0 < delta < 1, "delta", delta, "in (0, 1)",
             "The guide's convention is δ ≪ 1/N, e.g. 1/N^1.1")
-    require(accountant in ACCOUNTANTS, "accountant", accountant, f"one of {list(ACCOUNTANTS)}")
+    check_accountant(accountant)
 
 
 def _check_rate(sample_rate: float) -> None:

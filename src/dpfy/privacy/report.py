@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from dpfy._validate import require
-from dpfy.privacy.accountants import (ACCOUNTANTS, APPROXIMATE, accountant_label, epsilon,
-                                      epsilon_curve, prepare)
+from dpfy.privacy.accountants import (ACCOUNTANTS, APPROXIMATE, accountant_label,
+                                      check_accountant, epsilon, epsilon_curve, prepare)
 from dpfy.privacy.ledger import Ledger, Sampling
 
 __all__ = ["TuningCost", "MechanismShare", "PrivacyReport", "DEFAULT_DP_SETTING", "tier"]
@@ -178,7 +178,7 @@ class PrivacyReport:
           sampling_note: free text about the data pipeline (e.g. what the loader really did).
           num_points: points of the ε-over-steps curve.
         """
-        require(accountant in ACCOUNTANTS, "accountant", accountant, f"one of {list(ACCOUNTANTS)}")
+        check_accountant(accountant)
         require(0 < delta < 1, "delta", delta, "in (0, 1)")
         require(ledger.num_steps >= 1, "ledger", "empty", "a ledger with at least one step",
                 "Record the run's steps before writing a report")

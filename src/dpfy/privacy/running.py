@@ -24,7 +24,7 @@ from dpfy._validate import require
 from dpfy.privacy import gdp as _gdp
 from dpfy.privacy import pld as _pld
 from dpfy.privacy import rdp as _rdp
-from dpfy.privacy.accountants import ACCOUNTANTS, PLD_COARSE, epsilon
+from dpfy.privacy.accountants import PLD_COARSE, check_accountant, epsilon
 from dpfy.privacy.canonical import CanonicalForm, canonical_form
 from dpfy.privacy.ledger import Ledger, Sampling
 
@@ -46,7 +46,7 @@ class RunningEpsilon:
     def __init__(self, *, delta: float, accountant: str = "rdp",
                  value_discretization: float = PLD_COARSE) -> None:
         require(0 < delta < 1, "delta", delta, "in (0, 1)")
-        require(accountant in ACCOUNTANTS, "accountant", accountant, f"one of {list(ACCOUNTANTS)}")
+        check_accountant(accountant)
         self.delta = float(delta)
         self.accountant = accountant
         self.discretization = float(value_discretization)
