@@ -29,6 +29,7 @@ from dpfy.grads import GradEngine
 from dpfy.noise import NoiseSource, NoisySum
 from dpfy.plan import StepPlan
 from dpfy.privacy import Ledger, Release, epsilon as ledger_epsilon
+from dpfy.privacy.calibration import last_passing
 from dpfy.privacy.running import RunningEpsilon
 from dpfy.sampling import BatchCursor, PoissonSampler, ShuffleSampler
 
@@ -184,10 +185,7 @@ class DPOptimizer(torch.optim.Optimizer):
         lo, hi = 1, 2
         while hi < 10**7 and eps_after(hi) <= self.epsilon_cap:
             lo, hi = hi, hi * 2
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if eps_after(mid) <= self.epsilon_cap else (lo, mid)
-        return lo
+        return last_passing(lambda k: eps_after(k) <= self.epsilon_cap, lo, hi)
 
     # -- the step ---------------------------------------------------------------------------
     @torch.no_grad()

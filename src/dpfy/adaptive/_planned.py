@@ -78,6 +78,7 @@ def steps_within_budget(schedule: PlannedSchedule, *, target_epsilon: float, del
     Returns 0 if even one step spends more than the target.
     """
     from dpfy.privacy import epsilon  # the accountant is the only place ε is computed
+    from dpfy.privacy.calibration import last_passing
 
     require(target_epsilon > 0, "target_epsilon", target_epsilon, "> 0")
     full = schedule.ledger(sample_rate=sample_rate)
@@ -87,8 +88,5 @@ def steps_within_budget(schedule: PlannedSchedule, *, target_epsilon: float, del
 
     if spent(schedule.total_steps) <= target_epsilon:
         return schedule.total_steps
-    lo, hi = 0, schedule.total_steps          # invariant: spent(lo) <= target < spent(hi)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if spent(mid) <= target_epsilon else (lo, mid)
-    return lo
+    # spent(0) = 0 <= target < spent(total_steps)
+    return last_passing(lambda n: spent(n) <= target_epsilon, 0, schedule.total_steps)

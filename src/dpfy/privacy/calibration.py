@@ -46,6 +46,18 @@ def _check_steps(steps: int) -> None:
     require(isinstance(steps, int) and steps >= 1, "steps", steps, "an integer >= 1")
 
 
+def last_passing(ok: Callable[[int], bool], lo: int, hi: int) -> int:
+    """Largest integer n in [lo, hi) with ok(n), by bisection.
+
+    ``ok`` must hold up to some n and fail after it (e.g. "ε after n steps ≤ target"), with
+    ok(lo) true and ok(hi) false, or taken as such: neither end is evaluated.
+    """
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo
+
+
 def _solve_decreasing(eps: Callable[[float], float], target: float, x0: float, *,
                       rel_tol: float, x_max: float, fail: Callable[[], None],
                       bracket: tuple[float, float] | None = None) -> float:
@@ -216,10 +228,7 @@ def calibrate_steps(*, target_epsilon: float, delta: float, noise_multiplier: fl
         lo, hi = hi, hi * 2
         if hi > max_steps:
             return max_steps
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
-    return lo
+    return last_passing(ok, lo, hi)
 
 
 def calibrate_schedule_scale(*, shape: Sequence[float], target_epsilon: float, delta: float,
