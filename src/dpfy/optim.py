@@ -149,15 +149,17 @@ class DPOptimizer(torch.optim.Optimizer):
         Called just before the noise is drawn, when the step's releases are all known.
 
         To avoid an accountant call per step, we search once how many more steps of the same
-        kind fit under the cap and count down; a new kind of step searches again.
+        kind fit under the cap and count down; a new kind of step, or a count that ran out,
+        searches again (and only a search that finds 0 refuses).
         """
         if self.epsilon_cap is None:
             return
         kind = (self.sampler.sampling, self.sampler.sample_rate, tuple(self._releases(plan)))
-        if self._cap_cache is None or self._cap_cache[0] != kind:
-            self._cap_cache = (kind, self.ledger.num_steps, self._steps_under_cap(plan))
-        _, start, fit = self._cap_cache
-        if self.ledger.num_steps - start >= fit:
+        cache = self._cap_cache
+        if (cache is None or cache[0] != kind
+                or self.ledger.num_steps - cache[1] >= cache[2]):  # new kind, or counted down
+            self._cap_cache = cache = (kind, self.ledger.num_steps, self._steps_under_cap(plan))
+        if cache[2] == 0:
             raise ValueError(
                 f"epsilon must stay <= epsilon_cap = {self.epsilon_cap} at delta = "
                 f"{self.target_delta}, got {self.ledger.num_steps} steps taken and the next "
@@ -165,27 +167,34 @@ class DPOptimizer(torch.optim.Optimizer):
                 f"privacy budget allows it)")
 
     def _steps_under_cap(self, plan: StepPlan) -> int:
-        # Incremental: the ledger so far is composed once; each trial adds only k more steps.
+        """How many more steps like ``plan`` fit under the cap.
+
+        Counted with the incremental bound (the ledger so far is composed once; each trial adds
+        only its k steps; coarser PLD, so an upper bound and conservative). When that bound says
+        not even one more step fits, ``dpfy.privacy.epsilon`` — the function calibration uses —
+        has the final word on the next step, so a run calibrated to exactly the cap is not
+        stopped early, at the cost of at most one full accounting per such step.
+        """
         if self._running is None:
             self._running = RunningEpsilon(delta=self.target_delta, accountant=self.accountant)
 
-        def eps_after(k: int) -> float:
-            extra = Ledger(self.ledger.dataset_size)
-            extra.record_step(sampling=self.sampler.sampling, sample_rate=self.sampler.sample_rate,
-                              releases=self._releases(plan), count=k)
-            fast = self._running.with_extra(self.ledger, extra)  # an upper bound, coarser PLD
-            if fast <= self.epsilon_cap:
-                return fast
-            # Refuse only on the verdict of the function calibration uses, so a run calibrated
-            # to exactly the cap is not stopped by the coarser incremental bound.
-            return ledger_epsilon(self.ledger.followed_by(extra), delta=self.target_delta,
-                                  accountant=self.accountant)
-        if eps_after(1) > self.epsilon_cap:
-            return 0
+        def extra(k: int) -> Ledger:
+            out = Ledger(self.ledger.dataset_size)
+            out.record_step(sampling=self.sampler.sampling, sample_rate=self.sampler.sample_rate,
+                            releases=self._releases(plan), count=k)
+            return out
+
+        def fits(k: int) -> bool:
+            return self._running.with_extra(self.ledger, extra(k)) <= self.epsilon_cap
+
+        if not fits(1):
+            exact = ledger_epsilon(self.ledger.followed_by(extra(1)), delta=self.target_delta,
+                                   accountant=self.accountant)
+            return 1 if exact <= self.epsilon_cap else 0
         lo, hi = 1, 2
-        while hi < 10**7 and eps_after(hi) <= self.epsilon_cap:
+        while hi < 10**7 and fits(hi):
             lo, hi = hi, hi * 2
-        return last_passing(lambda k: eps_after(k) <= self.epsilon_cap, lo, hi)
+        return last_passing(fits, lo, hi)
 
     # -- the step ---------------------------------------------------------------------------
     @torch.no_grad()
