@@ -20,11 +20,11 @@ rows, so captured gradients are rescaled by B to be example i's own gradient.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from dpfy._validate import require
 from dpfy.grads.units import Unit, build_units
@@ -38,6 +38,46 @@ LOSS_REDUCTIONS = ("mean", "sum")
 def _ghost(unit: Unit, a: torch.Tensor, g: torch.Tensor) -> bool:
     """Whether a rule unit's call on input ``a`` with output gradient ``g`` goes the ghost way."""
     return unit.rule.has_ghost and unit.rule.prefers_ghost(unit.module, a, g)
+
+
+class _Tap(torch.autograd.Function):
+    """Identity on a layer output that does not require grad, so that its gradient is still seen.
+
+    With the parameters frozen, the output of a first layer (its input is data) is a constant.
+    Making that output a leaf with ``requires_grad_()`` would work but costs an AccumulateGrad
+    copy of its gradient into ``.grad`` and refuses in-place operations after the layer (e.g.
+    ``ReLU(inplace=True)``). Instead the output passes through this function, anchored on a
+    0-element leaf so that autograd records it; its backward hands the gradient to ``keep`` and
+    returns none (nothing is accumulated anywhere). The output aliases the input's storage but
+    is not a view, so in-place operations after the layer are allowed.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, anchor: torch.Tensor, t: torch.Tensor,
+                keep: Callable[[torch.Tensor], None]) -> torch.Tensor:
+        ctx.keep = keep
+        return t.detach()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, None]:
+        ctx.keep(grad)  # sensitive
+        return None, None, None
+
+
+def _per_sample_rows(t: torch.Tensor) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """Per-sample gradients (B, *θ) as a (B, P) matrix, without a copy when possible.
+
+    Rules may return per-sample gradients as a permuted view (the layout their batched matmul
+    produced). Rows are taken in storage order, so a permuted contiguous tensor is viewed, not
+    copied; the returned function maps a (P,) row back to θ's shape.
+    """
+    order = sorted(range(1, t.dim()), key=lambda d: -t.stride(d))
+    p = t.permute(0, *order)
+    if not p.is_contiguous():
+        p, order = t.contiguous(), list(range(1, t.dim()))
+    inverse = [order.index(d) for d in range(1, t.dim())]
+    shape = p.shape[1:]
+    return p.view(p.shape[0], -1), lambda row: row.view(shape).permute(*inverse)
 
 
 @dataclass
@@ -83,7 +123,9 @@ class GradEngine:
         self.units = build_units(model, engine, {id(p) for _, p in self.named_params})
         self._calls: dict[int, list[_Call]] = {id(u): [] for u in self.units}
         self._cache: dict[int, tuple[str, Any]] = {}
+        self._b = 0  # batch size of the captures the norms were computed on
         self._last_route: dict[int, str] = {}  # unit -> route taken on the last batch (public)
+        self._anchor = torch.empty(0, requires_grad=True)  # see _Tap; never receives a gradient
         self._handles = [u.module.register_forward_hook(self._hook(u), with_kwargs=True)
                          for u in self.units]
         for _, p in self.named_params:
@@ -93,22 +135,27 @@ class GradEngine:
     def _hook(self, unit: Unit):
         calls = self._calls[id(unit)]
 
-        def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
             if not torch.is_grad_enabled():
-                return
+                return None
             xs = tuple(a.detach() if torch.is_tensor(a) else a for a in args)
             b = next((a.shape[0] for a in xs if torch.is_tensor(a)), 0)
             call = _Call(xs, {k: v.detach() if torch.is_tensor(v) else v
                               for k, v in kwargs.items()}, b)
-            leaves = [t for t in tree_flatten(output)[0] if torch.is_tensor(t)]
-            call.grads = [None] * len(leaves)
-            for k, t in enumerate(leaves):
+            leaves, spec = tree_flatten(output)
+            tensors = [k for k, t in enumerate(leaves) if torch.is_tensor(t)]
+            call.grads = [None] * len(tensors)
+            tapped = False
+            for j, k in enumerate(tensors):
+                t = leaves[k]
                 if not t.is_floating_point():
                     continue
-                if not t.requires_grad:
-                    t.requires_grad_(True)  # a leaf: our frozen weights made it constant
-                t.register_hook(self._keeper(unit, call, k))
+                if t.requires_grad:
+                    t.register_hook(self._keeper(unit, call, j))
+                else:  # our frozen weights made it constant: tap it (see _Tap)
+                    leaves[k], tapped = _Tap.apply(self._anchor, t, self._keeper(unit, call, j)), True
             calls.append(call)
+            return tree_unflatten(leaves, spec) if tapped else None
         return hook
 
     def _keeper(self, unit: Unit, call: _Call, k: int):
@@ -140,8 +187,13 @@ class GradEngine:
             p.requires_grad_(True)
 
     # -- phase 1: norms --------------------------------------------------------------------
-    def _scale(self, call: _Call) -> float:
-        return float(call.batch_size) if self.loss_reduction == "mean" else 1.0
+    def _scale(self, b: int) -> float:
+        """Factor from a captured gradient row to example i's own gradient (B for a mean loss).
+
+        Captured gradients are never rescaled in place (a full pass over them): norms are
+        multiplied by its square and the weights by it instead.
+        """
+        return float(b) if self.loss_reduction == "mean" else 1.0
 
     def batch_size(self) -> int:
         """B of the captured physical batch; all units must agree (batch dim first)."""
@@ -157,7 +209,7 @@ class GradEngine:
 
     def per_sample_sq_norms(self) -> dict[str, torch.Tensor]:
         """{parameter name: ‖∂ℓ_i/∂θ‖² (B,)} for every trainable parameter. Sensitive."""
-        b = self.batch_size()
+        b = self._b = self.batch_size()
         out: dict[str, torch.Tensor] = {}
         for u in self.units:
             calls = [c for c in self._calls[id(u)] if c.used]
@@ -183,15 +235,18 @@ class GradEngine:
             a, g = c.args[0], c.grads[0]
             if _ghost(u, a, g):
                 self._cache[id(u)] = ("ghost", c)
-                s2 = self._scale(c) ** 2
-                return {rel: sq * s2 for rel, sq in u.rule.sq_norm(u.module, a, g).items()}
-        gs = self._grad_sample(u, calls)  # sensitive: rel -> (B, *θ.shape)
-        self._cache[id(u)] = ("materialized", gs)
-        return {rel: torch.linalg.vector_norm(t.reshape(t.shape[0], -1), dim=1).square()
-                for rel, t in gs.items()}  # (B,) each, no (B, P) temporary
+                sq = u.rule.sq_norm(u.module, a, g)
+                s2 = self._scale(b) ** 2
+                return {rel: t * s2 for rel, t in sq.items()} if s2 != 1 else sq
+        gs = self._grad_sample(u, calls)  # sensitive: rel -> (B, *θ.shape), captured scale
+        rows = {rel: _per_sample_rows(t) for rel, t in gs.items()}  # sensitive: (B, P) views
+        self._cache[id(u)] = ("materialized", rows)
+        s2 = self._scale(b) ** 2
+        return {rel: torch.linalg.vector_norm(r, dim=1).square().mul_(s2)
+                for rel, (r, _) in rows.items()}  # (B,) each, no (B, P) temporary
 
     def _grad_sample(self, u: Unit, calls: list[_Call]) -> dict[str, torch.Tensor]:
-        """Per-sample gradients of example losses ℓ_i, summed over the unit's calls."""
+        """Per-sample gradients, at the captured scale (see ``_scale``), summed over calls."""
         total: dict[str, torch.Tensor] = {}
         for c in calls:
             if c.eager is not None:
@@ -200,9 +255,7 @@ class GradEngine:
                 gs = u.rule.grad_sample(u.module, c.args[0], c.grads[0])
             else:
                 gs = vmap_grad_sample(u.module, u.name, u.params, c.args, c.kwargs, c.grads)
-            s = self._scale(c)
             for rel, t in gs.items():
-                t = t * s if s != 1.0 else t
                 total[rel] = t if rel not in total else total[rel] + t
         return total
 
@@ -215,20 +268,19 @@ class GradEngine:
         in), so that the largest sums are not allocated while every activation is still held.
         """
         out: dict[str, torch.Tensor] = {}
+        s = self._scale(self._b)
+        scaled = {id(t): t * s if s != 1.0 else t for t in weights.values()}  # shared stay shared
         for u in reversed(self.units):
             kind, data = self._cache.pop(id(u))
             self._calls[id(u)].clear()
-            w = {rel: weights[u.qualified(rel)] for rel in u.params}
+            w = {rel: scaled[id(weights[u.qualified(rel)])] for rel in u.params}
             if kind == "zero":
                 sums = {rel: torch.zeros_like(p) for rel, p in u.params.items()}
             elif kind == "ghost":
-                s = self._scale(data)
-                shared = {id(t): t * s for t in w.values()}  # keep shared weights shared
-                sums = u.rule.weighted_sum(u.module, data.args[0], data.grads[0],
-                                           {rel: shared[id(t)] for rel, t in w.items()})
+                sums = u.rule.weighted_sum(u.module, data.args[0], data.grads[0], w)
             else:
-                sums = {rel: torch.einsum("b,b...->...", w[rel].to(t.dtype), t)
-                        for rel, t in data.items()}
+                sums = {rel: unflatten(w[rel].to(r.dtype) @ r).contiguous()
+                        for rel, (r, unflatten) in data.items()}
             del data
             for rel, t in sums.items():
                 out[u.qualified(rel)] = t

@@ -1,0 +1,39 @@
+"""The output of a first layer (constant once the parameters are frozen) is tapped, not made a
+leaf: in-place activations after it work, and nothing accumulates a ``.grad`` anywhere."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import oracles
+from dpfy.grads import GradEngine
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+@pytest.mark.parametrize("engine", ["auto", "ghost"])
+def test_inplace_relu_after_the_first_layer_matches_the_loop(engine):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 4, 3), nn.ReLU(inplace=True), nn.Flatten(),
+                          nn.Linear(4 * 4 * 4, 8), nn.ReLU(inplace=True), nn.Linear(8, 3)).double()
+    x, y = torch.randn(6, 2, 6, 6, dtype=torch.float64), torch.randint(0, 3, (6,))
+    ref = oracles.per_example_grads(model, x, y, F.cross_entropy)
+    eng = GradEngine(model, engine=engine)
+    try:
+        F.cross_entropy(model(x), y).backward()
+        sq = eng.per_sample_sq_norms()
+        w = torch.rand(6, dtype=torch.float64)
+        sums = eng.weighted_sums({n: w for n in sq})
+        anchor = eng._anchor
+    finally:
+        eng.detach()
+    norms = torch.sqrt(sum(sq.values()))
+    assert rel(norms, oracles.per_example_norms(ref)) < 1e-9
+    for n, g in ref.items():
+        assert rel(sums[n], torch.einsum("b,b...->...", w, g)) < 1e-9, n
+    assert anchor.grad is None and all(p.grad is None for p in model.parameters())
