@@ -27,7 +27,7 @@ import torch
 
 from dpfy._validate import require
 
-__all__ = ["ClippingPolicy", "FlatClipping", "PerLayerClipping", "AutomaticClipping",
+__all__ = ["total_norm", "ClippingPolicy", "FlatClipping", "PerLayerClipping", "AutomaticClipping",
            "IndividualClipping", "CLIPPINGS", "make_clipping"]
 
 CLIPPINGS = ("flat", "per_layer", "automatic", "individual")
@@ -38,6 +38,11 @@ Weights = dict[str, torch.Tensor]   # parameter name -> w_i (B,), sensitive
 
 def _total_norm(sq: SqNorms, names: Sequence[str]) -> torch.Tensor:
     return torch.sqrt(sum(sq[n] for n in names))  # (B,) sensitive
+
+
+def total_norm(sq: SqNorms) -> torch.Tensor:
+    """‖∂ℓ_i/∂θ‖ over all parameters, (B,). Sensitive."""
+    return _total_norm(sq, list(sq))
 
 
 def _min1(clip: torch.Tensor | float, norm: torch.Tensor) -> torch.Tensor:
@@ -57,7 +62,9 @@ class ClippingPolicy:
         return float(clip)
 
     def weights(self, sq: SqNorms, clip: float | torch.Tensor,
-                index: torch.Tensor | None = None) -> Weights:
+                index: torch.Tensor | None = None, norm: torch.Tensor | None = None
+                ) -> Weights:
+        """Per-example weights; ``norm`` is ``total_norm(sq)`` when the caller already has it."""
         raise NotImplementedError
 
 
@@ -74,8 +81,8 @@ class FlatClipping(ClippingPolicy):
     def default_clip(self) -> float:
         return self.clip
 
-    def weights(self, sq, clip, index=None):
-        w = _min1(float(clip), _total_norm(sq, list(sq)))  # (B,) sensitive
+    def weights(self, sq, clip, index=None, norm=None):
+        w = _min1(float(clip), total_norm(sq) if norm is None else norm)  # (B,) sensitive
         return {n: w for n in sq}
 
 
@@ -96,8 +103,8 @@ class AutomaticClipping(ClippingPolicy):
     def default_clip(self) -> float:
         return self.clip
 
-    def weights(self, sq, clip, index=None):
-        w = float(clip) / (_total_norm(sq, list(sq)) + self.gamma)  # (B,) sensitive
+    def weights(self, sq, clip, index=None, norm=None):
+        w = float(clip) / ((total_norm(sq) if norm is None else norm) + self.gamma)  # sensitive
         return {n: w for n in sq}
 
 
@@ -131,7 +138,7 @@ class PerLayerClipping(ClippingPolicy):
     def sensitivity(self, clip):
         return float(self._per_layer(clip).square().sum().sqrt())
 
-    def weights(self, sq, clip, index=None):
+    def weights(self, sq, clip, index=None, norm=None):
         clip = self._per_layer(clip)
         out: Weights = {}
         for k, names in enumerate(self.groups):
@@ -150,17 +157,18 @@ class IndividualClipping(ClippingPolicy):
     def __post_init__(self) -> None:
         require(self.clips.ndim == 1 and bool((self.clips > 0).all()), "max_grad_norm",
                 "a tensor" if self.clips.ndim else self.clips, "one positive value per example")
+        object.__setattr__(self, "_max", float(self.clips.max()))  # Δ; read every step
 
     def default_clip(self) -> float:
-        return float(self.clips.max())
+        return self._max
 
-    def weights(self, sq, clip, index=None):
+    def weights(self, sq, clip, index=None, norm=None):
         require(index is not None, "the batch's dataset indices", None, "known",
                 "Individual clipping needs the private loader returned by make_private")
         ref = next(iter(sq.values()))
         c = self.clips[index.cpu()].to(dtype=ref.dtype, device=ref.device)  # (B,) public
-        c = c * (float(clip) / float(self.clips.max()))         # a schedule may rescale C
-        w = _min1(c, _total_norm(sq, list(sq)))                  # (B,) sensitive
+        c = c * (float(clip) / self._max)                       # a schedule may rescale C
+        w = _min1(c, total_norm(sq) if norm is None else norm)  # (B,) sensitive
         return {n: w for n in sq}
 
 

@@ -80,6 +80,19 @@ class NoiseSource:
         z = torch.randn(like.shape, generator=self.generator, dtype=like.dtype)
         return z.mul_(std).to(like.device)
 
+    def noisy_mean(self, total: torch.Tensor, std: float, normalizer: float) -> torch.Tensor:
+        """(total + N(0, std²)) / normalizer: the released update for one parameter.
+
+        Seeded: drawn as N(0, (std/normalizer)²) and added to total/normalizer in one fused
+        pass (the same law; two passes over the parameter instead of four). ``total`` is
+        consumed (reused in place when secure). Extra memory: one parameter-sized tensor.
+        """
+        if std == 0 or self.secure:
+            return self.add_gaussian_(total, std).div_(normalizer)
+        z = torch.empty(total.shape, dtype=total.dtype)
+        z.normal_(0.0, std / normalizer, generator=self.generator)
+        return z.to(total.device).add_(total, alpha=1.0 / normalizer)
+
     def add_gaussian_(self, t: torch.Tensor, std: float, chunk: int = 1 << 16) -> torch.Tensor:
         """t += N(0, std²) in place, drawn ``chunk`` entries at a time (bounded extra memory)."""
         flat = t.view(-1)

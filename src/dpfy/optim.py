@@ -24,7 +24,7 @@ import torch
 
 from dpfy._validate import require
 from dpfy.adaptive.base import AdaptiveMethod, Released
-from dpfy.clipping import ClippingPolicy
+from dpfy.clipping import ClippingPolicy, total_norm
 from dpfy.grads import GradEngine
 from dpfy.noise import NoiseSource, NoisySum
 from dpfy.plan import StepPlan
@@ -236,12 +236,12 @@ class DPOptimizer(torch.optim.Optimizer):
 
     def _accumulate(self, plan: StepPlan) -> None:
         sq = self.grads.per_sample_sq_norms()  # name -> (B,) sensitive
-        norms = torch.sqrt(sum(sq.values()))  # (B,) sensitive
+        norms = total_norm(sq)  # (B,) sensitive
         w = self.schedule.weights(norms, plan) if self.schedule is not None else None
         if w is not None:
             weights = {n: w for n in sq}
         else:
-            weights = self.clipping.weights(sq, plan.clip, index=self.cursor.indices)
+            weights = self.clipping.weights(sq, plan.clip, index=self.cursor.indices, norm=norms)
         self._accumulate_extra(norms, plan)
         sums = self.grads.weighted_sums(weights)  # name -> θ-shaped, sensitive
         if self._acc is None:
@@ -249,7 +249,7 @@ class DPOptimizer(torch.optim.Optimizer):
         else:
             for n, s in sums.items():
                 self._acc[n].add_(s)
-        self._norm_sum += float(norms.sum())  # debug only: NOT private
+        self._norm_sum += norms.sum()  # debug only: NOT private (read once per logical step)
         self._rows += norms.shape[0]
         self.grads.clear()
         del sq, norms, w, weights, sums
@@ -280,11 +280,9 @@ class DPOptimizer(torch.optim.Optimizer):
         sigma = float(plan.noise_multiplier)
         std = sigma * self.clipping.sensitivity(plan.clip)
         b = self.sampler.normalizer
-        for n in self._names:  # in place, one parameter at a time: peak = Σθ + max θ
-            p, acc = self._params[n], self._acc.pop(n)
-            if std > 0:
-                self.noise.add_gaussian_(acc, std)  # released: S + N(0, σ²Δ²)
-            p.grad = acc.div_(b).to(p.dtype)
+        for n in self._names:  # one parameter at a time: peak = Σθ + max θ
+            p = self._params[n]
+            p.grad = self.noise.noisy_mean(self._acc.pop(n), std, b).to(p.dtype)  # released
         released_sums: dict[str, Any] = {}
         for name, (total, _, std) in self._extra.items():
             noisy = self.noise.add_gaussian_(total.double().reshape(-1).clone(), std)
@@ -313,7 +311,8 @@ class DPOptimizer(torch.optim.Optimizer):
             "clip": clip.tolist() if torch.is_tensor(clip) else float(clip),
             "sample_rate": plan.sample_rate, "lr_scale": plan.lr_scale,
             "batch_size": self._rows,
-            "mean_grad_norm_nonprivate": self._norm_sum / self._rows if self._rows else math.nan,
+            "mean_grad_norm_nonprivate": (float(self._norm_sum) / self._rows if self._rows
+                                          else math.nan),
         }
         self.step_count += 1
 
