@@ -78,9 +78,13 @@ CASES = [
     (lambda: nn.Conv2d(2, 3, 4, stride=2, padding=2, padding_mode="reflect"), (2, 2, 8, 9), True),
     (lambda: nn.Conv2d(2, 3, 4, stride=2, padding=1, padding_mode="circular"), (2, 2, 8, 8), True),
     (lambda: nn.Conv2d(2, 3, 3, padding="same", bias=False), (2, 2, 5, 6), True),
+    (lambda: nn.Conv2d(2, 3, (4, 2), padding="same"), (1, 2, 6, 5), True),  # asymmetric pad
+    (lambda: nn.Conv2d(2, 3, 4, stride=2), (2, 2, 11, 12), True),  # last rows/cols unread
     (lambda: nn.Conv2d(1, 4, 8, stride=2, padding=3), (2, 1, 28, 28), True),  # T&B conv1
     (lambda: nn.Conv1d(3, 4, 4, stride=2, padding=1), (2, 3, 11), True),
     (lambda: nn.Conv1d(3, 4, 3, stride=1), (2, 3, 9), True),
+    (lambda: nn.Conv1d(2, 4, 6, stride=3, padding=2, padding_mode="reflect", groups=2),
+     (2, 2, 14), True),
     (lambda: nn.Conv2d(2, 3, 3, stride=2), (2, 2, 9, 9), False),  # stride ∤ kernel
     (lambda: nn.Conv2d(2, 3, 4, stride=2, dilation=2), (2, 2, 12, 12), False),
     (lambda: nn.Conv1d(3, 4, 3, stride=2), (2, 3, 9), False),
