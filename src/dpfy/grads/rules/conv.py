@@ -192,5 +192,5 @@ class ConvRule(LayerRule):
         out = {"weight": dw}
         if layer.bias is not None:
             gb = gw if w["bias"] is w["weight"] else g * w["bias"].to(g.dtype).reshape(shape)
-            out["bias"] = gb.transpose(0, 1).reshape(layer.out_channels, -1).sum(1)
+            out["bias"] = gb.sum([0, *range(2, gb.dim())])  # (C_out,), no transposed copy
         return out
