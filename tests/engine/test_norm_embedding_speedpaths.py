@@ -16,6 +16,7 @@ from torch import nn
 
 import oracles
 from dpfy.grads import GradEngine, rule_for
+from dpfy.grads.rules import groupnorm
 
 RTOL = 1e-9  # float64 throughout: only summation order differs from the loop
 
@@ -173,6 +174,7 @@ def test_layernorm_in_engine():
 # -- GroupNorm ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("groups,x_shape", [
     (2, (3, 4, 5, 6)), (1, (3, 4, 5)), (4, (3, 4, 2, 3)), (2, (3, 4)), (4, (2, 4, 3, 2, 2)),
+    (2, (2, 4, 32, 32)),  # 2048 values per group: the F.group_norm route
 ])
 @pytest.mark.parametrize("zeros", [False, True])
 def test_groupnorm_shapes(groups, x_shape, zeros):
@@ -184,3 +186,7 @@ def test_groupnorm_shapes(groups, x_shape, zeros):
             gn.weight[::2] = 0
         gn.bias.uniform_(-1, 1)
     check_rule(gn, torch.randn(x_shape))
+
+
+def test_groupnorm_routes_both_taken():
+    assert 2 * 32 * 32 >= groupnorm.NATIVE_MIN_GROUP > 4 * 5 * 6
