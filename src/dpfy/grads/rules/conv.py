@@ -18,7 +18,9 @@ then an r_h×r_w stride-1 convolution over the super-pixel grid, a patch is the 
 the r_h·r_w super-pixels at offsets δ from its corner, and the patch Gram is a sum of r_h·r_w
 shifted blocks of the super-pixel Gram: u_l·u_l' = Σ_δ S_{l+δ}·S_{l'+δ}. The super-pixels are
 one copy of the input (no k/s-fold duplication) and their Gram has M² F terms (M super-pixels)
-instead of L² D, e.g. 4× fewer for Tramèr & Boneh's conv2.
+instead of L² D, e.g. 4× fewer for Tramèr & Boneh's conv2 (its ghost norm at B = 256: 1.7 ms
+instead of 3.7 ms alone, -2 ms in the training step). ``prefers_ghost`` still weighs the patch
+route's cost, an upper bound of the super-pixel route's where that one is taken.
 """
 
 from __future__ import annotations
