@@ -19,8 +19,8 @@ the r_h·r_w super-pixels at offsets δ from its corner, and the patch Gram is a
 shifted blocks of the super-pixel Gram: u_l·u_l' = Σ_δ S_{l+δ}·S_{l'+δ}. The super-pixels are
 one copy of the input (no k/s-fold duplication) and their Gram has M² F terms (M super-pixels)
 instead of L² D, e.g. 4× fewer for Tramèr & Boneh's conv2 (its ghost norm at B = 256: 1.7 ms
-instead of 3.7 ms alone, about -1.7 ms in the training step). ``prefers_ghost`` still weighs the patch
-route's cost, an upper bound of the super-pixel route's where that one is taken.
+instead of 3.7 ms alone, about -1.7 ms in the training step). ``prefers_ghost`` still weighs
+the patch route's cost, an upper bound of the super-pixel route's where that one is taken.
 """
 
 from __future__ import annotations
