@@ -80,6 +80,13 @@ def _per_sample_rows(t: torch.Tensor) -> tuple[torch.Tensor, Callable[[torch.Ten
     return p.view(p.shape[0], -1), lambda row: row.view(shape).permute(*inverse)
 
 
+def _row_sums(rows: dict[str, tuple[torch.Tensor, Any]], w: dict[str, torch.Tensor]
+              ) -> dict[str, torch.Tensor]:
+    """Σ_i w_i row_i for materialized per-sample rows, back in each parameter's shape."""
+    return {rel: unflatten(w[rel].to(r.dtype) @ r).contiguous()
+            for rel, (r, unflatten) in rows.items()}
+
+
 @dataclass
 class _Call:
     """One captured forward call of a unit and the gradients its outputs received.
@@ -234,13 +241,22 @@ class GradEngine:
             c = calls[0]
             a, g = c.args[0], c.grads[0]
             if _ghost(u, a, g):
-                self._cache[id(u)] = ("ghost", c)
+                # parameters the rule materializes even on the ghost route (e.g. biases)
+                rows = {rel: _per_sample_rows(t)
+                        for rel, t in u.rule.small_grad_sample(u.module, a, g).items()}
+                self._cache[id(u)] = ("ghost", (c, rows))
                 sq = u.rule.sq_norm(u.module, a, g)
                 s2 = self._scale(b) ** 2
-                return {rel: t * s2 for rel, t in sq.items()} if s2 != 1 else sq
+                sq = {rel: t * s2 for rel, t in sq.items()} if s2 != 1 else sq
+                return {**sq, **self._row_sq_norms(rows, b)}
         gs = self._grad_sample(u, calls)  # sensitive: rel -> (B, *θ.shape), captured scale
         rows = {rel: _per_sample_rows(t) for rel, t in gs.items()}  # sensitive: (B, P) views
         self._cache[id(u)] = ("materialized", rows)
+        return self._row_sq_norms(rows, b)
+
+    def _row_sq_norms(self, rows: dict[str, tuple[torch.Tensor, Any]], b: int
+                      ) -> dict[str, torch.Tensor]:
+        """Squared per-sample norms (B,) of materialized rows (captured scale corrected)."""
         s2 = self._scale(b) ** 2
         return {rel: torch.linalg.vector_norm(r, dim=1).square().mul_(s2)
                 for rel, (r, _) in rows.items()}  # (B,) each, no (B, P) temporary
@@ -277,10 +293,12 @@ class GradEngine:
             if kind == "zero":
                 sums = {rel: torch.zeros_like(p) for rel, p in u.params.items()}
             elif kind == "ghost":
-                sums = u.rule.weighted_sum(u.module, data.args[0], data.grads[0], w)
+                c, rows = data
+                sums = u.rule.weighted_sum(u.module, c.args[0], c.grads[0],
+                                           {rel: t for rel, t in w.items() if rel not in rows})
+                sums.update(_row_sums(rows, w))
             else:
-                sums = {rel: unflatten(w[rel].to(r.dtype) @ r).contiguous()
-                        for rel, (r, unflatten) in data.items()}
+                sums = _row_sums(data, w)
             del data
             for rel, t in sums.items():
                 out[u.qualified(rel)] = t

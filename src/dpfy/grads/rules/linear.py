@@ -3,7 +3,7 @@
 Per-sample gradient of the weight: G_i = Σ_t g_{i,t} a_{i,t}^T  (d_out, d_in).
 Ghost norm (Goodfellow 2015; Li et al. 2022): ‖G_i‖_F² = Σ_{t,t'} (a_t·a_t')(g_t·g_t'),
 i.e. ⟨A_i A_iᵀ, G_i G_iᵀ⟩ with A_i (T, d_in), G_i (T, d_out); for T = 1 it is ‖a_i‖²‖g_i‖².
-Bias: G_i = Σ_t g_{i,t}.
+Bias: G_i = Σ_t g_{i,t}, materialized on both routes (``small_grad_sample``).
 
 Cost: ghost B·T²·(d_in + d_out), materialized B·T·d_in·d_out; we take ghost when
 T² < d_in·d_out (fast-differential-privacy's hybrid rule, shared/reference/003 §2.6). For T = 1
@@ -46,21 +46,23 @@ class LinearRule(LayerRule):
         t = a[0].numel() // a.shape[-1] if a.shape[0] else 1
         return t * t < layer.in_features * layer.out_features
 
+    def small_grad_sample(self, layer, a, g):
+        if layer.bias is None:
+            return {}
+        g = g.reshape(g.shape[0], -1, g.shape[-1])  # (B, T, d_out)
+        # bias per-sample gradients: one pass over g (a view when T = 1); their norm and their
+        # weighted sum are then read from these B·d_out numbers, not from g again
+        return {"bias": g[:, 0] if g.shape[1] == 1 else g.sum(1)}  # (B, d_out) sensitive
+
     def sq_norm(self, layer, a, g):
         a, g = _as_seq(a, g)  # (B, T, d_in), (B, T, d_out)
         if a.shape[1] == 1:
             # vector_norm reduces without a (B, d) temporary: memory matters for wide inputs
-            g_sq = torch.linalg.vector_norm(g, dim=(1, 2)).square()  # (B,) = bias norm too
-            out = {"weight": torch.linalg.vector_norm(a, dim=(1, 2)).square() * g_sq}
-            if layer.bias is not None:
-                out["bias"] = g_sq
-            return out
+            return {"weight": (torch.linalg.vector_norm(a, dim=(1, 2)) *
+                               torch.linalg.vector_norm(g, dim=(1, 2))).square()}  # (B,)
         aa = torch.bmm(a, a.transpose(1, 2))  # (B, T, T) sensitive
         gg = torch.bmm(g, g.transpose(1, 2))  # (B, T, T) sensitive
-        out = {"weight": (aa * gg).sum((1, 2))}  # (B,)
-        if layer.bias is not None:
-            out["bias"] = g.sum(1).square().sum(1)  # (B,)
-        return out
+        return {"weight": (aa * gg).sum((1, 2))}  # (B,)
 
     def weighted_sum(self, layer, a, g, w):
         a, g = _as_seq(a, g)  # (B, T, d_in), (B, T, d_out)
@@ -70,8 +72,4 @@ class LinearRule(LayerRule):
             a, gw = a * ww[:, None, None], g
         else:
             a, gw = a, g * ww[:, None, None]
-        out = {"weight": gw.reshape(-1, gw.shape[-1]).T @ a.reshape(-1, a.shape[-1])}
-        if layer.bias is not None:
-            wt = w["bias"].to(g.dtype).repeat_interleave(g.shape[1])  # (B·T,) sensitive
-            out["bias"] = g.reshape(-1, g.shape[-1]).T @ wt  # (d_out,), no (B, d) temporary
-        return out
+        return {"weight": gw.reshape(-1, gw.shape[-1]).T @ a.reshape(-1, a.shape[-1])}
