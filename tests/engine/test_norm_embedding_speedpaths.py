@@ -81,6 +81,8 @@ def check_engine(model: nn.Module, x: torch.Tensor) -> None:
     torch.tensor([[1, 2, 1, 1, 3], [0, 0, 2, 2, 2], [3, 1, 0, 2, 4]]),  # repeats, one distinct row
     torch.tensor([[0, 1, 2, 3, 4], [4, 3, 2, 1, 0], [2, 0, 4, 1, 3]]),  # every row distinct
     torch.tensor([[2], [0], [2]]),  # T = 1
+    torch.arange(5).repeat(3, 1),  # the same distinct ids in every example (positions)
+    torch.tensor([[3, 0, 3, 1, 2]] * 3),  # the same ids in every example, with repeats
     torch.tensor([[[1, 1], [2, 0]], [[0, 0], [0, 0]], [[4, 3], [2, 1]]]),  # (B, 2, 2) ids
 ])
 def test_embedding_ids(ids, pad):

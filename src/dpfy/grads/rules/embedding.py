@@ -6,7 +6,9 @@ example's ids gives every position the slot of its id among the example's distin
 summed into their slots (B·T·d work and memory, where the pairwise form Σ_{t,t'} 1[x_t = x_t']
 (g_t·g_t') costs B·T²·d and a (B, T, T) mask), and the squared norms of the slots add up per
 example. When no example repeats an id (position ids, for instance) S_v is a single g_t and the
-norm is Σ_t ‖g_t‖², with no scatter at all. The ghost route is always used.
+norm is Σ_t ‖g_t‖², with no scatter at all. The ghost route is always used. When every example
+has the same ids (positions again), the weighted sum weights g over examples first (T·d rows to
+scatter instead of B·T·d).
 
 ``padding_idx`` rows receive no gradient, as in torch. ``max_norm`` renormalizes the table in
 place during the forward, which this rule does not model, so it is refused.
@@ -70,9 +72,16 @@ class EmbeddingRule(LayerRule):
 
     def weighted_sum(self, layer, a, g, w):
         x, g = _flat(layer, a, g)
-        gw = (g * w["weight"].to(g.dtype)[:, None, None]).reshape(-1, g.shape[-1])  # (B·T, d)
+        b, t, d = g.shape
+        wb = w["weight"].to(g.dtype)  # (B,)
+        if bool((x == x[:1]).all()):  # the same ids in every example, e.g. positions
+            rows = x[0]  # (T,): weight over examples first, one matrix-vector product
+            gw = torch.mv(g.reshape(b, t * d).t(), wb).view(t, d)  # Σ_i w_i g_i, sensitive
+        else:
+            rows = x.reshape(-1)  # (B·T,)
+            gw = (g * wb[:, None, None]).reshape(-1, d)  # (B·T, d) sensitive
         out = torch.zeros_like(layer.weight)
-        out.index_add_(0, x.reshape(-1), gw.to(out.dtype))
+        out.index_add_(0, rows, gw.to(out.dtype))
         if layer.padding_idx is not None:
             out[layer.padding_idx] = 0  # only padding positions were added there
         return {"weight": out}
