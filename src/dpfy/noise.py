@@ -80,18 +80,23 @@ class NoiseSource:
         z = torch.randn(like.shape, generator=self.generator, dtype=like.dtype)
         return z.mul_(std).to(like.device)
 
-    def noisy_mean(self, total: torch.Tensor, std: float, normalizer: float) -> torch.Tensor:
-        """(total + N(0, std²)) / normalizer: the released update for one parameter.
+    def noisy_mean(self, total: torch.Tensor, std: float, normalizer: float,
+                   chunk: int = 1 << 16) -> torch.Tensor:
+        """(total + N(0, std²)) / normalizer, in place on ``total``: the released update.
 
-        Seeded: drawn as N(0, (std/normalizer)²) and added to total/normalizer in one fused
-        pass (the same law; two passes over the parameter instead of four). ``total`` is
-        consumed (reused in place when secure). Extra memory: one parameter-sized tensor.
+        Seeded: each ``chunk`` of total/normalizer gets N(0, (std/normalizer)²) added (the same
+        law), drawn into one reused chunk-sized buffer that stays in cache, so the extra memory
+        is one chunk and each entry is touched twice. Secure: :meth:`add_gaussian_`, then divide.
         """
         if std == 0 or self.secure:
             return self.add_gaussian_(total, std).div_(normalizer)
-        z = torch.empty(total.shape, dtype=total.dtype)
-        z.normal_(0.0, std / normalizer, generator=self.generator)
-        return z.to(total.device).add_(total, alpha=1.0 / normalizer)
+        flat = total.view(-1)
+        buf = torch.empty(min(chunk, flat.numel()), dtype=total.dtype)
+        for start in range(0, flat.numel(), chunk):
+            part = flat[start:start + chunk]
+            z = buf[:part.numel()].normal_(0.0, std / normalizer, generator=self.generator)
+            part.div_(normalizer).add_(z.to(part.device))
+        return total
 
     def add_gaussian_(self, t: torch.Tensor, std: float, chunk: int = 1 << 16) -> torch.Tensor:
         """t += N(0, std²) in place, drawn ``chunk`` entries at a time (bounded extra memory)."""
