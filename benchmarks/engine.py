@@ -4,9 +4,10 @@
 
 CPU, threads pinned (1 by default), batch 256, Fashion-MNIST-shaped input (1×28×28; the encoder
 gets 256 sequences of 32 token ids). For every model all rows run in ONE process and are
-*interleaved*: each round times one step of every row, so load from other processes hits all rows
-alike; we report the median over rounds of wall time and of process CPU time (the latter is
-less sensitive to waiting for a core on a shared machine). A step is zero_grad + forward + loss + backward +
+*interleaved*: each round times one step of every row, in a fresh random order (seeded), so load
+from other processes and the cache state a previous row leaves behind hit all rows alike. We
+report the median over rounds of wall time and of process CPU time (the latter is less sensitive
+to waiting for a core on a shared machine). A step is zero_grad + forward + loss + backward +
 optimizer.step on the same fixed batch (data loading is excluded for every row).
 
 Page faults / step: median count of minor page faults during one step (``getrusage``): memory
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import resource
 import statistics
 import sys
@@ -141,8 +143,11 @@ def bench(name: str, rounds: int, rows: list[str]
     times: dict[str, list[float]] = {r: [] for r in rows}
     cpu: dict[str, list[float]] = {r: [] for r in rows}
     faults: dict[str, list[int]] = {r: [] for r in rows}
+    order = list(steps.items())
+    shuffle = random.Random(0).shuffle
     for _ in range(rounds):
-        for r, s in steps.items():
+        shuffle(order)  # no row always runs right after the same other row (cache state)
+        for r, s in order:
             f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             c0, t0 = time.process_time(), time.perf_counter()
             s()

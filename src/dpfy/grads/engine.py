@@ -149,7 +149,8 @@ class GradEngine:
             b = next((a.shape[0] for a in xs if torch.is_tensor(a)), 0)
             call = _Call(xs, {k: v.detach() if torch.is_tensor(v) else v
                               for k, v in kwargs.items()}, b)
-            leaves, spec = tree_flatten(output)
+            single = torch.is_tensor(output)  # the common case: no pytree round trip
+            leaves, spec = ([output], None) if single else tree_flatten(output)
             tensors = [k for k, t in enumerate(leaves) if torch.is_tensor(t)]
             call.grads = [None] * len(tensors)
             tapped = False
@@ -162,7 +163,9 @@ class GradEngine:
                 else:  # our frozen weights made it constant: tap it (see _Tap)
                     leaves[k], tapped = _Tap.apply(self._anchor, t, self._keeper(unit, call, j)), True
             calls.append(call)
-            return tree_unflatten(leaves, spec) if tapped else None
+            if not tapped:
+                return None
+            return leaves[0] if single else tree_unflatten(leaves, spec)
         return hook
 
     def _keeper(self, unit: Unit, call: _Call, k: int):
