@@ -183,7 +183,8 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     rows = args.rows.split(",")
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, batch {BATCH}, "
-          f"rounds {args.rounds}, warm {args.warm}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
+          f"rounds {args.rounds}, warm {args.warm}, "
+          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
     print("| model | row | median step (ms) | time × non-private | CPU time × non-private "
           "| peak mem × non-private | page faults / step |")
     print("|---|---|---:|---:|---:|---:|---:|")

@@ -64,7 +64,10 @@ class _Tap(torch.autograd.Function):
         return None, None, None
 
 
-def _per_sample_rows(t: torch.Tensor) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+Rows = tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]  # (B, P) view, unflatten
+
+
+def _per_sample_rows(t: torch.Tensor) -> Rows:
     """Per-sample gradients (B, *θ) as a (B, P) matrix, without a copy when possible.
 
     Rules may return per-sample gradients as a permuted view (the layout their batched matmul
@@ -80,8 +83,7 @@ def _per_sample_rows(t: torch.Tensor) -> tuple[torch.Tensor, Callable[[torch.Ten
     return p.view(p.shape[0], -1), lambda row: row.view(shape).permute(*inverse)
 
 
-def _row_sums(rows: dict[str, tuple[torch.Tensor, Any]], w: dict[str, torch.Tensor]
-              ) -> dict[str, torch.Tensor]:
+def _row_sums(rows: dict[str, Rows], w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Σ_i w_i row_i for materialized per-sample rows, back in each parameter's shape."""
     return {rel: unflatten(w[rel].to(r.dtype) @ r).contiguous()
             for rel, (r, unflatten) in rows.items()}
@@ -161,7 +163,8 @@ class GradEngine:
                 if t.requires_grad:
                     t.register_hook(self._keeper(unit, call, j))
                 else:  # our frozen weights made it constant: tap it (see _Tap)
-                    leaves[k], tapped = _Tap.apply(self._anchor, t, self._keeper(unit, call, j)), True
+                    leaves[k] = _Tap.apply(self._anchor, t, self._keeper(unit, call, j))
+                    tapped = True
             calls.append(call)
             if not tapped:
                 return None
@@ -257,8 +260,7 @@ class GradEngine:
         self._cache[id(u)] = ("materialized", rows)
         return self._row_sq_norms(rows, b)
 
-    def _row_sq_norms(self, rows: dict[str, tuple[torch.Tensor, Any]], b: int
-                      ) -> dict[str, torch.Tensor]:
+    def _row_sq_norms(self, rows: dict[str, Rows], b: int) -> dict[str, torch.Tensor]:
         """Squared per-sample norms (B,) of materialized rows (captured scale corrected)."""
         s2 = self._scale(b) ** 2
         return {rel: torch.linalg.vector_norm(r, dim=1).square().mul_(s2)
