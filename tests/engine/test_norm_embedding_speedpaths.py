@@ -173,6 +173,27 @@ def test_layernorm_in_engine():
     check_engine(Net(), torch.randn(3, 6, 4))
 
 
+@pytest.mark.parametrize("shape,x_shape", [((5,), (3, 4, 5)), ((3, 4), (3, 2, 3, 4))])
+def test_layernorm_reuses_the_forwards_statistics(shape, x_shape):
+    # capture() reads mean and 1/std from the output's autograd node (input requires grad);
+    # grad_sample with them equals the loop, and equals the recomputing route
+    torch.manual_seed(0)
+    ln = _layernorm(shape).double()
+    ln.requires_grad_(False)
+    x = torch.randn(x_shape, dtype=torch.float64)
+    rule, g = rule_for(ln), captured(ln, x)
+    saved = rule.capture(ln, ln(x.clone().requires_grad_(True)))
+    lead = x_shape[:x.dim() - len(shape)]
+    assert saved is not None and saved[0].shape == lead + (1,) * len(shape)
+    assert rule.capture(ln, ln(x)) is None  # a constant input: no autograd node, recompute
+    ref = oracles.per_example_grads(ln, x, torch.arange(x.shape[0]) % 2, loss_sum)
+    with_saved = rule.grad_sample(ln, x, g, saved=saved)
+    for n, want in ref.items():
+        torch.testing.assert_close(with_saved[n], want, rtol=RTOL, atol=1e-12)
+        torch.testing.assert_close(with_saved[n], rule.grad_sample(ln, x, g)[n],
+                                   rtol=RTOL, atol=1e-12)
+
+
 # -- GroupNorm ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("groups,x_shape", [
     (2, (3, 4, 5, 6)), (1, (3, 4, 5)), (4, (3, 4, 2, 3)), (2, (3, 4)), (4, (2, 4, 3, 2, 2)),

@@ -89,6 +89,13 @@ def _row_sums(rows: dict[str, Rows], w: dict[str, torch.Tensor]) -> dict[str, to
             for rel, (r, unflatten) in rows.items()}
 
 
+def _rule_grad_sample(unit: Unit, call: "_Call", g: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The rule's per-sample gradients for one call, with what its ``capture`` kept."""
+    if call.saved is None:
+        return unit.rule.grad_sample(unit.module, call.args[0], g)
+    return unit.rule.grad_sample(unit.module, call.args[0], g, saved=call.saved)
+
+
 @dataclass
 class _Call:
     """One captured forward call of a unit and the gradients its outputs received.
@@ -103,6 +110,7 @@ class _Call:
     batch_size: int
     grads: list[torch.Tensor | None] = field(default_factory=list)  # per output leaf, sensitive
     eager: dict[str, torch.Tensor] | None = None  # per-sample gradients (B, *θ), sensitive
+    saved: Any = None                           # the rule's ``capture`` of the output, sensitive
 
     @property
     def used(self) -> bool:
@@ -152,6 +160,8 @@ class GradEngine:
             call = _Call(xs, {k: v.detach() if torch.is_tensor(v) else v
                               for k, v in kwargs.items()}, b)
             single = torch.is_tensor(output)  # the common case: no pytree round trip
+            if single and unit.rule is not None:
+                call.saved = unit.rule.capture(module, output)
             leaves, spec = ([output], None) if single else tree_flatten(output)
             tensors = [k for k, t in enumerate(leaves) if torch.is_tensor(t)]
             call.grads = [None] * len(tensors)
@@ -176,10 +186,11 @@ class GradEngine:
             rule = unit.rule
             if (rule is not None and len(call.grads) == 1 and call.batch_size > 0
                     and (call.eager is not None or not _ghost(unit, call.args[0], grad))):
-                gs = rule.grad_sample(unit.module, call.args[0], grad)  # sensitive
+                gs = _rule_grad_sample(unit, call, grad)  # sensitive
                 call.eager = gs if call.eager is None else {
                     n: call.eager[n] + t for n, t in gs.items()}
                 call.args = (call.args[0][:0],) + call.args[1:]  # keep dtype/shape info only
+                call.saved = None
                 return
             call.grads[k] = grad if call.grads[k] is None else call.grads[k] + grad
         return keep
@@ -273,7 +284,7 @@ class GradEngine:
             if c.eager is not None:
                 gs = c.eager
             elif u.rule is not None:
-                gs = u.rule.grad_sample(u.module, c.args[0], c.grads[0])
+                gs = _rule_grad_sample(u, c, c.grads[0])
             else:
                 gs = vmap_grad_sample(u.module, u.name, u.params, c.args, c.kwargs, c.grads)
             for rel, t in gs.items():

@@ -19,7 +19,7 @@ forward may differ); it goes to the vmap engine and ``dpfy explain`` says so.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -52,6 +52,13 @@ class LayerRule:
 
     def prefers_ghost(self, layer: nn.Module, a: torch.Tensor, g: torch.Tensor) -> bool:
         return False
+
+    def capture(self, layer: nn.Module, output: torch.Tensor) -> Any:
+        """Called in the forward hook: values the layer's own forward already computed that
+        ``grad_sample`` can reuse instead of recomputing them (e.g. LayerNorm's mean and
+        1/std, read from the output's autograd node), or None. A rule that returns something
+        here receives it as ``grad_sample(layer, a, g, saved=...)``. Default: None."""
+        return None
 
     def small_grad_sample(self, layer: nn.Module, a: torch.Tensor, g: torch.Tensor
                           ) -> dict[str, torch.Tensor]:
