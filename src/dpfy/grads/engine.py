@@ -258,14 +258,10 @@ class GradEngine:
             c = calls[0]
             a, g = c.args[0], c.grads[0]
             if _ghost(u, a, g):
-                # parameters the rule materializes even on the ghost route (e.g. biases)
-                rows = {rel: _per_sample_rows(t)
-                        for rel, t in u.rule.small_grad_sample(u.module, a, g).items()}
-                self._cache[id(u)] = ("ghost", (c, rows))
+                self._cache[id(u)] = ("ghost", c)
                 sq = u.rule.sq_norm(u.module, a, g)
                 s2 = self._scale(b) ** 2
-                sq = {rel: t * s2 for rel, t in sq.items()} if s2 != 1 else sq
-                return {**sq, **self._row_sq_norms(rows, b)}
+                return {rel: t * s2 for rel, t in sq.items()} if s2 != 1 else sq
         gs = self._grad_sample(u, calls)  # sensitive: rel -> (B, *θ.shape), captured scale
         rows = {rel: _per_sample_rows(t) for rel, t in gs.items()}  # sensitive: (B, P) views
         self._cache[id(u)] = ("materialized", rows)
@@ -309,10 +305,7 @@ class GradEngine:
             if kind == "zero":
                 sums = {rel: torch.zeros_like(p) for rel, p in u.params.items()}
             elif kind == "ghost":
-                c, rows = data
-                sums = u.rule.weighted_sum(u.module, c.args[0], c.grads[0],
-                                           {rel: t for rel, t in w.items() if rel not in rows})
-                sums.update(_row_sums(rows, w))
+                sums = u.rule.weighted_sum(u.module, data.args[0], data.grads[0], w)
             else:
                 sums = _row_sums(data, w)
             del data

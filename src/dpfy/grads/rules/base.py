@@ -60,14 +60,6 @@ class LayerRule:
         here receives it as ``grad_sample(layer, a, g, saved=...)``. Default: None."""
         return None
 
-    def small_grad_sample(self, layer: nn.Module, a: torch.Tensor, g: torch.Tensor
-                          ) -> dict[str, torch.Tensor]:
-        """On the ghost route, per-sample gradients of parameters that are cheap to materialize
-        (a bias: (B, d_out)). The engine takes their norms and weighted sums itself, so
-        ``sq_norm`` and ``weighted_sum`` then cover only the remaining parameters (and
-        ``weighted_sum`` receives weights for those only). Default: none."""
-        return {}
-
     def weighted_sum(self, layer: nn.Module, a: torch.Tensor, g: torch.Tensor,
                      w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Σ_i w_i ∂ℓ_i/∂θ. Default: contract the materialized per-sample gradients."""

@@ -3,7 +3,9 @@
 Per-sample gradient of the weight: G_i = Σ_t g_{i,t} a_{i,t}^T  (d_out, d_in).
 Ghost norm (Goodfellow 2015; Li et al. 2022): ‖G_i‖_F² = Σ_{t,t'} (a_t·a_t')(g_t·g_t'),
 i.e. ⟨A_i A_iᵀ, G_i G_iᵀ⟩ with A_i (T, d_in), G_i (T, d_out); for T = 1 it is ‖a_i‖²‖g_i‖².
-Bias: G_i = Σ_t g_{i,t}, materialized on both routes (``small_grad_sample``).
+Bias: G_i = Σ_t g_{i,t}; its ghost norm ‖Σ_t g_t‖² = 1ᵀ(G_i G_iᵀ)1 is the sum of the output
+gradient's Gram matrix, which the weight's ghost norm forms anyway (‖g_i‖² for T = 1), so the
+bias costs no pass over g of its own until the weighted sum.
 
 Cost: ghost B·T²·(d_in + d_out), materialized B·T·d_in·d_out; we take ghost when
 T² < d_in·d_out (fast-differential-privacy's hybrid rule, shared/reference/003 §2.6). For T = 1
@@ -46,30 +48,36 @@ class LinearRule(LayerRule):
         t = a[0].numel() // a.shape[-1] if a.shape[0] else 1
         return t * t < layer.in_features * layer.out_features
 
-    def small_grad_sample(self, layer, a, g):
-        if layer.bias is None:
-            return {}
-        g = g.reshape(g.shape[0], -1, g.shape[-1])  # (B, T, d_out)
-        # bias per-sample gradients: one pass over g (a view when T = 1); their norm and their
-        # weighted sum are then read from these B·d_out numbers, not from g again
-        return {"bias": g[:, 0] if g.shape[1] == 1 else g.sum(1)}  # (B, d_out) sensitive
-
     def sq_norm(self, layer, a, g):
         a, g = _as_seq(a, g)  # (B, T, d_in), (B, T, d_out)
         if a.shape[1] == 1:
             # vector_norm reduces without a (B, d) temporary: memory matters for wide inputs
-            return {"weight": (torch.linalg.vector_norm(a, dim=(1, 2)) *
-                               torch.linalg.vector_norm(g, dim=(1, 2))).square()}  # (B,)
-        aa = torch.bmm(a, a.transpose(1, 2))  # (B, T, T) sensitive
-        gg = torch.bmm(g, g.transpose(1, 2))  # (B, T, T) sensitive
-        return {"weight": (aa * gg).sum((1, 2))}  # (B,)
+            g_sq = torch.linalg.vector_norm(g, dim=(1, 2)).square()  # (B,) = the bias's norm
+            out = {"weight": torch.linalg.vector_norm(a, dim=(1, 2)).square() * g_sq}
+        else:
+            aa = torch.bmm(a, a.transpose(1, 2))  # (B, T, T) sensitive
+            gg = torch.bmm(g, g.transpose(1, 2))  # (B, T, T) sensitive
+            out = {"weight": (aa * gg).sum((1, 2))}  # (B,)
+            g_sq = gg.sum((1, 2))  # (B,) ‖Σ_t g_t‖²
+        if layer.bias is not None:
+            out["bias"] = g_sq
+        return out
 
     def weighted_sum(self, layer, a, g, w):
         a, g = _as_seq(a, g)  # (B, T, d_in), (B, T, d_out)
+        d_out = g.shape[-1]
         ww = w["weight"].to(g.dtype)  # (B,) sensitive
         # Σ_i w_i G_iᵀ A_i: scale whichever operand is smaller, then one (d_out, d_in) matmul
-        if a.shape[-1] < g.shape[-1]:
-            a, gw = a * ww[:, None, None], g
+        if a.shape[-1] < d_out:
+            out = {"weight": g.reshape(-1, d_out).T @ (a * ww[:, None, None]).flatten(0, 1)}
+            gw = None
         else:
-            a, gw = a, g * ww[:, None, None]
-        return {"weight": gw.reshape(-1, gw.shape[-1]).T @ a.reshape(-1, a.shape[-1])}
+            gw = g * ww[:, None, None]  # (B, T, d_out) sensitive
+            out = {"weight": gw.reshape(-1, d_out).T @ a.flatten(0, 1)}
+        if layer.bias is not None:
+            if gw is not None and w["bias"] is w["weight"]:
+                out["bias"] = gw.sum((0, 1))  # (d_out,)
+            else:  # Σ_i w_i Σ_t g_it as one matrix-vector product, no (B, T, d) temporary
+                wt = w["bias"].to(g.dtype).repeat_interleave(g.shape[1])  # (B·T,) sensitive
+                out["bias"] = g.reshape(-1, d_out).T @ wt
+        return out
