@@ -37,3 +37,27 @@ def test_inplace_relu_after_the_first_layer_matches_the_loop(engine):
     for n, g in ref.items():
         assert rel(sums[n], torch.einsum("b,b...->...", w, g)) < 1e-9, n
     assert anchor.grad is None and all(p.grad is None for p in model.parameters())
+
+
+def test_input_modified_in_place_after_the_layer_is_refused():
+    # with frozen weights autograd no longer saves a Linear's input, so only the engine can
+    # notice that its captured input changed before backward (it would give wrong gradients)
+    class InPlace(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 2)
+
+        def forward(self, x):
+            h = self.a(x) * 2.0  # nothing saves h for backward
+            out = self.b(h)
+            h.add_(1.0)  # h is b's input: changed after b ran
+            return out
+
+    model = InPlace()
+    eng = GradEngine(model)
+    try:
+        F.cross_entropy(model(torch.randn(5, 4)), torch.randint(0, 2, (5,))).backward()
+        with pytest.raises(ValueError, match=r"input of layer 'b'.*modified in place.*x = x \+"):
+            eng.per_sample_sq_norms()
+    finally:
+        eng.detach()

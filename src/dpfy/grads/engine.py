@@ -96,6 +96,31 @@ def _rule_grad_sample(unit: Unit, call: "_Call", g: torch.Tensor) -> dict[str, t
     return unit.rule.grad_sample(unit.module, call.args[0], g, saved=call.saved)
 
 
+def _version(t: Any) -> int | None:
+    """A tensor's in-place version counter (None: not a tensor, or one that has none)."""
+    if not torch.is_tensor(t):
+        return None
+    try:
+        return t._version
+    except RuntimeError:  # e.g. inference tensors
+        return None
+
+
+def _check_unchanged(unit: Unit, call: "_Call") -> None:
+    """Refuse inputs that were modified in place after the layer ran.
+
+    With its weights frozen, autograd no longer saves a layer's input, so nothing else would
+    notice: the per-sample gradients would be computed from the modified values.
+    """
+    for a, v in zip(call.args, call.versions):
+        if v is not None and _version(a) != v:
+            raise ValueError(
+                f"the input of layer {unit.name or '(root)'!r} ({type(unit.module).__name__}) must "
+                f"not change after the layer ran, got it modified in place before backward() "
+                f"(version {v} -> {_version(a)}). Use an out-of-place operation there, e.g. "
+                f"x = x + f(x) instead of x += f(x)")
+
+
 @dataclass
 class _Call:
     """One captured forward call of a unit and the gradients its outputs received.
@@ -111,6 +136,7 @@ class _Call:
     grads: list[torch.Tensor | None] = field(default_factory=list)  # per output leaf, sensitive
     eager: dict[str, torch.Tensor] | None = None  # per-sample gradients (B, *θ), sensitive
     saved: Any = None                           # the rule's ``capture`` of the output, sensitive
+    versions: tuple[int | None, ...] = ()       # version counters of the tensor args at capture
 
     @property
     def used(self) -> bool:
@@ -159,6 +185,7 @@ class GradEngine:
             b = next((a.shape[0] for a in xs if torch.is_tensor(a)), 0)
             call = _Call(xs, {k: v.detach() if torch.is_tensor(v) else v
                               for k, v in kwargs.items()}, b)
+            call.versions = tuple(_version(a) for a in xs)
             single = torch.is_tensor(output)  # the common case: no pytree round trip
             if single and unit.rule is not None:
                 call.saved = unit.rule.capture(module, output)
@@ -186,6 +213,7 @@ class GradEngine:
             rule = unit.rule
             if (rule is not None and len(call.grads) == 1 and call.batch_size > 0
                     and (call.eager is not None or not _ghost(unit, call.args[0], grad))):
+                _check_unchanged(unit, call)
                 gs = _rule_grad_sample(unit, call, grad)  # sensitive
                 call.eager = gs if call.eager is None else {
                     n: call.eager[n] + t for n, t in gs.items()}
@@ -254,6 +282,8 @@ class GradEngine:
         if not calls or b == 0:  # an empty batch, or a unit the loss did not depend on
             self._cache[id(u)] = ("zero", None)
             return {rel: p.new_zeros(b) for rel, p in u.params.items()}
+        for c in calls:
+            _check_unchanged(u, c)
         if u.rule is not None and len(calls) == 1 and calls[0].eager is None:
             c = calls[0]
             a, g = c.args[0], c.grads[0]
