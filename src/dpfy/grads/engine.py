@@ -327,7 +327,8 @@ class GradEngine:
         """
         out: dict[str, torch.Tensor] = {}
         s = self._scale(self._b)
-        scaled = {id(t): t * s if s != 1.0 else t for t in weights.values()}  # shared stay shared
+        unique = {id(t): t for t in weights.values()}  # a shared weight tensor is scaled once
+        scaled = {k: t * s for k, t in unique.items()} if s != 1.0 else unique
         for u in reversed(self.units):
             kind, data = self._cache.pop(id(u))
             self._calls[id(u)].clear()
