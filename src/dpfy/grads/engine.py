@@ -4,8 +4,8 @@ Attach it to a model and it
 
 1. *freezes* the trainable parameters (``requires_grad=False``) so autograd no longer computes
    the non-private parameter gradient (that matmul is replaced by our weighted sum, so a private
-   step costs about what a non-private one does), and makes layer outputs require grad where
-   needed so that ``loss.backward()`` still runs;
+   step costs about what a non-private one does), and taps constant layer outputs (``_Tap``)
+   so that ``loss.backward()`` still reaches them;
 2. captures each unit's inputs (forward hook) and output gradients (tensor hook) during the
    user's forward and backward;
 3. on request computes per-sample squared norms per parameter, ‖∂ℓ_i/∂θ_k‖² (B,), by ghost norm
@@ -14,7 +14,8 @@ Attach it to a model and it
    activations; no second backward).
 
 ``loss_reduction="mean"`` means the user's loss is (1/B)Σ_i ℓ_i over the physical batch of B
-rows, so captured gradients are rescaled by B to be example i's own gradient.
+rows, so example i's own gradient is B times the captured one; the factor is applied to the
+norms (B²) and the weights (B), never in a pass over the captured tensors.
 """
 
 from __future__ import annotations
@@ -295,10 +296,6 @@ class GradEngine:
         gs = self._grad_sample(u, calls)  # sensitive: rel -> (B, *θ.shape), captured scale
         rows = {rel: _per_sample_rows(t) for rel, t in gs.items()}  # sensitive: (B, P) views
         self._cache[id(u)] = ("materialized", rows)
-        return self._row_sq_norms(rows, b)
-
-    def _row_sq_norms(self, rows: dict[str, Rows], b: int) -> dict[str, torch.Tensor]:
-        """Squared per-sample norms (B,) of materialized rows (captured scale corrected)."""
         s2 = self._scale(b) ** 2
         return {rel: torch.linalg.vector_norm(r, dim=1).square().mul_(s2)
                 for rel, (r, _) in rows.items()}  # (B,) each, no (B, P) temporary
