@@ -61,3 +61,18 @@ def test_input_modified_in_place_after_the_layer_is_refused():
             eng.per_sample_sq_norms()
     finally:
         eng.detach()
+
+
+def test_input_changed_after_its_per_sample_gradients_were_formed_is_fine():
+    # a LayerNorm's per-sample gradients are formed in the backward hook; changing its input
+    # afterwards (here: the user's batch, reused as a buffer) must not be refused
+    model = nn.Sequential(nn.LayerNorm(4), nn.Linear(4, 2))
+    eng = GradEngine(model)
+    x = torch.randn(5, 4)
+    try:
+        F.cross_entropy(model(x), torch.randint(0, 2, (5,))).backward()
+        x.add_(1.0)
+        sq = eng.per_sample_sq_norms()
+        assert set(sq) == {"0.weight", "0.bias", "1.weight", "1.bias"}
+    finally:
+        eng.detach()

@@ -219,7 +219,7 @@ class GradEngine:
                 call.eager = gs if call.eager is None else {
                     n: call.eager[n] + t for n, t in gs.items()}
                 call.args = (call.args[0][:0],) + call.args[1:]  # keep dtype/shape info only
-                call.saved = None
+                call.saved, call.versions = None, ()  # used up: later changes do not matter
                 return
             call.grads[k] = grad if call.grads[k] is None else call.grads[k] + grad
         return keep
