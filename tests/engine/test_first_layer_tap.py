@@ -76,3 +76,34 @@ def test_input_changed_after_its_per_sample_gradients_were_formed_is_fine():
         assert set(sq) == {"0.weight", "0.bias", "1.weight", "1.bias"}
     finally:
         eng.detach()
+
+
+def test_bfloat16_autocast_norms_and_sums_are_float32_and_match_a_per_example_loop():
+    # under autocast the captured activations and gradients are bfloat16; rule units work on
+    # float32 copies, so norms (which decide the clipping) and sums are float32, and they match
+    # a per-example loop run under the same autocast to bfloat16 accuracy
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 3, 3), nn.ReLU(), nn.Flatten(), nn.Linear(48, 8),
+                          nn.LayerNorm(8), nn.Linear(8, 2))
+    x, y = torch.randn(6, 1, 6, 6), torch.randint(0, 2, (6,))
+    ref = []
+    for i in range(6):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x[i:i + 1]), y[i:i + 1])
+        loss.backward()
+        ref.append(torch.sqrt(sum(p.grad.float().square().sum() for p in model.parameters())))
+    model.zero_grad(set_to_none=True)
+    eng = GradEngine(model, loss_reduction="sum")
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x), y, reduction="sum")
+        loss.backward()
+        sq = eng.per_sample_sq_norms()
+        sums = eng.weighted_sums({n: torch.ones(6) for n in sq})
+    finally:
+        eng.detach()
+    assert all(t.dtype == torch.float32 for t in sq.values())
+    assert all(t.dtype == torch.float32 for t in sums.values())
+    err = rel(torch.sqrt(sum(sq.values())), torch.stack(ref))
+    assert err < 5e-3  # observed 3e-4

@@ -97,6 +97,15 @@ def _rule_grad_sample(unit: Unit, call: "_Call", g: torch.Tensor) -> dict[str, t
     return unit.rule.grad_sample(unit.module, call.args[0], g, saved=call.saved)
 
 
+def _at_least_float32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32 if it is a half-precision float (autocast), else unchanged.
+
+    Per-sample norms decide the clipping, and a norm under-estimated in bfloat16 (3 significant
+    digits) would let an example contribute more than C: rule units work in float32 at least.
+    """
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
 def _version(t: Any) -> int | None:
     """A tensor's in-place version counter (None: not a tensor, or one that has none)."""
     if not torch.is_tensor(t):
@@ -183,6 +192,8 @@ class GradEngine:
             if not torch.is_grad_enabled():
                 return None
             xs = tuple(a.detach() if torch.is_tensor(a) else a for a in args)
+            if unit.rule is not None and xs and torch.is_tensor(xs[0]):
+                xs = (_at_least_float32(xs[0]),) + xs[1:]
             b = next((a.shape[0] for a in xs if torch.is_tensor(a)), 0)
             call = _Call(xs, {k: v.detach() if torch.is_tensor(v) else v
                               for k, v in kwargs.items()}, b)
@@ -212,6 +223,8 @@ class GradEngine:
     def _keeper(self, unit: Unit, call: _Call, k: int):
         def keep(grad: torch.Tensor) -> None:
             rule = unit.rule
+            if rule is not None:
+                grad = _at_least_float32(grad)
             if (rule is not None and len(call.grads) == 1 and call.batch_size > 0
                     and (call.eager is not None or not _ghost(unit, call.args[0], grad))):
                 _check_unchanged(unit, call)
