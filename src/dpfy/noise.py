@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -61,6 +61,13 @@ def secure_uniform(n: int) -> torch.Tensor:
     return (top53.to(torch.float64) + 0.5) * 2.0 ** -53  # (n,) in (0, 1)
 
 
+def _chunks(t: torch.Tensor, chunk: int) -> Iterator[torch.Tensor]:
+    """Consecutive flat views of at most ``chunk`` entries covering ``t`` (written in place)."""
+    flat = t.view(-1)
+    for start in range(0, flat.numel(), chunk):
+        yield flat[start:start + chunk]
+
+
 class NoiseSource:
     """Draws Gaussian noise; ``state_dict`` makes seeded draws resumable."""
 
@@ -90,19 +97,15 @@ class NoiseSource:
         """
         if std == 0 or self.secure:
             return self.add_gaussian_(total, std).div_(normalizer)
-        flat = total.view(-1)
-        buf = torch.empty(min(chunk, flat.numel()), dtype=total.dtype)
-        for start in range(0, flat.numel(), chunk):
-            part = flat[start:start + chunk]
+        buf = torch.empty(min(chunk, total.numel()), dtype=total.dtype)
+        for part in _chunks(total, chunk):
             z = buf[:part.numel()].normal_(0.0, std / normalizer, generator=self.generator)
             part.div_(normalizer).add_(z.to(part.device))
         return total
 
     def add_gaussian_(self, t: torch.Tensor, std: float, chunk: int = 1 << 16) -> torch.Tensor:
         """t += N(0, std²) in place, drawn ``chunk`` entries at a time (bounded extra memory)."""
-        flat = t.view(-1)
-        for start in range(0, flat.numel(), chunk):
-            part = flat[start:start + chunk]
+        for part in _chunks(t, chunk):
             part.add_(self.gaussian(part, std))
         return t
 
