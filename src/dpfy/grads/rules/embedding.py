@@ -7,8 +7,8 @@ summed into their slots (B·T·d work and memory, where the pairwise form Σ_{t,
 (g_t·g_t') costs B·T²·d and a (B, T, T) mask), and the squared norms of the slots add up per
 example. When no example repeats an id (position ids, for instance) S_v is a single g_t and the
 norm is Σ_t ‖g_t‖², with no scatter at all. The ghost route is always used. When every example
-has the same ids (positions again), the weighted sum weights g over examples first (T·d rows to
-scatter instead of B·T·d).
+has the same ids (positions again), only one example's ids are sorted for the norm, and the
+weighted sum weights g over examples first (T·d rows to scatter instead of B·T·d).
 
 ``padding_idx`` rows receive no gradient, as in torch. ``max_norm`` renormalizes the table in
 place during the forward, which this rule does not model, so it is refused.
@@ -52,18 +52,21 @@ class EmbeddingRule(LayerRule):
         x, g = _flat(layer, a, g)
         b, t, d = g.shape
         pad = layer.padding_idx
-        xs, order = x.sort(dim=1)  # (B, T) each example's ids ascending
-        new = xs[:, 1:] != xs[:, :-1]  # (B, T-1): sorted position s+1 holds another id than s
+        # the same ids in every example (positions): one row's structure serves the batch
+        rows = x[:1] if bool((x == x[:1]).all()) else x  # (1 or B, T)
+        xs, order = rows.sort(dim=1)  # each row's ids ascending
+        new = xs[:, 1:] != xs[:, :-1]  # sorted position s+1 holds another id than s
         if bool(new.all()):  # no id repeats within an example: ‖S_v‖² = ‖g_t‖²
             sq = torch.linalg.vector_norm(g, dim=-1).square_()  # (B, T) sensitive
             if pad is not None:
                 sq.masked_fill_(x == pad, 0)
             return {"weight": sq.sum(1)}  # (B,)
-        # slot of sorted position s = example offset b·T + number of id changes before s
+        # slot of sorted position s = number of id changes before s, then back to the ids'
+        # own order, plus the example offset b·T
         slot = torch.zeros_like(xs, dtype=torch.long)
         torch.cumsum(new, 1, out=slot[:, 1:])
-        slot += torch.arange(0, b * t, t, device=x.device)[:, None]
-        slot = torch.empty_like(slot).scatter_(1, order, slot)  # back to the ids' own order
+        slot = torch.empty_like(slot).scatter_(1, order, slot)
+        slot = slot + torch.arange(0, b * t, t, device=x.device)[:, None]  # (B, T)
         if pad is not None:
             slot.masked_fill_(x == pad, b * t)  # padding rows go to a row that is dropped
         sums = g.new_zeros(b * t + 1, d).index_add_(0, slot.reshape(-1), g.reshape(-1, d))

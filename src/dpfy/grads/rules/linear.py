@@ -57,7 +57,7 @@ class LinearRule(LayerRule):
         else:
             aa = torch.bmm(a, a.transpose(1, 2))  # (B, T, T) sensitive
             gg = torch.bmm(g, g.transpose(1, 2))  # (B, T, T) sensitive
-            out = {"weight": (aa * gg).sum((1, 2))}  # (B,)
+            out = {"weight": aa.mul_(gg).sum((1, 2))}  # (B,); aa is ours to overwrite
             g_sq = gg.sum((1, 2))  # (B,) ‖Σ_t g_t‖²
         if layer.bias is not None:
             out["bias"] = g_sq
