@@ -1,0 +1,91 @@
+"""The fused ghost-norm kernel (dpfy/native/ghost_norm.c) against the definition.
+
+The reference forms each example's per-sample gradient of a Linear layer explicitly in float64,
+G_i = Σ_t g_t a_tᵀ and Σ_t g_t, and takes their squared norms: no Gram matrix, so a wrong tile,
+a wrong diagonal weight, a dropped padding row or a mis-strided load in the kernel shows up as a
+mismatch. Shapes cover T and d below, at and across the kernel's 16-wide blocks and its 8-row
+tiles, strided inputs and a batch split across threads.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from dpfy.grads.rules import linear as linear_rule
+from dpfy.grads.rules.base import rule_for
+from dpfy.native.ghost_norm import fused_ghost_available, linear_ghost_sq_norms
+
+pytestmark = pytest.mark.skipif(
+    not fused_ghost_available(torch.zeros(1, 2, 1), torch.zeros(1, 2, 1)),
+    reason="the fused ghost-norm kernel needs a C compiler and an AVX-512 CPU")
+
+RTOL = 2e-5  # float32 Gram entries against a float64 reference
+
+
+def reference(a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    a, g = a.double(), g.double()
+    per_sample = torch.einsum("btd,bte->bde", g, a)  # (B, d_g, d_a): the definition
+    return per_sample.square().sum((1, 2)), g.sum(1).square().sum(1)
+
+
+@pytest.mark.parametrize("b,t,da,dg", [
+    (3, 2, 1, 1), (5, 7, 5, 3), (4, 16, 16, 16), (6, 17, 33, 40), (2, 50, 300, 20),
+    (3, 33, 16, 17), (7, 8, 48, 16), (9, 31, 64, 192), (1, 100, 7, 130)])
+def test_matches_the_per_sample_gradients(b: int, t: int, da: int, dg: int):
+    gen = torch.Generator().manual_seed(b * 1000 + t)
+    a = torch.randn(b, t, da, generator=gen)
+    g = torch.randn(b, t, dg, generator=gen) * torch.rand(b, 1, 1, generator=gen)
+    w, bias = linear_ghost_sq_norms(a, g)
+    ref_w, ref_b = reference(a, g)
+    torch.testing.assert_close(w.double(), ref_w, rtol=RTOL, atol=0)
+    torch.testing.assert_close(bias.double(), ref_b, rtol=RTOL, atol=1e-9)
+
+
+def test_strided_inputs_and_thread_split_agree():
+    gen = torch.Generator().manual_seed(0)
+    wide = torch.randn(40, 19, 70, generator=gen)
+    a = wide[:, :, 3:53]  # row stride 70, not 50
+    g = torch.randn(19, 40, 24, generator=gen).transpose(0, 1)  # batch stride 24, time 960
+    assert a.stride(-1) == 1 and g.stride(-1) == 1 and not a.is_contiguous()
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = linear_ghost_sq_norms(a, g)
+        torch.set_num_threads(2)
+        two = linear_ghost_sq_norms(a, g)
+    finally:
+        torch.set_num_threads(before)
+    ref_w, ref_b = reference(a, g)
+    torch.testing.assert_close(one[0].double(), ref_w, rtol=RTOL, atol=0)
+    torch.testing.assert_close(one[1].double(), ref_b, rtol=RTOL, atol=1e-9)
+    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])  # same per-example code
+
+
+def test_linear_rule_uses_it_and_agrees_with_the_matmul_route(monkeypatch):
+    layer = nn.Linear(24, 40)
+    gen = torch.Generator().manual_seed(1)
+    a, g = torch.randn(12, 9, 24, generator=gen), torch.randn(12, 9, 40, generator=gen)
+    calls = []
+    real = linear_rule.linear_ghost_sq_norms
+    monkeypatch.setattr(linear_rule, "linear_ghost_sq_norms",
+                        lambda *xs: calls.append(1) or real(*xs))
+    fused = rule_for(layer).sq_norm(layer, a, g)
+    assert calls == [1]
+    monkeypatch.setattr(linear_rule, "fused_ghost_available", lambda *xs: False)
+    matmul = rule_for(layer).sq_norm(layer, a, g)
+    assert calls == [1]
+    for name in ("weight", "bias"):
+        torch.testing.assert_close(fused[name], matmul[name], rtol=RTOL, atol=0)
+
+
+def test_refuses_what_it_cannot_read():
+    with pytest.raises(ValueError, match="contiguous"):
+        linear_ghost_sq_norms(torch.zeros(2, 3, 4).transpose(1, 2), torch.zeros(2, 4, 3))
+    with pytest.raises(ValueError, match="float32"):
+        linear_ghost_sq_norms(torch.zeros(2, 3, 4, dtype=torch.float64), torch.zeros(2, 3, 4))
+    with pytest.raises(ValueError, match="same"):
+        linear_ghost_sq_norms(torch.zeros(2, 3, 4), torch.zeros(2, 5, 4))
+    assert not fused_ghost_available(torch.zeros(1, 2, 1, dtype=torch.float64),
+                                     torch.zeros(1, 2, 1, dtype=torch.float64))
