@@ -4,24 +4,41 @@ The reference forms each example's per-sample gradient of a Linear layer explici
 G_i = Σ_t g_t a_tᵀ and Σ_t g_t, and takes their squared norms: no Gram matrix, so a wrong tile,
 a wrong diagonal weight, a dropped padding row or a mis-strided load in the kernel shows up as a
 mismatch. Shapes cover T and d below, at and across the kernel's 16-wide blocks and its 8-row
-tiles, strided inputs and a batch split across threads.
+tiles, and strided inputs; the engine's norms of a whole sequence model go through the kernel
+(torch on one thread) and are checked against the float64 per-example loop.
 """
 
 from __future__ import annotations
+
+from typing import Iterator
 
 import pytest
 import torch
 from torch import nn
 
+import oracles
+from dpfy.grads import GradEngine
 from dpfy.grads.rules import linear as linear_rule
 from dpfy.grads.rules.base import rule_for
-from dpfy.native.ghost_norm import fused_ghost_available, linear_ghost_sq_norms
+from dpfy.native.ghost_norm import (fused_ghost_available, kernel_available,
+                                    linear_ghost_sq_norms)
 
-pytestmark = pytest.mark.skipif(
-    not fused_ghost_available(torch.zeros(1, 2, 1), torch.zeros(1, 2, 1)),
-    reason="the fused ghost-norm kernel needs a C compiler and an AVX-512 CPU")
+pytestmark = pytest.mark.skipif(not kernel_available(),
+                                reason="the fused ghost-norm kernel needs a C compiler and an "
+                                       "AVX-512 CPU")
 
 RTOL = 2e-5  # float32 Gram entries against a float64 reference
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """The rule uses the (single-threaded) kernel only while torch runs on one thread."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def reference(a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,27 +60,58 @@ def test_matches_the_per_sample_gradients(b: int, t: int, da: int, dg: int):
     torch.testing.assert_close(bias.double(), ref_b, rtol=RTOL, atol=1e-9)
 
 
-def test_strided_inputs_and_thread_split_agree():
+def test_strided_inputs():
     gen = torch.Generator().manual_seed(0)
     wide = torch.randn(40, 19, 70, generator=gen)
     a = wide[:, :, 3:53]  # row stride 70, not 50
     g = torch.randn(19, 40, 24, generator=gen).transpose(0, 1)  # batch stride 24, time 960
     assert a.stride(-1) == 1 and g.stride(-1) == 1 and not a.is_contiguous()
+    w, bias = linear_ghost_sq_norms(a, g)
+    ref_w, ref_b = reference(a, g)
+    torch.testing.assert_close(w.double(), ref_w, rtol=RTOL, atol=0)
+    torch.testing.assert_close(bias.double(), ref_b, rtol=RTOL, atol=1e-9)
+
+
+def test_engine_norms_of_a_sequence_model_match_the_loop(one_thread, monkeypatch):
+    calls = []
+    real = linear_rule.linear_ghost_sq_norms
+    monkeypatch.setattr(linear_rule, "linear_ghost_sq_norms",
+                        lambda *xs: calls.append(1) or real(*xs))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(20, 48), nn.Tanh(), nn.Linear(48, 36), nn.Tanh(),
+                          nn.Linear(36, 5))
+    x, y = torch.randn(11, 13, 20), torch.arange(11) % 5
+
+    def loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:  # per-example sum over time
+        return nn.functional.cross_entropy(out.mean(1), y, reduction="sum")
+
+    ref = oracles.per_example_grads(model.double(), x.double(), y, loss)  # float64, (B, *θ)
+    model.float()
+    eng = GradEngine(model, engine="ghost", loss_reduction="sum")
+    try:
+        loss(model(x), y).backward()
+        sq = eng.per_sample_sq_norms()
+    finally:
+        eng.detach()
+    assert len(calls) == 3  # every Linear took the kernel
+    for name, per_example in ref.items():
+        expected = per_example.flatten(1).square().sum(1)
+        torch.testing.assert_close(sq[name].double(), expected, rtol=1e-5, atol=1e-12)
+
+
+def test_more_torch_threads_keep_torch_matmuls():
+    a = torch.zeros(4, 3, 2)
     before = torch.get_num_threads()
     try:
-        torch.set_num_threads(1)
-        one = linear_ghost_sq_norms(a, g)
         torch.set_num_threads(2)
-        two = linear_ghost_sq_norms(a, g)
+        assert not fused_ghost_available(a, a)
+        torch.set_num_threads(1)
+        assert fused_ghost_available(a, a)
     finally:
         torch.set_num_threads(before)
-    ref_w, ref_b = reference(a, g)
-    torch.testing.assert_close(one[0].double(), ref_w, rtol=RTOL, atol=0)
-    torch.testing.assert_close(one[1].double(), ref_b, rtol=RTOL, atol=1e-9)
-    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])  # same per-example code
 
 
-def test_linear_rule_uses_it_and_agrees_with_the_matmul_route(monkeypatch):
+def test_linear_rule_uses_it_and_agrees_with_the_matmul_route(one_thread, monkeypatch):
     layer = nn.Linear(24, 40)
     gen = torch.Generator().manual_seed(1)
     a, g = torch.randn(12, 9, 24, generator=gen), torch.randn(12, 9, 40, generator=gen)

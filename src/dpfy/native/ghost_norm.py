@@ -2,25 +2,29 @@
 ``ghost_norm.c`` (fused, symmetric Gram tiles; see the C file for the math and the layout).
 
 Used by the Linear rule for T ≥ 2 on float32 CPU tensors when ``fused_ghost_available()``: on
-one core of the benchmark machine it takes 0.54× the time of torch's two batched matmuls and the
-product (B 256, T 32, d_in 64, d_out 192: 1.34 vs 2.47 ms). It needs AVX-512 (its 16x16
-in-register transposes and 8x16 tiles are written for 32 vector registers); elsewhere, or
+one core of the benchmark machine it takes about half the time of torch's two batched matmuls
+and the product (B 256, T 32, d_in 64, d_out 192: 1.3–1.4 vs 2.5–3.3 ms). It needs AVX-512 (its
+16x16 in-register transposes and 8x16 tiles are written for 32 vector registers); elsewhere, or
 without a C compiler, the rule keeps torch's route, with the same numbers up to float32
-rounding. The batch is split across torch's intra-op thread count (the C call releases the
-GIL), so the kernel uses the cores torch's matmul would have used.
+rounding.
+
+It is single-threaded, so it is used only while torch runs on one intra-op thread. Splitting the
+batch across Python threads did not pay: right after a parallel torch op, torch's OpenMP workers
+keep spinning on the other cores, and the kernel's second thread got no core (two threads: the
+split kernel 1.38 ms against torch's 1.16 ms; with ``OMP_WAIT_POLICY=passive`` the split took
+0.95 ms, but then torch's own ops slow down). With more threads torch's parallel matmuls are used.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from dpfy.native.build import NativeUnavailable, load, target_flags
 
-__all__ = ["linear_ghost_sq_norms", "fused_ghost_available"]
+__all__ = ["linear_ghost_sq_norms", "fused_ghost_available", "kernel_available"]
 
 _I64 = ctypes.c_int64
 
@@ -36,13 +40,9 @@ def _library() -> ctypes.CDLL:
     return lib
 
 
-@functools.lru_cache(maxsize=1)
-def _pool(workers: int) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dpfy-ghost")
-
-
 @functools.lru_cache(maxsize=None)
-def _available() -> bool:
+def kernel_available() -> bool:
+    """Whether the kernel is built (or can be built) and loads on this machine."""
     try:
         _library()
     except NativeUnavailable:
@@ -51,9 +51,10 @@ def _available() -> bool:
 
 
 def fused_ghost_available(a: torch.Tensor, g: torch.Tensor) -> bool:
-    """Whether ``linear_ghost_sq_norms`` takes these (B, T, d) tensors on this machine."""
+    """Whether the Linear rule should use ``linear_ghost_sq_norms`` for these (B, T, d) tensors:
+    float32 on the CPU, torch on one intra-op thread, and the kernel built on this machine."""
     return (a.dtype == g.dtype == torch.float32 and a.device.type == g.device.type == "cpu"
-            and _available())
+            and torch.get_num_threads() == 1 and kernel_available())
 
 
 def linear_ghost_sq_norms(a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,19 +78,10 @@ def linear_ghost_sq_norms(a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tenso
     b, t, da = a.shape
     dg = g.shape[2]
     out_w, out_b = torch.empty(b), torch.empty(b)  # (B,) each
-
-    def run(lo: int, hi: int) -> None:
-        code = lib.dpfy_ghost_norm_linear(a.data_ptr(), g.data_ptr(), lo, hi, t, da, dg,
-                                          a.stride(0), a.stride(1), g.stride(0), g.stride(1),
-                                          out_w.data_ptr(), out_b.data_ptr())
-        if code != 0:
-            raise MemoryError(f"ghost_norm.c could not allocate its scratch of "
-                              f"{(da + dg) * t * 4} bytes")
-
-    workers = min(torch.get_num_threads(), max(1, b // 16))
-    if workers <= 1:
-        run(0, b)
-    else:
-        cuts = [b * k // workers for k in range(workers + 1)]
-        list(_pool(workers).map(run, cuts[:-1], cuts[1:]))  # list(): re-raise any error
+    code = lib.dpfy_ghost_norm_linear(a.data_ptr(), g.data_ptr(), 0, b, t, da, dg, a.stride(0),
+                                      a.stride(1), g.stride(0), g.stride(1), out_w.data_ptr(),
+                                      out_b.data_ptr())
+    if code != 0:
+        raise MemoryError(f"ghost_norm.c could not allocate its scratch of {(da + dg) * t * 4} "
+                          f"bytes")
     return out_w, out_b
