@@ -31,6 +31,16 @@ RTOL = 2e-5  # float32 Gram entries against a float64 reference
 
 
 @pytest.fixture
+def kernel_calls(monkeypatch) -> list[int]:
+    """Grows by one entry each time the Linear rule calls the kernel."""
+    calls: list[int] = []
+    real = linear_rule.linear_ghost_sq_norms
+    monkeypatch.setattr(linear_rule, "linear_ghost_sq_norms",
+                        lambda *xs: calls.append(1) or real(*xs))
+    return calls
+
+
+@pytest.fixture
 def one_thread() -> Iterator[None]:
     """The rule uses the (single-threaded) kernel only while torch runs on one thread."""
     before = torch.get_num_threads()
@@ -72,11 +82,7 @@ def test_strided_inputs():
     torch.testing.assert_close(bias.double(), ref_b, rtol=RTOL, atol=1e-9)
 
 
-def test_engine_norms_of_a_sequence_model_match_the_loop(one_thread, monkeypatch):
-    calls = []
-    real = linear_rule.linear_ghost_sq_norms
-    monkeypatch.setattr(linear_rule, "linear_ghost_sq_norms",
-                        lambda *xs: calls.append(1) or real(*xs))
+def test_engine_norms_of_a_sequence_model_match_the_loop(one_thread, kernel_calls):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(20, 48), nn.Tanh(), nn.Linear(48, 36), nn.Tanh(),
                           nn.Linear(36, 5))
@@ -93,7 +99,7 @@ def test_engine_norms_of_a_sequence_model_match_the_loop(one_thread, monkeypatch
         sq = eng.per_sample_sq_norms()
     finally:
         eng.detach()
-    assert len(calls) == 3  # every Linear took the kernel
+    assert len(kernel_calls) == 3  # every Linear took the kernel
     for name, per_example in ref.items():
         expected = per_example.flatten(1).square().sum(1)
         torch.testing.assert_close(sq[name].double(), expected, rtol=1e-5, atol=1e-12)
@@ -111,19 +117,16 @@ def test_more_torch_threads_keep_torch_matmuls():
         torch.set_num_threads(before)
 
 
-def test_linear_rule_uses_it_and_agrees_with_the_matmul_route(one_thread, monkeypatch):
+def test_linear_rule_uses_it_and_agrees_with_the_matmul_route(one_thread, kernel_calls,
+                                                              monkeypatch):
     layer = nn.Linear(24, 40)
     gen = torch.Generator().manual_seed(1)
     a, g = torch.randn(12, 9, 24, generator=gen), torch.randn(12, 9, 40, generator=gen)
-    calls = []
-    real = linear_rule.linear_ghost_sq_norms
-    monkeypatch.setattr(linear_rule, "linear_ghost_sq_norms",
-                        lambda *xs: calls.append(1) or real(*xs))
     fused = rule_for(layer).sq_norm(layer, a, g)
-    assert calls == [1]
+    assert kernel_calls == [1]
     monkeypatch.setattr(linear_rule, "fused_ghost_available", lambda *xs: False)
     matmul = rule_for(layer).sq_norm(layer, a, g)
-    assert calls == [1]
+    assert kernel_calls == [1]
     for name in ("weight", "bias"):
         torch.testing.assert_close(fused[name], matmul[name], rtol=RTOL, atol=0)
 

@@ -25,12 +25,11 @@
 typedef float v16 __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
 
-#define W 16 /* columns per tile (one 512-bit vector, or two 256-bit ones) */
-#ifdef __AVX512F__
-#define R 8 /* rows per tile: 2 R accumulators must fit the 32 vector registers */
-#else
-#define R 4 /* 16 ymm registers: 2 R two-register accumulators */
+#ifndef __AVX512F__
+#error "ghost_norm.c is written for AVX-512 (dpfy/native/ghost_norm.py builds it only there)"
 #endif
+#define W 16 /* columns per tile: one 512-bit vector */
+#define R 8  /* rows per tile: the 2 R accumulators fit the 32 vector registers */
 
 static inline v16 load16(const float *p) {
     v16 v;
@@ -110,19 +109,19 @@ static inline void gram_tile(const float *xt, int64_t d, int64_t tp, int64_t t0,
     }
 }
 
-/* Examples b0 <= i < b1. a: element (i, t, k) at a[i * as_b + t * as_t + k]; same for g.
+/* Examples 0 <= i < b. a: element (i, t, k) at a[i * as_b + t * as_t + k]; same for g.
  * out_w[i] = ⟨A_i A_iᵀ, G_i G_iᵀ⟩, out_b[i] = 1ᵀ G_i G_iᵀ 1. Returns 0, or -1 if out of memory. */
-int dpfy_ghost_norm_linear(const float *a, const float *g, int64_t b0, int64_t b1, int64_t t,
-                           int64_t da, int64_t dg, int64_t as_b, int64_t as_t, int64_t gs_b,
-                           int64_t gs_t, float *out_w, float *out_b) {
+int dpfy_ghost_norm_linear(const float *a, const float *g, int64_t b, int64_t t, int64_t da,
+                           int64_t dg, int64_t as_b, int64_t as_t, int64_t gs_b, int64_t gs_t,
+                           float *out_w, float *out_b) {
     const int64_t tp = (t + W - 1) / W * W;
     float *scratch = malloc((size_t)((da + dg) * tp) * sizeof(float));
     if (scratch == NULL) return -1;
     float *at = scratch, *gt = scratch + da * tp;
     v16 iota;
     for (int j = 0; j < W; j++) iota[j] = (float)j;
-    for (int64_t i = b0; i < b1; i++) {
-        const int last = i + 1 == b1;
+    for (int64_t i = 0; i < b; i++) {
+        const int last = i + 1 == b;
         to_columns(a + i * as_b, t, da, as_t, at, tp, last ? 0 : as_b);
         to_columns(g + i * gs_b, t, dg, gs_t, gt, tp, last ? 0 : gs_b);
         v16 sw = (v16){0}, sb = (v16){0};

@@ -34,7 +34,7 @@ def _library() -> ctypes.CDLL:
     if target_flags() != ["-march=x86-64-v4"]:
         raise NativeUnavailable("the fused ghost-norm kernel is written for AVX-512 CPUs")
     lib = load("ghost_norm")
-    lib.dpfy_ghost_norm_linear.argtypes = [ctypes.c_void_p, ctypes.c_void_p, *[_I64] * 9,
+    lib.dpfy_ghost_norm_linear.argtypes = [ctypes.c_void_p, ctypes.c_void_p, *[_I64] * 8,
                                            ctypes.c_void_p, ctypes.c_void_p]
     lib.dpfy_ghost_norm_linear.restype = ctypes.c_int
     return lib
@@ -78,10 +78,11 @@ def linear_ghost_sq_norms(a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tenso
     b, t, da = a.shape
     dg = g.shape[2]
     out_w, out_b = torch.empty(b), torch.empty(b)  # (B,) each
-    code = lib.dpfy_ghost_norm_linear(a.data_ptr(), g.data_ptr(), 0, b, t, da, dg, a.stride(0),
+    code = lib.dpfy_ghost_norm_linear(a.data_ptr(), g.data_ptr(), b, t, da, dg, a.stride(0),
                                       a.stride(1), g.stride(0), g.stride(1), out_w.data_ptr(),
                                       out_b.data_ptr())
     if code != 0:
-        raise MemoryError(f"ghost_norm.c could not allocate its scratch of {(da + dg) * t * 4} "
-                          f"bytes")
+        padded = -(-t // 16) * 16  # T rounded up to the kernel's 16-row blocks
+        raise MemoryError(f"ghost_norm.c could not allocate its scratch of "
+                          f"{(da + dg) * padded * 4} bytes")
     return out_w, out_b
