@@ -1,0 +1,235 @@
+"""Refuse buffers that a training forward changes: they would learn from the data unaccounted.
+
+A buffer (``module.register_buffer``) is saved with the model, so whatever a training forward
+writes into it is released in ``model.pt`` — and read by every later forward — without any noise
+or ledger entry. ``InstanceNorm2d(track_running_stats=True)`` is the standard example (one
+outlier in a batch moves its ``running_mean``), but any module can do it, so the check is
+general, not a list of classes: :class:`BufferGuard` notes every buffer's identity, version
+counter and storage before a module's forward and refuses, right after that forward, if one was
+replaced, written in place, given new storage, added or removed. The refusal comes in the first
+such forward, before its backward, so no gradient that saw the change is ever released.
+
+What counts as a *training forward*: any forward except the usual evaluation idiom, i.e. every
+forward run with the module in training mode **or** with autograd recording
+(``torch.is_grad_enabled()``). Only a forward in ``eval()`` mode under ``torch.no_grad()`` /
+``torch.inference_mode()`` is not checked: such a forward cannot produce a gradient, and standard
+layers do not touch their buffers in eval mode, so evaluation (and inference caches kept in
+buffers) keep working. A ``no_grad`` forward in training mode *is* checked: running statistics
+learn in training mode whatever the grad mode.
+
+How changes are seen (cost per checked forward: a few attribute reads per buffer):
+
+- identity of the tensor under each buffer name (reassignment ``self.b = self.b + x``, a new
+  or a deleted buffer);
+- ``tensor._version`` (every in-place op through the tensor or a view of it);
+- ``tensor.data_ptr()`` (``self.b.data = ...``);
+- at the first checked forward of each hooked module, also the values, bit for bit, against a
+  copy taken before it: writes that bypass the version counter (``self.b.data.add_(x)``, native
+  kernels such as batch_norm's running-stat update) are caught there. After that first forward
+  such writes are not seen; every module that learns on each forward is caught at the first.
+
+Hooks: one pair on every module that owns buffers (named by its own name, also when called
+directly) and one pair on the root that watches the buffers of the whole tree (a parent writing
+a child's buffer, a buffer registered lazily in ``forward``). A model without buffers thus pays
+two hook calls per forward on the root and nothing else. Changes made outside any forward (an
+EMA of the weights updated in the training loop, say) are not this guard's business.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from dpfy.errors import PrivacyRefusal
+
+__all__ = ["BufferGuard", "guard_of", "buffer_fix", "is_training_forward"]
+
+# The guard attached to each model (by make_private); a new guard on the same model replaces it.
+_GUARDS: "weakref.WeakKeyDictionary[nn.Module, BufferGuard]" = weakref.WeakKeyDictionary()
+
+
+def is_training_forward(module: nn.Module) -> bool:
+    """True unless ``module`` is in eval mode and autograd is off (see module docstring)."""
+    return module.training or torch.is_grad_enabled()
+
+
+def buffer_fix(module: nn.Module) -> str:
+    """The fix to name for a buffer of ``module`` that a training forward changed."""
+    if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        return ("Replace the layer: model = dpfy.validate(model, fix=True) puts a GroupNorm in "
+                "its place")
+    if getattr(module, "track_running_stats", False) is True:
+        return (f"Build the {type(module).__name__} with track_running_stats=False "
+                f"(model = dpfy.validate(model, fix=True) does this for InstanceNorm)")
+    return ("Keep the statistic out of the training forward: compute it beforehand from public "
+            "data and only read it in forward (a value that must follow the training data "
+            "cannot be released privately by dpfy)")
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """A buffer as it was before a forward."""
+
+    tensor: torch.Tensor | None
+    version: int | None   # None: no version counter (None buffer, inference tensor)
+    ptr: int | None       # None: no storage to point to (None buffer, sparse tensor)
+    copy: torch.Tensor | None  # bitwise copy, first checked forward only
+
+
+def _version(t: torch.Tensor | None) -> int | None:
+    if t is None:
+        return None
+    try:
+        return t._version
+    except RuntimeError:  # inference tensors keep no version counter (nor accept writes)
+        return None
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    if t is None:
+        return None
+    try:
+        return t.data_ptr()
+    except RuntimeError:  # sparse and other storage-less layouts
+        return None
+
+
+def _copy(t: torch.Tensor | None) -> torch.Tensor | None:
+    if t is None or t.layout != torch.strided or t.device.type == "meta":
+        return None
+    return t.detach().clone()
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes (so NaNs compare equal to themselves and -0.0 differs from 0.0)."""
+    return t.detach().reshape(-1).contiguous().view(torch.uint8)
+
+
+def _how_changed(before: _Seen | None, now: torch.Tensor | None, present: bool) -> str | None:
+    """What happened to one buffer during a forward, or None if nothing did."""
+    if before is None:
+        return "registered during the forward"
+    if not present:
+        return "deleted during the forward"
+    if now is not before.tensor:
+        return "replaced by another tensor"
+    if _version(now) != before.version:
+        return "modified in place"
+    if _ptr(now) != before.ptr:
+        return "given new storage (.data assignment)"
+    if before.copy is not None and now is not None and (
+            now.shape != before.copy.shape or now.dtype != before.copy.dtype
+            or not torch.equal(_bits(now), _bits(before.copy))):
+        return "given new values without a version bump (.data or a native kernel)"
+    return None
+
+
+class _Watch:
+    """One hooked module: notes the buffers of ``owners`` before its forward, checks after."""
+
+    def __init__(self, guard: BufferGuard, owners: list[tuple[str, nn.Module]]) -> None:
+        self.guard = guard
+        self.owners = owners
+        self.stack: list[dict[tuple[int, str], _Seen] | None] = []  # one entry per open call
+        self.values_checked = False
+
+    def snapshot(self, with_copies: bool) -> dict[tuple[int, str], _Seen]:
+        return {(k, name): _Seen(t, _version(t), _ptr(t), _copy(t) if with_copies else None)
+                for k, (_, m) in enumerate(self.owners) for name, t in m._buffers.items()}
+
+    def pre(self, module: nn.Module, args: Any) -> None:
+        if not is_training_forward(module):
+            self.stack.append(None)
+            return
+        self.stack.append(self.snapshot(with_copies=not self.values_checked))
+
+    def post(self, module: nn.Module, args: Any, output: Any) -> None:
+        # always_call: runs (and pops) also when the forward raised
+        before = self.stack.pop() if self.stack else None
+        if before is None or sys.exc_info()[1] is self.guard.raised:
+            return  # not checked, or an inner module's refusal is already on its way up
+        self.values_checked = True
+        changes = []
+        for k, (owner_name, m) in enumerate(self.owners):
+            bufs = m._buffers
+            names = list(bufs) + [n for (j, n) in before if j == k and n not in bufs]
+            for name in names:
+                how = _how_changed(before.get((k, name)), bufs.get(name), name in bufs)
+                if how is not None:
+                    changes.append((owner_name, m, name, how))
+        if changes:
+            self.guard._refuse(changes)
+
+
+class BufferGuard:
+    """Refuse, right after a training forward, any buffer that forward changed.
+
+    ``guard = BufferGuard(model)`` hooks ``model`` (see the module docstring for what is
+    checked, when, and at what cost); ``guard.detach()`` removes the hooks. At most one guard
+    per model: a new one replaces (detaches) the previous one.
+
+    Args:
+      model: the model whose buffers must not learn from training forwards.
+      collect: instead of raising :class:`dpfy.errors.PrivacyRefusal`, append each problem
+        (one line naming the module, its class, the buffer and the fix) to ``guard.problems``;
+        used by ``dpfy.validate(model, example_input=...)``.
+    """
+
+    def __init__(self, model: nn.Module, *, collect: bool = False) -> None:
+        old = _GUARDS.get(model)
+        if old is not None:
+            old.detach()
+        self.collect = collect
+        self.problems: list[str] = []
+        self.raised: PrivacyRefusal | None = None  # the last refusal (outer hooks let it pass)
+        self._handles: list[RemovableHandle] = []
+        modules = list(model.named_modules())
+        self._hook(model, modules)  # the whole tree, seen from the root's forward
+        for name, m in modules:
+            if m is not model and any(True for _ in m.named_buffers(recurse=False)):
+                self._hook(m, [(name, m)])
+        _GUARDS[model] = self
+        self._model = weakref.ref(model)
+
+    def _hook(self, module: nn.Module, owners: list[tuple[str, nn.Module]]) -> None:
+        watch = _Watch(self, owners)
+        self._handles.append(module.register_forward_pre_hook(watch.pre))
+        self._handles.append(module.register_forward_hook(watch.post, always_call=True))
+
+    def _refuse(self, changes: list[tuple[str, nn.Module, str, str]]) -> None:
+        lines = []
+        for owner_name, m, name, how in changes:
+            label = owner_name or "(root)"
+            qualified = f"{owner_name}.{name}" if owner_name else name
+            lines.append(
+                f"buffer {qualified!r} of module {label!r} ({type(m).__name__}) must not change "
+                f"in a training forward, got it {how}. Buffers are saved and reused with the "
+                f"model but nothing accounts what they learn from the training data. "
+                f"{buffer_fix(m)}.")
+        if self.collect:
+            self.problems.extend(x for x in lines if x not in self.problems)
+            return
+        self.raised = PrivacyRefusal(
+            "\n".join(lines) + "\nThe model's buffers now hold values of this batch: rebuild "
+            "(or reload) the model after the fix before training it.")
+        raise self.raised
+
+    def detach(self) -> None:
+        """Remove every hook of this guard (idempotent)."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        model = self._model()
+        if model is not None and _GUARDS.get(model) is self:
+            del _GUARDS[model]
+
+
+def guard_of(model: nn.Module) -> BufferGuard | None:
+    """The guard attached to ``model``, if any."""
+    return _GUARDS.get(model)
