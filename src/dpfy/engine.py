@@ -38,7 +38,7 @@ from dpfy.noise import NoiseSource
 from dpfy.optim import DPOptimizer
 from dpfy.privacy import Ledger, calibrate_noise_multiplier
 from dpfy.privacy.accountants import check_accountant
-from dpfy.sampling import DPDataLoader, PoissonSampler, ShuffleSampler
+from dpfy.sampling import DPDataLoader, PoissonSampler, ShuffleSampler, make_sampler
 
 __all__ = ["make_private", "derive_seeds"]
 
@@ -134,16 +134,9 @@ def make_private(
         seed = secrets.randbits(63)
     sampling_seed, noise_seed = derive_seeds(seed)
 
-    if poisson_sampling:
-        require(sample_rates is not None or batch_size <= n, "loader.batch_size", batch_size,
-                f"<= len(dataset) = {n}")
-        sampler: PoissonSampler | ShuffleSampler = PoissonSampler(
-            n, sample_rate=None if sample_rates is not None else batch_size / n,
-            sample_rates=sample_rates, seed=sampling_seed, secure=secure_mode)
-    else:
-        require(sample_rates is None, "sample_rates", "given", "None with poisson_sampling=False",
-                "Per-example rates need Poisson sampling")
-        sampler = ShuffleSampler(n, batch_size)
+    sampler: PoissonSampler | ShuffleSampler = make_sampler(
+        loader, poisson_sampling=poisson_sampling, sample_rates=sample_rates,
+        seed=None if secure_mode else sampling_seed)
     q = sampler.sample_rate
 
     if target_epsilon is not None:
