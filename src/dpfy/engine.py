@@ -20,7 +20,6 @@ batch size, under Poisson sampling (b = batch size for a kept shuffled loader).
 from __future__ import annotations
 
 import math
-import secrets
 import warnings
 import weakref
 from typing import Sequence
@@ -31,7 +30,9 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from dpfy._validate import require
-from dpfy.adaptive.base import AdaptiveMethod
+from dpfy.adaptive.base import Method, RunFacts, make as make_method, prepare
+from dpfy.adaptive.chain import chain
+from dpfy.budget import RIGOROUS, BudgetGuard
 from dpfy.clipping import make_clipping
 from dpfy.grads import GradEngine
 from dpfy.noise import NoiseSource
@@ -60,7 +61,8 @@ def make_private(
     clipping: str = "flat",
     engine: str = "auto",
     seed: int | None = None,
-    schedule: AdaptiveMethod | None = None,
+    method: "Method | str | Sequence[Method | str] | None" = None,
+    schedule: Method | None = None,
     poisson_sampling: bool = True,
     max_physical_batch_size: int | None = None,
     secure_mode: bool = False,
@@ -80,20 +82,29 @@ def make_private(
       optimizer: any torch.optim optimizer over exactly the model's trainable parameters.
       loader: a DataLoader with a ``batch_size``; q = batch_size / len(dataset).
       noise_multiplier: σ; ``0`` is allowed for debugging (nothing is private then).
-      target_epsilon, target_delta, epochs: instead of σ: calibrate σ so that
-        ⌈epochs/q⌉ steps (or ``max_steps``) spend ``target_epsilon`` at ``target_delta``; the
-        budget guard then refuses any further step.
+      target_epsilon, target_delta, epochs: instead of σ: calibrate σ so that the
+        ⌈epochs × len(loader)⌉ logical batches the loader yields over those epochs (or
+        ``max_steps``) spend ``target_epsilon`` at ``target_delta``; the budget guard then
+        refuses any further step with :class:`dpfy.errors.BudgetExhausted`.
       max_grad_norm: C (flat, automatic); per layer: a float (split C/√K) or K floats;
         ``clipping="individual"``: one C_i per example.
       clipping: ``"flat" | "per_layer" | "automatic" | "individual"`` (see ``dpfy.clipping``).
       engine: ``"auto"`` (layer rules + vmap for other modules), ``"ghost"`` or ``"vmap"``.
-      seed: fixes sampling and noise; None draws one from the OS (kept in the state_dict).
-      schedule: an adaptive method writing each step's plan (σ_t, C_t, lr scale).
-      poisson_sampling: False keeps the user's loader, accounted as ``Sampling.SHUFFLE``.
+      seed: None (default): sampling and noise come from a CSPRNG keyed by the operating
+        system, so nothing published can reproduce them. An int makes the run reproducible:
+        **anyone who knows the seed can undo the privacy**; it lives only in checkpoints.
+      method: an adaptive method (``dpfy.adaptive``), a registry name (``dpfy methods``), or a
+        list of them (chained in order). ``make_private`` calibrates it for the run's facts
+        (q, N, steps, sampling, δ, target ε); a method built for other facts is refused.
+      schedule: the earlier name of ``method``.
+      poisson_sampling: False uses dpfy's shuffled fixed-size sampler, accounted as
+        ``Sampling.SHUFFLE``.
       max_physical_batch_size: split logical batches into physical ones of at most this size.
-      secure_mode: draw noise and Poisson masks from the OS CSPRNG.
-      accountant: for ``target_epsilon``, ``epsilon_cap`` and ``optimizer.epsilon``.
-      max_steps: budget guard T (default: from calibration or ``schedule.total_steps``).
+      secure_mode: deprecated (secure is the default); True requires ``seed=None``.
+      accountant: for ``target_epsilon``, ``epsilon_cap`` (PLD or RDP only: the GDP CLT may
+        under-report ε) and ``optimizer.epsilon`` (any).
+      max_steps: budget guard T (default: ``epochs`` × logical batches per epoch, or the
+        method's ``total_steps``).
       epsilon_cap: stop (raise) before a step that would take ε(target_delta) above this.
       loss_reduction: ``"mean"`` or ``"sum"``, how your loss reduces over the batch.
       sample_rates: per-example Poisson rates q_i instead of batch_size / N.
@@ -113,8 +124,9 @@ def make_private(
     require(noise_multiplier is None or target_epsilon is None,
             "noise_multiplier / target_epsilon", (noise_multiplier, target_epsilon),
             "not both given", "Pass σ directly or a target ε to calibrate it, not both")
-    require(noise_multiplier is not None or target_epsilon is not None or schedule is not None,
-            "noise_multiplier", None, "given (or target_epsilon, or a schedule that sets σ)",
+    require(noise_multiplier is not None or target_epsilon is not None or method is not None
+            or schedule is not None,
+            "noise_multiplier", None, "given (or target_epsilon, or a method that sets σ)",
             "Pass noise_multiplier=σ or target_epsilon=..., target_delta=..., epochs=...")
     if noise_multiplier is not None:
         require(noise_multiplier >= 0, "noise_multiplier", noise_multiplier, ">= 0")
@@ -130,36 +142,32 @@ def make_private(
     if sample_rates is None:
         require(batch_size is not None and batch_size >= 1, "loader.batch_size", batch_size,
                 "an int >= 1", "Build the DataLoader with batch_size= (not a batch_sampler)")
-    if seed is None:
-        seed = secrets.randbits(63)
-    sampling_seed, noise_seed = derive_seeds(seed)
+    if secure_mode:
+        require(seed is None, "seed", seed, "None with secure_mode=True",
+                "secure_mode is the default now (seed=None); drop one of them")
+    sampling_seed, noise_seed = derive_seeds(seed) if seed is not None else (None, None)
 
     sampler: PoissonSampler | ShuffleSampler = make_sampler(
         loader, poisson_sampling=poisson_sampling, sample_rates=sample_rates,
         seed=None if secure_mode else sampling_seed)
     q = sampler.sample_rate
 
+    dp_loader = DPDataLoader(loader, sampler, max_physical_batch_size=max_physical_batch_size)
     if target_epsilon is not None:
         require(target_delta is not None and 0 < target_delta < 1, "target_delta",
                 target_delta, "in (0, 1) with target_epsilon", "The usual choice is δ < 1/N")
         require(epochs is not None or max_steps is not None, "epochs", epochs,
                 "given with target_epsilon", "Say how long the run is: epochs= or max_steps=")
-        steps = max_steps if max_steps is not None else math.ceil(epochs / q - 1e-9)
-        require(steps >= 1, "epochs", epochs, f">= q = {q} (at least one step)")
-        max_steps = steps
-        if schedule is None:
-            noise_multiplier = calibrate_noise_multiplier(
-                target_epsilon=target_epsilon, delta=target_delta, sample_rate=q, steps=steps,
-                accountant=accountant, sampling=sampler.sampling)
-        elif epsilon_cap is None:
-            epsilon_cap = target_epsilon  # the schedule writes σ_t: hold it to the target
-    if max_steps is None and schedule is not None and getattr(schedule, "total_steps", None):
-        max_steps = int(schedule.total_steps)
-    if epsilon_cap is not None:
-        require(epsilon_cap > 0, "epsilon_cap", epsilon_cap, "> 0")
-        require(target_delta is not None, "target_delta", None, "given with epsilon_cap",
-                "ε is defined at a δ: pass target_delta=")
-
+    if max_steps is None and epochs is not None:
+        # The budget is the number of logical batches the loader yields over those epochs.
+        require(epochs > 0, "epochs", epochs, "> 0")
+        max_steps = max(1, math.ceil(epochs * len(dp_loader) - 1e-9))
+    if (target_epsilon is not None or epsilon_cap is not None) and accountant not in RIGOROUS:
+        raise ValueError(
+            f"accountant must be one of {list(RIGOROUS)} when it decides the noise (target_"
+            f"epsilon, epsilon_cap), got accountant = {accountant!r}. The GDP CLT can under-"
+            f"report ε; calibrate with 'pld' and read GDP afterwards with "
+            f"optimizer.epsilon(delta, accountant='gdp')")
     grads = GradEngine(model, engine=engine, loss_reduction=loss_reduction)
     try:
         _check_optimizer_params(optimizer, grads)
@@ -168,13 +176,33 @@ def make_private(
         if clipping == "individual":
             require(poisson_sampling, "poisson_sampling", False, "True for clipping="
                     "'individual'", "Per-example thresholds need the batch's dataset indices")
-        dp_loader = DPDataLoader(loader, sampler, max_physical_batch_size=max_physical_batch_size)
+        method = _resolve_method(method if method is not None else schedule)
+        if method is not None:
+            scalar_clip = isinstance(max_grad_norm, (int, float))
+            facts = RunFacts(sampling=sampler.sampling, sample_rate=q, steps=max_steps,
+                             dataset_size=n, steps_per_epoch=len(dp_loader),
+                             normalizer=sampler.normalizer, delta=target_delta,
+                             target_epsilon=target_epsilon, accountant=accountant,
+                             max_grad_norm=float(max_grad_norm) if scalar_clip else None,
+                             num_groups=len(grads.units))
+            method = prepare(method, facts)
+            if max_steps is None and getattr(method, "total_steps", None):
+                max_steps = int(method.total_steps)
+            if target_epsilon is not None and epsilon_cap is None:
+                epsilon_cap = target_epsilon  # the method writes the plan: hold it to target
+        sets_sigma = method is not None and "noise_multiplier" in method.sets
+        if target_epsilon is not None and not sets_sigma:
+            noise_multiplier = calibrate_noise_multiplier(
+                target_epsilon=target_epsilon, delta=target_delta, sample_rate=q,
+                steps=max_steps, accountant=accountant, sampling=sampler.sampling)
+        budget = BudgetGuard(max_steps=max_steps, epsilon_cap=epsilon_cap, delta=target_delta,
+                             accountant=accountant)
+        _check_needs(method, grads, poisson_sampling)
         dp_optimizer = DPOptimizer(
-            optimizer, grads=grads, clipping=policy,
-            noise=NoiseSource(noise_seed, secure=secure_mode), sampler=sampler,
-            cursor=dp_loader.cursor, noise_multiplier=noise_multiplier, schedule=schedule,
-            ledger=Ledger(dataset_size=n), accountant=accountant, seed=seed,
-            max_steps=max_steps, epsilon_cap=epsilon_cap, target_delta=target_delta)
+            optimizer, grads=grads, clipping=policy, noise=NoiseSource(noise_seed),
+            sampler=sampler, cursor=dp_loader.cursor, noise_multiplier=noise_multiplier,
+            method=method, ledger=Ledger(dataset_size=n), accountant=accountant, seed=seed,
+            budget=budget)
     except Exception:
         grads.detach()
         raise
@@ -193,3 +221,33 @@ def _check_optimizer_params(optimizer: torch.optim.Optimizer, grads: GradEngine)
     left = sorted(n for i, n in names.items() if i not in in_opt)
     require(not left, "trainable parameters", left, "all in the optimizer",
             "Add them to the optimizer or freeze them with requires_grad_(False) first")
+
+
+def _resolve_method(method: "Method | str | Sequence[Method | str] | None") -> "Method | None":
+    """A method from a registry name, a method, or a sequence of them (chained in order)."""
+    if method is None:
+        return None
+    if isinstance(method, str):
+        return make_method(method)
+    if isinstance(method, (list, tuple)):
+        return chain(*[_resolve_method(m) for m in method])
+    require(isinstance(method, Method), "method", type(method).__name__,
+            "a dpfy method, a registry name or a list of them",
+            "Build one with dpfy.adaptive.make(name, ...); `dpfy methods` lists the names")
+    return method
+
+
+def _check_needs(method: "Method | None", grads: GradEngine, poisson_sampling: bool) -> None:
+    """What the method declared it needs, checked once before training."""
+    if method is None:
+        return
+    needs, name = method.needs, method.registry_name or type(method).__name__
+    if needs.per_sample_grads:
+        ghost = [u.name for u in grads.units if u.rule is not None and u.rule.has_ghost]
+        require(grads.engine == "vmap" or not ghost, "engine", grads.engine,
+                f"'vmap' for method {name!r} (it transforms per-sample gradients "
+                f"coordinate-wise, which the ghost route never forms; ghost layers: {ghost})",
+                "Pass engine='vmap' to make_private (memory: B × parameters)")
+    if needs.indices:
+        require(poisson_sampling, "poisson_sampling", False, f"True for method {name!r}",
+                "It reads the batch's dataset indices, which Poisson sampling provides")

@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
+from dpfy.errors import BudgetExhausted
 from dpfy.adaptive import make_schedule
 from dpfy.adaptive.factory import SCHEDULE_NAMES
 from dpfy.plan import StepPlan
@@ -59,7 +60,7 @@ def test_schedule_contract(name):
         buf = io.BytesIO()
         torch.save(opt.state_dict(), buf)
         buf.seek(0)
-        restored = torch.load(buf, weights_only=False)["schedule_state"]
+        restored = torch.load(buf, weights_only=False)["method_state"]
         assert sched.plan(restored, StepPlan(t, Q, 0.0, 1.0)) == plan
         assert sched.plan(opt.schedule_state, StepPlan(t, Q, 0.0, 1.0)) == plan
         opt.zero_grad()
@@ -76,5 +77,5 @@ def test_schedule_contract(name):
     x, y = next(batches)
     opt.zero_grad()
     F.cross_entropy(model(x), y).backward()
-    with pytest.raises(ValueError, match="max_steps"):
+    with pytest.raises(BudgetExhausted, match="max_steps"):
         opt.step()

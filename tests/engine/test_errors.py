@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
+from dpfy.errors import BudgetExhausted
 
 
 def data(n=40, d=4):
@@ -91,7 +92,7 @@ def test_budget_guard_refuses_step_t_plus_one_and_replan_is_explicit():
                          target_delta=1e-5, epochs=1)
     assert opt.max_steps == 5  # q = 8/40, ⌈1/q⌉ = 5 steps
     train(m, opt, dl)
-    with pytest.raises(ValueError, match=r"max_steps = 5.*optimizer.max_steps"):
+    with pytest.raises(BudgetExhausted, match=r"max_steps = 5.*optimizer.max_steps"):
         train(m, opt, dl, 1)
     assert opt.step_count == 5 and opt.ledger.num_steps == 5
     opt.max_steps = 6
@@ -111,7 +112,7 @@ def test_calibrated_run_spends_at_most_the_target():
 def test_epsilon_cap_stops_training():
     m, opt, dl = private(nn.Linear(4, 2), noise_multiplier=2.0, epsilon_cap=1.5,
                          target_delta=1e-5)
-    with pytest.raises(ValueError, match="epsilon_cap = 1.5"):
+    with pytest.raises(BudgetExhausted, match="epsilon_cap = 1.5"):
         for _ in range(20):
             train(m, opt, dl)
     assert 5 < opt.step_count < 20  # σ=2, q=0.2: ε(5 steps) ≈ 1.21, ε(20) ≈ 2.22 (PLD)

@@ -185,15 +185,16 @@ def test_torch_lr_scheduler_drives_the_private_optimizer(toy):
 def test_extra_release_declared_by_a_method_is_noised_recorded_and_handed_back(toy):
     # A quantile-style count (Andrew et al.; STYLE.md §8): Σ_i (1[‖g_i‖ ≤ C] − ½), sensitivity ½,
     # noise std 0.25 -> noise multiplier 0.5 in the ledger next to the gradient's σ.
-    from dpfy.adaptive.base import AdaptiveMethod
-    from dpfy.noise import NoisySum
+    from dpfy.adaptive.base import Method, ReleaseSpec
 
     seen = []
 
-    class Count(AdaptiveMethod):
-        def sums(self, norms, plan):
-            centred = (norms <= plan.clip).double() - 0.5  # (B,) sensitive
-            return {"unclipped": NoisySum(centred, sensitivity=0.5, noise_std=0.25)}
+    class Count(Method):
+        def releases(self, state, plan):
+            return {"unclipped": ReleaseSpec(sensitivity=0.5, noise_std=0.25)}
+
+        def release_values(self, state, norms, plan):
+            return {"unclipped": (norms.total <= plan.clip).double() - 0.5}  # (B,) sensitive
 
         def update(self, state, released):
             seen.append(released.sums["unclipped"])

@@ -1,15 +1,24 @@
-"""Adaptive methods, one file each (STYLE.md R1)."""
+"""Adaptive methods, one file each (STYLE.md R1), on one interface (``base.Method``).
 
-from dpfy.adaptive.base import REGISTRY, AdaptiveMethod, Released, register
+Build by name with :func:`make` (``make_private`` then calibrates for the run's facts), compose
+with :func:`chain`, list with ``dpfy methods``.
+"""
+
+from dpfy.adaptive.base import (REGISTRY, AdaptiveMethod, Clip, Method, Needs, Norms, Released,
+                                ReleaseSpec, RunFacts, make, register)
+from dpfy.adaptive.chain import Chain, chain
 from dpfy.adaptive.clip_schedules import ClipSchedule
 from dpfy.adaptive.dynamic import DynamicDPSGD, calibrate_dynamic
 from dpfy.adaptive.factory import make_schedule
 from dpfy.adaptive.plateau import PlateauNoiseDecay
+from dpfy.adaptive.quantile import LayerQuantileClipping, QuantileClipping
 from dpfy.adaptive.schedules import NoiseDecay
 
 # Registry keys whose file has another name (STYLE.md R1 / §7): a visible decision, not drift.
-FILE_ALIASES = {"noise_decay": "schedules", "clip_schedule": "clip_schedules"}
+FILE_ALIASES = {"noise_decay": "schedules", "clip_schedule": "clip_schedules",
+                "per_layer_quantile": "quantile"}
 
-__all__ = ["AdaptiveMethod", "Released", "REGISTRY", "FILE_ALIASES", "register", "make_schedule",
-           "NoiseDecay", "PlateauNoiseDecay", "DynamicDPSGD", "calibrate_dynamic",
-           "ClipSchedule"]
+__all__ = ["Method", "AdaptiveMethod", "Needs", "Norms", "Clip", "ReleaseSpec", "Released",
+           "RunFacts", "REGISTRY", "FILE_ALIASES", "register", "make", "chain", "Chain",
+           "make_schedule", "NoiseDecay", "PlateauNoiseDecay", "DynamicDPSGD",
+           "calibrate_dynamic", "ClipSchedule", "QuantileClipping", "LayerQuantileClipping"]

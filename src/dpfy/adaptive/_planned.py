@@ -35,6 +35,7 @@ class PlannedSchedule(AdaptiveMethod[None]):
     """
 
     total_steps: int
+    sets = frozenset({"noise_multiplier"})
 
     # -- what a subclass defines -----------------------------------------------------------
     def noise_multiplier(self, step: int) -> float:

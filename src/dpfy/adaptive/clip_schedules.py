@@ -59,6 +59,8 @@ class ClipSchedule(AdaptiveMethod[None]):
                 "given exactly when kind = 'function'")
         require(self.offset >= 0, "offset", self.offset, ">= 0")
 
+    sets = frozenset({"clip"})
+
     def clip(self, step: int) -> float:
         t = step + self.offset
         if self.kind == "function":

@@ -89,6 +89,15 @@ class DynamicDPSGD(PlannedSchedule):
             require(1 <= self.stages <= self.total_steps, "stages", self.stages,
                     f"None or in [1, total_steps = {self.total_steps}]")
 
+    sets = frozenset({"noise_multiplier", "clip"})
+
+    @classmethod
+    def from_options(cls, preset: str = "dynamic", **options):
+        """``make("dynamic", preset=..., rho_mu=..., ...)``: calibrated by make_private."""
+        from dpfy.adaptive.factory import deferred_schedule
+        require(preset in PRESETS, "preset", preset, f"one of {sorted(PRESETS)}")
+        return deferred_schedule("dynamic", preset, **options)
+
     def fraction(self, step: int) -> float:
         """t/T for 0-based ``step`` (paper t = step + 1), rounded up to the stage end."""
         self.check_step(step)

@@ -28,19 +28,21 @@ from typing import Any
 
 from dpfy._validate import require
 from dpfy.adaptive._planned import steps_within_budget
-from dpfy.adaptive.base import AdaptiveMethod
+from dpfy.adaptive.base import AdaptiveMethod, Deferred, RunFacts, bind_facts
 from dpfy.adaptive.dynamic import PRESETS, calibrate_dynamic
 from dpfy.adaptive.plateau import PlateauNoiseDecay
 from dpfy.adaptive.schedules import KINDS, NoiseDecay
+from dpfy.privacy.ledger import Sampling
 
-__all__ = ["make_schedule", "SCHEDULE_NAMES"]
+__all__ = ["make_schedule", "SCHEDULE_NAMES", "deferred_schedule"]
 
 SCHEDULE_NAMES = tuple(KINDS) + ("plateau",) + tuple(PRESETS)
 
 
 def make_schedule(name: str, *, target_epsilon: float, delta: float, sample_rate: float,
                   total_steps: int, steps_per_epoch: int, max_grad_norm: float,
-                  accountant: str = "pld", **options: Any) -> AdaptiveMethod:
+                  accountant: str = "pld", approximate: bool = False,
+                  **options: Any) -> AdaptiveMethod:
     """Build schedule ``name`` for a run of ``total_steps`` updates at Poisson rate ``sample_rate``.
 
     Args:
@@ -52,8 +54,31 @@ def make_schedule(name: str, *, target_epsilon: float, delta: float, sample_rate
       max_grad_norm: the clip C (C_0 for Dynamic DP-SGD).
       accountant: ``"pld"`` (default, rigorous), ``"rdp"``, or ``"gdp"`` (the paper's CLT; an
         approximation that can under-report ε).
+      approximate: must be True with ``accountant="gdp"``: an explicit opt-in to the paper's
+        CLT calibration (reproductions only). The run's rigorous ε is still what the ledger
+        and the privacy report give.
       **options: schedule-specific, see the module docstring. Unknown options raise.
+
+    The schedule returned records the facts it was calibrated for (``calibrated_for``);
+    ``make_private`` refuses it under a run with other facts.
     """
+    built = _build(name, target_epsilon=target_epsilon, delta=delta, sample_rate=sample_rate,
+                   total_steps=total_steps, steps_per_epoch=steps_per_epoch,
+                   max_grad_norm=max_grad_norm, accountant=accountant,
+                   approximate=approximate, **options)
+    return bind_facts(built, RunFacts(
+        sampling=Sampling.POISSON, sample_rate=sample_rate, steps=total_steps,
+        steps_per_epoch=steps_per_epoch, delta=delta, target_epsilon=target_epsilon,
+        accountant=accountant, max_grad_norm=max_grad_norm))
+
+
+def _build(name: str, *, target_epsilon: float, delta: float, sample_rate: float,
+           total_steps: int, steps_per_epoch: int, max_grad_norm: float, accountant: str,
+           approximate: bool, **options: Any) -> AdaptiveMethod:
+    require(accountant != "gdp" or approximate, "accountant", accountant,
+            "'pld' or 'rdp' unless approximate=True",
+            "The GDP CLT can under-report ε; pass approximate=True only to reproduce a "
+            "paper's GDP calibration (the report still gives the rigorous ε)")
     require(name in SCHEDULE_NAMES, "schedule", name, f"one of {sorted(SCHEDULE_NAMES)}")
     require(target_epsilon > 0, "target_epsilon", target_epsilon, "> 0")
     require(0 < delta < 1, "delta", delta, "in (0, 1)")
@@ -107,3 +132,31 @@ def _noise_decay(kind: str, *, total_steps: int, steps_per_epoch: int, accountan
 def _check_options(name: str, options: dict[str, Any], allowed: set[str]) -> None:
     extra = sorted(set(options) - allowed)
     require(not extra, "options", extra, f"among {sorted(allowed)} for schedule {name!r}")
+
+
+def deferred_schedule(registry_name: str, name: str, **options: Any) -> Deferred:
+    """Schedule ``name`` built by ``make_private`` for the run's facts (``make(...)`` path).
+
+    Needs a target ε and δ (the schedule is calibrated to them) and Poisson sampling (the
+    calibration assumes it).
+    """
+    require(name in SCHEDULE_NAMES, registry_name, name, f"one of {sorted(SCHEDULE_NAMES)}")
+
+    def build(facts: RunFacts) -> AdaptiveMethod:
+        require(facts.sampling == Sampling.POISSON, "sampling", facts.sampling.value,
+                f"'poisson' for method {registry_name!r}",
+                "Its calibration assumes Poisson sampling; use poisson_sampling=True")
+        require(facts.target_epsilon is not None and facts.delta is not None,
+                "target_epsilon", facts.target_epsilon, f"given for method {registry_name!r}",
+                "It is calibrated to the run's budget: pass target_epsilon= and target_delta=")
+        require(facts.steps is not None, "steps", None, f"known for method {registry_name!r}",
+                "Pass epochs= or max_steps= to make_private")
+        require(facts.max_grad_norm is not None, "max_grad_norm", None,
+                f"a float for method {registry_name!r}", "Pass one clip norm")
+        return make_schedule(name, target_epsilon=facts.target_epsilon, delta=facts.delta,
+                             sample_rate=facts.sample_rate, total_steps=facts.steps,
+                             steps_per_epoch=facts.steps_per_epoch or 1,
+                             max_grad_norm=facts.max_grad_norm, accountant=facts.accountant,
+                             **options)
+
+    return Deferred(registry_name, build)

@@ -46,7 +46,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from dpfy._validate import require
-from dpfy.adaptive.base import AdaptiveMethod, register
+from dpfy.adaptive.base import AdaptiveMethod, Needs, register
 from dpfy.plan import StepPlan
 from dpfy.privacy.ledger import Ledger, Sampling
 
@@ -93,6 +93,16 @@ class PlateauNoiseDecay(AdaptiveMethod[PlateauState]):
                 self.min_noise_multiplier, f"in (0, initial = {self.initial}]")
         require(self.window >= 1, "window", self.window, ">= 1")
         require(self.total_steps >= 1, "total_steps", self.total_steps, ">= 1")
+
+    sets = frozenset({"noise_multiplier"})
+    needs = Needs(validation="public")
+    ledger_depends_on_data = True
+
+    @classmethod
+    def from_options(cls, **options):
+        """``make("plateau", initial=σ_0, ...)``: built by make_private for the run's steps."""
+        from dpfy.adaptive.factory import deferred_schedule
+        return deferred_schedule("plateau", "plateau", **options)
 
     def init(self) -> PlateauState:
         return PlateauState(noise_multiplier=self.initial)

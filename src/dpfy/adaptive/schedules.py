@@ -91,6 +91,12 @@ class NoiseDecay(PlannedSchedule):
                     "σ_end is the noise multiplier the decay ends at; it cannot exceed σ_0 "
                     "and must stay > 0 to keep the last steps private")
 
+    @classmethod
+    def from_options(cls, kind: str = "exponential", **options) -> "Deferred":
+        """``make("noise_decay", kind=..., rate=..., ...)``: calibrated by make_private."""
+        from dpfy.adaptive.factory import deferred_schedule
+        return deferred_schedule("noise_decay", kind, **options)
+
     def unit(self, step: int) -> int:
         """u: the schedule's time at 0-based ``step`` (epochs completed, or the step)."""
         return step if self.per == "step" else step // self.steps_per_epoch

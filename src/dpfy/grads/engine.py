@@ -329,30 +329,38 @@ class GradEngine:
 
     # -- phase 2: weighted sums ------------------------------------------------------------
     def weighted_sums(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """{parameter name: Σ_i w_i ∂ℓ_i/∂θ} for weights {name: (B,)} (sensitive inputs).
+        """{parameter name: Σ_i w_i ∂ℓ_i/∂θ} for weights {name: (B,)} (sensitive inputs)."""
+        return self.weighted_sums_many([weights])[0]
 
-        Call after :meth:`per_sample_sq_norms` on the same captures. Each unit's captures are
-        dropped as soon as its sum is formed, last layer first (the order backward freed them
-        in), so that the largest sums are not allocated while every activation is still held.
+    def weighted_sums_many(self, weight_sets: list[dict[str, torch.Tensor]]
+                           ) -> list[dict[str, torch.Tensor]]:
+        """One weighted sum per weight set, from the same captures (sensitive inputs).
+
+        Several sums serve a method that releases a second parameter-shaped sum (OSO's
+        threshold gradient Σ_i 1[‖g_i‖ > C] g_i/‖g_i‖). Call after :meth:`per_sample_sq_norms`
+        on the same captures. Each unit's captures are dropped as soon as its sums are formed,
+        last layer first (the order backward freed them in), so that the largest sums are not
+        allocated while every activation is still held.
         """
-        out: dict[str, torch.Tensor] = {}
+        outs: list[dict[str, torch.Tensor]] = [{} for _ in weight_sets]
         s = self._scale(self._b)
-        unique = {id(t): t for t in weights.values()}  # a shared weight tensor is scaled once
+        unique = {id(t): t for ws in weight_sets for t in ws.values()}  # shared: scaled once
         scaled = {k: t * s for k, t in unique.items()} if s != 1.0 else unique
         for u in reversed(self.units):
             kind, data = self._cache.pop(id(u))
             self._calls[id(u)].clear()
-            w = {rel: scaled[id(weights[u.qualified(rel)])] for rel in u.params}
-            if kind == "zero":
-                sums = {rel: torch.zeros_like(p) for rel, p in u.params.items()}
-            elif kind == "ghost":
-                sums = u.rule.weighted_sum(u.module, data.args[0], data.grads[0], w)
-            else:
-                sums = _row_sums(data, w)
+            for ws, out in zip(weight_sets, outs):
+                w = {rel: scaled[id(ws[u.qualified(rel)])] for rel in u.params}
+                if kind == "zero":
+                    sums = {rel: torch.zeros_like(p) for rel, p in u.params.items()}
+                elif kind == "ghost":
+                    sums = u.rule.weighted_sum(u.module, data.args[0], data.grads[0], w)
+                else:
+                    sums = _row_sums(data, w)
+                for rel, t in sums.items():
+                    out[u.qualified(rel)] = t
             del data
-            for rel, t in sums.items():
-                out[u.qualified(rel)] = t
-        return {n: out[n] for n, _ in self.named_params}
+        return [{n: out[n] for n, _ in self.named_params} for out in outs]
 
     def explain(self) -> list[dict[str, Any]]:
         """One row per unit: module, type, parameter count, rule file, route and why.

@@ -1,0 +1,111 @@
+"""The budget guard: the step horizon, the ε cap, and the running accountant behind it.
+
+Checked before any noise of a step is drawn, so a refused step releases nothing. It raises
+:class:`dpfy.errors.BudgetExhausted` (not a ``ValueError``: the input was fine, the budget is
+spent). Only rigorous accountants (PLD, RDP) may decide that a step fits.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from dpfy._validate import require
+from dpfy.errors import BudgetExhausted
+from dpfy.privacy import Ledger, Release, Sampling, epsilon as ledger_epsilon
+from dpfy.privacy.calibration import last_passing
+from dpfy.privacy.running import RunningEpsilon
+
+__all__ = ["BudgetGuard", "RIGOROUS"]
+
+RIGOROUS = ("pld", "rdp")
+
+
+class BudgetGuard:
+    """Refuses step ``max_steps`` + 1, and any step whose releases would take ε above the cap.
+
+    Attributes:
+      max_steps: T (None: unbounded). Setting a larger value is an explicit re-plan.
+      epsilon_cap: hard cap on ε(delta), or None.
+      delta, accountant: where and how ε is read for the cap (PLD or RDP only).
+    """
+
+    def __init__(self, *, max_steps: int | None, epsilon_cap: float | None,
+                 delta: float | None, accountant: str) -> None:
+        if epsilon_cap is not None:
+            require(epsilon_cap > 0, "epsilon_cap", epsilon_cap, "> 0")
+            require(delta is not None, "target_delta", None, "given with epsilon_cap",
+                    "ε is defined at a δ: pass target_delta=")
+            require(accountant in RIGOROUS, "accountant", accountant,
+                    f"one of {list(RIGOROUS)} for the ε cap",
+                    "The GDP CLT can under-report ε; cap with 'pld' or 'rdp' and read GDP "
+                    "afterwards with optimizer.epsilon(delta, accountant='gdp')")
+        self.max_steps, self.epsilon_cap = max_steps, epsilon_cap
+        self.delta, self.accountant = delta, accountant
+        self._cache: tuple[tuple, int, int] | None = None
+        self._running: RunningEpsilon | None = None
+
+    def reset(self) -> None:
+        """Forget cached counts (after the ledger was replaced, e.g. on resume)."""
+        self._cache, self._running = None, None
+
+    def check_step(self, step: int) -> None:
+        """Refuse a step at or beyond the horizon (before anything is computed for it)."""
+        if self.max_steps is not None and step >= self.max_steps:
+            raise BudgetExhausted(
+                f"step must be < max_steps = {self.max_steps} (the budget the run was planned "
+                f"for), got step = {step}. Stop training, or re-plan explicitly by setting "
+                f"optimizer.max_steps to a larger value, knowing ε will exceed the target")
+
+    def check_release(self, ledger: Ledger, *, sampling: Sampling, sample_rate: float,
+                      releases: Sequence[Release]) -> None:
+        """Refuse a step whose releases would take ε(delta) above ``epsilon_cap``.
+
+        To avoid an accountant call per step, we search once how many more steps of the same
+        kind fit under the cap and count down; a new kind of step, or a count that ran out,
+        searches again (and only a search that finds 0 refuses).
+        """
+        if self.epsilon_cap is None:
+            return
+        kind = (sampling, sample_rate, tuple(releases))
+        cache = self._cache
+        if cache is None or cache[0] != kind or ledger.num_steps - cache[1] >= cache[2]:
+            self._cache = cache = (kind, ledger.num_steps,
+                                   self._steps_under_cap(ledger, sampling, sample_rate,
+                                                         releases))
+        if cache[2] == 0:
+            raise BudgetExhausted(
+                f"epsilon must stay <= epsilon_cap = {self.epsilon_cap} at delta = "
+                f"{self.delta}, got {ledger.num_steps} steps taken and the next would exceed "
+                f"it. Training must stop here (raise epsilon_cap only if your privacy budget "
+                f"allows it)")
+
+    def _steps_under_cap(self, ledger: Ledger, sampling: Sampling, sample_rate: float,
+                         releases: Sequence[Release]) -> int:
+        """How many more steps like this one fit under the cap.
+
+        Counted with the incremental bound (the ledger so far is composed once; each trial adds
+        only its k steps; coarser PLD, so an upper bound and conservative). When that bound says
+        not even one more step fits, ``dpfy.privacy.epsilon`` — the function calibration uses —
+        has the final word on the next step, so a run calibrated to exactly the cap is not
+        stopped early, at the cost of at most one full accounting per such step.
+        """
+        if self._running is None:
+            self._running = RunningEpsilon(delta=self.delta, accountant=self.accountant)
+
+        def extra(k: int) -> Ledger:
+            out = Ledger(ledger.dataset_size)
+            out.record_step(sampling=sampling, sample_rate=sample_rate, releases=releases,
+                            count=k)
+            return out
+
+        def fits(k: int) -> bool:
+            return self._running.with_extra(ledger, extra(k)) <= self.epsilon_cap
+
+        if not fits(1):
+            exact = ledger_epsilon(ledger.followed_by(extra(1)), delta=self.delta,
+                                   accountant=self.accountant)
+            return 1 if exact <= self.epsilon_cap else 0
+        lo, hi = 1, 2
+        while hi < 10**7 and fits(hi):
+            lo, hi = hi, hi * 2
+        return last_passing(fits, lo, hi)

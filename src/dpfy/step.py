@@ -1,0 +1,213 @@
+"""The private step, as pure pieces: what a step releases, and the sums it releases.
+
+One logical step t (DESIGN.md steps 1–3; the optimizer is only the torch facade around this):
+
+1. plan:     P_t = method.plan(state, StepPlan(t, q, σ, C))          public / released inputs
+2. norms:    n_i = ‖∂ℓ_i/∂θ‖ (and per parameter)                     (B,)  sensitive
+3. clipping: (w_i, Δ) = method.clipping(...) or the clipping policy   assert ‖w_i g_i‖ ≤ Δ
+4. extras:   v_i per declared release (values, or weights on g_i)     assert ‖v_i‖ ≤ Δ_r
+5. sums:     S = Σ_i w_i g_i, R_r = Σ_i v_i, over every physical batch of the logical batch
+6. release:  S̃ = S + N(0, (σ_t Δ)² I), R̃_r = R_r + N(0, std_r²); the ledger records
+             :func:`step_releases` (P_t, specs) — the same function calibration uses
+7. update:   p.grad = S̃ / b; the inner optimizer steps; method.update(state, Released(...))
+
+:func:`step_releases` is the one statement of what a step releases. :func:`planned_ledger`
+writes, before training, the ledger of a data-independent method's whole run with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+
+from dpfy.adaptive.base import Clip, Method, Norms, Released, ReleaseSpec, RunFacts
+from dpfy.errors import PrivacyRefusal
+from dpfy.plan import StepPlan
+from dpfy.privacy.ledger import Ledger, Release
+
+__all__ = ["GRADIENT", "step_releases", "planned_ledger", "check_bound", "StepSums"]
+
+GRADIENT = "gradient"
+# Relative slack of the per-step sensitivity assertion: float32 norms make min(1, C/n)·n
+# exceed C by a few ulps (≈ 1e-7); a method's real excess is far larger.
+_SLACK = 1e-5
+
+
+def step_releases(plan: StepPlan, specs: Mapping[str, ReleaseSpec]) -> tuple[Release, ...]:
+    """What one step releases: the gradient sum at σ_t, then each declared extra release.
+
+    The optimizer records exactly this in the ledger, the budget guard checks it, and
+    calibration writes it for every planned step: there is no second formula.
+    """
+    out = [Release(GRADIENT, float(plan.noise_multiplier))]
+    for name, spec in specs.items():
+        if name == GRADIENT:
+            raise ValueError(f"an extra release name must not be {GRADIENT!r}, got "
+                             f"{GRADIENT!r}. Name the release after what it holds")
+        out.append(Release(name, spec.noise_multiplier))
+    return tuple(out)
+
+
+def base_plan(facts: RunFacts, step: int, noise_multiplier: float,
+              clip: float | torch.Tensor) -> StepPlan:
+    """The plan before any method changes it: the sampler's q, the run's σ and C."""
+    return StepPlan(step=step, sample_rate=facts.sample_rate, noise_multiplier=noise_multiplier,
+                    clip=clip)
+
+
+def planned_ledger(method: Method, facts: RunFacts, *, noise_multiplier: float = 0.0,
+                   clip: float | torch.Tensor = 1.0, steps: int | None = None) -> Ledger:
+    """The ledger a run of ``method`` under ``facts`` will write, built before training.
+
+    Only for data-independent methods (their plans and release specs depend on the step
+    alone); others raise, naming the budget guard as the alternative (STYLE.md R9).
+    """
+    if not method.is_data_independent():
+        raise ValueError(
+            f"method must be data-independent to write its ledger in advance, got method = "
+            f"{method.registry_name or type(method).__name__} (it adapts to released values). "
+            f"Give its noise explicitly and let the budget guard (target_epsilon= or "
+            f"epsilon_cap=) stop training at the target")
+    steps = facts.steps if steps is None else steps
+    if steps is None:
+        raise ValueError("steps must be known to write a run's ledger, got steps = None. "
+                         "Pass epochs= or max_steps= to make_private")
+    state = method.init()
+    ledger = Ledger(dataset_size=facts.dataset_size)
+    for t in range(steps):
+        plan = method.plan(state, base_plan(facts, t, noise_multiplier, clip))
+        ledger.record_step(sampling=facts.sampling, sample_rate=facts.sample_rate,
+                           releases=step_releases(plan, method.releases(state, plan)))
+    return ledger
+
+
+def check_bound(sq_contrib: torch.Tensor, bound: float, *, what: str, owner: str) -> None:
+    """Refuse unless every example's contribution has L2 norm ≤ ``bound``.
+
+    ``sq_contrib`` is ‖contribution_i‖², (B,), sensitive. Costs one max over B values.
+    """
+    if sq_contrib.numel() == 0:
+        return
+    worst = float(sq_contrib.max().sqrt())
+    if not worst <= bound * (1 + _SLACK):
+        raise PrivacyRefusal(
+            f"{what} must have every example's contribution within its declared sensitivity "
+            f"{bound:.6g}, got a contribution of norm {worst:.6g} from {owner}. The ledger "
+            f"would under-count this release: fix the method's weights or declare the true "
+            f"sensitivity (nothing of this step was released)")
+
+
+@dataclass
+class StepSums:
+    """The sensitive sums of one logical step, accumulated over its physical batches.
+
+    Discard (drop the object) if the step is abandoned; nothing in it is released until
+    :meth:`release`.
+    """
+
+    plan: StepPlan
+    specs: Mapping[str, ReleaseSpec]
+    sensitivity: float | None = None                           # Δ of the gradient sum
+    gradient: dict[str, torch.Tensor] | None = None            # sensitive: Σ w_i g_i
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)  # sensitive: Σ v_i
+    rows: int = 0
+    norm_sum: float = 0.0                                      # debug only, NOT private
+
+    def add(self, grads: Any, norms: Norms, clip: Clip, values: Mapping[str, torch.Tensor],
+            owner: str) -> None:
+        """Add one physical batch: check every bound, then form and add the weighted sums.
+
+        ``grads`` is the :class:`dpfy.grads.GradEngine` holding the batch's captures.
+        """
+        names = list(norms.per_parameter_sq)
+        w = clip.weights
+        weights = {n: w for n in names} if torch.is_tensor(w) else dict(w)
+        if set(weights) != set(names):
+            raise PrivacyRefusal(f"clipping weights must cover every trainable parameter, got "
+                                 f"{sorted(set(names) ^ set(weights))} from {owner}. Return "
+                                 f"one (B,) tensor or one per parameter")
+        if self.sensitivity is None:
+            self.sensitivity = clip.sensitivity
+        elif clip.sensitivity != self.sensitivity:
+            raise PrivacyRefusal(f"the clipping sensitivity must be the same for every physical "
+                                 f"batch of a step, got {clip.sensitivity} after "
+                                 f"{self.sensitivity} from {owner}")
+        contrib = sum(weights[n].square() * norms.per_parameter_sq[n] for n in names)  # (B,)
+        check_bound(contrib if names else norms.total.new_zeros(0), clip.sensitivity,
+                    what="the clipped gradient sum", owner=owner)
+        extra_weights: list[dict[str, torch.Tensor]] = []
+        extra_names: list[str] = []
+        for name, spec in self.specs.items():
+            if name not in values:
+                raise PrivacyRefusal(f"release_values must give a value for every declared "
+                                     f"release, got none for {name!r} from {owner}")
+            v = values[name]                                      # sensitive
+            if spec.kind == "gradient":
+                check_bound(v.square() * norms.total.square(), spec.sensitivity,
+                            what=f"release {name!r}", owner=owner)
+                extra_weights.append({n: v for n in names})
+                extra_names.append(name)
+            else:
+                rows = v.reshape(v.shape[0], -1) if v.dim() else v.reshape(1, 1)
+                check_bound(rows.double().square().sum(1), spec.sensitivity,
+                            what=f"release {name!r}", owner=owner)
+                self._add_extra(name, v.double().sum(0))
+        unexpected = sorted(set(values) - set(self.specs))
+        if unexpected:
+            raise PrivacyRefusal(f"release_values must only give declared releases, got "
+                                 f"{unexpected} from {owner}. Declare them in releases()")
+        sums = grads.weighted_sums_many([weights] + extra_weights)  # sensitive
+        self._add_gradient(sums[0])
+        for name, s in zip(extra_names, sums[1:]):
+            self._add_extra(name, s)
+        self.rows += int(norms.total.shape[0])
+        self.norm_sum += float(norms.total.sum())
+
+    def _add_gradient(self, sums: dict[str, torch.Tensor]) -> None:
+        if self.gradient is None:
+            self.gradient = sums
+        else:
+            for n, s in sums.items():
+                self.gradient[n].add_(s)
+
+    def _add_extra(self, name: str, total: Any) -> None:
+        prev = self.extras.get(name)
+        if prev is None:
+            self.extras[name] = total
+        elif isinstance(total, dict):
+            for n, s in total.items():
+                prev[n].add_(s)
+        else:
+            self.extras[name] = prev + total
+
+    def release(self, noise: Any, params: Mapping[str, torch.nn.Parameter], normalizer: float,
+                ) -> dict[str, Any]:
+        """Noise every sum once; set ``p.grad`` = S̃/b; return the released extras.
+
+        One parameter at a time, so peak memory stays Σθ + max θ.
+        """
+        std = float(self.plan.noise_multiplier) * float(self.sensitivity or 0.0)
+        for n, p in params.items():
+            total = self.gradient.pop(n) if self.gradient is not None else torch.zeros_like(p)
+            p.grad = noise.noisy_mean(total, std, normalizer).to(p.dtype)  # released
+        out: dict[str, Any] = {}
+        for name, spec in self.specs.items():
+            total = self.extras.pop(name, None)
+            if isinstance(total, dict):      # parameter-shaped
+                out[name] = {n: noise.add_gaussian_(t.clone(), spec.noise_std)
+                             for n, t in total.items()}
+                continue
+            t = torch.as_tensor(0.0 if total is None else total, dtype=torch.float64)
+            noisy = noise.add_gaussian_(t.reshape(-1).clone(), spec.noise_std)
+            out[name] = float(noisy) if t.dim() == 0 else noisy.reshape(t.shape)
+        return out
+
+
+def released(sums: StepSums, extras: Mapping[str, Any], normalizer: float,
+             params: Mapping[str, torch.nn.Parameter]) -> Released:
+    """What ``method.update`` reads: the plan, the released gradient and extras."""
+    return Released(plan=sums.plan, expected_batch_size=normalizer, sums=dict(extras),
+                    gradient={n: p.grad for n, p in params.items()})
+

@@ -1,0 +1,10 @@
+"""``per_layer_quantile`` lives in ``adaptive/quantile.py``; its tests are in ``test_quantile.py``
+(the ``FILE_ALIASES`` decision, STYLE.md §7). This file keeps R1's one-test-file-per-key rule
+visible and checks the alias."""
+
+from dpfy.adaptive import FILE_ALIASES, REGISTRY, LayerQuantileClipping
+
+
+def test_registered_under_its_key_in_the_quantile_file():
+    assert REGISTRY["per_layer_quantile"] is LayerQuantileClipping
+    assert FILE_ALIASES["per_layer_quantile"] == "quantile"
