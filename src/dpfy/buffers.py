@@ -48,7 +48,7 @@ from torch.utils.hooks import RemovableHandle
 
 from dpfy.errors import PrivacyRefusal
 
-__all__ = ["BufferGuard", "guard_of", "buffer_fix", "is_training_forward"]
+__all__ = ["BufferGuard", "BufferChange", "guard_of", "buffer_fix", "is_training_forward"]
 
 # The guard attached to each model (by make_private); a new guard on the same model replaces it.
 _GUARDS: "weakref.WeakKeyDictionary[nn.Module, BufferGuard]" = weakref.WeakKeyDictionary()
@@ -130,6 +130,24 @@ def _how_changed(before: _Seen | None, now: torch.Tensor | None, present: bool) 
     return None
 
 
+@dataclass(frozen=True)
+class BufferChange:
+    """One buffer that a training forward changed, and what to do about it."""
+
+    module: str   # qualified name of the module owning the buffer ("" for the root)
+    kind: str     # the module's class name
+    buffer: str   # the buffer's name within that module
+    how: str      # what happened ("modified in place", ...)
+    fix: str
+
+    def __str__(self) -> str:
+        qualified = f"{self.module}.{self.buffer}" if self.module else self.buffer
+        return (f"buffer {qualified!r} of module {self.module or '(root)'!r} ({self.kind}) must "
+                f"not change in a training forward, got it {self.how}. Buffers are saved and "
+                f"reused with the model but nothing accounts what they learn from the training "
+                f"data. {self.fix}.")
+
+
 class _Watch:
     """One hooked module: notes the buffers of ``owners`` before its forward, checks after."""
 
@@ -143,16 +161,17 @@ class _Watch:
         return {(k, name): _Seen(t, _version(t), _ptr(t), _copy(t) if with_copies else None)
                 for k, (_, m) in enumerate(self.owners) for name, t in m._buffers.items()}
 
-    def pre(self, module: nn.Module, args: Any) -> None:
+    def pre(self, module: nn.Module) -> None:
         if not is_training_forward(module):
             self.stack.append(None)
             return
         self.stack.append(self.snapshot(with_copies=not self.values_checked))
 
-    def post(self, module: nn.Module, args: Any, output: Any) -> None:
+    def post(self) -> None:
         # always_call: runs (and pops) also when the forward raised
         before = self.stack.pop() if self.stack else None
-        if before is None or sys.exc_info()[1] is self.guard.raised:
+        raised = self.guard.raised
+        if before is None or (raised is not None and sys.exc_info()[1] is raised):
             return  # not checked, or an inner module's refusal is already on its way up
         self.values_checked = True
         changes = []
@@ -162,7 +181,8 @@ class _Watch:
             for name in names:
                 how = _how_changed(before.get((k, name)), bufs.get(name), name in bufs)
                 if how is not None:
-                    changes.append((owner_name, m, name, how))
+                    changes.append(BufferChange(owner_name, type(m).__name__, name, how,
+                                                buffer_fix(m)))
         if changes:
             self.guard._refuse(changes)
 
@@ -172,13 +192,14 @@ class BufferGuard:
 
     ``guard = BufferGuard(model)`` hooks ``model`` (see the module docstring for what is
     checked, when, and at what cost); ``guard.detach()`` removes the hooks. At most one guard
-    per model: a new one replaces (detaches) the previous one.
+    per model: a new one replaces (detaches) the previous one. The hooks are plain closures, so
+    a ``copy.deepcopy`` of a guarded model is not guarded (its hooks still watch the original).
 
     Args:
       model: the model whose buffers must not learn from training forwards.
-      collect: instead of raising :class:`dpfy.errors.PrivacyRefusal`, append each problem
-        (one line naming the module, its class, the buffer and the fix) to ``guard.problems``;
-        used by ``dpfy.validate(model, example_input=...)``.
+      collect: instead of raising :class:`dpfy.errors.PrivacyRefusal`, append each change to
+        ``guard.problems`` (a :class:`BufferChange`, printable as one line); used by
+        ``dpfy.validate(model, example_input=...)``.
     """
 
     def __init__(self, model: nn.Module, *, collect: bool = False) -> None:
@@ -186,7 +207,7 @@ class BufferGuard:
         if old is not None:
             old.detach()
         self.collect = collect
-        self.problems: list[str] = []
+        self.problems: list[BufferChange] = []
         self.raised: PrivacyRefusal | None = None  # the last refusal (outer hooks let it pass)
         self._handles: list[RemovableHandle] = []
         modules = list(model.named_modules())
@@ -199,25 +220,23 @@ class BufferGuard:
 
     def _hook(self, module: nn.Module, owners: list[tuple[str, nn.Module]]) -> None:
         watch = _Watch(self, owners)
-        self._handles.append(module.register_forward_pre_hook(watch.pre))
-        self._handles.append(module.register_forward_hook(watch.post, always_call=True))
 
-    def _refuse(self, changes: list[tuple[str, nn.Module, str, str]]) -> None:
-        lines = []
-        for owner_name, m, name, how in changes:
-            label = owner_name or "(root)"
-            qualified = f"{owner_name}.{name}" if owner_name else name
-            lines.append(
-                f"buffer {qualified!r} of module {label!r} ({type(m).__name__}) must not change "
-                f"in a training forward, got it {how}. Buffers are saved and reused with the "
-                f"model but nothing accounts what they learn from the training data. "
-                f"{buffer_fix(m)}.")
+        def pre(m: nn.Module, args: Any) -> None:
+            watch.pre(m)
+
+        def post(m: nn.Module, args: Any, output: Any) -> None:
+            watch.post()
+
+        self._handles.append(module.register_forward_pre_hook(pre))
+        self._handles.append(module.register_forward_hook(post, always_call=True))
+
+    def _refuse(self, changes: list[BufferChange]) -> None:
         if self.collect:
-            self.problems.extend(x for x in lines if x not in self.problems)
+            self.problems.extend(c for c in changes if c not in self.problems)
             return
         self.raised = PrivacyRefusal(
-            "\n".join(lines) + "\nThe model's buffers now hold values of this batch: rebuild "
-            "(or reload) the model after the fix before training it.")
+            "\n".join(map(str, changes)) + "\nThe model's buffers now hold values of this "
+            "batch: rebuild (or reload) the model after the fix before training it.")
         raise self.raised
 
     def detach(self) -> None:

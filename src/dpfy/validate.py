@@ -1,64 +1,168 @@
 """``dpfy.validate``: find (and optionally fix) what stops a model from training privately.
 
-Problems reported: layers that mix the examples of a batch (BatchNorm: fixable, replaced by
-GroupNorm), and, for a given engine, modules without a layer rule (``engine="ghost"``) — those go
-to the vmap engine under ``engine="auto"``.
+Problems seen without running the model:
+
+- layers that mix the examples of a batch (any BatchNorm): fixable, replaced by a GroupNorm that
+  stays meaningful for the layer's input (:func:`batchnorm_to_groupnorm`);
+- modules with ``track_running_stats=True``: their running statistics learn from the training
+  data and would be saved with the model unaccounted; fixable for InstanceNorm, whose training
+  forward normalizes each example by its own statistics anyway (tracking is turned off);
+- for ``engine="ghost"``, modules without a layer rule (they go to vmap under ``"auto"``).
+
+With ``example_input``, one training-mode forward of a deep copy runs under
+:class:`dpfy.buffers.BufferGuard` and every buffer it changes is a problem, whatever the module
+(a user module that accumulates a statistic in ``forward``, say): the same check ``make_private``
+makes at the first training forward, done before training.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+from typing import Any
 
+import torch
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.instancenorm import _InstanceNorm
 
+from dpfy._validate import require
+from dpfy.buffers import BufferChange, BufferGuard
 from dpfy.grads.rules import rule_for
 
-__all__ = ["validate", "batchnorm_to_groupnorm"]
+__all__ = ["validate", "batchnorm_to_groupnorm", "buffer_problems"]
+
+_SPATIAL_BATCHNORMS = (nn.BatchNorm2d, nn.BatchNorm3d)  # inputs (B, C, H, W) / (B, C, D, H, W)
 
 
-def batchnorm_to_groupnorm(bn: nn.modules.batchnorm._BatchNorm) -> nn.GroupNorm:
-    """A GroupNorm with gcd(32, C) groups (Wu & He 2018's 32 when C allows it), affine as bn."""
+def batchnorm_to_groupnorm(bn: _BatchNorm, name: str = "") -> nn.GroupNorm:
+    """A GroupNorm for ``bn`` that normalizes each example on its own and still depends on it.
+
+    - BatchNorm2d / BatchNorm3d (spatial inputs): gcd(32, C) groups (Wu & He 2018's 32 when C
+      allows it); each group normalizes C/G channels × all positions.
+    - BatchNorm1d (and any other BatchNorm): one group. Its input is (B, C) or (B, C, L), and the
+      shape is not known here. On (B, C) a group of k channels normalizes only k values: k = 1
+      gives a constant (the old GroupNorm(C, C) replacement made the model ignore its input),
+      k = 2 keeps only the sign of a difference. One group is LayerNorm over C on (B, C) and
+      LayerNorm over (C, L) on (B, C, L): meaningful for both. C = 1 is refused: a single value
+      normalized on its own is a constant.
+
+    The affine parameters (values and ``requires_grad``) are copied from ``bn``; its running
+    statistics, learnt from data, are dropped.
+
+    Args:
+      bn: the BatchNorm to replace (initialized, for the lazy variants).
+      name: its qualified name in the model, for error messages.
+    """
+    label = name or type(bn).__name__
     c = bn.num_features
-    return nn.GroupNorm(math.gcd(32, c), c, eps=bn.eps, affine=bn.affine)
+    require(c >= 1, f"{label}.num_features", c, ">= 1 (an initialized layer)",
+            "Run one forward of the model before dpfy.validate, so lazy layers know their size")
+    if isinstance(bn, _SPATIAL_BATCHNORMS):
+        groups = math.gcd(32, c)
+    else:
+        require(c >= 2, f"{label}.num_features", c, ">= 2 for a replacement that depends on its "
+                "input", "A single channel normalized per example is a constant: remove the "
+                "layer, or replace it by hand (nn.GroupNorm(1, 1) if its input is (B, 1, L) "
+                "with L >= 2)")
+        groups = 1
+    ref = bn.weight if bn.affine else bn.running_mean
+    factory = {} if ref is None else {"device": ref.device, "dtype": ref.dtype}
+    gn = nn.GroupNorm(groups, c, eps=bn.eps, affine=bn.affine, **factory)
+    if bn.affine:
+        with torch.no_grad():
+            gn.weight.copy_(bn.weight)
+            gn.bias.copy_(bn.bias)
+        gn.weight.requires_grad_(bn.weight.requires_grad)
+        gn.bias.requires_grad_(bn.bias.requires_grad)
+    return gn
 
 
-def _replace_batchnorms(model: nn.Module) -> nn.Module:
-    if isinstance(model, nn.modules.batchnorm._BatchNorm):
-        return batchnorm_to_groupnorm(model)
-    for name, child in model.named_children():
-        setattr(model, name, _replace_batchnorms(child))
+def _stop_tracking(norm: _InstanceNorm) -> None:
+    """Turn an InstanceNorm's running statistics off, as its constructor would have."""
+    norm.track_running_stats = False
+    for buffer in ("running_mean", "running_var", "num_batches_tracked"):
+        setattr(norm, buffer, None)
+
+
+def _fix(model: nn.Module, name: str = "") -> nn.Module:
+    """Replace BatchNorms and turn InstanceNorm tracking off, in place; returns the root."""
+    if isinstance(model, _BatchNorm):
+        return batchnorm_to_groupnorm(model, name)
+    if isinstance(model, _InstanceNorm) and model.track_running_stats:
+        _stop_tracking(model)
+    for child_name, child in model.named_children():
+        setattr(model, child_name, _fix(child, f"{name}.{child_name}" if name else child_name))
     return model
 
 
-def validate(model: nn.Module, *, fix: bool = False, engine: str = "auto"
-             ) -> list[str] | nn.Module:
+def buffer_problems(model: nn.Module, example_input: Any) -> list[BufferChange]:
+    """The buffers that one training forward of a copy of ``model`` on ``example_input`` changes.
+
+    The copy is in training mode with autograd on (a training forward, as ``make_private``'s
+    guard defines it); ``model`` itself is not run. A tuple is passed as positional arguments.
+    """
+    probe = copy.deepcopy(model).train()
+    guard = BufferGuard(probe, collect=True)
+    args = example_input if isinstance(example_input, tuple) else (example_input,)
+    try:
+        with torch.enable_grad():
+            probe(*args)
+    finally:
+        guard.detach()
+    return guard.problems
+
+
+def _static_problems(model: nn.Module, engine: str) -> tuple[list[str], set[str]]:
+    """Problems visible without running the model, and the modules they name."""
+    problems, named = [], set()
+    for name, m in model.named_modules():
+        label = name or "(root)"
+        if isinstance(m, _BatchNorm):
+            problems.append(f"{label}: {type(m).__name__} mixes the examples of a batch (and "
+                            f"learns running statistics from them); dpfy.validate(model, "
+                            f"fix=True) replaces it with GroupNorm")
+            named.add(name)
+            continue
+        if getattr(m, "track_running_stats", False) is True:
+            fix = ("dpfy.validate(model, fix=True) turns tracking off"
+                   if isinstance(m, _InstanceNorm) else "build it with track_running_stats=False")
+            problems.append(f"{label}: {type(m).__name__} has track_running_stats=True: its "
+                            f"running statistics learn from the training data and would be "
+                            f"saved with the model unaccounted; {fix}")
+            named.add(name)
+        if (engine == "ghost" and rule_for(m) is None
+                and any(p.requires_grad for p in m.parameters(recurse=False))):
+            problems.append(f"{label}: no layer rule for {type(m).__name__}; use engine='auto' "
+                            f"or register a rule")
+    return problems, named
+
+
+def validate(model: nn.Module, *, fix: bool = False, engine: str = "auto",
+             example_input: Any = None) -> list[str] | nn.Module:
     """List the problems of ``model``, or (``fix=True``) return a fixed copy.
 
     Args:
-      model: the model to check; not modified.
-      fix: return a deep copy with every BatchNorm replaced by GroupNorm (gcd(32, C) groups),
-        raising if a problem remains that cannot be fixed automatically.
+      model: the model to check; not modified (and not run: ``example_input`` runs a copy).
+      fix: return a deep copy with every BatchNorm replaced by a GroupNorm
+        (:func:`batchnorm_to_groupnorm`) and InstanceNorm's ``track_running_stats`` turned off,
+        raising ``ValueError`` if a problem remains that cannot be fixed automatically.
       engine: the engine you intend to use; with ``"ghost"`` modules without a rule are problems.
+      example_input: a batch the model accepts (a tuple: positional arguments); if given, one
+        training-mode forward of a copy reports every buffer that forward changes.
 
     Returns:
       ``fix=False``: a list of human-readable problems (empty: ready). ``fix=True``: the model.
     """
     if fix:
-        fixed = _replace_batchnorms(copy.deepcopy(model))
-        left = validate(fixed, engine=engine)
+        fixed = _fix(copy.deepcopy(model))
+        left = validate(fixed, engine=engine, example_input=example_input)
         if left:
             raise ValueError(f"model must have no unfixable problems, got {left}. "
                              f"Change those layers by hand")
         return fixed
-    problems = []
-    for name, m in model.named_modules():
-        label = name or "(root)"
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            problems.append(f"{label}: {type(m).__name__} mixes examples; "
-                            f"dpfy.validate(model, fix=True) replaces it with GroupNorm")
-        elif (engine == "ghost" and rule_for(m) is None
-              and any(p.requires_grad for p in m.parameters(recurse=False))):
-            problems.append(f"{label}: no layer rule for {type(m).__name__}; use engine='auto' "
-                            f"or register a rule")
+    problems, named = _static_problems(model, engine)
+    if example_input is not None:
+        problems += [str(c) for c in buffer_problems(model, example_input)
+                     if c.module not in named]
     return problems
