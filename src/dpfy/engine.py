@@ -33,6 +33,7 @@ from dpfy._validate import require
 from dpfy.adaptive.base import Method, RunFacts, make as make_method, prepare
 from dpfy.adaptive.chain import chain
 from dpfy.budget import RIGOROUS, BudgetGuard
+from dpfy.buffers import BufferGuard
 from dpfy.clipping import make_clipping
 from dpfy.grads import GradEngine
 from dpfy.noise import NoiseSource
@@ -206,6 +207,7 @@ def make_private(
     except Exception:
         grads.detach()
         raise
+    BufferGuard(model)  # refuses buffers a training forward changes (dpfy/buffers.py)
     _ATTACHED[model] = grads
     return model, dp_optimizer, dp_loader
 
