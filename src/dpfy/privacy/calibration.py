@@ -8,6 +8,24 @@ reaches raises a ValueError that says what to change.
 
 Monotonicity used: ε falls as σ grows (or a schedule's scale s grows), and rises with q and with
 the number of steps. Every result is on the safe side: its ledger spends at most the target.
+
+Rigorous accountants only: noise that training uses is calibrated with PLD or RDP. The GDP CLT
+(``accountant="gdp"``) can under-report ε (at q = 256/60000, 40 epochs, target 3 it gives a σ
+whose PLD ε is 4.7), so every function here refuses it unless ``approximate=True`` is passed:
+an explicit opt-in for reproducing a paper's GDP calibration, whose rigorous ε the caller must
+then state next to it (``dpfy calibrate --accountant gdp --approximate`` prints the PLD ε).
+
+Bounded inputs (checked before any accountant runs, so a mistyped target fails in
+milliseconds instead of allocating terabytes):
+
+- ``target_epsilon <= MAX_TARGET_EPSILON`` (100). Above the guide's tiers (ε > 10 is "weak to
+  no guarantee"), ε = 100 already allows a likelihood ratio of e^100; larger targets only drive
+  σ towards 0, where PLD's grid explodes (``dpfy calibrate --target-epsilon 200 --accountant
+  pld`` took over a minute, ``dpfy train --epsilon 1e9`` asked for 3.6 TiB). Give a fixed σ
+  instead if such a run is really wanted.
+- with ``accountant="pld"``, σ (or every σ of a scaled schedule) must stay above the PLD floor
+  :func:`dpfy.privacy.accountants.pld_min_noise_multiplier` (0.293 at the 1e-4 grid); a target
+  only reachable below it raises and points to RDP.
 """
 
 from __future__ import annotations
@@ -17,24 +35,54 @@ from typing import Callable, Sequence
 
 from dpfy._validate import require
 from dpfy.privacy import gdp
-from dpfy.privacy.accountants import DEFAULT_RESOLUTION, check_accountant, epsilon
+from dpfy.privacy.accountants import (DEFAULT_RESOLUTION, PLD_FINE, check_accountant, epsilon,
+                                      pld_min_noise_multiplier)
 from dpfy.privacy.ledger import Ledger, Release, Sampling
 from dpfy.privacy.split import (combine_noise_multipliers, gaussian_remainder,
                                 quantile_noise_split, split_noise_multiplier)
 
 __all__ = ["calibrate_noise_multiplier", "calibrate_sample_rate", "calibrate_steps",
            "calibrate_schedule_scale", "hyfree_noise_split", "gaussian_remainder",
-           "split_noise_multiplier", "quantile_noise_split", "combine_noise_multipliers"]
+           "split_noise_multiplier", "quantile_noise_split", "combine_noise_multipliers",
+           "MAX_TARGET_EPSILON", "MAX_NOISE_MULTIPLIER", "check_rigorous"]
 
 MAX_NOISE_MULTIPLIER = 1e4
+MAX_TARGET_EPSILON = 100.0
 
 
-def _check_common(target_epsilon: float, delta: float, accountant: str) -> None:
+def check_rigorous(accountant: str, approximate: bool) -> None:
+    """Refuse the GDP approximation for a calibration unless ``approximate=True`` opts in."""
+    check_accountant(accountant)
+    require(accountant != "gdp" or approximate is True, "accountant", accountant,
+            "'pld' or 'rdp' for a calibration (GDP is a CLT approximation that can "
+            "under-report ε)",
+            "Use accountant='pld'; to reproduce a paper's GDP calibration pass "
+            "approximate=True (CLI: --approximate) and state the rigorous PLD ε next to it")
+
+
+def _check_common(target_epsilon: float, delta: float, accountant: str,
+                  approximate: bool = False) -> None:
     require(isinstance(target_epsilon, (int, float)) and 0 < target_epsilon < math.inf,
             "target_epsilon", target_epsilon, "> 0 and finite")
+    require(target_epsilon <= MAX_TARGET_EPSILON, "target_epsilon", target_epsilon,
+            f"<= {MAX_TARGET_EPSILON:g} (larger ε is no meaningful guarantee and drives σ to 0)",
+            "Lower the target ε, or give a fixed noise multiplier instead of a target")
     require(isinstance(delta, (int, float)) and 0 < delta < 1, "delta", delta, "in (0, 1)",
             "The guide's convention is δ ≪ 1/N, e.g. 1/N^1.1")
-    check_accountant(accountant)
+    check_rigorous(accountant, approximate)
+
+
+def _sigma_floor(accountant: str, sampling: Sampling) -> float:
+    """Smallest σ a calibration may try: PLD's grid floor for sampled steps, else 0."""
+    if accountant == "pld" and sampling is not Sampling.NONE:
+        return pld_min_noise_multiplier(PLD_FINE)
+    return 0.0
+
+
+def _below_pld_floor(target_epsilon: float, floor: float) -> None:
+    require(False, "target_epsilon", target_epsilon,
+            f"reachable with a noise multiplier >= {floor:.3g} (the PLD accountant's floor)",
+            "Lower the target ε, or calibrate with accountant 'rdp' (--accountant rdp)")
 
 
 def _check_rate(sample_rate: float) -> None:
@@ -60,8 +108,12 @@ def last_passing(ok: Callable[[int], bool], lo: int, hi: int) -> int:
 
 def _solve_decreasing(eps: Callable[[float], float], target: float, x0: float, *,
                       rel_tol: float, x_max: float, fail: Callable[[], None],
-                      bracket: tuple[float, float] | None = None) -> float:
+                      bracket: tuple[float, float] | None = None, x_min: float = 0.0,
+                      fail_low: Callable[[], None] | None = None) -> float:
     """Smallest x > 0 (to relative ``rel_tol``, on the safe side) with eps(x) <= target.
+
+    With ``x_min > 0`` no x below it is evaluated: if eps(x_min) already meets the target (the
+    answer lies below x_min), ``fail_low`` is called (it must raise).
 
     ``eps`` must be non-increasing in x. The search brackets the root around ``x0`` and then
     runs the Illinois variant of regula falsi on log ε against log x (ε is close to a power law
@@ -75,6 +127,8 @@ def _solve_decreasing(eps: Callable[[float], float], target: float, x0: float, *
         return math.inf if math.isinf(v) else math.log(v / target)
 
     lo, hi = bracket if bracket is not None else (x0 / 1.25, x0 * 1.25)
+    lo = max(lo, x_min)
+    hi = max(hi, lo * 1.25)
     f_lo, f_hi = f(lo), f(hi)
     while f_hi > 0:
         lo, f_lo, hi = hi, f_hi, hi * 2
@@ -82,7 +136,10 @@ def _solve_decreasing(eps: Callable[[float], float], target: float, x0: float, *
             fail()
         f_hi = f(hi)
     while f_lo <= 0:
-        hi, f_hi, lo = lo, f_lo, lo / 2
+        if lo <= x_min:
+            assert fail_low is not None, "x_min needs fail_low"
+            fail_low()
+        hi, f_hi, lo = lo, f_lo, max(lo / 2, x_min)
         if lo < 1e-12:
             return hi
         f_lo = f(lo)
@@ -133,7 +190,8 @@ def _gdp_sigma_guess(target_epsilon: float, delta: float, sample_rate: float,
 def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, sample_rate: float,
                                steps: int, accountant: str = "rdp",
                                sampling: Sampling = Sampling.POISSON,
-                               dataset_size: int | None = None, tol: float = 1e-3) -> float:
+                               dataset_size: int | None = None, tol: float = 1e-3,
+                               approximate: bool = False) -> float:
     """Smallest σ (to relative ``tol``) whose ledger of ``steps`` identical steps spends ≤ target.
 
     Args:
@@ -141,12 +199,13 @@ def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, sample_ra
       delta: δ in (0, 1).
       sample_rate: q per step (batch_size / dataset_size).
       steps: number of optimizer updates (logical batches), >= 1.
-      accountant: ``"rdp"``, ``"pld"`` or ``"gdp"`` (GDP is an approximation).
+      accountant: ``"rdp"``, ``"pld"``, or ``"gdp"`` with ``approximate=True`` only.
       sampling: the sampler the run will use (decides amplification and adjacency).
       dataset_size: N, required for ``Sampling.FIXED_SIZE``.
       tol: relative tolerance on σ; the returned σ is on the safe side.
+      approximate: must be True to calibrate with ``accountant="gdp"`` (module docstring).
     """
-    _check_common(target_epsilon, delta, accountant)
+    _check_common(target_epsilon, delta, accountant, approximate)
     _check_rate(sample_rate)
     _check_steps(steps)
 
@@ -160,6 +219,7 @@ def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, sample_ra
                 f"reachable with a noise multiplier below {MAX_NOISE_MULTIPLIER:g}",
                 "Raise the target ε or δ, or lower the sample rate or the number of steps")
 
+    floor = _sigma_floor(accountant, sampling)
     guess = _gdp_sigma_guess(target_epsilon, delta, sample_rate, steps)
     bracket = None
     if accountant == "pld" and sampling is Sampling.POISSON:
@@ -168,21 +228,26 @@ def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, sample_ra
         rdp_sigma = calibrate_noise_multiplier(
             target_epsilon=target_epsilon, delta=delta, sample_rate=sample_rate, steps=steps,
             accountant="rdp", sampling=sampling, dataset_size=dataset_size, tol=tol)
+        if rdp_sigma < floor:            # PLD's σ is below RDP's, so below the floor too
+            _below_pld_floor(target_epsilon, floor)
         bracket = (min(guess, rdp_sigma) * 0.98, rdp_sigma)
     return _solve_decreasing(eps, target_epsilon, guess, rel_tol=tol,
-                             x_max=MAX_NOISE_MULTIPLIER, fail=fail, bracket=bracket)
+                             x_max=MAX_NOISE_MULTIPLIER, fail=fail, bracket=bracket,
+                             x_min=floor, fail_low=lambda: _below_pld_floor(target_epsilon, floor))
 
 
 def calibrate_sample_rate(*, target_epsilon: float, delta: float, noise_multiplier: float,
                           steps: int, accountant: str = "rdp",
                           sampling: Sampling = Sampling.POISSON,
-                          dataset_size: int | None = None, tol: float = 1e-3) -> float:
+                          dataset_size: int | None = None, tol: float = 1e-3,
+                          approximate: bool = False) -> float:
     """Largest q in (0, 1] (to relative ``tol``) whose ledger spends ≤ target.
 
     Multiply by the dataset size and round *down* to get a batch size. Raises if even
-    q = 1e-9 (or 1/N when ``dataset_size`` is given) overspends.
+    q = 1e-9 (or 1/N when ``dataset_size`` is given) overspends. ``approximate`` as in
+    :func:`calibrate_noise_multiplier`.
     """
-    _check_common(target_epsilon, delta, accountant)
+    _check_common(target_epsilon, delta, accountant, approximate)
     require(noise_multiplier > 0, "noise_multiplier", noise_multiplier, "> 0")
     _check_steps(steps)
 
@@ -209,9 +274,12 @@ def calibrate_sample_rate(*, target_epsilon: float, delta: float, noise_multipli
 def calibrate_steps(*, target_epsilon: float, delta: float, noise_multiplier: float,
                     sample_rate: float, accountant: str = "rdp",
                     sampling: Sampling = Sampling.POISSON, dataset_size: int | None = None,
-                    max_steps: int = 10 ** 8) -> int:
-    """Largest number of steps whose ledger spends ≤ target (exact integer bisection)."""
-    _check_common(target_epsilon, delta, accountant)
+                    max_steps: int = 10 ** 8, approximate: bool = False) -> int:
+    """Largest number of steps whose ledger spends ≤ target (exact integer bisection).
+
+    ``approximate`` as in :func:`calibrate_noise_multiplier`.
+    """
+    _check_common(target_epsilon, delta, accountant, approximate)
     require(noise_multiplier > 0, "noise_multiplier", noise_multiplier, "> 0")
     _check_rate(sample_rate)
 
@@ -234,16 +302,19 @@ def calibrate_steps(*, target_epsilon: float, delta: float, noise_multiplier: fl
 def calibrate_schedule_scale(*, shape: Sequence[float], target_epsilon: float, delta: float,
                              sample_rate: float, accountant: str = "pld",
                              sampling: Sampling = Sampling.POISSON,
-                             dataset_size: int | None = None, tol: float = 2e-3) -> float:
+                             dataset_size: int | None = None, tol: float = 2e-3,
+                             approximate: bool = False) -> float:
     """Smallest s such that the ledger with σ_t = s·shape[t] (one step per entry) spends ≤ target.
 
     ``shape`` is the schedule's form f(t) (e.g. a decay k^t), one positive value per step. Big
     heterogeneous schedules (more than 16 distinct values) are searched with σ's rounded down to
     the accountant's grid (1 % RDP, 2 % PLD; see :mod:`dpfy.privacy.accountants`), so the
     returned s is an upper bound on the exact answer: within ~1–3 % of it, and always on the
-    safe side (the ledger the run writes spends at most the target).
+    safe side (the ledger the run writes spends at most the target). With PLD every σ_t must
+    stay above the PLD floor (module docstring). ``approximate`` as in
+    :func:`calibrate_noise_multiplier`.
     """
-    _check_common(target_epsilon, delta, accountant)
+    _check_common(target_epsilon, delta, accountant, approximate)
     _check_rate(sample_rate)
     values = [float(v) for v in shape]
     require(len(values) >= 1, "shape", shape, "a non-empty sequence (one value per step)")
@@ -273,8 +344,10 @@ def calibrate_schedule_scale(*, shape: Sequence[float], target_epsilon: float, d
     # ε decides the result.
     guess = _solve_decreasing(eps_for("gdp"), target_epsilon, 1.0 / _mean(values),
                               rel_tol=0.02, x_max=top, fail=fail)
+    floor = _sigma_floor(accountant, sampling)
     return _solve_decreasing(eps_for(accountant), target_epsilon, guess, rel_tol=tol,
-                             x_max=top, fail=fail)
+                             x_max=top, fail=fail, x_min=floor / min(values),
+                             fail_low=lambda: _below_pld_floor(target_epsilon, floor))
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -284,7 +357,7 @@ def _mean(values: Sequence[float]) -> float:
 def hyfree_noise_split(*, target_epsilon: float, delta: float, sample_rate: float, steps: int,
                        probe_every: int, probes_per_round: int = 3, gamma: float = 1.01,
                        accountant: str = "rdp", probes_share_batch: bool = True,
-                       tol: float = 1e-3) -> tuple[float, float]:
+                       tol: float = 1e-3, approximate: bool = False) -> tuple[float, float]:
     """HyFreeDP's end-to-end split (Bu & Liu, Algorithm 2; digest 004 §4.2): (σ_g, σ_l).
 
     1. σ = the noise multiplier plain DP-SGD would need for (ε, δ) over ``steps``;
@@ -298,8 +371,9 @@ def hyfree_noise_split(*, target_epsilon: float, delta: float, sample_rate: floa
         step (digest 004 §4.4). False records them as separately Poisson-sampled steps, which is
         the paper's own accounting (Theorem 2, 3T/K extra mechanisms) and is only valid if the
         probes use a fresh Poisson sample.
+      approximate: must be True with ``accountant="gdp"`` (the paper's own GDP accounting).
     """
-    _check_common(target_epsilon, delta, accountant)
+    _check_common(target_epsilon, delta, accountant, approximate)
     _check_rate(sample_rate)
     _check_steps(steps)
     require(isinstance(probe_every, int) and probe_every >= 1, "probe_every", probe_every,
@@ -308,7 +382,8 @@ def hyfree_noise_split(*, target_epsilon: float, delta: float, sample_rate: floa
     require(gamma > 1, "gamma", gamma, "> 1", "The paper uses γ = 1.01")
     sigma = calibrate_noise_multiplier(target_epsilon=target_epsilon, delta=delta,
                                        sample_rate=sample_rate, steps=steps,
-                                       accountant=accountant, tol=tol / 4)
+                                       accountant=accountant, tol=tol / 4,
+                                       approximate=approximate)
     sigma_g = gamma * sigma
 
     def ledger_for(sigma_l: float) -> Ledger:
