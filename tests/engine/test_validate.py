@@ -40,7 +40,8 @@ def test_batchnorm1d_after_a_linear_becomes_a_layer_that_depends_on_its_input():
                           nn.Linear(32, 2))
     fixed = dpfy.validate(model, fix=True)
     x1, x2 = torch.randn(2, 5, 8).unbind(0)
-    assert not torch.allclose(fixed(x1), fixed(x2))  # GroupNorm(32, 32) gave bias-only outputs
+    # GroupNorm(32, 32) made every output the same up to rounding (≈ 1e-5 apart)
+    assert (fixed(x1) - fixed(x2)).abs().max() > 0.05
     h = fixed[0](x1)  # (5, 32)
     bn = model[1]
     # LayerNorm over the 32 features of each example, with BatchNorm's γ, β
