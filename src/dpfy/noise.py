@@ -1,24 +1,35 @@
-"""Gaussian noise for sums of clipped gradients: seeded, or from the OS CSPRNG.
+"""Gaussian noise for sums of clipped gradients: secure by default, reproducible on request.
 
 DESIGN.md convention: noise is calibrated to the **sum**: the engine adds N(0, (σ·Δ)² I) to
 Σ_i w_i g_i, where Δ is the clipping policy's sensitivity, and divides by the normalizer after.
 
-- Seeded (default): drawn by the compiled sampler ``dpfy.native.gaussian.CompiledGaussian``
-  (16 xoshiro256++ streams + vectorized Box–Muller, ≈ 6× faster than torch's CPU ``normal_``,
-  longer tails), seeded from the run seed. Where it cannot be built (no C compiler, not Linux
-  x86-64 with AVX2) a ``torch.Generator`` with the same seed is used instead, with a warning
-  (``backend="torch"`` asks for it explicitly). The generator's state, and which backend it
-  is, are in the checkpoint, so a resumed run draws the same noise.
-- ``secure=True``: every draw comes from ``os.urandom`` (the OS CSPRNG) through Box–Muller in
-  float64, so nothing about the noise is predictable from the seed or checkpoint. (It does not
-  defend against the floating-point attack of Mironov 2012 on the *output*; see Opacus'
-  secure_mode notes.)
+Two modes (``NoiseSource(seed)``):
+
+- **Secure** (``seed=None``, the default): ChaCha20 (RFC 8439, 20 rounds) inside dpfy's compiled
+  sampler, keyed with 32 bytes from ``os.urandom`` (backend ``"chacha20"``). Nobody without the
+  key can predict or reproduce the noise; the key lives only in checkpoints. Where the sampler
+  cannot be built (no C compiler, not Linux x86-64 with AVX2) every draw comes from
+  ``os.urandom`` through float64 Box–Muller in torch instead (backend ``"urandom"``), with a
+  ``RuntimeWarning``: as secure and with the same tails, only slower.
+- **Reproducible** (``seed=<int>``): 16 xoshiro256++ streams in the compiled sampler
+  (``"xoshiro"``), or a ``torch.Generator`` (``"torch"``: asked for, or the warned fallback).
+  Anyone who knows the seed reproduces the noise, and so can undo the privacy: a seed is for
+  debugging and for reproducing a paper, never for a release.
+
+Tails, every backend: u1 = (r + ½)·2⁻⁶⁴ comes from 64 random bits r and the radius
+√(−2 ln u1) is computed in double, so |z| reaches √(130 ln 2) ≈ 9.4925σ (at u1 = 2⁻⁶⁵), and the
+tail mass beyond any t below that is the Gaussian's up to 2⁻⁶⁴ per draw. torch's own
+``normal_`` (float32 uniforms, cut at 5.77σ) is used nowhere: a cut tail is mass the accountant
+does not see (an extra δ ≈ Φ̄(t − 1/σ) per participation). Like every floating-point sampler
+this is a discretized Gaussian; it does not defend against the floating-point attack of
+Mironov 2012 on the output.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import threading
 import warnings
 from dataclasses import dataclass
 from typing import Any, Iterator, Literal
@@ -28,6 +39,9 @@ import torch
 from dpfy.native.build import NativeUnavailable
 
 __all__ = ["NoiseSource", "NoisySum", "secure_uniform"]
+
+Backend = Literal["auto", "compiled", "torch", "urandom"]
+_MASK52 = (1 << 52) - 1
 
 
 @dataclass(frozen=True)
@@ -60,12 +74,38 @@ class NoisySum:
         return self.noise_std / self.sensitivity
 
 
-def secure_uniform(n: int) -> torch.Tensor:
-    """n float64 uniforms in (0, 1) from the OS CSPRNG (53 random bits each)."""
-    bits = torch.frombuffer(bytearray(os.urandom(8 * n)), dtype=torch.int64) if n else \
-        torch.zeros(0, dtype=torch.int64)
-    top53 = (bits >> 11) & ((1 << 53) - 1)  # int64 is signed: keep 53 bits, non-negative
-    return (top53.to(torch.float64) + 0.5) * 2.0 ** -53  # (n,) in (0, 1)
+def _open_unit(words: torch.Tensor) -> torch.Tensor:
+    """int64 random words → float64 (m + ½)·2⁻⁵² from their top 52 bits m: exactly in (0, 1)."""
+    return (((words >> 12) & _MASK52).double() + 0.5) * 2.0 ** -52
+
+
+def _u1(words: torch.Tensor) -> torch.Tensor:
+    """int64 random words r → float64 u1 = (r + ½)·2⁻⁶⁴ (r read as unsigned), smallest 2⁻⁶⁵.
+
+    (r >> 12)·2⁻⁵² and ((r & 0xFFF) + ½)·2⁻⁶⁴ are exact doubles; their sum rounds only where
+    u1 ≥ 2⁻⁵², i.e. in the body, not in the tail.
+    """
+    return ((words >> 12) & _MASK52).double() * 2.0 ** -52 + \
+        ((words & 0xFFF).double() + 0.5) * 2.0 ** -64
+
+
+def _normals_from_words(words: torch.Tensor) -> torch.Tensor:
+    """2k random int64 words → 2k float64 N(0, 1) by Box–Muller (the fallback backends).
+
+    Pair i takes u1 from all 64 bits of words[i] (:func:`_u1`, radius ≤ √(130 ln 2)) and its
+    angle from 52 bits of words[k + i]; output: the k cosines, then the k sines.
+    """
+    k = words.numel() // 2
+    radius = torch.sqrt(-2.0 * torch.log(_u1(words[:k])))
+    angle = (2 * math.pi) * _open_unit(words[k:2 * k])
+    return torch.cat([radius * torch.cos(angle), radius * torch.sin(angle)])
+
+
+def _urandom_words(n: int) -> torch.Tensor:
+    """n int64 words from the OS CSPRNG."""
+    if n == 0:
+        return torch.zeros(0, dtype=torch.int64)
+    return torch.frombuffer(bytearray(os.urandom(8 * n)), dtype=torch.int64)
 
 
 def _chunks(t: torch.Tensor, chunk: int) -> Iterator[torch.Tensor]:
@@ -75,119 +115,229 @@ def _chunks(t: torch.Tensor, chunk: int) -> Iterator[torch.Tensor]:
         yield flat[start:start + chunk]
 
 
-Backend = Literal["auto", "compiled", "torch"]
-
-
 def _fits_kernel(t: torch.Tensor) -> bool:
     """The compiled sampler writes straight into contiguous float32 CPU tensors."""
     return t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
 
 
+def _chacha() -> Any:
+    """A ChaCha20 sampler keyed from os.urandom (raises ``NativeUnavailable``)."""
+    from dpfy.native.gaussian import ChaChaGaussian
+    return ChaChaGaussian()
+
+
+def _xoshiro(seed: int) -> Any:
+    """A seeded xoshiro256++ sampler (raises ``NativeUnavailable``)."""
+    from dpfy.native.gaussian import XoshiroGaussian
+    return XoshiroGaussian(seed)
+
+
 class NoiseSource:
-    """Draws Gaussian noise; ``state_dict`` makes seeded draws resumable.
+    """Draws Gaussian noise: secure (default) or reproducible from a seed.
 
     Args:
-      seed: seeds the generator (ignored with ``secure=True``).
-      secure: draw from the OS CSPRNG instead (``secure_uniform`` + Box–Muller in float64).
-      backend: seeded generator: ``"compiled"`` (dpfy's C sampler; error if it cannot be built),
-        ``"torch"`` (``torch.Generator``), or ``"auto"`` (compiled, else torch with a warning).
+      seed: ``None`` (default) ⇒ secure: ChaCha20 keyed from ``os.urandom``. An int ⇒
+        reproducible: anyone who knows the seed can reproduce the noise and undo the privacy.
+      backend: ``"auto"`` (the compiled sampler, else the fallback with a ``RuntimeWarning``),
+        ``"compiled"`` (error if it cannot be built), ``"torch"`` (reproducible only: a
+        ``torch.Generator`` feeding float64 Box–Muller), ``"urandom"`` (secure only: os.urandom
+        feeding float64 Box–Muller).
+      secure: deprecated alias kept for one release: ``secure=True`` ignores ``seed`` and means
+        secure mode. Pass ``seed=None`` instead.
+
+    Every backend's draws reach |z| = √(130 ln 2) ≈ 9.49σ with Gaussian tail mass (module
+    docstring). ``state_dict()`` holds what continues the stream in a resumed run — the ChaCha
+    key and block counter in secure mode — and is therefore secret: it belongs in checkpoints
+    only, never in anything released.
     """
 
-    def __init__(self, seed: int, *, secure: bool = False, backend: Backend = "auto") -> None:
+    def __init__(self, seed: int | None = None, *, backend: Backend = "auto",
+                 secure: bool | None = None) -> None:
         from dpfy._validate import require
-        require(backend in ("auto", "compiled", "torch"), "backend", backend,
-                'one of "auto", "compiled", "torch"')
-        self.secure = secure
-        self.compiled = None
-        self.generator = None
-        if backend != "torch" and not secure:  # secure draws never use a seeded generator
+        if secure is not None:
+            warnings.warn("NoiseSource(secure=...) is deprecated: NoiseSource(None) is secure "
+                          "and NoiseSource(seed) reproducible", DeprecationWarning, stacklevel=2)
+            if secure:
+                seed = None
+        require(backend in ("auto", "compiled", "torch", "urandom"), "backend", backend,
+                'one of "auto", "compiled", "torch", "urandom"')
+        require(not (seed is None and backend == "torch"), "backend", backend,
+                'not "torch" for secure noise (seed=None)',
+                'torch\'s generator is the seeded one: pass seed=<int> for reproducible noise, '
+                'or backend="urandom" for the secure fallback')
+        require(not (seed is not None and backend == "urandom"), "backend", backend,
+                'not "urandom" for seeded noise', "os.urandom cannot be seeded: pass seed=None "
+                "for secure noise, or backend=\"torch\" for torch's seeded generator")
+        self._compiled: Any = None  # ChaChaGaussian or XoshiroGaussian
+        self._generator: torch.Generator | None = None  # the "torch" backend
+        self._reproducible = seed is not None
+        self._pid = os.getpid()
+        if backend in ("auto", "compiled"):
             try:
-                from dpfy.native.gaussian import CompiledGaussian
-                self.compiled = CompiledGaussian(seed)
+                self._compiled = _xoshiro(seed) if self._reproducible else _chacha()
             except NativeUnavailable as err:
                 if backend == "compiled":
                     raise
+                fallback = ("torch's generator (seeded)" if self._reproducible
+                            else "os.urandom, ≈ 10× slower (still secure)")
                 warnings.warn(f"dpfy's compiled Gaussian sampler is unavailable ({err}); noise "
-                              f"is drawn with torch's generator, which is ≈ 6× slower",
-                              RuntimeWarning, stacklevel=2)
-        if self.compiled is None:
-            self.generator = torch.Generator().manual_seed(seed)
+                              f"is drawn from {fallback}", RuntimeWarning, stacklevel=2)
+        if self._compiled is None and self._reproducible:
+            self._generator = torch.Generator().manual_seed(seed)
+
+    @property
+    def reproducible(self) -> bool:
+        """True iff the noise follows from a seed (anyone with the seed can reproduce it)."""
+        return self._reproducible
+
+    @property
+    def secure(self) -> bool:
+        """Not reproducible: drawn from a CSPRNG keyed by the OS (kept for existing callers)."""
+        return not self._reproducible
 
     @property
     def backend(self) -> str:
-        return "compiled" if self.compiled is not None else "torch"
+        """``"chacha20"``, ``"urandom"`` (secure) or ``"xoshiro"``, ``"torch"`` (reproducible)."""
+        if self._compiled is not None:
+            return "xoshiro" if self._reproducible else "chacha20"
+        return "torch" if self._reproducible else "urandom"
 
-    def _standard_into(self, buf: torch.Tensor, std: float) -> torch.Tensor:
-        """buf ← N(0, std²) entries from the seeded generator (buf is float32 CPU contiguous
-        for the compiled backend)."""
-        if self.compiled is not None:
-            return self.compiled.axpy_(buf, 0.0, std)
-        return buf.normal_(0.0, std, generator=self.generator)
+    def _stream(self) -> Any:
+        """The compiled sampler; a forked child re-keys a secure one (else parent and child
+        would draw the same noise)."""
+        if not self._reproducible and self._pid != os.getpid():
+            self._compiled, self._pid = _chacha(), os.getpid()
+        return self._compiled
+
+    def _words(self, n: int) -> torch.Tensor:
+        """n random int64 words from this source's generator."""
+        if self._compiled is not None:
+            return self._stream().words(n)
+        if self._generator is not None:
+            return torch.empty(n, dtype=torch.int64).random_(-2 ** 63, None,
+                                                             generator=self._generator)
+        return _urandom_words(n)
+
+    def _noise(self, n: int, std: float, buf: torch.Tensor | None = None) -> torch.Tensor:
+        """(n,) i.i.d. N(0, std²): float32 from the compiled sampler (into ``buf[:n]`` if
+        given), else float64 from the fallback's Box–Muller."""
+        if self._compiled is not None:
+            out = torch.empty(n, dtype=torch.float32) if buf is None else buf[:n]
+            return self._stream().axpy_(out, 0.0, std)
+        return _normals_from_words(self._words(n + n % 2))[:n].mul_(std)
 
     def gaussian(self, like: torch.Tensor, std: float) -> torch.Tensor:
         """A tensor shaped like ``like`` with i.i.d. N(0, std²) entries."""
         if std == 0:
             return torch.zeros_like(like)
-        if self.secure:
-            n = like.numel()
-            u1, u2 = secure_uniform(n), secure_uniform(n)
-            z = torch.sqrt(-2 * torch.log(u1)) * torch.cos(2 * math.pi * u2)  # (n,) float64
-            return (std * z).to(dtype=like.dtype, device=like.device).reshape(like.shape)
-        dtype = torch.float32 if self.compiled is not None else like.dtype
-        z = self._standard_into(torch.empty(like.shape, dtype=dtype), std)
-        return z.to(dtype=like.dtype, device=like.device)
+        z = self._noise(like.numel(), std)
+        return z.to(dtype=like.dtype, device=like.device).reshape(like.shape)
 
     def noisy_mean(self, total: torch.Tensor, std: float, normalizer: float,
                    chunk: int = 1 << 16) -> torch.Tensor:
         """(total + N(0, std²)) / normalizer, in place on ``total``: the released update.
 
-        Seeded: total/normalizer gets N(0, (std/normalizer)²) added (the same law). The compiled
+        Computed as total/normalizer + N(0, (std/normalizer)²) (the same law). The compiled
         sampler does this in one pass over a float32 CPU ``total``; otherwise each ``chunk`` is
-        drawn into one reused chunk-sized buffer that stays in cache, so the extra memory is one
-        chunk. Secure: :meth:`add_gaussian_`, then divide.
+        drawn into one reused chunk-sized buffer, so the extra memory is one chunk.
         """
-        if std == 0 or self.secure:
-            return self.add_gaussian_(total, std).div_(normalizer)
-        if self.compiled is not None and _fits_kernel(total):
-            self.compiled.axpy_(total.view(-1), 1.0 / normalizer, std / normalizer)
+        if std == 0:
+            return total.div_(normalizer)
+        if self._compiled is not None and _fits_kernel(total):
+            self._stream().axpy_(total.view(-1), 1.0 / normalizer, std / normalizer)
             return total
-        buf = torch.empty(min(chunk, total.numel()),
-                          dtype=torch.float32 if self.compiled is not None else total.dtype)
+        buf = torch.empty(min(chunk, total.numel()), dtype=torch.float32) \
+            if self._compiled is not None else None
         for part in _chunks(total, chunk):
-            z = self._standard_into(buf[:part.numel()], std / normalizer)
-            part.div_(normalizer).add_(z.to(part.device))
+            part.div_(normalizer).add_(self._noise(part.numel(), std / normalizer, buf)
+                                       .to(part.device))
         return total
 
     def add_gaussian_(self, t: torch.Tensor, std: float, chunk: int = 1 << 16) -> torch.Tensor:
         """t += N(0, std²) in place, drawn ``chunk`` entries at a time (bounded extra memory)."""
-        if std != 0 and not self.secure and self.compiled is not None and _fits_kernel(t):
-            self.compiled.axpy_(t.view(-1), 1.0, std)
+        if std == 0:
+            return t
+        if self._compiled is not None and _fits_kernel(t):
+            self._stream().axpy_(t.view(-1), 1.0, std)
             return t
         for part in _chunks(t, chunk):
-            part.add_(self.gaussian(part, std))
+            part.add_(self._noise(part.numel(), std).to(part.device))
         return t
 
     def state_dict(self) -> dict[str, Any]:
-        if self.compiled is not None:
-            return {"backend": "compiled", "state": self.compiled.get_state(),
-                    "secure": self.secure}
-        return {"backend": "torch", "generator": self.generator.get_state(), "secure": self.secure}
+        """What continues this stream: SECRET (the ChaCha key in secure mode, the generator
+        state otherwise); it goes into checkpoints only, never into a released artefact."""
+        state: dict[str, Any] = {"reproducible": self._reproducible, "backend": self.backend}
+        if self._compiled is not None:
+            state["state"] = self._stream().get_state()
+        elif self._generator is not None:
+            state["generator"] = self._generator.get_state()
+        return state  # "urandom" has no state: a resumed run draws fresh OS randomness
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume the saved stream exactly, switching to the backend that drew it."""
-        if state.get("backend", "torch") == "compiled":
-            if self.compiled is None:
-                from dpfy.native.gaussian import CompiledGaussian
+        """Continue the saved stream, switching to the mode and backend that drew it.
+
+        A secure ChaCha20 checkpoint loaded where the sampler cannot be built continues with
+        fresh os.urandom noise (warned: still secure, not bit-identical); a seeded xoshiro one
+        is refused there, since reproducing it is its point. Checkpoints of earlier dpfy
+        versions (``backend`` "compiled"/"torch" plus ``secure``) load too.
+        """
+        backend = state.get("backend", "torch")
+        if "reproducible" not in state:  # written before the secure default
+            backend = "urandom" if state.get("secure") else \
+                {"compiled": "xoshiro"}.get(backend, backend)
+        self._reproducible = backend in ("xoshiro", "torch")
+        self._compiled, self._generator, self._pid = None, None, os.getpid()
+        if backend == "torch":
+            self._generator = torch.Generator()
+            self._generator.set_state(state["generator"])
+        elif backend == "xoshiro":
+            try:
+                self._compiled = _xoshiro(0)
+            except NativeUnavailable as err:
+                raise RuntimeError(
+                    f"this checkpoint's noise was drawn by dpfy's compiled sampler, which "
+                    f"cannot be built here ({err}); resume on a machine where it can, "
+                    f"to continue the same noise stream") from err
+            self._compiled.set_state(state["state"])
+        elif backend == "chacha20":
+            try:
+                self._compiled = _chacha()
+                self._compiled.set_state(state["state"])
+            except NativeUnavailable as err:
+                warnings.warn(f"this checkpoint's secure noise stream (ChaCha20) cannot be "
+                              f"continued here ({err}); the resumed run draws fresh noise from "
+                              f"os.urandom (still secure)", RuntimeWarning, stacklevel=2)
+
+
+class _SecureWords:
+    """A process-wide ChaCha20 stream keyed from os.urandom, for :func:`secure_uniform`;
+    os.urandom itself where the compiled sampler cannot be built. Re-keyed after a fork."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._source: NoiseSource | None = None
+        self._pid = -1
+
+    def __call__(self, n: int) -> torch.Tensor:
+        with self._lock:
+            if self._source is None or self._pid != os.getpid():
                 try:
-                    self.compiled = CompiledGaussian(0)
-                except NativeUnavailable as err:
-                    raise RuntimeError(
-                        f"this checkpoint's noise was drawn by dpfy's compiled sampler, which "
-                        f"cannot be built here ({err}); resume on a machine where it can, "
-                        f"to continue the same noise stream") from err
-                self.generator = None
-            self.compiled.set_state(state["state"])
-        else:
-            self.compiled = None
-            self.generator = self.generator or torch.Generator()
-            self.generator.set_state(state["generator"])
+                    self._source = NoiseSource(backend="compiled")
+                except NativeUnavailable:
+                    self._source = NoiseSource(backend="urandom")
+                self._pid = os.getpid()
+            return self._source._words(n)
+
+
+_secure_words = _SecureWords()
+
+
+def secure_uniform(n: int) -> torch.Tensor:
+    """n float64 uniforms (m + ½)·2⁻⁵², m 52 random bits: exactly in (0, 1), from a CSPRNG.
+
+    The bits come from a ChaCha20 stream keyed from ``os.urandom`` (compiled sampler; a
+    dataset's worth of Poisson masks costs microseconds), or from ``os.urandom`` directly where
+    the sampler cannot be built. Nothing about them is reproducible or stored.
+    """
+    return _open_unit(_secure_words(n))
