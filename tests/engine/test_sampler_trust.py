@@ -87,7 +87,8 @@ UNACCOUNTABLE = {
 def test_an_iterable_dataset_is_refused():
     # (make_private reads len(dataset) before it builds the sampler, so ask make_sampler.)
     for poisson in (True, False):
-        with pytest.raises(PrivacyRefusal, match=r"loader\.dataset must be a map-style dataset.*'_Stream'"):
+        with pytest.raises(PrivacyRefusal,
+                           match=r"loader\.dataset must be a map-style dataset.*'_Stream'"):
             make_sampler(DataLoader(_Stream(), batch_size=5), poisson_sampling=poisson, seed=0)
 
 
@@ -205,6 +206,18 @@ def test_a_restart_inside_a_logical_batch_continues_it():
     assert [len(x) for x in stepped] == [2, 2, 1, 2, 2, 1, 2, 1]
     assert sorted(i for x in stepped for i in x) == list(range(n))
     assert sum(g.count for g in opt.ledger) == 3
+
+
+def test_every_pass_is_at_least_as_long_as_the_ledgers_epoch():
+    # The ledger's epoch length is floor(1/q) at the float q = b/N it records (canonical.py
+    # adds 1e-9 against rounding); a pass must never be shorter, for any N and b.
+    for n in range(1, 160):
+        for b in range(1, n + 1):
+            epoch = math.floor(1 / (b / n) + 1e-9)
+            for drop_last in (False, True):
+                s = ShuffleSampler(n, b, seed=0, drop_last=drop_last)
+                assert s.steps_per_epoch >= epoch, (n, b, drop_last)
+                assert s.steps_per_epoch == (n // b if drop_last else -(-n // b))
 
 
 def _take(dl: DPDataLoader, k: int) -> list[list[int]]:

@@ -1,4 +1,4 @@
-"""Poisson sampling statistics, per-example rates, shuffled loaders, and the shared facts."""
+"""Poisson sampling statistics, per-example rates, dpfy's shuffled passes, and the shared facts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
 from dpfy.privacy import Sampling
-from dpfy.sampling import PoissonSampler
+from dpfy.sampling import PoissonSampler, ShuffleSampler
 
 
 def test_poisson_batch_sizes_mean_qn_variance_qn_one_minus_q():
@@ -61,22 +61,63 @@ def test_loader_and_ledger_read_the_same_sampler():
     assert group.count == len(dl) == 5 and opt.ledger.dataset_size == 30
 
 
-def test_shuffled_loader_is_kept_and_recorded_as_shuffle():
+def test_shuffled_mode_uses_dpfys_permutation_and_records_shuffle():
     ds = TensorDataset(torch.randn(30, 4), torch.randint(0, 2, (30,)))
     model = nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     user = DataLoader(ds, batch_size=10, shuffle=True)
     model, opt, dl = dpfy.make_private(model, opt, user, noise_multiplier=1.0, seed=0,
                                        poisson_sampling=False)
-    sizes = []
+    assert isinstance(dl.sampler, ShuffleSampler) and opt.sampler is dl.sampler
+    sizes, seen = [], []
     for x, y in dl:
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
         opt.step()
         sizes.append(x.shape[0])
+        seen += dl.cursor.indices.tolist()
     assert sizes == [10, 10, 10] and dl.sampler.normalizer == 10
+    assert sorted(seen) == list(range(30))
     (group,) = list(opt.ledger)
     assert group.sampling is Sampling.SHUFFLE and group.sample_rate == 10 / 30
+
+
+def test_shuffled_checkpoint_through_the_optimizer_resumes_the_pass():
+    ds = TensorDataset(torch.arange(26).float()[:, None], torch.zeros(26, dtype=torch.long))
+
+    def private():
+        torch.manual_seed(0)
+        model = nn.Linear(1, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        return dpfy.make_private(model, opt, DataLoader(ds, batch_size=4, shuffle=True),
+                                 noise_multiplier=1.0, seed=3, poisson_sampling=False)
+
+    def run(model, opt, dl, steps):
+        out = []
+        for x, y in dl:
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            out.append(x[:, 0].long().tolist())
+            if len(out) == steps:
+                break
+        return out
+
+    model, opt, dl = private()
+    head = run(model, opt, dl, 3)
+    state = opt.state_dict()
+    tail = run(model, opt, dl, 4) + run(model, opt, dl, 4)
+    model2, opt2, dl2 = private()
+    opt2.load_state_dict(state)
+    assert run(model2, opt2, dl2, 4) + run(model2, opt2, dl2, 4) == tail
+    first_pass = sum(head + tail[:4], [])  # 7 batches = ceil(26 / 4)
+    assert sorted(first_pass) == list(range(26))
+
+
+def test_seed_none_draws_poisson_masks_from_the_os():
+    s = PoissonSampler(100, sample_rate=0.5)
+    assert s.secure and s.state_dict() == {"generator": None}
+    assert not torch.equal(s.draw(), s.draw())  # equal with probability 2^-100
 
 
 def test_same_seed_same_batches_different_seed_different():
