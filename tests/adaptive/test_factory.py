@@ -23,13 +23,14 @@ def test_unknown_option_is_refused():
     with pytest.raises(ValueError, match="options must be among"):
         make_schedule("time", rate=1.0, sigma0=3.0, **BUDGET)
     with pytest.raises(ValueError, match="options must be among"):
-        make_schedule("dynamic", rho=2.0, accountant="gdp", **BUDGET)
+        make_schedule("dynamic", rho=2.0, accountant="gdp", approximate=True, **BUDGET)
 
 
 @pytest.mark.parametrize("preset, rho_mu, rho_c", [("vanilla", 1, 1), ("growing_mu", 3, 1),
                                                    ("sensitivity_decay", 1, 5), ("dynamic", 3, 5)])
 def test_presets_set_only_their_ratios(preset, rho_mu, rho_c):
-    s = make_schedule(preset, rho_mu=3, rho_c=5, accountant="gdp", **BUDGET)
+    s = make_schedule(preset, rho_mu=3, rho_c=5, accountant="gdp", approximate=True,
+                      **BUDGET)
     assert isinstance(s, DynamicDPSGD)
     assert (s.rho_mu, s.rho_c, s.clip0, s.total_steps) == (rho_mu, rho_c, 1.5, 300)
 

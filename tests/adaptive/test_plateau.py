@@ -44,7 +44,7 @@ def test_moving_average_smooths_one_bad_evaluation():
 def test_calibration_raises_and_names_the_budget_guard():
     # STYLE R9: the ledger depends on released data, so no ε can be solved in advance
     with pytest.raises(ValueError, match="budget guard"):
-        PlateauNoiseDecay.calibrate(target_epsilon=1.0)
+        PlateauNoiseDecay.calibrate_to_epsilon(target_epsilon=1.0)
     with pytest.raises(ValueError, match="budget guard"):
         make_schedule("plateau", target_epsilon=1.0, delta=1e-5, sample_rate=0.01,
                       total_steps=100, steps_per_epoch=10, max_grad_norm=1.0)

@@ -98,13 +98,18 @@ def test_chained_decay_and_quantile_epsilon_equals_dp_accounting_on_the_composed
             opt.zero_grad()
             F.cross_entropy(model(x), y).backward()
             opt.step()
-    # The composed per-step events, built here from the ledger's raw numbers.
+    # The composed per-step events, built here from the ledger's raw numbers. Both releases
+    # of a step see the same Poisson sample, so together they are one Gaussian mechanism on the
+    # concatenated output: whitening each part by its noise std, one example moves the pair by
+    # sqrt(Σ_r Δ_r²/std_r²) = sqrt(Σ_r σ_r⁻²), i.e. a Gaussian with σ_eff = (Σ_r σ_r⁻²)^(−1/2)
+    # (dp_accounting's PLD takes no composition inside a Poisson event).
     events = []
     for g in opt.ledger.groups:
         names = [r.mechanism for r in g.releases]
         assert names == ["gradient", "unclipped_count"]
-        step = dp_accounting.PoissonSampledDpEvent(g.sample_rate, dp_accounting.ComposedDpEvent(
-            [dp_accounting.GaussianDpEvent(r.noise_multiplier) for r in g.releases]))
+        sigma_eff = sum(r.noise_multiplier ** -2 for r in g.releases) ** -0.5
+        step = dp_accounting.PoissonSampledDpEvent(g.sample_rate,
+                                                   dp_accounting.GaussianDpEvent(sigma_eff))
         events.append(dp_accounting.SelfComposedDpEvent(step, g.count))
     acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
     acc.compose(dp_accounting.ComposedDpEvent(events))

@@ -95,7 +95,7 @@ def _build(name: str, *, target_epsilon: float, delta: float, sample_rate: float
         _check_options(name, options, {"initial", "factor", "threshold",
                                        "min_noise_multiplier", "window"})
         if "initial" not in options:
-            PlateauNoiseDecay.calibrate()   # raises, naming the budget guard
+            PlateauNoiseDecay.calibrate_to_epsilon()   # raises, naming the budget guard
         options.setdefault("factor", 0.9)
         options.setdefault("threshold", 0.0)
         options.setdefault("min_noise_multiplier", options["initial"] / 4)

@@ -15,7 +15,7 @@ budget.
 Privacy: the metric MUST come from a public validation set (data that is not part of the
 private training set). Then the decisions are post-processing of public data and cost nothing,
 but the ledger still depends on *when* decays happen, so a total ε cannot be calibrated in
-advance: :meth:`PlateauNoiseDecay.calibrate` raises and names the budget guard. Use
+advance: :meth:`PlateauNoiseDecay.calibrate_to_epsilon` raises and names the budget guard. Use
 ``make_private(..., target_epsilon=...)``'s budget guard (it stops training when the ledger's ε
 would exceed the target) or the data-independent bound :meth:`worst_case_ledger` (every step
 at σ_min). A metric computed on private data would be an unaccounted release: do not.
@@ -128,7 +128,7 @@ class PlateauNoiseDecay(AdaptiveMethod[PlateauState]):
                             decays=state.decays + (sigma < state.noise_multiplier))
 
     @classmethod
-    def calibrate(cls, **_: object) -> None:
+    def calibrate_to_epsilon(cls, **_: object) -> None:
         """Always raises: the ledger depends on when plateaus happen (STYLE.md R9)."""
         require(False, "schedule", "plateau", "data-independent to be calibrated to a total ε",
                 "Plateau decay reacts to validation results, so no ε can be solved in advance. "
