@@ -40,7 +40,7 @@ from __future__ import annotations
 import sys
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -72,9 +72,8 @@ def buffer_fix(module: nn.Module) -> str:
             "cannot be released privately by dpfy)")
 
 
-@dataclass(frozen=True)
-class _Seen:
-    """A buffer as it was before a forward."""
+class _Seen(NamedTuple):
+    """A buffer as it was before a forward (a tuple: one is built per buffer per forward)."""
 
     tensor: torch.Tensor | None
     version: int | None   # None: no version counter (None buffer, inference tensor)
@@ -111,12 +110,10 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.detach().reshape(-1).contiguous().view(torch.uint8)
 
 
-def _how_changed(before: _Seen | None, now: torch.Tensor | None, present: bool) -> str | None:
-    """What happened to one buffer during a forward, or None if nothing did."""
+def _how_changed(before: _Seen | None, now: torch.Tensor | None) -> str | None:
+    """What happened during a forward to a buffer present after it, or None if nothing did."""
     if before is None:
         return "registered during the forward"
-    if not present:
-        return "deleted during the forward"
     if now is not before.tensor:
         return "replaced by another tensor"
     if _version(now) != before.version:
@@ -161,6 +158,10 @@ class _Watch:
         return {(k, name): _Seen(t, _version(t), _ptr(t), _copy(t) if with_copies else None)
                 for k, (_, m) in enumerate(self.owners) for name, t in m._buffers.items()}
 
+    def change(self, k: int, name: str, how: str) -> BufferChange:
+        owner_name, m = self.owners[k]
+        return BufferChange(owner_name, type(m).__name__, name, how, buffer_fix(m))
+
     def pre(self, module: nn.Module) -> None:
         if not is_training_forward(module):
             self.stack.append(None)
@@ -174,15 +175,17 @@ class _Watch:
         if before is None or (raised is not None and sys.exc_info()[1] is raised):
             return  # not checked, or an inner module's refusal is already on its way up
         self.values_checked = True
-        changes = []
-        for k, (owner_name, m) in enumerate(self.owners):
-            bufs = m._buffers
-            names = list(bufs) + [n for (j, n) in before if j == k and n not in bufs]
-            for name in names:
-                how = _how_changed(before.get((k, name)), bufs.get(name), name in bufs)
+        changes, matched = [], 0
+        for k, (_, m) in enumerate(self.owners):
+            for name, now in m._buffers.items():
+                seen = before.get((k, name))
+                matched += seen is not None
+                how = _how_changed(seen, now)
                 if how is not None:
-                    changes.append(BufferChange(owner_name, type(m).__name__, name, how,
-                                                buffer_fix(m)))
+                    changes.append(self.change(k, name, how))
+        if matched != len(before):  # some buffer that was there is gone
+            changes += [self.change(k, name, "deleted during the forward") for k, name in before
+                        if name not in self.owners[k][1]._buffers]
         if changes:
             self.guard._refuse(changes)
 

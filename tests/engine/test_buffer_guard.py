@@ -174,6 +174,32 @@ def test_changes_made_by_another_module_are_seen_from_the_root(lazy, match):
         model(torch.randn(2, 4))
 
 
+class Forgetting(InPlace):
+    """Drops its buffer in forward (a change of what the saved model holds, too)."""
+
+    def forward(self, x):
+        del self.seen
+        return self.lin(x)
+
+
+def test_a_deleted_buffer_is_a_change():
+    model = Forgetting()
+    BufferGuard(model)
+    with pytest.raises(PrivacyRefusal, match=r"buffer 'seen'.*deleted during the forward"):
+        model(torch.randn(2, 4))
+
+
+def test_buffers_without_a_version_counter_are_still_watched():
+    model = Positional()
+    with torch.inference_mode():
+        model.table = torch.linspace(-1, 1, 4)  # an inference tensor: no version counter
+    BufferGuard(model)
+    model(torch.randn(2, 4))  # read only: fine
+    model.forward = lambda x: setattr(model, "table", model.table + 1) or x
+    with pytest.raises(PrivacyRefusal, match=r"buffer 'table'.*replaced by another tensor"):
+        model(torch.randn(2, 4))
+
+
 def test_one_refusal_per_forward_and_no_hook_left_behind():
     model = norm_model(track_running_stats=True)
     guard = BufferGuard(model)
