@@ -1,8 +1,17 @@
 """The ``dpfy`` command: one module per subcommand under ``dpfy/cli/``.
 
 Each subcommand module defines ``register(subparsers)`` that adds its parser and sets
-``func`` to a ``run(args) -> int``. A ``ValueError`` (bad input) or ``UsageError`` becomes a
-one-line ``dpfy: error: ...`` on stderr and exit code 2.
+``func`` to a ``run(args) -> int``.
+
+Exit codes (each failure is one line on stderr, no traceback):
+
+- 0: done.
+- 2: bad input, or something dpfy refuses to account (``ValueError``, including
+  :class:`dpfy.errors.PrivacyRefusal`): ``dpfy <command>: error: ...`` naming the fix; also
+  argparse's usage errors.
+- 3: the privacy budget is spent (:class:`dpfy.errors.BudgetExhausted`): nothing of the refused
+  step was released; ``dpfy <command>: budget exhausted: ...``.
+- 130: interrupted (Ctrl-C); ``dpfy train`` prints the ``--resume`` command to continue.
 """
 
 from __future__ import annotations
@@ -12,7 +21,13 @@ import importlib
 import sys
 from typing import Sequence
 
-__all__ = ["main", "SUBCOMMANDS"]
+from dpfy.errors import BudgetExhausted
+
+__all__ = ["main", "SUBCOMMANDS", "EXIT_BAD_INPUT", "EXIT_BUDGET_EXHAUSTED", "EXIT_INTERRUPTED"]
+
+EXIT_BAD_INPUT = 2
+EXIT_BUDGET_EXHAUSTED = 3
+EXIT_INTERRUPTED = 130         # 128 + SIGINT, the shell's convention
 
 # Module names under dpfy.cli; a module that does not exist yet is skipped.
 SUBCOMMANDS = ("account", "calibrate", "train", "report", "bench", "explain", "experiment")
@@ -39,7 +54,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except ValueError as e:
         print(f"dpfy {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
+    except BudgetExhausted as e:
+        print(f"dpfy {args.command}: budget exhausted: {e}", file=sys.stderr)
+        return EXIT_BUDGET_EXHAUSTED
+    except KeyboardInterrupt:
+        print(f"dpfy {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -1,7 +1,12 @@
 """``dpfy report``: write the privacy report of a ledger or of a run directory.
 
-    dpfy report runs/fmnist                     # uses runs/fmnist/ledger.json and its δ
+    dpfy report runs/fmnist                     # re-renders runs/fmnist's report from its ledger
     dpfy report ledger.json --delta 1e-5 --out report/
+
+On a run directory the report is re-rendered from the run's ledger with the context its
+``privacy_report.json`` saved (model section, sampling note, warnings, what was released), so
+the Markdown comes out the same as the one ``dpfy train`` wrote. Flags given explicitly
+override the saved context.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from dpfy._validate import require
 from dpfy.cli.account import load_ledger
@@ -16,6 +22,9 @@ from dpfy.privacy.accountants import ACCOUNTANTS
 from dpfy.privacy.report import PrivacyReport
 
 __all__ = ["register", "run"]
+
+DEFAULTS = {"accountant": "pld", "released": "final model weights",
+            "unit_of_privacy": "one example"}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,37 +34,40 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("path", metavar="LEDGER_OR_RUN_DIR", help="ledger.json or a run directory")
     p.add_argument("--delta", type=float, metavar="D",
                    help="δ of the statement (default: from config.json or privacy_report.json)")
-    p.add_argument("--accountant", choices=ACCOUNTANTS, default="pld")
+    p.add_argument("--accountant", choices=ACCOUNTANTS,
+                   help="headline accountant (default: the saved report's, else pld)")
     p.add_argument("--out", metavar="DIR",
                    help="output directory (default: the run directory, or next to the ledger)")
-    p.add_argument("--released", default="final model weights", help="what is published")
-    p.add_argument("--unit-of-privacy", default="one example")
+    p.add_argument("--released", help="what is published (default: the saved report's, else "
+                                      "'final model weights')")
+    p.add_argument("--unit-of-privacy", help="default: the saved report's, else 'one example'")
     p.add_argument("--group-size", type=int, help="also state the guarantee for groups of k")
     p.set_defaults(func=run)
 
 
-def _run_delta(path: Path) -> float | None:
-    """δ of the run: its config.json, else an earlier privacy_report.json, else None."""
-    directory = path if path.is_dir() else path.parent
-    for name in ("config.json", "privacy_report.json"):
-        file = directory / name
-        if file.is_file():
-            value = json.loads(file.read_text()).get("delta")
-            if value is not None:
-                return float(value)
-    return None
+def _saved(directory: Path, name: str) -> dict[str, Any]:
+    file = directory / name
+    return json.loads(file.read_text()) if file.is_file() else {}
 
 
 def run(args: argparse.Namespace) -> int:
     path = Path(args.path)
+    directory = path if path.is_dir() else path.parent
     ledger = load_ledger(args.path)
-    delta = args.delta if args.delta is not None else _run_delta(path)
+    saved = _saved(directory, "privacy_report.json")
+    config = _saved(directory, "config.json")
+    delta = next((float(d) for d in (args.delta, config.get("delta"), saved.get("delta"))
+                  if d is not None), None)
     require(delta is not None, "delta", None, "given", "Add --delta D (no config.json found)")
-    out = Path(args.out) if args.out else (path if path.is_dir() else path.parent)
-    report = PrivacyReport.from_ledger(ledger, delta=delta, accountant=args.accountant,
-                                       released=args.released,
-                                       unit_of_privacy=args.unit_of_privacy,
-                                       group_size=args.group_size)
+    context = PrivacyReport.context_from_dict(saved)
+    for key in ("accountant", "released", "unit_of_privacy", "group_size"):
+        value = getattr(args, key)
+        if value is not None:
+            context[key] = value
+        elif key in DEFAULTS:
+            context.setdefault(key, saved.get(key, DEFAULTS[key]))
+    out = Path(args.out) if args.out else directory
+    report = PrivacyReport.from_ledger(ledger, delta=delta, **context)
     paths = report.write(out)
     print(report.statement())
     for p in paths.values():

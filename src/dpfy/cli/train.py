@@ -3,17 +3,25 @@
 Every :class:`~dpfy.train.config.TrainConfig` field is one flag of the same name
 (``noise_multiplier`` ↔ ``--noise-multiplier``); flags override the config file, which
 overrides the defaults. ``--resume DIR`` continues an interrupted run; any setting given again
-must match the run's.
+must match the run's. A run's published ``config.json`` is a valid ``--config`` (it holds no
+seed, so the re-run draws fresh noise).
+
+Ctrl-C (or SIGTERM) stops the run with one line: the ``--resume`` command when an epoch
+checkpoint exists, else "nothing was saved" (the ``.partial`` directory is removed); exit 130.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
 import time
+from pathlib import Path
 from dataclasses import fields
 from typing import Any
 
 from dpfy.train.config import TrainConfig, field_types, coerce, load_config_file
+from dpfy.train.rundir import RunDir
 
 __all__ = ["register", "run", "explicit_settings", "parse_scalar"]
 
@@ -78,6 +86,7 @@ def explicit_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dpfy.cli import EXIT_INTERRUPTED
     from dpfy.train import resume, train
 
     settings = explicit_settings(args)
@@ -86,9 +95,33 @@ def run(args: argparse.Namespace) -> int:
         if args.out:
             raise ValueError(f"out must be unset with --resume, got out = '{args.out}'. The "
                              f"run continues in its own directory; drop --out")
-        resume(args.resume, overrides=settings, progress=progress)
-        return 0
-    cfg = TrainConfig.from_mapping(settings, source="settings")
-    out = args.out or f"runs/{cfg.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
-    train(cfg, out=out, progress=progress)
+        out, start = args.resume, lambda: resume(args.resume, overrides=settings,
+                                                 progress=progress)
+    else:
+        cfg = TrainConfig.from_mapping(settings, source="settings")
+        out = args.out or f"runs/{cfg.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+        start = lambda: train(cfg, out=out, progress=progress)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        start()
+    except KeyboardInterrupt:
+        print(interrupted_message(out), file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM (``timeout``, ``kill``) stops a run like Ctrl-C, so its cleanup runs."""
+    raise KeyboardInterrupt
+
+
+def interrupted_message(out: str | Path) -> str:
+    """One line for an interrupted run: how to resume it, or that nothing was saved."""
+    run = RunDir.of(out)
+    if run.checkpoint.is_file():
+        return (f"dpfy train: interrupted; the last finished epoch is saved. Continue with: "
+                f"dpfy train --resume {run.final}")
+    return ("dpfy train: interrupted before the first epoch finished; nothing was saved "
+            "(start again with the same command)")

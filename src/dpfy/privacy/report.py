@@ -11,6 +11,12 @@ privacy, tuning) is given explicitly by the caller. Checklist items (digest 003 
    without amplification when amplification is claimed, each mechanism's share of the budget,
    formal (ε, δ) statements for training and for tuning, δ convention (δ ≪ 1/N).
 4. Transparency: library versions.
+
+Warnings (e.g. "a fixed seed makes this run reproducible") come first, before the statement.
+``privacy_report.json`` keeps every piece of context the Markdown shows, so
+:meth:`PrivacyReport.context_from_dict` + :meth:`PrivacyReport.from_ledger` re-render the same
+report from the run directory (``dpfy report RUN_DIR``). Nothing in it is secret: no seed, no
+generator state.
 """
 
 from __future__ import annotations
@@ -24,11 +30,17 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from dpfy._validate import require
+from dpfy.errors import PrivacyRefusal
 from dpfy.privacy.accountants import (ACCOUNTANTS, APPROXIMATE, accountant_label,
                                       check_accountant, epsilon, epsilon_curve, prepare)
 from dpfy.privacy.ledger import Ledger, Sampling
 
-__all__ = ["TuningCost", "MechanismShare", "PrivacyReport", "DEFAULT_DP_SETTING", "tier"]
+__all__ = ["TuningCost", "MechanismShare", "PrivacyReport", "DEFAULT_DP_SETTING", "CONTEXT",
+           "tier"]
+
+# Keys of privacy_report.json that are the caller's context (not computed from the ledger).
+CONTEXT = ("released", "not_released", "unit_of_privacy", "protects", "dp_setting",
+           "dataset_size", "layer_table", "model_description", "sampling_note", "warnings")
 
 DEFAULT_DP_SETTING = ("Central differential privacy: the party that trains the model is trusted to "
                       "run the mechanism as described and sees the raw data; the guarantee is "
@@ -127,7 +139,7 @@ class PrivacyReport:
     samplings: tuple[str, ...]
     sample_rates: tuple[float, float]
     noise_multipliers: tuple[float, float]
-    epsilons: Mapping[str, float]
+    epsilons: Mapping[str, float | None]     # None: that accountant refused (PLD floor)
     epsilon_without_amplification: float
     coarsened: float | None
     curve: tuple[tuple[int, float], ...]
@@ -144,6 +156,8 @@ class PrivacyReport:
     model_description: str | None = None
     sampling_note: str | None = None
     versions: Mapping[str, str] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+    not_released: str | None = None
 
     @classmethod
     def from_ledger(cls, ledger: Ledger, *, delta: float, accountant: str = "pld",
@@ -157,6 +171,8 @@ class PrivacyReport:
                     layer_table: Sequence[Mapping[str, Any]] | None = None,
                     model_description: str | None = None,
                     sampling_note: str | None = None,
+                    warnings: Sequence[str] = (),
+                    not_released: str | None = None,
                     num_points: int = 50) -> "PrivacyReport":
         """Account ``ledger`` and gather the context of the statement.
 
@@ -176,6 +192,8 @@ class PrivacyReport:
           layer_table: rows (dicts) describing each layer's per-sample rule/engine.
           model_description: free text about the model.
           sampling_note: free text about the data pipeline (e.g. what the loader really did).
+          warnings: sentences shown first, above the statement (e.g. a fixed seed).
+          not_released: what the run kept secret (e.g. checkpoints holding the seed).
           num_points: points of the ε-over-steps curve.
         """
         check_accountant(accountant)
@@ -186,7 +204,8 @@ class PrivacyReport:
         if group_size is not None:
             require(isinstance(group_size, int) and group_size >= 1, "group_size", group_size,
                     "an integer >= 1")
-        eps = {name: epsilon(ledger, delta=delta, accountant=name) for name in ACCOUNTANTS}
+        eps = {name: _epsilon_or_none(ledger, delta, name, headline=name == accountant)
+               for name in ACCOUNTANTS}
         form = prepare(ledger, accountant=accountant)
         rates = [g.sample_rate for g in ledger.groups]
         sigmas = [g.effective_noise_multiplier() for g in ledger.groups]
@@ -215,7 +234,23 @@ class PrivacyReport:
             group_size=group_size, group_statement=group,
             layer_table=tuple(dict(r) for r in (layer_table or ())),
             model_description=model_description, sampling_note=sampling_note,
-            versions={"dpfy": _version("dpfy"), "dp-accounting": _version("dp-accounting")})
+            versions={"dpfy": _version("dpfy"), "dp-accounting": _version("dp-accounting")},
+            warnings=tuple(warnings), not_released=not_released)
+
+    @staticmethod
+    def context_from_dict(saved: Mapping[str, Any]) -> dict[str, Any]:
+        """``from_ledger`` keyword arguments that re-create a saved report's context.
+
+        ``saved`` is a ``privacy_report.json``; with the same ledger, δ and accountant the
+        re-rendered Markdown is the same, byte for byte.
+        """
+        out: dict[str, Any] = {k: saved[k] for k in CONTEXT if saved.get(k) is not None}
+        out["warnings"] = tuple(out.get("warnings", ()))
+        if saved.get("tuning"):
+            out["tuning"] = TuningCost(**saved["tuning"])
+        if saved.get("group"):
+            out["group_size"] = int(saved["group"]["group_size"])
+        return out
 
     # -- rendering ---------------------------------------------------------------------------
     @property
@@ -257,7 +292,8 @@ class PrivacyReport:
             "epsilon": _finite(self.epsilon), "delta": self.delta,
             "accountant": self.accountant, "accountant_label": accountant_label(self.accountant),
             "approximate": self.approximate,
-            "epsilons": {k: _finite(v) for k, v in self.epsilons.items()},
+            "epsilons": {k: (None if v is None else _finite(v))
+                         for k, v in self.epsilons.items()},
             "accountant_labels": {k: accountant_label(k) for k in self.epsilons},
             "epsilon_without_amplification": _finite(self.epsilon_without_amplification),
             "coarsened_sigma_resolution": self.coarsened,
@@ -279,6 +315,8 @@ class PrivacyReport:
             "layer_table": [dict(r) for r in self.layer_table],
             "model_description": self.model_description,
             "sampling_note": self.sampling_note,
+            "warnings": list(self.warnings),
+            "not_released": self.not_released,
             "versions": dict(self.versions),
         }
         return d
@@ -286,13 +324,18 @@ class PrivacyReport:
     def to_markdown(self) -> str:
         """The report for people, following the guide's checklist."""
         f = _fmt
-        lines = ["# Privacy report", "", f"**{self.statement()}**", ""]
+        lines = ["# Privacy report", ""]
+        for w in self.warnings:
+            lines += [f"> **WARNING:** {w}.", ""]
+        lines += [f"**{self.statement()}**", ""]
         lines += ["## 1. DP setting", "", self.dp_setting, ""]
         lines += ["## 2. What the guarantee covers", "",
                   f"- **Data accesses covered:** {self.data_accesses}.",
                   f"- **Released:** {self.released}. Formally the mechanism's output is the whole "
                   "sequence of noisy releases (every noisy gradient and every checkpoint); the "
                   "guarantee covers all of it, and anything computed from it.",
+                  *([f"- **Not released (secret):** {self.not_released}."]
+                    if self.not_released else []),
                   f"- **Unit of privacy:** {self.unit_of_privacy}; protects {self.protects}.",
                   f"- **Adjacency:** {ADJACENCY_TEXT[self.adjacency]}.", ""]
         lines += ["## 3. Accounting", "",
@@ -310,7 +353,10 @@ class PrivacyReport:
                          "before accounting (faster; ε stays an upper bound).")
         lines += ["", "| accountant | ε | note |", "|---|---|---|"]
         for name, e in self.epsilons.items():
-            lines.append(f"| {name.upper()} | {f(e)} | {accountant_label(name)} |")
+            value = f(e) if e is not None else "not computed"
+            note = accountant_label(name) if e is not None else (
+                "refused: σ below the PLD grid floor (see the RDP row)")
+            lines.append(f"| {name.upper()} | {value} | {note} |")
         lines += ["", "## 4. Formal statements", "",
                   f"- **Training:** ({f(self.epsilon)}, {self.delta:.3g})-DP.",
                   ("- **Tuning:** " + (f"({f(self.tuning.epsilon)}, {self.tuning.delta:.3g})-DP "
@@ -386,6 +432,17 @@ class PrivacyReport:
         paths["json"].write_text(json.dumps(self.to_dict(), indent=2))
         self.plot(paths["plot"])
         return paths
+
+
+def _epsilon_or_none(ledger: Ledger, delta: float, accountant: str, *,
+                     headline: bool) -> float | None:
+    """ε by ``accountant``; None for a side column the accountant refuses (PLD's σ floor)."""
+    try:
+        return epsilon(ledger, delta=delta, accountant=accountant)
+    except PrivacyRefusal:
+        if headline:
+            raise
+        return None
 
 
 def _fmt(x: float) -> str:

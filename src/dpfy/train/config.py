@@ -1,9 +1,16 @@
 """The training configuration: one frozen dataclass, one field per CLI flag (STYLE.md R15).
 
-Values come from, in increasing priority: the defaults below, a TOML or YAML file
-(``--config``), then command-line flags. :func:`resolve` fills in what depends on the data
-(δ) or on the operating system (the seed), and the resolved config is written to
-``config.json`` so a run can be reproduced and resumed.
+Values come from, in increasing priority: the defaults below, a TOML, YAML or JSON file
+(``--config``), then command-line flags. :func:`resolve` fills in what depends on the data (δ).
+
+The seed is a secret. Without ``--seed`` no seed exists: the model init draws a fresh seed from
+the operating system and the engine draws sampling and noise from its secure generator, so
+nobody can re-run training on two neighbouring datasets and see which reproduces ``model.pt``.
+With ``--seed`` the run is reproducible by anyone who holds the seed, which undoes the privacy
+(the report and ``dpfy train`` say so first). Either way the published ``config.json``
+(:meth:`TrainConfig.to_public_json`) holds ``"seed": null`` and only ``"reproducible"``: the seed
+and the generator states live in the checkpoint alone, which is secret and deleted when the run
+finishes.
 
 The defaults are the Fashion-MNIST benchmark: Tramèr & Boneh's (ICLR 2021) end-to-end tanh CNN
 at ε = 3, δ = 1e-5, with their large-batch recipe (batch 2048, SGD with momentum 0.9, a large
@@ -15,21 +22,29 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import secrets
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
 from dpfy._validate import require
 
-__all__ = ["TrainConfig", "OPTIMIZERS", "ACCOUNTANTS", "RESUME_IGNORED", "load_config_file",
-           "resolve", "coerce", "field_types", "guide_delta"]
+__all__ = ["TrainConfig", "OPTIMIZERS", "ACCOUNTANTS", "RESUME_IGNORED", "PUBLIC_ONLY",
+           "SEED_WARNING", "load_config_file", "resolve", "coerce", "field_types", "guide_delta"]
 
 OPTIMIZERS = ("sgd", "adam")
 ACCOUNTANTS = ("pld", "rdp")
 # Fields that may differ when resuming: they change where data is read from or how fast the
 # run goes, not what it computes.
 RESUME_IGNORED = frozenset({"data_dir", "threads"})
+# Keys of the published config.json that are facts about the run, not settings: read back
+# (``--config config.json``) they are ignored.
+PUBLIC_ONLY = frozenset({"reproducible"})
+
+SEED_WARNING = ("This run was trained with a fixed seed (--seed), so it is reproducible: anyone "
+                "who holds the seed can regenerate its sampling and noise, re-run training on "
+                "two neighbouring datasets and tell which one produced the model. The seed "
+                "undoes the privacy guarantee below; keep it secret, or train without --seed "
+                "for a model you publish")
 
 
 def _f(default: Any, help: str) -> Any:
@@ -57,8 +72,9 @@ class TrainConfig:
     lr: float = _f(4.0, "learning rate")
     momentum: float = _f(0.9, "SGD momentum")
     weight_decay: float = _f(0.0, "L2 weight decay")
-    seed: int | None = _f(None, "seed for init, sampling and noise; default: drawn from the OS "
-                                "and recorded")
+    seed: int | None = _f(None, "seed for init, sampling and noise: makes the run reproducible "
+                                "by anyone holding it, which undoes the privacy; never "
+                                "published (default: none; OS randomness, secure)")
     accountant: str = _f("pld", "pld or rdp")
     schedule: str | None = _f(None, "adaptive schedule name (dpfy.adaptive.make_schedule)")
     schedule_options: dict = _f(None, "options for the schedule, KEY=VALUE")
@@ -107,7 +123,21 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     def to_json(self) -> str:
+        """Every field, the seed included: for the (secret) checkpoint, never for publishing."""
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @property
+    def reproducible(self) -> bool:
+        """True when a seed fixes sampling and noise (anyone with the seed can undo privacy)."""
+        return self.seed is not None
+
+    def to_public_dict(self) -> dict[str, Any]:
+        """The settings with the seed blanked and only whether one was given."""
+        return {**self.to_dict(), "seed": None, "reproducible": self.reproducible}
+
+    def to_public_json(self) -> str:
+        """``config.json`` of a run: what can be published (no seed, no generator state)."""
+        return json.dumps(self.to_public_dict(), indent=2, sort_keys=True)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], *, source: str = "config") -> "TrainConfig":
@@ -127,6 +157,8 @@ def coerce(values: Mapping[str, Any], *, source: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in values.items():
         name = key.replace("-", "_")
+        if name in PUBLIC_ONLY:
+            continue
         require(name in types, f"{source} key", key, f"one of {sorted(types)}",
                 "Fix the spelling or remove the key")
         kind = types[name]
@@ -142,21 +174,26 @@ def coerce(values: Mapping[str, Any], *, source: str) -> dict[str, Any]:
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
-    """The top-level keys of a TOML (``.toml``) or YAML (``.yaml``/``.yml``) config file."""
+    """The top-level keys of a TOML (``.toml``), YAML (``.yaml``/``.yml``) or JSON config file.
+
+    A run's published ``config.json`` is accepted as is (its seed is null).
+    """
     path = Path(path)
     suffix = path.suffix.lower()
-    require(suffix in (".toml", ".yaml", ".yml"), "config", str(path),
-            "a .toml, .yaml or .yml file", "Rename the file or convert it")
+    require(suffix in (".toml", ".yaml", ".yml", ".json"), "config", str(path),
+            "a .toml, .yaml, .yml or .json file", "Rename the file or convert it")
     require(path.is_file(), "config", str(path), "an existing file", "Check the path")
     text = path.read_text()
     try:
         if suffix == ".toml":
             import tomllib
             data = tomllib.loads(text)
+        elif suffix == ".json":
+            data = json.loads(text)
         else:
             import yaml
             data = yaml.safe_load(text) or {}
-    except Exception as e:  # tomllib.TOMLDecodeError, yaml.YAMLError
+    except Exception as e:  # tomllib.TOMLDecodeError, json.JSONDecodeError, yaml.YAMLError
         raise ValueError(f"config must be valid {suffix[1:].upper()}, got a parse error in "
                          f"'{path}': {str(e).splitlines()[0]}. Fix the file") from None
     require(isinstance(data, dict), "config", str(path), "a mapping of keys to values",
@@ -171,7 +208,11 @@ def guide_delta(num_examples: int) -> float:
 
 def resolve(cfg: TrainConfig, *, num_examples: int,
             reference_delta: float | None) -> tuple[TrainConfig, str]:
-    """Fill in δ and the seed; returns the resolved config and how δ was chosen."""
+    """Fill in δ; returns the resolved config and how δ was chosen.
+
+    The seed stays as given: None means a secure run (no seed is invented, see the module
+    docstring).
+    """
     how = "given"
     delta = cfg.delta
     if delta is None and reference_delta is not None:
@@ -181,5 +222,4 @@ def resolve(cfg: TrainConfig, *, num_examples: int,
         delta, how = guide_delta(num_examples), f"1/N^1.1 with N = {num_examples}"
     require(delta < 1 / num_examples, "delta", delta, f"< 1/N = {1 / num_examples:.3g}",
             "δ ≥ 1/N would allow leaking one example outright; use δ = 1/N^1.1")
-    seed = cfg.seed if cfg.seed is not None else secrets.randbits(63)
-    return dataclasses.replace(cfg, delta=delta, seed=seed), how
+    return dataclasses.replace(cfg, delta=delta), how

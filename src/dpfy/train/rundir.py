@@ -52,6 +52,11 @@ class RunDir:
         return self.staging / "checkpoint.pt"
 
     @classmethod
+    def of(cls, path: str | Path) -> "RunDir":
+        """The run at ``path``, given by its final name or its ``.partial`` directory."""
+        return cls(_final_path(Path(path)))
+
+    @classmethod
     def create(cls, out: str | Path) -> "RunDir":
         """Start a new run in ``out``; refuses to overwrite a finished or an interrupted run."""
         run = cls(_final_path(Path(out)))

@@ -7,6 +7,9 @@ privacy report are written (see :mod:`dpfy.train.rundir`).
 
 Privacy: the only path to the model's weights is ``dpfy.make_private``'s optimizer; ε is read
 from its ledger by an accountant. Train loss/accuracy are logged as non-private diagnostics.
+Nothing published holds a seed or generator state (see :mod:`dpfy.train.config`): those live
+only in ``checkpoint.pt``, which is deleted when the run finishes. A run that fails before its
+first checkpoint leaves no directory behind, so the same ``--out`` can be used again.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import secrets
 import shutil
 import time
 from dataclasses import dataclass
@@ -26,8 +30,9 @@ from torch import nn
 from dpfy._validate import require
 from dpfy.data import DATASETS, DataSplits, load_dataset
 from dpfy.models import MODELS, build_model
+from dpfy.privacy.accountants import PLD_FINE, pld_min_noise_multiplier
 from dpfy.train.checkpoint import Checkpoint
-from dpfy.train.config import RESUME_IGNORED, TrainConfig, resolve
+from dpfy.train.config import RESUME_IGNORED, SEED_WARNING, TrainConfig, resolve
 from dpfy.train.epoch import run_epoch
 from dpfy.train.evaluate import evaluate
 from dpfy.train.metrics import MetricsLog
@@ -83,7 +88,8 @@ def train(cfg: TrainConfig, *, out: str | Path, data: DataSplits | None = None,
     """Train privately according to ``cfg`` and write everything to ``out``.
 
     Args:
-      cfg: the configuration; δ and the seed are resolved here when unset.
+      cfg: the configuration; δ is resolved here when unset. Without ``cfg.seed`` the run is
+        secure (nothing can reproduce its noise); with it, anyone holding the seed can.
       out: a directory that must not exist yet.
       data: your own train/test splits (default: ``load_dataset(cfg.dataset)``).
       model: your own module (default: ``build_model(cfg.model)``). Its initial weights are
@@ -92,6 +98,7 @@ def train(cfg: TrainConfig, *, out: str | Path, data: DataSplits | None = None,
       echo: where the resolved config and the privacy statement are printed.
     """
     _check_names(cfg, data, model)
+    _check_accountable(cfg)
     run = RunDir.create(out)          # before any slow work: an unwritable --out fails at once
     try:
         data = data if data is not None else load_dataset(cfg.dataset, data_dir=cfg.data_dir)
@@ -102,6 +109,18 @@ def train(cfg: TrainConfig, *, out: str | Path, data: DataSplits | None = None,
         if not run.checkpoint.exists():   # nothing worth resuming: leave no trace
             shutil.rmtree(run.staging, ignore_errors=True)
         raise
+
+
+def _check_accountable(cfg: TrainConfig) -> None:
+    """Refuse a fixed σ the accountant cannot read in bounded time, before anything runs.
+
+    (A target ε is bounded by the calibration itself: ``dpfy.privacy.calibration``.)
+    """
+    if cfg.noise_multiplier is not None and cfg.accountant == "pld":
+        floor = pld_min_noise_multiplier(PLD_FINE)
+        require(cfg.noise_multiplier >= floor, "noise_multiplier", cfg.noise_multiplier,
+                f">= {floor:.3g} with the PLD accountant (its grid would not fit in memory)",
+                "Raise --noise-multiplier, or account with --accountant rdp")
 
 
 def resume(path: str | Path, *, overrides: Mapping[str, Any] | None = None,
@@ -135,7 +154,10 @@ def _run(cfg: TrainConfig, notes: dict[str, Any], run: RunDir, data: DataSplits,
          model: nn.Module | None, ckpt: Checkpoint | None, progress: bool,
          echo: Echo) -> TrainResult:
     torch.set_num_threads(cfg.threads or usable_cores())
-    torch.manual_seed(cfg.seed)                      # model init; sampling/noise: the engine
+    # Model init: the given seed, or a fresh secret one that is never stored (a resumed run
+    # loads its weights and torch's RNG state from the checkpoint). Sampling and noise: the
+    # engine, seeded by cfg.seed or secure when it is None.
+    torch.manual_seed(cfg.seed if cfg.seed is not None else secrets.randbits(63))
     if model is None:
         model = build_model(cfg.model, input_shape=data.input_shape,
                             num_classes=data.num_classes)
@@ -143,8 +165,10 @@ def _run(cfg: TrainConfig, notes: dict[str, Any], run: RunDir, data: DataSplits,
     metrics = MetricsLog()
     start_epoch, elapsed = 0, 0.0
     if ckpt is None:
-        write_atomic(run.staging / "config.json", cfg.to_json() + "\n")
+        write_atomic(run.staging / "config.json", cfg.to_public_json() + "\n")
         echo(_statement(cfg, notes, data, private))
+        if cfg.reproducible:
+            echo(f"dpfy train: WARNING: {SEED_WARNING}.")
     else:
         private.model.load_state_dict(ckpt.model)
         private.optimizer.load_state_dict(ckpt.optimizer)
@@ -199,7 +223,7 @@ def _statement(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, pri
     sigma = private.noise_multiplier
     noise = (f"noise multiplier σ = {sigma:.4g}" if sigma is not None
              else f"noise multiplier σ_t from schedule '{cfg.schedule}'")
-    return (f"dpfy train: resolved config:\n{cfg.to_json()}\n"
+    return (f"dpfy train: resolved config:\n{cfg.to_public_json()}\n"
             f"dpfy train: DP-SGD on {data.name} (N = {data.num_train}), Poisson sampling with "
             f"rate q = {private.sample_rate:.5g} (expected batch {cfg.batch_size}), "
             f"{private.total_steps} steps, clip C = {cfg.clip:g}, {noise} ({budget}); "
