@@ -70,11 +70,13 @@ def _describe(sampler: Any) -> str:
     return name
 
 
-def _sampler_fix(sampler: Any, poisson_sampling: bool) -> str:
+def _sampler_fix(sampler: Any, dataset: Any, poisson_sampling: bool) -> str:
     """What to do instead of ``sampler`` (the sentence the refusal ends with)."""
     other = ("" if poisson_sampling else
              ", or use Poisson sampling (poisson_sampling=True)")
-    if isinstance(sampler, SubsetRandomSampler):
+    other_source = (type(sampler) in (SequentialSampler, RandomSampler)
+                    and sampler.data_source is not dataset)
+    if isinstance(sampler, SubsetRandomSampler) or other_source:
         return ("Pass a torch.utils.data.Subset(dataset, indices) as the dataset instead of a "
                 "subset sampler (with batch_size= and shuffle=True)")
     if isinstance(sampler, WeightedRandomSampler):
@@ -105,8 +107,10 @@ def _check_loader(loader: DataLoader, poisson_sampling: bool) -> None:
         _refuse("loader.sampler", _describe(sampler),
                 "a plain SequentialSampler or RandomSampler over loader.dataset "
                 "(DataLoader(dataset, batch_size=b, shuffle=True or False))",
-                _sampler_fix(sampler, poisson_sampling))
+                _sampler_fix(sampler, loader.dataset, poisson_sampling))
     batches = loader.batch_sampler
+    require(batches is not None, "loader.batch_size", None, "an int >= 1",
+            "Build the DataLoader with batch_size= (dpfy forms every batch itself)")
     if not (type(batches) is BatchSampler and batches.sampler is sampler
             and loader.batch_size is not None):
         _refuse("loader.batch_sampler", type(batches).__name__,
@@ -345,9 +349,16 @@ class ShuffleSampler:
                 "from dpfy's own ShuffleSampler (permutation, offset)",
                 "Checkpoints written before dpfy owned the shuffled sampler cannot resume a "
                 "pass; start a new run")
+        perm, offset = state["permutation"], int(state["offset"])
+        require(perm is None or tuple(perm.shape) == (self.dataset_size,),
+                "the checkpoint's permutation", None if perm is None else tuple(perm.shape),
+                f"of this dataset's size ({self.dataset_size},)",
+                "Resume with the dataset the checkpoint was written for")
+        require(0 <= offset <= self.pass_length, "the checkpoint's offset", offset,
+                f"in [0, {self.pass_length}]", "Resume with the same batch size and drop_last")
         if self.generator is not None and state["generator"] is not None:
             self.generator.set_state(state["generator"])
-        self.permutation, self.offset = state["permutation"], int(state["offset"])
+        self.permutation, self.offset = perm, offset
         self.passes = int(state["passes"])
 
 
