@@ -179,7 +179,7 @@ class NoiseSource:
                 if backend == "compiled":
                     raise
                 fallback = ("torch's generator (seeded)" if self._reproducible
-                            else "os.urandom, ≈ 10× slower (still secure)")
+                            else "os.urandom: still secure, but tens of times slower")
                 warnings.warn(f"dpfy's compiled Gaussian sampler is unavailable ({err}); noise "
                               f"is drawn from {fallback}", RuntimeWarning, stacklevel=2)
         if self._compiled is None and self._reproducible:

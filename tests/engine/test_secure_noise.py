@@ -261,3 +261,21 @@ def test_secure_uniform_never_returns_one(no_compiler, monkeypatch):
     assert float(secure_uniform(8).max()) < 1
     monkeypatch.setattr(os, "urandom", lambda n: bytes(n))
     assert float(secure_uniform(8).min()) > 0
+
+
+@pytest.mark.skipif(not {"avx2", "fma", "bmi2", "movbe"} <= build._cpu_flags(),
+                    reason="needs a CPU that runs x86-64-v3 code")
+def test_the_avx2_build_draws_the_same_stream(monkeypatch, tmp_path):
+    """Machines without AVX-512 get the x86-64-v3 build: the same keystream bit for bit, and
+    the same normals up to the vector math's last bits."""
+    from dpfy.native import gaussian
+    v4 = gaussian.ChaChaGaussian(KEY).axpy_(torch.empty(4096), 0.0, 1.0)
+    monkeypatch.setenv("DPFY_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(build, "target_flags", lambda: ["-march=x86-64-v3"])
+    build.load.cache_clear()
+    try:
+        assert gaussian.chacha20_keystream(bytes(32), 0, 0, 2) == RFC_A_1
+        v3 = gaussian.ChaChaGaussian(KEY).axpy_(torch.empty(4096), 0.0, 1.0)
+        torch.testing.assert_close(v3, v4, rtol=1e-5, atol=1e-5)
+    finally:
+        build.load.cache_clear()
