@@ -37,6 +37,7 @@ from typing import Any, Iterator, Literal
 import torch
 
 from dpfy.native.build import NativeUnavailable
+from dpfy.native.gaussian import ChaChaGaussian, XoshiroGaussian  # built on first instance
 
 __all__ = ["NoiseSource", "NoisySum", "secure_uniform"]
 
@@ -120,18 +121,6 @@ def _fits_kernel(t: torch.Tensor) -> bool:
     return t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
 
 
-def _chacha() -> Any:
-    """A ChaCha20 sampler keyed from os.urandom (raises ``NativeUnavailable``)."""
-    from dpfy.native.gaussian import ChaChaGaussian
-    return ChaChaGaussian()
-
-
-def _xoshiro(seed: int) -> Any:
-    """A seeded xoshiro256++ sampler (raises ``NativeUnavailable``)."""
-    from dpfy.native.gaussian import XoshiroGaussian
-    return XoshiroGaussian(seed)
-
-
 class NoiseSource:
     """Draws Gaussian noise: secure (default) or reproducible from a seed.
 
@@ -168,13 +157,13 @@ class NoiseSource:
         require(not (seed is not None and backend == "urandom"), "backend", backend,
                 'not "urandom" for seeded noise', "os.urandom cannot be seeded: pass seed=None "
                 "for secure noise, or backend=\"torch\" for torch's seeded generator")
-        self._compiled: Any = None  # ChaChaGaussian or XoshiroGaussian
+        self._compiled: ChaChaGaussian | XoshiroGaussian | None = None
         self._generator: torch.Generator | None = None  # the "torch" backend
         self._reproducible = seed is not None
         self._pid = os.getpid()
         if backend in ("auto", "compiled"):
             try:
-                self._compiled = _xoshiro(seed) if self._reproducible else _chacha()
+                self._compiled = XoshiroGaussian(seed) if self._reproducible else ChaChaGaussian()
             except NativeUnavailable as err:
                 if backend == "compiled":
                     raise
@@ -202,11 +191,12 @@ class NoiseSource:
             return "xoshiro" if self._reproducible else "chacha20"
         return "torch" if self._reproducible else "urandom"
 
-    def _stream(self) -> Any:
+    def _stream(self) -> ChaChaGaussian | XoshiroGaussian:
         """The compiled sampler; a forked child re-keys a secure one (else parent and child
         would draw the same noise)."""
+        assert self._compiled is not None
         if not self._reproducible and self._pid != os.getpid():
-            self._compiled, self._pid = _chacha(), os.getpid()
+            self._compiled, self._pid = ChaChaGaussian(), os.getpid()
         return self._compiled
 
     def _words(self, n: int) -> torch.Tensor:
@@ -293,7 +283,7 @@ class NoiseSource:
             self._generator.set_state(state["generator"])
         elif backend == "xoshiro":
             try:
-                self._compiled = _xoshiro(0)
+                self._compiled = XoshiroGaussian(0)
             except NativeUnavailable as err:
                 raise RuntimeError(
                     f"this checkpoint's noise was drawn by dpfy's compiled sampler, which "
@@ -302,7 +292,7 @@ class NoiseSource:
             self._compiled.set_state(state["state"])
         elif backend == "chacha20":
             try:
-                self._compiled = _chacha()
+                self._compiled = ChaChaGaussian()
                 self._compiled.set_state(state["state"])
             except NativeUnavailable as err:
                 warnings.warn(f"this checkpoint's secure noise stream (ChaCha20) cannot be "

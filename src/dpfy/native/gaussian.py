@@ -143,7 +143,8 @@ def chacha20_keystream(key: bytes, counter: int, nonce: int, nblocks: int) -> by
     """``nblocks`` ChaCha20 blocks from block ``counter`` on, serialized as in RFC 8439.
 
     ``counter`` is 64 bits (input words 12–13), ``nonce`` 64 bits (words 14–15); RFC 8439's
-    32-bit counter c and 96-bit nonce (n0, n1, n2) are counter = c | n0 << 32, nonce = n1 | n2 << 32.
+    32-bit counter c and 96-bit nonce (n0, n1, n2) are counter = c | n0 << 32 and
+    nonce = n1 | n2 << 32.
     """
     state = ChaChaGaussian(key, counter, nonce)._state
     out = torch.empty(64 * nblocks, dtype=torch.uint8)
