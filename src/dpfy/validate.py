@@ -27,7 +27,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 
 from dpfy._validate import require
-from dpfy.buffers import BufferChange, BufferGuard
+from dpfy.buffers import BufferChange, BufferGuard, guard_of
 from dpfy.grads.rules import rule_for
 
 __all__ = ["validate", "batchnorm_to_groupnorm", "buffer_problems"]
@@ -102,6 +102,9 @@ def buffer_problems(model: nn.Module, example_input: Any) -> list[BufferChange]:
     The copy is in training mode with autograd on (a training forward, as ``make_private``'s
     guard defines it); ``model`` itself is not run. A tuple is passed as positional arguments.
     """
+    require(guard_of(model) is None, "model", type(model).__name__, "not yet private when "
+            "example_input is given", "Validate before make_private: the private model's hooks "
+            "would capture the example as if it were a training batch")
     probe = copy.deepcopy(model).train()
     guard = BufferGuard(probe, collect=True)
     args = example_input if isinstance(example_input, tuple) else (example_input,)

@@ -150,3 +150,8 @@ def test_example_input_reports_buffers_a_training_forward_changes():
     # constant buffers and fixed layers pass the same check
     fixed = dpfy.validate(instancenorm_model(), fix=True, example_input=torch.randn(4, 8))
     assert dpfy.validate(fixed, example_input=torch.randn(4, 8)) == []
+    # a private model's hooks would capture the example: validate before make_private
+    opt = torch.optim.SGD(fixed.parameters(), lr=0.1)
+    dpfy.make_private(fixed, opt, loader(), noise_multiplier=1.0, seed=0)
+    with pytest.raises(ValueError, match="model must be not yet private.*before make_private"):
+        dpfy.validate(fixed, example_input=torch.randn(4, 8))
