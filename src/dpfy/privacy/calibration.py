@@ -345,9 +345,23 @@ def calibrate_schedule_scale(*, shape: Sequence[float], target_epsilon: float, d
     guess = _solve_decreasing(eps_for("gdp"), target_epsilon, 1.0 / _mean(values),
                               rel_tol=0.02, x_max=top, fail=fail)
     floor = _sigma_floor(accountant, sampling)
+    if floor and _rdp_epsilon_at(floor / min(values), values, sample_rate, sampling,
+                                 dataset_size, delta) <= target_epsilon:
+        # RDP's ε bounds PLD's from above, so PLD meets the target below the floor too: refuse
+        # now instead of building PLD grids at the floor.
+        _below_pld_floor(target_epsilon, floor)
     return _solve_decreasing(eps_for(accountant), target_epsilon, guess, rel_tol=tol,
                              x_max=top, fail=fail, x_min=floor / min(values),
                              fail_low=lambda: _below_pld_floor(target_epsilon, floor))
+
+
+def _rdp_epsilon_at(scale: float, values: Sequence[float], sample_rate: float,
+                    sampling: Sampling, dataset_size: int | None, delta: float) -> float:
+    """RDP ε (cheap, an upper bound of PLD's) of the schedule scaled by ``scale``."""
+    ledger = Ledger.from_schedule(sample_rates=[sample_rate] * len(values),
+                                  noise_multipliers=[scale * v for v in values],
+                                  sampling=sampling, dataset_size=dataset_size)
+    return epsilon(ledger, delta=delta, accountant="rdp")
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from dpfy._validate import require
+from dpfy.privacy.calibration import MAX_TARGET_EPSILON
 
 __all__ = ["TrainConfig", "OPTIMIZERS", "ACCOUNTANTS", "RESUME_IGNORED", "PUBLIC_ONLY",
            "SEED_WARNING", "load_config_file", "resolve", "coerce", "field_types", "guide_delta"]
@@ -94,6 +95,10 @@ class TrainConfig:
         if self.epsilon is not None:
             require(math.isfinite(self.epsilon) and self.epsilon > 0, "epsilon", self.epsilon,
                     "> 0", "A target ε must be positive; ε = 3 is a common choice")
+            # The calibration's own bound, checked here too so a typo fails before data loads.
+            require(self.epsilon <= MAX_TARGET_EPSILON, "epsilon", self.epsilon,
+                    f"<= {MAX_TARGET_EPSILON:g} (larger ε is no meaningful guarantee and drives "
+                    f"σ to 0)", "Lower --epsilon, or give a fixed --noise-multiplier")
         if self.noise_multiplier is not None:
             require(self.noise_multiplier > 0, "noise_multiplier", self.noise_multiplier, "> 0",
                     "σ = 0 is not private")
