@@ -138,11 +138,6 @@ def make_private(
     if max_steps is not None:
         require(isinstance(max_steps, int) and max_steps >= 1, "max_steps", max_steps, ">= 1")
 
-    n = len(loader.dataset)
-    batch_size = loader.batch_size
-    if sample_rates is None:
-        require(batch_size is not None and batch_size >= 1, "loader.batch_size", batch_size,
-                "an int >= 1", "Build the DataLoader with batch_size= (not a batch_sampler)")
     if secure_mode:
         require(seed is None, "seed", seed, "None with secure_mode=True",
                 "secure_mode is the default now (seed=None); drop one of them")
@@ -150,8 +145,8 @@ def make_private(
 
     sampler: PoissonSampler | ShuffleSampler = make_sampler(
         loader, poisson_sampling=poisson_sampling, sample_rates=sample_rates,
-        seed=None if secure_mode else sampling_seed)
-    q = sampler.sample_rate
+        seed=sampling_seed)
+    n, q = sampler.dataset_size, sampler.sample_rate
 
     dp_loader = DPDataLoader(loader, sampler, max_physical_batch_size=max_physical_batch_size)
     if target_epsilon is not None:

@@ -167,7 +167,21 @@ class DPOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        pending, self.cursor.pending = self.cursor.pending, 0
+        try:
+            self._take_batch()
+        except Exception:
+            self.cursor.discard_pending()  # not taken: the loader yields it again
+            raise
+        return loss
+
+    def _take_batch(self) -> None:
+        """Check, accumulate and (at a logical batch's end) release the batch just yielded.
+
+        The loader's position moves (``cursor.pending = 0``) only once the batch is taken: in
+        the sum for a physical batch inside a logical one, or recorded in the ledger at its end.
+        A batch refused before that is yielded again, so no example is used without a ledger step.
+        """
+        pending = self.cursor.pending
         require(pending >= 1, "the batch", "not from the private loader",
                 "one yielded by the loader make_private returned",
                 "Iterate the loader returned by make_private; each of its batches allows one "
@@ -200,10 +214,10 @@ class DPOptimizer(torch.optim.Optimizer):
         if not self.cursor.last:
             for p in self._params.values():
                 p.grad = None
-            return loss
+            self.cursor.pending = 0
+            return
         sums, self._sums = self._sums, None
         self._release(sums)
-        return loss
 
     def _accumulate(self, sums: StepSums) -> None:
         """Add one physical batch to ``sums``: norms → clipping → extra values → sums."""
@@ -233,6 +247,7 @@ class DPOptimizer(torch.optim.Optimizer):
         extras = sums.release(self.noise, self._params, b)
         self.ledger.record_step(sampling=self.sampler.sampling,
                                 sample_rate=self.sampler.sample_rate, releases=releases)
+        self.cursor.pending = 0   # taken: released and recorded
         groups = self.original_optimizer.param_groups
         lrs = [g["lr"] for g in groups]
         if plan.lr_scale != 1.0:

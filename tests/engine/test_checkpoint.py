@@ -78,8 +78,20 @@ def test_resume_is_bit_identical(schedule, opt_cls):
         assert opt2.schedule_state == opt.schedule_state == CountState(5)
 
 
-def test_seed_none_draws_a_seed_and_records_it():
-    _, opt_a, _ = build(seed=None)
-    _, opt_b, _ = build(seed=None)
-    assert isinstance(opt_a.seed, int) and opt_a.seed != opt_b.seed
-    assert opt_a.state_dict()["seed"] == opt_a.seed
+def test_seed_none_is_secure_and_resumes_its_ledger():
+    # seed=None: no seed exists to publish and two runs draw different noise. A resumed secure
+    # run continues the ledger and step count (bit-identical resumes need a seed).
+    model_a, opt_a, dl_a = build(seed=None)
+    model_b, opt_b, dl_b = build(seed=None)
+    assert opt_a.seed is None and opt_a.state_dict()["seed"] is None
+    run(model_a, opt_a, dl_a, 2)
+    run(model_b, opt_b, dl_b, 2)
+    assert any(not torch.equal(a, b) for a, b in zip(model_a.parameters(),
+                                                      model_b.parameters()))
+    buf = io.BytesIO()
+    torch.save(opt_a.state_dict(), buf)
+    model_c, opt_c, dl_c = build(seed=None)
+    buf.seek(0)
+    opt_c.load_state_dict(torch.load(buf, weights_only=False))
+    run(model_c, opt_c, dl_c, 2)
+    assert opt_c.step_count == 4 and opt_c.ledger.num_steps == 4
