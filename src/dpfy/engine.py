@@ -240,11 +240,11 @@ def _check_needs(method: "Method | None", grads: GradEngine, poisson_sampling: b
         return
     needs, name = method.needs, method.registry_name or type(method).__name__
     if needs.per_sample_grads:
-        ghost = [u.name for u in grads.units if u.rule is not None and u.rule.has_ghost]
-        require(grads.engine == "vmap" or not ghost, "engine", grads.engine,
-                f"'vmap' for method {name!r} (it transforms per-sample gradients "
-                f"coordinate-wise, which the ghost route never forms; ghost layers: {ghost})",
-                "Pass engine='vmap' to make_private (memory: B × parameters)")
+        require(grads.engine != "ghost", "engine", grads.engine,
+                f"'auto' or 'vmap' for method {name!r} (it transforms per-sample gradients "
+                f"coordinate-wise, which the ghost route never forms)",
+                "Drop engine='ghost'; every layer then takes the materialized route "
+                "(memory: B × parameters)")
     if needs.indices:
         require(poisson_sampling, "poisson_sampling", False, f"True for method {name!r}",
                 "It reads the batch's dataset indices, which Poisson sampling provides")

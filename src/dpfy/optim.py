@@ -26,7 +26,7 @@ from dpfy.noise import NoiseSource
 from dpfy.plan import StepPlan
 from dpfy.privacy import Ledger, epsilon as ledger_epsilon
 from dpfy.sampling import BatchCursor, PoissonSampler, ShuffleSampler
-from dpfy.step import StepSums, released, step_releases
+from dpfy.step import StepSums, contract, released, step_releases
 
 __all__ = ["DPOptimizer"]
 
@@ -222,7 +222,13 @@ class DPOptimizer(torch.optim.Optimizer):
     def _accumulate(self, sums: StepSums) -> None:
         """Add one physical batch to ``sums``: norms → clipping → extra values → sums."""
         plan, method, state = sums.plan, self.method, self.method_state
-        sq = self.grads.per_sample_sq_norms()  # name -> (B,) sensitive
+        if method is not None and method.needs.per_sample_grads:
+            per_sample = method.transform(state, self.grads.per_sample_grads(), plan)  # sensitive
+            sq = {n: g.flatten(1).square().sum(1) for n, g in per_sample.items()}  # (B,) each
+            weighted_sums = contract(per_sample)
+        else:
+            sq = self.grads.per_sample_sq_norms()  # name -> (B,) sensitive
+            weighted_sums = self.grads.weighted_sums_many
         norms = Norms(total=total_norm(sq), per_parameter_sq=sq, groups=self._groups,
                       indices=self.cursor.indices)  # sensitive
         clip = method.clipping(state, norms, plan) if method is not None else None
@@ -233,7 +239,7 @@ class DPOptimizer(torch.optim.Optimizer):
         values = method.release_values(state, norms, plan) if sums.specs else {}
         owner = (f"method {method.registry_name or type(method).__name__!r}"
                  if method is not None else f"clipping policy {self.clipping.name!r}")
-        sums.add(self.grads, norms, clip, values, owner)
+        sums.add(weighted_sums, norms, clip, values, owner)
         self.grads.clear()
         del sq, norms, clip, values
 

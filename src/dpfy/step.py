@@ -18,7 +18,7 @@ writes, before training, the ledger of a data-independent method's whole run wit
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -30,6 +30,8 @@ from dpfy.privacy.ledger import Ledger, Release
 __all__ = ["GRADIENT", "step_releases", "planned_ledger", "check_bound", "StepSums"]
 
 GRADIENT = "gradient"
+WeightSets = list[dict[str, torch.Tensor]]
+WeightedSums = Callable[[WeightSets], WeightSets]
 # Relative slack of the per-step sensitivity assertion: float32 norms make min(1, C/n)·n
 # exceed C by a few ulps (≈ 1e-7); a method's real excess is far larger.
 _SLACK = 1e-5
@@ -115,11 +117,12 @@ class StepSums:
     rows: int = 0
     norm_sum: float = 0.0                                      # debug only, NOT private
 
-    def add(self, grads: Any, norms: Norms, clip: Clip, values: Mapping[str, torch.Tensor],
-            owner: str) -> None:
+    def add(self, weighted_sums: WeightedSums, norms: Norms, clip: Clip,
+            values: Mapping[str, torch.Tensor], owner: str) -> None:
         """Add one physical batch: check every bound, then form and add the weighted sums.
 
-        ``grads`` is the :class:`dpfy.grads.GradEngine` holding the batch's captures.
+        ``weighted_sums`` maps weight sets [{name: (B,)}, ...] to their sums Σ_i w_i g_i
+        (the engine's book-keeping, or a contraction of materialized per-sample gradients).
         """
         names = list(norms.per_parameter_sq)
         w = clip.weights
@@ -158,7 +161,7 @@ class StepSums:
         if unexpected:
             raise PrivacyRefusal(f"release_values must only give declared releases, got "
                                  f"{unexpected} from {owner}. Declare them in releases()")
-        sums = grads.weighted_sums_many([weights] + extra_weights)  # sensitive
+        sums = weighted_sums([weights] + extra_weights)  # sensitive
         self._add_gradient(sums[0])
         for name, s in zip(extra_names, sums[1:]):
             self._add_extra(name, s)
@@ -203,6 +206,14 @@ class StepSums:
             noisy = noise.add_gaussian_(t.reshape(-1).clone(), spec.noise_std)
             out[name] = float(noisy) if t.dim() == 0 else noisy.reshape(t.shape)
         return out
+
+
+def contract(per_sample: Mapping[str, torch.Tensor]) -> WeightedSums:
+    """Σ_i w_i g_i over materialized per-sample gradients {name: (B, *θ)} (sensitive)."""
+    def sums(weight_sets: WeightSets) -> WeightSets:
+        return [{n: torch.einsum("b,b...->...", ws[n].to(g.dtype), g)
+                 for n, g in per_sample.items()} for ws in weight_sets]
+    return sums
 
 
 def released(sums: StepSums, extras: Mapping[str, Any], normalizer: float,

@@ -7,6 +7,9 @@ before training, and the private step (``dpfy.step``) calls the hooks below in t
 
 1. ``plan(state, plan) -> StepPlan``: σ_t, C_t (scalar or one per group), lr scale, from
    public values and the method's state (built only from earlier releases).
+   (``transform(state, per_sample, plan)``: methods that declare ``needs.per_sample_grads``
+   get the materialized per-sample gradients first and return them transformed; the norms
+   and the sums below are then those of the transformed gradients.)
 2. ``clipping(state, norms, plan) -> Clip | None``: per-example weights *with their
    sensitivity* Δ, read from total / per-group / per-parameter norms. None: the run's clipping
    policy. The step asserts max_i ‖w_i g_i‖ ≤ Δ every step and refuses the method otherwise.
@@ -229,6 +232,13 @@ class Method(Generic[S]):
 
     def clipping(self, state: S, norms: Norms, plan: StepPlan) -> Clip | None:
         return None
+
+    def transform(self, state: S, per_sample: Mapping[str, torch.Tensor], plan: StepPlan
+                  ) -> Mapping[str, torch.Tensor]:
+        """Per-sample gradients {name: (B, *θ)} transformed coordinate-wise, before norms and
+        clipping (AdaClip). Called only when ``needs.per_sample_grads``; sensitive in and out.
+        """
+        return per_sample
 
     def releases(self, state: S, plan: StepPlan) -> Mapping[str, ReleaseSpec]:
         return {}

@@ -104,6 +104,12 @@ class Chain(Method):
                 return clip
         return None
 
+    def transform(self, state: Mapping[str, Any], per_sample: Mapping[str, torch.Tensor],
+                  plan: StepPlan) -> Mapping[str, torch.Tensor]:
+        for m, s in self._states(state):
+            per_sample = m.transform(s, per_sample, plan)
+        return per_sample
+
     def releases(self, state: Mapping[str, Any], plan: StepPlan) -> dict[str, ReleaseSpec]:
         out: dict[str, ReleaseSpec] = {}
         for m, s in self._states(state):

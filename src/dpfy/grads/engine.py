@@ -327,6 +327,30 @@ class GradEngine:
                 total[rel] = t if rel not in total else total[rel] + t
         return total
 
+    def per_sample_grads(self) -> dict[str, torch.Tensor]:
+        """{parameter name: ∂ℓ_i/∂θ (B, *θ.shape)}, materialized for every unit. Sensitive.
+
+        For methods that transform per-sample gradients coordinate-wise (AdaClip): every unit
+        takes the materialized route (memory B × parameters), whatever the ghost route would
+        cost. The captures are dropped afterwards; sum with the returned tensors.
+        """
+        b = self._b = self.batch_size()
+        s = self._scale(b)
+        out: dict[str, torch.Tensor] = {}
+        for u in self.units:
+            calls = [c for c in self._calls[id(u)] if c.used]
+            if not calls or b == 0:
+                gs = {rel: p.new_zeros((b,) + tuple(p.shape)) for rel, p in u.params.items()}
+            else:
+                for c in calls:
+                    _check_unchanged(u, c)
+                gs = {rel: t * s if s != 1.0 else t
+                      for rel, t in self._grad_sample(u, calls).items()}  # (B, *θ) sensitive
+            for rel, t in gs.items():
+                out[u.qualified(rel)] = t
+        self.clear()
+        return {n: out[n] for n, _ in self.named_params}
+
     # -- phase 2: weighted sums ------------------------------------------------------------
     def weighted_sums(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """{parameter name: Σ_i w_i ∂ℓ_i/∂θ} for weights {name: (B,)} (sensitive inputs)."""
