@@ -63,7 +63,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default = "none" if f.default is None else f.default
         help_ = f.metadata["help"]
         help_ += "" if "default" in help_ else f" (default: {default})"
-        if types[f.name] is dict:
+        if f.name == "method":
+            p.add_argument(flag, action="append", default=argparse.SUPPRESS, help=help_,
+                           metavar="NAME")
+        elif types[f.name] is dict:
             p.add_argument(flag, nargs="+", metavar="KEY=VALUE", default=argparse.SUPPRESS,
                            help=help_)
         else:
@@ -76,8 +79,11 @@ def explicit_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The settings the user gave (config file, then flags on top), as field values."""
     values = load_config_file(args.config) if args.config else {}
     given = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
-    if "schedule_options" in given:
-        given["schedule_options"] = _options(given["schedule_options"])
+    for name in ("schedule_options", "method_options"):
+        if name in given:
+            given[name] = _options(given[name])
+    if "method" in given:
+        given["method"] = ",".join(given["method"])
     values.update(coerce(given, source="flags"))
     # A fixed σ replaces the default target ε unless the user also set ε (then both are an error).
     if values.get("noise_multiplier") is not None and "epsilon" not in values:

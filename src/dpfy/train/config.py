@@ -79,6 +79,13 @@ class TrainConfig:
     accountant: str = _f("pld", "pld or rdp")
     schedule: str | None = _f(None, "adaptive schedule name (dpfy.adaptive.make_schedule)")
     schedule_options: dict = _f(None, "options for the schedule, KEY=VALUE")
+    method: str | None = _f(None, "adaptive method(s) by registry name (`dpfy methods`); "
+                                  "repeat --method (or separate by commas) to chain them")
+    method_options: dict = _f(None, "options for the method, KEY=VALUE (NAME.KEY=VALUE to "
+                                    "address one method of a chain)")
+    public_validation: str | None = _f(None, "'test' declares the test split public, so a "
+                                             "method that reads a validation metric (plateau) "
+                                             "may use its accuracy")
     engine: str = _f("auto", "per-example gradient engine")
     threads: int | None = _f(None, "torch threads; default: number of usable cores")
 
@@ -121,6 +128,14 @@ class TrainConfig:
             require(0 <= self.seed < 2**63, "seed", self.seed, "in [0, 2**63)")
         if self.threads is not None:
             require(self.threads >= 1, "threads", self.threads, ">= 1")
+        require(self.method_options is None or self.method is not None, "method_options",
+                self.method_options, "empty unless a method is chosen", "Add --method NAME")
+        require(self.method is None or self.schedule is None, "method", self.method,
+                f"not given with schedule = {self.schedule!r}",
+                "Use --method noise_decay (or dynamic, plateau) instead of --schedule")
+        require(self.public_validation in (None, "test"), "public_validation",
+                self.public_validation, "None or 'test'",
+                "Only declare a split public if it holds no private data")
         require(self.schedule_options is None or self.schedule is not None, "schedule_options",
                 self.schedule_options, "empty unless a schedule is chosen", "Add --schedule NAME")
 

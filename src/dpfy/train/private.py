@@ -37,7 +37,9 @@ class PrivateRun:
     def noise_multiplier(self) -> float | None:
         """σ of every step, or None when a schedule sets σ_t."""
         sigma = self.optimizer.noise_multiplier
-        return None if sigma is None or self.optimizer.schedule is not None else float(sigma)
+        method = self.optimizer.method
+        sets_sigma = method is not None and "noise_multiplier" in method.sets
+        return None if sigma is None or sets_sigma else float(sigma)
 
 
 def make_optimizer(cfg: TrainConfig, params) -> torch.optim.Optimizer:
@@ -64,6 +66,30 @@ def _schedule(cfg: TrainConfig, *, sample_rate: float, steps_per_epoch: int):
                          accountant=cfg.accountant, **(cfg.schedule_options or {}))
 
 
+def build_methods(cfg: TrainConfig) -> list | None:
+    """The methods ``cfg.method`` names, in chain order, with their options (uncalibrated:
+    ``make_private`` calibrates them for the run's facts)."""
+    if not cfg.method:
+        return None
+    from dpfy.adaptive import make
+
+    names = [n.strip() for n in cfg.method.split(",") if n.strip()]
+    options = dict(cfg.method_options or {})
+    per: dict[str, dict] = {n: {} for n in names}
+    for key, value in options.items():
+        target, dot, opt = key.partition(".")
+        if dot:
+            require(target in per, "method_options", key, f"addressed to one of {names}",
+                    "Write NAME.KEY=VALUE with NAME among the --method names")
+            per[target][opt] = value
+        else:
+            require(len(names) == 1, "method_options", key,
+                    "NAME.KEY=VALUE when several methods are chained",
+                    f"Say which of {names} the option is for")
+            per[names[0]][key] = value
+    return [make(n, **per[n]) for n in names]
+
+
 def make_private_run(cfg: TrainConfig, model: nn.Module, data: DataSplits) -> PrivateRun:
     """Wrap ``model`` for DP training on ``data.train`` as ``cfg`` says."""
     import dpfy
@@ -79,14 +105,19 @@ def make_private_run(cfg: TrainConfig, model: nn.Module, data: DataSplits) -> Pr
     optimizer = make_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
     loader = DataLoader(data.train, batch_size=cfg.batch_size)
     schedule = (_schedule(cfg, sample_rate=sample_rate, steps_per_epoch=steps_per_epoch)
-                if cfg.schedule else None)
+                if cfg.schedule else build_methods(cfg))
     model, optimizer, loader = dpfy.make_private(
         model, optimizer, loader,
         noise_multiplier=cfg.noise_multiplier, target_epsilon=cfg.epsilon,
         target_delta=cfg.delta, max_steps=total_steps, max_grad_norm=cfg.clip,
-        clipping=cfg.clipping, engine=cfg.engine, seed=cfg.seed, schedule=schedule,
+        clipping=cfg.clipping, engine=cfg.engine, seed=cfg.seed, method=schedule,
         poisson_sampling=True, max_physical_batch_size=cfg.physical_batch_size,
         accountant=cfg.accountant)
+    needs = optimizer.method.needs.validation if optimizer.method is not None else None
+    require(needs is None or cfg.public_validation == "test", "public_validation",
+            cfg.public_validation, f"'test' for method {cfg.method or cfg.schedule!r}",
+            "It reads a validation metric each epoch; pass --public-validation test only if "
+            "the test split is public data (it then drives the noise)")
     require(len(loader) == steps_per_epoch, "steps per epoch", len(loader),
             f"{steps_per_epoch} (what the run was planned for)",
             "This is a bug in dpfy: the trainer and the sampler disagree; please report it")

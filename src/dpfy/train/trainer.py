@@ -183,6 +183,9 @@ def _run(cfg: TrainConfig, notes: dict[str, Any], run: RunDir, data: DataSplits,
         for epoch in range(start_epoch, cfg.epochs):
             stats = run_epoch(private, bar=bar, delta=cfg.delta)
             test_loss, test_acc = evaluate(private.model, data.test)
+            if cfg.public_validation == "test" and private.optimizer.method is not None \
+                    and private.optimizer.method.needs.validation:
+                private.optimizer.observe(val_metric=test_acc)  # declared public by the user
             eps = private.optimizer.epsilon(cfg.delta)
             info = private.optimizer.last_step_info or {}
             metrics.append(epoch=epoch + 1, step=private.optimizer.step_count, epsilon=eps,
@@ -222,7 +225,7 @@ def _statement(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, pri
               else f"fixed σ = {cfg.noise_multiplier:g}")
     sigma = private.noise_multiplier
     noise = (f"noise multiplier σ = {sigma:.4g}" if sigma is not None
-             else f"noise multiplier σ_t from schedule '{cfg.schedule}'")
+             else f"noise multiplier σ_t from method '{cfg.method or cfg.schedule}'")
     return (f"dpfy train: resolved config:\n{cfg.to_public_json()}\n"
             f"dpfy train: DP-SGD on {data.name} (N = {data.num_train}), Poisson sampling with "
             f"rate q = {private.sample_rate:.5g} (expected batch {cfg.batch_size}), "

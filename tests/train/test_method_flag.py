@@ -1,0 +1,50 @@
+"""``dpfy train --method`` (repeatable, chained), ``--method-options``, ``dpfy methods``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dpfy.adaptive import REGISTRY
+from dpfy.cli import main
+from dpfy.cli.methods import markdown
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "METHODS.md"
+BASE = ["train", "--dataset", "digits", "--model", "logreg", "--epsilon", "2", "--epochs", "1",
+        "--batch-size", "128", "--no-progress"]
+
+
+def test_chained_methods_run_and_their_releases_reach_the_ledger(tmp_path):
+    out = tmp_path / "run"
+    code = main(BASE + ["--out", str(out), "--method", "noise_decay", "--method", "quantile",
+                        "--method-options", "noise_decay.kind=exponential",
+                        "noise_decay.rate=0.3"])
+    assert code == 0
+    ledger = json.loads((out / "ledger.json").read_text())
+    mechanisms = {r["mechanism"] for g in ledger["groups"] for r in g["releases"]}
+    assert mechanisms == {"gradient", "unclipped_count"}
+    assert "unclipped_count" in (out / "privacy_report.md").read_text()
+
+
+def test_a_method_reading_validation_needs_a_declared_public_split(tmp_path, capsys):
+    code = main(BASE + ["--out", str(tmp_path / "r"), "--method", "plateau",
+                        "--method-options", "initial=3"])
+    assert code == 2 and "public-validation test" in capsys.readouterr().err
+
+
+def test_unaddressed_option_in_a_chain_is_refused(tmp_path, capsys):
+    code = main(BASE + ["--out", str(tmp_path / "r"), "--method", "noise_decay",
+                        "--method", "quantile", "--method-options", "rate=0.3"])
+    assert code == 2 and "NAME.KEY=VALUE" in capsys.readouterr().err
+
+
+def test_dpfy_methods_lists_every_registered_method(capsys):
+    assert main(["methods"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in REGISTRY)
+
+
+def test_methods_doc_is_current():
+    assert DOCS.read_text() == markdown(), "regenerate: dpfy methods --markdown > docs/METHODS.md"
