@@ -102,10 +102,12 @@ def _build(name: str, *, target_epsilon: float, delta: float, sample_rate: float
         return PlateauNoiseDecay(total_steps=total_steps, **options)
     _check_options(name, options, {"per", "rate", "period", "final_ratio", "initial"})
     return _noise_decay(name, total_steps=total_steps, steps_per_epoch=steps_per_epoch,
+                        approximate=approximate,
                         accountant=accountant, budget=budget, **options)
 
 
 def _noise_decay(kind: str, *, total_steps: int, steps_per_epoch: int, accountant: str,
+                 approximate: bool,
                  budget: dict[str, float], per: str = "epoch", rate: float = 0.0,
                  period: int | None = None, final_ratio: float = 0.5,
                  initial: float | None = None) -> NoiseDecay:
@@ -121,7 +123,8 @@ def _noise_decay(kind: str, *, total_steps: int, steps_per_epoch: int, accountan
     if initial is None:                                    # calibrate σ_0 to spend the target
         from dpfy.privacy.calibration import calibrate_schedule_scale
 
-        scale = calibrate_schedule_scale(shape=sched.shape(), accountant=accountant, **budget)
+        scale = calibrate_schedule_scale(shape=sched.shape(), accountant=accountant,
+                                         approximate=approximate, **budget)
         return sched.scaled(scale)
     stop = steps_within_budget(sched, accountant=accountant, **budget)   # early stopping
     require(stop >= 1, "initial", initial, "large enough that one step fits the budget",
