@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from dpfy._validate import require
+from dpfy._require import require
 from dpfy.errors import BudgetExhausted
 from dpfy.privacy import Ledger, Release, Sampling, epsilon as ledger_epsilon
 from dpfy.privacy.calibration import last_passing

@@ -25,7 +25,7 @@ from typing import Sequence
 
 import torch
 
-from dpfy._validate import require
+from dpfy._require import require
 
 __all__ = ["total_norm", "ClippingPolicy", "FlatClipping", "PerLayerClipping", "AutomaticClipping",
            "IndividualClipping", "CLIPPINGS", "make_clipping"]

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from dpfy._validate import require
+from dpfy._require import require
 from dpfy.adaptive.base import Method, RunFacts, make as make_method, prepare
 from dpfy.adaptive.chain import chain
 from dpfy.budget import RIGOROUS, BudgetGuard

@@ -65,7 +65,7 @@ class NoisySum:
     noise_std: float
 
     def __post_init__(self) -> None:
-        from dpfy._validate import require
+        from dpfy._require import require
         require(self.sensitivity > 0, "sensitivity", self.sensitivity, "> 0")
         require(self.noise_std > 0, "noise_std", self.noise_std, "> 0",
                 "An extra release without noise is not private")
@@ -142,7 +142,7 @@ class NoiseSource:
 
     def __init__(self, seed: int | None = None, *, backend: Backend = "auto",
                  secure: bool | None = None) -> None:
-        from dpfy._validate import require
+        from dpfy._require import require
         if secure is not None:
             warnings.warn("NoiseSource(secure=...) is deprecated: NoiseSource(None) is secure "
                           "and NoiseSource(seed) reproducible", DeprecationWarning, stacklevel=2)

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from dpfy._validate import require
+from dpfy._require import require
 from dpfy.adaptive.base import Clip, Method, Norms
 from dpfy.budget import BudgetGuard
 from dpfy.clipping import ClippingPolicy, total_norm

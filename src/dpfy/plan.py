@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dpfy._validate import require
+from dpfy._require import require
 
 __all__ = ["StepPlan"]
 

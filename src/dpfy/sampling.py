@@ -45,7 +45,7 @@ from torch.utils.data import (BatchSampler, DataLoader, IterableDataset, RandomS
 from torch.utils.data.distributed import DistributedSampler
 from torch.utils._pytree import tree_map
 
-from dpfy._validate import require
+from dpfy._require import require
 from dpfy.errors import PrivacyRefusal
 from dpfy.noise import secure_uniform
 from dpfy.privacy import Sampling

@@ -26,7 +26,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 
-from dpfy._validate import require
+from dpfy._require import require
 from dpfy.buffers import BufferChange, BufferGuard, guard_of
 from dpfy.grads.rules import rule_for
 

@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from dpfy._validate import require
+from dpfy._require import require
 from dpfy.adaptive.base import AdaptiveMethod
 from dpfy.plan import StepPlan
 from dpfy.privacy.ledger import Ledger, Sampling

@@ -40,7 +40,7 @@ from typing import Any, Callable, Generic, Literal, Mapping, TypeVar
 
 import torch
 
-from dpfy._validate import require
+from dpfy._require import require
 from dpfy.errors import PrivacyRefusal
 from dpfy.plan import StepPlan
 from dpfy.privacy.ledger import Sampling

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from dpfy._validate import require
+from dpfy._require import require
 from dpfy.adaptive.base import AdaptiveMethod, register
 from dpfy.plan import StepPlan
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from dpfy._validate import require
+from dpfy._require import require
 from dpfy.adaptive._planned import steps_within_budget
 from dpfy.adaptive.base import AdaptiveMethod, Deferred, RunFacts, bind_facts
 from dpfy.adaptive.dynamic import PRESETS, calibrate_dynamic

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from dpfy._validate import require
+from dpfy._require import require
 from dpfy.adaptive.base import AdaptiveMethod, Needs, register
 from dpfy.plan import StepPlan
 from dpfy.privacy.ledger import Ledger, Sampling

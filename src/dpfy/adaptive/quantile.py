@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from dpfy._validate import require
+from dpfy._require import require
 from dpfy.adaptive.base import (Clip, Method, Needs, Norms, Released, ReleaseSpec, RunFacts,
                                 bind_facts, register)
 from dpfy.plan import StepPlan

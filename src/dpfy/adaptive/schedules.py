@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from dpfy._validate import require
+from dpfy._require import require
 from dpfy.adaptive._planned import PlannedSchedule
 from dpfy.adaptive.base import register
 

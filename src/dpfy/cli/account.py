@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from dpfy._validate import require
+from dpfy._require import require
 from dpfy.privacy.accountants import ACCOUNTANTS, accountant_label, delta, epsilon
 from dpfy.privacy.ledger import Ledger, Sampling
 

@@ -18,7 +18,7 @@ import argparse
 import json
 from typing import Any
 
-from dpfy._validate import require
+from dpfy._require import require
 from dpfy.cli.account import add_run_shape_arguments, resolve_run_shape
 from dpfy.privacy.accountants import ACCOUNTANTS, accountant_label, epsilon
 from dpfy.privacy.calibration import (calibrate_noise_multiplier, calibrate_sample_rate,

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dpfy._validate import require
+from dpfy._require import require
 
 __all__ = ["register", "run", "explain_model", "format_table"]
 

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dpfy._validate import require
+from dpfy._require import require
 from dpfy.cli.account import load_ledger
 from dpfy.privacy.accountants import ACCOUNTANTS
 from dpfy.privacy.report import PrivacyReport

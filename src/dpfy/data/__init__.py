@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from dpfy._validate import require
+from dpfy._require import require
 from dpfy.data.fashion_mnist import load_fashion_mnist
 from dpfy.data.idx import read_idx
 from dpfy.data.sklearn_sets import load_breast_cancer, load_digits

@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from dpfy._validate import require
+from dpfy._require import require
 from dpfy.experiments.spec import RunSpec
 
 __all__ = ["EXPERIMENTS", "PRESETS", "EPSILONS", "DECAYS", "build_grid"]

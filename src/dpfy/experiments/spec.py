@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from dpfy._validate import require
+from dpfy._require import require
 
 __all__ = ["RunSpec", "FMNIST_DELTA"]
 

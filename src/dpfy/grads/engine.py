@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from dpfy._validate import require
+from dpfy._require import require
 from dpfy.grads.units import Unit, build_units
 from dpfy.grads.vmap import vmap_grad_sample
 

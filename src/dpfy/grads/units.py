@@ -69,7 +69,7 @@ def check_model(model: nn.Module) -> None:
 
 def build_units(model: nn.Module, engine: str, trainable: set[int]) -> list[Unit]:
     """Split ``model`` into units (see module docstring); raise for uncovered parameters."""
-    from dpfy._validate import require
+    from dpfy._require import require
     require(engine in ENGINES, "engine", engine, f"one of {list(ENGINES)}")
     check_model(model)
     if engine == "vmap":

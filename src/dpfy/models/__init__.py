@@ -10,7 +10,7 @@ from typing import Callable
 
 from torch import nn
 
-from dpfy._validate import require
+from dpfy._require import require
 from dpfy.models.groupnorm_cnn import groupnorm_cnn
 from dpfy.models.logreg import logreg
 from dpfy.models.mlp import mlp

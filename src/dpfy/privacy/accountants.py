@@ -35,7 +35,7 @@ import functools
 import math
 from typing import Union
 
-from dpfy._validate import require
+from dpfy._require import require
 from dpfy.errors import PrivacyRefusal
 from dpfy.privacy import gdp as _gdp
 from dpfy.privacy import pld as _pld

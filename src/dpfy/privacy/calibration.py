@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Sequence
 
-from dpfy._validate import require
+from dpfy._require import require
 from dpfy.privacy import gdp
 from dpfy.privacy.accountants import (DEFAULT_RESOLUTION, PLD_FINE, check_accountant, epsilon,
                                       pld_min_noise_multiplier)

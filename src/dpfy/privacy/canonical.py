@@ -34,7 +34,7 @@ from typing import Iterable
 
 import dp_accounting
 
-from dpfy._validate import require
+from dpfy._require import require
 from dpfy.privacy.ledger import Ledger, Sampling, StepGroup
 
 __all__ = ["POISSON", "WITHOUT_REPLACEMENT", "GAUSSIAN", "Atom", "CanonicalForm",

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 from scipy import optimize, special
 
-from dpfy._validate import require
+from dpfy._require import require
 
 if TYPE_CHECKING:
     from dpfy.privacy.canonical import CanonicalForm

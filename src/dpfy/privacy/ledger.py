@@ -24,7 +24,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import dp_accounting
 
-from dpfy._validate import require
+from dpfy._require import require
 
 __all__ = ["Sampling", "Release", "StepGroup", "Ledger"]
 

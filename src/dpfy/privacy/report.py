@@ -29,7 +29,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from dpfy._validate import require
+from dpfy._require import require
 from dpfy.errors import PrivacyRefusal
 from dpfy.privacy.accountants import (ACCOUNTANTS, APPROXIMATE, accountant_label,
                                       check_accountant, epsilon, epsilon_curve, prepare)

@@ -20,7 +20,7 @@ import math
 
 from dp_accounting.rdp import rdp_privacy_accountant as _rdp_acc
 
-from dpfy._validate import require
+from dpfy._require import require
 from dpfy.privacy import gdp as _gdp
 from dpfy.privacy import pld as _pld
 from dpfy.privacy import rdp as _rdp

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from dpfy._validate import require
+from dpfy._require import require
 
 __all__ = ["combine_noise_multipliers", "gaussian_remainder", "split_noise_multiplier",
            "quantile_noise_split"]

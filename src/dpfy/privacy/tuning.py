@@ -35,7 +35,7 @@ from dp_accounting import dp_event as _events
 from dp_accounting.rdp import rdp_privacy_accountant as _rdp_acc
 from scipy import optimize
 
-from dpfy._validate import require
+from dpfy._require import require
 from dpfy.privacy import pld as _pld
 from dpfy.privacy import rdp as _rdp
 from dpfy.privacy.accountants import pld_discretization, prepare

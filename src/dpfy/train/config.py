@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from dpfy._validate import require
+from dpfy._require import require
 from dpfy.privacy.calibration import MAX_TARGET_EPSILON
 
 __all__ = ["TrainConfig", "OPTIMIZERS", "ACCOUNTANTS", "RESUME_IGNORED", "PUBLIC_ONLY",

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from dpfy._validate import require
+from dpfy._require import require
 from dpfy.data import DataSplits
 from dpfy.train.config import TrainConfig
 

@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 
-from dpfy._validate import require
+from dpfy._require import require
 from dpfy.data import DATASETS, DataSplits, load_dataset
 from dpfy.models import MODELS, build_model
 from dpfy.privacy.accountants import PLD_FINE, pld_min_noise_multiplier
