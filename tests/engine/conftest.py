@@ -24,3 +24,14 @@ def toy():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3))
     return model, ds
+
+
+@pytest.fixture
+def no_compiler(monkeypatch, tmp_path):
+    """No C compiler and an empty library cache: the compiled samplers cannot be built."""
+    from dpfy.native import build
+    monkeypatch.setenv("CC", "dpfy-no-such-compiler")
+    monkeypatch.setenv("DPFY_CACHE_DIR", str(tmp_path))
+    build.load.cache_clear()
+    yield
+    build.load.cache_clear()

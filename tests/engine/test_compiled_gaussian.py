@@ -133,15 +133,6 @@ def test_add_gaussian_adds_the_same_draws_as_gaussian():
         torch.testing.assert_close(a.add_gaussian_(t.clone(), 0.5), expected, rtol=0, atol=1e-6)
 
 
-@pytest.fixture
-def no_compiler(monkeypatch, tmp_path):
-    monkeypatch.setenv("CC", "dpfy-no-such-compiler")
-    monkeypatch.setenv("DPFY_CACHE_DIR", str(tmp_path))
-    build.load.cache_clear()
-    yield
-    build.load.cache_clear()
-
-
 def test_without_a_compiler_auto_warns_and_compiled_refuses(no_compiler):
     with pytest.warns(RuntimeWarning, match="torch's generator"):
         src = NoiseSource(2)

@@ -48,16 +48,6 @@ def le32(hex_bytes: str) -> int:
     return int.from_bytes(bytes.fromhex(hex_bytes), "little")
 
 
-@pytest.fixture
-def no_compiler(monkeypatch, tmp_path):
-    """No C compiler and an empty library cache: the compiled sampler cannot be built."""
-    monkeypatch.setenv("CC", "dpfy-no-such-compiler")
-    monkeypatch.setenv("DPFY_CACHE_DIR", str(tmp_path))
-    build.load.cache_clear()
-    yield
-    build.load.cache_clear()
-
-
 def quiet(make):
     """Build a NoiseSource ignoring the warnings the fallback and the deprecated alias give."""
     with warnings.catch_warnings():

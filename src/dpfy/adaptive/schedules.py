@@ -34,7 +34,7 @@ import numpy as np
 
 from dpfy._require import require
 from dpfy.adaptive._planned import PlannedSchedule
-from dpfy.adaptive.base import register
+from dpfy.adaptive.base import Method, register
 
 __all__ = ["NoiseDecay", "KINDS", "PER"]
 
@@ -92,7 +92,7 @@ class NoiseDecay(PlannedSchedule):
                     "and must stay > 0 to keep the last steps private")
 
     @classmethod
-    def from_options(cls, kind: str = "exponential", **options) -> "Deferred":
+    def from_options(cls, kind: str = "exponential", **options) -> "Method":
         """``make("noise_decay", kind=..., rate=..., ...)``: calibrated by make_private."""
         from dpfy.adaptive.factory import deferred_schedule
         return deferred_schedule("noise_decay", kind, **options)
