@@ -23,4 +23,4 @@ fi
 .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0 2>&1 | grep -v "is ignored" || true
 .venv/bin/pip install -q --disable-pip-version-check -e ".[test]" 2>&1 | grep -v "is ignored" || true
 .venv/bin/python -c "import torch, dp_accounting, dpfy; from dpfy.noise import NoiseSource; \
-print('dpfy setup ok: torch', torch.__version__, '| noise sampler:', NoiseSource(0).backend)"
+print('dpfy setup ok: torch', torch.__version__, '| default noise:', NoiseSource().backend)"
