@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import warnings
 import weakref
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -71,6 +71,7 @@ def make_private(
     max_steps: int | None = None, epsilon_cap: float | None = None,
     loss_reduction: str = "mean",
     sample_rates: Sequence[float] | torch.Tensor | None = None,
+    loss_fn: "Callable[[nn.Module, Any], torch.Tensor] | None" = None,
 ) -> tuple[nn.Module, DPOptimizer, DPDataLoader]:
     """Make ``model``/``optimizer``/``loader`` differentially private (DP-SGD and variants).
 
@@ -109,6 +110,8 @@ def make_private(
       epsilon_cap: stop (raise) before a step that would take ε(target_delta) above this.
       loss_reduction: ``"mean"`` or ``"sum"``, how your loss reduces over the batch.
       sample_rates: per-example Poisson rates q_i instead of batch_size / N.
+      loss_fn: ``fn(model, batch) -> (B,)`` per-example losses, for methods with loss probes
+        (``needs.probes``); called under no_grad at perturbed parameters.
 
     Returns:
       ``(model, optimizer, loader)``: the same model (hooked; its trainable parameters get
@@ -193,12 +196,12 @@ def make_private(
                 steps=max_steps, accountant=accountant, sampling=sampler.sampling)
         budget = BudgetGuard(max_steps=max_steps, epsilon_cap=epsilon_cap, delta=target_delta,
                              accountant=accountant)
-        _check_needs(method, grads, poisson_sampling)
+        _check_needs(method, grads, poisson_sampling, loss_fn)
         dp_optimizer = DPOptimizer(
             optimizer, grads=grads, clipping=policy, noise=NoiseSource(noise_seed),
             sampler=sampler, cursor=dp_loader.cursor, noise_multiplier=noise_multiplier,
             method=method, ledger=Ledger(dataset_size=n), accountant=accountant, seed=seed,
-            budget=budget)
+            budget=budget, model=model, loss_fn=loss_fn)
     except Exception:
         grads.detach()
         raise
@@ -234,7 +237,8 @@ def _resolve_method(method: "Method | str | Sequence[Method | str] | None") -> "
     return method
 
 
-def _check_needs(method: "Method | None", grads: GradEngine, poisson_sampling: bool) -> None:
+def _check_needs(method: "Method | None", grads: GradEngine, poisson_sampling: bool,
+                 loss_fn: Any) -> None:
     """What the method declared it needs, checked once before training."""
     if method is None:
         return
@@ -245,6 +249,10 @@ def _check_needs(method: "Method | None", grads: GradEngine, poisson_sampling: b
                 f"coordinate-wise, which the ghost route never forms)",
                 "Drop engine='ghost'; every layer then takes the materialized route "
                 "(memory: B × parameters)")
+    if needs.probes:
+        require(callable(loss_fn), "loss_fn", loss_fn, f"a callable for method {name!r}",
+                "It probes per-example losses: pass make_private(..., loss_fn=fn) with "
+                "fn(model, batch) -> (B,) losses (reduction='none')")
     if needs.indices:
         require(poisson_sampling, "poisson_sampling", False, f"True for method {name!r}",
                 "It reads the batch's dataset indices, which Poisson sampling provides")

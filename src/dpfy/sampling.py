@@ -369,11 +369,13 @@ class BatchCursor:
     ``pending`` counts batches yielded since the last ``step()``; the optimizer resets it to 0
     when a step takes the batch, which calls ``on_taken`` (the shuffled loader then commits its
     position). Attributes: ``indices`` (dataset indices of the physical batch), ``last`` (it
-    ends its logical batch), ``logical`` (id of the logical batch the last yield belongs to).
+    ends its logical batch), ``logical`` (id of the logical batch the last yield belongs to),
+    ``batch`` (the physical batch itself, for loss probes; sensitive, dropped once taken).
     """
 
     def __init__(self, on_taken: Callable[[], None] | None = None) -> None:
         self.indices: torch.Tensor | None = None
+        self.batch: Any = None                 # sensitive: the last yielded physical batch
         self.last = True
         self.logical = 0
         self.ended = True  # the previous yield ended its logical batch
@@ -388,6 +390,8 @@ class BatchCursor:
     def pending(self, value: int) -> None:
         taken = self._pending > 0 and value == 0
         self._pending = value
+        if taken:
+            self.batch = None
         if taken and self._on_taken is not None:
             self._on_taken()
 
@@ -552,4 +556,5 @@ class DPDataLoader:
             chunk = self._batches.meta.popleft()
             self._yielded = chunk
             self.cursor.advance(chunk.indices, chunk.last)
+            self.cursor.batch = batch
             yield batch

@@ -147,7 +147,7 @@ class StepSums:
                 raise PrivacyRefusal(f"release_values must give a value for every declared "
                                      f"release, got none for {name!r} from {owner}")
             v = values[name]                                      # sensitive
-            if spec.kind == "gradient":
+            if spec.kind == "gradient":  # parameter-shaped: weights on the per-sample gradients
                 check_bound(v.square() * norms.total.square(), spec.sensitivity,
                             what=f"release {name!r}", owner=owner)
                 extra_weights.append({n: v for n in names})

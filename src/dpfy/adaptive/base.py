@@ -121,12 +121,15 @@ class Needs:
         only; the ghost route is refused).
       validation: ``"public"`` (a metric on data the user declares public) or ``None``.
       indices: reads the dataset indices of the batch (per-example rates or thresholds).
+      probes: declares loss probes (releases of kind ``"loss"``); ``make_private`` then needs
+        ``loss_fn``.
     """
 
     norms: Literal["total", "per_group", "per_parameter"] = "total"
     per_sample_grads: bool = False
     validation: Literal["public"] | None = None
     indices: bool = False
+    probes: bool = False
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,9 @@ class Clip:
         require(self.sensitivity > 0, "Clip.sensitivity", self.sensitivity, "> 0")
 
 
+KINDS = ("values", "gradient", "loss")
+
+
 @dataclass(frozen=True)
 class ReleaseSpec:
     """An extra release declared from public values: Σ_i v_i + N(0, noise_std²).
@@ -171,21 +177,30 @@ class ReleaseSpec:
     Args:
       sensitivity: Δ, the L2 bound on one example's v_i (add/remove one), > 0; asserted.
       noise_std: standard deviation of the Gaussian on the sum, > 0.
-      kind: ``"values"`` (v_i is a scalar or a vector given by ``release_values``) or
+      kind: ``"values"`` (v_i is a scalar or a vector given by ``release_values``),
         ``"gradient"`` (v_i = w_i g_i, per-sample gradients weighted by the method's w_i: a
-        parameter-shaped release formed by the engine's book-keeping).
+        parameter-shaped release formed by the engine's book-keeping), or ``"loss"`` (a
+        **probe**: v_i = clip(ℓ_i(θ + offsets), −Δ, Δ), example i's loss on the same batch at
+        perturbed parameters, from ``make_private(loss_fn=...)``; HyFreeDP, ADADP, line
+        searches). Loss probes are released like any other value and recorded in the ledger.
+      offsets: for ``kind="loss"``: {parameter name: Δθ} (public: from the method's state,
+        itself built from released values); parameters not named stay at θ.
     """
 
     sensitivity: float
     noise_std: float
-    kind: Literal["values", "gradient"] = "values"
+    kind: Literal["values", "gradient", "loss"] = "values"
+    offsets: Mapping[str, torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         require(self.sensitivity > 0, "sensitivity", self.sensitivity, "> 0")
         require(self.noise_std > 0, "noise_std", self.noise_std, "> 0",
                 "An extra release without noise is not private")
-        require(self.kind in ("values", "gradient"), "kind", self.kind,
-                "'values' or 'gradient'")
+        require(self.kind in KINDS, "kind", self.kind, f"one of {list(KINDS)}")
+        require((self.offsets is not None) == (self.kind == "loss"), "offsets",
+                "given" if self.offsets is not None else None,
+                "given exactly for kind='loss'",
+                "A loss probe says where to evaluate: offsets {parameter name: Δθ}")
 
     @property
     def noise_multiplier(self) -> float:
