@@ -89,15 +89,26 @@ def train(model, opt, dl, steps):
 
 # -- through make_private (fail without the guard) --------------------------------------------
 
-def test_instancenorm_running_stats_are_refused_at_the_first_training_forward():
-    model, opt, dl = private(norm_model(track_running_stats=True))
+def test_instancenorm_running_stats_are_refused_before_training():
+    # make_private itself refuses (grads/units.py::check_model); the guard's own first-forward
+    # refusal of the same buffers is tested below (test_no_grad_..., test_collect_mode_...) and
+    # in tests/engine/test_buffer_refusal_early.py.
+    model = norm_model(track_running_stats=True)
     before = {n: p.clone() for n, p in model.named_parameters()}
-    x, _ = next(iter(dl))
+    with pytest.raises(PrivacyRefusal, match=r"module '2' .*InstanceNorm2d"
+                       r"\(track_running_stats=True\).*track_running_stats=False"):
+        private(model)
+    assert torch.equal(model[2].running_mean, torch.zeros(3))  # nothing ran, nothing released
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
+def test_instancenorm_running_stats_are_refused_by_the_guard_at_the_first_training_forward():
+    model = norm_model(track_running_stats=True)
+    guard = BufferGuard(model)
     with pytest.raises(PrivacyRefusal, match=r"buffer '2\.running_mean' of module '2' "
                        r"\(InstanceNorm2d\).*modified in place.*track_running_stats=False"):
-        model(x)
-    assert opt.step_count == 0  # nothing released: the forward never returned
-    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+        model(torch.randn(8, 4))
+    guard.detach()
 
 
 @pytest.mark.parametrize("cls, how", [(InPlace, "modified in place"),
@@ -117,7 +128,8 @@ def test_constant_buffers_and_evaluation_keep_working():
     train(model, opt, dl, 2)
     assert opt.step_count == 2 and torch.equal(model.table, table)
     # evaluation of a model whose buffers *would* learn in training mode: eval() leaves them
-    norm, _, _ = private(norm_model(track_running_stats=True))
+    norm = norm_model(track_running_stats=True)  # make_private refuses it: guard it alone
+    BufferGuard(norm)
     x, _ = next(iter(dl))
     norm.eval()
     norm(x)  # autograd on, eval mode: checked, and InstanceNorm reads its stats only

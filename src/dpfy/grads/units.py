@@ -22,6 +22,8 @@ from typing import Any
 
 from torch import nn
 
+from dpfy.buffers import buffer_fix
+from dpfy.errors import PrivacyRefusal
 from dpfy.grads.rules import LayerRule, rule_for
 
 __all__ = ["Unit", "ENGINES", "build_units", "check_model"]
@@ -58,13 +60,32 @@ class Unit:
 
 
 def check_model(model: nn.Module) -> None:
-    """Refuse layers that mix examples (their per-sample gradients are undefined)."""
+    """Refuse, before any forward, modules whose training forward dpfy cannot account.
+
+    - BatchNorm mixes the examples of a batch: per-sample gradients (and DP) are undefined.
+    - Any module with ``track_running_stats=True`` (InstanceNorm with tracking, a user's own
+      norm layer) updates running statistics of the raw training data in every training
+      forward; they are saved in ``model.pt`` without noise or a ledger entry. The
+      :class:`~dpfy.buffers.BufferGuard` would refuse them at the first training forward;
+      refusing here, when the engine attaches, names the module before anything runs.
+
+    Raises:
+      PrivacyRefusal: naming the module's qualified name, its class and the fix.
+    """
     for name, m in model.named_modules():
+        label = name or "(root)"
+        kind = type(m).__name__
         if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            raise ValueError(
-                f"module {name or '(root)'!r} must not be a {type(m).__name__}, got a layer that "
-                f"mixes the examples of a batch, so per-sample gradients (and DP) are undefined. "
-                f"Call model = dpfy.validate(model, fix=True) to replace it with GroupNorm")
+            raise PrivacyRefusal(
+                f"module {label!r} must not be a {kind}, got a layer that mixes the examples "
+                f"of a batch, so per-sample gradients (and DP) are undefined. Call "
+                f"model = dpfy.validate(model, fix=True) to replace it with GroupNorm.")
+        if getattr(m, "track_running_stats", False) is True:
+            raise PrivacyRefusal(
+                f"module {label!r} must not track running statistics, got module {label!r} = "
+                f"{kind}(track_running_stats=True): every training forward would write "
+                f"statistics of the raw training data into its buffers, saved with the model "
+                f"without noise or a ledger entry. {buffer_fix(m)}.")
 
 
 def build_units(model: nn.Module, engine: str, trainable: set[int]) -> list[Unit]:
