@@ -15,8 +15,6 @@ from dpfy.experiments.grids import EXPERIMENTS
 
 __all__ = ["register", "run"]
 
-STEPS_PER_EPOCH = 235          # ⌈60000/256⌉, Fashion-MNIST at the grids' expected batch 256
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("experiment", help="run a paper reproduction (tables + plots)",
@@ -39,8 +37,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     names = sorted(EXPERIMENTS) if args.name == "all" else [args.name]
     if not args.summarize:
-        specs = [s for n in names for s in build_grid(n, seeds=args.seeds, epochs=args.epochs,
-                                                      steps_per_epoch=STEPS_PER_EPOCH)]
+        specs = [s for n in names for s in build_grid(n, seeds=args.seeds, epochs=args.epochs)]
         print(f"{len(specs)} runs; progress in {out / 'progress.log'}")
         run_grid(specs, results=out / "results.jsonl", log=out / "progress.log",
                  workers=args.workers, data_dir=args.data_dir)

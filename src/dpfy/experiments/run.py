@@ -1,9 +1,22 @@
-"""Train one :class:`RunSpec` on Fashion-MNIST with ``dpfy.make_private`` and a schedule.
+"""Train one :class:`RunSpec`: the same private run, loop and evaluator as ``dpfy train``.
 
-The loop is plain PyTorch (the engine's contract): Poisson batches from the private loader,
-one ``optimizer.step()`` per logical batch, the schedule's plan applied by the engine. After
-training, the run's own ledger is read by the accountants: ε by PLD (the guarantee) and by the
-paper's GDP CLT (an approximation, reported beside it).
+A run is built by :func:`dpfy.train.private.private_run` (``make_private`` with Poisson
+sampling at q = b/N, planned for ``epochs`` passes of the private loader), trained by
+:func:`dpfy.train.epoch.run_epoch` and evaluated by :func:`dpfy.train.evaluate.evaluate`, so a
+reproduction and ``dpfy train`` with the same settings plan, train and account identically.
+
+The spec's schedule reaches ``make_private`` uncalibrated and is calibrated there for the run's
+facts (q, steps, steps per epoch, all read from the sampler):
+
+- ``calibration="pld"`` / ``"rdp"``: exactly the path of ``dpfy train --schedule NAME``; the
+  run is also capped at the target ε by the budget guard.
+- ``calibration="gdp"``: the Dynamic DP-SGD paper's CLT calibration, through the explicit
+  opt-in ``make_schedule(..., accountant="gdp", approximate=True)``. The CLT can under-report
+  ε, so such a run spends more than its nominal ε; it is not capped at it (the cap would stop
+  it) but guarded by its step horizon, and its record gives the rigorous PLD ε beside the GDP one.
+
+After training, the run's own ledger is read by the accountants: ε by PLD (the guarantee) and
+by the paper's GDP CLT (an approximation, reported beside it).
 
 Per-step diagnostics (issue 5, item 4) are taken from ``optimizer.last_step_info`` every
 ``trace_every`` steps: C_t, σ_t, and the mean per-sample gradient norm, which is NOT private
@@ -12,91 +25,99 @@ Per-step diagnostics (issue 5, item 4) are taken from ``optimizer.last_step_info
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
-from torch.utils.data import DataLoader
 
-from dpfy.adaptive import make_schedule
+from dpfy.adaptive.base import Deferred, RunFacts
+from dpfy.adaptive.factory import deferred_schedule, make_schedule
 from dpfy.data import DataSplits
 from dpfy.experiments.spec import RunSpec
 from dpfy.models import build_model
 from dpfy.privacy import epsilon, epsilon_curve
+from dpfy.privacy.accountants import APPROXIMATE
+from dpfy.train.epoch import run_epoch
+from dpfy.train.evaluate import evaluate
+from dpfy.train.private import PrivateRun, private_run
 
-__all__ = ["train_run", "steps_per_epoch"]
+__all__ = ["train_run", "build_private", "spec_method"]
 
-
-def steps_per_epoch(n: int, expected_batch: int) -> int:
-    """Logical batches per pass, ⌈N/b⌉: the same count the engine's Poisson loader yields."""
-    return math.ceil(n / expected_batch - 1e-9)
-
-
-@torch.no_grad()
-def accuracy(model: torch.nn.Module, data, batch: int = 2000) -> float:
-    """Test accuracy in % (the test set is public for evaluation purposes)."""
-    x, y = data.tensors
-    model.eval()
-    correct = sum(int((model(x[i:i + batch]).argmax(1) == y[i:i + batch]).sum())
-                  for i in range(0, len(x), batch))
-    model.train()
-    return 100.0 * correct / len(x)
+TRACE_KEYS = ("step", "noise_multiplier", "clip", "mean_grad_norm_nonprivate")
 
 
-def build_schedule(spec: RunSpec, *, n: int):
-    """The spec's schedule for a dataset of ``n`` examples (Poisson rate b/N)."""
-    q = spec.expected_batch / n
-    spe = steps_per_epoch(n, spec.expected_batch)
-    return make_schedule(spec.schedule, target_epsilon=spec.target_epsilon, delta=spec.delta,
-                         sample_rate=q, total_steps=spec.epochs * spe, steps_per_epoch=spe,
-                         max_grad_norm=spec.max_grad_norm, accountant=spec.calibration,
-                         **dict(spec.options))
+def spec_method(spec: RunSpec) -> Deferred:
+    """The spec's schedule, uncalibrated: ``make_private`` builds it for the run's facts."""
+    options = dict(spec.options)
+    if spec.calibration not in APPROXIMATE:
+        return deferred_schedule("schedule", spec.schedule, **options)
+
+    def paper_calibration(facts: RunFacts):
+        return make_schedule(spec.schedule, target_epsilon=spec.target_epsilon, delta=spec.delta,
+                             sample_rate=facts.sample_rate, total_steps=facts.steps,
+                             steps_per_epoch=facts.steps_per_epoch,
+                             max_grad_norm=spec.max_grad_norm, accountant=spec.calibration,
+                             approximate=True, **options)
+
+    return Deferred(spec.schedule, paper_calibration)
+
+
+def build_private(spec: RunSpec, data: DataSplits) -> PrivateRun:
+    """The spec's model (initialized from ``spec.seed``) and SGD, made private as ``spec`` says."""
+    torch.manual_seed(spec.seed)                          # model init
+    model = build_model(spec.model, input_shape=data.input_shape, num_classes=data.num_classes)
+    opt = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=spec.momentum)
+    rigorous = spec.calibration not in APPROXIMATE
+    return private_run(
+        model, opt, data.train, batch_size=spec.expected_batch, epochs=spec.epochs,
+        method=spec_method(spec), target_delta=spec.delta, max_grad_norm=spec.max_grad_norm,
+        seed=spec.seed, accountant=spec.calibration if rigorous else "pld",
+        # a rigorous calibration is held to its target by the ε cap, as in dpfy train
+        target_epsilon=spec.target_epsilon if rigorous else None)
+
+
+class _Trace:
+    """Collects ``last_step_info`` every ``every`` steps and at the last step (``run_epoch``'s
+    ``on_step``); a step seen twice (physical batches of one logical batch) is kept once."""
+
+    def __init__(self, every: int, last_step: int) -> None:
+        self.every, self.last_step = every, last_step
+        self.rows: list[dict[str, Any]] = []
+
+    def __call__(self, optimizer: Any) -> None:
+        info = optimizer.last_step_info
+        step = info.get("step")
+        if step is None or (self.rows and self.rows[-1]["step"] == step):
+            return
+        if step % self.every == 0 or step == self.last_step:
+            self.rows.append({k: info[k] for k in TRACE_KEYS})
 
 
 def train_run(spec: RunSpec, data: DataSplits, *, trace_every: int = 5,
               progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Train, evaluate and account one run; returns a JSON-able record."""
-    import dpfy
-
     t0 = time.time()
-    n = len(data.train)
-    schedule = build_schedule(spec, n=n)
-    torch.manual_seed(spec.seed)                          # model init
-    model = build_model(spec.model, input_shape=data.input_shape, num_classes=data.num_classes)
-    opt = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=spec.momentum)
-    loader = DataLoader(data.train, batch_size=spec.expected_batch)
-    model, opt, loader = dpfy.make_private(model, opt, loader, schedule=schedule,
-                                           max_grad_norm=spec.max_grad_norm, seed=spec.seed,
-                                           accountant="pld")
-    trace: list[dict[str, float]] = []
+    private = build_private(spec, data)
+    trace = _Trace(trace_every, private.total_steps - 1)
     epochs: list[dict[str, float]] = []
     for epoch in range(spec.epochs):
-        for x, y in loader:
-            opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
-            info = opt.last_step_info
-            if info["step"] % trace_every == 0 or info["step"] == schedule.total_steps - 1:
-                trace.append({k: info[k] for k in ("step", "noise_multiplier", "clip",
-                                                    "mean_grad_norm_nonprivate")})
-        epochs.append({"epoch": epoch + 1, "step": opt.step_count,
-                       "test_accuracy": accuracy(model, data.test)})
+        run_epoch(private, delta=spec.delta, on_step=trace)
+        _, acc = evaluate(private.model, data.test)
+        epochs.append({"epoch": epoch + 1, "step": private.optimizer.step_count,
+                       "test_accuracy": 100.0 * acc})
         if progress:
             progress(f"  epoch {epoch + 1}/{spec.epochs}: acc {epochs[-1]['test_accuracy']:.2f}%"
                      f" ({time.time() - t0:.0f}s)")
-    ledger = opt.ledger
-    record = {
+    ledger = private.optimizer.ledger
+    return {
         "spec": spec.to_dict(), "key": spec.key(),
         "test_accuracy": epochs[-1]["test_accuracy"], "epochs": epochs,
-        "steps": ledger.num_steps, "sample_rate": spec.expected_batch / n,
+        "steps": ledger.num_steps, "sample_rate": private.sample_rate,
         "epsilon_pld": epsilon(ledger, delta=spec.delta, accountant="pld"),
         "epsilon_gdp": epsilon(ledger, delta=spec.delta, accountant="gdp"),
         "epsilon_curve_pld": epsilon_curve(ledger, delta=spec.delta, accountant="pld",
                                            num_points=12),
         "epsilon_curve_gdp": epsilon_curve(ledger, delta=spec.delta, accountant="gdp",
                                            num_points=12),
-        "trace": trace, "seconds": time.time() - t0,
+        "trace": trace.rows, "seconds": time.time() - t0,
     }
-    return record

@@ -12,8 +12,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dpfy._require import require
+from dpfy.budget import RIGOROUS
 
-__all__ = ["RunSpec", "FMNIST_DELTA"]
+__all__ = ["RunSpec", "FMNIST_DELTA", "CALIBRATIONS"]
+
+# How a spec's schedule is calibrated to its ε: a rigorous accountant, or "gdp", the explicit
+# opt-in to the paper's Gaussian-DP CLT (an approximation; the record still gives the PLD ε).
+CALIBRATIONS = (*RIGOROUS, "gdp")
 
 # seed 001 §6.3: δ = 1/(10|X|) with |X| = 60,000 Fashion-MNIST training images.
 FMNIST_DELTA = 1 / 600000
@@ -28,9 +33,13 @@ class RunSpec:
       schedule: a :func:`dpfy.adaptive.make_schedule` name (or ``"nonprivate"``).
       target_epsilon: the run's budget at ``delta``; every schedule is calibrated to spend it.
       seed: fixes model init, Poisson sampling and noise.
-      epochs: passes over the data; total steps = epochs · round(1/q).
+      epochs: passes over the data; total steps = epochs × the Poisson loader's logical
+        batches per pass (``len(loader)``, ⌈N/b⌉).
       options: schedule options (e.g. ρ_μ, ρ_c, decay rate), as sorted (key, value) pairs.
-      calibration: accountant that solves the schedule's scale (``pld`` rigorous, ``gdp`` paper).
+      calibration: accountant that solves the schedule's scale: ``pld`` or ``rdp`` (rigorous;
+        the run is then also capped at ``target_epsilon``), or ``gdp``, the paper's CLT (an
+        approximation that can under-report ε: the run spends more than ``target_epsilon``
+        by PLD, and its record says how much).
     """
 
     experiment: str
@@ -50,8 +59,8 @@ class RunSpec:
     def __post_init__(self) -> None:
         require(self.epochs >= 1, "epochs", self.epochs, ">= 1")
         require(self.target_epsilon > 0, "target_epsilon", self.target_epsilon, "> 0")
-        require(self.calibration in ("pld", "gdp"), "calibration", self.calibration,
-                "'pld' or 'gdp'")
+        require(self.calibration in CALIBRATIONS, "calibration", self.calibration,
+                f"one of {list(CALIBRATIONS)}")
 
     def key(self) -> str:
         """A stable id of the settings (for resuming a grid)."""

@@ -142,7 +142,7 @@ def calibration_audit(*, total_steps: int, sample_rate: float, delta: float) -> 
              "GDP |", "|---|---|---|---|---|---|"]
     for eps in EPSILONS:
         for p in PRESETS:
-            opts = _preset_options(p, total_steps)
+            opts = _preset_options(p)
             kw = dict(target_epsilon=eps, delta=delta, sample_rate=sample_rate,
                       total_steps=total_steps, **opts)
             by_gdp = calibrate_dynamic(p, calibration="gdp", **kw)

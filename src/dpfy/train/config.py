@@ -27,13 +27,16 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from dpfy._require import require
+from dpfy.budget import RIGOROUS
 from dpfy.privacy.calibration import MAX_TARGET_EPSILON
 
 __all__ = ["TrainConfig", "OPTIMIZERS", "ACCOUNTANTS", "RESUME_IGNORED", "PUBLIC_ONLY",
            "SEED_WARNING", "load_config_file", "resolve", "coerce", "field_types", "guide_delta"]
 
 OPTIMIZERS = ("sgd", "adam")
-ACCOUNTANTS = ("pld", "rdp")
+# The accountants a run may calibrate and cap with: the rigorous ones (never the GDP CLT, which
+# can under-report ε). One list for the engine, the budget guard and the trainer.
+ACCOUNTANTS = RIGOROUS
 # Fields that may differ when resuming: they change where data is read from or how fast the
 # run goes, not what it computes.
 RESUME_IGNORED = frozenset({"data_dir", "threads"})

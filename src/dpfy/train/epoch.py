@@ -1,5 +1,8 @@
 """One epoch of private training: the loop a user would write around the private optimizer.
 
+It is the one training loop of dpfy: ``dpfy train`` and the paper reproductions
+(``dpfy experiment``) both run their epochs through :func:`run_epoch`.
+
 The train loss and accuracy it returns are computed on raw training examples: non-private
 diagnostics for the person training, never fed back into training.
 """
@@ -7,6 +10,7 @@ diagnostics for the person training, never fed back into training.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -27,8 +31,18 @@ class EpochStats:
     examples: int
 
 
-def run_epoch(private, *, bar=None, delta: float) -> EpochStats:
-    """One pass of ``private.loader`` (Poisson batches), one private step per logical batch."""
+def run_epoch(private, *, bar=None, delta: float,
+              on_step: Callable[[Any], None] | None = None) -> EpochStats:
+    """One pass of ``private.loader`` (Poisson batches), one private step per logical batch.
+
+    Args:
+      private: a :class:`dpfy.train.private.PrivateRun`.
+      bar: a tqdm-like progress bar, advanced per batch and shown ε every half epoch.
+      delta: δ of the ε the bar shows.
+      on_step: called with the optimizer after every ``optimizer.step()`` (the reproductions'
+        per-step trace reads ``optimizer.last_step_info`` there). It must not feed anything
+        back into training: ``last_step_info`` holds non-private debug statistics.
+    """
     model, optimizer = private.model, private.optimizer
     model.train()
     total_loss, correct, seen = 0.0, 0, 0
@@ -42,6 +56,8 @@ def run_epoch(private, *, bar=None, delta: float) -> EpochStats:
         loss = nn.functional.cross_entropy(logits, y) if len(y) else logits.sum()
         loss.backward()
         optimizer.step()
+        if on_step is not None:
+            on_step(optimizer)
         with torch.no_grad():                                        # non-private diagnostics
             total_loss += float(loss) * len(y)
             correct += int((logits.argmax(1) == y).sum())

@@ -1,4 +1,8 @@
-"""Test-set evaluation: mean cross-entropy and accuracy, without gradients."""
+"""Test-set evaluation: mean cross-entropy and accuracy, without gradients.
+
+The one evaluator of dpfy: ``dpfy train`` and the reproductions (``dpfy experiment``, which
+shows the accuracy in %) both call :func:`evaluate`.
+"""
 
 from __future__ import annotations
 

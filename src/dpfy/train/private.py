@@ -1,25 +1,28 @@
-"""Builds the private optimizer of a run from its config: the trainer's one call into the engine.
+"""Builds the private optimizer of a run: the one call into the engine that training makes.
 
-Everything privacy-relevant (sampling, clipping, noise, the ledger, the calibration of σ to a
-target ε) happens inside ``dpfy.make_private``; this module only maps config fields to its
-arguments and, with ``--schedule``, builds the adaptive schedule first.
+Everything privacy-relevant (sampling, clipping, noise, the ledger, the calibration of σ or of
+a method to a target ε) happens inside ``dpfy.make_private``. :func:`private_run` wraps a model
+and a training set and reads the run's shape (q, steps per epoch, total steps) back from the
+sampler it built, so there is one definition of an epoch: the sampler's ``len(loader)``.
+``dpfy train`` reaches it through :func:`make_private_run` (config fields to arguments; with
+``--schedule`` or ``--method`` the method is built uncalibrated and ``make_private`` calibrates it
+for the run's facts), and the reproductions (:mod:`dpfy.experiments.run`) call it directly.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from dpfy._require import require
 from dpfy.data import DataSplits
 from dpfy.train.config import TrainConfig
 
-__all__ = ["PrivateRun", "make_private_run", "make_optimizer"]
+__all__ = ["PrivateRun", "private_run", "make_private_run", "make_optimizer"]
 
 
 @dataclass
@@ -50,20 +53,14 @@ def make_optimizer(cfg: TrainConfig, params) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
-def _schedule(cfg: TrainConfig, *, sample_rate: float, steps_per_epoch: int):
-    """The adaptive schedule named by ``cfg.schedule`` (imported only when asked for)."""
+def _schedule(cfg: TrainConfig):
+    """The adaptive schedule named by ``cfg.schedule``, uncalibrated: ``make_private`` builds it
+    for the run's facts (q, steps, steps per epoch from its sampler; δ and target ε)."""
     require(cfg.epsilon is not None, "schedule", cfg.schedule, "used with a target --epsilon",
             "A schedule is calibrated to a budget; drop --noise-multiplier")
-    try:
-        from dpfy.adaptive import make_schedule
-    except ImportError as e:
-        raise ValueError(f"schedule must be available, got schedule = '{cfg.schedule}' but "
-                         f"dpfy.adaptive.make_schedule cannot be imported ({e}). Drop "
-                         f"--schedule or update dpfy") from None
-    return make_schedule(cfg.schedule, target_epsilon=cfg.epsilon, delta=cfg.delta,
-                         sample_rate=sample_rate, total_steps=cfg.epochs * steps_per_epoch,
-                         steps_per_epoch=steps_per_epoch, max_grad_norm=cfg.clip,
-                         accountant=cfg.accountant, **(cfg.schedule_options or {}))
+    from dpfy.adaptive.factory import deferred_schedule
+
+    return deferred_schedule("schedule", cfg.schedule, **(cfg.schedule_options or {}))
 
 
 def build_methods(cfg: TrainConfig) -> list | None:
@@ -90,36 +87,53 @@ def build_methods(cfg: TrainConfig) -> list | None:
     return [make(n, **per[n]) for n in names]
 
 
-def make_private_run(cfg: TrainConfig, model: nn.Module, data: DataSplits) -> PrivateRun:
-    """Wrap ``model`` for DP training on ``data.train`` as ``cfg`` says."""
+def private_run(model: nn.Module, optimizer: torch.optim.Optimizer, train: Dataset, *,
+                batch_size: int, epochs: int, **engine: Any) -> PrivateRun:
+    """Wrap ``model`` and ``optimizer`` for DP training on ``train`` for ``epochs`` passes.
+
+    Batches are Poisson-sampled at q = batch_size / N. The run is planned, calibrated and
+    guarded for exactly the logical batches the private loader yields in ``epochs`` passes
+    (``make_private(epochs=...)``); its steps per epoch are the sampler's (``len(loader)``).
+
+    Args:
+      model, optimizer: the non-private model and the torch optimizer over its parameters.
+      train: the private training set (one example = one unit of privacy).
+      batch_size: the expected logical batch size b.
+      epochs: passes over ``train``.
+      **engine: the rest of ``dpfy.make_private``'s arguments (noise_multiplier or
+        target_epsilon, target_delta, max_grad_norm, method, seed, accountant, ...).
+    """
     import dpfy
 
-    n = data.num_train
-    require(cfg.batch_size <= n, "batch_size", cfg.batch_size,
+    n = len(train)  # type: ignore[arg-type]
+    require(batch_size <= n, "batch_size", batch_size,
             f"<= the number of training examples ({n})", "Lower --batch-size")
-    sample_rate = cfg.batch_size / n
-    # An epoch is one pass of the Poisson loader: ⌈N/b⌉ logical batches (the sampler's rule).
-    # The run is planned, calibrated and guarded for exactly epochs × that many steps.
-    steps_per_epoch = max(1, math.ceil(n / cfg.batch_size - 1e-9))
-    total_steps = cfg.epochs * steps_per_epoch
-    optimizer = make_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
-    loader = DataLoader(data.train, batch_size=cfg.batch_size)
-    schedule = (_schedule(cfg, sample_rate=sample_rate, steps_per_epoch=steps_per_epoch)
-                if cfg.schedule else build_methods(cfg))
     model, optimizer, loader = dpfy.make_private(
-        model, optimizer, loader,
+        model, optimizer, DataLoader(train, batch_size=batch_size), epochs=epochs,
+        poisson_sampling=True, **engine)
+    steps_per_epoch = len(loader)                       # the sampler's: ⌈N/b⌉ logical batches
+    require(optimizer.max_steps == epochs * steps_per_epoch, "max_steps", optimizer.max_steps,
+            f"{epochs} epochs × {steps_per_epoch} steps per epoch (what the run was planned "
+            f"for)", "This is a bug in dpfy: the plan and the sampler disagree; please report it")
+    return PrivateRun(model=model, optimizer=optimizer, loader=loader,
+                      sample_rate=loader.sampler.sample_rate, steps_per_epoch=steps_per_epoch,
+                      total_steps=optimizer.max_steps)
+
+
+def make_private_run(cfg: TrainConfig, model: nn.Module, data: DataSplits) -> PrivateRun:
+    """Wrap ``model`` for DP training on ``data.train`` as ``cfg`` says."""
+    optimizer = make_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
+    method = _schedule(cfg) if cfg.schedule else build_methods(cfg)
+    private = private_run(
+        model, optimizer, data.train, batch_size=cfg.batch_size, epochs=cfg.epochs,
         noise_multiplier=cfg.noise_multiplier, target_epsilon=cfg.epsilon,
-        target_delta=cfg.delta, max_steps=total_steps, max_grad_norm=cfg.clip,
-        clipping=cfg.clipping, engine=cfg.engine, seed=cfg.seed, method=schedule,
-        poisson_sampling=True, max_physical_batch_size=cfg.physical_batch_size,
-        accountant=cfg.accountant)
-    needs = optimizer.method.needs.validation if optimizer.method is not None else None
+        target_delta=cfg.delta, max_grad_norm=cfg.clip, clipping=cfg.clipping,
+        engine=cfg.engine, seed=cfg.seed, method=method,
+        max_physical_batch_size=cfg.physical_batch_size, accountant=cfg.accountant)
+    needs = private.optimizer.method.needs.validation \
+        if private.optimizer.method is not None else None
     require(needs is None or cfg.public_validation == "test", "public_validation",
             cfg.public_validation, f"'test' for method {cfg.method or cfg.schedule!r}",
             "It reads a validation metric each epoch; pass --public-validation test only if "
             "the test split is public data (it then drives the noise)")
-    require(len(loader) == steps_per_epoch, "steps per epoch", len(loader),
-            f"{steps_per_epoch} (what the run was planned for)",
-            "This is a bug in dpfy: the trainer and the sampler disagree; please report it")
-    return PrivateRun(model=model, optimizer=optimizer, loader=loader, sample_rate=sample_rate,
-                      steps_per_epoch=steps_per_epoch, total_steps=total_steps)
+    return private
