@@ -48,10 +48,46 @@ def test_shuffle_report_says_no_amplification_and_replace_one():
     ledger = Ledger.homogeneous(sample_rate=0.01, noise_multiplier=2.0, steps=300,
                                 sampling=Sampling.SHUFFLE, dataset_size=10000)
     report = PrivacyReport.from_ledger(ledger, delta=1e-4, accountant="rdp",
-                                       sampling_note="torch DataLoader(shuffle=True)")
+                                       sampling_note="dpfy's ShuffleSampler, b = 100")
     md = report.to_markdown()
-    assert "No amplification" in md and "replace-one" in md and "DataLoader" in md
+    assert "No amplification" in md and "replace-one" in md and "ShuffleSampler" in md
     assert report.to_dict()["delta_convention"]["ok"] is False   # 1e-4 > 10000^-1.1 = 4e-5
+
+
+def test_shuffle_report_names_dpfys_own_permutation_sampler():
+    # SHUFFLE is recorded only by dpfy's ShuffleSampler (user samplers are refused), so the
+    # report must not say the batches came from the user's loader.
+    ledger = Ledger.homogeneous(sample_rate=0.01, noise_multiplier=2.0, steps=3,
+                                sampling=Sampling.SHUFFLE, dataset_size=10000)
+    line = next(x for x in PrivacyReport.from_ledger(ledger, delta=1e-5, accountant="rdp")
+                .to_markdown().splitlines() if x.startswith("  - `shuffle`"))
+    assert "the user's loader" not in line
+    for words in ("dpfy's own permutation sampler", "one random permutation per pass",
+                  "cut into batches of b", "restarts continue the pass"):
+        assert words in line, words
+
+
+def test_methods_and_public_data_are_stated_and_survive_the_json(tmp_path):
+    methods = [{"name": "noise_decay", "releases": "the clipped-gradient sum, σ_t."},
+               {"name": "plateau", "releases": ""}]
+    public = "the user declared the test split public (--public-validation test; 5 examples)"
+    report = PrivacyReport.from_ledger(_ledger(), delta=1e-6, methods=methods,
+                                       public_data=public)
+    md = report.to_markdown()
+    covers = md[md.index("## 2."):md.index("## 3.")]
+    assert "  - `noise_decay` — releases per step: the clipped-gradient sum, σ_t." in covers
+    assert "  - `plateau` — releases per step: not stated by the method." in covers
+    assert f"- **Public data (not protected):** {public}." in covers
+    paths = report.write(tmp_path)
+    saved = json.loads(paths["json"].read_text())
+    assert saved["methods"] == methods and saved["public_data"] == public
+    again = PrivacyReport.from_ledger(_ledger(), delta=1e-6,
+                                      **PrivacyReport.context_from_dict(saved))
+    assert again.to_markdown() == md
+    plain = PrivacyReport.from_ledger(_ledger(), delta=1e-6).to_markdown()
+    assert "Adaptive methods" not in plain and "Public data" not in plain
+    with pytest.raises(ValueError, match="methods must be rows with a non-empty 'name'"):
+        PrivacyReport.from_ledger(_ledger(), delta=1e-6, methods=[{"releases": "x"}])
 
 
 def test_gdp_report_is_labelled_approximation():

@@ -12,6 +12,10 @@ privacy, tuning) is given explicitly by the caller. Checklist items (digest 003 
    formal (ε, δ) statements for training and for tuning, δ convention (δ ≪ 1/N).
 4. Transparency: library versions.
 
+With adaptive methods the report names each one that ran (registry name and what it releases
+per step; every release is also a row of the mechanisms table), and says which data the user
+declared public and what it drove (``public_data``): such data is outside the guarantee.
+
 Warnings (e.g. "a fixed seed makes this run reproducible") come first, before the statement.
 ``privacy_report.json`` keeps every piece of context the Markdown shows, so
 :meth:`PrivacyReport.context_from_dict` + :meth:`PrivacyReport.from_ledger` re-render the same
@@ -40,7 +44,8 @@ __all__ = ["TuningCost", "MechanismShare", "PrivacyReport", "DEFAULT_DP_SETTING"
 
 # Keys of privacy_report.json that are the caller's context (not computed from the ledger).
 CONTEXT = ("released", "not_released", "unit_of_privacy", "protects", "dp_setting",
-           "dataset_size", "layer_table", "model_description", "sampling_note", "warnings")
+           "dataset_size", "layer_table", "model_description", "sampling_note", "warnings",
+           "methods", "public_data")
 
 DEFAULT_DP_SETTING = ("Central differential privacy: the party that trains the model is trusted to "
                       "run the mechanism as described and sees the raw data; the guarantee is "
@@ -59,9 +64,10 @@ SAMPLING_TEXT = {
     Sampling.FIXED_SIZE: ("Fixed-size batches drawn uniformly without replacement at every step. "
                           "Amplification by sampling without replacement is claimed "
                           "(replace-one adjacency)."),
-    Sampling.SHUFFLE: ("Fixed-size batches from a shuffled pass over the data (the user's "
-                       "loader). No amplification is claimed: each example is charged once per "
-                       "epoch at the worst position, with replace-one sensitivity."),
+    Sampling.SHUFFLE: ("Fixed-size batches from dpfy's own permutation sampler: one random "
+                       "permutation per pass, cut into batches of b; restarts continue the pass. "
+                       "No amplification is claimed: each example is charged once per pass at "
+                       "the worst position, with replace-one sensitivity."),
     Sampling.NONE: "No sampling: every example took part in every such step.",
 }
 
@@ -158,6 +164,8 @@ class PrivacyReport:
     versions: Mapping[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     not_released: str | None = None
+    methods: tuple[Mapping[str, str], ...] = ()
+    public_data: str | None = None
 
     @classmethod
     def from_ledger(cls, ledger: Ledger, *, delta: float, accountant: str = "pld",
@@ -173,6 +181,8 @@ class PrivacyReport:
                     sampling_note: str | None = None,
                     warnings: Sequence[str] = (),
                     not_released: str | None = None,
+                    methods: Sequence[Mapping[str, str]] = (),
+                    public_data: str | None = None,
                     num_points: int = 50) -> "PrivacyReport":
         """Account ``ledger`` and gather the context of the statement.
 
@@ -194,9 +204,17 @@ class PrivacyReport:
           sampling_note: free text about the data pipeline (e.g. what the loader really did).
           warnings: sentences shown first, above the statement (e.g. a fixed seed).
           not_released: what the run kept secret (e.g. checkpoints holding the seed).
+          methods: the adaptive methods that ran, in the order they ran in each step, as rows
+            ``{"name": registry name, "releases": what it releases per step}``.
+          public_data: data the user declared public and what it was used for (e.g. a test
+            split whose accuracy drove the noise schedule): not protected by the guarantee.
           num_points: points of the ε-over-steps curve.
         """
         check_accountant(accountant)
+        for row in methods:
+            require(isinstance(row.get("name"), str) and row["name"] != "", "methods", row,
+                    "rows with a non-empty 'name' (and 'releases')",
+                    "Pass each method's registry name and what it releases per step")
         require(0 < delta < 1, "delta", delta, "in (0, 1)")
         require(ledger.num_steps >= 1, "ledger", "empty", "a ledger with at least one step",
                 "Record the run's steps before writing a report")
@@ -235,7 +253,10 @@ class PrivacyReport:
             layer_table=tuple(dict(r) for r in (layer_table or ())),
             model_description=model_description, sampling_note=sampling_note,
             versions={"dpfy": _version("dpfy"), "dp-accounting": _version("dp-accounting")},
-            warnings=tuple(warnings), not_released=not_released)
+            warnings=tuple(warnings), not_released=not_released,
+            methods=tuple({"name": r["name"], "releases": r.get("releases", "")}
+                          for r in methods),
+            public_data=public_data)
 
     @staticmethod
     def context_from_dict(saved: Mapping[str, Any]) -> dict[str, Any]:
@@ -317,6 +338,8 @@ class PrivacyReport:
             "sampling_note": self.sampling_note,
             "warnings": list(self.warnings),
             "not_released": self.not_released,
+            "methods": [dict(r) for r in self.methods],
+            "public_data": self.public_data,
             "versions": dict(self.versions),
         }
         return d
@@ -337,7 +360,10 @@ class PrivacyReport:
                   *([f"- **Not released (secret):** {self.not_released}."]
                     if self.not_released else []),
                   f"- **Unit of privacy:** {self.unit_of_privacy}; protects {self.protects}.",
-                  f"- **Adjacency:** {ADJACENCY_TEXT[self.adjacency]}.", ""]
+                  f"- **Adjacency:** {ADJACENCY_TEXT[self.adjacency]}.",
+                  *self._methods_lines(),
+                  *([f"- **Public data (not protected):** {self.public_data}."]
+                    if self.public_data else []), ""]
         lines += ["## 3. Accounting", "",
                   f"- **Accountant:** {accountant_label(self.accountant)}; dp_accounting "
                   f"{self.versions.get('dp-accounting', '?')}.",
@@ -399,6 +425,17 @@ class PrivacyReport:
                   "Computed by dpfy " + self.versions.get("dpfy", "?") + " from the run's ledger "
                   "(every noisy release recorded as a dp_accounting event).", ""]
         return "\n".join(lines)
+
+    def _methods_lines(self) -> list[str]:
+        """Section 2's list of the adaptive methods that ran (none: plain DP-SGD)."""
+        if not self.methods:
+            return []
+        lines = ["- **Adaptive methods** (in the order they ran in each step; each release is a "
+                 "row of the mechanisms table, section 5):"]
+        for r in self.methods:
+            releases = r.get("releases") or "not stated by the method"
+            lines.append(f"  - `{r['name']}` — releases per step: {releases.rstrip('.')}.")
+        return lines
 
     def plot(self, path: str | Path) -> Path:
         """Write the ε-over-steps PNG to ``path``."""

@@ -1,22 +1,26 @@
 """The run's privacy report, rendered by :class:`dpfy.privacy.report.PrivacyReport` from the
 private optimizer's ledger: privacy_report.md/.json and epsilon_over_steps.png.
 
-The JSON keeps the report's whole context (model, layer table, sampling note, warnings), so
-``dpfy report RUN_DIR`` re-renders the same Markdown. A run with ``--seed`` opens with the seed
-warning; checkpoints are listed as secret.
+The JSON keeps the report's whole context (model, layer table, sampling note, warnings, the
+adaptive methods that ran, the data declared public), so ``dpfy report RUN_DIR`` re-renders the
+same Markdown. A run with ``--seed`` opens with the seed warning; checkpoints are listed as
+secret. A run with ``--method`` names each method and what it releases per step (from the
+registry, as ``dpfy methods`` shows it); with ``--public-validation test`` the report says
+that the user declared the test split public and what its accuracy drove, since that split is
+then outside the guarantee.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from dpfy.data import DataSplits
 from dpfy.privacy import epsilon as ledger_epsilon
 from dpfy.privacy.report import PrivacyReport
 from dpfy.train.config import SEED_WARNING, TrainConfig
 
-__all__ = ["write_report", "RELEASED", "NOT_RELEASED"]
+__all__ = ["write_report", "methods_ran", "public_data", "RELEASED", "NOT_RELEASED"]
 
 RELEASED = ("final model weights (model.pt) and test-set metrics. The train loss/accuracy "
             "columns of metrics.csv are non-private diagnostics computed on raw training data "
@@ -35,6 +39,46 @@ def _describe(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, priv
             f"{notes.get('delta_rule', 'given')}")
 
 
+# What each plan field a method sets means to a reader of the report (dpfy.adaptive.PLAN_FIELDS).
+PLAN_FIELD_TEXT = {"noise_multiplier": "the noise multiplier σ_t (the noise schedule)",
+                   "clip": "the clipping threshold C_t",
+                   "lr_scale": "the learning-rate scale"}
+
+
+def _members(method) -> Sequence:
+    """The methods of a run in the order they run within a step (a chain's members)."""
+    from dpfy.adaptive.chain import Chain
+    if method is None:
+        return ()
+    return method.members if isinstance(method, Chain) else (method,)
+
+
+def methods_ran(method) -> list[dict[str, str]]:
+    """One row per adaptive method of the run: registry name and what it releases per step
+    (the "Releases per step" text of its docstring, as ``dpfy methods`` lists it)."""
+    from dpfy.cli.methods import method_rows
+    releases = {r["name"]: r["releases"] for r in method_rows()}
+    return [{"name": m.registry_name or type(m).__name__,
+             "releases": releases.get(m.registry_name, "")} for m in _members(method)]
+
+
+def public_data(cfg: TrainConfig, method, num_test: int) -> str | None:
+    """The report's statement about the split the user declared public, or None."""
+    if cfg.public_validation != "test":
+        return None
+    readers = [m for m in _members(method) if m.needs.validation]
+    head = (f"the user declared the test split public (--public-validation test; {num_test} "
+            f"examples), so the guarantee does not cover it as private data, and it must not "
+            f"contain private data")
+    if not readers:
+        return f"{head}. No method of this run read it; only the test-set metrics used it"
+    names = ", ".join(f"`{m.registry_name or type(m).__name__}`" for m in readers)
+    drove = sorted({PLAN_FIELD_TEXT.get(f, f) for m in readers for f in m.sets})
+    return (f"{head}. Its accuracy, measured after every epoch, was read by {names} and "
+            f"drove {' and '.join(drove) or 'the method'}; it entered training without noise "
+            f"and without a ledger entry because it was declared public")
+
+
 def write_report(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, private,
                  directory: Path) -> float:
     """Write the report files into ``directory``; return the final ε (``cfg.accountant``)."""
@@ -46,5 +90,7 @@ def write_report(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, p
         sampling_note=f"Poisson sampling by dpfy's sampler, q = {private.sample_rate:.5g}, "
                       f"{private.steps_per_epoch} steps per epoch",
         warnings=(SEED_WARNING,) if cfg.reproducible else (), not_released=NOT_RELEASED,
+        methods=methods_ran(private.optimizer.method),
+        public_data=public_data(cfg, private.optimizer.method, len(data.test)),
     ).write(directory)
     return float(ledger_epsilon(ledger, delta=cfg.delta, accountant=cfg.accountant))
