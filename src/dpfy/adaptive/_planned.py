@@ -63,10 +63,14 @@ class PlannedSchedule(AdaptiveMethod[None]):
 
     def ledger(self, *, sample_rate: float, sampling: Sampling = Sampling.POISSON,
                dataset_size: int | None = None) -> Ledger:
-        """The ledger a full run of this schedule writes (one gradient release per step)."""
-        return Ledger.from_schedule(sample_rates=[sample_rate] * self.total_steps,
-                                    noise_multipliers=self.noise_multipliers(),
-                                    sampling=sampling, dataset_size=dataset_size)
+        """The ledger a full run of this schedule writes, by :func:`dpfy.step.planned_ledger`
+        (the optimizer's own ``step_releases``; one gradient release per step)."""
+        from dpfy.adaptive.base import RunFacts
+        from dpfy.step import planned_ledger
+
+        facts = RunFacts(sampling=sampling, sample_rate=sample_rate, steps=self.total_steps,
+                         dataset_size=dataset_size)
+        return planned_ledger(self, facts)
 
 
 def steps_within_budget(schedule: PlannedSchedule, *, target_epsilon: float, delta: float,

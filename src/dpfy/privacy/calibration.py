@@ -400,15 +400,24 @@ def hyfree_noise_split(*, target_epsilon: float, delta: float, sample_rate: floa
                                        approximate=approximate)
     sigma_g = gamma * sigma
 
+    from dpfy.adaptive.base import ReleaseSpec   # the step's own statement of its releases
+    from dpfy.plan import StepPlan
+    from dpfy.step import step_releases
+
     def ledger_for(sigma_l: float) -> Ledger:
         ledger = Ledger()
         grad = Release("gradient", sigma_g)
         probes = [Release("loss_probe", sigma_l)] * probes_per_round
+        # Loss probes of bound 1 with noise std σ_l: noise multiplier σ_l, as the step records.
+        specs = {f"loss_probe_{k}": ReleaseSpec(1.0, sigma_l, kind="loss", offsets={})
+                 for k in range(probes_per_round)}
         for t in range(steps):
             probe_round = t % probe_every == 0
             if probes_share_batch:
+                plan = StepPlan(step=t, sample_rate=sample_rate, noise_multiplier=sigma_g,
+                                clip=1.0)
                 ledger.record_step(sampling=Sampling.POISSON, sample_rate=sample_rate,
-                                   releases=[grad, *probes] if probe_round else [grad])
+                                   releases=step_releases(plan, specs if probe_round else {}))
             else:
                 ledger.record_step(sampling=Sampling.POISSON, sample_rate=sample_rate,
                                    releases=[grad])
