@@ -115,7 +115,7 @@ def test_chained_decay_and_quantile_epsilon_equals_dp_accounting_on_the_composed
     acc.compose(dp_accounting.ComposedDpEvent(events))
     expected = acc.get_epsilon(1e-5)
     assert opt.step_count == 20
-    assert opt.epsilon(1e-5) == pytest.approx(expected, rel=2e-2)
+    assert opt.epsilon(1e-5) == pytest.approx(expected, rel=1e-6)
     assert opt.epsilon(1e-5) <= 2.0 + 1e-9
 
 
