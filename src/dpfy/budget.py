@@ -12,12 +12,12 @@ from typing import Sequence
 from dpfy._require import require
 from dpfy.errors import BudgetExhausted
 from dpfy.privacy import Ledger, Release, Sampling, epsilon as ledger_epsilon
+from dpfy.privacy.accountants import RIGOROUS
 from dpfy.privacy.calibration import last_passing
 from dpfy.privacy.running import RunningEpsilon
 
 __all__ = ["BudgetGuard", "RIGOROUS"]
 
-RIGOROUS = ("pld", "rdp")
 
 
 class BudgetGuard:

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dpfy._require import require
-from dpfy.budget import RIGOROUS
+from dpfy.privacy.accountants import RIGOROUS
 
 __all__ = ["RunSpec", "FMNIST_DELTA", "CALIBRATIONS"]
 

@@ -43,13 +43,14 @@ from dpfy.privacy import rdp as _rdp
 from dpfy.privacy.canonical import GAUSSIAN, CanonicalForm, canonical_form, coarsen
 from dpfy.privacy.ledger import Ledger
 
-__all__ = ["ACCOUNTANTS", "APPROXIMATE", "AUTO", "AUTO_EXACT_LIMIT", "DEFAULT_RESOLUTION",
+__all__ = ["ACCOUNTANTS", "APPROXIMATE", "RIGOROUS", "AUTO", "AUTO_EXACT_LIMIT", "DEFAULT_RESOLUTION",
            "PLD_MAX_GRID_POINTS", "accountant_label", "pld_discretization",
            "pld_min_noise_multiplier", "check_pld_grid", "prepare", "epsilon", "delta",
            "epsilon_curve", "epsilon_from_form", "delta_from_form"]
 
 ACCOUNTANTS = ("rdp", "pld", "gdp")
 APPROXIMATE = frozenset({"gdp"})
+RIGOROUS = ("pld", "rdp")   # the only accountants that may decide noise (calibration, caps)
 AUTO = "auto"
 AUTO_EXACT_LIMIT = 64
 DEFAULT_RESOLUTION = {"rdp": 0.01, "pld": 0.02}

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from dpfy._require import require
-from dpfy.budget import RIGOROUS
+from dpfy.privacy.accountants import RIGOROUS
 from dpfy.privacy.calibration import MAX_TARGET_EPSILON
 
 __all__ = ["TrainConfig", "OPTIMIZERS", "ACCOUNTANTS", "RESUME_IGNORED", "PUBLIC_ONLY",
