@@ -69,7 +69,8 @@ def test_extra_release_above_its_sensitivity_is_refused():
 def test_a_schedule_calibrated_for_other_facts_is_refused():
     # Built for q = 0.01; the run's sampler has q = 20/200 = 0.1.
     sched = make_schedule("exponential", target_epsilon=1.0, delta=1e-5, sample_rate=0.01,
-                          total_steps=10, steps_per_epoch=10, max_grad_norm=1.0, rate=0.3)
+                          total_steps=10, steps_per_epoch=10, max_grad_norm=1.0, rate=0.3,
+                          accountant="rdp")
     with pytest.raises(PrivacyRefusal, match="sample_rate: 0.01 .method. vs 0.1 .run."):
         _setup(method=sched, max_grad_norm=1.0)
 
