@@ -137,7 +137,10 @@ class StepSums:
             raise PrivacyRefusal(f"the clipping sensitivity must be the same for every physical "
                                  f"batch of a step, got {clip.sensitivity} after "
                                  f"{self.sensitivity} from {owner}")
-        contrib = sum(weights[n].square() * norms.per_parameter_sq[n] for n in names)  # (B,)
+        if torch.is_tensor(w):   # one weight per example: ‖w_i g_i‖ = |w_i|·‖g_i‖
+            contrib = (w * norms.total).square()                                   # (B,)
+        else:                    # per parameter: ‖Σ_k w_ik g_ik‖² = Σ_k w_ik² ‖g_ik‖²
+            contrib = sum(weights[n].square() * norms.per_parameter_sq[n] for n in names)
         check_bound(contrib if names else norms.total.new_zeros(0), clip.sensitivity,
                     what="the clipped gradient sum", owner=owner)
         extra_weights: list[dict[str, torch.Tensor]] = []
