@@ -91,3 +91,13 @@ def test_one_file_one_key_one_test(name):
 def test_unknown_name_lists_the_registry():
     with pytest.raises(ValueError, match="method must be one of .*'quantile'"):
         make("no_such_method")
+
+
+def test_every_file_of_the_package_is_imported_so_a_new_method_registers_itself():
+    # Adding a method is one new file in adaptive/: the package imports every module in it.
+    import sys
+
+    import dpfy.adaptive as adaptive
+
+    files = [p.stem for p in Path(adaptive.__file__).parent.glob("*.py") if p.stem != "__init__"]
+    assert files and all(f"dpfy.adaptive.{f}" in sys.modules for f in files)

@@ -4,6 +4,9 @@ Build by name with :func:`make` (``make_private`` then calibrates for the run's 
 with :func:`chain`, list with ``dpfy methods``.
 """
 
+import importlib
+import pkgutil
+
 from dpfy.adaptive.base import (REGISTRY, AdaptiveMethod, Clip, Method, Needs, Norms, Released,
                                 ReleaseSpec, RunFacts, make, register)
 from dpfy.adaptive.chain import Chain, chain
@@ -13,6 +16,11 @@ from dpfy.adaptive.factory import make_schedule
 from dpfy.adaptive.plateau import PlateauNoiseDecay
 from dpfy.adaptive.quantile import LayerQuantileClipping, QuantileClipping
 from dpfy.adaptive.schedules import NoiseDecay
+
+# Every module of this package is imported, so a new method file registers itself: adding a
+# method is one file here plus its tests, with no list to edit.
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 # Registry keys whose file has another name (STYLE.md R1 / §7): a visible decision, not drift.
 FILE_ALIASES = {"noise_decay": "schedules", "clip_schedule": "clip_schedules",
