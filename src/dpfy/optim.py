@@ -26,7 +26,7 @@ from dpfy.noise import NoiseSource
 from dpfy.plan import StepPlan
 from dpfy.privacy import Ledger, epsilon as ledger_epsilon
 from dpfy.sampling import BatchCursor, PoissonSampler, ShuffleSampler
-from dpfy.step import StepSums, contract, released, step_releases
+from dpfy.step import StepSums, contract, probe_losses, released, step_releases
 
 __all__ = ["DPOptimizer"]
 
@@ -240,46 +240,14 @@ class DPOptimizer(torch.optim.Optimizer):
                                             norm=norms.total)
             clip = Clip(weights, self.clipping.sensitivity(plan.clip))
         values = dict(method.release_values(state, norms, plan)) if sums.specs else {}
-        values.update(self._probe_losses(sums.specs, rows=norms.total.shape[0]))
+        values.update(probe_losses(sums.specs, model=self.model, loss_fn=self.loss_fn,
+                                   params=self._params, batch=self.cursor.batch,
+                                   rows=norms.total.shape[0]))
         owner = (f"method {method.registry_name or type(method).__name__!r}"
                  if method is not None else f"clipping policy {self.clipping.name!r}")
         sums.add(weighted_sums, norms, clip, values, owner)
         self.grads.clear()
         del sq, norms, clip, values
-
-    def _probe_losses(self, specs: dict, *, rows: int) -> dict[str, torch.Tensor]:
-        """Per-example losses at θ + offsets on the batch just yielded, clipped to ±Δ (B,).
-
-        Each probe runs ``loss_fn(model, batch)`` under no_grad with the named parameters
-        replaced by θ + Δθ (new tensors; θ itself is never modified, so no rounding drift), then
-        restores them. Sensitive: the losses are summed and noised like every release.
-        """
-        probes = {n: s for n, s in specs.items() if s.kind == "loss"}
-        if not probes:
-            return {}
-        require(self.loss_fn is not None, "loss_fn", None, "given for loss probes",
-                "Pass make_private(..., loss_fn=fn) with fn(model, batch) -> (B,) losses")
-        batch = self.cursor.batch
-        out: dict[str, torch.Tensor] = {}
-        for name, spec in probes.items():
-            unknown = sorted(set(spec.offsets) - set(self._params))
-            require(not unknown, f"offsets of probe {name!r}", unknown,
-                    "names of trainable parameters")
-            saved = {n: self._params[n].data for n in spec.offsets}
-            try:
-                for n, d in spec.offsets.items():
-                    self._params[n].data = saved[n] + d.to(saved[n])
-                losses = torch.as_tensor(self.loss_fn(self.model, batch))   # (B,) sensitive
-            finally:
-                for n, t in saved.items():
-                    self._params[n].data = t
-            require(losses.shape == (rows,), f"loss_fn output for probe {name!r}",
-                    tuple(losses.shape), f"one loss per example, shape ({rows},)",
-                    "Return per-example losses (reduction='none')")
-            require(bool(torch.isfinite(losses).all()), f"loss_fn output for probe {name!r}",
-                    "non-finite", "finite", "Clip or fix the loss")
-            out[name] = losses.double().clamp(-spec.sensitivity, spec.sensitivity)
-        return out
 
     def _release(self, sums: StepSums) -> None:
         """Guard, noise, ledger, inner step, method update — in that order."""

@@ -23,11 +23,13 @@ from typing import Any, Callable, Mapping
 import torch
 
 from dpfy.adaptive.base import Clip, Method, Norms, Released, ReleaseSpec, RunFacts
+from dpfy._require import require
 from dpfy.errors import PrivacyRefusal
 from dpfy.plan import StepPlan
 from dpfy.privacy.ledger import Ledger, Release
 
-__all__ = ["GRADIENT", "step_releases", "planned_ledger", "check_bound", "StepSums"]
+__all__ = ["GRADIENT", "step_releases", "planned_ledger", "check_bound", "StepSums",
+           "contract", "probe_losses", "released"]
 
 GRADIENT = "gradient"
 WeightSets = list[dict[str, torch.Tensor]]
@@ -217,6 +219,44 @@ def contract(per_sample: Mapping[str, torch.Tensor]) -> WeightedSums:
         return [{n: torch.einsum("b,b...->...", ws[n].to(g.dtype), g)
                  for n, g in per_sample.items()} for ws in weight_sets]
     return sums
+
+
+def probe_losses(specs: Mapping[str, ReleaseSpec], *, model: torch.nn.Module | None,
+                 loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor] | None,
+                 params: Mapping[str, torch.nn.Parameter], batch: Any, rows: int
+                 ) -> dict[str, torch.Tensor]:
+    """Per-example losses at θ + offsets on ``batch`` for every ``kind="loss"`` spec, (B,).
+
+    Each probe runs ``loss_fn(model, batch)`` (the caller holds no_grad) with the named
+    parameters' data replaced by θ + Δθ (new tensors: θ itself is never modified, so no rounding
+    drift), then restores them; losses are clipped to ±Δ. Sensitive: they are summed and
+    noised like every release.
+    """
+    probes = {n: s for n, s in specs.items() if s.kind == "loss"}
+    if not probes:
+        return {}
+    require(loss_fn is not None, "loss_fn", None, "given for loss probes",
+            "Pass make_private(..., loss_fn=fn) with fn(model, batch) -> (B,) losses")
+    out: dict[str, torch.Tensor] = {}
+    for name, spec in probes.items():
+        unknown = sorted(set(spec.offsets) - set(params))
+        require(not unknown, f"offsets of probe {name!r}", unknown,
+                "names of trainable parameters")
+        saved = {n: params[n].data for n in spec.offsets}
+        try:
+            for n, d in spec.offsets.items():
+                params[n].data = saved[n] + d.to(saved[n])
+            losses = torch.as_tensor(loss_fn(model, batch))                 # (B,) sensitive
+        finally:
+            for n, t in saved.items():
+                params[n].data = t
+        require(losses.shape == (rows,), f"loss_fn output for probe {name!r}",
+                tuple(losses.shape), f"one loss per example, shape ({rows},)",
+                "Return per-example losses (reduction='none')")
+        require(bool(torch.isfinite(losses).all()), f"loss_fn output for probe {name!r}",
+                "non-finite", "finite", "Clip or fix the loss")
+        out[name] = losses.double().clamp(-spec.sensitivity, spec.sensitivity)
+    return out
 
 
 def released(sums: StepSums, extras: Mapping[str, Any], normalizer: float,
