@@ -197,6 +197,11 @@ def make_private(
         budget = BudgetGuard(max_steps=max_steps, epsilon_cap=epsilon_cap, delta=target_delta,
                              accountant=accountant)
         _check_needs(method, grads, poisson_sampling, loss_fn)
+        if method is not None and method.supplies_clipping():
+            require(clipping == "flat", "clipping", clipping,
+                    f"'flat' (the default) with method {method.registry_name!r}, which "
+                    f"supplies its own clipping", "Drop clipping=, or drop the method: "
+                    "dpfy never replaces a clipping policy you asked for silently")
         dp_optimizer = DPOptimizer(
             optimizer, grads=grads, clipping=policy, noise=NoiseSource(noise_seed),
             sampler=sampler, cursor=dp_loader.cursor, noise_multiplier=noise_multiplier,

@@ -101,3 +101,9 @@ def test_epochs_plan_every_logical_batch_the_loader_yields():
             F.cross_entropy(model(x), y).backward()
             opt.step()
     assert opt.step_count == 48 and opt.epsilon(1e-5) <= 3.0 + 1e-9
+
+
+def test_a_method_with_its_own_clipping_refuses_another_requested_policy():
+    # quantile clips flat at its own C_t; per_layer clipping would be silently ignored.
+    with pytest.raises(ValueError, match="clipping must be 'flat'.*'quantile'"):
+        _setup(noise_multiplier=1.0, method="quantile", clipping="per_layer")

@@ -272,6 +272,10 @@ class Method(Generic[S]):
         """This method made ready for ``facts`` (default: unchanged, bound to them)."""
         return bind_facts(self, facts)
 
+    def supplies_clipping(self) -> bool:
+        """True when this method's ``clipping`` replaces the run's clipping policy."""
+        return type(self).clipping is not Method.clipping
+
     def is_data_independent(self) -> bool:
         """True when σ_t and every release spec are functions of the step alone (so the run's
         ledger can be written before training); a method whose noise reacts to released

@@ -111,6 +111,9 @@ class Chain(Method):
             per_sample = m.transform(s, per_sample, plan)
         return per_sample
 
+    def supplies_clipping(self) -> bool:
+        return any(m.supplies_clipping() for m in self.members)
+
     def releases(self, state: Mapping[str, Any], plan: StepPlan) -> dict[str, ReleaseSpec]:
         out: dict[str, ReleaseSpec] = {}
         for m, s in self._states(state):
