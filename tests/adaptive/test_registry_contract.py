@@ -30,6 +30,7 @@ OPTIONS = {                       # the smallest options each key needs
     "plateau": dict(initial=2.0),
     "dynamic": dict(preset="dynamic", stages=2),
     "clip_schedule": dict(kind="exponential", initial=1.0, rate=0.9),
+    "adaclip": dict(step_on="standardized"),
 }
 TESTS = Path(__file__).parent
 

@@ -1,0 +1,201 @@
+"""AdaClip: coordinate-wise adaptive clipping (centre and scale every coordinate, clip to 1).
+
+References: Pichapati et al. 2019 (AdaCliP), digest
+``shared/reference/000-review-adaptive-dpsgd.md`` §2.6 (context: §2.4–2.5).
+
+What is released (digest 000 §2.6, with erratum 8 applied). With public per-coordinate
+vectors a_t (shift) and b_t > 0 (scale), built only from earlier releases:
+
+    w_i  = (g_i − a_t) / b_t                     per-sample, element-wise (the ``transform``)
+    ŵ_i  = w_i / max(1, ‖w_i‖₂)                  clipped at norm 1: sensitivity Δ = 1
+    S̃    = Σ_i ŵ_i + N(0, σ_t² I)                the one release of the step (noise std σ_t·1)
+    w̃    = S̃ / b                                 b = the public expected batch size
+    ĝ_t  = b_t ⊙ w̃ + a_t                         post-processing: the gradient estimate
+
+Adding or removing one example moves S by ‖ŵ_i‖ ≤ 1, so the step is one Gaussian mechanism at
+noise multiplier σ_t on a Poisson sample, exactly what plain DP-SGD at σ_t spends; the
+estimates below read only ĝ_t (post-processing), so AdaClip adds no release.
+
+The digest gives no rule for a_t and b_t ("consult [5]"; its note: running estimates of the
+coordinate-wise mean and spread from already-privatised values). This file uses the following,
+derived here (hyperparameters β₁, β₂, h₁, h₂ are this file's, not the digest's):
+
+    a_{t+1} = β₁ a_t + (1 − β₁) ĝ_t                                   mean of the gradient
+    v_t     = clamp(B (ĝ_t − a_t)² − b_t² σ_t² / B, h₁, h₂)           per-example variance
+    s_{t+1} = β₂ s_t + (1 − β₂) v_t
+    b_{t+1} = s^{1/4} · (Σ_k √s_k)^{1/2}     (over every coordinate of every parameter)
+
+v_t: ĝ_t − a_t = (ḡ_t − a_t) + b_t ⊙ noise/B (unclipped examples), whose square has mean
+Var(g_ij)/B + (bias)² + b_j² σ²/B²; removing the known noise term and multiplying by B gives
+the per-example variance. b_{t+1} minimises the noise the map back adds, σ² Σ_j b_j², subject
+to E‖w_i‖² = Σ_j s_j / b_j² = 1 (Lagrange: b_j² ∝ √s_j). Start: a_0 = 0 and s_0 = C_0²/d
+(d parameters), so b_0 = C_0 everywhere and the first step is flat clipping at C_0.
+
+**The map back needs a hook the step does not have.** The step sets p.grad = w̃ and the inner
+optimizer steps on it before ``update`` runs; ``plan.lr_scale`` is one scalar, so neither the
+coordinate-wise scale b_t nor the shift a_t can be applied. Until the step offers a
+post-release transform of the released gradient, the paper's update (step on ĝ_t) is refused:
+``step_on="standardized"`` must be given, and the inner optimizer then steps on w̃ itself
+(private — post-processing of the release — but not Pichapati et al.'s update).
+``released_gradient`` is the map back such a hook would apply.
+
+Memory: materialized per-sample gradients only (the ghost route is refused by make_private):
+B × P floats for the per-sample gradients plus B × P for their transform (peak ≈ 2·B·P for a
+physical batch of B examples and P parameters), and 2·P float64 for a_t, s_t.
+
+Releases per step: the clipped sum of the standardized per-sample gradients Σ_i ŵ_i (Δ = 1,
+noise multiplier σ_t); a_t, s_t are post-processing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Literal, Mapping
+
+import torch
+
+from dpfy._require import require
+from dpfy.adaptive.base import Clip, Method, Needs, Norms, Released, RunFacts, bind_facts, register
+from dpfy.plan import StepPlan
+
+__all__ = ["AdaClip", "AdaClipState", "scale_from_variance"]
+
+Tensors = Mapping[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class AdaClipState:
+    """The public estimates: a_t (``mean``) and s_t (``var``), {name: θ-shaped float64}.
+
+    Both empty before the first release: a_0 = 0 and s_0 = C_0²/d (b_0 = C_0 everywhere).
+    """
+
+    mean: Mapping[str, torch.Tensor]
+    var: Mapping[str, torch.Tensor]
+
+
+def scale_from_variance(var: Tensors) -> dict[str, torch.Tensor]:
+    """b = s^{1/4} · (Σ_k √s_k)^{1/2}: minimises Σ_j b_j² subject to Σ_j s_j/b_j² = 1."""
+    total = sum(float(s.sqrt().sum()) for s in var.values())
+    return {n: s.pow(0.25) * math.sqrt(total) for n, s in var.items()}
+
+
+@register("adaclip")
+@dataclass(frozen=True)
+class AdaClip(Method[AdaClipState]):
+    """AdaClip's coordinate-wise adaptive clipping (see the module docstring).
+
+    Args:
+      step_on: what the inner optimizer steps on. ``"gradient"`` (the paper: ĝ = b ⊙ w̃ + a)
+        needs a post-release hook the step lacks and is refused; ``"standardized"`` steps on
+        w̃ (private, not the paper's update).
+      initial_clip: C_0 > 0: the first step is flat clipping at C_0. None: the run's
+        ``max_grad_norm``, set by ``make_private``.
+      mean_decay: β₁ in [0, 1) of the mean estimate a_t.
+      var_decay: β₂ in [0, 1) of the variance estimate s_t.
+      min_var, max_var: h₁ < h₂, the clamp of each per-example variance estimate v_t
+        (h₁ > 0 keeps b_t > 0).
+
+    Releases per step: the clipped sum of the standardized per-sample gradients (Δ = 1, noise
+    multiplier σ_t); the estimates a_t, s_t are post-processing of it.
+    """
+
+    step_on: Literal["gradient", "standardized"] = "gradient"
+    initial_clip: float | None = None
+    mean_decay: float = 0.9
+    var_decay: float = 0.99
+    min_var: float = 1e-8
+    max_var: float = 1e2
+
+    sets = frozenset({"clip"})
+    needs = Needs(per_sample_grads=True)
+
+    def __post_init__(self) -> None:
+        require(self.step_on in ("gradient", "standardized"), "step_on", self.step_on,
+                "one of ['gradient', 'standardized']")
+        require(self.step_on == "standardized", "step_on", self.step_on,
+                "'standardized' (dpfy's step has no hook to map the released gradient back "
+                "to b ⊙ w̃ + a before the inner optimizer steps)",
+                "Pass step_on='standardized' (--method-options step_on=standardized) to step "
+                "on the standardized noisy mean w̃: private, but not Pichapati et al.'s update")
+        if self.initial_clip is not None:
+            require(self.initial_clip > 0, "initial_clip", self.initial_clip, "> 0")
+        require(0 <= self.mean_decay < 1, "mean_decay", self.mean_decay, "in [0, 1)")
+        require(0 <= self.var_decay < 1, "var_decay", self.var_decay, "in [0, 1)")
+        require(0 < self.min_var < self.max_var, "min_var", self.min_var,
+                f"in (0, max_var = {self.max_var})", "It keeps every b_t coordinate positive")
+
+    def calibrate(self, facts: RunFacts) -> "AdaClip":
+        c0 = self.initial_clip if self.initial_clip is not None else facts.max_grad_norm
+        require(c0 is not None, "initial_clip", None, "given or the run's max_grad_norm",
+                "Pass initial_clip= (the first step's flat clip)")
+        return bind_facts(replace(self, initial_clip=float(c0)), facts)
+
+    def _c0(self) -> float:
+        require(self.initial_clip is not None, "initial_clip", None, "set",
+                "Pass the method to make_private (it uses max_grad_norm) or give initial_clip=")
+        return float(self.initial_clip)
+
+    def init(self) -> AdaClipState:
+        return AdaClipState(mean={}, var={})
+
+    def estimates(self, state: AdaClipState, shapes: Mapping[str, torch.Size]
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """(a_t, s_t) as {name: θ-shaped float64}; before the first release a_0 = 0 and
+        s_0 = C_0²/d, d = Σ parameters (so b_0 = C_0). Public."""
+        if not state.var:
+            s0 = self._c0() ** 2 / sum(math.prod(s) for s in shapes.values())
+            return ({n: torch.zeros(s, dtype=torch.float64) for n, s in shapes.items()},
+                    {n: torch.full(s, s0, dtype=torch.float64) for n, s in shapes.items()})
+        require(set(state.var) == set(shapes), "the parameters", sorted(shapes),
+                f"those the estimates were built for, {sorted(state.var)}",
+                "Resume AdaClip only on the model it was trained with")
+        return dict(state.mean), dict(state.var)
+
+    def shift_scale(self, state: AdaClipState, shapes: Mapping[str, torch.Size]
+                    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """(a_t, b_t) as {name: θ-shaped float64} (public)."""
+        mean, var = self.estimates(state, shapes)
+        return mean, scale_from_variance(var)
+
+    def transform(self, state: AdaClipState, per_sample: Tensors, plan: StepPlan
+                  ) -> dict[str, torch.Tensor]:
+        """w_i = (g_i − a_t) / b_t for every per-sample gradient {name: (B, *θ)}; sensitive."""
+        a, b = self.shift_scale(state, {n: g.shape[1:] for n, g in per_sample.items()})
+        return {n: (g - a[n].to(g)) / b[n].to(g) for n, g in per_sample.items()}
+
+    def released_gradient(self, state: AdaClipState, standardized: Tensors
+                          ) -> dict[str, torch.Tensor]:
+        """ĝ = b_t ⊙ w̃ + a_t from the released standardized mean w̃ (post-processing): what a
+        post-release hook would hand the inner optimizer."""
+        a, b = self.shift_scale(state, {n: w.shape for n, w in standardized.items()})
+        return _map_back(a, b, standardized)
+
+    def plan(self, state: AdaClipState, plan: StepPlan) -> StepPlan:
+        return replace(plan, clip=1.0)
+
+    def clipping(self, state: AdaClipState, norms: Norms, plan: StepPlan) -> Clip:
+        # norms are those of the transformed w_i: clip each at norm 1.
+        return Clip(torch.clamp(1.0 / norms.total, max=1.0), sensitivity=1.0)  # (B,) sensitive
+
+    def update(self, state: AdaClipState, released: Released) -> AdaClipState:
+        """a_{t+1}, s_{t+1} from the released gradient only (module docstring)."""
+        w = released.gradient                                 # released: w̃ = S̃ / b
+        a, var = self.estimates(state, {n: t.shape for n, t in w.items()})
+        b = scale_from_variance(var)
+        g = _map_back(a, b, w)                                # ĝ_t, post-processing
+        big_b = released.expected_batch_size                  # public
+        sigma = float(released.plan.noise_multiplier)
+        b1, b2 = self.mean_decay, self.var_decay
+        new_mean, new_var = {}, {}
+        for n in w:
+            v = big_b * (g[n] - a[n]).square() - b[n].square() * sigma ** 2 / big_b
+            new_mean[n] = b1 * a[n] + (1 - b1) * g[n]
+            new_var[n] = b2 * var[n] + (1 - b2) * v.clamp(self.min_var, self.max_var)
+        return AdaClipState(mean=new_mean, var=new_var)
+
+
+def _map_back(a: Tensors, b: Tensors, standardized: Tensors) -> dict[str, torch.Tensor]:
+    """b ⊙ w̃ + a, element-wise (digest 000 §2.6, erratum 8), float64."""
+    return {n: b[n] * w.double() + a[n] for n, w in standardized.items()}
