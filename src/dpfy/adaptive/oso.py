@@ -1,0 +1,202 @@
+"""OSO-DPSGD: the clipping threshold C (and the learning rate) learned online by hypergradient.
+
+References: Galli, Palamidessi & Cucinotta 2024, "Online Sensitivity Optimization in
+Differentially Private Learning", Algorithm 1 as cleaned in digest
+``shared/reference/002-online-sensitivity-optimization.md`` §2.8 (derivation §2.2–2.6).
+
+Why: a loss ℓ(θ_t) depends on the previous threshold through θ_t = θ_{t−1} − ρ ∇ℓ(θ_{t−1}),
+and the clipped mean gradient's derivative in C is the mean of q_i = 1[‖g_i‖ > C] g_i/‖g_i‖
+(a clipped example contributes C·g_i/‖g_i‖; an unclipped one does not depend on C). So
+∂ℓ(θ_t)/∂C = −ρ ⟨g_t, q_{t−1}⟩ (Eq. 12): raise C when the current gradient agrees with the
+previous step's clipped directions, lower it otherwise.
+
+Each step t releases, on the same Poisson sample:
+
+- the clipped gradient sum Σ_i g_i·min(1, C_t/‖g_i‖) + N(0, (ν_g C_t)² I), sensitivity C_t
+  (flat norm over all parameters, §2.8 note 6);
+- the threshold gradient Σ_i q_i + N(0, ν_q² I) with q_i = g_i/‖g_i‖ if ‖g_i‖ > C_t else 0
+  (strict: a norm exactly C_t is not counted); ‖q_i‖ ∈ {0, 1}, so sensitivity 1.
+
+Stacked and whitened, the pair moves by sqrt(ν_g⁻² + ν_q⁻²) for one example: it is one Gaussian
+mechanism with ν⁻² = ν_g⁻² + ν_q⁻² (Proposition 1, §2.4). The 1 % rule takes the run's ν and
+sets ν_g = (1 + inflation)·ν, ν_q = ν/√(1 − (1 + inflation)⁻²) = 7.12399·ν at 1 %
+(``dpfy.privacy.split.split_noise_multiplier``): the step spends what one release at ν would.
+
+The updates read released values only (post-processing), with b the public expected batch size:
+g̃_t = released gradient (already divided by b), q̃_t = noisy Σ q_i / b (Algorithm 1's form:
+noise on the sum, then divided by b; §2.5 erratum), and g̃_0 = q̃_0 = 0, sign(0) = 0:
+
+- ``rule="sign"`` (Eqs. 20–21, the paper's choice):
+  C_{t+1} = C_t·exp(ρ_c·sign⟨g̃_t, q̃_{t−1}⟩),  ρ_{t+1} = ρ_t·exp(ρ_r·sign⟨g̃_t, g̃_{t−1}⟩)
+  (Eq. 21 read with g̃, not q̃: §2.6 erratum); so |log(C_t/C_0)| ≤ ρ_c·t.
+- ``rule="rubio"`` (Eq. 19, scale-invariant): C_{t+1} = C_t·(1 + ρ_c·cos(g̃_t, q̃_{t−1})), and
+  the same form for ρ with cos(g̃_t, g̃_{t−1}) (the paper gives Eq. 19 for C only; the ρ form
+  is its analogue).
+
+ρ_t is the learning rate's factor: the plan's ``lr_scale`` = ρ_t/ρ_1 multiplies the torch
+optimizer's learning rate ρ_1 (the gridded one). The additive rules (Eqs. 13, 16) need ρ_t
+itself, which a method does not see (only the scale), so they are not offered. The method is
+defined for SGD, optionally with momentum (the sign rule is unchanged by momentum's positive
+factor); with Adam the threshold gradient loses its meaning (§2.6) and the paper offers no
+variant.
+
+Memory: two model-sized buffers (g̃_{t−1}, q̃_{t−1}) in the method state, besides the engine's
+accumulator of Σ q_i.
+
+Releases per step: the clipped gradient sum (ν_g = 1.01ν, sensitivity C_t) and the threshold
+gradient Σ 1[‖g_i‖ > C_t] g_i/‖g_i‖ (ν_q = 7.124ν, sensitivity 1), composed to ν.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Literal, Mapping
+
+import torch
+
+from dpfy._require import require
+from dpfy.adaptive.base import Clip, Method, Norms, Released, ReleaseSpec, register
+from dpfy.plan import StepPlan
+from dpfy.privacy.split import split_noise_multiplier
+
+__all__ = ["OnlineSensitivity", "OSOState", "THRESHOLD_GRADIENT", "hyper_factor"]
+
+THRESHOLD_GRADIENT = "threshold_gradient"
+RULES = ("sign", "rubio")
+Vector = Mapping[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class OSOState:
+    """C_t, ρ_t/ρ_1 and the previous step's released vectors (None before the first step).
+
+    Everything here is built from released values only (private by post-processing).
+    """
+
+    clip: float
+    lr_scale: float = 1.0
+    prev_gradient: dict[str, torch.Tensor] | None = None    # g̃_{t−1}
+    prev_direction: dict[str, torch.Tensor] | None = None   # q̃_{t−1}
+
+
+def _dot_and_norms(a: Vector, b: Vector) -> tuple[float, float, float]:
+    """⟨a, b⟩, ‖a‖, ‖b‖ over all parameters, accumulated in float64."""
+    dot = sq_a = sq_b = 0.0
+    for n, x in a.items():
+        x, y = x.detach().double().flatten(), b[n].detach().double().flatten()
+        dot += float(x @ y)
+        sq_a += float(x @ x)
+        sq_b += float(y @ y)
+    return dot, math.sqrt(sq_a), math.sqrt(sq_b)
+
+
+def hyper_factor(current: Vector, previous: Vector | None, rate: float, rule: str) -> float:
+    """The multiplicative step of C (or ρ) from the released ⟨current, previous⟩.
+
+    ``"sign"``: exp(rate·sign⟨·,·⟩) (Eqs. 20–21); ``"rubio"``: 1 + rate·cos(·,·) (Eq. 19).
+    No previous vector, or a zero one, gives 1 (sign(0) = 0: the first step changes nothing).
+    """
+    if previous is None:
+        return 1.0
+    dot, norm_c, norm_p = _dot_and_norms(current, previous)
+    if rule == "sign":
+        return math.exp(rate * ((dot > 0) - (dot < 0)))
+    if norm_c == 0.0 or norm_p == 0.0:
+        return 1.0
+    return 1.0 + rate * dot / (norm_c * norm_p)
+
+
+@register("oso")
+@dataclass(frozen=True)
+class OnlineSensitivity(Method[OSOState]):
+    """OSO-DPSGD: C and the learning rate learned online from released hypergradients.
+
+    See the module docstring for the math and the privacy argument.
+
+    Args:
+      initial_clip: C_0 > 0 (paper: 0.1).
+      clip_rate: ρ_c in (0, 1), the step of log C (paper: 2.5e-3).
+      lr_rate: ρ_r in (0, 1), the step of log ρ (paper: 2.5e-3).
+      adapt_lr: also adapt the learning rate (Eqs. 14–16, 21); False keeps the optimizer's.
+      rule: ``"sign"`` (Eqs. 20–21, the paper's) or ``"rubio"`` (Eq. 19).
+      inflation: the gradient's share of the noise: ν_g = (1 + inflation)·ν (paper: 0.01).
+
+    Releases per step: the clipped gradient sum (ν_g = 1.01ν, sensitivity C_t) and the
+    threshold gradient Σ 1[‖g_i‖ > C_t] g_i/‖g_i‖ (ν_q = 7.124ν, sensitivity 1), composed to ν.
+    """
+
+    initial_clip: float = 0.1
+    clip_rate: float = 2.5e-3
+    lr_rate: float = 2.5e-3
+    adapt_lr: bool = True
+    rule: Literal["sign", "rubio"] = "sign"
+    inflation: float = 0.01
+
+    def __post_init__(self) -> None:
+        require(self.initial_clip > 0, "initial_clip", self.initial_clip, "> 0",
+                "The paper starts at C_0 = 0.1")
+        for name in ("clip_rate", "lr_rate"):
+            value = getattr(self, name)
+            require(0 < value < 1, name, value, "in (0, 1)", "The paper uses 2.5e-3")
+        require(isinstance(self.adapt_lr, bool), "adapt_lr", self.adapt_lr, "true or false")
+        require(self.rule in RULES, "rule", self.rule, f"one of {list(RULES)}",
+                "'sign' is the paper's rule (Eqs. 20-21)")
+        require(self.inflation > 0, "inflation", self.inflation, "> 0",
+                "The paper's 1 % rule is inflation = 0.01")
+
+    @property
+    def sets(self) -> frozenset[str]:  # type: ignore[override]
+        """C always; the learning rate's scale only when it is adapted."""
+        return frozenset({"clip", "lr_scale"} if self.adapt_lr else {"clip"})
+
+    def init(self) -> OSOState:
+        return OSOState(clip=self.initial_clip)
+
+    def _split(self, noise_multiplier: float) -> tuple[float, float]:
+        """(ν_g, ν_q) for the run's ν by the 1 % rule; refuses ν = 0."""
+        require(noise_multiplier > 0, "noise_multiplier", noise_multiplier,
+                "> 0 for method 'oso'", "Its threshold gradient takes a share of the "
+                "gradient's noise ν; pass noise_multiplier= > 0 or target_epsilon=")
+        return split_noise_multiplier(noise_multiplier, inflation=self.inflation)
+
+    def plan(self, state: OSOState, plan: StepPlan) -> StepPlan:
+        nu_g, _ = self._split(plan.noise_multiplier)
+        lr_scale = plan.lr_scale * state.lr_scale if self.adapt_lr else plan.lr_scale
+        return replace(plan, noise_multiplier=nu_g, clip=state.clip, lr_scale=lr_scale)
+
+    def clipping(self, state: OSOState, norms: Norms, plan: StepPlan) -> Clip:
+        c = float(plan.clip)
+        return Clip(torch.clamp(c / norms.total, max=1.0), sensitivity=c)  # (B,) sensitive
+
+    def releases(self, state: OSOState, plan: StepPlan) -> dict[str, ReleaseSpec]:
+        # The plan holds ν_g = (1 + inflation)·ν (set by ``plan``); recover ν and split it.
+        _, nu_q = self._split(plan.noise_multiplier / (1 + self.inflation))
+        return {THRESHOLD_GRADIENT: ReleaseSpec(sensitivity=1.0, noise_std=nu_q,
+                                                kind="gradient")}
+
+    def release_values(self, state: OSOState, norms: Norms, plan: StepPlan
+                       ) -> dict[str, torch.Tensor]:
+        n = norms.total                                                  # (B,) sensitive
+        clipped = n > float(plan.clip)          # strict (Eq. 11); n = 0 is never counted
+        tiny = torch.finfo(n.dtype).tiny        # guards the division only, not the mask
+        w = torch.where(clipped, 1.0 / n.clamp_min(tiny), torch.zeros_like(n))
+        return {THRESHOLD_GRADIENT: w.double()}  # w_i g_i = q_i, ‖q_i‖ ∈ {0, 1}
+
+    def update(self, state: OSOState, released: Released) -> OSOState:
+        b = released.expected_batch_size                                 # public
+        g = {n: t.detach().clone() for n, t in released.gradient.items()}   # g̃_t (mean)
+        q = {n: t.detach() / b for n, t in released.sums[THRESHOLD_GRADIENT].items()}  # q̃_t
+        clip = state.clip * hyper_factor(g, state.prev_direction, self.clip_rate, self.rule)
+        lr = (state.lr_scale * hyper_factor(g, state.prev_gradient, self.lr_rate, self.rule)
+              if self.adapt_lr else state.lr_scale)
+        return OSOState(clip=clip, lr_scale=lr, prev_gradient=g, prev_direction=q)
+
+    def state_dict(self, state: OSOState) -> dict[str, Any]:
+        return {"clip": state.clip, "lr_scale": state.lr_scale,
+                "prev_gradient": state.prev_gradient, "prev_direction": state.prev_direction}
+
+    def load_state_dict(self, saved: Mapping[str, Any]) -> OSOState:
+        return OSOState(clip=float(saved["clip"]), lr_scale=float(saved["lr_scale"]),
+                        prev_gradient=saved["prev_gradient"],
+                        prev_direction=saved["prev_direction"])
