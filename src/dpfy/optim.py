@@ -257,6 +257,11 @@ class DPOptimizer(torch.optim.Optimizer):
                                   sample_rate=self.sampler.sample_rate, releases=releases)
         b = self.sampler.normalizer
         extras = sums.release(self.noise, self._params, b)
+        if self.method is not None:   # post-processing of the released gradient only
+            mapped = self.method.postprocess(
+                self.method_state, {n: p.grad for n, p in self._params.items()}, plan)
+            for n, p in self._params.items():
+                p.grad = mapped[n].to(p.dtype)
         self.ledger.record_step(sampling=self.sampler.sampling,
                                 sample_rate=self.sampler.sample_rate, releases=releases)
         self.cursor.pending = 0   # taken: released and recorded

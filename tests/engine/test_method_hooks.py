@@ -123,3 +123,36 @@ def test_coordinate_transform_is_refused_on_the_ghost_engine():
     ds, model, _ = _toy()
     with pytest.raises(ValueError, match="engine must be 'auto' or 'vmap'.*HalveFirstLayer"):
         _private(model, ds, HalveFirstLayer(), engine="ghost")
+
+
+class Doubled(Method):
+    """Post-processes the released gradient: the optimizer steps on 2·(S̃/b)."""
+
+    def __init__(self):
+        self.released = []
+
+    def postprocess(self, state, gradient, plan):
+        return {n: 2 * g for n, g in gradient.items()}
+
+    def update(self, state, released):
+        self.released.append({n: g.clone() for n, g in released.gradient.items()})
+        return state
+
+
+def test_postprocess_maps_the_released_gradient_before_the_optimizer_steps():
+    ds, model, ref = _toy()
+    method = Doubled()
+    model, opt, dl = _private(model, ds, method)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt.original_optimizer.param_groups[0]["lr"] = 1.0
+    x, y = next(iter(dl))
+    g = oracles.per_example_grads(ref, x, y, SUM)
+    clipped = oracles.clipped_sum(g, C)
+    opt.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+    b = opt.sampler.normalizer
+    for (name, p), k in zip(model.named_parameters(), clipped):
+        want = 2 * clipped[k] / b                               # σ = 0: S̃/b, doubled
+        assert torch.allclose(method.released[0][name].double(), want, atol=1e-5)
+        assert torch.allclose((before[name] - p.detach()).double(), want, atol=1e-5)

@@ -19,6 +19,8 @@ before training, and the private step (``dpfy.step``) calls the hooks below in t
    per-example values: a scalar or vector per example (``kind="values"``), or per-example
    weights whose weighted sum of per-sample gradients is released (``kind="gradient"``, OSO's
    threshold gradient). Each one's L2 bound is asserted like the gradient's.
+   ``postprocess(state, gradient, plan)`` may then map the released gradient (post-processing
+   only) before the inner optimizer steps on it.
 4. ``update(state, released) -> state``: reads a :class:`Released`: the plan, the released
    (noisy) gradient, every released extra value. Nothing raw reaches it.
 5. ``observe(state, *, val_metric)``: for methods that declare ``needs.validation``.
@@ -261,6 +263,16 @@ class Method(Generic[S]):
     def release_values(self, state: S, norms: Norms, plan: StepPlan
                        ) -> Mapping[str, torch.Tensor]:
         return {}
+
+    def postprocess(self, state: S, gradient: Mapping[str, torch.Tensor], plan: StepPlan
+                    ) -> Mapping[str, torch.Tensor]:
+        """The released gradient {name: S̃/b} mapped before the inner optimizer steps on it
+        (AdaClip's map back from standardized coordinates, a momentum-only update direction).
+
+        Post-processing: it may read only ``gradient``, the plan and the state. Default:
+        unchanged. ``Released.gradient`` then holds what the optimizer stepped on.
+        """
+        return gradient
 
     def update(self, state: S, released: Released) -> S:
         return state

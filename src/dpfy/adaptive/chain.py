@@ -111,6 +111,12 @@ class Chain(Method):
             per_sample = m.transform(s, per_sample, plan)
         return per_sample
 
+    def postprocess(self, state: Mapping[str, Any], gradient: Mapping[str, torch.Tensor],
+                    plan: StepPlan) -> Mapping[str, torch.Tensor]:
+        for m, s in self._states(state):
+            gradient = m.postprocess(s, gradient, plan)
+        return gradient
+
     def supplies_clipping(self) -> bool:
         return any(m.supplies_clipping() for m in self.members)
 
