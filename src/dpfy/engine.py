@@ -183,7 +183,11 @@ def make_private(
                              normalizer=sampler.normalizer, delta=target_delta,
                              target_epsilon=target_epsilon, accountant=accountant,
                              max_grad_norm=float(max_grad_norm) if scalar_clip else None,
-                             num_groups=len(grads.units))
+                             num_groups=len(grads.units),
+                             inner_optimizer=type(optimizer).__name__,
+                             inner_hyperparameters={k: v for k, v in
+                                                    optimizer.param_groups[0].items()
+                                                    if k != "params"})
             method = prepare(method, facts)
             if max_steps is None and getattr(method, "total_steps", None):
                 max_steps = int(method.total_steps)

@@ -97,3 +97,21 @@ def test_no_noise_is_refused():
     m = AdamWOSM(normalizer=10.0)
     with pytest.raises(ValueError, match="^noise_multiplier must be"):
         m.plan(None, StepPlan(0, 0.01, 0.0, 1.0))
+
+
+@pytest.mark.parametrize("opt", [lambda p: torch.optim.Adam(p, lr=1e-3),
+                                 lambda p: torch.optim.SGD(p, lr=1e-3, momentum=0.5),
+                                 lambda p: torch.optim.SGD(p, lr=1e-3, momentum=0.9,
+                                                           dampening=0.1)])
+def test_another_inner_optimizer_is_refused(opt):
+    # The method is exact only on SGD(momentum=β₁, no dampening): anything else would silently
+    # run another algorithm.
+    import dpfy
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    ds = TensorDataset(torch.randn(40, 4), torch.randint(0, 2, (40,)))
+    model = nn.Linear(4, 2)
+    with pytest.raises(ValueError, match="inner optimizer must be SGD"):
+        dpfy.make_private(model, opt(model.parameters()), DataLoader(ds, batch_size=10),
+                          noise_multiplier=1.0, method="adamwosm", seed=0)

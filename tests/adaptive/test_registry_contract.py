@@ -32,22 +32,26 @@ OPTIONS = {                       # the smallest options each key needs
     "clip_schedule": dict(kind="exponential", initial=1.0, rate=0.9),
     "adaclip": dict(step_on="standardized"),
 }
+# The inner optimizer each key needs (adamwosm keeps its first moment in SGD's momentum).
+OPTIMIZERS = {"adamwosm": dict(momentum=0.9)}
 TESTS = Path(__file__).parent
 
 
-def _private(method, seed=1):
+def _private(method, seed=1, **opt_kwargs):
     torch.manual_seed(0)
     ds = TensorDataset(torch.randn(N, 6), torch.randint(0, 2, (N,)))
     model = nn.Sequential(nn.Linear(6, 4), nn.Tanh(), nn.Linear(4, 2))
     return (model,) + dpfy.make_private(
-        model, torch.optim.SGD(model.parameters(), lr=0.1), DataLoader(ds, batch_size=BATCH),
+        model, torch.optim.SGD(model.parameters(), lr=0.1, **opt_kwargs),
+        DataLoader(ds, batch_size=BATCH),
         method=method, target_epsilon=4.0, target_delta=1e-5, max_steps=STEPS + 2,
         max_grad_norm=1.0, seed=seed, accountant="rdp")[1:]
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_registered_method_keeps_the_contract(name):
-    model, opt, loader = _private(make(name, **OPTIONS.get(name, {})))
+    model, opt, loader = _private(make(name, **OPTIONS.get(name, {})),
+                                  **OPTIMIZERS.get(name, {}))
     method = opt.method
     seen = []
     original = type(method).update

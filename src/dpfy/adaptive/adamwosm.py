@@ -67,6 +67,16 @@ class AdamWOSM(Method[None]):
     def calibrate(self, facts: RunFacts) -> "AdamWOSM":
         require(facts.normalizer is not None, "the expected batch size", None, "known",
                 "Pass normalizer= (b) explicitly")
+        if facts.inner_optimizer is not None:   # the algorithm is exact only on this optimizer
+            hp = dict(facts.inner_hyperparameters or {})
+            want = {"momentum": self.beta1, "dampening": 0, "nesterov": False,
+                    "weight_decay": 0}
+            got = {k: hp.get(k) for k in want}
+            require(facts.inner_optimizer == "SGD" and got == want, "the inner optimizer",
+                    f"{facts.inner_optimizer}({got})", f"SGD({want}) for method 'adamwosm'",
+                    "Its first moment lives in SGD's momentum buffer: build "
+                    "torch.optim.SGD(params, lr=ρ₀, momentum=beta1) (dpfy train: --optimizer "
+                    "sgd --momentum 0.9 --weight-decay 0)")
         return bind_facts(replace(self, normalizer=float(facts.normalizer)), facts)
 
     def second_moment_limit(self, plan: StepPlan) -> float:

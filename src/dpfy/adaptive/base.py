@@ -101,6 +101,8 @@ class RunFacts:
     accountant: str = "pld"
     max_grad_norm: float | None = None    # C (C_0 of a clip schedule); None: per-layer etc.
     num_groups: int | None = None         # clipping groups (layers) of the model
+    inner_optimizer: str | None = None    # class name of the torch optimizer make_private wraps
+    inner_hyperparameters: Mapping[str, Any] | None = None   # its first param group, minus params
 
     def differences(self, other: "RunFacts") -> list[str]:
         """The facts that differ, as ``name: mine vs other`` strings."""
