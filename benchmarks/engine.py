@@ -82,12 +82,16 @@ def nonprivate(name: str) -> Step:
     return step
 
 
-def dpfy_row(name: str, engine: str, seed: int | None = None) -> Step:
+def dpfy_row(name: str, engine: str, seed: int | None = None, method: str | None = None
+             ) -> Step:
     model, x, y = make_model(name)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    # adamwosm keeps its first moment in SGD's momentum buffer (it refuses anything else)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01,
+                          momentum=0.9 if method == "adamwosm" else 0.0)
     loader = DataLoader(TensorDataset(x, y), batch_size=BATCH)
     model, opt, dl = dpfy.make_private(model, opt, loader, noise_multiplier=SIGMA,
-                                       max_grad_norm=CLIP, engine=engine, seed=seed)
+                                       max_grad_norm=CLIP, engine=engine, seed=seed,
+                                       method=method)
 
     def step() -> None:
         dl.cursor.pending = 1  # as if the private loader had yielded (x, y): we time the step
@@ -143,6 +147,9 @@ def bench(name: str, rounds: int, rows: list[str], warm: int = 1
         "opacus hooks": lambda: opacus_row(name, "hooks"),
         "opacus ghost": lambda: opacus_row(name, "ghost"),
     }
+    for r in rows:   # "dpfy method=NAME": the default engine with an adaptive method
+        if r.startswith("dpfy method="):
+            makers[r] = lambda m=r.split("=", 1)[1]: dpfy_row(name, "auto", method=m)
     steps = {r: makers[r]() for r in rows}
     for s in steps.values():  # warm-up
         for _ in range(3):
@@ -183,7 +190,8 @@ def main() -> None:
     ap.add_argument("--rows", default="non-private,dpfy auto (default),dpfy auto seed=0,dpfy ghost,"
                                       "dpfy vmap,opacus hooks,opacus ghost",
                     help="comma-separated; dpfy rows use seed=None (secure noise, the default) "
-                         "except 'dpfy auto seed=0' (reproducible noise)")
+                         "except 'dpfy auto seed=0' (reproducible noise); 'dpfy method=NAME' "
+                         "runs the default engine with a registered adaptive method at σ = 1")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")

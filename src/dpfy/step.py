@@ -153,6 +153,7 @@ class StepSums:
                                      f"release, got none for {name!r} from {owner}")
             v = values[name]                                      # sensitive
             if spec.kind == "gradient":  # parameter-shaped: weights on the per-sample gradients
+                v = v.to(norms.total.dtype)  # the sums (and their noise) in the gradients' dtype
                 check_bound(v.square() * norms.total.square(), spec.sensitivity,
                             what=f"release {name!r}", owner=owner)
                 extra_weights.append({n: v for n in names})

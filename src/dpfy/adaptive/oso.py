@@ -81,13 +81,15 @@ class OSOState:
 
 
 def _dot_and_norms(a: Vector, b: Vector) -> tuple[float, float, float]:
-    """⟨a, b⟩, ‖a‖, ‖b‖ over all parameters, accumulated in float64."""
+    """⟨a, b⟩, ‖a‖, ‖b‖ over all parameters (per-tensor dots in the tensors' dtype, summed
+    in Python floats; no float64 copy of the parameters)."""
     dot = sq_a = sq_b = 0.0
     for n, x in a.items():
-        x, y = x.detach().double().flatten(), b[n].detach().double().flatten()
-        dot += float(x @ y)
-        sq_a += float(x @ x)
-        sq_b += float(y @ y)
+        x = x.detach().flatten()
+        y = b[n].detach().flatten().to(x.dtype)
+        dot += float(torch.dot(x, y))
+        sq_a += float(torch.dot(x, x))
+        sq_b += float(torch.dot(y, y))
     return dot, math.sqrt(sq_a), math.sqrt(sq_b)
 
 
