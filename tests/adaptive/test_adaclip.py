@@ -49,30 +49,30 @@ def _private(model, ds, method, *, lr=0.0, batch=10, **kw):
                                  DataLoader(ds, batch_size=batch), method=method, **kw)
 
 
-def test_the_papers_update_is_refused_until_the_step_can_map_the_release_back():
-    with pytest.raises(ValueError, match="^step_on must be 'standardized' .*no hook to map"):
-        make("adaclip")
-    with pytest.raises(ValueError, match="^step_on must be one of"):
-        AdaClip(step_on="nonsense")
+def test_the_papers_update_is_the_default_and_step_on_is_gone():
+    # The step now maps the release back (postprocess), so the standardized workaround is gone.
+    assert make("adaclip").initial_clip is None
+    with pytest.raises(ValueError, match="^options must be valid for method 'adaclip'"):
+        make("adaclip", step_on="standardized")
 
 
 @pytest.mark.parametrize("field,value", [("initial_clip", 0.0), ("mean_decay", 1.0),
                                          ("var_decay", -0.1), ("min_var", 0.0)])
 def test_config_rejects_bad_values(field, value):
     with pytest.raises(ValueError, match=f"^{field} must be"):
-        AdaClip(step_on="standardized", **{field: value})
+        AdaClip(**{field: value})
 
 
 def test_the_ghost_route_is_refused():
     ds, model, _ = _toy()
     with pytest.raises(ValueError, match="engine must be 'auto' or 'vmap'.*adaclip"):
-        _private(model, ds, make("adaclip", step_on="standardized"), noise_multiplier=1.0,
+        _private(model, ds, make("adaclip"), noise_multiplier=1.0,
                  max_grad_norm=1.0, engine="ghost", seed=0)
 
 
 def test_the_start_is_flat_clipping_at_c0():
     # s_0 = C_0²/d: b_0 = (C_0²/d)^{1/4} · (d · C_0/√d)^{1/2} = C_0 in every coordinate.
-    m = AdaClip(step_on="standardized", initial_clip=0.7)
+    m = AdaClip(initial_clip=0.7)
     a, b = m.shift_scale(m.init(), {"w": torch.Size([3, 4]), "b": torch.Size([3])})
     assert all(torch.equal(t, torch.zeros_like(t)) for t in a.values())
     assert all(torch.allclose(t, torch.full_like(t, 0.7)) for t in b.values())
@@ -94,24 +94,25 @@ def test_scale_minimises_the_noise_under_unit_expected_norm():
 def test_estimates_update_rule_on_hand_derived_numbers():
     # a = (0, 1), s = (1, 4): √s = (1, 2), Σ√s = 3, b = s^{1/4}·√3 = (√3, √6).
     # Released w̃ = (1, −0.75), B = 4, σ = 2, β₁ = β₂ = ½:
-    #   ĝ = b w̃ + a = (√3, 1 − 0.75√6)
+    #   ĝ = b w̃ + a = (√3, 1 − 0.75√6)          (postprocess; update reads ĝ)
     #   v = B (ĝ − a)² − b² σ²/B = b² (4 w̃² − 1) = (3·3, 6·1.25) = (9, 7.5)
     #   a' = ½ a + ½ ĝ = (√3/2, 1 − 0.375√6),   s' = ½ s + ½ v = (5, 5.75)
-    m = AdaClip(step_on="standardized", initial_clip=1.0, mean_decay=0.5, var_decay=0.5,
-                min_var=1e-3)
+    m = AdaClip(initial_clip=1.0, mean_decay=0.5, var_decay=0.5, min_var=1e-3)
     state = AdaClipState(mean={"w": torch.tensor([0.0, 1.0], dtype=torch.float64)},
                          var={"w": torch.tensor([1.0, 4.0], dtype=torch.float64)})
     _, b = m.shift_scale(state, {"w": torch.Size([2])})
     assert b["w"].tolist() == pytest.approx([math.sqrt(3), math.sqrt(6)])
     plan = StepPlan(0, 0.1, 2.0, 1.0)
-    w = {"w": torch.tensor([1.0, -0.75])}
-    assert m.released_gradient(state, w)["w"].tolist() == pytest.approx(
-        [math.sqrt(3), 1 - 0.75 * math.sqrt(6)])
-    new = m.update(state, Released(plan, 4.0, gradient=w))
+    w = {"w": torch.tensor([1.0, -0.75], dtype=torch.float64)}
+    g = m.postprocess(state, w, plan)
+    assert g["w"].dtype == torch.float64
+    assert g["w"].tolist() == pytest.approx([math.sqrt(3), 1 - 0.75 * math.sqrt(6)])
+    new = m.update(state, Released(plan, 4.0, gradient=g))
     assert new.mean["w"].tolist() == pytest.approx([math.sqrt(3) / 2, 1 - 0.375 * math.sqrt(6)])
     assert new.var["w"].tolist() == pytest.approx([5.0, 5.75])
-    # w̃ = 0: v = −b² < h₁ is clamped to h₁ = 1e-3: s' = ½ s + ½·1e-3; a' = a.
-    zero = m.update(state, Released(plan, 4.0, gradient={"w": torch.zeros(2)}))
+    # w̃ = 0: ĝ = a, v = −b² < h₁ is clamped to h₁ = 1e-3: s' = ½ s + ½·1e-3; a' = a.
+    zero = m.update(state, Released(plan, 4.0, gradient=m.postprocess(
+        state, {"w": torch.zeros(2)}, plan)))
     assert zero.var["w"].tolist() == pytest.approx([0.5005, 2.0005])
     assert zero.mean["w"].tolist() == pytest.approx([0.0, 1.0])
 
@@ -119,6 +120,7 @@ def test_estimates_update_rule_on_hand_derived_numbers():
 def test_transform_and_estimates_against_the_per_example_loop():
     # σ = 0 and lr = 0 (the model stays put): step 0 is flat clipping at C_0 in w = g/C_0;
     # step 1 standardizes with (a_1, b_1) derived here from step 0's release by the rule.
+    # update reads the mapped-back ĝ_t = b_t w̃ + a_t.
     c0, beta1, beta2, h1, h2 = 0.5, 0.9, 0.99, 1e-8, 1e2
     ds, model, ref = _toy()
     releases = []
@@ -130,7 +132,7 @@ def test_transform_and_estimates_against_the_per_example_loop():
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(AdaClip, "update", spy)
-        model, opt, dl = _private(model, ds, make("adaclip", step_on="standardized"),
+        model, opt, dl = _private(model, ds, make("adaclip"),
                                   noise_multiplier=0.0, max_grad_norm=c0, seed=0)
         big_b = opt.sampler.normalizer
         names = [n for n, _ in model.named_parameters()]
@@ -144,9 +146,9 @@ def test_transform_and_estimates_against_the_per_example_loop():
             if step == 1:
                 break
     w0 = oracles.clipped_sum({n: g / c0 for n, g in grads[0].items()}, 1.0)
+    g0 = {n: c0 * w0[n] / big_b for n in names}                        # ĝ_0 = b_0 w̃ + 0
     for n in names:
-        assert torch.allclose(releases[0][n], w0[n] / big_b, atol=1e-6)
-    g0 = {n: c0 * releases[0][n] for n in names}                       # ĝ_0 = b_0 w̃ + 0
+        assert torch.allclose(releases[0][n], g0[n], atol=1e-6)
     a1 = {n: (1 - beta1) * g0[n] for n in names}
     s1 = {n: beta2 * c0 ** 2 / d + (1 - beta2) * (big_b * g0[n] ** 2).clamp(h1, h2)
           for n in names}
@@ -154,8 +156,51 @@ def test_transform_and_estimates_against_the_per_example_loop():
     b1 = {n: s1[n] ** 0.25 * math.sqrt(total) for n in names}
     w1 = {n: (grads[1][n] - a1[n]) / b1[n] for n in names}               # (B, *θ) float64
     expected = oracles.clipped_sum(w1, 1.0)
-    for n in names:
-        assert torch.allclose(releases[1][n], expected[n] / big_b, atol=1e-5)
+    for n in names:                                                     # ĝ_1 = b_1 w̃ + a_1
+        assert torch.allclose(releases[1][n], b1[n] * expected[n] / big_b + a1[n], atol=1e-5)
+
+
+def test_the_optimizer_steps_on_the_map_back_against_the_per_example_loop():
+    # σ = 0, lr = 1, plain SGD: θ_t − θ_{t+1} = ĝ_t = b_t ⊙ (Σ_i ŵ_i)/B + a_t, derived here from
+    # the float64 per-example loop at the model's current parameters; a_t is added once per
+    # step (not n/B times: the batch size n is private and differs from B here).
+    c0, beta1, beta2, h1, h2 = 0.5, 0.9, 0.99, 1e-8, 1e2
+    ds, model, ref = _toy()
+    model, opt, dl = _private(model, ds, make("adaclip"), lr=1.0, noise_multiplier=0.0,
+                              max_grad_norm=c0, seed=1)
+    big_b = opt.sampler.normalizer
+    names = [n for n, _ in model.named_parameters()]
+    d = sum(p.numel() for p in model.parameters())
+    a = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in model.named_parameters()}
+    s = {n: torch.full_like(p, c0 ** 2 / d, dtype=torch.float64)
+         for n, p in model.named_parameters()}
+    sizes, moved = [], []
+    for step, (x, y) in enumerate(dl):
+        with torch.no_grad():                                  # ref at the current θ
+            live = dict(model.named_parameters())
+            for n, p in ref.named_parameters():
+                p.copy_(live[n])
+        g = oracles.per_example_grads(ref, x, y, SUM)           # (n, *θ) float64
+        b = scale_from_variance(s)
+        wsum = oracles.clipped_sum({n: (g[n] - a[n]) / b[n] for n in names}, 1.0)
+        want = {n: b[n] * wsum[n] / big_b + a[n] for n in names}   # ĝ_t, a_t added once
+        before = {n: p.detach().double().clone() for n, p in model.named_parameters()}
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        for n, p in model.named_parameters():
+            assert torch.allclose(before[n] - p.detach().double(), want[n], atol=1e-5), (step, n)
+        moved.append(max(float((before[n] - p.detach().double()).abs().max())
+                         for n, p in model.named_parameters()))
+        sizes.append(len(y))
+        for n in names:                                         # the rule, on ĝ_t (σ = 0)
+            v = (big_b * (want[n] - a[n]) ** 2).clamp(h1, h2)
+            a[n] = beta1 * a[n] + (1 - beta1) * want[n]
+            s[n] = beta2 * s[n] + (1 - beta2) * v
+        if step == 3:
+            break
+    assert opt.step_count == 4 and min(moved) > 1e-3             # the steps really moved θ
+    assert any(n != big_b for n in sizes[1:])                   # n ≠ B while a_t ≠ 0
 
 
 def test_end_to_end_the_sensitivity_check_passes_every_step_and_bites():
@@ -170,7 +215,7 @@ def test_end_to_end_the_sensitivity_check_passes_every_step_and_bites():
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(dpfy.step, "check_bound", spy)
-        model, opt, dl = _private(model, ds, make("adaclip", step_on="standardized"), lr=0.1,
+        model, opt, dl = _private(model, ds, make("adaclip"), lr=0.1,
                                   noise_multiplier=1.0, max_grad_norm=1.0, seed=2)
         for _ in range(2):
             for x, y in dl:
@@ -187,7 +232,7 @@ def test_end_to_end_the_sensitivity_check_passes_every_step_and_bites():
             return Clip(2 * torch.clamp(1.0 / norms.total, max=1.0), sensitivity=1.0)
 
     ds, model, _ = _toy()
-    model, opt, dl = _private(model, ds, Loose(step_on="standardized"), noise_multiplier=1.0,
+    model, opt, dl = _private(model, ds, Loose(), noise_multiplier=1.0,
                               max_grad_norm=1.0, seed=2)
     x, y = next(iter(dl))
     F.cross_entropy(model(x), y).backward()
@@ -198,7 +243,7 @@ def test_end_to_end_the_sensitivity_check_passes_every_step_and_bites():
 def test_epsilon_equals_dp_accounting_on_the_ledgers_events():
     # AdaClip adds no release: each step is one Poisson-sampled Gaussian at the run's σ.
     ds, model, _ = _toy(n=60)
-    model, opt, dl = _private(model, ds, make("adaclip", step_on="standardized"), lr=0.1,
+    model, opt, dl = _private(model, ds, make("adaclip"), lr=0.1,
                               batch=15, noise_multiplier=1.3, epochs=2, max_grad_norm=1.0,
                               seed=3, accountant="pld")
     for _ in range(2):

@@ -30,7 +30,6 @@ OPTIONS = {                       # the smallest options each key needs
     "plateau": dict(initial=2.0),
     "dynamic": dict(preset="dynamic", stages=2),
     "clip_schedule": dict(kind="exponential", initial=1.0, rate=0.9),
-    "adaclip": dict(step_on="standardized"),
 }
 # The inner optimizer each key needs (adamwosm keeps its first moment in SGD's momentum).
 OPTIMIZERS = {"adamwosm": dict(momentum=0.9)}

@@ -9,12 +9,20 @@ vectors a_t (shift) and b_t > 0 (scale), built only from earlier releases:
     w_i  = (g_i − a_t) / b_t                     per-sample, element-wise (the ``transform``)
     ŵ_i  = w_i / max(1, ‖w_i‖₂)                  clipped at norm 1: sensitivity Δ = 1
     S̃    = Σ_i ŵ_i + N(0, σ_t² I)                the one release of the step (noise std σ_t·1)
-    w̃    = S̃ / b                                 b = the public expected batch size
+    w̃    = S̃ / B                                 B = the public expected batch size
     ĝ_t  = b_t ⊙ w̃ + a_t                         post-processing: the gradient estimate
 
 Adding or removing one example moves S by ‖ŵ_i‖ ≤ 1, so the step is one Gaussian mechanism at
-noise multiplier σ_t on a Poisson sample, exactly what plain DP-SGD at σ_t spends; the
-estimates below read only ĝ_t (post-processing), so AdaClip adds no release.
+noise multiplier σ_t on a Poisson sample, exactly what plain DP-SGD at σ_t spends; the map back
+and the estimates below read only w̃ (post-processing), so AdaClip adds no release.
+
+The map back is ``postprocess``: the step hands it w̃ = S̃/B right after the noise, and the
+inner optimizer steps on ĝ_t (Pichapati et al.'s update); ``Released.gradient``, which
+``update`` reads, is then ĝ_t. The shift a_t is added **once per step**, to the mean: for
+unclipped examples b_t ⊙ S/B = Σ_i g_i/B − (n/B)·a_t with n the (private) number of examples
+in the batch, so ĝ_t = Σ_i g_i/B + (1 − n/B)·a_t. Poisson sampling gives E[n] = B, so ĝ_t is
+unbiased for the mean gradient (exactly Σ_i g_i/B when n = B); adding n·a_t/B instead would
+read the private n. Noise in ĝ_t: b_{t,j} σ_t / B in coordinate j.
 
 The digest gives no rule for a_t and b_t ("consult [5]"; its note: running estimates of the
 coordinate-wise mean and spread from already-privatised values). This file uses the following,
@@ -25,23 +33,20 @@ derived here (hyperparameters β₁, β₂, h₁, h₂ are this file's, not the 
     s_{t+1} = β₂ s_t + (1 − β₂) v_t
     b_{t+1} = s^{1/4} · (Σ_k √s_k)^{1/2}     (over every coordinate of every parameter)
 
-v_t: ĝ_t − a_t = (ḡ_t − a_t) + b_t ⊙ noise/B (unclipped examples), whose square has mean
-Var(g_ij)/B + (bias)² + b_j² σ²/B²; removing the known noise term and multiplying by B gives
-the per-example variance. b_{t+1} minimises the noise the map back adds, σ² Σ_j b_j², subject
-to E‖w_i‖² = Σ_j s_j / b_j² = 1 (Lagrange: b_j² ∝ √s_j). Start: a_0 = 0 and s_0 = C_0²/d
-(d parameters), so b_0 = C_0 everywhere and the first step is flat clipping at C_0.
-
-**The map back needs a hook the step does not have.** The step sets p.grad = w̃ and the inner
-optimizer steps on it before ``update`` runs; ``plan.lr_scale`` is one scalar, so neither the
-coordinate-wise scale b_t nor the shift a_t can be applied. Until the step offers a
-post-release transform of the released gradient, the paper's update (step on ĝ_t) is refused:
-``step_on="standardized"`` must be given, and the inner optimizer then steps on w̃ itself
-(private — post-processing of the release — but not Pichapati et al.'s update).
-``released_gradient`` is the map back such a hook would apply.
+v_t: ĝ_t − a_t = b_t ⊙ w̃ = Σ_i (g_i − a_t)/B + b_t ⊙ noise/B (unclipped examples). Over a
+Poisson sample at rate q its square has mean (ḡ − a_t)² + (1 − q)·E_k(g_kj − a_tj)²/B
++ b_j² σ²/B²; removing the known noise term and multiplying by B gives
+(1 − q)·Var(g_kj) + (B + 1 − q)·(ḡ_j − a_tj)²: the per-example variance when a_t tracks the
+mean and q is small (a lagging a_t inflates it, so b_t grows and less is clipped).
+b_{t+1} minimises the noise the map back adds, σ² Σ_j b_j², subject to
+E‖w_i‖² = Σ_j s_j / b_j² = 1 (Lagrange: b_j² ∝ √s_j). Start: a_0 = 0 and s_0 = C_0²/d
+(d parameters), so b_0 = C_0 everywhere and the first step is flat clipping at C_0 (ĝ_0 is
+then plain DP-SGD's released gradient at clip C_0).
 
 Memory: materialized per-sample gradients only (the ghost route is refused by make_private):
-B × P floats for the per-sample gradients plus B × P for their transform (peak ≈ 2·B·P for a
-physical batch of B examples and P parameters), and 2·P float64 for a_t, s_t.
+m × P floats for the per-sample gradients plus m × P for their transform (peak ≈ 2·m·P for a
+physical batch of m examples and P parameters), 2·P float64 for a_t, s_t, and at release
+≈ 2·P float64 transient (b_t and ĝ_t, in ``postprocess`` and again in ``update``).
 
 Releases per step: the clipped sum of the standardized per-sample gradients Σ_i ŵ_i (Δ = 1,
 noise multiplier σ_t); a_t, s_t are post-processing.
@@ -51,7 +56,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Literal, Mapping
+from typing import Mapping
 
 import torch
 
@@ -86,10 +91,9 @@ def scale_from_variance(var: Tensors) -> dict[str, torch.Tensor]:
 class AdaClip(Method[AdaClipState]):
     """AdaClip's coordinate-wise adaptive clipping (see the module docstring).
 
+    The inner optimizer steps on ĝ_t = b_t ⊙ w̃ + a_t (``postprocess``), the paper's update.
+
     Args:
-      step_on: what the inner optimizer steps on. ``"gradient"`` (the paper: ĝ = b ⊙ w̃ + a)
-        needs a post-release hook the step lacks and is refused; ``"standardized"`` steps on
-        w̃ (private, not the paper's update).
       initial_clip: C_0 > 0: the first step is flat clipping at C_0. None: the run's
         ``max_grad_norm``, set by ``make_private``.
       mean_decay: β₁ in [0, 1) of the mean estimate a_t.
@@ -101,7 +105,6 @@ class AdaClip(Method[AdaClipState]):
     multiplier σ_t); the estimates a_t, s_t are post-processing of it.
     """
 
-    step_on: Literal["gradient", "standardized"] = "gradient"
     initial_clip: float | None = None
     mean_decay: float = 0.9
     var_decay: float = 0.99
@@ -112,13 +115,6 @@ class AdaClip(Method[AdaClipState]):
     needs = Needs(per_sample_grads=True)
 
     def __post_init__(self) -> None:
-        require(self.step_on in ("gradient", "standardized"), "step_on", self.step_on,
-                "one of ['gradient', 'standardized']")
-        require(self.step_on == "standardized", "step_on", self.step_on,
-                "'standardized' (dpfy's step has no hook to map the released gradient back "
-                "to b ⊙ w̃ + a before the inner optimizer steps)",
-                "Pass step_on='standardized' (--method-options step_on=standardized) to step "
-                "on the standardized noisy mean w̃: private, but not Pichapati et al.'s update")
         if self.initial_clip is not None:
             require(self.initial_clip > 0, "initial_clip", self.initial_clip, "> 0")
         require(0 <= self.mean_decay < 1, "mean_decay", self.mean_decay, "in [0, 1)")
@@ -161,41 +157,35 @@ class AdaClip(Method[AdaClipState]):
 
     def transform(self, state: AdaClipState, per_sample: Tensors, plan: StepPlan
                   ) -> dict[str, torch.Tensor]:
-        """w_i = (g_i − a_t) / b_t for every per-sample gradient {name: (B, *θ)}; sensitive."""
+        """w_i = (g_i − a_t) / b_t for every per-sample gradient {name: (m, *θ)}; sensitive."""
         a, b = self.shift_scale(state, {n: g.shape[1:] for n, g in per_sample.items()})
         return {n: (g - a[n].to(g)) / b[n].to(g) for n, g in per_sample.items()}
 
-    def released_gradient(self, state: AdaClipState, standardized: Tensors
-                          ) -> dict[str, torch.Tensor]:
-        """ĝ = b_t ⊙ w̃ + a_t from the released standardized mean w̃ (post-processing): what a
-        post-release hook would hand the inner optimizer."""
-        a, b = self.shift_scale(state, {n: w.shape for n, w in standardized.items()})
-        return _map_back(a, b, standardized)
+    def postprocess(self, state: AdaClipState, gradient: Tensors, plan: StepPlan
+                    ) -> dict[str, torch.Tensor]:
+        """ĝ_t = b_t ⊙ w̃ + a_t from the released standardized mean w̃ = S̃/B (post-processing;
+        a_t added once per step, module docstring): what the inner optimizer steps on."""
+        a, b = self.shift_scale(state, {n: w.shape for n, w in gradient.items()})
+        return {n: (b[n] * w.double() + a[n]).to(w.dtype) for n, w in gradient.items()}
 
     def plan(self, state: AdaClipState, plan: StepPlan) -> StepPlan:
         return replace(plan, clip=1.0)
 
     def clipping(self, state: AdaClipState, norms: Norms, plan: StepPlan) -> Clip:
         # norms are those of the transformed w_i: clip each at norm 1.
-        return Clip(torch.clamp(1.0 / norms.total, max=1.0), sensitivity=1.0)  # (B,) sensitive
+        return Clip(torch.clamp(1.0 / norms.total, max=1.0), sensitivity=1.0)  # (m,) sensitive
 
     def update(self, state: AdaClipState, released: Released) -> AdaClipState:
         """a_{t+1}, s_{t+1} from the released gradient only (module docstring)."""
-        w = released.gradient                                 # released: w̃ = S̃ / b
-        a, var = self.estimates(state, {n: t.shape for n, t in w.items()})
-        b = scale_from_variance(var)
-        g = _map_back(a, b, w)                                # ĝ_t, post-processing
+        g = {n: t.double() for n, t in released.gradient.items()}   # ĝ_t (after postprocess)
+        a, var = self.estimates(state, {n: t.shape for n, t in g.items()})
+        b = scale_from_variance(var)                          # b_t: the one ĝ_t was mapped with
         big_b = released.expected_batch_size                  # public
         sigma = float(released.plan.noise_multiplier)
         b1, b2 = self.mean_decay, self.var_decay
         new_mean, new_var = {}, {}
-        for n in w:
+        for n in g:
             v = big_b * (g[n] - a[n]).square() - b[n].square() * sigma ** 2 / big_b
             new_mean[n] = b1 * a[n] + (1 - b1) * g[n]
             new_var[n] = b2 * var[n] + (1 - b2) * v.clamp(self.min_var, self.max_var)
         return AdaClipState(mean=new_mean, var=new_var)
-
-
-def _map_back(a: Tensors, b: Tensors, standardized: Tensors) -> dict[str, torch.Tensor]:
-    """b ⊙ w̃ + a, element-wise (digest 000 §2.6, erratum 8), float64."""
-    return {n: b[n] * w.double() + a[n] for n, w in standardized.items()}
