@@ -6,6 +6,13 @@ Give three of {noise multiplier, sample rate, steps}; the missing one is solved:
     dpfy calibrate --target-epsilon 3 --delta 1e-5 --noise-multiplier 1 --steps 3000   # q
     dpfy calibrate --target-epsilon 3 --delta 1e-5 --noise-multiplier 1 --sample-rate 0.004
 
+With ``--grid-runs K`` the noise multiplier is calibrated for a grid of K configurations under
+one budget (digest 002 §3.3, per-grid ε): K runs of T steps each, composed, spend the target;
+each run gets the share of one run out of K:
+
+    dpfy calibrate --target-epsilon 3 --delta 1e-5 --sample-rate 0.008533 --steps 1172 \
+        --grid-runs 49                                             # σ = 3.141 (RDP)
+
 The GDP CLT is an approximation that can under-report ε, so ``--accountant gdp`` is refused
 unless ``--approximate`` is given (to reproduce a paper's GDP calibration); the answer then
 also states the rigorous PLD ε of the calibrated run. Targets above ε = 100 are refused (see
@@ -24,6 +31,7 @@ from dpfy.privacy.accountants import ACCOUNTANTS, accountant_label, epsilon
 from dpfy.privacy.calibration import (calibrate_noise_multiplier, calibrate_sample_rate,
                                       calibrate_steps)
 from dpfy.privacy.ledger import Ledger, Sampling
+from dpfy.privacy.tuning import calibrate_grid_noise_multiplier, composed_runs
 
 __all__ = ["register", "run"]
 
@@ -39,6 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_run_shape_arguments(p)
     p.add_argument("--noise-multiplier", type=float, metavar="S",
                    help="give σ to solve for the sample rate or the number of steps instead")
+    p.add_argument("--grid-runs", type=int, metavar="K",
+                   help="calibrate σ so that K runs (a hyperparameter grid of K configurations, "
+                        "each of the given run shape) together spend the target ε")
     p.add_argument("--accountant", choices=ACCOUNTANTS, default="rdp",
                    help="rdp (default), pld, or gdp (an approximation; needs --approximate)")
     p.add_argument("--approximate", action="store_true",
@@ -53,7 +64,17 @@ def run(args: argparse.Namespace) -> int:
     common = dict(target_epsilon=args.target_epsilon, delta=args.delta,
                   accountant=args.accountant, sampling=sampling,
                   dataset_size=args.dataset_size, approximate=args.approximate)
-    if args.noise_multiplier is None:
+    runs = args.grid_runs
+    if runs is not None:
+        require(runs >= 1, "grid_runs", runs, "an integer >= 1 (configurations in the grid)")
+        require(args.noise_multiplier is None, "--noise-multiplier", args.noise_multiplier,
+                "omitted with --grid-runs (it solves for the noise multiplier)",
+                "Give --sample-rate and --steps (or --batch-size, --dataset-size, --epochs)")
+    if runs is not None:
+        q, steps = resolve_run_shape(args)
+        sigma = calibrate_grid_noise_multiplier(sample_rate=q, steps=steps, runs=runs, **common)
+        solved = "noise_multiplier"
+    elif args.noise_multiplier is None:
         q, steps = resolve_run_shape(args)
         sigma = calibrate_noise_multiplier(sample_rate=q, steps=steps, **common)
         solved = "noise_multiplier"
@@ -73,6 +94,9 @@ def run(args: argparse.Namespace) -> int:
             solved = "steps"
     ledger = Ledger.homogeneous(sample_rate=q, noise_multiplier=sigma, steps=steps,
                                 sampling=sampling, dataset_size=args.dataset_size)
+    single_run = ledger
+    if runs is not None:
+        ledger = composed_runs(single_run, runs)     # the ledger the whole grid writes
     reached = epsilon(ledger, delta=args.delta, accountant=args.accountant)
     out: dict[str, Any] = {"solved": solved, "noise_multiplier": sigma, "sample_rate": q,
                            "steps": steps, "epsilon": reached, "target_epsilon":
@@ -80,6 +104,15 @@ def run(args: argparse.Namespace) -> int:
                            "accountant": args.accountant,
                            "accountant_label": accountant_label(args.accountant),
                            "approximate": args.accountant == "gdp", "sampling": sampling.value}
+    if runs is not None:
+        # "epsilon" is the whole grid's; each run alone spends the per-run share below (at the
+        # same δ; under composition it is more than target/K).
+        out["runs"] = runs
+        out["steps_per_run"] = steps
+        out["total_steps"] = ledger.num_steps
+        out["epsilon_per_run"] = epsilon(single_run, delta=args.delta,
+                                         accountant=args.accountant)
+        out["budget_share_per_run"] = 1.0 / runs   # each run is 1/K of the composition
     if args.accountant == "gdp":
         out["epsilon_pld"] = epsilon(ledger, delta=args.delta, accountant="pld")
     if args.dataset_size and solved == "sample_rate":
@@ -87,8 +120,14 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out))
         return 0
-    rigorous = (f"; rigorous PLD ε of this run = {out['epsilon_pld']:.4g}"
-                if "epsilon_pld" in out else "")
+    rigorous = (f"; rigorous PLD ε of this {'grid' if runs is not None else 'run'} = "
+                f"{out['epsilon_pld']:.4g}" if "epsilon_pld" in out else "")
+    if runs is not None:
+        print(f"{solved} = {out[solved]:.6g}: {runs} runs × {steps} steps at q = {q:.6g} with "
+              f"σ = {sigma:.6g} spend ε = {reached:.4g} ≤ {args.target_epsilon:g} at "
+              f"δ = {args.delta:.3g} together (one run alone: ε = "
+              f"{out['epsilon_per_run']:.4g}) [{out['accountant_label']}]{rigorous}")
+        return 0
     print(f"{solved} = {out[solved]:.6g}: {steps} steps at q = {q:.6g} with σ = {sigma:.6g} "
           f"spend ε = {reached:.4g} ≤ {args.target_epsilon:g} at δ = {args.delta:.3g} "
           f"[{out['accountant_label']}]{rigorous}")

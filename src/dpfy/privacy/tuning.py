@@ -5,6 +5,10 @@ Appendix C). dpfy offers the options the guide compares:
 
 - :func:`composed_runs`: k runs composed (RDP or PLD composition of their ledgers). Always valid,
   also for adaptive (e.g. Bayesian) tuning.
+- :func:`calibrate_grid_noise_multiplier`: the per-grid budget of digest 002 §3.3 (after
+  Mohapatra et al. 2022): σ such that *all* ``runs`` runs of a grid, composed, spend the target
+  ε; each run gets the budget of one run out of ``runs``. :func:`log_grid` is 002's grid
+  (``np.logspace`` with both endpoints included).
 - :func:`repeat_and_select_epsilon`: Papernot & Steinke (2022): run a *random* number K of
   trials, each with a configuration drawn independently (with replacement) from a fixed list,
   and release only the best. K is logarithmic (η = 0), geometric (η = 1), truncated negative
@@ -27,7 +31,7 @@ Group privacy: (ε, δ)-DP for one example implies (kε, δ·Σ_{i<k} e^{iε})-D
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Callable, Literal
 
 import dp_accounting
 import numpy as np
@@ -38,12 +42,16 @@ from scipy import optimize
 from dpfy._require import require
 from dpfy.privacy import pld as _pld
 from dpfy.privacy import rdp as _rdp
+from dpfy.privacy.accountants import epsilon as _ledger_epsilon
 from dpfy.privacy.accountants import pld_discretization, prepare
-from dpfy.privacy.ledger import Ledger
+from dpfy.privacy.calibration import (MAX_NOISE_MULTIPLIER, _below_pld_floor, _check_common,
+                                      _check_rate, _check_steps, _gdp_sigma_guess,
+                                      _sigma_floor, _solve_decreasing)
+from dpfy.privacy.ledger import Ledger, Sampling
 
-__all__ = ["DISTRIBUTIONS", "composed_runs", "repeat_and_select_epsilon", "tnb_gamma",
-           "num_trials_pmf", "sample_num_trials", "exponential_mechanism_epsilon",
-           "group_privacy"]
+__all__ = ["DISTRIBUTIONS", "composed_runs", "log_grid", "calibrate_grid_noise_multiplier",
+           "repeat_and_select_epsilon", "tnb_gamma", "num_trials_pmf", "sample_num_trials",
+           "exponential_mechanism_epsilon", "group_privacy"]
 
 Distribution = Literal["logarithmic", "geometric", "truncated_negative_binomial", "poisson"]
 DISTRIBUTIONS = ("logarithmic", "geometric", "truncated_negative_binomial", "poisson")
@@ -67,6 +75,76 @@ def composed_runs(single_run: Ledger, runs: int) -> Ledger:
     for _ in range(runs):
         out.extend(single_run)
     return out
+
+
+def log_grid(lo: float, hi: float, num: int) -> np.ndarray:
+    """``num`` values log-uniformly spaced from 10**lo to 10**hi, both included (``np.logspace``).
+
+    Digest 002 §3.3: ``log_grid(-2.5, 1.5, 7)`` is its learning-rate grid (0.0031623 …
+    31.6227766) and ``log_grid(-2, 2, 7)`` its clipping-threshold grid (0.01 … 100).
+    """
+    require(isinstance(lo, (int, float)) and math.isfinite(lo), "lo", lo,
+            "a finite exponent (the grid starts at 10**lo)")
+    require(isinstance(hi, (int, float)) and math.isfinite(hi), "hi", hi,
+            "a finite exponent (the grid ends at 10**hi)")
+    require(isinstance(num, int) and not isinstance(num, bool) and num >= 1, "num", num,
+            "an integer >= 1")
+    return np.logspace(lo, hi, num)
+
+
+def calibrate_grid_noise_multiplier(*, target_epsilon: float, delta: float, sample_rate: float,
+                                    steps: int, runs: int, accountant: str = "rdp",
+                                    sampling: Sampling = Sampling.POISSON,
+                                    dataset_size: int | None = None, tol: float = 1e-3,
+                                    approximate: bool = False) -> float:
+    """Smallest σ (to relative ``tol``) such that ``runs`` runs of ``steps`` steps spend ≤ target.
+
+    The per-grid budget of digest 002 §3.3 (Mohapatra et al. 2022): a grid of ``runs``
+    configurations, each trained with noise multiplier σ for ``steps`` identical steps at
+    ``sample_rate``, is one data access; the ledger it writes is :func:`composed_runs` of one
+    run's ledger, and σ is searched so that this whole ledger spends at most ``target_epsilon``
+    at ``delta`` (the result is on the safe side, as in
+    :func:`dpfy.privacy.calibration.calibrate_noise_multiplier`, whose other arguments this
+    shares). ``runs=1`` is that function's answer. Seeds of one configuration are not charged by
+    002's protocol; if they are released or selected on, count them in ``runs``.
+
+    Digest 002 §4.7 (ε = 3, δ = 1e-5, q = 0.008533, T = 1172, RDP): σ = 1.358 for 7 runs,
+    2.683 for 35, 3.141 for 49 (one run: 0.837).
+    """
+    _check_common(target_epsilon, delta, accountant, approximate)
+    _check_rate(sample_rate)
+    _check_steps(steps)
+    require(isinstance(runs, int) and not isinstance(runs, bool) and runs >= 1, "runs", runs,
+            "an integer >= 1 (the number of configurations in the grid)")
+
+    def eps_with(name: str) -> Callable[[float], float]:
+        def eps(sigma: float) -> float:
+            one = Ledger.homogeneous(sample_rate=sample_rate, noise_multiplier=sigma,
+                                     steps=steps, sampling=sampling, dataset_size=dataset_size)
+            return _ledger_epsilon(composed_runs(one, runs), delta=delta, accountant=name)
+        return eps
+
+    def fail() -> None:
+        require(False, "target_epsilon", target_epsilon,
+                f"reachable by {runs} composed runs with a noise multiplier below "
+                f"{MAX_NOISE_MULTIPLIER:g}",
+                "Raise the target ε or δ, use a smaller grid (fewer runs), or lower the sample "
+                "rate or the number of steps")
+
+    floor = _sigma_floor(accountant, sampling)
+    # A starting point only (GDP CLT of runs·steps homogeneous steps); the ledger's ε decides.
+    guess = _gdp_sigma_guess(target_epsilon, delta, sample_rate, steps * runs)
+    bracket = None
+    if accountant == "pld" and sampling is Sampling.POISSON:
+        # RDP bounds PLD from above, so RDP's σ is a safe upper end (checked by the search).
+        rdp_sigma = _solve_decreasing(eps_with("rdp"), target_epsilon, guess, rel_tol=tol,
+                                      x_max=MAX_NOISE_MULTIPLIER, fail=fail)
+        if rdp_sigma < floor:
+            _below_pld_floor(target_epsilon, floor)
+        bracket = (min(guess, rdp_sigma) * 0.98, rdp_sigma)
+    return _solve_decreasing(eps_with(accountant), target_epsilon, guess, rel_tol=tol,
+                             x_max=MAX_NOISE_MULTIPLIER, fail=fail, bracket=bracket,
+                             x_min=floor, fail_low=lambda: _below_pld_floor(target_epsilon, floor))
 
 
 def tnb_gamma(mean: float, shape: float) -> float:

@@ -1,0 +1,138 @@
+"""Per-grid budgets (issue 11; digest 002 §3.3, §4.6, §4.7): log_grid, grid σ, `--grid-runs`.
+
+ε checks here use dp_accounting directly on the composed events, not dpfy's accountants.
+"""
+
+import json
+
+import dp_accounting
+import numpy as np
+import pytest
+
+from dpfy.cli import main
+from dpfy.privacy.calibration import calibrate_noise_multiplier
+from dpfy.privacy.tuning import calibrate_grid_noise_multiplier, log_grid
+
+# 002 §4.7, Fashion-MNIST (and MNIST): q = 512/60000, T = round(10·60000/512), δ = 1e-5, RDP.
+Q, T, DELTA, EPS = 0.008533, 1172, 1e-5, 3.0
+TOL = 1e-3      # calibrate_grid_noise_multiplier's default relative tolerance on σ
+
+
+def _rdp_epsilon(sigma: float, total_steps: int, q: float = Q) -> float:
+    """dp_accounting's RDP ε of ``total_steps`` Poisson-subsampled Gaussian steps."""
+    acc = dp_accounting.rdp.RdpAccountant()
+    acc.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)),
+                total_steps)
+    return acc.get_epsilon(DELTA)
+
+
+def test_log_grid_matches_002_section_4_6():
+    np.testing.assert_allclose(
+        log_grid(-2.5, 1.5, 7),
+        [0.0031623, 0.0146780, 0.0681292, 0.3162278, 1.4677993, 6.8129207, 31.6227766],
+        rtol=0, atol=5.1e-8)
+    np.testing.assert_allclose(
+        log_grid(-2, 2, 7),
+        [0.01, 0.0464159, 0.2154435, 1, 4.6415888, 21.5443469, 100], rtol=0, atol=5.1e-8)
+    np.testing.assert_array_equal(log_grid(-2, 2, 5), np.logspace(-2, 2, 5))
+    assert list(log_grid(0, 3, 1)) == [1.0]
+
+
+@pytest.mark.parametrize("bad", [dict(lo=0, hi=1, num=0), dict(lo=0, hi=1, num=2.0),
+                                 dict(lo=float("nan"), hi=1, num=3)])
+def test_log_grid_refuses_bad_input(bad):
+    with pytest.raises(ValueError):
+        log_grid(**bad)
+
+
+@pytest.mark.parametrize("runs, paper_sigma", [(7, 1.358), (35, 2.683), (49, 3.141)])
+def test_grid_sigma_matches_002_derived_noise_multipliers(runs, paper_sigma):
+    sigma = calibrate_grid_noise_multiplier(target_epsilon=EPS, delta=DELTA, sample_rate=Q,
+                                            steps=T, runs=runs, accountant="rdp")
+    assert sigma == pytest.approx(paper_sigma, rel=0.01)
+    # The whole grid's ledger spends at most the target, and σ is the smallest such value to
+    # within the search tolerance (σ/(1 + tol) overspends), both by dp_accounting directly.
+    assert _rdp_epsilon(sigma, runs * T) <= EPS
+    assert _rdp_epsilon(sigma / (1 + TOL), runs * T) > EPS
+    assert _rdp_epsilon(sigma, runs * T) == pytest.approx(EPS, rel=2e-3)
+
+
+def test_one_run_is_the_ordinary_calibration():
+    kwargs = dict(target_epsilon=EPS, delta=DELTA, sample_rate=Q, steps=T)
+    assert calibrate_grid_noise_multiplier(runs=1, **kwargs) == pytest.approx(
+        calibrate_noise_multiplier(**kwargs), rel=TOL)
+    assert calibrate_grid_noise_multiplier(runs=1, **kwargs) == pytest.approx(0.837, rel=0.01)
+
+
+def test_pld_grid_sigma_is_safe_and_below_rdp():
+    rdp = calibrate_grid_noise_multiplier(target_epsilon=EPS, delta=DELTA, sample_rate=Q,
+                                          steps=T, runs=7, accountant="rdp")
+    pld = calibrate_grid_noise_multiplier(target_epsilon=EPS, delta=DELTA, sample_rate=Q,
+                                          steps=T, runs=7, accountant="pld")
+    assert pld < rdp
+    acc = dp_accounting.pld.PLDAccountant(dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
+                                          value_discretization_interval=1e-4)
+    acc.compose(dp_accounting.PoissonSampledDpEvent(Q, dp_accounting.GaussianDpEvent(pld)),
+                7 * T)
+    assert acc.get_epsilon(DELTA) <= EPS * (1 + 1e-3)
+
+
+def test_gdp_is_refused_unless_approximate():
+    kwargs = dict(target_epsilon=EPS, delta=DELTA, sample_rate=Q, steps=T, runs=7,
+                  accountant="gdp")
+    with pytest.raises(ValueError, match="approximate"):
+        calibrate_grid_noise_multiplier(**kwargs)
+    assert calibrate_grid_noise_multiplier(approximate=True, **kwargs) > 0
+
+
+@pytest.mark.parametrize("runs", [0, 2.5, True])
+def test_bad_runs_are_refused(runs):
+    with pytest.raises(ValueError, match="runs"):
+        calibrate_grid_noise_multiplier(target_epsilon=EPS, delta=DELTA, sample_rate=Q,
+                                        steps=T, runs=runs)
+
+
+def test_unreachable_target_says_what_to_change():
+    with pytest.raises(ValueError, match="fewer runs"):
+        calibrate_grid_noise_multiplier(target_epsilon=1e-3, delta=1e-12, sample_rate=1.0,
+                                        steps=10 ** 6, runs=10, accountant="rdp")
+
+
+CLI = ["calibrate", "--target-epsilon", "3", "--delta", "1e-5", "--sample-rate", str(Q),
+       "--steps", str(T)]
+
+
+def test_cli_grid_runs_json(capsys):
+    assert main(CLI + ["--grid-runs", "7", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["runs"] == 7 and out["steps"] == T and out["total_steps"] == 7 * T
+    assert out["noise_multiplier"] == pytest.approx(1.358, rel=0.01)
+    assert out["epsilon"] == pytest.approx(_rdp_epsilon(out["noise_multiplier"], 7 * T))
+    assert out["epsilon"] <= 3
+    assert out["epsilon_per_run"] == pytest.approx(_rdp_epsilon(out["noise_multiplier"], T))
+    assert out["epsilon_per_run"] < out["epsilon"]
+    assert out["budget_share_per_run"] == pytest.approx(1 / 7)
+
+
+def test_cli_without_grid_runs_is_unchanged(capsys):
+    assert main(CLI + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "runs" not in out and "epsilon_per_run" not in out
+    assert out["noise_multiplier"] == pytest.approx(0.837, rel=0.01)
+
+
+def test_cli_grid_runs_text(capsys):
+    assert main(CLI + ["--grid-runs", "49"]) == 0
+    text = capsys.readouterr().out
+    assert "49 runs × 1172 steps" in text and "σ = 3.14" in text
+
+
+@pytest.mark.parametrize("extra", [["--grid-runs", "0"],
+                                   ["--grid-runs", "7", "--noise-multiplier", "1"]])
+def test_cli_grid_runs_bad_input_exits_2(extra, capsys):
+    argv = CLI + extra
+    if "--noise-multiplier" in extra:
+        argv = [a for a in argv if a not in ("--steps", str(T))]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "must be" in err[0]
