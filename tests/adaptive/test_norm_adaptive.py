@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 
-import dp_accounting
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,6 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
+from ledger_events import dp_accounting_epsilon
 from dpfy.adaptive import Released, make
 from dpfy.adaptive.base import Norms, RunFacts
 from dpfy.adaptive.norm_adaptive import NormAdaptiveClipping
@@ -119,18 +119,12 @@ def _run(method, *, epochs=2, **kw):
 
 def test_epsilon_equals_dp_accounting_on_the_composed_events():
     opt, _, _ = _run("norm_adaptive", noise_multiplier=1.0, accountant="rdp")
-    # Both releases of a step see the same Poisson sample: one Gaussian with
-    # σ_eff = (Σ_r σ_r⁻²)^(−1/2) (whiten each part by its std; see test_quantile).
-    events = []
+    # Both releases of a step see the same Poisson sample (tests/ledger_events.py: σ_eff).
     for g in opt.ledger.groups:
         assert [r.mechanism for r in g.releases] == ["gradient", "clipped_norm_sum"]
-        sigma_eff = sum(r.noise_multiplier ** -2 for r in g.releases) ** -0.5
-        events.append(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
-            g.sample_rate, dp_accounting.GaussianDpEvent(sigma_eff)), g.count))
-    acc = dp_accounting.rdp.RdpAccountant()
-    acc.compose(dp_accounting.ComposedDpEvent(events))
     assert opt.step_count == 20
-    assert opt.epsilon(1e-5) == pytest.approx(acc.get_epsilon(1e-5), rel=1e-6)
+    assert opt.epsilon(1e-5) == pytest.approx(dp_accounting_epsilon(opt.ledger, 1e-5, "rdp"),
+                                              rel=1e-6)
 
 
 @pytest.mark.parametrize("per_layer", [False, True])

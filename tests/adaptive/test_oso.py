@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import warnings
-from pathlib import Path
 
-import dp_accounting
 import pytest
 import torch
 import torch.nn.functional as F
@@ -21,14 +18,14 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
+from ledger_events import dp_accounting_epsilon, effective_sigma
 from dpfy.adaptive import Released, make
 from dpfy.adaptive.base import Norms
 from dpfy.adaptive.oso import THRESHOLD_GRADIENT, OnlineSensitivity
 from dpfy.cli import main
 from dpfy.plan import StepPlan
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/oracles.py
-import oracles  # noqa: E402
+import oracles
 
 SUM = lambda o, t: F.cross_entropy(o, t, reduction="sum")  # noqa: E731
 
@@ -235,24 +232,17 @@ def test_epsilon_equals_dp_accounting_and_the_sensitivity_check_passes_every_ste
     assert clips[0] == 0.1 and clips[1] == 0.1 and scales[:2] == [1.0, 1.0]
     for a, b_ in zip(clips, clips[1:]):
         assert abs(math.log(b_ / a)) == pytest.approx(2.5e-3) or a == b_
-    # Both releases of a step share its Poisson sample: whitened by their noise stds they are
-    # one Gaussian with σ_eff = (Σ_r σ_r⁻²)^(−1/2) (test_quantile explains the construction).
-    events, sigma_effs = [], []
+    # Both releases of a step share its Poisson sample (tests/ledger_events.py: σ_eff).
     for g in opt.ledger.groups:
         assert [r.mechanism for r in g.releases] == ["gradient", THRESHOLD_GRADIENT]
-        sigma_eff = sum(r.noise_multiplier ** -2 for r in g.releases) ** -0.5
-        sigma_effs.append(sigma_eff)
-        events.append(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
-            g.sample_rate, dp_accounting.GaussianDpEvent(sigma_eff)), g.count))
-    rdp = dp_accounting.rdp.RdpAccountant()
-    rdp.compose(dp_accounting.ComposedDpEvent(events))
-    assert opt.epsilon(1e-5) == pytest.approx(rdp.get_epsilon(1e-5), rel=1e-6)
+    assert opt.epsilon(1e-5) == pytest.approx(dp_accounting_epsilon(opt.ledger, 1e-5, "rdp"),
+                                              rel=1e-6)
     assert opt.epsilon(1e-5) <= 2.0 + 1e-9
-    pld = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
-    pld.compose(dp_accounting.ComposedDpEvent(events))
-    assert opt.epsilon(1e-5, accountant="pld") == pytest.approx(pld.get_epsilon(1e-5), rel=1e-6)
+    assert opt.epsilon(1e-5, accountant="pld") == pytest.approx(
+        dp_accounting_epsilon(opt.ledger, 1e-5, "pld"), rel=1e-6)
     # The pair spends exactly the calibrated ν of plain DP-SGD.
-    assert all(s == pytest.approx(opt.noise_multiplier, rel=1e-12) for s in sigma_effs)
+    assert all(effective_sigma(g) == pytest.approx(opt.noise_multiplier, rel=1e-12)
+               for g in opt.ledger.groups)
 
 
 def test_a_method_whose_threshold_weights_exceed_unit_norm_is_refused():

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 
-import dp_accounting
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,6 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
+from ledger_events import dp_accounting_epsilon
 from dpfy.adaptive import LayerQuantileClipping, QuantileClipping, Released, make
 from dpfy.adaptive.base import Norms, RunFacts
 from dpfy.plan import StepPlan
@@ -98,22 +98,10 @@ def test_chained_decay_and_quantile_epsilon_equals_dp_accounting_on_the_composed
             opt.zero_grad()
             F.cross_entropy(model(x), y).backward()
             opt.step()
-    # The composed per-step events, built here from the ledger's raw numbers. Both releases
-    # of a step see the same Poisson sample, so together they are one Gaussian mechanism on the
-    # concatenated output: whitening each part by its noise std, one example moves the pair by
-    # sqrt(Σ_r Δ_r²/std_r²) = sqrt(Σ_r σ_r⁻²), i.e. a Gaussian with σ_eff = (Σ_r σ_r⁻²)^(−1/2)
-    # (dp_accounting's PLD takes no composition inside a Poisson event).
-    events = []
+    # The composed per-step events, built from the ledger's raw numbers (tests/ledger_events.py).
     for g in opt.ledger.groups:
-        names = [r.mechanism for r in g.releases]
-        assert names == ["gradient", "unclipped_count"]
-        sigma_eff = sum(r.noise_multiplier ** -2 for r in g.releases) ** -0.5
-        step = dp_accounting.PoissonSampledDpEvent(g.sample_rate,
-                                                   dp_accounting.GaussianDpEvent(sigma_eff))
-        events.append(dp_accounting.SelfComposedDpEvent(step, g.count))
-    acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
-    acc.compose(dp_accounting.ComposedDpEvent(events))
-    expected = acc.get_epsilon(1e-5)
+        assert [r.mechanism for r in g.releases] == ["gradient", "unclipped_count"]
+    expected = dp_accounting_epsilon(opt.ledger, 1e-5, "pld")
     assert opt.step_count == 20
     assert opt.epsilon(1e-5) == pytest.approx(expected, rel=1e-6)
     assert opt.epsilon(1e-5) <= 2.0 + 1e-9
