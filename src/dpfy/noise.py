@@ -31,7 +31,6 @@ import math
 import os
 import threading
 import warnings
-from dataclasses import dataclass
 from typing import Any, Iterator, Literal
 
 import torch
@@ -39,40 +38,10 @@ import torch
 from dpfy.native.build import NativeUnavailable
 from dpfy.native.gaussian import ChaChaGaussian, XoshiroGaussian  # built on first instance
 
-__all__ = ["NoiseSource", "NoisySum", "secure_uniform"]
+__all__ = ["NoiseSource", "secure_uniform"]
 
 Backend = Literal["auto", "compiled", "torch", "urandom"]
 _MASK52 = (1 << 52) - 1
-
-
-@dataclass(frozen=True)
-class NoisySum:
-    """An extra release an adaptive method declares: Σ_i values_i + N(0, noise_std² I).
-
-    Returned by ``method.sums(norms, plan)`` (STYLE.md §8). The engine sums ``values`` over the
-    logical batch, adds the noise once, records ``Release(name, noise_std / sensitivity)`` in the
-    ledger next to the gradient release, and hands the privatized sum to ``method.update`` in
-    ``Released.sums[name]``. So a release without a ledger event cannot be written.
-
-    Args:
-      values: (B,) or (B, k) per-example contributions. Sensitive.
-      sensitivity: L2 bound on one example's contribution (add/remove adjacency), > 0.
-      noise_std: standard deviation of the Gaussian noise on the sum, > 0.
-    """
-
-    values: "torch.Tensor"
-    sensitivity: float
-    noise_std: float
-
-    def __post_init__(self) -> None:
-        from dpfy._require import require
-        require(self.sensitivity > 0, "sensitivity", self.sensitivity, "> 0")
-        require(self.noise_std > 0, "noise_std", self.noise_std, "> 0",
-                "An extra release without noise is not private")
-
-    @property
-    def noise_multiplier(self) -> float:
-        return self.noise_std / self.sensitivity
 
 
 def _open_unit(words: torch.Tensor) -> torch.Tensor:

@@ -29,12 +29,13 @@ How the trainer drives it (the method keeps no hidden state, R4/R5)::
             ...                                               # the engine's private step
         state = schedule.observe(state, val_metric=accuracy(model, public_val_loader))
 
-With ``make_private(..., schedule=plateau)`` the private optimizer holds the state as
-``optimizer.schedule_state``; after each public evaluation the trainer calls::
+With ``make_private(..., method=plateau)`` the private optimizer holds the state as
+``optimizer.method_state``; after each public evaluation the trainer calls::
 
-    optimizer.schedule_state = plateau.observe(optimizer.schedule_state, val_metric=acc)
+    optimizer.observe(val_metric=acc)
 
-(it is checkpointed with the optimizer). Pass ``target_epsilon``/``target_delta`` (or
+(the state is checkpointed with the optimizer; ``dpfy train --method plateau`` does this each
+epoch once ``--public-validation test`` declares the split public). Pass ``target_epsilon``/``target_delta`` (or
 ``epsilon_cap``) to ``make_private`` so the budget guard stops the run at the target.
 
 Releases per step: the clipped-gradient sum, noise multiplier σ_e. The validation metric is
