@@ -105,3 +105,22 @@ def test_report_rejects_bad_input():
         PrivacyReport.from_ledger(_ledger(), delta=1e-6, accountant="moments")
     with pytest.raises(ValueError, match="ledger"):
         PrivacyReport.from_ledger(Ledger(), delta=1e-6)
+
+
+def test_extra_sections_render_and_round_trip_through_json():
+    """A feature's extra section (ReportSection) appears in the Markdown after the model
+    section and survives privacy_report.json, so `dpfy report` re-renders it byte for byte."""
+    import json
+    from dpfy.privacy.report import ReportSection
+    ledger = Ledger(dataset_size=1000)
+    ledger.record_step(sampling=Sampling.POISSON, sample_rate=0.01,
+                       releases=[Release("gradient", 1.0)], count=5)
+    sec = ReportSection("Empirical audit", ("- lower bound: 0.5",), {"lower_bound": 0.5})
+    rep = PrivacyReport.from_ledger(ledger, delta=1e-5, sections=[sec])
+    md = rep.to_markdown()
+    assert "## Empirical audit\n\n- lower bound: 0.5\n" in md
+    saved = json.loads(json.dumps(rep.to_dict()))
+    again = PrivacyReport.from_ledger(ledger, delta=1e-5,
+                                      **PrivacyReport.context_from_dict(saved))
+    assert again.to_markdown() == md
+    assert again.sections[0].data == {"lower_bound": 0.5}

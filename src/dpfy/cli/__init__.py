@@ -31,7 +31,7 @@ EXIT_INTERRUPTED = 130         # 128 + SIGINT, the shell's convention
 
 # Module names under dpfy.cli; a module that does not exist yet is skipped.
 SUBCOMMANDS = ("account", "calibrate", "train", "report", "bench", "explain", "experiment",
-               "methods")
+               "methods", "audit", "tune")
 
 
 def build_parser() -> argparse.ArgumentParser:

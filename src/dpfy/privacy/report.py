@@ -39,13 +39,13 @@ from dpfy.privacy.accountants import (ACCOUNTANTS, APPROXIMATE, accountant_label
                                       check_accountant, epsilon, epsilon_curve, prepare)
 from dpfy.privacy.ledger import Ledger, Sampling
 
-__all__ = ["TuningCost", "MechanismShare", "PrivacyReport", "DEFAULT_DP_SETTING", "CONTEXT",
+__all__ = ["TuningCost", "ReportSection", "MechanismShare", "PrivacyReport", "DEFAULT_DP_SETTING", "CONTEXT",
            "tier"]
 
 # Keys of privacy_report.json that are the caller's context (not computed from the ledger).
 CONTEXT = ("released", "not_released", "unit_of_privacy", "protects", "dp_setting",
            "dataset_size", "layer_table", "model_description", "sampling_note", "warnings",
-           "methods", "public_data")
+           "methods", "public_data", "sections")
 
 DEFAULT_DP_SETTING = ("Central differential privacy: the party that trains the model is trusted to "
                       "run the mechanism as described and sees the raw data; the guarantee is "
@@ -101,6 +101,28 @@ class TuningCost:
     epsilon: float
     delta: float
     details: str = ""
+
+
+@dataclass(frozen=True)
+class ReportSection:
+    """An extra section of the report, written by a feature that has more to say (a tuning
+    grid's runs, per-group budgets, an empirical audit).
+
+    Rendered after the model section as ``## {title}`` followed by ``lines`` (Markdown), and
+    kept in the JSON (with ``data``, machine-readable) so ``dpfy report`` re-renders it.
+    """
+
+    title: str
+    lines: tuple[str, ...]
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"title": self.title, "lines": list(self.lines), "data": dict(self.data)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ReportSection":
+        return cls(title=str(d["title"]), lines=tuple(d.get("lines", ())),
+                   data=dict(d.get("data", {})))
 
 
 @dataclass(frozen=True)
@@ -166,6 +188,7 @@ class PrivacyReport:
     not_released: str | None = None
     methods: tuple[Mapping[str, str], ...] = ()
     public_data: str | None = None
+    sections: tuple[ReportSection, ...] = ()
 
     @classmethod
     def from_ledger(cls, ledger: Ledger, *, delta: float, accountant: str = "pld",
@@ -183,6 +206,7 @@ class PrivacyReport:
                     not_released: str | None = None,
                     methods: Sequence[Mapping[str, str]] = (),
                     public_data: str | None = None,
+                    sections: Sequence[ReportSection] = (),
                     num_points: int = 50) -> "PrivacyReport":
         """Account ``ledger`` and gather the context of the statement.
 
@@ -256,7 +280,7 @@ class PrivacyReport:
             warnings=tuple(warnings), not_released=not_released,
             methods=tuple({"name": r["name"], "releases": r.get("releases", "")}
                           for r in methods),
-            public_data=public_data)
+            public_data=public_data, sections=tuple(sections))
 
     @staticmethod
     def context_from_dict(saved: Mapping[str, Any]) -> dict[str, Any]:
@@ -267,6 +291,7 @@ class PrivacyReport:
         """
         out: dict[str, Any] = {k: saved[k] for k in CONTEXT if saved.get(k) is not None}
         out["warnings"] = tuple(out.get("warnings", ()))
+        out["sections"] = tuple(ReportSection.from_dict(d) for d in out.get("sections", ()))
         if saved.get("tuning"):
             out["tuning"] = TuningCost(**saved["tuning"])
         if saved.get("group"):
@@ -340,6 +365,7 @@ class PrivacyReport:
             "not_released": self.not_released,
             "methods": [dict(r) for r in self.methods],
             "public_data": self.public_data,
+            "sections": [sec.to_dict() for sec in self.sections],
             "versions": dict(self.versions),
         }
         return d
@@ -420,6 +446,8 @@ class PrivacyReport:
                 for r in self.layer_table:
                     lines.append("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
                 lines.append("")
+        for sec in self.sections:
+            lines += [f"## {sec.title}", "", *sec.lines, ""]
         lines += ["## ε over steps", "", "![ε over steps](epsilon_over_steps.png)", "",
                   "## Transparency", "",
                   "Computed by dpfy " + self.versions.get("dpfy", "?") + " from the run's ledger "

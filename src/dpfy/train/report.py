@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from dpfy.data import DataSplits
 from dpfy.privacy import epsilon as ledger_epsilon
-from dpfy.privacy.report import PrivacyReport
+from dpfy.privacy.report import PrivacyReport, ReportSection
 from dpfy.train.config import SEED_WARNING, TrainConfig
 
 __all__ = ["write_report", "methods_ran", "public_data", "RELEASED", "NOT_RELEASED"]
@@ -80,8 +80,10 @@ def public_data(cfg: TrainConfig, method, num_test: int) -> str | None:
 
 
 def write_report(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, private,
-                 directory: Path) -> float:
-    """Write the report files into ``directory``; return the final ε (``cfg.accountant``)."""
+                 directory: Path, sections: Sequence[ReportSection] = ()) -> float:
+    """Write the report files into ``directory``; return the final ε (``cfg.accountant``).
+
+    ``sections``: extra report sections (a tuning grid, an audit, per-group budgets)."""
     ledger = private.optimizer.ledger
     PrivacyReport.from_ledger(
         ledger, delta=cfg.delta, accountant=cfg.accountant, released=RELEASED,
@@ -92,5 +94,6 @@ def write_report(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, p
         warnings=(SEED_WARNING,) if cfg.reproducible else (), not_released=NOT_RELEASED,
         methods=methods_ran(private.optimizer.method),
         public_data=public_data(cfg, private.optimizer.method, len(data.test)),
+        sections=sections,
     ).write(directory)
     return float(ledger_epsilon(ledger, delta=cfg.delta, accountant=cfg.accountant))
