@@ -264,5 +264,6 @@ def released(sums: StepSums, extras: Mapping[str, Any], normalizer: float,
              params: Mapping[str, torch.nn.Parameter]) -> Released:
     """What ``method.update`` reads: the plan, the released gradient and extras."""
     return Released(plan=sums.plan, expected_batch_size=normalizer, sums=dict(extras),
-                    gradient={n: p.grad for n, p in params.items()})
+                    gradient={n: p.grad for n, p in params.items()},
+                    parameters={n: p.detach() for n, p in params.items()})
 

@@ -217,12 +217,18 @@ class Released:
 
     ``gradient`` is the released update direction {name: (Σ_i w_i g_i + noise)/b}; ``sums``
     holds each extra release, noisy (a float for a scalar, a tensor otherwise).
+    ``parameters`` are the trainable parameters after the inner optimizer's step
+    {name: θ_{t+1}} (read-only views: copy what you keep). They are public — a function of
+    the released values and the data-independent initialization — so a method may read the
+    update the optimizer actually applied (θ_{t+1} − θ_t: momentum, Adam's preconditioning and
+    weight decay included) without re-running the optimizer (HyFreeDP's probe direction).
     """
 
     plan: StepPlan
     expected_batch_size: float            # b, public
     sums: Mapping[str, Any] = field(default_factory=dict)
     gradient: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    parameters: Mapping[str, torch.Tensor] = field(default_factory=dict)
 
 
 class Method(Generic[S]):
