@@ -21,6 +21,7 @@ from dpfy._require import require
 from dpfy.adaptive.base import Clip, Method, Norms
 from dpfy.budget import BudgetGuard
 from dpfy.clipping import ClippingPolicy, total_norm
+from dpfy.errors import PrivacyRefusal
 from dpfy.grads import GradEngine
 from dpfy.noise import NoiseSource
 from dpfy.plan import StepPlan
@@ -294,7 +295,16 @@ class DPOptimizer(torch.optim.Optimizer):
         """Everything needed to resume bit-identically (the model's weights are the model's).
 
         Holds the seed and generator states: a checkpoint is secret, never part of a release.
+        Only at a logical-batch boundary: between the physical batches of a logical batch the
+        optimizer holds the un-noised sums of clipped gradients, which must never reach a file,
+        so a call there raises :class:`~dpfy.errors.PrivacyRefusal`.
         """
+        if self._sums is not None:
+            raise PrivacyRefusal(
+                "state_dict() must be called at a logical-batch boundary, got a call while "
+                "a logical batch is being summed (its un-noised sum of clipped gradients "
+                "would be written). Call it after optimizer.step() completes a logical batch "
+                "(the private loader's cursor.last is True)")
         return {
             "format": FORMAT, "seed": self.seed, "step_count": self.step_count,
             "optimizer": self.original_optimizer.state_dict(),
@@ -302,12 +312,17 @@ class DPOptimizer(torch.optim.Optimizer):
             "sampler": self.sampler.state_dict(), "max_steps": self.max_steps,
             "method_state": (self.method.state_dict(self.method_state)
                              if self.method is not None else None),
-            "pending": self._sums,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         require(state.get("format") == FORMAT, "format", state.get("format"), repr(FORMAT),
                 "This is not a dpfy optimizer checkpoint of this version")
+        if state.get("pending") is not None:   # written by dpfy before the boundary rule
+            raise PrivacyRefusal(
+                "the optimizer checkpoint must be from a logical-batch boundary, got one that "
+                "holds an un-noised pending sum of clipped gradients (delete that file: it is "
+                "sensitive). Resume from a checkpoint written after optimizer.step() completed "
+                "a logical batch")
         self.original_optimizer.load_state_dict(state["optimizer"])
         self.ledger.groups[:] = Ledger.from_dict(state["ledger"]).groups
         self.noise.load_state_dict(state["noise"])
@@ -317,5 +332,5 @@ class DPOptimizer(torch.optim.Optimizer):
         saved = state["method_state"]
         self.method_state = (self.method.load_state_dict(saved) if self.method is not None
                              else saved)
-        self._sums = state["pending"]
+        self._sums = None
         self.budget.reset()  # the ledger was replaced: compose it afresh
