@@ -1,0 +1,10 @@
+"""DP replacements for layers whose per-example gradients no layer rule can read off a single
+call: recurrent layers and multi-head attention, rebuilt from ``nn.Linear`` calls (see
+``docs/layers.md``), and the in-place swaps that put them into a model."""
+
+from dpfy.layers.attention import DPMultiheadAttention
+from dpfy.layers.recurrent import DPGRU, DPLSTM, DPRNN, DPRecurrent
+from dpfy.layers.swap import REPLACEMENTS, swap_attention, swap_layers, swap_recurrent
+
+__all__ = ["DPRNN", "DPGRU", "DPLSTM", "DPRecurrent", "DPMultiheadAttention", "REPLACEMENTS",
+           "swap_recurrent", "swap_attention", "swap_layers"]
