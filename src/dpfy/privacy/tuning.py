@@ -31,7 +31,7 @@ Group privacy: (ε, δ)-DP for one example implies (kε, δ·Σ_{i<k} e^{iε})-D
 from __future__ import annotations
 
 import math
-from typing import Callable, Literal
+from typing import Callable, Literal, Sequence
 
 import dp_accounting
 import numpy as np
@@ -49,7 +49,8 @@ from dpfy.privacy.calibration import (MAX_NOISE_MULTIPLIER, _below_pld_floor, _c
                                       _sigma_floor, _solve_decreasing)
 from dpfy.privacy.ledger import Ledger, Sampling
 
-__all__ = ["DISTRIBUTIONS", "composed_runs", "log_grid", "calibrate_grid_noise_multiplier",
+__all__ = ["DISTRIBUTIONS", "composed_runs", "grid_epsilon", "log_grid",
+           "calibrate_grid_noise_multiplier",
            "repeat_and_select_epsilon", "tnb_gamma", "num_trials_pmf", "sample_num_trials",
            "exponential_mechanism_epsilon", "group_privacy"]
 
@@ -75,6 +76,23 @@ def composed_runs(single_run: Ledger, runs: int) -> Ledger:
     for _ in range(runs):
         out.extend(single_run)
     return out
+
+
+def grid_epsilon(ledgers: Sequence[Ledger], *, delta: float, accountant: str = "pld") -> float:
+    """ε(δ) of a grid's runs: the accountant's ε of all their ledgers composed, one after another.
+
+    This is what a per-grid budget (digest 002 §3.3) spends; it is never computed as k·ε_run
+    (that is only a looser bound). The runs must be on the same private dataset (same N).
+    """
+    require(len(ledgers) >= 1, "ledgers", len(ledgers), "at least one run's ledger")
+    sizes = {ledger.dataset_size for ledger in ledgers}
+    require(len(sizes) == 1, "ledgers", sorted(sizes, key=str),
+            "runs on one dataset (one dataset size)",
+            "A grid's runs train on the same private examples")
+    out = Ledger(ledgers[0].dataset_size)
+    for ledger in ledgers:
+        out.extend(ledger)
+    return _ledger_epsilon(out, delta=delta, accountant=accountant)
 
 
 def log_grid(lo: float, hi: float, num: int) -> np.ndarray:

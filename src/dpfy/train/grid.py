@@ -1,0 +1,321 @@
+"""Hyperparameter tuning under one budget: run a grid, compose its runs, report the winner.
+
+Digest 002 §3.3 (after Mohapatra et al. 2022) compares methods at equal **per-grid** ε: a grid
+of k configurations is one access to the private data, so its k runs together spend the
+target ε and each run gets the budget of one run out of k composed runs.
+:func:`run_grid` does this for ``dpfy train`` configurations (``dpfy tune``):
+
+1. the validation data is fixed first: a random fraction of the training split held out (never
+   trained on), or the test split when the user declares it public
+   (``public_validation="test"``);
+2. σ is calibrated so that k identical runs on the remaining training examples spend the
+   target ε (:func:`dpfy.privacy.tuning.calibrate_grid_noise_multiplier`, the same ledger a run
+   writes, composed k times);
+3. every configuration trains at that σ through :func:`dpfy.train.train` (its own ledger);
+4. the grid's ε is the accountant's ε of **all k ledgers composed**
+   (:func:`dpfy.privacy.tuning.grid_epsilon`), never k·ε_run;
+5. the winner (best final-epoch validation metric) keeps its run directory; its privacy report
+   states the whole grid's ε as the tuning cost and lists every configuration in a
+   "Tuning grid" section. The other runs' directories are deleted (their ledgers are in the
+   composition; their models are not published).
+
+What is not protected: the validation examples choose the winner without noise. Held-out
+examples are outside the training set the ε is about; the report says so (section 2, "Public
+data") and the tuning statement repeats it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import secrets
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from torch.utils.data import Subset
+
+from dpfy._require import require
+from dpfy.data import DataSplits, load_dataset
+from dpfy.errors import PrivacyRefusal
+from dpfy.privacy.ledger import Ledger
+from dpfy.privacy.report import PrivacyReport, ReportSection, TuningCost
+from dpfy.privacy.tuning import calibrate_grid_noise_multiplier, grid_epsilon, log_grid
+from dpfy.sampling import PoissonSampler
+from dpfy.train.config import TrainConfig, resolve
+from dpfy.train.rundir import write_atomic
+
+__all__ = ["GridAxis", "GridRun", "GridResult", "parse_axis", "configurations", "run_grid",
+           "SELECT", "GRIDDABLE"]
+
+# Selection metrics on the validation data: name -> (metrics column, higher is better).
+SELECT = {"accuracy": ("test_acc", True), "loss": ("test_loss", False)}
+# TrainConfig fields a grid may vary: they change what a run computes, never its ledger's shape
+# (q, steps, σ), so k runs are k copies of one calibrated ledger. Method options are
+# ``method.KEY`` (one method) or ``NAME.KEY`` (one method of a chain).
+GRIDDABLE = ("lr", "clip", "momentum", "weight_decay")
+Echo = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class GridAxis:
+    """One gridded hyperparameter: a TrainConfig field or a method option, and its values."""
+
+    name: str
+    values: tuple[Any, ...]
+
+    def __post_init__(self) -> None:
+        require(self.name in GRIDDABLE or "." in self.name, "grid name", self.name,
+                f"one of {list(GRIDDABLE)} or a method option METHOD.KEY",
+                "Batch size, epochs and σ fix the ledger of every run and are not gridded")
+        require(len(self.values) >= 1, "grid values", self.values, "at least one value")
+
+
+def parse_axis(text: str) -> GridAxis:
+    """``"lr=logspace:-2.5:1.5:7"`` (``np.logspace`` endpoints included, 002 §3.3) or
+    ``"clip=0.1,1,10"``, or ``"oso.rule=sign,additive"`` (a method option)."""
+    name, sep, spec = text.partition("=")
+    require(bool(sep and name and spec), "grid", text, "NAME=logspace:LO:HI:K or NAME=V1,V2,...",
+            "Write e.g. --grid lr=logspace:-2.5:1.5:7")
+    if spec.startswith("logspace:"):
+        parts = spec.split(":")[1:]
+        require(len(parts) == 3, "grid", text, "NAME=logspace:LO:HI:K (exponents of 10, K values)")
+        try:
+            lo, hi, num = float(parts[0]), float(parts[1]), int(parts[2])
+        except ValueError:
+            raise ValueError(f"grid must be NAME=logspace:LO:HI:K with numbers, got grid = "
+                             f"{text!r}. Write e.g. lr=logspace:-2.5:1.5:7") from None
+        return GridAxis(name, tuple(float(v) for v in log_grid(lo, hi, num)))
+    from dpfy.cli.train import parse_scalar
+    return GridAxis(name, tuple(parse_scalar(v) for v in spec.split(",") if v != ""))
+
+
+def _with(cfg: TrainConfig, name: str, value: Any) -> TrainConfig:
+    """``cfg`` with one gridded value set (a field, or a method option)."""
+    if "." not in name:
+        return dataclasses.replace(cfg, **{name: float(value)})
+    require(cfg.method is not None, "grid", name, "a method option only with --method",
+            "Add --method NAME")
+    target, _, key = name.partition(".")
+    options = dict(cfg.method_options or {})
+    options[key if target == "method" else name] = value
+    return dataclasses.replace(cfg, method_options=options)
+
+
+def configurations(base: TrainConfig, axes: Sequence[GridAxis]) -> list[tuple[dict, TrainConfig]]:
+    """Every combination of the axes' values (first axis slowest), as (settings, config)."""
+    require(len(axes) >= 1, "grid", [], "at least one axis", "Add --grid NAME=...")
+    names = [a.name for a in axes]
+    require(len(set(names)) == len(names), "grid", names, "distinct names")
+    out = []
+    for combo in itertools.product(*(a.values for a in axes)):
+        cfg = base
+        for name, value in zip(names, combo):
+            cfg = _with(cfg, name, value)
+        out.append((dict(zip(names, combo)), cfg))
+    return out
+
+
+@dataclass(frozen=True)
+class GridRun:
+    """One configuration of the grid and what it achieved (metric on the validation data)."""
+
+    index: int
+    settings: dict
+    metric: float
+    epsilon: float            # this run's own ε (its ledger alone)
+
+
+@dataclass(frozen=True)
+class GridResult:
+    """The finished grid: the winner's run directory, every run, and the grid's ε."""
+
+    out: Path
+    runs: tuple[GridRun, ...]
+    winner: GridRun
+    epsilon: float            # all runs' ledgers composed
+    delta: float
+    noise_multiplier: float
+    selected_on: str
+
+    @property
+    def report(self) -> Path:
+        return self.out / "privacy_report.md"
+
+
+def _validation_split(data: DataSplits, cfg: TrainConfig, fraction: float
+                      ) -> tuple[DataSplits, str]:
+    """(splits with ``test`` = the selection data, what the selection was made on)."""
+    if cfg.public_validation == "test":
+        return data, (f"the test split ({len(data.test)} examples), which the user declared "
+                      f"public (--public-validation test); it chose the winner without noise, so "
+                      f"the guarantee does not cover it and it must not hold private data")
+    require(0 < fraction < 1, "validation_fraction", fraction, "in (0, 1)")
+    n = data.num_train
+    n_val = int(round(fraction * n))
+    require(1 <= n_val < n, "validation_fraction", fraction,
+            f"leaving at least one validation and one training example (N = {n})")
+    # Which examples are held out is drawn independently of the data (secret, never published).
+    gen = torch.Generator().manual_seed(cfg.seed if cfg.seed is not None else secrets.randbits(63))
+    order = torch.randperm(n, generator=gen)
+    val, train = Subset(data.train, order[:n_val].tolist()), Subset(data.train, order[n_val:].tolist())
+    held = dataclasses.replace(data, train=train, test=val,
+                               description=f"{data.description}; {n_val} training examples "
+                                           f"held out for validation")
+    return held, (f"a validation split of {n_val} examples held out of the training data "
+                  f"(never trained on); they choose the winner without noise, so the guarantee "
+                  f"covers the other {n - n_val} training examples, not them")
+
+
+def _refuse_sigma_setters(cfg: TrainConfig) -> None:
+    require(cfg.schedule is None, "schedule", cfg.schedule, "unset for dpfy tune",
+            "A schedule calibrates σ_t to one run's ε; the grid runs every configuration at one "
+            "calibrated σ. Use a method that keeps the run's σ (e.g. oso, quantile)")
+    if cfg.method:
+        from dpfy.train.private import build_methods
+        for m in build_methods(cfg) or ():
+            require("noise_multiplier" not in m.sets, "method", m.registry_name,
+                    "a method that keeps the run's σ for dpfy tune",
+                    "It sets σ_t itself, which the per-grid calibration cannot account")
+
+
+def _metric(run_dir: Path, column: str) -> float:
+    rows = json.loads((run_dir / "metrics.json").read_text())
+    return float(rows[-1][column])
+
+
+def run_grid(base: TrainConfig, axes: Sequence[GridAxis], *, out: str | Path,
+             data: DataSplits | None = None, select: str = "accuracy",
+             validation_fraction: float = 0.1, progress: bool = False,
+             echo: Echo = print) -> GridResult:
+    """Train every configuration of the grid under one budget and publish the winner in ``out``.
+
+    Args:
+      base: the configuration every run starts from. ``base.epsilon`` is the **whole grid's**
+        target ε (σ is calibrated for k composed runs); with ``base.noise_multiplier`` every run
+        uses that σ and the grid's ε is only computed. ``base.public_validation == "test"``
+        selects on the test split (declared public), otherwise on a held-out validation split.
+      axes: the gridded hyperparameters (:func:`parse_axis`); the grid is their product.
+      out: the winner's run directory (must not exist; runs are trained in ``<out>.grid/``).
+      data: your own splits (default: ``load_dataset(base.dataset)``).
+      select: ``"accuracy"`` (highest) or ``"loss"`` (lowest), final epoch, validation data.
+      validation_fraction: share of the training split held out when the test split is not
+        declared public.
+
+    Returns the :class:`GridResult`; the winner's ``privacy_report.md`` holds the tuning cost
+    (all k ledgers composed) and a "Tuning grid" table, and ``grid.json`` the same numbers.
+    """
+    from dpfy.train.trainer import train
+
+    require(select in SELECT, "select", select, f"one of {sorted(SELECT)}")
+    out = Path(out)
+    staging = out.with_name(out.name + ".grid")
+    require(not out.exists(), "out", str(out), "a new directory", "Choose another --out")
+    require(not staging.exists(), "out", str(out),
+            f"without an interrupted grid ({staging} exists)",
+            "An interrupted grid already used the data: running it again spends more than its "
+            "ε. Delete that directory only if you accept that, or choose another --out")
+    _refuse_sigma_setters(base)
+    configs = configurations(base, axes)
+    k = len(configs)
+    data = data if data is not None else load_dataset(base.dataset, data_dir=base.data_dir)
+    held, selected_on = _validation_split(data, base, validation_fraction)
+    resolved, _ = resolve(base, num_examples=held.num_train, reference_delta=held.reference_delta)
+    delta = float(resolved.delta)
+    sampler = PoissonSampler(held.num_train, sample_rate=base.batch_size / held.num_train)
+    steps = base.epochs * sampler.steps_per_epoch
+    if base.epsilon is not None:
+        sigma = calibrate_grid_noise_multiplier(
+            target_epsilon=base.epsilon, delta=delta, sample_rate=sampler.sample_rate,
+            steps=steps, runs=k, accountant=base.accountant, dataset_size=held.num_train)
+    else:
+        sigma = float(base.noise_multiplier)
+    echo(f"dpfy tune: {k} configurations, σ = {sigma:.4g} for each "
+         f"({'grid target ε = %g' % base.epsilon if base.epsilon is not None else 'fixed σ'}, "
+         f"δ = {delta:.3g}, q = {sampler.sample_rate:.5g}, {steps} steps per run); selecting "
+         f"on {select} of {selected_on.split(' (')[0]}")
+    column, higher = SELECT[select]
+    staging.mkdir(parents=True)
+    runs, ledgers = [], []
+    for i, (settings, cfg) in enumerate(configs):
+        cfg = dataclasses.replace(cfg, epsilon=None, noise_multiplier=sigma, delta=delta)
+        result = train(cfg, out=staging / f"run-{i:02d}", data=held, progress=progress,
+                       echo=lambda s: None)
+        ledgers.append(Ledger.from_json((result.out / "ledger.json").read_text()))
+        if i == 0 and base.epsilon is not None:
+            _check_first_run(ledgers[0], k, base, delta)
+        runs.append(GridRun(index=i, settings=settings, metric=_metric(result.out, column),
+                            epsilon=result.epsilon))
+        echo(f"dpfy tune: run {i + 1}/{k} {settings}: {select} {runs[-1].metric:.4g}, "
+             f"ε of this run {result.epsilon:.4g}")
+    eps_grid = grid_epsilon(ledgers, delta=delta, accountant=base.accountant)
+    finite = [r for r in runs if math.isfinite(r.metric)]
+    require(bool(finite), "grid", "every run", "at least one run with a finite metric",
+            "Every configuration diverged; widen or move the grid")
+    winner = (max if higher else min)(finite, key=lambda r: r.metric)
+    win_dir = staging / f"run-{winner.index:02d}"
+    _publish(win_dir, runs, winner, eps_grid, delta, sigma, base, select, selected_on, axes)
+    win_dir.rename(out)
+    shutil.rmtree(staging)
+    echo(f"dpfy tune: winner {winner.settings} ({select} {winner.metric:.4g}); the grid of {k} "
+         f"runs spent ε = {eps_grid:.4g} at δ = {delta:.3g} ({base.accountant.upper()}); "
+         f"privacy report: {out / 'privacy_report.md'}")
+    return GridResult(out=out, runs=tuple(runs), winner=winner, epsilon=eps_grid, delta=delta,
+                      noise_multiplier=sigma, selected_on=selected_on)
+
+
+def _check_first_run(ledger: Ledger, k: int, base: TrainConfig, delta: float) -> None:
+    """Refuse before the other k − 1 runs when k copies of the first run's real ledger spend
+    more than the target (a method whose releases compose above the run's σ)."""
+    from dpfy.privacy.tuning import composed_runs
+    eps = grid_epsilon([composed_runs(ledger, k)], delta=delta, accountant=base.accountant)
+    if eps > base.epsilon * (1 + 1e-3):
+        raise PrivacyRefusal(
+            f"grid must spend at most target ε = {base.epsilon:g}, got ε = {eps:.4g} for {k} "
+            f"copies of the first run's ledger (method {base.method!r} releases more than one "
+            f"Gaussian at the run's σ). Use a method that splits the run's σ, or a fixed "
+            f"--noise-multiplier")
+
+
+def _publish(win_dir: Path, runs: Sequence[GridRun], winner: GridRun, eps_grid: float,
+             delta: float, sigma: float, base: TrainConfig, select: str, selected_on: str,
+             axes: Sequence[GridAxis]) -> None:
+    """Re-render the winner's privacy report with the tuning cost and the grid table."""
+    k = len(runs)
+    names = [a.name for a in axes]
+    target = f"target ε = {base.epsilon:g}" if base.epsilon is not None else "fixed σ"
+    lines = [f"{k} configurations, each trained at σ = {sigma:.4g} ({target} for the whole "
+             f"grid, per-grid budget of digest 002 §3.3). The grid's ε = {eps_grid:.4g} at "
+             f"δ = {delta:.3g} is the {base.accountant.upper()} accountant's ε of all {k} runs' "
+             f"ledgers composed. Winner: run {winner.index} ({select} {winner.metric:.4g}), chosen "
+             f"on the final epoch's {select} of {selected_on}.", "",
+             "| run | " + " | ".join(names) + f" | {select} | ε of the run alone |",
+             "|---|" + "---|" * len(names) + "---|---|"]
+    for r in runs:
+        mark = " (winner)" if r is winner else ""
+        lines.append(f"| {r.index}{mark} | " + " | ".join(f"{r.settings[n]:.6g}"
+                     if isinstance(r.settings[n], float) else str(r.settings[n]) for n in names)
+                     + f" | {r.metric:.4g} | {r.epsilon:.4g} |")
+    data = {"runs": [dataclasses.asdict(r) for r in runs], "winner": winner.index,
+            "epsilon": eps_grid, "delta": delta, "noise_multiplier": sigma,
+            "target_epsilon": base.epsilon, "accountant": base.accountant, "select": select,
+            "selected_on": selected_on, "axes": {a.name: list(a.values) for a in axes}}
+    section = ReportSection("Tuning grid", tuple(lines), data)
+    tuning = TuningCost(
+        method=f"per-grid budget: {k} runs composed ({base.accountant.upper()}; Mohapatra et al. "
+               f"2022, digest 002 §3.3)", epsilon=eps_grid, delta=delta,
+        details=f"Grid over {', '.join(names)} (see 'Tuning grid'); the winner was chosen on "
+                f"{selected_on}. The grid was fixed before any run (a non-adaptive search).")
+    saved = json.loads((win_dir / "privacy_report.json").read_text())
+    context = PrivacyReport.context_from_dict(saved)
+    context["sections"] = (*context.get("sections", ()), section)
+    context["tuning"] = tuning
+    context["public_data"] = selected_on
+    ledger = Ledger.from_json((win_dir / "ledger.json").read_text())
+    PrivacyReport.from_ledger(ledger, delta=delta, accountant=saved["accountant"],
+                              **context).write(win_dir)
+    write_atomic(win_dir / "grid.json", json.dumps(data, indent=2) + "\n")
