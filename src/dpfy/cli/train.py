@@ -126,7 +126,7 @@ def _interrupt(signum: int, frame: object) -> None:
 def interrupted_message(out: str | Path) -> str:
     """One line for an interrupted run: how to resume it, or that nothing was saved."""
     run = RunDir.of(out)
-    if run.checkpoint.is_file():
+    if run.has_checkpoint() or run.is_complete():
         return (f"dpfy train: interrupted; the last finished epoch is saved. Continue with: "
                 f"dpfy train --resume {run.final}")
     return ("dpfy train: interrupted before the first epoch finished; nothing was saved "

@@ -8,13 +8,17 @@ privacy report are written (see :mod:`dpfy.train.rundir`).
 Privacy: the only path to the model's weights is ``dpfy.make_private``'s optimizer; ε is read
 from its ledger by an accountant. Train loss/accuracy are logged as non-private diagnostics.
 Nothing published holds a seed or generator state (see :mod:`dpfy.train.config`): those live
-only in ``checkpoint.pt``, which is deleted when the run finishes. A run that fails before its
+only in ``checkpoint.pt`` (and ``checkpoint.prev.pt``, the one before), which are deleted
+when the run finishes. Every file is written atomically with fsync; a run killed at any point
+(``kill -9`` included) continues with ``--resume`` to the same bytes an uninterrupted run with
+the same seed writes (docs/fault_tolerance.md). A run that fails before its
 first checkpoint leaves no directory behind, so the same ``--out`` can be used again.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import secrets
@@ -31,7 +35,7 @@ from dpfy._require import require
 from dpfy.data import DATASETS, DataSplits, load_dataset
 from dpfy.models import MODELS, build_model
 from dpfy.privacy.accountants import PLD_FINE, pld_min_noise_multiplier
-from dpfy.train.checkpoint import Checkpoint
+from dpfy.train.checkpoint import Checkpoint, load_latest
 from dpfy.train.config import RESUME_IGNORED, SEED_WARNING, TrainConfig, resolve
 from dpfy.train.epoch import run_epoch
 from dpfy.train.evaluate import evaluate
@@ -39,7 +43,7 @@ from dpfy.train.metrics import MetricsLog
 from dpfy.train.plots import plot_accuracy
 from dpfy.train.private import make_private_run
 from dpfy.train.report import write_report
-from dpfy.train.rundir import RunDir, write_atomic
+from dpfy.train.rundir import COMPLETE_MARKER, RunDir, write_atomic
 
 __all__ = ["TrainResult", "train", "resume", "usable_cores"]
 
@@ -101,12 +105,15 @@ def train(cfg: TrainConfig, *, out: str | Path, data: DataSplits | None = None,
     _check_accountable(cfg)
     run = RunDir.create(out)          # before any slow work: an unwritable --out fails at once
     try:
-        data = data if data is not None else load_dataset(cfg.dataset, data_dir=cfg.data_dir)
-        resolved, delta_rule = resolve(cfg, num_examples=data.num_train,
-                                       reference_delta=data.reference_delta)
-        return _run(resolved, {"delta_rule": delta_rule}, run, data, model, None, progress, echo)
+        with run.held():
+            data = data if data is not None else load_dataset(cfg.dataset,
+                                                              data_dir=cfg.data_dir)
+            resolved, delta_rule = resolve(cfg, num_examples=data.num_train,
+                                           reference_delta=data.reference_delta)
+            return _run(resolved, {"delta_rule": delta_rule}, run, data, model, None,
+                        progress, echo)
     except BaseException:
-        if not run.checkpoint.exists():   # nothing worth resuming: leave no trace
+        if not run.has_checkpoint() and not run.is_complete():  # nothing to resume: no trace
             shutil.rmtree(run.staging, ignore_errors=True)
         raise
 
@@ -129,10 +136,22 @@ def resume(path: str | Path, *, overrides: Mapping[str, Any] | None = None,
     """Continue the interrupted run at ``path`` from its last checkpoint.
 
     ``overrides`` are settings the user gave again (flags or a config file); each must equal
-    the stored value, except ``data_dir`` and ``threads``, which may change.
+    the stored value, except ``data_dir`` and ``threads``, which may change. A damaged
+    ``checkpoint.pt`` falls back to ``checkpoint.prev.pt`` (one warning line through ``echo``);
+    a run killed after it finished writing (only its rename was missing) is renamed.
     """
     run = RunDir.for_resume(path)
-    ckpt = Checkpoint.load(run.checkpoint)
+    with run.held():
+        if run.is_complete():
+            return _rename_finished(run, echo)
+        run.remove_temporaries()
+        ckpt = load_latest(run, echo)
+        return _resume(run, ckpt, overrides, data, model, progress, echo)
+
+
+def _resume(run: RunDir, ckpt: Checkpoint, overrides: Mapping[str, Any] | None,
+            data: DataSplits | None, model: nn.Module | None, progress: bool,
+            echo: Echo) -> TrainResult:
     stored = TrainConfig.from_mapping(ckpt.config, source="checkpoint")
     overrides = dict(overrides or {})
     differ = {k: v for k, v in overrides.items()
@@ -200,7 +219,8 @@ def _run(cfg: TrainConfig, notes: dict[str, Any], run: RunDir, data: DataSplits,
             Checkpoint(config=cfg.to_dict(), notes=notes, epoch=epoch + 1,
                        model=private.model.state_dict(),
                        optimizer=private.optimizer.state_dict(), metrics=metrics.rows,
-                       torch_rng=torch.get_rng_state()).save(run.checkpoint)
+                       torch_rng=torch.get_rng_state()).save(
+                run.checkpoint, previous=run.previous_checkpoint)
     finally:
         if bar is not None:
             bar.close()
@@ -237,19 +257,35 @@ def _statement(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, pri
 def _finish(cfg: TrainConfig, notes: Mapping[str, Any], run: RunDir, data: DataSplits,
             private, metrics: MetricsLog, wall: float, echo: Echo) -> TrainResult:
     staging = run.staging
-    torch.save(private.model.state_dict(), staging / "model.pt")
+    buf = io.BytesIO()
+    torch.save(private.model.state_dict(), buf)
+    write_atomic(staging / "model.pt", buf.getvalue())
     write_atomic(staging / "ledger.json", private.optimizer.ledger.to_json(indent=1) + "\n")
     plot_accuracy(metrics.rows, staging / "accuracy.png", title=data.name)
     eps = write_report(cfg, notes, data, private, staging)
     summary = {"epsilon": eps, "delta": cfg.delta, "accountant": cfg.accountant,
                "test_acc": metrics.last()["test_acc"], "epochs": cfg.epochs,
                "steps": private.optimizer.step_count, "wall_time_s": round(wall, 2)}
-    write_atomic(staging / "summary.json", json.dumps(summary, indent=2) + "\n")
-    run.checkpoint.unlink()                          # a finished run needs no resume state
-    out = run.finalize()
+    # summary.json last: it marks the staging directory complete (RunDir.is_complete), so a
+    # kill from here on leaves a run that --resume only renames.
+    write_atomic(staging / COMPLETE_MARKER, json.dumps(summary, indent=2) + "\n")
+    out = run.finalize()                             # drops the secret checkpoints first
     echo(f"dpfy train: test accuracy {100 * summary['test_acc']:.2f}% at ε = {eps:.3f}, "
          f"δ = {cfg.delta:.3g} ({cfg.accountant.upper()}) after {summary['steps']} steps, "
          f"{wall:.0f} s")
     echo(f"dpfy train: privacy report: {out / 'privacy_report.md'}")
     return TrainResult(out=out, epsilon=eps, delta=cfg.delta, test_acc=summary["test_acc"],
                        wall_time_s=wall, config=cfg)
+
+
+def _rename_finished(run: RunDir, echo: Echo) -> TrainResult:
+    """Finish a run that was killed after writing everything, before its rename."""
+    summary = json.loads((run.staging / COMPLETE_MARKER).read_text())
+    public = json.loads((run.staging / "config.json").read_text())
+    cfg = TrainConfig.from_mapping(public, source="config.json")   # seed blanked: public copy
+    out = run.finalize()
+    echo(f"dpfy train: {out} had finished writing before it was interrupted; renamed it")
+    echo(f"dpfy train: privacy report: {out / 'privacy_report.md'}")
+    return TrainResult(out=out, epsilon=summary["epsilon"], delta=summary["delta"],
+                       test_acc=summary["test_acc"], wall_time_s=summary["wall_time_s"],
+                       config=cfg)
