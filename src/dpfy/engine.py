@@ -35,6 +35,7 @@ from dpfy.adaptive.chain import chain
 from dpfy.budget import RIGOROUS, BudgetGuard
 from dpfy.buffers import BufferGuard
 from dpfy.clipping import make_clipping
+from dpfy.distributed import current_collective, unwrap_model
 from dpfy.grads import GradEngine
 from dpfy.noise import NoiseSource
 from dpfy.optim import DPOptimizer
@@ -81,6 +82,11 @@ def make_private(
 
     Args:
       model: any ``nn.Module`` without BatchNorm (see :func:`dpfy.validate`); batch dim first.
+        Inside a ``torch.distributed`` process group of W ≥ 2 ranks (wrapped in
+        ``DistributedDataParallel`` or not) training is data-parallel: ``loader.batch_size``
+        is per rank, each rank clips its part of every global Poisson batch, rank 0 adds the
+        noise and one all-reduce releases the global sum (:mod:`dpfy.distributed`,
+        docs/distributed.md).
       optimizer: any torch.optim optimizer over exactly the model's trainable parameters.
       loader: a DataLoader with a ``batch_size``; q = batch_size / len(dataset).
       noise_multiplier: σ; ``0`` is allowed for debugging (nothing is private then).
@@ -123,6 +129,8 @@ def make_private(
             type(optimizer).__name__, "a torch.optim.Optimizer")
     require(isinstance(loader, DataLoader), "loader", type(loader).__name__,
             "a torch.utils.data.DataLoader")
+    collective = current_collective()  # data-parallel ranks (dpfy.distributed), or None
+    user_model, model = model, unwrap_model(model)
     require(model not in _ATTACHED, "model", type(model).__name__, "not already private",
             "Call make_private once per model (build a fresh model to start over)")
     require(noise_multiplier is None or target_epsilon is None,
@@ -148,7 +156,7 @@ def make_private(
 
     sampler: PoissonSampler | ShuffleSampler = make_sampler(
         loader, poisson_sampling=poisson_sampling, sample_rates=sample_rates,
-        seed=sampling_seed)
+        seed=sampling_seed, shard=collective.shard if collective is not None else None)
     n, q = sampler.dataset_size, sampler.sample_rate
 
     dp_loader = DPDataLoader(loader, sampler, max_physical_batch_size=max_physical_batch_size)
@@ -167,6 +175,15 @@ def make_private(
             f"epsilon, epsilon_cap), got accountant = {accountant!r}. The GDP CLT can under-"
             f"report ε; calibrate with 'pld' and read GDP afterwards with "
             f"optimizer.epsilon(delta, accountant='gdp')")
+    if collective is not None:
+        collective.agree({"dataset_size": n, "sample_rate": q, "noise_multiplier":
+                          noise_multiplier, "target_epsilon": target_epsilon, "target_delta":
+                          target_delta, "epochs": epochs, "max_steps": max_steps,
+                          "max_grad_norm": repr(max_grad_norm), "clipping": clipping,
+                          "method": repr(method if method is not None else schedule),
+                          "accountant": accountant, "loss_reduction": loss_reduction,
+                          "seeded": seed is not None})
+        collective.broadcast_module(model)
     grads = GradEngine(model, engine=engine, loss_reduction=loss_reduction)
     try:
         _check_optimizer_params(optimizer, grads)
@@ -210,13 +227,13 @@ def make_private(
             optimizer, grads=grads, clipping=policy, noise=NoiseSource(noise_seed),
             sampler=sampler, cursor=dp_loader.cursor, noise_multiplier=noise_multiplier,
             method=method, ledger=Ledger(dataset_size=n), accountant=accountant, seed=seed,
-            budget=budget, model=model, loss_fn=loss_fn)
+            budget=budget, model=model, loss_fn=loss_fn, collective=collective)
     except Exception:
         grads.detach()
         raise
     BufferGuard(model)  # refuses buffers a training forward changes (dpfy/buffers.py)
     _ATTACHED[model] = grads
-    return model, dp_optimizer, dp_loader
+    return user_model, dp_optimizer, dp_loader
 
 
 def _check_optimizer_params(optimizer: torch.optim.Optimizer, grads: GradEngine) -> None:

@@ -21,6 +21,7 @@ from dpfy._require import require
 from dpfy.adaptive.base import Clip, Method, Norms
 from dpfy.budget import BudgetGuard
 from dpfy.clipping import ClippingPolicy, total_norm
+from dpfy.distributed import Collective
 from dpfy.errors import PrivacyRefusal
 from dpfy.grads import GradEngine
 from dpfy.noise import NoiseSource
@@ -55,7 +56,8 @@ class DPOptimizer(torch.optim.Optimizer):
                  noise_multiplier: float | None, method: Method | None,
                  ledger: Ledger, accountant: str, seed: int | None, budget: BudgetGuard,
                  model: torch.nn.Module | None = None,
-                 loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None) -> None:
+                 loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None,
+                 collective: Collective | None = None) -> None:
         # Not calling Optimizer.__init__: parameter groups and state are the inner optimizer's.
         self.original_optimizer = optimizer
         for hooks in ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks",
@@ -69,6 +71,7 @@ class DPOptimizer(torch.optim.Optimizer):
         self.method_state = method.init() if method is not None else None
         self.ledger, self.accountant, self.seed, self.budget = ledger, accountant, seed, budget
         self.model, self.loss_fn = model, loss_fn
+        self.collective = collective  # data-parallel ranks (dpfy.distributed), or None
         self.step_count = 0
         self.last_step_info: dict[str, Any] = {}
         self._params = dict(grads.named_params)
@@ -257,7 +260,11 @@ class DPOptimizer(torch.optim.Optimizer):
         self.budget.check_release(self.ledger, sampling=self.sampler.sampling,
                                   sample_rate=self.sampler.sample_rate, releases=releases)
         b = self.sampler.normalizer
-        extras = sums.release(self.noise, self._params, b)
+        if self.collective is None:
+            extras = sums.release(self.noise, self._params, b)
+        else:   # rank 0 adds the one noise draw; the all-reduce sums the ranks' shares
+            extras = sums.release(self.collective.noise_source(self.noise), self._params, b,
+                                  reduce=self.collective.sum_)
         if self.method is not None:   # post-processing of the released gradient only
             mapped = self.method.postprocess(
                 self.method_state, {n: p.grad for n, p in self._params.items()}, plan)

@@ -85,8 +85,10 @@ def _sampler_fix(sampler: Any, dataset: Any, poisson_sampling: bool) -> str:
                 "shuffle=True)" + (other if not poisson_sampling else
                                    ", or give per-example Poisson rates with sample_rates="))
     if isinstance(sampler, DistributedSampler):
-        return ("dpfy accounts single-process sampling only: drop the DistributedSampler and "
-                "train in one process" + other)
+        return ("A DistributedSampler is accepted only inside a process group of 2 or more "
+                "ranks, over loader.dataset, with that group's num_replicas and rank, and "
+                "with Poisson sampling: call torch.distributed.init_process_group first "
+                "(torchrun does it), or drop the DistributedSampler to train in one process")
     if type(sampler) is RandomSampler:
         return ("Build the DataLoader with batch_size= and shuffle=True only (no "
                 "replacement=True, no num_samples=): dpfy draws every batch itself" + other)
@@ -94,7 +96,19 @@ def _sampler_fix(sampler: Any, dataset: Any, poisson_sampling: bool) -> str:
             "with batch_size= and shuffle=True or False)" + other)
 
 
-def _check_loader(loader: DataLoader, poisson_sampling: bool) -> None:
+def _is_rank_shard(sampler: Any, dataset: Any, shard: tuple[int, int] | None) -> bool:
+    """``sampler`` is a DistributedSampler saying "shard ``dataset`` over these ranks".
+
+    dpfy then draws the batches itself (:class:`PoissonSampler` with ``shard``); the
+    sampler's ``shuffle``, ``seed`` and ``drop_last`` are not used.
+    """
+    return (shard is not None and isinstance(sampler, DistributedSampler)
+            and sampler.dataset is dataset
+            and (sampler.rank, sampler.num_replicas) == shard)
+
+
+def _check_loader(loader: DataLoader, poisson_sampling: bool,
+                  shard: tuple[int, int] | None = None) -> None:
     """Refuse a loader whose sampling dpfy cannot account (or would silently ignore)."""
     if isinstance(loader.dataset, IterableDataset):
         _refuse("loader.dataset", type(loader.dataset).__name__, "a map-style dataset",
@@ -103,7 +117,8 @@ def _check_loader(loader: DataLoader, poisson_sampling: bool) -> None:
     sampler = loader.sampler
     plain = (type(sampler) is SequentialSampler and sampler.data_source is loader.dataset) or (
         type(sampler) is RandomSampler and sampler.data_source is loader.dataset
-        and not sampler.replacement and sampler._num_samples is None)
+        and not sampler.replacement and sampler._num_samples is None) or (
+        poisson_sampling and _is_rank_shard(sampler, loader.dataset, shard))
     if not plain:
         _refuse("loader.sampler", _describe(sampler),
                 "a plain SequentialSampler or RandomSampler over loader.dataset "
@@ -123,7 +138,8 @@ def _check_loader(loader: DataLoader, poisson_sampling: bool) -> None:
 
 def make_sampler(loader: DataLoader, *, poisson_sampling: bool,
                  sample_rates: Sequence[float] | torch.Tensor | None = None,
-                 seed: int | None) -> PoissonSampler | ShuffleSampler:
+                 seed: int | None, shard: tuple[int, int] | None = None,
+                 ) -> PoissonSampler | ShuffleSampler:
     """The sampler dpfy builds for ``loader``: the one place that reads a user's DataLoader.
 
     Accepted: ``DataLoader(dataset, batch_size=b, shuffle=True or False, drop_last=...)`` over
@@ -142,13 +158,29 @@ def make_sampler(loader: DataLoader, *, poisson_sampling: bool,
         batch size and ``drop_last``.
       sample_rates: per-example Poisson rates q_i instead of batch_size / N (Poisson only).
       seed: None draws from the OS CSPRNG; an int makes the batches reproducible.
+      shard: ``(rank, world_size)`` for data-parallel training (:mod:`dpfy.distributed`):
+        ``loader.batch_size`` is then the batch size *per rank* (as with DDP), the global
+        rate is q = batch_size·world_size / N, and this rank yields the examples i ≡ rank
+        (mod world_size) of each global Poisson batch. The loader may carry a
+        ``DistributedSampler`` for that group (it only says "shard over these ranks").
+        Poisson sampling only; no per-example rates.
 
     Raises:
       PrivacyRefusal: a sampler, batch sampler or dataset dpfy cannot account.
       ValueError: a batch size or rates that are not valid for the dataset.
     """
-    _check_loader(loader, poisson_sampling)
+    _check_loader(loader, poisson_sampling, shard)
     n, batch_size = len(loader.dataset), loader.batch_size
+    if shard is not None:
+        require(poisson_sampling and sample_rates is None, "poisson_sampling / sample_rates",
+                (poisson_sampling, "given" if sample_rates is not None else None),
+                "True / None in data-parallel training",
+                "dpfy shards Poisson batches over the ranks; shuffled batches and per-example "
+                "rates are single-process only")
+        world = shard[1]
+        require(batch_size * world <= n, "loader.batch_size × world_size", batch_size * world,
+                f"<= len(dataset) = {n}", "batch_size is per rank: divide it by world_size")
+        return PoissonSampler(n, sample_rate=batch_size * world / n, seed=seed, shard=shard)
     if not poisson_sampling:
         require(sample_rates is None, "sample_rates", "given", "None with poisson_sampling=False",
                 "Per-example rates need Poisson sampling")
@@ -172,14 +204,19 @@ class PoissonSampler:
       sample_rate: q in (0, 1], or ``sample_rates``: one q_i per example.
       seed: None (default) draws the masks from the OS CSPRNG (``secure_uniform``: not
         reproducible); an int seeds a torch generator whose state goes into the checkpoint.
+      shard: ``(rank, world_size)``: draw the global mask, keep the indices i ≡ rank
+        (mod world_size). Facts (q, b, N, steps per epoch) stay the global run's.
     """
 
     sampling = Sampling.POISSON
 
     def __init__(self, dataset_size: int, *, sample_rate: float | None = None,
                  sample_rates: Sequence[float] | torch.Tensor | None = None,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, shard: tuple[int, int] | None = None) -> None:
         require(dataset_size >= 1, "dataset_size", dataset_size, ">= 1")
+        require(shard is None or 0 <= shard[0] < shard[1], "shard", shard,
+                "(rank, world_size) with 0 <= rank < world_size")
+        self.shard = shard
         require((sample_rate is None) != (sample_rates is None), "sample_rate / sample_rates",
                 (sample_rate, sample_rates), "exactly one given")
         self.dataset_size = dataset_size
@@ -215,7 +252,14 @@ class PoissonSampler:
         u = (secure_uniform(n) if self.generator is None else
              torch.rand(n, generator=self.generator, dtype=torch.float64))  # (N,)
         q = self.rates if self.rates is not None else self.sample_rate
-        return torch.nonzero(u < q).flatten()  # (B,) B ~ Binomial(N, q)
+        idx = torch.nonzero(u < q).flatten()  # (B,) B ~ Binomial(N, q)
+        if self.shard is not None:
+            rank, world = self.shard
+            idx = idx[idx % world == rank]     # this rank's part of the global batch
+        return idx
+
+    def set_epoch(self, epoch: int) -> None:
+        """Accepted for DistributedSampler-style loops; Poisson draws are fresh every step."""
 
     def state_dict(self) -> dict[str, Any]:
         return {"generator": None if self.generator is None else self.generator.get_state()}

@@ -192,10 +192,13 @@ class StepSums:
             self.extras[name] = prev + total
 
     def release(self, noise: Any, params: Mapping[str, torch.nn.Parameter], normalizer: float,
-                ) -> dict[str, Any]:
+                reduce: Callable[[list[torch.Tensor]], None] | None = None) -> dict[str, Any]:
         """Noise every sum once; set ``p.grad`` = S̃/b; return the released extras.
 
-        One parameter at a time, so peak memory stays Σθ + max θ.
+        One parameter at a time, so peak memory stays Σθ + max θ. ``reduce`` (data-parallel
+        training, :mod:`dpfy.distributed`) sums the noised tensors over the ranks in place
+        before anything is returned: each rank's ``noise`` then holds its share of the one
+        Gaussian draw (rank 0 the whole draw, the others none).
         """
         std = float(self.plan.noise_multiplier) * float(self.sensitivity or 0.0)
         for n, p in params.items():
@@ -209,9 +212,13 @@ class StepSums:
                              for n, t in total.items()}
                 continue
             t = torch.as_tensor(0.0 if total is None else total, dtype=torch.float64)
-            noisy = noise.add_gaussian_(t.reshape(-1).clone(), spec.noise_std)
-            out[name] = float(noisy) if t.dim() == 0 else noisy.reshape(t.shape)
-        return out
+            out[name] = noise.add_gaussian_(t.reshape(-1).clone(), spec.noise_std
+                                            ).reshape(t.shape)
+        if reduce is not None:
+            reduce([p.grad for p in params.values()] + [
+                t for v in out.values() for t in (v.values() if isinstance(v, dict) else [v])])
+        return {name: float(v) if torch.is_tensor(v) and v.dim() == 0 else v
+                for name, v in out.items()}
 
 
 def contract(per_sample: Mapping[str, torch.Tensor]) -> WeightedSums:
