@@ -17,8 +17,8 @@ writes, before training, the ledger of a data-independent method's whole run wit
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -26,9 +26,10 @@ from dpfy.adaptive.base import Clip, Method, Norms, Released, ReleaseSpec, RunFa
 from dpfy._require import require
 from dpfy.errors import PrivacyRefusal
 from dpfy.plan import StepPlan
+from dpfy.privacy.group_ledger import group_noise_multiplier
 from dpfy.privacy.ledger import Ledger, Release
 
-__all__ = ["GRADIENT", "step_releases", "planned_ledger", "check_bound", "StepSums",
+__all__ = ["GRADIENT", "step_releases", "group_step_releases", "planned_ledger", "check_bound", "StepSums",
            "contract", "probe_losses", "released"]
 
 GRADIENT = "gradient"
@@ -52,6 +53,20 @@ def step_releases(plan: StepPlan, specs: Mapping[str, ReleaseSpec]) -> tuple[Rel
                              f"{GRADIENT!r}. Name the release after what it holds")
         out.append(Release(name, spec.noise_multiplier))
     return tuple(out)
+
+
+def group_step_releases(plan: StepPlan, specs: Mapping[str, ReleaseSpec],
+                        clip_fractions: Sequence[float]) -> list[tuple[Release, ...]]:
+    """What one step releases as seen by each privacy group (individualized privacy).
+
+    Group p's examples are clipped to f_p·Δ (``clip_fractions[p]``), so the gradient sum's noise
+    σ_t·Δ is σ_t / f_p relative to their sensitivity (:func:`dpfy.privacy.group_ledger
+    .group_noise_multiplier`); extra releases have one sensitivity for everyone and stay as
+    they are. This is :func:`step_releases` at the group's σ: the optimizer records it in each
+    group's ledger and ``dpfy.privacy.calibrate_individual`` writes it for every planned step.
+    """
+    return [step_releases(replace(plan, noise_multiplier=group_noise_multiplier(
+        plan.noise_multiplier, f)), specs) for f in clip_fractions]
 
 
 def base_plan(facts: RunFacts, step: int, noise_multiplier: float,

@@ -8,8 +8,9 @@ is a privacy event"). Other packages write to a :class:`Ledger` and read ε from
 from dpfy.privacy import gdp
 from dpfy.privacy.accountants import ACCOUNTANTS, delta, epsilon, epsilon_curve
 from dpfy.privacy.calibration import calibrate_noise_multiplier
+from dpfy.privacy.individual import calibrate_individual
 from dpfy.privacy.ledger import Ledger, Release, Sampling, StepGroup
 from dpfy.privacy.running import RunningEpsilon
 
 __all__ = ["ACCOUNTANTS", "Ledger", "Release", "Sampling", "StepGroup", "epsilon", "delta",
-           "epsilon_curve", "calibrate_noise_multiplier", "gdp", "RunningEpsilon"]
+           "epsilon_curve", "calibrate_noise_multiplier", "calibrate_individual", "gdp", "RunningEpsilon"]
