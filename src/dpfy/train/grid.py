@@ -258,7 +258,8 @@ def run_grid(base: TrainConfig, axes: Sequence[GridAxis], *, out: str | Path,
             "Every configuration diverged; widen or move the grid")
     winner = (max if higher else min)(finite, key=lambda r: r.metric)
     win_dir = staging / f"run-{winner.index:02d}"
-    _publish(win_dir, runs, winner, eps_grid, delta, sigma, base, select, selected_on, axes)
+    _publish(win_dir, runs, winner, eps_grid, delta, sigma, base, select, selected_on, axes,
+             ledgers)
     win_dir.rename(out)
     shutil.rmtree(staging)
     echo(f"dpfy tune: winner {winner.settings} ({select} {winner.metric:.4g}); the grid of {k} "
@@ -283,8 +284,9 @@ def _check_first_run(ledger: Ledger, k: int, base: TrainConfig, delta: float) ->
 
 def _publish(win_dir: Path, runs: Sequence[GridRun], winner: GridRun, eps_grid: float,
              delta: float, sigma: float, base: TrainConfig, select: str, selected_on: str,
-             axes: Sequence[GridAxis]) -> None:
-    """Re-render the winner's privacy report with the tuning cost and the grid table."""
+             axes: Sequence[GridAxis], ledgers: Sequence[Ledger]) -> None:
+    """Re-render the winner's privacy report with the tuning cost and the grid table; write
+    ``grid.json`` (the table's numbers and every run's ledger, so anyone can re-account)."""
     k = len(runs)
     names = [a.name for a in axes]
     target = f"target ε = {base.epsilon:g}" if base.epsilon is not None else "fixed σ"
@@ -318,4 +320,6 @@ def _publish(win_dir: Path, runs: Sequence[GridRun], winner: GridRun, eps_grid: 
     ledger = Ledger.from_json((win_dir / "ledger.json").read_text())
     PrivacyReport.from_ledger(ledger, delta=delta, accountant=saved["accountant"],
                               **context).write(win_dir)
-    write_atomic(win_dir / "grid.json", json.dumps(data, indent=2) + "\n")
+    ledger_dicts = [run_ledger.to_dict() for run_ledger in ledgers]
+    write_atomic(win_dir / "grid.json", json.dumps({**data, "ledgers": ledger_dicts}, indent=1)
+                 + "\n")
