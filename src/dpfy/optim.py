@@ -67,6 +67,8 @@ class DPOptimizer(torch.optim.Optimizer):
             setattr(self, hooks, OrderedDict())
         self.grads, self.clipping, self.noise = grads, clipping, noise
         self.sampler, self.cursor = sampler, cursor
+        # the batch guard: every captured layer must hold the rows of the batch just yielded
+        grads.bind_batch(lambda: len(cursor.indices) if cursor.pending else None)
         self.noise_multiplier, self.method = noise_multiplier, method
         self.method_state = method.init() if method is not None else None
         self.ledger, self.accountant, self.seed, self.budget = ledger, accountant, seed, budget

@@ -28,6 +28,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from dpfy._require import require
+from dpfy.errors import PrivacyRefusal
 from dpfy.grads.units import Unit, build_units
 from dpfy.grads.vmap import vmap_grad_sample
 
@@ -131,6 +132,89 @@ def _check_unchanged(unit: Unit, call: "_Call") -> None:
                 f"x = x + f(x) instead of x += f(x)")
 
 
+BROADCAST = -1  # a call whose inputs are shared by every example (leading dimension 1)
+
+
+def _label(unit: Unit) -> str:
+    return f"layer {unit.name or '(root)'!r} ({type(unit.module).__name__})"
+
+
+def _rule_batch_dim(unit: Unit, a: Any, b: int) -> tuple[int, str | None]:
+    """Where the batch of ``b`` rows sits in a rule unit's input ``a``: (dim, problem).
+
+    Dim 0 when it has ``b`` rows (the convention); else the only dimension of size ``b`` among
+    those the rule allows (a layer used time-first, ``lin(x.transpose(0, 1))``); else
+    :data:`BROADCAST` for an input with one row that every example shares (``position_ids`` of
+    shape (1, T)). Anything else is a problem: never a guess.
+    """
+    if not torch.is_tensor(a) or a.dim() == 0:
+        return 0, (f"{_label(unit)} must receive a tensor whose dimension 0 is the batch, got "
+                   f"{type(a).__name__}{'' if not torch.is_tensor(a) else ' of shape ()'}; the "
+                   f"private batch has {b} rows")
+    if a.shape[0] == b:
+        return 0, None
+    dims = [k for k in unit.rule.batch_dims(unit.module, a) if k > 0 and a.shape[k] == b]
+    if len(dims) == 1 and a.shape[0] != 1:
+        return dims[0], None
+    if not dims and a.shape[0] == 1:
+        return BROADCAST, None
+    where = (f"several dimensions ({[0] * (a.shape[0] == 1) + dims}) could be the batch"
+             if dims else "no dimension of that size where this layer allows a batch")
+    return 0, (f"{_label(unit)} must be called on the {b} rows of the private batch, got an "
+               f"input of shape {tuple(a.shape)}: {where}. Compute the loss only from the batch "
+               f"the private loader yielded, with the batch first in every layer (or a "
+               f"dimension of size {b} that can only be the batch)")
+
+
+def _vmap_batch_dims(unit: Unit, args: tuple, kwargs: dict, b: int
+                     ) -> tuple[tuple, dict, bool, str | None]:
+    """vmap in-dims per argument and keyword argument: 0 (batched), None (shared).
+
+    Returns (arg dims, kwarg dims, broadcast, problem). A tensor is batched if its dimension 0
+    has ``b`` rows, shared if it has one row (or none: a scalar); a non-tensor argument holding
+    tensors (a ``PackedSequence``, a tuple of states) cannot be split by example: refused. With no
+    batched argument but a shared one, the call is a broadcast (its outputs are expanded).
+    """
+    def dim(name: str, x: Any) -> tuple[int | None, str | None]:
+        if torch.is_tensor(x):
+            if x.dim() >= 1 and x.shape[0] == b:
+                return 0, None
+            if x.dim() == 0 or x.shape[0] == 1:
+                return None, None
+            return None, f"{name} has shape {tuple(x.shape)}"
+        if any(torch.is_tensor(t) for t in tree_flatten(x)[0]):
+            return None, f"{name} is a {type(x).__name__}, not a tensor"
+        return None, None
+
+    problems: list[str] = []
+    arg_dims, kw_dims = [], {}
+    for i, x in enumerate(args):
+        d, p = dim(f"argument {i}", x)
+        arg_dims.append(d)
+        problems += [p] if p else []
+    for k, x in kwargs.items():
+        d, p = dim(f"keyword argument {k!r}", x)
+        kw_dims[k] = d
+        problems += [p] if p else []
+    batched = any(d == 0 for d in arg_dims) or any(d == 0 for d in kw_dims.values())
+    shared = any(torch.is_tensor(x) and x.dim() >= 1 for x in (*args, *kwargs.values()))
+    if not problems and not batched and not (shared and b != 1):
+        problems.append("no tensor argument has the batch in dimension 0")
+    problem = None if not problems else (
+        f"{_label(unit)} must be called with the {b} rows of the private batch in dimension 0 "
+        f"of its tensor arguments, got: {'; '.join(problems)}. The engine cannot tell which "
+        f"example each row belongs to: pass padded tensors (not a PackedSequence) with the batch "
+        f"first, and compute the loss only from the batch the private loader yielded")
+    return tuple(arg_dims), kw_dims, not batched and problem is None, problem
+
+
+def _expand_rows(t: Any, b: int) -> Any:
+    """A tensor with one leading row as a (b, ...) view; anything else unchanged."""
+    if torch.is_tensor(t) and t.dim() >= 1 and t.shape[0] == 1 and b != 1:
+        return t.expand(b, *t.shape[1:])
+    return t
+
+
 @dataclass
 class _Call:
     """One captured forward call of a unit and the gradients its outputs received.
@@ -147,6 +231,9 @@ class _Call:
     eager: dict[str, torch.Tensor] | None = None  # per-sample gradients (B, *θ), sensitive
     saved: Any = None                           # the rule's ``capture`` of the output, sensitive
     versions: tuple[int | None, ...] = ()       # version counters of the tensor args at capture
+    batch_dim: int = 0                          # where the output gradient holds the batch
+    problem: str | None = None                  # why this call's rows are not the batch's
+    in_dims: tuple[Any, Any] = ((), {})         # vmap units: batch dim per arg / kwarg
 
     @property
     def used(self) -> bool:
@@ -177,12 +264,27 @@ class GradEngine:
         self._calls: dict[int, list[_Call]] = {id(u): [] for u in self.units}
         self._cache: dict[int, tuple[str, Any]] = {}
         self._b = 0  # batch size of the captures the norms were computed on
+        self._rows: Callable[[], int | None] = lambda: None  # the private batch's size (bound)
         self._last_route: dict[int, str] = {}  # unit -> route taken on the last batch (public)
         self._anchor = torch.empty(0, requires_grad=True)  # see _Tap; never receives a gradient
         self._handles = [u.module.register_forward_hook(self._hook(u), with_kwargs=True)
                          for u in self.units]
         for _, p in self.named_params:
             p.requires_grad_(False)
+
+    def bind_batch(self, rows: Callable[[], int | None] | int | None) -> None:
+        """Tell the engine how many rows the private batch being trained on has (the guard).
+
+        ``rows`` is a callable read at every forward and at the norms (the private optimizer
+        binds its loader's current batch: ``None`` while no batch is pending), an int, or None
+        (unbound: dim 0 of each layer's input is its batch, the engine's standalone use). Bound,
+        every captured layer must hold exactly those rows: a layer used time-first gets its batch
+        dimension moved first when only one dimension can be it, an input shared by every
+        example (leading dimension 1) is expanded over the batch, and anything else (a loss over
+        other data, a ``PackedSequence``) is refused with :class:`~dpfy.errors.PrivacyRefusal`
+        naming the layer when its gradient is used.
+        """
+        self._rows = rows if callable(rows) else (lambda: rows)
 
     # -- capture ---------------------------------------------------------------------------
     def _hook(self, unit: Unit):
@@ -191,20 +293,18 @@ class GradEngine:
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
             if not torch.is_grad_enabled():
                 return None
-            xs = tuple(a.detach() if torch.is_tensor(a) else a for a in args)
-            if unit.rule is not None and xs and torch.is_tensor(xs[0]):
-                xs = (_at_least_float32(xs[0]),) + xs[1:]
-            b = next((a.shape[0] for a in xs if torch.is_tensor(a)), 0)
-            call = _Call(xs, {k: v.detach() if torch.is_tensor(v) else v
-                              for k, v in kwargs.items()}, b)
-            call.versions = tuple(_version(a) for a in xs)
+            call = self._capture(unit, args, kwargs)
+            broadcast = call.batch_dim == BROADCAST
             single = torch.is_tensor(output)  # the common case: no pytree round trip
-            if single and unit.rule is not None:
+            if single and unit.rule is not None and not broadcast:
                 call.saved = unit.rule.capture(module, output)
             leaves, spec = ([output], None) if single else tree_flatten(output)
+            if broadcast:  # each example's own output gradient, not their sum (see _Call)
+                leaves = [_expand_rows(t, call.batch_size) for t in leaves]
+                call.batch_dim = 0
             tensors = [k for k, t in enumerate(leaves) if torch.is_tensor(t)]
             call.grads = [None] * len(tensors)
-            tapped = False
+            changed = broadcast
             for j, k in enumerate(tensors):
                 t = leaves[k]
                 if not t.is_floating_point():
@@ -213,19 +313,54 @@ class GradEngine:
                     t.register_hook(self._keeper(unit, call, j))
                 else:  # our frozen weights made it constant: tap it (see _Tap)
                     leaves[k] = _Tap.apply(self._anchor, t, self._keeper(unit, call, j))
-                    tapped = True
+                    changed = True
             calls.append(call)
-            if not tapped:
+            if not changed:
                 return None
             return leaves[0] if single else tree_unflatten(leaves, spec)
         return hook
+
+    def _capture(self, unit: Unit, args: tuple, kwargs: dict) -> _Call:
+        """A call's detached inputs, with the batch found in them (the batch guard).
+
+        The batch size is the private batch's (:meth:`bind_batch`) when bound, else dim 0 of the
+        first tensor argument. A rule unit's input gets the batch moved to dim 0 (or, shared by
+        every example, expanded to it); a vmap unit gets the in-dims of its arguments. A call
+        whose rows cannot be the batch's records a problem, raised if its gradient is used.
+        """
+        rows = self._rows()
+        xs = tuple(a.detach() if torch.is_tensor(a) else a for a in args)
+        kw = {k: v.detach() if torch.is_tensor(v) else v for k, v in kwargs.items()}
+        if unit.rule is None:
+            if rows is None:
+                rows = next((t.shape[0] for t in (*xs, *kw.values())
+                             if torch.is_tensor(t) and t.dim() >= 1), 0)
+            arg_dims, kw_dims, broadcast, problem = _vmap_batch_dims(unit, xs, kw, rows)
+            return _Call(xs, kw, rows, versions=tuple(_version(a) for a in xs),
+                         batch_dim=BROADCAST if broadcast else 0, problem=problem,
+                         in_dims=(arg_dims, kw_dims))
+        a = unit.rule.batch_input(unit.module, xs, kw)
+        if torch.is_tensor(a):
+            a = _at_least_float32(a)
+        dim, problem = (0, None) if rows is None else _rule_batch_dim(unit, a, rows)
+        if dim == BROADCAST:
+            a = a.expand(rows, *a.shape[1:])
+        elif dim > 0:
+            a = a.movedim(dim, 0)
+        xs = (a,) + xs[1:]
+        b = a.shape[0] if torch.is_tensor(a) and a.dim() >= 1 else 0
+        return _Call(xs, kw, b, versions=tuple(_version(t) for t in xs), batch_dim=dim,
+                     problem=problem)
 
     def _keeper(self, unit: Unit, call: _Call, k: int):
         def keep(grad: torch.Tensor) -> None:
             rule = unit.rule
             if rule is not None:
                 grad = _at_least_float32(grad)
+                if call.batch_dim:  # a layer used time-first: its batch back to dim 0
+                    grad = grad.movedim(call.batch_dim, 0)
             if (rule is not None and len(call.grads) == 1 and call.batch_size > 0
+                    and call.problem is None
                     and (call.eager is not None or not _ghost(unit, call.args[0], grad))):
                 _check_unchanged(unit, call)
                 gs = _rule_grad_sample(unit, call, grad)  # sensitive
@@ -262,8 +397,24 @@ class GradEngine:
         return float(b) if self.loss_reduction == "mean" else 1.0
 
     def batch_size(self) -> int:
-        """B of the captured physical batch; all units must agree (batch dim first)."""
-        sizes = {c.batch_size for calls in self._calls.values() for c in calls if c.used}
+        """B of the captured physical batch: every used capture must hold the batch's rows.
+
+        Raises:
+          PrivacyRefusal: a layer whose gradient is used was called on rows that are not the
+            private batch's (see :meth:`bind_batch`), naming every such layer and the fix.
+        """
+        used = [(u, c) for u in self.units for c in self._calls[id(u)] if c.used]
+        problems = list(dict.fromkeys(c.problem for _, c in used if c.problem is not None))
+        if problems:
+            raise PrivacyRefusal("; ".join(problems))
+        rows = self._rows()
+        sizes = {c.batch_size for _, c in used}
+        if rows is not None and sizes - {rows}:
+            wrong = sorted({_label(u) for u, c in used if c.batch_size != rows})
+            raise PrivacyRefusal(
+                f"every layer's gradient must come from the {rows} rows of the private batch, "
+                f"got {', '.join(wrong)} called on {sorted(sizes - {rows})} rows. Compute the "
+                f"loss only from the batch the private loader yielded, and step once per batch")
         require(len(sizes) <= 1, "the batch dimension", sorted(sizes),
                 "the same (dim 0) for every layer",
                 "Put the batch first (e.g. batch_first=True) and do not reshape it away")
@@ -322,7 +473,8 @@ class GradEngine:
             elif u.rule is not None:
                 gs = _rule_grad_sample(u, c, c.grads[0])
             else:
-                gs = vmap_grad_sample(u.module, u.name, u.params, c.args, c.kwargs, c.grads)
+                gs = vmap_grad_sample(u.module, u.name, u.params, c.args, c.kwargs, c.grads,
+                                      in_dims=c.in_dims)
             for rel, t in gs.items():
                 total[rel] = t if rel not in total else total[rel] + t
         return total

@@ -5,8 +5,10 @@ The math is written for one example: for a captured call y = m(x; θ) with outpu
 batches that over i. It needs the captured inputs and output gradients of the call, and costs one
 more forward and backward of the module, vectorized over the batch.
 
-Assumptions (checked where possible): the batch dimension is dim 0 of every tensor positional
-argument; keyword arguments are shared by all examples; the module does not mix examples
+Assumptions (checked by the engine's batch guard when the call is captured): the batch dimension
+is dim 0 of every tensor argument, positional or keyword, that has the batch's rows; a tensor with
+one row (or a scalar) is shared by all examples (``position_ids`` of shape (1, T)), and so is any
+non-tensor argument; the module does not mix examples
 (BatchNorm is refused before we get here) and uses no randomness (vmap raises on random ops, and
 dropout modules in training mode are refused with a clear message, since recomputing the forward
 would draw different masks).
@@ -41,7 +43,8 @@ def _check_no_dropout(module: nn.Module, name: str) -> None:
 
 def vmap_grad_sample(module: nn.Module, name: str, params: dict[str, nn.Parameter],
                      args: tuple[Any, ...], kwargs: dict[str, Any],
-                     out_grads: list[torch.Tensor | None]) -> dict[str, torch.Tensor]:
+                     out_grads: list[torch.Tensor | None],
+                     in_dims: tuple[tuple, dict] | None = None) -> dict[str, torch.Tensor]:
     """Per-sample gradients {qualified name: (B, *θ.shape)} of ``params`` for one call.
 
     Args:
@@ -51,25 +54,33 @@ def vmap_grad_sample(module: nn.Module, name: str, params: dict[str, nn.Paramete
       args, kwargs: the captured (detached) call arguments.
       out_grads: the gradient of the loss w.r.t. each tensor leaf of the output, None where the
         loss did not depend on it.
+      in_dims: (per argument, per keyword argument) 0 where the tensor is batched in dim 0,
+        None where it is shared; default: positional tensors batched, keywords shared.
     """
     _check_no_dropout(module, name)
     detached = {n: p.detach() for n, p in params.items()}
     frozen = {n: t.detach() for n, t in module.named_parameters() if n not in params}
     frozen.update(dict(module.named_buffers()))
-    in_dims = tuple(0 if torch.is_tensor(a) else None for a in args)
+    if in_dims is None:
+        in_dims = (tuple(0 if torch.is_tensor(a) else None for a in args), {})
+    arg_dims, kw_dims = in_dims
+    batched_kw = {k: v for k, v in kwargs.items() if kw_dims.get(k) == 0}
+    shared_kw = {k: v for k, v in kwargs.items() if kw_dims.get(k) != 0}
     used = [i for i, g in enumerate(out_grads) if g is not None]
     grads = tuple(out_grads[i] for i in used)
 
-    def inner_product(p: dict[str, torch.Tensor], xs: tuple[Any, ...],
+    def inner_product(p: dict[str, torch.Tensor], xs: tuple[Any, ...], kws: dict[str, Any],
                       gs: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        one = tuple(x.unsqueeze(0) if torch.is_tensor(x) else x for x in xs)  # batch of 1
-        leaves = tree_flatten(functional_call(module, {**p, **frozen}, one, kwargs))[0]
+        one = tuple(x.unsqueeze(0) if d == 0 else x for x, d in zip(xs, arg_dims))  # batch of 1
+        kw = {**shared_kw, **{k: v.unsqueeze(0) for k, v in kws.items()}}
+        leaves = tree_flatten(functional_call(module, {**p, **frozen}, one, kw))[0]
         outs = [t for t in leaves if torch.is_tensor(t)]
         return sum(((outs[i] * g.unsqueeze(0)).sum() for i, g in zip(used, gs)),
                    start=torch.zeros((), dtype=gs[0].dtype if gs else torch.float32))
 
     try:
-        per_sample = vmap(grad(inner_product), in_dims=(None, in_dims, 0))(detached, args, grads)
+        per_sample = vmap(grad(inner_product), in_dims=(None, tuple(arg_dims), 0, 0))(
+            detached, args, batched_kw, grads)
     except RuntimeError as e:  # an op torch.func cannot batch, randomness, data-dependent flow
         raise ValueError(
             f"module {name or '(root)'!r} ({type(module).__name__}) must be supported by "

@@ -42,6 +42,22 @@ class LayerRule:
         """The layer's own parameters by attribute name (``None`` ones skipped)."""
         return {n: p for n, p in layer.named_parameters(recurse=False)}
 
+    def batch_input(self, layer: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+                    ) -> Any:
+        """The input ``a`` the rule works on, from the call's (detached) arguments.
+
+        Default: the first positional argument, or the keyword argument ``input``. A rule whose
+        layer takes its batch in several arguments (EmbeddingBag's ids and offsets) returns one
+        tensor with the batch in dimension 0 that its other methods read.
+        """
+        return args[0] if args else kwargs.get("input")
+
+    def batch_dims(self, layer: nn.Module, a: torch.Tensor) -> tuple[int, ...]:
+        """The dimensions of ``a`` that may hold the batch (the batch guard moves the one of the
+        private batch's size to dim 0, if only one has it). Default: dim 0 only; a layer that
+        treats all leading dimensions alike (Linear, Embedding) allows each of them."""
+        return (0,)
+
     def grad_sample(self, layer: nn.Module, a: torch.Tensor, g: torch.Tensor
                     ) -> dict[str, torch.Tensor]:
         raise NotImplementedError

@@ -35,6 +35,9 @@ def _flat(layer: nn.Embedding, x: torch.Tensor, g: torch.Tensor
 class EmbeddingRule(LayerRule):
     has_ghost = True
 
+    def batch_dims(self, layer, a):
+        return tuple(range(a.dim()))  # ids: every dimension is a position or the batch
+
     def grad_sample(self, layer, a, g):
         x, g = _flat(layer, a, g)
         b, t, d = g.shape

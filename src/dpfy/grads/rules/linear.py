@@ -40,6 +40,9 @@ def _last_dim_dense(x: torch.Tensor) -> torch.Tensor:
 class LinearRule(LayerRule):
     has_ghost = True
 
+    def batch_dims(self, layer, a):
+        return tuple(range(a.dim() - 1))  # every dimension but the features
+
     def grad_sample(self, layer, a, g):
         a, g = _as_seq(a, g)  # (B, T, d_in), (B, T, d_out)
         # the batched matmul is faster with the longer of d_in, d_out as its last dimension;
