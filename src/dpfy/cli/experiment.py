@@ -4,6 +4,8 @@ Names: ``dynamic-fmnist`` (seed 001 Table 1, Fashion-MNIST), ``noise-decay-fmnis
 Table 8 style comparison), ``all``. Results go to ``OUT/results.jsonl`` (resumable: finished
 runs are skipped), progress to ``OUT/progress.log``, the tables to ``OUT/*.md`` and plots to
 ``OUT/*.png``. ``--summarize`` only rebuilds tables and plots from the results file.
+``oso-fmnist`` (seed 002's Fashion-MNIST comparison; not part of ``all``) has its own options
+and files: :mod:`dpfy.experiments.oso_fmnist`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from dpfy.experiments import oso_fmnist
 from dpfy.experiments.grids import EXPERIMENTS
 
 __all__ = ["register", "run"]
@@ -19,13 +22,14 @@ __all__ = ["register", "run"]
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("experiment", help="run a paper reproduction (tables + plots)",
                               description=__doc__.splitlines()[0])
-    p.add_argument("name", choices=sorted(EXPERIMENTS) + ["all"])
+    p.add_argument("name", choices=sorted(EXPERIMENTS) + ["oso-fmnist", "all"])
     p.add_argument("--seeds", type=int, default=3, help="seeds per cell (default 3)")
     p.add_argument("--epochs", type=int, default=3, help="epochs per run (default 3)")
     p.add_argument("--workers", type=int, default=1, help="parallel processes (1 thread each)")
     p.add_argument("--out", default="docs/results", help="output directory")
     p.add_argument("--data-dir", default=None, help="Fashion-MNIST IDX directory")
     p.add_argument("--summarize", action="store_true", help="only rebuild tables and plots")
+    oso_fmnist.add_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -34,6 +38,8 @@ def run(args: argparse.Namespace) -> int:
     from dpfy.experiments.runner import run_grid
     from dpfy.experiments.summary import summarize
 
+    if args.name == "oso-fmnist":
+        return oso_fmnist.main(args)
     out = Path(args.out)
     names = sorted(EXPERIMENTS) if args.name == "all" else [args.name]
     if not args.summarize:
