@@ -56,8 +56,9 @@ def test_zero_noise_is_refused_naming_the_method():
 
 
 @pytest.mark.parametrize("field,value", [("initial_clip", 0.0), ("clip_rate", 1.0),
-                                         ("lr_rate", -1e-3), ("rule", "additive"),
-                                         ("inflation", 0.0), ("adapt_lr", "yes")])
+                                         ("lr_rate", -1e-3), ("rule", "bogus"),
+                                         ("inflation", 0.0), ("adapt_lr", "yes"),
+                                         ("min_clip", 0.0), ("initial_lr", -1.0)])
 def test_config_rejects_bad_values(field, value):
     with pytest.raises(ValueError, match=f"^{field} must be"):
         OnlineSensitivity(**{field: value})
@@ -91,9 +92,9 @@ def _released(g: torch.Tensor, q_sum: torch.Tensor, b: float = 10.0) -> Released
                     gradient={"w": g})
 
 
-@pytest.mark.parametrize("rule", ["sign", "rubio"])
+@pytest.mark.parametrize("rule", ["sign", "rubio", "additive"])
 def test_first_step_leaves_C_and_rho_unchanged(rule):
-    m = OnlineSensitivity(rule=rule)
+    m = OnlineSensitivity(rule=rule, initial_lr=0.5)
     gen = torch.Generator().manual_seed(0)
     state = m.update(m.init(), _released(torch.randn(7, generator=gen),
                                          torch.randn(7, generator=gen)))
@@ -125,6 +126,40 @@ def test_rubio_rule_steps_by_the_cosine():
     s = m.update(s, _released(torch.tensor([4.0, 3.0]), torch.zeros(2)))
     assert s.clip == pytest.approx(0.1 * (1 + 0.1 * 24 / 25), rel=1e-7)  # float32 q̃
     assert s.lr_scale == pytest.approx(1 + 0.1 * 4 / 5, rel=1e-12)
+
+
+def test_additive_rules_step_by_the_released_dot_products():
+    # Eqs. 13 and 16 with ρ = ρ_1 = 0.5, ρ_c = 0.1, ρ_r = 0.2, b = 10. Step 1 stores
+    # g̃_0 = (1, 0) and q̃_0 = (3, 4)/10 and changes nothing. Step 2, g̃_1 = (4, 3):
+    # C = 0.1 + 0.1·0.5·⟨(4, 3), (0.3, 0.4)⟩ = 0.1 + 0.05·2.4 = 0.22;
+    # ρ/ρ_1 = 1 + 0.2·⟨(4, 3), (1, 0)⟩ = 1.8.
+    m = OnlineSensitivity(rule="additive", clip_rate=0.1, lr_rate=0.2, initial_lr=0.5)
+    s = m.update(m.init(), _released(torch.tensor([1.0, 0.0]), torch.tensor([3.0, 4.0])))
+    assert (s.clip, s.lr_scale) == (0.1, 1.0)
+    s = m.update(s, _released(torch.tensor([4.0, 3.0]), torch.tensor([-3.0, -4.0])))
+    assert s.clip == pytest.approx(0.22, rel=1e-6) and s.lr_scale == pytest.approx(1.8)
+    # Step 3, g̃_2 = (−4, −3) against q̃_1 = (−0.3, −0.4): C + 0.05·2.4 = 0.34; and against
+    # g̃_1 = (4, 3): ρ/ρ_1 = 1.8 + 0.2·(−25) < 0, floored at 0 (no ascent).
+    s = m.update(s, _released(torch.tensor([-4.0, -3.0]), torch.zeros(2)))
+    assert s.clip == pytest.approx(0.34, rel=1e-6) and s.lr_scale == 0.0
+    # ρ_c·ρ_1 = 0.5, q̃_0 = (1, 1)/10, g̃_1 = −(1, 1): C = 0.1 + 0.5·(−0.2) = 0, floored at
+    # min_clip (the clipping needs a positive threshold).
+    m2 = OnlineSensitivity(rule="additive", clip_rate=0.5, initial_lr=1.0, min_clip=1e-4)
+    s = m2.update(m2.init(), _released(torch.ones(2), torch.ones(2)))
+    s = m2.update(s, _released(-torch.ones(2), torch.zeros(2)))
+    assert s.clip == 1e-4
+
+
+def test_additive_rule_reads_the_optimizer_lr_from_the_run_facts():
+    ds = _data(60)
+    model = nn.Linear(6, 3)
+    _, opt, _ = dpfy.make_private(model, torch.optim.SGD(model.parameters(), lr=0.3),
+                                  DataLoader(ds, batch_size=30), noise_multiplier=1.0, seed=0,
+                                  method=make("oso", rule="additive"))
+    assert opt.method.initial_lr == 0.3
+    with pytest.raises(ValueError, match="initial_lr must be known"):
+        OnlineSensitivity(rule="additive").update(
+            OnlineSensitivity().init(), _released(torch.ones(2), torch.ones(2)))
 
 
 def _quadratic_run(start: torch.Tensor, lr: float, steps: int):
@@ -211,6 +246,37 @@ def test_released_threshold_gradient_matches_the_loop_and_has_the_declared_noise
     assert abs(q_noise.mean().item()) < 4 * 7.12399 * nu / b / len(q_noise) ** 0.5
 
 
+def test_reweighted_sums_equal_the_explicit_per_sample_sums():
+    # Digest §4.6: Σ q_i formed by the engine's re-weighted backward equals the explicit sum of
+    # g_i/‖g_i‖ over the clipped examples (float64 loop in tests/oracles.py). ν = 1e-9 makes
+    # the noise (std ≈ 7e-9/b) negligible against the 1e-5 tolerance; lr = 0 keeps θ fixed.
+    torch.manual_seed(1)
+    ds = TensorDataset(torch.randn(30, 5) * 2, torch.randint(0, 4, (30,)))
+    model = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 4))
+    ref = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 4))
+    ref.load_state_dict(model.state_dict())
+    c = 0.3
+    model, opt, dl = dpfy.make_private(model, torch.optim.SGD(model.parameters(), lr=0.0),
+                                       DataLoader(ds, batch_size=15), noise_multiplier=1e-9,
+                                       method=OnlineSensitivity(initial_clip=c), seed=2,
+                                       accountant="rdp")
+    b = opt.sampler.normalizer
+    checked = 0
+    for x, y in dl:
+        grads = oracles.per_example_grads(ref, x, y, SUM)                    # float64
+        n = oracles.per_example_norms(grads)
+        explicit = {k: torch.einsum("b,b...->...", (n > c).double() / n, v)
+                    for k, v in grads.items()}
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        for k, v in explicit.items():
+            torch.testing.assert_close(opt.method_state.prev_direction[k].double(), v / b,
+                                       rtol=1e-5, atol=1e-6)
+        checked += int((n > c).sum())
+    assert checked > 0
+
+
 def test_epsilon_equals_dp_accounting_and_the_sensitivity_check_passes_every_step():
     ds = _data()
     model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
@@ -287,6 +353,6 @@ def test_dpfy_train_method_oso_records_both_releases(tmp_path, capsys):
     assert {r["mechanism"] for g in ledger["groups"] for r in g["releases"]} == {
         "gradient", THRESHOLD_GRADIENT}
     code = main(BASE + ["--out", str(tmp_path / "bad"), "--method", "oso",
-                        "--method-options", "rule=additive"])
+                        "--method-options", "rule=bogus"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "rule must be one of" in err and len(err.splitlines()) == 1

@@ -33,9 +33,19 @@ noise on the sum, then divided by b; §2.5 erratum), and g̃_0 = q̃_0 = 0, sign
   the same form for ρ with cos(g̃_t, g̃_{t−1}) (the paper gives Eq. 19 for C only; the ρ form
   is its analogue).
 
+- ``rule="additive"`` (Eqs. 13 and 16, the plain hypergradient steps the paper derives
+  before replacing them): C_{t+1} = C_t + ρ_c·ρ·⟨g̃_t, q̃_{t−1}⟩ and
+  ρ_{t+1} = ρ_t + ρ_r·ρ·⟨g̃_t, g̃_{t−1}⟩, with ρ = ρ_1 the initial (gridded) learning rate, the
+  constant ρ of the paper's derivation (§2.9 lists ρ as ρ_1); in the scale s_t = ρ_t/ρ_1 this
+  is s_{t+1} = s_t + ρ_r·⟨g̃_t, g̃_{t−1}⟩ (Baydin et al.'s rule with β = ρ_r·ρ_1). The dot
+  products are not normalized, so ρ_c, ρ_r must suit the gradients' scale (the paper's
+  2.5e-3 is for the sign rule). The paper gives no floor; dpfy keeps C_{t+1} ≥ ``min_clip``
+  (the clipping needs a positive sensitivity) and ρ_{t+1} ≥ 0 (a negative learning rate would
+  ascend). ρ_1 is the torch optimizer's learning rate, read from the run's facts
+  (``RunFacts.inner_hyperparameters["lr"]``, set by ``make_private``).
+
 ρ_t is the learning rate's factor: the plan's ``lr_scale`` = ρ_t/ρ_1 multiplies the torch
-optimizer's learning rate ρ_1 (the gridded one). The additive rules (Eqs. 13, 16) need ρ_t
-itself, which a method does not see (only the scale), so they are not offered. The method is
+optimizer's learning rate ρ_1 (the gridded one). The method is
 defined for SGD, optionally with momentum (the sign rule is unchanged by momentum's positive
 factor); with Adam the threshold gradient loses its meaning (§2.6) and the paper offers no
 variant.
@@ -56,14 +66,15 @@ from typing import Any, Literal, Mapping
 import torch
 
 from dpfy._require import require
-from dpfy.adaptive.base import Clip, Method, Norms, Released, ReleaseSpec, register
+from dpfy.adaptive.base import (Clip, Method, Norms, Released, ReleaseSpec, RunFacts,
+                                bind_facts, register)
 from dpfy.plan import StepPlan
 from dpfy.privacy.split import split_noise_multiplier
 
-__all__ = ["OnlineSensitivity", "OSOState", "THRESHOLD_GRADIENT", "hyper_factor"]
+__all__ = ["OnlineSensitivity", "OSOState", "THRESHOLD_GRADIENT", "hyper_factor", "released_dot"]
 
 THRESHOLD_GRADIENT = "threshold_gradient"
-RULES = ("sign", "rubio")
+RULES = ("sign", "rubio", "additive")
 Vector = Mapping[str, torch.Tensor]
 
 
@@ -91,6 +102,11 @@ def _dot_and_norms(a: Vector, b: Vector) -> tuple[float, float, float]:
         sq_a += float(torch.dot(x, x))
         sq_b += float(torch.dot(y, y))
     return dot, math.sqrt(sq_a), math.sqrt(sq_b)
+
+
+def released_dot(current: Vector, previous: Vector | None) -> float:
+    """⟨current, previous⟩ of two released vectors; 0 before the first step (no previous)."""
+    return 0.0 if previous is None else _dot_and_norms(current, previous)[0]
 
 
 def hyper_factor(current: Vector, previous: Vector | None, rate: float, rule: str) -> float:
@@ -121,8 +137,12 @@ class OnlineSensitivity(Method[OSOState]):
       clip_rate: ρ_c in (0, 1), the step of log C (paper: 2.5e-3).
       lr_rate: ρ_r in (0, 1), the step of log ρ (paper: 2.5e-3).
       adapt_lr: also adapt the learning rate (Eqs. 14–16, 21); False keeps the optimizer's.
-      rule: ``"sign"`` (Eqs. 20–21, the paper's) or ``"rubio"`` (Eq. 19).
+      rule: ``"sign"`` (Eqs. 20–21, the paper's), ``"rubio"`` (Eq. 19) or ``"additive"``
+        (Eqs. 13 and 16; needs the optimizer's learning rate ρ_1 from the run's facts).
       inflation: the gradient's share of the noise: ν_g = (1 + inflation)·ν (paper: 0.01).
+      min_clip: the floor of C under ``rule="additive"`` (> 0; the other rules stay positive).
+      initial_lr: ρ_1 for ``rule="additive"``, filled in from the run's facts by ``calibrate``
+        (give it only to use the method outside ``make_private``).
 
     Releases per step: the clipped gradient sum (ν_g = 1.01ν, sensitivity C_t) and the
     threshold gradient Σ 1[‖g_i‖ > C_t] g_i/‖g_i‖ (ν_q = 7.124ν, sensitivity 1), composed to ν.
@@ -132,8 +152,10 @@ class OnlineSensitivity(Method[OSOState]):
     clip_rate: float = 2.5e-3
     lr_rate: float = 2.5e-3
     adapt_lr: bool = True
-    rule: Literal["sign", "rubio"] = "sign"
+    rule: Literal["sign", "rubio", "additive"] = "sign"
     inflation: float = 0.01
+    min_clip: float = 1e-6
+    initial_lr: float | None = None
 
     def __post_init__(self) -> None:
         require(self.initial_clip > 0, "initial_clip", self.initial_clip, "> 0",
@@ -146,6 +168,20 @@ class OnlineSensitivity(Method[OSOState]):
                 "'sign' is the paper's rule (Eqs. 20-21)")
         require(self.inflation > 0, "inflation", self.inflation, "> 0",
                 "The paper's 1 % rule is inflation = 0.01")
+        require(self.min_clip > 0, "min_clip", self.min_clip, "> 0",
+                "The clipping threshold must stay positive")
+        if self.initial_lr is not None:
+            require(self.initial_lr > 0, "initial_lr", self.initial_lr, "> 0")
+
+    def calibrate(self, facts: RunFacts) -> "OnlineSensitivity":
+        """The additive rule reads ρ_1, the inner optimizer's learning rate, from the facts."""
+        if self.rule != "additive" or self.initial_lr is not None:
+            return bind_facts(self, facts)
+        lr = (facts.inner_hyperparameters or {}).get("lr")
+        require(isinstance(lr, (int, float)) and lr > 0, "the inner optimizer's lr", lr,
+                "a positive number for rule 'additive'",
+                "Eqs. 13 and 16 step by ρ_c·ρ_1 and ρ_r·ρ_1; pass initial_lr= explicitly")
+        return bind_facts(replace(self, initial_lr=float(lr)), facts)
 
     @property
     def sets(self) -> frozenset[str]:  # type: ignore[override]
@@ -189,10 +225,25 @@ class OnlineSensitivity(Method[OSOState]):
         b = released.expected_batch_size                                 # public
         g = {n: t.detach().clone() for n, t in released.gradient.items()}   # g̃_t (mean)
         q = {n: t.detach() / b for n, t in released.sums[THRESHOLD_GRADIENT].items()}  # q̃_t
-        clip = state.clip * hyper_factor(g, state.prev_direction, self.clip_rate, self.rule)
-        lr = (state.lr_scale * hyper_factor(g, state.prev_gradient, self.lr_rate, self.rule)
-              if self.adapt_lr else state.lr_scale)
+        if self.rule == "additive":
+            clip, lr = self._additive(state, g)
+        else:
+            clip = state.clip * hyper_factor(g, state.prev_direction, self.clip_rate, self.rule)
+            lr = (state.lr_scale * hyper_factor(g, state.prev_gradient, self.lr_rate, self.rule)
+                  if self.adapt_lr else state.lr_scale)
         return OSOState(clip=clip, lr_scale=lr, prev_gradient=g, prev_direction=q)
+
+    def _additive(self, state: OSOState, g: Vector) -> tuple[float, float]:
+        """(C_{t+1}, ρ_{t+1}/ρ_1) by Eqs. 13 and 16, floored at ``min_clip`` and 0."""
+        require(self.initial_lr is not None, "initial_lr", None,
+                "known for rule 'additive'", "Pass the method to make_private (it reads the "
+                "optimizer's lr) or give initial_lr=")
+        clip = state.clip + self.clip_rate * self.initial_lr * released_dot(
+            g, state.prev_direction)                                         # Eq. 13
+        lr = state.lr_scale
+        if self.adapt_lr:   # Eq. 16 divided by ρ_1: s_{t+1} = s_t + ρ_r⟨g̃_t, g̃_{t−1}⟩
+            lr = state.lr_scale + self.lr_rate * released_dot(g, state.prev_gradient)
+        return max(clip, self.min_clip), max(lr, 0.0)
 
     def state_dict(self, state: OSOState) -> dict[str, Any]:
         return {"clip": state.clip, "lr_scale": state.lr_scale,
