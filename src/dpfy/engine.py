@@ -37,6 +37,7 @@ from dpfy.buffers import BufferGuard
 from dpfy.clipping import make_clipping
 from dpfy.distributed import current_collective, unwrap_model
 from dpfy.grads import GradEngine
+from dpfy.memory import plan_physical_batch
 from dpfy.noise import NoiseSource
 from dpfy.optim import DPOptimizer
 from dpfy.privacy import Ledger, calibrate_noise_multiplier
@@ -66,7 +67,8 @@ def make_private(
     method: "Method | str | Sequence[Method | str] | None" = None,
     schedule: Method | None = None,
     poisson_sampling: bool = True,
-    max_physical_batch_size: int | None = None,
+    max_physical_batch_size: int | str | None = None,
+    memory_limit: int | None = None,
     secure_mode: bool = False,
     accountant: str = "pld",
     max_steps: int | None = None, epsilon_cap: float | None = None,
@@ -107,7 +109,13 @@ def make_private(
       schedule: the earlier name of ``method``.
       poisson_sampling: False uses dpfy's shuffled fixed-size sampler, accounted as
         ``Sampling.SHUFFLE``.
-      max_physical_batch_size: split logical batches into physical ones of at most this size.
+      max_physical_batch_size: split logical batches into physical ones of at most this size;
+        ``"auto"``: the largest size whose memory estimate (:mod:`dpfy.memory`, per layer from
+        the engine's routes, measured on a 4-example probe) fits ``memory_limit``. The
+        optimizer updates once per logical batch: ``optimizer.updated`` says whether the last
+        ``step()`` did (for per-update LR schedulers); ``len(loader)`` counts logical batches.
+      memory_limit: bytes for ``"auto"`` (default: half the memory available now,
+        :func:`dpfy.memory.default_memory_limit`).
       secure_mode: deprecated (secure is the default); True requires ``seed=None``.
       accountant: for ``target_epsilon``, ``epsilon_cap`` (PLD or RDP only: the GDP CLT may
         under-report ε) and ``optimizer.epsilon`` (any).
@@ -154,6 +162,12 @@ def make_private(
                 "secure_mode is the default now (seed=None); drop one of them")
     sampling_seed, noise_seed = derive_seeds(seed) if seed is not None else (None, None)
 
+    if max_physical_batch_size == "auto":
+        max_physical_batch_size = plan_physical_batch(model, loader, memory_limit=memory_limit,
+                                                      engine=engine)
+    else:
+        require(memory_limit is None, "memory_limit", memory_limit,
+                "None unless max_physical_batch_size='auto'", "Pass one of them")
     sampler: PoissonSampler | ShuffleSampler = make_sampler(
         loader, poisson_sampling=poisson_sampling, sample_rates=sample_rates,
         seed=sampling_seed, shard=collective.shard if collective is not None else None)

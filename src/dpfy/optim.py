@@ -41,6 +41,11 @@ class DPOptimizer(torch.optim.Optimizer):
     Attributes:
       ledger: every release so far (one ``record_step`` per logical batch).
       step_count: logical steps taken.
+      updated: whether the last ``step()`` call was a real update (it ended a logical batch:
+        noise added, ledger step recorded, inner optimizer stepped). With
+        ``max_physical_batch_size`` the loader yields several physical batches per update;
+        step a per-update LR scheduler only ``if optimizer.updated``.
+      collective: the data-parallel ranks (:mod:`dpfy.distributed`), or None.
       method, method_state: the adaptive method (or None) and its state.
       budget: the :class:`dpfy.budget.BudgetGuard` (``max_steps`` and ``epsilon_cap`` are
         shortcuts to it).
@@ -74,6 +79,7 @@ class DPOptimizer(torch.optim.Optimizer):
         self.ledger, self.accountant, self.seed, self.budget = ledger, accountant, seed, budget
         self.model, self.loss_fn = model, loss_fn
         self.collective = collective  # data-parallel ranks (dpfy.distributed), or None
+        self.updated = False          # the last step() call ended a logical batch
         self.step_count = 0
         self.last_step_info: dict[str, Any] = {}
         self._params = dict(grads.named_params)
@@ -172,7 +178,7 @@ class DPOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Clip, accumulate; at the end of a logical batch add noise, record, update."""
-        loss = None
+        loss, self.updated = None, False
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
@@ -298,6 +304,7 @@ class DPOptimizer(torch.optim.Optimizer):
                                           else math.nan),
         }
         self.step_count += 1
+        self.updated = True
 
     # -- checkpoints ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -59,6 +59,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=256,
                    help="batch size of the probe (routes depend on sizes)")
     p.add_argument("--engine", default="auto", choices=["auto", "ghost", "vmap"])
+    p.add_argument("--memory", action="store_true",
+                   help="print the memory estimate per layer at --batch-size (dpfy.memory) "
+                        "next to the measured peak of one private step")
     p.set_defaults(func=run)
 
 
@@ -68,4 +71,8 @@ def run(args: argparse.Namespace) -> int:
     model = _build(args.model, shape, args.num_classes)
     example = torch.randn(args.batch_size, *shape) if shape else None
     print(format_table(explain_model(model, engine=args.engine, example=example)))
+    if args.memory:
+        require(example is not None, "--input-shape", args.input_shape, "given with --memory")
+        from dpfy.memory import format_memory
+        print(format_memory(model, example, engine=args.engine))
     return 0
