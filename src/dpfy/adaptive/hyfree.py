@@ -1,0 +1,296 @@
+"""HyFreeDP: the learning rate found by privatized loss probes, no clipping threshold to tune.
+
+Reference: Bu & Liu, "Towards hyperparameter-free optimization with differential privacy"
+(Algorithms 1 and 2; digest ``shared/reference/004-hyperparameter-free-dp.md`` §2–§4).
+
+Why: a learning rate tuned on private data leaks privacy unless the search is accounted, and
+an untuned one wastes the run. HyFreeDP removes both tuned quantities of DP-SGD:
+
+- the gradient threshold, by **automatic clipping** (R_g → 0⁺): example i contributes
+  g_i/(‖g_i‖ + γ_s), norm < 1, so the sensitivity is 1 and the scale folds into η;
+- the learning rate η, by **GeN's quadratic fit** along the update direction d, from three
+  privatized mean losses on the step's own batch, every K steps:
+  L̃_0 = L̃(θ), L̃_+ = L̃(θ − η d) (the step the optimizer would take), L̃_− = L̃(θ + η d);
+  L(θ − s d) ≈ L̃_0 − b s + a s²/2 gives b = (L̃_− − L̃_+)/(2η), a = (L̃_+ + L̃_− − 2L̃_0)/η² and
+  the minimizing step η* = b/a (§2.5).
+
+Each loss is privatized by Eq. 7: example losses clipped to [−R_l, R_l] (``min(L_i, R_l)`` for
+a non-negative loss), summed, N(0, (σ_l R_l)²) added, divided by the public expected batch
+size b. R_l is auto-regressive: set from the previous probe round's released losses (§3.5.2).
+
+Privacy (what the ledger records):
+
+- every step releases the gradient sum at σ_g = γσ (γ = 1.01), σ the plain DP-SGD noise for
+  the run's (ε, δ, q, T);
+- every K-th step (t = 0, K, 2K, ...) also releases the three loss sums, each at noise
+  multiplier σ_l. They use the gradient's Poisson batch, so the step is recorded as **one**
+  subsampled Gaussian with 1/σ_eff² = 1/σ_g² + 3/σ_l² (digest §4.4), never the paper's
+  optimistic separate composition;
+- σ_l is solved (Algorithm 2, ``dpfy.privacy.hyfree_noise_split``) so that this very ledger
+  spends the target ε by the run's rigorous accountant. The noise multipliers do not depend on
+  R_l (noise std = σ_l·R_l, sensitivity R_l), so the ledger is known before training.
+
+Decisions the paper leaves open (each an option; defaults stated):
+
+- **Direction d.** The probes of step t need d before step t's gradient exists, so they use the
+  update the optimizer actually applied at step t − 1, d = (θ_{t−1} − θ_t)/η_{t−1}, read from
+  the released parameters (momentum, Adam's preconditioning and weight decay included; the
+  optimizer's state is never advanced twice). The first round (t = 0) has no direction: its
+  three losses are taken at θ and only set R_l. The new η applies from step t + 1.
+- **Safeguards.** The released losses carry noise of known, public std σ_l R_l / b, so the fit's
+  a and b have known noise stds. The target is b/a only when the curvature a is seen (above
+  ``significance`` stds); if d is seen to ascend (b below −``significance`` stds) η shrinks;
+  otherwise — the step is too small for the probes to resolve, or no curvature is seen — η
+  grows. The target is clamped to [η/``max_change``, η·``max_change``] and smoothed,
+  η ← ``smoothing``·η + (1 − ``smoothing``)·target (clamp and smoothing as in GeN's official
+  code, §7; the significance test is dpfy's: without it, at small batches the noise alone
+  drives η in a random walk).
+- **R_l rule**: ``"sum"`` (default; the paper's "in practice" rule, R_l = |L̃_− + L̃_0 + L̃_+|,
+  ≈ 3× the loss: little clipping bias) or ``"anchor"`` (|L̃_0|, Algorithm 1 line 8); never
+  below ``loss_clip_floor``.
+- **K** = 5 by default (the paper's §4.1; 10 in its Algorithm 1; both supported).
+
+Cost: three forward passes without gradients every K steps (one more than the paper's two, as
+the training loss at θ is not visible to a method), and one parameter copy kept from the step
+before a probe round.
+
+Releases per step: the gradient sum at σ_g = 1.01σ (automatic clipping, sensitivity 1); every
+K-th step also three loss sums (θ, θ ∓ η d), each clipped to R_l at noise multiplier σ_l, composed
+with the gradient into one step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Literal, Mapping
+
+import torch
+
+from dpfy._require import require
+from dpfy.adaptive.base import (Clip, Method, Needs, Norms, Released, ReleaseSpec, RunFacts,
+                                bind_facts, register)
+from dpfy.clipping import AutomaticClipping
+from dpfy.plan import StepPlan
+from dpfy.privacy.calibration import hyfree_noise_split
+from dpfy.privacy.ledger import Sampling
+
+__all__ = ["HyFreeDP", "HyFreeState", "fit_quadratic", "next_learning_rate", "PROBES",
+           "DEFAULT_INITIAL_LR"]
+
+Vector = Mapping[str, torch.Tensor]
+
+# The three probe releases: where each loss is taken, as the sign of the step along −d.
+PROBES = {"loss_probe_at_theta": 0.0, "loss_probe_descent": 1.0, "loss_probe_ascent": -1.0}
+
+DEFAULT_INITIAL_LR = 1e-4   # Algorithm 1's input η (×10 for LoRA, §3.4)
+LOSS_CLIP_RULES = ("sum", "anchor")
+
+
+def fit_quadratic(descent: float, at_theta: float, ascent: float, lr: float
+                  ) -> tuple[float, float]:
+    """(a, b) of L(θ − s d) ≈ L_0 − b s + a s²/2 through the three points s = η, 0, −η.
+
+    ``descent`` = L(θ − η d), ``at_theta`` = L(θ), ``ascent`` = L(θ + η d). The fit anchored at
+    L_0 interpolates the other two exactly (digest 004 §2.5): b estimates ∇Lᵀd, a estimates dᵀHd.
+    """
+    require(lr > 0, "lr", lr, "> 0")
+    b = (ascent - descent) / (2 * lr)
+    a = (descent + ascent - 2 * at_theta) / lr ** 2
+    return a, b
+
+
+def next_learning_rate(lr: float, a: float, b: float, *, max_change: float, smoothing: float,
+                       std_a: float = 0.0, std_b: float = 0.0, significance: float = 2.0
+                       ) -> float:
+    """η after one probe round, from the fit (a, b) and its public noise stds.
+
+    ``std_a``, ``std_b`` are the stds of a and b that the loss noise alone causes (public: from
+    σ_l, R_l and b); an estimate within ``significance`` stds of 0 is "not seen". Target:
+    - a seen > 0: b/a (the fitted minimizer; ≤ 0 when d does not descend);
+    - b seen < 0 (d ascends): shrink;
+    - otherwise (no curvature seen: the step is too small for the probes to resolve, or the
+      minimum lies beyond it): grow.
+    The target is clamped to [η/max_change, η·max_change]; then η ← smoothing·η +
+    (1 − smoothing)·target.
+    """
+    seen_a, seen_b = a > significance * std_a, abs(b) > significance * std_b
+    if not (math.isfinite(a) and math.isfinite(b)):
+        target = lr / max_change
+    elif seen_a and a > 0:
+        target = b / a
+    elif seen_b and b < 0:
+        target = lr / max_change
+    else:
+        target = lr * max_change
+    target = min(max(target, lr / max_change), lr * max_change)
+    return smoothing * lr + (1 - smoothing) * target
+
+
+@dataclass(frozen=True)
+class HyFreeState:
+    """η_t, R_l and what the next probe round needs; built from released values only.
+
+    ``anchor`` is θ kept from the step before a probe round's predecessor, ``direction`` the
+    update direction d = (θ_{t−1} − θ_t)/η_{t−1} for the coming round (None: not known yet).
+    ``last_fit`` is (a, b) of the latest round with a direction, for logs and plots.
+    """
+
+    lr: float
+    loss_clip: float
+    anchor: dict[str, torch.Tensor] | None = None
+    direction: dict[str, torch.Tensor] | None = None
+    last_fit: tuple[float, float] | None = None
+    rounds: int = 0
+
+
+@register("hyfree")
+@dataclass(frozen=True)
+class HyFreeDP(Method[HyFreeState]):
+    """HyFreeDP: automatic clipping + the learning rate fitted from privatized loss probes.
+
+    See the module docstring for the algorithm, the accounting and every default decision.
+    Needs ``make_private(target_epsilon=..., target_delta=..., loss_fn=...)``: the method splits
+    the budget between the gradient and the probes itself (Algorithm 2).
+
+    Args:
+      probe_every: K, steps between probe rounds (5 or 10 in the paper).
+      initial_lr: η_0; None takes the wrapped optimizer's learning rate.
+      initial_loss_clip: R_l before the first round (paper: 1).
+      loss_clip_rule: ``"sum"`` (default) or ``"anchor"``.
+      loss_clip_floor: the smallest R_l (a noisy released loss can be ≈ 0 or negative).
+      max_change: the largest factor η moves by in one round (GeN: 2).
+      smoothing: weight of the old η in the update (GeN: 0.9).
+      significance: how many noise stds a fitted a or b must exceed to count as seen.
+      gamma: σ_g = γσ, the gradient's noise inflation that frees budget for the probes (1.01).
+      stability: γ_s of automatic clipping, w_i = 1/(‖g_i‖ + γ_s).
+
+    Releases per step: the gradient sum at σ_g = 1.01σ (automatic clipping, sensitivity 1);
+    every K-th step also three loss sums (θ, θ ∓ η d), each clipped to R_l at noise multiplier
+    σ_l, composed with the gradient into one step.
+    """
+
+    probe_every: int = 5
+    initial_lr: float | None = None
+    initial_loss_clip: float = 1.0
+    loss_clip_rule: Literal["sum", "anchor"] = "sum"
+    loss_clip_floor: float = 0.01
+    max_change: float = 2.0
+    smoothing: float = 0.9
+    significance: float = 2.0
+    gamma: float = 1.01
+    stability: float = 0.01
+    # Set by calibrate() from the run's facts:
+    gradient_noise: float | None = None      # σ_g
+    loss_noise: float | None = None          # σ_l
+    base_lr: float | None = None             # the inner optimizer's learning rate
+
+    needs = Needs(probes=True)
+    sets = frozenset({"noise_multiplier", "clip", "lr_scale"})
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.probe_every, int) and self.probe_every >= 1, "probe_every",
+                self.probe_every, "an integer >= 1", "The paper uses K = 5 or 10")
+        require(self.initial_lr is None or self.initial_lr > 0, "initial_lr", self.initial_lr,
+                "> 0 or None (the optimizer's learning rate)")
+        require(self.initial_loss_clip > 0, "initial_loss_clip", self.initial_loss_clip, "> 0")
+        require(self.loss_clip_rule in LOSS_CLIP_RULES, "loss_clip_rule", self.loss_clip_rule,
+                f"one of {list(LOSS_CLIP_RULES)}")
+        require(self.loss_clip_floor > 0, "loss_clip_floor", self.loss_clip_floor, "> 0")
+        require(self.max_change > 1, "max_change", self.max_change, "> 1", "GeN uses 2")
+        require(0 <= self.smoothing < 1, "smoothing", self.smoothing, "in [0, 1)",
+                "GeN uses 0.9")
+        require(self.significance >= 0, "significance", self.significance, ">= 0")
+        require(self.gamma > 1, "gamma", self.gamma, "> 1", "The paper uses 1.01")
+        require(self.stability > 0, "stability", self.stability, "> 0")
+
+    # -- calibration ---------------------------------------------------------------------------
+    def calibrate(self, facts: RunFacts) -> "HyFreeDP":
+        """σ_g, σ_l for the run's (ε, δ, q, T) by Algorithm 2 on the run's own ledger."""
+        require(facts.target_epsilon is not None and facts.delta is not None,
+                "target_epsilon", facts.target_epsilon, "given for method 'hyfree'",
+                "HyFreeDP splits the budget between gradient and loss probes itself: pass "
+                "make_private(target_epsilon=..., target_delta=..., epochs=...) and no "
+                "noise_multiplier")
+        require(facts.steps is not None, "steps", None, "known for method 'hyfree'",
+                "Pass epochs= or max_steps=")
+        require(facts.sampling == Sampling.POISSON, "sampling", facts.sampling,
+                "Poisson for method 'hyfree'", "Its accounting composes probes with the "
+                "gradient's Poisson-sampled step; use poisson_sampling=True")
+        base_lr = (facts.inner_hyperparameters or {}).get("lr")
+        require(isinstance(base_lr, (int, float)) and base_lr > 0, "optimizer lr", base_lr,
+                "a number > 0", "HyFreeDP scales the wrapped optimizer's learning rate")
+        sigma_g, sigma_l = hyfree_noise_split(
+            target_epsilon=facts.target_epsilon, delta=facts.delta,
+            sample_rate=facts.sample_rate, steps=facts.steps, probe_every=self.probe_every,
+            probes_per_round=len(PROBES), gamma=self.gamma, accountant=facts.accountant,
+            probes_share_batch=True)
+        return bind_facts(replace(self, gradient_noise=sigma_g, loss_noise=sigma_l,
+                                  base_lr=float(base_lr)), facts)
+
+    def _calibrated(self) -> None:
+        require(self.gradient_noise is not None, "method 'hyfree'", "uncalibrated",
+                "calibrated for the run", "Pass it to make_private(method=...), which "
+                "calibrates it for the run's facts")
+
+    # -- the step ------------------------------------------------------------------------------
+    def init(self) -> HyFreeState:
+        self._calibrated()
+        lr = self.initial_lr if self.initial_lr is not None else self.base_lr
+        return HyFreeState(lr=float(lr), loss_clip=self.initial_loss_clip)
+
+    def plan(self, state: HyFreeState, plan: StepPlan) -> StepPlan:
+        return replace(plan, noise_multiplier=self.gradient_noise, clip=1.0,
+                       lr_scale=state.lr / self.base_lr)
+
+    def clipping(self, state: HyFreeState, norms: Norms, plan: StepPlan) -> Clip:
+        auto = AutomaticClipping(clip=1.0, gamma=self.stability)
+        return Clip(auto.weights(norms.per_parameter_sq, 1.0, norm=norms.total), 1.0)
+
+    def _probe_round(self, step: int) -> bool:
+        return step % self.probe_every == 0
+
+    def releases(self, state: HyFreeState, plan: StepPlan) -> Mapping[str, ReleaseSpec]:
+        if not self._probe_round(plan.step):
+            return {}
+        r_l = state.loss_clip
+        out = {}
+        for name, sign in PROBES.items():
+            offsets = ({} if state.direction is None or sign == 0.0 else
+                       {n: -sign * state.lr * d for n, d in state.direction.items()})
+            out[name] = ReleaseSpec(sensitivity=r_l, noise_std=self.loss_noise * r_l,
+                                    kind="loss", offsets=offsets)
+        return out
+
+    def update(self, state: HyFreeState, released: Released) -> HyFreeState:
+        t, k = released.plan.step, self.probe_every
+        if self._probe_round(t):
+            state = self._after_probes(state, released)
+        applied_lr = released.plan.lr_scale * self.base_lr
+        params = released.parameters
+        direction, anchor = state.direction, state.anchor
+        if (t + 1) % k == 0:      # the next step probes: d from this step's applied update
+            direction = (None if anchor is None else
+                         {n: (anchor[n] - p) / applied_lr for n, p in params.items()})
+            anchor = None
+        if (t + 2) % k == 0:      # the step after this one is the last before a round
+            anchor = {n: p.detach().clone() for n, p in params.items()}
+        return replace(state, direction=direction, anchor=anchor)
+
+    def _after_probes(self, state: HyFreeState, released: Released) -> HyFreeState:
+        b_size = released.expected_batch_size
+        loss = {name: float(released.sums[name]) / b_size for name in PROBES}
+        descent, at_theta, ascent = (loss["loss_probe_descent"], loss["loss_probe_at_theta"],
+                                     loss["loss_probe_ascent"])
+        lr, fit = state.lr, state.last_fit
+        if state.direction is not None:
+            a, b = fit_quadratic(descent, at_theta, ascent, state.lr)
+            std_loss = self.loss_noise * state.loss_clip / b_size   # each L̃'s noise std
+            lr = next_learning_rate(
+                state.lr, a, b, max_change=self.max_change, smoothing=self.smoothing,
+                std_a=math.sqrt(6) * std_loss / state.lr ** 2,
+                std_b=math.sqrt(2) * std_loss / (2 * state.lr), significance=self.significance)
+            fit = (a, b)
+        raw = abs(descent + at_theta + ascent) if self.loss_clip_rule == "sum" else abs(at_theta)
+        return replace(state, lr=lr, loss_clip=max(raw, self.loss_clip_floor), last_fit=fit,
+                       direction=None, rounds=state.rounds + 1)
