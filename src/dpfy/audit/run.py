@@ -1,0 +1,166 @@
+"""An audited training run: a ``dpfy train`` configuration trained with canaries, then audited.
+
+:func:`audited_private_run` wraps a model, optimizer and training set exactly as
+:func:`dpfy.train.private.private_run` does (``make_private``, Poisson sampling, the run's
+ledger), with the included canaries appended to the training set and
+:class:`~dpfy.audit.canaries.CanaryGradients` chained after the run's own methods.
+:func:`audit_result` reads the canary scores and the claimed ε from the optimizer.
+:func:`audit_config` does all of it for a :class:`~dpfy.train.config.TrainConfig` (what
+``dpfy audit`` runs): it trains through ``private_run`` and ``run_epoch`` (the trainer's own
+loop) but not through ``dpfy.train.train`` itself — no checkpoints, no resume — and writes the
+privacy report with the audit's section into ``out``.
+
+The canaries change the run: N grows by the included canaries, so q = b/N and the calibrated
+σ are those of the audited run, whose own ledger gives the claimed ε.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import secrets
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from dpfy._require import require
+from dpfy.audit.canaries import CanaryDataset, CanaryGradients, CanarySet, find_canaries
+from dpfy.audit.result import AuditResult, audit_scores
+from dpfy.train.config import TrainConfig, resolve
+from dpfy.train.private import PrivateRun, build_methods, make_optimizer, private_run
+
+__all__ = ["AuditedRun", "audited_private_run", "canary_scores", "audit_result", "audit_config",
+           "DEFAULT_CANARIES"]
+
+DEFAULT_CANARIES = 1000
+
+
+def _template(train: Dataset) -> tuple[Any, Any]:
+    """An input of the data's shape (zeros) and a label: what a canary row feeds the model."""
+    x, y = train[0]
+    return torch.zeros_like(torch.as_tensor(x)), torch.zeros_like(torch.as_tensor(y))
+
+
+@dataclass(frozen=True)
+class AuditedRun:
+    """A private run with canaries: the run, its bound canary method, its training set."""
+
+    private: PrivateRun
+    probe: CanaryGradients
+    dataset: CanaryDataset
+
+
+def audited_private_run(model: nn.Module, optimizer: torch.optim.Optimizer, train: Dataset, *,
+                        canaries: CanarySet, batch_size: int, epochs: int,
+                        method: Any = None, **engine: Any) -> AuditedRun:
+    """``private_run`` on ``train`` plus the included canaries, with the canary method chained
+    after ``method`` (a method, a name, or a list of them). ``engine``: the rest of
+    ``make_private``'s arguments."""
+    data = CanaryDataset(train, canaries, _template(train))
+    probe = CanaryGradients(canaries, data)
+    methods = list(method) if isinstance(method, (list, tuple)) else \
+        ([] if method is None else [method])
+    private = private_run(model, optimizer, data, batch_size=batch_size, epochs=epochs,
+                          method=methods + [probe], **engine)
+    probe = find_canaries(private.optimizer.method)
+    probe.bind(private.loader.cursor)
+    return AuditedRun(private=private, probe=probe, dataset=data)
+
+
+def canary_scores(optimizer: Any) -> np.ndarray:
+    """Σ_t ⟨g̃_t, u_j⟩ for every canary, from the canary method's state."""
+    state = optimizer.method_state
+    if isinstance(state, dict):
+        state = state[CanaryGradients.registry_name]
+    return state.numpy()
+
+
+def audit_result(private: PrivateRun, canaries: CanarySet, *, delta: float,
+                 accountant: str | None = None, confidence: float = 0.95) -> AuditResult:
+    """The audit of a finished run: claimed ε from its ledger, bounds from its canaries."""
+    opt = private.optimizer
+    accountant = accountant or opt.accountant
+    return audit_scores(canary_scores(opt), canaries.included.numpy(),
+                        claimed_epsilon=opt.epsilon(delta, accountant=accountant), delta=delta,
+                        accountant=accountant, steps=opt.step_count, confidence=confidence)
+
+
+def audit_config(cfg: TrainConfig, *, canaries: int = DEFAULT_CANARIES,
+                 out: str | Path | None = None, data=None, model: nn.Module | None = None,
+                 progress: bool = False, echo: Callable[[str], None] = print) -> AuditResult:
+    """Train ``cfg`` with ``canaries`` canaries and audit it; write its report into ``out``.
+
+    Model init, sampling, noise and the canary draw come from ``cfg.seed`` when given, else
+    from fresh OS randomness (the canary draw is the audit's secret either way).
+    """
+    from dpfy.data import load_dataset
+    from dpfy.models import build_model
+    from dpfy.train.epoch import run_epoch
+    from dpfy.train.evaluate import evaluate
+    from dpfy.train.rundir import RunDir
+    from dpfy.train.trainer import _check_accountable, _check_names, _progress_bar
+
+    _check_names(cfg, data, model)
+    _check_accountable(cfg)
+    require(not cfg.schedule, "schedule", cfg.schedule, "unset for dpfy audit",
+            "Use --method (noise_decay, dynamic, ...) instead of --schedule")
+    run = RunDir.create(out) if out is not None else None
+    try:
+        data = data if data is not None else load_dataset(cfg.dataset, data_dir=cfg.data_dir)
+        cfg, rule = resolve(cfg, num_examples=data.num_train,
+                            reference_delta=data.reference_delta)
+        seed = cfg.seed if cfg.seed is not None else secrets.randbits(63)
+        torch.manual_seed(seed)
+        if model is None:
+            model = build_model(cfg.model, input_shape=data.input_shape,
+                                num_classes=data.num_classes)
+        draw = CanarySet.draw(model, canaries, torch.Generator().manual_seed(seed + 1))
+        optimizer = make_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
+        audited = audited_private_run(
+            model, optimizer, data.train, canaries=draw, batch_size=cfg.batch_size,
+            epochs=cfg.epochs, method=build_methods(cfg), noise_multiplier=cfg.noise_multiplier,
+            target_epsilon=cfg.epsilon, target_delta=cfg.delta, max_grad_norm=cfg.clip,
+            clipping=cfg.clipping, engine=cfg.engine, seed=cfg.seed,
+            max_physical_batch_size=cfg.physical_batch_size, accountant=cfg.accountant)
+        private = audited.private
+        echo(f"dpfy audit: {cfg.dataset} + {int(draw.included.sum())} included canaries of "
+             f"{canaries}, {private.total_steps} steps, q = {private.sample_rate:.5g}")
+        bar = _progress_bar(private.total_steps, 0, progress)
+        try:
+            for _ in range(cfg.epochs):
+                run_epoch(private, bar=bar, delta=cfg.delta)
+        finally:
+            if bar is not None:
+                bar.close()
+        result = audit_result(private, draw, delta=cfg.delta, accountant=cfg.accountant)
+        if run is not None:
+            staged = dataclasses.replace(
+                data, train=audited.dataset,
+                description=f"{data.description}, plus {result.canaries_in} included canaries")
+            _write(run, cfg, rule, staged, private, result, evaluate(private.model, data.test))
+            run.finalize()
+        return result
+    except BaseException:
+        if run is not None:
+            shutil.rmtree(run.staging, ignore_errors=True)
+        raise
+
+
+def _write(run, cfg: TrainConfig, rule: str, data, private: PrivateRun, result: AuditResult,
+           test: Sequence[float]) -> None:
+    """The audited run's privacy report (with the audit section), ledger and audit.json."""
+    from dpfy.train.report import write_report
+    from dpfy.train.rundir import write_atomic
+
+    write_report(cfg, {"delta_rule": rule}, data, private, run.staging,
+                 sections=(result.section(),))
+    write_atomic(run.staging / "ledger.json", private.optimizer.ledger.to_json(indent=1) + "\n")
+    write_atomic(run.staging / "config.json", cfg.to_public_json() + "\n")
+    audit = {**result.to_dict(), "test_loss": float(test[0]), "test_acc": float(test[1])}
+    write_atomic(run.staging / "audit.json", json.dumps(audit, indent=2) + "\n")
