@@ -122,17 +122,19 @@ class DPMultiheadAttention(nn.Module):
         b, t_len, s_len = q.shape[0], q.shape[1], k.shape[1]
         h, d = self.num_heads, self.head_dim
         q, k, v = (x.reshape(b, x.shape[1], h, d).transpose(1, 2) for x in (q, k, v))
-        scores = q @ k.transpose(-2, -1) / math.sqrt(d)  # (B, h, T, S)
         if is_causal and attn_mask is None:
             attn_mask = torch.ones(t_len, s_len, dtype=torch.bool, device=q.device).triu(1)
-        bias = self._additive_mask(attn_mask, key_padding_mask, b, t_len, s_len, scores.dtype,
+        bias = self._additive_mask(attn_mask, key_padding_mask, b, t_len, s_len, q.dtype,
                                    unbatched)
-        if bias is not None:
-            scores = scores + bias
-        attn = scores.softmax(-1)
-        if self.training and self.dropout > 0:
-            attn = F.dropout(attn, self.dropout, training=True)
-        out = (attn @ v).transpose(1, 2).reshape(b, t_len, self.embed_dim)
+        p = self.dropout if self.training else 0.0
+        if need_weights:  # the weights are an output: form them
+            scores = q @ k.transpose(-2, -1) / math.sqrt(d)  # (B, h, T, S)
+            attn = (scores if bias is None else scores + bias).softmax(-1)
+            attn = F.dropout(attn, p, training=True) if p > 0 else attn
+            heads = attn @ v
+        else:  # torch's fused kernel, as nn.MultiheadAttention uses here (fully masked rows: 0)
+            heads = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p)
+        out = heads.transpose(1, 2).reshape(b, t_len, self.embed_dim)
         out = self.out_proj(out)  # (B, T, E)
         if unbatched:
             out = out.squeeze(0)
