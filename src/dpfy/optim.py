@@ -273,9 +273,9 @@ class DPOptimizer(torch.optim.Optimizer):
         else:   # rank 0 adds the one noise draw; the all-reduce sums the ranks' shares
             extras = sums.release(self.collective.noise_source(self.noise), self._params, b,
                                   reduce=self.collective.sum_)
+        noisy = {n: p.grad for n, p in self._params.items()}   # the release itself
         if self.method is not None:   # post-processing of the released gradient only
-            mapped = self.method.postprocess(
-                self.method_state, {n: p.grad for n, p in self._params.items()}, plan)
+            mapped = self.method.postprocess(self.method_state, dict(noisy), plan)
             for n, p in self._params.items():
                 p.grad = mapped[n].to(p.dtype)
         self.ledger.record_step(sampling=self.sampler.sampling,
@@ -293,7 +293,8 @@ class DPOptimizer(torch.optim.Optimizer):
                 g["lr"] = lr
         if self.method is not None:
             self.method_state = self.method.update(self.method_state,
-                                                   released(sums, extras, b, self._params))
+                                                   released(sums, extras, b, self._params,
+                                                            noisy))
         clip = plan.clip
         self.last_step_info = {
             "step": plan.step, "noise_multiplier": float(plan.noise_multiplier),

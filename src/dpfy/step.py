@@ -283,9 +283,12 @@ def probe_losses(specs: Mapping[str, ReleaseSpec], *, model: torch.nn.Module | N
 
 
 def released(sums: StepSums, extras: Mapping[str, Any], normalizer: float,
-             params: Mapping[str, torch.nn.Parameter]) -> Released:
-    """What ``method.update`` reads: the plan, the released gradient and extras."""
+             params: Mapping[str, torch.nn.Parameter],
+             noisy: Mapping[str, torch.Tensor] | None = None) -> Released:
+    """What ``method.update`` reads: the plan, the released gradient (as released, ``noisy``,
+    and as the optimizer stepped on it after ``postprocess``), the extras and the parameters."""
+    gradient = {n: p.grad for n, p in params.items()}
     return Released(plan=sums.plan, expected_batch_size=normalizer, sums=dict(extras),
-                    gradient={n: p.grad for n, p in params.items()},
+                    gradient=gradient, noisy_gradient=dict(noisy or gradient),
                     parameters={n: p.detach() for n, p in params.items()})
 

@@ -217,6 +217,8 @@ class Released:
 
     ``gradient`` is the released update direction {name: (Σ_i w_i g_i + noise)/b}; ``sums``
     holds each extra release, noisy (a float for a scalar, a tensor otherwise).
+    ``noisy_gradient`` is the gradient exactly as released, before ``postprocess``
+    (``gradient`` is what the optimizer stepped on; the two are the same without postprocess).
     ``parameters`` are the trainable parameters after the inner optimizer's step
     {name: θ_{t+1}} (read-only views: copy what you keep). They are public — a function of
     the released values and the data-independent initialization — so a method may read the
@@ -229,6 +231,7 @@ class Released:
     sums: Mapping[str, Any] = field(default_factory=dict)
     gradient: Mapping[str, torch.Tensor] = field(default_factory=dict)
     parameters: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    noisy_gradient: Mapping[str, torch.Tensor] = field(default_factory=dict)
 
 
 class Method(Generic[S]):
