@@ -9,7 +9,11 @@ C·u_j, with u_j a random unit direction in parameter space (:class:`CanaryGradi
 engine clips, sums and noises it exactly as a real example: the ledger, the noise and the
 sensitivity are the run's own. Each canary is scored from the released updates alone:
 
-    score_j = Σ_t ⟨g̃_t, u_j⟩,   g̃_t the released (noisy, normalized) update of step t.
+    score_j = Σ_t b·⟨g̃_t, u_j⟩,   g̃_t the released (noisy) update of step t, b its public
+                                  normalizer (so b·g̃_t is the released noisy sum).
+
+(b is the same for every canary of one run, so it changes no ranking; it makes scores of
+runs with different N comparable, which the two-run audit needs.)
 
 Directions: when m ≤ d, the d coordinates are split at random into m disjoint supports of
 ⌊d/m⌋ coordinates and u_j is a normalized Gaussian vector on support j, so the canaries are
@@ -136,7 +140,7 @@ class CanaryDataset(Dataset):
 class CanaryGradients(Method[torch.Tensor]):
     """Replaces an included canary's per-example gradient by C·u_j; scores every canary.
 
-    State: the (m,) float64 scores Σ_t ⟨g̃_t, u_j⟩ so far (public: built from released
+    State: the (m,) float64 scores Σ_t b·⟨g̃_t, u_j⟩ so far (public: built from released
     updates only). Releases per step: nothing of its own (the canaries are examples of the
     run's gradient release).
     """
@@ -182,7 +186,7 @@ class CanaryGradients(Method[torch.Tensor]):
     def update(self, state: torch.Tensor, released: Released) -> torch.Tensor:
         # the gradient as released (before any postprocess of a chained method), when given
         noisy = getattr(released, "noisy_gradient", None) or released.gradient
-        return state + self.canaries.project(noisy)
+        return state + released.expected_batch_size * self.canaries.project(noisy)
 
 
 def _clip_norm(clip: float | torch.Tensor) -> float:

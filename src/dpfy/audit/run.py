@@ -74,7 +74,7 @@ def audited_private_run(model: nn.Module, optimizer: torch.optim.Optimizer, trai
 
 
 def canary_scores(optimizer: Any) -> np.ndarray:
-    """Σ_t ⟨g̃_t, u_j⟩ for every canary, from the canary method's state."""
+    """Σ_t b·⟨g̃_t, u_j⟩ for every canary, from the canary method's state."""
     state = optimizer.method_state
     if isinstance(state, dict):
         state = state[CanaryGradients.registry_name]
