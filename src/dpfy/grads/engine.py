@@ -76,6 +76,8 @@ def _per_sample_rows(t: torch.Tensor) -> Rows:
     produced). Rows are taken in storage order, so a permuted contiguous tensor is viewed, not
     copied; the returned function maps a (P,) row back to θ's shape.
     """
+    if t.dim() == 1:  # a 0-dim parameter (nn.Parameter(torch.tensor(1.0))): one column
+        return t.view(-1, 1), lambda row: row.view(())
     order = sorted(range(1, t.dim()), key=lambda d: -t.stride(d))
     p = t.permute(0, *order)
     if not p.is_contiguous():
@@ -262,9 +264,18 @@ class GradEngine:
                 "a module with trainable parameters", "Check requires_grad")
         self.units = build_units(model, engine, {id(p) for _, p in self.named_params})
         self._calls: dict[int, list[_Call]] = {id(u): [] for u in self.units}
+        self._tied: dict[str, list[tuple[Unit, str]]] = {}  # tied parameter -> its uses
+        for u in self.units:
+            for rel in u.tied:
+                self._tied.setdefault(u.tied[rel], []).append((u, rel))
+        for u in self.units:
+            for rel in u.params:
+                if u.qualified(rel) in self._tied:
+                    self._tied[u.qualified(rel)].insert(0, (u, rel))
         self._cache: dict[int, tuple[str, Any]] = {}
         self._b = 0  # batch size of the captures the norms were computed on
         self._rows: Callable[[], int | None] = lambda: None  # the private batch's size (bound)
+        self._recomputing = False  # inside our own vmap forward: hooks must not capture it
         self._last_route: dict[int, str] = {}  # unit -> route taken on the last batch (public)
         self._anchor = torch.empty(0, requires_grad=True)  # see _Tap; never receives a gradient
         self._handles = [u.module.register_forward_hook(self._hook(u), with_kwargs=True)
@@ -291,7 +302,7 @@ class GradEngine:
         calls = self._calls[id(unit)]
 
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
-            if not torch.is_grad_enabled():
+            if not torch.is_grad_enabled() or self._recomputing:
                 return None
             call = self._capture(unit, args, kwargs)
             broadcast = call.batch_dim == BROADCAST
@@ -436,12 +447,32 @@ class GradEngine:
                     "covering every trainable parameter of the layer",
                     "Freeze those parameters or use engine='vmap'")
             for rel, sq in norms.items():
-                out[u.qualified(rel)] = sq
+                if rel not in u.tied:  # a tied parameter's norm is of the sum over its uses
+                    out[u.qualified(rel)] = sq
             kind = self._cache[id(u)][0]
             if kind != "zero":
                 self._last_route[id(u)] = ("vmap" if u.rule is None else
                                            "ghost" if kind == "ghost" else "per-sample")
+        s2 = self._scale(b) ** 2
+        for name, uses in self._tied.items():
+            total = self._tied_grad_sample(uses, b)  # sensitive (B, *θ)
+            out[name] = total.flatten(1).square().sum(1).mul_(s2)
         return out
+
+    def _tied_grad_sample(self, uses: list[tuple[Unit, str]], b: int) -> torch.Tensor:
+        """Per-example gradients of a tied parameter: the sum of its uses' contributions.
+
+        Exact (not a bound): ‖Σ_u G_u,i‖ includes the cross terms between the uses, which a sum
+        of per-use ghost norms would miss. Costs B × the parameter's size in memory.
+        """
+        total = None
+        for u, rel in uses:
+            calls = [c for c in self._calls[id(u)] if c.used]
+            if calls and b:
+                t = self._grad_sample(u, calls)[rel]
+                total = t if total is None else total + t
+        p = uses[0][0].all_params[uses[0][1]]
+        return total if total is not None else p.new_zeros((b,) + tuple(p.shape))
 
     def _unit_sq_norms(self, u: Unit, calls: list[_Call], b: int) -> dict[str, torch.Tensor]:
         if not calls or b == 0:  # an empty batch, or a unit the loss did not depend on
@@ -473,8 +504,12 @@ class GradEngine:
             elif u.rule is not None:
                 gs = _rule_grad_sample(u, c, c.grads[0])
             else:
-                gs = vmap_grad_sample(u.module, u.name, u.params, c.args, c.kwargs, c.grads,
-                                      in_dims=c.in_dims)
+                self._recomputing = True
+                try:
+                    gs = vmap_grad_sample(u.module, u.name, u.all_params, c.args, c.kwargs,
+                                          c.grads, in_dims=c.in_dims)
+                finally:
+                    self._recomputing = False
             for rel, t in gs.items():
                 total[rel] = t if rel not in total else total[rel] + t
         return total
@@ -492,14 +527,16 @@ class GradEngine:
         for u in self.units:
             calls = [c for c in self._calls[id(u)] if c.used]
             if not calls or b == 0:
-                gs = {rel: p.new_zeros((b,) + tuple(p.shape)) for rel, p in u.params.items()}
+                gs = {rel: p.new_zeros((b,) + tuple(p.shape))
+                      for rel, p in u.all_params.items()}
             else:
                 for c in calls:
                     _check_unchanged(u, c)
                 gs = {rel: t * s if s != 1.0 else t
                       for rel, t in self._grad_sample(u, calls).items()}  # (B, *θ) sensitive
             for rel, t in gs.items():
-                out[u.qualified(rel)] = t
+                q = u.qualified(rel)  # a tied parameter: the sum over its uses
+                out[q] = t if q not in out else out[q] + t
         self.clear()
         return {n: out[n] for n, _ in self.named_params}
 
@@ -526,15 +563,16 @@ class GradEngine:
             kind, data = self._cache.pop(id(u))
             self._calls[id(u)].clear()
             for ws, out in zip(weight_sets, outs):
-                w = {rel: scaled[id(ws[u.qualified(rel)])] for rel in u.params}
+                w = {rel: scaled[id(ws[u.qualified(rel)])] for rel in u.all_params}
                 if kind == "zero":
-                    sums = {rel: torch.zeros_like(p) for rel, p in u.params.items()}
+                    sums = {rel: torch.zeros_like(p) for rel, p in u.all_params.items()}
                 elif kind == "ghost":
                     sums = u.rule.weighted_sum(u.module, data.args[0], data.grads[0], w)
                 else:
                     sums = _row_sums(data, w)
                 for rel, t in sums.items():
-                    out[u.qualified(rel)] = t
+                    q = u.qualified(rel)  # a tied parameter: Σ_i w_i Σ_uses G_use,i
+                    out[q] = t if q not in out else out[q] + t
             del data
         return [{n: out[n] for n, _ in self.named_params} for out in outs]
 

@@ -12,12 +12,17 @@ a module with a rule becomes a rule unit; a module that owns trainable parameter
 no rule becomes a vmap unit covering its subtree (``engine="auto"``) or is an error
 (``engine="ghost"``). Every trainable parameter ends up in exactly one unit or we raise: no
 parameter is ever silently left out.
+
+A parameter used by several units (tied weights: GPT-2's ``lm_head`` and ``wte``) is *owned* by
+the unit at its canonical name (the one ``model.named_parameters()`` gives) and *shared* with the
+others: their calls contribute to its per-example gradient, which the engine sums over all uses
+before taking its norm.
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
@@ -38,13 +43,23 @@ class Unit:
     name: str                         # qualified module name ("" for the root)
     module: nn.Module
     rule: LayerRule | None            # None: vmap
-    params: dict[str, nn.Parameter]   # relative name -> trainable parameter
+    params: dict[str, nn.Parameter]   # relative name -> trainable parameter it owns
+    shared: dict[str, nn.Parameter] = field(default_factory=dict)  # tied, owned elsewhere
+    tied: dict[str, str] = field(default_factory=dict)  # relative name -> owner's name
 
     @property
     def route(self) -> str:
         return "vmap" if self.rule is None else "rule"
 
+    @property
+    def all_params(self) -> dict[str, nn.Parameter]:
+        """The parameters its calls differentiate: its own and the tied ones it shares."""
+        return {**self.params, **self.shared} if self.shared else self.params
+
     def qualified(self, rel: str) -> str:
+        """The model-level name of a parameter (the owner's name for a tied one)."""
+        if rel in self.tied:
+            return self.tied[rel]
         return f"{self.name}.{rel}" if self.name else rel
 
     def explain(self, why: str = "") -> dict[str, Any]:
@@ -119,16 +134,31 @@ def build_units(model: nn.Module, engine: str, trainable: set[int]) -> list[Unit
             visit(child, f"{name}.{child_name}" if name else child_name)
 
     visit(model, "")
-    seen: dict[int, str] = {}
-    for u in units:
-        for rel, p in u.params.items():
-            q = u.qualified(rel)
-            if id(p) in seen:
-                raise ValueError(
-                    f"parameter {q!r} must belong to one layer, got it shared with "
-                    f"{seen[id(p)]!r} (tied weights). Use engine='vmap', which handles ties")
-            seen[id(p)] = q
-    missing = [n for n, p in model.named_parameters() if id(p) in trainable and id(p) not in seen]
+    _tie(model, units)
+    covered = {id(p) for u in units for p in u.params.values()}
+    missing = [n for n, p in model.named_parameters() if id(p) in trainable and id(p) not in covered]
     require(not missing, "every trainable parameter", missing, "covered by a unit",
             "This is a bug in dpfy's unit builder; please report it")
     return units
+
+
+def _tie(model: nn.Module, units: list[Unit]) -> None:
+    """Give each parameter used by several units one owner; the others share it (see above).
+
+    The owner is the unit at the parameter's canonical name (the first ``named_parameters``
+    path), else the first unit that uses it.
+    """
+    canonical = {id(p): n for n, p in model.named_parameters()}
+    users: dict[int, list[tuple[Unit, str]]] = {}
+    for u in units:
+        for rel, p in u.params.items():
+            users.setdefault(id(p), []).append((u, rel))
+    for pid, uses in users.items():
+        if len(uses) < 2:
+            continue
+        name = canonical[pid]
+        owner = next((k for k, (u, rel) in enumerate(uses) if u.qualified(rel) == name), 0)
+        for k, (u, rel) in enumerate(uses):
+            if k != owner:
+                u.shared[rel] = u.params.pop(rel)
+                u.tied[rel] = uses[owner][0].qualified(uses[owner][1])

@@ -91,3 +91,88 @@ class EmbeddingRule(LayerRule):
         if layer.padding_idx is not None:
             out[layer.padding_idx] = 0  # only padding positions were added there
         return {"weight": out}
+
+
+def _bag_entries(a: torch.Tensor, dtype: torch.dtype
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(bag, id, weight) of every entry of the canonical input (see ``EmbeddingBagRule``)."""
+    ids, wts = a[..., 0].long(), a[..., 1]  # (B, L)
+    valid = ids >= 0
+    bag = torch.arange(a.shape[0], device=a.device)[:, None].expand_as(ids)
+    return bag[valid], ids[valid], wts[valid].to(dtype)
+
+
+@register_rule(nn.EmbeddingBag)
+class EmbeddingBagRule(LayerRule):
+    """``nn.EmbeddingBag`` in modes ``sum`` and ``mean``, with 2-D ids or 1-D ids and offsets.
+
+    Bag i's output is o_i = Σ_{t∈bag i} c_t E[x_t] with c_t the per-sample weight (sum mode, 1
+    by default) or 1/|bag i| (mean mode; padding ids are not counted, as in torch). So the
+    per-example gradient of E has row v = (Σ_{t∈bag i, x_t=v} c_t) g_i, and its squared norm is
+    ‖g_i‖² Σ_v (Σ_{t: x_t=v} c_t)², formed from (bag, id) pairs, never from V·d.
+
+    The batch is the bags: :meth:`batch_input` turns (ids, offsets, per_sample_weights) into one
+    (B, L, 2) float64 tensor holding, for each bag, its ids (−1: none) and their coefficients
+    c_t, so that the engine's batch guard sees B rows. ``max`` mode (its gradient follows an
+    argmax), ``max_norm`` and ``sparse=True`` are refused.
+    """
+
+    has_ghost = True
+
+    def batch_input(self, layer, args, kwargs):
+        if layer.mode == "max" or layer.max_norm is not None or layer.sparse:
+            raise ValueError(
+                f"nn.EmbeddingBag must use mode 'sum' or 'mean' without max_norm or "
+                f"sparse=True for per-sample clipping, got {layer}. Use mode='sum' or 'mean'")
+        names = ("input", "offsets", "per_sample_weights")
+        x, offsets, psw = (args[k] if k < len(args) else kwargs.get(n)
+                           for k, n in enumerate(names))
+        if x.dim() == 2:
+            bag = torch.arange(x.shape[0], device=x.device)[:, None].expand_as(x).reshape(-1)
+            pos = torch.arange(x.shape[1], device=x.device).repeat(x.shape[0])
+            b, ids = x.shape[0], x.reshape(-1)
+        else:
+            starts = offsets[:-1] if layer.include_last_offset else offsets
+            b, n = starts.shape[0], x.shape[0]
+            bag = torch.searchsorted(starts, torch.arange(n, device=x.device), right=True) - 1
+            pos = torch.arange(n, device=x.device) - starts[bag]
+            ids = x
+        c = (psw.reshape(-1).double() if psw is not None
+             else torch.ones(ids.shape[0], dtype=torch.float64, device=x.device))
+        if layer.padding_idx is not None:
+            c = c.masked_fill(ids == layer.padding_idx, 0.0)
+        if layer.mode == "mean":
+            count = torch.zeros(b, dtype=torch.float64, device=x.device).index_add_(
+                0, bag, (c != 0).double() if layer.padding_idx is not None else torch.ones_like(c))
+            c = c / count.clamp(min=1)[bag]
+        width = int(pos.max()) + 1 if pos.numel() else 1
+        out = torch.zeros(b, width, 2, dtype=torch.float64, device=x.device)
+        out[..., 0] = -1
+        out[bag, pos, 0] = ids.double()
+        out[bag, pos, 1] = c
+        return out  # (B, L, 2): ids and coefficients per bag
+
+    def prefers_ghost(self, layer, a, g):
+        return True
+
+    def grad_sample(self, layer, a, g):
+        bag, ids, c = _bag_entries(a, g.dtype)
+        out = torch.zeros(a.shape[0] * layer.num_embeddings, g.shape[-1], dtype=g.dtype,
+                          device=g.device)
+        out.index_add_(0, bag * layer.num_embeddings + ids, c[:, None] * g[bag])  # sensitive
+        return {"weight": out.view(a.shape[0], layer.num_embeddings, -1)}
+
+    def sq_norm(self, layer, a, g):
+        bag, ids, c = _bag_entries(a, g.dtype)
+        keys, inverse = torch.unique(bag * layer.num_embeddings + ids, return_inverse=True)
+        coef = torch.zeros(keys.shape[0], dtype=g.dtype, device=g.device).index_add_(0, inverse, c)
+        s = torch.zeros(a.shape[0], dtype=g.dtype, device=g.device).index_add_(
+            0, keys // layer.num_embeddings, coef.square())  # Σ_v c_{i,v}² per bag
+        return {"weight": s * torch.linalg.vector_norm(g, dim=-1).square()}  # (B,)
+
+    def weighted_sum(self, layer, a, g, w):
+        bag, ids, c = _bag_entries(a, g.dtype)
+        scale = c * w["weight"].to(g.dtype)[bag]  # sensitive
+        out = torch.zeros_like(layer.weight)
+        out.index_add_(0, ids, (scale[:, None] * g[bag]).to(out.dtype))
+        return {"weight": out}
