@@ -7,7 +7,7 @@ spent). Only rigorous accountants (PLD, RDP) may decide that a step fits.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from dpfy._require import require
 from dpfy.errors import BudgetExhausted
@@ -16,7 +16,10 @@ from dpfy.privacy.accountants import RIGOROUS
 from dpfy.privacy.calibration import last_passing
 from dpfy.privacy.running import RunningEpsilon
 
-__all__ = ["BudgetGuard", "RIGOROUS"]
+if TYPE_CHECKING:
+    from dpfy.privacy.group_ledger import GroupLedgers
+
+__all__ = ["BudgetGuard", "GroupBudgetGuard", "RIGOROUS"]
 
 
 
@@ -109,3 +112,34 @@ class BudgetGuard:
         while hi < 10**7 and fits(hi):
             lo, hi = hi, hi * 2
         return last_passing(fits, lo, hi)
+
+
+class GroupBudgetGuard:
+    """The ε cap of every privacy group (individualized budgets): one :class:`BudgetGuard` per
+    group, each on its group's ledger, so training stops before any group would exceed its ε.
+
+    Attributes:
+      budgets: ε_p per group, in the order of :class:`dpfy.privacy.group_ledger.GroupLedgers`.
+    """
+
+    def __init__(self, budgets: Sequence[float], *, delta: float, accountant: str) -> None:
+        self.budgets = tuple(float(b) for b in budgets)
+        self.guards = [BudgetGuard(max_steps=None, epsilon_cap=b, delta=delta,
+                                   accountant=accountant) for b in self.budgets]
+
+    def reset(self) -> None:
+        """Forget cached counts (after the group ledgers were replaced, e.g. on resume)."""
+        for guard in self.guards:
+            guard.reset()
+
+    def check_release(self, groups: "GroupLedgers", *, sampling: Sampling,
+                      releases: Sequence[Sequence[Release]]) -> None:
+        """Refuse the step if group p's ``releases[p]`` would take its ε above its budget."""
+        for p, (guard, group, ledger, rs) in enumerate(zip(self.guards, groups.groups,
+                                                           groups.ledgers, releases, strict=True)):
+            try:
+                guard.check_release(ledger, sampling=sampling, sample_rate=group.sample_rate,
+                                    releases=rs)
+            except BudgetExhausted as err:
+                raise BudgetExhausted(f"privacy group {p} (budget ε = {group.budget:g}, "
+                                      f"{group.size} examples): {err}") from None

@@ -20,6 +20,7 @@ batch size, under Poisson sampling (b = batch size for a kept shuffled loader).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 import warnings
 import weakref
 from typing import Any, Callable, Sequence
@@ -32,7 +33,7 @@ from torch.utils.data import DataLoader
 from dpfy._require import require
 from dpfy.adaptive.base import Method, RunFacts, make as make_method, prepare
 from dpfy.adaptive.chain import chain
-from dpfy.budget import RIGOROUS, BudgetGuard
+from dpfy.budget import RIGOROUS, BudgetGuard, GroupBudgetGuard
 from dpfy.buffers import BufferGuard
 from dpfy.clipping import make_clipping
 from dpfy.distributed import current_collective, unwrap_model
@@ -41,6 +42,9 @@ from dpfy.memory import plan_physical_batch
 from dpfy.noise import NoiseSource
 from dpfy.optim import DPOptimizer
 from dpfy.privacy import Ledger, calibrate_noise_multiplier
+from dpfy.privacy.group_ledger import GroupLedgers
+from dpfy.privacy.individual import (VARIANTS, BudgetAssignment, IndividualCalibration,
+                                     assign_groups, calibrate_individual)
 from dpfy.privacy.accountants import check_accountant
 from dpfy.sampling import DPDataLoader, PoissonSampler, ShuffleSampler, make_sampler
 
@@ -75,6 +79,8 @@ def make_private(
     loss_reduction: str = "mean",
     sample_rates: Sequence[float] | torch.Tensor | None = None,
     loss_fn: "Callable[[nn.Module, Any], torch.Tensor] | None" = None,
+    budgets: "Sequence[float] | np.ndarray | torch.Tensor | None" = None,
+    individual: str | None = None,
 ) -> tuple[nn.Module, DPOptimizer, DPDataLoader]:
     """Make ``model``/``optimizer``/``loader`` differentially private (DP-SGD and variants).
 
@@ -126,6 +132,15 @@ def make_private(
       sample_rates: per-example Poisson rates q_i instead of batch_size / N.
       loss_fn: ``fn(model, batch) -> (B,)`` per-example losses, for methods with loss probes
         (``needs.probes``); called under no_grad at perturbed parameters.
+      budgets, individual: individualized privacy (docs/individual.md): one ε per training
+        example (aligned with the dataset; the groups are the distinct budgets) and
+        ``individual="sample"`` (per-group Poisson rates q_p, one σ) or ``"scale"`` (per-group
+        thresholds c_p = s_p·max_grad_norm, noise std σ_scale·max_grad_norm). σ and the rates
+        or thresholds come from :func:`dpfy.privacy.calibrate_individual` at the loader's q,
+        the run's steps (``epochs``/``max_steps``) and ``target_delta``; every group gets its
+        own ledger (``optimizer.groups``, ``optimizer.group_epsilons(δ)``) and ε cap, and
+        training stops before any group would exceed its budget. Excludes noise_multiplier,
+        target_epsilon, sample_rates, clipping other than flat, methods and shuffling.
 
     Returns:
       ``(model, optimizer, loader)``: the same model (hooked; its trainable parameters get
@@ -145,7 +160,7 @@ def make_private(
             "noise_multiplier / target_epsilon", (noise_multiplier, target_epsilon),
             "not both given", "Pass σ directly or a target ε to calibrate it, not both")
     require(noise_multiplier is not None or target_epsilon is not None or method is not None
-            or schedule is not None,
+            or schedule is not None or budgets is not None,
             "noise_multiplier", None, "given (or target_epsilon, or a method that sets σ)",
             "Pass noise_multiplier=σ or target_epsilon=..., target_delta=..., epochs=...")
     if noise_multiplier is not None:
@@ -189,6 +204,20 @@ def make_private(
             f"epsilon, epsilon_cap), got accountant = {accountant!r}. The GDP CLT can under-"
             f"report ε; calibrate with 'pld' and read GDP afterwards with "
             f"optimizer.epsilon(delta, accountant='gdp')")
+    individual_run = None
+    if budgets is not None or individual is not None:
+        individual_run = _individualize(
+            budgets, individual, loader=loader, sampler=sampler, max_steps=max_steps,
+            delta=target_delta, accountant=accountant, max_grad_norm=max_grad_norm,
+            seed=sampling_seed, others={"noise_multiplier": noise_multiplier,
+                                        "target_epsilon": target_epsilon,
+                                        "sample_rates": sample_rates, "method": method,
+                                        "schedule": schedule, "collective": collective},
+            clipping=clipping, poisson_sampling=poisson_sampling)
+        sampler, noise_multiplier = individual_run.sampler, individual_run.noise_multiplier
+        clipping, max_grad_norm = individual_run.clipping, individual_run.max_grad_norm
+        dp_loader = DPDataLoader(loader, sampler,
+                                 max_physical_batch_size=max_physical_batch_size)
     if collective is not None:
         collective.agree({"dataset_size": n, "sample_rate": q, "noise_multiplier":
                           noise_multiplier, "target_epsilon": target_epsilon, "target_delta":
@@ -241,7 +270,8 @@ def make_private(
             optimizer, grads=grads, clipping=policy, noise=NoiseSource(noise_seed),
             sampler=sampler, cursor=dp_loader.cursor, noise_multiplier=noise_multiplier,
             method=method, ledger=Ledger(dataset_size=n), accountant=accountant, seed=seed,
-            budget=budget, model=model, loss_fn=loss_fn, collective=collective)
+            budget=budget, model=model, loss_fn=loss_fn, collective=collective,
+            **(individual_run.optimizer_kwargs() if individual_run is not None else {}))
     except Exception:
         grads.detach()
         raise
@@ -317,3 +347,65 @@ def _check_needs(method: "Method | None", grads: GradEngine, poisson_sampling: b
     if needs.indices:
         require(poisson_sampling, "poisson_sampling", False, f"True for method {name!r}",
                 "It reads the batch's dataset indices, which Poisson sampling provides")
+
+
+@dataclass(frozen=True)
+class _IndividualRun:
+    """What ``make_private`` runs with for individualized budgets (see :func:`_individualize`)."""
+
+    calibration: IndividualCalibration
+    assignment: BudgetAssignment
+    sampler: PoissonSampler
+    noise_multiplier: float
+    clipping: str
+    max_grad_norm: float | torch.Tensor
+
+    def optimizer_kwargs(self) -> dict[str, Any]:
+        cal, a = self.calibration, self.assignment
+        return {"groups": GroupLedgers(cal.privacy_groups(a.sizes), len(a.group_of)),
+                "group_budget": GroupBudgetGuard(cal.budgets, delta=cal.delta,
+                                                 accountant=cal.accountant),
+                "group_of": torch.from_numpy(a.group_of)}
+
+
+def _individualize(budgets: Any, variant: str | None, *, loader: DataLoader,
+                   sampler: PoissonSampler | ShuffleSampler, max_steps: int | None,
+                   delta: float | None, accountant: str, max_grad_norm: Any, seed: int | None,
+                   others: dict[str, Any], clipping: str, poisson_sampling: bool
+                   ) -> _IndividualRun:
+    """Calibrate IDP-SGD Sample or Scale for the run and build its sampler and clipping."""
+    require(budgets is not None, "budgets", None, f"given with individual={variant!r}",
+            "Pass one ε per training example")
+    require(variant in VARIANTS, "individual", variant, f"one of {list(VARIANTS)} with budgets",
+            "Choose per-group sample rates ('sample') or clip thresholds ('scale')")
+    for name, value in others.items():
+        require(value is None, name, "given", "None with budgets (individualized privacy "
+                "decides σ, the rates and the thresholds)", f"Drop {name}")
+    require(clipping == "flat" and poisson_sampling, "clipping / poisson_sampling",
+            (clipping, poisson_sampling), "('flat', True) with budgets",
+            "Individualized budgets need Poisson sampling and the base flat threshold c")
+    require(isinstance(max_grad_norm, (int, float)), "max_grad_norm", max_grad_norm,
+            "a float (the base threshold c) with budgets")
+    require(delta is not None and 0 < delta < 1, "target_delta", delta,
+            "in (0, 1) with budgets", "Every group's guarantee is (ε_p, δ): pass target_delta")
+    require(max_steps is not None, "epochs", None, "given with budgets",
+            "The calibration keeps the run's steps fixed: pass epochs= or max_steps=")
+    require(accountant in RIGOROUS, "accountant", accountant,
+            f"one of {list(RIGOROUS)} with budgets", "Calibrate with 'rdp' or 'pld'")
+    n = sampler.dataset_size
+    if torch.is_tensor(budgets):
+        budgets = budgets.detach().cpu().numpy()
+    assignment = assign_groups(budgets, n)
+    cal = calibrate_individual(budgets=assignment.budgets, fractions=assignment.fractions,
+                               variant=variant, sample_rate=sampler.sample_rate,
+                               steps=max_steps, delta=delta, max_grad_norm=float(max_grad_norm),
+                               accountant=accountant)
+    group_of = torch.from_numpy(assignment.group_of)
+    if variant == "sample":
+        rates = torch.tensor(cal.sample_rates, dtype=torch.float64)[group_of]      # (N,)
+        new_sampler = PoissonSampler(n, sample_rates=rates, seed=seed)
+        return _IndividualRun(cal, assignment, new_sampler, cal.plan_noise_multiplier,
+                              "flat", float(max_grad_norm))
+    clips = torch.tensor(cal.clips, dtype=torch.float64)[group_of]                 # (N,)
+    return _IndividualRun(cal, assignment, sampler, cal.plan_noise_multiplier, "individual",
+                          clips)

@@ -19,7 +19,7 @@ import torch
 
 from dpfy._require import require
 from dpfy.adaptive.base import Clip, Method, Norms
-from dpfy.budget import BudgetGuard
+from dpfy.budget import BudgetGuard, GroupBudgetGuard
 from dpfy.clipping import ClippingPolicy, total_norm
 from dpfy.distributed import Collective
 from dpfy.errors import PrivacyRefusal
@@ -27,8 +27,10 @@ from dpfy.grads import GradEngine
 from dpfy.noise import NoiseSource
 from dpfy.plan import StepPlan
 from dpfy.privacy import Ledger, epsilon as ledger_epsilon
+from dpfy.privacy.group_ledger import GroupLedgers
 from dpfy.sampling import BatchCursor, PoissonSampler, ShuffleSampler
-from dpfy.step import StepSums, contract, probe_losses, released, step_releases
+from dpfy.step import (StepSums, contract, group_step_releases, probe_losses, released,
+                       step_releases)
 
 __all__ = ["DPOptimizer"]
 
@@ -62,7 +64,10 @@ class DPOptimizer(torch.optim.Optimizer):
                  ledger: Ledger, accountant: str, seed: int | None, budget: BudgetGuard,
                  model: torch.nn.Module | None = None,
                  loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None,
-                 collective: Collective | None = None) -> None:
+                 collective: Collective | None = None,
+                 groups: GroupLedgers | None = None,
+                 group_budget: GroupBudgetGuard | None = None,
+                 group_of: torch.Tensor | None = None) -> None:
         # Not calling Optimizer.__init__: parameter groups and state are the inner optimizer's.
         self.original_optimizer = optimizer
         for hooks in ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks",
@@ -80,6 +85,9 @@ class DPOptimizer(torch.optim.Optimizer):
         self.model, self.loss_fn = model, loss_fn
         self.collective = collective  # data-parallel ranks (dpfy.distributed), or None
         self.updated = False          # the last step() call ended a logical batch
+        # Individualized budgets: one ledger and one ε cap per privacy group; group_of (N,) is
+        # each example's group index (public: the budget assignment is not private data).
+        self.groups, self.group_budget, self.group_of = groups, group_budget, group_of
         self.step_count = 0
         self.last_step_info: dict[str, Any] = {}
         self._params = dict(grads.named_params)
@@ -147,6 +155,12 @@ class DPOptimizer(torch.optim.Optimizer):
     def epsilon(self, delta: float, accountant: str | None = None) -> float:
         """ε(δ) of everything released so far, read from the ledger."""
         return ledger_epsilon(self.ledger, delta=delta, accountant=accountant or self.accountant)
+
+    def group_epsilons(self, delta: float, accountant: str | None = None) -> list[float]:
+        """ε(δ) of each privacy group so far, read from its own ledger (individualized runs)."""
+        require(self.groups is not None, "budgets", None, "given to make_private",
+                "Per-group ε exists only for runs with individualized budgets")
+        return self.groups.epsilons(delta=delta, accountant=accountant or self.accountant)
 
     def observe(self, *, val_metric: float) -> None:
         """Feed a validation result to a method that declared ``needs.validation``."""
@@ -257,7 +271,11 @@ class DPOptimizer(torch.optim.Optimizer):
                                    rows=norms.total.shape[0]))
         owner = (f"method {method.registry_name or type(method).__name__!r}"
                  if method is not None else f"clipping policy {self.clipping.name!r}")
-        sums.add(weighted_sums, norms, clip, values, owner)
+        fractions = None
+        if self.groups is not None and min(self.groups.clip_fractions) < 1:
+            f = torch.tensor(self.groups.clip_fractions, dtype=torch.float64)   # (P,) public
+            fractions = f[self.group_of[self.cursor.indices.cpu()]]             # (B,) public
+        sums.add(weighted_sums, norms, clip, values, owner, clip_fractions=fractions)
         self.grads.clear()
         del sq, norms, clip, values
 
@@ -267,6 +285,11 @@ class DPOptimizer(torch.optim.Optimizer):
         releases = step_releases(plan, sums.specs)
         self.budget.check_release(self.ledger, sampling=self.sampler.sampling,
                                   sample_rate=self.sampler.sample_rate, releases=releases)
+        group_releases = (group_step_releases(plan, sums.specs, self.groups.clip_fractions)
+                          if self.groups is not None else None)
+        if group_releases is not None and self.group_budget is not None:
+            self.group_budget.check_release(self.groups, sampling=self.sampler.sampling,
+                                            releases=group_releases)
         b = self.sampler.normalizer
         if self.collective is None:
             extras = sums.release(self.noise, self._params, b)
@@ -280,6 +303,8 @@ class DPOptimizer(torch.optim.Optimizer):
                 p.grad = mapped[n].to(p.dtype)
         self.ledger.record_step(sampling=self.sampler.sampling,
                                 sample_rate=self.sampler.sample_rate, releases=releases)
+        if group_releases is not None:
+            self.groups.record_step(sampling=self.sampler.sampling, releases=group_releases)
         self.cursor.pending = 0   # taken: released and recorded
         groups = self.original_optimizer.param_groups
         lrs = [g["lr"] for g in groups]
@@ -329,6 +354,7 @@ class DPOptimizer(torch.optim.Optimizer):
             "sampler": self.sampler.state_dict(), "max_steps": self.max_steps,
             "method_state": (self.method.state_dict(self.method_state)
                              if self.method is not None else None),
+            "groups": self.groups.to_dict() if self.groups is not None else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -351,3 +377,10 @@ class DPOptimizer(torch.optim.Optimizer):
                              else saved)
         self._sums = None
         self.budget.reset()  # the ledger was replaced: compose it afresh
+        if self.groups is not None:
+            require(state.get("groups") is not None, "the checkpoint's group ledgers", None,
+                    "saved (this run has individualized budgets)",
+                    "Resume from a checkpoint of the same individualized run")
+            self.groups.ledgers = GroupLedgers.from_dict(state["groups"]).ledgers
+            if self.group_budget is not None:
+                self.group_budget.reset()

@@ -135,11 +135,14 @@ class StepSums:
     norm_sum: float = 0.0                                      # debug only, NOT private
 
     def add(self, weighted_sums: WeightedSums, norms: Norms, clip: Clip,
-            values: Mapping[str, torch.Tensor], owner: str) -> None:
+            values: Mapping[str, torch.Tensor], owner: str,
+            clip_fractions: torch.Tensor | None = None) -> None:
         """Add one physical batch: check every bound, then form and add the weighted sums.
 
         ``weighted_sums`` maps weight sets [{name: (B,)}, ...] to their sums Σ_i w_i g_i
         (the engine's book-keeping, or a contraction of materialized per-sample gradients).
+        ``clip_fractions`` (B,), public: each example's share f_i of Δ under individualized
+        thresholds; its contribution is then checked against f_i·Δ (its group's sensitivity).
         """
         names = list(norms.per_parameter_sq)
         w = clip.weights
@@ -160,6 +163,10 @@ class StepSums:
             contrib = sum(weights[n].square() * norms.per_parameter_sq[n] for n in names)
         check_bound(contrib if names else norms.total.new_zeros(0), clip.sensitivity,
                     what="the clipped gradient sum", owner=owner)
+        if clip_fractions is not None and names:   # ‖w_i g_i‖ ≤ f_i·Δ ⇔ ‖w_i g_i‖/f_i ≤ Δ
+            check_bound(contrib / clip_fractions.to(contrib).square(), clip.sensitivity,
+                        what="the clipped gradient sum (relative to each example's group "
+                             "threshold)", owner=owner)
         extra_weights: list[dict[str, torch.Tensor]] = []
         extra_names: list[str] = []
         for name, spec in self.specs.items():

@@ -28,6 +28,8 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
+
 from dpfy._require import require
 from dpfy.privacy.accountants import RIGOROUS, epsilon
 from dpfy.privacy.calibration import (MAX_NOISE_MULTIPLIER, _homogeneous_epsilon,
@@ -35,7 +37,8 @@ from dpfy.privacy.calibration import (MAX_NOISE_MULTIPLIER, _homogeneous_epsilon
 from dpfy.privacy.group_ledger import GroupLedgers, PrivacyGroup
 from dpfy.privacy.ledger import Sampling
 
-__all__ = ["VARIANTS", "IndividualCalibration", "calibrate_individual", "check_groups"]
+__all__ = ["VARIANTS", "IndividualCalibration", "calibrate_individual", "check_groups",
+           "BudgetAssignment", "assign_groups", "random_budgets"]
 
 VARIANTS = ("sample", "scale")
 _FRACTION_SUM_TOL = 1e-6
@@ -130,48 +133,60 @@ def _planned_group_ledgers(groups: Sequence[PrivacyGroup], plan_sigma: float, q:
 def _sample_variant(budgets: Sequence[float], fractions: Sequence[float], q: float, steps: int,
                     delta: float, accountant: str, tol: float
                     ) -> tuple[float, tuple[float, ...]]:
-    """σ_sample and q_p (module docstring): the reference code's nested searches."""
+    """σ_sample and q_p (module docstring): the reference code's nested searches.
+
+    The outer search is a safeguarded secant on log Σ r_p q_p against log σ (close to a power
+    law), aiming just below q; each q_p search starts from a log-log extrapolation of the rates
+    already found, so a calibration needs a few dozen accountant calls instead of hundreds.
+    """
     strictest = min(budgets)
     sigma0 = calibrate_noise_multiplier(target_epsilon=strictest, delta=delta, sample_rate=q,
                                         steps=steps, accountant=accountant, tol=tol / 4)
-    rates: dict[float, tuple[float, ...]] = {}
-    # The previous σ and its q_p: at small q, q_p scales about like σ, so they give the guesses.
-    last: list[tuple[float, tuple[float, ...]]] = [
-        (sigma0, tuple(q * math.sqrt(e / strictest) for e in budgets))]
+    found: list[tuple[float, tuple[float, ...]]] = []      # (σ, q_p) evaluated so far
 
-    def rates_at(sigma: float) -> tuple[float, ...]:
-        if sigma not in rates:
-            prev_sigma, prev = last[0]
-            rates[sigma] = tuple(_rate_for(e, sigma, min(1.0, g * sigma / prev_sigma), steps,
-                                           delta, accountant, tol / 2)
-                                 for e, g in zip(budgets, prev))
-            last[0] = (sigma, rates[sigma])
-        return rates[sigma]
+    def guesses(sigma: float) -> list[float]:
+        if not found:
+            return [q * (e / strictest) ** 0.5 for e in budgets]
+        near = sorted(found, key=lambda f: abs(math.log(f[0] / sigma)))[:2]
+        (s_a, r_a), (s_b, r_b) = near[0], near[-1]
+        out = []
+        for qa, qb in zip(r_a, r_b):
+            k = (math.log(qa / qb) / math.log(s_a / s_b)
+                 if s_a != s_b and qa != qb else 1.5)
+            out.append(min(1.0, qa * (sigma / s_a) ** k))
+        return out
 
-    def mean_rate(inv_sigma: float) -> float:
-        """Σ r_p q_p at σ = 1/inv_sigma (falls as inv_sigma grows); 0 if a q_p is unreachable."""
+    def mean_rate(sigma: float) -> float:
+        """Σ r_p q_p at σ; 0 if some q_p is unreachable (too little noise for any rate)."""
         try:
-            return math.fsum(r * qp for r, qp in zip(fractions, rates_at(1.0 / inv_sigma)))
-        except ValueError:  # even the smallest rate overspends at this σ: too little noise
+            rates = tuple(_rate_for(e, sigma, g, steps, delta, accountant, tol / 10)
+                          for e, g in zip(budgets, guesses(sigma)))
+        except ValueError:
             return 0.0
+        found.append((sigma, rates))
+        return math.fsum(r * qp for r, qp in zip(fractions, rates))
 
-    mean0 = mean_rate(1.0 / sigma0)
-    if mean0 <= q:
-        return sigma0, rates_at(sigma0)
-    # At small q, ε depends on q_p/σ roughly, so Σ r_p q_p scales like σ: a close first guess.
-    guess = sigma0 * q / mean0
-
-    def fail() -> None:
-        require(False, "budgets", list(budgets),
-                f"reachable with a mean sample rate of q = {q:.4g} and a noise multiplier "
-                f"above {1 / MAX_NOISE_MULTIPLIER:g}", "Raise the budgets or lower q")
-
-    # Smallest 1/σ (largest σ ≤ σ0) with Σ r_p q_p ≤ q; the search only evaluates the function.
-    inv = _solve_decreasing(mean_rate, q, 1.0 / guess, rel_tol=tol, x_max=MAX_NOISE_MULTIPLIER,
-                            fail=fail, bracket=(0.98 / guess, 1.02 / guess),
-                            x_min=1.0 / sigma0, fail_low=lambda: None)
-    sigma = 1.0 / inv
-    return sigma, rates_at(sigma)
+    m_prev, s_prev = mean_rate(sigma0), sigma0
+    if m_prev <= q:
+        return sigma0, found[-1][1]
+    sigma = sigma0 * (q / m_prev) ** (1 / 1.5)
+    aim = q * (1 - tol / 2)
+    for _ in range(40):
+        m = mean_rate(sigma)
+        if q * (1 - 2 * tol) <= m <= q:
+            return sigma, found[-1][1]
+        if m <= 0:
+            sigma, s_prev = math.sqrt(sigma * s_prev), sigma
+            continue
+        k = math.log(m / m_prev) / math.log(sigma / s_prev) if sigma != s_prev else 0.0
+        k = k if 0.2 < k < 10 else 1.5
+        s_prev, m_prev = sigma, m
+        sigma = sigma * (aim / m) ** (1 / k)
+        require(sigma > 1 / MAX_NOISE_MULTIPLIER, "budgets", list(budgets),
+                f"reachable with a mean sample rate of q = {q:.4g}",
+                "Raise the budgets or lower q")
+    raise ValueError(f"the IDP Sample calibration must converge, got no σ with Σ r_p q_p in "
+                     f"[{q * (1 - 2 * tol):.6g}, {q:.6g}] after 40 tries. Raise tol")
 
 
 def _rate_for(budget: float, sigma: float, guess: float, steps: int, delta: float,
@@ -274,3 +289,60 @@ def _group_sigma(budget: float, q: float, steps: int, delta: float, accountant: 
         raise ValueError(f"The group with budget ε = {budget:g} cannot be calibrated: "
                          f"{err}") from None
 
+
+
+@dataclass(frozen=True)
+class BudgetAssignment:
+    """Per-example budgets grouped: the groups are the distinct budgets (ascending).
+
+    Attributes:
+      budgets: ε_p of each group, ascending.
+      sizes: examples per group.
+      group_of: (N,) int64, the group index of every example (public).
+    """
+
+    budgets: tuple[float, ...]
+    sizes: tuple[int, ...]
+    group_of: np.ndarray
+
+    @property
+    def fractions(self) -> tuple[float, ...]:
+        """r_p = size_p / N, the realized shares (what the calibration uses)."""
+        n = sum(self.sizes)
+        return tuple(s / n for s in self.sizes)
+
+
+def assign_groups(budgets: Sequence[float] | np.ndarray, dataset_size: int | None = None
+                  ) -> BudgetAssignment:
+    """Group per-example budgets (one ε per training example, aligned with the dataset)."""
+    arr = np.asarray(budgets, dtype=np.float64)
+    require(arr.ndim == 1 and arr.size >= 1, "budgets", f"shape {arr.shape}",
+            "one ε per training example (a 1-d array)")
+    if dataset_size is not None:
+        require(arr.size == dataset_size, "len(budgets)", arr.size,
+                f"the dataset's size {dataset_size}",
+                "Give one budget per training example, in dataset order")
+    bad = ~(np.isfinite(arr) & (arr > 0))
+    require(not bad.any(), "budget", float(arr[bad][0]) if bad.any() else None,
+            "> 0 and finite for every example",
+            f"Fix the {int(bad.sum())} bad entries (first at index "
+            f"{int(np.argmax(bad)) if bad.any() else -1})")
+    values, inverse, counts = np.unique(arr, return_inverse=True, return_counts=True)
+    return BudgetAssignment(tuple(float(v) for v in values), tuple(int(c) for c in counts),
+                            inverse.astype(np.int64))
+
+
+def random_budgets(budgets: Sequence[float], fractions: Sequence[float], dataset_size: int,
+                   seed: int) -> np.ndarray:
+    """(N,) budgets: group p gets round(r_p·N) examples (largest remainders), placed at random.
+
+    For experiments: the assignment depends only on ``seed``, which is public and recorded, so
+    the assignment is **not private** (nothing about the data decides it).
+    """
+    check_groups([float(e) for e in budgets], [float(r) for r in fractions])
+    exact = np.asarray(fractions, dtype=np.float64) * dataset_size
+    counts = np.floor(exact).astype(np.int64)
+    for i in np.argsort(-(exact - counts), kind="stable")[:dataset_size - int(counts.sum())]:
+        counts[i] += 1
+    out = np.repeat(np.asarray(budgets, dtype=np.float64), counts)    # (N,)
+    return out[np.random.default_rng(seed).permutation(dataset_size)]
