@@ -1,5 +1,5 @@
-"""Layer rule for ``nn.Conv1d`` and ``nn.Conv2d`` (any stride, padding, dilation, groups,
-padding mode).
+"""Layer rule for ``nn.Conv1d``, ``nn.Conv2d`` and ``nn.Conv3d`` (any stride, padding, dilation,
+groups, padding mode).
 
 With the input cut into patches U_i (L, D) (L output positions, D = C_in/G·k_h·k_w per group)
 and the output gradient G_i (C_out/G, L), a convolution is a Linear layer applied at L
@@ -7,7 +7,10 @@ positions, so per group ∂ℓ_i/∂W = G_i U_i and the ghost norm is Σ_{l,l'} 
 Ghost costs L²·(D + C_out/G) per example, materializing L·D·C_out/G: we take the cheaper.
 The weighted sum Σ_i w_i ∂ℓ_i/∂W is the ordinary weight gradient of the rescaled output
 gradients w_i·G_i, so it is one call to torch's own convolution backward (no patches needed).
-Conv1d is handled as a Conv2d of height 1. Bias: ∂ℓ_i/∂b = Σ_l G_i[:, l].
+Conv1d is handled as a Conv2d of height 1. Bias: ∂ℓ_i/∂b = Σ_l G_i[:, l]. Conv3d: the same
+ghost norm over 3-D patches; its per-sample gradients are one call of torch's convolution
+backward with the batch folded into the groups (``_grad_sample_by_backward``), and the
+super-pixel route below is not used.
 
 Patches are an ``as_strided`` view of the padded, channels-last input, copied once into
 (B, L, k_h·k_w·C_in): on CPU this is several times faster than ``F.unfold``.
@@ -24,6 +27,8 @@ the patch route's cost, an upper bound of the super-pixel route's where that one
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -54,16 +59,20 @@ def _padded(layer: nn.Module, a: torch.Tensor) -> torch.Tensor:
 
 def _patches(layer: nn.Module, a: torch.Tensor, g: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Patches (B, G, L, k_h·k_w·C_in/G) and output grads (B, G, C_out/G, L)."""
-    a, g, (kh, kw), (sh, sw), (dh, dw) = _as_2d(layer, _padded(layer, a), g)
+    """Patches (B, G, L, k_1⋯k_n·C_in/G) and output grads (B, G, C_out/G, L), n = 2 or 3
+    spatial dimensions (Conv1d lifted to 2), patch features ordered (k_1, …, k_n, C_in/G)."""
+    a, g, k, s, d = _as_2d(layer, _padded(layer, a), g)
     b, c, grp = a.shape[0], a.shape[1], layer.groups
-    ho, wo = g.shape[-2], g.shape[-1]
-    x = a.permute(0, 2, 3, 1).contiguous()  # (B, H, W, C) channels-last
-    bs, hs, ws, cs = x.stride()
-    u = x.as_strided((b, ho, wo, kh, kw, grp, c // grp),
-                     (bs, hs * sh, ws * sw, hs * dh, ws * dw, (c // grp) * cs, cs))
-    u = u.permute(0, 5, 1, 2, 3, 4, 6).reshape(b, grp, ho * wo, kh * kw * (c // grp))
-    g = g.reshape(b, grp, layer.out_channels // grp, ho * wo)
+    out = g.shape[2:]
+    n = len(out)
+    x = a.movedim(1, -1).contiguous()  # (B, *spatial, C) channels-last
+    st = x.stride()
+    u = x.as_strided((b, *out, *k, grp, c // grp),
+                     (st[0], *(st[1 + i] * s[i] for i in range(n)),
+                      *(st[1 + i] * d[i] for i in range(n)), (c // grp) * st[-1], st[-1]))
+    u = u.permute(0, 2 * n + 1, *range(1, 2 * n + 1), 2 * n + 2)
+    u = u.reshape(b, grp, out.numel(), math.prod(k) * (c // grp))
+    g = g.reshape(b, grp, layer.out_channels // grp, out.numel())
     return u, g  # (B, G, L, D) sensitive, (B, G, C_out/G, L) sensitive
 
 
@@ -71,6 +80,8 @@ def _superpixel_ratio(layer: nn.Module, g: torch.Tensor) -> tuple[int, int] | No
     """(r_h, r_w) = kernel / stride if the ghost norm by super-pixels covers the layer (no
     dilation, stride dividing the kernel) and costs no more flops and no more memory than the
     one by patches at this output size; else None (then patches are used)."""
+    if isinstance(layer, nn.Conv3d):
+        return None
     (kh, kw), (sh, sw), (dh, dw) = _geometry(layer)
     if (dh, dw) != (1, 1) or kh % sh or kw % sw:
         return None
@@ -115,11 +126,32 @@ def _weight_sq_norm_by_superpixels(layer: nn.Module, a: torch.Tensor, g: torch.T
     return uu.mul_(ggt).sum((1, 2)).reshape(b, grp).sum(1)  # (B,)
 
 
-@register_rule(nn.Conv1d, nn.Conv2d)
+def _grad_sample_by_backward(layer: nn.Module, a: torch.Tensor, g: torch.Tensor
+                             ) -> dict[str, torch.Tensor]:
+    """Per-sample gradients of any convolution as one weight gradient of torch's own kernel:
+    the batch folded into the groups (input (1, B·C_in, …), groups B·G), so that output
+    channel block b·G + k only sees sample b's group k. Used for Conv3d."""
+    x = _padded(layer, a)
+    b, grp = x.shape[0], layer.groups
+    sp = x.dim() - 2
+    weight = layer.weight.new_empty((b * layer.out_channels, *layer.weight.shape[1:]))
+    _, w, _ = torch.ops.aten.convolution_backward(
+        g.reshape(1, -1, *g.shape[2:]).to(x.dtype), x.reshape(1, -1, *x.shape[2:]),
+        weight.to(x.dtype), None, layer.stride, (0,) * sp, layer.dilation, False, (0,) * sp,
+        b * grp, (False, True, False))
+    out = {"weight": w.reshape(b, *layer.weight.shape)}  # sensitive
+    if layer.bias is not None:
+        out["bias"] = g.flatten(2).sum(-1)  # (B, C_out) sensitive
+    return out
+
+
+@register_rule(nn.Conv1d, nn.Conv2d, nn.Conv3d)
 class ConvRule(LayerRule):
     has_ghost = True
 
     def grad_sample(self, layer, a, g):
+        if isinstance(layer, nn.Conv3d):
+            return _grad_sample_by_backward(layer, a, g)
         if layer.in_channels == layer.groups:
             return self._grad_sample_by_conv(layer, a, g)
         u, gg = _patches(layer, a, g)
