@@ -107,9 +107,17 @@ def test_scale_thresholds_noise_and_group_epsilons():
     assert std / C == pytest.approx(sum(g.size / N * s for g, s in zip(groups, sigma_ps)))
 
 
-def test_checkpoint_keeps_group_ledgers():
+def test_checkpoint_keeps_group_ledgers(tmp_path):
     model, opt, loader, _ = setup("scale")
     train(model, opt, loader)
+    section = opt.groups.report_section(delta=DELTA, accountant="rdp")
+    assert [g["budget"] for g in section.data["groups"]] == [2.0, 6.0]
+    assert [g["epsilon"] for g in section.data["groups"]] == opt.group_epsilons(DELTA, "rdp")
+    report = dpfy.privacy.report.PrivacyReport.from_ledger(
+        opt.ledger, delta=DELTA, accountant="rdp", sections=[section])
+    assert "Per-group privacy budgets" in report.to_markdown()
+    opt.groups.plot(tmp_path / "eps.png", delta=DELTA, accountant="rdp")
+    assert (tmp_path / "eps.png").stat().st_size > 0
     state = opt.state_dict()
     before = opt.group_epsilons(DELTA)
     opt.groups.ledgers = [dpfy.privacy.Ledger(N) for _ in opt.groups.groups]
