@@ -1,0 +1,37 @@
+"""``dpfy audit``: the train flags plus --canaries/--json, the claim beside the bounds, and the
+audit section in the run's privacy report."""
+
+from __future__ import annotations
+
+import json
+
+from dpfy.cli import EXIT_BAD_INPUT, main
+
+# A fixed σ and RDP keep the test fast (calibrating σ with PLD at q ≈ 0.3 takes tens of seconds).
+FLAGS = ["--dataset", "digits", "--model", "logreg", "--epochs", "1", "--batch-size", "512",
+         "--noise-multiplier", "2", "--accountant", "rdp", "--canaries", "200",
+         "--no-progress", "--threads", "1"]
+
+
+def test_audit_json_and_report(tmp_path, capsys) -> None:
+    out = tmp_path / "audit"
+    assert main(["audit", *FLAGS, "--json", "--out", str(out)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["canaries"] == 200 and 0 < result["canaries_in"] < 200
+    assert result["confidence"] == 0.95
+    # one epoch is ⌈N / b⌉ steps, N = 1,438 digits training examples + the included canaries
+    assert result["steps"] == -(-(1438 + result["canaries_in"]) // 512)
+    assert result["accountant"] == "rdp"
+    assert result["claimed_epsilon"] > 0
+    assert 0 <= result["lower_bound_one_run"] <= result["claimed_epsilon"]
+    assert 0 <= result["lower_bound_fdp"] <= result["claimed_epsilon"]
+    report = json.loads((out / "privacy_report.json").read_text())
+    sections = [s for s in report["sections"] if s["title"] == "Empirical privacy audit"]
+    assert sections and sections[0]["data"]["lower_bound_fdp"] == result["lower_bound_fdp"]
+    assert "Empirical privacy audit" in (out / "privacy_report.md").read_text()
+    assert json.loads((out / "config.json").read_text())["seed"] is None
+
+
+def test_audit_refuses_resume(tmp_path, capsys) -> None:
+    assert main(["audit", *FLAGS, "--resume", str(tmp_path)]) == EXIT_BAD_INPUT
+    assert "resume must be unset for dpfy audit" in capsys.readouterr().err
