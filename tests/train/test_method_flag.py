@@ -48,3 +48,18 @@ def test_dpfy_methods_lists_every_registered_method(capsys):
 
 def test_methods_doc_is_current():
     assert DOCS.read_text() == markdown(), "regenerate: dpfy methods --markdown > docs/METHODS.md"
+
+
+def test_hyfree_trains_from_the_cli_with_loss_probes_in_the_ledger(tmp_path):
+    """`dpfy train --method hyfree` gets per-example losses from the trainer (no loss_fn to
+    write) and its probe rounds reach the ledger and the report."""
+    out = tmp_path / "run"
+    code = main(BASE + ["--out", str(out), "--method", "hyfree", "--optimizer", "adam",
+                        "--lr", "1e-3", "--method-options", "probe_every=2"])
+    assert code == 0
+    ledger = json.loads((out / "ledger.json").read_text())
+    mechanisms = {r["mechanism"] for g in ledger["groups"] for r in g["releases"]}
+    assert mechanisms == {"gradient", "loss_probe_at_theta", "loss_probe_descent",
+                          "loss_probe_ascent"}
+    report = (out / "privacy_report.md").read_text()
+    assert "loss_probe_descent" in report and "`hyfree`" in report

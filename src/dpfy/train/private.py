@@ -22,7 +22,15 @@ from dpfy._require import require
 from dpfy.data import DataSplits
 from dpfy.train.config import TrainConfig
 
-__all__ = ["PrivateRun", "private_run", "make_private_run", "make_optimizer"]
+__all__ = ["PrivateRun", "private_run", "make_private_run", "make_optimizer",
+           "per_example_cross_entropy"]
+
+
+def per_example_cross_entropy(model: nn.Module, batch) -> torch.Tensor:
+    """Per-example training losses (B,) of ``dpfy train``'s classifiers, for methods that probe
+    losses (``needs.probes``: HyFreeDP); the same loss the training loop minimizes."""
+    x, y = batch
+    return torch.nn.functional.cross_entropy(model(x), y, reduction="none")
 
 
 @dataclass
@@ -120,6 +128,15 @@ def private_run(model: nn.Module, optimizer: torch.optim.Optimizer, train: Datas
                       total_steps=optimizer.max_steps)
 
 
+def _probes(method) -> bool:
+    """True when the run's method (or a member of its chain) declares loss probes."""
+    if isinstance(method, (list, tuple)):
+        members = list(method)
+    else:
+        members = getattr(method, "members", None) or ([method] if method is not None else [])
+    return any(getattr(m, "needs", None) is not None and m.needs.probes for m in members)
+
+
 def make_private_run(cfg: TrainConfig, model: nn.Module, data: DataSplits) -> PrivateRun:
     """Wrap ``model`` for DP training on ``data.train`` as ``cfg`` says."""
     optimizer = make_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
@@ -129,7 +146,8 @@ def make_private_run(cfg: TrainConfig, model: nn.Module, data: DataSplits) -> Pr
         noise_multiplier=cfg.noise_multiplier, target_epsilon=cfg.epsilon,
         target_delta=cfg.delta, max_grad_norm=cfg.clip, clipping=cfg.clipping,
         engine=cfg.engine, seed=cfg.seed, method=method,
-        max_physical_batch_size=cfg.physical_batch_size, accountant=cfg.accountant)
+        max_physical_batch_size=cfg.physical_batch_size, accountant=cfg.accountant,
+        loss_fn=per_example_cross_entropy if _probes(method) else None)
     needs = private.optimizer.method.needs.validation \
         if private.optimizer.method is not None else None
     require(needs is None or cfg.public_validation == "test", "public_validation",
