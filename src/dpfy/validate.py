@@ -13,24 +13,42 @@ With ``example_input``, one training-mode forward of a deep copy runs under
 :class:`dpfy.buffers.BufferGuard` and every buffer it changes is a problem, whatever the module
 (a user module that accumulates a statistic in ``forward``, say): the same check ``make_private``
 makes at the first training forward, done before training.
+
+With ``example_batch`` (the pre-flight), a deep copy also runs one *private* forward and backward
+on that batch with the engine attached and its batch guard bound to the batch's rows, and every
+problem the first training steps would raise is listed at once, each naming the module and the
+fix: layers without torch.func support, dropout inside a vmap unit, a layer whose batch cannot be
+found (time-first and ambiguous, a ``PackedSequence``), a rule refusing its input (EmbeddingBag
+in max mode), a loss that reaches no trainable parameter. Tied weights and 0-dim parameters are
+supported and not problems (``dpfy explain`` shows the ties).
+
+``fix=True`` applies the replacements of :data:`REPLACEMENTS` first (empty here: the place where
+DP layer replacements, e.g. a ``dpfy.layers`` package, register a function
+``fn(module, name) -> module or None``), then the BatchNorm and InstanceNorm fixes.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
+from torch.utils._pytree import tree_flatten
 
 from dpfy._require import require
 from dpfy.buffers import BufferChange, BufferGuard, guard_of
 from dpfy.grads.rules import rule_for
 
-__all__ = ["validate", "batchnorm_to_groupnorm", "buffer_problems"]
+__all__ = ["validate", "batchnorm_to_groupnorm", "buffer_problems", "preflight_problems",
+           "REPLACEMENTS"]
+
+# fn(module, qualified name) -> a replacement module, or None to leave it; applied by fix=True
+# before the built-in fixes, in order. DP layer replacements (dpfy.layers) register here.
+REPLACEMENTS: list[Callable[[nn.Module, str], nn.Module | None]] = []
 
 _SPATIAL_BATCHNORMS = (nn.BatchNorm2d, nn.BatchNorm3d)  # inputs (B, C, H, W) / (B, C, D, H, W)
 
@@ -87,6 +105,10 @@ def _stop_tracking(norm: _InstanceNorm) -> None:
 
 def _fix(model: nn.Module, name: str = "") -> nn.Module:
     """Replace BatchNorms and turn InstanceNorm tracking off, in place; returns the root."""
+    for replace in REPLACEMENTS:
+        new = replace(model, name)
+        if new is not None:
+            return new
     if isinstance(model, _BatchNorm):
         return batchnorm_to_groupnorm(model, name)
     if isinstance(model, _InstanceNorm) and model.track_running_stats:
@@ -116,6 +138,67 @@ def buffer_problems(model: nn.Module, example_input: Any) -> list[BufferChange]:
     return guard.problems
 
 
+def _batch_rows(batch: Any) -> int:
+    """Rows of an example batch: dim 0 of its first tensor (a tensor, tuple or dict)."""
+    values = batch.values() if isinstance(batch, dict) else (
+        batch if isinstance(batch, tuple) else (batch,))
+    first = next((t for t in values if torch.is_tensor(t) and t.dim() >= 1), None)
+    require(first is not None, "example_batch", type(batch).__name__,
+            "a tensor, a tuple of positional arguments or a dict of keyword arguments holding "
+            "at least one tensor with the batch in dimension 0", "Pass what the model is called "
+            "with, e.g. model(*batch) or model(**batch)")
+    return first.shape[0]
+
+
+def _scalar_loss(output: Any) -> torch.Tensor:
+    """A loss that depends on every floating-point tensor of ``output``: Σ out²."""
+    if isinstance(output, dict):  # Hugging Face ModelOutput is a dict
+        output = tuple(output.values())
+    leaves = [t for t in tree_flatten(output)[0] if torch.is_tensor(t) and t.is_floating_point()]
+    return sum((t.float().square().sum() for t in leaves), torch.zeros(()))
+
+
+def preflight_problems(model: nn.Module, example_batch: Any, *, engine: str = "auto",
+                       loss_fn: Callable[[Any], torch.Tensor] | None = None) -> list[str]:
+    """Problems of one private forward/backward of a copy of ``model`` on ``example_batch``.
+
+    Args:
+      model: the model (not run, not modified: a deep copy in training mode is).
+      example_batch: what the model is called with: a tensor, a tuple (positional arguments)
+        or a dict (keyword arguments, e.g. a tokenizer's output). A tiny batch (2–4 rows) does.
+      engine: the engine ``make_private`` will use.
+      loss_fn: ``fn(output) -> scalar`` (default: Σ of the squares of every float output, so
+        that every layer receives a gradient).
+
+    Returns:
+      One message per problem, each naming the module and the fix (empty: ready).
+    """
+    from dpfy.grads import GradEngine
+    require(guard_of(model) is None, "model", type(model).__name__, "not yet private for the "
+            "pre-flight", "Validate before make_private")
+    rows = _batch_rows(example_batch)
+    probe = copy.deepcopy(model).train()
+    try:
+        eng = GradEngine(probe, engine=engine, loss_reduction="sum")
+    except ValueError as e:
+        return [str(e)]
+    eng.bind_batch(rows)
+    try:
+        with torch.enable_grad():
+            if isinstance(example_batch, dict):
+                out = probe(**example_batch)
+            else:
+                out = probe(*(example_batch if isinstance(example_batch, tuple)
+                              else (example_batch,)))
+            (loss_fn or _scalar_loss)(out).backward()
+        return eng.preflight()
+    except Exception as e:  # the forward or backward itself fails: that is the problem
+        return [f"the private forward/backward on example_batch must run, got "
+                f"{type(e).__name__}: {e}"]
+    finally:
+        eng.detach()
+
+
 def _static_problems(model: nn.Module, engine: str) -> tuple[list[str], set[str]]:
     """Problems visible without running the model, and the modules they name."""
     problems, named = [], set()
@@ -141,12 +224,18 @@ def _static_problems(model: nn.Module, engine: str) -> tuple[list[str], set[str]
     return problems, named
 
 
-def validate(model: nn.Module, *, fix: bool = False, engine: str = "auto",
-             example_input: Any = None) -> list[str] | nn.Module:
+def validate(model: nn.Module, example_batch: Any = None, *, fix: bool = False,
+             engine: str = "auto", example_input: Any = None,
+             loss_fn: Callable[[Any], torch.Tensor] | None = None) -> list[str] | nn.Module:
     """List the problems of ``model``, or (``fix=True``) return a fixed copy.
 
     Args:
-      model: the model to check; not modified (and not run: ``example_input`` runs a copy).
+      model: the model to check; not modified (and not run: the examples run a copy).
+      example_batch: the pre-flight (see :func:`preflight_problems`): what the model is called
+        with on a tiny batch (tensor, tuple of positional arguments, dict of keyword
+        arguments); one private forward/backward of a copy lists every problem the first
+        training step would raise, plus every buffer that forward changes.
+      loss_fn: with ``example_batch``, ``fn(output) -> scalar`` (default Σ out²).
       fix: return a deep copy with every BatchNorm replaced by a GroupNorm
         (:func:`batchnorm_to_groupnorm`) and InstanceNorm's ``track_running_stats`` turned off,
         raising ``ValueError`` if a problem remains that cannot be fixed automatically.
@@ -159,13 +248,19 @@ def validate(model: nn.Module, *, fix: bool = False, engine: str = "auto",
     """
     if fix:
         fixed = _fix(copy.deepcopy(model))
-        left = validate(fixed, engine=engine, example_input=example_input)
+        left = validate(fixed, example_batch, engine=engine, example_input=example_input,
+                        loss_fn=loss_fn)
         if left:
             raise ValueError(f"model must have no unfixable problems, got {left}. "
                              f"Change those layers by hand")
         return fixed
     problems, named = _static_problems(model, engine)
+    if example_batch is not None and example_input is None and not isinstance(example_batch,
+                                                                              dict):
+        example_input = example_batch  # the buffer check runs the same call
     if example_input is not None:
         problems += [str(c) for c in buffer_problems(model, example_input)
                      if c.module not in named]
+    if example_batch is not None and not problems:  # the engine refuses those before running
+        problems += preflight_problems(model, example_batch, engine=engine, loss_fn=loss_fn)
     return problems

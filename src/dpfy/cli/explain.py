@@ -2,7 +2,9 @@
 
 MODEL is a model-zoo name (``dpfy.models``) or ``package.module:factory`` (a callable returning
 an ``nn.Module``). With an input shape, one forward/backward on a random batch decides the route
-each layer takes at that size (ghost norm or materialized per-sample gradients).
+each layer takes at that size (ghost norm or materialized per-sample gradients), and the
+pre-flight (:func:`dpfy.validate` with an example batch) lists every problem a private step on
+such a batch would raise, each naming the module and the fix.
 """
 
 from __future__ import annotations
@@ -71,6 +73,11 @@ def run(args: argparse.Namespace) -> int:
     model = _build(args.model, shape, args.num_classes)
     example = torch.randn(args.batch_size, *shape) if shape else None
     print(format_table(explain_model(model, engine=args.engine, example=example)))
+    if example is not None:  # the pre-flight: every problem of a private step, at once
+        from dpfy.validate import validate
+        problems = validate(model, example[:4], engine=args.engine)
+        print("\nProblems (dpfy.validate on a 4-row batch): " + ("none" if not problems else ""))
+        print("\n".join(f"- {p}" for p in problems))
     if args.memory:
         require(example is not None, "--input-shape", args.input_shape, "given with --memory")
         from dpfy.memory import format_memory

@@ -160,12 +160,16 @@ def _rule_batch_dim(unit: Unit, a: Any, b: int) -> tuple[int, str | None]:
         return dims[0], None
     if not dims and a.shape[0] == 1:
         return BROADCAST, None
-    where = (f"several dimensions ({[0] * (a.shape[0] == 1) + dims}) could be the batch"
-             if dims else "no dimension of that size where this layer allows a batch")
+    if dims:
+        where = (f"several dimensions ({[0] * (a.shape[0] == 1) + dims}) could be the batch. "
+                 f"Call this layer with the batch in dimension 0 (transpose after the layer, "
+                 f"not before it)")
+    else:
+        where = (f"no dimension of that size where this layer allows a batch. Compute the loss "
+                 f"only from the batch the private loader yielded, with the batch first in "
+                 f"every layer")
     return 0, (f"{_label(unit)} must be called on the {b} rows of the private batch, got an "
-               f"input of shape {tuple(a.shape)}: {where}. Compute the loss only from the batch "
-               f"the private loader yielded, with the batch first in every layer (or a "
-               f"dimension of size {b} that can only be the batch)")
+               f"input of shape {tuple(a.shape)}: {where}")
 
 
 def _vmap_batch_dims(unit: Unit, args: tuple, kwargs: dict, b: int
@@ -576,6 +580,33 @@ class GradEngine:
             del data
         return [{n: out[n] for n, _ in self.named_params} for out in outs]
 
+    def preflight(self) -> list[str]:
+        """Every problem of the captured forward/backward at once, without raising (the probe
+        of :func:`dpfy.validate`): calls the batch guard refuses, layers whose per-example
+        gradients fail (no torch.func support, dropout inside a vmap unit, a rule refusing its
+        input), and a loss that reaches no trainable parameter. Drops the captures."""
+        used = [(u, c) for u in self.units for c in self._calls[id(u)] if c.used]
+        problems = list(dict.fromkeys(c.problem for _, c in used if c.problem is not None))
+        rows = self._rows()
+        sizes = {c.batch_size for _, c in used if c.problem is None}
+        if not used:
+            problems.append("loss.backward() must reach a trainable parameter, got no layer "
+                            "with a gradient. Check that the loss depends on the model's output")
+        elif rows is not None and sizes - {rows}:
+            problems.append(f"every layer must be called on the {rows} rows of the batch, got "
+                            f"{sorted(sizes)}. Compute the loss only from that batch")
+        elif len(sizes) == 1:
+            b = sizes.pop()
+            for u in self.units:
+                calls = [c for c in self._calls[id(u)] if c.used and c.problem is None]
+                try:
+                    if calls:
+                        self._unit_sq_norms(u, calls, b)
+                except Exception as e:  # each layer's failure is one problem of the list
+                    problems.append(f"{_label(u)}: {e}")
+        self.clear()
+        return problems
+
     def explain(self) -> list[dict[str, Any]]:
         """One row per unit: module, type, parameter count, rule file, route and why.
 
@@ -591,7 +622,9 @@ class GradEngine:
                        else "no layer rule for this type; torch.func on its subtree")
                 rows.append(u.explain(why))
                 continue
-            row = u.explain("registered layer rule")
+            row = u.explain("registered layer rule" + "".join(
+                f"; {rel} tied to {q} (per-example gradients summed over its uses)"
+                for rel, q in u.tied.items()))
             if not calls and id(u) in self._last_route:
                 row["engine"] = self._last_route[id(u)]
                 row["why"] = "route taken on the last training batch"

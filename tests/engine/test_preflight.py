@@ -1,0 +1,112 @@
+"""The pre-flight (issue 14 §2): ``dpfy.validate(model, example_batch)`` and ``dpfy explain`` run
+one private forward/backward on a tiny batch and list every problem at once, each naming the
+module and the fix, before training starts."""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence
+
+import dpfy
+from dpfy.cli import main
+
+validate_module = importlib.import_module("dpfy.validate")  # dpfy.validate is also the function
+
+
+class Dropping(nn.Module):
+    """A module without a rule (a vmap unit) with active dropout inside."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(4))
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(x * self.w)
+
+
+class Many(nn.Module):
+    """Four problems in one model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gated = Dropping()
+        self.step = nn.Linear(4, 4)                       # called time-first with T = 1
+        self.rnn = nn.RNN(4, 4, batch_first=True)          # fed a PackedSequence
+        self.bag = nn.EmbeddingBag(10, 4, mode="max")      # max mode
+        self.head = nn.Linear(12, 2)
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        a = self.gated(x)
+        b = self.step(x[:, None].transpose(0, 1))[0]
+        lengths = torch.ones(x.shape[0], dtype=torch.long)
+        _, h = self.rnn(pack_padded_sequence(x[:, None], lengths, batch_first=True))
+        return self.head(torch.cat([a + b, h[0], self.bag(ids)], 1))
+
+
+def test_every_problem_is_listed_at_once_naming_its_module():
+    x, ids = torch.randn(3, 4), torch.randint(0, 10, (3, 2))
+    bag_only = validate_module.preflight_problems(nn.Sequential(nn.EmbeddingBag(10, 4,
+                                                                                mode="max")),
+                                                  (ids,))
+    assert len(bag_only) == 1 and "mode 'sum' or 'mean'" in bag_only[0]
+    model = Many()
+    model.bag.mode = "sum"  # the forward itself would stop at max mode: checked above
+    problems = dpfy.validate(model, (x, ids))
+    text = "\n".join(problems)
+    assert len(problems) == 3, text
+    assert "layer 'gated' (Dropping)" in text and "'gated.drop' (Dropout)" in text
+    assert "layer 'step' (Linear)" in text and "several dimensions" in text
+    assert "layer 'rnn' (RNN)" in text and "PackedSequence" in text
+    assert all(p.requires_grad for p in model.parameters())  # the model is left as it was
+
+
+def test_supported_shapes_pass_the_preflight():
+    class Lm(nn.Module):  # keyword call, shared position ids, tied weights, a 0-dim scale
+        def __init__(self) -> None:
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(11, 4), nn.Embedding(5, 4)
+            self.head = nn.Linear(4, 11, bias=False)
+            self.head.weight = self.wte.weight
+            self.temperature = nn.Parameter(torch.tensor(1.0))
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            pos = torch.arange(input_ids.shape[1])[None]
+            h = (self.wte(input_ids) + self.wpe(pos)) * attention_mask[..., None]
+            return self.head(h) * self.temperature
+
+    batch = {"input_ids": torch.randint(0, 11, (3, 5)), "attention_mask": torch.ones(3, 5)}
+    assert dpfy.validate(Lm(), batch) == []
+    assert dpfy.validate(Lm(), batch, engine="vmap") == []
+
+
+def test_a_loss_that_reaches_no_parameter_is_a_problem():
+    problems = dpfy.validate(nn.Linear(3, 2), torch.randn(2, 3), loss_fn=lambda out: out.detach()
+                             .sum().requires_grad_())
+    assert len(problems) == 1 and "reach a trainable parameter" in problems[0]
+
+
+def test_fix_applies_registered_replacements_first(monkeypatch):
+    class Marker(nn.Linear):
+        pass
+
+    def swap(module: nn.Module, name: str) -> nn.Module | None:
+        if type(module) is nn.Linear and name == "1":
+            new = Marker(module.in_features, module.out_features)
+            new.load_state_dict(module.state_dict())
+            return new
+        return None
+
+    monkeypatch.setattr(validate_module, "REPLACEMENTS", [swap])
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2))
+    fixed = dpfy.validate(model, torch.randn(2, 3), fix=True)
+    assert type(fixed[1]) is Marker and type(fixed[0]) is nn.Linear
+    assert type(model[1]) is nn.Linear  # the original is untouched
+
+
+def test_cli_explain_prints_the_preflight(capsys):
+    assert main(["explain", "tanh_cnn", "--batch-size", "2"]) == 0
+    assert "Problems (dpfy.validate on a 4-row batch): none" in capsys.readouterr().out
