@@ -25,7 +25,7 @@ import json
 import multiprocessing as mp
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from dpfy.experiments.oso_grid import (PRIVATE_METHODS, RunSpec, Settings, grid,
                                        grid_noise_multiplier)
@@ -124,8 +124,13 @@ def _work(spec_dict: dict) -> dict:
 
 
 def run_specs(specs: list[RunSpec], *, results: Path, log: Path, workers: int = 1,
-              data_dir: str | None = None) -> list[dict]:
-    """Train every spec whose key is not yet in ``results``; append each record as it ends."""
+              data_dir: str | None = None, data: tuple | None = None) -> list[dict]:
+    """Train every spec whose key is not yet in ``results``; append each record as it ends.
+
+    ``workers`` > 1: that many forked processes, one torch thread each, each loading
+    Fashion-MNIST; ``workers == 1``: in this process, on ``data`` = (train, test) if given
+    (tests pass a tiny synthetic set) or else on Fashion-MNIST.
+    """
     results.parent.mkdir(parents=True, exist_ok=True)
     done = {r["key"] for r in load_records(results)}
     todo = [s for s in dict.fromkeys(specs) if s.key() not in done]
@@ -137,19 +142,33 @@ def run_specs(specs: list[RunSpec], *, results: Path, log: Path, workers: int = 
             grid_noise_multiplier(spec)
     say(f"{len(todo)} runs to do ({len(done)} already in {results}), {workers} worker(s)")
     t0 = time.time()
+    for i, rec in enumerate(_records(todo, workers, data_dir, data), 1):
+        with results.open("a") as f:
+            f.write(json.dumps(rec) + "\n")
+        sp = rec["spec"]
+        say(f"[{i}/{len(todo)}] {sp['method']} eps={sp['epsilon']} lr={sp['lr']:.4g} "
+            f"C={sp['clip']} q={sp['quantile']} rep={sp['replicate']}: best={rec['best']} "
+            f"eps_grid_pld={rec.get('epsilon_grid_pld')} "
+            f"{'DIVERGED ' if rec['diverged'] else ''}({rec['seconds']:.0f}s; "
+            f"elapsed {time.time() - t0:.0f}s)")
+    return load_records(results)
+
+
+def _records(todo: list[RunSpec], workers: int, data_dir: str | None,
+             data: tuple | None) -> Iterator[dict]:
+    """The records of ``todo`` as they finish (in this process, or from a pool)."""
+    global _DATA
+    if workers == 1:
+        if data is None:
+            _init_worker(todo[0].settings, data_dir)
+        else:
+            _DATA = data
+        yield from (_work(s.to_dict()) for s in todo)
+        return
     ctx = mp.get_context("fork")
     with ctx.Pool(workers, initializer=_init_worker,
                   initargs=(todo[0].settings, data_dir)) as pool:
-        for i, rec in enumerate(pool.imap_unordered(_work, [s.to_dict() for s in todo]), 1):
-            with results.open("a") as f:
-                f.write(json.dumps(rec) + "\n")
-            sp = rec["spec"]
-            say(f"[{i}/{len(todo)}] {sp['method']} eps={sp['epsilon']} lr={sp['lr']:.4g} "
-                f"C={sp['clip']} q={sp['quantile']} rep={sp['replicate']}: best={rec['best']} "
-                f"eps_grid_pld={rec.get('epsilon_grid_pld')} "
-                f"{'DIVERGED ' if rec['diverged'] else ''}({rec['seconds']:.0f}s; "
-                f"elapsed {time.time() - t0:.0f}s)")
-    return load_records(results)
+        yield from pool.imap_unordered(_work, [s.to_dict() for s in todo])
 
 
 def _logger(log: Path) -> Callable[[str], None]:

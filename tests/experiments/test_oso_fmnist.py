@@ -1,0 +1,110 @@
+"""``dpfy experiment oso-fmnist``: the 002 autoencoder's size, and a smoke run of every method.
+
+The smoke run is tiny (synthetic 8×8 images, 10 steps, k = 2, one run per method) and checks
+the records the experiment writes, that resuming skips finished runs, and that each run's grid
+(``runs`` runs like it, composed) stays within the per-grid budget by PLD, both as the record
+says and by dp_accounting's PLD accountant on the events derived here.
+"""
+
+from __future__ import annotations
+
+import json
+
+import dp_accounting
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from dpfy.experiments.oso_fmnist import load_records, run_specs
+from dpfy.experiments.oso_grid import PRIVATE_METHODS, RunSpec, Settings, grid
+from dpfy.models import build_model
+
+# The layer list of the autoencoder's docstring: six 5×5 convolutions (in, out channels).
+AE_CONVS = [(1, 12), (12, 16), (16, 48), (48, 16), (16, 12), (12, 1)]
+
+
+def test_conv_autoencoder_has_the_paper_parameter_count():
+    # weights k²·in·out plus out biases per convolution; 002 Table 1: 48,705 parameters
+    derived = sum(5 * 5 * c_in * c_out + c_out for c_in, c_out in AE_CONVS)
+    assert derived == 48705
+    model = build_model("conv_autoencoder", input_shape=(1, 28, 28), num_classes=10)
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    assert [(c.in_channels, c.out_channels, c.kernel_size) for c in convs] == \
+        [(i, o, (5, 5)) for i, o in AE_CONVS]
+    assert [type(m) for m in model.modules() if any(True for _ in m.parameters(False))] == \
+        [nn.Conv2d] * len(AE_CONVS)                       # nothing else has parameters
+    assert sum(p.numel() for p in model.parameters()) == derived
+    assert model(torch.zeros(2, 1, 28, 28)).shape == (2, 1, 28, 28)
+
+
+def test_conv_autoencoder_refuses_other_shapes():
+    with pytest.raises(ValueError, match="input_shape must be"):
+        build_model("conv_autoencoder", input_shape=(3, 30, 30), num_classes=10)
+
+
+def _grid_epsilon_by_dp_accounting(record: dict, settings: Settings) -> float:
+    """ε of ``runs`` composed runs of T Poisson-subsampled Gaussian steps at the record's ν.
+
+    Online's two releases (ν_g = 1.01ν, ν_q = ν/√(1 − 1.01⁻²)) and FixedQuantile's two
+    (σ_Δ, 2σ_b) see the same sample and whiten to one Gaussian with σ⁻² = Σ σ_r⁻² = ν⁻²
+    (002 Proposition 1; tests/ledger_events.py), so every method's step is one Gaussian at ν.
+    """
+    step = dp_accounting.PoissonSampledDpEvent(
+        settings.sample_rate, dp_accounting.GaussianDpEvent(record["noise_multiplier"]))
+    acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
+    acc.compose(dp_accounting.SelfComposedDpEvent(step, record["runs"] * record["steps"]))
+    return acc.get_epsilon(settings.delta)
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread, as the experiment's workers use (tiny convolutions on a shared machine
+    are many times slower with an intra-op pool)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_smoke_run_of_every_method_records_and_stays_within_the_grid_budget(tmp_path,
+                                                                            one_thread):
+    torch.manual_seed(0)       # the synthetic data only; the runs themselves are unseeded
+    settings = Settings(train_size=500, test_size=40, batch_size=50, epochs=1, k=2,
+                        eval_every=5)
+    images = torch.randn(540, 1, 8, 8)
+    labels = torch.randint(0, 10, (540,))
+    data = (TensorDataset(images[:500], labels[:500]), TensorDataset(images[500:], labels[500:]))
+    eps = 1.0                  # ν ≥ 2: PLD calibration stays fast
+    specs = [grid(m, eps, settings)[0] for m in PRIVATE_METHODS] + [grid("nodp", None,
+                                                                         settings)[0]]
+    results, log = tmp_path / "oso.jsonl", tmp_path / "log"
+    records = run_specs(specs, results=results, log=log, workers=1, data=data)
+
+    assert [r["key"] for r in records] == [s.key() for s in specs]
+    assert "seed" not in results.read_text()            # no seed is ever published
+    for spec, r in zip(specs, records):
+        assert RunSpec.from_dict(json.loads(json.dumps(r["spec"]))) == spec
+        assert r["steps"] == settings.steps == 10 and r["evals"][0][0] == 0
+        assert r["evals"][-1][0] == 10 and len(r["evals"]) == 3       # steps 0, 5, 10
+        assert r["best"] == min(v for _, v in r["evals"])              # MSE: lower is better
+        if spec.method == "nodp":
+            assert r["noise_multiplier"] is None and "epsilon_grid_pld" not in r
+            continue
+        assert r["runs"] == {"online": 2, "threshold": 4, "quantile": 10, "adamwosm": 2}[
+            spec.method]                                               # 002 §3.3 at k = 2
+        assert r["epsilon_run_pld"] < r["epsilon_grid_pld"] <= eps * (1 + 1e-9)
+        # dp_accounting's PLD (its own discretization) on the events derived above
+        assert _grid_epsilon_by_dp_accounting(r, settings) <= eps + 1e-3
+        assert len(r["trace"]["clip"]) == 10
+    # Online started at C₀ = 0.1 and moved by at most e^{±ρ_c} per step (its first step: none)
+    online = records[0]
+    rate = settings.online_rate
+    clips = online["trace"]["clip"]
+    assert clips[0] == pytest.approx(0.1)
+    assert all(abs(torch.log(torch.tensor(b / a))) <= rate + 1e-9
+               for a, b in zip(clips, clips[1:]))
+
+    lines = len(results.read_text().splitlines())
+    run_specs(specs, results=results, log=log, workers=1, data=data)      # resume: nothing to do
+    assert len(results.read_text().splitlines()) == lines == len(load_records(results))
