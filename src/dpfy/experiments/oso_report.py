@@ -56,6 +56,12 @@ def _fmt(x: float | None, digits: int = 4) -> str:
     return "diverged" if x is None else f"{x:.{digits}f}"
 
 
+def _worse(record: dict, settings: Settings) -> bool:
+    """The run ended worse than the untrained model (its step-0 evaluation)."""
+    first, last = record["evals"][0][1], record["evals"][-1][1]
+    return last > first if lower_is_better(settings) else last < first
+
+
 def winner_rows(records: list[dict], settings: Settings) -> list[dict[str, Any]]:
     """One row per (method, ε): winning cell, its replicates' values, the grid's facts."""
     runs = _mine(records, settings)
@@ -70,6 +76,7 @@ def winner_rows(records: list[dict], settings: Settings) -> list[dict[str, Any]]
         row: dict[str, Any] = {
             "method": method, "epsilon": eps, "configs": len(first),
             "diverged": sum(r["diverged"] for _, r in first),
+            "worse": sum(r["diverged"] or _worse(r, settings) for _, r in first),
             "noise_multiplier": first[0][1]["noise_multiplier"] if first else None,
             "runs": first[0][1]["runs"] if first else None,
             "max_eps_grid": max((r.get("epsilon_grid_pld") or 0.0) for _, r in items)
@@ -96,8 +103,8 @@ def _mean_std(values: list) -> tuple[float | None, float | None]:
 def _winner_table(rows: list[dict], settings: Settings) -> list[str]:
     metric = "test MSE" if lower_is_better(settings) else "test accuracy %"
     out = [f"| ε | method | configs (runs sharing ε) | ν per run | max grid ε (PLD) | "
-           f"diverged | winner | {metric}, replicate 0 | mean ± std (n) |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           f"non-finite | ended worse than untrained | winner | {metric}, replicate 0 | "
+           f"mean ± std (n) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         spec = r["winner"]
         mean, std = _mean_std(r["values"])
@@ -108,7 +115,7 @@ def _winner_table(rows: list[dict], settings: Settings) -> list[str]:
         summary = ("—" if mean is None
                    else f"{mean:.4f} ± {std:.4f} ({len([v for v in r['values'] if v is not None])})")
         out.append(f"| {eps} | {PAPER_NAMES[r['method']]} | {r['configs']} ({r['runs']}) | {nu} "
-                   f"| {grid_eps} | {r['diverged']}/{r['configs']} | "
+                   f"| {grid_eps} | {r['diverged']}/{r['configs']} | {r['worse']}/{r['configs']} | "
                    f"{_hp(spec) if spec else '—'} | {_fmt(first)} | {summary} |")
     return out
 
