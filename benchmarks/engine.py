@@ -93,6 +93,8 @@ def dpfy_row(name: str, engine: str, seed: int | None = None, method: str | None
                                        max_grad_norm=CLIP, engine=engine, seed=seed,
                                        method=method)
 
+    dl.cursor.indices = torch.arange(BATCH)  # the batch the optimizer binds (its batch guard)
+
     def step() -> None:
         dl.cursor.pending = 1  # as if the private loader had yielded (x, y): we time the step
         opt.zero_grad(set_to_none=True)

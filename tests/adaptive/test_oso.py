@@ -335,6 +335,10 @@ def test_state_survives_a_checkpoint_and_the_cli_options_build_it():
     restored = m.load_state_dict(m.state_dict(s))
     assert restored.clip == s.clip and torch.equal(restored.prev_direction["w"],
                                                    s.prev_direction["w"])
+    # A checkpoint written before the state kept b·q̃ (it held q̃ itself) still loads.
+    old = m.load_state_dict({"clip": 0.2, "lr_scale": 1.0, "prev_gradient": {"w": torch.ones(2)},
+                             "prev_direction": {"w": torch.full((2,), 0.5)}})
+    assert old.clip == 0.2 and torch.equal(old.prev_direction["w"], torch.full((2,), 0.5))
 
 
 BASE = ["train", "--dataset", "digits", "--model", "logreg", "--noise-multiplier", "1", "--epochs", "1",

@@ -82,13 +82,24 @@ Vector = Mapping[str, torch.Tensor]
 class OSOState:
     """C_t, ρ_t/ρ_1 and the previous step's released vectors (None before the first step).
 
-    Everything here is built from released values only (private by post-processing).
+    Everything here is built from released values only (private by post-processing). The
+    threshold gradient is kept as released, the noisy sum b·q̃_{t−1}, with its public b: the
+    rules need only the sign, the cosine, or the dot divided by b once, so q̃ itself is never
+    formed (one pass over the parameters less per step; :attr:`prev_direction` forms it).
     """
 
     clip: float
     lr_scale: float = 1.0
-    prev_gradient: dict[str, torch.Tensor] | None = None    # g̃_{t−1}
-    prev_direction: dict[str, torch.Tensor] | None = None   # q̃_{t−1}
+    prev_gradient: dict[str, torch.Tensor] | None = None        # g̃_{t−1} (the released mean)
+    prev_direction_sum: dict[str, torch.Tensor] | None = None   # b·q̃_{t−1} (the released sum)
+    prev_batch_size: float = 1.0                                # b of that step, public
+
+    @property
+    def prev_direction(self) -> dict[str, torch.Tensor] | None:
+        """q̃_{t−1} = (Σ q_i + noise)/b (formed on demand; for diagnostics)."""
+        if self.prev_direction_sum is None:
+            return None
+        return {n: t / self.prev_batch_size for n, t in self.prev_direction_sum.items()}
 
 
 def _dot_and_norms(a: Vector, b: Vector) -> tuple[float, float, float]:
@@ -105,21 +116,30 @@ def _dot_and_norms(a: Vector, b: Vector) -> tuple[float, float, float]:
 
 
 def released_dot(current: Vector, previous: Vector | None) -> float:
-    """⟨current, previous⟩ of two released vectors; 0 before the first step (no previous)."""
-    return 0.0 if previous is None else _dot_and_norms(current, previous)[0]
+    """⟨current, previous⟩ of two released vectors; 0 before the first step (no previous).
+
+    One dot per parameter tensor (the sign and additive rules need no norms)."""
+    if previous is None:
+        return 0.0
+    return sum(float(torch.dot(x.detach().flatten(),
+                               previous[n].detach().flatten().to(x.dtype)))
+               for n, x in current.items())
 
 
 def hyper_factor(current: Vector, previous: Vector | None, rate: float, rule: str) -> float:
     """The multiplicative step of C (or ρ) from the released ⟨current, previous⟩.
 
     ``"sign"``: exp(rate·sign⟨·,·⟩) (Eqs. 20–21); ``"rubio"``: 1 + rate·cos(·,·) (Eq. 19).
-    No previous vector, or a zero one, gives 1 (sign(0) = 0: the first step changes nothing).
+    Both are unchanged when ``previous`` is scaled by a positive number (a sum instead of a
+    mean). No previous vector, or a zero one, gives 1 (sign(0) = 0: the first step changes
+    nothing).
     """
     if previous is None:
         return 1.0
-    dot, norm_c, norm_p = _dot_and_norms(current, previous)
     if rule == "sign":
+        dot = released_dot(current, previous)
         return math.exp(rate * ((dot > 0) - (dot < 0)))
+    dot, norm_c, norm_p = _dot_and_norms(current, previous)
     if norm_c == 0.0 or norm_p == 0.0:
         return 1.0
     return 1.0 + rate * dot / (norm_c * norm_p)
@@ -223,23 +243,29 @@ class OnlineSensitivity(Method[OSOState]):
 
     def update(self, state: OSOState, released: Released) -> OSOState:
         b = released.expected_batch_size                                 # public
-        g = {n: t.detach().clone() for n, t in released.gradient.items()}   # g̃_t (mean)
-        q = {n: t.detach() / b for n, t in released.sums[THRESHOLD_GRADIENT].items()}  # q̃_t
+        # g̃_t is the optimizer's gradient buffer: copied, since zero_grad(set_to_none=False)
+        # or an in-place optimizer would change it before the next step reads it.
+        g = {n: t.detach().clone() for n, t in released.gradient.items()}
+        # b·q̃_t: the release's own fresh tensors (nothing else holds them), kept as they are.
+        q_sum = {n: t.detach() for n, t in released.sums[THRESHOLD_GRADIENT].items()}
         if self.rule == "additive":
             clip, lr = self._additive(state, g)
-        else:
-            clip = state.clip * hyper_factor(g, state.prev_direction, self.clip_rate, self.rule)
+        else:   # both rules are invariant to the positive scale 1/b of the stored sum
+            clip = state.clip * hyper_factor(g, state.prev_direction_sum, self.clip_rate,
+                                             self.rule)
             lr = (state.lr_scale * hyper_factor(g, state.prev_gradient, self.lr_rate, self.rule)
                   if self.adapt_lr else state.lr_scale)
-        return OSOState(clip=clip, lr_scale=lr, prev_gradient=g, prev_direction=q)
+        return OSOState(clip=clip, lr_scale=lr, prev_gradient=g, prev_direction_sum=q_sum,
+                        prev_batch_size=float(b))
 
     def _additive(self, state: OSOState, g: Vector) -> tuple[float, float]:
         """(C_{t+1}, ρ_{t+1}/ρ_1) by Eqs. 13 and 16, floored at ``min_clip`` and 0."""
         require(self.initial_lr is not None, "initial_lr", None,
                 "known for rule 'additive'", "Pass the method to make_private (it reads the "
                 "optimizer's lr) or give initial_lr=")
-        clip = state.clip + self.clip_rate * self.initial_lr * released_dot(
-            g, state.prev_direction)                                         # Eq. 13
+        # ⟨g̃_t, q̃_{t−1}⟩ from the stored sum b·q̃_{t−1}
+        dot_q = released_dot(g, state.prev_direction_sum) / state.prev_batch_size
+        clip = state.clip + self.clip_rate * self.initial_lr * dot_q           # Eq. 13
         lr = state.lr_scale
         if self.adapt_lr:   # Eq. 16 divided by ρ_1: s_{t+1} = s_t + ρ_r⟨g̃_t, g̃_{t−1}⟩
             lr = state.lr_scale + self.lr_rate * released_dot(g, state.prev_gradient)
@@ -247,9 +273,15 @@ class OnlineSensitivity(Method[OSOState]):
 
     def state_dict(self, state: OSOState) -> dict[str, Any]:
         return {"clip": state.clip, "lr_scale": state.lr_scale,
-                "prev_gradient": state.prev_gradient, "prev_direction": state.prev_direction}
+                "prev_gradient": state.prev_gradient,
+                "prev_direction_sum": state.prev_direction_sum,
+                "prev_batch_size": state.prev_batch_size}
 
     def load_state_dict(self, saved: Mapping[str, Any]) -> OSOState:
+        if "prev_direction_sum" in saved:
+            direction, b = saved["prev_direction_sum"], float(saved["prev_batch_size"])
+        else:   # a checkpoint from before the sum was kept: it holds q̃ itself (b = 1)
+            direction, b = saved["prev_direction"], 1.0
         return OSOState(clip=float(saved["clip"]), lr_scale=float(saved["lr_scale"]),
-                        prev_gradient=saved["prev_gradient"],
-                        prev_direction=saved["prev_direction"])
+                        prev_gradient=saved["prev_gradient"], prev_direction_sum=direction,
+                        prev_batch_size=b)

@@ -162,7 +162,8 @@ def _validation_split(data: DataSplits, cfg: TrainConfig, fraction: float
     # Which examples are held out is drawn independently of the data (secret, never published).
     gen = torch.Generator().manual_seed(cfg.seed if cfg.seed is not None else secrets.randbits(63))
     order = torch.randperm(n, generator=gen)
-    val, train = Subset(data.train, order[:n_val].tolist()), Subset(data.train, order[n_val:].tolist())
+    val = Subset(data.train, order[:n_val].tolist())
+    train = Subset(data.train, order[n_val:].tolist())
     held = dataclasses.replace(data, train=train, test=val,
                                description=f"{data.description}; {n_val} training examples "
                                            f"held out for validation")
