@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from dpfy.experiments.oso_grid import (PRIVATE_METHODS, RunSpec, Settings, grid,
                                        grid_noise_multiplier)
+from dpfy.experiments.runner import load_results as load_records
 
 __all__ = ["add_arguments", "main", "grid_specs", "seed_specs", "run_specs", "load_records",
            "winners", "RESULTS", "LOG"]
@@ -65,13 +66,6 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return Settings(task=args.task, train_size=args.train_size, test_size=args.test_size,
                     batch_size=args.batch_size, epochs=args.epochs, k=args.k, delta=args.delta,
                     hyper_rate=args.hyper_rate, eval_every=args.eval_every)
-
-
-def load_records(path: Path) -> list[dict]:
-    """Finished runs in a results file (none if it does not exist)."""
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def grid_specs(settings: Settings, epsilons: Iterable[float]) -> list[RunSpec]:
