@@ -403,7 +403,10 @@ def _individualize(budgets: Any, variant: str | None, *, loader: DataLoader,
     group_of = torch.from_numpy(assignment.group_of)
     if variant == "sample":
         rates = torch.tensor(cal.sample_rates, dtype=torch.float64)[group_of]      # (N,)
-        new_sampler = PoissonSampler(n, sample_rates=rates, seed=seed)
+        # b stays the uniform qN (Σ q_i is at most 0.2 % below it): same update scale and
+        # steps per epoch as the uniform run the calibration assumed.
+        new_sampler = PoissonSampler(n, sample_rates=rates, seed=seed,
+                                     normalizer=sampler.normalizer)
         return _IndividualRun(cal, assignment, new_sampler, cal.plan_noise_multiplier,
                               "flat", float(max_grad_norm))
     clips = torch.tensor(cal.clips, dtype=torch.float64)[group_of]                 # (N,)

@@ -202,6 +202,9 @@ class PoissonSampler:
     Args:
       dataset_size: N.
       sample_rate: q in (0, 1], or ``sample_rates``: one q_i per example.
+      normalizer: with ``sample_rates``, the public b the noisy sum is divided by (default
+        Σ q_i); individualized budgets pass the uniform qN, so the update scale and the number
+        of steps per epoch are the uniform run's.
       seed: None (default) draws the masks from the OS CSPRNG (``secure_uniform``: not
         reproducible); an int seeds a torch generator whose state goes into the checkpoint.
       shard: ``(rank, world_size)``: draw the global mask, keep the indices i ≡ rank
@@ -212,8 +215,11 @@ class PoissonSampler:
 
     def __init__(self, dataset_size: int, *, sample_rate: float | None = None,
                  sample_rates: Sequence[float] | torch.Tensor | None = None,
-                 seed: int | None = None, shard: tuple[int, int] | None = None) -> None:
+                 seed: int | None = None, shard: tuple[int, int] | None = None,
+                 normalizer: float | None = None) -> None:
         require(dataset_size >= 1, "dataset_size", dataset_size, ">= 1")
+        require(normalizer is None or (sample_rates is not None and normalizer > 0),
+                "normalizer", normalizer, "None, or > 0 with sample_rates")
         require(shard is None or 0 <= shard[0] < shard[1], "shard", shard,
                 "(rank, world_size) with 0 <= rank < world_size")
         self.shard = shard
@@ -227,7 +233,7 @@ class PoissonSampler:
                     f"{dataset_size} rates in (0, 1]", "Give one rate per example")
             self.rates: torch.Tensor | None = rates  # (N,) public
             self.sample_rate = float(rates.max())
-            self.normalizer = float(rates.sum())
+            self.normalizer = float(rates.sum()) if normalizer is None else float(normalizer)
         else:
             require(0 < sample_rate <= 1, "sample_rate", sample_rate, "in (0, 1]",
                     "Use batch_size / dataset_size")

@@ -88,6 +88,9 @@ def explicit_settings(args: argparse.Namespace) -> dict[str, Any]:
     # A fixed σ replaces the default target ε unless the user also set ε (then both are an error).
     if values.get("noise_multiplier") is not None and "epsilon" not in values:
         values["epsilon"] = None
+    # Individualized budgets replace the default target ε likewise (each group has its own).
+    if values.get("individual") is not None and "epsilon" not in values:
+        values["epsilon"] = None
     return values
 
 

@@ -38,7 +38,7 @@ from dpfy.privacy.group_ledger import GroupLedgers, PrivacyGroup
 from dpfy.privacy.ledger import Sampling
 
 __all__ = ["VARIANTS", "IndividualCalibration", "calibrate_individual", "check_groups",
-           "BudgetAssignment", "assign_groups", "random_budgets"]
+           "BudgetAssignment", "assign_groups", "random_budgets", "load_budgets"]
 
 VARIANTS = ("sample", "scale")
 _FRACTION_SUM_TOL = 1e-6
@@ -346,3 +346,18 @@ def random_budgets(budgets: Sequence[float], fractions: Sequence[float], dataset
         counts[i] += 1
     out = np.repeat(np.asarray(budgets, dtype=np.float64), counts)    # (N,)
     return out[np.random.default_rng(seed).permutation(dataset_size)]
+
+
+def load_budgets(path: str) -> np.ndarray:
+    """(N,) per-example budgets from a ``.npy`` file or a ``.csv`` of numbers (any layout,
+    read in row order), for ``dpfy train --budgets-file``."""
+    suffix = str(path).lower().rsplit(".", 1)[-1]
+    require(suffix in ("npy", "csv"), "budgets_file", path, "a .npy or .csv file",
+            "Save one ε per training example with numpy.save or as comma-separated text")
+    try:
+        arr = (np.load(path, allow_pickle=False) if suffix == "npy"
+               else np.loadtxt(path, delimiter=",", dtype=np.float64, ndmin=1))
+    except (OSError, ValueError) as err:
+        require(False, "budgets_file", path, "a readable file of numbers", str(err))
+        raise
+    return np.asarray(arr, dtype=np.float64).reshape(-1)

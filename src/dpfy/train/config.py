@@ -91,6 +91,17 @@ class TrainConfig:
                                              "may use its accuracy")
     engine: str = _f("auto", "per-example gradient engine")
     threads: int | None = _f(None, "torch threads; default: number of usable cores")
+    individual: str | None = _f(None, "individualized privacy budgets (docs/individual.md): "
+                                      "'sample' (per-group sample rates) or 'scale' (per-group "
+                                      "clip thresholds); with --budgets-file or --budgets")
+    budgets_file: str | None = _f(None, "one ε per training example, in dataset order (.npy "
+                                        "or .csv), for --individual")
+    budgets: str | None = _f(None, "group budgets for --individual, comma-separated (e.g. "
+                                   "1,2,3); examples are assigned to groups at random")
+    budget_fractions: str | None = _f(None, "each --budgets group's share of the training "
+                                            "set, comma-separated (e.g. 0.34,0.43,0.23)")
+    budget_seed: int = _f(0, "public seed of the random assignment of examples to --budgets "
+                             "groups (recorded in config.json: the assignment is not private)")
 
     def __post_init__(self) -> None:
         # dataset and model names are checked against their registries by the trainer, since
@@ -98,7 +109,8 @@ class TrainConfig:
         require(isinstance(self.dataset, str) and self.dataset != "", "dataset", self.dataset,
                 "a name")
         require(isinstance(self.model, str) and self.model != "", "model", self.model, "a name")
-        require((self.epsilon is None) != (self.noise_multiplier is None),
+        require((self.epsilon is None) != (self.noise_multiplier is None)
+                or self.individual is not None,
                 "epsilon", self.epsilon, "given exactly when noise_multiplier is not "
                 f"(noise_multiplier = {self.noise_multiplier})",
                 "Give either a target --epsilon or a fixed --noise-multiplier")
@@ -141,6 +153,39 @@ class TrainConfig:
                 "Only declare a split public if it holds no private data")
         require(self.schedule_options is None or self.schedule is not None, "schedule_options",
                 self.schedule_options, "empty unless a schedule is chosen", "Add --schedule NAME")
+        self._check_individual()
+
+    def _check_individual(self) -> None:
+        """The --individual flags: one source of budgets, nothing that would decide σ besides."""
+        if self.individual is None:
+            given = [n for n in ("budgets_file", "budgets", "budget_fractions")
+                     if getattr(self, n) is not None]
+            require(not given, given[0] if given else "",
+                    getattr(self, given[0]) if given else None, "unset without --individual",
+                    "Add --individual sample or --individual scale")
+            return
+        require(self.individual in ("sample", "scale"), "individual", self.individual,
+                "'sample' or 'scale'")
+        require((self.budgets_file is None) != (self.budgets is None), "budgets_file",
+                self.budgets_file, f"given exactly when budgets is not (budgets = "
+                f"{self.budgets!r})", "Give one ε per example with --budgets-file PATH, or "
+                "groups with --budgets 1,2,3 --budget-fractions 0.34,0.43,0.23")
+        require((self.budgets is None) == (self.budget_fractions is None), "budget_fractions",
+                self.budget_fractions, "given exactly with --budgets",
+                "Give each group's share of the training set")
+        require(self.epsilon is None and self.noise_multiplier is None, "epsilon",
+                self.epsilon, "unset with --individual (each group's budget is its ε)",
+                "Drop --epsilon and --noise-multiplier")
+        require(self.method is None and self.schedule is None and self.clipping == "flat",
+                "individual", self.individual, "used without --method, --schedule and "
+                "--clipping other than flat", "Drop those flags")
+        require(self.accountant in RIGOROUS, "accountant", self.accountant,
+                f"one of {list(RIGOROUS)} with --individual", "Use --accountant rdp or pld")
+        if self.budgets is not None:
+            from dpfy.privacy.individual import check_groups
+
+            check_groups(parse_floats(self.budgets, "budgets"),
+                         parse_floats(self.budget_fractions, "budget_fractions"))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -166,6 +211,15 @@ class TrainConfig:
     def from_mapping(cls, values: Mapping[str, Any], *, source: str = "config") -> "TrainConfig":
         """Build from a mapping of field names; unknown keys and wrong types raise."""
         return cls(**coerce(values, source=source))
+
+
+def parse_floats(text: str, name: str) -> list[float]:
+    """``"1,2,3"`` -> [1.0, 2.0, 3.0]; anything else raises naming ``name``."""
+    try:
+        return [float(x) for x in text.split(",")]
+    except ValueError:
+        require(False, name, text, "comma-separated numbers", "Write e.g. 1,2,3")
+        raise
 
 
 def field_types() -> dict[str, type]:

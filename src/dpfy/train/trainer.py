@@ -41,7 +41,7 @@ from dpfy.train.epoch import run_epoch
 from dpfy.train.evaluate import evaluate
 from dpfy.train.metrics import MetricsLog
 from dpfy.train.plots import plot_accuracy
-from dpfy.train.private import make_private_run
+from dpfy.train.private import make_optimizer, make_private_run, private_run
 from dpfy.train.report import write_report
 from dpfy.train.rundir import COMPLETE_MARKER, RunDir, write_atomic
 
@@ -180,7 +180,8 @@ def _run(cfg: TrainConfig, notes: dict[str, Any], run: RunDir, data: DataSplits,
     if model is None:
         model = build_model(cfg.model, input_shape=data.input_shape,
                             num_classes=data.num_classes)
-    private = make_private_run(cfg, model, data)
+    private = (_individual_run(cfg, model, data) if cfg.individual is not None
+               else make_private_run(cfg, model, data))
     metrics = MetricsLog()
     start_epoch, elapsed = 0, 0.0
     if ckpt is None:
@@ -227,6 +228,34 @@ def _run(cfg: TrainConfig, notes: dict[str, Any], run: RunDir, data: DataSplits,
     return _finish(cfg, notes, run, data, private, metrics, time.monotonic() - t0, echo)
 
 
+def _individual_run(cfg: TrainConfig, model: nn.Module, data: DataSplits):
+    """The private run for --individual: per-example budgets from --budgets-file, or groups
+    from --budgets/--budget-fractions assigned at random with the public --budget-seed."""
+    from dpfy.train.config import parse_floats
+    from dpfy.privacy.individual import load_budgets, random_budgets
+
+    if cfg.budgets_file is not None:
+        budgets = load_budgets(cfg.budgets_file)
+    else:
+        budgets = random_budgets(parse_floats(cfg.budgets, "budgets"),
+                                 parse_floats(cfg.budget_fractions, "budget_fractions"),
+                                 data.num_train, cfg.budget_seed)
+    optimizer = make_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
+    return private_run(model, optimizer, data.train, batch_size=cfg.batch_size,
+                       epochs=cfg.epochs, budgets=budgets, individual=cfg.individual,
+                       target_delta=cfg.delta, max_grad_norm=cfg.clip, engine=cfg.engine,
+                       seed=cfg.seed, max_physical_batch_size=cfg.physical_batch_size,
+                       accountant=cfg.accountant)
+
+
+def _group_lines(cfg: TrainConfig, private) -> str:
+    """One line per privacy group: its budget and the ε it spent (individualized runs)."""
+    groups = private.optimizer.groups
+    spent = groups.epsilons(delta=cfg.delta, accountant=cfg.accountant)
+    return "\n".join(f"dpfy train: group {p} ({g.size} examples): ε = {e:.3f} of budget "
+                     f"{g.budget:g}" for p, (g, e) in enumerate(zip(groups.groups, spent)))
+
+
 def _lr(optimizer: Any, info: Mapping[str, Any]) -> float:
     base = optimizer.param_groups[0]["lr"]
     return float(base * info.get("lr_scale", 1.0))
@@ -242,7 +271,11 @@ def _progress_bar(total: int, done: int, enabled: bool):
 def _statement(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, private) -> str:
     """The resolved config and a plain-English privacy statement (R15)."""
     budget = (f"target ε = {cfg.epsilon:g}" if cfg.epsilon is not None
-              else f"fixed σ = {cfg.noise_multiplier:g}")
+              else f"fixed σ = {cfg.noise_multiplier:g}" if cfg.noise_multiplier is not None
+              else f"individualized budgets, IDP-SGD {cfg.individual}: each group spends at "
+                   f"most its own ε (examples assigned at random, public seed "
+                   f"{cfg.budget_seed}; not private)" if cfg.budgets is not None
+              else f"individualized budgets from {cfg.budgets_file}, IDP-SGD {cfg.individual}")
     sigma = private.noise_multiplier
     noise = (f"noise multiplier σ = {sigma:.4g}" if sigma is not None
              else f"noise multiplier σ_t from method '{cfg.method or cfg.schedule}'")
@@ -262,7 +295,12 @@ def _finish(cfg: TrainConfig, notes: Mapping[str, Any], run: RunDir, data: DataS
     write_atomic(staging / "model.pt", buf.getvalue())
     write_atomic(staging / "ledger.json", private.optimizer.ledger.to_json(indent=1) + "\n")
     plot_accuracy(metrics.rows, staging / "accuracy.png", title=data.name)
-    eps = write_report(cfg, notes, data, private, staging)
+    groups = private.optimizer.groups
+    sections = []
+    if groups is not None:   # individualized budgets: per-group table and ε over steps
+        sections.append(groups.report_section(delta=cfg.delta, accountant=cfg.accountant))
+        groups.plot(staging / "group_epsilon.png", delta=cfg.delta, accountant=cfg.accountant)
+    eps = write_report(cfg, notes, data, private, staging, sections=sections)
     summary = {"epsilon": eps, "delta": cfg.delta, "accountant": cfg.accountant,
                "test_acc": metrics.last()["test_acc"], "epochs": cfg.epochs,
                "steps": private.optimizer.step_count, "wall_time_s": round(wall, 2)}
@@ -273,6 +311,8 @@ def _finish(cfg: TrainConfig, notes: Mapping[str, Any], run: RunDir, data: DataS
     echo(f"dpfy train: test accuracy {100 * summary['test_acc']:.2f}% at ε = {eps:.3f}, "
          f"δ = {cfg.delta:.3g} ({cfg.accountant.upper()}) after {summary['steps']} steps, "
          f"{wall:.0f} s")
+    if groups is not None:
+        echo(_group_lines(cfg, private))
     echo(f"dpfy train: privacy report: {out / 'privacy_report.md'}")
     return TrainResult(out=out, epsilon=eps, delta=cfg.delta, test_acc=summary["test_acc"],
                        wall_time_s=wall, config=cfg)
