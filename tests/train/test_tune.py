@@ -100,6 +100,7 @@ def test_cli_public_test_split_loss_and_method_option(tmp_path, capsys):
     (["--grid", "lr=logspace:-1:1"], "grid"),
     (["--grid", "lr=0.1", "--schedule", "noise_decay"], "schedule"),
     (["--grid", "lr=0.1", "--resume", "x"], "resume"),
+    (["--grid", "clip=0.1,1", "--method", "oso"], "initial_clip"),
 ])
 def test_cli_refusals_are_one_line(argv, word, tmp_path, capsys):
     code = main(["tune", "--dataset", "digits", "--model", "logreg", "--out",

@@ -172,16 +172,22 @@ def _validation_split(data: DataSplits, cfg: TrainConfig, fraction: float
                   f"covers the other {n - n_val} training examples, not them")
 
 
-def _refuse_sigma_setters(cfg: TrainConfig) -> None:
+def _check_methods(cfg: TrainConfig, axes: Sequence[GridAxis]) -> None:
+    """Refuse what the per-grid calibration cannot account, and axes a method would ignore."""
     require(cfg.schedule is None, "schedule", cfg.schedule, "unset for dpfy tune",
             "A schedule calibrates σ_t to one run's ε; the grid runs every configuration at one "
             "calibrated σ. Use a method that keeps the run's σ (e.g. oso, quantile)")
-    if cfg.method:
-        from dpfy.train.private import build_methods
-        for m in build_methods(cfg) or ():
-            require("noise_multiplier" not in m.sets, "method", m.registry_name,
-                    "a method that keeps the run's σ for dpfy tune",
-                    "It sets σ_t itself, which the per-grid calibration cannot account")
+    if not cfg.method:
+        return
+    from dpfy.train.private import build_methods
+    for m in build_methods(cfg) or ():
+        require("noise_multiplier" not in m.sets, "method", m.registry_name,
+                "a method that keeps the run's σ for dpfy tune",
+                "It sets σ_t itself, which the per-grid calibration cannot account")
+        for a in axes:
+            require(a.name != "clip" or "clip" not in m.sets, "grid name", a.name,
+                    f"not 'clip' with method {m.registry_name!r}, which sets C_t itself",
+                    f"Grid its own option instead, e.g. {m.registry_name}.initial_clip")
 
 
 def _metric(run_dir: Path, column: str) -> float:
@@ -220,7 +226,7 @@ def run_grid(base: TrainConfig, axes: Sequence[GridAxis], *, out: str | Path,
             f"without an interrupted grid ({staging} exists)",
             "An interrupted grid already used the data: running it again spends more than its "
             "ε. Delete that directory only if you accept that, or choose another --out")
-    _refuse_sigma_setters(base)
+    _check_methods(base, axes)
     configs = configurations(base, axes)
     k = len(configs)
     data = data if data is not None else load_dataset(base.dataset, data_dir=base.data_dir)
