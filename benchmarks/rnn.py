@@ -64,49 +64,42 @@ def build(cell: str, layers: int, bidir: bool, opacus: bool) -> Classifier:
     return Classifier(rnn, HIDDEN * (2 if bidir else 1))
 
 
+def stepper(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+            before: Callable[[], None] = lambda: None) -> Step:
+    """One training step on the fixed batch, after ``before()``."""
+    def step() -> None:
+        before()
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return step
+
+
 def rows(cell: str, layers: int, bidir: bool, x: torch.Tensor, y: torch.Tensor
          ) -> dict[str, Step]:
+    loader = DataLoader(TensorDataset(x, y), batch_size=len(x))
+
     def plain() -> Step:
         model = build(cell, layers, bidir, False)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-
-        def step() -> None:
-            opt.zero_grad(set_to_none=True)
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
-        return step
+        return stepper(model, torch.optim.SGD(model.parameters(), lr=0.01), x, y)
 
     def ours() -> Step:
         model = build(cell, layers, bidir, False)
         swap_recurrent(model)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        loader = DataLoader(TensorDataset(x, y), batch_size=len(x))
-        model, opt, dl = dpfy.make_private(model, opt, loader, noise_multiplier=SIGMA,
-                                           max_grad_norm=CLIP)
-
-        every = torch.arange(len(x))
-
-        def step() -> None:
-            dl.cursor.advance(every, True)  # as if the private loader had yielded (x, y)
-            opt.zero_grad(set_to_none=True)
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
-        return step
+        model, opt, dl = dpfy.make_private(
+            model, torch.optim.SGD(model.parameters(), lr=0.01), loader,
+            noise_multiplier=SIGMA, max_grad_norm=CLIP)
+        every = torch.arange(len(x))  # as if the private loader had yielded (x, y):
+        return stepper(model, opt, x, y, lambda: dl.cursor.advance(every, True))
 
     def theirs() -> Step:
         from opacus import PrivacyEngine
         model = build(cell, layers, bidir, True)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        loader = DataLoader(TensorDataset(x, y), batch_size=len(x))
         model, opt, _ = PrivacyEngine().make_private(
-            module=model, optimizer=opt, data_loader=loader, noise_multiplier=SIGMA,
-            max_grad_norm=CLIP, grad_sample_mode="hooks", poisson_sampling=False)
-
-        def step() -> None:
-            opt.zero_grad(set_to_none=True)
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
-        return step
+            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.01),
+            data_loader=loader, noise_multiplier=SIGMA, max_grad_norm=CLIP,
+            grad_sample_mode="hooks", poisson_sampling=False)
+        return stepper(model, opt, x, y)
 
     return {"non-private": plain(), "dpfy": ours(), "opacus": theirs()}
 

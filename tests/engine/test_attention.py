@@ -9,18 +9,15 @@ then the same draws): ∇θ ℓ_i of one term of the loss, computed by torch's o
 from __future__ import annotations
 
 import copy
-import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
-import dpfy
 from dpfy.grads import GradEngine
 from dpfy.layers import DPMultiheadAttention, swap_attention
-from test_recurrent import check_against_loop
+from test_recurrent import assert_private_epoch_moves_every_parameter, check_against_loop
 
 E, HEADS = 8, 2
 
@@ -161,20 +158,7 @@ def test_encoder_layer_with_dropout_trains_privately_after_swap():
                           nn.Flatten(), nn.Linear(4 * E, 3))
     opt = torch.optim.SGD(model.parameters(), lr=0.5)  # built before the swap: shared params
     swap_attention(model)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    g = torch.Generator().manual_seed(0)
-    ds = TensorDataset(torch.randn(32, 4, E, generator=g), torch.randint(0, 3, (32,), generator=g))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model, opt, dl = dpfy.make_private(model, opt, DataLoader(ds, batch_size=16),
-                                           noise_multiplier=0.0, max_grad_norm=1.0, seed=0)
-    for xb, yb in dl:
-        F.cross_entropy(model(xb), yb).backward()
-        opt.step()
-        opt.zero_grad()
-    after = model.state_dict()
-    assert set(after) == set(before)
-    assert all(not torch.equal(after[k], before[k]) for k in after)
+    assert_private_epoch_moves_every_parameter(model, opt, (4, E))
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -201,9 +201,17 @@ def test_swap_keeps_parameters_so_an_earlier_optimizer_trains_the_model():
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     assert swap_recurrent(model) == ["lstm"] and isinstance(model.lstm, DPLSTM)
+    assert_private_epoch_moves_every_parameter(model, opt, (5, 4))
+
+
+def assert_private_epoch_moves_every_parameter(model: nn.Module, opt: torch.optim.Optimizer,
+                                               shape: tuple[int, ...]) -> None:
+    """One private epoch (σ = 0) over 32 random examples of ``shape`` changes every entry of
+    the state_dict, whose keys stay the same."""
     before = {k: v.clone() for k, v in model.state_dict().items()}
     g = torch.Generator().manual_seed(0)
-    ds = TensorDataset(torch.randn(32, 5, 4, generator=g), torch.randint(0, 3, (32,), generator=g))
+    ds = TensorDataset(torch.randn(32, *shape, generator=g),
+                       torch.randint(0, 3, (32,), generator=g))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model, opt, dl = dpfy.make_private(model, opt, DataLoader(ds, batch_size=16),
