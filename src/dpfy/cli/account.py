@@ -55,7 +55,8 @@ def resolve_run_shape(args: argparse.Namespace, *, need_steps: bool = True,
         if args.epochs is not None:
             require(steps is None, "steps", steps, "omitted when --epochs is given",
                     "Give either --steps or --epochs")
-            require(args.epochs > 0, "epochs", args.epochs, "> 0")
+            require(math.isfinite(args.epochs) and args.epochs > 0, "epochs", args.epochs,
+                    "> 0 and finite")
             require(q is not None, "batch_size", None, "given with --epochs",
                     "Add --batch-size B")
             steps = math.ceil(args.epochs / q - 1e-9)
@@ -107,7 +108,9 @@ def run(args: argparse.Namespace) -> int:
         q, steps = resolve_run_shape(args)
         require(args.noise_multiplier is not None, "noise_multiplier", None, "given",
                 "Add --noise-multiplier S")
-        require(args.noise_multiplier >= 0, "noise_multiplier", args.noise_multiplier, ">= 0")
+        require(math.isfinite(args.noise_multiplier) and args.noise_multiplier >= 0,
+                "noise_multiplier", args.noise_multiplier, ">= 0 and finite",
+                "Pass the noise std divided by the clipping norm")
         sampling = Sampling(args.sampling)
         ledger = Ledger.homogeneous(sample_rate=q, noise_multiplier=args.noise_multiplier,
                                     steps=steps, sampling=sampling,

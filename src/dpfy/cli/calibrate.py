@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from typing import Any
 
 from dpfy._require import require
@@ -79,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
         sigma = calibrate_noise_multiplier(sample_rate=q, steps=steps, **common)
         solved = "noise_multiplier"
     else:
-        require(args.noise_multiplier > 0, "noise_multiplier", args.noise_multiplier, "> 0")
+        require(math.isfinite(args.noise_multiplier) and args.noise_multiplier > 0,
+                "noise_multiplier", args.noise_multiplier, "> 0 and finite")
         sigma = args.noise_multiplier
         q, steps = resolve_run_shape(args, need_steps=False, need_rate=False)
         require((q is None) != (steps is None), "--sample-rate/--steps", (q, steps),
