@@ -11,7 +11,8 @@ import pytest
 
 from dpfy.cli import main
 from dpfy.privacy.calibration import calibrate_noise_multiplier
-from dpfy.privacy.tuning import calibrate_grid_noise_multiplier, log_grid
+from dpfy.privacy.ledger import Ledger, Release, Sampling
+from dpfy.privacy.tuning import calibrate_grid_noise_multiplier, grid_epsilon, log_grid
 
 # 002 §4.7, Fashion-MNIST (and MNIST): q = 512/60000, T = round(10·60000/512), δ = 1e-5, RDP.
 Q, T, DELTA, EPS = 0.008533, 1172, 1e-5, 3.0
@@ -136,3 +137,37 @@ def test_cli_grid_runs_bad_input_exits_2(extra, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "must be" in err[0]
+
+
+def test_grid_epsilon_composes_every_run_as_dp_accounting_does():
+    # Three runs with different ledgers (one with two releases per step, as OSO writes): the
+    # grid's ε is dp_accounting's on all their events composed, here built by hand: a step
+    # releasing σ₁ and σ₂ on one Poisson sample is one Gaussian with σ = (σ₁⁻² + σ₂⁻²)^(−1/2)
+    # (tests/ledger_events.py).
+    runs = [Ledger.homogeneous(sample_rate=0.01, noise_multiplier=1.1, steps=300,
+                               dataset_size=5000),
+            Ledger.homogeneous(sample_rate=0.02, noise_multiplier=1.5, steps=200,
+                               dataset_size=5000)]
+    oso = Ledger(5000)
+    oso.record_step(sampling=Sampling.POISSON, sample_rate=0.01, count=250,
+                    releases=(Release("gradient", 1.2), Release("threshold_gradient", 8.0)))
+    runs.append(oso)
+    sigma_oso = (1.2 ** -2 + 8.0 ** -2) ** -0.5
+    acc = dp_accounting.rdp.RdpAccountant()
+    for q, sigma, steps in ((0.01, 1.1, 300), (0.02, 1.5, 200), (0.01, sigma_oso, 250)):
+        acc.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)),
+                    steps)
+    assert grid_epsilon(runs, delta=DELTA, accountant="rdp") == pytest.approx(
+        acc.get_epsilon(DELTA), rel=1e-6)
+    # Composition, not k·ε_run: three copies of a run spend less than three times its ε.
+    one = grid_epsilon(runs[:1], delta=DELTA, accountant="rdp")
+    assert one < grid_epsilon(runs[:1] * 3, delta=DELTA, accountant="rdp") < 3 * one
+
+
+def test_grid_epsilon_refuses_runs_on_different_datasets():
+    a = Ledger.homogeneous(sample_rate=0.01, noise_multiplier=1.0, steps=5, dataset_size=100)
+    b = Ledger.homogeneous(sample_rate=0.01, noise_multiplier=1.0, steps=5, dataset_size=200)
+    with pytest.raises(ValueError, match="one dataset"):
+        grid_epsilon([a, b], delta=DELTA)
+    with pytest.raises(ValueError, match="at least one"):
+        grid_epsilon([], delta=DELTA)
