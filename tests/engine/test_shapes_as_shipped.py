@@ -211,3 +211,26 @@ def test_frozen_parameter_unfrozen_later_is_refused():
     sum_loss(model(x), y).backward()
     with pytest.raises(PrivacyRefusal, match=r"\['0.weight', '0.bias'\].*without clipping"):
         opt.step()
+
+
+def test_gpt2_tied_head_and_shared_positions_match_the_loop():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=V, n_positions=16, n_embd=8, n_layer=1, n_head=2,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = transformers.GPT2LMHeadModel(cfg).train()
+    ids = torch.randint(0, V, (3, T), generator=torch.Generator().manual_seed(5))
+
+    def loss(out, y):  # each example's summed token loss: a sum over examples
+        return F.cross_entropy(out.logits.reshape(-1, V), y.reshape(-1), reduction="sum")
+
+    ref = oracles.per_example_grads(model, ids, ids, loss)
+    eng = GradEngine(model, loss_reduction="sum")
+    eng.bind_batch(3)
+    loss(model(input_ids=ids), ids).backward()
+    sq = eng.per_sample_sq_norms()
+    eng.detach()
+    assert "transformer.wte.weight" in sq and "lm_head.weight" not in sq  # one tied parameter
+    for n, g in ref.items():
+        torch.testing.assert_close(sq[n].double(), g.reshape(3, -1).square().sum(1),
+                                   rtol=1e-4, atol=1e-8)
