@@ -29,8 +29,8 @@ from dpfy.plan import StepPlan
 from dpfy.privacy.group_ledger import group_noise_multiplier
 from dpfy.privacy.ledger import Ledger, Release
 
-__all__ = ["GRADIENT", "step_releases", "group_step_releases", "planned_ledger", "check_bound", "StepSums",
-           "contract", "probe_losses", "released"]
+__all__ = ["GRADIENT", "step_releases", "group_step_releases", "planned_ledger", "check_bound",
+           "StepSums", "contract", "probe_losses", "released"]
 
 GRADIENT = "gradient"
 WeightSets = list[dict[str, torch.Tensor]]
