@@ -179,3 +179,27 @@ def test_packed_sequence_is_refused_naming_the_module():
     # before: the batch was read as 0 rows and the update was zero
     with pytest.raises(PrivacyRefusal, match=r"layer 'rnn' \(RNN\).*PackedSequence"):
         opt.step()
+
+
+def test_layer_on_shared_inputs_whose_output_does_not_broadcast_is_refused():
+    class Table(nn.Module):  # no rule: a vmap unit, called on a (1, 3) shared input
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(3))
+
+        def forward(self, z: torch.Tensor) -> torch.Tensor:
+            return (z * self.w)[0]  # (3,): not one row
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.table, self.head = Table(), nn.Linear(4, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(x.mean(1)) + self.table(torch.ones(1, 3))
+
+    model, opt, dl = private(Model(), sequences())
+    x, y = next((x, y) for x, y in dl if x.shape[0] > 3)
+    sum_loss(model(x), y).backward()
+    with pytest.raises(PrivacyRefusal, match=r"layer 'table' \(Table\).*one row.*\[\(3,\)\]"):
+        opt.step()

@@ -315,7 +315,16 @@ class GradEngine:
                 call.saved = unit.rule.capture(module, output)
             leaves, spec = ([output], None) if single else tree_flatten(output)
             if broadcast:  # each example's own output gradient, not their sum (see _Call)
-                leaves = [_expand_rows(t, call.batch_size) for t in leaves]
+                bad = [tuple(t.shape) for t in leaves if torch.is_tensor(t)
+                       and t.is_floating_point() and (t.dim() == 0 or t.shape[0] != 1)]
+                if bad:
+                    call.problem = (
+                        f"{_label(unit)} must, when called on inputs shared by the batch (one "
+                        f"row), return outputs of one row that broadcast over its "
+                        f"{call.batch_size} rows, got output shapes {bad}. Call it on the "
+                        f"batch's rows, or on shared inputs with a leading dimension of 1")
+                else:
+                    leaves = [_expand_rows(t, call.batch_size) for t in leaves]
                 call.batch_dim = 0
             tensors = [k for k, t in enumerate(leaves) if torch.is_tensor(t)]
             call.grads = [None] * len(tensors)
