@@ -9,7 +9,11 @@ import json
 import numpy as np
 import pytest
 
+import torch
+
 from dpfy.cli import main
+from dpfy.data import load_dataset
+from dpfy.models import build_model
 from dpfy.privacy.ledger import Ledger
 from dpfy.train import TrainConfig
 from dpfy.train.grid import parse_axis, run_grid
@@ -73,7 +77,16 @@ def test_winner_is_the_best_validation_metric(tuned):
     best = max(grid["runs"], key=lambda r: r["metric"])
     assert grid["winner"] == best["index"] == result.winner.index
     rows = json.loads((result.out / "metrics.json").read_text())
-    assert rows[-1]["test_acc"] == pytest.approx(best["metric"])
+    assert rows[-1]["test_acc"] == pytest.approx(best["metric"])   # on the validation split
+    # The published model on the real test split (reported, not selected on), recomputed here.
+    data = load_dataset("digits")
+    model = build_model("logreg", input_shape=data.input_shape, num_classes=data.num_classes)
+    model.load_state_dict(torch.load(result.out / "model.pt", weights_only=True))
+    x, y = data.test.tensors
+    with torch.no_grad():
+        acc = float((model(x).argmax(1) == y).double().mean())
+    assert grid["winner_on_test"]["accuracy"] == pytest.approx(acc)
+    assert result.winner_on_test["examples"] == len(y)
     assert not result.out.with_name(result.out.name + ".grid").exists()
 
 
@@ -101,13 +114,14 @@ def test_cli_public_test_split_loss_and_method_option(tmp_path, capsys):
     (["--grid", "lr=0.1", "--schedule", "noise_decay"], "schedule"),
     (["--grid", "lr=0.1", "--resume", "x"], "resume"),
     (["--grid", "clip=0.1,1", "--method", "oso"], "initial_clip"),
+    (["--grid", "oso.clip_rate=0.1,5", "--method", "oso"], "clip_rate"),   # 2nd config bad
 ])
 def test_cli_refusals_are_one_line(argv, word, tmp_path, capsys):
     code = main(["tune", "--dataset", "digits", "--model", "logreg", "--out",
                  str(tmp_path / "o"), *argv])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and word in err
-    assert not (tmp_path / "o").exists()
+    assert not (tmp_path / "o").exists() and not (tmp_path / "o.grid").exists()
 
 
 def test_interrupted_grid_is_not_silently_rerun(tmp_path):

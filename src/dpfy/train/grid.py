@@ -46,7 +46,7 @@ from dpfy.privacy.ledger import Ledger
 from dpfy.privacy.report import PrivacyReport, ReportSection, TuningCost
 from dpfy.privacy.tuning import calibrate_grid_noise_multiplier, grid_epsilon, log_grid
 from dpfy.sampling import PoissonSampler
-from dpfy.train.config import TrainConfig, resolve
+from dpfy.train.config import SEED_WARNING, TrainConfig, resolve
 from dpfy.train.rundir import write_atomic
 
 __all__ = ["GridAxis", "GridRun", "GridResult", "parse_axis", "configurations", "run_grid",
@@ -141,6 +141,7 @@ class GridResult:
     delta: float
     noise_multiplier: float
     selected_on: str
+    winner_on_test: dict | None = None   # the winner on the test split, when not selected on it
 
     @property
     def report(self) -> Path:
@@ -172,14 +173,18 @@ def _validation_split(data: DataSplits, cfg: TrainConfig, fraction: float
                   f"covers the other {n - n_val} training examples, not them")
 
 
-def _check_methods(cfg: TrainConfig, axes: Sequence[GridAxis]) -> None:
-    """Refuse what the per-grid calibration cannot account, and axes a method would ignore."""
+def _check_methods(cfg: TrainConfig, axes: Sequence[GridAxis],
+                   configs: Sequence[tuple[dict, TrainConfig]]) -> None:
+    """Refuse what the per-grid calibration cannot account, and axes a method would ignore;
+    build every configuration's methods once, so a bad option fails before any run."""
     require(cfg.schedule is None, "schedule", cfg.schedule, "unset for dpfy tune",
             "A schedule calibrates σ_t to one run's ε; the grid runs every configuration at one "
             "calibrated σ. Use a method that keeps the run's σ (e.g. oso, quantile)")
     if not cfg.method:
         return
     from dpfy.train.private import build_methods
+    for _, each in configs[1:]:
+        build_methods(each)
     for m in build_methods(cfg) or ():
         require("noise_multiplier" not in m.sets, "method", m.registry_name,
                 "a method that keeps the run's σ for dpfy tune",
@@ -226,8 +231,8 @@ def run_grid(base: TrainConfig, axes: Sequence[GridAxis], *, out: str | Path,
             f"without an interrupted grid ({staging} exists)",
             "An interrupted grid already used the data: running it again spends more than its "
             "ε. Delete that directory only if you accept that, or choose another --out")
-    _check_methods(base, axes)
     configs = configurations(base, axes)
+    _check_methods(base, axes, configs)
     k = len(configs)
     data = data if data is not None else load_dataset(base.dataset, data_dir=base.data_dir)
     held, selected_on = _validation_split(data, base, validation_fraction)
@@ -245,6 +250,8 @@ def run_grid(base: TrainConfig, axes: Sequence[GridAxis], *, out: str | Path,
          f"({'grid target ε = %g' % base.epsilon if base.epsilon is not None else 'fixed σ'}, "
          f"δ = {delta:.3g}, q = {sampler.sample_rate:.5g}, {steps} steps per run); selecting "
          f"on {select} of {selected_on.split(' (')[0]}")
+    if base.reproducible:
+        echo(f"dpfy tune: WARNING: {SEED_WARNING}.")
     column, higher = SELECT[select]
     staging.mkdir(parents=True)
     runs, ledgers = [], []
@@ -265,15 +272,28 @@ def run_grid(base: TrainConfig, axes: Sequence[GridAxis], *, out: str | Path,
             "Every configuration diverged; widen or move the grid")
     winner = (max if higher else min)(finite, key=lambda r: r.metric)
     win_dir = staging / f"run-{winner.index:02d}"
+    test = _winner_on_test(win_dir, base, data) if base.public_validation != "test" else None
     _publish(win_dir, runs, winner, eps_grid, delta, sigma, base, select, selected_on, axes,
-             ledgers)
+             ledgers, test)
     win_dir.rename(out)
     shutil.rmtree(staging)
     echo(f"dpfy tune: winner {winner.settings} ({select} {winner.metric:.4g}); the grid of {k} "
          f"runs spent ε = {eps_grid:.4g} at δ = {delta:.3g} ({base.accountant.upper()}); "
          f"privacy report: {out / 'privacy_report.md'}")
     return GridResult(out=out, runs=tuple(runs), winner=winner, epsilon=eps_grid, delta=delta,
-                      noise_multiplier=sigma, selected_on=selected_on)
+                      noise_multiplier=sigma, selected_on=selected_on, winner_on_test=test)
+
+
+def _winner_on_test(win_dir: Path, cfg: TrainConfig, data: DataSplits) -> dict[str, float]:
+    """The published model's loss and accuracy on the test split (reported only: the winner
+    was chosen on the held-out validation split, so this is an unbiased estimate)."""
+    from dpfy.models import build_model
+    from dpfy.train.evaluate import evaluate
+
+    model = build_model(cfg.model, input_shape=data.input_shape, num_classes=data.num_classes)
+    model.load_state_dict(torch.load(win_dir / "model.pt", weights_only=True))
+    loss, acc = evaluate(model, data.test)
+    return {"loss": loss, "accuracy": acc, "examples": len(data.test)}  # type: ignore[arg-type]
 
 
 def _check_first_run(ledger: Ledger, k: int, base: TrainConfig, delta: float) -> None:
@@ -291,7 +311,8 @@ def _check_first_run(ledger: Ledger, k: int, base: TrainConfig, delta: float) ->
 
 def _publish(win_dir: Path, runs: Sequence[GridRun], winner: GridRun, eps_grid: float,
              delta: float, sigma: float, base: TrainConfig, select: str, selected_on: str,
-             axes: Sequence[GridAxis], ledgers: Sequence[Ledger]) -> None:
+             axes: Sequence[GridAxis], ledgers: Sequence[Ledger],
+             test: dict[str, float] | None) -> None:
     """Re-render the winner's privacy report with the tuning cost and the grid table; write
     ``grid.json`` (the table's numbers and every run's ledger, so anyone can re-account)."""
     k = len(runs)
@@ -309,7 +330,12 @@ def _publish(win_dir: Path, runs: Sequence[GridRun], winner: GridRun, eps_grid: 
         lines.append(f"| {r.index}{mark} | " + " | ".join(f"{r.settings[n]:.6g}"
                      if isinstance(r.settings[n], float) else str(r.settings[n]) for n in names)
                      + f" | {r.metric:.4g} | {r.epsilon:.4g} |")
+    if test is not None:
+        lines += ["", f"The published model (run {winner.index}) on the test split, which did "
+                      f"not take part in the selection ({test['examples']} examples): accuracy "
+                      f"{test['accuracy']:.4g}, loss {test['loss']:.4g}."]
     data = {"runs": [dataclasses.asdict(r) for r in runs], "winner": winner.index,
+            "winner_on_test": test,
             "epsilon": eps_grid, "delta": delta, "noise_multiplier": sigma,
             "target_epsilon": base.epsilon, "accountant": base.accountant, "select": select,
             "selected_on": selected_on, "axes": {a.name: list(a.values) for a in axes}}
