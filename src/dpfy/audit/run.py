@@ -29,16 +29,32 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from dpfy._require import require
 from dpfy.audit.canaries import CanaryDataset, CanaryGradients, CanarySet, find_canaries
 from dpfy.audit.result import AuditResult, audit_scores
 from dpfy.train.config import TrainConfig, resolve
 from dpfy.train.private import PrivateRun, build_methods, make_optimizer, private_run
 
 __all__ = ["AuditedRun", "audited_private_run", "canary_scores", "audit_result", "audit_config",
-           "DEFAULT_CANARIES"]
+           "check_supported", "SUPPORTED", "DEFAULT_CANARIES"]
 
 DEFAULT_CANARIES = 1000
+
+# The TrainConfig fields audit_config carries into the audited run; any other field set away
+# from its default is refused (a setting the audit would drop would audit another run).
+SUPPORTED = frozenset({
+    "dataset", "data_dir", "model", "epsilon", "delta", "noise_multiplier", "epochs",
+    "batch_size", "physical_batch_size", "clip", "clipping", "optimizer", "lr", "momentum",
+    "weight_decay", "seed", "accountant", "method", "method_options", "engine", "threads"})
+
+
+def check_supported(cfg: TrainConfig) -> None:
+    """Refuse a configuration with a setting :func:`audit_config` does not carry over."""
+    for f in dataclasses.fields(TrainConfig):
+        if f.name not in SUPPORTED and getattr(cfg, f.name) != f.default:
+            raise ValueError(
+                f"{f.name} must be unset for dpfy audit, got {f.name} = "
+                f"{getattr(cfg, f.name)!r}. The audit does not carry this setting into its "
+                f"run; audit the configuration without it")
 
 
 def _template(train: Dataset) -> tuple[Any, Any]:
@@ -104,17 +120,18 @@ def audit_config(cfg: TrainConfig, *, canaries: int = DEFAULT_CANARIES,
     from dpfy.train.epoch import run_epoch
     from dpfy.train.evaluate import evaluate
     from dpfy.train.rundir import RunDir
-    from dpfy.train.trainer import _check_accountable, _check_names, _progress_bar
+    from dpfy.train.trainer import (_check_accountable, _check_names, _progress_bar,
+                                    usable_cores)
 
     _check_names(cfg, data, model)
     _check_accountable(cfg)
-    require(not cfg.schedule, "schedule", cfg.schedule, "unset for dpfy audit",
-            "Use --method (noise_decay, dynamic, ...) instead of --schedule")
+    check_supported(cfg)
     run = RunDir.create(out) if out is not None else None
     try:
         data = data if data is not None else load_dataset(cfg.dataset, data_dir=cfg.data_dir)
         cfg, rule = resolve(cfg, num_examples=data.num_train,
                             reference_delta=data.reference_delta)
+        torch.set_num_threads(cfg.threads or usable_cores())
         seed = cfg.seed if cfg.seed is not None else secrets.randbits(63)
         torch.manual_seed(seed)
         if model is None:

@@ -20,18 +20,10 @@ from dpfy._require import require
 __all__ = ["register", "run"]
 
 
-def _train_parser() -> argparse.ArgumentParser:
-    """``dpfy train``'s own parser, built by its ``register`` (reused, not copied)."""
-    from dpfy.cli import train
-
-    holder = argparse.ArgumentParser(add_help=False)
-    sub = holder.add_subparsers()
-    train.register(sub)
-    return sub.choices["train"]
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     from dpfy.audit.run import DEFAULT_CANARIES
+    # dpfy train's own parser as the parent (one helper, shared with dpfy tune)
+    from dpfy.cli.tune import _train_parser
 
     p = subparsers.add_parser(
         "audit", parents=[_train_parser()], conflict_handler="resolve",
