@@ -32,7 +32,6 @@ noise on the sum, then divided by b; §2.5 erratum), and g̃_0 = q̃_0 = 0, sign
 - ``rule="rubio"`` (Eq. 19, scale-invariant): C_{t+1} = C_t·(1 + ρ_c·cos(g̃_t, q̃_{t−1})), and
   the same form for ρ with cos(g̃_t, g̃_{t−1}) (the paper gives Eq. 19 for C only; the ρ form
   is its analogue).
-
 - ``rule="additive"`` (Eqs. 13 and 16, the plain hypergradient steps the paper derives
   before replacing them): C_{t+1} = C_t + ρ_c·ρ·⟨g̃_t, q̃_{t−1}⟩ and
   ρ_{t+1} = ρ_t + ρ_r·ρ·⟨g̃_t, g̃_{t−1}⟩, with ρ = ρ_1 the initial (gridded) learning rate, the
@@ -45,13 +44,14 @@ noise on the sum, then divided by b; §2.5 erratum), and g̃_0 = q̃_0 = 0, sign
   (``RunFacts.inner_hyperparameters["lr"]``, set by ``make_private``).
 
 ρ_t is the learning rate's factor: the plan's ``lr_scale`` = ρ_t/ρ_1 multiplies the torch
-optimizer's learning rate ρ_1 (the gridded one). The method is
-defined for SGD, optionally with momentum (the sign rule is unchanged by momentum's positive
-factor); with Adam the threshold gradient loses its meaning (§2.6) and the paper offers no
-variant.
+optimizer's learning rate ρ_1 (the gridded one). The method is defined for SGD, optionally with
+momentum (the sign rule is unchanged by momentum's positive factor); with Adam the threshold
+gradient loses its meaning (§2.6) and the paper offers no variant.
 
-Memory: two model-sized buffers (g̃_{t−1}, q̃_{t−1}) in the method state, besides the engine's
-accumulator of Σ q_i.
+Memory: two model-sized buffers (g̃_{t−1} and the released sum b·q̃_{t−1}) in the method state,
+besides the engine's accumulator of Σ q_i. Cost per step beyond DP-SGD: the engine's second
+weighted sum and the second parameter-shaped noise draw (both in the step), then two dot
+products and one copy of g̃_t here (the norms only for ``rule="rubio"``).
 
 Releases per step: the clipped gradient sum (ν_g = 1.01ν, sensitivity C_t) and the threshold
 gradient Σ 1[‖g_i‖ > C_t] g_i/‖g_i‖ (ν_q = 7.124ν, sensitivity 1), composed to ν.
