@@ -16,8 +16,9 @@ route. With every layer materialized this is the paper's M_DP, with every layer 
 M_ghost. The estimate leaves out what the model does not count: the ghost route's Gram
 matrices for sequence inputs (b·T² per layer), the optimizer state and allocator slack.
 
-``C`` is measured on a probe: the elements of every module output per example during one
-forward (what autograd keeps for the backward, approximately), plus the input. Nothing of the
+``C`` is measured on a probe: the elements of every leaf module's output per example during one
+forward (what autograd keeps for the backward, approximately; views and in-place outputs hold
+no new memory and are not counted), plus the input. Nothing of the
 probe is released; it runs on the model without changing its parameters or buffers.
 """
 
@@ -102,8 +103,9 @@ def estimate_memory(rows: Sequence[dict[str, Any]], batch_size: int, c: float, *
     return MemoryEstimate(batch_size, batch_size * c, tuple(layers), bytes_per_element)
 
 
-def _leading(t: Any) -> int:
-    return t.numel() if torch.is_tensor(t) else 0
+def _storage(t: torch.Tensor) -> int:
+    """The address of ``t``'s storage (a view or an in-place output shares its input's)."""
+    return t.untyped_storage().data_ptr()
 
 
 def probe_model(model: nn.Module, call: Callable[[nn.Module], Any], batch_size: int, *,
@@ -111,7 +113,8 @@ def probe_model(model: nn.Module, call: Callable[[nn.Module], Any], batch_size: 
     """Routes and C from one forward/backward of ``call(model)`` on ``batch_size`` examples.
 
     Attaches a :class:`dpfy.grads.GradEngine` (detached afterwards), counts the elements of
-    every leaf module's output and of the first layer's input (C = that sum / b),
+    every leaf module's output that is not a view of (or written into) its input, and of the
+    first layer's input (C = that sum / b),
     backpropagates Σ output² (any scalar
     gives the routes) and returns ``(GradEngine.explain() rows, C)``. Parameters and buffers
     are restored (a probe learns nothing).
@@ -124,9 +127,12 @@ def probe_model(model: nn.Module, call: Callable[[nn.Module], Any], batch_size: 
     def count(module: nn.Module, args: tuple, output: Any) -> None:
         if list(module.children()):    # leaf modules: their outputs are what is stored
             return
+        inputs = [t for t in tree_leaves(args) if torch.is_tensor(t)]
         if counted[1] == 0:            # the first layer called: its input is the data
-            counted[0] += sum(_leading(t) for t in args)
-        counted[0] += sum(_leading(t) for t in tree_leaves(output))
+            counted[0] += sum(t.numel() for t in inputs)
+        shared = {_storage(t) for t in inputs}
+        counted[0] += sum(t.numel() for t in tree_leaves(output)   # views/in-place: no new memory
+                          if torch.is_tensor(t) and _storage(t) not in shared)
         counted[1] += 1
 
     handles = [m.register_forward_hook(count) for m in model.modules()]
