@@ -127,3 +127,14 @@ def test_calibrate_flags(argv, capsys):
                       _argv("calibrate", CALIBRATE), _shaped("calibrate")))
 def test_account_and_calibrate_flags_many(argv, capsys):
     check_cli(argv, capsys, f"dpfy {argv[0]} (slow)")
+
+
+@pytest.mark.parametrize("sigma, outcome", [
+    ("1e-300", 2),    # was OverflowError in StepGroup.effective_noise_multiplier (σ**-2)
+    ("1e-100", 0),    # the smallest σ the accountants handle: ε ≈ 1.65e200 by RDP
+    ("inf", 2),       # was ZeroDivisionError ((Σ σ⁻²)^(−1/2) with Σ = 0)
+])
+def test_tiny_and_infinite_noise_multipliers(sigma, outcome, capsys):
+    argv = ["account", "--delta", "1e-5", "--sample-rate", "0.5", "--steps", "3",
+            "--noise-multiplier", sigma]
+    assert check_cli(argv, capsys, "dpfy account (named extremes)") == outcome

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -89,8 +90,14 @@ class Release:
     def __post_init__(self) -> None:
         require(isinstance(self.mechanism, str) and self.mechanism != "", "mechanism",
                 self.mechanism, "a non-empty name", "Name what is released, e.g. 'gradient'")
-        require(self.noise_multiplier >= 0, "noise_multiplier", self.noise_multiplier, ">= 0",
+        require(self.noise_multiplier >= 0 and math.isfinite(self.noise_multiplier),
+                "noise_multiplier", self.noise_multiplier, ">= 0 and finite",
                 "Pass the noise std divided by the release's sensitivity")
+        # Below 1e-100 the accountants' σ² underflows (dp_accounting divides by it); ε would be
+        # above 1e200 anyway.
+        require(self.noise_multiplier == 0 or self.noise_multiplier >= 1e-100,
+                "noise_multiplier", self.noise_multiplier, "0 or >= 1e-100",
+                "Pass 0 for a release without noise")
 
     def dp_event(self) -> dp_accounting.DpEvent:
         """The unsampled event of this release."""
@@ -143,9 +150,12 @@ class StepGroup:
         sqrt(Σ σ_i⁻²). Its noise multiplier is σ_eff = (Σ_i σ_i⁻²)^(−1/2): exact, not a bound
         (digest 002 §2.4, Proposition 1; 000 §2.5.2).
         """
-        if any(r.noise_multiplier == 0 for r in self.releases):
+        sigmas = [r.noise_multiplier for r in self.releases]
+        if min(sigmas) == 0:
             return 0.0
-        return sum(r.noise_multiplier ** -2 for r in self.releases) ** -0.5
+        # the same value, scaled by the smallest σ so that σ**-2 cannot overflow (σ = 1e-300)
+        low = min(sigmas)
+        return low / math.sqrt(sum((low / s) ** 2 for s in sigmas))
 
     def step_event(self, dataset_size: int | None = None) -> dp_accounting.DpEvent:
         """The DpEvent of *one* step of this group, as recorded (before accounting).
