@@ -232,3 +232,25 @@ def test_refusals_name_the_parameter_and_fix():
         DPLSTM(3, 4)(torch.randn(2, 5, 3), torch.zeros(1, 5, 4))
     with pytest.raises(ValueError, match=r"initial state shape must be"):
         DPGRU(3, 4)(torch.randn(2, 5, 3), torch.zeros(2, 5, 4))
+
+
+def test_validate_fix_swaps_recurrent_and_attention_layers():
+    # dpfy.layers registers its replacements with dpfy.validate(fix=True) (on a copy)
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gru = nn.GRU(4, 4, batch_first=True)
+            self.attn = nn.MultiheadAttention(4, 2, batch_first=True)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.gru(x)[0]
+            return self.attn(h, h, h, need_weights=False)[0]
+
+    torch.manual_seed(0)
+    model = Net()
+    fixed = dpfy.validate(model, fix=True)
+    assert isinstance(fixed.gru, DPGRU) and type(fixed.attn).__name__ == "DPMultiheadAttention"
+    assert isinstance(model.gru, nn.GRU)  # the original is left alone
+    x = torch.randn(2, 3, 4)
+    torch.testing.assert_close(fixed(x), model(x))
+    assert fixed.state_dict().keys() == model.state_dict().keys()

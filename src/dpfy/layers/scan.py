@@ -77,6 +77,11 @@ def _scan(kind: str, xp: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor | 
             torch.sigmoid(z, out=a)  # (i, f, g, o), then the cell candidate g is a tanh
             torch.tanh(z[:, 2 * h_size:3 * h_size], out=a[:, 2 * h_size:3 * h_size])
             i, f, g, o = a.chunk(4, 1)
+            if mask is None:  # write the new states in place (no copies)
+                torch.addcmul(f * c, i, g, out=cs[t + 1])
+                torch.mul(o, cs[t + 1].tanh(), out=hs[t + 1])
+                h, c = hs[t + 1], cs[t + 1]
+                continue
             c_new = torch.addcmul(f * c, i, g)
             h_new = o * c_new.tanh()
         elif kind == "gru":
