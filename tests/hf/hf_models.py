@@ -1,0 +1,118 @@
+"""Tiny Hugging Face models, dict datasets and the float64 per-example loop for dict batches.
+
+The models are built from tiny configs (nothing is downloaded). The loop is the slow reference
+(STYLE.md R8) for models called as ``model(**batch)``: for each example i it runs a float64 copy
+on that example's rows of every batch entry alone, backpropagates ``loss_of(output, batch_i)``
+and reads the gradients of the trainable parameters.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable
+
+import torch
+import transformers
+from torch import nn
+from torch.utils.data import Dataset
+
+V, T = 100, 12  # vocabulary, sequence length
+
+Batch = dict[str, torch.Tensor]
+
+
+def tiny_bert(dropout: float = 0.0, attn: str = "sdpa", seed: int = 0
+              ) -> transformers.BertForSequenceClassification:
+    """The brief's tiny BERT: 2 layers, hidden 32, 2 heads, intermediate 37, 2 labels."""
+    torch.manual_seed(seed)
+    cfg = transformers.BertConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2,
+                                  num_attention_heads=2, intermediate_size=37,
+                                  max_position_embeddings=64, hidden_dropout_prob=dropout,
+                                  attention_probs_dropout_prob=dropout,
+                                  attn_implementation=attn)
+    return transformers.BertForSequenceClassification(cfg).train()
+
+
+def tiny_gpt2(dropout: float = 0.0, seed: int = 0) -> transformers.GPT2LMHeadModel:
+    """A tiny GPT-2 whose lm_head weight is tied to the token embedding (HF's default)."""
+    torch.manual_seed(seed)
+    cfg = transformers.GPT2Config(vocab_size=V, n_positions=32, n_embd=32, n_layer=2, n_head=2,
+                                  resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
+                                  loss_type="ForCausalLM")
+    model = transformers.GPT2LMHeadModel(cfg).train()
+    assert model.lm_head.weight is model.transformer.wte.weight  # tied
+    return model
+
+
+class Tokens(Dataset):
+    """Synthetic token sequences as a tokenizer + datasets pipeline yields them: one dict per
+    example (input_ids, attention_mask, labels); the default collate stacks them.
+
+    ``task="classify"``: one label in {0, 1} per sequence, every third sequence padded after 8
+    tokens (attention_mask 0). ``task="lm"``: labels are the input ids (causal LM, HF shifts
+    them); with ``pad=True`` every third sequence's last 4 labels are −100 (ignored).
+    """
+
+    def __init__(self, n: int = 64, task: str = "classify", pad: bool = False) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(1, V, (n, T), generator=g)  # (n, T)
+        self.mask = torch.ones(n, T, dtype=torch.long)  # (n, T)
+        if task == "classify":
+            self.mask[::3, 8:] = 0
+            self.labels = torch.randint(0, 2, (n,), generator=g)  # (n,)
+        else:
+            self.labels = self.ids.clone()  # (n, T)
+            if pad:
+                self.labels[::3, -4:] = -100
+                self.mask[::3, -4:] = 0
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> Batch:
+        return {"input_ids": self.ids[i], "attention_mask": self.mask[i],
+                "labels": self.labels[i]}
+
+
+def hf_loss(out: Any, batch: Batch) -> torch.Tensor:
+    """The model's own loss, as an HF user writes it."""
+    return out.loss
+
+
+def per_example_grads(model: nn.Module, batch: Batch,
+                      loss_of: Callable[[Any, Batch], torch.Tensor] = hf_loss,
+                      call: Callable[[nn.Module, Batch], Any] | None = None
+                      ) -> dict[str, torch.Tensor]:
+    """{name: (B, *θ.shape)} float64 gradients of ℓ_i = loss_of(model(**batch_i), batch_i).
+
+    Only trainable parameters; ``model`` must carry no private engine (copy it before
+    make_private). ``call(m, batch_i)`` replaces ``m(**batch_i)`` (e.g. to add keyword args).
+    """
+    m = copy.deepcopy(model).double()
+    params = {n: p for n, p in m.named_parameters() if p.requires_grad}
+    b = next(iter(batch.values())).shape[0]
+    rows: dict[str, list[torch.Tensor]] = {n: [] for n in params}
+    for i in range(b):
+        bi = {k: v[i:i + 1] for k, v in batch.items()}
+        m.zero_grad(set_to_none=False)
+        loss_of(call(m, bi) if call else m(**bi), bi).backward()
+        for n, p in params.items():
+            rows[n].append(p.grad.detach().clone() if p.grad is not None
+                           else torch.zeros_like(p))
+    return {n: torch.stack(r) for n, r in rows.items()}
+
+
+def assert_norms_match(engine_sq: dict[str, torch.Tensor], ref: dict[str, torch.Tensor],
+                       rtol: float = 1e-4) -> None:
+    """The engine's per-parameter squared norms (B,) equal the loop's, parameter by parameter,
+    and they cover exactly the trainable parameters."""
+    assert set(engine_sq) == set(ref)
+    for n, g in ref.items():
+        want = g.reshape(g.shape[0], -1).square().sum(1)  # (B,)
+        torch.testing.assert_close(engine_sq[n].double(), want, rtol=rtol, atol=1e-9,
+                                   msg=lambda m, n=n: f"{n}: {m}")
+
+
+def first_batch(loader, min_rows: int = 2) -> Batch:
+    """The first Poisson batch with at least ``min_rows`` examples."""
+    return next(b for b in loader if b["input_ids"].shape[0] >= min_rows)

@@ -1,0 +1,104 @@
+"""Hugging Face transformers trained privately as shipped (issue 14 §3).
+
+User code is what an HF user writes: a Dataset of dicts (input_ids, attention_mask, labels), the
+default collate, ``loss = model(**batch).loss``. Per-example norms are read from the optimizer's
+engine right after ``backward()`` (``opt.grads.per_sample_sq_norms()``, the values the step
+clips) and compared with the float64 per-example loop (``hf_models.per_example_grads``).
+
+Matching the loss reduction: dpfy's ``loss_reduction="mean"`` (the default) means the batch loss
+is (1/B)·Σ_i ℓ_i. BERT's classification loss is the cross entropy averaged over the B examples,
+so ℓ_i = ``model(**batch_i).loss``. GPT-2's LM loss is averaged over all B·(T−1) label tokens;
+when every example has the same number of labels that is (1/B)·Σ_i mean_t ℓ_{i,t}, so again
+ℓ_i = ``model(**batch_i).loss`` (its own token mean). With ignored (−100) labels of varying
+count the token average couples the examples (each example's weight depends on the others'
+label counts); there the sum over tokens is used: ``num_items_in_batch=1`` and
+``loss_reduction="sum"`` (test below, docs/huggingface.md).
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+transformers = pytest.importorskip("transformers")
+
+import dpfy  # noqa: E402
+import ledger_events  # noqa: E402
+import oracles  # noqa: E402
+from hf_models import (Tokens, assert_norms_match, first_batch, per_example_grads,  # noqa: E402
+                       tiny_bert, tiny_gpt2)
+
+CLIP = 0.05  # below every example's gradient norm here: each one is clipped
+
+
+def private(model: nn.Module, ds, *, sigma: float = 0.0, batch_size: int = 8, **kw):
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return dpfy.make_private(model, opt, DataLoader(ds, batch_size=batch_size),
+                                 noise_multiplier=sigma, max_grad_norm=CLIP, seed=3, **kw)
+
+
+def check_one_step(model: nn.Module, ds, call=lambda m, b: m(**b), **kw) -> dict:
+    """Norms after backward equal the loop's, and one SGD(lr=1), σ = 0 step moves θ by exactly
+    −Σ_i clip(g_i)/b (b = qN, docs/engine.md). Returns the loop's per-example gradients."""
+    reference = copy.deepcopy(model)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    model, opt, dl = private(model, ds, **kw)
+    batch = first_batch(dl)
+    opt.zero_grad()
+    call(model, batch).loss.backward()  # the user's code, unchanged
+    sq = opt.grads.per_sample_sq_norms()  # (B,) per parameter, what the step clips. Sensitive
+    ref = per_example_grads(reference, batch, call=call)
+    assert_norms_match(sq, ref)
+    assert (oracles.per_example_norms(ref) > CLIP).all()  # clipping is exercised
+    opt.step()
+    expected = oracles.clipped_sum(ref, CLIP)
+    for n, p in model.named_parameters():
+        if n in expected:
+            want = before[n].double() - expected[n] / dl.sampler.normalizer
+            torch.testing.assert_close(p.detach().double(), want, rtol=1e-5, atol=1e-7)
+    return ref
+
+
+def test_bert_sequence_classification_matches_the_loop():
+    check_one_step(tiny_bert(), Tokens())
+
+
+def test_gpt2_lm_with_tied_head_matches_the_loop():
+    ref = check_one_step(tiny_gpt2(), Tokens(task="lm"))
+    assert "transformer.wte.weight" in ref and "lm_head.weight" not in ref  # one parameter
+
+
+def test_gpt2_padded_labels_with_summed_token_loss_match_the_loop():
+    # −100 labels of varying count: HF's default token mean would divide each example's loss by
+    # the batch's label count (coupling examples); num_items_in_batch=1 sums the tokens instead
+    ds = Tokens(task="lm", pad=True)
+    check_one_step(tiny_gpt2(), ds, call=lambda m, b: m(**b, num_items_in_batch=1),
+                   loss_reduction="sum")
+
+
+def test_private_steps_change_the_weights_and_are_in_the_ledger():
+    model = tiny_bert(dropout=0.1)  # HF's default dropout on
+    before = [p.detach().clone() for p in model.parameters()]
+    model, opt, dl = private(model, Tokens(), sigma=1.0)
+    steps = 0
+    for batch in dl:
+        opt.zero_grad()
+        model(**batch).loss.backward()
+        opt.step()
+        steps += 1
+        if steps == 3:
+            break
+    assert all(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    assert opt.step_count == 3
+    assert sum(g.count for g in opt.ledger.groups) == 3
+    # ε from dp_accounting on three Poisson-sampled Gaussian steps (q = 8/64, σ = 1)
+    want = ledger_events.dp_accounting_epsilon(opt.ledger, 1e-5, "rdp")
+    assert opt.epsilon(1e-5, accountant="rdp") == pytest.approx(want, rel=1e-6)
+    assert opt.ledger.groups[0].sample_rate == pytest.approx(8 / 64)
