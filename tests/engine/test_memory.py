@@ -93,3 +93,16 @@ def test_updated_flag_and_len_with_physical_batches() -> None:
             sched.step()
     assert updates == opt.step_count == len(loader) < calls   # ~50/8 physical per logical
     assert opt.original_optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5 ** 4)
+
+
+def test_explain_memory_prints_estimate_and_measured_peak(capsys) -> None:
+    from dpfy.cli.explain import register, run
+    import argparse
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["explain", "mlp", "--input-shape", "784", "--batch-size", "64",
+                              "--memory"])
+    assert run(args) == 0
+    out = capsys.readouterr().out
+    assert "memory at batch size 64" in out and "| ghost |" in out
+    assert "estimate:" in out and "measured peak of one private step:" in out

@@ -42,9 +42,17 @@ for _module in _CASES:
 del _cls, _full, _module
 
 
+def _summary() -> str:
+    lines = [f"opacus grad_samples outcomes: {dict(OUTCOMES)}"]
+    lines += [f"  {case}: {outcome} x{k}" for (case, outcome), k in sorted(BY_CASE.items())]
+    return "\n".join(lines)
+
+
+def teardown_module() -> None:
+    """Print what the cases ended as (visible with ``pytest -s``), in both sweeps."""
+    print("\n" + _summary())
+
+
 def test_zz_outcomes_were_checked() -> None:
     """The cases above ran and ended as a match or a named refusal (or a pending xfail)."""
-    assert OUTCOMES["match"] > 0, dict(OUTCOMES)
-    print("opacus grad_samples outcomes:", dict(OUTCOMES))
-    for (case, outcome), k in sorted(BY_CASE.items()):
-        print(f"  {case}: {outcome} x{k}")
+    assert OUTCOMES["match"] > 0, _summary()
