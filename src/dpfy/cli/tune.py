@@ -42,6 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__.splitlines()[0],
         epilog="Example: dpfy tune --dataset digits --model logreg --epsilon 3 "
                "--grid lr=logspace:-2.5:1.5:7")
+    p.add_argument("--epsilon", type=float, default=argparse.SUPPRESS, metavar="EPSILON",
+                   help="target ε of the WHOLE grid: σ is calibrated so that all runs "
+                        "together spend it (default: 3.0)")
     p.add_argument("--grid", action="append", required=True, metavar="NAME=SPEC",
                    help="a gridded hyperparameter: NAME=logspace:LO:HI:K or NAME=V1,V2,...; "
                         "repeat for a product grid")
