@@ -4,6 +4,7 @@
 - :mod:`dpfy.audit.fdp`: its f-DP variant (Mahloujifar et al. 2024);
 - :mod:`dpfy.audit.two_run`: many runs with and without one canary, Clopper–Pearson;
 - :mod:`dpfy.audit.canaries`: white-box gradient canaries inserted in dpfy's own private step;
+- :mod:`dpfy.audit.result`: the claimed ε beside the bounds (printing, JSON, report section);
 - :mod:`dpfy.audit.run`: an audited training run (``dpfy audit``).
 
 An audit never changes what is accounted: the claimed ε is read from the run's ledger, and

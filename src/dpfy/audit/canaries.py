@@ -165,8 +165,10 @@ class CanaryGradients(Method[torch.Tensor]):
                   plan: StepPlan) -> Mapping[str, torch.Tensor]:
         require(self._indices is not None, "the canary method", "unbound",
                 "bound to the private loader", "Call bind(loader.cursor) after make_private")
-        indices = self._indices()
         rows = next(iter(per_sample.values())).shape[0]
+        if rows == 0:              # an empty Poisson batch: nothing to replace
+            return per_sample
+        indices = self._indices()
         require(indices is not None and len(indices) == rows, "batch indices",
                 None if indices is None else len(indices), f"one per row ({rows})")
         is_canary = indices >= self.offset

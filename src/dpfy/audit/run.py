@@ -60,7 +60,8 @@ def check_supported(cfg: TrainConfig) -> None:
 def _template(train: Dataset) -> tuple[Any, Any]:
     """An input of the data's shape (zeros) and a label: what a canary row feeds the model."""
     x, y = train[0]
-    return torch.zeros_like(torch.as_tensor(x)), torch.zeros_like(torch.as_tensor(y))
+    label = torch.zeros_like(y) if torch.is_tensor(y) else type(y)(0)   # same type as real
+    return torch.zeros_like(torch.as_tensor(x)), label
 
 
 @dataclass(frozen=True)
