@@ -203,3 +203,29 @@ def test_layer_on_shared_inputs_whose_output_does_not_broadcast_is_refused():
     sum_loss(model(x), y).backward()
     with pytest.raises(PrivacyRefusal, match=r"layer 'table' \(Table\).*one row.*\[\(3,\)\]"):
         opt.step()
+
+
+def test_time_first_layer_whose_sequence_length_equals_the_batch_is_refused():
+    model = TimeFirst()
+    eng = dpfy.grads.GradEngine(model, loss_reduction="sum")
+    x, y = torch.randn(4, 3, 4), torch.randint(0, 3, (4,))
+    eng.bind_batch(4)
+    sum_loss(model(x), y).backward()  # T = 3, B = 4: the batch is found in dim 1
+    eng.per_sample_sq_norms()
+    eng.clear()
+    x = torch.randn(3, 3, 4)
+    eng.bind_batch(3)
+    # T = B = 3 and the layer's input (T, B, d) is contiguous: only the history tells
+    sum_loss(model(x.transpose(0, 1).contiguous().transpose(0, 1)), y[:3]).backward()
+    with pytest.raises(PrivacyRefusal, match=r"layer 'lin' \(Linear\).*time-first on earlier"):
+        eng.per_sample_sq_norms()
+    eng.detach()
+
+
+def test_transposed_view_with_as_many_steps_as_rows_is_refused():
+    model, opt, dl = private(TimeFirst(), sequences(t=8), poisson_sampling=False)
+    x, y = next(iter(dl))
+    assert x.shape[:2] == (8, 8)  # B = T = 8: lin sees a transposed view
+    sum_loss(model(x), y).backward()
+    with pytest.raises(PrivacyRefusal, match=r"layer 'lin' \(Linear\).*several dimensions"):
+        opt.step()

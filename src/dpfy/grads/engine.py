@@ -144,24 +144,32 @@ def _label(unit: Unit) -> str:
 def _rule_batch_dim(unit: Unit, a: Any, b: int) -> tuple[int, str | None]:
     """Where the batch of ``b`` rows sits in a rule unit's input ``a``: (dim, problem).
 
-    Dim 0 when it has ``b`` rows (the convention); else the only dimension of size ``b`` among
-    those the rule allows (a layer used time-first, ``lin(x.transpose(0, 1))``); else
-    :data:`BROADCAST` for an input with one row that every example shares (``position_ids`` of
-    shape (1, T)). Anything else is a problem: never a guess.
+    Dim 0 when it has ``b`` rows (the convention) and no other dimension of ``b`` rows the
+    rule allows is laid out outside it (a larger stride: the input is a transposed view, as in
+    ``lin(x.transpose(0, 1))`` with T = B); else the only dimension of size ``b`` among those
+    the rule allows (a layer used time-first); else :data:`BROADCAST` for an input with one row
+    that every example shares (``position_ids`` of shape (1, T)). Anything else is a problem.
+    Not detectable: a time-first layer whose sequence length equals the batch size, fed a
+    *contiguous* tensor (dim 0 is then taken as the batch).
     """
     if not torch.is_tensor(a) or a.dim() == 0:
         return 0, (f"{_label(unit)} must receive a tensor whose dimension 0 is the batch, got "
                    f"{type(a).__name__}{'' if not torch.is_tensor(a) else ' of shape ()'}; the "
                    f"private batch has {b} rows")
-    if a.shape[0] == b:
-        return 0, None
     dims = [k for k in unit.rule.batch_dims(unit.module, a) if k > 0 and a.shape[k] == b]
-    if len(dims) == 1 and a.shape[0] != 1:
+    transposed = (dims and b > 1 and a.stride(0) != 0  # (stride 0: expanded over the batch)
+                  and max(a.stride(k) for k in dims) > a.stride(0))
+    if a.shape[0] == b and not transposed:
+        return 0, None
+    if a.shape[0] == b:  # another dimension of b rows is laid out outside dim 0: transposed
+        dims = [0] + dims
+    if len(dims) == 1 and a.shape[0] != 1 and dims[0] != 0:
         return dims[0], None
     if not dims and a.shape[0] == 1:
         return BROADCAST, None
     if dims:
-        where = (f"several dimensions ({[0] * (a.shape[0] == 1) + dims}) could be the batch. "
+        where = (f"several dimensions ({sorted(set(dims) | {0} if a.shape[0] in (1, b) else set(dims))}) "
+                 f"could be the batch. "
                  f"Call this layer with the batch in dimension 0 (transpose after the layer, "
                  f"not before it)")
     else:
@@ -280,6 +288,7 @@ class GradEngine:
         self._b = 0  # batch size of the captures the norms were computed on
         self._rows: Callable[[], int | None] = lambda: None  # the private batch's size (bound)
         self._recomputing = False  # inside our own vmap forward: hooks must not capture it
+        self._time_first: set[int] = set()  # rule units seen with their batch in a later dim
         self._last_route: dict[int, str] = {}  # unit -> route taken on the last batch (public)
         self._anchor = torch.empty(0, requires_grad=True)  # see _Tap; never receives a gradient
         self._handles = [u.module.register_forward_hook(self._hook(u), with_kwargs=True)
@@ -367,6 +376,16 @@ class GradEngine:
         if torch.is_tensor(a):
             a = _at_least_float32(a)
         dim, problem = (0, None) if rows is None else _rule_batch_dim(unit, a, rows)
+        if dim > 0:
+            self._time_first.add(id(unit))
+        elif (dim == 0 and problem is None and rows is not None and rows > 1
+              and id(unit) in self._time_first
+              and any(a.shape[k] == rows for k in unit.rule.batch_dims(unit.module, a) if k)):
+            problem = (f"{_label(unit)} must be called with the batch in a dimension that only "
+                       f"the batch has, got an input of shape {tuple(a.shape)}: the layer was "
+                       f"used time-first on earlier batches, and this batch has as many rows "
+                       f"({rows}) as the sequence has steps. Call the layer with the batch in "
+                       f"dimension 0 (transpose after the layer, not before it)")
         if dim == BROADCAST:
             a = a.expand(rows, *a.shape[1:])
         elif dim > 0:
