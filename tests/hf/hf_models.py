@@ -116,3 +116,46 @@ def assert_norms_match(engine_sq: dict[str, torch.Tensor], ref: dict[str, torch.
 def first_batch(loader, min_rows: int = 2) -> Batch:
     """The first Poisson batch with at least ``min_rows`` examples."""
     return next(b for b in loader if b["input_ids"].shape[0] >= min_rows)
+
+
+class DropoutReplay:
+    """Make the float64 loop see the dropout masks the private batched forward drew.
+
+    ``record(model)`` patches every active ``nn.Dropout`` of ``model`` to draw its mask
+    explicitly and keep it (one (B, ...) mask per call, in call order); ``replay(copy)`` patches
+    the same modules (by name) of a copy to use example i's rows of those masks, where i
+    advances at each :meth:`next_example`. Example i's gradient under dropout is then the same
+    function of θ in both, so the loop is still the reference.
+    """
+
+    def __init__(self) -> None:
+        self.masks: dict[str, list[torch.Tensor]] = {}
+        self.example = -1
+        self.calls: dict[str, int] = {}  # calls of each module in this example's forward
+
+    def record(self, model: nn.Module) -> None:
+        for name, d in self._dropouts(model):
+            store = self.masks.setdefault(name, [])
+
+            def forward(x: torch.Tensor, p: float = d.p, store=store) -> torch.Tensor:
+                mask = torch.bernoulli(torch.full_like(x, 1 - p))  # same shape as x
+                store.append(mask)
+                return x * mask / (1 - p)
+            d.forward = forward
+
+    def replay(self, model: nn.Module) -> None:
+        for name, d in self._dropouts(model):
+            def forward(x: torch.Tensor, p: float = d.p, name: str = name) -> torch.Tensor:
+                k = self.calls[name] = self.calls.get(name, -1) + 1  # this module's k-th call
+                mask = self.masks[name][k][self.example:self.example + 1].to(x.dtype)
+                return x * mask / (1 - p)
+            d.forward = forward
+
+    def next_example(self) -> None:
+        """Start example i + 1's forward: its masks are rows i + 1, from each module's first."""
+        self.example += 1
+        self.calls = {}
+
+    @staticmethod
+    def _dropouts(model: nn.Module) -> list[tuple[str, nn.Dropout]]:
+        return [(n, d) for n, d in model.named_modules() if isinstance(d, nn.Dropout) and d.p > 0]

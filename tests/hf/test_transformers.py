@@ -30,8 +30,8 @@ transformers = pytest.importorskip("transformers")
 import dpfy  # noqa: E402
 import ledger_events  # noqa: E402
 import oracles  # noqa: E402
-from hf_models import (Tokens, assert_norms_match, first_batch, per_example_grads,  # noqa: E402
-                       tiny_bert, tiny_gpt2)
+from hf_models import (DropoutReplay, Tokens, assert_norms_match, first_batch,  # noqa: E402
+                       per_example_grads, tiny_bert, tiny_gpt2)
 
 CLIP = 0.05  # below every example's gradient norm here: each one is clipped
 
@@ -102,3 +102,31 @@ def test_private_steps_change_the_weights_and_are_in_the_ledger():
     want = ledger_events.dp_accounting_epsilon(opt.ledger, 1e-5, "rdp")
     assert opt.epsilon(1e-5, accountant="rdp") == pytest.approx(want, rel=1e-6)
     assert opt.ledger.groups[0].sample_rate == pytest.approx(8 / 64)
+
+
+def test_dropout_on_the_default_engine_matches_the_loop_with_the_same_masks():
+    # HF's default dropout (0.1 on hidden states and attention probabilities, eager attention
+    # so that every dropout is an nn.Dropout): the default engine clips the gradient of the
+    # forward that was run, masks included; the loop replays example i's rows of those masks
+    model = tiny_bert(dropout=0.1, attn="eager")
+    masks = DropoutReplay()
+    reference = copy.deepcopy(model)
+    masks.replay(reference)
+    masks.record(model)
+    model, opt, dl = private(model, Tokens())
+    batch = first_batch(dl)
+    model(**batch).loss.backward()
+    sq = opt.grads.per_sample_sq_norms()
+    assert masks.masks and all(len(v) == 1 for v in masks.masks.values())  # one forward
+    ref = per_example_grads(reference, batch, call=lambda m, b: (masks.next_example(),
+                                                                  m(**b))[1])
+    assert_norms_match(sq, ref)
+
+
+def test_dropout_is_named_by_the_preflight_under_the_vmap_engine():
+    model = tiny_bert(dropout=0.1)
+    ds = Tokens()
+    batch = {k: torch.stack([ds[i][k] for i in range(3)]) for k in ds[0]}
+    assert dpfy.validate(model, batch) == []  # the default engine: every layer has a rule
+    problems = dpfy.validate(model, batch, engine="vmap")  # the forward is recomputed there
+    assert problems and "Dropout" in problems[0] and "p = 0.1" in problems[0]
