@@ -84,7 +84,8 @@ def with_lengths(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     return torch.cat((x, lengths.to(x.dtype)[:, None, None].expand(-1, x.shape[1], 1)), -1)
 
 
-def check_against_loop(reference: nn.Module, x: torch.Tensor, swap=swap_layers) -> None:
+def check_against_loop(reference: nn.Module, x: torch.Tensor, swap=swap_layers,
+                       engine: str = "auto") -> None:
     """Engine norms and a weighted sum on the swapped copy equal the float64 loop on the
     reference (torch's modules)."""
     reference = reference.double()
@@ -96,7 +97,7 @@ def check_against_loop(reference: nn.Module, x: torch.Tensor, swap=swap_layers) 
     names = {id(p): n for n, p in model.named_parameters()}
     ours = {k: names[id(p)] for k, p in model.state_dict(keep_vars=True).items()
             if id(p) in names}  # torch's name -> ours (the state_dict speaks torch's names)
-    eng = GradEngine(model, loss_reduction="sum")
+    eng = GradEngine(model, engine=engine, loss_reduction="sum")
     try:
         loss_sum(model(x), y).backward()
         sq = eng.per_sample_sq_norms()
@@ -165,6 +166,15 @@ def test_per_example_norms_packed_variable_lengths(kind):
     rnn = TORCH[kind](3, 4, bidirectional=True, batch_first=kind != "gru")
     x = with_lengths(torch.randn(6, 5, 3, dtype=torch.float64), torch.tensor([5, 1, 3, 2, 5, 4]))
     check_against_loop(Head(rnn, packed=True), x)
+
+
+@pytest.mark.parametrize("kind", sorted(TORCH))
+def test_per_example_norms_under_the_vmap_engine(kind):
+    # under torch.func the replacement runs step by step with plain autograd ops
+    torch.manual_seed(3)
+    rnn = TORCH[kind](3, 4, num_layers=2, bidirectional=True, batch_first=True)
+    x = with_lengths(torch.randn(3, 4, 3, dtype=torch.float64), torch.full((3,), 4))
+    check_against_loop(Head(rnn, with_h0=True), x, engine="vmap")
 
 
 def test_per_example_norms_time_first_no_bias():

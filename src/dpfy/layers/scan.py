@@ -208,6 +208,42 @@ class _Recurrence(torch.autograd.Function):
         return dx.transpose(0, 1), dz.transpose(0, 1), dh0, dc0, None
 
 
+def _cell(kind: str, x_t: torch.Tensor, z: torch.Tensor, h: torch.Tensor,
+          c: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One step from the two projections x_t, z (B, G·H), out of place (autograd, torch.func)."""
+    if kind == "lstm":
+        i, f, g, o = (x_t + z).chunk(4, 1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        return torch.sigmoid(o) * torch.tanh(c), c
+    if kind == "gru":
+        (xr, xu, xn), (zr, zu, zn) = x_t.chunk(3, 1), z.chunk(3, 1)
+        r, u = torch.sigmoid(xr + zr), torch.sigmoid(xu + zu)
+        n = torch.tanh(xn + r * zn)
+        return n + u * (h - n), None
+    pre = x_t + z
+    return (torch.tanh(pre) if kind == "rnn_tanh" else torch.relu(pre)), None
+
+
+def _direction_by_autograd(kind: str, ih: nn.Linear, hh: nn.Linear, x: torch.Tensor,
+                           h0: torch.Tensor, c0: torch.Tensor | None,
+                           mask: torch.Tensor | None
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The same function step by step with plain autograd ops: the path under torch.func
+    transforms (``engine="vmap"``), where the in-place scan and its autograd.Function cannot
+    run. One hh call per step, so slower; exact all the same."""
+    xp = ih(x)
+    h, c, outs = h0, c0, []
+    for t in range(x.shape[1]):
+        h_new, c_new = _cell(kind, xp[:, t], hh(h), h, c)
+        if mask is not None:
+            m = mask[:, t, None]
+            h_new = torch.where(m, h_new, h)
+            c_new = None if c is None else torch.where(m, c_new, c)
+        h, c = h_new, c_new
+        outs.append(h)
+    return torch.stack(outs, 1), h, c
+
+
 def run_direction(kind: str, ih: nn.Linear, hh: nn.Linear, x: torch.Tensor, h0: torch.Tensor,
                   c0: torch.Tensor | None, mask: torch.Tensor | None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -215,6 +251,8 @@ def run_direction(kind: str, ih: nn.Linear, hh: nn.Linear, x: torch.Tensor, h0: 
 
     ``mask`` (B, T) bool marks the steps inside each example's length (None: all of them).
     """
+    if torch._C._are_functorch_transforms_active():
+        return _direction_by_autograd(kind, ih, hh, x, h0, c0, mask)
     xp = ih(x)  # (B, T, G·H): one Linear call over the whole sequence
     with torch.no_grad():
         m = None if mask is None else mask.t().unsqueeze(-1)  # (T, B, 1)
