@@ -97,7 +97,12 @@ def load_ledger(path: str) -> Ledger:
         p = p / "ledger.json"
     require(p.is_file(), "ledger", str(p), "an existing ledger.json file",
             "Pass the file written by `dpfy train` or Ledger.to_json()")
-    return Ledger.from_json(p.read_text())
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"ledger must be a readable UTF-8 JSON file, got '{p}' ({e}). Pass "
+                         f"the ledger.json written by dpfy train") from None
+    return Ledger.from_json(text, source=f"ledger '{p}'")
 
 
 def run(args: argparse.Namespace) -> int:

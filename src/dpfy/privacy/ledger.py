@@ -330,24 +330,46 @@ class Ledger:
                 "num_steps": self.num_steps, "groups": [g.to_dict() for g in self.groups]}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Ledger":
-        require(d.get("format") == "dpfy-ledger/1", "format", d.get("format"),
+    def from_dict(cls, d: dict[str, Any], *, source: str = "ledger") -> "Ledger":
+        """The ledger :meth:`to_dict` wrote. Every field is checked; a wrong, missing or
+        inconsistent one raises a one-line ``ValueError`` naming ``source`` (e.g. the file)
+        and the field, e.g. ``groups[2].sample_rate``."""
+        _expect(isinstance(d, dict), source, "", d, "a JSON object")
+        _expect(d.get("format") == "dpfy-ledger/1", source, "format", d.get("format"),
                 "'dpfy-ledger/1'", "This is not a dpfy ledger")
-        out = cls(d.get("dataset_size"))
-        for g in d["groups"]:
-            sg = StepGroup.from_dict(g)
-            require(sg.first_step == out.num_steps, "first_step", sg.first_step,
-                    f"== {out.num_steps} (groups must be contiguous)", "The ledger is corrupt")
+        size = d.get("dataset_size")
+        _expect(size is None or _is_int(size) and size >= 1, source, "dataset_size", size,
+                "null or an integer >= 1")
+        groups = d.get("groups")
+        _expect(isinstance(groups, list), source, "groups", groups, "a list of step groups")
+        out = cls(size)
+        for i, g in enumerate(groups):
+            sg = _group_from_dict(g, source, f"groups[{i}]")
+            _expect(sg.first_step == out.num_steps, source, f"groups[{i}].first_step",
+                    sg.first_step, f"{out.num_steps} (groups must be contiguous)",
+                    "The ledger is corrupt: a step is missing or counted twice")
             out.record_step(sampling=sg.sampling, sample_rate=sg.sample_rate,
                             releases=sg.releases, count=sg.count)
+        if "num_steps" in d:
+            _expect(d["num_steps"] == out.num_steps, source, "num_steps", d["num_steps"],
+                    f"{out.num_steps} (the steps its groups hold)",
+                    "The ledger is corrupt: a step is missing or counted twice")
         return out
 
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), **kwargs)
 
     @classmethod
-    def from_json(cls, text: str) -> "Ledger":
-        return cls.from_dict(json.loads(text))
+    def from_json(cls, text: str, *, source: str = "ledger") -> "Ledger":
+        """The ledger :meth:`to_json` wrote; errors name ``source`` and the line or field."""
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{source} must be valid JSON, got {e.msg.lower()} at line "
+                             f"{e.lineno} column {e.colno}. Pass the ledger.json written by "
+                             f"dpfy train (or Ledger.to_json()); an empty or cut-off file "
+                             f"comes from a run that did not finish") from None
+        return cls.from_dict(d, source=source)
 
     @classmethod
     def homogeneous(cls, *, sample_rate: float, noise_multiplier: float, steps: int,
@@ -368,3 +390,49 @@ class Ledger:
         for q, s in zip(sample_rates, noise_multipliers, strict=True):
             out.record_step(sampling=sampling, sample_rate=q, releases=[Release(mechanism, s)])
         return out
+
+
+_LEDGER_FIX = "Pass the ledger.json written by dpfy train (or Ledger.to_json()) unchanged"
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _expect(ok: bool, source: str, field_name: str, value: Any, constraint: str,
+            fix: str = _LEDGER_FIX) -> None:
+    """``require`` for one field of a serialized ledger: the name says file and field."""
+    require(ok, f"{source} field {field_name}" if field_name else source, value, constraint,
+            fix)
+
+
+def _group_from_dict(g: Any, source: str, where: str) -> StepGroup:
+    """One step group of a serialized ledger, each field checked before it is used."""
+    _expect(isinstance(g, dict), source, where, g, "a JSON object")
+    for key in ("first_step", "count"):
+        _expect(_is_int(g.get(key)), source, f"{where}.{key}", g.get(key), "an integer")
+    _expect(g.get("sampling") in [m.value for m in Sampling], source, f"{where}.sampling",
+            g.get("sampling"), f"one of {[m.value for m in Sampling]}")
+    _expect(_is_number(g.get("sample_rate")), source, f"{where}.sample_rate",
+            g.get("sample_rate"), "a finite number")
+    releases = g.get("releases")
+    _expect(isinstance(releases, list) and len(releases) >= 1, source, f"{where}.releases",
+            releases, "a non-empty list of releases")
+    for j, r in enumerate(releases):
+        at = f"{where}.releases[{j}]"
+        _expect(isinstance(r, dict), source, at, r, "a JSON object")
+        _expect(isinstance(r.get("mechanism"), str), source, f"{at}.mechanism",
+                r.get("mechanism"), "a string")
+        _expect(_is_number(r.get("noise_multiplier")), source, f"{at}.noise_multiplier",
+                r.get("noise_multiplier"), "a finite number")
+    try:
+        return StepGroup(first_step=g["first_step"], count=g["count"],
+                         sampling=Sampling(g["sampling"]), sample_rate=float(g["sample_rate"]),
+                         releases=tuple(Release(r["mechanism"], float(r["noise_multiplier"]))
+                                        for r in releases))
+    except ValueError as e:      # the range checks of StepGroup and Release
+        raise ValueError(f"{source} field {where}: {e}") from None

@@ -104,6 +104,7 @@ class TrainConfig:
                              "groups (recorded in config.json: the assignment is not private)")
 
     def __post_init__(self) -> None:
+        _check_types_and_finite(self)
         # dataset and model names are checked against their registries by the trainer, since
         # the Python API also accepts a user's own Dataset and nn.Module under any name.
         require(isinstance(self.dataset, str) and self.dataset != "", "dataset", self.dataset,
@@ -222,6 +223,25 @@ def parse_floats(text: str, name: str) -> list[float]:
         raise
 
 
+def _check_types_and_finite(cfg: TrainConfig) -> None:
+    """Every field holds its type (an int where a float is expected is fine; a bool is not a
+    number) and every number is finite: ``lr = inf`` would start a run that fails at its
+    second step with NaN gradients."""
+    for name, kind in field_types().items():
+        value = getattr(cfg, name)
+        if value is None:
+            continue
+        ok = isinstance(value, kind) and not (isinstance(value, bool) and kind is not bool)
+        ok = ok or (kind is float and isinstance(value, int) and not isinstance(value, bool))
+        if not ok:
+            article = "an" if kind is int else "a"
+            raise TypeError(f"{name} must be {article} {kind.__name__}, got {name} = "
+                            f"{value!r}. Fix the value's type")
+        if kind in (float, int):
+            require(math.isfinite(value), name, value, "a finite number",
+                    "NaN and infinity are not settings")
+
+
 def field_types() -> dict[str, type]:
     """Field name -> the non-None type it holds (float, int, str, bool or dict)."""
     names = {"float": float, "int": int, "str": str, "bool": bool, "dict": dict}
@@ -239,13 +259,13 @@ def coerce(values: Mapping[str, Any], *, source: str) -> dict[str, Any]:
         require(name in types, f"{source} key", key, f"one of {sorted(types)}",
                 "Fix the spelling or remove the key")
         kind = types[name]
-        if value is None or isinstance(value, kind) and not isinstance(value, bool) \
-                or kind is dict:
+        if value is None or isinstance(value, kind) and not isinstance(value, bool):
             out[name] = value
             continue
         ok = kind is float and isinstance(value, int) and not isinstance(value, bool)
         ok = ok or (kind is int and isinstance(value, float) and value.is_integer())
-        require(ok, name, value, f"a {kind.__name__} (in {source})", "Fix the value's type")
+        what = "a table of KEY = VALUE options" if kind is dict else f"a {kind.__name__}"
+        require(ok, name, value, f"{what} (in {source})", "Fix the value's type")
         out[name] = kind(value)
     return out
 
