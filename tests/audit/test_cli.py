@@ -43,3 +43,17 @@ def test_audit_refuses_a_setting_it_would_drop(tmp_path, capsys) -> None:
     assert main(args) == EXIT_BAD_INPUT
     assert "public_validation must be unset for dpfy audit" in capsys.readouterr().err
     assert not (tmp_path / "a").exists() and not (tmp_path / "a.partial").exists()
+
+
+def test_the_report_says_what_the_unregistered_canary_method_releases():
+    """The audit's canary method is not in the registry; the report still says what it
+    releases (its releases_text), not "not stated by the method"."""
+    from dpfy.audit.canaries import CanaryGradients
+    from dpfy.train.report import methods_ran
+
+    class Bare:  # a CanaryGradients without the constructor's data
+        registry_name = CanaryGradients.registry_name
+        releases_text = CanaryGradients.releases_text
+
+    (row,) = methods_ran(Bare())
+    assert row["name"] == "_audit_canaries" and "canary" in row["releases"]

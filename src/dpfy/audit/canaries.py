@@ -147,6 +147,8 @@ class CanaryGradients(Method[torch.Tensor]):
 
     registry_name = "_audit_canaries"
     needs = Needs(per_sample_grads=True)
+    releases_text = ("nothing of its own: each included canary is one more example of the "
+                     "gradient release, its per-example gradient set to C·u_j before clipping")
 
     def __init__(self, canaries: CanarySet, dataset: CanaryDataset) -> None:
         self.canaries = canaries

@@ -55,11 +55,13 @@ def _members(method) -> Sequence:
 
 def methods_ran(method) -> list[dict[str, str]]:
     """One row per adaptive method of the run: registry name and what it releases per step
-    (the "Releases per step" text of its docstring, as ``dpfy methods`` lists it)."""
+    (the "Releases per step" text of its docstring, as ``dpfy methods`` lists it; a method
+    outside the registry, such as the audit's canaries, states it in ``releases_text``)."""
     from dpfy.cli.methods import method_rows
     releases = {r["name"]: r["releases"] for r in method_rows()}
     return [{"name": m.registry_name or type(m).__name__,
-             "releases": releases.get(m.registry_name, "")} for m in _members(method)]
+             "releases": releases.get(m.registry_name) or getattr(m, "releases_text", "")}
+            for m in _members(method)]
 
 
 def public_data(cfg: TrainConfig, method, num_test: int) -> str | None:
