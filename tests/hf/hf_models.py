@@ -3,18 +3,23 @@
 The models are built from tiny configs (nothing is downloaded). The loop is the slow reference
 (STYLE.md R8) for models called as ``model(**batch)``: for each example i it runs a float64 copy
 on that example's rows of every batch entry alone, backpropagates ``loss_of(output, batch_i)``
-and reads the gradients of the trainable parameters.
+and reads the gradients of the trainable parameters. ``check_one_step`` is the shared end-to-end
+check: norms after the user's ``backward()`` and one σ = 0 step against that loop.
 """
 
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Any, Callable
 
 import torch
 import transformers
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
+
+import dpfy
+import oracles
 
 V, T = 100, 12  # vocabulary, sequence length
 
@@ -159,3 +164,42 @@ class DropoutReplay:
     @staticmethod
     def _dropouts(model: nn.Module) -> list[tuple[str, nn.Dropout]]:
         return [(n, d) for n, d in model.named_modules() if isinstance(d, nn.Dropout) and d.p > 0]
+
+
+CLIP = 0.05  # below every example's gradient norm here: each one is clipped
+
+
+def private(model: nn.Module, ds, *, sigma: float = 0.0, batch_size: int = 8,
+            clip: float = CLIP, **kw):
+    """make_private with SGD(lr=1) over all of ``model.parameters()`` (frozen ones included, as
+    HF users build it), Poisson q = batch_size/len(ds), C = ``clip``, σ = ``sigma``."""
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return dpfy.make_private(model, opt, DataLoader(ds, batch_size=batch_size),
+                                 noise_multiplier=sigma, max_grad_norm=clip, seed=3, **kw)
+
+
+def check_one_step(model: nn.Module, ds, call=lambda m, b: m(**b), clip: float = CLIP,
+                   **kw) -> dict:
+    """Norms after backward equal the loop's, and one SGD(lr=1), σ = 0 step moves θ by exactly
+    −Σ_i clip(g_i)/b (b = qN, docs/engine.md). Returns the loop's per-example gradients."""
+    reference = copy.deepcopy(model)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    model, opt, dl = private(model, ds, clip=clip, **kw)
+    batch = first_batch(dl)
+    opt.zero_grad()
+    call(model, batch).loss.backward()  # the user's code, unchanged
+    sq = opt.grads.per_sample_sq_norms()  # (B,) per parameter, what the step clips. Sensitive
+    ref = per_example_grads(reference, batch, call=call)
+    assert_norms_match(sq, ref)
+    assert (oracles.per_example_norms(ref) > clip).all()  # clipping is exercised
+    opt.step()
+    expected = oracles.clipped_sum(ref, clip)
+    for n, p in model.named_parameters():
+        if n in expected:
+            want = before[n].double() - expected[n] / dl.sampler.normalizer
+            torch.testing.assert_close(p.detach().double(), want, rtol=1e-5, atol=1e-7)
+        else:  # frozen: skipped by the private step
+            assert torch.equal(p, before[n]), n
+    return ref

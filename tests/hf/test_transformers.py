@@ -18,53 +18,16 @@ label counts); there the sum over tokens is used: ``num_items_in_batch=1`` and
 from __future__ import annotations
 
 import copy
-import warnings
 
 import pytest
 import torch
-from torch import nn
-from torch.utils.data import DataLoader
 
 transformers = pytest.importorskip("transformers")
 
 import dpfy  # noqa: E402
 import ledger_events  # noqa: E402
-import oracles  # noqa: E402
-from hf_models import (DropoutReplay, Tokens, assert_norms_match, first_batch,  # noqa: E402
-                       per_example_grads, tiny_bert, tiny_gpt2)
-
-CLIP = 0.05  # below every example's gradient norm here: each one is clipped
-
-
-def private(model: nn.Module, ds, *, sigma: float = 0.0, batch_size: int = 8, **kw):
-    opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return dpfy.make_private(model, opt, DataLoader(ds, batch_size=batch_size),
-                                 noise_multiplier=sigma, max_grad_norm=CLIP, seed=3, **kw)
-
-
-def check_one_step(model: nn.Module, ds, call=lambda m, b: m(**b), **kw) -> dict:
-    """Norms after backward equal the loop's, and one SGD(lr=1), σ = 0 step moves θ by exactly
-    −Σ_i clip(g_i)/b (b = qN, docs/engine.md). Returns the loop's per-example gradients."""
-    reference = copy.deepcopy(model)
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    model, opt, dl = private(model, ds, **kw)
-    batch = first_batch(dl)
-    opt.zero_grad()
-    call(model, batch).loss.backward()  # the user's code, unchanged
-    sq = opt.grads.per_sample_sq_norms()  # (B,) per parameter, what the step clips. Sensitive
-    ref = per_example_grads(reference, batch, call=call)
-    assert_norms_match(sq, ref)
-    assert (oracles.per_example_norms(ref) > CLIP).all()  # clipping is exercised
-    opt.step()
-    expected = oracles.clipped_sum(ref, CLIP)
-    for n, p in model.named_parameters():
-        if n in expected:
-            want = before[n].double() - expected[n] / dl.sampler.normalizer
-            torch.testing.assert_close(p.detach().double(), want, rtol=1e-5, atol=1e-7)
-    return ref
-
+from hf_models import (DropoutReplay, Tokens, assert_norms_match, check_one_step,  # noqa: E402
+                       first_batch, per_example_grads, private, tiny_bert, tiny_gpt2)
 
 def test_bert_sequence_classification_matches_the_loop():
     check_one_step(tiny_bert(), Tokens())
