@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dpfy.experiments import oso_fmnist
+from dpfy.experiments import idp_fmnist, oso_fmnist
 from dpfy.experiments.grids import EXPERIMENTS
 
 __all__ = ["register", "run"]
@@ -22,7 +22,7 @@ __all__ = ["register", "run"]
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("experiment", help="run a paper reproduction (tables + plots)",
                               description=__doc__.splitlines()[0])
-    p.add_argument("name", choices=sorted(EXPERIMENTS) + ["oso-fmnist", "all"])
+    p.add_argument("name", choices=sorted(EXPERIMENTS) + ["oso-fmnist", "idp-fmnist", "all"])
     p.add_argument("--seeds", type=int, default=3, help="seeds per cell (default 3)")
     p.add_argument("--epochs", type=int, default=3, help="epochs per run (default 3)")
     p.add_argument("--workers", type=int, default=1, help="parallel processes (1 thread each)")
@@ -30,6 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--data-dir", default=None, help="Fashion-MNIST IDX directory")
     p.add_argument("--summarize", action="store_true", help="only rebuild tables and plots")
     oso_fmnist.add_arguments(p)
+    idp_fmnist.add_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -40,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.name == "oso-fmnist":
         return oso_fmnist.main(args)
+    if args.name == "idp-fmnist":
+        return idp_fmnist.main(args)
     out = Path(args.out)
     names = sorted(EXPERIMENTS) if args.name == "all" else [args.name]
     if not args.summarize:
