@@ -77,6 +77,11 @@ def test_position_ids_broadcast_over_the_batch():
     check_against_loop(Positions(), *ids_batch(), bind=True)
 
 
+def test_position_ids_with_as_many_positions_as_rows_are_still_shared():
+    # (1, T) with T = B could be read as a time-first call with T = 1: position ids win
+    check_against_loop(Positions(), *ids_batch(T), bind=True)
+
+
 def test_position_ids_broadcast_end_to_end():
     # before: "the batch dimension must be the same ... [1, 5]" with no layer named
     model = Positions()

@@ -141,7 +141,8 @@ def _label(unit: Unit) -> str:
     return f"layer {unit.name or '(root)'!r} ({type(unit.module).__name__})"
 
 
-def _rule_batch_dim(unit: Unit, a: Any, b: int) -> tuple[int, str | None]:
+def _rule_batch_dim(unit: Unit, a: Any, b: int, time_first: set[int] = frozenset()
+                    ) -> tuple[int, str | None]:
     """Where the batch of ``b`` rows sits in a rule unit's input ``a``: (dim, problem).
 
     Dim 0 when it has ``b`` rows (the convention) and no other dimension of ``b`` rows the
@@ -163,6 +164,9 @@ def _rule_batch_dim(unit: Unit, a: Any, b: int) -> tuple[int, str | None]:
         return 0, None
     if a.shape[0] == b:  # another dimension of b rows is laid out outside dim 0: transposed
         dims = [0] + dims
+    if (a.shape[0] == 1 and b > 1 and dims == [1] and a.dim() == 2
+            and unit.rule.shared_rows_first and id(unit) not in time_first):
+        return BROADCAST, None  # (1, T) ids with T = B: position ids (see LayerRule)
     if len(dims) == 1 and a.shape[0] != 1 and dims[0] != 0:
         return dims[0], None
     if not dims and a.shape[0] == 1:
@@ -375,7 +379,8 @@ class GradEngine:
         a = unit.rule.batch_input(unit.module, xs, kw)
         if torch.is_tensor(a):
             a = _at_least_float32(a)
-        dim, problem = (0, None) if rows is None else _rule_batch_dim(unit, a, rows)
+        dim, problem = ((0, None) if rows is None
+                        else _rule_batch_dim(unit, a, rows, self._time_first))
         if dim > 0:
             self._time_first.add(id(unit))
         elif (dim == 0 and problem is None and rows is not None and rows > 1
