@@ -2,7 +2,8 @@
 
 ``test_rules.check`` compares the engine's per-example squared norms and a weighted sum with the
 loop (``oracles``), run in float64; shapes are drawn by hypothesis, ragged (odd, unequal spatial
-sizes, B = 0 included where torch's own kernel allows it). Each layer must take its rule, not the vmap fallback.
+sizes, B = 0 included where torch's own kernel allows it). Each layer must take its rule, not
+the vmap fallback.
 """
 
 from __future__ import annotations
