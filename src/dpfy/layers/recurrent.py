@@ -23,6 +23,7 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from dpfy._require import require
+from dpfy.grads.rules.recurrent_linear import RecurrentLinear
 from dpfy.layers.scan import GATES, run_direction
 
 __all__ = ["DPRecurrent", "DPRNN", "DPGRU", "DPLSTM"]
@@ -35,7 +36,7 @@ class _Direction(nn.Module):
                  **factory: Any) -> None:
         super().__init__()
         self.ih = nn.Linear(d_in, gates * hidden, bias=bias, **factory)
-        self.hh = nn.Linear(hidden, gates * hidden, bias=bias, **factory)
+        self.hh = RecurrentLinear(hidden, gates * hidden, bias=bias, **factory)
 
 
 def _torch_name(kind: str, layer: int, reverse: bool) -> str:

@@ -11,8 +11,9 @@ To get there the layer runs as
 1. ``xp = ih(x)`` on the whole sequence (B, T, d) -> (B, T, G·H);
 2. the recurrence itself under ``no_grad`` (``_scan``): states h_0..h_T (and c for LSTM) and the
    gate activations, with the current W_hh;
-3. ``zp = hh(h_prev)`` on the stacked previous states (B, T, H) -> (B, T, G·H): the same values
-   the recurrence used, recomputed in one matmul so the engine sees a single Linear call;
+3. ``zp = hh(h_prev, value=z)`` on the stacked previous states (B, T, H) -> (B, T, G·H): one
+   Linear call for the engine to see, whose value is the z_t the recurrence computed (a
+   ``RecurrentLinear``: no second matmul; its backward is a Linear's);
 4. ``_Recurrence.apply(xp, zp, h0, c0)`` returns the outputs of step 2; its backward runs the
    recurrence backward (back-propagation through time) with W_hh and hands each Linear its
    output gradient (δ for ``xp``, δ' for ``zp``) and the initial states theirs.
@@ -33,6 +34,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from dpfy.grads.rules.recurrent_linear import RecurrentLinear
+
 __all__ = ["KINDS", "GATES", "run_direction"]
 
 KINDS = ("rnn_tanh", "rnn_relu", "gru", "lstm")
@@ -46,9 +49,9 @@ class _Saved:
     kind: str
     w_hh: torch.Tensor             # (G·H, H) the recurrent weight's value
     hs: torch.Tensor               # (T+1, B, H) states h_0..h_T (carried past each length)
+    zs: torch.Tensor               # (T, B, G·H) h_{t−1} W_hhᵀ + b_hh, the hidden projections
     acts: torch.Tensor             # (T, B, G·H) gate activations (RNN: the new state)
     cs: torch.Tensor | None        # (T+1, B, H) LSTM cell states
-    zn: torch.Tensor | None        # (T, B, H) GRU: the h-part of the candidate's pre-activation
     mask: torch.Tensor | None      # (T, B, 1) 1 where the step is inside the example's length
 
 
@@ -59,23 +62,24 @@ def _scan(kind: str, xp: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor | 
     h_size = h0.shape[-1]
     hs = xp.new_empty(t_len + 1, b, h_size)
     hs[0] = h0
+    zs = xp.new_empty(t_len, b, gh)
     acts = xp.new_empty(t_len, b, gh)
-    cs = zn = None
+    cs = None
     if kind == "lstm":
         cs = xp.new_empty(t_len + 1, b, h_size)
         cs[0] = c0
-    if kind == "gru":
-        zn = xp.new_empty(t_len, b, h_size)
     wt = w_hh.t()
     h, c = h0, c0
     for t in range(t_len):
         x_t = xp[:, t]
-        z = torch.addmm(b_hh, h, wt) if b_hh is not None else h @ wt  # (B, G·H)
+        z = torch.addmm(b_hh, h, wt, out=zs[t]) if b_hh is not None else \
+            torch.mm(h, wt, out=zs[t])  # (B, G·H)
         a = acts[t]
         if kind == "lstm":
-            z.add_(x_t)
-            torch.sigmoid(z, out=a)  # (i, f, g, o), then the cell candidate g is a tanh
-            torch.tanh(z[:, 2 * h_size:3 * h_size], out=a[:, 2 * h_size:3 * h_size])
+            torch.add(z, x_t, out=a)  # pre-activations of (i, f, g, o)
+            a[:, :2 * h_size].sigmoid_()
+            a[:, 2 * h_size:3 * h_size].tanh_()  # the cell candidate g
+            a[:, 3 * h_size:].sigmoid_()
             i, f, g, o = a.chunk(4, 1)
             if mask is None:  # write the new states in place (no copies)
                 torch.addcmul(f * c, i, g, out=cs[t + 1])
@@ -85,16 +89,14 @@ def _scan(kind: str, xp: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor | 
             c_new = torch.addcmul(f * c, i, g)
             h_new = o * c_new.tanh()
         elif kind == "gru":
-            zn[t] = z[:, 2 * h_size:]
-            torch.sigmoid(z[:, :2 * h_size].add_(x_t[:, :2 * h_size]), out=a[:, :2 * h_size])
+            torch.add(z[:, :2 * h_size], x_t[:, :2 * h_size], out=a[:, :2 * h_size]).sigmoid_()
             r, u = a[:, :h_size], a[:, h_size:2 * h_size]
-            n = torch.addcmul(x_t[:, 2 * h_size:], r, zn[t]).tanh_()
+            n = torch.addcmul(x_t[:, 2 * h_size:], r, z[:, 2 * h_size:]).tanh_()
             a[:, 2 * h_size:] = n
             h_new = torch.addcmul(n, u, h - n)  # (1 − u)·n + u·h
         else:
-            pre = z.add_(x_t)
+            pre = torch.add(z, x_t, out=a)
             h_new = pre.tanh_() if kind == "rnn_tanh" else pre.relu_()
-            a.copy_(h_new)
         if mask is not None:
             m = mask[t]  # (B, 1) bool
             h_new = torch.where(m, h_new, h)
@@ -105,7 +107,7 @@ def _scan(kind: str, xp: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor | 
         if kind == "lstm":
             cs[t + 1] = c_new
             c = cs[t + 1]
-    return _Saved(kind, w_hh, hs, acts, cs, zn, None if mask is None else mask.to(xp.dtype))
+    return _Saved(kind, w_hh, hs, zs, acts, cs, None if mask is None else mask.to(xp.dtype))
 
 
 def _local_factors(s: _Saved) -> tuple[torch.Tensor, ...]:
@@ -115,7 +117,8 @@ def _local_factors(s: _Saved) -> tuple[torch.Tensor, ...]:
       p = [g·i(1−i), c_{t−1}·f(1−f), i·(1−g²)] so that δ_{i,f,g} = dc̃ ⊙ p,
       q = tanh c̃ · o(1−o) so that δ_o = dh̃ ⊙ q, and k = o(1 − tanh² c̃) so that dc̃ += dh̃ ⊙ k.
     GRU (r, u, n; h̃ = (1−u) n + u h): a = (1−u)(1−n²) gives δ_n = dh̃ ⊙ a, bz = (h − n) u(1−u)
-      gives δ_u, cr = z_n r(1−r) gives δ_r = δ_n ⊙ cr; the h-part of δ_n is δ_n ⊙ r.
+      gives δ_u, cr = z_n r(1−r) (z_n the candidate's hidden projection) gives δ_r = δ_n ⊙ cr;
+      the h-part of δ_n is δ_n ⊙ r.
     RNN: the activation's derivative at the new state.
     """
     h_size = s.hs.shape[-1]
@@ -127,7 +130,7 @@ def _local_factors(s: _Saved) -> tuple[torch.Tensor, ...]:
     if s.kind == "gru":
         r, u, n = s.acts.unflatten(2, (3, h_size)).unbind(2)
         dn = (1 - u) * (1 - n * n)
-        return dn, (s.hs[:-1] - n) * u * (1 - u), s.zn * r * (1 - r), r, u
+        return dn, (s.hs[:-1] - n) * u * (1 - u), s.zs[..., 2 * h_size:] * r * (1 - r), r, u
     if s.kind == "rnn_tanh":
         return (1 - s.acts * s.acts,)
     return ((s.acts > 0).to(s.acts.dtype),)
@@ -224,7 +227,7 @@ def _cell(kind: str, x_t: torch.Tensor, z: torch.Tensor, h: torch.Tensor,
     return (torch.tanh(pre) if kind == "rnn_tanh" else torch.relu(pre)), None
 
 
-def _direction_by_autograd(kind: str, ih: nn.Linear, hh: nn.Linear, x: torch.Tensor,
+def _direction_by_autograd(kind: str, ih: nn.Linear, hh: RecurrentLinear, x: torch.Tensor,
                            h0: torch.Tensor, c0: torch.Tensor | None,
                            mask: torch.Tensor | None
                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -244,7 +247,7 @@ def _direction_by_autograd(kind: str, ih: nn.Linear, hh: nn.Linear, x: torch.Ten
     return torch.stack(outs, 1), h, c
 
 
-def run_direction(kind: str, ih: nn.Linear, hh: nn.Linear, x: torch.Tensor, h0: torch.Tensor,
+def run_direction(kind: str, ih: nn.Linear, hh: RecurrentLinear, x: torch.Tensor, h0: torch.Tensor,
                   c0: torch.Tensor | None, mask: torch.Tensor | None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(outputs (B, T, H), h_T, c_T or None) of one recurrent direction over x (B, T, d).
@@ -259,6 +262,8 @@ def run_direction(kind: str, ih: nn.Linear, hh: nn.Linear, x: torch.Tensor, h0: 
         saved = _scan(kind, xp.detach(), hh.weight.detach(),
                       None if hh.bias is None else hh.bias.detach(), h0.detach(),
                       None if c0 is None else c0.detach(), m)
-    zp = hh(saved.hs[:-1].transpose(0, 1))  # (B, T, G·H): the states the recurrence read
+    # (B, T, G·H): the states the recurrence read, through the hidden Linear, whose values the
+    # recurrence already computed (RecurrentLinear: no second matmul)
+    zp = hh(saved.hs[:-1].transpose(0, 1), value=saved.zs.transpose(0, 1))
     outs = _Recurrence.apply(xp, zp, h0, c0, saved)
     return outs[0], outs[1], (outs[2] if kind == "lstm" else None)

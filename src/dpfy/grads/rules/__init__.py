@@ -1,7 +1,7 @@
 """Layer rules, one file per layer type; importing this package registers them all."""
 
 from dpfy.grads.rules import (conv, embedding, groupnorm, instancenorm, layernorm,  # noqa: F401
-                              linear, rmsnorm)
+                              linear, recurrent_linear, rmsnorm)
 from dpfy.grads.rules.base import RULES, LayerRule, register_rule, rule_for
 
 __all__ = ["LayerRule", "RULES", "register_rule", "rule_for"]
