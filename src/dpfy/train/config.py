@@ -40,6 +40,10 @@ ACCOUNTANTS = RIGOROUS
 # Fields that may differ when resuming: they change where data is read from or how fast the
 # run goes, not what it computes.
 RESUME_IGNORED = frozenset({"data_dir", "threads"})
+# Bounds that keep a typo from starting a run that cannot finish: the largest float32 (lr = 1e300
+# overflowed inside torch's optimizer) and a number of passes no run reaches.
+FLOAT32_MAX = 3.4028234663852886e38
+MAX_EPOCHS = 1_000_000
 # Keys of the published config.json that are facts about the run, not settings: read back
 # (``--config config.json``) they are ignored.
 PUBLIC_ONLY = frozenset({"reproducible"})
@@ -128,16 +132,20 @@ class TrainConfig:
         if self.delta is not None:
             require(0 < self.delta < 1, "delta", self.delta, "in (0, 1)",
                     "Use δ ≪ 1/N, e.g. δ = 1/N^1.1 (leave --delta unset for that)")
-        require(self.epochs >= 1, "epochs", self.epochs, ">= 1")
+        require(1 <= self.epochs <= MAX_EPOCHS, "epochs", self.epochs, f"in [1, {MAX_EPOCHS}]",
+                "Lower --epochs: a run of more passes would not finish")
         require(self.batch_size >= 1, "batch_size", self.batch_size, ">= 1")
         if self.physical_batch_size is not None:
             require(self.physical_batch_size >= 1, "physical_batch_size",
                     self.physical_batch_size, ">= 1")
-        require(self.clip > 0, "clip", self.clip, "> 0")
+        require(0 < self.clip <= FLOAT32_MAX, "clip", self.clip, f"in (0, {FLOAT32_MAX:.3g}]",
+                "The model's tensors are float32")
         require(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, f"one of {OPTIMIZERS}")
-        require(self.lr > 0, "lr", self.lr, "> 0")
+        require(0 < self.lr <= FLOAT32_MAX, "lr", self.lr, f"in (0, {FLOAT32_MAX:.3g}]",
+                "The model's tensors are float32")
         require(0 <= self.momentum < 1, "momentum", self.momentum, "in [0, 1)")
-        require(self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
+        require(0 <= self.weight_decay <= FLOAT32_MAX, "weight_decay", self.weight_decay,
+                f"in [0, {FLOAT32_MAX:.3g}]", "The model's tensors are float32")
         require(self.accountant in ACCOUNTANTS, "accountant", self.accountant,
                 f"one of {ACCOUNTANTS}")
         if self.seed is not None:
