@@ -132,20 +132,21 @@ class TrainConfig:
         if self.delta is not None:
             require(0 < self.delta < 1, "delta", self.delta, "in (0, 1)",
                     "Use δ ≪ 1/N, e.g. δ = 1/N^1.1 (leave --delta unset for that)")
-        require(1 <= self.epochs <= MAX_EPOCHS, "epochs", self.epochs, f"in [1, {MAX_EPOCHS}]",
+        require(self.epochs >= 1, "epochs", self.epochs, ">= 1")
+        require(self.epochs <= MAX_EPOCHS, "epochs", self.epochs, f"<= {MAX_EPOCHS}",
                 "Lower --epochs: a run of more passes would not finish")
         require(self.batch_size >= 1, "batch_size", self.batch_size, ">= 1")
         if self.physical_batch_size is not None:
             require(self.physical_batch_size >= 1, "physical_batch_size",
                     self.physical_batch_size, ">= 1")
-        require(0 < self.clip <= FLOAT32_MAX, "clip", self.clip, f"in (0, {FLOAT32_MAX:.3g}]",
-                "The model's tensors are float32")
+        require(self.clip > 0, "clip", self.clip, "> 0")
         require(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, f"one of {OPTIMIZERS}")
-        require(0 < self.lr <= FLOAT32_MAX, "lr", self.lr, f"in (0, {FLOAT32_MAX:.3g}]",
-                "The model's tensors are float32")
+        require(self.lr > 0, "lr", self.lr, "> 0")
         require(0 <= self.momentum < 1, "momentum", self.momentum, "in [0, 1)")
-        require(0 <= self.weight_decay <= FLOAT32_MAX, "weight_decay", self.weight_decay,
-                f"in [0, {FLOAT32_MAX:.3g}]", "The model's tensors are float32")
+        require(self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
+        for name in ("clip", "lr", "weight_decay"):
+            require(getattr(self, name) <= FLOAT32_MAX, name, getattr(self, name),
+                    f"<= {FLOAT32_MAX:.3g}", "The model's tensors are float32")
         require(self.accountant in ACCOUNTANTS, "accountant", self.accountant,
                 f"one of {ACCOUNTANTS}")
         if self.seed is not None:
