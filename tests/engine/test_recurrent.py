@@ -264,3 +264,20 @@ def test_validate_fix_swaps_recurrent_and_attention_layers():
     x = torch.randn(2, 3, 4)
     torch.testing.assert_close(fixed(x), model(x))
     assert fixed.state_dict().keys() == model.state_dict().keys()
+
+
+def test_every_weight_takes_a_linear_rule_once_per_sequence():
+    # no vmap unit, and each Linear is called once per forward (not once per time step)
+    torch.manual_seed(0)
+    model = Head(nn.LSTM(3, 4, num_layers=2, bidirectional=True, batch_first=True))
+    swap_recurrent(model)
+    eng = GradEngine(model, loss_reduction="sum")
+    try:
+        x = with_lengths(torch.randn(4, 6, 3), torch.full((4,), 6))
+        loss_sum(model(x), torch.zeros(4)).backward()
+        rows = eng.explain()
+    finally:
+        eng.detach()
+    assert {r["type"] for r in rows} == {"Linear", "RecurrentLinear"}
+    assert all(r["engine"] in ("ghost", "per-sample") for r in rows)
+    assert all("called" not in r["why"] for r in rows)  # one call per batch
