@@ -93,6 +93,68 @@ def _row_sums(rows: dict[str, Rows], w: dict[str, torch.Tensor]) -> dict[str, to
             for rel, (r, unflatten) in rows.items()}
 
 
+# How far apart the ratios w1_i/w2_i may be and still count as one constant (float32 rounding
+# of C/‖g_i‖ against C·(1/‖g_i‖)); the smallest ratio is used, so no example gains weight.
+_RATIO_RTOL = 1e-5
+
+
+@dataclass(frozen=True)
+class _Split:
+    """Two weight sets w1, w2 (B,) with w1_i = c·w2_i wherever w2_i ≠ 0 (OSO: the clipped
+    gradient's min(1, C/‖g_i‖) and the threshold gradient's 1[‖g_i‖ > C]/‖g_i‖, c = C).
+
+    Then Σ_i w1_i g_i = Σ_{w2_i = 0} w1_i g_i + c·Σ_i w2_i g_i: both sums from one pass over the
+    batch's rows (each row in one of two gathered parts) instead of two. ``c`` is the smallest
+    ratio, so every example's effective weight c·w2_i is ≤ its declared w1_i (never more than
+    the sensitivity the step checked), and ≥ (1 − 1e-5)·w1_i.
+    """
+
+    zero: torch.Tensor      # indices of rows with w2 = 0
+    nonzero: torch.Tensor   # indices of rows with w2 ≠ 0
+    ratio: float            # c
+    w1: torch.Tensor
+    w2: torch.Tensor
+
+    def sums(self, u: Unit, a: torch.Tensor, g: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        def part(rows: torch.Tensor, w: torch.Tensor) -> dict[str, torch.Tensor]:
+            if rows.numel() == 0:
+                return {rel: torch.zeros_like(p) for rel, p in u.all_params.items()}
+            wr = w.index_select(0, rows)
+            return u.rule.weighted_sum(u.module, a.index_select(0, rows),
+                                       g.index_select(0, rows), {rel: wr for rel in u.all_params})
+        second = part(self.nonzero, self.w2)
+        rest = part(self.zero, self.w1)
+        return [{rel: rest[rel] + self.ratio * t for rel, t in second.items()}, second]
+
+
+def _unit_split(per_set: list[dict[str, torch.Tensor]],
+                cache: dict[tuple[int, int], "_Split | None"]) -> "_Split | None":
+    """The :class:`_Split` of a unit's two weight sets, or None (each set must give all the
+    unit's parameters one (B,) tensor, and the ratios must be one constant)."""
+    ids = [{id(t) for t in ws.values()} for ws in per_set]
+    if any(len(i) != 1 for i in ids):
+        return None
+    key = (ids[0].pop(), ids[1].pop())
+    if key not in cache:
+        w1, w2 = (next(iter(ws.values())) for ws in per_set)
+        cache[key] = _split(w1, w2)
+    return cache[key]
+
+
+def _split(w1: torch.Tensor, w2: torch.Tensor) -> "_Split | None":
+    if w1.dim() != 1 or w1.shape != w2.shape:
+        return None
+    nz = w2 != 0
+    nonzero, zero = nz.nonzero().flatten(), (~nz).nonzero().flatten()
+    if nonzero.numel() == 0:
+        return None
+    ratios = w1[nonzero].double() / w2[nonzero].double()
+    lo, hi = float(ratios.min()), float(ratios.max())
+    if not (lo > 0 and hi <= lo * (1 + _RATIO_RTOL)):
+        return None
+    return _Split(zero=zero, nonzero=nonzero, ratio=lo, w1=w1, w2=w2)
+
+
 def _rule_grad_sample(unit: Unit, call: "_Call", g: torch.Tensor) -> dict[str, torch.Tensor]:
     """The rule's per-sample gradients for one call, with what its ``capture`` kept."""
     if call.saved is None:
@@ -596,22 +658,33 @@ class GradEngine:
         s = self._scale(self._b)
         unique = {id(t): t for ws in weight_sets for t in ws.values()}  # shared: scaled once
         scaled = {k: t * s for k, t in unique.items()} if s != 1.0 else unique
+        splits: dict[tuple[int, int], _Split | None] = {}
         for u in reversed(self.units):
             kind, data = self._cache.pop(id(u))
             self._calls[id(u)].clear()
-            for ws, out in zip(weight_sets, outs):
-                w = {rel: scaled[id(ws[u.qualified(rel)])] for rel in u.all_params}
-                if kind == "zero":
-                    sums = {rel: torch.zeros_like(p) for rel, p in u.all_params.items()}
-                elif kind == "ghost":
-                    sums = u.rule.weighted_sum(u.module, data.args[0], data.grads[0], w)
-                else:
-                    sums = _row_sums(data, w)
+            per_set = [{rel: scaled[id(ws[u.qualified(rel)])] for rel in u.all_params}
+                       for ws in weight_sets]
+            split = (_unit_split(per_set, splits) if kind == "ghost" and len(per_set) == 2
+                     else None)
+            if split is not None:   # two sums for the rows of one (OSO's pair)
+                all_sums = split.sums(u, data.args[0], data.grads[0])
+            else:
+                all_sums = [self._unit_weighted_sum(u, kind, data, w) for w in per_set]
+            for sums, out in zip(all_sums, outs):
                 for rel, t in sums.items():
                     q = u.qualified(rel)  # a tied parameter: Σ_i w_i Σ_uses G_use,i
                     out[q] = t if q not in out else out[q] + t
             del data
         return [{n: out[n] for n, _ in self.named_params} for out in outs]
+
+    @staticmethod
+    def _unit_weighted_sum(u: Unit, kind: str, data: Any, w: dict[str, torch.Tensor]
+                           ) -> dict[str, torch.Tensor]:
+        if kind == "zero":
+            return {rel: torch.zeros_like(p) for rel, p in u.all_params.items()}
+        if kind == "ghost":
+            return u.rule.weighted_sum(u.module, data.args[0], data.grads[0], w)
+        return _row_sums(data, w)
 
     def preflight(self) -> list[str]:
         """Every problem of the captured forward/backward at once, without raising (the probe
