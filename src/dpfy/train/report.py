@@ -25,9 +25,10 @@ __all__ = ["write_report", "methods_ran", "public_data", "RELEASED", "NOT_RELEAS
 RELEASED = ("final model weights (model.pt) and test-set metrics. The train loss/accuracy "
             "columns of metrics.csv are non-private diagnostics computed on raw training data "
             "and are not covered by this guarantee: do not publish them")
-NOT_RELEASED = ("checkpoint.pt, written in the run's .partial directory while training and "
-                "deleted when the run finishes, holds the seed and the generator states, which "
-                "reproduce the sampling and the noise; it is secret and not part of the release "
+NOT_RELEASED = ("checkpoint.pt and checkpoint.prev.pt (the one before it, kept as a fallback), "
+                "written in the run's .partial directory while training and deleted when the "
+                "run finishes, hold the seed and the generator states, which reproduce the "
+                "sampling and the noise; they are secret and not part of the release "
                 "(config.json and this report never hold them)")
 
 
