@@ -241,3 +241,56 @@ def test_abandoned_logical_batch_is_not_merged_into_the_next():
         train(m, opt, dl, 1)
     assert opt.ledger.num_steps == opt.step_count
     train(m, opt, dl, 3)  # the discarded partial sum left nothing behind
+
+
+class _GRUModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.g, self.h = nn.GRU(4, 5, batch_first=True), nn.Linear(5, 2)
+
+    def forward(self, x):
+        return self.h(self.g(x)[0][:, -1])
+
+
+class _AttentionDropout(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.MultiheadAttention(4, 2, dropout=0.1, batch_first=True)
+        self.h = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.h(self.a(x, x, x)[0][:, 0])
+
+
+@pytest.mark.parametrize("model, cause", [
+    (_GRUModel, r"module 'g' \(GRU\).*dpfy.validate\(model, fix=True\)"),
+    (_AttentionDropout, r"module 'a' \(MultiheadAttention\).*dropout randomness under vmap is "
+                        r"the cause.*dpfy.validate\(model, fix=True\)"),
+])
+def test_unswapped_recurrent_and_attention_dropout_name_cause_and_fix(model, cause):
+    """An unswapped nn.GRU or attention dropout under the vmap route names the module, the cause
+    and the fix (the DP replacement), not a raw torch.func error."""
+    torch.manual_seed(0)
+    ds = TensorDataset(torch.randn(40, 3, 4), torch.randint(0, 2, (40,)))
+    m = model()
+    m, opt, dl = dpfy.make_private(m, torch.optim.SGD(m.parameters(), lr=0.1),
+                                   DataLoader(ds, batch_size=8), noise_multiplier=1.0,
+                                   max_grad_norm=1.0, max_steps=3)
+    xb, yb = next(iter(dl))
+    opt.zero_grad()
+    F.cross_entropy(m(xb), yb).backward()
+    with pytest.raises(ValueError, match=cause):
+        opt.step()
+
+
+def test_import_dpfy_registers_the_layer_replacements_for_validate_fix():
+    """A plain `import dpfy` (fresh process: no test imported dpfy.layers) lets
+    validate(fix=True) swap an nn.GRU for its DP replacement."""
+    import subprocess
+    import sys
+    code = ("import dpfy, torch.nn as nn\n"
+            "m = dpfy.validate(nn.Sequential(nn.GRU(4, 5)), fix=True)\n"
+            "print(type(m[0]).__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "DPGRU"

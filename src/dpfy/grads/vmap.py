@@ -29,10 +29,26 @@ _DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropo
              nn.FeatureAlphaDropout)
 
 
+_FIX_BY_SWAP = ("Call model = dpfy.validate(model, fix=True) (or dpfy.layers.swap_layers(model)) "
+                "to use its dpfy.layers DP replacement, which takes the engine's exact rules")
+
+
+def _replaceable(module: nn.Module) -> bool:
+    from dpfy.layers import REPLACEMENTS
+    return type(module) in REPLACEMENTS
+
+
 def _check_no_dropout(module: nn.Module, name: str) -> None:
     for sub_name, sub in module.named_modules():
+        full = ".".join(x for x in (name, sub_name) if x) or type(module).__name__
+        if isinstance(sub, nn.MultiheadAttention) and sub.training and sub.dropout > 0:
+            raise ValueError(
+                f"module {full!r} (MultiheadAttention) must not use attention dropout inside a "
+                f"vmap-engine unit, got dropout = {sub.dropout} in training mode: dropout "
+                f"randomness under vmap is the cause (the forward is recomputed, so the masks "
+                f"would differ from your loss's). {_FIX_BY_SWAP} (DPMultiheadAttention "
+                f"supports dropout and masks)")
         if isinstance(sub, _DROPOUTS) and sub.training and sub.p > 0:
-            full = ".".join(x for x in (name, sub_name) if x) or type(module).__name__
             raise ValueError(
                 f"module {full!r} ({type(sub).__name__}) must not be active inside a "
                 f"vmap-engine unit, got p = {sub.p} in training mode. The vmap engine recomputes "
@@ -82,8 +98,13 @@ def vmap_grad_sample(module: nn.Module, name: str, params: dict[str, nn.Paramete
         per_sample = vmap(grad(inner_product), in_dims=(None, tuple(arg_dims), 0, 0))(
             detached, args, batched_kw, grads)
     except RuntimeError as e:  # an op torch.func cannot batch, randomness, data-dependent flow
+        first = str(e).splitlines()[0]
+        cause = (" Randomness under vmap (dropout or another random op in the module) is the "
+                 "cause: the forward is recomputed, so its draws would differ from your loss's."
+                 if "random" in first.lower() else "")
+        fix = (_FIX_BY_SWAP if _replaceable(module) else
+               "Register a layer rule for it with dpfy.grads.register_rule, or replace the layer")
         raise ValueError(
             f"module {name or '(root)'!r} ({type(module).__name__}) must be supported by "
-            f"torch.func.vmap for per-sample gradients, got: {str(e).splitlines()[0]}. Register "
-            f"a layer rule for it with dpfy.grads.register_rule, or replace the layer") from e
+            f"torch.func.vmap for per-sample gradients, got: {first}.{cause} {fix}") from e
     return per_sample  # sensitive: name -> (B, *θ.shape)
