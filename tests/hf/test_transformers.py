@@ -28,6 +28,8 @@ import dpfy  # noqa: E402
 import ledger_events  # noqa: E402
 from hf_models import (DropoutReplay, Tokens, assert_norms_match, check_one_step,  # noqa: E402
                        first_batch, per_example_grads, private, tiny_bert, tiny_gpt2)
+from dpfy.grads import GradEngine  # noqa: E402
+
 
 def test_bert_sequence_classification_matches_the_loop():
     check_one_step(tiny_bert(), Tokens())
@@ -44,6 +46,31 @@ def test_gpt2_padded_labels_with_summed_token_loss_match_the_loop():
     ds = Tokens(task="lm", pad=True)
     check_one_step(tiny_gpt2(), ds, call=lambda m, b: m(**b, num_items_in_batch=1),
                    loss_reduction="sum")
+
+
+@pytest.mark.parametrize("summed", [False, True])
+def test_padded_labels_couple_the_examples_under_hfs_token_mean(summed):
+    # Example 1's gradient norm in the batch {1, 2} and in {0, 1, 2}, example 0 padded (4 of
+    # its 12 labels −100). HF's token mean divides by the batch's label count, so adding an
+    # example rescales example 1's contribution (its sensitivity is no longer its own); the
+    # summed token loss (num_items_in_batch=1, loss_reduction="sum") leaves it unchanged.
+    ds = Tokens(task="lm", pad=True)
+    norms = []
+    for rows in (range(1, 3), range(0, 3)):  # ds[0] is padded (every third), 1 and 2 are not
+        batch = {k: torch.stack([ds[i][k] for i in rows]) for k in ds[0]}
+        model = tiny_gpt2()
+        eng = GradEngine(model, loss_reduction="sum" if summed else "mean")
+        eng.bind_batch(len(rows))
+        out = model(**batch, num_items_in_batch=1) if summed else model(**batch)
+        out.loss.backward()
+        sq = sum(eng.per_sample_sq_norms().values())  # (B,)
+        eng.detach()
+        norms.append(sq[-2].sqrt().item())  # example 1
+    if summed:
+        assert norms[0] == pytest.approx(norms[1], rel=1e-5)
+    else:  # "mean" scales by B: B/N_tok · ∇Σ_t ℓ_1,t with 11 shifted labels per example, 7
+        # for example 0: 2/22 in {1, 2}, 3/29 in {0, 1, 2}, of the same token-sum gradient
+        assert norms[1] / norms[0] == pytest.approx((3 / 29) / (2 / 22), rel=1e-4)
 
 
 def test_private_steps_change_the_weights_and_are_in_the_ledger():
