@@ -6,8 +6,9 @@ training iterations t, the cosine similarity between the sanitized mean gradient
 noise-free), as a function of C, averaged over 20 draws of the noise.
 
 Choices the paper leaves open (§3.6, "Not given"), made here: the model is the task's model
-trained by Online (OSO-DPSGD) at the first ε of the budget list's per-grid ν; at each chosen
-iteration a fresh batch of ``probe_batch`` training examples is drawn uniformly and the "true"
+trained by Online (OSO-DPSGD) with ρ₁ = ``lr`` under the per-grid ν of its k-run grid at
+``epsilon`` (defaults ε = 3, ρ₁ = 0.3162); at each chosen iteration a fresh batch of
+``probe_batch`` (default 512, 002's |B|) training examples is drawn uniformly and the "true"
 mean is over that batch; ν is the gradient's noise multiplier of that run (ν_g = 1.01ν);
 C ∈ [10⁻³, 10²] log-spaced. Per-sample gradients by ``torch.func`` (vmap of grad) on a copy
 of the model. This is a NON-PRIVATE debug statistic of raw gradients: it is computed for the
@@ -81,7 +82,7 @@ def cosine_vs_clip(grads: torch.Tensor, clips: np.ndarray, noise_multiplier: flo
 
 
 def cosine_figure(settings: Settings, out: Path, *, epsilon: float = 3.0, lr: float = 0.3162,
-                  iterations: tuple[int, ...] | None = None, probe_batch: int = 256,
+                  iterations: tuple[int, ...] | None = None, probe_batch: int = 512,
                   data_dir: str | None = None) -> list[Path]:
     """Train Online at (ε, ρ₁ = ``lr``), probe at ``iterations``; write PNG + JSON."""
     import matplotlib
@@ -90,7 +91,7 @@ def cosine_figure(settings: Settings, out: Path, *, epsilon: float = 3.0, lr: fl
     from torch.utils.data import TensorDataset
 
     from dpfy.data import load_dataset
-    from dpfy.experiments.oso_train import _private
+    from dpfy.experiments.oso_train import private_parts
 
     torch.set_num_threads(1)
     full = load_dataset("fashion_mnist", data_dir=data_dir)
@@ -100,7 +101,7 @@ def cosine_figure(settings: Settings, out: Path, *, epsilon: float = 3.0, lr: fl
     T = settings.steps
     its = iterations or tuple(sorted({1, T // 4, T // 2, (3 * T) // 4, T}))
     model = build_task_model(settings, tuple(train.tensors[0].shape[1:]))
-    model, opt, loader, _ = _private(spec, model, train)
+    model, opt, loader, _ = private_parts(spec, model, train)
     gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(7), "little"))
     curves: dict[int, dict] = {}
     step = 0

@@ -33,6 +33,7 @@ from dpfy.privacy import epsilon
 from dpfy.privacy.tuning import composed_runs
 
 __all__ = ["train_spec", "build_task_model", "task_loss", "evaluate_metric", "lower_is_better",
+           "private_parts",
            "EPS_SLACK"]
 
 # Relative slack on "grid ε ≤ budget": the calibration is on the safe side; this only absorbs
@@ -87,7 +88,7 @@ def _finite(model: nn.Module) -> bool:
     return all(bool(torch.isfinite(p).all()) for p in model.parameters())
 
 
-def _private(spec: RunSpec, model: nn.Module, train: Dataset):
+def private_parts(spec: RunSpec, model: nn.Module, train: Dataset):
     """(model, optimizer, loader, ν) of a private run, checked against the calibration."""
     import dpfy
     from dpfy.adaptive import make
@@ -145,7 +146,7 @@ def train_spec(spec: RunSpec, train: TensorDataset, test: Dataset, *,
     s = spec.settings
     model = build_task_model(s, tuple(train.tensors[0].shape[1:]))
     private = spec.method != "nodp"
-    model, opt, loader, nu = (_private if private else _nodp)(spec, model, train)
+    model, opt, loader, nu = (private_parts if private else _nodp)(spec, model, train)
     evals = [(0, evaluate_metric(s, model, test))]
     trace: dict[str, list] = {"step": [], "clip": [], "lr_scale": []}
     diverged, step = False, 0
