@@ -5,16 +5,14 @@
 (argparse's own usage errors: its usage lines, then one error line), never a traceback (an
 exception escaping ``main`` fails the test with it); within :data:`LIMIT_S` seconds.
 Outcomes are counted per suite; with ``DPFY_FUZZ_STATS=FILE`` the counts are written to FILE
-at the end of the session (docs/fault_tolerance.md quotes them).
+at the end of the session by tests/fuzz/conftest.py (docs/fuzzing.md quotes them).
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import math
-import os
 import signal
 import time
 from typing import Iterator, Sequence
@@ -83,13 +81,3 @@ def check_cli(argv: Sequence[str], capsys, suite: str, limit: float = LIMIT_S) -
 
 def count(suite: str, outcome: str) -> None:
     OUTCOMES[(suite, outcome)] += 1
-
-
-def pytest_sessionfinish(session, exitstatus) -> None:
-    path = os.environ.get("DPFY_FUZZ_STATS")
-    if path and OUTCOMES:
-        rows = collections.defaultdict(dict)
-        for (suite, outcome), n in sorted(OUTCOMES.items()):
-            rows[suite][outcome] = n
-        with open(path, "w") as f:
-            json.dump(rows, f, indent=2)

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import FUZZ, check_cli, values
+from fuzz.fuzz_support import FUZZ, check_cli, values
 
 SHAPE = ["--sample-rate", "--steps", "--batch-size", "--dataset-size", "--epochs"]
 ACCOUNT = SHAPE + ["--noise-multiplier", "--delta", "--epsilon"]
@@ -133,6 +133,8 @@ def test_account_and_calibrate_flags_many(argv, capsys):
     ("1e-300", 2),    # was OverflowError in StepGroup.effective_noise_multiplier (σ**-2)
     ("1e-100", 0),    # the smallest σ the accountants handle: ε ≈ 1.65e200 by RDP
     ("inf", 2),       # was ZeroDivisionError ((Σ σ⁻²)^(−1/2) with Σ = 0)
+    ("1e154", 2),     # σ² overflows in the accountants (found by the ledger fuzz)
+    ("1e100", 0),     # the largest σ accepted: ε = 0 to every printed digit
 ])
 def test_tiny_and_infinite_noise_multipliers(sigma, outcome, capsys):
     argv = ["account", "--delta", "1e-5", "--sample-rate", "0.5", "--steps", "3",

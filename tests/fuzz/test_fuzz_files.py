@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import FUZZ, check_cli, count
+from fuzz.fuzz_support import FUZZ, check_cli, count
 from dpfy.privacy.ledger import Ledger, Release, Sampling
 from dpfy.train.config import TrainConfig, load_config_file
 
@@ -195,3 +195,13 @@ def test_odd_config_files_through_the_cli(name, text, tmp_path, capsys):
     code = check_cli(["train", "--config", str(path), "--out", str(out), "--no-progress"],
                      capsys, "config file (dpfy train)")
     assert code == 2 and not out.exists() and not out.with_name("run.partial").exists()
+
+
+def test_a_required_setting_set_to_null_is_refused_in_one_line(tmp_path, capsys):
+    # found by test_config_files: `batch_size: null` reached `None >= 1` (a TypeError traceback)
+    path = tmp_path / "c.yaml"
+    path.write_text("batch_size: null\n")
+    assert check_cli(["train", "--config", str(path), "--out", str(tmp_path / "r")], capsys,
+                     "config file (dpfy train)") == 2
+    with pytest.raises(TypeError, match="batch_size must be set"):
+        TrainConfig(batch_size=None)

@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
-from conftest import EXTREME, FUZZ, LIMIT_S, count, hang_guard
+from fuzz.fuzz_support import EXTREME, FUZZ, LIMIT_S, count, hang_guard
 from dpfy.errors import BudgetExhausted
 
 odd = st.one_of(st.sampled_from(EXTREME), st.floats(), st.integers(-10**20, 10**20),

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import FUZZ, check_cli, values
+from fuzz.fuzz_support import FUZZ, check_cli, values
 
 BASE = {"--dataset": "digits", "--model": "logreg", "--epochs": "1", "--batch-size": "1438",
         "--lr": "1", "--clip": "1", "--noise-multiplier": "1", "--accountant": "rdp",

@@ -17,7 +17,6 @@ import random
 import shutil
 import signal
 import sys
-import time
 import traceback
 from pathlib import Path
 from typing import Callable

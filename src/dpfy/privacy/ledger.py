@@ -93,10 +93,10 @@ class Release:
         require(self.noise_multiplier >= 0 and math.isfinite(self.noise_multiplier),
                 "noise_multiplier", self.noise_multiplier, ">= 0 and finite",
                 "Pass the noise std divided by the release's sensitivity")
-        # Below 1e-100 the accountants' σ² underflows (dp_accounting divides by it); ε would be
-        # above 1e200 anyway.
-        require(self.noise_multiplier == 0 or self.noise_multiplier >= 1e-100,
-                "noise_multiplier", self.noise_multiplier, "0 or >= 1e-100",
+        # Outside [1e-100, 1e100] the accountants' σ² underflows (dp_accounting divides by it)
+        # or overflows; ε would be above 1e200, or 0 to every printed digit, anyway.
+        require(self.noise_multiplier == 0 or 1e-100 <= self.noise_multiplier <= 1e100,
+                "noise_multiplier", self.noise_multiplier, "0 or in [1e-100, 1e100]",
                 "Pass 0 for a release without noise")
 
     def dp_event(self) -> dp_accounting.DpEvent:

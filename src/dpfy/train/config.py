@@ -236,8 +236,12 @@ def _check_types_and_finite(cfg: TrainConfig) -> None:
     """Every field holds its type (an int where a float is expected is fine; a bool is not a
     number) and every number is finite: ``lr = inf`` would start a run that fails at its
     second step with NaN gradients."""
+    optional = _optional_fields()
     for name, kind in field_types().items():
         value = getattr(cfg, name)
+        if value is None and name not in optional:
+            raise TypeError(f"{name} must be set, got {name} = None. Give a value or leave "
+                            f"the setting out for its default")
         if value is None:
             continue
         ok = isinstance(value, kind) and not (isinstance(value, bool) and kind is not bool)
@@ -249,6 +253,12 @@ def _check_types_and_finite(cfg: TrainConfig) -> None:
         if kind in (float, int):
             require(math.isfinite(value), name, value, "a finite number",
                     "NaN and infinity are not settings")
+
+
+def _optional_fields() -> frozenset[str]:
+    """The fields that may be None (typed ``X | None``, or None by default)."""
+    return frozenset(f.name for f in fields(TrainConfig)
+                     if f.default is None or "None" in str(f.type))
 
 
 def field_types() -> dict[str, type]:
@@ -268,6 +278,8 @@ def coerce(values: Mapping[str, Any], *, source: str) -> dict[str, Any]:
         require(name in types, f"{source} key", key, f"one of {sorted(types)}",
                 "Fix the spelling or remove the key")
         kind = types[name]
+        require(value is not None or name in _optional_fields(), name, value,
+                f"set (in {source})", "Give a value or remove the key for its default")
         if value is None or isinstance(value, kind) and not isinstance(value, bool):
             out[name] = value
             continue
