@@ -18,7 +18,7 @@ from torch.utils.data import TensorDataset
 
 from dpfy.experiments.oso_fmnist import load_records, run_specs
 from dpfy.experiments.oso_grid import PRIVATE_METHODS, RunSpec, Settings, grid
-from dpfy.models import build_model
+from dpfy.models.conv_autoencoder import conv_autoencoder
 
 # The layer list of the autoencoder's docstring: six 5×5 convolutions (in, out channels).
 AE_CONVS = [(1, 12), (12, 16), (16, 48), (48, 16), (16, 12), (12, 1)]
@@ -28,7 +28,7 @@ def test_conv_autoencoder_has_the_paper_parameter_count():
     # weights k²·in·out plus out biases per convolution; 002 Table 1: 48,705 parameters
     derived = sum(5 * 5 * c_in * c_out + c_out for c_in, c_out in AE_CONVS)
     assert derived == 48705
-    model = build_model("conv_autoencoder", input_shape=(1, 28, 28), num_classes=10)
+    model = conv_autoencoder((1, 28, 28))
     convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
     assert [(c.in_channels, c.out_channels, c.kernel_size) for c in convs] == \
         [(i, o, (5, 5)) for i, o in AE_CONVS]
@@ -40,7 +40,7 @@ def test_conv_autoencoder_has_the_paper_parameter_count():
 
 def test_conv_autoencoder_refuses_other_shapes():
     with pytest.raises(ValueError, match="input_shape must be"):
-        build_model("conv_autoencoder", input_shape=(3, 30, 30), num_classes=10)
+        conv_autoencoder((3, 30, 30))
 
 
 def _grid_epsilon_by_dp_accounting(record: dict, settings: Settings) -> float:

@@ -48,12 +48,18 @@ def lower_is_better(settings: Settings) -> bool:
 
 
 def build_task_model(settings: Settings, input_shape: tuple[int, ...]) -> nn.Module:
-    """The task's model, initialized from a fresh OS-random torch seed (never published)."""
+    """The task's model, initialized from a fresh OS-random torch seed (never published).
+
+    The autoencoder is built directly: it is not in ``dpfy.models.MODELS``, whose models are
+    classifiers that ``dpfy train`` fits with cross-entropy.
+    """
     from dpfy.models import build_model
+    from dpfy.models.conv_autoencoder import conv_autoencoder
 
     torch.manual_seed(secrets.randbits(63))
-    name = "conv_autoencoder" if settings.task == "autoencoder" else "tanh_cnn"
-    return build_model(name, input_shape=input_shape, num_classes=10)
+    if settings.task == "autoencoder":
+        return conv_autoencoder(input_shape)
+    return build_model("tanh_cnn", input_shape=input_shape, num_classes=10)
 
 
 def task_loss(settings: Settings, model: nn.Module, x: torch.Tensor,

@@ -11,7 +11,6 @@ from typing import Callable
 from torch import nn
 
 from dpfy._require import require
-from dpfy.models.conv_autoencoder import conv_autoencoder
 from dpfy.models.groupnorm_cnn import groupnorm_cnn
 from dpfy.models.logreg import logreg
 from dpfy.models.mlp import mlp
@@ -24,7 +23,6 @@ MODELS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
     "groupnorm_cnn": groupnorm_cnn,
     "mlp": mlp,
     "logreg": logreg,
-    "conv_autoencoder": conv_autoencoder,
 }
 # name -> smallest (H, W) the architecture accepts
 IMAGE_MODELS = {"tanh_cnn": 14, "groupnorm_cnn": 4}

@@ -36,7 +36,8 @@ def conv_autoencoder(input_shape: tuple[int, ...], num_classes: int = 0) -> nn.S
     """The 48,705-parameter autoencoder for (1, H, W) images with H, W divisible by 4.
 
     ``num_classes`` is ignored (the target is the input); it is accepted so the model has the
-    signature of :data:`dpfy.models.MODELS`.
+    signature of :data:`dpfy.models.MODELS`. It is not registered there: those models are
+    classifiers that ``dpfy train`` fits with cross-entropy, and the zoo's tests assume so.
     """
     require(len(input_shape) == 3 and input_shape[0] == 1 and input_shape[1] % 4 == 0
             and input_shape[2] % 4 == 0, "input_shape", tuple(input_shape),
