@@ -54,6 +54,9 @@ NAMED = [
      "--sample-rate", "1"],
     ["calibrate", "--target-epsilon", "nan", "--delta", "1e-5", "--sample-rate", "0.01",
      "--steps", "10"],
+    # found by test_calibrate_flags: (μ/q)² overflowed in the starting guess (OverflowError)
+    ["calibrate", "--target-epsilon", "1e-300", "--delta", "1e-6", "--sample-rate", "1e-300",
+     "--steps", "1"],
     ["account", "--sample-rate", "inf", "--steps", "10", "--noise-multiplier", "1",
      "--delta", "1e-5"],
     ["account", "--sample-rate", "0.1", "--steps", "10", "--noise-multiplier", "nan",

@@ -88,6 +88,9 @@ def _below_pld_floor(target_epsilon: float, floor: float) -> None:
 def _check_rate(sample_rate: float) -> None:
     require(isinstance(sample_rate, (int, float)) and 0 < sample_rate <= 1, "sample_rate",
             sample_rate, "in (0, 1]", "Use batch_size / dataset_size")
+    # (μ/q)² in the search's starting guess overflows below this; no dataset is that large
+    require(sample_rate >= 1e-100, "sample_rate", sample_rate, ">= 1e-100",
+            "Use batch_size / dataset_size")
 
 
 def _check_steps(steps: int) -> None:
