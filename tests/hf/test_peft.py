@@ -40,7 +40,7 @@ def test_private_lora_saves_and_reloads_with_peft(tmp_path):
     model = lora("bert", random_b=False)  # peft's default initialization
     adapters = [n for n, p in model.named_parameters() if p.requires_grad]
     model, opt, dl = private(model, Tokens(), sigma=1.0)
-    for step, batch in zip(range(3), dl):
+    for _, batch in zip(range(3), dl):
         opt.zero_grad()
         model(**batch).loss.backward()
         opt.step()
