@@ -67,7 +67,7 @@ def check_ledger_file(tmp_path, capsys, text: bytes, suite: str) -> None:
         assert not out_dir.exists() or not any(out_dir.iterdir())   # nothing half-written
 
 
-@settings(max_examples=60, **FUZZ)
+@settings(max_examples=40, **FUZZ)
 @given(path=st.sampled_from(PATHS), value=json_values, delete=st.booleans())
 def test_ledger_with_a_wrong_field(path, value, delete, tmp_path_factory, capsys):
     tmp = tmp_path_factory.mktemp("ledger")
@@ -76,7 +76,7 @@ def test_ledger_with_a_wrong_field(path, value, delete, tmp_path_factory, capsys
     check_ledger_file(tmp, capsys, text, "ledger.json, one field changed (dpfy account)")
 
 
-@settings(max_examples=30, **FUZZ)
+@settings(max_examples=20, **FUZZ)
 @given(cut=st.integers(0, len(LEDGER.to_json(indent=1))))
 def test_truncated_ledger(cut, tmp_path_factory, capsys):
     tmp = tmp_path_factory.mktemp("ledger")
@@ -205,3 +205,12 @@ def test_a_required_setting_set_to_null_is_refused_in_one_line(tmp_path, capsys)
                      "config file (dpfy train)") == 2
     with pytest.raises(TypeError, match="batch_size must be set"):
         TrainConfig(batch_size=None)
+
+
+@pytest.mark.slow
+@settings(max_examples=1000, **FUZZ)
+@given(path=st.sampled_from(PATHS), value=json_values, delete=st.booleans())
+def test_ledger_with_a_wrong_field_many(path, value, delete, tmp_path_factory, capsys):
+    tmp = tmp_path_factory.mktemp("ledger")
+    text = json.dumps(_mutate(GOOD, path, value, delete), allow_nan=True).encode()
+    check_ledger_file(tmp, capsys, text, "ledger.json, one field changed (slow, dpfy account)")
