@@ -27,10 +27,14 @@ odd = st.one_of(st.sampled_from(EXTREME), st.floats(), st.integers(-10**20, 10**
 # a ValueError; the random suites leave those values out, the named test below keeps it.
 ENGINE_EPOCHS = "make_private(epochs=inf): OverflowError, not ValueError (see docs/fuzzing.md)"
 finite_epochs = odd.filter(lambda v: not (isinstance(v, float) and abs(v) > 1e300))
+# Likewise max_physical_batch_size=True (a bool is an int): torch's split() raises a multi-line
+# TypeError (dpfy/sampling.py); kept in the named test below.
+SAMPLING_BOOL = "max_physical_batch_size=True: torch's multi-line TypeError (docs/fuzzing.md)"
 KWARGS = {
     "noise_multiplier": odd, "target_epsilon": odd, "target_delta": odd,
     "epochs": finite_epochs,
-    "max_grad_norm": odd, "seed": odd, "max_physical_batch_size": odd, "max_steps": odd,
+    "max_grad_norm": odd, "seed": odd, "max_steps": odd,
+    "max_physical_batch_size": odd.filter(lambda v: not isinstance(v, bool)),
     "epsilon_cap": odd,
     "clipping": st.sampled_from(["flat", "per_layer", "automatic", "individual", "x", 3]),
     "engine": st.sampled_from(["auto", "ghost", "vmap", "x", None]),
@@ -82,6 +86,8 @@ def check_make_private(kwargs: dict, suite: str) -> None:
     ("max_steps", 0), ("noise_multiplier", "1"), ("max_grad_norm", "1"),
     pytest.param("epochs", math.inf, marks=pytest.mark.xfail(
         strict=True, raises=OverflowError, reason=ENGINE_EPOCHS)),
+    pytest.param("max_physical_batch_size", True, marks=pytest.mark.xfail(
+        strict=True, raises=AssertionError, reason=SAMPLING_BOOL)),
 ])
 def test_named_arguments(name, value):
     kwargs = {**BASE, name: value}
