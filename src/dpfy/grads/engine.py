@@ -528,6 +528,10 @@ class GradEngine:
         require(len(sizes) <= 1, "the batch dimension", sorted(sizes),
                 "the same (dim 0) for every layer",
                 "Put the batch first (e.g. batch_first=True) and do not reshape it away")
+        if rows == 0 and not sizes:
+            # An empty Poisson batch: a model that cannot run on 0 rows (Hugging Face) may skip
+            # its forward/backward; the step then releases noise only, as it must.
+            return 0
         require(len(sizes) == 1, "loss.backward()", "not called",
                 "called before optimizer.step()",
                 "No per-sample gradient was captured: run forward and loss.backward() on a "
