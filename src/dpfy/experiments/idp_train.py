@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import TensorDataset
 
 from dpfy._require import require
 from dpfy.experiments.idp_spec import IdpSpec
