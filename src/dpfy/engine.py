@@ -196,7 +196,9 @@ def make_private(
                 "given with target_epsilon", "Say how long the run is: epochs= or max_steps=")
     if max_steps is None and epochs is not None:
         # The budget is the number of logical batches the loader yields over those epochs.
-        require(epochs > 0, "epochs", epochs, "> 0")
+        require(isinstance(epochs, (int, float)) and not isinstance(epochs, bool)
+                and math.isfinite(epochs) and epochs > 0, "epochs", epochs,
+                "a finite number > 0", "Say how many passes over the data the run makes")
         max_steps = max(1, math.ceil(epochs * len(dp_loader) - 1e-9))
     if (target_epsilon is not None or epsilon_cap is not None) and accountant not in RIGOROUS:
         raise ValueError(

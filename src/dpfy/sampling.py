@@ -539,8 +539,10 @@ class DPDataLoader:
     def __init__(self, loader: DataLoader, sampler: PoissonSampler | ShuffleSampler, *,
                  max_physical_batch_size: int | None = None) -> None:
         if max_physical_batch_size is not None:
-            require(max_physical_batch_size >= 1, "max_physical_batch_size",
-                    max_physical_batch_size, ">= 1")
+            require(isinstance(max_physical_batch_size, int)
+                    and not isinstance(max_physical_batch_size, bool)
+                    and max_physical_batch_size >= 1, "max_physical_batch_size",
+                    max_physical_batch_size, "an integer >= 1 (or 'auto', or None)")
         self.sampler = sampler
         self.cursor = BatchCursor(on_taken=self._taken)
         self.max_physical_batch_size = max_physical_batch_size

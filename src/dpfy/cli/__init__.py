@@ -6,7 +6,7 @@ Each subcommand module defines ``register(subparsers)`` that adds its parser and
 Exit codes (each failure is one line on stderr, no traceback):
 
 - 0: done.
-- 2: bad input, or something dpfy refuses to account (``ValueError``, including
+- 2: bad input, or something dpfy refuses to account (``ValueError`` or ``TypeError``, including
   :class:`dpfy.errors.PrivacyRefusal`): ``dpfy <command>: error: ...`` naming the fix; also
   argparse's usage errors.
 - 3: the privacy budget is spent (:class:`dpfy.errors.BudgetExhausted`): nothing of the refused
@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except ValueError as e:
+    except (ValueError, TypeError) as e:   # TypeError: a wrong type reaching the Python API
         print(f"dpfy {args.command}: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except BudgetExhausted as e:
