@@ -44,7 +44,8 @@ from dpfy.privacy.canonical import GAUSSIAN, CanonicalForm, canonical_form, coar
 from dpfy.privacy.ledger import Ledger
 
 __all__ = ["ACCOUNTANTS", "APPROXIMATE", "RIGOROUS", "AUTO", "AUTO_EXACT_LIMIT", "DEFAULT_RESOLUTION",
-           "PLD_MAX_GRID_POINTS", "accountant_label", "pld_discretization",
+           "PLD_MAX_GRID_POINTS", "PLD_MAX_COMPOSED_POINTS", "composed_pld_width",
+           "accountant_label", "pld_discretization",
            "pld_min_noise_multiplier", "check_pld_grid", "prepare", "epsilon", "delta",
            "epsilon_curve", "epsilon_from_form", "delta_from_form"]
 
@@ -58,6 +59,7 @@ AUTO_PLD_FINE_LIMIT = 8          # at most this many sampled atoms: PLD at 1e-4,
 PLD_FINE, PLD_COARSE = 1e-4, 1e-3
 
 PLD_MAX_GRID_POINTS = 4e5       # points of one sampled step's PLD grid (≈ 2 s to build)
+PLD_MAX_COMPOSED_POINTS = 1e8   # points of a whole run's composed PLD grid (≈ 1 GB)
 _PLD_TAIL_Z = 10.0               # √(2·50): dp_accounting truncates tails below mass e^-50
 
 Resolution = Union[float, str, None]
@@ -139,6 +141,33 @@ def check_pld_grid(form: CanonicalForm, discretization: float) -> None:
             f"discretization {discretization:g} would exceed {PLD_MAX_GRID_POINTS:.0e} points "
             f"per step), got noise_multiplier = {sigma:.4g}. Use accountant 'rdp' "
             f"(--accountant rdp), which handles any σ in milliseconds, or more noise")
+    points = composed_pld_width(form) / discretization
+    if points > PLD_MAX_COMPOSED_POINTS:
+        raise PrivacyRefusal(
+            f"the composed privacy loss must fit the PLD accountant's grid "
+            f"({PLD_MAX_COMPOSED_POINTS:.0e} points at discretization {discretization:g}), got "
+            f"about {points:.2g} points ({sum(a.count for a in form.atoms):,} steps at σ down "
+            f"to {sigma:.4g}: ε is far beyond any meaningful guarantee). Use accountant 'rdp' "
+            f"(--accountant rdp), which composes any number of steps in milliseconds")
+
+
+def composed_pld_width(form: CanonicalForm) -> float:
+    """An upper estimate of the width of the composed privacy-loss distribution's support.
+
+    Per step, a (subsampled) Gaussian's privacy loss has mean ≤ χ² = q²(e^{1/σ²} − 1) (KL ≤ χ²;
+    q = 1 without sampling) and standard deviation ≤ q·√(e^{1/σ²} − 1); composing ``count``
+    steps adds the means and the variances, and a PLD grid spans about the mean plus ten
+    standard deviations. Used only to refuse, before any grid is built, compositions whose
+    grid would not fit in memory (e.g. 10¹⁴ steps).
+    """
+    width = 0.0
+    for a in form.atoms:
+        if a.noise_multiplier <= 0:
+            continue
+        chi2 = math.expm1(min(a.noise_multiplier ** -2, 700.0))
+        q = 1.0 if a.kind == GAUSSIAN else a.sample_rate
+        width += a.count * q * q * chi2 + 10 * math.sqrt(a.count * chi2) * q
+    return width
 
 
 def epsilon_from_form(form: CanonicalForm, *, delta: float, accountant: str = "rdp",
