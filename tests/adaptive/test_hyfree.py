@@ -187,7 +187,7 @@ def test_refuses_without_a_loss_fn():
     with pytest.raises(ValueError, match="loss_fn"):
         dpfy.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
                           DataLoader(ds, batch_size=8), target_epsilon=2.0, target_delta=1e-5,
-                          epochs=1, method="hyfree")
+                          epochs=1, method="hyfree", accountant="rdp")
 
 
 @pytest.mark.parametrize("bad", [{"probe_every": 0}, {"max_change": 1.0}, {"gamma": 1.0},
