@@ -64,3 +64,16 @@ def test_hyfree_trains_from_the_cli_with_loss_probes_in_the_ledger(tmp_path):
                           "loss_probe_ascent"}
     report = (out / "privacy_report.md").read_text()
     assert "loss_probe_descent" in report and "`hyfree`" in report
+
+
+def test_a_method_that_clips_itself_is_named_instead_of_the_unused_clip(tmp_path, capsys):
+    """hyfree clips automatically: the banner and the report must not claim `clip C = 0.1`."""
+    out = tmp_path / "run"
+    assert main(BASE + ["--out", str(out), "--method", "hyfree", "--optimizer", "adam",
+                        "--lr", "1e-3", "--accountant", "rdp"]) == 0
+    captured = capsys.readouterr()
+    printed = captured.err + captured.out
+    report = (out / "privacy_report.md").read_text()
+    for text in (printed, report):
+        assert "clipping by method 'hyfree' (--clip not used)" in text
+        assert "clip C = 0.1" not in text and "clip 0.1" not in text

@@ -20,7 +20,7 @@ from dpfy.privacy import epsilon as ledger_epsilon
 from dpfy.privacy.report import PrivacyReport, ReportSection
 from dpfy.train.config import SEED_WARNING, TrainConfig
 
-__all__ = ["write_report", "methods_ran", "public_data", "RELEASED", "NOT_RELEASED"]
+__all__ = ["write_report", "methods_ran", "clip_description", "public_data", "RELEASED", "NOT_RELEASED"]
 
 RELEASED = ("final model weights (model.pt) and test-set metrics. The train loss/accuracy "
             "columns of metrics.csv are non-private diagnostics computed on raw training data "
@@ -32,10 +32,23 @@ NOT_RELEASED = ("checkpoint.pt and checkpoint.prev.pt (the one before it, kept a
                 "(config.json and this report never hold them)")
 
 
+def clip_description(cfg: TrainConfig, method) -> str:
+    """How the run clips, in words: the configured C and policy, or the method that decides
+    (a method that supplies its own clipping ignores --clip; one that sets C_t adapts it)."""
+    for m in _members(method):
+        name = m.registry_name or type(m).__name__
+        if m.supplies_clipping():
+            return f"clipping by method '{name}' (--clip not used)"
+        if "clip" in m.sets:
+            return f"clip C_t set by method '{name}' ({cfg.clipping} clipping)"
+    return f"clip {cfg.clip:g}, {cfg.clipping} clipping"
+
+
 def _describe(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, private) -> str:
     params = sum(p.numel() for p in private.model.parameters())
+    clip = clip_description(cfg, private.optimizer.method)
     return (f"{cfg.model} ({params:,} parameters) trained with DP-SGD ({cfg.optimizer}, lr "
-            f"{cfg.lr:g}, clip {cfg.clip:g}, {cfg.clipping} clipping, expected batch "
+            f"{cfg.lr:g}, {clip}, expected batch "
             f"{cfg.batch_size}, {cfg.epochs} epochs) on {data.description}; δ: "
             f"{notes.get('delta_rule', 'given')}")
 

@@ -42,7 +42,7 @@ from dpfy.train.evaluate import evaluate
 from dpfy.train.metrics import MetricsLog
 from dpfy.train.plots import plot_accuracy
 from dpfy.train.private import make_optimizer, make_private_run, private_run
-from dpfy.train.report import write_report
+from dpfy.train.report import clip_description, write_report
 from dpfy.train.rundir import COMPLETE_MARKER, RunDir, write_atomic
 
 __all__ = ["TrainResult", "train", "resume", "usable_cores"]
@@ -282,7 +282,8 @@ def _statement(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, pri
     return (f"dpfy train: resolved config:\n{cfg.to_public_json()}\n"
             f"dpfy train: DP-SGD on {data.name} (N = {data.num_train}), Poisson sampling with "
             f"rate q = {private.sample_rate:.5g} (expected batch {cfg.batch_size}), "
-            f"{private.total_steps} steps, clip C = {cfg.clip:g}, {noise} ({budget}); "
+            f"{private.total_steps} steps, {clip_description(cfg, private.optimizer.method)}, "
+            f"{noise} ({budget}); "
             f"δ = {cfg.delta:.3g} "
             f"({notes.get('delta_rule', 'given')}); ε accounted with {cfg.accountant.upper()}.")
 
