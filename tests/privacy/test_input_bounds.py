@@ -103,3 +103,15 @@ def test_dp_accountings_grid_at_the_floor_is_within_the_bound():
     points = max(len(pld._pmf_remove._probs), len(pld._pmf_add._probs))
     assert 0.5 * PLD_MAX_GRID_POINTS < points <= PLD_MAX_GRID_POINTS
     assert math.isfinite(pld.get_epsilon_for_delta(1e-5))
+
+
+def test_a_target_epsilon_below_the_accountants_resolution_is_refused_at_once():
+    """ε = 1e-12 used to 'calibrate' σ ≈ 6e6, where dp_accounting's RDP reports ε = 0 from a
+    negative Rényi divergence (rounding): a σ resting on rounding error. Refused in one line."""
+    import time
+
+    from dpfy.cli import main
+    start = time.process_time()
+    code = main(["calibrate", "--target-epsilon", "1e-12", "--delta", "1e-12", "--batch-size",
+                 "3", "--dataset-size", "100", "--epochs", "3", "--accountant", "rdp"])
+    assert code == 2 and time.process_time() - start < 1.0

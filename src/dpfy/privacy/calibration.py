@@ -44,10 +44,13 @@ from dpfy.privacy.split import (combine_noise_multipliers, gaussian_remainder,
 __all__ = ["calibrate_noise_multiplier", "calibrate_sample_rate", "calibrate_steps",
            "calibrate_schedule_scale", "hyfree_noise_split", "gaussian_remainder",
            "split_noise_multiplier", "quantile_noise_split", "combine_noise_multipliers",
-           "MAX_TARGET_EPSILON", "MAX_NOISE_MULTIPLIER", "check_rigorous"]
+           "MAX_TARGET_EPSILON", "MIN_TARGET_EPSILON", "MAX_NOISE_MULTIPLIER", "check_rigorous"]
 
 MAX_NOISE_MULTIPLIER = 1e4
 MAX_TARGET_EPSILON = 100.0
+# Below this, σ is so large that the accountants' ε underflows (dp_accounting's RDP returns 0
+# for "negative Rényi divergence" at σ ~ 1e6): a calibration there would trust a rounding error.
+MIN_TARGET_EPSILON = 1e-3
 
 
 def check_rigorous(accountant: str, approximate: bool) -> None:
@@ -67,6 +70,10 @@ def _check_common(target_epsilon: float, delta: float, accountant: str,
     require(target_epsilon <= MAX_TARGET_EPSILON, "target_epsilon", target_epsilon,
             f"<= {MAX_TARGET_EPSILON:g} (larger ε is no meaningful guarantee and drives σ to 0)",
             "Lower the target ε, or give a fixed noise multiplier instead of a target")
+    require(target_epsilon >= MIN_TARGET_EPSILON, "target_epsilon", target_epsilon,
+            f">= {MIN_TARGET_EPSILON:g} (below it the accountants' ε underflows to 0 and a "
+            f"calibration would rest on rounding error)",
+            "Raise the target ε; ε < 0.001 is indistinguishable from not training")
     require(isinstance(delta, (int, float)) and 0 < delta < 1, "delta", delta, "in (0, 1)",
             "The guide's convention is δ ≪ 1/N, e.g. 1/N^1.1")
     check_rigorous(accountant, approximate)
