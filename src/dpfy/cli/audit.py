@@ -22,11 +22,10 @@ __all__ = ["register", "run"]
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from dpfy.audit.run import DEFAULT_CANARIES
-    # dpfy train's own parser as the parent (one helper, shared with dpfy tune)
-    from dpfy.cli.tune import _train_parser
+    from dpfy.cli.train import train_parser   # dpfy train's own parser as the parent
 
     p = subparsers.add_parser(
-        "audit", parents=[_train_parser()], conflict_handler="resolve",
+        "audit", parents=[train_parser()], conflict_handler="resolve",
         help="train a configuration with canaries and print its empirical ε lower bounds",
         description=__doc__.splitlines()[0],
         epilog="Example: dpfy audit --dataset digits --model logreg --epochs 5 "

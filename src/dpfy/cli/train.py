@@ -23,7 +23,7 @@ from typing import Any
 from dpfy.train.config import TrainConfig, field_types, coerce, load_config_file
 from dpfy.train.rundir import RunDir
 
-__all__ = ["register", "run", "explicit_settings", "parse_scalar"]
+__all__ = ["register", "run", "explicit_settings", "parse_scalar", "train_parser"]
 
 
 def parse_scalar(text: str) -> Any:
@@ -73,6 +73,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             p.add_argument(flag, type=types[f.name], default=argparse.SUPPRESS, help=help_,
                            metavar=f.name.upper())
     p.set_defaults(func=run)
+
+
+def train_parser() -> argparse.ArgumentParser:
+    """``dpfy train``'s parser (every TrainConfig flag) on its own, as the parent of the
+    commands that take the same flags (``dpfy tune``, ``dpfy audit``)."""
+    holder = argparse.ArgumentParser(add_help=False).add_subparsers()
+    register(holder)
+    return holder.choices["train"]
 
 
 def explicit_settings(args: argparse.Namespace) -> dict[str, Any]:

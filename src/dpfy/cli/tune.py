@@ -26,18 +26,11 @@ from dpfy.train.config import TrainConfig
 __all__ = ["register", "run"]
 
 
-def _train_parser() -> argparse.ArgumentParser:
-    """``dpfy train``'s parser (every TrainConfig flag), used as the parent of ``tune``'s."""
-    holder = argparse.ArgumentParser(add_help=False).add_subparsers()
-    train_cli.register(holder)
-    return holder.choices["train"]
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     from dpfy.train.grid import SELECT
 
     p = subparsers.add_parser(
-        "tune", parents=[_train_parser()], conflict_handler="resolve",
+        "tune", parents=[train_cli.train_parser()], conflict_handler="resolve",
         help="run a hyperparameter grid under one privacy budget and publish the winner",
         description=__doc__.splitlines()[0],
         epilog="Example: dpfy tune --dataset digits --model logreg --epsilon 3 "
