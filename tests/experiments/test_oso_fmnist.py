@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import dp_accounting
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -108,3 +109,53 @@ def test_smoke_run_of_every_method_records_and_stays_within_the_grid_budget(tmp_
     lines = len(results.read_text().splitlines())
     run_specs(specs, results=results, log=log, workers=1, data=data)      # resume: nothing to do
     assert len(results.read_text().splitlines()) == lines == len(load_records(results))
+
+
+def test_method_filter_gives_002s_k7_online_grid_alone():
+    from dpfy.experiments.oso_fmnist import grid_specs, seed_specs
+
+    settings = Settings(k=7)
+    specs = grid_specs(settings, [2.0, 4.0], ["online"])
+    # 002 §4.6: log_grid(-2.5, 1.5, 7) is numpy's logspace; 7 runs share each grid's ε
+    assert [s.lr for s in specs] == pytest.approx(list(np.logspace(-2.5, 1.5, 7)) * 2)
+    assert {(s.method, s.runs) for s in specs} == {("online", 7)}
+    assert [s.epsilon for s in specs] == [2.0] * 7 + [4.0] * 7
+    assert all(s.method != "nodp" for s in grid_specs(settings, [1.0], ["threshold"]))
+    records = [_record(s, best=float(i)) for i, s in enumerate(specs)]
+    records.append(_record(grid("adamwosm", 2.0, settings)[0], best=0.0))
+    assert {(s.method, s.epsilon, s.lr, s.replicate) for s in
+            seed_specs(records, settings, 3, ["online"])} == {
+        ("online", 2.0, specs[0].lr, 1), ("online", 2.0, specs[0].lr, 2),
+        ("online", 4.0, specs[7].lr, 1), ("online", 4.0, specs[7].lr, 2)}   # lowest MSE
+
+
+def _record(spec: RunSpec, best: float) -> dict:
+    """A finished run's record with made-up values (what the report reads of it)."""
+    private = spec.method != "nodp"
+    rec = {"key": spec.key(), "spec": spec.to_dict(), "steps": 2, "diverged": False,
+           "evals": [(0, 50.0), (2, best)], "final": best, "best": best, "seconds": 0.0,
+           "noise_multiplier": 1.0 if private else None, "runs": spec.runs}
+    if private:
+        rec.update(epsilon_run_pld=0.5, epsilon_grid_pld=spec.epsilon,
+                   trace={"step": [1, 2], "clip": [0.1, 0.1], "lr_scale": [1.0, 0.9]})
+    return rec
+
+
+def test_classifier_and_k7_summaries_get_their_own_files_and_the_classifier_maximizes(
+        tmp_path):
+    from dpfy.experiments.oso_report import stem, summarize
+
+    clf = Settings(task="classifier")
+    online = grid("online", 1.0, clf)
+    records = [_record(s, best=b) for s, b in zip(online, [60.0, 85.0, 70.0, 10.0, 10.0])]
+    paths = summarize(records, clf, tmp_path)
+    assert [p.name for p in paths] == ["oso_fmnist_classifier_tables.md",
+                                       "oso_fmnist_classifier_metric_vs_eps.png",
+                                       "oso_fmnist_classifier_online_trajectories.png"]
+    text = paths[0].read_text()
+    assert "| 1 | Online | 5 (5) |" in text and "ρ=0.03162 | 85.0000 |" in text  # accuracy: max
+    assert "002 Table 3 (k = 7) |" not in text           # 002 has no Fashion-MNIST classifier
+    assert stem(Settings()) == "oso_fmnist"               # the committed autoencoder files
+    assert stem(Settings(k=7)) == "oso_fmnist_k7"
+    assert stem(Settings(task="classifier", k=7)) == "oso_fmnist_classifier_k7"
+    assert not (tmp_path / "oso_fmnist_tables.md").exists()

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from dpfy.experiments.oso_grid import (PRIVATE_METHODS, RunSpec, Settings, grid,
+from dpfy.experiments.oso_grid import (METHODS, PRIVATE_METHODS, RunSpec, Settings, grid,
                                        grid_noise_multiplier)
 from dpfy.experiments.runner import load_results as load_records
 
@@ -50,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 3.0, 2.0, 4.0],
                    help="grid budgets, run in this order (default 1 3 2 4)")
     g.add_argument("--k", type=int, default=d.k, help="grid granularity (default 5)")
+    g.add_argument("--methods", choices=METHODS, nargs="+", default=list(METHODS),
+                   help="run only these methods' grids and winners (default: all five); "
+                        "e.g. --k 7 --methods online for 002's k = 7 Online grid alone")
     g.add_argument("--train-size", type=int, default=d.train_size)
     g.add_argument("--test-size", type=int, default=d.test_size)
     g.add_argument("--batch-size", type=int, default=d.batch_size)
@@ -68,10 +71,14 @@ def settings_from(args: argparse.Namespace) -> Settings:
                     hyper_rate=args.hyper_rate, eval_every=args.eval_every)
 
 
-def grid_specs(settings: Settings, epsilons: Iterable[float]) -> list[RunSpec]:
-    """Phase 1: every configuration at every ε (replicate 0), then NoDP's grid."""
-    out = [s for eps in epsilons for m in PRIVATE_METHODS for s in grid(m, float(eps), settings)]
-    return out + grid("nodp", None, settings)
+def grid_specs(settings: Settings, epsilons: Iterable[float],
+               methods: Iterable[str] = METHODS) -> list[RunSpec]:
+    """Phase 1: every configuration of ``methods`` at every ε (replicate 0), then NoDP's grid
+    (if ``methods`` has it)."""
+    chosen = set(methods)
+    out = [s for eps in epsilons for m in PRIVATE_METHODS if m in chosen
+           for s in grid(m, float(eps), settings)]
+    return out + (grid("nodp", None, settings) if "nodp" in chosen else [])
 
 
 def winners(records: list[dict], settings: Settings) -> dict[tuple, RunSpec]:
@@ -90,12 +97,14 @@ def winners(records: list[dict], settings: Settings) -> dict[tuple, RunSpec]:
     return {cell: spec for cell, (_, spec) in best.items()}
 
 
-def seed_specs(records: list[dict], settings: Settings, seeds: int) -> list[RunSpec]:
-    """Phase 2: replicates 1 … seeds−1 of every winner."""
+def seed_specs(records: list[dict], settings: Settings, seeds: int,
+               methods: Iterable[str] = METHODS) -> list[RunSpec]:
+    """Phase 2: replicates 1 … seeds−1 of the winner of every (method, ε) of ``methods``."""
     from dataclasses import replace
 
+    chosen = set(methods)
     return [replace(spec, replicate=i) for spec in winners(records, settings).values()
-            for i in range(1, seeds)]
+            if spec.method in chosen for i in range(1, seeds)]
 
 
 def _init_worker(settings: Settings, data_dir: str | None) -> None:
@@ -181,11 +190,11 @@ def main(args: argparse.Namespace) -> int:
     phase = "report" if args.summarize else args.phase
     kw = dict(results=results, log=log, workers=args.workers, data_dir=args.data_dir)
     if phase in ("grid", "all"):
-        specs = grid_specs(settings, args.epsilons)
+        specs = grid_specs(settings, args.epsilons, args.methods)
         print(f"grid: {len(specs)} runs; progress in {log}")
         run_specs(specs, **kw)
     if phase in ("seeds", "all"):
-        specs = seed_specs(load_records(results), settings, args.seeds)
+        specs = seed_specs(load_records(results), settings, args.seeds, args.methods)
         print(f"seeds: {len(specs)} runs; progress in {log}")
         run_specs(specs, **kw)
     if phase in ("report", "all"):

@@ -1,9 +1,12 @@
 """Tables and plots of ``dpfy experiment oso-fmnist`` from its results file.
 
-Writes ``oso_fmnist_tables.md`` (winners with mean ± std over replicates, the per-grid budget
+Writes ``<stem>_tables.md`` (winners with mean ± std over replicates, the per-grid budget
 and the grid's PLD ε, the FixedThreshold / FixedQuantile grids cell by cell, the winning cells
-beside 002 Table 3), ``oso_fmnist_metric_vs_eps.png`` and ``oso_fmnist_online_trajectories.png``
-(C_t and ρ_t of Online over training; released values, so publishing them is post-processing).
+beside 002 Table 3 for the autoencoder, the only Fashion-MNIST task of 002),
+``<stem>_metric_vs_eps.png`` and ``<stem>_online_trajectories.png`` (C_t and ρ_t of Online
+over training; released values, so publishing them is post-processing). ``<stem>`` is
+:func:`stem`: one set of files per (task, k), so the classifier's or a k = 7 grid's summary
+never overwrites the autoencoder's k = 5 files.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dpfy.experiments.oso_grid import (CLIP_RANGE, LR_RANGE, METHODS, PAPER_NAME
 from dpfy.experiments.oso_train import lower_is_better
 from dpfy.privacy.tuning import log_grid
 
-__all__ = ["summarize", "winner_rows", "PAPER_TABLE3"]
+__all__ = ["summarize", "winner_rows", "stem", "PAPER_TABLE3"]
 
 # 002 Table 3 (Fashion-MNIST, k = 7): ε → winning hyperparameters (digest §3.5)
 PAPER_TABLE3: dict[float, dict[str, str]] = {
@@ -32,6 +35,14 @@ PAPER_TABLE3: dict[float, dict[str, str]] = {
     4.0: {"online": "ρ=1.467", "threshold": "ρ=1.467, C=0.0464", "quantile": "ρ=1.467, γ=0.3",
           "adamwosm": "C=0.01"},
 }
+
+
+def stem(settings: Settings) -> str:
+    """File-name stem of ``settings``' tables and plots: ``oso_fmnist`` for the committed
+    autoencoder at k = 5, with ``_classifier`` and/or ``_k<k>`` appended otherwise."""
+    task = "" if settings.task == "autoencoder" else f"_{settings.task}"
+    k = "" if settings.k == Settings().k else f"_k{settings.k}"
+    return f"oso_fmnist{task}{k}"
 
 
 def _mine(records: list[dict], settings: Settings) -> list[tuple[RunSpec, dict]]:
@@ -142,7 +153,10 @@ def _cell_table(runs: list[tuple[RunSpec, dict]], method: str, eps: float,
     return out + [""]
 
 
-def _paper_table(rows: list[dict]) -> list[str]:
+def _paper_table(rows: list[dict], settings: Settings) -> list[str]:
+    if settings.task != "autoencoder":
+        return ["002 has no Fashion-MNIST classifier (its Table 3 is the autoencoder's): "
+                "nothing to compare."]
     out = ["| ε | method | winner here (k grid of these runs) | 002 Table 3 (k = 7) |",
            "|---|---|---|---|"]
     for r in rows:
@@ -175,7 +189,8 @@ def _plot_metric(rows: list[dict], settings: Settings, path: Path) -> None:
     if lower_is_better(settings):
         ax.set_yscale("log")
     ax.legend(fontsize=7)
-    ax.set_title("002 Fashion-MNIST comparison (scaled down)", fontsize=9)
+    ax.set_title(f"002 Fashion-MNIST comparison, {settings.task}, k = {settings.k} "
+                 "(scaled down)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -220,7 +235,7 @@ def summarize(records: list[dict], settings: Settings, out: Path) -> list[Path]:
              f"b = {s.batch_size} (q = {s.sample_rate:.4g}); T = {s.steps} steps; k = {s.k}; "
              f"δ = {s.delta:g}; Online ρ_c = ρ_r = {s.online_rate:.4g}.", "",
              "## Winners", ""] + _winner_table(rows, s) + ["", "## Winning cells vs 002 Table 3",
-                                                            ""] + _paper_table(rows) + [
+                                                            ""] + _paper_table(rows, s) + [
              "", "## Grids", ""]
     for eps in sorted({r["epsilon"] for r in rows if r["epsilon"] is not None}):
         for method in ("threshold", "quantile"):
@@ -236,12 +251,13 @@ def summarize(records: list[dict], settings: Settings, out: Path) -> list[Path]:
             lines.append(f"**{PAPER_NAMES[method]}{eps_txt}**: " + "; ".join(
                 f"{name}={v:.4g}: {_fmt(b, 3)}" for v, b in cells) + "")
             lines.append("")
-    table = out / "oso_fmnist_tables.md"
+    name = stem(s)
+    table = out / f"{name}_tables.md"
     table.write_text("\n".join(lines) + "\n")
     paths = [table]
     if any(r["values"] for r in rows):
-        paths.append(out / "oso_fmnist_metric_vs_eps.png")
+        paths.append(out / f"{name}_metric_vs_eps.png")
         _plot_metric(rows, s, paths[-1])
-        paths.append(out / "oso_fmnist_online_trajectories.png")
+        paths.append(out / f"{name}_online_trajectories.png")
         _plot_trajectories(rows, paths[-1])
     return paths
