@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dpfy.experiments import idp_fmnist, oso_fmnist
+from dpfy.experiments import idp_fmnist, lr_fmnist, oso_fmnist
 from dpfy.experiments.grids import EXPERIMENTS
 
 __all__ = ["register", "run"]
@@ -22,7 +22,8 @@ __all__ = ["register", "run"]
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("experiment", help="run a paper reproduction (tables + plots)",
                               description=__doc__.splitlines()[0])
-    p.add_argument("name", choices=sorted(EXPERIMENTS) + ["oso-fmnist", "idp-fmnist", "all"])
+    p.add_argument("name", choices=sorted(EXPERIMENTS) + ["oso-fmnist", "idp-fmnist", "lr-fmnist",
+                                                       "all"])
     p.add_argument("--seeds", type=int, default=3, help="seeds per cell (default 3)")
     p.add_argument("--epochs", type=int, default=3, help="epochs per run (default 3)")
     p.add_argument("--workers", type=int, default=1, help="parallel processes (1 thread each)")
@@ -31,6 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--summarize", action="store_true", help="only rebuild tables and plots")
     oso_fmnist.add_arguments(p)
     idp_fmnist.add_arguments(p)
+    lr_fmnist.add_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -43,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
         return oso_fmnist.main(args)
     if args.name == "idp-fmnist":
         return idp_fmnist.main(args)
+    if args.name == "lr-fmnist":
+        return lr_fmnist.main(args)
     out = Path(args.out)
     names = sorted(EXPERIMENTS) if args.name == "all" else [args.name]
     if not args.summarize:
