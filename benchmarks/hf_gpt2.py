@@ -34,7 +34,7 @@ import argparse
 import contextlib
 import os
 import warnings
-from typing import Callable, Iterator
+from typing import Iterator
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -134,45 +134,52 @@ def with_opacus(args: argparse.Namespace, batch: Batch, mode: str) -> Step | Non
     return None
 
 
-def main() -> None:
+# the model and batch shape: --name value for each
+SHAPE = {"batch": 32, "seq": 64, "vocab": 8192, "hidden": 128, "layers": 2, "heads": 2,
+         "inner": 512}
+
+
+def table(threads: int, med: dict[str, tuple[float, float]]) -> list[str]:
+    """Markdown rows: threads, row, wall and CPU per step, each with its ratio to non-private."""
+    base = med["non-private"]
+    return [f"| {threads} | {r} | {w * 1e3:.0f} ms | {w / base[0]:.2f} | {c * 1e3:.0f} ms | "
+            f"{c / base[1]:.2f} |" for r, (w, c) in med.items()]
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--threads", default="1,0", help="comma-separated; 0 = torch's default")
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--seq", type=int, default=64)
-    ap.add_argument("--vocab", type=int, default=8192)
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--heads", type=int, default=2)
-    ap.add_argument("--inner", type=int, default=512)
+    for name, default in SHAPE.items():
+        ap.add_argument(f"--{name}", type=int, default=default)
     ap.add_argument("--untied", action="store_true",
                     help="lm_head its own parameter (what the tied head costs; not GPT-2)")
     ap.add_argument("--no-opacus", action="store_true")
-    args = ap.parse_args()
-    warnings.filterwarnings("ignore")
-    transformers.logging.set_verbosity_error()
-    default_threads = torch.get_num_threads()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args, default_threads = parse_args(), torch.get_num_threads()
     batch = make_batch(args)
+    transformers.logging.set_verbosity_error()
+    warnings.filterwarnings("ignore")
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, GPT-2 "
-          f"L={args.layers} H={args.hidden} A={args.heads} I={args.inner} V={args.vocab} "
-          f"({'untied' if args.untied else 'tied'} head), batch {args.batch} × {args.seq} tokens, AdamW, rounds {args.rounds}")
+          + ", ".join(f"{k} {getattr(args, k)}" for k in SHAPE)
+          + f", {'untied' if args.untied else 'tied'} head, AdamW, rounds {args.rounds}")
+    lines = ["| threads | row | wall / step | × non-private | CPU / step | × non-private |",
+             "|---|---|---|---|---|---|"]
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads or default_threads)
-        rows: dict[str, Callable[[], None]] = {
+        rows: dict[str, Step] = {
             "non-private": non_private(args, batch), "dpfy": with_dpfy(args, batch),
             "dpfy-vmap-conv1d": with_dpfy(args, batch, vmap_conv1d=True)}
-        if not args.no_opacus:
-            for mode in ("hooks", "ghost"):
-                step = with_opacus(args, batch, mode)
-                if step is not None:
-                    rows[f"opacus-{mode}"] = step
-        med = bench(rows, args.rounds)
-        base_w, base_c = med["non-private"]
-        print(f"threads {torch.get_num_threads()}:")
-        for r, (w, c) in med.items():
-            print(f"  {r:17s} wall {w * 1e3:7.1f} ms ({w / base_w:4.2f}×)   "
-                  f"cpu {c * 1e3:7.1f} ms ({c / base_c:4.2f}×)")
-
+        for mode in () if args.no_opacus else ("hooks", "ghost"):
+            step = with_opacus(args, batch, mode)
+            if step is not None:
+                rows[f"opacus-{mode}"] = step
+        lines += table(torch.get_num_threads(), bench(rows, args.rounds))
+        print("\n".join(lines[-len(rows):]), flush=True)
+    print("\n".join(lines))
 
 if __name__ == "__main__":
     main()
