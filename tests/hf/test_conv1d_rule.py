@@ -1,4 +1,4 @@
-"""The layer rule for transformers' ``Conv1D`` (GPT-2's linear layers, ``grads/rules/hf_conv1d.py``).
+"""The layer rule for transformers' ``Conv1D``, GPT-2's linears (``grads/rules/hf_conv1d.py``).
 
 Conv1D is y = x W + b with W (d_in, d_out). Every number is checked against the float64
 per-example loop (``oracles.per_example_grads`` for one layer, ``hf_models.per_example_grads``
