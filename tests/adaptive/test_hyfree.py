@@ -61,8 +61,10 @@ def test_noise_free_update_is_the_exact_line_minimizer():
     (4.0, 2.0, 0.0, 0.0, 0.5),       # curvature seen: b/a
     (4.0, 200.0, 0.0, 0.0, 2.0),     # b/a = 50, clamped to 2η
     (4.0, -1.0, 0.0, 0.0, 0.5),      # seen curvature, ascending: b/a < 0 → clamped to η/2
-    (-1.0, 1.0, 0.0, 0.0, 2.0),      # concave along d: the minimum lies beyond → grow
+    (-1.0, 1.0, 0.0, 0.0, 2.0),      # concave along d, b seen: b/(0 + 2·0) = ∞ → clamped 2η
     (0.5, -3.0, 1.0, 1.0, 0.5),      # a not seen (0.5 < 2·1), b seen < 0 → shrink
+    (0.5, 3.0, 1.0, 1.0, 1.2),       # b seen, a not: b/(a + 2 std_a) = 3/2.5
+    (-0.5, 3.0, 1.0, 1.0, 1.5),      # b seen, a not and < 0: b/(0 + 2 std_a) = 3/2
     (1.5, 1.0, 1.0, 1.0, 2.0),       # neither seen: too small a step to resolve → grow
     (float("nan"), 1.0, 0.0, 0.0, 0.5),
 ])
@@ -70,6 +72,57 @@ def test_safeguards(a, b, std_a, std_b, expected):
     """The documented rules at η = 1, max_change = 2, no smoothing."""
     assert next_learning_rate(1.0, a, b, max_change=2.0, smoothing=0.0, std_a=std_a,
                               std_b=std_b) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("rule, expected", [("bound", 1.2), ("hold", 1.0), ("grow", 2.0)])
+def test_unseen_curvature_rules(rule, expected):
+    """Descent seen (b = 3 > 2·1), curvature not (a = 0.5 < 2·1), η = 1, no smoothing."""
+    assert next_learning_rate(1.0, 0.5, 3.0, max_change=2.0, smoothing=0.0, std_a=1.0,
+                              std_b=1.0, unseen_curvature=rule) == pytest.approx(expected)
+
+
+def test_nothing_seen_doubles_unsmoothed_except_under_the_old_rule():
+    """A search for a resolvable step is not a noisy fit: η·max_change, not 0.9η + 0.1·2η."""
+    kw = dict(max_change=2.0, smoothing=0.9, std_a=1.0, std_b=1.0)
+    assert next_learning_rate(1.0, 1.5, 1.0, **kw) == pytest.approx(2.0)
+    assert next_learning_rate(1.0, 1.5, 1.0, unseen_curvature="grow", **kw) == \
+        pytest.approx(1.1)
+
+
+def _rounds(rule: str | None, lr: float, rounds: int = 300) -> list[float]:
+    """η over probe rounds on L(θ − s d) = L₀ − g s + h s²/2 with g = 2, h = 1, the probes'
+    values exact and their declared noise std u = 1 per loss (GeN's clamp 2, smoothing 0.9).
+    ``rule`` None: the default."""
+    g, h, u = 2.0, 1.0, 1.0
+    out = []
+    for _ in range(rounds):
+        a, b = fit_quadratic(-g * lr + h * lr ** 2 / 2, 0.0, g * lr + h * lr ** 2 / 2, lr)
+        rule_kw = {} if rule is None else {"unseen_curvature": rule}
+        lr = next_learning_rate(lr, a, b, max_change=2.0, smoothing=0.9,
+                                std_a=math.sqrt(6) * u / lr ** 2,
+                                std_b=math.sqrt(2) * u / (2 * lr), **rule_kw)
+        out.append(lr)
+    return out
+
+
+def test_unresolved_curvature_no_longer_pushes_eta_past_the_line_minimizer():
+    """Regression (Fashion-MNIST: η grew ×1.1 every round, 1e-4 → 0.1 in 18 epochs, accuracy
+    81.7 % → 73.1 %): the old rule grew η whenever the curvature was not seen.
+
+    Derivation: the fit is exact (a = h = 1, b = g = 2), the line minimizer is η* = g/h = 2.
+    The noise stds are std_a = √6 u/η², std_b = u/(√2 η) (the fit's formulas on three losses of
+    std u), so at significance 2: b is seen iff η > √2 u/g = 0.707, a is seen iff
+    η > (2√6 u/h)^½ = 2.213 > η*. The old rule grows (×1.1 per round) on 0.707 < η < 2.213, so
+    it passes η* = 2 and stays above it (once a is seen the target b/a = 2 only pulls η back to
+    2.213, where it grows again). The new rule's target when a is unseen is
+    b/(h + 2√6u/η²) < b/h = η*, and it doubles only below 0.707, so η ≤ 2·0.707 = 1.414 < η*
+    forever.
+    """
+    old = _rounds("grow", 0.1)
+    assert max(old) > 2.0 and min(old[-100:]) > 2.0
+    new = _rounds(None, 0.1)              # the default rule ("bound")
+    assert max(new) <= 2 * math.sqrt(2) * 1.0 / 2.0 + 1e-12
+    assert min(new[-100:]) > math.sqrt(2) / 2 / 2        # it does not collapse either
 
 
 def test_smoothing_mixes_old_and_target():
@@ -195,3 +248,20 @@ def test_refuses_without_a_loss_fn():
 def test_bad_options_are_one_line_errors(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         dpfy.adaptive.make("hyfree", **bad)
+
+
+# -- dpfy train: η₀ without --lr -------------------------------------------------------------
+@pytest.mark.parametrize("flags, expected", [
+    (["--method", "hyfree"], 1e-4),                     # Algorithm 1's η₀ (digest 004 §3.4)
+    (["--method", "hyfree", "--lr", "0.5"], 0.5),       # a given --lr is the initial η
+    ([], 4.0),                                          # no method: the SGD recipe's lr
+    (["--lr", "0.5"], 0.5),
+])
+def test_train_lr_default_is_resolved_per_method(flags, expected):
+    """Regression: `dpfy train --method hyfree` took the SGD recipe's default lr = 4.0 as η₀,
+    since the CLI could not tell a default --lr from a given one."""
+    from dpfy.cli.train import explicit_settings, train_parser
+    from dpfy.train.config import TrainConfig
+
+    cfg = TrainConfig.from_mapping(explicit_settings(train_parser().parse_args(flags)))
+    assert cfg.lr == pytest.approx(expected)

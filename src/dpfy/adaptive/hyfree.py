@@ -40,11 +40,16 @@ Decisions the paper leaves open (each an option; defaults stated):
 - **Safeguards.** The released losses carry noise of known, public std σ_l R_l / b, so the fit's
   a and b have known noise stds. The target is b/a only when the curvature a is seen (above
   ``significance`` stds); if d is seen to ascend (b below −``significance`` stds) η shrinks;
-  otherwise — the step is too small for the probes to resolve, or no curvature is seen — η
-  grows. The target is clamped to [η/``max_change``, η·``max_change``] and smoothed,
-  η ← ``smoothing``·η + (1 − ``smoothing``)·target (clamp and smoothing as in GeN's official
-  code, §7; the significance test is dpfy's: without it, at small batches the noise alone
-  drives η in a random walk).
+  if nothing is seen the step is too small for the probes to resolve and η doubles (a search,
+  not smoothed). If the descent b is seen but the curvature is not (``unseen_curvature``), the
+  default ``"bound"`` targets b/(max(a, 0) + ``significance``·std_a), the line minimizer under
+  the largest curvature the noise allows: η then settles where the probes resolve the descent
+  and never passes the minimizer for want of seeing the curvature. (The earlier rule grew η in
+  this case; at b = 2048, σ_l ≈ 10 the curvature is never resolved at a useful step, so η grew
+  ×1.1 every round without bound, docs/results/hyfree_fmnist.md.) A fitted target is clamped
+  to [η/``max_change``, η·``max_change``] and smoothed, η ← ``smoothing``·η + (1 −
+  ``smoothing``)·target (clamp and smoothing as in GeN's official code, §7; the significance
+  test is dpfy's: without it, at small batches the noise alone drives η in a random walk).
 - **R_l rule**: ``"sum"`` (default; the paper's "in practice" rule, R_l = |L̃_− + L̃_0 + L̃_+|,
   ≈ 3× the loss: little clipping bias) or ``"anchor"`` (|L̃_0|, Algorithm 1 line 8); never
   below ``loss_clip_floor``.
@@ -63,7 +68,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Literal, Mapping
+from typing import ClassVar, Literal, Mapping
 
 import torch
 
@@ -85,6 +90,7 @@ PROBES = {"loss_probe_at_theta": 0.0, "loss_probe_descent": 1.0, "loss_probe_asc
 
 DEFAULT_INITIAL_LR = 1e-4   # Algorithm 1's input η (×10 for LoRA, §3.4)
 LOSS_CLIP_RULES = ("sum", "anchor")
+UNSEEN_CURVATURE_RULES = ("grow", "hold", "bound")
 
 
 def fit_quadratic(descent: float, at_theta: float, ascent: float, lr: float
@@ -101,19 +107,28 @@ def fit_quadratic(descent: float, at_theta: float, ascent: float, lr: float
 
 
 def next_learning_rate(lr: float, a: float, b: float, *, max_change: float, smoothing: float,
-                       std_a: float = 0.0, std_b: float = 0.0, significance: float = 2.0
-                       ) -> float:
+                       std_a: float = 0.0, std_b: float = 0.0, significance: float = 2.0,
+                       unseen_curvature: str = "bound") -> float:
     """η after one probe round, from the fit (a, b) and its public noise stds.
 
     ``std_a``, ``std_b`` are the stds of a and b that the loss noise alone causes (public: from
     σ_l, R_l and b); an estimate within ``significance`` stds of 0 is "not seen". Target:
     - a seen > 0: b/a (the fitted minimizer; ≤ 0 when d does not descend);
     - b seen < 0 (d ascends): shrink;
-    - otherwise (no curvature seen: the step is too small for the probes to resolve, or the
-      minimum lies beyond it): grow.
-    The target is clamped to [η/max_change, η·max_change]; then η ← smoothing·η +
+    - b seen > 0, a not (the descent is resolved, its end is not), by ``unseen_curvature``:
+      ``"bound"`` (default): b/(max(a, 0) + significance·std_a), the minimizer under the largest
+      curvature the noise leaves possible (a lower confidence bound on b/a: η never passes the
+      line minimizer because the probes failed to see the curvature); ``"hold"``: keep η;
+      ``"grow"`` (the rule before): grow, which on Fashion-MNIST grew η without bound (the
+      curvature is almost never resolved at a useful step, docs/results/hyfree_fmnist.md);
+    - nothing seen (the step is too small for the probes to resolve anything): grow. This is a
+      search for a resolvable step, not a noisy fit, so it is not smoothed (η ← η·max_change),
+      except under ``"grow"``, which keeps the old smoothed growth.
+    A fitted target is clamped to [η/max_change, η·max_change]; then η ← smoothing·η +
     (1 − smoothing)·target.
     """
+    require(unseen_curvature in UNSEEN_CURVATURE_RULES, "unseen_curvature", unseen_curvature,
+            f"one of {list(UNSEEN_CURVATURE_RULES)}")
     seen_a, seen_b = a > significance * std_a, abs(b) > significance * std_b
     if not (math.isfinite(a) and math.isfinite(b)):
         target = lr / max_change
@@ -121,8 +136,15 @@ def next_learning_rate(lr: float, a: float, b: float, *, max_change: float, smoo
         target = b / a
     elif seen_b and b < 0:
         target = lr / max_change
-    else:
+    elif not seen_b and unseen_curvature != "grow":
+        return lr * max_change
+    elif not seen_b or unseen_curvature == "grow":
         target = lr * max_change
+    elif unseen_curvature == "hold":
+        target = lr
+    else:
+        curvature = max(a, 0.0) + significance * std_a
+        target = b / curvature if curvature > 0 else math.inf
     target = min(max(target, lr / max_change), lr * max_change)
     return smoothing * lr + (1 - smoothing) * target
 
@@ -162,6 +184,8 @@ class HyFreeDP(Method[HyFreeState]):
       max_change: the largest factor η moves by in one round (GeN: 2).
       smoothing: weight of the old η in the update (GeN: 0.9).
       significance: how many noise stds a fitted a or b must exceed to count as seen.
+      unseen_curvature: the rule when the descent is seen but the curvature is not:
+        ``"bound"`` (default), ``"hold"`` or ``"grow"`` (see :func:`next_learning_rate`).
       gamma: σ_g = γσ, the gradient's noise inflation that frees budget for the probes (1.01).
       stability: γ_s of automatic clipping, w_i = 1/(‖g_i‖ + γ_s).
 
@@ -178,6 +202,7 @@ class HyFreeDP(Method[HyFreeState]):
     max_change: float = 2.0
     smoothing: float = 0.9
     significance: float = 2.0
+    unseen_curvature: Literal["grow", "hold", "bound"] = "bound"
     gamma: float = 1.01
     stability: float = 0.01
     # Set by calibrate() from the run's facts:
@@ -187,6 +212,8 @@ class HyFreeDP(Method[HyFreeState]):
 
     needs = Needs(probes=True)
     sets = frozenset({"noise_multiplier", "clip", "lr_scale"})
+    # η₀ of `dpfy train --method hyfree` without --lr (dpfy.train.config.default_lr).
+    default_initial_lr: ClassVar[float] = DEFAULT_INITIAL_LR
 
     def __post_init__(self) -> None:
         require(isinstance(self.probe_every, int) and self.probe_every >= 1, "probe_every",
@@ -201,6 +228,8 @@ class HyFreeDP(Method[HyFreeState]):
         require(0 <= self.smoothing < 1, "smoothing", self.smoothing, "in [0, 1)",
                 "GeN uses 0.9")
         require(self.significance >= 0, "significance", self.significance, ">= 0")
+        require(self.unseen_curvature in UNSEEN_CURVATURE_RULES, "unseen_curvature",
+                self.unseen_curvature, f"one of {list(UNSEEN_CURVATURE_RULES)}")
         require(self.gamma > 1, "gamma", self.gamma, "> 1", "The paper uses 1.01")
         require(self.stability > 0, "stability", self.stability, "> 0")
 
@@ -289,7 +318,8 @@ class HyFreeDP(Method[HyFreeState]):
             lr = next_learning_rate(
                 state.lr, a, b, max_change=self.max_change, smoothing=self.smoothing,
                 std_a=math.sqrt(6) * std_loss / state.lr ** 2,
-                std_b=math.sqrt(2) * std_loss / (2 * state.lr), significance=self.significance)
+                std_b=math.sqrt(2) * std_loss / (2 * state.lr), significance=self.significance,
+                unseen_curvature=self.unseen_curvature)
             fit = (a, b)
         raw = abs(descent + at_theta + ascent) if self.loss_clip_rule == "sum" else abs(at_theta)
         return replace(state, lr=lr, loss_clip=max(raw, self.loss_clip_floor), last_fit=fit,

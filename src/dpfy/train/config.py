@@ -31,7 +31,8 @@ from dpfy.privacy.accountants import RIGOROUS
 from dpfy.privacy.calibration import MAX_TARGET_EPSILON
 
 __all__ = ["TrainConfig", "OPTIMIZERS", "ACCOUNTANTS", "RESUME_IGNORED", "PUBLIC_ONLY",
-           "SEED_WARNING", "load_config_file", "resolve", "coerce", "field_types", "guide_delta"]
+           "SEED_WARNING", "DEFAULT_LR", "default_lr", "load_config_file", "resolve", "coerce",
+           "field_types", "guide_delta"]
 
 OPTIMIZERS = ("sgd", "adam")
 # The accountants a run may calibrate and cap with: the rigorous ones (never the GDP CLT, which
@@ -43,6 +44,8 @@ RESUME_IGNORED = frozenset({"data_dir", "threads"})
 # Bounds that keep a typo from starting a run that cannot finish: the largest float32 (lr = 1e300
 # overflowed inside torch's optimizer) and a number of passes no run reaches.
 FLOAT32_MAX = 3.4028234663852886e38
+# --lr when neither given nor set by a method (default_lr): Tramèr & Boneh's SGD recipe.
+DEFAULT_LR = 4.0
 MAX_EPOCHS = 1_000_000
 # Keys of the published config.json that are facts about the run, not settings: read back
 # (``--config config.json``) they are ignored.
@@ -77,7 +80,9 @@ class TrainConfig:
     clip: float = _f(0.1, "per-example gradient clipping norm C")
     clipping: str = _f("flat", "clipping policy (see the engine): flat, per_layer, automatic")
     optimizer: str = _f("sgd", "sgd or adam")
-    lr: float = _f(4.0, "learning rate")
+    lr: float | None = _f(None, "learning rate; default: the method's own initial η when "
+                                "--method names one (hyfree: 1e-4, Bu & Liu's; a given --lr "
+                                "is hyfree's initial η), else 4.0 (the benchmark's SGD recipe)")
     momentum: float = _f(0.9, "SGD momentum")
     weight_decay: float = _f(0.0, "L2 weight decay")
     seed: int | None = _f(None, "seed for init, sampling and noise: makes the run reproducible "
@@ -108,6 +113,8 @@ class TrainConfig:
                              "groups (recorded in config.json: the assignment is not private)")
 
     def __post_init__(self) -> None:
+        if self.lr is None:      # frozen: resolved once, so every reader sees a number
+            object.__setattr__(self, "lr", default_lr(self.method))
         _check_types_and_finite(self)
         # dataset and model names are checked against their registries by the trainer, since
         # the Python API also accepts a user's own Dataset and nn.Module under any name.
@@ -221,6 +228,23 @@ class TrainConfig:
     def from_mapping(cls, values: Mapping[str, Any], *, source: str = "config") -> "TrainConfig":
         """Build from a mapping of field names; unknown keys and wrong types raise."""
         return cls(**coerce(values, source=source))
+
+
+def default_lr(method: str | None) -> float:
+    """The learning rate when ``--lr`` is not given: the first chained method's own initial η
+    (a class attribute ``default_initial_lr``, e.g. HyFreeDP's 1e-4), else :data:`DEFAULT_LR`.
+
+    A method that fits η itself starts from its paper's η₀, not from the SGD recipe's 4.0 (which
+    HyFreeDP would otherwise take as η₀: the CLI could not tell a default from a given value).
+    An unknown name keeps DEFAULT_LR here; the trainer refuses the name itself.
+    """
+    from dpfy.adaptive import REGISTRY     # importing the package registers every method
+
+    for name in (method or "").split(","):
+        initial = getattr(REGISTRY.get(name.strip()), "default_initial_lr", None)
+        if initial is not None:
+            return float(initial)
+    return DEFAULT_LR
 
 
 def parse_floats(text: str, name: str) -> list[float]:
