@@ -251,17 +251,18 @@ def test_bad_options_are_one_line_errors(bad):
 
 
 # -- dpfy train: η₀ without --lr -------------------------------------------------------------
-@pytest.mark.parametrize("flags, expected", [
-    (["--method", "hyfree"], 1e-4),                     # Algorithm 1's η₀ (digest 004 §3.4)
-    (["--method", "hyfree", "--lr", "0.5"], 0.5),       # a given --lr is the initial η
-    ([], 4.0),                                          # no method: the SGD recipe's lr
-    (["--lr", "0.5"], 0.5),
+@pytest.mark.parametrize("flags, lr, optimizer", [
+    (["--method", "hyfree"], 1e-4, "adam"),       # Algorithm 1's η₀ (digest 004 §3.4), Adam
+    (["--method", "hyfree", "--lr", "0.5", "--optimizer", "sgd"], 0.5, "sgd"),   # given: kept
+    ([], 4.0, "sgd"),                             # no method: the SGD recipe
+    (["--lr", "0.5"], 0.5, "sgd"),
 ])
-def test_train_lr_default_is_resolved_per_method(flags, expected):
+def test_train_lr_and_optimizer_defaults_are_resolved_per_method(flags, lr, optimizer):
     """Regression: `dpfy train --method hyfree` took the SGD recipe's default lr = 4.0 as η₀,
-    since the CLI could not tell a default --lr from a given one."""
+    since the CLI could not tell a default --lr from a given one (and SGD with momentum, which
+    drove η to 20 on Fashion-MNIST)."""
     from dpfy.cli.train import explicit_settings, train_parser
     from dpfy.train.config import TrainConfig
 
     cfg = TrainConfig.from_mapping(explicit_settings(train_parser().parse_args(flags)))
-    assert cfg.lr == pytest.approx(expected)
+    assert (cfg.lr, cfg.optimizer) == (pytest.approx(lr), optimizer)

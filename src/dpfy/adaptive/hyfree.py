@@ -39,9 +39,10 @@ Decisions the paper leaves open (each an option; defaults stated):
   three losses are taken at θ and only set R_l. The new η applies from step t + 1.
 - **Safeguards.** The released losses carry noise of known, public std σ_l R_l / b, so the fit's
   a and b have known noise stds. The target is b/a only when the curvature a is seen (above
-  ``significance`` stds); if d is seen to ascend (b below −``significance`` stds) η shrinks;
-  if nothing is seen the step is too small for the probes to resolve and η doubles (a search,
-  not smoothed). If the descent b is seen but the curvature is not (``unseen_curvature``), the
+  ``significance`` stds); if d is seen to ascend (b below −``significance`` stds) the last
+  step passed the line minimizer and η halves; if nothing is seen the step is too small for
+  the probes to resolve and η doubles (both are searches on evidence, not noisy fits, so they
+  are not smoothed). If the descent b is seen but the curvature is not (``unseen_curvature``), the
   default ``"bound"`` targets b/(max(a, 0) + ``significance``·std_a), the line minimizer under
   the largest curvature the noise allows: η then settles where the probes resolve the descent
   and never passes the minimizer for want of seeing the curvature. (The earlier rule grew η in
@@ -114,7 +115,8 @@ def next_learning_rate(lr: float, a: float, b: float, *, max_change: float, smoo
     ``std_a``, ``std_b`` are the stds of a and b that the loss noise alone causes (public: from
     σ_l, R_l and b); an estimate within ``significance`` stds of 0 is "not seen". Target:
     - a seen > 0: b/a (the fitted minimizer; ≤ 0 when d does not descend);
-    - b seen < 0 (d ascends): shrink;
+    - b seen < 0 (d ascends: the last step passed the line minimizer, since on a quadratic
+      b_t = (1 − η/η*)·b_{t−1}): halve, not smoothed (evidence, not a noisy fit);
     - b seen > 0, a not (the descent is resolved, its end is not), by ``unseen_curvature``:
       ``"bound"`` (default): b/(max(a, 0) + significance·std_a), the minimizer under the largest
       curvature the noise leaves possible (a lower confidence bound on b/a: η never passes the
@@ -122,8 +124,8 @@ def next_learning_rate(lr: float, a: float, b: float, *, max_change: float, smoo
       ``"grow"`` (the rule before): grow, which on Fashion-MNIST grew η without bound (the
       curvature is almost never resolved at a useful step, docs/results/hyfree_fmnist.md);
     - nothing seen (the step is too small for the probes to resolve anything): grow. This is a
-      search for a resolvable step, not a noisy fit, so it is not smoothed (η ← η·max_change),
-      except under ``"grow"``, which keeps the old smoothed growth.
+      search for a resolvable step, not a noisy fit, so it is not smoothed (η ← η·max_change).
+    ``"grow"`` keeps the earlier rule whole (smoothed growth and shrinking).
     A fitted target is clamped to [η/max_change, η·max_change]; then η ← smoothing·η +
     (1 − smoothing)·target.
     """
@@ -134,6 +136,8 @@ def next_learning_rate(lr: float, a: float, b: float, *, max_change: float, smoo
         target = lr / max_change
     elif seen_a and a > 0:
         target = b / a
+    elif seen_b and b < 0 and unseen_curvature != "grow":
+        return lr / max_change
     elif seen_b and b < 0:
         target = lr / max_change
     elif not seen_b and unseen_curvature != "grow":
@@ -212,8 +216,11 @@ class HyFreeDP(Method[HyFreeState]):
 
     needs = Needs(probes=True)
     sets = frozenset({"noise_multiplier", "clip", "lr_scale"})
-    # η₀ of `dpfy train --method hyfree` without --lr (dpfy.train.config.default_lr).
+    # `dpfy train --method hyfree` without --lr / --optimizer (dpfy.train.config.default_lr):
+    # Algorithm 1's η₀ and the paper's optimizer family (Adam; SGD with momentum 0.9 drove η
+    # to 20× the hand-tuned step on Fashion-MNIST, docs/results/hyfree_fmnist.md).
     default_initial_lr: ClassVar[float] = DEFAULT_INITIAL_LR
+    default_optimizer: ClassVar[str] = "adam"
 
     def __post_init__(self) -> None:
         require(isinstance(self.probe_every, int) and self.probe_every >= 1, "probe_every",

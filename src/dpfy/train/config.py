@@ -31,7 +31,8 @@ from dpfy.privacy.accountants import RIGOROUS
 from dpfy.privacy.calibration import MAX_TARGET_EPSILON
 
 __all__ = ["TrainConfig", "OPTIMIZERS", "ACCOUNTANTS", "RESUME_IGNORED", "PUBLIC_ONLY",
-           "SEED_WARNING", "DEFAULT_LR", "default_lr", "load_config_file", "resolve", "coerce",
+           "SEED_WARNING", "DEFAULT_LR", "DEFAULT_OPTIMIZER", "method_default",
+           "load_config_file", "resolve", "coerce",
            "field_types", "guide_delta"]
 
 OPTIMIZERS = ("sgd", "adam")
@@ -44,8 +45,10 @@ RESUME_IGNORED = frozenset({"data_dir", "threads"})
 # Bounds that keep a typo from starting a run that cannot finish: the largest float32 (lr = 1e300
 # overflowed inside torch's optimizer) and a number of passes no run reaches.
 FLOAT32_MAX = 3.4028234663852886e38
-# --lr when neither given nor set by a method (default_lr): Tramèr & Boneh's SGD recipe.
+# --lr / --optimizer when neither given nor set by a method (method_default): Tramèr & Boneh's
+# SGD recipe.
 DEFAULT_LR = 4.0
+DEFAULT_OPTIMIZER = "sgd"
 MAX_EPOCHS = 1_000_000
 # Keys of the published config.json that are facts about the run, not settings: read back
 # (``--config config.json``) they are ignored.
@@ -79,7 +82,8 @@ class TrainConfig:
     physical_batch_size: int | None = _f(None, "largest batch held in memory at once")
     clip: float = _f(0.1, "per-example gradient clipping norm C")
     clipping: str = _f("flat", "clipping policy (see the engine): flat, per_layer, automatic")
-    optimizer: str = _f("sgd", "sgd or adam")
+    optimizer: str | None = _f(None, "sgd or adam; default: the method's own when --method "
+                                     "names one (hyfree: adam), else sgd")
     lr: float | None = _f(None, "learning rate; default: the method's own initial η when "
                                 "--method names one (hyfree: 1e-4, Bu & Liu's; a given --lr "
                                 "is hyfree's initial η), else 4.0 (the benchmark's SGD recipe)")
@@ -113,8 +117,13 @@ class TrainConfig:
                              "groups (recorded in config.json: the assignment is not private)")
 
     def __post_init__(self) -> None:
-        if self.lr is None:      # frozen: resolved once, so every reader sees a number
-            object.__setattr__(self, "lr", default_lr(self.method))
+        # Frozen: resolved once, so every reader sees a value.
+        if self.optimizer is None:
+            object.__setattr__(self, "optimizer", method_default(self.method, "optimizer",
+                                                                 DEFAULT_OPTIMIZER))
+        if self.lr is None:
+            object.__setattr__(self, "lr", float(method_default(self.method, "initial_lr",
+                                                                DEFAULT_LR)))
         _check_types_and_finite(self)
         # dataset and model names are checked against their registries by the trainer, since
         # the Python API also accepts a user's own Dataset and nn.Module under any name.
@@ -230,21 +239,22 @@ class TrainConfig:
         return cls(**coerce(values, source=source))
 
 
-def default_lr(method: str | None) -> float:
-    """The learning rate when ``--lr`` is not given: the first chained method's own initial η
-    (a class attribute ``default_initial_lr``, e.g. HyFreeDP's 1e-4), else :data:`DEFAULT_LR`.
+def method_default(method: str | None, what: str, default: Any) -> Any:
+    """``--lr`` (``what="initial_lr"``) or ``--optimizer`` (``"optimizer"``) when not given: the
+    first chained method's own (class attribute ``default_<what>``, e.g. HyFreeDP's η₀ = 1e-4
+    and Adam), else ``default`` (the SGD recipe: lr 4.0, sgd).
 
     A method that fits η itself starts from its paper's η₀, not from the SGD recipe's 4.0 (which
-    HyFreeDP would otherwise take as η₀: the CLI could not tell a default from a given value).
-    An unknown name keeps DEFAULT_LR here; the trainer refuses the name itself.
+    HyFreeDP took as η₀ while the CLI could not tell a default from a given value). An unknown
+    name keeps ``default`` here; the trainer refuses the name itself.
     """
     from dpfy.adaptive import REGISTRY     # importing the package registers every method
 
     for name in (method or "").split(","):
-        initial = getattr(REGISTRY.get(name.strip()), "default_initial_lr", None)
-        if initial is not None:
-            return float(initial)
-    return DEFAULT_LR
+        value = getattr(REGISTRY.get(name.strip()), f"default_{what}", None)
+        if value is not None:
+            return value
+    return default
 
 
 def parse_floats(text: str, name: str) -> list[float]:
