@@ -29,8 +29,8 @@ from dpfy.plan import StepPlan
 from dpfy.privacy import Ledger, epsilon as ledger_epsilon
 from dpfy.privacy.group_ledger import GroupLedgers
 from dpfy.sampling import BatchCursor, PoissonSampler, ShuffleSampler
-from dpfy.step import (StepSums, contract, group_step_releases, probe_losses, released,
-                       step_releases)
+from dpfy.step import (StepSums, contract, group_step_releases, post_release, probe_losses,
+                       released, step_releases)
 
 __all__ = ["DPOptimizer"]
 
@@ -224,6 +224,7 @@ class DPOptimizer(torch.optim.Optimizer):
             plan = self._plan_step()
             specs = (self.method.releases(self.method_state, plan)
                      if self.method is not None else {})
+            self._check_post_release(specs)
             self._sums = StepSums(plan=plan, specs=dict(specs))
             self._logical = self.cursor.logical
         elif self._logical != self.cursor.logical:
@@ -247,6 +248,24 @@ class DPOptimizer(torch.optim.Optimizer):
             return
         sums, self._sums = self._sums, None
         self._release(sums)
+
+    def _check_post_release(self, specs: Any) -> None:
+        """Refuse post-release probes the step cannot evaluate correctly (before any sum)."""
+        if not post_release(specs):
+            return
+        name = self.method.registry_name or type(self.method).__name__
+        if not self.cursor.last:
+            raise PrivacyRefusal(
+                f"a logical batch must be one physical batch for method {name!r}, got a logical "
+                f"batch split over several physical batches: its post-release loss probes need "
+                f"the whole batch again after the gradient is released. Make the physical batch "
+                f"as large as the logical one (drop max_physical_batch_size=, or raise it above "
+                f"the largest logical batch); nothing of this step was released")
+        if type(self.method).postprocess_probed is Method.postprocess_probed:
+            raise PrivacyRefusal(
+                f"a method that declares post-release probes must override postprocess_probed, "
+                f"got method {name!r} which does not (e.g. a chain: its members' selections "
+                f"would be dropped). Use the probing method on its own")
 
     def _accumulate(self, sums: StepSums) -> None:
         """Add one physical batch to ``sums``: norms → clipping → extra values → sums."""
@@ -291,20 +310,25 @@ class DPOptimizer(torch.optim.Optimizer):
             self.group_budget.check_release(self.groups, sampling=self.sampler.sampling,
                                             releases=group_releases)
         b = self.sampler.normalizer
-        if self.collective is None:
-            extras = sums.release(self.noise, self._params, b)
-        else:   # rank 0 adds the one noise draw; the all-reduce sums the ranks' shares
-            extras = sums.release(self.collective.noise_source(self.noise), self._params, b,
-                                  reduce=self.collective.sum_)
+        # rank 0 adds the one noise draw; the all-reduce sums the ranks' shares
+        noise, reduce = ((self.noise, None) if self.collective is None else
+                         (self.collective.noise_source(self.noise), self.collective.sum_))
+        extras = sums.release(noise, self._params, b, reduce=reduce)
         noisy = {n: p.grad for n, p in self._params.items()}   # the release itself
-        if self.method is not None:   # post-processing of the released gradient only
-            mapped = self.method.postprocess(self.method_state, dict(noisy), plan)
-            for n, p in self._params.items():
-                p.grad = mapped[n].to(p.dtype)
         self.ledger.record_step(sampling=self.sampler.sampling,
                                 sample_rate=self.sampler.sample_rate, releases=releases)
         if group_releases is not None:
             self.groups.record_step(sampling=self.sampler.sampling, releases=group_releases)
+        if self.method is not None:   # post-processing of the released gradient only
+            if post_release(sums.specs):
+                probed = self._post_release_probes(sums, noisy, noise, reduce)
+                extras.update(probed)
+                mapped = self.method.postprocess_probed(self.method_state, dict(noisy), plan,
+                                                        probed, b)
+            else:
+                mapped = self.method.postprocess(self.method_state, dict(noisy), plan)
+            for n, p in self._params.items():
+                p.grad = mapped[n].to(p.dtype)
         self.cursor.pending = 0   # taken: released and recorded
         groups = self.original_optimizer.param_groups
         lrs = [g["lr"] for g in groups]
@@ -331,6 +355,17 @@ class DPOptimizer(torch.optim.Optimizer):
         }
         self.step_count += 1
         self.updated = True
+
+    def _post_release_probes(self, sums: StepSums, noisy: dict[str, torch.Tensor], noise: Any,
+                             reduce: Any) -> dict[str, float]:
+        """The post-release probes on this (unsplit) batch at offsets(g̃), noised: released."""
+        owner = f"method {self.method.registry_name or type(self.method).__name__!r}"
+        losses = probe_losses(sums.specs, model=self.model, loss_fn=self.loss_fn,
+                              params=self._params, batch=self.cursor.batch, rows=sums.rows,
+                              released_gradient={n: g.detach().clone()
+                                                 for n, g in noisy.items()})  # sensitive
+        self.grads.clear()
+        return sums.release_probes(losses, noise, owner, reduce=reduce)
 
     # -- checkpoints ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -9,6 +9,9 @@ One logical step t (DESIGN.md steps 1–3; the optimizer is only the torch facad
 5. sums:     S = Σ_i w_i g_i, R_r = Σ_i v_i, over every physical batch of the logical batch
 6. release:  S̃ = S + N(0, (σ_t Δ)² I), R̃_r = R_r + N(0, std_r²); the ledger records
              :func:`step_releases` (P_t, specs) — the same function calibration uses
+6b. post-release probes (specs with callable offsets): ℓ_i at θ + offsets(S̃/b) on the same
+             batch, clipped, summed, noised (:meth:`StepSums.release_probes`); the method maps
+             the gradient with them (``postprocess_probed``). Declared up front like the rest.
 7. update:   p.grad = S̃ / b; the inner optimizer steps; method.update(state, Released(...))
 
 :func:`step_releases` is the one statement of what a step releases. :func:`planned_ledger`
@@ -30,7 +33,7 @@ from dpfy.privacy.group_ledger import group_noise_multiplier
 from dpfy.privacy.ledger import Ledger, Release
 
 __all__ = ["GRADIENT", "step_releases", "group_step_releases", "planned_ledger", "check_bound",
-           "StepSums", "contract", "probe_losses", "released"]
+           "StepSums", "contract", "probe_losses", "post_release", "released"]
 
 GRADIENT = "gradient"
 WeightSets = list[dict[str, torch.Tensor]]
@@ -102,6 +105,12 @@ def planned_ledger(method: Method, facts: RunFacts, *, noise_multiplier: float =
     return ledger
 
 
+def post_release(specs: Mapping[str, ReleaseSpec]) -> list[str]:
+    """Names of the post-release probes among ``specs`` (offsets a function of the released
+    gradient): evaluated after the gradient's noise, on the same batch."""
+    return [name for name, spec in specs.items() if spec.after_release]
+
+
 def check_bound(sq_contrib: torch.Tensor, bound: float, *, what: str, owner: str) -> None:
     """Refuse unless every example's contribution has L2 norm ≤ ``bound``.
 
@@ -170,6 +179,8 @@ class StepSums:
         extra_weights: list[dict[str, torch.Tensor]] = []
         extra_names: list[str] = []
         for name, spec in self.specs.items():
+            if spec.after_release:   # evaluated after the release: release_probes()
+                continue
             if name not in values:
                 raise PrivacyRefusal(f"release_values must give a value for every declared "
                                      f"release, got none for {name!r} from {owner}")
@@ -181,11 +192,9 @@ class StepSums:
                 extra_weights.append({n: v for n in names})
                 extra_names.append(name)
             else:
-                rows = v.reshape(v.shape[0], -1) if v.dim() else v.reshape(1, 1)
-                check_bound(rows.double().square().sum(1), spec.sensitivity,
-                            what=f"release {name!r}", owner=owner)
-                self._add_extra(name, v.double().sum(0))
-        unexpected = sorted(set(values) - set(self.specs))
+                self._add_extra(name, _checked_sum(name, spec, v, owner))
+        unexpected = sorted(set(values) - {n for n, s in self.specs.items()
+                                           if not s.after_release})
         if unexpected:
             raise PrivacyRefusal(f"release_values must only give declared releases, got "
                                  f"{unexpected} from {owner}. Declare them in releases()")
@@ -228,6 +237,8 @@ class StepSums:
             p.grad = noise.noisy_mean(total, std, normalizer).to(p.dtype)  # released
         out: dict[str, Any] = {}
         for name, spec in self.specs.items():
+            if spec.after_release:   # noised by release_probes(), once they are evaluated
+                continue
             total = self.extras.pop(name, None)
             if isinstance(total, dict):      # parameter-shaped
                 out[name] = {n: noise.add_gaussian_(t.clone(), spec.noise_std)
@@ -242,6 +253,33 @@ class StepSums:
         return {name: float(v) if torch.is_tensor(v) and v.dim() == 0 else v
                 for name, v in out.items()}
 
+    def release_probes(self, values: Mapping[str, torch.Tensor], noise: Any, owner: str,
+                       reduce: Callable[[list[torch.Tensor]], None] | None = None
+                       ) -> dict[str, float]:
+        """Check, sum and noise the post-release probes' per-example losses (B,) each, once.
+
+        Called after :meth:`release`, on the same (whole, unsplit) batch; ``values`` must hold
+        exactly the post-release probes. Returns their noisy sums (released).
+        """
+        names = post_release(self.specs)
+        require(sorted(values) == sorted(names), "post-release probe values", sorted(values),
+                f"exactly the declared post-release probes {sorted(names)}")
+        out = {name: noise.add_gaussian_(_checked_sum(name, self.specs[name], values[name],
+                                                      owner).reshape(-1).clone(),
+                                         self.specs[name].noise_std)
+               for name in names}
+        if reduce is not None:
+            reduce(list(out.values()))
+        return {name: float(v.reshape(())) for name, v in out.items()}
+
+
+def _checked_sum(name: str, spec: ReleaseSpec, v: torch.Tensor, owner: str) -> torch.Tensor:
+    """Σ_i v_i of a scalar- or vector-valued release, after asserting ‖v_i‖ ≤ Δ (sensitive)."""
+    rows = v.reshape(v.shape[0], -1) if v.dim() else v.reshape(1, 1)
+    check_bound(rows.double().square().sum(1), spec.sensitivity, what=f"release {name!r}",
+                owner=owner)
+    return v.double().sum(0)
+
 
 def contract(per_sample: Mapping[str, torch.Tensor]) -> WeightedSums:
     """Σ_i w_i g_i over materialized per-sample gradients {name: (B, *θ)} (sensitive)."""
@@ -253,28 +291,34 @@ def contract(per_sample: Mapping[str, torch.Tensor]) -> WeightedSums:
 
 def probe_losses(specs: Mapping[str, ReleaseSpec], *, model: torch.nn.Module | None,
                  loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor] | None,
-                 params: Mapping[str, torch.nn.Parameter], batch: Any, rows: int
+                 params: Mapping[str, torch.nn.Parameter], batch: Any, rows: int,
+                 released_gradient: Mapping[str, torch.Tensor] | None = None
                  ) -> dict[str, torch.Tensor]:
     """Per-example losses at θ + offsets on ``batch`` for every ``kind="loss"`` spec, (B,).
+
+    Without ``released_gradient``: the probes with fixed offsets (evaluated before the
+    release). With it: the post-release probes, at offsets(released_gradient).
 
     Each probe runs ``loss_fn(model, batch)`` (the caller holds no_grad) with the named
     parameters' data replaced by θ + Δθ (new tensors: θ itself is never modified, so no rounding
     drift), then restores them; losses are clipped to ±Δ. Sensitive: they are summed and
     noised like every release.
     """
-    probes = {n: s for n, s in specs.items() if s.kind == "loss"}
+    after = released_gradient is not None
+    probes = {n: s for n, s in specs.items() if s.kind == "loss" and s.after_release == after}
     if not probes:
         return {}
     require(loss_fn is not None, "loss_fn", None, "given for loss probes",
             "Pass make_private(..., loss_fn=fn) with fn(model, batch) -> (B,) losses")
     out: dict[str, torch.Tensor] = {}
     for name, spec in probes.items():
-        unknown = sorted(set(spec.offsets) - set(params))
+        offsets = spec.offsets(released_gradient) if after else spec.offsets
+        unknown = sorted(set(offsets) - set(params))
         require(not unknown, f"offsets of probe {name!r}", unknown,
                 "names of trainable parameters")
-        saved = {n: params[n].data for n in spec.offsets}
+        saved = {n: params[n].data for n in offsets}
         try:
-            for n, d in spec.offsets.items():
+            for n, d in offsets.items():
                 params[n].data = saved[n] + d.to(saved[n])
             losses = torch.as_tensor(loss_fn(model, batch))                 # (B,) sensitive
         finally:

@@ -21,6 +21,14 @@ before training, and the private step (``dpfy.step``) calls the hooks below in t
    threshold gradient). Each one's L2 bound is asserted like the gradient's.
    ``postprocess(state, gradient, plan)`` may then map the released gradient (post-processing
    only) before the inner optimizer steps on it.
+   **Post-release probes** (NoisyMax, NoisyBTLS): a ``kind="loss"`` spec whose ``offsets`` is a
+   callable ``released_gradient -> {name: Δθ}`` is evaluated *after* the gradient's noise is
+   added, on the same batch, at θ + offsets(g̃) (g̃ = {name: S̃/b}, as released); its noisy sum
+   goes to ``postprocess_probed(state, gradient, plan, probed, expected_batch_size)``, which
+   maps the gradient the inner optimizer steps on (e.g. scales it by the selected step size).
+   Its noise and sensitivity are declared up front like every release, so the ledger and
+   calibration are unchanged in kind. A logical batch split over several physical batches is
+   refused (the probe would need the whole batch again after the release).
 4. ``update(state, released) -> state``: reads a :class:`Released`: the plan, the released
    (noisy) gradient, every released extra value. Nothing raw reaches it.
 5. ``observe(state, *, val_metric)``: for methods that declare ``needs.validation``.
@@ -172,6 +180,9 @@ class Clip:
 
 
 KINDS = ("values", "gradient", "loss")
+# A loss probe's offsets: fixed {name: Δθ}, or a function of the step's released gradient.
+Offsets = (Mapping[str, torch.Tensor]
+           | Callable[[Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]])
 
 
 @dataclass(frozen=True)
@@ -188,13 +199,16 @@ class ReleaseSpec:
         perturbed parameters, from ``make_private(loss_fn=...)``; HyFreeDP, ADADP, line
         searches). Loss probes are released like any other value and recorded in the ledger.
       offsets: for ``kind="loss"``: {parameter name: Δθ} (public: from the method's state,
-        itself built from released values); parameters not named stay at θ.
+        itself built from released values); parameters not named stay at θ. Or a callable
+        ``released_gradient -> {name: Δθ}``: a **post-release probe**, evaluated after this
+        step's gradient is released (noise added), at offsets that are a function of that
+        released gradient {name: S̃/b} only (post-processing; see ``Method.postprocess_probed``).
     """
 
     sensitivity: float
     noise_std: float
     kind: Literal["values", "gradient", "loss"] = "values"
-    offsets: Mapping[str, torch.Tensor] | None = None
+    offsets: Offsets | None = None
 
     def __post_init__(self) -> None:
         require(self.sensitivity > 0, "sensitivity", self.sensitivity, "> 0")
@@ -209,6 +223,11 @@ class ReleaseSpec:
     @property
     def noise_multiplier(self) -> float:
         return self.noise_std / self.sensitivity
+
+    @property
+    def after_release(self) -> bool:
+        """True for a post-release probe (``offsets`` a function of the released gradient)."""
+        return self.kind == "loss" and callable(self.offsets)
 
 
 @dataclass(frozen=True)
@@ -284,6 +303,21 @@ class Method(Generic[S]):
         unchanged. ``Released.gradient`` then holds what the optimizer stepped on.
         """
         return gradient
+
+    def postprocess_probed(self, state: S, gradient: Mapping[str, torch.Tensor], plan: StepPlan,
+                           probed: Mapping[str, float], expected_batch_size: float
+                           ) -> Mapping[str, torch.Tensor]:
+        """The released gradient mapped after this step's **post-release probes** (specs whose
+        ``offsets`` is a callable of the released gradient; NoisyMax, NoisyBTLS).
+
+        ``probed`` holds each post-release probe's noisy sum Σ_i clip(ℓ_i) + noise (divide by
+        ``expected_batch_size`` for a mean loss). Post-processing: it may read only these, the
+        gradient, the plan and the state. Called instead of :meth:`postprocess` on steps that
+        declare post-release probes; a method declaring them must override it (the optimizer
+        refuses otherwise, e.g. a ``chain`` that would drop the selection). Default:
+        :meth:`postprocess`.
+        """
+        return self.postprocess(state, gradient, plan)
 
     def update(self, state: S, released: Released) -> S:
         return state
