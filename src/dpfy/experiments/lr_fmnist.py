@@ -54,6 +54,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    default=list(METHODS_004), help="004's methods to run")
     g.add_argument("--lr-sigma", type=float, default=2.0, help="000's σ")
     g.add_argument("--lr-000-seeds", type=int, default=1, help="replicates of 000's comparison")
+    g.add_argument("--lr-000-train-size", type=int, default=None,
+                   help="000's training subset (default: --lr-train-size)")
+    g.add_argument("--lr-000-batch-size", type=int, default=None,
+                   help="000's expected batch (default: --lr-batch-size)")
     g.add_argument("--lr-batch-size", type=int, default=d.batch_size)
     g.add_argument("--lr-train-size", type=int, default=d.train_size)
     g.add_argument("--lr-test-size", type=int, default=d.test_size)
@@ -69,12 +73,13 @@ def build_specs(args: argparse.Namespace) -> list[LrSpec]:
     default_batch = max(1, round(TrainConfig().batch_size * args.lr_train_size / 60000))
     common = dict(epochs=args.epochs, train_size=args.lr_train_size,
                   test_size=args.lr_test_size, probe_every=args.lr_probe_every)
+    sizes_000 = {"train_size": args.lr_000_train_size or args.lr_train_size,
+                 "batch_size": args.lr_000_batch_size or args.lr_batch_size}
     out: list[LrSpec] = []
     for rep in range(args.seeds):
         if "000" in args.lr_parts and rep < args.lr_000_seeds:
             out += [LrSpec(comparison="000", method=m, noise_multiplier=args.lr_sigma,
-                           batch_size=args.lr_batch_size, replicate=rep, **common)
-                    for m in METHODS_000]
+                           replicate=rep, **{**common, **sizes_000}) for m in METHODS_000]
         if "004" not in args.lr_parts:
             continue
         for model in args.lr_models:
@@ -113,9 +118,14 @@ def _init_worker(train_size: int, test_size: int, data_dir: str | None, data: tu
 def _work(spec_dict: dict) -> dict | None:
     from dpfy.experiments.lr_train import train_lr
 
+    from torch.utils.data import TensorDataset
+
     if _UNTIL is not None and time.time() > _UNTIL:
         return None                                           # past --lr-until: not started
-    return train_lr(LrSpec.from_dict(spec_dict), *_DATA)
+    spec = LrSpec.from_dict(spec_dict)
+    train, test = (TensorDataset(*(t[:size] for t in part.tensors))   # the spec's subsets
+                   for part, size in zip(_DATA, (spec.train_size, spec.test_size)))
+    return train_lr(spec, train, test)
 
 
 def _records(todo: list[LrSpec], workers: int, init: tuple) -> Iterator[dict | None]:

@@ -41,18 +41,21 @@ Say = Callable[[str], None]
 
 
 def git_commit() -> str:
-    """HEAD of the dpfy checkout (+ ``-hyfree-modified`` when the working tree's
-    ``adaptive/hyfree.py``, the file whose rule changes this session, differs from HEAD)."""
+    """HEAD of the dpfy checkout; when the working tree's ``adaptive/hyfree.py`` (the file whose
+    rule changes this session) differs from HEAD, also that file's git blob id
+    (``HEAD+hyfree.py@BLOB``), so a row run on uncommitted code still names its code."""
     root = Path(__file__).resolve().parents[3]
+    path = "src/dpfy/adaptive/hyfree.py"
     try:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, check=True,
                               capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--",
-                                "src/dpfy/adaptive/hyfree.py"], cwd=root,
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", path], cwd=root,
                                capture_output=True).returncode != 0
+        blob = subprocess.run(["git", "hash-object", path], cwd=root, check=True,
+                              capture_output=True, text=True).stdout.strip()[:12]
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-    return head + ("-hyfree-modified" if dirty else "")
+    return head + (f"+hyfree.py@{blob}" if dirty else "")
 
 
 def state_trace(optimizer: Any) -> dict[str, float]:

@@ -1,0 +1,75 @@
+"""``dpfy experiment lr-fmnist`` end to end on tiny synthetic images (96 train, 32 test, batch
+16, one epoch = 6 steps): one run of each cheap kind (000's DP-SGD at σ = 2, AdamW at ε = 2 and
+ε = ∞, DP-hyper), resuming, the record's fields (no seed), ε against dp_accounting, and the
+generated tables saying NonDP-GS is not accounted. HyFreeDP is left out (its calibration alone
+takes seconds; tests/adaptive covers it)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from dpfy.experiments.lr_fmnist import run_specs
+from dpfy.experiments.lr_report import summarize
+from dpfy.experiments.lr_spec import LrSpec
+from ledger_events import dp_accounting_epsilon
+
+N, BATCH = 96, 16
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(0)
+    data = (TensorDataset(torch.randn(N, 1, 28, 28, generator=g),
+                          torch.randint(0, 10, (N,), generator=g)),
+            TensorDataset(torch.randn(32, 1, 28, 28, generator=g),
+                          torch.randint(0, 10, (32,), generator=g)))
+    common = dict(epochs=1, batch_size=BATCH, train_size=N, test_size=32)
+    specs = [LrSpec(comparison="000", method="sgd", noise_multiplier=2.0, **common),
+             LrSpec(comparison="004", method="adamw", epsilon=2.0, lr=1e-3, **common),
+             LrSpec(comparison="004", method="adamw", lr=1e-3, **common),           # ε = ∞
+             LrSpec(comparison="004", method="dp_hyper", epsilon=2.0, **common)]
+    out = tmp_path_factory.mktemp("lr")
+    recs = run_specs(specs, results=out / "r.jsonl", log=out / "log", data=data)
+    again = run_specs(specs, results=out / "r.jsonl", log=out / "log", data=data)
+    assert again == recs                                   # resumed: nothing re-run
+    return {r["spec"]["method"] + str(r["spec"]["epsilon"]): r for r in recs}, out
+
+
+def test_records_have_accuracy_pld_epsilon_commit_and_no_seed(run):
+    recs, _ = run
+    assert len(recs) == 4
+    for r in recs.values():
+        assert r["steps"] == N // BATCH and 0 <= r["test_accuracy"] <= 100
+        assert r["git_commit"] and not any("seed" in k for k in r["spec"])
+    assert math.isinf(recs["adamwNone"]["epsilon_pld"])
+    assert recs["adamw2.0"]["epsilon_pld"] <= 2.0 * (1 + 1e-3)
+
+
+def test_dp_hyper_total_is_its_ledgers_composed_and_within_target(run):
+    r = run[0]["dp_hyper2.0"]
+    d = r["dp_hyper"]
+    assert d["selected_lr"] in d["grid"] and len(d["selection"]) == len(d["grid"])
+    assert d["selection_epsilon_pld"] <= 0.15 * 2.0 * (1 + 2e-3)
+    assert r["final_epsilon_pld"] <= 0.85 * 2.0 * (1 + 1e-3)
+    # the composition is at least its largest part and at most the sum of the parts
+    assert r["final_epsilon_pld"] <= r["epsilon_pld"] <= 2.0 * (1 + 1e-3)
+
+
+def test_000_run_epsilon_matches_dp_accounting(run):
+    """σ = 2 for 6 steps at q = 1/6: the record's ε is dp_accounting's PLD of those steps."""
+    from dpfy.privacy.ledger import Ledger
+    ledger = Ledger.homogeneous(sample_rate=BATCH / N, noise_multiplier=2.0, steps=N // BATCH)
+    assert run[0]["sgdNone"]["epsilon_pld"] == pytest.approx(
+        dp_accounting_epsilon(ledger, 1e-5, "pld"), rel=5e-3)
+
+
+def test_tables_mark_nondp_gs_not_accounted(run):
+    recs, out = run
+    paths = summarize(list(recs.values()), out)
+    text = paths[0].read_text()
+    assert "NOT accounted" in text and "DP-hyper" in text and "σ = 2" in text
