@@ -52,3 +52,27 @@ def test_nondp_gs_is_the_best_grid_point_and_is_marked_not_accounted():
     # the ε shown is one run's, never presented as the grid's
     assert got["epsilon_one_run"] == 2.999
     assert not nondp_gs([_record(1e-3, 50.0)])["complete_grid"]
+
+
+def test_build_specs_orders_by_priority_with_hyfree_last_in_each_tier():
+    import argparse
+
+    from dpfy.cli.experiment import register
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args("experiment lr-fmnist --seeds 2 --lr-epsilons 3 inf 1 "
+                             "--lr-000-train-size 300 --lr-000-epochs 5".split())
+    from dpfy.experiments.lr_fmnist import build_specs
+    specs = build_specs(args)
+    labels = [s.label for s in specs]
+    assert labels[:4] == [f"000 tanh_cnn {m} σ=2 rep 0"
+                          for m in ("sgd", "adadp", "quantile", "time_decay")]
+    assert specs[0].train_size == 300 and specs[0].epochs == 5 and specs[4].epochs == 3
+    # tier 1 (ε = 3, ∞): HyFreeDP at ε = 3 after every other tier-1 run, before tier 2 (ε = 1)
+    hy = labels.index("004 tanh_cnn hyfree ε=3 rep 0")
+    assert labels.index("004 tanh_cnn default ε=∞ rep 0") < hy
+    assert hy < labels.index("004 tanh_cnn adamw lr=5e-05 ε=1 rep 0")
+    assert not any(s.method in ("dp_hyper", "hyfree") and s.epsilon is None for s in specs)
+    assert sum(s.method == "adamw" for s in specs) == 2 * 3 * len(NONDP_GS_GRID)
+    assert sum(s.comparison == "000" for s in specs) == 4              # 000: one replicate
+    assert len({s.key() for s in specs}) == len(specs)

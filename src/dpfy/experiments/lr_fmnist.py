@@ -4,7 +4,8 @@ Issue 12's reproduction (:mod:`dpfy.experiments.lr_spec` says what a run is,
 :mod:`dpfy.experiments.lr_baselines` what each method is, :mod:`dpfy.experiments.lr_train` how
 a run is trained and accounted). Runs are ordered by priority: per replicate, seed 000's
 σ = 2.0 comparison first, then seed 004's table per model and per ε in the order given
-(``--lr-epsilons 3 inf 1 8``), the HyFreeDP rows of each model last (its rule may change
+(``--lr-epsilons 3 inf 1 8``) in tiers of two ε values (3 and ∞, then 1 and 8), the HyFreeDP
+rows of each tier last (its rule may change
 during a session; each record keeps its git commit).
 
 Each finished run is appended to ``OUT/lr_fmnist.jsonl`` (no seed in it); a run whose key is
@@ -24,8 +25,10 @@ import math
 import multiprocessing as mp
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
+# the progress logger of the idp reproduction (timestamped lines to stdout and the log file)
+from dpfy.experiments.idp_fmnist import _progress as progress_log
 from dpfy.experiments.lr_spec import METHODS_000, METHODS_004, NONDP_GS_GRID, LrSpec
 from dpfy.experiments.runner import load_results
 
@@ -58,6 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="000's training subset (default: --lr-train-size)")
     g.add_argument("--lr-000-batch-size", type=int, default=None,
                    help="000's expected batch (default: --lr-batch-size)")
+    g.add_argument("--lr-000-epochs", type=int, default=None,
+                   help="000's epochs (default: --epochs)")
     g.add_argument("--lr-batch-size", type=int, default=d.batch_size)
     g.add_argument("--lr-train-size", type=int, default=d.train_size)
     g.add_argument("--lr-test-size", type=int, default=d.test_size)
@@ -74,7 +79,8 @@ def build_specs(args: argparse.Namespace) -> list[LrSpec]:
     common = dict(epochs=args.epochs, train_size=args.lr_train_size,
                   test_size=args.lr_test_size, probe_every=args.lr_probe_every)
     sizes_000 = {"train_size": args.lr_000_train_size or args.lr_train_size,
-                 "batch_size": args.lr_000_batch_size or args.lr_batch_size}
+                 "batch_size": args.lr_000_batch_size or args.lr_batch_size,
+                 "epochs": args.lr_000_epochs or args.epochs}
     out: list[LrSpec] = []
     for rep in range(args.seeds):
         if "000" in args.lr_parts and rep < args.lr_000_seeds:
@@ -83,18 +89,26 @@ def build_specs(args: argparse.Namespace) -> list[LrSpec]:
         if "004" not in args.lr_parts:
             continue
         for model in args.lr_models:
-            cells = []
-            for eps in args.lr_epsilons:
-                for m in args.lr_methods:
-                    if m in ("dp_hyper", "hyfree") and eps is None:
-                        continue                      # not defined at ε = ∞ (see the docs)
-                    lrs = NONDP_GS_GRID if m == "adamw" else (None,)
-                    cells += [LrSpec(comparison="004", method=m, epsilon=eps, lr=lr, model=model,
-                                     batch_size=default_batch if m == "default"
-                                     else args.lr_batch_size, replicate=rep, **common)
-                              for lr in lrs]
-            out += [s for s in cells if s.method != "hyfree"] + [s for s in cells
-                                                                  if s.method == "hyfree"]
+            # priority tiers of two ε values each (3 and ∞, then 1 and 8): HyFreeDP last in each
+            for tier in range(0, len(args.lr_epsilons), 2):
+                cells = [spec for eps in args.lr_epsilons[tier:tier + 2]
+                         for spec in _cell(args, model, eps, rep, default_batch, common)]
+                out += [s for s in cells if s.method != "hyfree"] + [s for s in cells
+                                                                      if s.method == "hyfree"]
+    return out
+
+
+def _cell(args: argparse.Namespace, model: str, eps: float | None, rep: int, default_batch: int,
+          common: dict) -> list[LrSpec]:
+    """004's runs of one (model, ε, replicate): every method, AdamW at each grid rate."""
+    out = []
+    for m in args.lr_methods:
+        if m in ("dp_hyper", "hyfree") and eps is None:
+            continue                                  # not defined at ε = ∞ (see the docs)
+        lrs = NONDP_GS_GRID if m == "adamw" else (None,)
+        out += [LrSpec(comparison="004", method=m, epsilon=eps, lr=lr, model=model,
+                       batch_size=default_batch if m == "default" else args.lr_batch_size,
+                       replicate=rep, **common) for lr in lrs]
     return out
 
 
@@ -158,7 +172,7 @@ def run_specs(specs: list[LrSpec], *, results: Path, log: Path, workers: int = 1
     results.parent.mkdir(parents=True, exist_ok=True)
     done = {r["key"] for r in load_results(results)}
     todo = [s for s in dict.fromkeys(specs) if s.key() not in done]
-    say = _progress(log)
+    say = progress_log(log)
     say(f"{len(todo)} runs to do ({len(done)} already in {results}), {workers} worker(s)")
     t0 = time.time()
     init = (max(s.train_size for s in todo) if todo else 0,
@@ -177,15 +191,6 @@ def run_specs(specs: list[LrSpec], *, results: Path, log: Path, workers: int = 1
 
 def _fmt(eps: float) -> str:
     return "∞" if math.isinf(eps) else f"{eps:.3f}"
-
-
-def _progress(log: Path) -> Callable[[str], None]:
-    def say(msg: str) -> None:
-        line = f"{time.strftime('%H:%M:%S')} {msg}"
-        print(line, flush=True)
-        with log.open("a") as f:
-            f.write(line + "\n")
-    return say
 
 
 def main(args: argparse.Namespace) -> int:

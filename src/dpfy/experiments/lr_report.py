@@ -13,7 +13,7 @@ import math
 import statistics
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Iterable, Sequence
 
 from dpfy.experiments.lr_baselines import NOT_ACCOUNTED, nondp_gs
 
@@ -33,7 +33,6 @@ FEW_POINTS = 3.0       # "within a few points": the paper's worst full-FT gap at
 DEGRADE_POINTS = 10.0  # "degrade": ≥ 10 points below NonDP-GS at the smallest ε
 HEADLINE = 86.5        # issue 12: dpfy train's default at ε = 3 (full training)
 
-Cell = tuple[str, "float | None"]            # (model, ε or None = ∞)
 
 
 def _eps_key(eps: float | None) -> float:
@@ -151,8 +150,9 @@ def _dp_hyper_lines(runs: Sequence[dict]) -> list[str]:
             continue
         d = r["dp_hyper"]
         sel = ", ".join(f"{s['lr']:g}: {s['test_accuracy']:.1f} %" for s in d["selection"])
+        k = len(d["grid"])
         out.append(f"- DP-hyper ε = {r['spec']['epsilon']:g} rep {r['spec']['replicate']}: "
-                   f"selection σ = {d['select_noise_multiplier']:.3f} ({sel}; the {len(d['grid'])}"
+                   f"selection σ = {d['select_noise_multiplier']:.3f} ({sel}; the {k}"
                    f" runs composed: ε = {d['selection_epsilon_pld']:.3f}), selected lr = "
                    f"{d['selected_lr']:g}, final run ε = {r['final_epsilon_pld']:.3f}; total ε of "
                    f"all ledgers composed (PLD) = **{r['epsilon_pld']:.3f}**.")
