@@ -117,3 +117,14 @@ def test_post_release_losses_are_clipped_to_the_declared_sensitivity():
     g = method.seen[0].noisy_gradient["weight"]
     expected = float(((weights[0] - g) @ x.T).clamp(-0.05, 0.05).sum())
     assert method.probed[0][0]["candidate"] == pytest.approx(expected, abs=6 * STD)
+
+
+def test_the_per_step_sensitivity_assertion_covers_post_release_probes():
+    from dpfy.noise import NoiseSource
+    from dpfy.plan import StepPlan
+    from dpfy.step import StepSums
+
+    spec = ReleaseSpec(1.0, STD, kind="loss", offsets=minus_gradient)
+    sums = StepSums(plan=StepPlan(0, 1.0, 1.0, 1.0), specs={"candidate": spec})
+    with pytest.raises(PrivacyRefusal, match="within its declared sensitivity 1"):
+        sums.release_probes({"candidate": torch.tensor([0.5, 1.5])}, NoiseSource(0), "test")
