@@ -94,20 +94,22 @@ def test_layer_used_time_first_gets_per_example_norms():
     check_one_step_matches_loop(TimeFirst(), sequences(), lambda m, x: m(x))
 
 
-def test_layer_whose_batch_dimension_is_ambiguous_is_refused():
-    class OneStep(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lin = nn.Linear(4, 3)
+class OneStep(nn.Module):
+    """A layer fed one time step time-first: lin sees (1, B, 4), where dim 0 could be a
+    batch shared by every example or the single step."""
 
-        def forward(self, x: torch.Tensor) -> torch.Tensor:  # x (B, 1, 4) -> lin on (1, B, 4)
-            return self.lin(x.transpose(0, 1))[0]
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 3)
 
-    model, opt, dl = private(OneStep(), sequences(t=1))
-    x, y = next((x, y) for x, y in dl if x.shape[0] > 1)
-    sum_loss(model(x), y).backward()
-    with pytest.raises(PrivacyRefusal, match=r"layer 'lin' \(Linear\).*\(1, \d+, 4\).*several"):
-        opt.step()
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x (B, 1, 4)
+        return self.lin(x.transpose(0, 1))[0]
+
+
+def test_one_step_layer_used_time_first_gets_per_example_norms():
+    # before the layout probe: refused as ambiguous (the (1, B, 4) input's shape cannot say)
+    check_one_step_matches_loop(OneStep(), sequences(t=1), lambda m, x: m(x))
 
 
 class Keywords(nn.Module):
@@ -205,27 +207,118 @@ def test_layer_on_shared_inputs_whose_output_does_not_broadcast_is_refused():
         opt.step()
 
 
-def test_time_first_layer_whose_sequence_length_equals_the_batch_is_refused():
-    model = TimeFirst()
-    eng = dpfy.grads.GradEngine(model, loss_reduction="sum")
-    x, y = torch.randn(4, 3, 4), torch.randint(0, 3, (4,))
-    eng.bind_batch(4)
-    sum_loss(model(x), y).backward()  # T = 3, B = 4: the batch is found in dim 1
-    eng.per_sample_sq_norms()
-    eng.clear()
-    x = torch.randn(3, 3, 4)
-    eng.bind_batch(3)
-    # T = B = 3 and the layer's input (T, B, d) is contiguous: only the history tells
-    sum_loss(model(x.transpose(0, 1).contiguous().transpose(0, 1)), y[:3]).backward()
-    with pytest.raises(PrivacyRefusal, match=r"layer 'lin' \(Linear\).*time-first on earlier"):
-        eng.per_sample_sq_norms()
-    eng.detach()
+class ContiguousTimeFirst(nn.Module):
+    """A layer fed a contiguous time-first tensor: with T = B its input (T, B, 4) has the
+    shape and strides of a batch-first one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin, self.head = nn.Linear(4, 6), nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x (B, T, 4)
+        h = self.lin(x.transpose(0, 1).contiguous()).transpose(0, 1)
+        return self.head(torch.tanh(h).mean(1))
 
 
-def test_transposed_view_with_as_many_steps_as_rows_is_refused():
-    model, opt, dl = private(TimeFirst(), sequences(t=8), poisson_sampling=False)
+def test_contiguous_time_first_layer_with_as_many_steps_as_rows_gets_per_example_norms():
+    # before the layout probe: norms over the 8 time steps on the very first batch (T = B = 8,
+    # nothing seen before to tell), a wrong update and no error
+    check_one_step_matches_loop(ContiguousTimeFirst(), sequences(t=8), lambda m, x: m(x),
+                                poisson_sampling=False)
+
+
+def test_transposed_view_with_as_many_steps_as_rows_gets_per_example_norms():
+    # before: refused as ambiguous (B = T = 8 and lin sees a transposed view)
+    check_one_step_matches_loop(TimeFirst(), sequences(t=8), lambda m, x: m(x),
+                                poisson_sampling=False)
+
+
+class EmbeddingOneStep(nn.Module):
+    """Token ids (B, 1) fed time-first: the embedding sees (1, B), the shape of position ids
+    of B positions shared by the batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.head = nn.Embedding(10, 4), nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x (B, 1) ids
+        return self.head(self.emb(x.t())[0])
+
+
+def test_one_step_of_ids_fed_time_first_is_not_taken_for_shared_position_ids():
+    # before: the (1, B) ids were read as position ids shared by the batch and expanded: every
+    # example's embedding gradient was the batch's (norms wrong, silently)
+    g = torch.Generator().manual_seed(0)
+    ds = TensorDataset(torch.randint(0, 10, (64, 1), generator=g),
+                       torch.randint(0, 3, (64,), generator=g))
+    check_one_step_matches_loop(EmbeddingOneStep(), ds, lambda m, x: m(x))
+
+
+class SharedPositions(nn.Module):
+    """Position ids (1, T) shared by the batch, with T equal to the batch size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.pos, self.head = nn.Embedding(8, 4), nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x (B, T, 4), T = 8
+        h = x + self.pos(torch.arange(x.shape[1])[None])
+        return self.head(h.mean(1))
+
+
+def test_shared_position_ids_with_as_many_positions_as_rows_are_expanded():
+    check_one_step_matches_loop(SharedPositions(), sequences(t=8), lambda m, x: m(x),
+                                poisson_sampling=False)
+
+
+class Scale(nn.Module):
+    """A module without a per-layer rule (vmap route)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.linspace(0.5, 1.5, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.w
+
+
+class VmapTimeFirst(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.scale, self.head = Scale(), nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x (B, T, 4)
+        h = self.scale(x.transpose(0, 1).contiguous()).transpose(0, 1)
+        return self.head(h.mean(1))
+
+
+def test_vmap_module_fed_time_first_with_as_many_steps_as_rows_is_refused():
+    # before: vmap split the (T, B, 4) input by its dim 0, the time steps, silently
+    model, opt, dl = private(VmapTimeFirst(), sequences(t=8), poisson_sampling=False)
     x, y = next(iter(dl))
-    assert x.shape[:2] == (8, 8)  # B = T = 8: lin sees a transposed view
     sum_loss(model(x), y).backward()
-    with pytest.raises(PrivacyRefusal, match=r"layer 'lin' \(Linear\).*several dimensions"):
+    with pytest.raises(PrivacyRefusal, match=r"layer 'scale' \(Scale\).*argument 0.*\(8, 7, 4\)"):
+        opt.step()
+
+
+class TimeFirstInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin, self.head = nn.Linear(4, 6), nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x (T, B, 4): time-first input
+        return self.head(torch.tanh(self.lin(x)).mean(0))
+
+
+def test_model_called_on_a_transposed_batch_with_as_many_steps_as_rows_is_refused():
+    # the user transposes before the model: its input's dimension 0 is not the batch
+    model, opt, dl = private(TimeFirstInput(), sequences(t=8), poisson_sampling=False)
+    x, y = next(iter(dl))
+    sum_loss(model(x.transpose(0, 1)), y).backward()
+    with pytest.raises(PrivacyRefusal, match=r"layer 'lin' \(Linear\).*transposed view"):
         opt.step()

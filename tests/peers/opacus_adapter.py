@@ -10,8 +10,7 @@ loader binds it): per-sample squared norms per parameter and one weighted sum Σ
 
 Every case must end one of two ways, never a third: it **matches** the loop, or it is
 **refused** with a ``ValueError`` (``PrivacyRefusal`` included) whose message names a module of
-the case. A mismatch (silently wrong) or any other exception fails the case; for the layer
-types other engineers are adding (:data:`PENDING`) it is an ``xfail`` naming the layer.
+the case. A mismatch (silently wrong) or any other exception fails the case.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ import collections
 import copy
 from typing import Any, Callable
 
-import pytest
 import torch
 from hypothesis import HealthCheck, settings
 from opacus.utils.per_sample_gradients_utils import (ModelWithLoss, compute_microbatch_grad_sample,
@@ -30,13 +28,7 @@ from torch.nn.utils.rnn import PackedSequence
 
 from dpfy.grads import GradEngine
 
-__all__ = ["DpfyRunTest", "adapt", "OUTCOMES", "BY_CASE", "PENDING", "check_case"]
-
-# Layer types another engineer is adding rules or batch handling for (issue 14 §1–2): a case
-# with one of them that fails here is an xfail naming it, not a failure of this suite.
-PENDING = ("RNN", "GRU", "LSTM", "DPRNN", "DPGRU", "DPLSTM", "RNNBase", "DPRNNBase",
-           "MultiheadAttention", "DPMultiheadAttention", "InstanceNorm1d", "InstanceNorm2d",
-           "InstanceNorm3d", "RMSNorm", "Conv3d", "EmbeddingBag", "SequenceBias")
+__all__ = ["DpfyRunTest", "adapt", "OUTCOMES", "BY_CASE", "check_case"]
 
 OUTCOMES: collections.Counter[str] = collections.Counter()   # "match", "refused", ... per run
 BY_CASE: collections.Counter[tuple[str, str]] = collections.Counter()   # (case class, outcome)
@@ -44,14 +36,6 @@ BY_CASE: collections.Counter[tuple[str, str]] = collections.Counter()   # (case 
 
 def _module_names(module: nn.Module) -> set[str]:
     return {type(m).__name__ for m in module.modules()}
-
-
-def _pending(module: nn.Module, batch_first: bool) -> str | None:
-    """The pending layer a case depends on (or 'time-first input'), for an xfail reason."""
-    hit = sorted(_module_names(module) & set(PENDING))
-    if hit:
-        return ", ".join(hit)
-    return None if batch_first else "time-first input (batch_first=False)"
 
 
 def _double(x: Any) -> Any:
@@ -154,27 +138,13 @@ def _refused(err: ValueError, module: nn.Module) -> str:
 class DpfyRunTest:
     """Mixin: Opacus's ``run_test`` replaced by the dpfy check, for both loss reductions."""
 
-    pending_failures: list[str]
-
     def run_test(self, x: Any, module: nn.Module, batch_first: bool = True,
                  atol: float = 1e-5, rtol: float = 1e-4, ew_compatible: bool = True,
                  chunk_method: Callable = iter) -> None:
-        """Check one drawn case; a pending layer's failure is recorded (xfail after the
-        hypothesis run, so that hypothesis does not shrink it), any other failure raises."""
+        """Check one drawn case for both loss reductions: a match or a named refusal."""
         for reduction in ("sum", "mean"):
-            try:
-                outcome = check_case(x, module, batch_first=batch_first, reduction=reduction,
-                                     chunk_method=chunk_method, rtol=max(rtol, 1e-4))
-            except Exception as err:  # noqa: BLE001 - classified below
-                pending = _pending(module, batch_first)
-                if pending is None:
-                    raise
-                kind = "mismatch" if isinstance(err, AssertionError) else "error"
-                OUTCOMES[f"pending {kind}"] += 1
-                BY_CASE[type(self).__name__, f"pending {kind}"] += 1
-                self.pending_failures.append(f"{pending}: {kind}: {type(err).__name__}: "
-                                             f"{str(err)[:160]}")
-                continue
+            outcome = check_case(x, module, batch_first=batch_first, reduction=reduction,
+                                 chunk_method=chunk_method, rtol=max(rtol, 1e-4))
             OUTCOMES[outcome] += 1
             BY_CASE[type(self).__name__, outcome] += 1
 
@@ -206,15 +176,8 @@ def _with_settings(fn: Callable, s: settings) -> Callable:
     def run(self: Any) -> None:
         old = fn._hypothesis_internal_use_settings
         fn._hypothesis_internal_use_settings = s
-        self.pending_failures = []
         try:
             fn(self)
         finally:
             fn._hypothesis_internal_use_settings = old
-        if self.pending_failures:
-            reasons = sorted(set(r.split(": ")[0] + ": " + r.split(": ")[1]
-                                 for r in self.pending_failures))
-            pytest.xfail(f"{len(self.pending_failures)} draws fail on layers another engineer "
-                         f"is adding ({'; '.join(reasons)}); first: "
-                         f"{self.pending_failures[0]}")
     return run

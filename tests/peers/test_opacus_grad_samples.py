@@ -54,5 +54,5 @@ def teardown_module() -> None:
 
 
 def test_zz_outcomes_were_checked() -> None:
-    """The cases above ran and ended as a match or a named refusal (or a pending xfail)."""
+    """The cases above ran and ended as a match or a named refusal."""
     assert OUTCOMES["match"] > 0, _summary()

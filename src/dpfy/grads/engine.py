@@ -29,6 +29,8 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from dpfy._require import require
 from dpfy.errors import PrivacyRefusal
+from dpfy.grads.layout import (LayoutProbe, call_shapes, followed, resize_batch,
+                               resized_rows, shape_of)
 from dpfy.grads.units import Unit, build_units
 from dpfy.grads.vmap import vmap_grad_sample
 
@@ -203,47 +205,52 @@ def _label(unit: Unit) -> str:
     return f"layer {unit.name or '(root)'!r} ({type(unit.module).__name__})"
 
 
-def _rule_batch_dim(unit: Unit, a: Any, b: int, time_first: set[int] = frozenset()
-                    ) -> tuple[int, str | None]:
+AMBIGUOUS = -2  # several dimensions could hold the batch: the layout probe decides
+
+
+def _rule_candidates(unit: Unit, a: torch.Tensor, b: int) -> list[int]:
+    """The dimensions of a rule unit's input that could hold a batch of ``b`` rows.
+
+    Dim 0 if it has ``b`` rows (the convention); every other dimension of ``b`` rows the rule
+    allows (a layer used time-first); :data:`BROADCAST` for an input of one row, which could be
+    shared by every example (``position_ids`` of shape (1, T)).
+    """
+    cands = [0] if a.shape[0] == b else []
+    cands += [k for k in unit.rule.batch_dims(unit.module, a) if k > 0 and a.shape[k] == b]
+    if a.shape[0] == 1 and b != 1:
+        cands.append(BROADCAST)
+    return cands
+
+
+def _rule_batch_dim(unit: Unit, a: Any, b: int) -> tuple[int, str | None]:
     """Where the batch of ``b`` rows sits in a rule unit's input ``a``: (dim, problem).
 
-    Dim 0 when it has ``b`` rows (the convention) and no other dimension of ``b`` rows the
-    rule allows is laid out outside it (a larger stride: the input is a transposed view, as in
-    ``lin(x.transpose(0, 1))`` with T = B); else the only dimension of size ``b`` among those
-    the rule allows (a layer used time-first); else :data:`BROADCAST` for an input with one row
-    that every example shares (``position_ids`` of shape (1, T)). Anything else is a problem.
-    Not detectable: a time-first layer whose sequence length equals the batch size, fed a
-    *contiguous* tensor (dim 0 is then taken as the batch).
+    One candidate (:func:`_rule_candidates`) is the answer. Several are :data:`AMBIGUOUS`
+    (a (64, 64, d) input on a batch of 64, a (1, 64) input that is either one time step or
+    shared position ids): the engine's layout probe decides (``grads/layout.py``); neither the
+    shape nor the strides can. With one example every candidate gives the same gradient. None
+    is a problem.
     """
     if not torch.is_tensor(a) or a.dim() == 0:
         return 0, (f"{_label(unit)} must receive a tensor whose dimension 0 is the batch, got "
                    f"{type(a).__name__}{'' if not torch.is_tensor(a) else ' of shape ()'}; the "
                    f"private batch has {b} rows")
-    dims = [k for k in unit.rule.batch_dims(unit.module, a) if k > 0 and a.shape[k] == b]
-    transposed = (dims and b > 1 and a.stride(0) != 0  # (stride 0: expanded over the batch)
-                  and max(a.stride(k) for k in dims) > a.stride(0))
-    if a.shape[0] == b and not transposed:
-        return 0, None
-    if a.shape[0] == b:  # another dimension of b rows is laid out outside dim 0: transposed
-        dims = [0] + dims
-    if (a.shape[0] == 1 and b > 1 and dims == [1] and a.dim() == 2
-            and unit.rule.shared_rows_first and id(unit) not in time_first):
-        return BROADCAST, None  # (1, T) ids with T = B: position ids (see LayerRule)
-    if len(dims) == 1 and a.shape[0] != 1 and dims[0] != 0:
-        return dims[0], None
-    if not dims and a.shape[0] == 1:
-        return BROADCAST, None
-    if dims:
-        where = (f"several dimensions ({sorted(set(dims) | {0} if a.shape[0] in (1, b) else set(dims))}) "
-                 f"could be the batch. "
-                 f"Call this layer with the batch in dimension 0 (transpose after the layer, "
-                 f"not before it)")
-    else:
-        where = (f"no dimension of that size where this layer allows a batch. Compute the loss "
-                 f"only from the batch the private loader yielded, with the batch first in "
-                 f"every layer")
+    cands = _rule_candidates(unit, a, b)
+    if len(cands) == 1 or (cands and b == 1):
+        return cands[0], None
+    if cands:
+        return AMBIGUOUS, None
     return 0, (f"{_label(unit)} must be called on the {b} rows of the private batch, got an "
-               f"input of shape {tuple(a.shape)}: {where}")
+               f"input of shape {tuple(a.shape)}: no dimension of that size where this layer "
+               f"allows a batch. Compute the loss only from the batch the private loader "
+               f"yielded, with the batch first in every layer")
+
+
+def _vmap_ambiguous(args: tuple, kwargs: dict, b: int) -> bool:
+    """Whether a vmap unit's tensor arguments have, besides dimension 0, a dimension of the
+    batch's size (then dimension 0 may not be the batch: the layout probe checks)."""
+    return b > 1 and any(torch.is_tensor(x) and any(n == b for n in x.shape[1:])
+                         for x in (*args, *kwargs.values()))
 
 
 def _vmap_batch_dims(unit: Unit, args: tuple, kwargs: dict, b: int
@@ -354,11 +361,16 @@ class GradEngine:
         self._b = 0  # batch size of the captures the norms were computed on
         self._rows: Callable[[], int | None] = lambda: None  # the private batch's size (bound)
         self._recomputing = False  # inside our own vmap forward: hooks must not capture it
-        self._time_first: set[int] = set()  # rule units seen with their batch in a later dim
+        self._root_call: tuple[tuple, dict] | None = None  # the model's call, inside its forward
+        self._ordinals: dict[int, int] = {}  # unit -> calls so far in this forward
+        self._probe: LayoutProbe | None = None  # this forward's layout probe, once run
+        self._probing: dict[int, list[Any]] | None = None  # shapes, while the probe runs
         self._last_route: dict[int, str] = {}  # unit -> route taken on the last batch (public)
         self._anchor = torch.empty(0, requires_grad=True)  # see _Tap; never receives a gradient
         self._handles = [u.module.register_forward_hook(self._hook(u), with_kwargs=True)
                          for u in self.units]
+        self._handles += [model.register_forward_pre_hook(self._enter, with_kwargs=True),
+                          model.register_forward_hook(self._exit, always_call=True)]
         for _, p in self.named_params:
             p.requires_grad_(False)
 
@@ -377,10 +389,21 @@ class GradEngine:
         self._rows = rows if callable(rows) else (lambda: rows)
 
     # -- capture ---------------------------------------------------------------------------
+    def _enter(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        """The model's forward starts: keep its call (for the layout probe), count afresh."""
+        if self._probing is None and not self._recomputing and torch.is_grad_enabled():
+            self._root_call, self._ordinals, self._probe = (args, kwargs), {}, None
+
+    def _exit(self, module: nn.Module, args: tuple, output: Any) -> None:
+        if self._probing is None and not self._recomputing:
+            self._root_call, self._probe = None, None
+
     def _hook(self, unit: Unit):
         calls = self._calls[id(unit)]
 
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+            if self._probing is not None:  # the layout probe's forward: shapes only
+                return self._probe_call(unit, args, kwargs, output)
             if not torch.is_grad_enabled() or self._recomputing:
                 return None
             call = self._capture(unit, args, kwargs)
@@ -419,6 +442,25 @@ class GradEngine:
             return leaves[0] if single else tree_unflatten(leaves, spec)
         return hook
 
+    def _probe_call(self, unit: Unit, args: tuple, kwargs: dict, output: Any) -> Any:
+        """In the probe's forward: record the call's shapes, and expand an output computed
+        from inputs shared by the batch, as the real forward does (so that the layers after
+        it see what they see there)."""
+        rows = resized_rows(self._rows())
+        if unit.rule is None:
+            self._probing.setdefault(id(unit), []).append(call_shapes(args, kwargs))
+            shared = _vmap_batch_dims(unit, args, kwargs, rows)[2]
+        else:
+            a = unit.rule.batch_input(unit.module, args, kwargs)
+            self._probing.setdefault(id(unit), []).append(shape_of(a))
+            shared = (torch.is_tensor(a) and a.dim() >= 1
+                      and _rule_candidates(unit, a, rows) == [BROADCAST])
+        if not shared:
+            return None
+        leaves, spec = tree_flatten(output)
+        return tree_unflatten([_expand_rows(t, rows) if torch.is_tensor(t)
+                               and t.is_floating_point() else t for t in leaves], spec)
+
     def _capture(self, unit: Unit, args: tuple, kwargs: dict) -> _Call:
         """A call's detached inputs, with the batch found in them (the batch guard).
 
@@ -428,6 +470,8 @@ class GradEngine:
         whose rows cannot be the batch's records a problem, raised if its gradient is used.
         """
         rows = self._rows()
+        j = self._ordinals.get(id(unit), 0)  # this call's place among the unit's calls
+        self._ordinals[id(unit)] = j + 1
         xs = tuple(a.detach() if torch.is_tensor(a) else a for a in args)
         kw = {k: v.detach() if torch.is_tensor(v) else v for k, v in kwargs.items()}
         if unit.rule is None:
@@ -435,24 +479,17 @@ class GradEngine:
                 rows = next((t.shape[0] for t in (*xs, *kw.values())
                              if torch.is_tensor(t) and t.dim() >= 1), 0)
             arg_dims, kw_dims, broadcast, problem = _vmap_batch_dims(unit, xs, kw, rows)
+            if problem is None and _vmap_ambiguous(xs, kw, rows) and self._rows() is not None:
+                problem = self._probed_vmap(unit, j, xs, kw, (arg_dims, kw_dims), rows)
             return _Call(xs, kw, rows, versions=tuple(_version(a) for a in xs),
                          batch_dim=BROADCAST if broadcast else 0, problem=problem,
                          in_dims=(arg_dims, kw_dims))
         a = unit.rule.batch_input(unit.module, xs, kw)
         if torch.is_tensor(a):
             a = _at_least_float32(a)
-        dim, problem = ((0, None) if rows is None
-                        else _rule_batch_dim(unit, a, rows, self._time_first))
-        if dim > 0:
-            self._time_first.add(id(unit))
-        elif (dim == 0 and problem is None and rows is not None and rows > 1
-              and id(unit) in self._time_first
-              and any(a.shape[k] == rows for k in unit.rule.batch_dims(unit.module, a) if k)):
-            problem = (f"{_label(unit)} must be called with the batch in a dimension that only "
-                       f"the batch has, got an input of shape {tuple(a.shape)}: the layer was "
-                       f"used time-first on earlier batches, and this batch has as many rows "
-                       f"({rows}) as the sequence has steps. Call the layer with the batch in "
-                       f"dimension 0 (transpose after the layer, not before it)")
+        dim, problem = (0, None) if rows is None else _rule_batch_dim(unit, a, rows)
+        if dim == AMBIGUOUS:
+            dim, problem = self._probed_rule_dim(unit, j, a, rows)
         if dim == BROADCAST:
             a = a.expand(rows, *a.shape[1:])
         elif dim > 0:
@@ -461,6 +498,93 @@ class GradEngine:
         b = a.shape[0] if torch.is_tensor(a) and a.dim() >= 1 else 0
         return _Call(xs, kw, b, versions=tuple(_version(t) for t in xs), batch_dim=dim,
                      problem=problem)
+
+    # -- the layout probe (grads/layout.py) ------------------------------------------------
+    def _layout_probe(self) -> LayoutProbe:
+        """This forward's probe: the model run once more, without gradients, on the batch
+        resized by a row, every captured layer's input shapes recorded. Run at most once per
+        forward, and only for a forward with an ambiguous layer input."""
+        if self._probe is None:
+            self._probe = self._run_probe()
+        return self._probe
+
+    def _run_probe(self) -> LayoutProbe:
+        rows = self._rows()
+        new = resized_rows(rows)
+        if self._root_call is None:
+            return LayoutProbe(new, problem=(
+                "it was called outside a forward of the model the engine was given, so the "
+                "engine cannot rerun the model on a resized batch to find out"))
+        args, kwargs, problem = resize_batch(*self._root_call, rows)
+        if problem is not None:
+            return LayoutProbe(new, problem=problem)
+        self._probing = {}
+        try:
+            with torch.no_grad():
+                self.model(*args, **kwargs)
+        except Exception as err:  # noqa: BLE001 - reported as the reason for a refusal
+            return LayoutProbe(new, problem=(
+                f"rerunning the model on {new} of the batch's rows to find out failed "
+                f"({type(err).__name__}: {str(err)[:200]})"))
+        finally:
+            shapes, self._probing = self._probing, None
+        return LayoutProbe(new, shapes=shapes)
+
+    def _probed_record(self, unit: Unit, j: int) -> tuple[Any, str | None]:
+        """What the probe recorded for the unit's j-th call of this forward, or why nothing."""
+        probe = self._layout_probe()
+        if probe.problem is not None:
+            return None, probe.problem
+        calls = probe.shapes.get(id(unit), [])
+        if j >= len(calls):
+            return None, (f"the resized forward ({probe.rows} rows) called it {len(calls)} "
+                          f"time(s), not {j + 1}")
+        return calls[j], None
+
+    def _probed_rule_dim(self, unit: Unit, j: int, a: torch.Tensor, rows: int
+                         ) -> tuple[int, str | None]:
+        """The batch dimension of an ambiguous rule-unit input, from the probe: the one that
+        followed the batch, or :data:`BROADCAST` for a one-row input that did not change."""
+        probed, why = self._probed_record(unit, j)
+        new = resized_rows(rows)
+        if why is None:
+            got = followed(tuple(a.shape), probed, rows, new)
+            if got == [] and a.shape[0] == 1:
+                return BROADCAST, None
+            if got and got[0] in _rule_candidates(unit, a, rows):
+                return got[0], None
+            why = (f"on {new} of the batch's rows it received shape {probed}, so no single "
+                   f"dimension of it follows the batch")
+        return 0, (f"{_label(unit)} must be called with the {rows} rows of the private batch in "
+                   f"one dimension, got an input of shape {tuple(a.shape)} where several "
+                   f"dimensions could be the batch, and {why}. Call the layer with the batch in "
+                   f"dimension 0 (transpose after the layer, not before it), or use a batch "
+                   f"size that no other dimension has")
+
+    def _probed_vmap(self, unit: Unit, j: int, args: tuple, kwargs: dict,
+                     dims: tuple[tuple, dict], rows: int) -> str | None:
+        """Check a vmap unit's in-dims (batch in dim 0, or shared) against the probe."""
+        probed, why = self._probed_record(unit, j)
+        new = resized_rows(rows)
+        if why is None:
+            for (name, x, d), got in zip(
+                    [*((f"argument {i}", x, dims[0][i]) for i, x in enumerate(args)),
+                     *((f"keyword argument {k!r}", x, dims[1][k]) for k, x in kwargs.items())],
+                    [*probed[0], *(probed[1].get(k) for k in kwargs)]):
+                if not torch.is_tensor(x):
+                    continue
+                want = [0] if d == 0 else []
+                if followed(tuple(x.shape), got, rows, new) != want:
+                    why = (f"its {name} of shape {tuple(x.shape)} became {got} on {new} of the "
+                           f"batch's rows, so its batch is not "
+                           f"{'in dimension 0' if d == 0 else 'absent (shared)'}")
+                    break
+            else:
+                return None
+        return (f"{_label(unit)} must be called with the {rows} rows of the private batch in "
+                f"dimension 0 of its tensor arguments (or shared by every example), and "
+                f"{why}. Call it with the batch in dimension 0, or use a batch size that no "
+                f"other dimension has")
 
     def _keeper(self, unit: Unit, call: _Call, k: int):
         def keep(grad: torch.Tensor) -> None:

@@ -37,10 +37,6 @@ class LayerRule:
     """
 
     has_ghost: bool = False
-    # An input of shape (1, B) is read as one row shared by the batch (Hugging Face position ids
-    # with as many positions as the batch has rows), not as a time-first call with T = 1. True
-    # only for index inputs (Embedding); a float input (1, B, d) stays ambiguous (refused).
-    shared_rows_first: bool = False
 
     def params(self, layer: nn.Module) -> dict[str, nn.Parameter]:
         """The layer's own parameters by attribute name (``None`` ones skipped)."""

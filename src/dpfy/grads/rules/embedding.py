@@ -34,7 +34,6 @@ def _flat(layer: nn.Embedding, x: torch.Tensor, g: torch.Tensor
 @register_rule(nn.Embedding)
 class EmbeddingRule(LayerRule):
     has_ghost = True
-    shared_rows_first = True  # position ids (1, T) when T = B
 
     def batch_dims(self, layer, a):
         return tuple(range(a.dim()))  # ids: every dimension is a position or the batch
