@@ -77,3 +77,14 @@ def test_a_method_that_clips_itself_is_named_instead_of_the_unused_clip(tmp_path
     for text in (printed, report):
         assert "clipping by method 'hyfree' (--clip not used)" in text
         assert "clip C = 0.1" not in text and "clip 0.1" not in text
+
+
+def test_noisy_max_trains_from_the_cli_with_its_candidates_in_the_ledger(tmp_path):
+    # dpfy train wraps every method in a chain: before the chain forwarded post-release
+    # probes, the optimizer refused the run (the chain would have dropped the selection)
+    out = tmp_path / "run"
+    assert main(BASE + ["--out", str(out), "--method", "noisy_max", "--momentum", "0",
+                        "--accountant", "rdp"]) == 0
+    ledger = json.loads((out / "ledger.json").read_text())
+    got = {r["mechanism"] for g in ledger["groups"] for r in g["releases"]}
+    assert got == {"gradient"} | {f"noisy_max_loss_{j}" for j in range(6)}

@@ -117,6 +117,15 @@ class Chain(Method):
             gradient = m.postprocess(s, gradient, plan)
         return gradient
 
+    def postprocess_probed(self, state: Mapping[str, Any], gradient: Mapping[str, torch.Tensor],
+                           plan: StepPlan, probed: Mapping[str, float],
+                           expected_batch_size: float) -> Mapping[str, torch.Tensor]:
+        """Each member's post-release mapping in order (a member without post-release probes
+        falls back to its ``postprocess``)."""
+        for m, s in self._states(state):
+            gradient = m.postprocess_probed(s, gradient, plan, probed, expected_batch_size)
+        return gradient
+
     def supplies_clipping(self) -> bool:
         return any(m.supplies_clipping() for m in self.members)
 
