@@ -262,7 +262,7 @@ def make_private(
                 steps=max_steps, accountant=accountant, sampling=sampler.sampling)
         budget = BudgetGuard(max_steps=max_steps, epsilon_cap=epsilon_cap, delta=target_delta,
                              accountant=accountant)
-        _check_needs(method, grads, poisson_sampling, loss_fn)
+        _check_needs(method, grads, poisson_sampling, loss_fn, max_physical_batch_size)
         if method is not None and method.supplies_clipping():
             require(clipping == "flat", "clipping", clipping,
                     f"'flat' (the default) with method {method.registry_name!r}, which "
@@ -331,7 +331,7 @@ def _resolve_method(method: "Method | str | Sequence[Method | str] | None") -> "
 
 
 def _check_needs(method: "Method | None", grads: GradEngine, poisson_sampling: bool,
-                 loss_fn: Any) -> None:
+                 loss_fn: Any, max_physical_batch_size: int | None = None) -> None:
     """What the method declared it needs, checked once before training."""
     if method is None:
         return
@@ -346,6 +346,12 @@ def _check_needs(method: "Method | None", grads: GradEngine, poisson_sampling: b
         require(callable(loss_fn), "loss_fn", loss_fn, f"a callable for method {name!r}",
                 "It probes per-example losses: pass make_private(..., loss_fn=fn) with "
                 "fn(model, batch) -> (B,) losses (reduction='none')")
+    if needs.whole_batch:
+        require(max_physical_batch_size is None, "max_physical_batch_size",
+                max_physical_batch_size, f"None for method {name!r}",
+                "Its post-release loss probes need the whole logical batch after the gradient "
+                "is released, so a logical batch cannot be split into physical ones (a split "
+                "would be refused at the first large Poisson batch, mid-run)")
     if needs.indices:
         require(poisson_sampling, "poisson_sampling", False, f"True for method {name!r}",
                 "It reads the batch's dataset indices, which Poisson sampling provides")

@@ -96,7 +96,7 @@ class StepSearch(Method[SearchState]):
     base_noise: float | None = None     # σ_0 (None: the run's own σ)
     base_lr: float | None = None        # the inner SGD's learning rate
 
-    needs = Needs(probes=True)
+    needs = Needs(probes=True, whole_batch=True)
     sets = frozenset({"noise_multiplier"})
     ledger_depends_on_data = True       # σ_t reacts to released losses (bounded: see calibrate)
 

@@ -135,6 +135,9 @@ class Needs:
       indices: reads the dataset indices of the batch (per-example rates or thresholds).
       probes: declares loss probes (releases of kind ``"loss"``); ``make_private`` then needs
         ``loss_fn``.
+      whole_batch: declares post-release probes, which evaluate losses on the whole logical
+        batch after the gradient is released; ``make_private`` then refuses
+        ``max_physical_batch_size`` (a split batch is gone by then).
     """
 
     norms: Literal["total", "per_group", "per_parameter"] = "total"
@@ -142,6 +145,7 @@ class Needs:
     validation: Literal["public"] | None = None
     indices: bool = False
     probes: bool = False
+    whole_batch: bool = False
 
 
 @dataclass(frozen=True)

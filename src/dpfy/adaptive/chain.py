@@ -78,7 +78,8 @@ class Chain(Method):
             per_sample_grads=any(n.per_sample_grads for n in needs),
             validation=next((n.validation for n in needs if n.validation), None),
             indices=any(n.indices for n in needs),
-            probes=any(n.probes for n in needs)))
+            probes=any(n.probes for n in needs),
+            whole_batch=any(n.whole_batch for n in needs)))
         object.__setattr__(self, "sets", frozenset(seen))
         object.__setattr__(self, "ledger_depends_on_data",
                            any(m.ledger_depends_on_data for m in self.members))
