@@ -88,7 +88,8 @@ def check_case(x: Any, module: nn.Module, *, batch_first: bool, reduction: str,
     ref = _reference(x, module, batch_first, reduction, chunk_method) if b else None
     model: nn.Module = copy.deepcopy(module)
     if not batch_first and torch.is_tensor(x):
-        model, x = _TimeFirst(model), x.transpose(0, 1)
+        # the batch as a loader yields it: examples stacked in dim 0, contiguous
+        model, x = _TimeFirst(model), x.transpose(0, 1).contiguous()
     try:
         eng = GradEngine(model, engine="auto", loss_reduction=reduction)
     except ValueError as err:
