@@ -17,7 +17,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
-from dpfy.adaptive.hyfree import PROBES, HyFreeDP, fit_quadratic, next_learning_rate
+from dpfy.adaptive.hyfree import (PROBES, HyFreeDP, fit_quadratic, next_learning_rate,
+                                  overshoot_seen)
 from ledger_events import dp_accounting_epsilon, effective_sigma
 
 
@@ -81,26 +82,42 @@ def test_unseen_curvature_rules(rule, expected):
                               std_b=1.0, unseen_curvature=rule) == pytest.approx(expected)
 
 
-def test_nothing_seen_doubles_unsmoothed_except_under_the_old_rule():
-    """A search for a resolvable step is not a noisy fit: η·max_change, not 0.9η + 0.1·2η."""
+def test_a_seen_ascent_halves_unsmoothed_except_under_the_old_rule():
+    """b = −3 < −2·1: the last step passed the line minimizer; evidence, not a noisy fit."""
     kw = dict(max_change=2.0, smoothing=0.9, std_a=1.0, std_b=1.0)
-    assert next_learning_rate(1.0, 1.5, 1.0, **kw) == pytest.approx(2.0)
-    assert next_learning_rate(1.0, 1.5, 1.0, unseen_curvature="grow", **kw) == \
-        pytest.approx(1.1)
+    assert next_learning_rate(1.0, 0.5, -3.0, **kw) == pytest.approx(0.5)
+    assert next_learning_rate(1.0, 0.5, -3.0, unseen_curvature="grow", **kw) == \
+        pytest.approx(0.95)
 
 
-def _rounds(rule: str | None, lr: float, rounds: int = 300) -> list[float]:
+@pytest.mark.parametrize("a, b, seen", [
+    (2.5, 1.0, True),       # curvature seen: the minimizer is resolved within the probes
+    (0.5, -2.5, True),      # descent turned: the last step passed η*
+    (0.5, 3.0, False),      # descent seen, curvature not: η* lies beyond, keep searching
+    (1.5, 1.0, False),      # nothing seen
+    (float("nan"), 1.0, False),
+])
+def test_overshoot_seen(a, b, seen):
+    assert overshoot_seen(a, b, std_a=1.0, std_b=1.0) is seen
+
+
+def test_search_doubles_until_an_overshoot_is_seen_then_fits():
+    m = HyFreeDP()
+    assert m.next_lr(1.0, 0.5, 3.0, std_a=1.0, std_b=1.0, searching=True) == (2.0, True)
+    lr, searching = m.next_lr(1.0, 0.5, -3.0, std_a=1.0, std_b=1.0, searching=True)
+    assert (lr, searching) == (pytest.approx(0.5), False)
+    assert m.next_lr(1.0, 0.5, 3.0, std_a=1.0, std_b=1.0, searching=False)[1] is False
+
+
+def _rounds(method: HyFreeDP, lr: float, rounds: int = 300) -> list[float]:
     """η over probe rounds on L(θ − s d) = L₀ − g s + h s²/2 with g = 2, h = 1, the probes'
-    values exact and their declared noise std u = 1 per loss (GeN's clamp 2, smoothing 0.9).
-    ``rule`` None: the default."""
+    values exact and their declared noise std u = 1 per loss (GeN's clamp 2, smoothing 0.9)."""
     g, h, u = 2.0, 1.0, 1.0
-    out = []
+    out, searching = [], True
     for _ in range(rounds):
         a, b = fit_quadratic(-g * lr + h * lr ** 2 / 2, 0.0, g * lr + h * lr ** 2 / 2, lr)
-        rule_kw = {} if rule is None else {"unseen_curvature": rule}
-        lr = next_learning_rate(lr, a, b, max_change=2.0, smoothing=0.9,
-                                std_a=math.sqrt(6) * u / lr ** 2,
-                                std_b=math.sqrt(2) * u / (2 * lr), **rule_kw)
+        lr, searching = method.next_lr(lr, a, b, std_a=math.sqrt(6) * u / lr ** 2,
+                                       std_b=math.sqrt(2) * u / (2 * lr), searching=searching)
         out.append(lr)
     return out
 
@@ -112,22 +129,19 @@ def test_unresolved_curvature_no_longer_pushes_eta_past_the_line_minimizer():
     Derivation: the fit is exact (a = h = 1, b = g = 2), the line minimizer is η* = g/h = 2.
     The noise stds are std_a = √6 u/η², std_b = u/(√2 η) (the fit's formulas on three losses of
     std u), so at significance 2: b is seen iff η > √2 u/g = 0.707, a is seen iff
-    η > (2√6 u/h)^½ = 2.213 > η*. The old rule grows (×1.1 per round) on 0.707 < η < 2.213, so
-    it passes η* = 2 and stays above it (once a is seen the target b/a = 2 only pulls η back to
-    2.213, where it grows again). The new rule's target when a is unseen is
-    b/(h + 2√6u/η²) < b/h = η*, and it doubles only below 0.707, so η ≤ 2·0.707 = 1.414 < η*
-    forever.
+    η > (2√6 u/h)^½ = 2.213 > η*. The old rule (no search, "grow") grows ×1.1 per round on
+    0.707 < η < 2.213, so it passes η* = 2 and stays above it (once a is seen the target b/a = 2
+    only pulls η back to 2.213, where it grows again). The new rule searches (doubles) from 0.1
+    until a is seen (3.2), then fits; below 2.213 its target with a unseen is
+    b/(h + 2√6u/η²) < b/h = η*, and it grows only where nothing is seen (η < 0.707), by 1.1, so
+    it ends in [0.707/2, 0.707·1.1], below η*.
     """
-    old = _rounds("grow", 0.1)
+    old = _rounds(HyFreeDP(unseen_curvature="grow", search=False), 0.1)
     assert max(old) > 2.0 and min(old[-100:]) > 2.0
-    new = _rounds(None, 0.1)              # the default rule ("bound")
-    assert max(new) <= 2 * math.sqrt(2) * 1.0 / 2.0 + 1e-12
-    assert min(new[-100:]) > math.sqrt(2) / 2 / 2        # it does not collapse either
-
-
-def test_smoothing_mixes_old_and_target():
-    assert next_learning_rate(1.0, 4.0, 8.0, max_change=4.0, smoothing=0.9) == \
-        pytest.approx(0.9 * 1.0 + 0.1 * 2.0)
+    new = _rounds(HyFreeDP(), 0.1)                 # the defaults
+    assert max(new[:5]) == pytest.approx(3.2)      # the search: 0.2, 0.4, 0.8, 1.6, 3.2
+    assert max(new[-100:]) <= math.sqrt(2) / 2 * 1.1 + 1e-12
+    assert min(new[-100:]) > math.sqrt(2) / 2 / 2  # and does not collapse
 
 
 # -- a run -----------------------------------------------------------------------------------

@@ -81,8 +81,8 @@ from dpfy.plan import StepPlan
 from dpfy.privacy.calibration import hyfree_noise_split
 from dpfy.privacy.ledger import Sampling
 
-__all__ = ["HyFreeDP", "HyFreeState", "fit_quadratic", "next_learning_rate", "PROBES",
-           "DEFAULT_INITIAL_LR"]
+__all__ = ["HyFreeDP", "HyFreeState", "fit_quadratic", "next_learning_rate", "overshoot_seen",
+           "PROBES", "DEFAULT_INITIAL_LR"]
 
 Vector = Mapping[str, torch.Tensor]
 
@@ -123,9 +123,9 @@ def next_learning_rate(lr: float, a: float, b: float, *, max_change: float, smoo
       line minimizer because the probes failed to see the curvature); ``"hold"``: keep η;
       ``"grow"`` (the rule before): grow, which on Fashion-MNIST grew η without bound (the
       curvature is almost never resolved at a useful step, docs/results/hyfree_fmnist.md);
-    - nothing seen (the step is too small for the probes to resolve anything): grow. This is a
-      search for a resolvable step, not a noisy fit, so it is not smoothed (η ← η·max_change).
-    ``"grow"`` keeps the earlier rule whole (smoothed growth and shrinking).
+    - nothing seen (the step is too small for the probes to resolve anything): grow.
+    ``"grow"`` keeps the earlier rule whole (smoothed shrinking too). Before any of this runs,
+    HyFreeDP searches (:func:`overshoot_seen`).
     A fitted target is clamped to [η/max_change, η·max_change]; then η ← smoothing·η +
     (1 − smoothing)·target.
     """
@@ -140,8 +140,6 @@ def next_learning_rate(lr: float, a: float, b: float, *, max_change: float, smoo
         return lr / max_change
     elif seen_b and b < 0:
         target = lr / max_change
-    elif not seen_b and unseen_curvature != "grow":
-        return lr * max_change
     elif not seen_b or unseen_curvature == "grow":
         target = lr * max_change
     elif unseen_curvature == "hold":
@@ -153,13 +151,26 @@ def next_learning_rate(lr: float, a: float, b: float, *, max_change: float, smoo
     return smoothing * lr + (1 - smoothing) * target
 
 
+def overshoot_seen(a: float, b: float, *, std_a: float, std_b: float,
+                   significance: float = 2.0) -> bool:
+    """True when a probe round shows the step η reaches the line minimizer η* = b/a or beyond:
+    the curvature is seen (a > significance·std_a: the quadratic's minimum is resolved within
+    the probes) or the descent has turned (b < −significance·std_b; on a quadratic
+    b_t = (1 − η/η*)·b_{t−1}, so the last step passed η*). Until a round shows this, HyFreeDP
+    doubles η each round (``search``): a bracketing search from the paper's small η₀ = 1e-4,
+    which the smoothed rule would take most of a run to leave."""
+    return (math.isfinite(a) and math.isfinite(b)
+            and (a > significance * std_a or b < -significance * std_b))
+
+
 @dataclass(frozen=True)
 class HyFreeState:
     """η_t, R_l and what the next probe round needs; built from released values only.
 
     ``anchor`` is θ kept from the step before a probe round's predecessor, ``direction`` the
     update direction d = (θ_{t−1} − θ_t)/η_{t−1} for the coming round (None: not known yet).
-    ``last_fit`` is (a, b) of the latest round with a direction, for logs and plots.
+    ``last_fit`` is (a, b) of the latest round with a direction, for logs and plots;
+    ``searching``: no round has shown an overshoot yet (:func:`overshoot_seen`).
     """
 
     lr: float
@@ -168,6 +179,7 @@ class HyFreeState:
     direction: dict[str, torch.Tensor] | None = None
     last_fit: tuple[float, float] | None = None
     rounds: int = 0
+    searching: bool = True
 
 
 @register("hyfree")
@@ -190,6 +202,8 @@ class HyFreeDP(Method[HyFreeState]):
       significance: how many noise stds a fitted a or b must exceed to count as seen.
       unseen_curvature: the rule when the descent is seen but the curvature is not:
         ``"bound"`` (default), ``"hold"`` or ``"grow"`` (see :func:`next_learning_rate`).
+      search: double η every round until one shows the step reaching the line minimizer
+        (:func:`overshoot_seen`), then fit; False fits from the first round (the rule before).
       gamma: σ_g = γσ, the gradient's noise inflation that frees budget for the probes (1.01).
       stability: γ_s of automatic clipping, w_i = 1/(‖g_i‖ + γ_s).
 
@@ -207,6 +221,7 @@ class HyFreeDP(Method[HyFreeState]):
     smoothing: float = 0.9
     significance: float = 2.0
     unseen_curvature: Literal["grow", "hold", "bound"] = "bound"
+    search: bool = True
     gamma: float = 1.01
     stability: float = 0.01
     # Set by calibrate() from the run's facts:
@@ -313,21 +328,32 @@ class HyFreeDP(Method[HyFreeState]):
             anchor = {n: p.detach().clone() for n, p in params.items()}
         return replace(state, direction=direction, anchor=anchor)
 
+    def next_lr(self, lr: float, a: float, b: float, *, std_a: float, std_b: float,
+                searching: bool) -> tuple[float, bool]:
+        """(η, still searching) after a round with fit (a, b) of noise stds (std_a, std_b):
+        η·max_change while searching and no overshoot is seen, else :func:`next_learning_rate`
+        with this method's options."""
+        searching = self.search and searching and not overshoot_seen(
+            a, b, std_a=std_a, std_b=std_b, significance=self.significance)
+        if searching:
+            return lr * self.max_change, True
+        return next_learning_rate(lr, a, b, max_change=self.max_change, smoothing=self.smoothing,
+                                  std_a=std_a, std_b=std_b, significance=self.significance,
+                                  unseen_curvature=self.unseen_curvature), False
+
     def _after_probes(self, state: HyFreeState, released: Released) -> HyFreeState:
         b_size = released.expected_batch_size
         loss = {name: float(released.sums[name]) / b_size for name in PROBES}
         descent, at_theta, ascent = (loss["loss_probe_descent"], loss["loss_probe_at_theta"],
                                      loss["loss_probe_ascent"])
-        lr, fit = state.lr, state.last_fit
+        lr, fit, searching = state.lr, state.last_fit, state.searching
         if state.direction is not None:
             a, b = fit_quadratic(descent, at_theta, ascent, state.lr)
             std_loss = self.loss_noise * state.loss_clip / b_size   # each L̃'s noise std
-            lr = next_learning_rate(
-                state.lr, a, b, max_change=self.max_change, smoothing=self.smoothing,
-                std_a=math.sqrt(6) * std_loss / state.lr ** 2,
-                std_b=math.sqrt(2) * std_loss / (2 * state.lr), significance=self.significance,
-                unseen_curvature=self.unseen_curvature)
+            stds = dict(std_a=math.sqrt(6) * std_loss / state.lr ** 2,
+                        std_b=math.sqrt(2) * std_loss / (2 * state.lr))
+            lr, searching = self.next_lr(state.lr, a, b, searching=searching, **stds)
             fit = (a, b)
         raw = abs(descent + at_theta + ascent) if self.loss_clip_rule == "sum" else abs(at_theta)
         return replace(state, lr=lr, loss_clip=max(raw, self.loss_clip_floor), last_fit=fit,
-                       direction=None, rounds=state.rounds + 1)
+                       direction=None, rounds=state.rounds + 1, searching=searching)
