@@ -32,7 +32,9 @@ def check_against_loop(model: nn.Module, x: torch.Tensor, y: torch.Tensor, bind:
                        **kw) -> None:
     """Engine norms and weighted sums equal the float64 loop's (``bind``: the batch guard knows
     B, as under make_private; needed to tell a shared input from the batch)."""
-    ref = oracles.per_example_grads(model, x, y, sum_loss)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    ref = {n: g for n, g in oracles.per_example_grads(model, x, y, sum_loss).items()
+           if n in trainable}
     eng = GradEngine(model, loss_reduction="sum", **kw)
     if bind:
         eng.bind_batch(x.shape[0])
@@ -239,3 +241,20 @@ def test_gpt2_tied_head_and_shared_positions_match_the_loop():
     for n, g in ref.items():
         torch.testing.assert_close(sq[n].double(), g.reshape(3, -1).square().sum(1),
                                    rtol=1e-4, atol=1e-8)
+
+
+@pytest.mark.parametrize("frozen", ["bias", "weight"])
+@pytest.mark.parametrize("layer", ["linear", "conv1d", "layernorm", "groupnorm"])
+def test_partly_frozen_layer_with_a_rule(layer: str, frozen: str):
+    # a frozen bias, or BitFit (weights frozen, biases trained). Before: weighted_sums raised
+    # KeyError (the rules form every parameter of their layer and found no weight for the
+    # frozen one), and the frozen parameter's norm was returned and counted in the clipping
+    torch.manual_seed(0)
+    first, x = {"linear": (nn.Linear(4, 5), torch.randn(6, 4)),
+                "conv1d": (nn.Conv1d(4, 5, 1), torch.randn(6, 4, 3)),
+                "layernorm": (nn.LayerNorm(4), torch.randn(6, 4)),
+                "groupnorm": (nn.GroupNorm(2, 4), torch.randn(6, 4, 3))}[layer]
+    model = nn.Sequential(first, nn.Flatten(), nn.Tanh(), nn.LazyLinear(3))
+    model(x)  # materialize the lazy head
+    getattr(first, frozen).requires_grad_(False)
+    check_against_loop(model, x, torch.randint(0, 3, (6,)))

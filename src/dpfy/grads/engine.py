@@ -157,6 +157,19 @@ def _split(w1: torch.Tensor, w2: torch.Tensor) -> "_Split | None":
     return _Split(zero=zero, nonzero=nonzero, ratio=lo, w1=w1, w2=w2)
 
 
+def _with_frozen(w: dict[str, torch.Tensor], unit: Unit) -> dict[str, torch.Tensor]:
+    """A rule unit's weights extended to the layer's frozen parameters (a frozen bias, or the
+    weight under BitFit): rules form every parameter of their layer, so each gets a weight; the
+    frozen ones' sums are computed and dropped (they are never released)."""
+    if unit.rule is None or not w:
+        return w
+    frozen = set(unit.rule.params(unit.module)) - set(w)
+    if not frozen:
+        return w
+    some = next(iter(w.values()))
+    return {**w, **{rel: some for rel in frozen}}
+
+
 def _rule_grad_sample(unit: Unit, call: "_Call", g: torch.Tensor) -> dict[str, torch.Tensor]:
     """The rule's per-sample gradients for one call, with what its ``capture`` kept."""
     if call.saved is None:
@@ -674,7 +687,7 @@ class GradEngine:
                     "covering every trainable parameter of the layer",
                     "Freeze those parameters or use engine='vmap'")
             for rel, sq in norms.items():
-                if rel not in u.tied:  # a tied parameter's norm is of the sum over its uses
+                if rel in u.params:  # its own trainable ones: not a frozen bias, not a tied use
                     out[u.qualified(rel)] = sq
             kind = self._cache[id(u)][0]
             if kind != "zero":
@@ -790,8 +803,8 @@ class GradEngine:
         for u in reversed(self.units):
             kind, data = self._cache.pop(id(u))
             self._calls[id(u)].clear()
-            per_set = [{rel: scaled[id(ws[u.qualified(rel)])] for rel in u.all_params}
-                       for ws in weight_sets]
+            per_set = [_with_frozen({rel: scaled[id(ws[u.qualified(rel)])]
+                                     for rel in u.all_params}, u) for ws in weight_sets]
             split = (_unit_split(per_set, splits) if kind == "ghost" and len(per_set) == 2
                      else None)
             if split is not None:   # two sums for the rows of one (OSO's pair)
@@ -800,6 +813,8 @@ class GradEngine:
                 all_sums = [self._unit_weighted_sum(u, kind, data, w) for w in per_set]
             for sums, out in zip(all_sums, outs):
                 for rel, t in sums.items():
+                    if rel not in u.all_params:
+                        continue  # a frozen parameter of the layer (see _with_frozen)
                     q = u.qualified(rel)  # a tied parameter: Σ_i w_i Σ_uses G_use,i
                     out[q] = t if q not in out else out[q] + t
             del data
