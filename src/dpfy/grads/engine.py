@@ -31,6 +31,7 @@ from dpfy._require import require
 from dpfy.errors import PrivacyRefusal
 from dpfy.grads.layout import (LayoutProbe, call_shapes, followed, resize_batch,
                                resized_rows, shape_of)
+from dpfy.grads.tied import tied_sq_norm, tied_use
 from dpfy.grads.units import Unit, build_units
 from dpfy.grads.vmap import vmap_grad_sample
 
@@ -695,9 +696,29 @@ class GradEngine:
                                            "ghost" if kind == "ghost" else "per-sample")
         s2 = self._scale(b) ** 2
         for name, uses in self._tied.items():
-            total = self._tied_grad_sample(uses, b)  # sensitive (B, *θ)
-            out[name] = total.flatten(1).square().sum(1).mul_(s2)
+            sq = self._tied_ghost_sq_norm(uses)  # sensitive (B,), or None: not for these uses
+            if sq is None:
+                sq = self._tied_grad_sample(uses, b).flatten(1).square().sum(1)  # sensitive
+            out[name] = sq.mul_(s2)
         return out
+
+    def _tied_ghost_sq_norm(self, uses: list[tuple[Unit, str]]) -> torch.Tensor | None:
+        """A tied weight's per-example squared norm from its uses' factors (``grads/tied.py``),
+        when every use that got a gradient is one Linear or Embedding call on its captures."""
+        factors = []
+        for u, rel in uses:
+            calls = [c for c in self._calls[id(u)] if c.used]
+            if not calls:
+                continue  # this use contributes nothing
+            c = calls[0]
+            if (len(calls) != 1 or rel != "weight" or u.rule is None or c.eager is not None
+                    or len(c.grads) != 1 or c.grads[0] is None):
+                return None
+            use = tied_use(u.rule, u.module, c.args[0], _at_least_float32(c.grads[0]))
+            if use is None:
+                return None
+            factors.append(use)
+        return tied_sq_norm(factors) if factors else None
 
     def _tied_grad_sample(self, uses: list[tuple[Unit, str]], b: int) -> torch.Tensor:
         """Per-example gradients of a tied parameter: the sum of its uses' contributions.

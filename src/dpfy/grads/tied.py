@@ -1,0 +1,85 @@
+"""The per-example norm of a tied weight without forming its per-example gradient.
+
+A weight used by several layers (GPT-2's ``wte`` and ``lm_head``) has per-example gradient
+Σ_u G_u,i, the sum over its uses, and its norm needs the cross terms:
+
+    ‖Σ_u G_u,i‖² = Σ_u Σ_v ⟨G_u,i, G_v,i⟩.
+
+Forming Σ_u G_u,i costs B × the parameter (B·V·d floats for a vocabulary head: 134 MB for a
+tiny GPT-2 at B = 32). For ``nn.Linear`` and ``nn.Embedding`` uses, every G_u,i is a sum over
+positions of outer products — Linear: Σ_s g_s a_sᵀ (output gradient, input); Embedding:
+Σ_t e_{x_t} δ_tᵀ (a one-hot row at the id, the output gradient) — so each inner product is a sum
+over pairs of positions of products of dot products, at O(B·S·T) memory:
+
+    Linear–Linear        ⟨G, G'⟩ = Σ_{s,t} (g_s·g'_t)(a_s·a'_t)
+    Embedding–Linear     ⟨E, G⟩  = Σ_{s,t} g_s[x_t] (a_s·δ_t)
+    Embedding–Embedding  ⟨E, E'⟩ = Σ_{s,t} [x_s = x'_t] (δ_s·δ'_t)
+
+(a ``padding_idx`` position of an Embedding receives no gradient: its δ is zeroed). The
+engine uses this when every use of the weight is one such call on the ghost-ready captures
+(``grads/engine.py``), and forms the per-example gradient otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from dpfy.grads.rules.embedding import EmbeddingRule, _flat
+from dpfy.grads.rules.linear import LinearRule, _as_seq
+
+__all__ = ["TiedUse", "tied_use", "tied_sq_norm"]
+
+
+@dataclass(frozen=True)
+class TiedUse:
+    """One use of a tied weight as outer-product factors: ``left`` is the output gradient
+    g (B, S, V) for a Linear or the ids x (B, T) for an Embedding, ``right`` the input a
+    (B, S, d) or the output gradient δ (B, T, d). Sensitive."""
+
+    kind: Literal["linear", "embedding"]
+    left: torch.Tensor
+    right: torch.Tensor
+
+
+def tied_use(rule: object, layer: nn.Module, a: torch.Tensor, g: torch.Tensor
+             ) -> TiedUse | None:
+    """The use's factors, or None for a layer type without them (exact types only: a subclass
+    such as transformers' Conv1D lays its weight out transposed)."""
+    if type(rule) is LinearRule:
+        a, g = _as_seq(a, g)
+        return TiedUse("linear", g, a)
+    if type(rule) is EmbeddingRule:
+        x, delta = _flat(layer, a, g)
+        if layer.padding_idx is not None:
+            delta = delta.masked_fill((x == layer.padding_idx)[..., None], 0)
+        return TiedUse("embedding", x, delta)
+    return None
+
+
+def _inner(u: TiedUse, v: TiedUse) -> torch.Tensor:
+    """⟨G_u,i, G_v,i⟩ for every example, (B,). Sensitive."""
+    right = torch.bmm(u.right, v.right.transpose(1, 2))  # (B, S, T): right factors' dots
+    if u.kind == v.kind == "linear":
+        left = torch.bmm(u.left, v.left.transpose(1, 2))
+    elif u.kind == v.kind == "embedding":
+        left = (u.left[:, :, None] == v.left[:, None, :]).to(right.dtype)
+    elif u.kind == "linear":  # left[b, s, t] = g_s[x_t]
+        left = torch.gather(u.left, 2, v.left[:, None, :].expand(-1, u.left.shape[1], -1))
+    else:
+        left = torch.gather(v.left, 2, u.left[:, None, :].expand(-1, v.left.shape[1], -1))
+        left = left.transpose(1, 2)
+    return (left * right).sum((1, 2))
+
+
+def tied_sq_norm(uses: list[TiedUse]) -> torch.Tensor:
+    """‖Σ_u G_u,i‖² (B,) from the uses' factors: each use's own term and twice each pair's."""
+    total = None
+    for k, u in enumerate(uses):
+        for j, v in enumerate(uses[k:]):
+            term = _inner(u, v) * (1.0 if j == 0 else 2.0)
+            total = term if total is None else total + term
+    return total
