@@ -32,6 +32,8 @@ def test_spec_round_trips_through_json_and_holds_no_seed():
     dict(comparison="000", method="sgd", noise_multiplier=2.0, epsilon=1.0),
     dict(comparison="004", method="time_decay", epsilon=3.0),             # a 000 method
     dict(comparison="004", method="adamw", epsilon=float("inf"), lr=1e-3),  # ∞ is None
+    dict(comparison="004", method="hyfree"),                              # no ε = ∞ row
+    dict(comparison="004", method="noisy_max"),
 ])
 def test_spec_refuses_what_is_not_a_run_of_either_comparison(kw):
     with pytest.raises(ValueError, match="must be"):

@@ -13,6 +13,8 @@ torch optimizer and the arguments given to ``make_private`` (:func:`setup`):
   read only ``p.grad``, the released gradient: post-processing).
 - ``hyfree``: ``method="hyfree"`` (K = ``probe_every``) on AdamW at the paper's η_0 = 1e-4.
 - ``adadp``: ``method="adadp"`` on plain SGD (ADADP refuses momentum).
+- ``noisy_max``: ``method="noisy_max"`` (Lee & Kifer; its defaults: candidates (0, ¼, ½, 1, 2, 4)
+  × lr, probes composed with their step) on plain SGD (it needs it).
 - ``default``: ``dpfy train``'s hand-tuned default (:class:`dpfy.train.config.TrainConfig`:
   SGD lr 4, momentum 0.9, flat clip 0.1; batch 2048 of 60000, scaled to the subset).
 - 000's ``sgd`` / ``quantile`` / ``time_decay``: plain SGD at :data:`SGD_LR`, flat clip
@@ -53,6 +55,7 @@ TIME_DECAY_RATE = 0.1   # k of time decay per epoch: σ_e = σ/(1 + k·e)
 DP_HYPER_SHARE = 0.15   # 004 §5.1: 15 % of ε to the search, 85 % to the final run
 EPSILON_CAP = 1e3       # time decay's ε cap (never reached: the decay runs its planned steps)
 ADAM_WEIGHT_DECAY = 0.01
+PROBING = ("hyfree", "noisy_max")   # methods that probe per-example losses (need loss_fn)
 NOT_ACCOUNTED = ("NOT accounted: NonDP-GS picks the best of the grid's runs on the test set; "
                  "the ε shown is one run's, the grid's cost is not charged (004 §5.1)")
 
@@ -87,14 +90,14 @@ def _optimizer(spec: LrSpec, params: list[nn.Parameter], lr: float | None
         from dpfy.train.config import TrainConfig
         from dpfy.train.private import make_optimizer
         return make_optimizer(TrainConfig(), params)
-    return torch.optim.SGD(params, lr=SGD_LR)           # sgd, adadp, quantile, time_decay
+    return torch.optim.SGD(params, lr=SGD_LR)     # sgd, adadp, noisy_max, quantile, time_decay
 
 
 def _method(spec: LrSpec) -> Any:
     """The adaptive method ``make_private`` calibrates for the run (None: plain DP-SGD)."""
     from dpfy.adaptive import make
-    if spec.method == "adadp":
-        return make("adadp")
+    if spec.method in ("adadp", "noisy_max"):
+        return make(spec.method)
     if spec.method == "quantile":
         return make("quantile")
     if spec.method == "hyfree":
@@ -124,16 +127,15 @@ def setup(spec: LrSpec, model: nn.Module, *, lr: float | None = None,
     runs (fixed σ) and final run (0.85 ε).
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    engine: dict[str, Any] = {"target_delta": spec.delta}
-    if not spec.private:
-        require(spec.method != "hyfree", "method", spec.method, "run at a finite ε",
-                "HyFreeDP splits a finite target ε between gradient and probes")
-        engine.update(_clipping(spec), noise_multiplier=0.0, accountant="pld")
-        return Setup(_optimizer(spec, params, lr), engine)
-    engine.update(_clipping(spec), accountant="pld", method=_method(spec))
-    if spec.method == "hyfree":
+    engine: dict[str, Any] = {"target_delta": spec.delta, "accountant": "pld",
+                              "method": _method(spec), **_clipping(spec)}
+    if spec.method in PROBING:
         from dpfy.train.private import per_example_cross_entropy
-        engine.update(loss_fn=per_example_cross_entropy)
+        engine["loss_fn"] = per_example_cross_entropy
+    if not spec.private:                                # (LrSpec refuses FINITE_ONLY here)
+        engine["noise_multiplier"] = 0.0
+        return Setup(_optimizer(spec, params, lr), engine)
+    if spec.method == "hyfree":
         engine.pop("max_grad_norm")                     # automatic clipping, set by the method
         engine.pop("clipping")
     if noise_multiplier is not None:

@@ -29,7 +29,7 @@ from typing import Any, Iterator
 
 # the progress logger of the idp reproduction (timestamped lines to stdout and the log file)
 from dpfy.experiments.idp_fmnist import _progress as progress_log
-from dpfy.experiments.lr_spec import METHODS_000, METHODS_004, NONDP_GS_GRID, LrSpec
+from dpfy.experiments.lr_spec import FINITE_ONLY, METHODS_000, METHODS_004, NONDP_GS_GRID, LrSpec
 from dpfy.experiments.runner import load_results
 
 __all__ = ["add_arguments", "main", "build_specs", "run_specs", "RESULTS", "LOG"]
@@ -103,8 +103,8 @@ def _cell(args: argparse.Namespace, model: str, eps: float | None, rep: int, def
     """004's runs of one (model, ε, replicate): every method, AdamW at each grid rate."""
     out = []
     for m in args.lr_methods:
-        if m in ("dp_hyper", "hyfree") and eps is None:
-            continue                                  # not defined at ε = ∞ (see the docs)
+        if m in FINITE_ONLY and eps is None:
+            continue                                  # no ε = ∞ row (see lr_spec)
         lrs = NONDP_GS_GRID if m == "adamw" else (None,)
         out += [LrSpec(comparison="004", method=m, epsilon=eps, lr=lr, model=model,
                        batch_size=default_batch if m == "default" else args.lr_batch_size,
@@ -148,7 +148,7 @@ def _records(todo: list[LrSpec], workers: int, init: tuple) -> Iterator[dict | N
         yield from (_work(s.to_dict()) for s in todo)
         return
     with mp.get_context("fork").Pool(workers, initializer=_init_worker, initargs=init) as pool:
-        yield from pool.imap(_work, [s.to_dict() for s in todo])
+        yield from pool.imap_unordered(_work, [s.to_dict() for s in todo])
 
 
 def _until(text: str | None) -> float | None:
@@ -179,11 +179,11 @@ def run_specs(specs: list[LrSpec], *, results: Path, log: Path, workers: int = 1
             max(s.test_size for s in todo) if todo else 0, data_dir, data, _until(until))
     for i, rec in enumerate(_records(todo, workers, init) if todo else (), 1):
         if rec is None:
-            say(f"[{i}/{len(todo)}] {todo[i - 1].label}: not started (past --lr-until)")
+            say(f"[{i}/{len(todo)}] a run not started (past --lr-until)")
             continue
         with results.open("a") as f:
             f.write(json.dumps(rec) + "\n")
-        say(f"[{i}/{len(todo)}] {todo[i - 1].label}: test acc {rec['test_accuracy']:.2f}%, "
+        say(f"[{i}/{len(todo)}] {LrSpec.from_dict(rec['spec']).label}: test acc {rec['test_accuracy']:.2f}%, "
             f"ε (PLD) {_fmt(rec['epsilon_pld'])} at {rec['git_commit']} ({rec['seconds']:.0f}s;"
             f" elapsed {time.time() - t0:.0f}s)")
     return load_results(results)

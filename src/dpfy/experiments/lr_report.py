@@ -154,8 +154,8 @@ def _dp_hyper_lines(runs: Sequence[dict]) -> list[str]:
         out.append(f"- DP-hyper ε = {r['spec']['epsilon']:g} rep {r['spec']['replicate']}: "
                    f"selection σ = {d['select_noise_multiplier']:.3f} ({sel}; the {k}"
                    f" runs composed: ε = {d['selection_epsilon_pld']:.3f}), selected lr = "
-                   f"{d['selected_lr']:g}, final run ε = {r['final_epsilon_pld']:.3f}; total ε of "
-                   f"all ledgers composed (PLD) = **{r['epsilon_pld']:.3f}**.")
+                   f"{d['selected_lr']:g}, final run ε = {r['final_epsilon_pld']:.3f}; total ε "
+                   f"of all ledgers composed (PLD) = **{r['epsilon_pld']:.3f}**.")
     return out + ([""] if out else [])
 
 

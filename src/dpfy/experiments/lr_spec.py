@@ -6,7 +6,7 @@ Two comparisons share one harness:
   at a target ε (or ε = ∞, non-private) on one model, the methods of :data:`METHODS_004`:
   ``adamw`` at one learning rate (the five grid points of NonDP-GS; NonDP-GS itself is the best
   of them, chosen in the report), ``dp_hyper``, ``dadapt``, ``prodigy``, ``adadp``, ``hyfree``
-  and ``default`` (the hand-tuned ``dpfy train`` default);
+  ``noisy_max`` and ``default`` (the hand-tuned ``dpfy train`` default);
 - **Seed 000's MNIST comparison** (digest ``000-review-adaptive-dpsgd.md`` §5.2) re-run on
   Fashion-MNIST at one fixed noise multiplier σ = 2.0: :data:`METHODS_000` (``sgd`` = plain
   DP-SGD, ``adadp``, ``quantile``, ``time_decay``).
@@ -26,16 +26,20 @@ from typing import Any
 from dpfy._require import require
 
 __all__ = ["LrSpec", "METHODS_004", "METHODS_000", "NONDP_GS_GRID", "DP_HYPER_GRID",
-           "COMPARISONS"]
+           "COMPARISONS", "FINITE_ONLY"]
 
 # 004 §5.1: NonDP-GS's learning-rate grid (AdamW).
 NONDP_GS_GRID = (5e-5, 1e-4, 5e-4, 1e-3, 5e-3)
 # DP-hyper's narrow grid (004 §5.1: "a narrow range around the optimal η"); fixed before any run
 # from the upper half of NonDP-GS's grid (AdamW under DP noise prefers the larger rates).
 DP_HYPER_GRID = (5e-4, 1e-3, 5e-3)
-METHODS_004 = ("adamw", "dp_hyper", "dadapt", "prodigy", "adadp", "hyfree", "default")
+METHODS_004 = ("adamw", "dp_hyper", "dadapt", "prodigy", "adadp", "noisy_max", "hyfree",
+               "default")
 METHODS_000 = ("sgd", "adadp", "quantile", "time_decay")
 COMPARISONS = ("004", "000")
+# No ε = ∞ row: DP-hyper at ε = ∞ is NonDP-GS; HyFreeDP splits a finite ε between gradient and
+# probes; NoisyMax's probe releases refuse σ = 0 ("an extra release without noise").
+FINITE_ONLY = ("dp_hyper", "hyfree", "noisy_max")
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,9 @@ class LrSpec:
                     "None for comparison 004", "004 compares methods at a target ε")
             require(self.epsilon is None or (math.isfinite(self.epsilon) and self.epsilon > 0),
                     "epsilon", self.epsilon, "> 0 and finite, or None for ε = ∞")
+            require(self.epsilon is not None or self.method not in FINITE_ONLY, "epsilon",
+                    self.epsilon, f"finite for method {self.method!r}",
+                    "It has no ε = ∞ row (see FINITE_ONLY)")
         require((self.lr is not None) == (self.method == "adamw"), "lr", self.lr,
                 "given exactly for method 'adamw' (a NonDP-GS grid point)")
         for name in ("epochs", "batch_size", "train_size", "test_size", "probe_every"):
