@@ -64,3 +64,18 @@ def test_total_epsilon_is_all_ledgers_composed(plan):
     assert got == pytest.approx(expected, rel=5e-3)
     # composition by PLD is within the 15 % + 85 % split (never above the target)
     assert got <= EPS * (1 + 5e-3)
+
+
+def test_infinite_epsilon_rows_keep_the_method_and_its_clipping():
+    """Regression: the ε = ∞ rows must differ from the private ones only by σ = 0 (the ADADP
+    row once ran as plain SGD because the method was dropped with the noise)."""
+    from torch import nn
+
+    from dpfy.adaptive.adadp import ADADP
+    from dpfy.experiments.lr_baselines import SGD_CLIP, setup
+    from dpfy.experiments.lr_spec import LrSpec
+
+    s = setup(LrSpec(comparison="004", method="adadp"), nn.Linear(3, 2))
+    assert isinstance(s.engine["method"], ADADP)
+    assert s.engine["noise_multiplier"] == 0.0 and s.engine["max_grad_norm"] == SGD_CLIP
+    assert "target_epsilon" not in s.engine
