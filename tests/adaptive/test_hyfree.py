@@ -66,7 +66,7 @@ def test_noise_free_update_is_the_exact_line_minimizer():
     (0.5, -3.0, 1.0, 1.0, 0.5),      # a not seen (0.5 < 2·1), b seen < 0 → shrink
     (0.5, 3.0, 1.0, 1.0, 1.2),       # b seen, a not: b/(a + 2 std_a) = 3/2.5
     (-0.5, 3.0, 1.0, 1.0, 1.5),      # b seen, a not and < 0: b/(0 + 2 std_a) = 3/2
-    (1.5, 1.0, 1.0, 1.0, 2.0),       # neither seen: too small a step to resolve → grow
+    (1.5, 1.0, 1.0, 1.0, 1.0),       # neither seen: no evidence → hold
     (float("nan"), 1.0, 0.0, 0.0, 0.5),
 ])
 def test_safeguards(a, b, std_a, std_b, expected):
@@ -80,6 +80,13 @@ def test_unseen_curvature_rules(rule, expected):
     """Descent seen (b = 3 > 2·1), curvature not (a = 0.5 < 2·1), η = 1, no smoothing."""
     assert next_learning_rate(1.0, 0.5, 3.0, max_change=2.0, smoothing=0.0, std_a=1.0,
                               std_b=1.0, unseen_curvature=rule) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("rule, expected", [("hold", 1.0), ("grow", 1.1)])
+def test_nothing_seen_rules(rule, expected):
+    """Neither a nor b beyond 2 stds, η = 1, smoothing 0.9: hold, or grow to 0.9 + 0.1·2."""
+    assert next_learning_rate(1.0, 1.5, 1.0, max_change=2.0, smoothing=0.9, std_a=1.0,
+                              std_b=1.0, nothing_seen=rule) == pytest.approx(expected)
 
 
 def test_a_seen_ascent_halves_unsmoothed_except_under_the_old_rule():
@@ -133,14 +140,14 @@ def test_unresolved_curvature_no_longer_pushes_eta_past_the_line_minimizer():
     0.707 < η < 2.213, so it passes η* = 2 and stays above it (once a is seen the target b/a = 2
     only pulls η back to 2.213, where it grows again). The new rule searches (doubles) from 0.1
     until a is seen (3.2), then fits; below 2.213 its target with a unseen is
-    b/(h + 2√6u/η²) < b/h = η*, and it grows only where nothing is seen (η < 0.707), by 1.1, so
-    it ends in [0.707/2, 0.707·1.1], below η*.
+    b/(h + 2√6u/η²) < b/h = η*, so η falls until the descent is no longer seen (η ≤ 0.707) and
+    is held there (nothing seen: no evidence, no change): it ends in (0.707/2, 0.707], below η*.
     """
-    old = _rounds(HyFreeDP(unseen_curvature="grow", search=False), 0.1)
+    old = _rounds(HyFreeDP(unseen_curvature="grow", search=False, nothing_seen="grow"), 0.1)
     assert max(old) > 2.0 and min(old[-100:]) > 2.0
     new = _rounds(HyFreeDP(), 0.1)                 # the defaults
     assert max(new[:5]) == pytest.approx(3.2)      # the search: 0.2, 0.4, 0.8, 1.6, 3.2
-    assert max(new[-100:]) <= math.sqrt(2) / 2 * 1.1 + 1e-12
+    assert max(new[-100:]) <= math.sqrt(2) / 2 + 1e-12
     assert min(new[-100:]) > math.sqrt(2) / 2 / 2  # and does not collapse
 
 

@@ -37,20 +37,21 @@ Decisions the paper leaves open (each an option; defaults stated):
   the released parameters (momentum, Adam's preconditioning and weight decay included; the
   optimizer's state is never advanced twice). The first round (t = 0) has no direction: its
   three losses are taken at θ and only set R_l. The new η applies from step t + 1.
-- **Safeguards.** The released losses carry noise of known, public std σ_l R_l / b, so the fit's
-  a and b have known noise stds. The target is b/a only when the curvature a is seen (above
-  ``significance`` stds); if d is seen to ascend (b below −``significance`` stds) the last
-  step passed the line minimizer and η halves; if nothing is seen the step is too small for
-  the probes to resolve and η doubles (both are searches on evidence, not noisy fits, so they
-  are not smoothed). If the descent b is seen but the curvature is not (``unseen_curvature``), the
-  default ``"bound"`` targets b/(max(a, 0) + ``significance``·std_a), the line minimizer under
-  the largest curvature the noise allows: η then settles where the probes resolve the descent
-  and never passes the minimizer for want of seeing the curvature. (The earlier rule grew η in
-  this case; at b = 2048, σ_l ≈ 10 the curvature is never resolved at a useful step, so η grew
-  ×1.1 every round without bound, docs/results/hyfree_fmnist.md.) A fitted target is clamped
-  to [η/``max_change``, η·``max_change``] and smoothed, η ← ``smoothing``·η + (1 −
-  ``smoothing``)·target (clamp and smoothing as in GeN's official code, §7; the significance
-  test is dpfy's: without it, at small batches the noise alone drives η in a random walk).
+- **η rule** (the paper gives none beyond b/a). The released losses carry noise of known,
+  public std σ_l R_l / b, so the fit's a and b have known noise stds; an estimate beyond
+  ``significance`` stds is "seen". First a **search**: from η₀ (1e-4) η doubles every round
+  until a round sees the step reach the line minimizer η* (the curvature seen, or the descent
+  turned: on a quadratic b_t = (1 − η/η*)·b_{t−1}, so a seen ascent means the last step passed
+  η*) (:func:`overshoot_seen`). Then, each round: curvature seen → b/a; ascent seen → halve;
+  only the descent seen (``unseen_curvature="bound"``) → b/(max(a, 0) + ``significance``·std_a),
+  the minimizer under the largest curvature the noise allows; nothing seen
+  (``nothing_seen="hold"``) → keep η. Fitted targets are clamped to [η/``max_change``,
+  η·``max_change``] and smoothed, η ← ``smoothing``·η + (1 − ``smoothing``)·target (GeN's
+  official code, §7); the search's doubling and the halving act on evidence and are not
+  smoothed. Why: at b = 2048 and σ_l ≈ 10 (Fashion-MNIST, ε = 3) the curvature is almost never
+  resolved at a useful step, so the earlier rule (grow whenever the curvature is unseen) grew η
+  ×1.1 every round without bound, and growing when nothing is seen still crept η to 5–10× the
+  useful step; both measured in docs/results/hyfree_fmnist.md.
 - **R_l rule**: ``"sum"`` (default; the paper's "in practice" rule, R_l = |L̃_− + L̃_0 + L̃_+|,
   ≈ 3× the loss: little clipping bias) or ``"anchor"`` (|L̃_0|, Algorithm 1 line 8); never
   below ``loss_clip_floor``.
@@ -92,6 +93,7 @@ PROBES = {"loss_probe_at_theta": 0.0, "loss_probe_descent": 1.0, "loss_probe_asc
 DEFAULT_INITIAL_LR = 1e-4   # Algorithm 1's input η (×10 for LoRA, §3.4)
 LOSS_CLIP_RULES = ("sum", "anchor")
 UNSEEN_CURVATURE_RULES = ("grow", "hold", "bound")
+NOTHING_SEEN_RULES = ("grow", "hold")
 
 
 def fit_quadratic(descent: float, at_theta: float, ascent: float, lr: float
@@ -109,7 +111,8 @@ def fit_quadratic(descent: float, at_theta: float, ascent: float, lr: float
 
 def next_learning_rate(lr: float, a: float, b: float, *, max_change: float, smoothing: float,
                        std_a: float = 0.0, std_b: float = 0.0, significance: float = 2.0,
-                       unseen_curvature: str = "bound") -> float:
+                       unseen_curvature: str = "bound", nothing_seen: str = "hold"
+                       ) -> float:
     """η after one probe round, from the fit (a, b) and its public noise stds.
 
     ``std_a``, ``std_b`` are the stds of a and b that the loss noise alone causes (public: from
@@ -123,14 +126,18 @@ def next_learning_rate(lr: float, a: float, b: float, *, max_change: float, smoo
       line minimizer because the probes failed to see the curvature); ``"hold"``: keep η;
       ``"grow"`` (the rule before): grow, which on Fashion-MNIST grew η without bound (the
       curvature is almost never resolved at a useful step, docs/results/hyfree_fmnist.md);
-    - nothing seen (the step is too small for the probes to resolve anything): grow.
-    ``"grow"`` keeps the earlier rule whole (smoothed shrinking too). Before any of this runs,
-    HyFreeDP searches (:func:`overshoot_seen`).
+    - nothing seen: ``nothing_seen="hold"`` (default: no evidence, no change; after the
+      search η moves only on evidence) or ``"grow"`` (the step may be too small to resolve; on
+      Fashion-MNIST this crept η up to 0.05–0.1 and cost 5 points, docs/results/hyfree_fmnist.md);
+    The earlier rule is ``"grow"`` with ``nothing_seen="grow"`` (shrinking smoothed too). Before
+    any of this runs, HyFreeDP searches (:func:`overshoot_seen`).
     A fitted target is clamped to [η/max_change, η·max_change]; then η ← smoothing·η +
     (1 − smoothing)·target.
     """
     require(unseen_curvature in UNSEEN_CURVATURE_RULES, "unseen_curvature", unseen_curvature,
             f"one of {list(UNSEEN_CURVATURE_RULES)}")
+    require(nothing_seen in NOTHING_SEEN_RULES, "nothing_seen", nothing_seen,
+            f"one of {list(NOTHING_SEEN_RULES)}")
     seen_a, seen_b = a > significance * std_a, abs(b) > significance * std_b
     if not (math.isfinite(a) and math.isfinite(b)):
         target = lr / max_change
@@ -140,6 +147,8 @@ def next_learning_rate(lr: float, a: float, b: float, *, max_change: float, smoo
         return lr / max_change
     elif seen_b and b < 0:
         target = lr / max_change
+    elif not seen_b and nothing_seen == "hold":
+        return lr
     elif not seen_b or unseen_curvature == "grow":
         target = lr * max_change
     elif unseen_curvature == "hold":
@@ -204,6 +213,8 @@ class HyFreeDP(Method[HyFreeState]):
         ``"bound"`` (default), ``"hold"`` or ``"grow"`` (see :func:`next_learning_rate`).
       search: double η every round until one shows the step reaching the line minimizer
         (:func:`overshoot_seen`), then fit; False fits from the first round (the rule before).
+      nothing_seen: after the search, a round that resolves nothing ``"hold"``s η (default)
+        or ``"grow"``s it, smoothed (see :func:`next_learning_rate`).
       gamma: σ_g = γσ, the gradient's noise inflation that frees budget for the probes (1.01).
       stability: γ_s of automatic clipping, w_i = 1/(‖g_i‖ + γ_s).
 
@@ -222,6 +233,7 @@ class HyFreeDP(Method[HyFreeState]):
     significance: float = 2.0
     unseen_curvature: Literal["grow", "hold", "bound"] = "bound"
     search: bool = True
+    nothing_seen: Literal["grow", "hold"] = "hold"
     gamma: float = 1.01
     stability: float = 0.01
     # Set by calibrate() from the run's facts:
@@ -252,6 +264,8 @@ class HyFreeDP(Method[HyFreeState]):
         require(self.significance >= 0, "significance", self.significance, ">= 0")
         require(self.unseen_curvature in UNSEEN_CURVATURE_RULES, "unseen_curvature",
                 self.unseen_curvature, f"one of {list(UNSEEN_CURVATURE_RULES)}")
+        require(self.nothing_seen in NOTHING_SEEN_RULES, "nothing_seen", self.nothing_seen,
+                f"one of {list(NOTHING_SEEN_RULES)}")
         require(self.gamma > 1, "gamma", self.gamma, "> 1", "The paper uses 1.01")
         require(self.stability > 0, "stability", self.stability, "> 0")
 
@@ -339,7 +353,8 @@ class HyFreeDP(Method[HyFreeState]):
             return lr * self.max_change, True
         return next_learning_rate(lr, a, b, max_change=self.max_change, smoothing=self.smoothing,
                                   std_a=std_a, std_b=std_b, significance=self.significance,
-                                  unseen_curvature=self.unseen_curvature), False
+                                  unseen_curvature=self.unseen_curvature,
+                                  nothing_seen=self.nothing_seen), False
 
     def _after_probes(self, state: HyFreeState, released: Released) -> HyFreeState:
         b_size = released.expected_batch_size
