@@ -282,7 +282,7 @@ def _plot(records: Sequence[dict], path: Path) -> Path | None:
         ax1.plot(steps, [t["lr"] for t in r["trace"]], label=label)
         ax2.plot(steps, [t["loss_clip"] for t in r["trace"]], label=label)
     ax1.set(yscale="log", xlabel="step t", ylabel="η_t", title="HyFreeDP learning rate")
-    ax2.set(xlabel="step t", ylabel="R_l,t", title="HyFreeDP loss clipping threshold")
+    ax2.set(yscale="log", xlabel="step t", ylabel="R_l,t", title="HyFreeDP loss clip R_l")
     ax1.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
