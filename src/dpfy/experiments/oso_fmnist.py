@@ -14,8 +14,12 @@ Phases (each resumable: a run whose key is already in the results file is skippe
 3. ``report``: tables, plots (:mod:`dpfy.experiments.oso_report`) and, with ``--diagnostic``,
    the Figure-1 cosine diagnostic (:mod:`dpfy.experiments.oso_cosine`).
 
-Files in ``--out``: ``oso_fmnist.jsonl`` (one record per run; no seed in it),
-``oso_fmnist_progress.log``, ``oso_fmnist_tables.md`` and ``*oso*.png``.
+``--methods`` restricts phases 1 and 2 to some methods (e.g. ``--k 7 --methods online``).
+
+Files in ``--out``: ``oso_fmnist.jsonl`` (one record per run of every task and k: each record's
+key hashes its whole spec, settings included, so they never collide; no seed in it),
+``oso_fmnist_progress.log``, and per (task, k) ``<stem>_tables.md`` and ``<stem>_*.png``
+(:func:`dpfy.experiments.oso_report.stem`).
 """
 
 from __future__ import annotations
