@@ -18,14 +18,12 @@ Shared options keep their meaning (``--seeds`` = replicates, ``--epochs``, ``--w
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
-import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from dpfy.experiments.idp_spec import CASES, VARIANTS, IdpSpec
-from dpfy.experiments.runner import load_results
+from dpfy.experiments.runner import load_results, run_pending
 
 __all__ = ["add_arguments", "main", "build_specs", "run_specs", "RESULTS", "LOG"]
 
@@ -103,30 +101,15 @@ def run_specs(specs: list[IdpSpec], *, results: Path, log: Path, workers: int = 
 
     ``data`` = (train, test) TensorDatasets replaces Fashion-MNIST (tests use tiny ones).
     """
-    results.parent.mkdir(parents=True, exist_ok=True)
-    done = {r["key"] for r in load_results(results)}
-    todo = [s for s in dict.fromkeys(specs) if s.key() not in done]
-    say = _progress(log)
-    say(f"{len(todo)} runs to do ({len(done)} already in {results}), {workers} worker(s)")
-    t0 = time.time()
-    for i, rec in enumerate(_records(todo, workers, data_dir, data) if todo else (), 1):
-        with results.open("a") as f:
-            f.write(json.dumps(rec) + "\n")
+    def describe(rec: dict) -> str:
         sp = rec["spec"]
         eps = ", ".join(f"{g['epsilon_pld']:.3f}/{g['budget']:g}" for g in rec["groups"])
-        say(f"[{i}/{len(todo)}] {sp['case']} {sp['variant']} rep {sp['replicate']}: test acc "
-            f"{rec['test_accuracy']:.2f}%, group ε (PLD)/budget {eps} ({rec['seconds']:.0f}s; "
-            f"elapsed {time.time() - t0:.0f}s)")
-    return load_results(results)
+        return (f"{sp['case']} {sp['variant']} rep {sp['replicate']}: test acc "
+                f"{rec['test_accuracy']:.2f}%, group ε (PLD)/budget {eps}")
 
-
-def _progress(log: Path) -> Callable[[str], None]:
-    def say(msg: str) -> None:
-        line = f"{time.strftime('%H:%M:%S')} {msg}"
-        print(line, flush=True)
-        with log.open("a") as f:
-            f.write(line + "\n")
-    return say
+    return run_pending(specs, results=results, log=log, workers=workers,
+                       records=lambda todo: _records(todo, workers, data_dir, data),
+                       describe=describe)
 
 
 def main(args: argparse.Namespace) -> int:

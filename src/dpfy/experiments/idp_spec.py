@@ -18,13 +18,12 @@ assignment is an experiment's random split, not private data).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from dpfy._require import require
+from dpfy.experiments.runner import KeyedSpec
 from dpfy.privacy.accountants import RIGOROUS
 from dpfy.privacy.individual import check_groups
 
@@ -41,7 +40,7 @@ VARIANTS = ("uniform-strict", "uniform-weighted", "idp-sample", "idp-scale")
 
 
 @dataclass(frozen=True)
-class IdpSpec:
+class IdpSpec(KeyedSpec):
     """One training run.
 
     Args:
@@ -103,13 +102,6 @@ class IdpSpec:
     def individual(self) -> str | None:
         """``"sample"`` / ``"scale"`` for the IDP variants, None for the uniform ones."""
         return self.variant[4:] if self.variant.startswith("idp-") else None
-
-    def key(self) -> str:
-        """A stable id of the settings (a finished run is skipped when a grid resumes)."""
-        return hashlib.sha1(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "IdpSpec":

@@ -20,7 +20,6 @@ that time. Progress goes to ``OUT/lr_fmnist_progress.log``; the tables and plots
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import multiprocessing as mp
 import time
@@ -28,9 +27,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 # the progress logger of the idp reproduction (timestamped lines to stdout and the log file)
-from dpfy.experiments.idp_fmnist import _progress as progress_log
 from dpfy.experiments.lr_spec import FINITE_ONLY, METHODS_000, METHODS_004, NONDP_GS_GRID, LrSpec
-from dpfy.experiments.runner import load_results
+from dpfy.experiments.runner import load_results, run_pending
 
 __all__ = ["add_arguments", "main", "build_specs", "run_specs", "RESULTS", "LOG"]
 
@@ -169,24 +167,16 @@ def run_specs(specs: list[LrSpec], *, results: Path, log: Path, workers: int = 1
 
     ``data`` = (train, test) TensorDatasets replaces Fashion-MNIST (tests use tiny ones).
     """
-    results.parent.mkdir(parents=True, exist_ok=True)
-    done = {r["key"] for r in load_results(results)}
-    todo = [s for s in dict.fromkeys(specs) if s.key() not in done]
-    say = progress_log(log)
-    say(f"{len(todo)} runs to do ({len(done)} already in {results}), {workers} worker(s)")
-    t0 = time.time()
-    init = (max(s.train_size for s in todo) if todo else 0,
-            max(s.test_size for s in todo) if todo else 0, data_dir, data, _until(until))
-    for i, rec in enumerate(_records(todo, workers, init) if todo else (), 1):
-        if rec is None:
-            say(f"[{i}/{len(todo)}] a run not started (past --lr-until)")
-            continue
-        with results.open("a") as f:
-            f.write(json.dumps(rec) + "\n")
-        say(f"[{i}/{len(todo)}] {LrSpec.from_dict(rec['spec']).label}: test acc {rec['test_accuracy']:.2f}%, "
-            f"ε (PLD) {_fmt(rec['epsilon_pld'])} at {rec['git_commit']} ({rec['seconds']:.0f}s;"
-            f" elapsed {time.time() - t0:.0f}s)")
-    return load_results(results)
+    def records(todo: list[LrSpec]) -> Iterator[dict | None]:
+        init = (max(s.train_size for s in todo), max(s.test_size for s in todo), data_dir,
+                data, _until(until))
+        return _records(todo, workers, init)
+
+    return run_pending(specs, results=results, log=log, workers=workers, records=records,
+                       describe=lambda rec: (
+                           f"{LrSpec.from_dict(rec['spec']).label}: test acc "
+                           f"{rec['test_accuracy']:.2f}%, ε (PLD) {_fmt(rec['epsilon_pld'])} "
+                           f"at {rec['git_commit']}"))
 
 
 def _fmt(eps: float) -> str:

@@ -17,13 +17,12 @@ no seed: model initialization, sampling and noise come from the OS CSPRNG.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from dpfy._require import require
+from dpfy.experiments.runner import KeyedSpec
 
 __all__ = ["LrSpec", "METHODS_004", "METHODS_000", "NONDP_GS_GRID", "DP_HYPER_GRID",
            "COMPARISONS", "FINITE_ONLY"]
@@ -43,7 +42,7 @@ FINITE_ONLY = ("dp_hyper", "hyfree", "noisy_max")
 
 
 @dataclass(frozen=True)
-class LrSpec:
+class LrSpec(KeyedSpec):
     """One run (``dp_hyper``: its selection runs and its final run, one record).
 
     Args:
@@ -113,13 +112,6 @@ class LrSpec:
                else "ε=%s" % ("∞" if self.epsilon is None else "%g" % self.epsilon))
         lr = f" lr={self.lr:g}" if self.lr is not None else ""
         return f"{self.comparison} {self.model} {self.method}{lr} {eps} rep {self.replicate}"
-
-    def key(self) -> str:
-        """A stable id of the settings (a finished run is skipped when a grid resumes)."""
-        return hashlib.sha1(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "LrSpec":

@@ -7,15 +7,17 @@ are separate processes with one torch thread each (the machine's cores are share
 
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing as mp
 import time
+from dataclasses import asdict
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from dpfy.experiments.spec import RunSpec
 
-__all__ = ["run_grid", "load_results"]
+__all__ = ["run_grid", "load_results", "KeyedSpec", "progress_log", "run_pending"]
 
 _DATA = None
 
@@ -25,6 +27,49 @@ def load_results(path: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class KeyedSpec:
+    """Mixin for a dataclass of one run's settings: ``to_dict`` and a stable ``key`` (a
+    finished run is skipped when a grid resumes)."""
+
+    def key(self) -> str:
+        return hashlib.sha1(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)  # type: ignore[call-overload]
+
+
+def progress_log(log: Path) -> Callable[[str], None]:
+    """A function printing a time-stamped line and appending it to ``log``."""
+    def say(msg: str) -> None:
+        line = f"{time.strftime('%H:%M:%S')} {msg}"
+        print(line, flush=True)
+        with log.open("a") as f:
+            f.write(line + "\n")
+    return say
+
+
+def run_pending(specs: Iterable[KeyedSpec], *, results: Path, log: Path, workers: int,
+                records: Callable[[list], Iterator[dict | None]],
+                describe: Callable[[dict], str]) -> list[dict]:
+    """Train every spec whose key is not in ``results`` yet, appending each record as it ends
+    (``records(todo)`` yields them, None for a run it did not start); returns all records."""
+    results.parent.mkdir(parents=True, exist_ok=True)
+    done = {r["key"] for r in load_results(results)}
+    todo = [s for s in dict.fromkeys(specs) if s.key() not in done]
+    say = progress_log(log)
+    say(f"{len(todo)} runs to do ({len(done)} already in {results}), {workers} worker(s)")
+    t0 = time.time()
+    for i, rec in enumerate(records(todo) if todo else (), 1):
+        if rec is None:
+            say(f"[{i}/{len(todo)}] a run not started (past its deadline)")
+            continue
+        with results.open("a") as f:
+            f.write(json.dumps(rec) + "\n")
+        say(f"[{i}/{len(todo)}] {describe(rec)} ({rec['seconds']:.0f}s; elapsed "
+            f"{time.time() - t0:.0f}s)")
+    return load_results(results)
 
 
 def _init_worker(data_dir: str | None) -> None:
