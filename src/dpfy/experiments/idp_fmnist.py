@@ -18,12 +18,11 @@ Shared options keep their meaning (``--seeds`` = replicates, ``--epochs``, ``--w
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 from pathlib import Path
 from typing import Any, Iterator
 
 from dpfy.experiments.idp_spec import CASES, VARIANTS, IdpSpec
-from dpfy.experiments.runner import load_results, run_pending
+from dpfy.experiments.runner import in_workers, load_results, run_pending
 
 __all__ = ["add_arguments", "main", "build_specs", "run_specs", "RESULTS", "LOG"]
 
@@ -86,13 +85,7 @@ def _work(spec_dict: dict) -> dict:
 def _records(todo: list[IdpSpec], workers: int, data_dir: str | None,
              data: tuple | None) -> Iterator[dict]:
     """Records of ``todo`` as they finish: in this process, or in forked workers."""
-    init = (todo[0].to_dict(), data_dir, data)
-    if workers == 1:
-        _init_worker(*init)
-        yield from (_work(s.to_dict()) for s in todo)
-        return
-    with mp.get_context("fork").Pool(workers, initializer=_init_worker, initargs=init) as pool:
-        yield from pool.imap_unordered(_work, [s.to_dict() for s in todo])
+    return in_workers(todo, workers, _init_worker, _work, (todo[0].to_dict(), data_dir, data))
 
 
 def run_specs(specs: list[IdpSpec], *, results: Path, log: Path, workers: int = 1,

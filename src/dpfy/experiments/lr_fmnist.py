@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import multiprocessing as mp
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
 # the progress logger of the idp reproduction (timestamped lines to stdout and the log file)
 from dpfy.experiments.lr_spec import FINITE_ONLY, METHODS_000, METHODS_004, NONDP_GS_GRID, LrSpec
-from dpfy.experiments.runner import load_results, run_pending
+from dpfy.experiments.runner import in_workers, load_results, run_pending
 
 __all__ = ["add_arguments", "main", "build_specs", "run_specs", "RESULTS", "LOG"]
 
@@ -141,12 +140,7 @@ def _work(spec_dict: dict) -> dict | None:
 
 
 def _records(todo: list[LrSpec], workers: int, init: tuple) -> Iterator[dict | None]:
-    if workers == 1:
-        _init_worker(*init)
-        yield from (_work(s.to_dict()) for s in todo)
-        return
-    with mp.get_context("fork").Pool(workers, initializer=_init_worker, initargs=init) as pool:
-        yield from pool.imap_unordered(_work, [s.to_dict() for s in todo])
+    return in_workers(todo, workers, _init_worker, _work, init)
 
 
 def _until(text: str | None) -> float | None:

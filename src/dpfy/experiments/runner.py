@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from dpfy.experiments.spec import RunSpec
 
-__all__ = ["run_grid", "load_results", "KeyedSpec", "progress_log", "run_pending"]
+__all__ = ["run_grid", "load_results", "KeyedSpec", "progress_log", "run_pending", "in_workers"]
 
 _DATA = None
 
@@ -70,6 +70,18 @@ def run_pending(specs: Iterable[KeyedSpec], *, results: Path, log: Path, workers
         say(f"[{i}/{len(todo)}] {describe(rec)} ({rec['seconds']:.0f}s; elapsed "
             f"{time.time() - t0:.0f}s)")
     return load_results(results)
+
+
+def in_workers(todo: list[KeyedSpec], workers: int, init: Callable[..., None],
+               work: Callable[[dict], dict | None], initargs: tuple) -> Iterator[dict | None]:
+    """Each spec's record as it finishes: in this process (``workers`` = 1) or in forked
+    worker processes, each set up once by ``init(*initargs)``."""
+    if workers == 1:
+        init(*initargs)
+        yield from (work(s.to_dict()) for s in todo)
+        return
+    with mp.get_context("fork").Pool(workers, initializer=init, initargs=initargs) as pool:
+        yield from pool.imap_unordered(work, [s.to_dict() for s in todo])
 
 
 def _init_worker(data_dir: str | None) -> None:
