@@ -378,7 +378,7 @@ class GradEngine:
         self._root_call: tuple[tuple, dict] | None = None  # the model's call, inside its forward
         self._ordinals: dict[int, int] = {}  # unit -> calls so far in this forward
         self._probe: LayoutProbe | None = None  # this forward's layout probe, once run
-        self._probing: dict[int, list[Any]] | None = None  # shapes, while the probe runs
+        self._probing: LayoutProbe | None = None  # the probe being recorded, while it runs
         self._last_route: dict[int, str] = {}  # unit -> route taken on the last batch (public)
         self._anchor = torch.empty(0, requires_grad=True)  # see _Tap; never receives a gradient
         self._handles = [u.module.register_forward_hook(self._hook(u), with_kwargs=True)
@@ -460,13 +460,13 @@ class GradEngine:
         """In the probe's forward: record the call's shapes, and expand an output computed
         from inputs shared by the batch, as the real forward does (so that the layers after
         it see what they see there)."""
-        rows = resized_rows(self._rows())
+        rows, calls = self._probing.rows, self._probing.shapes.setdefault(id(unit), [])
         if unit.rule is None:
-            self._probing.setdefault(id(unit), []).append(call_shapes(args, kwargs))
+            calls.append(call_shapes(args, kwargs))
             shared = _vmap_batch_dims(unit, args, kwargs, rows)[2]
         else:
             a = unit.rule.batch_input(unit.module, args, kwargs)
-            self._probing.setdefault(id(unit), []).append(shape_of(a))
+            calls.append(shape_of(a))
             shared = (torch.is_tensor(a) and a.dim() >= 1
                       and _rule_candidates(unit, a, rows) == [BROADCAST])
         if not shared:
@@ -532,7 +532,7 @@ class GradEngine:
         args, kwargs, problem = resize_batch(*self._root_call, rows)
         if problem is not None:
             return LayoutProbe(new, problem=problem)
-        self._probing = {}
+        probe = self._probing = LayoutProbe(new)
         try:
             with torch.no_grad():
                 self.model(*args, **kwargs)
@@ -541,26 +541,26 @@ class GradEngine:
                 f"rerunning the model on {new} of the batch's rows to find out failed "
                 f"({type(err).__name__}: {str(err)[:200]})"))
         finally:
-            shapes, self._probing = self._probing, None
-        return LayoutProbe(new, shapes=shapes)
+            self._probing = None
+        return probe
 
-    def _probed_record(self, unit: Unit, j: int) -> tuple[Any, str | None]:
-        """What the probe recorded for the unit's j-th call of this forward, or why nothing."""
+    def _probed_record(self, unit: Unit, j: int) -> tuple[Any, int, str | None]:
+        """What the probe recorded for the unit's j-th call of this forward, the probe's batch
+        size, and why nothing (None when there is a record)."""
         probe = self._layout_probe()
         if probe.problem is not None:
-            return None, probe.problem
+            return None, probe.rows, probe.problem
         calls = probe.shapes.get(id(unit), [])
         if j >= len(calls):
-            return None, (f"the resized forward ({probe.rows} rows) called it {len(calls)} "
-                          f"time(s), not {j + 1}")
-        return calls[j], None
+            return None, probe.rows, (f"the resized forward ({probe.rows} rows) called it "
+                                      f"{len(calls)} time(s), not {j + 1}")
+        return calls[j], probe.rows, None
 
     def _probed_rule_dim(self, unit: Unit, j: int, a: torch.Tensor, rows: int
                          ) -> tuple[int, str | None]:
         """The batch dimension of an ambiguous rule-unit input, from the probe: the one that
         followed the batch, or :data:`BROADCAST` for a one-row input that did not change."""
-        probed, why = self._probed_record(unit, j)
-        new = resized_rows(rows)
+        probed, new, why = self._probed_record(unit, j)
         if why is None:
             got = followed(tuple(a.shape), probed, rows, new)
             if got == [] and a.shape[0] == 1:
@@ -578,8 +578,7 @@ class GradEngine:
     def _probed_vmap(self, unit: Unit, j: int, args: tuple, kwargs: dict,
                      dims: tuple[tuple, dict], rows: int) -> str | None:
         """Check a vmap unit's in-dims (batch in dim 0, or shared) against the probe."""
-        probed, why = self._probed_record(unit, j)
-        new = resized_rows(rows)
+        probed, new, why = self._probed_record(unit, j)
         if why is None:
             for (name, x, d), got in zip(
                     [*((f"argument {i}", x, dims[0][i]) for i, x in enumerate(args)),
