@@ -12,7 +12,6 @@ from __future__ import annotations
 import dp_accounting
 import pytest
 import torch
-from torch.utils.data import TensorDataset
 
 from dpfy.experiments.idp_fmnist import run_specs
 from dpfy.experiments.idp_spec import VARIANTS, IdpSpec
@@ -29,13 +28,9 @@ def _pld_epsilon(q: float, sigma: float, steps: int, delta: float) -> float:
 
 
 @pytest.fixture(scope="module")
-def records(tmp_path_factory):
+def records(tmp_path_factory, tiny_images):
     torch.set_num_threads(1)
-    g = torch.Generator().manual_seed(0)
-    data = (TensorDataset(torch.randn(N, 1, 28, 28, generator=g),
-                          torch.randint(0, 10, (N,), generator=g)),
-            TensorDataset(torch.randn(32, 1, 28, 28, generator=g),
-                          torch.randint(0, 10, (32,), generator=g)))
+    data = tiny_images(N)
     specs = [IdpSpec(case="tiny", budgets=BUDGETS, fractions=FRACTIONS, variant=v, epochs=1,
                      batch_size=BATCH, train_size=N, test_size=32, lr=0.5)
              for v in VARIANTS]

@@ -10,7 +10,6 @@ import math
 
 import pytest
 import torch
-from torch.utils.data import TensorDataset
 
 from dpfy.experiments.lr_fmnist import run_specs
 from dpfy.experiments.lr_report import summarize
@@ -21,13 +20,9 @@ N, BATCH = 96, 16
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, tiny_images):
     torch.set_num_threads(1)
-    g = torch.Generator().manual_seed(0)
-    data = (TensorDataset(torch.randn(N, 1, 28, 28, generator=g),
-                          torch.randint(0, 10, (N,), generator=g)),
-            TensorDataset(torch.randn(32, 1, 28, 28, generator=g),
-                          torch.randint(0, 10, (32,), generator=g)))
+    data = tiny_images(N)
     common = dict(epochs=1, batch_size=BATCH, train_size=N, test_size=32)
     specs = [LrSpec(comparison="000", method="sgd", noise_multiplier=2.0, **common),
              LrSpec(comparison="004", method="adamw", epsilon=2.0, lr=1e-3, **common),
