@@ -29,11 +29,15 @@ def _traced(path: Path):
         new = inner(self, state, released)
         b_size = released.expected_batch_size
         std_loss = self.loss_noise * state.loss_clip / b_size
+        spacing = self.probe_spacing * state.lr
+        pool = new.pool
         row = {"step": int(released.plan.step), "lr_before": state.lr, "lr_after": new.lr,
                "loss_clip": state.loss_clip, "next_loss_clip": new.loss_clip,
                "fit": list(new.last_fit) if state.direction is not None else None,
-               "std_a": math.sqrt(6) * std_loss / state.lr ** 2,
-               "std_b": math.sqrt(2) * std_loss / (2 * state.lr)}
+               "std_a": math.sqrt(6) * std_loss / spacing ** 2,
+               "std_b": math.sqrt(2) * std_loss / (2 * spacing),
+               "pooled": (None if pool is None or pool.rounds == 0 else
+                          [pool.a, pool.b, pool.std_a, pool.std_b])}
         with path.open("a") as f:
             f.write(json.dumps(row) + "\n")
         return new

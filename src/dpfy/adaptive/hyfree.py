@@ -75,6 +75,7 @@ from typing import ClassVar, Literal, Mapping
 import torch
 
 from dpfy._require import require
+from dpfy.adaptive._pooled_fit import PooledFit
 from dpfy.adaptive.base import (Clip, Method, Needs, Norms, Released, ReleaseSpec, RunFacts,
                                 bind_facts, register)
 from dpfy.clipping import AutomaticClipping
@@ -179,7 +180,9 @@ class HyFreeState:
     ``anchor`` is θ kept from the step before a probe round's predecessor, ``direction`` the
     update direction d = (θ_{t−1} − θ_t)/η_{t−1} for the coming round (None: not known yet).
     ``last_fit`` is (a, b) of the latest round with a direction, for logs and plots;
-    ``searching``: no round has shown an overshoot yet (:func:`overshoot_seen`).
+    ``searching``: no round has shown an overshoot yet (:func:`overshoot_seen`); ``pool`` the
+    rounds' fits since the search, pooled (:class:`~dpfy.adaptive._pooled_fit.PooledFit`);
+    ``loss_clip_peak`` the largest R_l so far.
     """
 
     lr: float
@@ -189,6 +192,8 @@ class HyFreeState:
     last_fit: tuple[float, float] | None = None
     rounds: int = 0
     searching: bool = True
+    pool: PooledFit | None = None
+    loss_clip_peak: float = 0.0
 
 
 @register("hyfree")
@@ -215,6 +220,15 @@ class HyFreeDP(Method[HyFreeState]):
         (:func:`overshoot_seen`), then fit; False fits from the first round (the rule before).
       nothing_seen: after the search, a round that resolves nothing ``"hold"``s η (default)
         or ``"grow"``s it, smoothed (see :func:`next_learning_rate`).
+      probe_spacing: c, the probes sit at θ ∓ c·η·d (the paper: c = 1). The fit's noise stds
+        fall as 1/c (b) and 1/c² (a); at c ≥ √6·2/√2 ≈ 3.5 (significance 2) a round that
+        resolves the descent at η ≥ η* also resolves the curvature, so "descent seen,
+        curvature not" means η < η*.
+      fit_memory: λ of the pooled fit (:class:`~dpfy.adaptive._pooled_fit.PooledFit`): after
+        the search the rule acts on the rounds' (a, b) averaged with weights λ^age/std²
+        instead of the latest round alone (0: the latest round, the rule before).
+      loss_clip_keep: R_l never falls below this fraction of its largest value so far (0: the
+        paper's rule, which can collapse: docs/results/hyfree_fmnist.md).
       gamma: σ_g = γσ, the gradient's noise inflation that frees budget for the probes (1.01).
       stability: γ_s of automatic clipping, w_i = 1/(‖g_i‖ + γ_s).
 
@@ -234,6 +248,9 @@ class HyFreeDP(Method[HyFreeState]):
     unseen_curvature: Literal["grow", "hold", "bound"] = "bound"
     search: bool = True
     nothing_seen: Literal["grow", "hold"] = "hold"
+    probe_spacing: float = 1.0
+    fit_memory: float = 0.0
+    loss_clip_keep: float = 0.0
     gamma: float = 1.01
     stability: float = 0.01
     # Set by calibrate() from the run's facts:
@@ -266,6 +283,11 @@ class HyFreeDP(Method[HyFreeState]):
                 self.unseen_curvature, f"one of {list(UNSEEN_CURVATURE_RULES)}")
         require(self.nothing_seen in NOTHING_SEEN_RULES, "nothing_seen", self.nothing_seen,
                 f"one of {list(NOTHING_SEEN_RULES)}")
+        require(self.probe_spacing >= 1, "probe_spacing", self.probe_spacing, ">= 1",
+                "The probes sit at θ ∓ c·η·d; c < 1 would resolve less than one step")
+        require(0 <= self.fit_memory < 1, "fit_memory", self.fit_memory, "in [0, 1)")
+        require(0 <= self.loss_clip_keep <= 1, "loss_clip_keep", self.loss_clip_keep,
+                "in [0, 1]")
         require(self.gamma > 1, "gamma", self.gamma, "> 1", "The paper uses 1.01")
         require(self.stability > 0, "stability", self.stability, "> 0")
 
@@ -312,6 +334,10 @@ class HyFreeDP(Method[HyFreeState]):
         auto = AutomaticClipping(clip=1.0, gamma=self.stability)
         return Clip(auto.weights(norms.per_parameter_sq, 1.0, norm=norms.total), 1.0)
 
+    def _spacing(self, state: HyFreeState) -> float:
+        """How far along d the probes sit: c·η (``probe_spacing`` c; the paper's c = 1)."""
+        return self.probe_spacing * state.lr
+
     def _probe_round(self, step: int) -> bool:
         return step % self.probe_every == 0
 
@@ -322,7 +348,8 @@ class HyFreeDP(Method[HyFreeState]):
         out = {}
         for name, sign in PROBES.items():
             offsets = ({} if state.direction is None or sign == 0.0 else
-                       {n: -sign * state.lr * d for n, d in state.direction.items()})
+                       {n: -sign * self._spacing(state) * d
+                        for n, d in state.direction.items()})
             out[name] = ReleaseSpec(sensitivity=r_l, noise_std=self.loss_noise * r_l,
                                     kind="loss", offsets=offsets)
         return out
@@ -361,14 +388,24 @@ class HyFreeDP(Method[HyFreeState]):
         loss = {name: float(released.sums[name]) / b_size for name in PROBES}
         descent, at_theta, ascent = (loss["loss_probe_descent"], loss["loss_probe_at_theta"],
                                      loss["loss_probe_ascent"])
-        lr, fit, searching = state.lr, state.last_fit, state.searching
+        lr, fit, searching, pool = state.lr, state.last_fit, state.searching, state.pool
         if state.direction is not None:
-            a, b = fit_quadratic(descent, at_theta, ascent, state.lr)
+            spacing = self._spacing(state)
+            a, b = fit_quadratic(descent, at_theta, ascent, spacing)
             std_loss = self.loss_noise * state.loss_clip / b_size   # each L̃'s noise std
-            stds = dict(std_a=math.sqrt(6) * std_loss / state.lr ** 2,
-                        std_b=math.sqrt(2) * std_loss / (2 * state.lr))
-            lr, searching = self.next_lr(state.lr, a, b, searching=searching, **stds)
+            stds = dict(std_a=math.sqrt(6) * std_loss / spacing ** 2,
+                        std_b=math.sqrt(2) * std_loss / (2 * spacing))
             fit = (a, b)
+            if self.search and searching:
+                lr, searching = self.next_lr(state.lr, a, b, searching=True, **stds)
+            else:
+                pool = (pool or PooledFit(self.fit_memory)).add(a, b, **stds)
+                lr, _ = self.next_lr(state.lr, pool.a, pool.b, std_a=pool.std_a,
+                                     std_b=pool.std_b, searching=False)
+                if lr <= state.lr / self.max_change * (1 + 1e-12):
+                    pool = pool.reset()    # halved on a seen ascent: the pool said so
         raw = abs(descent + at_theta + ascent) if self.loss_clip_rule == "sum" else abs(at_theta)
-        return replace(state, lr=lr, loss_clip=max(raw, self.loss_clip_floor), last_fit=fit,
-                       direction=None, rounds=state.rounds + 1, searching=searching)
+        peak = max(state.loss_clip_peak, state.loss_clip)
+        loss_clip = max(raw, self.loss_clip_floor, self.loss_clip_keep * peak)
+        return replace(state, lr=lr, loss_clip=loss_clip, loss_clip_peak=peak, last_fit=fit,
+                       direction=None, rounds=state.rounds + 1, searching=searching, pool=pool)
