@@ -287,3 +287,62 @@ def test_train_lr_and_optimizer_defaults_are_resolved_per_method(flags, lr, opti
 
     cfg = TrainConfig.from_mapping(explicit_settings(train_parser().parse_args(flags)))
     assert (cfg.lr, cfg.optimizer) == (pytest.approx(lr), optimizer)
+
+
+# -- the interval rule, the probe spacing, the R_l floor --------------------------------------
+@pytest.mark.parametrize("lr, a, b, std_a, std_b, expected", [
+    # η* = b/a = 0.5; interval [(2 − 0.5)/(4 + 1), (2 + 0.5)/(4 − 1)] = [0.3, 0.8333]
+    (1.0, 4.0, 2.0, 0.5, 0.25, 2.5 / 3),    # above the interval: to its upper end
+    (0.5, 4.0, 2.0, 0.5, 0.25, 0.5),        # inside: held
+    (0.2, 4.0, 2.0, 0.5, 0.25, 0.3),        # below: to its lower end
+    (1.0, 4.0, -2.0, 0.5, 0.25, 0.5),       # upper end (−1.5)/3 < 0 (ascent seen): η/2
+    (0.2, 1.0, 2.0, 1.0, 0.25, 0.4),        # a unresolved: upper ∞, lower 1.5/3 = 0.5 → 2η
+    (5.0, 1.0, 2.0, 1.0, 0.25, 5.0),        # a unresolved, η large: nothing excludes it
+    (1.0, 4.0, 0.2, 0.5, 0.25, 0.5),        # b unresolved: upper 0.7/3 < η/2: clamped η/2
+    (1.0, float("nan"), 1.0, 0.5, 0.25, 1.0),
+])
+def test_interval_rule_moves_eta_only_when_the_interval_excludes_it(lr, a, b, std_a, std_b,
+                                                                      expected):
+    """z = 2, no smoothing, clamp 2."""
+    from dpfy.adaptive.hyfree import interval_learning_rate
+    got = interval_learning_rate(lr, a, b, std_a=std_a, std_b=std_b, max_change=2.0,
+                                 smoothing=0.0)
+    assert got == pytest.approx(expected)
+
+
+def test_wide_probes_resolve_the_curvature_wherever_they_resolve_the_descent_at_eta_star():
+    """The docstring's claim for probe_spacing c: with loss noise u, a is seen iff
+    h(cη)² > 2√6u and b is seen iff g·cη > √2u (the fit's stds at spacing cη). At η = η* = g/h
+    the first is c·(g·cη) > 2√6u; so at c ≥ 2√6/√2 = 2√3 ≈ 3.46 b seen implies a seen, and at
+    c = 1 there is a range of u where the descent is seen and the curvature is not."""
+    g, h = 2.0, 1.0
+    eta = g / h
+    for u in torch.logspace(-3, 2, 200, dtype=torch.float64).tolist():
+        for c, implied in ((4.0, True), (1.0, None)):
+            a, b = fit_quadratic(-g * c * eta + h * (c * eta) ** 2 / 2, 0.0,
+                                 g * c * eta + h * (c * eta) ** 2 / 2, c * eta)
+            seen_a = a > 2 * math.sqrt(6) * u / (c * eta) ** 2
+            seen_b = b > 2 * math.sqrt(2) * u / (2 * c * eta)
+            if implied and seen_b:
+                assert seen_a
+    c1 = [(fit_quadratic(-g * eta + h * eta ** 2 / 2, 0.0, g * eta + h * eta ** 2 / 2, eta), u)
+          for u in (1.0, 1.5)]
+    assert any(b > math.sqrt(2) * u / eta and a <= 2 * math.sqrt(6) * u / eta ** 2
+               for (a, b), u in c1)
+
+
+def test_probes_sit_at_spacing_times_eta_and_the_loss_clip_keeps_a_fraction_of_its_peak():
+    opt, trace = _run(probe_spacing=4.0, loss_clip_keep=0.5, fit_memory=0.9)
+    m = opt.method
+    _, _, state = trace[K - 1]
+    from dpfy.plan import StepPlan
+    specs = m.releases(state, StepPlan(step=K, sample_rate=B / N, noise_multiplier=1.0, clip=1.0))
+    for name, spec in specs.items():
+        for n, off in spec.offsets.items():
+            torch.testing.assert_close(off, -PROBES[name] * 4.0 * state.lr * state.direction[n])
+    peak = 0.0
+    for _, _, s in trace:
+        assert s.loss_clip >= 0.5 * peak - 1e-12
+        peak = max(peak, s.loss_clip)
+    assert any(s.pool is not None and s.pool.rounds > 0 for _, _, s in trace) or \
+        all(s.searching for _, _, s in trace)

@@ -95,6 +95,7 @@ DEFAULT_INITIAL_LR = 1e-4   # Algorithm 1's input η (×10 for LoRA, §3.4)
 LOSS_CLIP_RULES = ("sum", "anchor")
 UNSEEN_CURVATURE_RULES = ("grow", "hold", "bound")
 NOTHING_SEEN_RULES = ("grow", "hold")
+LR_RULES = ("point", "interval")
 
 
 def fit_quadratic(descent: float, at_theta: float, ascent: float, lr: float
@@ -157,6 +158,39 @@ def next_learning_rate(lr: float, a: float, b: float, *, max_change: float, smoo
     else:
         curvature = max(a, 0.0) + significance * std_a
         target = b / curvature if curvature > 0 else math.inf
+    target = min(max(target, lr / max_change), lr * max_change)
+    return smoothing * lr + (1 - smoothing) * target
+
+
+def interval_learning_rate(lr: float, a: float, b: float, *, std_a: float, std_b: float,
+                           max_change: float, smoothing: float, significance: float = 2.0
+                           ) -> float:
+    """η after a round, moved only when the fit's confidence interval for η* = b/a excludes it.
+
+    The interval is [(b − z·std_b)/(a + z·std_a), (b + z·std_b)/(a − z·std_a)] (z =
+    ``significance``; an upper end with a − z·std_a ≤ 0 is ∞, a lower end with b − z·std_b ≤ 0
+    is 0). η inside: held (the noise cannot tell η from η*); above the upper end: moved toward
+    it; below the lower end: toward it; clamped to [η/max_change, η·max_change] and smoothed.
+    Why: a point estimate b/a acts on noise. Late in DP training b ≈ 0 within noise while a is
+    resolved, so b/a's noise alone drove η down 5 % a round toward 0 on Fashion-MNIST
+    (docs/results/hyfree_fmnist.md); the interval holds η until the evidence excludes it.
+    """
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return lr
+    z = significance
+    upper = (b + z * std_b) / (a - z * std_a) if a - z * std_a > 0 else math.inf
+    if b - z * std_b <= 0:
+        lower = 0.0
+    else:
+        lower = (b - z * std_b) / (a + z * std_a) if a + z * std_a > 0 else math.inf
+    if upper < 0:              # the ascent is seen: the line minimizer lies behind θ
+        target = 0.0
+    elif lr > upper:
+        target = upper
+    elif lr < lower:
+        target = lower
+    else:
+        return lr
     target = min(max(target, lr / max_change), lr * max_change)
     return smoothing * lr + (1 - smoothing) * target
 
@@ -246,6 +280,7 @@ class HyFreeDP(Method[HyFreeState]):
     smoothing: float = 0.9
     significance: float = 2.0
     unseen_curvature: Literal["grow", "hold", "bound"] = "bound"
+    lr_rule: Literal["point", "interval"] = "point"
     search: bool = True
     nothing_seen: Literal["grow", "hold"] = "hold"
     probe_spacing: float = 1.0
@@ -288,6 +323,7 @@ class HyFreeDP(Method[HyFreeState]):
         require(0 <= self.fit_memory < 1, "fit_memory", self.fit_memory, "in [0, 1)")
         require(0 <= self.loss_clip_keep <= 1, "loss_clip_keep", self.loss_clip_keep,
                 "in [0, 1]")
+        require(self.lr_rule in LR_RULES, "lr_rule", self.lr_rule, f"one of {list(LR_RULES)}")
         require(self.gamma > 1, "gamma", self.gamma, "> 1", "The paper uses 1.01")
         require(self.stability > 0, "stability", self.stability, "> 0")
 
@@ -378,6 +414,10 @@ class HyFreeDP(Method[HyFreeState]):
             a, b, std_a=std_a, std_b=std_b, significance=self.significance)
         if searching:
             return lr * self.max_change, True
+        if self.lr_rule == "interval":
+            return interval_learning_rate(lr, a, b, std_a=std_a, std_b=std_b,
+                                          max_change=self.max_change, smoothing=self.smoothing,
+                                          significance=self.significance), False
         return next_learning_rate(lr, a, b, max_change=self.max_change, smoothing=self.smoothing,
                                   std_a=std_a, std_b=std_b, significance=self.significance,
                                   unseen_curvature=self.unseen_curvature,
