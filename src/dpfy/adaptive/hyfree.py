@@ -37,24 +37,33 @@ Decisions the paper leaves open (each an option; defaults stated):
   the released parameters (momentum, Adam's preconditioning and weight decay included; the
   optimizer's state is never advanced twice). The first round (t = 0) has no direction: its
   three losses are taken at θ and only set R_l. The new η applies from step t + 1.
+- **Probe spacing** (the paper: the probes at θ ∓ η d). Here at θ ∓ c·η·d with c =
+  ``probe_spacing`` = 4: the fit is exact on a quadratic at any spacing, and its noise stds
+  fall as 1/c (b) and 1/c² (a), so at c ≥ 2√3 a round that resolves the descent at η ≥ η*
+  also resolves the curvature.
 - **η rule** (the paper gives none beyond b/a). The released losses carry noise of known,
   public std σ_l R_l / b, so the fit's a and b have known noise stds; an estimate beyond
   ``significance`` stds is "seen". First a **search**: from η₀ (1e-4) η doubles every round
   until a round sees the step reach the line minimizer η* (the curvature seen, or the descent
   turned: on a quadratic b_t = (1 − η/η*)·b_{t−1}, so a seen ascent means the last step passed
-  η*) (:func:`overshoot_seen`). Then, each round: curvature seen → b/a; ascent seen → halve;
-  only the descent seen (``unseen_curvature="bound"``) → b/(max(a, 0) + ``significance``·std_a),
-  the minimizer under the largest curvature the noise allows; nothing seen
-  (``nothing_seen="hold"``) → keep η. Fitted targets are clamped to [η/``max_change``,
-  η·``max_change``] and smoothed, η ← ``smoothing``·η + (1 − ``smoothing``)·target (GeN's
-  official code, §7); the search's doubling and the halving act on evidence and are not
-  smoothed. Why: at b = 2048 and σ_l ≈ 10 (Fashion-MNIST, ε = 3) the curvature is almost never
-  resolved at a useful step, so the earlier rule (grow whenever the curvature is unseen) grew η
-  ×1.1 every round without bound, and growing when nothing is seen still crept η to 5–10× the
-  useful step; both measured in docs/results/hyfree_fmnist.md.
+  η*) (:func:`overshoot_seen`). Then the rounds' fits are **pooled** (``fit_memory`` λ = 0.9:
+  inverse-variance weights λ^age/std², :class:`~dpfy.adaptive._pooled_fit.PooledFit`) and
+  the rule acts on the pooled (a, b): curvature seen → b/a; only the descent seen
+  (``unseen_curvature="grow"``: with wide probes this means η < η*) → grow; ascent seen →
+  shrink; nothing seen (``nothing_seen="hold"``) → keep η. Targets are clamped to
+  [η/``max_change``, η·``max_change``] and smoothed, η ← ``smoothing``·η + (1 −
+  ``smoothing``)·target (GeN's official code, §7); the search's doubling is not smoothed.
+  Why: at b = 2048 and σ_l ≈ 10 (Fashion-MNIST, ε = 3) one round at spacing η almost never
+  resolves the curvature at a useful step; the rules acting on single rounds grew η without
+  bound ("grow"), or shrank it on their false positives until it froze ("bound", "hold"), all
+  measured in docs/results/hyfree_fmnist.md.
 - **R_l rule**: ``"sum"`` (default; the paper's "in practice" rule, R_l = |L̃_− + L̃_0 + L̃_+|,
   ≈ 3× the loss: little clipping bias) or ``"anchor"`` (|L̃_0|, Algorithm 1 line 8); never
-  below ``loss_clip_floor``.
+  below ``loss_clip_floor`` nor below ``loss_clip_keep`` (1/3) of its largest value so far.
+  Why the second floor: the released losses are clipped at R_l, so the sum rule feeds on its
+  own clipping and settles near the 2/3-quantile of the example losses, ≈ 0.01 on a confident
+  classifier, where the probes see nothing; a third of its early peak (≈ 3× the initial loss)
+  is ≈ the initial loss.
 - **K** = 5 by default (the paper's §4.1; 10 in its Algorithm 1; both supported).
 
 Cost: three forward passes without gradients every K steps (one more than the paper's two, as
@@ -95,7 +104,6 @@ DEFAULT_INITIAL_LR = 1e-4   # Algorithm 1's input η (×10 for LoRA, §3.4)
 LOSS_CLIP_RULES = ("sum", "anchor")
 UNSEEN_CURVATURE_RULES = ("grow", "hold", "bound")
 NOTHING_SEEN_RULES = ("grow", "hold")
-LR_RULES = ("point", "interval")
 
 
 def fit_quadratic(descent: float, at_theta: float, ascent: float, lr: float
@@ -162,39 +170,6 @@ def next_learning_rate(lr: float, a: float, b: float, *, max_change: float, smoo
     return smoothing * lr + (1 - smoothing) * target
 
 
-def interval_learning_rate(lr: float, a: float, b: float, *, std_a: float, std_b: float,
-                           max_change: float, smoothing: float, significance: float = 2.0
-                           ) -> float:
-    """η after a round, moved only when the fit's confidence interval for η* = b/a excludes it.
-
-    The interval is [(b − z·std_b)/(a + z·std_a), (b + z·std_b)/(a − z·std_a)] (z =
-    ``significance``; an upper end with a − z·std_a ≤ 0 is ∞, a lower end with b − z·std_b ≤ 0
-    is 0). η inside: held (the noise cannot tell η from η*); above the upper end: moved toward
-    it; below the lower end: toward it; clamped to [η/max_change, η·max_change] and smoothed.
-    Why: a point estimate b/a acts on noise. Late in DP training b ≈ 0 within noise while a is
-    resolved, so b/a's noise alone drove η down 5 % a round toward 0 on Fashion-MNIST
-    (docs/results/hyfree_fmnist.md); the interval holds η until the evidence excludes it.
-    """
-    if not (math.isfinite(a) and math.isfinite(b)):
-        return lr
-    z = significance
-    upper = (b + z * std_b) / (a - z * std_a) if a - z * std_a > 0 else math.inf
-    if b - z * std_b <= 0:
-        lower = 0.0
-    else:
-        lower = (b - z * std_b) / (a + z * std_a) if a + z * std_a > 0 else math.inf
-    if upper < 0:              # the ascent is seen: the line minimizer lies behind θ
-        target = 0.0
-    elif lr > upper:
-        target = upper
-    elif lr < lower:
-        target = lower
-    else:
-        return lr
-    target = min(max(target, lr / max_change), lr * max_change)
-    return smoothing * lr + (1 - smoothing) * target
-
-
 def overshoot_seen(a: float, b: float, *, std_a: float, std_b: float,
                    significance: float = 2.0) -> bool:
     """True when a probe round shows the step η reaches the line minimizer η* = b/a or beyond:
@@ -249,20 +224,20 @@ class HyFreeDP(Method[HyFreeState]):
       smoothing: weight of the old η in the update (GeN: 0.9).
       significance: how many noise stds a fitted a or b must exceed to count as seen.
       unseen_curvature: the rule when the descent is seen but the curvature is not:
-        ``"bound"`` (default), ``"hold"`` or ``"grow"`` (see :func:`next_learning_rate`).
+        ``"grow"`` (default), ``"hold"`` or ``"bound"`` (see :func:`next_learning_rate`).
       search: double η every round until one shows the step reaching the line minimizer
-        (:func:`overshoot_seen`), then fit; False fits from the first round (the rule before).
+        (:func:`overshoot_seen`), then fit; False fits (pooled) from the first round.
       nothing_seen: after the search, a round that resolves nothing ``"hold"``s η (default)
         or ``"grow"``s it, smoothed (see :func:`next_learning_rate`).
-      probe_spacing: c, the probes sit at θ ∓ c·η·d (the paper: c = 1). The fit's noise stds
-        fall as 1/c (b) and 1/c² (a); at c ≥ √6·2/√2 ≈ 3.5 (significance 2) a round that
-        resolves the descent at η ≥ η* also resolves the curvature, so "descent seen,
-        curvature not" means η < η*.
-      fit_memory: λ of the pooled fit (:class:`~dpfy.adaptive._pooled_fit.PooledFit`): after
-        the search the rule acts on the rounds' (a, b) averaged with weights λ^age/std²
-        instead of the latest round alone (0: the latest round, the rule before).
-      loss_clip_keep: R_l never falls below this fraction of its largest value so far (0: the
-        paper's rule, which can collapse: docs/results/hyfree_fmnist.md).
+      probe_spacing: c (default 4), the probes sit at θ ∓ c·η·d (the paper: c = 1). The
+        fit's noise stds fall as 1/c (b) and 1/c² (a); at c ≥ 2√3 ≈ 3.5 (significance 2) a
+        round that resolves the descent at η ≥ η* also resolves the curvature, so "descent
+        seen, curvature not" means η < η*.
+      fit_memory: λ (default 0.9) of the pooled fit (:class:`~dpfy.adaptive._pooled_fit.
+        PooledFit`): after the search the rule acts on the rounds' (a, b) averaged with
+        weights λ^age/std² instead of the latest round alone (0: the latest round alone).
+      loss_clip_keep: R_l never falls below this fraction (default 1/3) of its largest value
+        (0: the paper's rule, which can collapse: docs/results/hyfree_fmnist.md).
       gamma: σ_g = γσ, the gradient's noise inflation that frees budget for the probes (1.01).
       stability: γ_s of automatic clipping, w_i = 1/(‖g_i‖ + γ_s).
 
@@ -279,13 +254,12 @@ class HyFreeDP(Method[HyFreeState]):
     max_change: float = 2.0
     smoothing: float = 0.9
     significance: float = 2.0
-    unseen_curvature: Literal["grow", "hold", "bound"] = "bound"
-    lr_rule: Literal["point", "interval"] = "point"
+    unseen_curvature: Literal["grow", "hold", "bound"] = "grow"
     search: bool = True
     nothing_seen: Literal["grow", "hold"] = "hold"
-    probe_spacing: float = 1.0
-    fit_memory: float = 0.0
-    loss_clip_keep: float = 0.0
+    probe_spacing: float = 4.0
+    fit_memory: float = 0.9
+    loss_clip_keep: float = 1 / 3
     gamma: float = 1.01
     stability: float = 0.01
     # Set by calibrate() from the run's facts:
@@ -296,10 +270,12 @@ class HyFreeDP(Method[HyFreeState]):
     needs = Needs(probes=True)
     sets = frozenset({"noise_multiplier", "clip", "lr_scale"})
     # `dpfy train --method hyfree` without --lr / --optimizer (dpfy.train.config.default_lr):
-    # Algorithm 1's η₀ and the paper's optimizer family (Adam; SGD with momentum 0.9 drove η
-    # to 20× the hand-tuned step on Fashion-MNIST, docs/results/hyfree_fmnist.md).
+    # Algorithm 1's η₀ and SGD with momentum 0.9 (dpfy train's). The paper's AdamW family was
+    # the default before the pooled fit; on Fashion-MNIST the fit's greedy η* along Adam's
+    # direction fell to 2e-4 (84.45 %), along SGD's it rose to ≈ 1 and came back to the
+    # hand-tuned step's range (docs/results/hyfree_fmnist.md).
     default_initial_lr: ClassVar[float] = DEFAULT_INITIAL_LR
-    default_optimizer: ClassVar[str] = "adam"
+    default_optimizer: ClassVar[str] = "sgd"
 
     def __post_init__(self) -> None:
         require(isinstance(self.probe_every, int) and self.probe_every >= 1, "probe_every",
@@ -323,7 +299,6 @@ class HyFreeDP(Method[HyFreeState]):
         require(0 <= self.fit_memory < 1, "fit_memory", self.fit_memory, "in [0, 1)")
         require(0 <= self.loss_clip_keep <= 1, "loss_clip_keep", self.loss_clip_keep,
                 "in [0, 1]")
-        require(self.lr_rule in LR_RULES, "lr_rule", self.lr_rule, f"one of {list(LR_RULES)}")
         require(self.gamma > 1, "gamma", self.gamma, "> 1", "The paper uses 1.01")
         require(self.stability > 0, "stability", self.stability, "> 0")
 
@@ -414,14 +389,29 @@ class HyFreeDP(Method[HyFreeState]):
             a, b, std_a=std_a, std_b=std_b, significance=self.significance)
         if searching:
             return lr * self.max_change, True
-        if self.lr_rule == "interval":
-            return interval_learning_rate(lr, a, b, std_a=std_a, std_b=std_b,
-                                          max_change=self.max_change, smoothing=self.smoothing,
-                                          significance=self.significance), False
         return next_learning_rate(lr, a, b, max_change=self.max_change, smoothing=self.smoothing,
                                   std_a=std_a, std_b=std_b, significance=self.significance,
                                   unseen_curvature=self.unseen_curvature,
                                   nothing_seen=self.nothing_seen), False
+
+    def after_fit(self, lr: float, a: float, b: float, *, std_a: float, std_b: float,
+                  searching: bool, pool: PooledFit | None
+                  ) -> tuple[float, bool, PooledFit | None]:
+        """(η, still searching, pool) after a round's fit (a, b) of noise stds (std_a, std_b).
+
+        While searching, the round alone decides (:meth:`next_lr`); after it, the round joins
+        the pool and the rule acts on the pooled (a, b) and their stds. A halving (a seen
+        ascent) empties the pool: the evidence it held has been acted on.
+        """
+        if self.search and searching:
+            new, searching = self.next_lr(lr, a, b, searching=True, std_a=std_a, std_b=std_b)
+            return new, searching, pool
+        pool = (pool or PooledFit(self.fit_memory)).add(a, b, std_a=std_a, std_b=std_b)
+        new, _ = self.next_lr(lr, pool.a, pool.b, std_a=pool.std_a, std_b=pool.std_b,
+                              searching=False)
+        if new <= lr / self.max_change * (1 + 1e-12):     # only the halving moves η this far
+            pool = pool.reset()
+        return new, False, pool
 
     def _after_probes(self, state: HyFreeState, released: Released) -> HyFreeState:
         b_size = released.expected_batch_size
@@ -436,14 +426,8 @@ class HyFreeDP(Method[HyFreeState]):
             stds = dict(std_a=math.sqrt(6) * std_loss / spacing ** 2,
                         std_b=math.sqrt(2) * std_loss / (2 * spacing))
             fit = (a, b)
-            if self.search and searching:
-                lr, searching = self.next_lr(state.lr, a, b, searching=True, **stds)
-            else:
-                pool = (pool or PooledFit(self.fit_memory)).add(a, b, **stds)
-                lr, _ = self.next_lr(state.lr, pool.a, pool.b, std_a=pool.std_a,
-                                     std_b=pool.std_b, searching=False)
-                if lr <= state.lr / self.max_change * (1 + 1e-12):
-                    pool = pool.reset()    # halved on a seen ascent: the pool said so
+            lr, searching, pool = self.after_fit(state.lr, a, b, searching=searching, pool=pool,
+                                                 **stds)
         raw = abs(descent + at_theta + ascent) if self.loss_clip_rule == "sum" else abs(at_theta)
         peak = max(state.loss_clip_peak, state.loss_clip)
         loss_clip = max(raw, self.loss_clip_floor, self.loss_clip_keep * peak)

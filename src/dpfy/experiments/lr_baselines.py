@@ -11,7 +11,8 @@ torch optimizer and the arguments given to ``make_private`` (:func:`setup`):
 - ``dadapt`` / ``prodigy``: the PyPI ``dadaptation.DAdaptAdam`` and ``prodigyopt.Prodigy`` at
   their recommended lr = 1.0 (weight decay 0.01), stepping on the same private gradient (they
   read only ``p.grad``, the released gradient: post-processing).
-- ``hyfree``: ``method="hyfree"`` (K = ``probe_every``) on AdamW at the paper's η_0 = 1e-4.
+- ``hyfree``: ``method="hyfree"`` (K = ``probe_every``) on its default optimizer (dpfy train's SGD,
+  momentum 0.9) at the paper's η_0 = 1e-4.
 - ``adadp``: ``method="adadp"`` on plain SGD (ADADP refuses momentum).
 - ``noisy_max``: ``method="noisy_max"`` (Lee & Kifer; its defaults: candidates (0, ¼, ½, 1, 2, 4)
   × lr, probes composed with their step) on plain SGD (it needs it).
@@ -83,13 +84,14 @@ def _optimizer(spec: LrSpec, params: list[nn.Parameter], lr: float | None
     if spec.method == "prodigy":
         import prodigyopt
         return prodigyopt.Prodigy(params, lr=1.0, weight_decay=ADAM_WEIGHT_DECAY)
-    if spec.method == "hyfree":
-        from dpfy.adaptive.hyfree import DEFAULT_INITIAL_LR
-        return _adamw(params, DEFAULT_INITIAL_LR)
-    if spec.method == "default":
+    if spec.method in ("hyfree", "default"):
+        from dpfy.adaptive.hyfree import HyFreeDP
         from dpfy.train.config import TrainConfig
         from dpfy.train.private import make_optimizer
-        return make_optimizer(TrainConfig(), params)
+        config = (TrainConfig(method="hyfree", optimizer=HyFreeDP.default_optimizer,
+                              lr=HyFreeDP.default_initial_lr) if spec.method == "hyfree"
+                  else TrainConfig())
+        return make_optimizer(config, params)   # dpfy train's (SGD, momentum 0.9)
     return torch.optim.SGD(params, lr=SGD_LR)     # sgd, adadp, noisy_max, quantile, time_decay
 
 
