@@ -15,7 +15,8 @@ torch optimizer and the arguments given to ``make_private`` (:func:`setup`):
   momentum 0.9) at the paper's η_0 = 1e-4.
 - ``adadp``: ``method="adadp"`` on plain SGD (ADADP refuses momentum).
 - ``noisy_max``: ``method="noisy_max"`` (Lee & Kifer; its defaults: candidates (0, ¼, ½, 1, 2, 4)
-  × lr, probes composed with their step) on plain SGD (it needs it).
+  × lr, probes composed with their step) on plain SGD (it needs it); ``noisy_btls`` likewise
+  (Chen & Lee's backtracking line search, its defaults).
 - ``default``: ``dpfy train``'s hand-tuned default (:class:`dpfy.train.config.TrainConfig`:
   SGD lr 4, momentum 0.9, flat clip 0.1; batch 2048 of 60000, scaled to the subset).
 - 000's ``sgd`` / ``quantile`` / ``time_decay``: plain SGD at :data:`SGD_LR`, flat clip
@@ -56,7 +57,7 @@ TIME_DECAY_RATE = 0.1   # k of time decay per epoch: σ_e = σ/(1 + k·e)
 DP_HYPER_SHARE = 0.15   # 004 §5.1: 15 % of ε to the search, 85 % to the final run
 EPSILON_CAP = 1e3       # time decay's ε cap (never reached: the decay runs its planned steps)
 ADAM_WEIGHT_DECAY = 0.01
-PROBING = ("hyfree", "noisy_max")   # methods that probe per-example losses (need loss_fn)
+PROBING = ("hyfree", "noisy_max", "noisy_btls")   # methods that probe per-example losses (need loss_fn)
 NOT_ACCOUNTED = ("NOT accounted: NonDP-GS picks the best of the grid's runs on the test set; "
                  "the ε shown is one run's, the grid's cost is not charged (004 §5.1)")
 
@@ -92,13 +93,13 @@ def _optimizer(spec: LrSpec, params: list[nn.Parameter], lr: float | None
                               lr=HyFreeDP.default_initial_lr) if spec.method == "hyfree"
                   else TrainConfig())
         return make_optimizer(config, params)   # dpfy train's (SGD, momentum 0.9)
-    return torch.optim.SGD(params, lr=SGD_LR)     # sgd, adadp, noisy_max, quantile, time_decay
+    return torch.optim.SGD(params, lr=SGD_LR)  # sgd, adadp, noisy_max/btls, quantile, time_decay
 
 
 def _method(spec: LrSpec) -> Any:
     """The adaptive method ``make_private`` calibrates for the run (None: plain DP-SGD)."""
     from dpfy.adaptive import make
-    if spec.method in ("adadp", "noisy_max"):
+    if spec.method in ("adadp", "noisy_max", "noisy_btls"):
         return make(spec.method)
     if spec.method == "quantile":
         return make("quantile")

@@ -28,7 +28,7 @@ NAMES_000 = {"sgd": "DP-SGD", "adadp": "ADADP", "quantile": "quantile clipping",
              "time_decay": "time decay"}
 NAMES_004 = {"nondp_gs": "NonDP-GS (best of grid; tuning NOT accounted)", "dp_hyper": "DP-hyper",
              "dadapt": "DP-D-Adaptation", "prodigy": "DP-Prodigy", "adadp": "ADADP",
-             "noisy_max": "NoisyMax", "hyfree": "HyFreeDP",
+             "noisy_max": "NoisyMax", "noisy_btls": "NoisyBTLS", "hyfree": "HyFreeDP",
              "default": "dpfy train default (hand-tuned)"}
 FEW_POINTS = 3.0       # "within a few points": the paper's worst full-FT gap at ε ≤ 3 is −2.4
 DEGRADE_POINTS = 10.0  # "degrade": ≥ 10 points below NonDP-GS at the smallest ε

@@ -6,7 +6,7 @@ Two comparisons share one harness:
   at a target ε (or ε = ∞, non-private) on one model, the methods of :data:`METHODS_004`:
   ``adamw`` at one learning rate (the five grid points of NonDP-GS; NonDP-GS itself is the best
   of them, chosen in the report), ``dp_hyper``, ``dadapt``, ``prodigy``, ``adadp``, ``hyfree``
-  ``noisy_max`` and ``default`` (the hand-tuned ``dpfy train`` default);
+  ``noisy_max``, ``noisy_btls`` and ``default`` (the hand-tuned ``dpfy train`` default);
 - **Seed 000's MNIST comparison** (digest ``000-review-adaptive-dpsgd.md`` §5.2) re-run on
   Fashion-MNIST at one fixed noise multiplier σ = 2.0: :data:`METHODS_000` (``sgd`` = plain
   DP-SGD, ``adadp``, ``quantile``, ``time_decay``).
@@ -32,13 +32,14 @@ NONDP_GS_GRID = (5e-5, 1e-4, 5e-4, 1e-3, 5e-3)
 # DP-hyper's narrow grid (004 §5.1: "a narrow range around the optimal η"); fixed before any run
 # from the upper half of NonDP-GS's grid (AdamW under DP noise prefers the larger rates).
 DP_HYPER_GRID = (5e-4, 1e-3, 5e-3)
-METHODS_004 = ("adamw", "dp_hyper", "dadapt", "prodigy", "adadp", "noisy_max", "hyfree",
-               "default")
+METHODS_004 = ("adamw", "dp_hyper", "dadapt", "prodigy", "adadp", "noisy_max", "noisy_btls",
+               "hyfree", "default")
 METHODS_000 = ("sgd", "adadp", "quantile", "time_decay")
 COMPARISONS = ("004", "000")
 # No ε = ∞ row: DP-hyper at ε = ∞ is NonDP-GS; HyFreeDP splits a finite ε between gradient and
-# probes; NoisyMax's probe releases refuse σ = 0 ("an extra release without noise").
-FINITE_ONLY = ("dp_hyper", "hyfree", "noisy_max")
+# probes; NoisyMax's and NoisyBTLS's probe releases refuse σ = 0 ("an extra release without
+# noise").
+FINITE_ONLY = ("dp_hyper", "hyfree", "noisy_max", "noisy_btls")
 
 
 @dataclass(frozen=True)
