@@ -68,3 +68,27 @@ def test_tables_mark_nondp_gs_not_accounted(run):
     paths = summarize(list(recs.values()), out)
     text = paths[0].read_text()
     assert "NOT accounted" in text and "DP-hyper" in text and "σ = 2" in text
+
+
+def _hyfree_record(k: int, accuracy: float) -> dict:
+    spec = LrSpec(comparison="004", method="hyfree", epsilon=3.0, probe_every=k)
+    return {"spec": spec.to_dict(),
+            "test_accuracy": accuracy, "epsilon_pld": 3.0}
+
+
+@pytest.mark.parametrize("k1, k5, k10, verdict", [
+    (80.0, 78.0, 77.0, "confirmed"),     # K = 1 best, K = 5 and 10 within 3 points
+    (76.0, 78.0, 77.0, "refuted"),       # K = 1 not the fastest
+    (80.0, 78.0, 70.0, "refuted"),       # K = 5 and 10 not close
+])
+def test_k_claim_reads_each_k_apart(k1, k5, k10, verdict):
+    """HyFreeDP runs at K = 1 and 10 are rows of their own: the K = 5 (default) row and the
+    headline read only K = 5, and the K claim compares the three on the same cell."""
+    from dpfy.experiments.lr_report import claims_004
+    records = [_hyfree_record(1, k1), _hyfree_record(5, k5), _hyfree_record(10, k10)]
+    claims = {c: (v, e) for c, v, e in claims_004(records)}
+    k = next(c for c in claims if c.startswith("K = 1"))
+    assert claims[k][0].startswith(verdict)
+    assert f"{k1:.2f} / {k5:.2f} / {k10:.2f}" in claims[k][1]
+    headline = next(c for c in claims if c.startswith("Headline"))
+    assert f"{k5:.2f} %" in claims[headline][1] and f"{k1:.2f} %" not in claims[headline][1]
