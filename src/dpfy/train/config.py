@@ -83,7 +83,7 @@ class TrainConfig:
     clip: float = _f(0.1, "per-example gradient clipping norm C")
     clipping: str = _f("flat", "clipping policy (see the engine): flat, per_layer, automatic")
     optimizer: str | None = _f(None, "sgd or adam; default: the method's own when --method "
-                                     "names one (hyfree: adam), else sgd")
+                                     "names one (hyfree: sgd with momentum), else sgd")
     lr: float | None = _f(None, "learning rate; default: the method's own initial η when "
                                 "--method names one (hyfree: 1e-4, Bu & Liu's; a given --lr "
                                 "is hyfree's initial η), else 4.0 (the benchmark's SGD recipe)")
