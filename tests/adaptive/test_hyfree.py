@@ -150,9 +150,10 @@ def test_unresolved_curvature_no_longer_pushes_eta_past_the_line_minimizer():
     b/(h + 2√6u/η²) < b/h = η*, so η falls until the descent is no longer seen (η ≤ 0.707) and
     is held there (nothing seen: no evidence, no change): it ends in (0.707/2, 0.707], below η*.
     """
-    old = _rounds(HyFreeDP(unseen_curvature="grow", search=False, nothing_seen="grow"), 0.1)
+    old = _rounds(HyFreeDP(unseen_curvature="grow", search=False, nothing_seen="grow",
+                           hold_inside=False), 0.1)
     assert max(old) > 2.0 and min(old[-100:]) > 2.0
-    new = _rounds(HyFreeDP(unseen_curvature="bound"), 0.1)
+    new = _rounds(HyFreeDP(unseen_curvature="bound", hold_inside=False), 0.1)
     assert max(new[:5]) == pytest.approx(3.2)      # the search: 0.2, 0.4, 0.8, 1.6, 3.2
     assert max(new[-100:]) <= math.sqrt(2) / 2 + 1e-12
     assert min(new[-100:]) > math.sqrt(2) / 2 / 2  # and does not collapse
@@ -362,7 +363,8 @@ def test_noisy_probes_no_longer_drive_eta_far_below_the_line_minimizer(u):
     far below η* = 2 (median of the last 300 rounds < η*/4); the defaults (probes at 4η,
     rounds pooled at λ = 0.9, "descent seen, curvature not" → grow, justified at c ≥ 2√3 by
     the test above) keep every one of the last 300 rounds within η*·[2/3, 3/2]."""
-    before = HyFreeDP(probe_spacing=1.0, fit_memory=0.0, unseen_curvature="bound")
+    before = HyFreeDP(probe_spacing=1.0, fit_memory=0.0, unseen_curvature="bound",
+                      hold_inside=False)
     assert statistics.median(_noisy_rounds(before, u)[300:]) < 2.0 / 4
     after = _noisy_rounds(HyFreeDP(), u)[300:]
     assert 2.0 / 1.5 <= min(after) and max(after) <= 2.0 * 1.5
@@ -388,3 +390,21 @@ def test_a_false_overshoot_no_longer_ends_the_search_where_the_probes_are_blind(
     stuck_before = sum(final(HyFreeDP(search_significance=2.0), s) < 0.2 for s in range(100))
     stuck_now = sum(final(HyFreeDP(), s) < 0.2 for s in range(100))
     assert stuck_before >= 10 and stuck_now == 0
+
+
+@pytest.mark.parametrize("lr, b, held", [
+    (0.5, 1.0, True), (0.1, 1.0, True),   # b = 1 ± 0.5: η* ∈ [0/5, 2/3] = [0, 0.667]
+    (1.0, 1.0, False),                     # above it: toward b/a = 0.25 (clamped to η/2)
+    (0.2, 3.0, False),                     # b = 3 ± 0.5: η* ∈ [2/5, 4/3]; 0.2 below: toward 0.75
+    (1.0, 3.0, True),
+])
+def test_a_resolved_curvature_over_an_unresolved_slope_holds_eta_inside_the_interval(lr, b,
+                                                                                      held):
+    """a = 4 ± 0.5 (seen at 2 stds). The noise allows η* ∈ [(b − 1)/5, (b + 1)/3]; hold_inside
+    keeps η inside that interval; outside it, and without hold_inside, η moves toward b/a
+    (smoothing 0, clamp 2)."""
+    kw = dict(std_a=0.5, std_b=0.5, max_change=2.0, smoothing=0.0)
+    point = max(min(b / 4.0, 2 * lr), lr / 2)
+    assert next_learning_rate(lr, 4.0, b, hold_inside=True, **kw) == pytest.approx(
+        lr if held else point)
+    assert next_learning_rate(lr, 4.0, b, **kw) == pytest.approx(point)
