@@ -18,6 +18,7 @@ No seed: the model's initialization, sampling and noise come from the OS CSPRNG.
 from __future__ import annotations
 
 import secrets
+import functools
 import subprocess
 import time
 from pathlib import Path
@@ -140,11 +141,19 @@ def _dp_hyper(spec: LrSpec, train: TensorDataset, test: TensorDataset, trace_eve
     return rec
 
 
+@functools.cache
+def _process_commit() -> str:
+    """:func:`git_commit` read once per process, at its first run: a process runs the code it
+    imported then, so a commit made while a grid is running must not relabel its later rows
+    (it did: rows run at 8315298 were labelled with the next commit)."""
+    return git_commit()
+
+
 def train_lr(spec: LrSpec, train: TensorDataset, test: TensorDataset, *,
              trace_every: int = 5, say: Say | None = None) -> dict[str, Any]:
     """Train one :class:`LrSpec` on ``train``; returns its JSON-able record (no seed in it)."""
     t0 = time.time()
-    commit = git_commit()
+    commit = _process_commit()
     if spec.method == "dp_hyper":
         rec = _dp_hyper(spec, train, test, trace_every, say, t0)
     else:
