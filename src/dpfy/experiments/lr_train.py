@@ -17,8 +17,8 @@ No seed: the model's initialization, sampling and noise come from the OS CSPRNG.
 
 from __future__ import annotations
 
-import secrets
 import functools
+import secrets
 import subprocess
 import time
 from pathlib import Path
