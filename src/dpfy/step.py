@@ -20,6 +20,7 @@ writes, before training, the ledger of a data-independent method's whole run wit
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
@@ -119,6 +120,12 @@ def check_bound(sq_contrib: torch.Tensor, bound: float, *, what: str, owner: str
     if sq_contrib.numel() == 0:
         return
     worst = float(sq_contrib.max().sqrt())
+    if not math.isfinite(worst):
+        raise PrivacyRefusal(
+            f"{what} got an example's contribution of norm {worst} from {owner}: the "
+            f"per-example gradients or weights are not finite, usually because the model "
+            f"diverged (a learning rate too large) or a layer produced NaN/inf. Lower the "
+            f"learning rate or fix the model (nothing of this step was released)")
     if not worst <= bound * (1 + _SLACK):
         raise PrivacyRefusal(
             f"{what} must have every example's contribution within its declared sensitivity "

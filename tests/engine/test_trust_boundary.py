@@ -107,3 +107,19 @@ def test_a_method_with_its_own_clipping_refuses_another_requested_policy():
     # quantile clips flat at its own C_t; per_layer clipping would be silently ignored.
     with pytest.raises(ValueError, match="clipping must be 'flat'.*'quantile'"):
         _setup(noise_multiplier=1.0, method="quantile", clipping="per_layer")
+
+
+def test_a_non_finite_contribution_is_refused_as_divergence_not_as_a_weight_bug():
+    """Regression (lr-fmnist: a HyFreeDP run whose η reached 6.5 diverged and was refused with
+    "fix the method's weights or declare the true sensitivity", which points at the wrong
+    fix). A NaN or inf contribution is refused naming what is not finite and the likely cause."""
+    import math
+
+    from dpfy.step import check_bound
+
+    for bad in (math.nan, math.inf):
+        with pytest.raises(PrivacyRefusal, match="not finite.*diverged") as err:
+            check_bound(torch.tensor([0.25, bad]), 1.0, what="the clipped gradient sum",
+                        owner="method 'hyfree'")
+        assert "method 'hyfree'" in str(err.value)
+    check_bound(torch.tensor([0.25, 1.0]), 1.0, what="x", owner="y")        # within: accepted
