@@ -14,11 +14,10 @@ the plots the reproduction of seed 004 (Figure 4) asks for. Results: docs/result
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 
-from dpfy.adaptive.hyfree import HyFreeDP
+from dpfy.adaptive.hyfree import HyFreeDP, fit_noise_stds
 
 
 def _traced(path: Path):
@@ -28,14 +27,13 @@ def _traced(path: Path):
     def after_probes(self, state, released):
         new = inner(self, state, released)
         b_size = released.expected_batch_size
-        std_loss = self.loss_noise * state.loss_clip / b_size
-        spacing = self.probe_spacing * state.lr
+        std_a, std_b = fit_noise_stds(self.loss_noise * state.loss_clip / b_size,
+                                      self.probe_spacing * state.lr)
         pool = new.pool
         row = {"step": int(released.plan.step), "lr_before": state.lr, "lr_after": new.lr,
                "loss_clip": state.loss_clip, "next_loss_clip": new.loss_clip,
                "fit": list(new.last_fit) if state.direction is not None else None,
-               "std_a": math.sqrt(6) * std_loss / spacing ** 2,
-               "std_b": math.sqrt(2) * std_loss / (2 * spacing),
+               "std_a": std_a, "std_b": std_b,
                "pooled": (None if pool is None or pool.rounds == 0 else
                           [pool.a, pool.b, pool.std_a, pool.std_b])}
         with path.open("a") as f:

@@ -274,7 +274,9 @@ def test_refuses_without_a_loss_fn():
 
 
 @pytest.mark.parametrize("bad", [{"probe_every": 0}, {"max_change": 1.0}, {"gamma": 1.0},
-                                 {"loss_clip_rule": "median"}])
+                                 {"loss_clip_rule": "median"}, {"probe_spacing": 0.5},
+                                 {"fit_memory": 1.0}, {"loss_clip_keep": 1.5},
+                                 {"search_significance": -1.0}, {"nothing_seen": "shrink"}])
 def test_bad_options_are_one_line_errors(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         dpfy.adaptive.make("hyfree", **bad)
@@ -336,12 +338,13 @@ def test_probes_sit_at_spacing_times_eta_and_the_loss_clip_keeps_a_fraction_of_i
         all(s.searching for _, _, s in trace)
 
 
-def _noisy_rounds(method: HyFreeDP, u: float, rounds: int = 600, seed: int = 0) -> list[float]:
+def _noisy_rounds(method: HyFreeDP, u: float, rounds: int = 600, seed: int = 0,
+                  lr: float = 0.01) -> list[float]:
     """η over probe rounds on L(θ − s d) = −g s + h s²/2 (g = 2, h = 1: η* = 2), each probe
     loss carrying N(0, u²) noise and its std declared as the released losses' is, from
-    η₀ = 0.01 (the method's search, then its rule, through :meth:`HyFreeDP.after_fit`)."""
+    η₀ = ``lr`` (the method's search, then its rule, through :meth:`HyFreeDP.after_fit`)."""
     rng = random.Random(seed)
-    g, h, lr, searching, pool, out = 2.0, 1.0, 0.01, True, None, []
+    g, h, searching, pool, out = 2.0, 1.0, True, None, []
     for _ in range(rounds):
         s = method.probe_spacing * lr
         losses = [-g * x + h * x * x / 2 + rng.gauss(0.0, u) for x in (s, 0.0, -s)]
@@ -377,16 +380,7 @@ def test_a_false_overshoot_no_longer_ends_the_search_where_the_probes_are_blind(
     over ~15 doublings from 1e-4 to η* = 2, so at 2 stds (false-positive rate ≈ 2 × 2.3 % a
     round) a large share of runs stop falsely; at 3 stds (≈ 0.3 % a round) none of these 100."""
     def final(method: HyFreeDP, seed: int) -> float:
-        rng = random.Random(seed)
-        lr, searching, pool = 1e-4, True, None
-        for _ in range(150):
-            s = method.probe_spacing * lr
-            losses = [-2.0 * x + x * x / 2 + rng.gauss(0.0, 2.0) for x in (s, 0.0, -s)]
-            a, b = fit_quadratic(*losses, s)
-            lr, searching, pool = method.after_fit(
-                lr, a, b, std_a=math.sqrt(6) * 2.0 / s ** 2, std_b=math.sqrt(2) * 2.0 / (2 * s),
-                searching=searching, pool=pool)
-        return lr
+        return _noisy_rounds(method, 2.0, rounds=150, seed=seed, lr=1e-4)[-1]
     stuck_before = sum(final(HyFreeDP(search_significance=2.0), s) < 0.2 for s in range(100))
     stuck_now = sum(final(HyFreeDP(), s) < 0.2 for s in range(100))
     assert stuck_before >= 10 and stuck_now == 0

@@ -92,7 +92,8 @@ from dpfy.plan import StepPlan
 from dpfy.privacy.calibration import hyfree_noise_split
 from dpfy.privacy.ledger import Sampling
 
-__all__ = ["HyFreeDP", "HyFreeState", "fit_quadratic", "next_learning_rate", "overshoot_seen",
+__all__ = ["HyFreeDP", "HyFreeState", "fit_quadratic", "fit_noise_stds", "next_learning_rate",
+           "overshoot_seen",
            "PROBES", "DEFAULT_INITIAL_LR"]
 
 Vector = Mapping[str, torch.Tensor]
@@ -117,6 +118,13 @@ def fit_quadratic(descent: float, at_theta: float, ascent: float, lr: float
     b = (ascent - descent) / (2 * lr)
     a = (descent + ascent - 2 * at_theta) / lr ** 2
     return a, b
+
+
+def fit_noise_stds(loss_std: float, spacing: float) -> tuple[float, float]:
+    """(std_a, std_b) of :func:`fit_quadratic`'s (a, b) when each of its three losses carries
+    independent noise of std ``loss_std`` and the probes sit ``spacing`` apart: from
+    a = (L₊ + L₋ − 2L₀)/s² and b = (L₋ − L₊)/(2s), std_a = √6·u/s² and std_b = √2·u/(2s)."""
+    return math.sqrt(6) * loss_std / spacing ** 2, math.sqrt(2) * loss_std / (2 * spacing)
 
 
 def next_learning_rate(lr: float, a: float, b: float, *, max_change: float, smoothing: float,
@@ -377,11 +385,10 @@ class HyFreeDP(Method[HyFreeState]):
         if not self._probe_round(plan.step):
             return {}
         r_l = state.loss_clip
-        out = {}
+        out, spacing = {}, self._spacing(state)
         for name, sign in PROBES.items():
             offsets = ({} if state.direction is None or sign == 0.0 else
-                       {n: -sign * self._spacing(state) * d
-                        for n, d in state.direction.items()})
+                       {n: -sign * spacing * d for n, d in state.direction.items()})
             out[name] = ReleaseSpec(sensitivity=r_l, noise_std=self.loss_noise * r_l,
                                     kind="loss", offsets=offsets)
         return out
@@ -444,12 +451,10 @@ class HyFreeDP(Method[HyFreeState]):
         if state.direction is not None:
             spacing = self._spacing(state)
             a, b = fit_quadratic(descent, at_theta, ascent, spacing)
-            std_loss = self.loss_noise * state.loss_clip / b_size   # each L̃'s noise std
-            stds = dict(std_a=math.sqrt(6) * std_loss / spacing ** 2,
-                        std_b=math.sqrt(2) * std_loss / (2 * spacing))
+            std_a, std_b = fit_noise_stds(self.loss_noise * state.loss_clip / b_size, spacing)
             fit = (a, b)
-            lr, searching, pool = self.after_fit(state.lr, a, b, searching=searching, pool=pool,
-                                                 **stds)
+            lr, searching, pool = self.after_fit(state.lr, a, b, std_a=std_a, std_b=std_b,
+                                                 searching=searching, pool=pool)
         raw = abs(descent + at_theta + ascent) if self.loss_clip_rule == "sum" else abs(at_theta)
         peak = max(state.loss_clip_peak, state.loss_clip)
         loss_clip = max(raw, self.loss_clip_floor, self.loss_clip_keep * peak)

@@ -86,13 +86,11 @@ def _optimizer(spec: LrSpec, params: list[nn.Parameter], lr: float | None
         import prodigyopt
         return prodigyopt.Prodigy(params, lr=1.0, weight_decay=ADAM_WEIGHT_DECAY)
     if spec.method in ("hyfree", "default"):
-        from dpfy.adaptive.hyfree import HyFreeDP
         from dpfy.train.config import TrainConfig
         from dpfy.train.private import make_optimizer
-        config = (TrainConfig(method="hyfree", optimizer=HyFreeDP.default_optimizer,
-                              lr=HyFreeDP.default_initial_lr) if spec.method == "hyfree"
-                  else TrainConfig())
-        return make_optimizer(config, params)   # dpfy train's (SGD, momentum 0.9)
+        # dpfy train's optimizer for the method (hyfree: its own default optimizer and η₀)
+        method = "hyfree" if spec.method == "hyfree" else None
+        return make_optimizer(TrainConfig(method=method), params)
     return torch.optim.SGD(params, lr=SGD_LR)  # sgd, adadp, noisy_max/btls, quantile, time_decay
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from dpfy.experiments.lr_baselines import NOT_ACCOUNTED, nondp_gs
+from dpfy.experiments.lr_spec import LrSpec
 
 __all__ = ["summarize", "claims_004", "ordering_000", "PAPER_000", "FEW_POINTS",
            "TABLE", "PLOT"]
@@ -31,7 +32,7 @@ NAMES_004 = {"nondp_gs": "NonDP-GS (best of grid; tuning NOT accounted)", "dp_hy
              "noisy_max": "NoisyMax", "noisy_btls": "NoisyBTLS", "hyfree": "HyFreeDP",
              "hyfree_k1": "HyFreeDP, K = 1", "hyfree_k10": "HyFreeDP, K = 10",
              "default": "dpfy train default (hand-tuned)"}
-DEFAULT_K = 5          # HyFreeDP's default K: its runs are the "HyFreeDP" row
+DEFAULT_K = LrSpec.probe_every   # the harness's (and HyFreeDP's) K: the "HyFreeDP" row
 FEW_POINTS = 3.0       # "within a few points": the paper's worst full-FT gap at ε ≤ 3 is −2.4
 DEGRADE_POINTS = 10.0  # "degrade": ≥ 10 points below NonDP-GS at the smallest ε
 HEADLINE = 86.5        # issue 12: dpfy train's default at ε = 3 (full training)
