@@ -5,7 +5,7 @@
 
 ``run`` is exactly ``dpfy train <flags>`` (same parser, same pipeline, same report) with one
 line per probe round appended to TRACE.jsonl: the step, η before and after the round, R_l used
-and the next R_l, and the fit (a, b) with the noise stds the rule compared them to. Everything
+and the next R_l, the three released mean losses (θ, θ − c·η·d, θ + c·η·d), and the fit (a, b) with the noise stds the rule compared them to. Everything
 traced is a function of released values (post-processing), so the trace is publishable like
 the report. ``plot`` draws η_t and R_l,t (``OUT_PREFIX_lr.png``, ``OUT_PREFIX_loss_clip.png``),
 the plots the reproduction of seed 004 (Figure 4) asks for. Results: docs/results/hyfree_fmnist.md.
@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from dpfy.adaptive.hyfree import HyFreeDP, fit_noise_stds
+from dpfy.adaptive.hyfree import PROBES, HyFreeDP, fit_noise_stds
 
 
 def _traced(path: Path):
@@ -34,6 +34,7 @@ def _traced(path: Path):
                "loss_clip": state.loss_clip, "next_loss_clip": new.loss_clip,
                "fit": list(new.last_fit) if state.direction is not None else None,
                "std_a": std_a, "std_b": std_b,
+               "losses": [float(released.sums[n]) / b_size for n in PROBES],
                "pooled": (None if pool is None or pool.rounds == 0 else
                           [pool.a, pool.b, pool.std_a, pool.std_b])}
         with path.open("a") as f:

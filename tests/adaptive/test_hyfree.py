@@ -110,16 +110,20 @@ def test_overshoot_seen(a, b, seen):
     assert overshoot_seen(a, b, std_a=1.0, std_b=1.0) is seen
 
 
-@pytest.mark.parametrize("rule, after_ascent", [("grow", 0.95), ("bound", 0.5)])
-def test_search_doubles_until_an_overshoot_is_seen_then_fits(rule, after_ascent):
-    """The ascent that ends the search: shrunk toward η/2 and smoothed (0.9·1 + 0.1·0.5) under
-    the default "grow", halved unsmoothed under "bound"."""
-    m = HyFreeDP(unseen_curvature=rule)
-    assert m.next_lr(1.0, 0.5, 3.0, std_a=1.0, std_b=1.0, searching=True) == (2.0, True)
+@pytest.mark.parametrize("growth", [2.0, 4.0])
+def test_search_grows_until_an_overshoot_is_seen_and_that_round_sets_eta(growth):
+    """While searching, η ×search_growth per round; the round that shows an overshoot (at 3
+    stds) sets η unsmoothed: a seen ascent halves it; a seen curvature moves it to b/a, kept
+    within [η/growth, η] (the last search step may have passed η* by up to the growth)."""
+    m = HyFreeDP(search_growth=growth)
+    assert m.next_lr(1.0, 0.5, 3.0, std_a=1.0, std_b=1.0, searching=True) == (growth, True)
     # the search ends at 3 stds (search_significance), not at 2
-    assert m.next_lr(1.0, 0.5, -2.5, std_a=1.0, std_b=1.0, searching=True) == (2.0, True)
-    lr, searching = m.next_lr(1.0, 0.5, -3.5, std_a=1.0, std_b=1.0, searching=True)
-    assert (lr, searching) == (pytest.approx(after_ascent), False)
+    assert m.next_lr(1.0, 0.5, -2.5, std_a=1.0, std_b=1.0, searching=True) == (growth, True)
+    assert m.next_lr(1.0, 0.5, -3.5, std_a=1.0, std_b=1.0, searching=True) == (0.5, False)
+    assert m.next_lr(1.0, 4.0, 2.0, std_a=1.0, std_b=1.0, searching=True) == (0.5, False)
+    assert m.next_lr(1.0, 4.0, 0.1, std_a=1.0, std_b=1.0, searching=True) == (1 / growth,
+                                                                              False)
+    assert m.next_lr(1.0, 4.0, 8.0, std_a=1.0, std_b=1.0, searching=True) == (1.0, False)
     assert m.next_lr(1.0, 0.5, 3.0, std_a=1.0, std_b=1.0, searching=False)[1] is False
 
 
@@ -145,15 +149,15 @@ def test_unresolved_curvature_no_longer_pushes_eta_past_the_line_minimizer():
     std u), so at significance 2: b is seen iff η > √2 u/g = 0.707, a is seen iff
     η > (2√6 u/h)^½ = 2.213 > η*. The old rule (no search, "grow") grows ×1.1 per round on
     0.707 < η < 2.213, so it passes η* = 2 and stays above it (once a is seen the target b/a = 2
-    only pulls η back to 2.213, where it grows again). The new rule searches (doubles) from 0.1
-    until a is seen (3.2), then fits; below 2.213 its target with a unseen is
+    only pulls η back to 2.213, where it grows again). The new rule searches (doubling, as
+    then) from 0.1 until a is seen (3.2), then fits; below 2.213 its target with a unseen is
     b/(h + 2√6u/η²) < b/h = η*, so η falls until the descent is no longer seen (η ≤ 0.707) and
     is held there (nothing seen: no evidence, no change): it ends in (0.707/2, 0.707], below η*.
     """
     old = _rounds(HyFreeDP(unseen_curvature="grow", search=False, nothing_seen="grow",
                            hold_inside=False), 0.1)
     assert max(old) > 2.0 and min(old[-100:]) > 2.0
-    new = _rounds(HyFreeDP(unseen_curvature="bound", hold_inside=False), 0.1)
+    new = _rounds(HyFreeDP(unseen_curvature="bound", hold_inside=False, search_growth=2.0), 0.1)
     assert max(new[:5]) == pytest.approx(3.2)      # the search: 0.2, 0.4, 0.8, 1.6, 3.2
     assert max(new[-100:]) <= math.sqrt(2) / 2 + 1e-12
     assert min(new[-100:]) > math.sqrt(2) / 2 / 2  # and does not collapse

@@ -43,20 +43,25 @@ Decisions the paper leaves open (each an option; defaults stated):
   also resolves the curvature.
 - **η rule** (the paper gives none beyond b/a). The released losses carry noise of known,
   public std σ_l R_l / b, so the fit's a and b have known noise stds; an estimate beyond
-  ``significance`` stds is "seen". First a **search**: from η₀ (1e-4) η doubles every round
-  until a round sees the step reach the line minimizer η* (the curvature seen, or the descent
-  turned: on a quadratic b_t = (1 − η/η*)·b_{t−1}, so a seen ascent means the last step passed
-  η*) (:func:`overshoot_seen`). Then the rounds' fits are **pooled** (``fit_memory`` λ = 0.9:
+  ``significance`` stds is "seen". First a **search**: from η₀ (1e-4) η grows ×4
+  (``search_growth``) every round until a round sees the step reach the line minimizer η* (the
+  curvature seen, or the descent turned: on a quadratic b_t = (1 − η/η*)·b_{t−1}, so a seen
+  ascent means the last step passed η*) (:func:`overshoot_seen`); that round sets η
+  unsmoothed (:meth:`HyFreeDP.search_end`). Then the rounds' fits are **pooled** (``fit_memory`` λ = 0.9:
   inverse-variance weights λ^age/std², :class:`~dpfy.adaptive._pooled_fit.PooledFit`) and
   the rule acts on the pooled (a, b): curvature seen → b/a; only the descent seen
   (``unseen_curvature="grow"``: with wide probes this means η < η*) → grow; ascent seen →
   shrink; nothing seen (``nothing_seen="hold"``) → keep η. Targets are clamped to
   [η/``max_change``, η·``max_change``] and smoothed, η ← ``smoothing``·η + (1 −
-  ``smoothing``)·target (GeN's official code, §7); the search's doubling is not smoothed.
+  ``smoothing``)·target (GeN's official code, §7); the search's growth is not smoothed.
   Why: at b = 2048 and σ_l ≈ 10 (Fashion-MNIST, ε = 3) one round at spacing η almost never
   resolves the curvature at a useful step; the rules acting on single rounds grew η without
   bound ("grow"), or shrank it on their false positives until it froze ("bound", "hold"), all
   measured in docs/results/hyfree_fmnist.md.
+- **Loss-rise guard** (``rise_significance`` = 4, ``rise_window`` = 10): the released loss at θ
+  of the latest 10 rounds against the 10 before; a rise beyond 4 standard errors halves η and
+  ends the search (:class:`~dpfy.adaptive._loss_trend.LossTrend`). The fit cannot see a
+  too-large η when the probes are too noisy (small batches); the loss's trend can.
 - **R_l rule**: ``"sum"`` (default; the paper's "in practice" rule, R_l = |L̃_− + L̃_0 + L̃_+|,
   ≈ 3× the loss: little clipping bias) or ``"anchor"`` (|L̃_0|, Algorithm 1 line 8); never
   below ``loss_clip_floor`` nor below ``loss_clip_keep`` (1/3) of its largest value so far.
@@ -84,6 +89,7 @@ from typing import ClassVar, Literal, Mapping
 import torch
 
 from dpfy._require import require
+from dpfy.adaptive._loss_trend import LossTrend
 from dpfy.adaptive._pooled_fit import PooledFit
 from dpfy.adaptive.base import (Clip, Method, Needs, Norms, Released, ReleaseSpec, RunFacts,
                                 bind_facts, register)
@@ -191,7 +197,7 @@ def overshoot_seen(a: float, b: float, *, std_a: float, std_b: float,
     the curvature is seen (a > significance·std_a: the quadratic's minimum is resolved within
     the probes) or the descent has turned (b < −significance·std_b; on a quadratic
     b_t = (1 − η/η*)·b_{t−1}, so the last step passed η*). Until a round shows this, HyFreeDP
-    doubles η each round (``search``): a bracketing search from the paper's small η₀ = 1e-4,
+    grows η each round (``search``, ×``search_growth``): a bracketing search from the paper's small η₀ = 1e-4,
     which the smoothed rule would take most of a run to leave."""
     return (math.isfinite(a) and math.isfinite(b)
             and (a > significance * std_a or b < -significance * std_b))
@@ -206,7 +212,8 @@ class HyFreeState:
     ``last_fit`` is (a, b) of the latest round with a direction, for logs and plots;
     ``searching``: no round has shown an overshoot yet (:func:`overshoot_seen`); ``pool`` the
     rounds' fits since the search, pooled (:class:`~dpfy.adaptive._pooled_fit.PooledFit`);
-    ``loss_clip_peak`` the largest R_l so far.
+    ``loss_clip_peak`` the largest R_l so far; ``trend`` the released losses at θ of the
+    latest rounds (:class:`~dpfy.adaptive._loss_trend.LossTrend`).
     """
 
     lr: float
@@ -218,6 +225,7 @@ class HyFreeState:
     searching: bool = True
     pool: PooledFit | None = None
     loss_clip_peak: float = 0.0
+    trend: LossTrend | None = None
 
 
 @register("hyfree")
@@ -240,7 +248,7 @@ class HyFreeDP(Method[HyFreeState]):
       significance: how many noise stds a fitted a or b must exceed to count as seen.
       unseen_curvature: the rule when the descent is seen but the curvature is not:
         ``"grow"`` (default), ``"hold"`` or ``"bound"`` (see :func:`next_learning_rate`).
-      search: double η every round until one shows the step reaching the line minimizer
+      search: grow η every round (×``search_growth``) until one shows the step reaching the line minimizer
         (:func:`overshoot_seen`), then fit; False fits (pooled) from the first round.
       hold_inside: when the curvature is seen, keep η if it lies inside the noise's interval
         for η* = b/a (default); False moves toward b/a whatever its noise. Why: late in a
@@ -252,6 +260,19 @@ class HyFreeDP(Method[HyFreeState]):
         η where the probes are blind for the rest of the run; at 2 stds a quarter of the
         runs on a noisy quadratic stopped falsely (and one of three Fashion-MNIST runs:
         19.9 %), at 3 stds none of 200 did.
+      search_growth: the factor η grows by per search round (default 4; 2 before). At K = 5
+        and ×2, the search from η₀ = 1e-4 took ~11 rounds (55 steps, the first two epochs on
+        Fashion-MNIST at b = 2048: 6–18 % after epoch 1 against 61–64 % for the hand-tuned
+        default). The round that ends the search decides η unsmoothed: a seen ascent halves
+        it, a seen curvature moves it to b/a clamped to [η/search_growth, η] (the step the
+        search last took may have passed η* by up to the growth factor).
+      rise_significance: when the mean released loss at θ of the latest ``rise_window``
+        rounds exceeds that of the ``rise_window`` rounds before by more than this many
+        standard errors (:class:`~dpfy.adaptive._loss_trend.LossTrend`), η is halved and the
+        search ends (default 4; None: off). Why: at small batches the probes resolve nothing,
+        the rule holds η, and a too-large η shows only as the loss climbing over many rounds
+        (b = 128 on Fashion-MNIST: 0.6 → 1.2 with η held at 1.25).
+      rise_window: rounds per window of that comparison (default 10).
       nothing_seen: after the search, a round that resolves nothing ``"hold"``s η (default)
         or ``"grow"``s it, smoothed (see :func:`next_learning_rate`).
       probe_spacing: c (default 4), the probes sit at θ ∓ c·η·d (the paper: c = 1). The
@@ -282,6 +303,9 @@ class HyFreeDP(Method[HyFreeState]):
     unseen_curvature: Literal["grow", "hold", "bound"] = "grow"
     search: bool = True
     search_significance: float = 3.0
+    search_growth: float = 4.0
+    rise_significance: float | None = 4.0
+    rise_window: int = 10
     nothing_seen: Literal["grow", "hold"] = "hold"
     hold_inside: bool = True
     probe_spacing: float = 4.0
@@ -319,6 +343,11 @@ class HyFreeDP(Method[HyFreeState]):
         require(self.significance >= 0, "significance", self.significance, ">= 0")
         require(self.search_significance >= 0, "search_significance", self.search_significance,
                 ">= 0")
+        require(self.search_growth > 1, "search_growth", self.search_growth, "> 1")
+        require(self.rise_significance is None or self.rise_significance > 0,
+                "rise_significance", self.rise_significance, "> 0 or None (off)")
+        require(isinstance(self.rise_window, int) and self.rise_window >= 2, "rise_window",
+                self.rise_window, "an integer >= 2")
         require(self.unseen_curvature in UNSEEN_CURVATURE_RULES, "unseen_curvature",
                 self.unseen_curvature, f"one of {list(UNSEEN_CURVATURE_RULES)}")
         require(self.nothing_seen in NOTHING_SEEN_RULES, "nothing_seen", self.nothing_seen,
@@ -411,17 +440,29 @@ class HyFreeDP(Method[HyFreeState]):
     def next_lr(self, lr: float, a: float, b: float, *, std_a: float, std_b: float,
                 searching: bool) -> tuple[float, bool]:
         """(η, still searching) after a round with fit (a, b) of noise stds (std_a, std_b):
-        η·max_change while searching and no overshoot is seen, else :func:`next_learning_rate`
-        with this method's options."""
-        searching = self.search and searching and not overshoot_seen(
-            a, b, std_a=std_a, std_b=std_b, significance=self.search_significance)
-        if searching:
-            return lr * self.max_change, True
+        η·search_growth while searching and no overshoot is seen; the round that shows one
+        ends the search (:meth:`search_end`); after it, :func:`next_learning_rate` with this
+        method's options."""
+        if self.search and searching:
+            if not overshoot_seen(a, b, std_a=std_a, std_b=std_b,
+                                  significance=self.search_significance):
+                return lr * self.search_growth, True
+            return self.search_end(lr, a, b), False
         return next_learning_rate(lr, a, b, max_change=self.max_change, smoothing=self.smoothing,
                                   std_a=std_a, std_b=std_b, significance=self.significance,
                                   unseen_curvature=self.unseen_curvature,
                                   nothing_seen=self.nothing_seen,
                                   hold_inside=self.hold_inside), False
+
+    def search_end(self, lr: float, a: float, b: float) -> float:
+        """η after the round that ends the search, unsmoothed: the last search step took η
+        up by ``search_growth`` and this round shows it reaching η* (:func:`overshoot_seen`).
+        Ascent seen (b < 0: the step passed η*) → η/max_change; curvature seen → b/a clamped to
+        [η/search_growth, η] (b/a ≥ η is the fit's word that η is short of η*, kept: the
+        pooled rule grows it on evidence)."""
+        if b <= 0 or not a > 0:
+            return lr / self.max_change
+        return min(max(b / a, lr / self.search_growth), lr)
 
     def after_fit(self, lr: float, a: float, b: float, *, std_a: float, std_b: float,
                   searching: bool, pool: PooledFit | None
@@ -448,15 +489,21 @@ class HyFreeDP(Method[HyFreeState]):
         descent, at_theta, ascent = (loss["loss_probe_descent"], loss["loss_probe_at_theta"],
                                      loss["loss_probe_ascent"])
         lr, fit, searching, pool = state.lr, state.last_fit, state.searching, state.pool
+        loss_std = self.loss_noise * state.loss_clip / b_size
         if state.direction is not None:
             spacing = self._spacing(state)
             a, b = fit_quadratic(descent, at_theta, ascent, spacing)
-            std_a, std_b = fit_noise_stds(self.loss_noise * state.loss_clip / b_size, spacing)
+            std_a, std_b = fit_noise_stds(loss_std, spacing)
             fit = (a, b)
             lr, searching, pool = self.after_fit(state.lr, a, b, std_a=std_a, std_b=std_b,
                                                  searching=searching, pool=pool)
+        trend = (state.trend or LossTrend(self.rise_window)).add(at_theta, loss_std)
+        if self.rise_significance is not None and trend.rising(self.rise_significance):
+            lr, searching = min(lr, state.lr) / self.max_change, False
+            pool, trend = (pool.reset() if pool is not None else None), trend.reset()
         raw = abs(descent + at_theta + ascent) if self.loss_clip_rule == "sum" else abs(at_theta)
         peak = max(state.loss_clip_peak, state.loss_clip)
         loss_clip = max(raw, self.loss_clip_floor, self.loss_clip_keep * peak)
         return replace(state, lr=lr, loss_clip=loss_clip, loss_clip_peak=peak, last_fit=fit,
-                       direction=None, rounds=state.rounds + 1, searching=searching, pool=pool)
+                       direction=None, rounds=state.rounds + 1, searching=searching, pool=pool,
+                       trend=trend)
