@@ -43,11 +43,10 @@ Decisions the paper leaves open (each an option; defaults stated):
   also resolves the curvature.
 - **η rule** (the paper gives none beyond b/a). The released losses carry noise of known,
   public std σ_l R_l / b, so the fit's a and b have known noise stds; an estimate beyond
-  ``significance`` stds is "seen". First a **search**: from η₀ (1e-4) η grows ×4
+  ``significance`` stds is "seen". First a **search**: from η₀ (1e-4) η doubles
   (``search_growth``) every round until a round sees the step reach the line minimizer η* (the
   curvature seen, or the descent turned: on a quadratic b_t = (1 − η/η*)·b_{t−1}, so a seen
-  ascent means the last step passed η*) (:func:`overshoot_seen`); that round sets η
-  unsmoothed (:meth:`HyFreeDP.search_end`). Then the rounds' fits are **pooled** (``fit_memory`` λ = 0.9:
+  ascent means the last step passed η*) (:func:`overshoot_seen`). Then the rounds' fits are **pooled** (``fit_memory`` λ = 0.9:
   inverse-variance weights λ^age/std², :class:`~dpfy.adaptive._pooled_fit.PooledFit`) and
   the rule acts on the pooled (a, b): curvature seen → b/a; only the descent seen
   (``unseen_curvature="grow"``: with wide probes this means η < η*) → grow; ascent seen →
@@ -59,9 +58,11 @@ Decisions the paper leaves open (each an option; defaults stated):
   bound ("grow"), or shrank it on their false positives until it froze ("bound", "hold"), all
   measured in docs/results/hyfree_fmnist.md.
 - **Loss-rise guard** (``rise_significance`` = 4, ``rise_window`` = 10): the released loss at θ
-  of the latest 10 rounds against the 10 before; a rise beyond 4 standard errors halves η and
-  ends the search (:class:`~dpfy.adaptive._loss_trend.LossTrend`). The fit cannot see a
-  too-large η when the probes are too noisy (small batches); the loss's trend can.
+  of the latest 10 rounds against the 10 before; a rise beyond 4 standard errors halves η, ends
+  the search and caps η at that half for the rest of the run
+  (:class:`~dpfy.adaptive._loss_trend.LossTrend`). The fit cannot see a too-large η when the
+  probes are too noisy (small batches); the loss's trend can, and the cap keeps the rule's
+  growth on noise from taking η back to where the loss climbed.
 - **R_l rule**: ``"sum"`` (default; the paper's "in practice" rule, R_l = |L̃_− + L̃_0 + L̃_+|,
   ≈ 3× the loss: little clipping bias) or ``"anchor"`` (|L̃_0|, Algorithm 1 line 8); never
   below ``loss_clip_floor`` nor below ``loss_clip_keep`` (1/3) of its largest value so far.
@@ -213,7 +214,8 @@ class HyFreeState:
     ``searching``: no round has shown an overshoot yet (:func:`overshoot_seen`); ``pool`` the
     rounds' fits since the search, pooled (:class:`~dpfy.adaptive._pooled_fit.PooledFit`);
     ``loss_clip_peak`` the largest R_l so far; ``trend`` the released losses at θ of the
-    latest rounds (:class:`~dpfy.adaptive._loss_trend.LossTrend`).
+    latest rounds (:class:`~dpfy.adaptive._loss_trend.LossTrend`); ``lr_ceiling`` the cap
+    the loss-rise guard set (η never returns to where the loss climbed).
     """
 
     lr: float
@@ -226,6 +228,7 @@ class HyFreeState:
     pool: PooledFit | None = None
     loss_clip_peak: float = 0.0
     trend: LossTrend | None = None
+    lr_ceiling: float = math.inf
 
 
 @register("hyfree")
@@ -260,19 +263,19 @@ class HyFreeDP(Method[HyFreeState]):
         η where the probes are blind for the rest of the run; at 2 stds a quarter of the
         runs on a noisy quadratic stopped falsely (and one of three Fashion-MNIST runs:
         19.9 %), at 3 stds none of 200 did.
-      search_growth: the factor η grows by per search round (default 4; 2 before). At K = 5
-        and ×2, the search from η₀ = 1e-4 took ~11 rounds (55 steps, the first two epochs on
-        Fashion-MNIST at b = 2048: 6–18 % after epoch 1 against 61–64 % for the hand-tuned
-        default). The round that ends the search decides η unsmoothed: a seen ascent halves
-        it, a seen curvature moves it to b/a clamped to [η/search_growth, η] (the step the
-        search last took may have passed η* by up to the growth factor).
+      search_growth: the factor η grows by per search round (default 2). ×4 halves the search
+        (Fashion-MNIST, b = 2048: over at step 35 instead of ~60) but at b = 128, where a round
+        resolves little, it jumped 0.4 → 1.6 → 6.6 → 26 before a round saw the overshoot and
+        the loss went from 1.3 to 13 (docs/results/hyfree_fmnist.md).
       rise_significance: when the mean released loss at θ of the latest ``rise_window``
         rounds exceeds that of the ``rise_window`` rounds before by more than this many
-        standard errors (:class:`~dpfy.adaptive._loss_trend.LossTrend`), η is halved and the
-        search ends (default 4; None: off). Why: at small batches the probes resolve nothing,
+        standard errors (:class:`~dpfy.adaptive._loss_trend.LossTrend`), η is halved, the
+        search ends and η is capped at that half from then on (default 4; None: off). Why: at small batches the probes resolve nothing,
         the rule holds η, and a too-large η shows only as the loss climbing over many rounds
         (b = 128 on Fashion-MNIST: 0.6 → 1.2 with η held at 1.25).
       rise_window: rounds per window of that comparison (default 10).
+      fit_shrinks: after the search, the fit may lower η (default); False: only the loss-rise
+        guard lowers it, the fit only raises or holds it.
       nothing_seen: after the search, a round that resolves nothing ``"hold"``s η (default)
         or ``"grow"``s it, smoothed (see :func:`next_learning_rate`).
       probe_spacing: c (default 4), the probes sit at θ ∓ c·η·d (the paper: c = 1). The
@@ -303,9 +306,10 @@ class HyFreeDP(Method[HyFreeState]):
     unseen_curvature: Literal["grow", "hold", "bound"] = "grow"
     search: bool = True
     search_significance: float = 3.0
-    search_growth: float = 4.0
+    search_growth: float = 2.0
     rise_significance: float | None = 4.0
     rise_window: int = 10
+    fit_shrinks: bool = True
     nothing_seen: Literal["grow", "hold"] = "hold"
     hold_inside: bool = True
     probe_spacing: float = 4.0
@@ -440,29 +444,17 @@ class HyFreeDP(Method[HyFreeState]):
     def next_lr(self, lr: float, a: float, b: float, *, std_a: float, std_b: float,
                 searching: bool) -> tuple[float, bool]:
         """(η, still searching) after a round with fit (a, b) of noise stds (std_a, std_b):
-        η·search_growth while searching and no overshoot is seen; the round that shows one
-        ends the search (:meth:`search_end`); after it, :func:`next_learning_rate` with this
-        method's options."""
-        if self.search and searching:
-            if not overshoot_seen(a, b, std_a=std_a, std_b=std_b,
-                                  significance=self.search_significance):
-                return lr * self.search_growth, True
-            return self.search_end(lr, a, b), False
+        η·search_growth while searching and no overshoot is seen, else
+        :func:`next_learning_rate` with this method's options."""
+        searching = self.search and searching and not overshoot_seen(
+            a, b, std_a=std_a, std_b=std_b, significance=self.search_significance)
+        if searching:
+            return lr * self.search_growth, True
         return next_learning_rate(lr, a, b, max_change=self.max_change, smoothing=self.smoothing,
                                   std_a=std_a, std_b=std_b, significance=self.significance,
                                   unseen_curvature=self.unseen_curvature,
                                   nothing_seen=self.nothing_seen,
                                   hold_inside=self.hold_inside), False
-
-    def search_end(self, lr: float, a: float, b: float) -> float:
-        """η after the round that ends the search, unsmoothed: the last search step took η
-        up by ``search_growth`` and this round shows it reaching η* (:func:`overshoot_seen`).
-        Ascent seen (b < 0: the step passed η*) → η/max_change; curvature seen → b/a clamped to
-        [η/search_growth, η] (b/a ≥ η is the fit's word that η is short of η*, kept: the
-        pooled rule grows it on evidence)."""
-        if b <= 0 or not a > 0:
-            return lr / self.max_change
-        return min(max(b / a, lr / self.search_growth), lr)
 
     def after_fit(self, lr: float, a: float, b: float, *, std_a: float, std_b: float,
                   searching: bool, pool: PooledFit | None
@@ -479,6 +471,8 @@ class HyFreeDP(Method[HyFreeState]):
         pool = (pool or PooledFit(self.fit_memory)).add(a, b, std_a=std_a, std_b=std_b)
         new, _ = self.next_lr(lr, pool.a, pool.b, std_a=pool.std_a, std_b=pool.std_b,
                               searching=False)
+        if not self.fit_shrinks:
+            new = max(new, lr)
         if new <= lr / self.max_change * (1 + 1e-12):     # only the halving moves η this far
             pool = pool.reset()
         return new, False, pool
@@ -497,13 +491,17 @@ class HyFreeDP(Method[HyFreeState]):
             fit = (a, b)
             lr, searching, pool = self.after_fit(state.lr, a, b, std_a=std_a, std_b=std_b,
                                                  searching=searching, pool=pool)
-        trend = (state.trend or LossTrend(self.rise_window)).add(at_theta, loss_std)
+        trend, ceiling = state.trend or LossTrend(self.rise_window), state.lr_ceiling
+        if state.direction is not None:     # not the first round, whose R_l is the arbitrary R_l,0
+            trend = trend.add(at_theta, loss_std)
         if self.rise_significance is not None and trend.rising(self.rise_significance):
-            lr, searching = min(lr, state.lr) / self.max_change, False
+            ceiling = min(ceiling, state.lr / self.max_change)   # η_t made the loss climb
+            searching = False
             pool, trend = (pool.reset() if pool is not None else None), trend.reset()
+        lr = min(lr, ceiling)
         raw = abs(descent + at_theta + ascent) if self.loss_clip_rule == "sum" else abs(at_theta)
         peak = max(state.loss_clip_peak, state.loss_clip)
         loss_clip = max(raw, self.loss_clip_floor, self.loss_clip_keep * peak)
         return replace(state, lr=lr, loss_clip=loss_clip, loss_clip_peak=peak, last_fit=fit,
                        direction=None, rounds=state.rounds + 1, searching=searching, pool=pool,
-                       trend=trend)
+                       trend=trend, lr_ceiling=ceiling)
