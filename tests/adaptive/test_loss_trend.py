@@ -74,3 +74,35 @@ def test_false_alarms_are_rare_on_stationary_noise_and_a_climb_is_seen():
 def test_bad_window_is_refused():
     with pytest.raises(ValueError, match="window"):
         LossTrend(1)
+
+
+def test_a_jump_is_the_last_round_against_the_one_before_beyond_the_larger_std():
+    """Declared std 0.1, five flat rounds before: a jump of 0.5 is 0.5/(0.1·√2) ≈ 3.5 stds
+    (not seen at 4), 0.6 is 4.2 (seen); a spread of held losses larger than the declared std
+    raises the bar; fewer than five held before: no verdict."""
+    assert not _filled([1.0] * 4 + [3.0]).jumped(4.0)
+    assert not _filled([1.0] * 5 + [1.5]).jumped(4.0)
+    assert _filled([1.0] * 5 + [1.6]).jumped(4.0)
+    assert not _filled([0.5, 1.5, 0.5, 1.5, 1.0, 1.6]).jumped(4.0)   # spread ≈ 0.45 ≫ 0.1
+
+
+def test_jumps_are_not_seen_on_stationary_noise_larger_than_declared_but_a_divergence_is():
+    """Losses N(1, 0.2²) with std 0.1 declared (batch sampling doubles the noise): the spread
+    of the held rounds takes over, and over 100 runs × 200 rounds no jump beyond 8 stds is
+    seen (HyFreeDP's: twice its windows' 4; the spread of 5–20 rounds is itself noisy, so the
+    ratio has Student-t tails: at 4 stds a handful of false jumps appear in 2·10⁴ rounds). A
+    loss tripling from one round to the next after 10 stationary rounds is seen at 4 (per-round
+    std max(√((0.1² + 0.3²)/2), ≈ 0.2) ≈ 0.22: 2/(0.22·√2) ≈ 6.3 stds), a ×5 at 8 (≈ 12.6).
+    """
+    jumps = 0
+    for seed in range(100):
+        rng, t = random.Random(seed), LossTrend(10)
+        for r in range(200):
+            t = t.add(rng.gauss(1.0, 0.2), 0.1)
+            jumps += t.jumped(8.0)
+    assert jumps == 0
+    for seed in range(20):
+        rng, t = random.Random(seed), LossTrend(10)
+        for _ in range(10):
+            t = t.add(rng.gauss(1.0, 0.2), 0.1)
+        assert t.add(3.0, 0.3).jumped(4.0) and t.add(5.0, 0.3).jumped(8.0)

@@ -7,6 +7,8 @@ too-large η shows only over many steps: the loss at θ, released every round, c
 over 40 rounds in docs/results/hyfree_fmnist.md) while every round's fit is "nothing seen".
 This compares the mean released loss of the latest ``window`` rounds with that of the
 ``window`` rounds before; a rise beyond ``significance`` standard errors is a trend, not noise.
+A divergence (the loss multiplying from one round to the next) is seen sooner by comparing the
+last two rounds (:meth:`LossTrend.jumped`).
 
 The standard error uses the larger of two per-round stds: the declared noise std of the
 released losses (public: σ_l, R_l, b) and the spread of the released losses themselves within
@@ -23,6 +25,8 @@ from dataclasses import dataclass, replace
 from dpfy._require import require
 
 __all__ = ["LossTrend"]
+
+MIN_SPREAD = 5      # held losses before a jump is judged
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,20 @@ class LossTrend:
         spread = math.sqrt((statistics.variance(old) + statistics.variance(new)) / 2)
         per_round = max(declared, spread)
         return statistics.fmean(new) - statistics.fmean(old), per_round * math.sqrt(2 / w)
+
+    def jumped(self, significance: float) -> bool:
+        """True when the latest released loss exceeds the one before by more than
+        ``significance`` times the std of their difference: a divergence too fast for the
+        windows (at b = 128 the loss went ×3 a round once the search passed η*). The per-round
+        std is the larger of the declared one and the spread of the held losses before the
+        latest; no verdict until ``MIN_SPREAD`` of those are held (a spread of fewer is too
+        noisy to bound the undeclared batch-to-batch noise)."""
+        if len(self.losses) < MIN_SPREAD + 1:
+            return False
+        before, now = self.losses[-2:]
+        declared = math.sqrt(sum(s * s for s in self.stds[-2:]) / 2)
+        spread = statistics.stdev(self.losses[:-1])
+        return now - before > significance * math.sqrt(2) * max(declared, spread)
 
     def rising(self, significance: float) -> bool:
         """True when the latest window's mean exceeds the previous one's by more than

@@ -58,7 +58,8 @@ Decisions the paper leaves open (each an option; defaults stated):
   bound ("grow"), or shrank it on their false positives until it froze ("bound", "hold"), all
   measured in docs/results/hyfree_fmnist.md.
 - **Loss-rise guard** (``rise_significance`` = 4, ``rise_window`` = 10): the released loss at θ
-  of the latest 10 rounds against the 10 before; a rise beyond 4 standard errors halves η, ends
+  of the latest 10 rounds against the 10 before (4 standard errors), and the latest round
+  against the one before (8 stds: a divergence); a rise halves η (in the search: undoes the last growth too), ends
   the search and caps η at that half for the rest of the run
   (:class:`~dpfy.adaptive._loss_trend.LossTrend`). The fit cannot see a too-large η when the
   probes are too noisy (small batches); the loss's trend can, and the cap keeps the rule's
@@ -269,8 +270,11 @@ class HyFreeDP(Method[HyFreeState]):
         the loss went from 1.3 to 13 (docs/results/hyfree_fmnist.md).
       rise_significance: when the mean released loss at θ of the latest ``rise_window``
         rounds exceeds that of the ``rise_window`` rounds before by more than this many
-        standard errors (:class:`~dpfy.adaptive._loss_trend.LossTrend`), η is halved, the
-        search ends and η is capped at that half from then on (default 4; None: off). Why: at small batches the probes resolve nothing,
+        standard errors, or the latest round's exceeds the round before's by twice this many
+        stds (one round against one, the batch noise estimated from a few rounds' spread:
+        :class:`~dpfy.adaptive._loss_trend.LossTrend`), η is halved (during the search:
+        quartered, undoing the last growth too), the search ends and η is capped at the half
+        from then on (default 4; None: off). Why: at small batches the probes resolve nothing,
         the rule holds η, and a too-large η shows only as the loss climbing over many rounds
         (b = 128 on Fashion-MNIST: 0.6 → 1.2 with η held at 1.25).
       rise_window: rounds per window of that comparison (default 10).
@@ -494,8 +498,10 @@ class HyFreeDP(Method[HyFreeState]):
         trend, ceiling = state.trend or LossTrend(self.rise_window), state.lr_ceiling
         if state.direction is not None:     # not the first round, whose R_l is the arbitrary R_l,0
             trend = trend.add(at_theta, loss_std)
-        if self.rise_significance is not None and trend.rising(self.rise_significance):
+        z = self.rise_significance
+        if z is not None and (trend.rising(z) or trend.jumped(2 * z)):
             ceiling = min(ceiling, state.lr / self.max_change)   # η_t made the loss climb
+            lr = min(lr, ceiling / (self.search_growth if state.searching else 1.0))
             searching = False
             pool, trend = (pool.reset() if pool is not None else None), trend.reset()
         lr = min(lr, ceiling)
