@@ -495,3 +495,23 @@ def test_at_the_noise_floor_the_fit_says_shrink_at_every_eta():
     shrinking = _noise_floor_rounds(HyFreeDP(fit_shrinks=True), 0.1, rounds=400)
     held = _noise_floor_rounds(HyFreeDP(fit_shrinks=False), 0.1, rounds=400)
     assert shrinking < 0.1 / 10 and held == 0.1
+
+
+def test_the_fit_never_takes_eta_below_a_third_of_its_peak():
+    """After the search (peak η = 1), every round sees an ascent (b = −0.1 ≫ its std): the
+    rule shrinks η (×0.95 a round, smoothed) down to lr_keep·peak = 1/3 and holds it there;
+    with lr_keep = 0 it goes on shrinking (the noise floor's drift, test above)."""
+    from dpfy.adaptive.hyfree import HyFreeState
+
+    def final(m: HyFreeDP) -> float:
+        state = HyFreeState(lr=1.0, loss_clip=1.0, searching=False, lr_peak=1.0)
+        for _ in range(100):
+            state = replace(state, direction={"w": torch.ones(1)}, loss_clip=1.0)
+            s = m.probe_spacing * state.lr
+            state = _round_with_losses(m, state, {"loss_probe_at_theta": 1.0,
+                                                  "loss_probe_descent": 1.0 + 0.1 * s,
+                                                  "loss_probe_ascent": 1.0 - 0.1 * s}, 128)
+        return state.lr
+    calibrated = dict(gradient_noise=1.0, loss_noise=0.01, base_lr=1.0)
+    assert final(replace(HyFreeDP(), **calibrated)) == pytest.approx(1 / 3)
+    assert final(replace(HyFreeDP(lr_keep=0.0), **calibrated)) < 0.05
