@@ -5,9 +5,9 @@
 
 ``run`` is exactly ``dpfy train <flags>`` (same parser, same pipeline, same report) with one
 line per probe round appended to TRACE.jsonl: the step, η before and after the round, R_l used
-and the next R_l, the three released mean losses (θ, θ − c·η·d, θ + c·η·d), and the fit (a, b) with the noise stds the rule compared them to. Everything
-traced is a function of released values (post-processing), so the trace is publishable like
-the report. ``plot`` draws η_t and R_l,t (``OUT_PREFIX_lr.png``, ``OUT_PREFIX_loss_clip.png``),
+and the next R_l, the three released mean losses (at θ, θ − c·η·d, θ + c·η·d), and the fit
+(a, b) with the noise stds the rule compared them to. Everything traced is a function of
+released values (post-processing), so the trace is publishable like the report. ``plot`` draws η_t and R_l,t (``OUT_PREFIX_lr.png``, ``OUT_PREFIX_loss_clip.png``),
 the plots the reproduction of seed 004 (Figure 4) asks for. Results: docs/results/hyfree_fmnist.md.
 """
 

@@ -46,21 +46,25 @@ Decisions the paper leaves open (each an option; defaults stated):
   ``significance`` stds is "seen". First a **search**: from η₀ (1e-4) η doubles
   (``search_growth``) every round until a round sees the step reach the line minimizer η* (the
   curvature seen, or the descent turned: on a quadratic b_t = (1 − η/η*)·b_{t−1}, so a seen
-  ascent means the last step passed η*) (:func:`overshoot_seen`). Then the rounds' fits are **pooled** (``fit_memory`` λ = 0.9:
-  inverse-variance weights λ^age/std², :class:`~dpfy.adaptive._pooled_fit.PooledFit`) and
-  the rule acts on the pooled (a, b): curvature seen → b/a; only the descent seen
-  (``unseen_curvature="grow"``: with wide probes this means η < η*) → grow; ascent seen →
-  shrink; nothing seen (``nothing_seen="hold"``) → keep η. Targets are clamped to
-  [η/``max_change``, η·``max_change``] and smoothed, η ← ``smoothing``·η + (1 −
+  ascent means the last step passed η*) (:func:`overshoot_seen`). Then the rounds' fits are
+  **pooled** (``fit_memory`` λ = 0.9: inverse-variance weights λ^age/std²,
+  :class:`~dpfy.adaptive._pooled_fit.PooledFit`) and the rule acts on the pooled (a, b): curvature
+  seen → b/a; only the descent seen (``unseen_curvature="grow"``: with wide probes this means η <
+  η*) → grow; ascent seen → shrink; nothing seen (``nothing_seen="hold"``) → keep η. Targets are
+  clamped to [η/``max_change``, η·``max_change``] and smoothed, η ← ``smoothing``·η + (1 −
   ``smoothing``)·target (GeN's official code, §7); the search's growth is not smoothed.
   Why: at b = 2048 and σ_l ≈ 10 (Fashion-MNIST, ε = 3) one round at spacing η almost never
   resolves the curvature at a useful step; the rules acting on single rounds grew η without
   bound ("grow"), or shrank it on their false positives until it froze ("bound", "hold"), all
   measured in docs/results/hyfree_fmnist.md.
+- **η floor** (``lr_keep`` = 1/3): the fit never takes η below a third of its largest value.
+  Once the gradient's signal is spent, the fit along the last update sees E[b]/E[a] = −η/2 at
+  every η (the previous step's own noise overshot), so a rule that shrinks on the fit drifts to
+  0; the floor keeps the "increase, then decrease" within a factor 3 of the peak.
 - **Loss-rise guard** (``rise_significance`` = 4, ``rise_window`` = 10): the released loss at θ
   of the latest 10 rounds against the 10 before (4 standard errors), and the latest round
-  against the one before (8 stds: a divergence); a rise halves η (in the search: undoes the last growth too), ends
-  the search and caps η at that half for the rest of the run
+  against the one before (8 stds: a divergence); a rise halves η (in the search: undoes the
+  last growth too), ends the search and caps η at that half for the rest of the run
   (:class:`~dpfy.adaptive._loss_trend.LossTrend`). The fit cannot see a too-large η when the
   probes are too noisy (small batches); the loss's trend can, and the cap keeps the rule's
   growth on noise from taking η back to where the loss climbed.
@@ -199,8 +203,8 @@ def overshoot_seen(a: float, b: float, *, std_a: float, std_b: float,
     the curvature is seen (a > significance·std_a: the quadratic's minimum is resolved within
     the probes) or the descent has turned (b < −significance·std_b; on a quadratic
     b_t = (1 − η/η*)·b_{t−1}, so the last step passed η*). Until a round shows this, HyFreeDP
-    grows η each round (``search``, ×``search_growth``): a bracketing search from the paper's small η₀ = 1e-4,
-    which the smoothed rule would take most of a run to leave."""
+    grows η each round (``search``, ×``search_growth``): a bracketing search from the paper's
+    small η₀ = 1e-4, which the smoothed rule would take most of a run to leave."""
     return (math.isfinite(a) and math.isfinite(b)
             and (a > significance * std_a or b < -significance * std_b))
 
@@ -254,8 +258,9 @@ class HyFreeDP(Method[HyFreeState]):
       significance: how many noise stds a fitted a or b must exceed to count as seen.
       unseen_curvature: the rule when the descent is seen but the curvature is not:
         ``"grow"`` (default), ``"hold"`` or ``"bound"`` (see :func:`next_learning_rate`).
-      search: grow η every round (×``search_growth``) until one shows the step reaching the line minimizer
-        (:func:`overshoot_seen`), then fit; False fits (pooled) from the first round.
+      search: grow η every round (×``search_growth``) until one shows the step reaching the
+        line minimizer (:func:`overshoot_seen`), then fit; False fits (pooled) from the first
+        round.
       hold_inside: when the curvature is seen, keep η if it lies inside the noise's interval
         for η* = b/a (default); False moves toward b/a whatever its noise. Why: late in a
         Fashion-MNIST run a is often resolved while b ≈ 0 within noise, and the point b/a
