@@ -19,6 +19,18 @@ def _filled(values, std=0.1, window=10):
     return t
 
 
+def _alarms(test, noise: float, declared: float, runs: int = 100, rounds: int = 200) -> int:
+    """How many rounds ``test(trend)`` fires on stationary N(1, noise²) losses declared at
+    std ``declared``, over ``runs`` runs of ``rounds`` rounds."""
+    alarms = 0
+    for seed in range(runs):
+        rng, t = random.Random(seed), LossTrend(10)
+        for _ in range(rounds):
+            t = t.add(rng.gauss(1.0, noise), declared)
+            alarms += test(t)
+    return alarms
+
+
 def test_rise_is_the_windows_mean_difference_with_the_declared_std_when_it_dominates():
     """Windows [1]*10 then [2]*10, declared std 0.1, no spread: rise 1, se = 0.1·√(2/10)."""
     diff, se = _filled([1.0] * 10 + [2.0] * 10).rise()
@@ -55,13 +67,7 @@ def test_false_alarms_are_rare_on_stationary_noise_and_a_climb_is_seen():
     A climb of 0.03 a round puts the windows' means 0.3 apart; the ramp adds to the spread
     within a window (per-round std √(0.1² + 0.03²·(10² − 1)/12) ≈ 0.13), so the rise is
     ≈ 0.3/(0.13·√0.2) ≈ 5 standard errors: seen within 40 rounds in every run."""
-    alarms = 0
-    for seed in range(100):
-        rng, t = random.Random(seed), LossTrend(10)
-        for _ in range(200):
-            t = t.add(rng.gauss(1.0, 0.1), 0.1)
-            alarms += t.rising(4.0)
-    assert alarms == 0
+    assert _alarms(lambda t: t.rising(4.0), noise=0.1, declared=0.1) == 0
     for seed in range(100):
         rng, t = random.Random(seed), LossTrend(10)
         seen = False
@@ -94,13 +100,7 @@ def test_jumps_are_not_seen_on_stationary_noise_larger_than_declared_but_a_diver
     loss tripling from one round to the next after 10 stationary rounds is seen at 4 (per-round
     std max(√((0.1² + 0.3²)/2), ≈ 0.2) ≈ 0.22: 2/(0.22·√2) ≈ 6.3 stds), a ×5 at 8 (≈ 12.6).
     """
-    jumps = 0
-    for seed in range(100):
-        rng, t = random.Random(seed), LossTrend(10)
-        for r in range(200):
-            t = t.add(rng.gauss(1.0, 0.2), 0.1)
-            jumps += t.jumped(8.0)
-    assert jumps == 0
+    assert _alarms(lambda t: t.jumped(8.0), noise=0.2, declared=0.1) == 0
     for seed in range(20):
         rng, t = random.Random(seed), LossTrend(10)
         for _ in range(10):
