@@ -438,12 +438,13 @@ def test_a_climbing_loss_halves_eta_where_the_probes_resolve_nothing():
     from dpfy.adaptive.hyfree import HyFreeState
     batch, r_l = 128, 1.0
     m = replace(HyFreeDP(), gradient_noise=1.0, loss_noise=0.01 * batch / r_l, base_lr=1.0)
-    state = HyFreeState(lr=1.0, loss_clip=r_l, searching=False)
+    state = HyFreeState(lr=1.0, loss_clip=r_l, searching=False, lr_peak=1.5)
     for r in range(30):
         level = 0.6 + 0.02 * r
         state = replace(state, direction={"w": torch.ones(1)}, loss_clip=r_l)
         state = _round_with_losses(m, state, dict.fromkeys(PROBES, level), batch)
     assert state.lr <= 0.5 and state.lr_ceiling == 0.5
+    assert state.lr_peak <= 0.5          # the floor (a third of the peak) follows the cap
     # then a descent seen every round (b = 0.1 ≫ its std, a = 0): the rule grows η, but
     # never back above the cap the climb set
     for _ in range(40):

@@ -288,7 +288,8 @@ class HyFreeDP(Method[HyFreeState]):
       fit_shrinks: after the search, the fit may lower η (default); False: only the loss-rise
         guard lowers it, the fit only raises or holds it.
       lr_keep: the fit never takes η below this fraction (default 1/3) of its largest value
-        so far (0: no floor); the loss-rise guard's cap may. Why: once the gradient's signal
+        so far (0: no floor); the loss-rise guard's cap may, and lowers the peak to the cap
+        (an η that made the loss climb is not the scale to keep a third of). Why: once the gradient's signal
         is spent, the fit along the last update sees E[b]/E[a] = −η/2 at every η (a
         derivation in the tests), an "ascent" whatever η is, so the rule shrinks η with no
         fixed point above 0; on Fashion-MNIST η fell from 1.17 to 0.10 and the run lost a
@@ -511,19 +512,21 @@ class HyFreeDP(Method[HyFreeState]):
             fit = (a, b)
             lr, searching, pool = self.after_fit(state.lr, a, b, std_a=std_a, std_b=std_b,
                                                  searching=searching, pool=pool)
-        trend, ceiling = state.trend or LossTrend(self.rise_window), state.lr_ceiling
+        trend, ceiling, lr_peak = (state.trend or LossTrend(self.rise_window),
+                                   state.lr_ceiling, state.lr_peak)
         if state.direction is not None:     # not the first round, whose R_l is the arbitrary R_l,0
             trend = trend.add(at_theta, loss_std)
         z = self.rise_significance
         if z is not None and (trend.rising(z) or trend.jumped(2 * z)):
             ceiling = min(ceiling, state.lr / self.max_change)   # η_t made the loss climb
+            lr_peak = min(lr_peak, ceiling)    # the floor: a fraction of an η not shown harmful
             lr = min(lr, ceiling / (self.search_growth if state.searching else 1.0))
             searching = False
             pool, trend = (pool.reset() if pool is not None else None), trend.reset()
-        lr = min(max(lr, self.lr_keep * state.lr_peak), ceiling)
+        lr = min(max(lr, self.lr_keep * lr_peak), ceiling)
         raw = abs(descent + at_theta + ascent) if self.loss_clip_rule == "sum" else abs(at_theta)
         peak = max(state.loss_clip_peak, state.loss_clip)
         loss_clip = max(raw, self.loss_clip_floor, self.loss_clip_keep * peak)
         return replace(state, lr=lr, loss_clip=loss_clip, loss_clip_peak=peak, last_fit=fit,
                        direction=None, rounds=state.rounds + 1, searching=searching, pool=pool,
-                       trend=trend, lr_ceiling=ceiling, lr_peak=max(state.lr_peak, lr))
+                       trend=trend, lr_ceiling=ceiling, lr_peak=max(lr_peak, lr))
