@@ -289,7 +289,7 @@ class HyFreeDP(Method[HyFreeState]):
         guard lowers it, the fit only raises or holds it.
       lr_keep: the fit never takes η below this fraction (default 1/3) of its largest value
         so far (0: no floor); the loss-rise guard's cap may, and lowers the peak to the cap
-        (an η that made the loss climb is not the scale to keep a third of). Why: once the gradient's signal
+        (an η that made the loss climb is no scale to keep). Why: once the gradient's signal
         is spent, the fit along the last update sees E[b]/E[a] = −η/2 at every η (a
         derivation in the tests), an "ascent" whatever η is, so the rule shrinks η with no
         fixed point above 0; on Fashion-MNIST η fell from 1.17 to 0.10 and the run lost a
@@ -498,6 +498,19 @@ class HyFreeDP(Method[HyFreeState]):
             pool = pool.reset()
         return new, False, pool
 
+    def _loss_trend(self, state: HyFreeState, at_theta: float, loss_std: float
+                    ) -> tuple[LossTrend, bool]:
+        """(the trend with this round's released loss at θ, whether it rose): the loss-rise
+        guard's evidence. The first round (no direction yet) is left out: its R_l is the
+        arbitrary R_l,0, so its clipped loss is not comparable; a rise empties the trend."""
+        trend = state.trend or LossTrend(self.rise_window)
+        if state.direction is not None:
+            trend = trend.add(at_theta, loss_std)
+        z = self.rise_significance
+        if z is not None and (trend.rising(z) or trend.jumped(2 * z)):
+            return trend.reset(), True
+        return trend, False
+
     def _after_probes(self, state: HyFreeState, released: Released) -> HyFreeState:
         b_size = released.expected_batch_size
         loss = {name: float(released.sums[name]) / b_size for name in PROBES}
@@ -512,17 +525,13 @@ class HyFreeDP(Method[HyFreeState]):
             fit = (a, b)
             lr, searching, pool = self.after_fit(state.lr, a, b, std_a=std_a, std_b=std_b,
                                                  searching=searching, pool=pool)
-        trend, ceiling, lr_peak = (state.trend or LossTrend(self.rise_window),
-                                   state.lr_ceiling, state.lr_peak)
-        if state.direction is not None:     # not the first round, whose R_l is the arbitrary R_l,0
-            trend = trend.add(at_theta, loss_std)
-        z = self.rise_significance
-        if z is not None and (trend.rising(z) or trend.jumped(2 * z)):
+        trend, rose = self._loss_trend(state, at_theta, loss_std)
+        ceiling, lr_peak = state.lr_ceiling, state.lr_peak
+        if rose:
             ceiling = min(ceiling, state.lr / self.max_change)   # η_t made the loss climb
             lr_peak = min(lr_peak, ceiling)    # the floor: a fraction of an η not shown harmful
             lr = min(lr, ceiling / (self.search_growth if state.searching else 1.0))
-            searching = False
-            pool, trend = (pool.reset() if pool is not None else None), trend.reset()
+            searching, pool = False, (pool.reset() if pool is not None else None)
         lr = min(max(lr, self.lr_keep * lr_peak), ceiling)
         raw = abs(descent + at_theta + ascent) if self.loss_clip_rule == "sum" else abs(at_theta)
         peak = max(state.loss_clip_peak, state.loss_clip)
