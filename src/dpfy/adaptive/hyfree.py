@@ -221,8 +221,7 @@ class HyFreeState:
     ``loss_clip_peak`` the largest R_l so far; ``trend`` the released losses at θ of the
     latest rounds (:class:`~dpfy.adaptive._loss_trend.LossTrend`); ``lr_ceiling`` the cap
     the loss-rise guard set (η never returns to where the loss climbed); ``lr_peak`` the
-    largest η so far (the floor ``lr_keep``·peak); ``descent_seen``: a search round has seen
-    the descent (b beyond ``significance`` stds).
+    largest η so far (the floor ``lr_keep``·peak).
     """
 
     lr: float
@@ -237,7 +236,6 @@ class HyFreeState:
     trend: LossTrend | None = None
     lr_ceiling: float = math.inf
     lr_peak: float = 0.0
-    descent_seen: bool = False
 
 
 @register("hyfree")
@@ -287,13 +285,6 @@ class HyFreeDP(Method[HyFreeState]):
         the rule holds η, and a too-large η shows only as the loss climbing over many rounds
         (b = 128 on Fashion-MNIST: 0.6 → 1.2 with η held at 1.25).
       rise_window: rounds per window of that comparison (default 10).
-      search_ends_when_descent_lost: once a search round has seen the descent (b beyond
-        ``significance`` stds), a later search round that no longer sees it ends the search
-        with η held (default). With wide probes a seen descent at η ≥ η* comes with a seen
-        curvature, so losing the descent while growing means b fell toward 0 — on a quadratic
-        b_t = (1 − η/η*)·b_{t−1}: η is near η*. Why: at b = 128 the probes rarely resolve the
-        curvature or an ascent, and the doubling went on blind to η = 3–25, 8–60× the
-        hand-tuned step (docs/results/lr_fmnist.md).
       fit_shrinks: after the search, the fit may lower η (default); False: only the loss-rise
         guard lowers it, the fit only raises or holds it.
       lr_keep: the fit never takes η below this fraction (default 1/3) of its largest value
@@ -339,7 +330,6 @@ class HyFreeDP(Method[HyFreeState]):
     rise_window: int = 10
     fit_shrinks: bool = True
     lr_keep: float = 1 / 3
-    search_ends_when_descent_lost: bool = True
     nothing_seen: Literal["grow", "hold"] = "hold"
     hold_inside: bool = True
     probe_spacing: float = 4.0
@@ -527,22 +517,14 @@ class HyFreeDP(Method[HyFreeState]):
         descent, at_theta, ascent = (loss["loss_probe_descent"], loss["loss_probe_at_theta"],
                                      loss["loss_probe_ascent"])
         lr, fit, searching, pool = state.lr, state.last_fit, state.searching, state.pool
-        descent_seen = state.descent_seen
         loss_std = self.loss_noise * state.loss_clip / b_size
         if state.direction is not None:
             spacing = self._spacing(state)
             a, b = fit_quadratic(descent, at_theta, ascent, spacing)
             std_a, std_b = fit_noise_stds(loss_std, spacing)
             fit = (a, b)
-            seen = b > self.significance * std_b
-            if (searching and self.search_ends_when_descent_lost and descent_seen and not seen
-                    and not overshoot_seen(a, b, std_a=std_a, std_b=std_b,
-                                           significance=self.search_significance)):
-                searching = False                      # η held: near η*
-            else:
-                lr, searching, pool = self.after_fit(state.lr, a, b, std_a=std_a, std_b=std_b,
-                                                     searching=searching, pool=pool)
-            descent_seen = descent_seen or seen
+            lr, searching, pool = self.after_fit(state.lr, a, b, std_a=std_a, std_b=std_b,
+                                                 searching=searching, pool=pool)
         trend, rose = self._loss_trend(state, at_theta, loss_std)
         ceiling, lr_peak = state.lr_ceiling, state.lr_peak
         if rose:
@@ -556,5 +538,4 @@ class HyFreeDP(Method[HyFreeState]):
         loss_clip = max(raw, self.loss_clip_floor, self.loss_clip_keep * peak)
         return replace(state, lr=lr, loss_clip=loss_clip, loss_clip_peak=peak, last_fit=fit,
                        direction=None, rounds=state.rounds + 1, searching=searching, pool=pool,
-                       trend=trend, lr_ceiling=ceiling, lr_peak=max(lr_peak, lr),
-                       descent_seen=descent_seen)
+                       trend=trend, lr_ceiling=ceiling, lr_peak=max(lr_peak, lr))
