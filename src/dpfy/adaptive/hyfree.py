@@ -82,8 +82,8 @@ the training loss at θ is not visible to a method), and one parameter copy kept
 before a probe round.
 
 Releases per step: the gradient sum at σ_g = 1.01σ (automatic clipping, sensitivity 1); every
-K-th step also three loss sums (θ, θ ∓ η d), each clipped to R_l at noise multiplier σ_l, composed
-with the gradient into one step.
+K-th step also three loss sums (θ, θ ∓ c·η·d, c = probe_spacing), each clipped to R_l at noise
+multiplier σ_l, composed with the gradient into one step.
 """
 
 from __future__ import annotations
@@ -310,8 +310,8 @@ class HyFreeDP(Method[HyFreeState]):
       stability: γ_s of automatic clipping, w_i = 1/(‖g_i‖ + γ_s).
 
     Releases per step: the gradient sum at σ_g = 1.01σ (automatic clipping, sensitivity 1);
-    every K-th step also three loss sums (θ, θ ∓ η d), each clipped to R_l at noise multiplier
-    σ_l, composed with the gradient into one step.
+    every K-th step also three loss sums (θ, θ ∓ c·η·d, c = probe_spacing), each clipped to R_l
+    at noise multiplier σ_l, composed with the gradient into one step.
     """
 
     probe_every: int = 5
