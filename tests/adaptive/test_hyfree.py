@@ -516,3 +516,26 @@ def test_the_fit_never_takes_eta_below_a_third_of_its_peak():
     calibrated = dict(gradient_noise=1.0, loss_noise=0.01, base_lr=1.0)
     assert final(replace(HyFreeDP(), **calibrated)) == pytest.approx(1 / 3)
     assert final(replace(HyFreeDP(lr_keep=0.0), **calibrated)) < 0.05
+
+
+def test_the_search_s_overshoot_is_not_the_peak_the_floor_keeps_a_third_of():
+    """Regression (Fashion-MNIST, run I5: the search saw the overshoot only at η = 3.28, the
+    largest η so far, and the floor a third of it held η at 1.09 for the rest of the run:
+    83.09 %). A search round at η = 4 that sees the curvature (a = 1 ≫ its std, b/a = 2)
+    ends the search; the η before it (4/2) is the peak, so rounds that then see an ascent
+    shrink η down to 2/3, not 4/3."""
+    from dpfy.adaptive.hyfree import HyFreeState
+    m = replace(HyFreeDP(), gradient_noise=1.0, loss_noise=0.001, base_lr=1.0)
+    s = m.probe_spacing * 4.0
+    state = HyFreeState(lr=4.0, loss_clip=1.0, searching=True, direction={"w": torch.ones(1)})
+    state = _round_with_losses(m, state, {"loss_probe_at_theta": 1.0,
+                                          "loss_probe_descent": 1.0 - 2.0 * s + s * s / 2,
+                                          "loss_probe_ascent": 1.0 + 2.0 * s + s * s / 2}, 128)
+    assert not state.searching and state.lr_peak == 2.0
+    for _ in range(150):
+        state = replace(state, direction={"w": torch.ones(1)}, loss_clip=1.0)
+        s = m.probe_spacing * state.lr
+        state = _round_with_losses(m, state, {"loss_probe_at_theta": 1.0,
+                                              "loss_probe_descent": 1.0 + 0.1 * s,
+                                              "loss_probe_ascent": 1.0 - 0.1 * s}, 128)
+    assert state.lr == pytest.approx(2 / 3)

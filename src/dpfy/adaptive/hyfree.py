@@ -57,7 +57,8 @@ Decisions the paper leaves open (each an option; defaults stated):
   resolves the curvature at a useful step; the rules acting on single rounds grew η without
   bound ("grow"), or shrank it on their false positives until it froze ("bound", "hold"), all
   measured in docs/results/hyfree_fmnist.md.
-- **η floor** (``lr_keep`` = 1/3): the fit never takes η below a third of its largest value.
+- **η floor** (``lr_keep`` = 1/3): the fit never takes η below a third of its peak (the
+  largest η not shown too large: the fit's raises, not the search's overshoot).
   Once the gradient's signal is spent, the fit along the last update sees E[b]/E[a] = −η/2 at
   every η (the previous step's own noise overshot), so a rule that shrinks on the fit drifts to
   0; the floor keeps the "increase, then decrease" within a factor 3 of the peak.
@@ -221,7 +222,7 @@ class HyFreeState:
     ``loss_clip_peak`` the largest R_l so far; ``trend`` the released losses at θ of the
     latest rounds (:class:`~dpfy.adaptive._loss_trend.LossTrend`); ``lr_ceiling`` the cap
     the loss-rise guard set (η never returns to where the loss climbed); ``lr_peak`` the
-    largest η so far (the floor ``lr_keep``·peak).
+    largest η not shown too large (:meth:`HyFreeDP._lr_peak`; the floor is ``lr_keep``·peak).
     """
 
     lr: float
@@ -287,8 +288,8 @@ class HyFreeDP(Method[HyFreeState]):
       rise_window: rounds per window of that comparison (default 10).
       fit_shrinks: after the search, the fit may lower η (default); False: only the loss-rise
         guard lowers it, the fit only raises or holds it.
-      lr_keep: the fit never takes η below this fraction (default 1/3) of its largest value
-        so far (0: no floor); the loss-rise guard's cap may, and lowers the peak to the cap
+      lr_keep: the fit never takes η below this fraction (default 1/3) of the largest η not
+        shown too large (:meth:`_lr_peak`: not the search's overshoot) (0: no floor); the loss-rise guard's cap may, and lowers the peak to the cap
         (an η that made the loss climb is no scale to keep). Why: once the gradient's signal
         is spent, the fit along the last update sees E[b]/E[a] = −η/2 at every η (a
         derivation in the tests), an "ascent" whatever η is, so the rule shrinks η with no
@@ -498,6 +499,18 @@ class HyFreeDP(Method[HyFreeState]):
             pool = pool.reset()
         return new, False, pool
 
+    def _lr_peak(self, state: HyFreeState, lr: float, searching: bool) -> float:
+        """The largest η the evidence did not show too large, of which ``lr_keep`` is the floor:
+        the search's last step before the one that showed the overshoot (η_t/search_growth:
+        η_t itself reached η*), and every η the fit raised η to after the search. Why not the
+        largest η: a search that saw the overshoot late ended at 3.3 on Fashion-MNIST and the
+        floor held η at 1.09 for the rest of the run (83.09 %, run I5)."""
+        if state.searching and not searching:
+            return max(state.lr_peak, state.lr / self.search_growth)
+        if not state.searching and lr > state.lr:
+            return max(state.lr_peak, lr)
+        return state.lr_peak
+
     def _loss_trend(self, state: HyFreeState, at_theta: float, loss_std: float
                     ) -> tuple[LossTrend, bool]:
         """(the trend with this round's released loss at θ, whether it rose): the loss-rise
@@ -526,16 +539,18 @@ class HyFreeDP(Method[HyFreeState]):
             lr, searching, pool = self.after_fit(state.lr, a, b, std_a=std_a, std_b=std_b,
                                                  searching=searching, pool=pool)
         trend, rose = self._loss_trend(state, at_theta, loss_std)
-        ceiling, lr_peak = state.lr_ceiling, state.lr_peak
+        ceiling, lr_peak = state.lr_ceiling, self._lr_peak(state, lr, searching)
         if rose:
             ceiling = min(ceiling, state.lr / self.max_change)   # η_t made the loss climb
             lr_peak = min(lr_peak, ceiling)    # the floor: a fraction of an η not shown harmful
             lr = min(lr, ceiling / (self.search_growth if state.searching else 1.0))
             searching, pool = False, (pool.reset() if pool is not None else None)
-        lr = min(max(lr, self.lr_keep * lr_peak), ceiling)
+        if not searching:
+            lr = max(lr, self.lr_keep * lr_peak)
+        lr = min(lr, ceiling)
         raw = abs(descent + at_theta + ascent) if self.loss_clip_rule == "sum" else abs(at_theta)
         peak = max(state.loss_clip_peak, state.loss_clip)
         loss_clip = max(raw, self.loss_clip_floor, self.loss_clip_keep * peak)
         return replace(state, lr=lr, loss_clip=loss_clip, loss_clip_peak=peak, last_fit=fit,
                        direction=None, rounds=state.rounds + 1, searching=searching, pool=pool,
-                       trend=trend, lr_ceiling=ceiling, lr_peak=max(lr_peak, lr))
+                       trend=trend, lr_ceiling=ceiling, lr_peak=lr_peak)
