@@ -498,6 +498,17 @@ def test_at_the_noise_floor_the_fit_says_shrink_at_every_eta():
     assert shrinking < 0.1 / 10 and held == 0.1
 
 
+def _ascent_rounds(m: HyFreeDP, state, rounds: int):
+    """``rounds`` probe rounds that each see an ascent along d (b = −0.1, a = 0, exact)."""
+    for _ in range(rounds):
+        state = replace(state, direction={"w": torch.ones(1)}, loss_clip=1.0)
+        s = m.probe_spacing * state.lr
+        state = _round_with_losses(m, state, {"loss_probe_at_theta": 1.0,
+                                              "loss_probe_descent": 1.0 + 0.1 * s,
+                                              "loss_probe_ascent": 1.0 - 0.1 * s}, 128)
+    return state
+
+
 def test_the_fit_never_takes_eta_below_a_third_of_its_peak():
     """After the search (peak η = 1), every round sees an ascent (b = −0.1 ≫ its std): the
     rule shrinks η (×0.95 a round, smoothed) down to lr_keep·peak = 1/3 and holds it there;
@@ -506,13 +517,7 @@ def test_the_fit_never_takes_eta_below_a_third_of_its_peak():
 
     def final(m: HyFreeDP) -> float:
         state = HyFreeState(lr=1.0, loss_clip=1.0, searching=False, lr_peak=1.0)
-        for _ in range(100):
-            state = replace(state, direction={"w": torch.ones(1)}, loss_clip=1.0)
-            s = m.probe_spacing * state.lr
-            state = _round_with_losses(m, state, {"loss_probe_at_theta": 1.0,
-                                                  "loss_probe_descent": 1.0 + 0.1 * s,
-                                                  "loss_probe_ascent": 1.0 - 0.1 * s}, 128)
-        return state.lr
+        return _ascent_rounds(m, state, 100).lr
     calibrated = dict(gradient_noise=1.0, loss_noise=0.01, base_lr=1.0)
     assert final(replace(HyFreeDP(), **calibrated)) == pytest.approx(1 / 3)
     assert final(replace(HyFreeDP(lr_keep=0.0), **calibrated)) < 0.05
@@ -532,10 +537,4 @@ def test_the_search_s_overshoot_is_not_the_peak_the_floor_keeps_a_third_of():
                                           "loss_probe_descent": 1.0 - 2.0 * s + s * s / 2,
                                           "loss_probe_ascent": 1.0 + 2.0 * s + s * s / 2}, 128)
     assert not state.searching and state.lr_peak == 2.0
-    for _ in range(150):
-        state = replace(state, direction={"w": torch.ones(1)}, loss_clip=1.0)
-        s = m.probe_spacing * state.lr
-        state = _round_with_losses(m, state, {"loss_probe_at_theta": 1.0,
-                                              "loss_probe_descent": 1.0 + 0.1 * s,
-                                              "loss_probe_ascent": 1.0 - 0.1 * s}, 128)
-    assert state.lr == pytest.approx(2 / 3)
+    assert _ascent_rounds(m, state, 150).lr == pytest.approx(2 / 3)
