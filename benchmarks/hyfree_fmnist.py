@@ -7,8 +7,9 @@
 line per probe round appended to TRACE.jsonl: the step, η before and after the round, R_l used
 and the next R_l, the three released mean losses (at θ, θ − c·η·d, θ + c·η·d), and the fit
 (a, b) with the noise stds the rule compared them to. Everything traced is a function of
-released values (post-processing), so the trace is publishable like the report. ``plot`` draws η_t and R_l,t (``OUT_PREFIX_lr.png``, ``OUT_PREFIX_loss_clip.png``),
-the plots the reproduction of seed 004 (Figure 4) asks for. Results: docs/results/hyfree_fmnist.md.
+released values (post-processing), so the trace is publishable like the report. ``plot`` draws
+η_t and R_l,t (``OUT_PREFIX_lr.png``, ``OUT_PREFIX_loss_clip.png``), the plots the reproduction
+of seed 004 (Figure 4) asks for. Results: docs/results/hyfree_fmnist.md.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from dpfy.adaptive.hyfree import PROBES, HyFreeDP, fit_noise_stds
+from dpfy.adaptive.hyfree import PROBES, HyFreeDP
 
 
 def _traced(path: Path):
@@ -27,8 +28,7 @@ def _traced(path: Path):
     def after_probes(self, state, released):
         new = inner(self, state, released)
         b_size = released.expected_batch_size
-        std_a, std_b = fit_noise_stds(self.loss_noise * state.loss_clip / b_size,
-                                      self.probe_spacing * state.lr)
+        _, std_a, std_b = self.round_noise(state, b_size)
         pool = new.pool
         row = {"step": int(released.plan.step), "lr_before": state.lr, "lr_after": new.lr,
                "loss_clip": state.loss_clip, "next_loss_clip": new.loss_clip,

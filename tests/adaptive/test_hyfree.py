@@ -279,7 +279,9 @@ def test_refuses_without_a_loss_fn():
 @pytest.mark.parametrize("bad", [{"probe_every": 0}, {"max_change": 1.0}, {"gamma": 1.0},
                                  {"loss_clip_rule": "median"}, {"probe_spacing": 0.5},
                                  {"fit_memory": 1.0}, {"loss_clip_keep": 1.5},
-                                 {"search_significance": -1.0}, {"nothing_seen": "shrink"}])
+                                 {"search_significance": -1.0}, {"nothing_seen": "shrink"},
+                                 {"search_growth": 1.0}, {"rise_significance": 0.0},
+                                 {"rise_window": 1}, {"lr_keep": 1.5}])
 def test_bad_options_are_one_line_errors(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         dpfy.adaptive.make("hyfree", **bad)

@@ -289,8 +289,9 @@ class HyFreeDP(Method[HyFreeState]):
       fit_shrinks: after the search, the fit may lower η (default); False: only the loss-rise
         guard lowers it, the fit only raises or holds it.
       lr_keep: the fit never takes η below this fraction (default 1/3) of the largest η not
-        shown too large (:meth:`_lr_peak`: not the search's overshoot) (0: no floor); the loss-rise guard's cap may, and lowers the peak to the cap
-        (an η that made the loss climb is no scale to keep). Why: once the gradient's signal
+        shown too large (:meth:`_lr_peak`: not the search's overshoot; 0: no floor); the
+        loss-rise guard's cap may, and lowers the peak to the cap (an η that made the loss
+        climb is no scale to keep). Why: once the gradient's signal
         is spent, the fit along the last update sees E[b]/E[a] = −η/2 at every η (a
         derivation in the tests), an "ascent" whatever η is, so the rule shrinks η with no
         fixed point above 0; on Fashion-MNIST η fell from 1.17 to 0.10 and the run lost a
@@ -433,6 +434,14 @@ class HyFreeDP(Method[HyFreeState]):
         """How far along d the probes sit: c·η (``probe_spacing`` c; the paper's c = 1)."""
         return self.probe_spacing * state.lr
 
+    def round_noise(self, state: HyFreeState, expected_batch_size: float
+                    ) -> tuple[float, float, float]:
+        """(u, std_a, std_b) of the probe round ``state`` is about to be updated by: u, each
+        released mean loss's noise std σ_l·R_l/b (public), and the stds it gives the fit's
+        (a, b) at this round's spacing (:func:`fit_noise_stds`)."""
+        loss_std = self.loss_noise * state.loss_clip / expected_batch_size
+        return (loss_std, *fit_noise_stds(loss_std, self._spacing(state)))
+
     def _probe_round(self, step: int) -> bool:
         return step % self.probe_every == 0
 
@@ -530,11 +539,9 @@ class HyFreeDP(Method[HyFreeState]):
         descent, at_theta, ascent = (loss["loss_probe_descent"], loss["loss_probe_at_theta"],
                                      loss["loss_probe_ascent"])
         lr, fit, searching, pool = state.lr, state.last_fit, state.searching, state.pool
-        loss_std = self.loss_noise * state.loss_clip / b_size
+        loss_std, std_a, std_b = self.round_noise(state, b_size)
         if state.direction is not None:
-            spacing = self._spacing(state)
-            a, b = fit_quadratic(descent, at_theta, ascent, spacing)
-            std_a, std_b = fit_noise_stds(loss_std, spacing)
+            a, b = fit_quadratic(descent, at_theta, ascent, self._spacing(state))
             fit = (a, b)
             lr, searching, pool = self.after_fit(state.lr, a, b, std_a=std_a, std_b=std_b,
                                                  searching=searching, pool=pool)
