@@ -339,10 +339,12 @@ class HyFreeDP(Method[HyFreeState]):
     loss_clip_keep: float = 1 / 3
     gamma: float = 1.01
     stability: float = 0.01
+    decay_tail: float | None = 0.5
     # Set by calibrate() from the run's facts:
     gradient_noise: float | None = None      # σ_g
     loss_noise: float | None = None          # σ_l
     base_lr: float | None = None             # the inner optimizer's learning rate
+    total_steps: int | None = None           # T, the run's horizon
 
     needs = Needs(probes=True)
     sets = frozenset({"noise_multiplier", "clip", "lr_scale"})
@@ -386,6 +388,8 @@ class HyFreeDP(Method[HyFreeState]):
         require(0 <= self.lr_keep <= 1, "lr_keep", self.lr_keep, "in [0, 1]")
         require(self.gamma > 1, "gamma", self.gamma, "> 1", "The paper uses 1.01")
         require(self.stability > 0, "stability", self.stability, "> 0")
+        require(self.decay_tail is None or 0 < self.decay_tail <= 1, "decay_tail",
+                self.decay_tail, "in (0, 1] or None (off)")
 
     # -- calibration ---------------------------------------------------------------------------
     def calibrate(self, facts: RunFacts) -> "HyFreeDP":
@@ -409,7 +413,7 @@ class HyFreeDP(Method[HyFreeState]):
             probes_per_round=len(PROBES), gamma=self.gamma, accountant=facts.accountant,
             probes_share_batch=True)
         return bind_facts(replace(self, gradient_noise=sigma_g, loss_noise=sigma_l,
-                                  base_lr=float(base_lr)), facts)
+                                  base_lr=float(base_lr), total_steps=int(facts.steps)), facts)
 
     def _calibrated(self) -> None:
         require(self.gradient_noise is not None, "method 'hyfree'", "uncalibrated",
@@ -424,7 +428,16 @@ class HyFreeDP(Method[HyFreeState]):
 
     def plan(self, state: HyFreeState, plan: StepPlan) -> StepPlan:
         return replace(plan, noise_multiplier=self.gradient_noise, clip=1.0,
-                       lr_scale=state.lr / self.base_lr)
+                       lr_scale=state.lr * self.tail_factor(plan.step) / self.base_lr)
+
+    def tail_factor(self, step: int) -> float:
+        """The factor on η at ``step``: 1, then linear to 0 over the last ``decay_tail`` of the
+        run's T steps (the last step keeps 1/(tail·T) > 0). The rule's η (``state.lr``) is not
+        changed by it: the probes and the fit keep their own scale."""
+        if self.decay_tail is None:
+            return 1.0
+        tail = self.decay_tail * self.total_steps
+        return min(1.0, max(self.total_steps - step, 1) / tail)
 
     def clipping(self, state: HyFreeState, norms: Norms, plan: StepPlan) -> Clip:
         auto = AutomaticClipping(clip=1.0, gamma=self.stability)
