@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import dpfy
 from dpfy.adaptive.hyfree import (PROBES, HyFreeDP, fit_quadratic, next_learning_rate,
                                   overshoot_seen)
+from dpfy.privacy.ledger import Sampling
 from ledger_events import dp_accounting_epsilon, effective_sigma
 
 
@@ -258,6 +259,37 @@ def test_learning_rate_and_loss_clip_adapt_from_releases(run):
     assert all(s.loss_clip >= 0.01 for _, _, s in trace)
 
 
+@pytest.mark.parametrize("tail, factors", [
+    # T = 20: with tail f, η × min(1, (T − t)/(f·T)); the last step keeps 1/(f·T)
+    (0.5, {0: 1.0, 9: 1.0, 10: 1.0, 15: 0.5, 19: 0.1}),
+    (1.0, {0: 1.0, 10: 0.5, 19: 0.05}),
+    (None, {0: 1.0, 15: 1.0, 19: 1.0}),
+    (0, {0: 1.0, 15: 1.0, 19: 1.0}),
+])
+def test_eta_decays_linearly_to_zero_over_the_run_s_last_fraction(tail, factors):
+    """``decay_tail`` f: the applied η is the rule's η times 1 until (1 − f)·T, then linear to
+    0 at T (the last step keeps 1/(f·T)); the rule's own η (``state.lr``) is not changed."""
+    from dpfy.plan import StepPlan
+    facts = dpfy.adaptive.RunFacts(sampling=Sampling.POISSON, sample_rate=B / N,
+                                   steps=N // B * EPOCHS, delta=1e-5, target_epsilon=2.0,
+                                   accountant="rdp", inner_hyperparameters={"lr": 0.05})
+    m = HyFreeDP(probe_every=K, decay_tail=tail).calibrate(facts)
+    state = m.init()
+    for t, factor in factors.items():
+        plan = m.plan(state, StepPlan(step=t, sample_rate=B / N, noise_multiplier=1.0, clip=1.0))
+        assert plan.lr_scale * m.base_lr == pytest.approx(state.lr * factor)
+
+
+def test_the_direction_divides_by_the_decayed_eta_the_optimizer_applied():
+    """In the decay (T = 20, f = 1/2: step 14's η × 0.6), d for the round at step 15 is step
+    14's update over the η applied there, not over the rule's η."""
+    opt, trace = _run(decay_tail=0.5)
+    before, after, state = trace[14]
+    applied_lr = trace[13][2].lr * (20 - 14) / 10
+    for n, d in state.direction.items():
+        torch.testing.assert_close(d, (before[n] - after[n]) / applied_lr)
+
+
 def test_refuses_without_a_target_epsilon():
     model = nn.Linear(3, 2)
     ds = TensorDataset(torch.randn(40, 3), torch.randint(0, 2, (40,)))
@@ -281,7 +313,8 @@ def test_refuses_without_a_loss_fn():
                                  {"fit_memory": 1.0}, {"loss_clip_keep": 1.5},
                                  {"search_significance": -1.0}, {"nothing_seen": "shrink"},
                                  {"search_growth": 1.0}, {"rise_significance": 0.0},
-                                 {"rise_window": 1}, {"lr_keep": 1.5}])
+                                 {"rise_window": 1}, {"lr_keep": 1.5}, {"decay_tail": -0.5},
+                                 {"decay_tail": 1.5}])
 def test_bad_options_are_one_line_errors(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         dpfy.adaptive.make("hyfree", **bad)
@@ -349,14 +382,16 @@ def _noisy_rounds(method: HyFreeDP, u: float, rounds: int = 600, seed: int = 0,
     loss carrying N(0, u²) noise and its std declared as the released losses' is, from
     η₀ = ``lr`` (the method's search, then its rule, through :meth:`HyFreeDP.after_fit`)."""
     rng = random.Random(seed)
-    g, h, searching, pool, out = 2.0, 1.0, True, None, []
+    g, h, searching, pool, slope, out = 2.0, 1.0, True, None, None, []
     for _ in range(rounds):
         s = method.probe_spacing * lr
         losses = [-g * x + h * x * x / 2 + rng.gauss(0.0, u) for x in (s, 0.0, -s)]
         a, b = fit_quadratic(*losses, s)
+        std_b = math.sqrt(2) * u / (2 * s)
+        before, slope = slope, ((b, std_b) if searching else None)
         lr, searching, pool = method.after_fit(
-            lr, a, b, std_a=math.sqrt(6) * u / s ** 2, std_b=math.sqrt(2) * u / (2 * s),
-            searching=searching, pool=pool)
+            lr, a, b, std_a=math.sqrt(6) * u / s ** 2, std_b=std_b, searching=searching,
+            pool=pool, slope_before=before)
         out.append(lr)
     return out
 

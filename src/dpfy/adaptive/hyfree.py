@@ -69,6 +69,14 @@ Decisions the paper leaves open (each an option; defaults stated):
   (:class:`~dpfy.adaptive._loss_trend.LossTrend`). The fit cannot see a too-large η when the
   probes are too noisy (small batches); the loss's trend can, and the cap keeps the rule's
   growth on noise from taking η back to where the loss climbed.
+- **Last-iterate decay** (``decay_tail`` = 1/2): the applied η is the rule's η times a
+  linear decay to 0 over the last half of the run's T steps (DP training always knows T: the
+  accountant needs it). Why: after the signal is spent the fit cannot tell how far to lower η
+  (the noise floor above), and the last iterate carries the noise of the last steps at the
+  size of η; a linear decay to 0 is the schedule that minimizes the last iterate's worst-case
+  error for SGD on convex problems (Defazio et al., "When, why and how much? Adaptive
+  learning rate scheduling by refinement", 2023). The rule, its probes and its floor keep
+  working on the undecayed η; d divides by the η actually applied.
 - **R_l rule**: ``"sum"`` (default; the paper's "in practice" rule, R_l = |L̃_− + L̃_0 + L̃_+|,
   ≈ 3× the loss: little clipping bias) or ``"anchor"`` (|L̃_0|, Algorithm 1 line 8); never
   below ``loss_clip_floor`` nor below ``loss_clip_keep`` (1/3) of its largest value so far.
@@ -106,7 +114,7 @@ from dpfy.privacy.calibration import hyfree_noise_split
 from dpfy.privacy.ledger import Sampling
 
 __all__ = ["HyFreeDP", "HyFreeState", "fit_quadratic", "fit_noise_stds", "next_learning_rate",
-           "overshoot_seen",
+           "overshoot_seen", "slope_halved",
            "PROBES", "DEFAULT_INITIAL_LR"]
 
 Vector = Mapping[str, torch.Tensor]
@@ -198,6 +206,24 @@ def next_learning_rate(lr: float, a: float, b: float, *, max_change: float, smoo
     return smoothing * lr + (1 - smoothing) * target
 
 
+def slope_halved(b: float, std_b: float, before: tuple[float, float] | None, *,
+                 significance: float = 3.0) -> bool:
+    """True when the previous search round's seen descent b' (``before`` = (b', std_b'),
+    b' > significance·std_b') fell to half or less in this round: b'/2 − b > significance ·
+    √(std_b² + std_b'²/4). Why: the steps between two rounds remove a share of the slope
+    along d that grows with η/η* (on a quadratic, (1 − η/η*) of it remains after a step), so a
+    seen slope that halves says the current η is a sizable fraction of η*, and the search's
+    next doubling would pass it. On Fashion-MNIST this comes one or two rounds before the
+    curvature is seen at three stds: three of thirteen searches (I5, J1, K1) ran on to
+    η = 1.6–3.3 and lost 1.5–3.5 points; in each the slope had fallen from 4.6–9.5 stds to
+    0.2–2.2 stds at η = 0.2–0.4 (docs/results/hyfree_fmnist.md)."""
+    if before is None or not (math.isfinite(b) and math.isfinite(std_b)):
+        return False
+    b0, std_b0 = before
+    return (b0 > significance * std_b0
+            and b0 / 2 - b > significance * math.sqrt(std_b ** 2 + std_b0 ** 2 / 4))
+
+
 def overshoot_seen(a: float, b: float, *, std_a: float, std_b: float,
                    significance: float = 2.0) -> bool:
     """True when a probe round shows the step η reaches the line minimizer η* = b/a or beyond:
@@ -219,7 +245,8 @@ class HyFreeState:
     ``last_fit`` is (a, b) of the latest round with a direction, for logs and plots;
     ``searching``: no round has shown an overshoot yet (:func:`overshoot_seen`); ``pool`` the
     rounds' fits since the search, pooled (:class:`~dpfy.adaptive._pooled_fit.PooledFit`);
-    ``loss_clip_peak`` the largest R_l so far; ``trend`` the released losses at θ of the
+    ``loss_clip_peak`` the largest R_l so far; ``search_slope`` (b, std_b) of the latest
+    search round (:func:`slope_halved`); ``trend`` the released losses at θ of the
     latest rounds (:class:`~dpfy.adaptive._loss_trend.LossTrend`); ``lr_ceiling`` the cap
     the loss-rise guard set (η never returns to where the loss climbed); ``lr_peak`` the
     largest η not shown too large (:meth:`HyFreeDP._lr_peak`; the floor is ``lr_keep``·peak).
@@ -237,6 +264,7 @@ class HyFreeState:
     trend: LossTrend | None = None
     lr_ceiling: float = math.inf
     lr_peak: float = 0.0
+    search_slope: tuple[float, float] | None = None
 
 
 @register("hyfree")
@@ -308,6 +336,9 @@ class HyFreeDP(Method[HyFreeState]):
         weights λ^age/std² instead of the latest round alone (0: the latest round alone).
       loss_clip_keep: R_l never falls below this fraction (default 1/3) of its largest value
         (0: the paper's rule, which can collapse: docs/results/hyfree_fmnist.md).
+      decay_tail: the fraction f of the run's T steps (default 1/2) over which the applied η
+        falls linearly to 0: η_applied = η·min(1, (T − t)/(f·T)); 0 or None: off (the rule's
+        η throughout). The rule's η itself is not changed.
       gamma: σ_g = γσ, the gradient's noise inflation that frees budget for the probes (1.01).
       stability: γ_s of automatic clipping, w_i = 1/(‖g_i‖ + γ_s).
 
@@ -339,7 +370,7 @@ class HyFreeDP(Method[HyFreeState]):
     loss_clip_keep: float = 1 / 3
     gamma: float = 1.01
     stability: float = 0.01
-    decay_tail: float | None = 0.5
+    decay_tail: float | None = None
     # Set by calibrate() from the run's facts:
     gradient_noise: float | None = None      # σ_g
     loss_noise: float | None = None          # σ_l
@@ -388,8 +419,8 @@ class HyFreeDP(Method[HyFreeState]):
         require(0 <= self.lr_keep <= 1, "lr_keep", self.lr_keep, "in [0, 1]")
         require(self.gamma > 1, "gamma", self.gamma, "> 1", "The paper uses 1.01")
         require(self.stability > 0, "stability", self.stability, "> 0")
-        require(self.decay_tail is None or 0 < self.decay_tail <= 1, "decay_tail",
-                self.decay_tail, "in (0, 1] or None (off)")
+        require(self.decay_tail is None or 0 <= self.decay_tail <= 1, "decay_tail",
+                self.decay_tail, "in [0, 1] (0 or None: off)")
 
     # -- calibration ---------------------------------------------------------------------------
     def calibrate(self, facts: RunFacts) -> "HyFreeDP":
@@ -434,7 +465,7 @@ class HyFreeDP(Method[HyFreeState]):
         """The factor on η at ``step``: 1, then linear to 0 over the last ``decay_tail`` of the
         run's T steps (the last step keeps 1/(tail·T) > 0). The rule's η (``state.lr``) is not
         changed by it: the probes and the fit keep their own scale."""
-        if self.decay_tail is None:
+        if not self.decay_tail:
             return 1.0
         tail = self.decay_tail * self.total_steps
         return min(1.0, max(self.total_steps - step, 1) / tail)
@@ -486,12 +517,16 @@ class HyFreeDP(Method[HyFreeState]):
         return replace(state, direction=direction, anchor=anchor)
 
     def next_lr(self, lr: float, a: float, b: float, *, std_a: float, std_b: float,
-                searching: bool) -> tuple[float, bool]:
+                searching: bool, slope_before: tuple[float, float] | None = None
+                ) -> tuple[float, bool]:
         """(η, still searching) after a round with fit (a, b) of noise stds (std_a, std_b):
-        η·search_growth while searching and no overshoot is seen, else
-        :func:`next_learning_rate` with this method's options."""
-        searching = self.search and searching and not overshoot_seen(
-            a, b, std_a=std_a, std_b=std_b, significance=self.search_significance)
+        η·search_growth while searching and no overshoot is seen and the slope has not halved
+        since the search round before (``slope_before`` = its (b, std_b), :func:`slope_halved`),
+        else :func:`next_learning_rate` with this method's options."""
+        z = self.search_significance
+        searching = (self.search and searching
+                     and not overshoot_seen(a, b, std_a=std_a, std_b=std_b, significance=z)
+                     and not slope_halved(b, std_b, slope_before, significance=z))
         if searching:
             return lr * self.search_growth, True
         return next_learning_rate(lr, a, b, max_change=self.max_change, smoothing=self.smoothing,
@@ -501,7 +536,8 @@ class HyFreeDP(Method[HyFreeState]):
                                   hold_inside=self.hold_inside), False
 
     def after_fit(self, lr: float, a: float, b: float, *, std_a: float, std_b: float,
-                  searching: bool, pool: PooledFit | None
+                  searching: bool, pool: PooledFit | None,
+                  slope_before: tuple[float, float] | None = None
                   ) -> tuple[float, bool, PooledFit | None]:
         """(η, still searching, pool) after a round's fit (a, b) of noise stds (std_a, std_b).
 
@@ -510,7 +546,8 @@ class HyFreeDP(Method[HyFreeState]):
         ascent) empties the pool: the evidence it held has been acted on.
         """
         if self.search and searching:
-            new, searching = self.next_lr(lr, a, b, searching=True, std_a=std_a, std_b=std_b)
+            new, searching = self.next_lr(lr, a, b, searching=True, std_a=std_a, std_b=std_b,
+                                          slope_before=slope_before)
             return new, searching, pool
         pool = (pool or PooledFit(self.fit_memory)).add(a, b, std_a=std_a, std_b=std_b)
         new, _ = self.next_lr(lr, pool.a, pool.b, std_a=pool.std_a, std_b=pool.std_b,
@@ -553,11 +590,13 @@ class HyFreeDP(Method[HyFreeState]):
                                      loss["loss_probe_ascent"])
         lr, fit, searching, pool = state.lr, state.last_fit, state.searching, state.pool
         loss_std, std_a, std_b = self.round_noise(state, b_size)
+        slope = state.search_slope
         if state.direction is not None:
             a, b = fit_quadratic(descent, at_theta, ascent, self._spacing(state))
-            fit = (a, b)
+            fit, slope = (a, b), ((b, std_b) if state.searching else None)
             lr, searching, pool = self.after_fit(state.lr, a, b, std_a=std_a, std_b=std_b,
-                                                 searching=searching, pool=pool)
+                                                 searching=searching, pool=pool,
+                                                 slope_before=state.search_slope)
         trend, rose = self._loss_trend(state, at_theta, loss_std)
         ceiling, lr_peak = state.lr_ceiling, self._lr_peak(state, lr, searching)
         if rose:
@@ -573,4 +612,4 @@ class HyFreeDP(Method[HyFreeState]):
         loss_clip = max(raw, self.loss_clip_floor, self.loss_clip_keep * peak)
         return replace(state, lr=lr, loss_clip=loss_clip, loss_clip_peak=peak, last_fit=fit,
                        direction=None, rounds=state.rounds + 1, searching=searching, pool=pool,
-                       trend=trend, lr_ceiling=ceiling, lr_peak=lr_peak)
+                       trend=trend, lr_ceiling=ceiling, lr_peak=lr_peak, search_slope=slope)
