@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
 from dpfy.adaptive.hyfree import (PROBES, HyFreeDP, fit_quadratic, next_learning_rate,
-                                  overshoot_seen)
+                                  overshoot_seen, slope_halved)
 from dpfy.privacy.ledger import Sampling
 from ledger_events import dp_accounting_epsilon, effective_sigma
 
@@ -125,6 +125,35 @@ def test_search_grows_until_an_overshoot_is_seen_then_fits(growth, rule, after_a
     lr, searching = m.next_lr(1.0, 0.5, -3.5, std_a=1.0, std_b=1.0, searching=True)
     assert (lr, searching) == (pytest.approx(after_ascent), False)
     assert m.next_lr(1.0, 0.5, 3.0, std_a=1.0, std_b=1.0, searching=False)[1] is False
+
+
+@pytest.mark.parametrize("b, std_b, before, halved", [
+    # b'/2 − b against 3·√(std_b² + std_b'²/4): 10/2 − 0.2 = 4.8 > 3·√(1 + 1) = 4.24
+    (0.2, 1.0, (10.0, 2.0), True),
+    (0.6, 1.0, (10.0, 2.0), True),        # 4.4 > 4.24
+    (1.0, 1.0, (10.0, 2.0), False),       # 4.0 < 4.24: not at three stds
+    (-3.0, 1.0, (5.0, 2.0), False),       # b' = 2.5 stds: the descent was not seen
+    (0.0, 1.0, None, False),              # no search round before
+    (float("nan"), 1.0, (10.0, 2.0), False),
+])
+def test_slope_halved(b, std_b, before, halved):
+    assert slope_halved(b, std_b, before) is halved
+
+
+def test_a_halved_slope_ends_the_search_before_it_doubles_past_eta_star():
+    """Regression (Fashion-MNIST, run J1: 84.96 %): the search round at η = 0.2048 saw the
+    slope at 9.46 stds, the next (η = 0.4096, twice the spacing, half the std) at 0.19 stds
+    with the curvature at 2.90 (< 3), so the search doubled on to 1.64 and η stayed above 1
+    for ~100 steps. Now the halved slope ends it at 0.41 (the fit's rule then acts: a is seen
+    at 2 stds and η lies inside the noise's interval for b/a, [(b − 2)/(a + 2), (b + 2)/(a −
+    2)] = [−0.37, 2.43] in these units, so η is held)."""
+    m = HyFreeDP()
+    std_a, std_b = 1.0, 1.0                              # this round's stds, spacing 4·0.4096
+    lr, searching = m.next_lr(0.4096, 2.90 * std_a, 0.19 * std_b, std_a=std_a, std_b=std_b,
+                              searching=True, slope_before=(9.46 * 2 * std_b, 2 * std_b))
+    assert not searching and lr == 0.4096
+    assert m.next_lr(0.4096, 2.90, 0.19, std_a=1.0, std_b=1.0, searching=True) == (
+        pytest.approx(0.8192), True)                     # without the slope before: doubled
 
 
 def _rounds(method: HyFreeDP, lr: float, rounds: int = 300) -> list[float]:

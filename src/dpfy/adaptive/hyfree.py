@@ -46,7 +46,9 @@ Decisions the paper leaves open (each an option; defaults stated):
   ``significance`` stds is "seen". First a **search**: from η₀ (1e-4) η doubles
   (``search_growth``) every round until a round sees the step reach the line minimizer η* (the
   curvature seen, or the descent turned: on a quadratic b_t = (1 − η/η*)·b_{t−1}, so a seen
-  ascent means the last step passed η*) (:func:`overshoot_seen`). Then the rounds' fits are
+  ascent means the last step passed η*) (:func:`overshoot_seen`), or the slope seen in the
+  round before has halved (η is a sizable fraction of η*: :func:`slope_halved`; the search
+  then keeps its η instead of doubling past η*). Then the rounds' fits are
   **pooled** (``fit_memory`` λ = 0.9: inverse-variance weights λ^age/std²,
   :class:`~dpfy.adaptive._pooled_fit.PooledFit`) and the rule acts on the pooled (a, b): curvature
   seen → b/a; only the descent seen (``unseen_curvature="grow"``: with wide probes this means η <
