@@ -156,6 +156,30 @@ def test_a_halved_slope_ends_the_search_before_it_doubles_past_eta_star():
         pytest.approx(0.8192), True)                     # without the slope before: doubled
 
 
+def test_the_search_s_curvature_pooled_over_its_rounds_ends_it():
+    """Regression (Fashion-MNIST, run B2: the search saw the curvature at 2.38, 2.85, 2.77,
+    2.48 stds in four successive rounds, never 3 in one, and doubled on to 1.64; J1 and S3
+    alike). Two rounds of B2: at η = 0.1024 (std_a = 1 in these units, a = 2.38) and at 0.2048
+    (twice the spacing: std_a = 1/4, a = 2.85/4), the descent seen in both (10.23 and 7.27
+    stds; not halved: 10.23/2 − 7.27/2 = 1.48 < 3·√(1/4 + 1/4) = 2.12, in the first round's
+    std_b). Pooled with λ = 0.9, inverse-variance weights 0.9·1 and 16:
+    a = (0.9·2.38 + 16·0.7125)/16.9 = 0.8013, std = √(0.81 + 256/16)/16.9 = 0.2426, so
+    3.30 stds ≥ 3: the search ends at 0.2048 instead of doubling."""
+    m = HyFreeDP()
+    lr, searching, pool = m.after_fit(0.1024, 2.38, 10.23, std_a=1.0, std_b=1.0,
+                                      searching=True, pool=None)
+    assert (lr, searching) == (pytest.approx(0.2048), True)
+    lr, searching, pool = m.after_fit(0.2048, 2.85 / 4, 7.27 / 2, std_a=1 / 4, std_b=1 / 2,
+                                      searching=True, pool=pool, slope_before=(10.23, 1.0))
+    assert not searching and lr < 0.2048 * 1.1
+    one_round = HyFreeDP(fit_memory=0.0)       # the latest round alone: 2.85 < 3, doubled
+    _, _, pool = one_round.after_fit(0.1024, 2.38, 10.23, std_a=1.0, std_b=1.0,
+                                     searching=True, pool=None)
+    assert one_round.after_fit(0.2048, 2.85 / 4, 7.27 / 2, std_a=1 / 4, std_b=1 / 2,
+                               searching=True, pool=pool, slope_before=(10.23, 1.0))[:2] == (
+        pytest.approx(0.4096), True)
+
+
 def _rounds(method: HyFreeDP, lr: float, rounds: int = 300) -> list[float]:
     """η over probe rounds on L(θ − s d) = L₀ − g s + h s²/2 with g = 2, h = 1, the probes'
     values exact and their declared noise std u = 1 per loss (GeN's clamp 2, smoothing 0.9)."""
