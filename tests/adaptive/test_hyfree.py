@@ -283,9 +283,9 @@ def test_probe_rounds_are_composed_with_their_gradient_step(run):
 
 
 def test_probes_declare_loss_noise_and_direction_of_the_applied_update(run):
-    """The round at step K probes θ ∓ c·η d (c = probe_spacing) with d = (θ_{K−1} − θ_K)/η_{K−1}, the update the
-    optimizer applied (AdamW's, weight decay included), and each loss release has sensitivity
-    R_l and noise std σ_l·R_l."""
+    """The round at step K probes θ ∓ c·η d (c = probe_spacing) with
+    d = (θ_{K−1} − θ_K)/η_{K−1}, the update the optimizer applied (AdamW's, weight decay
+    included), and each loss release has sensitivity R_l and noise std σ_l·R_l."""
     opt, trace = run
     m = opt.method
     before, after, state = trace[K - 1]            # after step K−1: direction for step K

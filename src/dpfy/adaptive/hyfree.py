@@ -72,14 +72,14 @@ Decisions the paper leaves open (each an option; defaults stated):
   (:class:`~dpfy.adaptive._loss_trend.LossTrend`). The fit cannot see a too-large η when the
   probes are too noisy (small batches); the loss's trend can, and the cap keeps the rule's
   growth on noise from taking η back to where the loss climbed.
-- **Last-iterate decay** (``decay_tail`` = 1/2): the applied η is the rule's η times a
-  linear decay to 0 over the last half of the run's T steps (DP training always knows T: the
-  accountant needs it). Why: after the signal is spent the fit cannot tell how far to lower η
-  (the noise floor above), and the last iterate carries the noise of the last steps at the
-  size of η; a linear decay to 0 is the schedule that minimizes the last iterate's worst-case
-  error for SGD on convex problems (Defazio et al., "When, why and how much? Adaptive
-  learning rate scheduling by refinement", 2023). The rule, its probes and its floor keep
-  working on the undecayed η; d divides by the η actually applied.
+- **Last-iterate decay** (``decay_tail``, off by default): the applied η is the rule's η
+  times a linear decay to 0 over the last fraction f of the run's T steps (DP training always
+  knows T: the accountant needs it), the schedule that minimizes the last iterate's
+  worst-case error for SGD on convex problems (Defazio et al., "When, why and how much?
+  Adaptive learning rate scheduling by refinement", 2023). The rule, its probes and its floor
+  keep working on the undecayed η; d divides by the η actually applied. Off because on
+  Fashion-MNIST at f = 1/2 it did not help: the runs still learn at epoch 40 (run K2, 86.13 %,
+  docs/results/hyfree_fmnist.md).
 - **R_l rule**: ``"sum"`` (default; the paper's "in practice" rule, R_l = |L̃_− + L̃_0 + L̃_+|,
   ≈ 3× the loss: little clipping bias) or ``"anchor"`` (|L̃_0|, Algorithm 1 line 8); never
   below ``loss_clip_floor`` nor below ``loss_clip_keep`` (1/3) of its largest value so far.
@@ -339,9 +339,9 @@ class HyFreeDP(Method[HyFreeState]):
         weights λ^age/std² instead of the latest round alone (0: the latest round alone).
       loss_clip_keep: R_l never falls below this fraction (default 1/3) of its largest value
         (0: the paper's rule, which can collapse: docs/results/hyfree_fmnist.md).
-      decay_tail: the fraction f of the run's T steps (default 1/2) over which the applied η
-        falls linearly to 0: η_applied = η·min(1, (T − t)/(f·T)); 0 or None: off (the rule's
-        η throughout). The rule's η itself is not changed.
+      decay_tail: the fraction f of the run's T steps over which the applied η falls
+        linearly to 0, η_applied = η·min(1, (T − t)/(f·T)) (default None, or 0: off, the
+        rule's η throughout). The rule's η itself is not changed.
       gamma: σ_g = γσ, the gradient's noise inflation that frees budget for the probes (1.01).
       stability: γ_s of automatic clipping, w_i = 1/(‖g_i‖ + γ_s).
 
