@@ -520,16 +520,24 @@ class HyFreeDP(Method[HyFreeState]):
         return replace(state, direction=direction, anchor=anchor)
 
     def next_lr(self, lr: float, a: float, b: float, *, std_a: float, std_b: float,
-                searching: bool, slope_before: tuple[float, float] | None = None
-                ) -> tuple[float, bool]:
+                searching: bool, slope_before: tuple[float, float] | None = None,
+                search_pool: PooledFit | None = None) -> tuple[float, bool]:
         """(η, still searching) after a round with fit (a, b) of noise stds (std_a, std_b):
-        η·search_growth while searching and no overshoot is seen and the slope has not halved
-        since the search round before (``slope_before`` = its (b, std_b), :func:`slope_halved`),
-        else :func:`next_learning_rate` with this method's options."""
+        η·search_growth while searching and none of the search's ends is seen, else
+        :func:`next_learning_rate` with this method's options. The search ends on an
+        overshoot (:func:`overshoot_seen`), a slope halved since the search round before
+        (``slope_before`` = its (b, std_b), :func:`slope_halved`), or the search rounds'
+        curvature pooled (``search_pool``, this round included) seen at
+        ``search_significance`` stds in a round that sees the descent (a curvature "seen"
+        where no descent is, at η far below η*, is the pool's noise: 2 of 100 noisy-quadratic
+        searches stopped there without this condition)."""
         z = self.search_significance
+        pooled_curvature = (search_pool is not None and search_pool.a > z * search_pool.std_a
+                            and b > z * std_b)
         searching = (self.search and searching
                      and not overshoot_seen(a, b, std_a=std_a, std_b=std_b, significance=z)
-                     and not slope_halved(b, std_b, slope_before, significance=z))
+                     and not slope_halved(b, std_b, slope_before, significance=z)
+                     and not pooled_curvature)
         if searching:
             return lr * self.search_growth, True
         return next_learning_rate(lr, a, b, max_change=self.max_change, smoothing=self.smoothing,
@@ -544,14 +552,11 @@ class HyFreeDP(Method[HyFreeState]):
                   ) -> tuple[float, bool, PooledFit | None]:
         """(η, still searching, pool) after a round's fit (a, b) of noise stds (std_a, std_b).
 
-        While searching, the round decides (:meth:`next_lr`), and the search also ends when
-        the curvature of its rounds pooled is seen at ``search_significance`` stds while this
-        round sees the descent (a curvature "seen" where no descent is, at η far below η*, is
-        the pool's noise: 2 of 100 noisy-quadratic searches stopped there without this
-        condition); the pool is then emptied: the rule after the search starts from its own
-        rounds. After it, the
-        round joins the pool and the rule acts on the pooled (a, b) and their stds. A halving
-        (a seen ascent) empties the pool: the evidence it held has been acted on.
+        While searching, the round joins the search's pool and :meth:`next_lr` decides; when
+        the search ends the pool is emptied (the rule after the search starts from its own
+        rounds). After it, the round joins the pool and the rule acts on the pooled (a, b) and
+        their stds. A halving (a seen ascent) empties the pool: the evidence it held has been
+        acted on.
         Why pool the search: on Fashion-MNIST three of sixteen searches saw the curvature at
         2.4–2.9 stds in three or four successive rounds, never at 3 in one, and doubled on to
         η = 0.8–1.8 (runs J1, S3, B2: 84.96 / 85.66 % and a third); pooled, it is seen at
@@ -560,11 +565,7 @@ class HyFreeDP(Method[HyFreeState]):
         if self.search and searching:
             pool = (pool or PooledFit(self.fit_memory)).add(a, b, std_a=std_a, std_b=std_b)
             new, searching = self.next_lr(lr, a, b, searching=True, std_a=std_a, std_b=std_b,
-                                          slope_before=slope_before)
-            z = self.search_significance
-            if searching and pool.a > z * pool.std_a and b > z * std_b:
-                new, searching = self.next_lr(lr, a, b, searching=False, std_a=std_a,
-                                              std_b=std_b)
+                                          slope_before=slope_before, search_pool=pool)
             return new, searching, (pool if searching else pool.reset())
         pool = (pool or PooledFit(self.fit_memory)).add(a, b, std_a=std_a, std_b=std_b)
         new, _ = self.next_lr(lr, pool.a, pool.b, std_a=pool.std_a, std_b=pool.std_b,
