@@ -112,6 +112,39 @@ class DPOptimizer(torch.optim.Optimizer):
     def defaults(self) -> dict[str, Any]:
         return self.original_optimizer.defaults
 
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Refused: the private step covers the parameters the model had at ``make_private``.
+
+        A parameter added later (the fine-tuning recipe: unfreeze a backbone, then
+        ``add_param_group``) would be stepped with its plain autograd gradient, without
+        clipping or noise, while the ledger records the private release alone."""
+        params = param_group.get("params", []) if isinstance(param_group, dict) else []
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        raise PrivacyRefusal(
+            f"add_param_group after make_private: {self._names_of(params) or 'parameters'} "
+            f"would be trained on their raw gradient, without clipping or noise. Set "
+            f"requires_grad and build the optimizer over every parameter to train before "
+            f"calling make_private (a new private run for a new set of parameters)")
+
+    def _names_of(self, params: list[Any]) -> list[str]:
+        """The model's names for ``params`` (``<not in the model>`` for a foreign tensor)."""
+        names = {id(p): n for n, p in self.grads.model.named_parameters()}
+        return [names.get(id(p), "<not in the model>") for p in params]
+
+    def _refuse_uncovered_grads(self) -> None:
+        """No parameter of the inner optimizer outside the private step may carry a gradient:
+        the inner step would apply it raw (a parameter unfrozen after ``make_private``, or one
+        added to the inner optimizer directly). Checked before every release."""
+        covered = {id(p) for p in self._params.values()}
+        leaked = [p for g in self.original_optimizer.param_groups for p in g["params"]
+                  if id(p) not in covered and p.grad is not None]
+        if leaked:
+            raise PrivacyRefusal(
+                f"parameters {self._names_of(leaked)} reach the optimizer with a gradient but "
+                f"are not covered by the private step (frozen or absent at make_private): "
+                f"their gradient was computed without clipping or noise. Set requires_grad "
+                f"before make_private, and zero their .grad")
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear parameter gradients and the captured activations (not the logical-batch sum)."""
         self.original_optimizer.zero_grad(set_to_none=set_to_none)
@@ -300,6 +333,7 @@ class DPOptimizer(torch.optim.Optimizer):
 
     def _release(self, sums: StepSums) -> None:
         """Guard, noise, ledger, inner step, method update — in that order."""
+        self._refuse_uncovered_grads()
         plan = sums.plan
         releases = step_releases(plan, sums.specs)
         self.budget.check_release(self.ledger, sampling=self.sampler.sampling,
