@@ -1,4 +1,5 @@
-"""Refuse buffers that a training forward changes: they would learn from the data unaccounted.
+"""Refuse buffers and parameters that a training forward changes: they would learn from the
+data unaccounted.
 
 A buffer (``module.register_buffer``) is saved with the model, so whatever a training forward
 writes into it is released in ``model.pt`` — and read by every later forward — without any noise
@@ -8,6 +9,9 @@ general, not a list of classes: :class:`BufferGuard` notes every buffer's identi
 counter and storage before a module's forward and refuses, right after that forward, if one was
 replaced, written in place, given new storage, added or removed. The refusal comes in the first
 such forward, before its backward, so no gradient that saw the change is ever released.
+Parameters are watched the same way: a parameter may change only in the optimizer's step, from
+the released gradient, and a forward that writes one (ActNorm's data-dependent initialization
+from the first batch's mean and std, say) would release raw batch statistics with the model.
 
 What counts as a *training forward*: any forward except the usual evaluation idiom, i.e. every
 forward run with the module in training mode **or** with autograd recording
@@ -17,26 +21,27 @@ layers do not touch their buffers in eval mode, so evaluation (and inference cac
 buffers) keep working. A ``no_grad`` forward in training mode *is* checked: running statistics
 learn in training mode whatever the grad mode.
 
-How changes are seen (cost per checked forward: a few attribute reads per buffer):
+How changes are seen (cost per checked forward: a few attribute reads per buffer or parameter):
 
-- identity of the tensor under each buffer name (reassignment ``self.b = self.b + x``, a new
-  or a deleted buffer);
+- identity of the tensor under each buffer or parameter name (reassignment
+  ``self.b = self.b + x``, a new or a deleted one);
 - ``tensor._version`` (every in-place op through the tensor or a view of it);
 - ``tensor.data_ptr()`` (``self.b.data = ...``);
 - at the first checked forward of each hooked module, also the values, bit for bit, against a
   copy taken before it: writes that bypass the version counter (``self.b.data.add_(x)``, native
   kernels such as batch_norm's running-stat update) are caught there. After that first forward
   such writes are not seen; every module that learns on each forward is caught at the first.
+  (The copy is of the whole model once, at its first training forward.)
 
 Hooks: one pair on every module that owns buffers (named by its own name, also when called
-directly) and one pair on the root that watches the buffers of the whole tree (a parent writing
-a child's buffer, a buffer registered lazily in ``forward``). A model without buffers thus pays
-two hook calls per forward on the root and nothing else (measured on one thread: the hooks
-themselves 3.8 µs on the tanh CNN, with torch's hook dispatch 12–16 µs per forward; about 2 µs
-more per buffer). Changes made outside any forward (an EMA of the weights updated
-in the training loop, say) are not this guard's business. Buffers that follow the parameters
-only (``spectral_norm``'s power iteration in training mode) are refused too: the guard cannot
-tell them from statistics of the data.
+directly) and one pair on the root that watches the buffers and parameters of the whole tree (a
+parent writing a child's buffer, a buffer registered lazily in ``forward``). A model without
+buffers thus pays two hook calls per forward on the root and nothing else (measured on one
+thread, buffers only: the hooks themselves 3.8 µs on the tanh CNN, with torch's hook dispatch
+12–16 µs per forward; about 2 µs more per buffer). Changes made outside any forward (an EMA of
+the weights updated in the training loop, say) are not this guard's business. Buffers that
+follow the parameters only (``spectral_norm``'s power iteration in training mode) are refused
+too: the guard cannot tell them from statistics of the data.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 from torch.utils.hooks import RemovableHandle
 
 from dpfy.errors import PrivacyRefusal
@@ -74,6 +80,17 @@ def buffer_fix(module: nn.Module) -> str:
     return ("Keep the statistic out of the training forward: compute it beforehand from public "
             "data and only read it in forward (a value that must follow the training data "
             "cannot be released privately by dpfy)")
+
+
+PARAMETER_FIX = ("Set its value before make_private (a data-dependent initialization from "
+                 "public data, or none) and let only the optimizer change it")
+
+
+def _watched(m: nn.Module) -> list[tuple[str, torch.Tensor | None]]:
+    """``m``'s own buffers and parameters (lazy parameters, still to be shaped by their first
+    forward, are skipped: they hold no value yet)."""
+    return [*m._buffers.items(), *((n, p) for n, p in m._parameters.items()
+                                   if p is None or not is_lazy(p))]
 
 
 class _Seen(NamedTuple):
@@ -140,13 +157,17 @@ class BufferChange:
     buffer: str   # the buffer's name within that module
     how: str      # what happened ("modified in place", ...)
     fix: str
+    what: str = "buffer"  # or "parameter"
 
     def __str__(self) -> str:
         qualified = f"{self.module}.{self.buffer}" if self.module else self.buffer
-        return (f"buffer {qualified!r} of module {self.module or '(root)'!r} ({self.kind}) must "
-                f"not change in a training forward, got it {self.how}. Buffers are saved and "
-                f"reused with the model but nothing accounts what they learn from the training "
-                f"data. {self.fix}.")
+        why = ("Buffers are saved and reused with the model but nothing accounts what they "
+               "learn from the training data" if self.what == "buffer" else
+               "A parameter may change only in the optimizer's step, from the released "
+               "gradient: a value a forward writes into it is released with the model with no "
+               "noise and no ledger entry")
+        return (f"{self.what} {qualified!r} of module {self.module or '(root)'!r} ({self.kind}) "
+                f"must not change in a training forward, got it {self.how}. {why}. {self.fix}.")
 
 
 class _Watch:
@@ -160,10 +181,13 @@ class _Watch:
 
     def snapshot(self, with_copies: bool) -> dict[tuple[int, str], _Seen]:
         return {(k, name): _Seen(t, _version(t), _ptr(t), _copy(t) if with_copies else None)
-                for k, (_, m) in enumerate(self.owners) for name, t in m._buffers.items()}
+                for k, (_, m) in enumerate(self.owners) for name, t in _watched(m)}
 
     def change(self, k: int, name: str, how: str) -> BufferChange:
         owner_name, m = self.owners[k]
+        if name in m._parameters:
+            return BufferChange(owner_name, type(m).__name__, name, how, PARAMETER_FIX,
+                                "parameter")
         return BufferChange(owner_name, type(m).__name__, name, how, buffer_fix(m))
 
     def pre(self, module: nn.Module) -> None:
@@ -181,7 +205,7 @@ class _Watch:
         self.values_checked = True
         changes, matched = [], 0
         for k, (_, m) in enumerate(self.owners):
-            for name, now in m._buffers.items():
+            for name, now in _watched(m):
                 seen = before.get((k, name))
                 matched += seen is not None
                 how = _how_changed(seen, now)
@@ -189,7 +213,7 @@ class _Watch:
                     changes.append(self.change(k, name, how))
         if matched != len(before):  # some buffer that was there is gone
             changes += [self.change(k, name, "deleted during the forward") for k, name in before
-                        if name not in self.owners[k][1]._buffers]
+                        if name not in dict(_watched(self.owners[k][1]))]
         if changes:
             self.guard._refuse(changes)
 
@@ -242,8 +266,8 @@ class BufferGuard:
             self.problems.extend(c for c in changes if c not in self.problems)
             return
         self.raised = PrivacyRefusal(
-            "\n".join(map(str, changes)) + "\nThe model's buffers now hold values of this "
-            "batch: rebuild (or reload) the model after the fix before training it.")
+            "\n".join(map(str, changes)) + "\nThe model's buffers or parameters now hold values "
+            "of this batch: rebuild (or reload) the model after the fix before training it.")
         raise self.raised
 
     def detach(self) -> None:
