@@ -73,3 +73,19 @@ def test_report_command(tmp_path, capsys):
     capsys.readouterr()
     assert main(["account", "--ledger", str(tmp_path), "--delta", "1e-5", "--json"]) == 0
     assert _json(capsys)["epsilon"] == pytest.approx(epsilon(ledger, delta=1e-5))
+
+
+def test_report_refuses_a_gdp_headline_unless_asked_and_never_keeps_it(tmp_path, capsys):
+    # A review found `dpfy report RUN --accountant gdp` rewrote the run's published report
+    # with the CLT approximation, and later plain re-renders kept it as the headline.
+    ledger = Ledger.homogeneous(sample_rate=0.01, noise_multiplier=1.0, steps=100,
+                                dataset_size=10000)
+    (tmp_path / "ledger.json").write_text(ledger.to_json())
+    assert main(["report", str(tmp_path), "--delta", "1e-5", "--accountant", "gdp"]) == 2
+    assert "--approximate" in capsys.readouterr().err
+    assert not (tmp_path / "privacy_report.md").exists()
+    assert main(["report", str(tmp_path), "--delta", "1e-5", "--accountant", "gdp",
+                 "--approximate"]) == 0
+    assert "not a guarantee" in capsys.readouterr().out
+    assert main(["report", str(tmp_path), "--delta", "1e-5"]) == 0   # the default again
+    assert "by the PLD accountant" in capsys.readouterr().out

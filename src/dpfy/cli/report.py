@@ -18,7 +18,7 @@ from typing import Any
 
 from dpfy._require import require
 from dpfy.cli.account import load_ledger
-from dpfy.privacy.accountants import ACCOUNTANTS
+from dpfy.privacy.accountants import ACCOUNTANTS, RIGOROUS
 from dpfy.privacy.report import PrivacyReport
 
 __all__ = ["register", "run"]
@@ -35,7 +35,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--delta", type=float, metavar="D",
                    help="δ of the statement (default: from config.json or privacy_report.json)")
     p.add_argument("--accountant", choices=ACCOUNTANTS,
-                   help="headline accountant (default: the saved report's, else pld)")
+                   help="headline accountant (default: the saved report's when rigorous, else "
+                        "pld); gdp is an approximation and needs --approximate")
+    p.add_argument("--approximate", action="store_true",
+                   help="allow --accountant gdp (a CLT approximation, not a guarantee)")
     p.add_argument("--out", metavar="DIR",
                    help="output directory (default: the run directory, or next to the ledger)")
     p.add_argument("--released", help="what is published (default: the saved report's, else "
@@ -59,7 +62,14 @@ def run(args: argparse.Namespace) -> int:
     delta = next((float(d) for d in (args.delta, config.get("delta"), saved.get("delta"))
                   if d is not None), None)
     require(delta is not None, "delta", None, "given", "Add --delta D (no config.json found)")
+    require(args.accountant != "gdp" or args.approximate, "accountant", args.accountant,
+            "a rigorous accountant (pld or rdp) for a published report",
+            "GDP's CLT value is not a guarantee: add --approximate to write it anyway, with "
+            "--out elsewhere to keep the run's report")
     context = PrivacyReport.context_from_dict(saved)
+    if saved.get("accountant") not in RIGOROUS:  # an approximate headline is never the default
+        saved = {**saved, "accountant": DEFAULTS["accountant"]}
+        context.pop("accountant", None)
     for key in ("accountant", "released", "unit_of_privacy", "group_size"):
         value = getattr(args, key)
         if value is not None:
