@@ -113,3 +113,11 @@ def test_unknown_schedule_is_a_one_line_error(tmp_path, capsys):
     fails([*FAST, "--schedule", "warp", "--out", str(tmp_path / "r")], capsys,
           "schedule must be one of")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("flag", ["--method-options", "--schedule-options"])
+def test_a_malformed_options_value_names_its_own_flag(flag, tmp_path, capsys):
+    # A review found --method-options garbage answered with --schedule-options' name and fix.
+    method = ["--method", "hyfree"] if flag == "--method-options" else []
+    fails([*FAST, *method, flag, "garbage", "--out", str(tmp_path / "r")], capsys,
+          f"Write e.g. {flag} ")

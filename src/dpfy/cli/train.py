@@ -36,13 +36,17 @@ def parse_scalar(text: str) -> Any:
     return {"true": True, "false": False}.get(text.lower(), text)
 
 
-def _options(items: list[str]) -> dict[str, Any]:
+def _options(items: list[str], name: str = "schedule_options") -> dict[str, Any]:
+    """``KEY=VALUE`` flag values of the setting ``name`` as a dict of scalars."""
+    example = {"schedule_options": "rate=0.9", "method_options": "probe_every=10"}.get(name,
+                                                                                    "key=1")
+    flag = "--" + name.replace("_", "-")
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"schedule_options must be KEY=VALUE pairs, got schedule_options "
-                             f"= {item!r}. Write e.g. --schedule-options rate=0.9")
+            raise ValueError(f"{name} must be KEY=VALUE pairs, got {name} = {item!r}. Write "
+                             f"e.g. {flag} {example}")
         out[key] = parse_scalar(value)
     return out
 
@@ -89,7 +93,7 @@ def explicit_settings(args: argparse.Namespace) -> dict[str, Any]:
     given = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
     for name in ("schedule_options", "method_options"):
         if name in given:
-            given[name] = _options(given[name])
+            given[name] = _options(given[name], name)
     if "method" in given:
         given["method"] = ",".join(given["method"])
     values.update(coerce(given, source="flags"))
