@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -46,3 +47,18 @@ def test_private_optimizer_reports_routes_taken():
     rows = opt.grads.explain()  # for the privacy report: what each layer actually used
     assert {r["engine"] for r in rows} <= {"ghost", "per-sample"}
     assert "dpfy/grads/rules/linear.py" in format_table(rows)
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["mlp", "--input-shape", "0,5"], "--input-shape must be positive integers"),
+    (["mlp", "--input-shape", "-1"], "--input-shape must be positive integers"),
+    (["mlp", "--input-shape", "abc"], "--input-shape must be positive integers"),
+    (["os:getcwd"], "a factory returning a torch.nn.Module"),
+    (["nonexist_pkg_dpfy:factory"], "cannot be found"),
+    (["dpfy.models:nonexist"], "cannot be found"),
+])
+def test_explain_bad_input_is_one_line_not_a_traceback(argv, match, capsys):
+    # A newcomer's trial found each of these printed a traceback (exit 1).
+    assert main(["explain", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dpfy explain: error: ") and "\n" not in err and match in err, err

@@ -22,12 +22,33 @@ __all__ = ["register", "run", "explain_model", "format_table"]
 
 
 def _build(spec: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """The model named by ``spec``: a zoo name, or ``package.module:factory`` called with no
+    arguments; a spec that names no model is a one-line error (ValueError), not a traceback."""
     if ":" in spec:
         module, _, attr = spec.partition(":")
-        factory = getattr(importlib.import_module(module), attr)
-        return factory()
+        try:
+            factory = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"model {spec!r} cannot be found ({e}). Give a model-zoo name or "
+                             f"package.module:factory importable from here") from None
+        model = factory() if callable(factory) else factory
+        require(isinstance(model, nn.Module), "model", spec,
+                "a factory returning a torch.nn.Module",
+                "Name a function that builds the model, e.g. mypkg.models:build")
+        return model
     from dpfy.models import build_model
     return build_model(spec, input_shape=input_shape, num_classes=num_classes)
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    """``--input-shape`` as positive integers ("" or "," skips the probe)."""
+    try:
+        shape = tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        shape = (0,)
+    require(all(d >= 1 for d in shape), "--input-shape", text,
+            "positive integers separated by commas", "Write e.g. --input-shape 1,28,28")
+    return shape
 
 
 def explain_model(model: nn.Module, *, engine: str = "auto",
@@ -68,7 +89,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    shape = tuple(int(s) for s in args.input_shape.split(",") if s.strip())
+    shape = _shape(args.input_shape)
     require(args.batch_size >= 1, "batch_size", args.batch_size, ">= 1")
     model = _build(args.model, shape, args.num_classes)
     example = torch.randn(args.batch_size, *shape) if shape else None
