@@ -110,3 +110,16 @@ def test_any_torch_dataset_and_model_through_the_api(tmp_path):
                       clip=1.0, seed=0, threads=1, epsilon=8.0)
     res = train(cfg, out=tmp_path / "r", data=data, model=model, **quiet)
     assert res.delta == pytest.approx(300 ** -1.1) and res.test_acc > 0.8
+
+
+def test_a_seeded_run_warns_again_when_resumed_and_the_interrupt_names_the_secret(
+        tmp_path, interrupt, fast_config):
+    # A review found the seed warning printed only at the start, not after --resume, and the
+    # interrupt message did not say the .partial directory holds the secret checkpoint.
+    from dpfy.cli.train import interrupted_message
+    assert fast_config.seed is not None
+    interrupt(fast_config, tmp_path / "r", after_epochs=1)
+    assert "secret checkpoint" in interrupted_message(tmp_path / "r")
+    lines: list[str] = []
+    resume(tmp_path / "r", progress=False, echo=lines.append)
+    assert any("WARNING" in line and "seed" in line for line in lines), lines

@@ -143,6 +143,7 @@ def interrupted_message(out: str | Path) -> str:
     run = RunDir.of(out)
     if run.has_checkpoint() or run.is_complete():
         return (f"dpfy train: interrupted; the last finished epoch is saved. Continue with: "
-                f"dpfy train --resume {run.final}")
+                f"dpfy train --resume {run.final} ({run.staging} holds the secret checkpoint "
+                f"with the generator states: never publish it, delete it if you do not resume)")
     return ("dpfy train: interrupted before the first epoch finished; nothing was saved "
             "(start again with the same command)")

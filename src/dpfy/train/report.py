@@ -23,8 +23,9 @@ from dpfy.train.config import SEED_WARNING, TrainConfig
 __all__ = ["write_report", "methods_ran", "clip_description", "public_data", "RELEASED", "NOT_RELEASED"]
 
 RELEASED = ("final model weights (model.pt) and test-set metrics. The train loss/accuracy "
-            "columns of metrics.csv are non-private diagnostics computed on raw training data "
-            "and are not covered by this guarantee: do not publish them")
+            "columns of metrics.csv and metrics.json, and the train curve of accuracy.png, are "
+            "non-private diagnostics computed on raw training data and are not covered by this "
+            "guarantee: do not publish them")
 NOT_RELEASED = ("checkpoint.pt and checkpoint.prev.pt (the one before it, kept as a fallback), "
                 "written in the run's .partial directory while training and deleted when the "
                 "run finishes, hold the seed and the generator states, which reproduce the "

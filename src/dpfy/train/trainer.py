@@ -197,6 +197,8 @@ def _run(cfg: TrainConfig, notes: dict[str, Any], run: RunDir, data: DataSplits,
         start_epoch = ckpt.epoch
         elapsed = metrics.last()["wall_time_s"] if metrics.rows else 0.0
         echo(f"dpfy train: resuming {run.final} after epoch {start_epoch} of {cfg.epochs}")
+        if cfg.reproducible:
+            echo(f"dpfy train: WARNING: {SEED_WARNING}.")
     t0 = time.monotonic() - elapsed
     bar = _progress_bar(private.total_steps, private.optimizer.step_count, progress)
     try:
