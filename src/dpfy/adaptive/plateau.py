@@ -133,7 +133,8 @@ class PlateauNoiseDecay(AdaptiveMethod[PlateauState]):
         """Always raises: the ledger depends on when plateaus happen (STYLE.md R9)."""
         require(False, "schedule", "plateau", "data-independent to be calibrated to a total ε",
                 "Plateau decay reacts to validation results, so no ε can be solved in advance. "
-                "Give initial σ explicitly and let the engine's budget guard "
+                "Give initial σ explicitly (dpfy train: --method-options initial=2.0; Python: "
+                "make_schedule('plateau', ..., initial=2.0)) and let the engine's budget guard "
                 "(make_private(..., target_epsilon=...)) stop training at the target, or bound "
                 "the run with worst_case_ledger()")
 
