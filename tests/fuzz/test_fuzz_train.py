@@ -24,7 +24,8 @@ NAMED = {"--epsilon": ["1e-6", "1e9", "100", "nan", "inf"], "--delta": ["1e-300"
          "--batch-size": ["1", "0", "1437", "1439", "100000000000"],
          "--epochs": ["0", "1000000000", "-1"], "--lr": ["inf", "1e300", "nan"],
          "--clip": ["inf", "1e-300", "1e300", "nan"], "--method": ["nope", "noise_decay"],
-         "--optimizer": ["adam", "rmsprop"], "--seed": ["-1", str(2**63)]}
+         "--optimizer": ["adam", "rmsprop"], "--seed": ["-1", str(2**63)],
+         "--threads": ["0", "100000", "1000000000"]}   # 100000: a segfault before the bound
 
 
 def _argv(changes: dict[str, str], out) -> list[str]:

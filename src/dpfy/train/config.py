@@ -50,6 +50,9 @@ FLOAT32_MAX = 3.4028234663852886e38
 DEFAULT_LR = 4.0
 DEFAULT_OPTIMIZER = "sgd"
 MAX_EPOCHS = 1_000_000
+# torch.set_num_threads(10**6) maps a thread pool the process cannot hold and crashes it
+# (a segfault, not an error): far above any machine's cores, far below that.
+MAX_THREADS = 1024
 # Keys of the published config.json that are facts about the run, not settings: read back
 # (``--config config.json``) they are ignored.
 PUBLIC_ONLY = frozenset({"reproducible"})
@@ -168,7 +171,8 @@ class TrainConfig:
         if self.seed is not None:
             require(0 <= self.seed < 2**63, "seed", self.seed, "in [0, 2**63)")
         if self.threads is not None:
-            require(self.threads >= 1, "threads", self.threads, ">= 1")
+            require(1 <= self.threads <= MAX_THREADS, "threads", self.threads,
+                    f"in [1, {MAX_THREADS}]", "Give at most the machine's cores")
         require(self.method_options is None or self.method is not None, "method_options",
                 self.method_options, "empty unless a method is chosen", "Add --method NAME")
         require(self.method is None or self.schedule is None, "method", self.method,
