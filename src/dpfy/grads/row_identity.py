@@ -34,7 +34,10 @@ What the probe cannot see: it compares activations, not the loss. A loss that mi
 (normalized by the batch's total token count, an in-batch contrastive loss, mixup in the loss)
 is not detected; nor is mixing that this one batch does not show (a sort that is the identity on
 both probe batches, data-dependent mixing that these rows do not trigger); nor mixing inside a
-vmap unit that does not reach its inputs or the model's output. A layer whose input depends on
+vmap unit that does not reach its inputs or the model's output; nor a model whose call cannot
+be cut by rows (its probe forward raises, e.g. ``EmbeddingBag`` called with 1-D ids and offsets,
+whose offsets reversed are invalid; or a transposed view as input): such a model is not checked
+(not refused), as before the probe existed. A layer whose input depends on
 the position of a row in the batch (``x + torch.arange(B)[:, None]``) is refused although it
 would be private: the probe reorders the rows.
 
