@@ -664,7 +664,9 @@ class GradEngine:
         if is_randomness(full, out_full, again, differing, rows, dims):
             return
         problem = (mixing_problem(_label(units[differing[0][0]]), rows, differing[0][2])
-                   if differing else mixing_problem(None, rows, "its rows"))
+                   if differing else mixing_problem(None, rows, "its rows; the last layer "
+                                                    f"called is {_label(units[full.order[-1][0]])}"
+                                                    if full.order else "its rows"))
         targets = ([c for calls in now.values() for c in calls] if out_differs
                    else [now[uid][j] for uid, j, _ in differing])
         for c in targets:
