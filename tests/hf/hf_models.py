@@ -127,7 +127,7 @@ class DropoutReplay:
     """Make the float64 loop see the dropout masks the private batched forward drew.
 
     ``record(model)`` patches every active ``nn.Dropout`` of ``model`` to draw its mask
-    explicitly and keep it (one (B, ...) mask per call, in call order); ``replay(copy)`` patches
+    explicitly and keep it (one (B, ...) mask per call in training mode, in call order); ``replay(copy)`` patches
     the same modules (by name) of a copy to use example i's rows of those masks, where i
     advances at each :meth:`next_example`. Example i's gradient under dropout is then the same
     function of θ in both, so the loop is still the reference.
@@ -142,7 +142,9 @@ class DropoutReplay:
         for name, d in self._dropouts(model):
             store = self.masks.setdefault(name, [])
 
-            def forward(x: torch.Tensor, p: float = d.p, store=store) -> torch.Tensor:
+            def forward(x: torch.Tensor, p: float = d.p, store=store, d=d) -> torch.Tensor:
+                if not d.training:  # as nn.Dropout (the row-identity probe runs in eval())
+                    return x
                 mask = torch.bernoulli(torch.full_like(x, 1 - p))  # same shape as x
                 store.append(mask)
                 return x * mask / (1 - p)

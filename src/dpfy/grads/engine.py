@@ -31,6 +31,9 @@ from dpfy._require import require
 from dpfy.errors import PrivacyRefusal
 from dpfy.grads.layout import (LayoutProbe, call_shapes, followed, resize_batch,
                                resized_rows, shape_of)
+from dpfy.grads.row_identity import (MIN_ROWS, RowProbe, differing_calls, holds_batch,
+                                     is_randomness, mixing_problem, output_differs,
+                                     probe_index, probe_mode, reseed)
 from dpfy.grads.tied import tied_sq_norm, tied_use
 from dpfy.grads.units import Unit, build_units
 from dpfy.grads.vmap import vmap_grad_sample
@@ -316,6 +319,15 @@ def _expand_rows(t: Any, b: int) -> Any:
     return t
 
 
+def _row_dims(unit: Unit, call: "_Call") -> Any:
+    """The batch dimension(s) of a captured call's inputs as the engine split them, for the
+    row-identity probe: a vmap unit's in-dims, or a rule unit's batch dimension (None: an
+    input shared by the batch)."""
+    if unit.rule is None:
+        return call.in_dims
+    return None if call.shared else call.batch_dim
+
+
 @dataclass
 class _Call:
     """One captured forward call of a unit and the gradients its outputs received.
@@ -335,6 +347,7 @@ class _Call:
     batch_dim: int = 0                          # where the output gradient holds the batch
     problem: str | None = None                  # why this call's rows are not the batch's
     in_dims: tuple[Any, Any] = ((), {})         # vmap units: batch dim per arg / kwarg
+    shared: bool = False                        # inputs shared by every example (broadcast)
 
     @property
     def used(self) -> bool:
@@ -378,7 +391,8 @@ class GradEngine:
         self._root_call: tuple[tuple, dict] | None = None  # the model's call, inside its forward
         self._ordinals: dict[int, int] = {}  # unit -> calls so far in this forward
         self._probe: LayoutProbe | None = None  # this forward's layout probe, once run
-        self._probing: LayoutProbe | None = None  # the probe being recorded, while it runs
+        self._probing: LayoutProbe | RowProbe | None = None  # the probe being recorded
+        self._rows_checked = False  # the row-identity probe ran (grads/row_identity.py)
         self._last_route: dict[int, str] = {}  # unit -> route taken on the last batch (public)
         self._anchor = torch.empty(0, requires_grad=True)  # see _Tap; never receives a gradient
         self._handles = [u.module.register_forward_hook(self._hook(u), with_kwargs=True)
@@ -410,13 +424,15 @@ class GradEngine:
 
     def _exit(self, module: nn.Module, args: tuple, output: Any) -> None:
         if self._probing is None and not self._recomputing:
+            if not self._rows_checked and self._root_call is not None and output is not None:
+                self._row_identity_probe()
             self._root_call, self._probe = None, None
 
     def _hook(self, unit: Unit):
         calls = self._calls[id(unit)]
 
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
-            if self._probing is not None:  # the layout probe's forward: shapes only
+            if self._probing is not None:  # a probe's forward: record, do not capture
                 return self._probe_call(unit, args, kwargs, output)
             if not torch.is_grad_enabled() or self._recomputing:
                 return None
@@ -437,7 +453,7 @@ class GradEngine:
                         f"batch's rows, or on shared inputs with a leading dimension of 1")
                 else:
                     leaves = [_expand_rows(t, call.batch_size) for t in leaves]
-                call.batch_dim = 0
+                call.batch_dim, call.shared = 0, True
             tensors = [k for k, t in enumerate(leaves) if torch.is_tensor(t)]
             call.grads = [None] * len(tensors)
             changed = broadcast
@@ -457,18 +473,28 @@ class GradEngine:
         return hook
 
     def _probe_call(self, unit: Unit, args: tuple, kwargs: dict, output: Any) -> Any:
-        """In the probe's forward: record the call's shapes, and expand an output computed
-        from inputs shared by the batch, as the real forward does (so that the layers after
-        it see what they see there)."""
-        rows, calls = self._probing.rows, self._probing.shapes.setdefault(id(unit), [])
+        """In a probe's forward: record the call's shapes (layout probe) or inputs (row-identity
+        probe), and expand an output computed from inputs shared by the batch, as the real
+        forward does (so that the layers after it see what they see there)."""
+        probe, rows = self._probing, self._probing.rows
+        values = isinstance(probe, RowProbe)
+        calls = [] if values else probe.shapes.setdefault(id(unit), [])
         if unit.rule is None:
-            calls.append(call_shapes(args, kwargs))
+            if values:
+                probe.record(id(unit), (args, kwargs))
+            else:
+                calls.append(call_shapes(args, kwargs))
             shared = _vmap_batch_dims(unit, args, kwargs, rows)[2]
         else:
             a = unit.rule.batch_input(unit.module, args, kwargs)
-            calls.append(shape_of(a))
+            if values:
+                probe.record(id(unit), a)
+            else:
+                calls.append(shape_of(a))
             shared = (torch.is_tensor(a) and a.dim() >= 1
                       and _rule_candidates(unit, a, rows) == [BROADCAST])
+        if values:  # as the training forward decided for this call, when it made it
+            shared = probe.was_shared(id(unit), shared)
         if not shared:
             return None
         leaves, spec = tree_flatten(output)
@@ -598,6 +624,67 @@ class GradEngine:
                 f"dimension 0 of its tensor arguments (or shared by every example), and "
                 f"{why}. Call it with the batch in dimension 0, or use a batch size that no "
                 f"other dimension has")
+
+    # -- the row-identity probe (grads/row_identity.py) ------------------------------------
+    def _row_identity_probe(self) -> None:
+        """Once per engine, at the end of the first forward on a bound batch of ≥ 3 rows: rerun
+        the model on the batch and on the batch without one row, reordered, and give every call
+        of this forward whose rows are not its examples' own a problem (raised when its
+        gradient is used, listed by the pre-flight)."""
+        rows = self._rows()
+        if (rows is None or rows < MIN_ROWS or not torch.is_grad_enabled()
+                or not holds_batch(*self._root_call, rows)):
+            return
+        self._rows_checked = True
+        index = probe_index(rows)
+        now = {id(u): calls[len(calls) - self._ordinals.get(id(u), 0):]  # this forward's calls
+               for u in self.units for calls in [self._calls[id(u)]]}
+        args, kwargs, problem = resize_batch(*self._root_call, rows, index=index)
+        if problem is not None:
+            return  # a transposed view: the layout probe refuses it where it matters
+        shared = {uid: [c.shared for c in calls] for uid, calls in now.items()}
+        try:
+            (full, out_full), (part, out_part) = (
+                self._row_forward(*call, shared) for call in
+                [(self._root_call[0], self._root_call[1], rows), (args, kwargs, rows - 1)])
+        except Exception:  # noqa: BLE001 - a batch the model cannot run on: not checked
+            return  # (EmbeddingBag's 1-D ids with offsets cannot be cut by rows)
+        units = {id(u): u for u in self.units}
+
+        def dims(uid: int, j: int) -> Any:  # None: a call not to check
+            real = now[uid][j] if j < len(now[uid]) else None
+            return None if real is None or real.problem is not None else (
+                _row_dims(units[uid], real),)
+
+        differing = differing_calls(full, part, index, dims)
+        out_differs = output_differs(out_full, out_part, rows, index)
+        if not differing and not out_differs:
+            return
+        again = self._row_forward(*self._root_call, rows, shared, seed=1)
+        if is_randomness(full, out_full, again, differing, rows, dims):
+            return
+        problem = (mixing_problem(_label(units[differing[0][0]]), rows, differing[0][2])
+                   if differing else mixing_problem(None, rows, "its rows; the last layer "
+                                                    f"called is {_label(units[full.order[-1][0]])}"
+                                                    if full.order else "its rows"))
+        targets = ([c for calls in now.values() for c in calls] if out_differs
+                   else [now[uid][j] for uid, j, _ in differing])
+        for c in targets:
+            c.problem = c.problem or problem
+
+    def _row_forward(self, args: tuple, kwargs: dict, rows: int, shared: dict[int, list[bool]],
+                     seed: int = 0) -> tuple[RowProbe, Any]:
+        """One forward of the row-identity probe: its record and the model's output.
+        ``shared``: which calls of each unit the training forward found shared by the batch
+        (their outputs are expanded over the probe's rows, as there)."""
+        device = next((p.device for _, p in self.named_params), None)
+        with probe_mode(self.model, device):
+            reseed(seed)
+            probe = self._probing = RowProbe(rows, shared=shared)
+            try:
+                return probe, self.model(*args, **kwargs)
+            finally:
+                self._probing = None
 
     def _keeper(self, unit: Unit, call: _Call, k: int):
         def keep(grad: torch.Tensor) -> None:

@@ -59,9 +59,11 @@ def _transposed(t: torch.Tensor, rows: int) -> bool:
         t.shape[k] == rows and t.stride(k) > t.stride(0) for k in range(1, t.dim()))
 
 
-def resize_batch(args: tuple, kwargs: dict, rows: int) -> tuple[tuple, dict, str | None]:
+def resize_batch(args: tuple, kwargs: dict, rows: int, index: torch.Tensor | None = None
+                 ) -> tuple[tuple, dict, str | None]:
     """The model call's arguments with every batch tensor cut (or grown) to
-    :func:`resized_rows` rows: (args, kwargs, problem).
+    :func:`resized_rows` rows, or to the rows ``index`` (the row-identity probe's batch,
+    ``grads/row_identity.py``): (args, kwargs, problem).
 
     A batch tensor is a tensor leaf (inside tuples, lists, dicts) whose dimension 0 has
     ``rows`` rows; rows are taken in order, cycling for the grown case. Other leaves (shared
@@ -78,7 +80,8 @@ def resize_batch(args: tuple, kwargs: dict, rows: int) -> tuple[tuple, dict, str
                     f"as many rows as another dimension, so its dimension 0 may not be the "
                     f"batch; call the model with the batch as the private loader yields it "
                     f"(examples in dimension 0) and transpose inside the model")
-            t = t.index_select(0, torch.arange(new, device=t.device) % rows)
+            t = t.index_select(0, index.to(t.device) if index is not None
+                               else torch.arange(new, device=t.device) % rows)
         out.append(t)
     a, kw = tree_unflatten(out, spec)
     return tuple(a), dict(kw), None
