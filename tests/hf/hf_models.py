@@ -127,10 +127,10 @@ class DropoutReplay:
     """Make the float64 loop see the dropout masks the private batched forward drew.
 
     ``record(model)`` patches every active ``nn.Dropout`` of ``model`` to draw its mask
-    explicitly and keep it (one (B, ...) mask per call in training mode, in call order); ``replay(copy)`` patches
-    the same modules (by name) of a copy to use example i's rows of those masks, where i
-    advances at each :meth:`next_example`. Example i's gradient under dropout is then the same
-    function of θ in both, so the loop is still the reference.
+    explicitly and keep it (one (B, ...) mask per call in training mode, in call order);
+    ``replay(copy)`` patches the same modules (by name) of a copy to use example i's rows of
+    those masks, where i advances at each :meth:`next_example`. Example i's gradient under
+    dropout is then the same function of θ in both, so the loop is still the reference.
     """
 
     def __init__(self) -> None:
