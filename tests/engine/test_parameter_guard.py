@@ -97,3 +97,40 @@ def test_collect_mode_lists_a_parameter_the_forward_writes():
     assert [(p.what, p.buffer, p.how) for p in guard.problems] == [
         ("parameter", "loc", "modified in place")]
     guard.detach()
+
+
+class Late(nn.Module):
+    """Writes its parameter only from the second training forward on (the cheap check's
+    path: the first forward's full snapshot has passed)."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.loc = nn.Parameter(torch.zeros(4))
+        self.lin = nn.Linear(4, 2)
+        self.how, self.calls = how, 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == 2:
+            with torch.no_grad():
+                if self.how == "modified in place":
+                    self.loc.add_(x.mean(0))
+                elif self.how == "replaced by another tensor":
+                    self.loc = nn.Parameter(x.mean(0).detach())
+                elif self.how == "given new storage":
+                    self.loc.data = x.mean(0).clone()
+                else:
+                    self.extra = nn.Parameter(x.mean(0).detach())
+        return self.lin(x + self.loc)
+
+
+@pytest.mark.parametrize("how", ["modified in place", "replaced by another tensor",
+                                 "given new storage", "registered during the forward"])
+def test_a_parameter_written_in_a_later_forward_is_refused(how):
+    guard = BufferGuard(Late(how), collect=True)
+    model = guard._model()
+    model(torch.randn(8, 4))
+    assert guard.problems == []
+    model(torch.randn(8, 4))
+    assert [(p.what, p.how.split(" (")[0]) for p in guard.problems] == [("parameter", how)]
+    guard.detach()
