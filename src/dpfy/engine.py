@@ -287,7 +287,8 @@ def _check_optimizer_params(optimizer: torch.optim.Optimizer, grads: GradEngine)
 
     Frozen parameters of the model (``requires_grad=False``) may be in it too, as they are in an
     optimizer built over all of ``model.parameters()``: they never get a gradient, so the
-    optimizer skips them.
+    optimizer skips them; one unfrozen later is refused at the release
+    (``DPOptimizer._refuse_uncovered_grads``).
     """
     in_opt = {id(p) for g in optimizer.param_groups for p in g["params"]}
     names = {id(p): n for n, p in grads.named_params}
@@ -295,25 +296,9 @@ def _check_optimizer_params(optimizer: torch.optim.Optimizer, grads: GradEngine)
     require(extra == 0, "optimizer parameters", f"{extra} not in the model",
             "a subset of the model's parameters",
             "Build the optimizer from this model's parameters (model.parameters())")
-    frozen = [(n, p) for n, p in grads.model.named_parameters()
-              if id(p) in in_opt and id(p) not in names]
-    if frozen:
-        optimizer.register_step_pre_hook(lambda opt, args, kwargs: _refuse_frozen_grads(frozen))
     left = sorted(n for i, n in names.items() if i not in in_opt)
     require(not left, "trainable parameters", left, "all in the optimizer",
             "Add them to the optimizer or freeze them with requires_grad_(False) first")
-
-
-def _refuse_frozen_grads(frozen: list[tuple[str, torch.nn.Parameter]]) -> None:
-    """A parameter frozen at ``make_private`` must not reach the optimizer with a gradient:
-    autograd would have computed it without clipping or noise (it was unfrozen later)."""
-    from dpfy.errors import PrivacyRefusal
-    leaked = [n for n, p in frozen if p.grad is not None]
-    if leaked:
-        raise PrivacyRefusal(
-            f"parameters frozen when make_private was called must have no gradient, got "
-            f"{leaked} with one (unfrozen later?): it was computed without clipping or noise. "
-            f"Set requires_grad before make_private, and zero their .grad")
 
 
 def _resolve_method(method: "Method | str | Sequence[Method | str] | None") -> "Method | None":

@@ -91,6 +91,7 @@ class DPOptimizer(torch.optim.Optimizer):
         self.step_count = 0
         self.last_step_info: dict[str, Any] = {}
         self._params = dict(grads.named_params)
+        self._covered = frozenset(id(p) for p in self._params.values())  # the private step's
         self._groups = tuple(tuple(u.qualified(r) for r in u.params) for u in grads.units)
         self._sums: StepSums | None = None      # sensitive: the logical batch being summed
         self._logical = 0                       # cursor.logical of that batch
@@ -135,9 +136,8 @@ class DPOptimizer(torch.optim.Optimizer):
         """No parameter of the inner optimizer outside the private step may carry a gradient:
         the inner step would apply it raw (a parameter unfrozen after ``make_private``, or one
         added to the inner optimizer directly). Checked before every release."""
-        covered = {id(p) for p in self._params.values()}
         leaked = [p for g in self.original_optimizer.param_groups for p in g["params"]
-                  if id(p) not in covered and p.grad is not None]
+                  if id(p) not in self._covered and p.grad is not None]
         if leaked:
             raise PrivacyRefusal(
                 f"parameters {self._names_of(leaked)} reach the optimizer with a gradient but "

@@ -45,8 +45,8 @@ def _shape(text: str) -> tuple[int, ...]:
     try:
         shape = tuple(int(s) for s in text.split(",") if s.strip())
     except ValueError:
-        shape = (0,)
-    require(all(d >= 1 for d in shape), "--input-shape", text,
+        shape = None
+    require(shape is not None and all(d >= 1 for d in shape), "--input-shape", text,
             "positive integers separated by commas", "Write e.g. --input-shape 1,28,28")
     return shape
 

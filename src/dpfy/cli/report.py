@@ -67,9 +67,8 @@ def run(args: argparse.Namespace) -> int:
             "GDP's CLT value is not a guarantee: add --approximate to write it anyway, with "
             "--out elsewhere to keep the run's report")
     context = PrivacyReport.context_from_dict(saved)
-    if saved.get("accountant") not in RIGOROUS:  # an approximate headline is never the default
-        saved = {**saved, "accountant": DEFAULTS["accountant"]}
-        context.pop("accountant", None)
+    if context.get("accountant") not in RIGOROUS:  # an approximate headline is never the default
+        context["accountant"] = DEFAULTS["accountant"]
     for key in ("accountant", "released", "unit_of_privacy", "group_size"):
         value = getattr(args, key)
         if value is not None:

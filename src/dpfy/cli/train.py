@@ -36,17 +36,17 @@ def parse_scalar(text: str) -> Any:
     return {"true": True, "false": False}.get(text.lower(), text)
 
 
-def _options(items: list[str], name: str = "schedule_options") -> dict[str, Any]:
-    """``KEY=VALUE`` flag values of the setting ``name`` as a dict of scalars."""
-    example = {"schedule_options": "rate=0.9", "method_options": "probe_every=10"}.get(name,
-                                                                                    "key=1")
-    flag = "--" + name.replace("_", "-")
+OPTION_EXAMPLES = {"schedule_options": "rate=0.9", "method_options": "probe_every=10"}
+
+
+def _options(items: list[str], name: str) -> dict[str, Any]:
+    """``KEY=VALUE`` flag values of the setting ``name`` (a key of OPTION_EXAMPLES)."""
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ValueError(f"{name} must be KEY=VALUE pairs, got {name} = {item!r}. Write "
-                             f"e.g. {flag} {example}")
+                             f"e.g. --{name.replace('_', '-')} {OPTION_EXAMPLES[name]}")
         out[key] = parse_scalar(value)
     return out
 
@@ -91,7 +91,7 @@ def explicit_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The settings the user gave (config file, then flags on top), as field values."""
     values = load_config_file(args.config) if args.config else {}
     given = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
-    for name in ("schedule_options", "method_options"):
+    for name in OPTION_EXAMPLES:
         if name in given:
             given[name] = _options(given[name], name)
     if "method" in given:

@@ -187,8 +187,6 @@ def _run(cfg: TrainConfig, notes: dict[str, Any], run: RunDir, data: DataSplits,
     if ckpt is None:
         write_atomic(run.staging / "config.json", cfg.to_public_json() + "\n")
         echo(_statement(cfg, notes, data, private))
-        if cfg.reproducible:
-            echo(f"dpfy train: WARNING: {SEED_WARNING}.")
     else:
         private.model.load_state_dict(ckpt.model)
         private.optimizer.load_state_dict(ckpt.optimizer)
@@ -197,8 +195,8 @@ def _run(cfg: TrainConfig, notes: dict[str, Any], run: RunDir, data: DataSplits,
         start_epoch = ckpt.epoch
         elapsed = metrics.last()["wall_time_s"] if metrics.rows else 0.0
         echo(f"dpfy train: resuming {run.final} after epoch {start_epoch} of {cfg.epochs}")
-        if cfg.reproducible:
-            echo(f"dpfy train: WARNING: {SEED_WARNING}.")
+    if cfg.reproducible:  # at every start, a resumed one too
+        echo(f"dpfy train: WARNING: {SEED_WARNING}.")
     t0 = time.monotonic() - elapsed
     bar = _progress_bar(private.total_steps, private.optimizer.step_count, progress)
     try:
