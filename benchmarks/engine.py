@@ -47,7 +47,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dpfy  # noqa: E402
-from tiny_encoder import TinyEncoder  # noqa: E402
+from dpfy.models.tiny_encoder import TinyEncoder  # noqa: E402
 from dpfy.models import build_model  # noqa: E402
 
 BATCH = 256

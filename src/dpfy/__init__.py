@@ -1,6 +1,6 @@
 """dpfy: differentially private training for PyTorch, with accounting you can report."""
 
-from dpfy.engine import make_private
+from dpfy.api import make_private
 from dpfy.privacy import (Ledger, Release, Sampling, calibrate_noise_multiplier, delta,
                           epsilon)
 from dpfy.validate import validate

@@ -4,7 +4,7 @@ It keeps the ``torch.optim.Optimizer`` surface (param_groups, zero_grad, step, s
 drives one logical step per batch of the private loader: plan → norms → clipping → extra
 values → sums (over the physical batches of a logical batch) → budget guard → release (noise,
 ledger) → inner optimizer step → ``method.update``. See :mod:`dpfy.step` for the step on one
-screen, :mod:`dpfy.budget` for the guard and :mod:`dpfy.adaptive.base` for the method interface.
+screen, :mod:`dpfy.step.guard` for the guard and :mod:`dpfy.adaptive.base` for the method interface.
 
 So with SGD(lr=1), no momentum and σ = 0 a step moves θ by exactly −Σ_i clip(g_i)/b.
 """
@@ -18,19 +18,21 @@ from typing import Any, Callable
 import torch
 
 from dpfy._require import require
-from dpfy.adaptive.base import Clip, Method, Norms
-from dpfy.budget import BudgetGuard, GroupBudgetGuard
+from dpfy.types import Clip, Norms
+from dpfy.adaptive.base import Method
+from dpfy.step.guard import BudgetGuard, GroupBudgetGuard
 from dpfy.clipping import ClippingPolicy, total_norm
-from dpfy.distributed import Collective
+from dpfy.step.distributed import Collective
 from dpfy.errors import PrivacyRefusal
 from dpfy.grads import GradEngine
 from dpfy.noise import NoiseSource
-from dpfy.plan import StepPlan
+from dpfy.types.plan import StepPlan
 from dpfy.privacy import Ledger, epsilon as ledger_epsilon
 from dpfy.privacy.group_ledger import GroupLedgers
 from dpfy.sampling import BatchCursor, PoissonSampler, ShuffleSampler
-from dpfy.step import (StepSums, contract, group_step_releases, post_release, probe_losses,
-                       released, step_releases)
+from dpfy.step.sums import StepSums, contract, outcome as released
+from dpfy.privacy.releases import group_step_releases, step_releases
+from dpfy.step.probes import post_release, probe_losses
 
 __all__ = ["DPOptimizer"]
 
@@ -47,9 +49,9 @@ class DPOptimizer(torch.optim.Optimizer):
         noise added, ledger step recorded, inner optimizer stepped). With
         ``max_physical_batch_size`` the loader yields several physical batches per update;
         step a per-update LR scheduler only ``if optimizer.updated``.
-      collective: the data-parallel ranks (:mod:`dpfy.distributed`), or None.
+      collective: the data-parallel ranks (:mod:`dpfy.step.distributed`), or None.
       method, method_state: the adaptive method (or None) and its state.
-      budget: the :class:`dpfy.budget.BudgetGuard` (``max_steps`` and ``epsilon_cap`` are
+      budget: the :class:`dpfy.step.guard.BudgetGuard` (``max_steps`` and ``epsilon_cap`` are
         shortcuts to it).
       last_step_info: ``step, noise_multiplier, clip, sample_rate, lr_scale`` of the last step,
         plus ``batch_size`` (the realized size) and ``mean_grad_norm_nonprivate`` (the mean raw
@@ -83,7 +85,7 @@ class DPOptimizer(torch.optim.Optimizer):
         self.method_state = method.init() if method is not None else None
         self.ledger, self.accountant, self.seed, self.budget = ledger, accountant, seed, budget
         self.model, self.loss_fn = model, loss_fn
-        self.collective = collective  # data-parallel ranks (dpfy.distributed), or None
+        self.collective = collective  # data-parallel ranks (dpfy.step.distributed), or None
         self.updated = False          # the last step() call ended a logical batch
         # Individualized budgets: one ledger and one ε cap per privacy group; group_of (N,) is
         # each example's group index (public: the budget assignment is not private data).

@@ -158,7 +158,7 @@ def make_sampler(loader: DataLoader, *, poisson_sampling: bool,
         batch size and ``drop_last``.
       sample_rates: per-example Poisson rates q_i instead of batch_size / N (Poisson only).
       seed: None draws from the OS CSPRNG; an int makes the batches reproducible.
-      shard: ``(rank, world_size)`` for data-parallel training (:mod:`dpfy.distributed`):
+      shard: ``(rank, world_size)`` for data-parallel training (:mod:`dpfy.step.distributed`):
         ``loader.batch_size`` is then the batch size *per rank* (as with DDP), the global
         rate is q = batch_size·world_size / N, and this rank yields the examples i ≡ rank
         (mod world_size) of each global Poisson batch. The loader may carry a

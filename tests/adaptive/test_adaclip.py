@@ -18,12 +18,13 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
 from ledger_events import dp_accounting_epsilon
-import dpfy.step
-from dpfy.adaptive import Released, make
+import dpfy.step.sums
+from dpfy.types import StepOutcome
+from dpfy.adaptive import make
 from dpfy.adaptive.adaclip import AdaClip, AdaClipState, scale_from_variance
-from dpfy.adaptive.base import Clip
+from dpfy.types import Clip
 from dpfy.errors import PrivacyRefusal
-from dpfy.plan import StepPlan
+from dpfy.types.plan import StepPlan
 
 import oracles
 
@@ -90,7 +91,7 @@ def test_scale_minimises_the_noise_under_unit_expected_norm():
 
 def test_estimates_update_rule_on_hand_derived_numbers():
     # a = (0, 1), s = (1, 4): √s = (1, 2), Σ√s = 3, b = s^{1/4}·√3 = (√3, √6).
-    # Released w̃ = (1, −0.75), B = 4, σ = 2, β₁ = β₂ = ½:
+    # StepOutcome w̃ = (1, −0.75), B = 4, σ = 2, β₁ = β₂ = ½:
     #   ĝ = b w̃ + a = (√3, 1 − 0.75√6)          (postprocess; update reads ĝ)
     #   v = B (ĝ − a)² − b² σ²/B = b² (4 w̃² − 1) = (3·3, 6·1.25) = (9, 7.5)
     #   a' = ½ a + ½ ĝ = (√3/2, 1 − 0.375√6),   s' = ½ s + ½ v = (5, 5.75)
@@ -104,11 +105,11 @@ def test_estimates_update_rule_on_hand_derived_numbers():
     g = m.postprocess(state, w, plan)
     assert g["w"].dtype == torch.float64
     assert g["w"].tolist() == pytest.approx([math.sqrt(3), 1 - 0.75 * math.sqrt(6)])
-    new = m.update(state, Released(plan, 4.0, gradient=g))
+    new = m.update(state, StepOutcome(plan, 4.0, gradient=g))
     assert new.mean["w"].tolist() == pytest.approx([math.sqrt(3) / 2, 1 - 0.375 * math.sqrt(6)])
     assert new.var["w"].tolist() == pytest.approx([5.0, 5.75])
     # w̃ = 0: ĝ = a, v = −b² < h₁ is clamped to h₁ = 1e-3: s' = ½ s + ½·1e-3; a' = a.
-    zero = m.update(state, Released(plan, 4.0, gradient=m.postprocess(
+    zero = m.update(state, StepOutcome(plan, 4.0, gradient=m.postprocess(
         state, {"w": torch.zeros(2)}, plan)))
     assert zero.var["w"].tolist() == pytest.approx([0.5005, 2.0005])
     assert zero.mean["w"].tolist() == pytest.approx([0.0, 1.0])
@@ -203,7 +204,7 @@ def test_the_optimizer_steps_on_the_map_back_against_the_per_example_loop():
 def test_end_to_end_the_sensitivity_check_passes_every_step_and_bites():
     ds, model, _ = _toy(n=60)
     seen = []
-    original = dpfy.step.check_bound
+    original = dpfy.step.sums.check_bound
 
     def spy(sq, bound, *, what, owner):
         if what == "the clipped gradient sum":
@@ -211,7 +212,7 @@ def test_end_to_end_the_sensitivity_check_passes_every_step_and_bites():
         return original(sq, bound, what=what, owner=owner)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(dpfy.step, "check_bound", spy)
+        mp.setattr(dpfy.step.sums, "check_bound", spy)
         model, opt, dl = _private(model, ds, make("adaclip"), lr=0.1,
                                   noise_multiplier=1.0, max_grad_norm=1.0, seed=2)
         for _ in range(2):

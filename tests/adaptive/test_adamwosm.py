@@ -16,8 +16,8 @@ import dpfy
 from ledger_events import dp_accounting_epsilon
 from dpfy.adaptive import make
 from dpfy.adaptive.adamwosm import AdamWOSM
-from dpfy.adaptive.base import RunFacts
-from dpfy.plan import StepPlan
+from dpfy.types import RunFacts
+from dpfy.types.plan import StepPlan
 from dpfy.privacy import Sampling
 
 ALPHA, BETA1, EPS = 1e-3, 0.9, 1e-8      # ρ₀, β₁ and ε of digest 002 §4.2

@@ -5,7 +5,7 @@ import inspect
 import pytest
 
 from dpfy.adaptive import REGISTRY, ClipSchedule, DynamicDPSGD
-from dpfy.plan import StepPlan
+from dpfy.types.plan import StepPlan
 
 
 def test_registered_in_clip_schedules_file():

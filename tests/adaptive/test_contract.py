@@ -22,7 +22,7 @@ import dpfy
 from dpfy.errors import BudgetExhausted
 from dpfy.adaptive import make_schedule
 from dpfy.adaptive.factory import SCHEDULE_NAMES
-from dpfy.plan import StepPlan
+from dpfy.types.plan import StepPlan
 
 N, BATCH, STEPS = 200, 20, 4
 Q = BATCH / N

@@ -12,7 +12,7 @@ import pytest
 
 from dpfy.adaptive import REGISTRY, DynamicDPSGD, calibrate_dynamic
 from dpfy.adaptive.dynamic import solve_mu0
-from dpfy.plan import StepPlan
+from dpfy.types.plan import StepPlan
 from dpfy.privacy import epsilon
 
 gdp = pytest.importorskip("dpfy.privacy.gdp", reason="dpfy.privacy.gdp (issue 2) not landed")

@@ -292,7 +292,7 @@ def test_probes_declare_loss_noise_and_direction_of_the_applied_update(run):
     applied_lr = trace[K - 2][2].lr                 # η used at step K−1
     for n, d in state.direction.items():
         torch.testing.assert_close(d, (before[n] - after[n]) / applied_lr)
-    from dpfy.plan import StepPlan
+    from dpfy.types.plan import StepPlan
     specs = m.releases(state, StepPlan(step=K, sample_rate=B / N, noise_multiplier=1.0, clip=1.0))
     assert set(specs) == set(PROBES)
     for name, spec in specs.items():
@@ -322,7 +322,7 @@ def test_learning_rate_and_loss_clip_adapt_from_releases(run):
 def test_eta_decays_linearly_to_zero_over_the_run_s_last_fraction(tail, factors):
     """``decay_tail`` f: the applied η is the rule's η times 1 until (1 − f)·T, then linear to
     0 at T (the last step keeps 1/(f·T)); the rule's own η (``state.lr``) is not changed."""
-    from dpfy.plan import StepPlan
+    from dpfy.types.plan import StepPlan
     facts = dpfy.adaptive.RunFacts(sampling=Sampling.POISSON, sample_rate=B / N,
                                    steps=N // B * EPOCHS, delta=1e-5, target_epsilon=2.0,
                                    accountant="rdp", inner_hyperparameters={"lr": 0.05})
@@ -416,7 +416,7 @@ def test_probes_sit_at_spacing_times_eta_and_the_loss_clip_keeps_a_fraction_of_i
     opt, trace = _run(probe_spacing=4.0, loss_clip_keep=0.5, fit_memory=0.9)
     m = opt.method
     _, _, state = trace[K - 1]
-    from dpfy.plan import StepPlan
+    from dpfy.types.plan import StepPlan
     specs = m.releases(state, StepPlan(step=K, sample_rate=B / N, noise_multiplier=1.0, clip=1.0))
     for name, spec in specs.items():
         for n, off in spec.offsets.items():

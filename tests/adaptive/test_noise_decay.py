@@ -11,7 +11,7 @@ import pytest
 
 from dpfy.adaptive import REGISTRY, NoiseDecay, make_schedule
 from dpfy.adaptive._planned import steps_within_budget
-from dpfy.plan import StepPlan
+from dpfy.types.plan import StepPlan
 from dpfy.privacy import epsilon
 
 

@@ -16,10 +16,11 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
 from ledger_events import dp_accounting_epsilon
-from dpfy.adaptive import Released, make
-from dpfy.adaptive.base import Norms, RunFacts
+from dpfy.types import StepOutcome
+from dpfy.adaptive import make
+from dpfy.types import Norms, RunFacts
 from dpfy.adaptive.norm_adaptive import NormAdaptiveClipping
-from dpfy.plan import StepPlan
+from dpfy.types.plan import StepPlan
 from dpfy.privacy import Sampling
 
 
@@ -39,7 +40,7 @@ def test_update_follows_the_papers_rule_on_known_norms():
     norms = torch.tensor([0.5, 1.0, 3.0, 10.0], dtype=torch.float64)
     values = m.release_values(state, Norms(norms, {}, ()), plan)["clipped_norm_sum"]
     assert values.tolist() == pytest.approx([0.5 / 4, 1 / 4, 3 / 4, 1.0])
-    released = Released(plan, 4.0, {"clipped_norm_sum": float(values.sum())})
+    released = StepOutcome(plan, 4.0, {"clipped_norm_sum": float(values.sum())})
     assert m.update(state, released).clip == pytest.approx((1.5 * 8.5 / 4,))
 
 
@@ -48,8 +49,8 @@ def test_update_clamps_the_noisy_mean_so_the_threshold_stays_positive():
                              min_fraction=0.1).calibrate(_facts())
     state = m.init()
     plan = m.plan(state, StepPlan(0, 0.01, 1.0, 1.0))
-    low = m.update(state, Released(plan, 10.0, {"clipped_norm_sum": -7.0}))
-    high = m.update(state, Released(plan, 10.0, {"clipped_norm_sum": 25.0}))
+    low = m.update(state, StepOutcome(plan, 10.0, {"clipped_norm_sum": -7.0}))
+    high = m.update(state, StepOutcome(plan, 10.0, {"clipped_norm_sum": 25.0}))
     assert low.clip == pytest.approx((1.0 * 2.0 * 0.1,))     # α β f_min C_t
     assert high.clip == pytest.approx((1.0 * 2.0 * 1.0,))    # α β C_t
 

@@ -19,11 +19,12 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
 from ledger_events import dp_accounting_epsilon, effective_sigma
-from dpfy.adaptive import Released, make
-from dpfy.adaptive.base import Norms
+from dpfy.types import StepOutcome
+from dpfy.adaptive import make
+from dpfy.types import Norms
 from dpfy.adaptive.oso import THRESHOLD_GRADIENT, OnlineSensitivity
 from dpfy.cli import main
-from dpfy.plan import StepPlan
+from dpfy.types.plan import StepPlan
 
 import oracles
 
@@ -87,8 +88,8 @@ def test_each_q_i_has_norm_zero_or_one_and_the_mask_is_strict(dtype):
 
 # -- the updates (Eqs. 20–21, 19) -------------------------------------------------------------
 
-def _released(g: torch.Tensor, q_sum: torch.Tensor, b: float = 10.0) -> Released:
-    return Released(plan=_plan(), expected_batch_size=b, sums={THRESHOLD_GRADIENT: {"w": q_sum}},
+def _released(g: torch.Tensor, q_sum: torch.Tensor, b: float = 10.0) -> StepOutcome:
+    return StepOutcome(plan=_plan(), expected_batch_size=b, sums={THRESHOLD_GRADIENT: {"w": q_sum}},
                     gradient={"w": g})
 
 
@@ -179,7 +180,7 @@ def _quadratic_run(start: torch.Tensor, lr: float, steps: int):
         v = m.release_values(state, norms, plan)[THRESHOLD_GRADIENT]
         b = float(len(a))
         g_mean = (w[:, None] * g).sum(0) / b
-        state = m.update(state, Released(plan, b, {THRESHOLD_GRADIENT: {"θ": (v[:, None] * g)
+        state = m.update(state, StepOutcome(plan, b, {THRESHOLD_GRADIENT: {"θ": (v[:, None] * g)
                                                                          .sum(0)}},
                                          {"θ": g_mean}))
         theta = theta - lr * plan.lr_scale * g_mean

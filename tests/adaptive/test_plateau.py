@@ -5,7 +5,7 @@ import inspect
 import pytest
 
 from dpfy.adaptive import REGISTRY, PlateauNoiseDecay, make_schedule
-from dpfy.plan import StepPlan
+from dpfy.types.plan import StepPlan
 from dpfy.privacy import Ledger, epsilon
 
 

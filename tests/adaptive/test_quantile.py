@@ -15,9 +15,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
 from ledger_events import dp_accounting_epsilon
-from dpfy.adaptive import LayerQuantileClipping, QuantileClipping, Released, make
-from dpfy.adaptive.base import Norms, RunFacts
-from dpfy.plan import StepPlan
+from dpfy.adaptive import LayerQuantileClipping, QuantileClipping, make
+from dpfy.types import StepOutcome
+from dpfy.types import Norms, RunFacts
+from dpfy.types.plan import StepPlan
 from dpfy.privacy import Sampling
 
 
@@ -39,7 +40,7 @@ def test_geometric_update_converges_to_the_target_quantile():
             plan = m.plan(state, StepPlan(t, 0.01, 1.0, 1.0))
             count = float(m.release_values(state, Norms(norms, {}, ()), plan)
                           ["unclipped_count"].sum())
-            state = m.update(state, Released(plan, 1000.0, {"unclipped_count": count}))
+            state = m.update(state, StepOutcome(plan, 1000.0, {"unclipped_count": count}))
         assert state.clip[0] == pytest.approx(-math.log(1 - gamma), rel=0.05)
 
 

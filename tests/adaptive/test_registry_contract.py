@@ -3,7 +3,7 @@
 For each key, built by ``dpfy.adaptive.make`` and calibrated by ``make_private`` for a tiny run:
 - three steps run; every step's ledger entry is the gradient plus exactly the releases the
   method declared for that step, each with noise (R2);
-- ``update`` receives a ``Released`` and nothing else (no path to raw norms);
+- ``update`` receives a ``StepOutcome`` and nothing else (no path to raw norms);
 - the state survives a checkpoint round trip and gives the same next plan (R5);
 - the method's file is ``adaptive/{key}.py`` or the one ``FILE_ALIASES`` names, and its test
   file exists (R1).
@@ -22,7 +22,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
-from dpfy.adaptive import FILE_ALIASES, REGISTRY, Released, make
+from dpfy.adaptive import FILE_ALIASES, REGISTRY, make
+from dpfy.types import StepOutcome
 
 N, BATCH, STEPS = 200, 20, 3
 OPTIONS = {                       # the smallest options each key needs
@@ -82,13 +83,13 @@ def test_registered_method_keeps_the_contract(name):
         mechanisms = [r.mechanism for r in group.releases]
         assert mechanisms[0] == "gradient" and sorted(mechanisms[1:]) == names
         assert all(r.noise_multiplier > 0 for r in group.releases)
-    assert len(seen) == STEPS and all(type(r) is Released for r in seen)
+    assert len(seen) == STEPS and all(type(r) is StepOutcome for r in seen)
     # R5: the state survives a checkpoint round trip and plans the same next step.
     buf = io.BytesIO()
     torch.save(opt.state_dict(), buf)
     buf.seek(0)
     restored = method.load_state_dict(torch.load(buf, weights_only=False)["method_state"])
-    base = dpfy.plan.StepPlan(STEPS, opt.sampler.sample_rate, 1.0, 1.0)
+    base = dpfy.types.plan.StepPlan(STEPS, opt.sampler.sample_rate, 1.0, 1.0)
     assert repr(method.plan(restored, base)) == repr(method.plan(opt.method_state, base))
 
 

@@ -13,7 +13,7 @@ import dpfy.noise
 from dpfy.adaptive.base import REGISTRY
 from dpfy.audit.canaries import CanaryDataset, CanaryGradients, CanarySet
 from dpfy.audit.run import audit_result, audited_private_run
-from dpfy.plan import StepPlan
+from dpfy.types.plan import StepPlan
 from dpfy.train.epoch import run_epoch
 
 DELTA = 1e-5

@@ -14,7 +14,7 @@ from scipy import optimize, stats
 from torch.utils.data import TensorDataset
 
 import dpfy.experiments.run as run_mod
-from dpfy.budget import RIGOROUS
+from dpfy.step.guard import RIGOROUS
 from dpfy.data import DataSplits, load_dataset
 from dpfy.experiments.run import build_private, train_run
 from dpfy.experiments.spec import CALIBRATIONS, RunSpec

@@ -7,8 +7,8 @@ with :func:`chain`, list with ``dpfy methods``.
 import importlib
 import pkgutil
 
-from dpfy.adaptive.base import (REGISTRY, AdaptiveMethod, Clip, Method, Needs, Norms, Released,
-                                ReleaseSpec, RunFacts, make, register)
+from dpfy.adaptive.base import REGISTRY, AdaptiveMethod, Method, Needs, make, register
+from dpfy.types import Clip, Norms, StepOutcome, ReleaseSpec, RunFacts
 from dpfy.adaptive.chain import Chain, chain
 from dpfy.adaptive.clip_schedules import ClipSchedule
 from dpfy.adaptive.dynamic import DynamicDPSGD, calibrate_dynamic
@@ -26,7 +26,7 @@ for _module in pkgutil.iter_modules(__path__):
 FILE_ALIASES = {"noise_decay": "schedules", "clip_schedule": "clip_schedules",
                 "per_layer_quantile": "quantile"}
 
-__all__ = ["Method", "AdaptiveMethod", "Needs", "Norms", "Clip", "ReleaseSpec", "Released",
+__all__ = ["Method", "AdaptiveMethod", "Needs", "Norms", "Clip", "ReleaseSpec", "StepOutcome",
            "RunFacts", "REGISTRY", "FILE_ALIASES", "register", "make", "chain", "Chain",
            "make_schedule", "NoiseDecay", "PlateauNoiseDecay", "DynamicDPSGD",
            "calibrate_dynamic", "ClipSchedule", "QuantileClipping", "LayerQuantileClipping"]

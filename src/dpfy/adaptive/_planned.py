@@ -7,7 +7,7 @@ builds it, and the accountants (never this module) turn it into ε. That is what
 "calibrate the whole run to a target ε" and "stop early when ε reaches a target" searches over
 ledgers (STYLE.md R9) instead of formulas.
 
-Steps are 0-based, like :class:`dpfy.plan.StepPlan`. A step at or beyond ``total_steps`` is
+Steps are 0-based, like :class:`dpfy.types.plan.StepPlan`. A step at or beyond ``total_steps`` is
 refused: the budget was planned for ``total_steps`` steps only (seed 001 §4: "steps beyond T
 are not covered by the budget").
 """
@@ -20,7 +20,7 @@ import numpy as np
 
 from dpfy._require import require
 from dpfy.adaptive.base import AdaptiveMethod
-from dpfy.plan import StepPlan
+from dpfy.types.plan import StepPlan
 from dpfy.privacy.ledger import Ledger, Sampling
 
 __all__ = ["PlannedSchedule", "steps_within_budget"]
@@ -65,8 +65,8 @@ class PlannedSchedule(AdaptiveMethod[None]):
                dataset_size: int | None = None) -> Ledger:
         """The ledger a full run of this schedule writes, by :func:`dpfy.step.planned_ledger`
         (the optimizer's own ``step_releases``; one gradient release per step)."""
-        from dpfy.adaptive.base import RunFacts
-        from dpfy.step import planned_ledger
+        from dpfy.types import RunFacts
+        from dpfy.privacy.releases import planned_ledger
 
         facts = RunFacts(sampling=sampling, sample_rate=sample_rate, steps=self.total_steps,
                          dataset_size=dataset_size)

@@ -48,8 +48,9 @@ from typing import Mapping, Sequence
 import torch
 
 from dpfy._require import require
-from dpfy.adaptive.base import Method, Needs, Released, ReleaseSpec, RunFacts, bind_facts
-from dpfy.plan import StepPlan
+from dpfy.adaptive.base import Method, Needs, bind_facts
+from dpfy.types import StepOutcome, ReleaseSpec, RunFacts
+from dpfy.types.plan import StepPlan
 from dpfy.privacy.ledger import Ledger
 
 __all__ = ["StepSearch", "SearchState"]
@@ -146,7 +147,8 @@ class StepSearch(Method[SearchState]):
         """The ledger of a run whose every step is at the smallest gradient noise σ_min =
         σ_0 (1 + γ)^(−L/2): every real run's per-step σ_eff is at least this one's, step by
         step (r_t ≤ L), so its ε is at most this ledger's."""
-        from dpfy.step import base_plan, step_releases   # dpfy.step imports this package
+        from dpfy.privacy.releases import base_plan
+        from dpfy.privacy.releases import step_releases
         method = replace(self, base_noise=base_noise,
                          base_lr=self.base_lr or 1.0)   # the ledger does not depend on lr
         state = SearchState(reductions=self.max_reductions)
@@ -207,7 +209,7 @@ class StepSearch(Method[SearchState]):
         m = self.multipliers()[i]
         return {n: g * m for n, g in gradient.items()}
 
-    def update(self, state: SearchState, released: Released) -> SearchState:
+    def update(self, state: SearchState, released: StepOutcome) -> SearchState:
         i, losses = self._chosen(released.sums, released.expected_batch_size,
                                  released.noisy_gradient)
         stalled = i == 0

@@ -17,7 +17,7 @@ noise multiplier σ_t on a Poisson sample, exactly what plain DP-SGD at σ_t spe
 and the estimates below read only w̃ (post-processing), so AdaClip adds no release.
 
 The map back is ``postprocess``: the step hands it w̃ = S̃/B right after the noise, and the
-inner optimizer steps on ĝ_t (Pichapati et al.'s update); ``Released.gradient``, which
+inner optimizer steps on ĝ_t (Pichapati et al.'s update); ``StepOutcome.gradient``, which
 ``update`` reads, is then ĝ_t. The shift a_t is added **once per step**, to the mean: for
 unclipped examples b_t ⊙ S/B = Σ_i g_i/B − (n/B)·a_t with n the (private) number of examples
 in the batch, so ĝ_t = Σ_i g_i/B + (1 − n/B)·a_t. Poisson sampling gives E[n] = B, so ĝ_t is
@@ -61,8 +61,9 @@ from typing import Mapping
 import torch
 
 from dpfy._require import require
-from dpfy.adaptive.base import Clip, Method, Needs, Norms, Released, RunFacts, bind_facts, register
-from dpfy.plan import StepPlan
+from dpfy.types import Clip, Norms, StepOutcome, RunFacts
+from dpfy.adaptive.base import Method, Needs, bind_facts, register
+from dpfy.types.plan import StepPlan
 
 __all__ = ["AdaClip", "AdaClipState", "scale_from_variance"]
 
@@ -175,7 +176,7 @@ class AdaClip(Method[AdaClipState]):
         # norms are those of the transformed w_i: clip each at norm 1.
         return Clip(torch.clamp(1.0 / norms.total, max=1.0), sensitivity=1.0)  # (m,) sensitive
 
-    def update(self, state: AdaClipState, released: Released) -> AdaClipState:
+    def update(self, state: AdaClipState, released: StepOutcome) -> AdaClipState:
         """a_{t+1}, s_{t+1} from the released gradient only (module docstring)."""
         g = {n: t.double() for n, t in released.gradient.items()}   # ĝ_t (after postprocess)
         a, var = self.estimates(state, {n: t.shape for n, t in g.items()})

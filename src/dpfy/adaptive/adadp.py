@@ -39,8 +39,9 @@ from typing import Mapping
 import torch
 
 from dpfy._require import require
-from dpfy.adaptive.base import Method, Released, RunFacts, bind_facts, register
-from dpfy.plan import StepPlan
+from dpfy.adaptive.base import Method, bind_facts, register
+from dpfy.types import StepOutcome, RunFacts
+from dpfy.types.plan import StepPlan
 
 __all__ = ["ADADP", "ADADPState", "relative_error"]
 
@@ -134,7 +135,7 @@ class ADADP(Method[ADADPState]):
             return gradient
         return {n: -g for n, g in state.first_gradient.items()}
 
-    def update(self, state: ADADPState, released: Released) -> ADADPState:
+    def update(self, state: ADADPState, released: StepOutcome) -> ADADPState:
         if released.plan.step % 2 == 0:    # step A: keep G_1 and θ_{l+½}
             return replace(state, first_gradient={n: g.detach().clone() for n, g in
                                                   released.noisy_gradient.items()},

@@ -32,8 +32,9 @@ import math
 from dataclasses import dataclass, replace
 
 from dpfy._require import require
-from dpfy.adaptive.base import Method, RunFacts, bind_facts, register
-from dpfy.plan import StepPlan
+from dpfy.adaptive.base import Method, bind_facts, register
+from dpfy.types import RunFacts
+from dpfy.types.plan import StepPlan
 
 __all__ = ["AdamWOSM"]
 

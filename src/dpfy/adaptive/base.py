@@ -29,7 +29,7 @@ before training, and the private step (``dpfy.step``) calls the hooks below in t
    Its noise and sensitivity are declared up front like every release, so the ledger and
    calibration are unchanged in kind. A logical batch split over several physical batches is
    refused (the probe would need the whole batch again after the release).
-4. ``update(state, released) -> state``: reads a :class:`Released`: the plan, the released
+4. ``update(state, released) -> state``: reads a :class:`StepOutcome`: the plan, the released
    (noisy) gradient, every released extra value. Nothing raw reaches it.
 5. ``observe(state, *, val_metric)``: for methods that declare ``needs.validation``.
 
@@ -52,11 +52,10 @@ import torch
 
 from dpfy._require import require
 from dpfy.errors import PrivacyRefusal
-from dpfy.plan import StepPlan
-from dpfy.privacy.ledger import Sampling
+from dpfy.types import Clip, Norms, ReleaseSpec, RunFacts, StepOutcome, StepPlan
 
-__all__ = ["Method", "AdaptiveMethod", "Needs", "Norms", "Clip", "ReleaseSpec", "Released",
-           "RunFacts", "Deferred", "bind_facts", "prepare", "REGISTRY", "register", "make", "PLAN_FIELDS"]
+__all__ = ["Method", "AdaptiveMethod", "Needs", "Deferred", "bind_facts", "prepare", "REGISTRY",
+           "register", "make", "PLAN_FIELDS"]
 
 S = TypeVar("S")
 
@@ -92,37 +91,6 @@ def make(name: str, **options: Any) -> "Method":
 
 
 @dataclass(frozen=True)
-class RunFacts:
-    """The facts of one run, fixed by ``make_private`` from its sampler and arguments.
-
-    A method reads them; it never takes them from the user a second time.
-    """
-
-    sampling: Sampling
-    sample_rate: float                    # q, the sampler's rate
-    steps: int | None                     # T, the budget guard's horizon (None: unbounded)
-    dataset_size: int | None = None       # N
-    steps_per_epoch: int | None = None    # logical batches per pass of the loader
-    normalizer: float | None = None       # b, the public batch-size normalizer
-    delta: float | None = None
-    target_epsilon: float | None = None
-    accountant: str = "pld"
-    max_grad_norm: float | None = None    # C (C_0 of a clip schedule); None: per-layer etc.
-    num_groups: int | None = None         # clipping groups (layers) of the model
-    inner_optimizer: str | None = None    # class name of the torch optimizer make_private wraps
-    inner_hyperparameters: Mapping[str, Any] | None = None   # its first param group, minus params
-
-    def differences(self, other: "RunFacts") -> list[str]:
-        """The facts that differ, as ``name: mine vs other`` strings."""
-        out = []
-        for f in ("sampling", "sample_rate", "steps", "delta", "target_epsilon"):
-            a, b = getattr(self, f), getattr(other, f)
-            if a is not None and b is not None and a != b:
-                out.append(f"{f}: {a} (method) vs {b} (run)")
-        return out
-
-
-@dataclass(frozen=True)
 class Needs:
     """What a method needs from the step; checked by ``make_private`` before training.
 
@@ -146,115 +114,6 @@ class Needs:
     indices: bool = False
     probes: bool = False
     whole_batch: bool = False
-
-
-@dataclass(frozen=True)
-class Norms:
-    """Per-example gradient norms of one physical batch. Sensitive: never leaves the step.
-
-    ``per_parameter`` maps each trainable parameter name to ‖∂ℓ_i/∂θ_k‖² (B,);
-    ``total`` is ‖∂ℓ_i/∂θ‖ (B,); ``groups`` lists the parameter names of each clipping group.
-    """
-
-    total: torch.Tensor                              # (B,) sensitive
-    per_parameter_sq: Mapping[str, torch.Tensor]     # name -> (B,) sensitive
-    groups: tuple[tuple[str, ...], ...]
-    indices: torch.Tensor | None = None              # (B,) dataset indices, public
-
-    def per_group(self) -> torch.Tensor:
-        """‖g_ik‖ for each group k, (B, K). Sensitive."""
-        cols = [torch.sqrt(sum(self.per_parameter_sq[n] for n in g)) for g in self.groups]
-        return torch.stack(cols, dim=1) if cols else self.total.new_zeros(len(self.total), 0)
-
-
-@dataclass(frozen=True)
-class Clip:
-    """A method's clipping: per-example weights and the sensitivity they guarantee.
-
-    ``weights`` is (B,) (one weight per example for all parameters) or {parameter name: (B,)}.
-    ``sensitivity`` is Δ: the step asserts ‖Σ_k w_ik g_ik‖ ≤ Δ for every example i and adds
-    noise N(0, (σ·Δ)²) to the weighted sum.
-    """
-
-    weights: torch.Tensor | Mapping[str, torch.Tensor]   # sensitive
-    sensitivity: float
-
-    def __post_init__(self) -> None:
-        require(self.sensitivity > 0, "Clip.sensitivity", self.sensitivity, "> 0")
-
-
-KINDS = ("values", "gradient", "loss")
-# A loss probe's offsets: fixed {name: Δθ}, or a function of the step's released gradient.
-Offsets = (Mapping[str, torch.Tensor]
-           | Callable[[Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]])
-
-
-@dataclass(frozen=True)
-class ReleaseSpec:
-    """An extra release declared from public values: Σ_i v_i + N(0, noise_std²).
-
-    Args:
-      sensitivity: Δ, the L2 bound on one example's v_i (add/remove one), > 0; asserted.
-      noise_std: standard deviation of the Gaussian on the sum, > 0.
-      kind: ``"values"`` (v_i is a scalar or a vector given by ``release_values``),
-        ``"gradient"`` (v_i = w_i g_i, per-sample gradients weighted by the method's w_i: a
-        parameter-shaped release formed by the engine's book-keeping), or ``"loss"`` (a
-        **probe**: v_i = clip(ℓ_i(θ + offsets), −Δ, Δ), example i's loss on the same batch at
-        perturbed parameters, from ``make_private(loss_fn=...)``; HyFreeDP, ADADP, line
-        searches). Loss probes are released like any other value and recorded in the ledger.
-      offsets: for ``kind="loss"``: {parameter name: Δθ} (public: from the method's state,
-        itself built from released values); parameters not named stay at θ. Or a callable
-        ``released_gradient -> {name: Δθ}``: a **post-release probe**, evaluated after this
-        step's gradient is released (noise added), at offsets that are a function of that
-        released gradient {name: S̃/b} only (post-processing; see ``Method.postprocess_probed``).
-    """
-
-    sensitivity: float
-    noise_std: float
-    kind: Literal["values", "gradient", "loss"] = "values"
-    offsets: Offsets | None = None
-
-    def __post_init__(self) -> None:
-        require(self.sensitivity > 0, "sensitivity", self.sensitivity, "> 0")
-        require(self.noise_std > 0, "noise_std", self.noise_std, "> 0",
-                "An extra release without noise is not private")
-        require(self.kind in KINDS, "kind", self.kind, f"one of {list(KINDS)}")
-        require((self.offsets is not None) == (self.kind == "loss"), "offsets",
-                "given" if self.offsets is not None else None,
-                "given exactly for kind='loss'",
-                "A loss probe says where to evaluate: offsets {parameter name: Δθ}")
-
-    @property
-    def noise_multiplier(self) -> float:
-        return self.noise_std / self.sensitivity
-
-    @property
-    def after_release(self) -> bool:
-        """True for a post-release probe (``offsets`` a function of the released gradient)."""
-        return self.kind == "loss" and callable(self.offsets)
-
-
-@dataclass(frozen=True)
-class Released:
-    """Everything ``update`` may read after a step: the plan and privatized values only.
-
-    ``gradient`` is the released update direction {name: (Σ_i w_i g_i + noise)/b}; ``sums``
-    holds each extra release, noisy (a float for a scalar, a tensor otherwise).
-    ``noisy_gradient`` is the gradient exactly as released, before ``postprocess``
-    (``gradient`` is what the optimizer stepped on; the two are the same without postprocess).
-    ``parameters`` are the trainable parameters after the inner optimizer's step
-    {name: θ_{t+1}} (read-only views: copy what you keep). They are public — a function of
-    the released values and the data-independent initialization — so a method may read the
-    update the optimizer actually applied (θ_{t+1} − θ_t: momentum, Adam's preconditioning and
-    weight decay included) without re-running the optimizer (HyFreeDP's probe direction).
-    """
-
-    plan: StepPlan
-    expected_batch_size: float            # b, public
-    sums: Mapping[str, Any] = field(default_factory=dict)
-    gradient: Mapping[str, torch.Tensor] = field(default_factory=dict)
-    parameters: Mapping[str, torch.Tensor] = field(default_factory=dict)
-    noisy_gradient: Mapping[str, torch.Tensor] = field(default_factory=dict)
 
 
 class Method(Generic[S]):
@@ -304,7 +163,7 @@ class Method(Generic[S]):
         (AdaClip's map back from standardized coordinates, a momentum-only update direction).
 
         Post-processing: it may read only ``gradient``, the plan and the state. Default:
-        unchanged. ``Released.gradient`` then holds what the optimizer stepped on.
+        unchanged. ``StepOutcome.gradient`` then holds what the optimizer stepped on.
         """
         return gradient
 
@@ -323,7 +182,7 @@ class Method(Generic[S]):
         """
         return self.postprocess(state, gradient, plan)
 
-    def update(self, state: S, released: Released) -> S:
+    def update(self, state: S, released: StepOutcome) -> S:
         return state
 
     def observe(self, state: S, *, val_metric: float) -> S:

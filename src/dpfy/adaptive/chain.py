@@ -6,7 +6,7 @@ References: optax's ``chain`` (STYLE.md R6).
 - two members that set the same plan field (``Method.sets``) are refused when the chain is built;
 - at most one member may supply the clipping;
 - extra releases merge by name, and a duplicate name is refused;
-- every member's ``update`` reads the same :class:`Released`; states are kept per member,
+- every member's ``update`` reads the same :class:`StepOutcome`; states are kept per member,
   keyed by registry name;
 - ``calibrate(facts)`` calibrates each member for the same facts, in order.
 
@@ -20,9 +20,9 @@ from typing import Any, Mapping
 
 import torch
 
-from dpfy.adaptive.base import (Clip, Method, Needs, Norms, Released, ReleaseSpec, RunFacts,
-                                bind_facts, prepare)
-from dpfy.plan import StepPlan
+from dpfy.types import Clip, Norms, StepOutcome, ReleaseSpec, RunFacts
+from dpfy.adaptive.base import Method, Needs, bind_facts, prepare
+from dpfy.types.plan import StepPlan
 
 __all__ = ["Chain", "chain"]
 
@@ -147,7 +147,7 @@ class Chain(Method):
             out.update(m.release_values(s, norms, plan))
         return out
 
-    def update(self, state: Mapping[str, Any], released: Released) -> dict[str, Any]:
+    def update(self, state: Mapping[str, Any], released: StepOutcome) -> dict[str, Any]:
         return {self._key(i): m.update(s, released)
                 for i, (m, s) in enumerate(self._states(state))}
 

@@ -21,7 +21,7 @@ from typing import Callable
 
 from dpfy._require import require
 from dpfy.adaptive.base import AdaptiveMethod, register
-from dpfy.plan import StepPlan
+from dpfy.types.plan import StepPlan
 
 __all__ = ["ClipSchedule", "CLIP_KINDS"]
 

@@ -28,7 +28,8 @@ from typing import Any
 
 from dpfy._require import require
 from dpfy.adaptive._planned import steps_within_budget
-from dpfy.adaptive.base import AdaptiveMethod, Deferred, RunFacts, bind_facts
+from dpfy.adaptive.base import AdaptiveMethod, Deferred, bind_facts
+from dpfy.types import RunFacts
 from dpfy.adaptive.dynamic import PRESETS, calibrate_dynamic
 from dpfy.adaptive.plateau import PlateauNoiseDecay
 from dpfy.adaptive.schedules import KINDS, NoiseDecay

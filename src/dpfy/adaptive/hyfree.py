@@ -109,10 +109,10 @@ import torch
 from dpfy._require import require
 from dpfy.adaptive._loss_trend import LossTrend
 from dpfy.adaptive._pooled_fit import PooledFit
-from dpfy.adaptive.base import (Clip, Method, Needs, Norms, Released, ReleaseSpec, RunFacts,
-                                bind_facts, register)
+from dpfy.types import Clip, Norms, StepOutcome, ReleaseSpec, RunFacts
+from dpfy.adaptive.base import Method, Needs, bind_facts, register
 from dpfy.clipping import AutomaticClipping
-from dpfy.plan import StepPlan
+from dpfy.types.plan import StepPlan
 from dpfy.privacy.calibration import hyfree_noise_split
 from dpfy.privacy.ledger import Sampling
 
@@ -504,7 +504,7 @@ class HyFreeDP(Method[HyFreeState]):
                                     kind="loss", offsets=offsets)
         return out
 
-    def update(self, state: HyFreeState, released: Released) -> HyFreeState:
+    def update(self, state: HyFreeState, released: StepOutcome) -> HyFreeState:
         t, k = released.plan.step, self.probe_every
         if self._probe_round(t):
             state = self._after_probes(state, released)
@@ -601,7 +601,7 @@ class HyFreeDP(Method[HyFreeState]):
             return trend.reset(), True
         return trend, False
 
-    def _after_probes(self, state: HyFreeState, released: Released) -> HyFreeState:
+    def _after_probes(self, state: HyFreeState, released: StepOutcome) -> HyFreeState:
         b_size = released.expected_batch_size
         loss = {name: float(released.sums[name]) / b_size for name in PROBES}
         descent, at_theta, ascent = (loss["loss_probe_descent"], loss["loss_probe_at_theta"],

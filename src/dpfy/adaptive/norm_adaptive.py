@@ -38,9 +38,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from dpfy._require import require
-from dpfy.adaptive.base import (Clip, Method, Needs, Norms, Released, ReleaseSpec, RunFacts,
-                                bind_facts, register)
-from dpfy.plan import StepPlan
+from dpfy.types import Clip, Norms, StepOutcome, ReleaseSpec, RunFacts
+from dpfy.adaptive.base import Method, Needs, bind_facts, register
+from dpfy.types.plan import StepPlan
 from dpfy.privacy.split import gaussian_remainder
 
 __all__ = ["NormAdaptiveClipping", "NormAdaptiveState"]
@@ -166,7 +166,7 @@ class NormAdaptiveClipping(Method[NormAdaptiveState]):
         v = torch.clamp(n / bound, max=1.0)                                  # (B, K) in [0, 1]
         return {RELEASE: v if self.per_layer else v[:, 0]}
 
-    def update(self, state: NormAdaptiveState, released: Released) -> NormAdaptiveState:
+    def update(self, state: NormAdaptiveState, released: StepOutcome) -> NormAdaptiveState:
         b = released.expected_batch_size                                     # public
         sums = torch.as_tensor(released.sums[RELEASE], dtype=torch.float64).reshape(-1)
         bound = self.beta * self._clips(released.plan)                       # (K,) public

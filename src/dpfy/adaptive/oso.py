@@ -66,9 +66,9 @@ from typing import Any, Literal, Mapping
 import torch
 
 from dpfy._require import require
-from dpfy.adaptive.base import (Clip, Method, Norms, Released, ReleaseSpec, RunFacts,
-                                bind_facts, register)
-from dpfy.plan import StepPlan
+from dpfy.types import Clip, Norms, StepOutcome, ReleaseSpec, RunFacts
+from dpfy.adaptive.base import Method, bind_facts, register
+from dpfy.types.plan import StepPlan
 from dpfy.privacy.split import split_noise_multiplier
 
 __all__ = ["OnlineSensitivity", "OSOState", "THRESHOLD_GRADIENT", "hyper_factor", "released_dot"]
@@ -241,7 +241,7 @@ class OnlineSensitivity(Method[OSOState]):
         w = torch.where(clipped, 1.0 / n.clamp_min(tiny), torch.zeros_like(n))
         return {THRESHOLD_GRADIENT: w.double()}  # w_i g_i = q_i, ‖q_i‖ ∈ {0, 1}
 
-    def update(self, state: OSOState, released: Released) -> OSOState:
+    def update(self, state: OSOState, released: StepOutcome) -> OSOState:
         b = released.expected_batch_size                                 # public
         # g̃_t is the optimizer's gradient buffer: copied, since zero_grad(set_to_none=False)
         # or an in-place optimizer would change it before the next step reads it.

@@ -48,7 +48,7 @@ from dataclasses import dataclass, replace
 
 from dpfy._require import require
 from dpfy.adaptive.base import AdaptiveMethod, Needs, register
-from dpfy.plan import StepPlan
+from dpfy.types.plan import StepPlan
 from dpfy.privacy.ledger import Ledger, Sampling
 
 __all__ = ["PlateauNoiseDecay", "PlateauState"]

@@ -31,9 +31,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from dpfy._require import require
-from dpfy.adaptive.base import (Clip, Method, Needs, Norms, Released, ReleaseSpec, RunFacts,
-                                bind_facts, register)
-from dpfy.plan import StepPlan
+from dpfy.types import Clip, Norms, StepOutcome, ReleaseSpec, RunFacts
+from dpfy.adaptive.base import Method, Needs, bind_facts, register
+from dpfy.types.plan import StepPlan
 from dpfy.privacy.split import quantile_noise_split
 
 __all__ = ["QuantileClipping", "LayerQuantileClipping", "QuantileState"]
@@ -118,7 +118,7 @@ class QuantileClipping(Method[QuantileState]):
         centred = (norms.total <= float(plan.clip)).double() - 0.5   # (B,) sensitive, ±½
         return {"unclipped_count": centred}
 
-    def update(self, state: QuantileState, released: Released) -> QuantileState:
+    def update(self, state: QuantileState, released: StepOutcome) -> QuantileState:
         b = released.expected_batch_size                                   # public
         frac = (released.sums["unclipped_count"] + b / 2) / b              # privatized
         return QuantileState(clip=(_geometric(state.clip[0], frac, self.target_quantile,
@@ -194,7 +194,7 @@ class LayerQuantileClipping(Method[QuantileState]):
         centred = (per_group <= plan.clip.to(per_group)).double() - 0.5     # (B, K) ±½
         return {"unclipped_counts": centred}
 
-    def update(self, state, released: Released) -> QuantileState:
+    def update(self, state, released: StepOutcome) -> QuantileState:
         b = released.expected_batch_size
         counts = torch.as_tensor(released.sums["unclipped_counts"], dtype=torch.float64)
         frac = (counts + b / 2) / b                                         # (K,) privatized

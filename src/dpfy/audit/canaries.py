@@ -36,8 +36,9 @@ import torch
 from torch.utils.data import Dataset
 
 from dpfy._require import require
-from dpfy.adaptive.base import Method, Needs, Released
-from dpfy.plan import StepPlan
+from dpfy.adaptive.base import Method, Needs
+from dpfy.types import StepOutcome
+from dpfy.types.plan import StepPlan
 
 __all__ = ["CanarySet", "CanaryDataset", "CanaryGradients", "find_canaries"]
 
@@ -187,7 +188,7 @@ class CanaryGradients(Method[torch.Tensor]):
             out[name] = g
         return out
 
-    def update(self, state: torch.Tensor, released: Released) -> torch.Tensor:
+    def update(self, state: torch.Tensor, released: StepOutcome) -> torch.Tensor:
         # the gradient as released (before any postprocess of a chained method), when given
         noisy = getattr(released, "noisy_gradient", None) or released.gradient
         return state + released.expected_batch_size * self.canaries.project(noisy)

@@ -30,7 +30,8 @@ from typing import Any, Callable
 
 import torch
 
-from dpfy.adaptive.base import Deferred, RunFacts
+from dpfy.adaptive.base import Deferred
+from dpfy.types import RunFacts
 from dpfy.adaptive.factory import deferred_schedule, make_schedule
 from dpfy.data import DataSplits
 from dpfy.experiments.spec import RunSpec

@@ -34,10 +34,12 @@ import math
 from typing import Callable, Sequence
 
 from dpfy._require import require
+from dpfy.types import ReleaseSpec, StepPlan
 from dpfy.privacy import gdp
 from dpfy.privacy.accountants import (DEFAULT_RESOLUTION, PLD_FINE, check_accountant, epsilon,
                                       pld_min_noise_multiplier)
 from dpfy.privacy.ledger import Ledger, Release, Sampling
+from dpfy.privacy.releases import step_releases
 from dpfy.privacy.split import (combine_noise_multipliers, gaussian_remainder,
                                 quantile_noise_split, split_noise_multiplier)
 
@@ -410,9 +412,6 @@ def hyfree_noise_split(*, target_epsilon: float, delta: float, sample_rate: floa
                                        approximate=approximate)
     sigma_g = gamma * sigma
 
-    from dpfy.adaptive.base import ReleaseSpec   # the step's own statement of its releases
-    from dpfy.plan import StepPlan
-    from dpfy.step import step_releases
 
     def ledger_for(sigma_l: float) -> Ledger:
         ledger = Ledger()

@@ -36,6 +36,8 @@ from dpfy.privacy.calibration import (MAX_NOISE_MULTIPLIER, _homogeneous_epsilon
                                       _solve_decreasing, calibrate_noise_multiplier)
 from dpfy.privacy.group_ledger import GroupLedgers, PrivacyGroup
 from dpfy.privacy.ledger import Sampling
+from dpfy.privacy.releases import group_step_releases
+from dpfy.types import StepPlan
 
 __all__ = ["VARIANTS", "IndividualCalibration", "calibrate_individual", "check_groups",
            "BudgetAssignment", "assign_groups", "random_budgets", "load_budgets"]
@@ -117,8 +119,6 @@ def _planned_group_ledgers(groups: Sequence[PrivacyGroup], plan_sigma: float, q:
                            steps: int) -> GroupLedgers:
     """Per-group ledgers of ``steps`` steps at σ_t = ``plan_sigma``, written with the
     optimizer's own statement of what a step releases."""
-    from dpfy.plan import StepPlan          # the step module imports the privacy package
-    from dpfy.step import group_step_releases
 
     out = GroupLedgers(groups)
     plan = StepPlan(step=0, sample_rate=max(g.sample_rate for g in groups),

@@ -17,7 +17,6 @@ ledger never guesses them.
 
 from __future__ import annotations
 
-import enum
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -26,51 +25,9 @@ from typing import Any, Iterable, Iterator, Sequence
 import dp_accounting
 
 from dpfy._require import require
+from dpfy.types.sampling import Sampling
 
 __all__ = ["Sampling", "Release", "StepGroup", "Ledger"]
-
-
-class Sampling(str, enum.Enum):
-    """How the examples of one step were chosen; decides amplification and adjacency.
-
-    The sampler that formed the batches reports this; the accountant never guesses it.
-
-    - ``POISSON``: each example joins the batch independently with probability q. Adjacency:
-      add-or-remove one example. Amplified: ``PoissonSampledDpEvent(q, Gaussian(σ))``.
-    - ``FIXED_SIZE``: each step draws a fresh uniformly random batch of exactly b = q·N
-      examples without replacement (Balle et al. 2018; the guide's "uniform sampling").
-      Adjacency: replace-one (N is public). Amplified by sampling without replacement; needs
-      ``Ledger.dataset_size``.
-    - ``SHUFFLE``: fixed-size batches from a shuffled pass over the data (a plain
-      ``DataLoader(shuffle=True)``). Adjacency: replace-one. **No amplification**: the
-      accountant assumes the worst position of the example in every epoch. Each example is in
-      at most one batch per epoch, so a run of ``c`` steps at batch fraction q has at most
-      ``ceil(c / floor(1/q))`` participations, each a Gaussian release whose replace-one
-      sensitivity is twice the add/remove one (σ becomes σ/2). The participations are charged
-      at the smallest noise multipliers of the run, which makes the bound hold for every
-      ordering.
-    - ``NONE``: every example is in every step (full batch, or a release not subsampled);
-      no amplification; every step is charged.
-
-    A ledger whose steps need different adjacencies (Poisson with fixed-size or shuffled) is
-    refused by the accountants: the two guarantees are not about the same neighbouring relation.
-    """
-
-    POISSON = "poisson"
-    FIXED_SIZE = "fixed_size"
-    SHUFFLE = "shuffle"
-    NONE = "none"
-
-    @property
-    def adjacency(self) -> str | None:
-        """The neighbouring relation this sampling is analysed under (None: either)."""
-        return {"poisson": "add_or_remove", "fixed_size": "replace_one",
-                "shuffle": "replace_one", "none": None}[self.value]
-
-    @property
-    def amplified(self) -> bool:
-        """True when the accountant claims privacy amplification by sampling."""
-        return self in (Sampling.POISSON, Sampling.FIXED_SIZE)
 
 
 @dataclass(frozen=True)

@@ -380,7 +380,7 @@ class PrivacyReport:
         lines += ["## 1. DP setting", "", self.dp_setting, ""]
         lines += ["## 2. What the guarantee covers", "",
                   f"- **Data accesses covered:** {self.data_accesses}.",
-                  f"- **Released:** {self.released}. Formally the mechanism's output is the whole "
+                  f"- **StepOutcome:** {self.released}. Formally the mechanism's output is the whole "
                   "sequence of noisy releases (every noisy gradient and every checkpoint); the "
                   "guarantee covers all of it, and anything computed from it.",
                   *([f"- **Not released (secret):** {self.not_released}."]

@@ -16,7 +16,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
-from dpfy.adaptive import Method, Needs, ReleaseSpec
+from dpfy.adaptive import Method, Needs
+from dpfy.types import ReleaseSpec
 
 K = 3
 STD = 1e-3

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
 import oracles
-from engine_models import loader
+from model_cases import loader
 
 
 def one_step(model, opt, dl, loss_fn=F.cross_entropy):
@@ -185,7 +185,8 @@ def test_torch_lr_scheduler_drives_the_private_optimizer(toy):
 def test_extra_release_declared_by_a_method_is_noised_recorded_and_handed_back(toy):
     # A quantile-style count (Andrew et al.; STYLE.md §8): Σ_i (1[‖g_i‖ ≤ C] − ½), sensitivity ½,
     # noise std 0.25 -> noise multiplier 0.5 in the ledger next to the gradient's σ.
-    from dpfy.adaptive.base import Method, ReleaseSpec
+    from dpfy.adaptive.base import Method
+    from dpfy.types import ReleaseSpec
 
     seen = []
 

@@ -3,7 +3,7 @@
 "Refused before training (the validator names the module and the fix)": the refusal comes when
 the engine attaches, before any forward, naming the module's qualified name, its class and the
 fix. The general check (any buffer a training forward changes) stays the BufferGuard's, at the
-first training forward (tests/engine/test_buffer_guard.py).
+first training forward (tests/grads/test_buffer_guard.py).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ def mlp() -> nn.Module:
 
 
 def encoder() -> nn.Module:
-    from tiny_encoder import TinyEncoder
+    from dpfy.models.tiny_encoder import TinyEncoder
     return TinyEncoder(vocab=50, seq_len=6, d=8, heads=2, layers=1, ffn=12, classes=4)
 
 

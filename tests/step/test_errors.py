@@ -161,7 +161,7 @@ def test_tied_weights_train_on_the_default_and_vmap_engines():
         def forward(self, x):
             return self.b(torch.tanh(self.a(x)))[:, :2]
 
-    m, opt, dl = private(Tied())          # tests/engine/test_shapes_as_shipped.py: exactness
+    m, opt, dl = private(Tied())          # tests/grads/test_shapes_as_shipped.py: exactness
     train(m, opt, dl, 1)
     m, opt, dl = private(Tied(), engine="vmap")
     train(m, opt, dl, 1)

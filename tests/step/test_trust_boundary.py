@@ -14,7 +14,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
-from dpfy.adaptive import Clip, Method, ReleaseSpec, make_schedule
+from dpfy.types import Clip, ReleaseSpec
+from dpfy.adaptive import Method, make_schedule
 from dpfy.errors import PrivacyRefusal
 
 
@@ -115,7 +116,7 @@ def test_a_non_finite_contribution_is_refused_as_divergence_not_as_a_weight_bug(
     fix). A NaN or inf contribution is refused naming what is not finite and the likely cause."""
     import math
 
-    from dpfy.step import check_bound
+    from dpfy.step.sums import check_bound
 
     for bad in (math.nan, math.inf):
         with pytest.raises(PrivacyRefusal, match="not finite.*diverged") as err:

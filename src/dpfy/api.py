@@ -31,12 +31,13 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from dpfy._require import require
-from dpfy.adaptive.base import Method, RunFacts, make as make_method, prepare
+from dpfy.adaptive.base import Method, make as make_method, prepare
+from dpfy.types import RunFacts
 from dpfy.adaptive.chain import chain
-from dpfy.budget import RIGOROUS, BudgetGuard, GroupBudgetGuard
+from dpfy.step.guard import RIGOROUS, BudgetGuard, GroupBudgetGuard
 from dpfy.buffers import BufferGuard
 from dpfy.clipping import make_clipping
-from dpfy.distributed import current_collective, unwrap_model
+from dpfy.step.distributed import current_collective, unwrap_model
 from dpfy.grads import GradEngine
 from dpfy.memory import plan_physical_batch
 from dpfy.noise import NoiseSource
@@ -93,7 +94,7 @@ def make_private(
         Inside a ``torch.distributed`` process group of W ≥ 2 ranks (wrapped in
         ``DistributedDataParallel`` or not) training is data-parallel: ``loader.batch_size``
         is per rank, each rank clips its part of every global Poisson batch, rank 0 adds the
-        noise and one all-reduce releases the global sum (:mod:`dpfy.distributed`,
+        noise and one all-reduce releases the global sum (:mod:`dpfy.step.distributed`,
         docs/distributed.md).
       optimizer: any torch.optim optimizer over exactly the model's trainable parameters.
       loader: a DataLoader with a ``batch_size``; q = batch_size / len(dataset).
@@ -152,7 +153,7 @@ def make_private(
             type(optimizer).__name__, "a torch.optim.Optimizer")
     require(isinstance(loader, DataLoader), "loader", type(loader).__name__,
             "a torch.utils.data.DataLoader")
-    collective = current_collective()  # data-parallel ranks (dpfy.distributed), or None
+    collective = current_collective()  # data-parallel ranks (dpfy.step.distributed), or None
     user_model, model = model, unwrap_model(model)
     require(model not in _ATTACHED, "model", type(model).__name__, "not already private",
             "Call make_private once per model (build a fresh model to start over)")

@@ -1,21 +1,8 @@
-"""The private step, as pure pieces: what a step releases, and the sums it releases.
+"""The sensitive sums of one logical step, with the per-unit bound checks that guard them.
 
-One logical step t (DESIGN.md steps 1–3; the optimizer is only the torch facade around this):
-
-1. plan:     P_t = method.plan(state, StepPlan(t, q, σ, C))          public / released inputs
-2. norms:    n_i = ‖∂ℓ_i/∂θ‖ (and per parameter)                     (B,)  sensitive
-3. clipping: (w_i, Δ) = method.clipping(...) or the clipping policy   assert ‖w_i g_i‖ ≤ Δ
-4. extras:   v_i per declared release (values, or weights on g_i)     assert ‖v_i‖ ≤ Δ_r
-5. sums:     S = Σ_i w_i g_i, R_r = Σ_i v_i, over every physical batch of the logical batch
-6. release:  S̃ = S + N(0, (σ_t Δ)² I), R̃_r = R_r + N(0, std_r²); the ledger records
-             :func:`step_releases` (P_t, specs) — the same function calibration uses
-6b. post-release probes (specs with callable offsets): ℓ_i at θ + offsets(S̃/b) on the same
-             batch, clipped, summed, noised (:meth:`StepSums.release_probes`); the method maps
-             the gradient with them (``postprocess_probed``). Declared up front like the rest.
-7. update:   p.grad = S̃ / b; the inner optimizer steps; method.update(state, Released(...))
-
-:func:`step_releases` is the one statement of what a step releases. :func:`planned_ledger`
-writes, before training, the ledger of a data-independent method's whole run with it.
+:class:`StepSums` accumulates Σ_u w_u g_u and each declared extra release over the physical
+batches of a logical batch, asserting every unit's contribution against its declared
+sensitivity (:func:`check_bound`) before it is added, and noises each sum once at the release.
 """
 
 from __future__ import annotations
@@ -26,90 +13,18 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from dpfy.adaptive.base import Clip, Method, Norms, Released, ReleaseSpec, RunFacts
 from dpfy._require import require
 from dpfy.errors import PrivacyRefusal
-from dpfy.plan import StepPlan
-from dpfy.privacy.group_ledger import group_noise_multiplier
-from dpfy.privacy.ledger import Ledger, Release
+from dpfy.step.probes import post_release
+from dpfy.types import Clip, Norms, ReleaseSpec, StepOutcome, StepPlan
 
-__all__ = ["GRADIENT", "step_releases", "group_step_releases", "planned_ledger", "check_bound",
-           "StepSums", "contract", "probe_losses", "post_release", "released"]
+__all__ = ["StepSums", "check_bound", "contract", "outcome"]
 
-GRADIENT = "gradient"
 WeightSets = list[dict[str, torch.Tensor]]
 WeightedSums = Callable[[WeightSets], WeightSets]
 # Relative slack of the per-step sensitivity assertion: float32 norms make min(1, C/n)·n
 # exceed C by a few ulps (≈ 1e-7); a method's real excess is far larger.
 _SLACK = 1e-5
-
-
-def step_releases(plan: StepPlan, specs: Mapping[str, ReleaseSpec]) -> tuple[Release, ...]:
-    """What one step releases: the gradient sum at σ_t, then each declared extra release.
-
-    The optimizer records exactly this in the ledger, the budget guard checks it, and
-    calibration writes it for every planned step: there is no second formula.
-    """
-    out = [Release(GRADIENT, float(plan.noise_multiplier))]
-    for name, spec in specs.items():
-        if name == GRADIENT:
-            raise ValueError(f"an extra release name must not be {GRADIENT!r}, got "
-                             f"{GRADIENT!r}. Name the release after what it holds")
-        out.append(Release(name, spec.noise_multiplier))
-    return tuple(out)
-
-
-def group_step_releases(plan: StepPlan, specs: Mapping[str, ReleaseSpec],
-                        clip_fractions: Sequence[float]) -> list[tuple[Release, ...]]:
-    """What one step releases as seen by each privacy group (individualized privacy).
-
-    Group p's examples are clipped to f_p·Δ (``clip_fractions[p]``), so the gradient sum's noise
-    σ_t·Δ is σ_t / f_p relative to their sensitivity (:func:`dpfy.privacy.group_ledger
-    .group_noise_multiplier`); extra releases have one sensitivity for everyone and stay as
-    they are. This is :func:`step_releases` at the group's σ: the optimizer records it in each
-    group's ledger and ``dpfy.privacy.calibrate_individual`` writes it for every planned step.
-    """
-    return [step_releases(replace(plan, noise_multiplier=group_noise_multiplier(
-        plan.noise_multiplier, f)), specs) for f in clip_fractions]
-
-
-def base_plan(facts: RunFacts, step: int, noise_multiplier: float,
-              clip: float | torch.Tensor) -> StepPlan:
-    """The plan before any method changes it: the sampler's q, the run's σ and C."""
-    return StepPlan(step=step, sample_rate=facts.sample_rate, noise_multiplier=noise_multiplier,
-                    clip=clip)
-
-
-def planned_ledger(method: Method, facts: RunFacts, *, noise_multiplier: float = 0.0,
-                   clip: float | torch.Tensor = 1.0, steps: int | None = None) -> Ledger:
-    """The ledger a run of ``method`` under ``facts`` will write, built before training.
-
-    Only for data-independent methods (their plans and release specs depend on the step
-    alone); others raise, naming the budget guard as the alternative (STYLE.md R9).
-    """
-    if not method.is_data_independent():
-        raise ValueError(
-            f"method must be data-independent to write its ledger in advance, got method = "
-            f"{method.registry_name or type(method).__name__} (it adapts to released values). "
-            f"Give its noise explicitly and let the budget guard (target_epsilon= or "
-            f"epsilon_cap=) stop training at the target")
-    steps = facts.steps if steps is None else steps
-    if steps is None:
-        raise ValueError("steps must be known to write a run's ledger, got steps = None. "
-                         "Pass epochs= or max_steps= to make_private")
-    state = method.init()
-    ledger = Ledger(dataset_size=facts.dataset_size)
-    for t in range(steps):
-        plan = method.plan(state, base_plan(facts, t, noise_multiplier, clip))
-        ledger.record_step(sampling=facts.sampling, sample_rate=facts.sample_rate,
-                           releases=step_releases(plan, method.releases(state, plan)))
-    return ledger
-
-
-def post_release(specs: Mapping[str, ReleaseSpec]) -> list[str]:
-    """Names of the post-release probes among ``specs`` (offsets a function of the released
-    gradient): evaluated after the gradient's noise, on the same batch."""
-    return [name for name, spec in specs.items() if spec.after_release]
 
 
 def check_bound(sq_contrib: torch.Tensor, bound: float, *, what: str, owner: str) -> None:
@@ -234,7 +149,7 @@ class StepSums:
         """Noise every sum once; set ``p.grad`` = S̃/b; return the released extras.
 
         One parameter at a time, so peak memory stays Σθ + max θ. ``reduce`` (data-parallel
-        training, :mod:`dpfy.distributed`) sums the noised tensors over the ranks in place
+        training, :mod:`dpfy.step.distributed`) sums the noised tensors over the ranks in place
         before anything is returned: each rank's ``noise`` then holds its share of the one
         Gaussian draw (rank 0 the whole draw, the others none).
         """
@@ -296,57 +211,15 @@ def contract(per_sample: Mapping[str, torch.Tensor]) -> WeightedSums:
     return sums
 
 
-def probe_losses(specs: Mapping[str, ReleaseSpec], *, model: torch.nn.Module | None,
-                 loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor] | None,
-                 params: Mapping[str, torch.nn.Parameter], batch: Any, rows: int,
-                 released_gradient: Mapping[str, torch.Tensor] | None = None
-                 ) -> dict[str, torch.Tensor]:
-    """Per-example losses at θ + offsets on ``batch`` for every ``kind="loss"`` spec, (B,).
-
-    Without ``released_gradient``: the probes with fixed offsets (evaluated before the
-    release). With it: the post-release probes, at offsets(released_gradient).
-
-    Each probe runs ``loss_fn(model, batch)`` (the caller holds no_grad) with the named
-    parameters' data replaced by θ + Δθ (new tensors: θ itself is never modified, so no rounding
-    drift), then restores them; losses are clipped to ±Δ. Sensitive: they are summed and
-    noised like every release.
-    """
-    after = released_gradient is not None
-    probes = {n: s for n, s in specs.items() if s.kind == "loss" and s.after_release == after}
-    if not probes:
-        return {}
-    require(loss_fn is not None, "loss_fn", None, "given for loss probes",
-            "Pass make_private(..., loss_fn=fn) with fn(model, batch) -> (B,) losses")
-    out: dict[str, torch.Tensor] = {}
-    for name, spec in probes.items():
-        offsets = spec.offsets(released_gradient) if after else spec.offsets
-        unknown = sorted(set(offsets) - set(params))
-        require(not unknown, f"offsets of probe {name!r}", unknown,
-                "names of trainable parameters")
-        saved = {n: params[n].data for n in offsets}
-        try:
-            for n, d in offsets.items():
-                params[n].data = saved[n] + d.to(saved[n])
-            losses = torch.as_tensor(loss_fn(model, batch))                 # (B,) sensitive
-        finally:
-            for n, t in saved.items():
-                params[n].data = t
-        require(losses.shape == (rows,), f"loss_fn output for probe {name!r}",
-                tuple(losses.shape), f"one loss per example, shape ({rows},)",
-                "Return per-example losses (reduction='none')")
-        require(bool(torch.isfinite(losses).all()), f"loss_fn output for probe {name!r}",
-                "non-finite", "finite", "Clip or fix the loss")
-        out[name] = losses.double().clamp(-spec.sensitivity, spec.sensitivity)
-    return out
 
 
-def released(sums: StepSums, extras: Mapping[str, Any], normalizer: float,
+def outcome(sums: StepSums, extras: Mapping[str, Any], normalizer: float,
              params: Mapping[str, torch.nn.Parameter],
-             noisy: Mapping[str, torch.Tensor] | None = None) -> Released:
+             noisy: Mapping[str, torch.Tensor] | None = None) -> StepOutcome:
     """What ``method.update`` reads: the plan, the released gradient (as released, ``noisy``,
     and as the optimizer stepped on it after ``postprocess``), the extras and the parameters."""
     gradient = {n: p.grad for n, p in params.items()}
-    return Released(plan=sums.plan, expected_batch_size=normalizer, sums=dict(extras),
+    return StepOutcome(plan=sums.plan, expected_batch_size=normalizer, sums=dict(extras),
                     gradient=gradient, noisy_gradient=dict(noisy or gradient),
                     parameters={n: p.detach() for n, p in params.items()})
 

@@ -92,7 +92,7 @@ def train(model, opt, dl, steps):
 def test_instancenorm_running_stats_are_refused_before_training():
     # make_private itself refuses (grads/units.py::check_model); the guard's own first-forward
     # refusal of the same buffers is tested below (test_no_grad_..., test_collect_mode_...) and
-    # in tests/engine/test_buffer_refusal_early.py.
+    # in tests/grads/test_buffer_refusal_early.py.
     model = norm_model(track_running_stats=True)
     before = {n: p.clone() for n, p in model.named_parameters()}
     with pytest.raises(PrivacyRefusal, match=r"module '2' .*InstanceNorm2d"

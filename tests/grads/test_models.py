@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import oracles
-from engine_models import MODELS, make_data, make_model
+from model_cases import MODELS, make_data, make_model
 from dpfy.grads import GradEngine
 
 CLIP = 0.5

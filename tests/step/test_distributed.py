@@ -1,4 +1,4 @@
-"""Data-parallel private training (dpfy.distributed): 2 gloo processes on 127.0.0.1.
+"""Data-parallel private training (dpfy.step.distributed): 2 gloo processes on 127.0.0.1.
 
 One spawn runs every scenario on both ranks (starting processes dominates the cost); the
 parent then runs the single-process reference. Expected values are not taken from the code

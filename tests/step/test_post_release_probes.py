@@ -3,7 +3,7 @@ gradient, on the same batch, noised, and handed to ``postprocess_probed`` before
 
 Derivation used below: the model is a bias-free linear map with one output, ℓ_i(w) = w·x_i, so
 at the candidate w − g̃ the batch's loss sum is Σ_i (w − g̃)·x_i, computed here from the released
-gradient g̃ (``Released.noisy_gradient``) and the batch — not by the code under test.
+gradient g̃ (``StepOutcome.noisy_gradient``) and the batch — not by the code under test.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
-from dpfy.adaptive import Method, Needs, ReleaseSpec
+from dpfy.adaptive import Method, Needs
+from dpfy.types import ReleaseSpec
 from dpfy.errors import PrivacyRefusal
 
 STD, BOUND, N, D = 1e-4, 50.0, 12, 3
@@ -121,8 +122,8 @@ def test_post_release_losses_are_clipped_to_the_declared_sensitivity():
 
 def test_the_per_step_sensitivity_assertion_covers_post_release_probes():
     from dpfy.noise import NoiseSource
-    from dpfy.plan import StepPlan
-    from dpfy.step import StepSums
+    from dpfy.types.plan import StepPlan
+    from dpfy.step.sums import StepSums
 
     spec = ReleaseSpec(1.0, STD, kind="loss", offsets=minus_gradient)
     sums = StepSums(plan=StepPlan(0, 1.0, 1.0, 1.0), specs={"candidate": spec})
