@@ -20,7 +20,6 @@ batch size, under Poisson sampling (b = batch size for a kept shuffled loader).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 import warnings
 import weakref
 from typing import Any, Callable, Sequence
@@ -32,22 +31,21 @@ from torch.utils.data import DataLoader
 
 from dpfy._require import require
 from dpfy.adaptive.base import Method, make as make_method, prepare
-from dpfy.types import RunFacts
 from dpfy.adaptive.chain import chain
-from dpfy.step.guard import RIGOROUS, BudgetGuard, GroupBudgetGuard
 from dpfy.buffers import BufferGuard
 from dpfy.clipping import make_clipping
-from dpfy.step.distributed import current_collective, unwrap_model
 from dpfy.grads import GradEngine
 from dpfy.memory import plan_physical_batch
-from dpfy.noise import NoiseSource
+from dpfy.noise import GaussianMechanism, NoiseSource
 from dpfy.optim import DPOptimizer
 from dpfy.privacy import Ledger, calibrate_noise_multiplier
-from dpfy.privacy.group_ledger import GroupLedgers
-from dpfy.privacy.individual import (VARIANTS, BudgetAssignment, IndividualCalibration,
-                                     assign_groups, calibrate_individual)
-from dpfy.privacy.accountants import check_accountant
+from dpfy.privacy.accountants import RIGOROUS, check_accountant
 from dpfy.sampling import DPDataLoader, PoissonSampler, ShuffleSampler, make_sampler
+from dpfy.step.distributed import current_collective, unwrap_model
+from dpfy.step.guard import EpsilonGuard
+from dpfy.step.individual import individualize
+from dpfy.step.private_step import PrivateStep
+from dpfy.types import RunFacts, StepPlan
 
 __all__ = ["make_private", "derive_seeds"]
 
@@ -67,14 +65,12 @@ def make_private(
     epochs: float | None = None,
     max_grad_norm: float | Sequence[float] = 1.0,
     clipping: str = "flat",
-    engine: str = "auto",
+    route: str = "auto",
     seed: int | None = None,
     method: "Method | str | Sequence[Method | str] | None" = None,
-    schedule: Method | None = None,
     poisson_sampling: bool = True,
     max_physical_batch_size: int | str | None = None,
     memory_limit: int | None = None,
-    secure_mode: bool = False,
     accountant: str = "pld",
     max_steps: int | None = None, epsilon_cap: float | None = None,
     loss_reduction: str = "mean",
@@ -106,24 +102,23 @@ def make_private(
       max_grad_norm: C (flat, automatic); per layer: a float (split C/√K) or K floats;
         ``clipping="individual"``: one C_i per example.
       clipping: ``"flat" | "per_layer" | "automatic" | "individual"`` (see ``dpfy.clipping``).
-      engine: ``"auto"`` (layer rules + vmap for other modules), ``"ghost"`` or ``"vmap"``.
+      route: how per-unit norms and sums are computed: ``"auto"`` (layer rules, vmap for
+        other modules), ``"ghost"`` (layer rules only) or ``"vmap"`` (materialized).
       seed: None (default): sampling and noise come from a CSPRNG keyed by the operating
         system, so nothing published can reproduce them. An int makes the run reproducible:
         **anyone who knows the seed can undo the privacy**; it lives only in checkpoints.
       method: an adaptive method (``dpfy.adaptive``), a registry name (``dpfy methods``), or a
         list of them (chained in order). ``make_private`` calibrates it for the run's facts
         (q, N, steps, sampling, δ, target ε); a method built for other facts is refused.
-      schedule: the earlier name of ``method``.
       poisson_sampling: False uses dpfy's shuffled fixed-size sampler, accounted as
         ``Sampling.SHUFFLE``.
       max_physical_batch_size: split logical batches into physical ones of at most this size;
         ``"auto"``: the largest size whose memory estimate (:mod:`dpfy.memory`, per layer from
-        the engine's routes, measured on a 4-example probe) fits ``memory_limit``. The
+        the routes, measured on a 4-example probe) fits ``memory_limit``. The
         optimizer updates once per logical batch: ``optimizer.updated`` says whether the last
         ``step()`` did (for per-update LR schedulers); ``len(loader)`` counts logical batches.
       memory_limit: bytes for ``"auto"`` (default: half the memory available now,
         :func:`dpfy.memory.default_memory_limit`).
-      secure_mode: deprecated (secure is the default); True requires ``seed=None``.
       accountant: for ``target_epsilon``, ``epsilon_cap`` (PLD or RDP only: the GDP CLT may
         under-report ε) and ``optimizer.epsilon`` (any).
       max_steps: budget guard T (default: ``epochs`` × logical batches per epoch, or the
@@ -148,89 +143,55 @@ def make_private(
       ``requires_grad=False`` while private, since their gradients come from the engine), a
       :class:`dpfy.optim.DPOptimizer` and a :class:`dpfy.sampling.DPDataLoader`.
     """
-    require(isinstance(model, nn.Module), "model", type(model).__name__, "an nn.Module")
-    require(isinstance(optimizer, torch.optim.Optimizer), "optimizer",
-            type(optimizer).__name__, "a torch.optim.Optimizer")
-    require(isinstance(loader, DataLoader), "loader", type(loader).__name__,
-            "a torch.utils.data.DataLoader")
+    user_model, model = _admit(model, optimizer, loader)
     collective = current_collective()  # data-parallel ranks (dpfy.step.distributed), or None
-    user_model, model = model, unwrap_model(model)
-    require(model not in _ATTACHED, "model", type(model).__name__, "not already private",
-            "Call make_private once per model (build a fresh model to start over)")
-    require(noise_multiplier is None or target_epsilon is None,
-            "noise_multiplier / target_epsilon", (noise_multiplier, target_epsilon),
-            "not both given", "Pass σ directly or a target ε to calibrate it, not both")
-    require(noise_multiplier is not None or target_epsilon is not None or method is not None
-            or schedule is not None or budgets is not None,
-            "noise_multiplier", None, "given (or target_epsilon, or a method that sets σ)",
-            "Pass noise_multiplier=σ or target_epsilon=..., target_delta=..., epochs=...")
-    if noise_multiplier is not None:
-        require(noise_multiplier >= 0, "noise_multiplier", noise_multiplier, ">= 0")
-        if noise_multiplier == 0:
-            warnings.warn("noise_multiplier=0: no noise is added; training is NOT private "
-                          "(use only for debugging)", stacklevel=2)
-    check_accountant(accountant)
-    if max_steps is not None:
-        require(isinstance(max_steps, int) and max_steps >= 1, "max_steps", max_steps, ">= 1")
-
-    if secure_mode:
-        require(seed is None, "seed", seed, "None with secure_mode=True",
-                "secure_mode is the default now (seed=None); drop one of them")
+    model = unwrap_model(model)
+    _check_arguments(noise_multiplier=noise_multiplier, target_epsilon=target_epsilon,
+                     method=method, budgets=budgets, accountant=accountant, max_steps=max_steps)
     sampling_seed, noise_seed = derive_seeds(seed) if seed is not None else (None, None)
-
     if max_physical_batch_size == "auto":
         max_physical_batch_size = plan_physical_batch(model, loader, memory_limit=memory_limit,
-                                                      engine=engine)
+                                                      route=route)
     else:
         require(memory_limit is None, "memory_limit", memory_limit,
                 "None unless max_physical_batch_size='auto'", "Pass one of them")
+
+    # -- the run's facts: the sampler's, and the horizon ---------------------------------------
     sampler: PoissonSampler | ShuffleSampler = make_sampler(
         loader, poisson_sampling=poisson_sampling, sample_rates=sample_rates,
         seed=sampling_seed, shard=collective.shard if collective is not None else None)
-    n, q = sampler.dataset_size, sampler.sample_rate
-
     dp_loader = DPDataLoader(loader, sampler, max_physical_batch_size=max_physical_batch_size)
-    if target_epsilon is not None:
-        require(target_delta is not None and 0 < target_delta < 1, "target_delta",
-                target_delta, "in (0, 1) with target_epsilon", "The usual choice is δ < 1/N")
-        require(epochs is not None or max_steps is not None, "epochs", epochs,
-                "given with target_epsilon", "Say how long the run is: epochs= or max_steps=")
-    if max_steps is None and epochs is not None:
-        # The budget is the number of logical batches the loader yields over those epochs.
-        require(isinstance(epochs, (int, float)) and not isinstance(epochs, bool)
-                and math.isfinite(epochs) and epochs > 0, "epochs", epochs,
-                "a finite number > 0", "Say how many passes over the data the run makes")
-        max_steps = max(1, math.ceil(epochs * len(dp_loader) - 1e-9))
+    max_steps = _horizon(epochs, max_steps, target_epsilon, target_delta, len(dp_loader))
     if (target_epsilon is not None or epsilon_cap is not None) and accountant not in RIGOROUS:
         raise ValueError(
             f"accountant must be one of {list(RIGOROUS)} when it decides the noise (target_"
             f"epsilon, epsilon_cap), got accountant = {accountant!r}. The GDP CLT can under-"
             f"report ε; calibrate with 'pld' and read GDP afterwards with "
             f"optimizer.epsilon(delta, accountant='gdp')")
+
+    # -- calibrate: individual budgets, the method, σ ------------------------------------------
     individual_run = None
     if budgets is not None or individual is not None:
-        individual_run = _individualize(
-            budgets, individual, loader=loader, sampler=sampler, max_steps=max_steps,
-            delta=target_delta, accountant=accountant, max_grad_norm=max_grad_norm,
-            seed=sampling_seed, others={"noise_multiplier": noise_multiplier,
-                                        "target_epsilon": target_epsilon,
-                                        "sample_rates": sample_rates, "method": method,
-                                        "schedule": schedule, "collective": collective},
+        individual_run = individualize(
+            budgets, individual, sampler=sampler, max_steps=max_steps, delta=target_delta,
+            accountant=accountant, max_grad_norm=max_grad_norm, seed=sampling_seed,
+            others={"noise_multiplier": noise_multiplier, "target_epsilon": target_epsilon,
+                    "sample_rates": sample_rates, "method": method, "collective": collective},
             clipping=clipping, poisson_sampling=poisson_sampling)
         sampler, noise_multiplier = individual_run.sampler, individual_run.noise_multiplier
         clipping, max_grad_norm = individual_run.clipping, individual_run.max_grad_norm
         dp_loader = DPDataLoader(loader, sampler,
                                  max_physical_batch_size=max_physical_batch_size)
+    n, q = sampler.dataset_size, sampler.sample_rate
     if collective is not None:
         collective.agree({"dataset_size": n, "sample_rate": q, "noise_multiplier":
                           noise_multiplier, "target_epsilon": target_epsilon, "target_delta":
                           target_delta, "epochs": epochs, "max_steps": max_steps,
                           "max_grad_norm": repr(max_grad_norm), "clipping": clipping,
-                          "method": repr(method if method is not None else schedule),
-                          "accountant": accountant, "loss_reduction": loss_reduction,
-                          "seeded": seed is not None})
+                          "method": repr(method), "accountant": accountant,
+                          "loss_reduction": loss_reduction, "seeded": seed is not None})
         collective.broadcast_module(model)
-    grads = GradEngine(model, engine=engine, loss_reduction=loss_reduction)
+    grads = GradEngine(model, route=route, loss_reduction=loss_reduction)
     try:
         _check_optimizer_params(optimizer, grads)
         layers = [[u.qualified(r) for r in u.params] for u in grads.units]
@@ -238,14 +199,14 @@ def make_private(
         if clipping == "individual":
             require(poisson_sampling, "poisson_sampling", False, "True for clipping="
                     "'individual'", "Per-example thresholds need the batch's dataset indices")
-        method = _resolve_method(method if method is not None else schedule)
+        method = _resolve_method(method)
         if method is not None:
-            scalar_clip = isinstance(max_grad_norm, (int, float))
             facts = RunFacts(sampling=sampler.sampling, sample_rate=q, steps=max_steps,
                              dataset_size=n, steps_per_epoch=len(dp_loader),
                              normalizer=sampler.normalizer, delta=target_delta,
                              target_epsilon=target_epsilon, accountant=accountant,
-                             max_grad_norm=float(max_grad_norm) if scalar_clip else None,
+                             max_grad_norm=(float(max_grad_norm)
+                                            if isinstance(max_grad_norm, (int, float)) else None),
                              num_groups=len(grads.units),
                              inner_optimizer=type(optimizer).__name__,
                              inner_hyperparameters={k: v for k, v in
@@ -256,31 +217,86 @@ def make_private(
                 max_steps = int(method.total_steps)
             if target_epsilon is not None and epsilon_cap is None:
                 epsilon_cap = target_epsilon  # the method writes the plan: hold it to target
-        sets_sigma = method is not None and "noise_multiplier" in method.sets
-        if target_epsilon is not None and not sets_sigma:
+        if target_epsilon is not None and not (method is not None
+                                               and "noise_multiplier" in method.sets):
             noise_multiplier = calibrate_noise_multiplier(
                 target_epsilon=target_epsilon, delta=target_delta, sample_rate=q,
                 steps=max_steps, accountant=accountant, sampling=sampler.sampling)
-        budget = BudgetGuard(max_steps=max_steps, epsilon_cap=epsilon_cap, delta=target_delta,
-                             accountant=accountant)
-        _check_needs(method, grads, poisson_sampling, loss_fn, max_physical_batch_size)
-        if method is not None and method.supplies_clipping():
-            require(clipping == "flat", "clipping", clipping,
-                    f"'flat' (the default) with method {method.registry_name!r}, which "
-                    f"supplies its own clipping", "Drop clipping=, or drop the method: "
-                    "dpfy never replaces a clipping policy you asked for silently")
-        dp_optimizer = DPOptimizer(
-            optimizer, grads=grads, clipping=policy, noise=NoiseSource(noise_seed),
+
+        if method is not None:
+            _check_capabilities(method, grads, max_physical_batch_size, clipping, loss_fn,
+                                StepPlan(step=0, sample_rate=q,
+                                         noise_multiplier=noise_multiplier or 0.0,
+                                         clip=policy.default_clip()))
+
+        # -- assemble ---------------------------------------------------------------------------
+        private_step = PrivateStep(
+            optimizer, grads=grads, clipping=policy,
+            mechanism=GaussianMechanism(NoiseSource(noise_seed), sampling=sampler.sampling,
+                                        sample_rate=q),
             sampler=sampler, cursor=dp_loader.cursor, noise_multiplier=noise_multiplier,
-            method=method, ledger=Ledger(dataset_size=n), accountant=accountant, seed=seed,
-            budget=budget, model=model, loss_fn=loss_fn, collective=collective,
-            **(individual_run.optimizer_kwargs() if individual_run is not None else {}))
+            method=method, ledger=Ledger(dataset_size=n),
+            guard=EpsilonGuard(max_steps=max_steps, epsilon_cap=epsilon_cap,
+                               delta=target_delta, accountant=accountant),
+            model=model, loss_fn=loss_fn, collective=collective,
+            individual=individual_run.budgets if individual_run is not None else None)
+        dp_optimizer = DPOptimizer(optimizer, private_step, accountant=accountant, seed=seed)
     except Exception:
         grads.detach()
         raise
     BufferGuard(model)  # refuses buffers a training forward changes (dpfy/buffers.py)
     _ATTACHED[model] = grads
     return user_model, dp_optimizer, dp_loader
+
+
+def _admit(model: nn.Module, optimizer: torch.optim.Optimizer,
+           loader: DataLoader) -> tuple[nn.Module, nn.Module]:
+    """Check the three objects' types; the user's model and the one to hook (unwrapped)."""
+    require(isinstance(model, nn.Module), "model", type(model).__name__, "an nn.Module")
+    require(isinstance(optimizer, torch.optim.Optimizer), "optimizer",
+            type(optimizer).__name__, "a torch.optim.Optimizer")
+    require(isinstance(loader, DataLoader), "loader", type(loader).__name__,
+            "a torch.utils.data.DataLoader")
+    require(unwrap_model(model) not in _ATTACHED, "model", type(model).__name__,
+            "not already private",
+            "Call make_private once per model (build a fresh model to start over)")
+    return model, unwrap_model(model)
+
+
+def _check_arguments(*, noise_multiplier: float | None, target_epsilon: float | None,
+                     method: Any, budgets: Any, accountant: str, max_steps: int | None) -> None:
+    """The privacy arguments, before anything is built: one source of σ, valid values."""
+    require(noise_multiplier is None or target_epsilon is None,
+            "noise_multiplier / target_epsilon", (noise_multiplier, target_epsilon),
+            "not both given", "Pass σ directly or a target ε to calibrate it, not both")
+    require(noise_multiplier is not None or target_epsilon is not None or method is not None
+            or budgets is not None,
+            "noise_multiplier", None, "given (or target_epsilon, or a method that sets σ)",
+            "Pass noise_multiplier=σ or target_epsilon=..., target_delta=..., epochs=...")
+    if noise_multiplier is not None:
+        require(noise_multiplier >= 0, "noise_multiplier", noise_multiplier, ">= 0")
+        if noise_multiplier == 0:
+            warnings.warn("noise_multiplier=0: no noise is added; training is NOT private "
+                          "(use only for debugging)", stacklevel=3)
+    check_accountant(accountant)
+    if max_steps is not None:
+        require(isinstance(max_steps, int) and max_steps >= 1, "max_steps", max_steps, ">= 1")
+
+
+def _horizon(epochs: float | None, max_steps: int | None, target_epsilon: float | None,
+             target_delta: float | None, steps_per_epoch: int) -> int | None:
+    """T, the ε guard's horizon: ``max_steps``, or the logical batches of ``epochs`` passes."""
+    if target_epsilon is not None:
+        require(target_delta is not None and 0 < target_delta < 1, "target_delta",
+                target_delta, "in (0, 1) with target_epsilon", "The usual choice is δ < 1/N")
+        require(epochs is not None or max_steps is not None, "epochs", epochs,
+                "given with target_epsilon", "Say how long the run is: epochs= or max_steps=")
+    if max_steps is None and epochs is not None:
+        require(isinstance(epochs, (int, float)) and not isinstance(epochs, bool)
+                and math.isfinite(epochs) and epochs > 0, "epochs", epochs,
+                "a finite number > 0", "Say how many passes over the data the run makes")
+        max_steps = max(1, math.ceil(epochs * steps_per_epoch - 1e-9))
+    return max_steps
 
 
 def _check_optimizer_params(optimizer: torch.optim.Optimizer, grads: GradEngine) -> None:
@@ -316,93 +332,36 @@ def _resolve_method(method: "Method | str | Sequence[Method | str] | None") -> "
     return method
 
 
-def _check_needs(method: "Method | None", grads: GradEngine, poisson_sampling: bool,
-                 loss_fn: Any, max_physical_batch_size: int | None = None) -> None:
-    """What the method declared it needs, checked once before training."""
-    if method is None:
-        return
-    needs, name = method.needs, method.registry_name or type(method).__name__
-    if needs.per_sample_grads:
-        require(grads.engine != "ghost", "engine", grads.engine,
+def _check_capabilities(method: Method, grads: GradEngine, max_physical_batch_size: Any,
+                        clipping: str, loss_fn: Any, plan: StepPlan) -> None:
+    """What the method's capabilities ask of the run, checked once before training.
+
+    Derived from what the method implements and declares, never from flags: a per-sample
+    transform needs the materialized route, loss-probe releases need ``loss_fn`` (checked
+    again at every step that declares one), post-release probes need whole logical batches.
+    """
+    name = method.registry_name or type(method).__name__
+    if method.implements("transform"):
+        require(grads.route != "ghost", "route", grads.route,
                 f"'auto' or 'vmap' for method {name!r} (it transforms per-sample gradients "
                 f"coordinate-wise, which the ghost route never forms)",
-                "Drop engine='ghost'; every layer then takes the materialized route "
+                "Drop route='ghost'; every layer then takes the materialized route "
                 "(memory: B × parameters)")
-    if needs.probes:
+    if method.implements("clipping"):
+        require(clipping == "flat", "clipping", clipping,
+                f"'flat' (the default) with method {name!r}, which supplies its own clipping",
+                "Drop clipping=, or drop the method: dpfy never replaces a clipping policy "
+                "you asked for silently")
+    state = method.init()
+    specs = method.releases(state, method.plan(state, plan))   # the first step's releases
+    if any(spec.kind == "loss" for spec in specs.values()):
         require(callable(loss_fn), "loss_fn", loss_fn, f"a callable for method {name!r}",
                 "It probes per-example losses: pass make_private(..., loss_fn=fn) with "
                 "fn(model, batch) -> (B,) losses (reduction='none')")
-    if needs.whole_batch:
+    if any(spec.after_release for spec in specs.values()):
         require(max_physical_batch_size is None, "max_physical_batch_size",
                 max_physical_batch_size, f"None for method {name!r}",
                 "Its post-release loss probes need the whole logical batch after the gradient "
                 "is released, so a logical batch cannot be split into physical ones (a split "
                 "would be refused at the first large Poisson batch, mid-run)")
-    if needs.indices:
-        require(poisson_sampling, "poisson_sampling", False, f"True for method {name!r}",
-                "It reads the batch's dataset indices, which Poisson sampling provides")
 
-
-@dataclass(frozen=True)
-class _IndividualRun:
-    """What ``make_private`` runs with for individualized budgets (see :func:`_individualize`)."""
-
-    calibration: IndividualCalibration
-    assignment: BudgetAssignment
-    sampler: PoissonSampler
-    noise_multiplier: float
-    clipping: str
-    max_grad_norm: float | torch.Tensor
-
-    def optimizer_kwargs(self) -> dict[str, Any]:
-        cal, a = self.calibration, self.assignment
-        return {"groups": GroupLedgers(cal.privacy_groups(a.sizes), len(a.group_of)),
-                "group_budget": GroupBudgetGuard(cal.budgets, delta=cal.delta,
-                                                 accountant=cal.accountant),
-                "group_of": torch.from_numpy(a.group_of)}
-
-
-def _individualize(budgets: Any, variant: str | None, *, loader: DataLoader,
-                   sampler: PoissonSampler | ShuffleSampler, max_steps: int | None,
-                   delta: float | None, accountant: str, max_grad_norm: Any, seed: int | None,
-                   others: dict[str, Any], clipping: str, poisson_sampling: bool
-                   ) -> _IndividualRun:
-    """Calibrate IDP-SGD Sample or Scale for the run and build its sampler and clipping."""
-    require(budgets is not None, "budgets", None, f"given with individual={variant!r}",
-            "Pass one ε per training example")
-    require(variant in VARIANTS, "individual", variant, f"one of {list(VARIANTS)} with budgets",
-            "Choose per-group sample rates ('sample') or clip thresholds ('scale')")
-    for name, value in others.items():
-        require(value is None, name, "given", "None with budgets (individualized privacy "
-                "decides σ, the rates and the thresholds)", f"Drop {name}")
-    require(clipping == "flat" and poisson_sampling, "clipping / poisson_sampling",
-            (clipping, poisson_sampling), "('flat', True) with budgets",
-            "Individualized budgets need Poisson sampling and the base flat threshold c")
-    require(isinstance(max_grad_norm, (int, float)), "max_grad_norm", max_grad_norm,
-            "a float (the base threshold c) with budgets")
-    require(delta is not None and 0 < delta < 1, "target_delta", delta,
-            "in (0, 1) with budgets", "Every group's guarantee is (ε_p, δ): pass target_delta")
-    require(max_steps is not None, "epochs", None, "given with budgets",
-            "The calibration keeps the run's steps fixed: pass epochs= or max_steps=")
-    require(accountant in RIGOROUS, "accountant", accountant,
-            f"one of {list(RIGOROUS)} with budgets", "Calibrate with 'rdp' or 'pld'")
-    n = sampler.dataset_size
-    if torch.is_tensor(budgets):
-        budgets = budgets.detach().cpu().numpy()
-    assignment = assign_groups(budgets, n)
-    cal = calibrate_individual(budgets=assignment.budgets, fractions=assignment.fractions,
-                               variant=variant, sample_rate=sampler.sample_rate,
-                               steps=max_steps, delta=delta, max_grad_norm=float(max_grad_norm),
-                               accountant=accountant)
-    group_of = torch.from_numpy(assignment.group_of)
-    if variant == "sample":
-        rates = torch.tensor(cal.sample_rates, dtype=torch.float64)[group_of]      # (N,)
-        # b stays the uniform qN (Σ q_i is at most 0.2 % below it): same update scale and
-        # steps per epoch as the uniform run the calibration assumed.
-        new_sampler = PoissonSampler(n, sample_rates=rates, seed=seed,
-                                     normalizer=sampler.normalizer)
-        return _IndividualRun(cal, assignment, new_sampler, cal.plan_noise_multiplier,
-                              "flat", float(max_grad_norm))
-    clips = torch.tensor(cal.clips, dtype=torch.float64)[group_of]                 # (N,)
-    return _IndividualRun(cal, assignment, sampler, cal.plan_noise_multiplier, "individual",
-                          clips)

@@ -148,9 +148,6 @@ def test_without_a_compiler_auto_warns_and_compiled_refuses(no_compiler):
     with pytest.raises(RuntimeError, match="compiled sampler"):
         src.load_state_dict({"reproducible": True, "backend": "xoshiro",
                              "state": torch.zeros(64, dtype=torch.int64)})
-    with pytest.raises(RuntimeError, match="compiled sampler"):  # an earlier dpfy's checkpoint
-        src.load_state_dict({"backend": "compiled", "state": torch.zeros(64, dtype=torch.int64),
-                             "secure": False})
     # a secure ChaCha20 checkpoint continues with fresh OS noise: still secure, said so
     with pytest.warns(RuntimeWarning, match="still secure"):
         src.load_state_dict({"reproducible": False, "backend": "chacha20",

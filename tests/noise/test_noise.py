@@ -1,5 +1,5 @@
-"""NoiseSource's API: secure by default, reproducible from a seed, the deprecated ``secure=``
-alias, backend choices and their refusals, checkpoints of either mode and of earlier versions."""
+"""NoiseSource's API: secure by default, reproducible from a seed, backend choices and their
+refusals, checkpoints of either mode."""
 
 from __future__ import annotations
 
@@ -36,17 +36,6 @@ def test_secure_noise_has_the_right_law_and_is_not_reproducible():
     assert not torch.equal(a.gaussian(like, 1.0), b.gaussian(like, 1.0))
 
 
-def test_deprecated_secure_alias_keeps_old_callers_working():
-    with pytest.warns(DeprecationWarning, match="seed=None|NoiseSource\\(None\\)"):
-        secure = NoiseSource(5, secure=True)  # the seed is ignored
-    assert not secure.reproducible and secure.backend == "chacha20"
-    with pytest.warns(DeprecationWarning):
-        seeded = NoiseSource(5, secure=False)
-    assert seeded.reproducible and seeded.backend == "xoshiro"
-    assert torch.equal(seeded.gaussian(torch.zeros(50), 1.0),
-                       NoiseSource(5).gaussian(torch.zeros(50), 1.0))
-
-
 def test_backend_choices_that_contradict_the_mode_are_refused_with_the_fix():
     with pytest.raises(ValueError, match='backend must be not "torch".*seed=<int>'):
         NoiseSource(backend="torch")
@@ -68,17 +57,6 @@ def test_state_dicts_say_mode_and_backend_and_switch_on_load():
         assert other.backend == backend and other.reproducible == src.reproducible
 
 
-def test_checkpoints_of_earlier_versions_load():
-    old_seeded = {"backend": "torch", "generator": torch.Generator().manual_seed(3).get_state(),
-                  "secure": False}
-    src = NoiseSource()
-    src.load_state_dict(old_seeded)
-    assert src.reproducible and src.backend == "torch"
-    old_secure = dict(old_seeded, secure=True)  # its generator was never used
-    src.load_state_dict(old_secure)
-    assert not src.reproducible and src.backend == "urandom"
-
-
 def test_std_zero_adds_nothing():
     for src in (NoiseSource(), NoiseSource(1, backend="torch")):
         t = torch.arange(6.0)
@@ -94,8 +72,8 @@ def test_make_private_noise_is_secure_unless_seeded():
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         model, opt, dl = dpfy.make_private(model, opt, DataLoader(ds, batch_size=5),
                                            noise_multiplier=1.0, seed=seed)
-        assert opt.noise.reproducible == (seed is not None)
-        assert opt.noise.backend == ("xoshiro" if seed is not None else "chacha20")
+        assert opt.mechanism.generator().reproducible == (seed is not None)
+        assert opt.mechanism.generator().backend == ("xoshiro" if seed is not None else "chacha20")
         for x, y in dl:
             opt.zero_grad()
             F.cross_entropy(model(x), y).backward()

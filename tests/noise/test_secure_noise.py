@@ -23,7 +23,7 @@ import pytest
 import torch
 from scipy import stats
 
-import dpfy.noise
+import dpfy.noise.generator
 from dpfy.native import build
 from dpfy.noise import NoiseSource, secure_uniform
 
@@ -80,7 +80,7 @@ def test_a_forked_child_rekeys_its_secure_stream(monkeypatch):
     a = NoiseSource()
     twin = NoiseSource()
     twin.load_state_dict(a.state_dict())
-    monkeypatch.setattr(dpfy.noise.os, "getpid", lambda: -12345)  # as if in a forked child
+    monkeypatch.setattr(dpfy.noise.generator.os, "getpid", lambda: -12345)  # as if in a forked child
     assert not torch.equal(a.gaussian(torch.zeros(500), 1.0), twin.gaussian(torch.zeros(500), 1.0))
 
 
@@ -152,7 +152,7 @@ def test_seeded_compiled_sampler_reaches_9_sigma():
     state = src.state_dict()["state"].clone()  # 4 × 16 words, word-major: s[w·16 + lane]
     state[0] = 0  # s0 of lane 0
     state[48] = 0  # s3 of lane 0 (s1, s2 stay nonzero: a valid xoshiro state)
-    src.load_state_dict({"backend": "compiled", "state": state, "secure": False})  # old format
+    src.load_state_dict({"backend": "xoshiro", "state": state, "reproducible": True})
     z = src.gaussian(torch.zeros(512), 1.0)
     radius = math.hypot(float(z[0]), float(z[256]))
     assert radius > 9 and abs(radius - MAX_RADIUS) < 1e-5 * MAX_RADIUS
@@ -160,7 +160,7 @@ def test_seeded_compiled_sampler_reaches_9_sigma():
 
 def test_secure_fallback_without_compiler_reaches_9_sigma(no_compiler, monkeypatch):
     """Regression: os.urandom's all-zero bits used to give u1 = ½·2⁻⁵³, radius 8.65 < 9."""
-    src = quiet(lambda: NoiseSource(5, secure=True))  # deprecated alias: secure, seed ignored
+    src = quiet(lambda: NoiseSource())
     monkeypatch.setattr(os, "urandom", lambda n: bytes(n))
     z = src.gaussian(torch.zeros(4, dtype=torch.float64), 1.0)
     assert float(z[0]) > 9 and abs(float(z[0]) - MAX_RADIUS) < 1e-12 * MAX_RADIUS
@@ -244,9 +244,9 @@ def test_secure_uniform_is_open_and_uniform():
 def test_secure_uniform_never_returns_one(no_compiler, monkeypatch):
     """Regression: (top 53 bits + ½)·2⁻⁵³ rounded to 1.0 when all bits were 1 (54 significant
     bits do not fit a double); (top 52 bits + ½)·2⁻⁵² fits exactly."""
-    fresh = getattr(dpfy.noise, "_SecureWords", None)  # a stream built with the compiler away
+    fresh = getattr(dpfy.noise.generator, "_SecureWords", None)  # a stream built with the compiler away
     if fresh is not None:
-        monkeypatch.setattr(dpfy.noise, "_secure_words", fresh())
+        monkeypatch.setattr(dpfy.noise.generator, "_secure_words", fresh())
     monkeypatch.setattr(os, "urandom", lambda n: b"\xff" * n)
     assert float(secure_uniform(8).max()) < 1
     monkeypatch.setattr(os, "urandom", lambda n: bytes(n))

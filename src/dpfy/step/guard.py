@@ -1,4 +1,4 @@
-"""The budget guard: the step horizon, the ε cap, and the running accountant behind it.
+"""The ε guard: the step horizon, the ε cap, and the running accountant behind it.
 
 Checked before any noise of a step is drawn, so a refused step releases nothing. It raises
 :class:`dpfy.errors.BudgetExhausted` (not a ``ValueError``: the input was fine, the budget is
@@ -15,15 +15,15 @@ from dpfy.privacy import Ledger, Release, Sampling, epsilon as ledger_epsilon
 from dpfy.privacy.accountants import RIGOROUS
 from dpfy.privacy.calibration import last_passing
 from dpfy.privacy.running import RunningEpsilon
+from dpfy.noise.mechanism import StepRecord
 
 if TYPE_CHECKING:
     from dpfy.privacy.group_ledger import GroupLedgers
 
-__all__ = ["BudgetGuard", "GroupBudgetGuard", "RIGOROUS"]
+__all__ = ["EpsilonGuard", "GroupEpsilonGuard", "RIGOROUS"]
 
 
-
-class BudgetGuard:
+class EpsilonGuard:
     """Refuses step ``max_steps`` + 1, and any step whose releases would take ε above the cap.
 
     Attributes:
@@ -55,9 +55,14 @@ class BudgetGuard:
         """Refuse a step at or beyond the horizon (before anything is computed for it)."""
         if self.max_steps is not None and step >= self.max_steps:
             raise BudgetExhausted(
-                f"step must be < max_steps = {self.max_steps} (the budget the run was planned "
+                f"step must be < max_steps = {self.max_steps} (the horizon the run was planned "
                 f"for), got step = {step}. Stop training, or re-plan explicitly by setting "
                 f"optimizer.max_steps to a larger value, knowing ε will exceed the target")
+
+    def check(self, ledger: Ledger, record: StepRecord) -> None:
+        """Refuse a step whose ``record`` would take ε(delta) above ``epsilon_cap``."""
+        self.check_release(ledger, sampling=record.sampling, sample_rate=record.sample_rate,
+                           releases=record.releases)
 
     def check_release(self, ledger: Ledger, *, sampling: Sampling, sample_rate: float,
                       releases: Sequence[Release]) -> None:
@@ -114,8 +119,8 @@ class BudgetGuard:
         return last_passing(fits, lo, hi)
 
 
-class GroupBudgetGuard:
-    """The ε cap of every privacy group (individualized budgets): one :class:`BudgetGuard` per
+class GroupEpsilonGuard:
+    """The ε cap of every privacy group (individualized budgets): one :class:`EpsilonGuard` per
     group, each on its group's ledger, so training stops before any group would exceed its ε.
 
     Attributes:
@@ -124,7 +129,7 @@ class GroupBudgetGuard:
 
     def __init__(self, budgets: Sequence[float], *, delta: float, accountant: str) -> None:
         self.budgets = tuple(float(b) for b in budgets)
-        self.guards = [BudgetGuard(max_steps=None, epsilon_cap=b, delta=delta,
+        self.guards = [EpsilonGuard(max_steps=None, epsilon_cap=b, delta=delta,
                                    accountant=accountant) for b in self.budgets]
 
     def reset(self) -> None:

@@ -8,8 +8,8 @@ sensitivity (:func:`check_bound`) before it is added, and noises each sum once a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
 
 import torch
 

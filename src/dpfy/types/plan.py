@@ -12,7 +12,7 @@ import torch
 
 from dpfy._require import require
 
-__all__ = ["StepPlan"]
+__all__ = ["StepPlan", "PLAN_FIELDS"]
 
 
 @dataclass(frozen=True)
@@ -38,3 +38,7 @@ class StepPlan:
         require(0 < self.sample_rate <= 1, "sample_rate", self.sample_rate, "in (0, 1]")
         require(self.noise_multiplier >= 0, "noise_multiplier", self.noise_multiplier, ">= 0")
         require(self.lr_scale > 0, "lr_scale", self.lr_scale, "> 0")
+
+
+# The plan fields a method may write (it declares which in ``Method.sets``); q is the sampler's.
+PLAN_FIELDS = ("noise_multiplier", "clip", "lr_scale")

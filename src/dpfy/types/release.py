@@ -9,12 +9,16 @@ from typing import Any, Callable, Literal, Mapping
 import torch
 
 from dpfy._require import require
+from dpfy.types.clip import Norms
 from dpfy.types.plan import StepPlan
 
-__all__ = ["RELEASE_KINDS", "Offsets", "ReleaseSpec", "StepOutcome"]
+__all__ = ["RELEASE_KINDS", "Offsets", "Values", "ReleaseSpec", "StepOutcome"]
 
 
 RELEASE_KINDS = ("values", "gradient", "loss")
+# How a release's per-unit values are formed from the step's norms: (U,) or (U, d) values, or
+# (U,) weights on the per-unit gradients (kind "gradient"). Sensitive in and out.
+Values = Callable[[Norms], torch.Tensor]
 # A loss probe's offsets: fixed {name: Δθ}, or a function of the step's released gradient.
 Offsets = (Mapping[str, torch.Tensor]
            | Callable[[Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]])
@@ -27,8 +31,8 @@ class ReleaseSpec:
     Args:
       sensitivity: Δ, the L2 bound on one example's v_i (add/remove one), > 0; asserted.
       noise_std: standard deviation of the Gaussian on the sum, > 0.
-      kind: ``"values"`` (v_i is a scalar or a vector given by ``release_values``),
-        ``"gradient"`` (v_i = w_i g_i, per-sample gradients weighted by the method's w_i: a
+      kind: ``"values"`` (v_i is a scalar or a vector, ``values(norms)``),
+        ``"gradient"`` (v_i = w_i g_i, per-unit gradients weighted by w = ``values(norms)``: a
         parameter-shaped release formed by the engine's book-keeping), or ``"loss"`` (a
         **probe**: v_i = clip(ℓ_i(θ + offsets), −Δ, Δ), example i's loss on the same batch at
         perturbed parameters, from ``make_private(loss_fn=...)``; HyFreeDP, ADADP, line
@@ -37,13 +41,21 @@ class ReleaseSpec:
         itself built from released values); parameters not named stay at θ. Or a callable
         ``released_gradient -> {name: Δθ}``: a **post-release probe**, evaluated after this
         step's gradient is released (noise added), at offsets that are a function of that
-        released gradient {name: S̃/b} only (post-processing; see ``Method.postprocess_probed``).
+        released gradient {name: S̃/b} only (post-processing; see ``Method.postprocess``).
+      values: for ``kind="values"`` and ``"gradient"``: how the per-unit values are formed,
+        ``values(norms) -> (U,) | (U, d)`` (a function of the step's per-unit norms and of
+        public values the method closed over). The step calls it, asserts each unit's bound
+        ‖v_u‖ ≤ Δ, sums and noises; the method never sees the sum un-noised.
+      label: a few words saying what the release holds (``dpfy methods`` and the privacy
+        report print it beside the release's name, kind, sensitivity and noise multiplier).
     """
 
     sensitivity: float
     noise_std: float
     kind: Literal["values", "gradient", "loss"] = "values"
     offsets: Offsets | None = None
+    values: Values | None = None
+    label: str = ""
 
     def __post_init__(self) -> None:
         require(self.sensitivity > 0, "sensitivity", self.sensitivity, "> 0")
@@ -54,6 +66,10 @@ class ReleaseSpec:
                 "given" if self.offsets is not None else None,
                 "given exactly for kind='loss'",
                 "A loss probe says where to evaluate: offsets {parameter name: Δθ}")
+        require((self.values is not None) == (self.kind != "loss"), "values",
+                "given" if self.values is not None else None,
+                "given exactly for kind='values' or 'gradient'",
+                "Say how each unit's value is formed: values=lambda norms: ... (U,)")
 
     @property
     def noise_multiplier(self) -> float:

@@ -1,4 +1,4 @@
-"""Gaussian noise for sums of clipped gradients: secure by default, reproducible on request.
+"""The Gaussian generator: secure by default (ChaCha20), reproducible from a seed on request.
 
 DESIGN.md convention: noise is calibrated to the **sum**: the engine adds N(0, (σ·Δ)² I) to
 Σ_i w_i g_i, where Δ is the clipping policy's sensitivity, and divides by the normalizer after.
@@ -35,6 +35,7 @@ from typing import Any, Iterator, Literal
 
 import torch
 
+from dpfy._require import require
 from dpfy.native.build import NativeUnavailable
 from dpfy.native.gaussian import ChaChaGaussian, XoshiroGaussian  # built on first instance
 
@@ -100,8 +101,6 @@ class NoiseSource:
         ``"compiled"`` (error if it cannot be built), ``"torch"`` (reproducible only: a
         ``torch.Generator`` feeding float64 Box–Muller), ``"urandom"`` (secure only: os.urandom
         feeding float64 Box–Muller).
-      secure: deprecated alias kept for one release: ``secure=True`` ignores ``seed`` and means
-        secure mode. Pass ``seed=None`` instead.
 
     Every backend's draws reach |z| = √(130 ln 2) ≈ 9.49σ with Gaussian tail mass (module
     docstring). ``state_dict()`` holds what continues the stream in a resumed run — the ChaCha
@@ -109,14 +108,7 @@ class NoiseSource:
     only, never in anything released.
     """
 
-    def __init__(self, seed: int | None = None, *, backend: Backend = "auto",
-                 secure: bool | None = None) -> None:
-        from dpfy._require import require
-        if secure is not None:
-            warnings.warn("NoiseSource(secure=...) is deprecated: NoiseSource(None) is secure "
-                          "and NoiseSource(seed) reproducible", DeprecationWarning, stacklevel=2)
-            if secure:
-                seed = None
+    def __init__(self, seed: int | None = None, *, backend: Backend = "auto") -> None:
         require(backend in ("auto", "compiled", "torch", "urandom"), "backend", backend,
                 'one of "auto", "compiled", "torch", "urandom"')
         require(not (seed is None and backend == "torch"), "backend", backend,
@@ -150,7 +142,7 @@ class NoiseSource:
 
     @property
     def secure(self) -> bool:
-        """Not reproducible: drawn from a CSPRNG keyed by the OS (kept for existing callers)."""
+        """Not reproducible: drawn from a CSPRNG keyed by the OS."""
         return not self._reproducible
 
     @property
@@ -238,13 +230,9 @@ class NoiseSource:
 
         A secure ChaCha20 checkpoint loaded where the sampler cannot be built continues with
         fresh os.urandom noise (warned: still secure, not bit-identical); a seeded xoshiro one
-        is refused there, since reproducing it is its point. Checkpoints of earlier dpfy
-        versions (``backend`` "compiled"/"torch" plus ``secure``) load too.
+        is refused there, since reproducing it is its point.
         """
-        backend = state.get("backend", "torch")
-        if "reproducible" not in state:  # written before the secure default
-            backend = "urandom" if state.get("secure") else \
-                {"compiled": "xoshiro"}.get(backend, backend)
+        backend = state["backend"]
         self._reproducible = backend in ("xoshiro", "torch")
         self._compiled, self._generator, self._pid = None, None, os.getpid()
         if backend == "torch":

@@ -1,0 +1,344 @@
+"""The private step, in one place: one logical batch of units in, one noisy release out.
+
+It reads top to bottom like this (DESIGN.md, "The private step, on one screen"):
+
+1. plan:      P_t = method.plan(state, StepPlan(t, q, σ, C))      public / released inputs only
+2. take:      the physical batch the sampler drew (the loader's cursor); its rows' units
+3. norms:     n_u = ‖Σ_{i∈u} ∂ℓ_i/∂θ‖ per unit of privacy (and per parameter)   sensitive
+4. clipping:  (w_u, Δ) = method.clipping(...) or the clipping policy; asserted ‖w_u g_u‖ ≤ Δ
+5. extras:    v_u = spec.values(norms) per declared release;        asserted ‖v_u‖ ≤ Δ_r
+6. sums:      S = Σ_u w_u g_u, R_r = Σ_u v_u, over every physical batch of the logical batch
+7. guard:     the ε guard (and each privacy group's) refuses a release that would exceed it
+8. noise:     the noise mechanism's generator: S̃ = S + N(0, (σ_t Δ)² I), R̃_r = R_r + noise
+9. ledger:    the mechanism's record of this step (:func:`dpfy.privacy.releases.step_releases`)
+10. probes:   post-release loss probes at θ + offsets(S̃/b), noised (declared up front)
+11. optimizer: p.grad = postprocess(S̃/b); the inner optimizer steps at lr × plan.lr_scale
+12. update:   state = method.update(state, StepOutcome(...)) — released values only
+
+Individualized budgets (:mod:`dpfy.step.individual`), data-parallel all-reduce
+(:mod:`dpfy.step.distributed`), loss probes (:mod:`dpfy.step.probes`) and the sums
+(:mod:`dpfy.step.sums`) are pieces it calls. :class:`dpfy.optim.DPOptimizer` is only the
+torch facade around it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping
+
+import torch
+
+from dpfy._require import require
+from dpfy.adaptive.base import Method
+from dpfy.clipping import ClippingPolicy, total_norm
+from dpfy.errors import PrivacyRefusal
+from dpfy.grads import GradEngine
+from dpfy.noise import NoiseMechanism
+from dpfy.privacy import Ledger
+from dpfy.sampling import BatchCursor, PoissonSampler, ShuffleSampler
+from dpfy.step.distributed import Collective
+from dpfy.step.guard import EpsilonGuard
+from dpfy.step.individual import IndividualBudgets
+from dpfy.step.probes import post_release, probe_losses
+from dpfy.step.sums import StepSums, WeightSets, contract, outcome
+from dpfy.types import PLAN_FIELDS, Clip, Norms, ReleaseSpec, StepPlan
+
+__all__ = ["PrivateStep"]
+
+LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
+
+
+class PrivateStep:
+    """Runs the private step for each batch the private loader yields.
+
+    Attributes:
+      ledger: every release so far (one ``record`` per logical batch).
+      step_count: logical steps taken.
+      method, method_state: the adaptive method (or None) and its state.
+      guard: the :class:`~dpfy.step.guard.EpsilonGuard` (horizon and ε cap).
+      last_step_info: the last step's plan, plus ``batch_size`` (realized) and
+        ``mean_grad_norm_nonprivate``: debug statistics that are NOT private and are never
+        fed back into training.
+    """
+
+    def __init__(self, inner: torch.optim.Optimizer, *, grads: GradEngine,
+                 clipping: ClippingPolicy, mechanism: NoiseMechanism,
+                 sampler: PoissonSampler | ShuffleSampler, cursor: BatchCursor,
+                 noise_multiplier: float | None, method: Method | None, ledger: Ledger,
+                 guard: EpsilonGuard, model: torch.nn.Module, loss_fn: LossFn | None = None,
+                 collective: Collective | None = None,
+                 individual: IndividualBudgets | None = None) -> None:
+        self.inner, self.grads, self.clipping, self.mechanism = inner, grads, clipping, mechanism
+        self.sampler, self.cursor = sampler, cursor
+        # the batch guard: every captured layer must hold the rows of the batch just yielded
+        grads.bind_batch(lambda: len(cursor.indices) if cursor.pending else None)
+        self.noise_multiplier, self.method = noise_multiplier, method
+        self.method_state = method.init() if method is not None else None
+        self.ledger, self.guard = ledger, guard
+        self.model, self.loss_fn = model, loss_fn
+        self.collective, self.individual = collective, individual
+        self.step_count = 0
+        self.updated = False          # the last batch taken ended a logical batch
+        self.last_step_info: dict[str, Any] = {}
+        self.params = dict(grads.named_params)
+        self.covered = frozenset(id(p) for p in self.params.values())
+        self.groups = tuple(tuple(u.qualified(r) for r in u.params) for u in grads.units)
+        self.sums: StepSums | None = None   # sensitive: the logical batch being summed
+        self._logical = 0                   # cursor.logical of that batch
+
+    # -- 1. plan ------------------------------------------------------------------------------
+    def plan(self) -> StepPlan:
+        """This step's plan: the run's σ and C, then the method's; checked against ``sets``."""
+        t = self.step_count
+        self.guard.check_step(t)
+        sigma = self.noise_multiplier if self.noise_multiplier is not None else 0.0
+        plan = StepPlan(step=t, sample_rate=self.sampler.sample_rate, noise_multiplier=sigma,
+                        clip=self.clipping.default_clip())
+        if self.method is not None:
+            plan = _checked_plan(self.method, plan, self.method.plan(self.method_state, plan))
+        if plan.noise_multiplier == 0 and self.noise_multiplier != 0:
+            raise ValueError(
+                f"noise_multiplier must be > 0 at step {t}, got noise_multiplier = 0 from "
+                f"{'the method' if self.method is not None else 'no source'}. Pass "
+                f"noise_multiplier= or target_epsilon= to make_private, or a method that sets "
+                f"σ (noise_multiplier=0 is allowed only when passed explicitly, for debugging)")
+        return plan
+
+    # -- 2. take the batch --------------------------------------------------------------------
+    def take_batch(self) -> None:
+        """Check, accumulate and (at a logical batch's end) release the batch just yielded.
+
+        The loader's position moves (``cursor.pending = 0``) only once the batch is taken: in
+        the sum for a physical batch inside a logical one, or recorded in the ledger at its end.
+        A batch refused before that is yielded again, so no example is used without a ledger step.
+        """
+        self.updated = False
+        try:
+            self._take()
+        except Exception:
+            self.cursor.discard_pending()  # not taken: the loader yields it again
+            raise
+
+    def _take(self) -> None:
+        pending = self.cursor.pending
+        require(pending >= 1, "the batch", "not from the private loader",
+                "one yielded by the loader make_private returned",
+                "Iterate the loader returned by make_private; each of its batches allows one "
+                "optimizer.step()")
+        # Two batches before one step would pair example i of one with example i of the other
+        # in the per-sample gradients (sensitivity 2C, not C): refuse.
+        require(pending == 1, "batches per optimizer.step()", pending, "exactly 1",
+                "Call optimizer.step() after every batch of the private loader; to accumulate "
+                "gradients over a large logical batch use max_physical_batch_size=")
+        if self.sums is None:
+            plan = self.plan()
+            specs = (self.method.releases(self.method_state, plan)
+                     if self.method is not None else {})
+            self._check_specs(specs)
+            self.sums = StepSums(plan=plan, specs=dict(specs))
+            self._logical = self.cursor.logical
+        elif self._logical != self.cursor.logical:
+            self._discard()
+            raise ValueError(
+                "a logical batch must be finished before the next one starts, got a new one "
+                "while the previous was cut into physical batches and not all were stepped. "
+                "Step on every physical batch of the loader (do not break out mid-batch); "
+                "nothing of the unfinished batch was released")
+        try:
+            self._accumulate(self.sums)
+        except Exception:
+            self._discard()  # a refused batch poisons its logical step
+            raise
+        if not self.cursor.last:
+            for p in self.params.values():
+                p.grad = None
+            self.cursor.pending = 0
+            return
+        sums, self.sums = self.sums, None
+        self._release(sums)
+
+    def _discard(self) -> None:
+        self.sums = None  # sensitive: dropped, nothing released
+        self.grads.clear()
+
+    def _check_specs(self, specs: Mapping[str, ReleaseSpec]) -> None:
+        """Refuse declared releases the step cannot evaluate correctly (before any sum)."""
+        if any(s.kind == "loss" for s in specs.values()):
+            require(callable(self.loss_fn), "loss_fn", self.loss_fn,
+                    f"a callable for method {_name(self.method)!r}",
+                    "It probes per-example losses: pass make_private(..., loss_fn=fn) with "
+                    "fn(model, batch) -> (B,) losses (reduction='none')")
+        if not post_release(specs):
+            return
+        if not self.cursor.last:
+            raise PrivacyRefusal(
+                f"a logical batch must be one physical batch for method "
+                f"{_name(self.method)!r}, got a logical batch split over several physical "
+                f"batches: its post-release loss probes need the whole batch again after the "
+                f"gradient is released. Make the physical batch as large as the logical one "
+                f"(drop max_physical_batch_size=, or raise it above the largest logical "
+                f"batch); nothing of this step was released")
+        if not self.method.implements("postprocess"):
+            raise PrivacyRefusal(
+                f"a method that declares post-release probes must implement postprocess, got "
+                f"method {_name(self.method)!r} which does not: the probes' selection would "
+                f"be dropped. Implement postprocess(state, gradient, plan, probed, b)")
+
+    # -- 3–6. norms, clipping, extras, sums ---------------------------------------------------
+    def _accumulate(self, sums: StepSums) -> None:
+        """Add one physical batch to ``sums``: norms → clipping → extra values → sums."""
+        plan, method, state = sums.plan, self.method, self.method_state
+        unit_of_row = self.sampler.units_of(self.cursor.indices)   # None: each row is a unit
+        if method is not None and method.implements("transform"):
+            require(unit_of_row is None, "the unit of privacy", self.sampler.units.name,
+                    f"one example per row for method {_name(method)!r}",
+                    "Its per-sample transform acts on rows; group rows into units without it")
+            per_sample = method.transform(state, self.grads.per_sample_grads(), plan)  # sensitive
+            sq = {n: g.flatten(1).square().sum(1) for n, g in per_sample.items()}  # (B,) each
+            weighted_sums = contract(per_sample)
+        else:
+            sq = (self.grads.per_sample_sq_norms() if unit_of_row is None
+                  else self.grads.per_unit_sq_norms(unit_of_row))   # name -> (U,) sensitive
+            weighted_sums = self.grads.weighted_sums_many
+        if unit_of_row is not None:   # Σ_u w_u Σ_{i∈u} g_i = Σ_i w_{u(i)} g_i
+            weighted_sums = _rows_weighted(weighted_sums, unit_of_row)
+        norms = Norms(total=total_norm(sq), per_parameter_sq=sq, groups=self.groups,
+                      indices=self.cursor.indices)  # sensitive
+        clip = method.clipping(state, norms, plan) if method is not None else None
+        if clip is None:
+            weights = self.clipping.weights(sq, plan.clip, index=self.cursor.indices,
+                                            norm=norms.total)
+            clip = Clip(weights, self.clipping.sensitivity(plan.clip))
+        values = {name: spec.values(norms) for name, spec in sums.specs.items()
+                  if spec.values is not None}                                # sensitive
+        values.update(probe_losses(sums.specs, model=self.model, loss_fn=self.loss_fn,
+                                   params=self.params, batch=self.cursor.batch,
+                                   rows=norms.total.shape[0]))
+        owner = (f"method {_name(method)!r}" if method is not None
+                 else f"clipping policy {self.clipping.name!r}")
+        fractions = (self.individual.clip_fractions(self.cursor.indices)
+                     if self.individual is not None else None)
+        sums.add(weighted_sums, norms, clip, values, owner, clip_fractions=fractions)
+        self.grads.clear()
+        del sq, norms, clip, values
+
+    # -- 7–12. guard, noise, ledger, probes, optimizer, update --------------------------------
+    def _release(self, sums: StepSums) -> None:
+        """Guard, noise, ledger, post-release probes, inner step, method update — in order."""
+        self._refuse_uncovered_grads()
+        plan = sums.plan
+        record = self.mechanism.record_for(plan, sums.specs)
+        self.guard.check(self.ledger, record)
+        group_releases = (self.individual.check(plan, sums.specs, record.sampling)
+                          if self.individual is not None else None)
+        b = self.sampler.normalizer
+        # data-parallel: rank 0 adds the one noise draw; the all-reduce sums the ranks' shares
+        noise, reduce = self.mechanism.generator(), None
+        if self.collective is not None:
+            noise, reduce = self.collective.noise_source(noise), self.collective.sum_
+        extras = sums.release(noise, self.params, b, reduce=reduce)
+        noisy = {n: p.grad for n, p in self.params.items()}   # the release itself
+        record.record(self.ledger)
+        if group_releases is not None:
+            self.individual.record(group_releases, record.sampling)
+        if self.method is not None:   # post-processing of the released values only
+            probed = (self._post_release_probes(sums, noisy, noise, reduce)
+                      if post_release(sums.specs) else {})
+            extras.update(probed)
+            if self.method.implements("postprocess"):
+                mapped = self.method.postprocess(self.method_state, dict(noisy), plan, probed, b)
+                for n, p in self.params.items():
+                    p.grad = mapped[n].to(p.dtype)
+        self.cursor.pending = 0   # taken: released and recorded
+        self._inner_step(plan.lr_scale)
+        if self.method is not None:
+            self.method_state = self.method.update(
+                self.method_state, outcome(sums, extras, b, self.params, noisy))
+        clip = plan.clip
+        self.last_step_info = {
+            "step": plan.step, "noise_multiplier": float(plan.noise_multiplier),
+            "clip": clip.tolist() if torch.is_tensor(clip) else float(clip),
+            "sample_rate": plan.sample_rate, "lr_scale": plan.lr_scale,
+            "batch_size": sums.rows,
+            "mean_grad_norm_nonprivate": (sums.norm_sum / sums.rows if sums.rows
+                                          else math.nan),
+        }
+        self.step_count += 1
+        self.updated = True
+
+    def _inner_step(self, lr_scale: float) -> None:
+        """The inner optimizer's step on the released gradient, at lr × ``lr_scale``."""
+        groups = self.inner.param_groups
+        lrs = [g["lr"] for g in groups]
+        if lr_scale != 1.0:
+            for g in groups:
+                g["lr"] = g["lr"] * lr_scale
+        try:
+            self.inner.step()
+        finally:
+            for g, lr in zip(groups, lrs):
+                g["lr"] = lr
+
+    def _post_release_probes(self, sums: StepSums, noisy: dict[str, torch.Tensor], noise: Any,
+                             reduce: Any) -> dict[str, float]:
+        """The post-release probes on this (unsplit) batch at offsets(g̃), noised: released."""
+        losses = probe_losses(sums.specs, model=self.model, loss_fn=self.loss_fn,
+                              params=self.params, batch=self.cursor.batch, rows=sums.rows,
+                              released_gradient={n: g.detach().clone()
+                                                 for n, g in noisy.items()})  # sensitive
+        self.grads.clear()
+        return sums.release_probes(losses, noise, f"method {_name(self.method)!r}",
+                                   reduce=reduce)
+
+    def _refuse_uncovered_grads(self) -> None:
+        """No parameter of the inner optimizer outside the private step may carry a gradient:
+        the inner step would apply it raw (a parameter unfrozen after ``make_private``, or one
+        added to the inner optimizer directly). Checked before every release."""
+        leaked = [p for g in self.inner.param_groups for p in g["params"]
+                  if id(p) not in self.covered and p.grad is not None]
+        if leaked:
+            raise PrivacyRefusal(
+                f"parameters {self.names_of(leaked)} reach the optimizer with a gradient but "
+                f"are not covered by the private step (frozen or absent at make_private): "
+                f"their gradient was computed without clipping or noise. Set requires_grad "
+                f"before make_private, and zero their .grad")
+
+    def names_of(self, params: list[Any]) -> list[str]:
+        """The model's names for ``params`` (``<not in the model>`` for a foreign tensor)."""
+        names = {id(p): n for n, p in self.grads.model.named_parameters()}
+        return [names.get(id(p), "<not in the model>") for p in params]
+
+
+def _name(method: Method | None) -> str:
+    return "" if method is None else (method.registry_name or type(method).__name__)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    if torch.is_tensor(a) or torch.is_tensor(b):
+        return torch.is_tensor(a) and torch.is_tensor(b) and torch.equal(a, b)
+    return a == b
+
+
+def _checked_plan(method: Method, before: StepPlan, after: StepPlan) -> StepPlan:
+    """``after``, refused if the method changed q or a plan field it does not declare."""
+    require(after.sample_rate == before.sample_rate, "plan.sample_rate", after.sample_rate,
+            f"the sampler's rate {before.sample_rate}",
+            "The sample rate is a fact of the sampler; a method may not change it")
+    changed = [f for f in PLAN_FIELDS if not _same(getattr(before, f), getattr(after, f))]
+    undeclared = sorted(set(changed) - set(method.sets))
+    if undeclared:
+        raise PrivacyRefusal(
+            f"a method may change only the plan fields it declares in `sets`, got method "
+            f"{_name(method)!r} changing {undeclared} (sets = {sorted(method.sets)}). Add them "
+            f"to its `sets` (chain then refuses two methods writing one field)")
+    return after
+
+
+def _rows_weighted(weighted_sums: Callable[[WeightSets], WeightSets],
+                   unit_of_row: torch.Tensor) -> Callable[[WeightSets], WeightSets]:
+    """Weighted sums over rows from per-unit weights: row i takes its unit's weight w_{u(i)}."""
+    def sums(weight_sets: WeightSets) -> WeightSets:
+        return weighted_sums([{n: w[unit_of_row] for n, w in ws.items()} for ws in weight_sets])
+    return sums
