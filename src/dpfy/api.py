@@ -44,7 +44,7 @@ from dpfy.sampling import DPDataLoader, PoissonSampler, ShuffleSampler, make_sam
 from dpfy.step.distributed import current_collective, unwrap_model
 from dpfy.step.guard import EpsilonGuard
 from dpfy.step.individual import individualize
-from dpfy.step.private_step import PrivateStep
+from dpfy.step.private_step import PrivateStep, split_batch_refusal
 from dpfy.types import RunFacts, StepPlan
 
 __all__ = ["make_private", "derive_seeds"]
@@ -358,10 +358,6 @@ def _check_capabilities(method: Method, grads: GradEngine, max_physical_batch_si
         require(callable(loss_fn), "loss_fn", loss_fn, f"a callable for method {name!r}",
                 "It probes per-example losses: pass make_private(..., loss_fn=fn) with "
                 "fn(model, batch) -> (B,) losses (reduction='none')")
-    if any(spec.after_release for spec in specs.values()):
-        require(max_physical_batch_size is None, "max_physical_batch_size",
-                max_physical_batch_size, f"None for method {name!r}",
-                "Its post-release loss probes need the whole logical batch after the gradient "
-                "is released, so a logical batch cannot be split into physical ones (a split "
-                "would be refused at the first large Poisson batch, mid-run)")
+    if any(spec.after_release for spec in specs.values()) and max_physical_batch_size:
+        raise split_batch_refusal(name)
 

@@ -126,14 +126,14 @@ class Keywords(nn.Module):
 def test_model_called_with_keyword_arguments_trains_under_vmap():
     # before: the vmap engine read the batch from positional arguments only, saw 0 rows, and
     # the step moved nothing while the ledger recorded it
-    check_one_step_matches_loop(Keywords(), sequences(), lambda m, x: m(x=x), engine="vmap")
+    check_one_step_matches_loop(Keywords(), sequences(), lambda m, x: m(x=x), route="vmap")
 
 
 def test_keyword_argument_shared_by_the_batch_is_not_split():
     check_one_step_matches_loop(Keywords(), sequences(),
                                 lambda m, x: m(x=x, scale=torch.full((1, 1), 2.0,
                                                                      dtype=x.dtype)),
-                                engine="vmap")
+                                route="vmap")
 
 
 def test_loss_over_other_data_than_the_drawn_batch_is_refused():

@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
-from dpfy.adaptive.base import AdaptiveMethod
+from dpfy.adaptive.base import Method
 
 
 @dataclass(frozen=True)
@@ -20,8 +20,10 @@ class CountState:
     updates: int
 
 
-class Decay(AdaptiveMethod):
+class Decay(Method):
     """σ_t = 2·0.9^(number of updates seen): its state must survive the checkpoint."""
+
+    sets = frozenset({"noise_multiplier"})
 
     def init(self):
         return CountState(0)
@@ -38,7 +40,7 @@ def build(seed, schedule=None, opt_cls=torch.optim.Adam):
     ds = TensorDataset(torch.randn(48, 6), torch.randint(0, 3, (48,)))
     model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
     opt = opt_cls(model.parameters(), lr=0.05)
-    kwargs = {"schedule": schedule} if schedule else {"noise_multiplier": 1.0}
+    kwargs = {"method": schedule} if schedule else {"noise_multiplier": 1.0}
     return dpfy.make_private(model, opt, DataLoader(ds, batch_size=8), seed=seed,
                              max_physical_batch_size=3, **kwargs)
 
@@ -75,7 +77,7 @@ def test_resume_is_bit_identical(schedule, opt_cls):
         assert torch.equal(a, b)
     assert opt2.ledger.to_dict() == opt.ledger.to_dict()
     if schedule is not None:
-        assert opt2.schedule_state == opt.schedule_state == CountState(5)
+        assert opt2.method_state == opt.method_state == CountState(5)
 
 
 def test_seed_none_is_secure_and_resumes_its_ledger():

@@ -14,7 +14,7 @@ from dpfy.cli import main
 def test_calibrated_schedule_runs_to_its_last_step_under_the_cap(tmp_path):
     out = tmp_path / "run"
     rc = main(["train", "--dataset", "digits", "--model", "mlp", "--epochs", "2",
-               "--batch-size", "64", "--schedule", "dynamic", "--schedule-options", "rho_mu=2",
+               "--batch-size", "64", "--method", "dynamic", "--method-options", "rho_mu=2",
                "rho_c=2", "stages=4", "--epsilon", "1", "--delta", "1e-5", "--seed", "0",
                "--out", str(out)])
     assert rc == 0

@@ -50,14 +50,14 @@ def test_batchnorm_is_refused_with_the_fix_and_validate_fixes_it():
 def test_ghost_engine_names_the_unsupported_layer():
     model = nn.Sequential(nn.Linear(4, 4), nn.PReLU(), nn.Linear(4, 2))
     with pytest.raises(ValueError, match=r"'1' of type PReLU.*engine='auto'"):
-        private(model, engine="ghost")
-    assert dpfy.validate(model, engine="ghost") != []
-    private(model, engine="auto")  # vmap for the PReLU only
+        private(model, route="ghost")
+    assert dpfy.validate(model, route="ghost") != []
+    private(model, route="auto")  # vmap for the PReLU only
 
 
 def test_unknown_names_list_the_choices():
     with pytest.raises(ValueError, match=r"engine must be one of \['auto', 'ghost', 'vmap'\]"):
-        private(nn.Linear(4, 2), engine="fast")
+        private(nn.Linear(4, 2), route="fast")
     with pytest.raises(ValueError, match=r"clipping must be one of"):
         private(nn.Linear(4, 2), clipping="hard")
     with pytest.raises(ValueError, match=r"accountant"):
@@ -81,8 +81,8 @@ def test_zero_noise_warns_that_nothing_is_private():
 
 
 def test_schedule_without_sigma_raises_at_step():
-    from dpfy.adaptive.base import AdaptiveMethod
-    m, opt, dl = private(nn.Linear(4, 2), noise_multiplier=None, schedule=AdaptiveMethod())
+    from dpfy.adaptive.base import Method
+    m, opt, dl = private(nn.Linear(4, 2), noise_multiplier=None, method=Method())
     with pytest.raises(ValueError, match="noise_multiplier must be > 0"):
         train(m, opt, dl, 1)
 
@@ -163,7 +163,7 @@ def test_tied_weights_train_on_the_default_and_vmap_engines():
 
     m, opt, dl = private(Tied())          # tests/grads/test_shapes_as_shipped.py: exactness
     train(m, opt, dl, 1)
-    m, opt, dl = private(Tied(), engine="vmap")
+    m, opt, dl = private(Tied(), route="vmap")
     train(m, opt, dl, 1)
 
 
@@ -176,7 +176,7 @@ def test_model_made_private_twice_is_refused():
 
 def test_dropout_in_a_vmap_unit_is_refused():
     model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.Linear(4, 2))
-    m, opt, dl = private(model, engine="vmap")
+    m, opt, dl = private(model, route="vmap")
     with pytest.raises(ValueError, match="Dropout.*engine='ghost'"):
         train(m, opt, dl, 1)
     m2, opt2, dl2 = private(nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.Linear(4, 2)))

@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
-from dpfy.adaptive import Method, Needs
+from dpfy.adaptive import Method
 from dpfy.types import ReleaseSpec
 
 K = 3
@@ -29,14 +29,15 @@ def per_example_ce(model, batch):
 
 
 class ZeroModelProbe(Method):
-    needs = Needs(probes=True)
+    """Declares a loss spec: the step then needs make_private(loss_fn=...) (derived, no flag)."""
 
     def __init__(self, params, bound=10.0):
         self.offsets = {n: -p.detach().clone() for n, p in params}
         self.bound, self.seen = bound, []
 
     def releases(self, state, plan):
-        return {"loss_probe": ReleaseSpec(self.bound, STD, kind="loss", offsets=self.offsets)}
+        return {"loss_probe": ReleaseSpec(self.bound, STD, kind="loss", offsets=self.offsets,
+                                          label="the loss sum at θ = 0")}
 
     def update(self, state, released):
         self.seen.append(released.sums["loss_probe"])

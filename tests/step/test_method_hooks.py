@@ -4,7 +4,9 @@
   002 §2.8) is formed by the engine's book-keeping next to the clipped gradient, noised once,
   recorded, and handed to ``update``;
 - a coordinate-wise transform of per-sample gradients (AdaClip's shape, digest 000 §2.6) is
-  applied before the norms and the clipping, and refused on the ghost engine.
+  applied before the norms and the clipping, and refused on the ghost route (the step derives
+  the route from ``implements("transform")``: no flag to declare);
+- ``postprocess`` maps the released gradient before the inner optimizer steps on it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
-from dpfy.adaptive import Method, Needs
+from dpfy.adaptive import Method
 from dpfy.types import ReleaseSpec
 import oracles
 
@@ -50,10 +52,10 @@ class ThresholdGradient(Method):
         self.seen = []
 
     def releases(self, state, plan):
-        return {"threshold_gradient": ReleaseSpec(1.0, 1e-9, kind="gradient")}
-
-    def release_values(self, state, norms, plan):
-        return {"threshold_gradient": (norms.total > plan.clip).double() / norms.total}
+        clip = plan.clip
+        return {"threshold_gradient": ReleaseSpec(
+            1.0, 1e-9, kind="gradient", label="Σ_i 1[‖g_i‖ > C] g_i/‖g_i‖",
+            values=lambda norms: (norms.total > clip).double() / norms.total)}
 
     def update(self, state, released):
         self.seen.append((released.sums["threshold_gradient"], released.gradient))
@@ -89,8 +91,6 @@ def test_parameter_shaped_release_matches_the_loop():
 class HalveFirstLayer(Method):
     """Multiplies every per-sample gradient of the first layer's weight by ½ (coordinate-wise)."""
 
-    needs = Needs(per_sample_grads=True)
-
     def __init__(self):
         self.grads = []
 
@@ -120,10 +120,11 @@ def test_coordinate_transform_comes_before_norms_and_clipping():
             break
 
 
-def test_coordinate_transform_is_refused_on_the_ghost_engine():
+def test_coordinate_transform_is_refused_on_the_ghost_route():
     ds, model, _ = _toy()
-    with pytest.raises(ValueError, match="engine must be 'auto' or 'vmap'.*HalveFirstLayer"):
-        _private(model, ds, HalveFirstLayer(), engine="ghost")
+    assert HalveFirstLayer().implements("transform") and not Method().implements("transform")
+    with pytest.raises(ValueError, match="route must be 'auto' or 'vmap'.*HalveFirstLayer"):
+        _private(model, ds, HalveFirstLayer(), route="ghost")
 
 
 class Doubled(Method):
@@ -132,7 +133,8 @@ class Doubled(Method):
     def __init__(self):
         self.released = []
 
-    def postprocess(self, state, gradient, plan):
+    def postprocess(self, state, gradient, plan, probed, expected_batch_size):
+        assert probed == {}                       # no post-release probes in this step
         return {n: 2 * g for n, g in gradient.items()}
 
     def update(self, state, released):

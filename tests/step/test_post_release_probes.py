@@ -1,5 +1,6 @@
 """Post-release loss probes: losses at offsets that are a function of this step's released
-gradient, on the same batch, noised, and handed to ``postprocess_probed`` before the step.
+gradient, on the same batch, noised, and handed to ``postprocess`` (its ``probed``) before the
+optimizer steps.
 
 Derivation used below: the model is a bias-free linear map with one output, ℓ_i(w) = w·x_i, so
 at the candidate w − g̃ the batch's loss sum is Σ_i (w − g̃)·x_i, computed here from the released
@@ -14,7 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
-from dpfy.adaptive import Method, Needs
+from dpfy.adaptive import Method
 from dpfy.types import ReleaseSpec
 from dpfy.errors import PrivacyRefusal
 
@@ -29,28 +30,31 @@ def minus_gradient(gradient):
     return {n: -g for n, g in gradient.items()}
 
 
-class AlongGradient(Method):
-    """Probes the loss at θ − g̃ after the release; hands SGD ``scale``·g̃."""
-
-    needs = Needs(probes=True)
+class Probing(Method):
+    """Probes the loss at θ − g̃ after the release."""
 
     def __init__(self, scale=0.0, bound=BOUND):
         self.scale, self.bound, self.probed, self.seen = scale, bound, [], []
 
     def releases(self, state, plan):
-        return {"candidate": ReleaseSpec(self.bound, STD, kind="loss", offsets=minus_gradient)}
-
-    def postprocess_probed(self, state, gradient, plan, probed, expected_batch_size):
-        self.probed.append((dict(probed), expected_batch_size))
-        return {n: g * self.scale for n, g in gradient.items()}
+        return {"candidate": ReleaseSpec(self.bound, STD, kind="loss", offsets=minus_gradient,
+                                         label="the loss sum at θ − g̃")}
 
     def update(self, state, released):
         self.seen.append(released)
         return state
 
 
-class NoSelection(AlongGradient):
-    postprocess_probed = Method.postprocess_probed
+class AlongGradient(Probing):
+    """... and hands SGD ``scale``·g̃."""
+
+    def postprocess(self, state, gradient, plan, probed, expected_batch_size):
+        self.probed.append((dict(probed), expected_batch_size))
+        return {n: g * self.scale for n, g in gradient.items()}
+
+
+class NoSelection(Probing):
+    """Declares the post-release probe but never reads it (no postprocess)."""
 
 
 def _run(method, steps=2, **kw):
@@ -108,7 +112,8 @@ def test_a_split_logical_batch_is_refused_naming_the_fix_and_nothing_is_released
 
 
 def test_a_method_that_would_drop_the_probes_is_refused():
-    with pytest.raises(PrivacyRefusal, match="must override postprocess_probed"):
+    assert not NoSelection().implements("postprocess")
+    with pytest.raises(PrivacyRefusal, match="must implement postprocess"):
         _run(NoSelection())
 
 

@@ -14,8 +14,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
-from dpfy.types import Clip, ReleaseSpec
-from dpfy.adaptive import Method, make_schedule
+from dpfy.types import Clip, ReleaseSpec, RunFacts, Sampling
+from dpfy.adaptive import Method, make
 from dpfy.errors import PrivacyRefusal
 
 
@@ -47,10 +47,9 @@ class LoudCount(Method):
     """Declares a count of sensitivity ½ but releases 0/1 indicators (sensitivity 1)."""
 
     def releases(self, state, plan):
-        return {"count": ReleaseSpec(sensitivity=0.5, noise_std=1.0)}
-
-    def release_values(self, state, norms, plan):
-        return {"count": torch.ones_like(norms.total, dtype=torch.float64)}
+        return {"count": ReleaseSpec(
+            sensitivity=0.5, noise_std=1.0,
+            values=lambda norms: torch.ones_like(norms.total, dtype=torch.float64))}
 
 
 def test_weights_above_their_sensitivity_are_refused_naming_the_method():
@@ -69,9 +68,9 @@ def test_extra_release_above_its_sensitivity_is_refused():
 
 def test_a_schedule_calibrated_for_other_facts_is_refused():
     # Built for q = 0.01; the run's sampler has q = 20/200 = 0.1.
-    sched = make_schedule("exponential", target_epsilon=1.0, delta=1e-5, sample_rate=0.01,
-                          total_steps=10, steps_per_epoch=10, max_grad_norm=1.0, rate=0.3,
-                          accountant="rdp")
+    sched = make("noise_decay", kind="exponential", rate=0.3).calibrate(RunFacts(
+        sampling=Sampling.POISSON, sample_rate=0.01, steps=10, steps_per_epoch=10, delta=1e-5,
+        target_epsilon=1.0, accountant="rdp", max_grad_norm=1.0))
     with pytest.raises(PrivacyRefusal, match="sample_rate: 0.01 .method. vs 0.1 .run."):
         _setup(method=sched, max_grad_norm=1.0)
 

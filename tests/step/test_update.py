@@ -142,10 +142,12 @@ def test_empty_poisson_batch_still_steps_with_noise_only():
 def test_lr_scale_and_step_info_from_schedule(toy):
     from dataclasses import replace
 
-    from dpfy.adaptive.base import AdaptiveMethod
+    from dpfy.adaptive.base import Method
 
-    class Halve(AdaptiveMethod):
-        """σ_t = 1 + t, C_t = 0.5, lr × 0.5: a plan the engine must follow exactly."""
+    class Halve(Method):
+        """σ_t = 1 + t, C_t = 0.5, lr × 0.5: a plan the step must follow exactly."""
+
+        sets = frozenset({"noise_multiplier", "clip", "lr_scale"})
 
         def plan(self, state, plan):
             return replace(plan, noise_multiplier=1.0 + plan.step, clip=0.5, lr_scale=0.5)
@@ -153,7 +155,7 @@ def test_lr_scale_and_step_info_from_schedule(toy):
     model, ds = toy
     opt = torch.optim.SGD(model.parameters(), lr=0.2)
     model, opt, dl = dpfy.make_private(model, opt, loader(ds, 8), max_grad_norm=1.0,
-                                       schedule=Halve(), seed=0)
+                                       method=Halve(), seed=0)
     for k, (x, y) in enumerate(dl):
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
@@ -192,10 +194,9 @@ def test_extra_release_declared_by_a_method_is_noised_recorded_and_handed_back(t
 
     class Count(Method):
         def releases(self, state, plan):
-            return {"unclipped": ReleaseSpec(sensitivity=0.5, noise_std=0.25)}
-
-        def release_values(self, state, norms, plan):
-            return {"unclipped": (norms.total <= plan.clip).double() - 0.5}  # (B,) sensitive
+            return {"unclipped": ReleaseSpec(
+                sensitivity=0.5, noise_std=0.25,
+                values=lambda norms: (norms.total <= plan.clip).double() - 0.5)}  # (B,) sensitive
 
         def update(self, state, released):
             seen.append(released.sums["unclipped"])
@@ -206,7 +207,7 @@ def test_extra_release_declared_by_a_method_is_noised_recorded_and_handed_back(t
     ref.load_state_dict(model.state_dict())
     opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the reference stays valid
     model, opt, dl = dpfy.make_private(model, opt, loader(ds, 16), noise_multiplier=1.0,
-                                       max_grad_norm=1.0, schedule=Count(), seed=0,
+                                       max_grad_norm=1.0, method=Count(), seed=0,
                                        max_physical_batch_size=5)
     exact = []
     count = 0.0
@@ -227,3 +228,28 @@ def test_extra_release_declared_by_a_method_is_noised_recorded_and_handed_back(t
     (group,) = list(opt.ledger)
     assert [(r.mechanism, r.noise_multiplier) for r in group.releases] == [
         ("gradient", 1.0), ("unclipped", 0.5)]
+
+
+def test_a_plan_field_the_method_does_not_declare_is_refused(toy):
+    # The step compares each plan field before and after method.plan with the fields the
+    # method declares in `sets`: a declaration that disagrees with the code cannot pass.
+    from dataclasses import replace
+
+    from dpfy.adaptive.base import Method
+    from dpfy.errors import PrivacyRefusal
+
+    class Sneaky(Method):
+        sets = frozenset({"clip"})
+
+        def plan(self, state, plan):
+            return replace(plan, noise_multiplier=plan.noise_multiplier / 2)
+
+    model, ds = toy
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt, dl = dpfy.make_private(model, opt, loader(ds, 16), noise_multiplier=1.0,
+                                       method=Sneaky(), seed=0)
+    x, y = next(iter(dl))
+    F.cross_entropy(model(x), y).backward()
+    with pytest.raises(PrivacyRefusal, match=r"Sneaky.*\['noise_multiplier'\].*sets"):
+        opt.step()
+    assert opt.ledger.num_steps == 0

@@ -43,7 +43,7 @@ from dpfy.step.probes import post_release, probe_losses
 from dpfy.step.sums import StepSums, WeightSets, contract, outcome
 from dpfy.types import PLAN_FIELDS, Clip, Norms, ReleaseSpec, StepPlan
 
-__all__ = ["PrivateStep"]
+__all__ = ["PrivateStep", "split_batch_refusal"]
 
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 
@@ -171,13 +171,7 @@ class PrivateStep:
         if not post_release(specs):
             return
         if not self.cursor.last:
-            raise PrivacyRefusal(
-                f"a logical batch must be one physical batch for method "
-                f"{_name(self.method)!r}, got a logical batch split over several physical "
-                f"batches: its post-release loss probes need the whole batch again after the "
-                f"gradient is released. Make the physical batch as large as the logical one "
-                f"(drop max_physical_batch_size=, or raise it above the largest logical "
-                f"batch); nothing of this step was released")
+            raise split_batch_refusal(_name(self.method))
         if not self.method.implements("postprocess"):
             raise PrivacyRefusal(
                 f"a method that declares post-release probes must implement postprocess, got "
@@ -307,6 +301,16 @@ class PrivateStep:
         """The model's names for ``params`` (``<not in the model>`` for a foreign tensor)."""
         names = {id(p): n for n, p in self.grads.model.named_parameters()}
         return [names.get(id(p), "<not in the model>") for p in params]
+
+
+def split_batch_refusal(name: str) -> PrivacyRefusal:
+    """The refusal of a logical batch split into physical ones under post-release probes."""
+    return PrivacyRefusal(
+        f"a logical batch must be one physical batch for method {name!r}, got a logical "
+        f"batch split over several physical batches (max_physical_batch_size): its "
+        f"post-release loss probes need the whole batch again after the gradient is released. "
+        f"Make the physical batch as large as the logical one (drop max_physical_batch_size=, "
+        f"or raise it above the largest logical batch); nothing of this step was released")
 
 
 def _name(method: Method | None) -> str:
