@@ -6,10 +6,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from dpfy.models import build_model
+from dpfy.models.tiny_encoder import TinyEncoder
+
 
 def tanh_cnn() -> nn.Module:
     """Tramèr & Boneh's CNN (the benchmark model), 28×28 inputs."""
-    from dpfy.models import build_model
     return build_model("tanh_cnn", input_shape=(1, 28, 28), num_classes=10)
 
 
@@ -18,7 +20,6 @@ def mlp() -> nn.Module:
 
 
 def encoder() -> nn.Module:
-    from dpfy.models.tiny_encoder import TinyEncoder
     return TinyEncoder(vocab=50, seq_len=6, d=8, heads=2, layers=1, ffn=12, classes=4)
 
 

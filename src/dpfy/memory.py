@@ -34,6 +34,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from dpfy._require import require
+from dpfy.grads import GradEngine
 
 __all__ = ["paper_memory", "plan_physical_batch", "loader_call", "measure_private_step",
            "format_memory", "LayerMemory", "MemoryEstimate", "estimate_memory",
@@ -89,14 +90,14 @@ class MemoryEstimate:
 
 def estimate_memory(rows: Sequence[dict[str, Any]], batch_size: int, c: float, *,
                     bytes_per_element: int = 4) -> MemoryEstimate:
-    """The per-layer estimate from ``GradEngine.explain()`` rows (module, params, engine).
+    """The per-layer estimate from ``GradEngine.explain()`` rows (module, params, route).
 
     A row whose route is not decided yet (no probe ran) counts as materialized (the larger).
     """
     require(batch_size >= 0, "batch_size", batch_size, ">= 0")
     layers = []
     for r in rows:
-        route = r.get("engine", "vmap")
+        route = r.get("route", "vmap")
         route = route if route in MATERIALIZED + ("ghost",) else "per-sample"
         layer = LayerMemory(str(r.get("module", "")), int(r["params"]), route)
         layers.append((layer, layer.elements(batch_size)))
@@ -109,7 +110,7 @@ def _storage(t: torch.Tensor) -> int:
 
 
 def probe_model(model: nn.Module, call: Callable[[nn.Module], Any], batch_size: int, *,
-                engine: str = "auto") -> tuple[list[dict[str, Any]], float]:
+                route: str = "auto") -> tuple[list[dict[str, Any]], float]:
     """Routes and C from one forward/backward of ``call(model)`` on ``batch_size`` examples.
 
     Attaches a :class:`dpfy.grads.GradEngine` (detached afterwards), counts the elements of
@@ -119,7 +120,6 @@ def probe_model(model: nn.Module, call: Callable[[nn.Module], Any], batch_size: 
     gives the routes) and returns ``(GradEngine.explain() rows, C)``. Parameters and buffers
     are restored (a probe learns nothing).
     """
-    from dpfy.grads import GradEngine
     require(batch_size >= 1, "batch_size", batch_size, ">= 1")
     saved = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()}
     counted = [0, 0]   # elements, leaf calls so far
@@ -136,7 +136,7 @@ def probe_model(model: nn.Module, call: Callable[[nn.Module], Any], batch_size: 
         counted[1] += 1
 
     handles = [m.register_forward_hook(count) for m in model.modules()]
-    grads = GradEngine(model, engine=engine, loss_reduction="sum")
+    grads = GradEngine(model, route=route, loss_reduction="sum")
     try:
         out = call(model)
         loss = sum(t.float().square().sum() for t in tree_leaves(out)
@@ -234,7 +234,7 @@ def loader_call(loader: Any, batch_size: int) -> Callable[[nn.Module], Any]:
 
 
 def plan_physical_batch(model: nn.Module, loader: Any, *, memory_limit: int | None,
-                        engine: str = "auto") -> int:
+                        route: str = "auto") -> int:
     """``max_physical_batch_size="auto"``: the largest physical batch whose estimate fits.
 
     ``memory_limit`` in bytes (None: :func:`default_memory_limit`). Raises if not even one
@@ -242,7 +242,7 @@ def plan_physical_batch(model: nn.Module, loader: Any, *, memory_limit: int | No
     """
     limit = default_memory_limit() if memory_limit is None else memory_limit
     require(limit > 0, "memory_limit", memory_limit, "> 0 bytes")
-    rows, c = probe_model(model, loader_call(loader, PROBE_BATCH), PROBE_BATCH, engine=engine)
+    rows, c = probe_model(model, loader_call(loader, PROBE_BATCH), PROBE_BATCH, route=route)
     b = largest_batch(rows, c, limit)
     if b < 1:
         need = estimate_memory(rows, 1, c).bytes
@@ -252,14 +252,13 @@ def plan_physical_batch(model: nn.Module, loader: Any, *, memory_limit: int | No
 
 
 def measure_private_step(model: nn.Module, call: Callable[[nn.Module], Any], *,
-                         engine: str = "auto") -> int | None:
+                         route: str = "auto") -> int | None:
     """Measured peak bytes of one private step's gradient work on ``call(model)``.
 
     Forward, backward of Σ output², the per-sample norms and one weighted sum (the clipped
     sum), under :func:`measured_peak_bytes`; the model's parameters and buffers are unchanged.
     """
-    from dpfy.grads import GradEngine
-    grads = GradEngine(model, engine=engine, loss_reduction="sum")
+    grads = GradEngine(model, route=route, loss_reduction="sum")
 
     def step() -> None:
         out = call(model)
@@ -274,13 +273,13 @@ def measure_private_step(model: nn.Module, call: Callable[[nn.Module], Any], *,
         grads.detach()
 
 
-def format_memory(model: nn.Module, example: torch.Tensor, *, engine: str = "auto") -> str:
+def format_memory(model: nn.Module, example: torch.Tensor, *, route: str = "auto") -> str:
     """``dpfy explain --memory``: the estimate per layer at ``len(example)`` and the measured
     peak of one private step on ``example`` (measured first, in this fresh process)."""
     call: Callable[[nn.Module], Any] = lambda m: m(example)
     b = int(example.shape[0])
-    peak = measure_private_step(model, call, engine=engine)
-    rows, c = probe_model(model, call, b, engine=engine)
+    peak = measure_private_step(model, call, route=route)
+    rows, c = probe_model(model, call, b, route=route)
     est = estimate_memory(rows, b, c)
     mib = 4 / 2 ** 20   # float32 elements -> MiB
     lines = [f"memory at batch size {b} (000 §3.3 per layer; float32):",

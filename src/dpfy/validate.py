@@ -7,7 +7,7 @@ Problems seen without running the model:
 - modules with ``track_running_stats=True``: their running statistics learn from the training
   data and would be saved with the model unaccounted; fixable for InstanceNorm, whose training
   forward normalizes each example by its own statistics anyway (tracking is turned off);
-- for ``engine="ghost"``, modules without a layer rule (they go to vmap under ``"auto"``).
+- for ``route="ghost"``, modules without a layer rule (they go to vmap under ``"auto"``).
 
 With ``example_input``, one training-mode forward of a deep copy runs under
 :class:`dpfy.buffers.BufferGuard` and every buffer it changes is a problem, whatever the module
@@ -22,9 +22,9 @@ found (time-first and ambiguous, a ``PackedSequence``), a rule refusing its inpu
 in max mode), a loss that reaches no trainable parameter. Tied weights and 0-dim parameters are
 supported and not problems (``dpfy explain`` shows the ties).
 
-``fix=True`` applies the replacements of :data:`REPLACEMENTS` first (empty here: the place where
-DP layer replacements, e.g. a ``dpfy.layers`` package, register a function
-``fn(module, name) -> module or None``), then the BatchNorm and InstanceNorm fixes.
+``fix=True`` first swaps the layers that ``dpfy.layers`` rebuilds from Linears (``nn.RNN``,
+``nn.GRU``, ``nn.LSTM``, ``nn.MultiheadAttention``: :func:`dpfy.layers.dp_replacement`), then
+applies the BatchNorm and InstanceNorm fixes.
 """
 
 from __future__ import annotations
@@ -41,14 +41,11 @@ from torch.utils._pytree import tree_flatten
 
 from dpfy._require import require
 from dpfy.buffers import BufferChange, BufferGuard, guard_of
+from dpfy.grads import GradEngine
 from dpfy.grads.rules import rule_for
+from dpfy.layers import dp_replacement
 
-__all__ = ["validate", "batchnorm_to_groupnorm", "buffer_problems", "preflight_problems",
-           "REPLACEMENTS"]
-
-# fn(module, qualified name) -> a replacement module, or None to leave it; applied by fix=True
-# before the built-in fixes, in order. DP layer replacements (dpfy.layers) register here.
-REPLACEMENTS: list[Callable[[nn.Module, str], nn.Module | None]] = []
+__all__ = ["validate", "batchnorm_to_groupnorm", "buffer_problems", "preflight_problems"]
 
 _SPATIAL_BATCHNORMS = (nn.BatchNorm2d, nn.BatchNorm3d)  # inputs (B, C, H, W) / (B, C, D, H, W)
 
@@ -104,11 +101,11 @@ def _stop_tracking(norm: _InstanceNorm) -> None:
 
 
 def _fix(model: nn.Module, name: str = "") -> nn.Module:
-    """Replace BatchNorms and turn InstanceNorm tracking off, in place; returns the root."""
-    for replace in REPLACEMENTS:
-        new = replace(model, name)
-        if new is not None:
-            return new
+    """Swap in the DP layers, replace BatchNorms and turn InstanceNorm tracking off, in place;
+    returns the root."""
+    new = dp_replacement(model)
+    if new is not None:
+        return new
     if isinstance(model, _BatchNorm):
         return batchnorm_to_groupnorm(model, name)
     if isinstance(model, _InstanceNorm) and model.track_running_stats:
@@ -158,7 +155,7 @@ def _scalar_loss(output: Any) -> torch.Tensor:
     return sum((t.float().square().sum() for t in leaves), torch.zeros(()))
 
 
-def preflight_problems(model: nn.Module, example_batch: Any, *, engine: str = "auto",
+def preflight_problems(model: nn.Module, example_batch: Any, *, route: str = "auto",
                        loss_fn: Callable[[Any], torch.Tensor] | None = None) -> list[str]:
     """Problems of one private forward/backward of a copy of ``model`` on ``example_batch``.
 
@@ -166,20 +163,19 @@ def preflight_problems(model: nn.Module, example_batch: Any, *, engine: str = "a
       model: the model (not run, not modified: a deep copy in training mode is).
       example_batch: what the model is called with: a tensor, a tuple (positional arguments)
         or a dict (keyword arguments, e.g. a tokenizer's output). A tiny batch (2–4 rows) does.
-      engine: the engine ``make_private`` will use.
+      route: the route ``make_private`` will use ("auto", "ghost" or "vmap").
       loss_fn: ``fn(output) -> scalar`` (default: Σ of the squares of every float output, so
         that every layer receives a gradient).
 
     Returns:
       One message per problem, each naming the module and the fix (empty: ready).
     """
-    from dpfy.grads import GradEngine
     require(guard_of(model) is None, "model", type(model).__name__, "not yet private for the "
             "pre-flight", "Validate before make_private")
     rows = _batch_rows(example_batch)
     probe = copy.deepcopy(model).train()
     try:
-        eng = GradEngine(probe, engine=engine, loss_reduction="sum")
+        eng = GradEngine(probe, route=route, loss_reduction="sum")
     except ValueError as e:
         return [str(e)]
     eng.bind_batch(rows)
@@ -199,7 +195,7 @@ def preflight_problems(model: nn.Module, example_batch: Any, *, engine: str = "a
         eng.detach()
 
 
-def _static_problems(model: nn.Module, engine: str) -> tuple[list[str], set[str]]:
+def _static_problems(model: nn.Module, route: str) -> tuple[list[str], set[str]]:
     """Problems visible without running the model, and the modules they name."""
     problems, named = [], set()
     for name, m in model.named_modules():
@@ -217,15 +213,15 @@ def _static_problems(model: nn.Module, engine: str) -> tuple[list[str], set[str]
                             f"running statistics learn from the training data and would be "
                             f"saved with the model unaccounted; {fix}")
             named.add(name)
-        if (engine == "ghost" and rule_for(m) is None
+        if (route == "ghost" and rule_for(m) is None
                 and any(p.requires_grad for p in m.parameters(recurse=False))):
-            problems.append(f"{label}: no layer rule for {type(m).__name__}; use engine='auto' "
+            problems.append(f"{label}: no layer rule for {type(m).__name__}; use route='auto' "
                             f"or register a rule")
     return problems, named
 
 
 def validate(model: nn.Module, example_batch: Any = None, *, fix: bool = False,
-             engine: str = "auto", example_input: Any = None,
+             route: str = "auto", example_input: Any = None,
              loss_fn: Callable[[Any], torch.Tensor] | None = None) -> list[str] | nn.Module:
     """List the problems of ``model``, or (``fix=True``) return a fixed copy.
 
@@ -236,10 +232,11 @@ def validate(model: nn.Module, example_batch: Any = None, *, fix: bool = False,
         arguments); one private forward/backward of a copy lists every problem the first
         training step would raise, plus every buffer that forward changes.
       loss_fn: with ``example_batch``, ``fn(output) -> scalar`` (default Σ out²).
-      fix: return a deep copy with every BatchNorm replaced by a GroupNorm
+      fix: return a deep copy with ``nn.RNN``/``GRU``/``LSTM``/``MultiheadAttention`` swapped
+        for their ``dpfy.layers`` DP replacements, every BatchNorm replaced by a GroupNorm
         (:func:`batchnorm_to_groupnorm`) and InstanceNorm's ``track_running_stats`` turned off,
         raising ``ValueError`` if a problem remains that cannot be fixed automatically.
-      engine: the engine you intend to use; with ``"ghost"`` modules without a rule are problems.
+      route: the route you intend to use; with ``"ghost"`` modules without a rule are problems.
       example_input: a batch the model accepts (a tuple: positional arguments); if given, one
         training-mode forward of a copy reports every buffer that forward changes.
 
@@ -248,13 +245,13 @@ def validate(model: nn.Module, example_batch: Any = None, *, fix: bool = False,
     """
     if fix:
         fixed = _fix(copy.deepcopy(model))
-        left = validate(fixed, example_batch, engine=engine, example_input=example_input,
+        left = validate(fixed, example_batch, route=route, example_input=example_input,
                         loss_fn=loss_fn)
         if left:
             raise ValueError(f"model must have no unfixable problems, got {left}. "
                              f"Change those layers by hand")
         return fixed
-    problems, named = _static_problems(model, engine)
+    problems, named = _static_problems(model, route)
     if example_batch is not None and example_input is None and not isinstance(example_batch,
                                                                               dict):
         example_input = example_batch  # the buffer check runs the same call
@@ -262,5 +259,5 @@ def validate(model: nn.Module, example_batch: Any = None, *, fix: bool = False,
         problems += [str(c) for c in buffer_problems(model, example_input)
                      if c.module not in named]
     if example_batch is not None and not problems:  # the engine refuses those before running
-        problems += preflight_problems(model, example_batch, engine=engine, loss_fn=loss_fn)
+        problems += preflight_problems(model, example_batch, route=route, loss_fn=loss_fn)
     return problems

@@ -139,7 +139,7 @@ def test_constant_buffers_and_evaluation_keep_working():
 
 
 def test_a_constant_buffer_inside_a_vmap_unit_trains():
-    model, opt, dl = private(Positional(), engine="vmap")
+    model, opt, dl = private(Positional(), route="vmap")
     train(model, opt, dl, 2)
     assert opt.step_count == 2
 

@@ -48,15 +48,15 @@ def no_hooks(model: nn.Module) -> bool:
     return all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
 
 
-@pytest.mark.parametrize("engine", ["auto", "vmap"])
-def test_make_private_refuses_instancenorm_tracking_before_any_forward(engine):
+@pytest.mark.parametrize("route", ["auto", "vmap"])
+def test_make_private_refuses_instancenorm_tracking_before_any_forward(route):
     model = instancenorm_model()
     calls = []
     model.register_forward_pre_hook(lambda m, a: calls.append(1))
     with pytest.raises(PrivacyRefusal, match=r"module '2\.0' must not track running statistics, "
                        r"got module '2\.0' = InstanceNorm2d\(track_running_stats=True\).*"
                        r"track_running_stats=False.*dpfy\.validate\(model, fix=True\)"):
-        make_private(model, engine=engine)
+        make_private(model, route=route)
     assert calls == []                                         # nothing ran
     assert torch.equal(model[2][0].running_mean, torch.zeros(3))
     model._forward_pre_hooks.clear()

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
+import dpfy
 from dpfy.cli import main
-from dpfy.cli.explain import explain_model
+from dpfy.cli.explain import explain_model, format_table
 
 
 def test_explain_routes_at_size():
@@ -16,9 +19,9 @@ def test_explain_routes_at_size():
     rows = explain_model(model, example=torch.randn(4, 1, 28, 28))
     by = {r["module"]: r for r in rows}
     # conv: L=196 positions, D=64, C_out=16: L·(D+C_out) > D·C_out -> per-sample
-    assert by["0"]["engine"] == "per-sample" and by["0"]["rule"].endswith("rules/conv.py")
-    assert by["2"]["engine"] == "ghost"  # T = 1: ghost norm ‖a‖·‖g‖
-    assert by["3"]["engine"] == "vmap" and "no layer rule" in by["3"]["why"]
+    assert by["0"]["route"] == "per-sample" and by["0"]["rule"].endswith("rules/conv.py")
+    assert by["2"]["route"] == "ghost"  # T = 1: ghost norm ‖a‖·‖g‖
+    assert by["3"]["route"] == "vmap" and "no layer rule" in by["3"]["why"]
     assert all(p.requires_grad for p in model.parameters())  # explain leaves the model as is
 
 
@@ -29,12 +32,6 @@ def test_cli_explain(capsys):
 
 
 def test_private_optimizer_reports_routes_taken():
-    import torch.nn.functional as F
-    from torch.utils.data import DataLoader, TensorDataset
-
-    import dpfy
-    from dpfy.cli.explain import format_table
-
     model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
     ds = TensorDataset(torch.randn(16, 1, 8, 8), torch.randint(0, 2, (16,)))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -45,7 +42,7 @@ def test_private_optimizer_reports_routes_taken():
         F.cross_entropy(model(x), y).backward()
         opt.step()
     rows = opt.grads.explain()  # for the privacy report: what each layer actually used
-    assert {r["engine"] for r in rows} <= {"ghost", "per-sample"}
+    assert {r["route"] for r in rows} <= {"ghost", "per-sample"}
     assert "dpfy/grads/rules/linear.py" in format_table(rows)
 
 

@@ -16,20 +16,20 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
 
 
-@pytest.mark.parametrize("engine", ["auto", "ghost"])
-def test_inplace_relu_after_the_first_layer_matches_the_loop(engine):
+@pytest.mark.parametrize("route", ["auto", "ghost"])
+def test_inplace_relu_after_the_first_layer_matches_the_loop(route):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(2, 4, 3), nn.ReLU(inplace=True), nn.Flatten(),
                           nn.Linear(4 * 4 * 4, 8), nn.ReLU(inplace=True), nn.Linear(8, 3)).double()
     x, y = torch.randn(6, 2, 6, 6, dtype=torch.float64), torch.randint(0, 3, (6,))
     ref = oracles.per_example_grads(model, x, y, F.cross_entropy)
-    eng = GradEngine(model, engine=engine)
+    eng = GradEngine(model, route=route)
     try:
         F.cross_entropy(model(x), y).backward()
         sq = eng.per_sample_sq_norms()
         w = torch.rand(6, dtype=torch.float64)
         sums = eng.weighted_sums({n: w for n in sq})
-        anchor = eng._anchor
+        anchor = eng._capture.anchor
     finally:
         eng.detach()
     norms = torch.sqrt(sum(sq.values()))

@@ -93,7 +93,7 @@ def test_engine_norms_of_a_sequence_model_match_the_loop(one_thread, kernel_call
 
     ref = oracles.per_example_grads(model.double(), x.double(), y, loss)  # float64, (B, *θ)
     model.float()
-    eng = GradEngine(model, engine="ghost", loss_reduction="sum")
+    eng = GradEngine(model, route="ghost", loss_reduction="sum")
     try:
         loss(model(x), y).backward()
         sq = eng.per_sample_sq_norms()

@@ -3,12 +3,15 @@ the per-update flag and len(loader) when logical batches are split."""
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
+from dpfy.cli.explain import register, run
 from dpfy.memory import estimate_memory, largest_batch, paper_memory, probe_model
 
 
@@ -16,10 +19,10 @@ def test_paper_worked_example_201_and_102() -> None:
     # 000 §3.3 worked example (Yousefpour et al.): L = 1, C = 1, b = 100.
     assert paper_memory(100, 1, 1, per_sample=True) == 201
     assert paper_memory(100, 1, 1, per_sample=False) == 102
-    one_param = [{"module": "w", "params": 1, "engine": "per-sample"}]
+    one_param = [{"module": "w", "params": 1, "route": "per-sample"}]
     assert estimate_memory(one_param, 100, 1.0).elements == 201
-    assert estimate_memory([dict(one_param[0], engine="ghost")], 100, 1.0).elements == 102
-    assert estimate_memory([dict(one_param[0], engine="vmap")], 100, 1.0).elements == 201
+    assert estimate_memory([dict(one_param[0], route="ghost")], 100, 1.0).elements == 102
+    assert estimate_memory([dict(one_param[0], route="vmap")], 100, 1.0).elements == 201
 
 
 def _mlp() -> nn.Module:
@@ -39,7 +42,7 @@ def test_probe_counts_activations_and_routes() -> None:
     x = torch.randn(4, 20)
     rows, c = probe_model(model, lambda m: m(x), 4)
     assert c == 123
-    assert [r["engine"] for r in rows] == ["ghost", "ghost"]
+    assert [r["route"] for r in rows] == ["ghost", "ghost"]
     assert estimate_memory(rows, 37, c).bytes == _by_hand(37)
     assert all(p.requires_grad for p in model.parameters())   # the probe detached
 
@@ -67,8 +70,8 @@ def test_limit_below_one_example_is_refused() -> None:
 
 
 def test_largest_batch_inverts_the_estimate() -> None:
-    rows = [{"module": "a", "params": 10, "engine": "per-sample"},
-            {"module": "b", "params": 7, "engine": "ghost"}]
+    rows = [{"module": "a", "params": 10, "route": "per-sample"},
+            {"module": "b", "params": 7, "route": "ghost"}]
     # M(b) = 5b + 10(1 + b) + 14 = 15b + 24 elements; 4 bytes each: 4·(15·9 + 24) = 636.
     assert largest_batch(rows, 5.0, 636) == 9 and largest_batch(rows, 5.0, 635) == 8
 
@@ -96,8 +99,6 @@ def test_updated_flag_and_len_with_physical_batches() -> None:
 
 
 def test_explain_memory_prints_estimate_and_measured_peak(capsys) -> None:
-    from dpfy.cli.explain import register, run
-    import argparse
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
     args = parser.parse_args(["explain", "mlp", "--input-shape", "784", "--batch-size", "64",

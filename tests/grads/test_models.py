@@ -25,8 +25,8 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
 
 
-def dpfy_norms_and_sum(model, x, y, engine):
-    eng = GradEngine(model, engine=engine)  # loss_reduction="mean"
+def dpfy_norms_and_sum(model, x, y, route):
+    eng = GradEngine(model, route=route)  # loss_reduction="mean"
     try:
         F.cross_entropy(model(x), y).backward()
         sq = eng.per_sample_sq_norms()
@@ -45,8 +45,8 @@ def opacus_grads(model, x, y):
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
-@pytest.mark.parametrize("engine", ["auto", "vmap"])
-def test_model_matches_loop_and_opacus(name, engine):
+@pytest.mark.parametrize("route", ["auto", "vmap"])
+def test_model_matches_loop_and_opacus(name, route):
     model = make_model(name)
     x, y = make_data(name, 6, seed=1).tensors
     ref = oracles.per_example_grads(model, x, y, F.cross_entropy)  # float64 loop
@@ -56,7 +56,7 @@ def test_model_matches_loop_and_opacus(name, engine):
     op_norms = oracles.per_example_norms(op)
     op_sum = oracles.clipped_sum(op, CLIP)
 
-    norms, sums = dpfy_norms_and_sum(model, x, y, engine)
+    norms, sums = dpfy_norms_and_sum(model, x, y, route)
     assert rel(norms, ref_norms) < 1e-5
     assert rel(norms, op_norms) < 1e-5
     for n in ref_sum:

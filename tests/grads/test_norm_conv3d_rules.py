@@ -25,7 +25,7 @@ def routes(model: nn.Module, x: torch.Tensor) -> dict[str, str]:
     eng = GradEngine(model.double(), loss_reduction="sum")
     try:
         model(x.double()).square().sum().backward()
-        return {r["module"]: r["engine"] for r in eng.explain()}
+        return {r["module"]: r["route"] for r in eng.explain()}
     finally:
         eng.detach()
 

@@ -12,6 +12,7 @@ from torch.nn.utils.rnn import pack_padded_sequence
 
 import dpfy
 from dpfy.cli import main
+from dpfy.layers import DPGRU
 
 validate_module = importlib.import_module("dpfy.validate")  # dpfy.validate is also the function
 
@@ -80,7 +81,7 @@ def test_supported_shapes_pass_the_preflight():
 
     batch = {"input_ids": torch.randint(0, 11, (3, 5)), "attention_mask": torch.ones(3, 5)}
     assert dpfy.validate(Lm(), batch) == []
-    assert dpfy.validate(Lm(), batch, engine="vmap") == []
+    assert dpfy.validate(Lm(), batch, route="vmap") == []
 
 
 def test_a_loss_that_reaches_no_parameter_is_a_problem():
@@ -89,22 +90,15 @@ def test_a_loss_that_reaches_no_parameter_is_a_problem():
     assert len(problems) == 1 and "reach a trainable parameter" in problems[0]
 
 
-def test_fix_applies_registered_replacements_first(monkeypatch):
-    class Marker(nn.Linear):
-        pass
-
-    def swap(module: nn.Module, name: str) -> nn.Module | None:
-        if type(module) is nn.Linear and name == "1":
-            new = Marker(module.in_features, module.out_features)
-            new.load_state_dict(module.state_dict())
-            return new
-        return None
-
-    monkeypatch.setattr(validate_module, "REPLACEMENTS", [swap])
-    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2))
-    fixed = dpfy.validate(model, torch.randn(2, 3), fix=True)
-    assert type(fixed[1]) is Marker and type(fixed[0]) is nn.Linear
-    assert type(model[1]) is nn.Linear  # the original is untouched
+def test_fix_swaps_in_the_dp_layers_before_the_norm_fixes():
+    """fix=True replaces what dpfy.layers rebuilds from Linears (the root module too) and then
+    the BatchNorms, in a copy: the original is untouched."""
+    gru = nn.GRU(3, 3, batch_first=True)
+    assert type(dpfy.validate(gru, fix=True)) is DPGRU and type(gru) is nn.GRU
+    model = nn.Sequential(nn.BatchNorm1d(4), nn.GRU(4, 4))
+    fixed = dpfy.validate(model, fix=True)
+    assert type(fixed[0]) is nn.GroupNorm and type(fixed[1]) is DPGRU
+    assert type(model[0]) is nn.BatchNorm1d and type(model[1]) is nn.GRU
 
 
 def test_cli_explain_prints_the_preflight(capsys):

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
 from dpfy.errors import PrivacyRefusal
+from dpfy.grads import GradEngine
 
 
 class HandBatchNorm(nn.Module):
@@ -178,7 +179,7 @@ def test_row_wise_models_pass(make, kind):
 def test_row_wise_models_pass_with_physical_batches_and_vmap():
     torch.manual_seed(0)
     one_step(GroupNormCNN(), data("cnn", 64), batch_size=32, max_physical_batch_size=8)
-    one_step(LSTMClassifier(), data("lstm", 64), engine="vmap")
+    one_step(LSTMClassifier(), data("lstm", 64), route="vmap")
 
 
 def test_a_padding_mask_keyword_and_a_time_first_layer_pass():
@@ -205,7 +206,6 @@ def test_a_padding_mask_keyword_and_a_time_first_layer_pass():
 def test_the_probe_leaves_the_global_rng_and_the_modules_modes_unchanged():
     """The probe's forwards draw from a forked global RNG and run in eval() mode: the
     training run's RNG stream and each module's own mode are as before."""
-    from dpfy.grads import GradEngine
     model = GroupNormCNN()
     model.d.eval()  # dropout off, and a module in its own mode must stay in it
     eng = GradEngine(model)
@@ -214,7 +214,7 @@ def test_the_probe_leaves_the_global_rng_and_the_modules_modes_unchanged():
     torch.manual_seed(123)
     before = torch.get_rng_state()
     model(x).sum().backward()
-    assert eng._rows_checked
+    assert eng._capture.rows_checked
     assert torch.equal(torch.get_rng_state(), before)
     assert model.training and model.c.training and not model.d.training
     eng.detach()
@@ -246,16 +246,15 @@ def test_dropout_does_not_hide_mixing_and_randomness_left_on_in_eval_is_not_mixi
 def test_a_forward_on_other_data_does_not_use_up_the_probe():
     """A forward with autograd on over rows that are not the bound batch (held-out data) is
     not probed; the next forward on the batch is, and a mixing model is refused there."""
-    from dpfy.grads import GradEngine
     model = HandBatchNorm()
     eng = GradEngine(model)
     eng.bind_batch(8)
     model(data("mix", 5).tensors[0])
-    assert not eng._rows_checked
+    assert not eng._capture.rows_checked
     eng.clear()
     x, y = data("mix", 8).tensors
     F.cross_entropy(model(x), y).backward()
-    assert eng._rows_checked
+    assert eng._capture.rows_checked
     with pytest.raises(PrivacyRefusal, match="layer 'l2' \\(Linear\\)"):
         eng.per_sample_sq_norms()
     eng.detach()

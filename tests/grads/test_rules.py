@@ -1,4 +1,4 @@
-"""Every layer rule and both engines against the float64 per-example loop (tests/oracles.py).
+"""Every layer rule and both routes against the float64 per-example loop (tests/oracles.py).
 
 For each layer we check, per example i and parameter θ: the per-sample gradient, its squared
 norm (ghost route and materialized route) and the weighted sum Σ_i w_i ∂ℓ_i/∂θ, against the
@@ -27,14 +27,14 @@ def loss_sum(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return ((out * w).sum(tuple(range(1, out.dim()))) ** 2 * (1 + y.to(out.dtype))).sum()
 
 
-def check(model: nn.Module, x: torch.Tensor, engine: str = "auto") -> None:
+def check(model: nn.Module, x: torch.Tensor, route: str = "auto") -> None:
     """Norms and a weighted sum from the engine (run in float64) equal the float64 loop."""
     model = model.double()
     x = x.double() if x.is_floating_point() else x
     b = x.shape[0]
     y = torch.arange(b) % 2
     ref = oracles.per_example_grads(model, x, y, loss_sum)  # name -> (B, *θ) float64
-    eng = GradEngine(model, engine=engine, loss_reduction="sum")
+    eng = GradEngine(model, route=route, loss_reduction="sum")
     try:
         loss_sum(model(x), y).backward()
         sq = eng.per_sample_sq_norms()
@@ -118,9 +118,9 @@ def test_groupnorm(b, groups):
     check(nn.Sequential(nn.Conv2d(2, 4, 2), gn), torch.randn(b, 2, 4, 4))
 
 
-@pytest.mark.parametrize("engine", ["auto", "vmap"])
-def test_unsupported_layer_goes_to_vmap(engine):
-    # nn.PReLU and nn.Bilinear have no rule: the auto engine runs torch.func on them only
+@pytest.mark.parametrize("route", ["auto", "vmap"])
+def test_unsupported_layer_goes_to_vmap(route):
+    # nn.PReLU and nn.Bilinear have no rule: the auto route runs torch.func on them only
     torch.manual_seed(0)
 
     class Net(nn.Module):
@@ -133,9 +133,9 @@ def test_unsupported_layer_goes_to_vmap(engine):
             return self.bil(h, h)
 
     model = Net()
-    check(model, torch.randn(3, 3), engine)
-    eng = GradEngine(model, engine="auto")
-    routes = {r["module"]: r["engine"] for r in eng.explain()}
+    check(model, torch.randn(3, 3), route)
+    eng = GradEngine(model, route="auto")
+    routes = {r["module"]: r["route"] for r in eng.explain()}
     eng.detach()
     assert routes["act"] == "vmap" and routes["bil"] == "vmap" and routes["a"] != "vmap"
 

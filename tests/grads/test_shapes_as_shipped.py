@@ -1,5 +1,5 @@
 """Model shapes that must work as shipped (issue 14 §2): inputs broadcast over the batch, tied
-weights on the default engine, 0-dim parameters, EmbeddingBag, frozen parameters in the optimizer.
+weights on the default route, 0-dim parameters, EmbeddingBag, frozen parameters in the optimizer.
 
 Every number comes from the float64 per-example loop (``oracles``): per-example squared norms,
 and weighted sums Σ_i w_i g_i with random weights; end to end, one SGD(lr=1) step with σ = 0
@@ -120,12 +120,12 @@ class Tied(nn.Module):
         return self.lm_head(torch.tanh(self.block(self.wte(ids)))).mean(1)  # (B, V)
 
 
-@pytest.mark.parametrize("engine", ["auto", "ghost"])
-def test_tied_weights_sum_their_uses_before_the_norm(engine):
+@pytest.mark.parametrize("route", ["auto", "ghost"])
+def test_tied_weights_sum_their_uses_before_the_norm(route):
     x, _ = ids_batch()
     y = torch.randint(0, V, (B,), generator=torch.Generator().manual_seed(2))
     # before: refused ("tied weights ... Use engine='vmap'")
-    check_against_loop(Tied(), x, y, engine=engine)
+    check_against_loop(Tied(), x, y, route=route)
 
 
 def test_tied_weight_appears_once_in_the_layer_groups():

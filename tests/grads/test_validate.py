@@ -96,8 +96,8 @@ def train_privately(model, steps=2, **kw):
 
 def test_the_replacement_has_a_layer_rule():
     model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 2))
-    fixed = dpfy.validate(model, fix=True, engine="ghost")
-    assert train_privately(fixed, engine="ghost").step_count == 2  # ghost: rules only
+    fixed = dpfy.validate(model, fix=True, route="ghost")
+    assert train_privately(fixed, route="ghost").step_count == 2  # ghost: rules only
 
 
 def instancenorm_model():

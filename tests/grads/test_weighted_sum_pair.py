@@ -11,7 +11,7 @@ from torch import nn
 
 import oracles
 from dpfy.grads import GradEngine
-from dpfy.grads.engine import _split
+from dpfy.grads.routes import find_split
 
 B = 9
 
@@ -71,9 +71,9 @@ def test_pair_of_sums_equals_the_float64_loop(name, pair):
 def test_split_takes_the_smallest_ratio_and_refuses_non_constant_ones():
     w2 = torch.tensor([0.0, 0.5, 0.25, 0.0], dtype=torch.float32)
     w1 = torch.tensor([1.0, 0.05, 0.025 * (1 + 3e-6), 1.0], dtype=torch.float32)
-    s = _split(w1, w2)
+    s = find_split(w1, w2)
     ratios = w1.double()[1:3] / w2.double()[1:3]
     assert s is not None and s.ratio == float(ratios.min())  # no example gains weight
     assert s.zero.tolist() == [0, 3] and s.nonzero.tolist() == [1, 2]
-    assert _split(torch.tensor([1.0, 0.2]), torch.tensor([0.5, 0.5])) is None   # ratio 2 vs 0.4
-    assert _split(torch.ones(3), torch.zeros(3)) is None                        # no w2 rows
+    assert find_split(torch.tensor([1.0, 0.2]), torch.tensor([0.5, 0.5])) is None   # ratio 2 vs 0.4
+    assert find_split(torch.ones(3), torch.zeros(3)) is None                        # no w2 rows

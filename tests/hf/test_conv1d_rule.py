@@ -100,7 +100,7 @@ def test_gpt2_norms_and_weighted_sums_match_the_loop_with_the_tied_head():
     eng = GradEngine(model)
     eng.bind_batch(3)
     model(**batch).loss.backward()  # HF's token mean = (1/B)Σ_i ℓ_i here (equal lengths)
-    routes = {r["engine"] for r in eng.explain() if r["type"] == "Conv1D"}
+    routes = {r["route"] for r in eng.explain() if r["type"] == "Conv1D"}
     assert routes == {"ghost", "per-sample"}  # both routes of the rule are exercised
     sq = eng.per_sample_sq_norms()
     assert set(sq) == set(ref) and "lm_head.weight" not in ref  # one tied parameter
@@ -117,8 +117,8 @@ def test_gpt2_norms_and_weighted_sums_match_the_loop_with_the_tied_head():
 
 def test_gpt2s_conv1d_layers_take_the_rule_not_vmap():
     model, batch = _gpt2(32), _batch()
-    assert dpfy.validate(model, batch, engine="ghost") == []  # every layer has a rule
-    eng = GradEngine(model, engine="ghost")  # raised for Conv1D while it had no rule
+    assert dpfy.validate(model, batch, route="ghost") == []  # every layer has a rule
+    eng = GradEngine(model, route="ghost")  # raised for Conv1D while it had no rule
     assert all(u.route == "rule" for u in eng.units)
     rows = [r for r in eng.explain() if r["type"] == "Conv1D"]
     assert len(rows) == 8 and all(r["rule"] == RULE_FILE for r in rows)  # 4 per block

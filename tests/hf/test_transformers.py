@@ -117,8 +117,8 @@ def test_dropout_is_named_by_the_preflight_under_the_vmap_engine():
     model = tiny_bert(dropout=0.1)
     ds = Tokens()
     batch = {k: torch.stack([ds[i][k] for i in range(3)]) for k in ds[0]}
-    assert dpfy.validate(model, batch) == []  # the default engine: every layer has a rule
-    problems = dpfy.validate(model, batch, engine="vmap")  # the forward is recomputed there
+    assert dpfy.validate(model, batch) == []  # the default route: every layer has a rule
+    problems = dpfy.validate(model, batch, route="vmap")  # the forward is recomputed there
     assert problems and "Dropout" in problems[0] and "p = 0.1" in problems[0]
 
 

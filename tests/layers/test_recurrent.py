@@ -85,7 +85,7 @@ def with_lengths(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
 
 
 def check_against_loop(reference: nn.Module, x: torch.Tensor, swap=swap_layers,
-                       engine: str = "auto") -> None:
+                       route: str = "auto") -> None:
     """Engine norms and a weighted sum on the swapped copy equal the float64 loop on the
     reference (torch's modules)."""
     reference = reference.double()
@@ -97,7 +97,7 @@ def check_against_loop(reference: nn.Module, x: torch.Tensor, swap=swap_layers,
     names = {id(p): n for n, p in model.named_parameters()}
     ours = {k: names[id(p)] for k, p in model.state_dict(keep_vars=True).items()
             if id(p) in names}  # torch's name -> ours (the state_dict speaks torch's names)
-    eng = GradEngine(model, engine=engine, loss_reduction="sum")
+    eng = GradEngine(model, route=route, loss_reduction="sum")
     try:
         loss_sum(model(x), y).backward()
         sq = eng.per_sample_sq_norms()
@@ -169,12 +169,12 @@ def test_per_example_norms_packed_variable_lengths(kind):
 
 
 @pytest.mark.parametrize("kind", sorted(TORCH))
-def test_per_example_norms_under_the_vmap_engine(kind):
+def test_per_example_norms_under_the_vmap_route(kind):
     # under torch.func the replacement runs step by step with plain autograd ops
     torch.manual_seed(3)
     rnn = TORCH[kind](3, 4, num_layers=2, bidirectional=True, batch_first=True)
     x = with_lengths(torch.randn(3, 4, 3, dtype=torch.float64), torch.full((3,), 4))
-    check_against_loop(Head(rnn, with_h0=True), x, engine="vmap")
+    check_against_loop(Head(rnn, with_h0=True), x, route="vmap")
 
 
 def test_per_example_norms_time_first_no_bias():
@@ -245,7 +245,7 @@ def test_refusals_name_the_parameter_and_fix():
 
 
 def test_validate_fix_swaps_recurrent_and_attention_layers():
-    # dpfy.layers registers its replacements with dpfy.validate(fix=True) (on a copy)
+    # dpfy.validate(fix=True) swaps in the dpfy.layers replacements (on a copy)
     class Net(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -279,5 +279,5 @@ def test_every_weight_takes_a_linear_rule_once_per_sequence():
     finally:
         eng.detach()
     assert {r["type"] for r in rows} == {"Linear", "RecurrentLinear"}
-    assert all(r["engine"] in ("ghost", "per-sample") for r in rows)
+    assert all(r["route"] in ("ghost", "per-sample") for r in rows)
     assert all("called" not in r["why"] for r in rows)  # one call per batch

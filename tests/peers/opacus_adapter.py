@@ -5,7 +5,7 @@ inputs and module hypothesis drew. :class:`DpfyRunTest` replaces that method: th
 checked against dpfy instead of Opacus. The reference is Opacus's own float64 microbatch loop
 (``compute_microbatch_grad_sample``: one example at a time, its L1 loss against zeros, the loss
 Opacus's cases use), on a float64 copy of the module. dpfy's side is the engine a private
-optimizer uses (``GradEngine``, engine="auto", bound to the case's batch size like the private
+optimizer uses (``GradEngine``, route="auto", bound to the case's batch size like the private
 loader binds it): per-sample squared norms per parameter and one weighted sum Σ_i w_i g_i.
 
 Every case must end one of two ways, never a third: it **matches** the loop, or it is
@@ -91,7 +91,7 @@ def check_case(x: Any, module: nn.Module, *, batch_first: bool, reduction: str,
         # the batch as a loader yields it: examples stacked in dim 0, contiguous
         model, x = _TimeFirst(model), x.transpose(0, 1).contiguous()
     try:
-        eng = GradEngine(model, engine="auto", loss_reduction=reduction)
+        eng = GradEngine(model, route="auto", loss_reduction=reduction)
     except ValueError as err:
         return _refused(err, module)
     try:

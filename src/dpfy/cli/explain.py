@@ -1,4 +1,4 @@
-"""``dpfy explain MODEL``: per layer, the rule, the engine route and why (STYLE.md R7).
+"""``dpfy explain MODEL``: per layer, the rule, the route and why (STYLE.md R7).
 
 MODEL is a model-zoo name (``dpfy.models``) or ``package.module:factory`` (a callable returning
 an ``nn.Module``). With an input shape, one forward/backward on a random batch decides the route
@@ -17,6 +17,10 @@ import torch
 from torch import nn
 
 from dpfy._require import require
+from dpfy.grads import ROUTES, GradEngine
+from dpfy.memory import format_memory
+from dpfy.models import build_model
+from dpfy.validate import validate
 
 __all__ = ["register", "run", "explain_model", "format_table"]
 
@@ -36,7 +40,6 @@ def _build(spec: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Modu
                 "a factory returning a torch.nn.Module",
                 "Name a function that builds the model, e.g. mypkg.models:build")
         return model
-    from dpfy.models import build_model
     return build_model(spec, input_shape=input_shape, num_classes=num_classes)
 
 
@@ -51,11 +54,10 @@ def _shape(text: str) -> tuple[int, ...]:
     return shape
 
 
-def explain_model(model: nn.Module, *, engine: str = "auto",
+def explain_model(model: nn.Module, *, route: str = "auto",
                   example: torch.Tensor | None = None) -> list[dict[str, Any]]:
     """The engine's table for ``model``; with ``example``, routes decided at that size."""
-    from dpfy.grads import GradEngine
-    eng = GradEngine(model, engine=engine, loss_reduction="sum")
+    eng = GradEngine(model, route=route, loss_reduction="sum")
     try:
         if example is not None:
             out = model(example)
@@ -66,14 +68,14 @@ def explain_model(model: nn.Module, *, engine: str = "auto",
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    cols = ["module", "type", "params", "rule", "engine", "why"]
+    cols = ["module", "type", "params", "rule", "route", "why"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
     return "\n".join(lines)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("explain", help="per layer: rule, engine route and why",
+    p = subparsers.add_parser("explain", help="per layer: rule, route and why",
                               description=__doc__.splitlines()[0])
     p.add_argument("model", help="model-zoo name or package.module:factory")
     p.add_argument("--input-shape", default="1,28,28",
@@ -81,7 +83,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--num-classes", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=256,
                    help="batch size of the probe (routes depend on sizes)")
-    p.add_argument("--engine", default="auto", choices=["auto", "ghost", "vmap"])
+    p.add_argument("--route", default="auto", choices=list(ROUTES),
+                   help="auto: layer rules, vmap for modules without one; ghost: rules only; "
+                        "vmap: torch.func on the whole model")
     p.add_argument("--memory", action="store_true",
                    help="print the memory estimate per layer at --batch-size (dpfy.memory) "
                         "next to the measured peak of one private step")
@@ -93,14 +97,12 @@ def run(args: argparse.Namespace) -> int:
     require(args.batch_size >= 1, "batch_size", args.batch_size, ">= 1")
     model = _build(args.model, shape, args.num_classes)
     example = torch.randn(args.batch_size, *shape) if shape else None
-    print(format_table(explain_model(model, engine=args.engine, example=example)))
+    print(format_table(explain_model(model, route=args.route, example=example)))
     if example is not None:  # the pre-flight: every problem of a private step, at once
-        from dpfy.validate import validate
-        problems = validate(model, example[:4], engine=args.engine)
+        problems = validate(model, example[:4], route=args.route)
         print("\nProblems (dpfy.validate on a 4-row batch): " + ("none" if not problems else ""))
         print("\n".join(f"- {p}" for p in problems))
     if args.memory:
         require(example is not None, "--input-shape", args.input_shape, "given with --memory")
-        from dpfy.memory import format_memory
-        print(format_memory(model, example, engine=args.engine))
+        print(format_memory(model, example, route=args.route))
     return 0

@@ -9,7 +9,8 @@ that mixes or moves rows across the batch breaks it silently: batch statistics w
 its contribution to the released sum is no longer bounded by C (measured: 4.45·C, 1.37·C).
 
 The check. At the first training forward of an engine bound to a private batch of n ≥ 3 rows
-(and in :func:`dpfy.validate`'s pre-flight), the engine runs the model twice more, without
+(and in :func:`dpfy.validate`'s pre-flight), the capture (``grads/capture.py``) calls
+:func:`find_mixing`, which runs the model twice more, without
 gradients: once on the batch, once on the batch *without its first row and in reverse order*
 (:func:`probe_index`). Each captured layer call's input rows along the engine's batch dimension
 for that call, and the model's output rows, must then be the full forward's rows in that order,
@@ -59,9 +60,12 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["RowProbe", "MIN_ROWS", "holds_batch", "probe_index", "rows_differ", "call_differs",
-           "differing_calls", "is_randomness", "output_differs", "probe_mode", "reseed",
-           "mixing_problem"]
+from dpfy.grads.layout import Rerun, resize_batch
+from dpfy.grads.units import Unit
+
+__all__ = ["RowProbe", "MIN_ROWS", "row_probe_applies", "find_mixing", "holds_batch",
+           "probe_index", "rows_differ", "call_differs", "differing_calls", "is_randomness",
+           "output_differs", "probe_mode", "reseed", "mixing_problem"]
 
 MIN_ROWS = 3  # a batch of 1–2 rows is not probed (too few rows to remove one and reorder)
 _RTOL = 1e-4  # float32 BLAS results differ between batch sizes; atol is 1e-5 × the scale
@@ -91,6 +95,69 @@ class RowProbe:
         calls = self.inputs.setdefault(unit_id, [])
         self.order.append((unit_id, len(calls)))
         calls.append(value)
+
+
+def row_probe_applies(root_call: tuple[tuple, dict], rows: int | None) -> bool:
+    """Whether the model's call ``root_call`` is one to probe: a forward with autograd on over
+    the bound private batch of at least :data:`MIN_ROWS` rows."""
+    return (rows is not None and rows >= MIN_ROWS and torch.is_grad_enabled()
+            and holds_batch(*root_call, rows))
+
+
+def find_mixing(model: nn.Module, root_call: tuple[tuple, dict], rows: int,
+                now: dict[int, list[Any]], units: dict[int, Unit], rerun: Rerun,
+                device: torch.device | None) -> tuple[str, list[Any]] | None:
+    """The row-identity check of one training forward (see the module docstring).
+
+    Args:
+      model: the model, called as ``root_call`` (args, kwargs) on the private batch of ``rows``.
+      now: each unit's calls of that forward (``grads/capture.py``'s ``Call``: ``.shared``,
+        ``.problem`` and ``.row_dims(unit)``), by unit id, in call order.
+      units: the units by id.
+      rerun: runs the model recording each layer call into a probe (``Capture.rerun``).
+      device: where the trainable parameters live (the RNG forked there too).
+
+    Returns:
+      None when every row is its example's own (or the model cannot be cut by rows, or its
+      differences are randomness), else the refusal and the calls it belongs to.
+    """
+    index = probe_index(rows)
+    args, kwargs, problem = resize_batch(*root_call, rows, index=index)
+    if problem is not None:
+        return None  # a transposed view: the layout probe refuses it where it matters
+    shared = {uid: [c.shared for c in calls] for uid, calls in now.items()}
+
+    def forward(args: tuple, kwargs: dict, rows: int, seed: int = 0) -> tuple[RowProbe, Any]:
+        with probe_mode(model, device):
+            reseed(seed)
+            probe = RowProbe(rows, shared=shared)
+            return probe, rerun(probe, args, kwargs)
+
+    try:
+        (full, out_full), (part, out_part) = (forward(*root_call, rows),
+                                              forward(args, kwargs, rows - 1))
+    except Exception:  # noqa: BLE001 - a batch the model cannot run on: not checked
+        return None  # (EmbeddingBag's 1-D ids with offsets cannot be cut by rows)
+
+    def dims(uid: int, j: int) -> Any:  # None: a call not to check
+        real = now[uid][j] if j < len(now[uid]) else None
+        return None if real is None or real.problem is not None else (
+            real.row_dims(units[uid]),)
+
+    differing = differing_calls(full, part, index, dims)
+    out_differs = output_differs(out_full, out_part, rows, index)
+    if not differing and not out_differs:
+        return None
+    again = forward(*root_call, rows, seed=1)
+    if is_randomness(full, out_full, again, differing, rows, dims):
+        return None
+    problem = (mixing_problem(units[differing[0][0]].label, rows, differing[0][2])
+               if differing else mixing_problem(None, rows, "its rows; the last layer "
+                                                f"called is {units[full.order[-1][0]].label}"
+                                                if full.order else "its rows"))
+    targets = ([c for calls in now.values() for c in calls] if out_differs
+               else [now[uid][j] for uid, j, _ in differing])
+    return problem, targets
 
 
 def holds_batch(args: tuple, kwargs: dict, rows: int) -> bool:

@@ -16,22 +16,41 @@ over pairs of positions of products of dot products, at O(B·S·T) memory:
     Embedding–Embedding  ⟨E, E'⟩ = Σ_{s,t} [x_s = x'_t] (δ_s·δ'_t)
 
 (a ``padding_idx`` position of an Embedding receives no gradient: its δ is zeroed). The
-engine uses this when every use of the weight is one such call on the ghost-ready captures
-(``grads/engine.py``), and forms the per-example gradient otherwise.
+engine uses this (:func:`tied_ghost_sq_norm`) when every use of the weight is one such call on
+the ghost-ready captures, and forms the per-example gradient otherwise
+(``Routes.tied_grad_sample``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal
 
 import torch
 from torch import nn
 
+from dpfy.grads.capture import Call, at_least_float32
 from dpfy.grads.rules.embedding import EmbeddingRule, _flat
 from dpfy.grads.rules.linear import LinearRule, _as_seq
+from dpfy.grads.units import Unit
 
-__all__ = ["TiedUse", "tied_use", "tied_sq_norm"]
+__all__ = ["TiedUse", "tied_uses", "tied_use", "tied_sq_norm", "tied_ghost_sq_norm"]
+
+Uses = list[tuple[Unit, str]]  # (unit, the parameter's name relative to it), the owner first
+
+
+def tied_uses(units: list[Unit]) -> dict[str, Uses]:
+    """{a tied parameter's model-level name: every (unit, relative name) that uses it}, the
+    owning unit first (``grads/units.py``: the unit at its canonical name)."""
+    uses: dict[str, Uses] = {}
+    for u in units:
+        for rel in u.tied:
+            uses.setdefault(u.tied[rel], []).append((u, rel))
+    for u in units:
+        for rel in u.params:
+            if u.qualified(rel) in uses:
+                uses[u.qualified(rel)].insert(0, (u, rel))
+    return uses
 
 
 @dataclass(frozen=True)
@@ -83,3 +102,23 @@ def tied_sq_norm(uses: list[TiedUse]) -> torch.Tensor:
             term = _inner(u, v) * (1.0 if j == 0 else 2.0)
             total = term if total is None else total + term
     return total
+
+
+def tied_ghost_sq_norm(uses: Uses, used: Callable[[Unit], list[Call]]) -> torch.Tensor | None:
+    """A tied weight's per-example squared norm (B,) from its uses' factors, when every use
+    that got a gradient (``used(unit)``: its calls the loss depended on) is one Linear or
+    Embedding call on its captures; else None. Sensitive."""
+    factors = []
+    for u, rel in uses:
+        calls = used(u)
+        if not calls:
+            continue  # this use contributes nothing
+        c = calls[0]
+        if (len(calls) != 1 or rel != "weight" or u.rule is None or c.eager is not None
+                or len(c.grads) != 1 or c.grads[0] is None):
+            return None
+        use = tied_use(u.rule, u.module, c.args[0], at_least_float32(c.grads[0]))
+        if use is None:
+            return None
+        factors.append(use)
+    return tied_sq_norm(factors) if factors else None

@@ -7,10 +7,10 @@ A unit is a module with trainable parameters and one way to get its per-sample g
   call by size;
 - ``vmap``: torch.func on the module's whole subtree (any module; one extra forward+backward).
 
-With ``engine="vmap"`` the whole model is one vmap unit. Otherwise the model is walked top-down:
+With ``route="vmap"`` the whole model is one vmap unit. Otherwise the model is walked top-down:
 a module with a rule becomes a rule unit; a module that owns trainable parameters directly but has
-no rule becomes a vmap unit covering its subtree (``engine="auto"``) or is an error
-(``engine="ghost"``). Every trainable parameter ends up in exactly one unit or we raise: no
+no rule becomes a vmap unit covering its subtree (``route="auto"``) or is an error
+(``route="ghost"``). Every trainable parameter ends up in exactly one unit or we raise: no
 parameter is ever silently left out.
 
 A parameter used by several units (tied weights: GPT-2's ``lm_head`` and ``wte``) is *owned* by
@@ -27,13 +27,17 @@ from typing import Any
 
 from torch import nn
 
+from dpfy._require import require
 from dpfy.buffers import buffer_fix
 from dpfy.errors import PrivacyRefusal
 from dpfy.grads.rules import LayerRule, rule_for
 
-__all__ = ["Unit", "ENGINES", "build_units", "check_model"]
+__all__ = ["Unit", "ROUTES", "build_units", "check_model"]
 
-ENGINES = ("auto", "ghost", "vmap")
+# The routes a GradEngine may be restricted to: "auto" (each layer by its rule, vmap where it has
+# none), "ghost" (rules only: ghost norm or per-sample gradients, chosen per call by size),
+# "vmap" (torch.func on the whole model).
+ROUTES = ("auto", "ghost", "vmap")
 
 
 @dataclass
@@ -49,7 +53,19 @@ class Unit:
 
     @property
     def route(self) -> str:
+        """How its per-sample gradients are formed: "rule" (per call, the ghost or the
+        per-sample route) or "vmap"."""
         return "vmap" if self.rule is None else "rule"
+
+    @property
+    def label(self) -> str:
+        """The unit as error messages name it: ``layer 'name' (Type)``."""
+        return f"layer {self.name or '(root)'!r} ({type(self.module).__name__})"
+
+    def takes_ghost(self, a: Any, g: Any) -> bool:
+        """Whether a rule unit's call on input ``a`` with output gradient ``g`` takes the ghost
+        route (a norm without per-sample gradients; the rule decides by size)."""
+        return self.rule.has_ghost and self.rule.prefers_ghost(self.module, a, g)
 
     @property
     def all_params(self) -> dict[str, nn.Parameter]:
@@ -71,7 +87,7 @@ class Unit:
                    else "per-sample")
         return {"module": self.name or "(root)", "type": type(self.module).__name__,
                 "params": sum(p.numel() for p in self.params.values()), "rule": where,
-                "engine": how, "why": why}
+                "route": how, "why": why}
 
 
 def check_model(model: nn.Module) -> None:
@@ -103,12 +119,11 @@ def check_model(model: nn.Module) -> None:
                 f"without noise or a ledger entry. {buffer_fix(m)}.")
 
 
-def build_units(model: nn.Module, engine: str, trainable: set[int]) -> list[Unit]:
+def build_units(model: nn.Module, route: str, trainable: set[int]) -> list[Unit]:
     """Split ``model`` into units (see module docstring); raise for uncovered parameters."""
-    from dpfy._require import require
-    require(engine in ENGINES, "engine", engine, f"one of {list(ENGINES)}")
+    require(route in ROUTES, "route", route, f"one of {list(ROUTES)}")
     check_model(model)
-    if engine == "vmap":
+    if route == "vmap":
         params = {n: p for n, p in model.named_parameters() if id(p) in trainable}
         return [Unit("", model, None, params)] if params else []
     units: list[Unit] = []
@@ -121,11 +136,11 @@ def build_units(model: nn.Module, engine: str, trainable: set[int]) -> list[Unit
                 units.append(Unit(name, m, rule, own))
             return
         if own:
-            if engine == "ghost":
+            if route == "ghost":
                 raise ValueError(
-                    f"engine must be 'auto' or 'vmap' for this model, got engine = 'ghost' with "
+                    f"route must be 'auto' or 'vmap' for this model, got route = 'ghost' with "
                     f"module {name or '(root)'!r} of type {type(m).__name__}, which has no layer "
-                    f"rule. Use engine='auto' (vmap for that module only) or register a rule "
+                    f"rule. Use route='auto' (vmap for that module only) or register a rule "
                     f"with dpfy.grads.register_rule")
             units.append(Unit(name, m, None, {n: p for n, p in m.named_parameters()
                                               if id(p) in trainable}))
@@ -136,7 +151,8 @@ def build_units(model: nn.Module, engine: str, trainable: set[int]) -> list[Unit
     visit(model, "")
     _tie(model, units)
     covered = {id(p) for u in units for p in u.params.values()}
-    missing = [n for n, p in model.named_parameters() if id(p) in trainable and id(p) not in covered]
+    missing = [n for n, p in model.named_parameters()
+               if id(p) in trainable and id(p) not in covered]
     require(not missing, "every trainable parameter", missing, "covered by a unit",
             "This is a bug in dpfy's unit builder; please report it")
     return units

@@ -1,4 +1,4 @@
-"""The vmap engine: per-sample gradients of *any* module with torch.func (STYLE.md R8).
+"""The vmap route: per-sample gradients of *any* module with torch.func (STYLE.md R8).
 
 The math is written for one example: for a captured call y = m(x; θ) with output gradient
 ḡ = ∂L/∂y, example i's gradient is ∇_θ ⟨m(x_i; θ), ḡ_i⟩ (a vector–Jacobian product). ``vmap``
@@ -23,19 +23,19 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["vmap_grad_sample"]
+__all__ = ["vmap_grad_sample", "SWAPPABLE"]
 
 _DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
              nn.FeatureAlphaDropout)
 
 
+# The torch types that dpfy.layers replaces by a DP layer built from Linears (exact types, as
+# dpfy.layers.DP_REPLACEMENTS keys them). Written here because grads sits below layers and
+# must not import it; tests/layers/test_swap.py checks that the two lists agree.
+SWAPPABLE = (nn.RNN, nn.GRU, nn.LSTM, nn.MultiheadAttention)
+
 _FIX_BY_SWAP = ("Call model = dpfy.validate(model, fix=True) (or dpfy.layers.swap_layers(model)) "
                 "to use its dpfy.layers DP replacement, which takes the engine's exact rules")
-
-
-def _replaceable(module: nn.Module) -> bool:
-    from dpfy.layers import REPLACEMENTS
-    return type(module) in REPLACEMENTS
 
 
 def _check_no_dropout(module: nn.Module, name: str) -> None:
@@ -44,16 +44,16 @@ def _check_no_dropout(module: nn.Module, name: str) -> None:
         if isinstance(sub, nn.MultiheadAttention) and sub.training and sub.dropout > 0:
             raise ValueError(
                 f"module {full!r} (MultiheadAttention) must not use attention dropout inside a "
-                f"vmap-engine unit, got dropout = {sub.dropout} in training mode: dropout "
+                f"vmap unit, got dropout = {sub.dropout} in training mode: dropout "
                 f"randomness under vmap is the cause (the forward is recomputed, so the masks "
                 f"would differ from your loss's). {_FIX_BY_SWAP} (DPMultiheadAttention "
                 f"supports dropout and masks)")
         if isinstance(sub, _DROPOUTS) and sub.training and sub.p > 0:
             raise ValueError(
                 f"module {full!r} ({type(sub).__name__}) must not be active inside a "
-                f"vmap-engine unit, got p = {sub.p} in training mode. The vmap engine recomputes "
+                f"vmap unit, got p = {sub.p} in training mode. The vmap route recomputes "
                 f"the forward, so dropout masks would differ from the ones used in your loss; "
-                f"use engine='ghost' with supported layers, move dropout out of the module, or "
+                f"use route='ghost' with supported layers, move dropout out of the module, or "
                 f"call .eval() on it")
 
 
@@ -102,7 +102,7 @@ def vmap_grad_sample(module: nn.Module, name: str, params: dict[str, nn.Paramete
         cause = (" Randomness under vmap (dropout or another random op in the module) is the "
                  "cause: the forward is recomputed, so its draws would differ from your loss's."
                  if "random" in first.lower() else "")
-        fix = (_FIX_BY_SWAP if _replaceable(module) else
+        fix = (_FIX_BY_SWAP if type(module) in SWAPPABLE else
                "Register a layer rule for it with dpfy.grads.register_rule, or replace the layer")
         raise ValueError(
             f"module {name or '(root)'!r} ({type(module).__name__}) must be supported by "

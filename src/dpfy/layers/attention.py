@@ -34,7 +34,7 @@ from dpfy._require import require
 
 __all__ = ["DPMultiheadAttention"]
 
-_FIX = "Replace the module by hand, or train it with engine='vmap' without masks and dropout"
+_FIX = "Replace the module by hand, or train it with route='vmap' without masks and dropout"
 
 
 class DPMultiheadAttention(nn.Module):

@@ -46,7 +46,7 @@ def _torch_name(kind: str, layer: int, reverse: bool) -> str:
 class DPRecurrent(nn.Module):
     """Common body of :class:`DPRNN`, :class:`DPGRU` and :class:`DPLSTM` (see module doc)."""
 
-    kind = ""           # one of dpfy.layers.scan.KINDS (DPRNN: from ``nonlinearity``)
+    kind = ""           # one of dpfy.layers.scan.CELL_KINDS (DPRNN: from ``nonlinearity``)
     torch_type: type[nn.RNNBase] = nn.RNNBase
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,

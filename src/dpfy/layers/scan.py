@@ -36,10 +36,10 @@ from torch import nn
 
 from dpfy.grads.rules.recurrent_linear import RecurrentLinear
 
-__all__ = ["KINDS", "GATES", "run_direction"]
+__all__ = ["CELL_KINDS", "GATES", "run_direction"]
 
-KINDS = ("rnn_tanh", "rnn_relu", "gru", "lstm")
-GATES = {"rnn_tanh": 1, "rnn_relu": 1, "gru": 3, "lstm": 4}
+CELL_KINDS = ("rnn_tanh", "rnn_relu", "gru", "lstm")  # the recurrent cells a direction can run
+GATES = {"rnn_tanh": 1, "rnn_relu": 1, "gru": 3, "lstm": 4}  # gate blocks G per cell kind
 
 
 @dataclass
@@ -232,7 +232,7 @@ def _direction_by_autograd(kind: str, ih: nn.Linear, hh: RecurrentLinear, x: tor
                            mask: torch.Tensor | None
                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The same function step by step with plain autograd ops: the path under torch.func
-    transforms (``engine="vmap"``), where the in-place scan and its autograd.Function cannot
+    transforms (``route="vmap"``), where the in-place scan and its autograd.Function cannot
     run. One hh call per step, so slower; exact all the same."""
     xp = ih(x)
     h, c, outs = h0, c0, []

@@ -6,8 +6,8 @@ by :class:`dpfy.layers.DPMultiheadAttention`. The replacements share the old mod
 ``nn.Parameter`` objects, so values, ``requires_grad`` and an optimizer built before the swap are
 kept, and ``state_dict`` keys do not change. Each returns the qualified names it replaced.
 
-Importing this module also registers :func:`replacement` with ``dpfy.validate.REPLACEMENTS``,
-so that ``dpfy.validate(model, fix=True)`` swaps the same layers in its copy of the model.
+``dpfy.validate(model, fix=True)`` swaps the same layers in its copy of the model through
+:func:`dp_replacement` (validate imports this package; nothing here imports validate).
 """
 
 from __future__ import annotations
@@ -19,24 +19,25 @@ from torch import nn
 from dpfy.layers.attention import DPMultiheadAttention
 from dpfy.layers.recurrent import DPGRU, DPLSTM, DPRNN
 
-__all__ = ["REPLACEMENTS", "replacement", "swap_recurrent", "swap_attention", "swap_layers"]
+__all__ = ["DP_REPLACEMENTS", "dp_replacement", "swap_recurrent", "swap_attention",
+           "swap_layers"]
 
-RECURRENT: dict[type[nn.Module], Callable[[nn.Module], nn.Module]] = {
+# torch type (exact) -> the factory of its DP replacement, sharing the module's parameters
+Factory = Callable[[nn.Module], nn.Module]
+RECURRENT_REPLACEMENTS: dict[type[nn.Module], Factory] = {
     nn.RNN: DPRNN.from_module, nn.GRU: DPGRU.from_module, nn.LSTM: DPLSTM.from_module}
-ATTENTION: dict[type[nn.Module], Callable[[nn.Module], nn.Module]] = {
+ATTENTION_REPLACEMENTS: dict[type[nn.Module], Factory] = {
     nn.MultiheadAttention: DPMultiheadAttention.from_module}
-REPLACEMENTS = {**RECURRENT, **ATTENTION}
+DP_REPLACEMENTS = {**RECURRENT_REPLACEMENTS, **ATTENTION_REPLACEMENTS}
 
 
-def replacement(module: nn.Module, name: str = "") -> nn.Module | None:
-    """The DP replacement of ``module`` (exact type), or None: the hook signature of
-    ``dpfy.validate.REPLACEMENTS`` (``name`` is the module's qualified name, unused)."""
-    make = REPLACEMENTS.get(type(module))
+def dp_replacement(module: nn.Module) -> nn.Module | None:
+    """The DP replacement of ``module`` (by exact type) sharing its parameters, or None."""
+    make = DP_REPLACEMENTS.get(type(module))
     return None if make is None else make(module)
 
 
-def _swap(model: nn.Module, table: dict[type[nn.Module], Callable[[nn.Module], nn.Module]]
-          ) -> list[str]:
+def _swap(model: nn.Module, table: dict[type[nn.Module], Factory]) -> list[str]:
     """Replace (in place) every submodule whose exact type is in ``table``; the names."""
     done = []
     for name, m in list(model.named_modules()):
@@ -55,25 +56,15 @@ def swap_recurrent(model: nn.Module) -> list[str]:
     The root module itself cannot be replaced in place: wrap a bare recurrent layer in a
     container first (or build ``DPLSTM.from_module(lstm)`` directly).
     """
-    return _swap(model, RECURRENT)
+    return _swap(model, RECURRENT_REPLACEMENTS)
 
 
 def swap_attention(model: nn.Module) -> list[str]:
     """Replace every ``nn.MultiheadAttention`` inside ``model`` (in place) by a
     ``DPMultiheadAttention`` sharing its parameters; returns the replaced names."""
-    return _swap(model, ATTENTION)
+    return _swap(model, ATTENTION_REPLACEMENTS)
 
 
 def swap_layers(model: nn.Module) -> list[str]:
-    """Both swaps (what ``dpfy.validate(model, fix=True)`` should call); the replaced names."""
-    return _swap(model, REPLACEMENTS)
-
-
-def _register_with_validate() -> None:
-    """Add :func:`replacement` to ``dpfy.validate.REPLACEMENTS`` once."""
-    from dpfy.validate import REPLACEMENTS as fixes
-    if replacement not in fixes:
-        fixes.append(replacement)
-
-
-_register_with_validate()
+    """Both swaps (what ``dpfy.validate(model, fix=True)`` does on its copy); the names."""
+    return _swap(model, DP_REPLACEMENTS)

@@ -14,7 +14,7 @@ turns (a, g) into, per trainable parameter θ_k of the layer:
 of fast-differential-privacy: ghost when T² < d_in·d_out for a sequence of length T).
 
 Lookup is by *exact* type: a subclass of ``nn.Linear`` is not silently treated as a Linear (its
-forward may differ); it goes to the vmap engine and ``dpfy explain`` says so.
+forward may differ); it goes to the vmap route and ``dpfy explain`` says so.
 """
 
 from __future__ import annotations

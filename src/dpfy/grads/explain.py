@@ -1,0 +1,54 @@
+"""``GradEngine.explain()``: per unit, the rule file, the route and why (STYLE.md R7).
+
+A rule unit's route depends on sizes (the rule's ``prefers_ghost``), so it is stated for the
+captures present (a forward/backward on an example batch: ``dpfy explain``), else for the last
+training batch, else as "ghost or per-sample, by size per batch". The rows are public: they
+depend on the model and the batch's shapes, never on its values. ``dpfy explain``, the memory
+estimate (``dpfy/memory.py``) and the privacy report read them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from dpfy.grads.capture import Call
+from dpfy.grads.units import Unit
+
+__all__ = ["explain_rows"]
+
+
+def explain_rows(units: list[Unit], used: Callable[[Unit], list[Call]],
+                 taken: dict[int, str], route: str) -> list[dict[str, Any]]:
+    """One row per unit: module, type, parameter count, rule file, route and why.
+
+    Args:
+      units: the engine's units.
+      used: a unit's captured calls whose outputs the loss depended on.
+      taken: the route each unit took on the last batch, by unit id.
+      route: the engine's ``route`` argument ("auto", "ghost" or "vmap").
+    """
+    rows = []
+    for u in units:
+        calls = used(u)
+        if u.rule is None:
+            why = ("whole model (route='vmap')" if u.name == "" and route == "vmap"
+                   else "no layer rule for this type; torch.func on its subtree")
+            rows.append(u.explain(why))
+            continue
+        row = u.explain("registered layer rule" + "".join(
+            f"; {rel} tied to {q} (per-example gradients summed over its uses)"
+            for rel, q in u.tied.items()))
+        if not calls and id(u) in taken:
+            row["route"] = taken[id(u)]
+            row["why"] = "route taken on the last training batch"
+        elif len(calls) > 1:
+            row["route"], row["why"] = "per-sample", f"called {len(calls)} times per batch"
+        elif calls:
+            c = calls[0]
+            ghost = c.eager is None and u.takes_ghost(c.args[0], c.grads[0])
+            row["route"] = "ghost" if ghost else "per-sample"
+            row["why"] = ("ghost norm is cheaper than per-sample gradients at this size"
+                          if ghost else "per-sample gradients are cheaper at this size"
+                          if u.rule.has_ghost else "per-sample gradients are small")
+        rows.append(row)
+    return rows

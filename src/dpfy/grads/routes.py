@@ -1,0 +1,248 @@
+"""Routes: each unit's per-example squared norms, then its weighted sums, from the captures.
+
+Per unit and batch the norms take one of three routes, and the weighted sums follow it:
+
+- ``zero``: the loss did not depend on the unit (or the batch is empty): zeros;
+- ``ghost``: a rule unit called once whose rule prefers it at this size: ‖∂ℓ_i/∂θ‖² from the
+  captured input and output gradient without forming per-sample gradients (``rule.sq_norm``),
+  then Σ_i w_i ∂ℓ_i/∂θ by book-keeping (``rule.weighted_sum``, contracting w⊙g with the input);
+- ``materialized``: per-sample gradients (B, *θ) — formed in the backward hook for a rule unit
+  (``Call.eager``), by ``rule.grad_sample`` or torch.func (``grads/vmap.py``) here — kept as
+  (B, P) rows; norms are row norms and weighted sums one (B,)·(B, P) product.
+
+Norms per *privacy unit* (a group of rows: a user's examples, an example's augmented copies)
+are ‖Σ_{i∈u} ∂ℓ_i/∂θ‖²: every route then forms per-sample gradients and sums them per group
+with ``index_add`` (:func:`grouped_sq_norms`); a ghost unit still takes the book-keeping weighted
+sum, so only one layer's (B, P) gradients are alive at a time.
+
+Two weight sets proportional on the rows where the second is non-zero (OSO's pair) are summed
+in one pass over a ghost unit's rows (:class:`Split`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from dpfy.grads.capture import Call, Capture, check_unchanged
+from dpfy.grads.units import Unit
+from dpfy.grads.vmap import vmap_grad_sample
+
+__all__ = ["Routes", "Split", "find_split", "grouped_sq_norms", "per_sample_rows"]
+
+Rows = tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]  # (B, P) view, unflatten
+
+
+def per_sample_rows(t: torch.Tensor) -> Rows:
+    """Per-sample gradients (B, *θ) as a (B, P) matrix, without a copy when possible.
+
+    Rules may return per-sample gradients as a permuted view (the layout their batched matmul
+    produced). Rows are taken in storage order, so a permuted contiguous tensor is viewed, not
+    copied; the returned function maps a (P,) row back to θ's shape.
+    """
+    if t.dim() == 1:  # a 0-dim parameter (nn.Parameter(torch.tensor(1.0))): one column
+        return t.view(-1, 1), lambda row: row.view(())
+    order = sorted(range(1, t.dim()), key=lambda d: -t.stride(d))
+    p = t.permute(0, *order)
+    if not p.is_contiguous():
+        p, order = t.contiguous(), list(range(1, t.dim()))
+    inverse = [order.index(d) for d in range(1, t.dim())]
+    shape = p.shape[1:]
+    return p.view(p.shape[0], -1), lambda row: row.view(shape).permute(*inverse)
+
+
+def _row_sums(rows: dict[str, Rows], w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Σ_i w_i row_i for materialized per-sample rows, back in each parameter's shape."""
+    return {rel: unflatten(w[rel].to(r.dtype) @ r).contiguous()
+            for rel, (r, unflatten) in rows.items()}
+
+
+def grouped_sq_norms(r: torch.Tensor, unit_of_row: torch.Tensor, num_units: int
+                     ) -> torch.Tensor:
+    """‖Σ_{i: unit_of_row[i] = u} r_i‖² for each privacy unit u, (U,), in r's dtype.
+
+    ``r`` is (B, P) per-sample gradient rows, ``unit_of_row`` (B,) int64 in [0, U).
+    """
+    sums = r.new_zeros(num_units, r.shape[1]).index_add_(0, unit_of_row.to(r.device), r)  # (U, P)
+    # sensitive: each unit's summed gradient
+    return torch.linalg.vector_norm(sums, dim=1).square()  # (U,) sensitive
+
+
+# How far apart the ratios w1_i/w2_i may be and still count as one constant (float32 rounding
+# of C/‖g_i‖ against C·(1/‖g_i‖)); the smallest ratio is used, so no example gains weight.
+_RATIO_RTOL = 1e-5
+
+
+@dataclass(frozen=True)
+class Split:
+    """Two weight sets w1, w2 (B,) with w1_i = c·w2_i wherever w2_i ≠ 0 (OSO: the clipped
+    gradient's min(1, C/‖g_i‖) and the threshold gradient's 1[‖g_i‖ > C]/‖g_i‖, c = C).
+
+    Then Σ_i w1_i g_i = Σ_{w2_i = 0} w1_i g_i + c·Σ_i w2_i g_i: both sums from one pass over the
+    batch's rows (each row in one of two gathered parts) instead of two. ``c`` is the smallest
+    ratio, so every example's effective weight c·w2_i is ≤ its declared w1_i (never more than
+    the sensitivity the step checked), and ≥ (1 − 1e-5)·w1_i.
+    """
+
+    zero: torch.Tensor      # indices of rows with w2 = 0
+    nonzero: torch.Tensor   # indices of rows with w2 ≠ 0
+    ratio: float            # c
+    w1: torch.Tensor        # (B,) sensitive
+    w2: torch.Tensor        # (B,) sensitive
+
+    def sums(self, u: Unit, a: torch.Tensor, g: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        def part(rows: torch.Tensor, w: torch.Tensor) -> dict[str, torch.Tensor]:
+            if rows.numel() == 0:
+                return {rel: torch.zeros_like(p) for rel, p in u.all_params.items()}
+            wr = w.index_select(0, rows)
+            return u.rule.weighted_sum(u.module, a.index_select(0, rows),
+                                       g.index_select(0, rows), {rel: wr for rel in u.all_params})
+        second = part(self.nonzero, self.w2)
+        rest = part(self.zero, self.w1)
+        return [{rel: rest[rel] + self.ratio * t for rel, t in second.items()}, second]
+
+
+def find_split(w1: torch.Tensor, w2: torch.Tensor) -> Split | None:
+    """The :class:`Split` of two (B,) weight sets, or None (not proportional where w2 ≠ 0)."""
+    if w1.dim() != 1 or w1.shape != w2.shape:
+        return None
+    nz = w2 != 0
+    nonzero, zero = nz.nonzero().flatten(), (~nz).nonzero().flatten()
+    if nonzero.numel() == 0:
+        return None
+    ratios = w1[nonzero].double() / w2[nonzero].double()
+    lo, hi = float(ratios.min()), float(ratios.max())
+    if not (lo > 0 and hi <= lo * (1 + _RATIO_RTOL)):
+        return None
+    return Split(zero=zero, nonzero=nonzero, ratio=lo, w1=w1, w2=w2)
+
+
+def _unit_split(per_set: list[dict[str, torch.Tensor]],
+                cache: dict[tuple[int, int], Split | None]) -> Split | None:
+    """The :class:`Split` of a unit's two weight sets, or None (each set must give all the
+    unit's parameters one (B,) tensor, and the ratios must be one constant)."""
+    ids = [{id(t) for t in ws.values()} for ws in per_set]
+    if any(len(i) != 1 for i in ids):
+        return None
+    key = (ids[0].pop(), ids[1].pop())
+    if key not in cache:
+        w1, w2 = (next(iter(ws.values())) for ws in per_set)
+        cache[key] = find_split(w1, w2)
+    return cache[key]
+
+
+def _with_frozen(w: dict[str, torch.Tensor], unit: Unit) -> dict[str, torch.Tensor]:
+    """A rule unit's weights extended to the layer's frozen parameters (a frozen bias, or the
+    weight under BitFit): rules form every parameter of their layer, so each gets a weight; the
+    frozen ones' sums are computed and dropped (they are never released)."""
+    if unit.rule is None or not w:
+        return w
+    frozen = set(unit.rule.params(unit.module)) - set(w)
+    if not frozen:
+        return w
+    some = next(iter(w.values()))
+    return {**w, **{rel: some for rel in frozen}}
+
+
+class Routes:
+    """Per unit: the route the current batch takes and what the weighted sums need of it.
+
+    ``cache[id(unit)]`` is ("zero", None), ("ghost", the call) or ("materialized", rows), set
+    by :meth:`sq_norms` and used up by :meth:`weighted_sums`. ``taken`` keeps the route each
+    unit took on the last batch (public: a function of sizes only), for ``explain``.
+    """
+
+    def __init__(self, capture: Capture) -> None:
+        self.capture = capture
+        self.cache: dict[int, tuple[str, Any]] = {}
+        self.taken: dict[int, str] = {}
+
+    def clear(self) -> None:
+        self.cache.clear()
+
+    def sq_norms(self, u: Unit, calls: list[Call], b: int, s2: float,
+                 unit_of_row: torch.Tensor | None = None, num_units: int = 0
+                 ) -> dict[str, torch.Tensor]:
+        """{rel: ‖∂ℓ_i/∂θ‖²} (B,) for the unit's parameters (``s2``: the squared scale from a
+        captured row to example i's gradient), or with ``unit_of_row`` the privacy units'
+        ‖Σ_{i∈u} ∂ℓ_i/∂θ‖² (U,). Sensitive."""
+        grouped = unit_of_row is not None
+        if not calls or b == 0:  # an empty batch, or a unit the loss did not depend on
+            self.cache[id(u)] = ("zero", None)
+            return {rel: p.new_zeros(num_units if grouped else b) for rel, p in u.params.items()}
+        for c in calls:
+            check_unchanged(u, c)
+        if u.rule is not None and len(calls) == 1 and calls[0].eager is None:
+            c = calls[0]
+            a, g = c.args[0], c.grads[0]
+            if u.takes_ghost(a, g):
+                self.cache[id(u)] = ("ghost", c)
+                if grouped:  # this layer's per-sample gradients, only while grouped
+                    gs = c.rule_grad_sample(u, g)  # sensitive: rel -> (B, *θ)
+                    return {rel: grouped_sq_norms(per_sample_rows(t)[0], unit_of_row,
+                                                  num_units).mul_(s2) for rel, t in gs.items()}
+                sq = u.rule.sq_norm(u.module, a, g)
+                return {rel: t * s2 for rel, t in sq.items()} if s2 != 1 else sq
+        gs = self.grad_sample(u, calls)  # sensitive: rel -> (B, *θ.shape), captured scale
+        rows = {rel: per_sample_rows(t) for rel, t in gs.items()}  # sensitive: (B, P) views
+        self.cache[id(u)] = ("materialized", rows)
+        if grouped:
+            return {rel: grouped_sq_norms(r, unit_of_row, num_units).mul_(s2)
+                    for rel, (r, _) in rows.items()}
+        return {rel: torch.linalg.vector_norm(r, dim=1).square().mul_(s2)
+                for rel, (r, _) in rows.items()}  # (B,) each, no (B, P) temporary
+
+    def grad_sample(self, u: Unit, calls: list[Call]) -> dict[str, torch.Tensor]:
+        """Per-sample gradients {rel: (B, *θ)}, at the captured scale, summed over calls."""
+        total: dict[str, torch.Tensor] = {}
+        for c in calls:
+            if c.eager is not None:
+                gs = c.eager
+            elif u.rule is not None:
+                gs = c.rule_grad_sample(u, c.grads[0])
+            else:
+                with self.capture.paused():  # our own forward of the unit: not captured
+                    gs = vmap_grad_sample(u.module, u.name, u.all_params, c.args, c.kwargs,
+                                          c.grads, in_dims=c.in_dims)
+            for rel, t in gs.items():
+                total[rel] = t if rel not in total else total[rel] + t
+        return total  # sensitive
+
+    def tied_grad_sample(self, uses: list[tuple[Unit, str]], b: int) -> torch.Tensor:
+        """Per-example gradients (B, *θ) of a tied parameter: the sum of its uses' contributions.
+
+        Exact (not a bound): ‖Σ_u G_u,i‖ includes the cross terms between the uses, which a sum
+        of per-use ghost norms would miss. Costs B × the parameter's size in memory.
+        """
+        total = None
+        for u, rel in uses:
+            calls = self.capture.used(u)
+            if calls and b:
+                t = self.grad_sample(u, calls)[rel]
+                total = t if total is None else total + t
+        p = uses[0][0].all_params[uses[0][1]]
+        return total if total is not None else p.new_zeros((b,) + tuple(p.shape))  # sensitive
+
+    def weighted_sums(self, u: Unit, per_set: list[dict[str, torch.Tensor]],
+                      splits: dict[tuple[int, int], Split | None]
+                      ) -> list[dict[str, torch.Tensor]]:
+        """Σ_i w_i ∂ℓ_i/∂θ per weight set ({rel: (B,)}, already scaled), by the route the
+        norms took; the unit's captures and cached values are dropped. Sensitive."""
+        kind, data = self.cache.pop(id(u))
+        self.capture.calls[id(u)].clear()
+        per_set = [_with_frozen(w, u) for w in per_set]
+        split = _unit_split(per_set, splits) if kind == "ghost" and len(per_set) == 2 else None
+        if split is not None:   # two sums for the rows of one (OSO's pair)
+            return split.sums(u, data.args[0], data.grads[0])
+        return [self._weighted_sum(u, kind, data, w) for w in per_set]
+
+    @staticmethod
+    def _weighted_sum(u: Unit, kind: str, data: Any, w: dict[str, torch.Tensor]
+                      ) -> dict[str, torch.Tensor]:
+        if kind == "zero":
+            return {rel: torch.zeros_like(p) for rel, p in u.all_params.items()}
+        if kind == "ghost":
+            return u.rule.weighted_sum(u.module, data.args[0], data.grads[0], w)
+        return _row_sums(data, w)
