@@ -1,6 +1,6 @@
 """The unit-of-privacy seam (issue 24 §2): norms of a *group of rows*' summed gradient.
 
-``GradEngine.per_privacy_unit_sq_norms(unit_of_row)`` gives, per parameter and privacy unit u,
+``GradEngine.per_unit_sq_norms(unit_of_row)`` gives, per parameter and privacy unit u,
 ‖Σ_{i∈u} ∂ℓ_i/∂θ‖². The expected numbers come from the float64 per-example loop
 (``oracles.per_example_grads``): each unit's per-example gradients summed *before* the norm.
 Weighted sums need no new path: Σ_u w_u Σ_{i∈u} g_i = Σ_i w_{u(i)} g_i, checked through
@@ -82,7 +82,7 @@ def test_unit_norms_and_sums_match_the_loop_that_sums_each_units_gradients(name,
     eng = GradEngine(model, route=route, loss_reduction=reduction)
     try:
         F.cross_entropy(model(x), y, reduction=reduction).backward()
-        sq = eng.per_privacy_unit_sq_norms(UNIT, num_units=U + 1)  # {name: (U + 1,)}
+        sq = eng.per_unit_sq_norms(UNIT, num_units=U + 1)  # {name: (U + 1,)}
         sums = eng.weighted_sums({n: w_unit[UNIT] for n in sq})  # row weights w_{u(i)}
     finally:
         eng.detach()
@@ -103,8 +103,8 @@ def test_none_is_exactly_todays_per_row_norms_and_singleton_units_agree(name):
     try:
         F.cross_entropy(model(x), y).backward()
         rows = eng.per_sample_sq_norms()
-        none = eng.per_privacy_unit_sq_norms(None)
-        singletons = eng.per_privacy_unit_sq_norms(torch.arange(B))
+        none = eng.per_unit_sq_norms(None)
+        singletons = eng.per_unit_sq_norms(torch.arange(B))
     finally:
         eng.detach()
     assert set(rows) == set(none) == set(singletons)
@@ -118,7 +118,7 @@ def test_an_empty_batch_gives_zero_norms_for_every_unit():
     model = nn.Linear(3, 2)
     eng = GradEngine(model)
     eng.bind_batch(0)
-    sq = eng.per_privacy_unit_sq_norms(torch.zeros(0, dtype=torch.long), num_units=3)
+    sq = eng.per_unit_sq_norms(torch.zeros(0, dtype=torch.long), num_units=3)
     eng.detach()
     assert {n: t.tolist() for n, t in sq.items()} == {"weight": [0.0] * 3, "bias": [0.0] * 3}
 
@@ -137,6 +137,6 @@ def test_a_row_map_that_is_not_one_unit_per_row_is_refused(unit_of_row, num_unit
     try:
         model(x).sum().backward()
         with pytest.raises(ValueError, match=match):
-            eng.per_privacy_unit_sq_norms(unit_of_row, num_units=num_units)
+            eng.per_unit_sq_norms(unit_of_row, num_units=num_units)
     finally:
         eng.detach()

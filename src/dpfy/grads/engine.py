@@ -16,7 +16,7 @@ Attach it to a model and it
 4. states per layer which route it takes and why (``grads/explain.py``).
 
 This class is the facade over those pieces; the step calls ``bind_batch``, then after the
-user's backward ``per_sample_sq_norms`` (or ``per_privacy_unit_sq_norms``) and
+user's backward ``per_sample_sq_norms`` (or ``per_unit_sq_norms``, per unit of privacy) and
 ``weighted_sums``.
 
 ``loss_reduction="mean"`` means the user's loss is (1/B)Σ_i ℓ_i over the physical batch of B
@@ -119,13 +119,13 @@ class GradEngine:
         """{parameter name: ‖∂ℓ_i/∂θ‖² (B,)} for every trainable parameter. Sensitive."""
         return self._sq_norms(None, 0)
 
-    def per_privacy_unit_sq_norms(self, unit_of_row: torch.Tensor | None, *,
+    def per_unit_sq_norms(self, unit_of_row: torch.Tensor | None, *,
                                   num_units: int | None = None) -> dict[str, torch.Tensor]:
-        """{parameter name: ‖Σ_{i∈u} ∂ℓ_i/∂θ‖² (U,)} per privacy unit u. Sensitive.
+        """{parameter name: ‖Σ_{i∈u} ∂ℓ_i/∂θ‖² (U,)} per unit of privacy u. Sensitive.
 
-        A privacy unit is the group of rows whose joint contribution DP bounds: one user's
-        examples (user-level DP), an example's K augmented copies. Not to be confused with
-        :attr:`units`, the model's layer units.
+        A unit of privacy (``dpfy/sampling/units.py``) is the group of rows whose joint
+        contribution DP bounds: one user's examples (user-level DP), an example's K augmented
+        copies. Not to be confused with :attr:`units`, the model split into layer units.
 
         Args:
           unit_of_row: (B,) integer tensor, the privacy unit of each row of the captured batch,
