@@ -49,7 +49,7 @@ def test_batchnorm_is_refused_with_the_fix_and_validate_fixes_it():
 
 def test_ghost_engine_names_the_unsupported_layer():
     model = nn.Sequential(nn.Linear(4, 4), nn.PReLU(), nn.Linear(4, 2))
-    with pytest.raises(ValueError, match=r"'1' of type PReLU.*engine='auto'"):
+    with pytest.raises(ValueError, match=r"'1' of type PReLU.*route='auto'"):
         private(model, route="ghost")
     assert dpfy.validate(model, route="ghost") != []
     private(model, route="auto")  # vmap for the PReLU only
@@ -177,7 +177,7 @@ def test_model_made_private_twice_is_refused():
 def test_dropout_in_a_vmap_unit_is_refused():
     model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.Linear(4, 2))
     m, opt, dl = private(model, route="vmap")
-    with pytest.raises(ValueError, match="Dropout.*engine='ghost'"):
+    with pytest.raises(ValueError, match="Dropout.*route='ghost'"):
         train(m, opt, dl, 1)
     m2, opt2, dl2 = private(nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.Linear(4, 2)))
     train(m2, opt2, dl2, 1)  # fine with layer rules: the real forward's masks are used
