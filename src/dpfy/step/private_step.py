@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from dpfy._require import require
-from dpfy.adaptive.base import Method
+from dpfy.adaptive.base import Method, check_plan
 from dpfy.clipping import ClippingPolicy, total_norm
 from dpfy.errors import PrivacyRefusal
 from dpfy.grads import GradEngine
@@ -41,7 +41,7 @@ from dpfy.step.guard import EpsilonGuard
 from dpfy.step.individual import IndividualBudgets
 from dpfy.step.probes import post_release, probe_losses
 from dpfy.step.sums import StepSums, WeightSets, contract, outcome
-from dpfy.types import PLAN_FIELDS, Clip, Norms, ReleaseSpec, StepPlan
+from dpfy.types import Clip, Norms, ReleaseSpec, StepPlan
 
 __all__ = ["PrivateStep", "split_batch_refusal"]
 
@@ -317,26 +317,12 @@ def _name(method: Method | None) -> str:
     return "" if method is None else (method.registry_name or type(method).__name__)
 
 
-def _same(a: Any, b: Any) -> bool:
-    if a is b:
-        return True
-    if torch.is_tensor(a) or torch.is_tensor(b):
-        return torch.is_tensor(a) and torch.is_tensor(b) and torch.equal(a, b)
-    return a == b
-
-
 def _checked_plan(method: Method, before: StepPlan, after: StepPlan) -> StepPlan:
     """``after``, refused if the method changed q or a plan field it does not declare."""
     require(after.sample_rate == before.sample_rate, "plan.sample_rate", after.sample_rate,
             f"the sampler's rate {before.sample_rate}",
             "The sample rate is a fact of the sampler; a method may not change it")
-    changed = [f for f in PLAN_FIELDS if not _same(getattr(before, f), getattr(after, f))]
-    undeclared = sorted(set(changed) - set(method.sets))
-    if undeclared:
-        raise PrivacyRefusal(
-            f"a method may change only the plan fields it declares in `sets`, got method "
-            f"{_name(method)!r} changing {undeclared} (sets = {sorted(method.sets)}). Add them "
-            f"to its `sets` (chain then refuses two methods writing one field)")
+    check_plan(method, before, after)
     return after
 
 
