@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import json
 
+import torch
+from torch.utils.data import TensorDataset
+
+from dpfy.adaptive.describe import EXAMPLE_FACTS
+from dpfy.audit.canaries import CanaryDataset, CanaryGradients, CanarySet
 from dpfy.cli import EXIT_BAD_INPUT, main
+from dpfy.train.report import methods_ran
 
 # A fixed σ and RDP keep the test fast (calibrating σ with PLD at q ≈ 0.3 takes tens of seconds).
 FLAGS = ["--dataset", "digits", "--model", "logreg", "--epochs", "1", "--batch-size", "512",
@@ -46,14 +52,13 @@ def test_audit_refuses_a_setting_it_would_drop(tmp_path, capsys) -> None:
 
 
 def test_the_report_says_what_the_unregistered_canary_method_releases():
-    """The audit's canary method is not in the registry; the report still says what it
-    releases (its releases_text), not "not stated by the method"."""
-    from dpfy.audit.canaries import CanaryGradients
-    from dpfy.train.report import methods_ran
-
-    class Bare:  # a CanaryGradients without the constructor's data
-        registry_name = CanaryGradients.registry_name
-        releases_text = CanaryGradients.releases_text
-
-    (row,) = methods_ran(Bare())
-    assert row["name"] == "_audit_canaries" and "canary" in row["releases"]
+    """The audit's canary method is not in the registry; the report still says what a run with
+    it releases, read from its specs: the clipped sum of the transformed gradients, nothing
+    of its own."""
+    model = torch.nn.Linear(4, 2)
+    draw = CanarySet.draw(model, 8, torch.Generator().manual_seed(0))
+    train = TensorDataset(torch.zeros(10, 4), torch.zeros(10, dtype=torch.long))
+    method = CanaryGradients(draw, CanaryDataset(train, draw, (torch.zeros(4), 0)))
+    (row,) = methods_ran(method.calibrate(EXAMPLE_FACTS))
+    assert row["name"] == "_audit_canaries"
+    assert "the clipped sum of the transformed per-example gradients" in row["releases"]

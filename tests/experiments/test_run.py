@@ -87,7 +87,8 @@ def test_same_plan_epsilon_and_model_as_dpfy_train(tmp_path, small):
     rec = train_run(RunSpec(**SPEC, epochs=1, calibration="rdp"), small)
     cfg = TrainConfig(dataset="digits", model="logreg", epsilon=TARGET, delta=DELTA, epochs=1,
                       batch_size=BATCH, clip=1.0, lr=0.5, momentum=0.0, seed=3,
-                      accountant="rdp", schedule="vanilla", threads=1)
+                      accountant="rdp", method="dynamic", method_options={"preset": "vanilla"},
+                      threads=1)
     result = train(cfg, out=tmp_path / "run", data=small, progress=False, echo=lambda s: None)
     ledger = Ledger.from_json((result.out / "ledger.json").read_text())
 

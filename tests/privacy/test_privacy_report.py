@@ -27,7 +27,7 @@ def test_report_files_and_checklist(tmp_path):
                                                 "epsilon_over_steps.png"}
     assert paths["plot"].read_bytes()[:4] == b"\x89PNG"
     md = paths["markdown"].read_text()
-    for item in ("DP setting", "Data accesses covered", "StepOutcome", "Unit of privacy",
+    for item in ("DP setting", "Data accesses covered", "Released", "Unit of privacy",
                  "Adjacency", "Accountant", "Sampling", "Without amplification", "Training",
                  "Tuning", "δ convention", "ε tier", "quantile_count", "approximation"):
         assert item in md, item

@@ -48,7 +48,7 @@ def test_config_file_with_flag_override(tmp_path, capsys):
     (["--delta", "1"], "delta must be in (0, 1)"),
     (["--delta", "1.5"], "delta must be in (0, 1)"),
     (["--epsilon", "3", "--noise-multiplier", "1"], "Give either a target --epsilon"),
-    (["--schedule-options", "rate"], "KEY=VALUE"),
+    (["--method", "noise_decay", "--method-options", "rate"], "KEY=VALUE"),
 ])
 def test_bad_values(tmp_path, capsys, argv, match):
     fails([*FAST, *argv, "--out", str(tmp_path / "r")], capsys, match)
@@ -99,9 +99,9 @@ def test_resume_with_a_config_that_does_not_match(tmp_path, capsys, monkeypatch,
     assert (tmp_path / "r" / "model.pt").is_file()
 
 
-def test_schedule_flag_builds_a_calibrated_schedule(tmp_path, capsys):
-    assert main(["train", *FAST, "--epochs", "2", "--schedule", "exponential",
-                 "--schedule-options", "rate=0.5", "--out", str(tmp_path / "r")]) == 0
+def test_noise_decay_method_builds_a_calibrated_schedule(tmp_path, capsys):
+    assert main(["train", *FAST, "--epochs", "2", "--method", "noise_decay", "--method-options",
+                 "kind=exponential", "rate=0.5", "--out", str(tmp_path / "r")]) == 0
     rows = json.loads((tmp_path / "r" / "metrics.json").read_text())
     # exponential decay σ_u = σ_0·exp(−k·u) per epoch u (adaptive/schedules.py), k = 0.5
     assert rows[1]["noise_multiplier"] == pytest.approx(rows[0]["noise_multiplier"] *
@@ -110,14 +110,12 @@ def test_schedule_flag_builds_a_calibrated_schedule(tmp_path, capsys):
 
 
 def test_unknown_schedule_is_a_one_line_error(tmp_path, capsys):
-    fails([*FAST, "--schedule", "warp", "--out", str(tmp_path / "r")], capsys,
-          "schedule must be one of")
+    fails([*FAST, "--method", "noise_decay", "--method-options", "kind=warp", "--out",
+           str(tmp_path / "r")], capsys, "kind must be one of")
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("flag", ["--method-options", "--schedule-options"])
-def test_a_malformed_options_value_names_its_own_flag(flag, tmp_path, capsys):
-    # A review found --method-options garbage answered with --schedule-options' name and fix.
-    method = ["--method", "hyfree"] if flag == "--method-options" else []
-    fails([*FAST, *method, flag, "garbage", "--out", str(tmp_path / "r")], capsys,
-          f"Write e.g. {flag} ")
+def test_a_malformed_options_value_names_its_own_flag(tmp_path, capsys):
+    # A review found --method-options garbage answered with another flag's name and fix.
+    fails([*FAST, "--method", "hyfree", "--method-options", "garbage", "--out",
+           str(tmp_path / "r")], capsys, "Write e.g. --method-options ")

@@ -25,7 +25,7 @@ def test_defaults_are_the_fashion_mnist_benchmark():
     (dict(clip=0.0), "clip must be > 0"),
     (dict(optimizer="lbfgs"), "optimizer must be one of"),
     (dict(accountant="moments"), "accountant must be one of"),
-    (dict(schedule_options={"rate": 0.9}), "Add --schedule NAME"),
+    (dict(method_options={"rate": 0.9}), "Add --method NAME"),
 ])
 def test_bad_values_name_the_field(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -34,10 +34,10 @@ def test_bad_values_name_the_field(kwargs, match):
 
 def test_toml_file(tmp_path):
     p = tmp_path / "c.toml"
-    p.write_text('dataset = "digits"\nlr = 4\nepochs = 2\n[schedule_options]\nrate = 0.5\n')
+    p.write_text('dataset = "digits"\nlr = 4\nepochs = 2\n[method_options]\nrate = 0.5\n')
     values = load_config_file(p)
     assert values == {"dataset": "digits", "lr": 4.0, "epochs": 2,
-                      "schedule_options": {"rate": 0.5}}
+                      "method_options": {"rate": 0.5}}
     assert isinstance(values["lr"], float)            # TOML's int 4 becomes the float field
 
 

@@ -36,11 +36,11 @@ def test_run_writes_everything_and_spends_the_target(tmp_path, fast_config):
     resolved = json.loads((out / "config.json").read_text())
     assert resolved["seed"] is None and resolved["reproducible"] is True   # never the seed
     assert resolved["delta"] == res.delta
-    # The report names, per layer, the rule and engine route that computed per-example norms.
+    # The report names, per layer, the rule and the route that computed per-example norms.
     layers = json.loads((out / "privacy_report.json").read_text())["layer_table"]
     weights = torch.load(out / "model.pt")
     assert sum(r["params"] for r in layers) == sum(t.numel() for t in weights.values())
-    assert layers and all(r["rule"] and r["engine"] for r in layers)
+    assert layers and all(r["rule"] and r["route"] for r in layers)
 
 
 def test_same_seed_same_model(tmp_path, fast_config):

@@ -111,7 +111,8 @@ def test_cli_public_test_split_loss_and_method_option(tmp_path, capsys):
 @pytest.mark.parametrize("argv, word", [
     (["--grid", "batch_size=64,128"], "grid name"),
     (["--grid", "lr=logspace:-1:1"], "grid"),
-    (["--grid", "lr=0.1", "--schedule", "noise_decay"], "schedule"),
+    (["--grid", "lr=0.1", "--method", "noise_decay", "--method-options", "kind=time",
+      "rate=0.5"], "keeps the run's σ"),
     (["--grid", "lr=0.1", "--resume", "x"], "resume"),
     (["--grid", "clip=0.1,1", "--method", "oso"], "initial_clip"),
     (["--grid", "oso.clip_rate=0.1,5", "--method", "oso"], "clip_rate"),   # 2nd config bad

@@ -5,7 +5,7 @@ training set independently with probability ½ (the draw is the audit's secret).
 is an extra row of the training set (:class:`CanaryDataset`): it is Poisson-sampled by dpfy's
 sampler like every example, and when it is in a batch its per-example gradient is replaced by
 C·u_j, with u_j a random unit direction in parameter space (:class:`CanaryGradients`, a
-:class:`~dpfy.adaptive.base.Method` with ``needs.per_sample_grads``). From there on the
+:class:`~dpfy.adaptive.base.Method` that implements ``transform``). From there on the
 engine clips, sums and noises it exactly as a real example: the ledger, the noise and the
 sensitivity are the run's own. Each canary is scored from the released updates alone:
 
@@ -36,9 +36,8 @@ import torch
 from torch.utils.data import Dataset
 
 from dpfy._require import require
-from dpfy.adaptive.base import Method, Needs
-from dpfy.types import StepOutcome
-from dpfy.types.plan import StepPlan
+from dpfy.adaptive.base import Method
+from dpfy.types import StepOutcome, StepPlan
 
 __all__ = ["CanarySet", "CanaryDataset", "CanaryGradients", "find_canaries"]
 
@@ -147,9 +146,6 @@ class CanaryGradients(Method[torch.Tensor]):
     """
 
     registry_name = "_audit_canaries"
-    needs = Needs(per_sample_grads=True)
-    releases_text = ("nothing of its own: each included canary is one more example of the "
-                     "gradient release, its per-example gradient set to C·u_j before clipping")
 
     def __init__(self, canaries: CanarySet, dataset: CanaryDataset) -> None:
         self.canaries = canaries
@@ -188,10 +184,10 @@ class CanaryGradients(Method[torch.Tensor]):
             out[name] = g
         return out
 
-    def update(self, state: torch.Tensor, released: StepOutcome) -> torch.Tensor:
-        # the gradient as released (before any postprocess of a chained method), when given
-        noisy = getattr(released, "noisy_gradient", None) or released.gradient
-        return state + released.expected_batch_size * self.canaries.project(noisy)
+    def update(self, state: torch.Tensor, outcome: StepOutcome) -> torch.Tensor:
+        # the gradient as released (before any postprocess of a chained method)
+        noisy = outcome.noisy_gradient or outcome.gradient
+        return state + outcome.expected_batch_size * self.canaries.project(noisy)
 
 
 def _clip_norm(clip: float | torch.Tensor) -> float:

@@ -31,8 +31,15 @@ from torch.utils.data import Dataset
 
 from dpfy.audit.canaries import CanaryDataset, CanaryGradients, CanarySet, find_canaries
 from dpfy.audit.result import AuditResult, audit_scores
+from dpfy.data import load_dataset
+from dpfy.models import build_model
 from dpfy.train.config import TrainConfig, resolve
+from dpfy.train.epoch import run_epoch
+from dpfy.train.evaluate import evaluate
 from dpfy.train.private import PrivateRun, build_methods, make_optimizer, private_run
+from dpfy.train.report import write_report
+from dpfy.train.rundir import RunDir, write_atomic
+from dpfy.train.trainer import check_accountable, check_names, progress_bar, usable_cores
 
 __all__ = ["AuditedRun", "audited_private_run", "canary_scores", "audit_result", "audit_config",
            "check_supported", "SUPPORTED", "DEFAULT_CANARIES"]
@@ -116,16 +123,8 @@ def audit_config(cfg: TrainConfig, *, canaries: int = DEFAULT_CANARIES,
     Model init, sampling, noise and the canary draw come from ``cfg.seed`` when given, else
     from fresh OS randomness (the canary draw is the audit's secret either way).
     """
-    from dpfy.data import load_dataset
-    from dpfy.models import build_model
-    from dpfy.train.epoch import run_epoch
-    from dpfy.train.evaluate import evaluate
-    from dpfy.train.rundir import RunDir
-    from dpfy.train.trainer import (_check_accountable, _check_names, _progress_bar,
-                                    usable_cores)
-
-    _check_names(cfg, data, model)
-    _check_accountable(cfg)
+    check_names(cfg, data, model)
+    check_accountable(cfg)
     check_supported(cfg)
     run = RunDir.create(out) if out is not None else None
     try:
@@ -144,12 +143,12 @@ def audit_config(cfg: TrainConfig, *, canaries: int = DEFAULT_CANARIES,
             model, optimizer, data.train, canaries=draw, batch_size=cfg.batch_size,
             epochs=cfg.epochs, method=build_methods(cfg), noise_multiplier=cfg.noise_multiplier,
             target_epsilon=cfg.epsilon, target_delta=cfg.delta, max_grad_norm=cfg.clip,
-            clipping=cfg.clipping, engine=cfg.engine, seed=cfg.seed,
+            clipping=cfg.clipping, route=cfg.engine, seed=cfg.seed,
             max_physical_batch_size=cfg.physical_batch_size, accountant=cfg.accountant)
         private = audited.private
         echo(f"dpfy audit: {cfg.dataset} + {int(draw.included.sum())} included canaries of "
              f"{canaries}, {private.total_steps} steps, q = {private.sample_rate:.5g}")
-        bar = _progress_bar(private.total_steps, 0, progress)
+        bar = progress_bar(private.total_steps, 0, progress)
         try:
             for _ in range(cfg.epochs):
                 run_epoch(private, bar=bar, delta=cfg.delta)
@@ -173,9 +172,6 @@ def audit_config(cfg: TrainConfig, *, canaries: int = DEFAULT_CANARIES,
 def _write(run, cfg: TrainConfig, rule: str, data, private: PrivateRun, result: AuditResult,
            test: Sequence[float]) -> None:
     """The audited run's privacy report (with the audit section), ledger and audit.json."""
-    from dpfy.train.report import write_report
-    from dpfy.train.rundir import write_atomic
-
     write_report(cfg, {"delta_rule": rule}, data, private, run.staging,
                  sections=(result.section(),))
     write_atomic(run.staging / "ledger.json", private.optimizer.ledger.to_json(indent=1) + "\n")

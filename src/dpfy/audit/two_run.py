@@ -26,6 +26,8 @@ from scipy import stats
 
 from dpfy._require import require
 from dpfy.audit.canaries import CanarySet
+from dpfy.audit.run import audited_private_run, canary_scores
+from dpfy.train.epoch import run_epoch
 
 __all__ = ["TwoRunBound", "clopper_pearson_upper", "two_run_epsilon", "single_canary",
            "canary_run_score"]
@@ -106,9 +108,6 @@ def canary_run_score(build: Callable[[], tuple[torch.nn.Module, torch.optim.Opti
     ``batch_size`` defaults to the whole set (q = 1 with and without the canary, so the two
     runs sample alike); ``engine``: the rest of ``make_private``'s arguments.
     """
-    from dpfy.audit.run import audited_private_run, canary_scores
-    from dpfy.train.epoch import run_epoch
-
     model, optimizer, train = build()
     draw = single_canary(model, include, direction)
     size = len(train) + int(include)

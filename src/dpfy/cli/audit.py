@@ -16,15 +16,15 @@ import sys
 import time
 
 from dpfy._require import require
+from dpfy.audit.run import DEFAULT_CANARIES, audit_config
+from dpfy.cli.train import explicit_settings, train_parser
+from dpfy.train.config import TrainConfig
 
 __all__ = ["register", "run"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from dpfy.audit.run import DEFAULT_CANARIES
-    from dpfy.cli.train import train_parser   # dpfy train's own parser as the parent
-
-    p = subparsers.add_parser(
+    p = subparsers.add_parser(   # dpfy train's own parser as the parent
         "audit", parents=[train_parser()], conflict_handler="resolve",
         help="train a configuration with canaries and print its empirical ε lower bounds",
         description=__doc__.splitlines()[0],
@@ -38,10 +38,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dpfy.audit.run import audit_config
-    from dpfy.cli.train import explicit_settings
-    from dpfy.train.config import TrainConfig
-
     require(not args.resume, "resume", args.resume, "unset for dpfy audit",
             "An audit is one uninterrupted run; start it again with --out")
     require(args.canaries >= 2, "canaries", args.canaries, ">= 2", "Use 1000 or more")

@@ -14,7 +14,9 @@ import argparse
 from pathlib import Path
 
 from dpfy.experiments import idp_fmnist, lr_fmnist, oso_fmnist
-from dpfy.experiments.grids import EXPERIMENTS
+from dpfy.experiments.grids import EXPERIMENTS, build_grid
+from dpfy.experiments.runner import run_grid
+from dpfy.experiments.summary import summarize
 
 __all__ = ["register", "run"]
 
@@ -37,10 +39,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dpfy.experiments.grids import build_grid
-    from dpfy.experiments.runner import run_grid
-    from dpfy.experiments.summary import summarize
-
     if args.name == "oso-fmnist":
         return oso_fmnist.main(args)
     if args.name == "idp-fmnist":

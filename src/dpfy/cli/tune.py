@@ -22,13 +22,12 @@ import time
 
 from dpfy.cli import train as train_cli
 from dpfy.train.config import TrainConfig
+from dpfy.train.grid import SELECT, parse_axis, run_grid
 
 __all__ = ["register", "run"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from dpfy.train.grid import SELECT
-
     p = subparsers.add_parser(
         "tune", parents=[train_cli.train_parser()], conflict_handler="resolve",
         help="run a hyperparameter grid under one privacy budget and publish the winner",
@@ -50,8 +49,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dpfy.train.grid import parse_axis, run_grid
-
     if args.resume:
         raise ValueError(f"resume must be unset for dpfy tune, got resume = '{args.resume}'. "
                          f"An interrupted grid cannot be continued; see docs/tuning.md")

@@ -33,7 +33,7 @@ BREAST_CANCER_RANGES: tuple[tuple[float, float], ...] = (
 
 def _sklearn():
     try:
-        import sklearn.datasets
+        import sklearn.datasets  # local: only these two loaders need scikit-learn
     except ImportError:  # pragma: no cover - scikit-learn is a declared dependency
         raise ValueError("dataset must be loadable, got scikit-learn missing. Install it with "
                          "`.venv/bin/pip install scikit-learn`") from None

@@ -55,7 +55,7 @@ DECAYS: dict[str, Callable[[int], dict]] = {
 }
 
 
-def _preset_options(preset: str) -> dict:
+def preset_options(preset: str) -> dict:
     """ρ's and stages of a Dynamic DP-SGD preset (a run needs at least STAGES steps, else the
     schedule refuses; every grid here has hundreds)."""
     opts: dict = {}
@@ -69,7 +69,7 @@ def _preset_options(preset: str) -> dict:
 
 def dynamic_fmnist(seeds: int, epochs: int) -> list[RunSpec]:
     return [RunSpec(experiment="dynamic-fmnist", schedule=p, target_epsilon=eps, seed=s,
-                    epochs=epochs, options=tuple(sorted(_preset_options(p).items())))
+                    epochs=epochs, options=tuple(sorted(preset_options(p).items())))
             for eps in EPSILONS for s in range(seeds) for p in PRESETS]
 
 
@@ -87,7 +87,7 @@ def noise_decay_fmnist(seeds: int, epochs: int,
 def dynamic_fmnist_long(seeds: int, epochs: int) -> list[RunSpec]:
     """Follow-up: vanilla vs dynamic at ε = 1.2 with 10 epochs (3 seeds; ``epochs`` unused)."""
     return [RunSpec(experiment="dynamic-fmnist-long", schedule=p, target_epsilon=1.2, seed=s,
-                    epochs=LONG_EPOCHS, options=tuple(sorted(_preset_options(p).items())))
+                    epochs=LONG_EPOCHS, options=tuple(sorted(preset_options(p).items())))
             for s in range(min(seeds, LONG_SEEDS)) for p in ("vanilla", "dynamic")]
 
 

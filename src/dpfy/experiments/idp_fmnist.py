@@ -21,7 +21,13 @@ import argparse
 from pathlib import Path
 from typing import Any, Iterator
 
+import torch
+from torch.utils.data import TensorDataset
+
+from dpfy.data import load_dataset
+from dpfy.experiments.idp_report import summarize
 from dpfy.experiments.idp_spec import CASES, VARIANTS, IdpSpec
+from dpfy.experiments.idp_train import train_idp
 from dpfy.experiments.runner import in_workers, load_results, run_pending
 
 __all__ = ["add_arguments", "main", "build_specs", "run_specs", "RESULTS", "LOG"]
@@ -59,10 +65,6 @@ def build_specs(args: argparse.Namespace) -> list[IdpSpec]:
 
 def _load_fmnist(spec: IdpSpec, data_dir: str | None) -> tuple:
     """(train, test): the first train_size / test_size Fashion-MNIST images."""
-    from torch.utils.data import TensorDataset
-
-    from dpfy.data import load_dataset
-
     full = load_dataset("fashion_mnist", data_dir=data_dir)
     return (TensorDataset(*(t[:spec.train_size] for t in full.train.tensors)),
             TensorDataset(*(t[:spec.test_size] for t in full.test.tensors)))
@@ -70,15 +72,11 @@ def _load_fmnist(spec: IdpSpec, data_dir: str | None) -> tuple:
 
 def _init_worker(spec_dict: dict, data_dir: str | None, data: tuple | None) -> None:
     global _DATA
-    import torch
-
     torch.set_num_threads(1)
     _DATA = data if data is not None else _load_fmnist(IdpSpec.from_dict(spec_dict), data_dir)
 
 
 def _work(spec_dict: dict) -> dict:
-    from dpfy.experiments.idp_train import train_idp
-
     return train_idp(IdpSpec.from_dict(spec_dict), *_DATA)
 
 
@@ -107,8 +105,6 @@ def run_specs(specs: list[IdpSpec], *, results: Path, log: Path, workers: int = 
 
 def main(args: argparse.Namespace) -> int:
     """Run (unless ``--summarize``) and summarize; print the files written."""
-    from dpfy.experiments.idp_report import summarize
-
     out = Path(args.out)
     if not args.summarize:
         run_specs(build_specs(args), results=out / RESULTS, log=out / LOG,

@@ -43,9 +43,12 @@ import torch
 from torch import nn
 
 from dpfy._require import require
+from dpfy.adaptive import make
 from dpfy.experiments.lr_spec import DP_HYPER_GRID, NONDP_GS_GRID, LrSpec
 from dpfy.privacy.ledger import Ledger
 from dpfy.privacy.tuning import calibrate_grid_noise_multiplier, grid_epsilon
+from dpfy.train.config import TrainConfig
+from dpfy.train.private import make_optimizer, per_example_cross_entropy
 
 __all__ = ["Setup", "setup", "nondp_gs", "DpHyperPlan", "dp_hyper_plan", "dp_hyper_epsilon",
            "SGD_LR", "SGD_CLIP", "TIME_DECAY_RATE", "DP_HYPER_SHARE", "EPSILON_CAP",
@@ -80,14 +83,12 @@ def _optimizer(spec: LrSpec, params: list[nn.Parameter], lr: float | None
     if spec.method in ("adamw", "dp_hyper"):
         return _adamw(params, lr if lr is not None else spec.lr)  # type: ignore[arg-type]
     if spec.method == "dadapt":
-        import dadaptation
+        import dadaptation  # local: an optional baseline (the test extra), not a dependency
         return dadaptation.DAdaptAdam(params, lr=1.0, weight_decay=ADAM_WEIGHT_DECAY)
     if spec.method == "prodigy":
-        import prodigyopt
+        import prodigyopt  # local: an optional baseline (the test extra), not a dependency
         return prodigyopt.Prodigy(params, lr=1.0, weight_decay=ADAM_WEIGHT_DECAY)
     if spec.method in ("hyfree", "default"):
-        from dpfy.train.config import TrainConfig
-        from dpfy.train.private import make_optimizer
         # dpfy train's optimizer for the method (hyfree: its own default optimizer and η₀)
         method = "hyfree" if spec.method == "hyfree" else None
         return make_optimizer(TrainConfig(method=method), params)
@@ -96,7 +97,6 @@ def _optimizer(spec: LrSpec, params: list[nn.Parameter], lr: float | None
 
 def _method(spec: LrSpec) -> Any:
     """The adaptive method ``make_private`` calibrates for the run (None: plain DP-SGD)."""
-    from dpfy.adaptive import make
     if spec.method in ("adadp", "noisy_max", "noisy_btls"):
         return make(spec.method)
     if spec.method == "quantile":
@@ -104,16 +104,14 @@ def _method(spec: LrSpec) -> Any:
     if spec.method == "hyfree":
         return make("hyfree", probe_every=spec.probe_every)
     if spec.method == "time_decay":
-        from dpfy.adaptive.factory import deferred_schedule
-        return deferred_schedule("schedule", "time", initial=spec.noise_multiplier,
-                                 rate=TIME_DECAY_RATE)
+        return make("noise_decay", kind="time", initial=spec.noise_multiplier,
+                    rate=TIME_DECAY_RATE)
     return None
 
 
 def _clipping(spec: LrSpec) -> dict[str, Any]:
     """Clipping arguments: automatic for the AdamW family (as HyFreeDP), flat otherwise."""
     if spec.method == "default":
-        from dpfy.train.config import TrainConfig
         return {"clipping": "flat", "max_grad_norm": TrainConfig().clip}
     if spec.method in ("adamw", "dp_hyper", "dadapt", "prodigy"):
         return {"clipping": "automatic", "max_grad_norm": 1.0}
@@ -131,7 +129,6 @@ def setup(spec: LrSpec, model: nn.Module, *, lr: float | None = None,
     engine: dict[str, Any] = {"target_delta": spec.delta, "accountant": "pld",
                               "method": _method(spec), **_clipping(spec)}
     if spec.method in PROBING:
-        from dpfy.train.private import per_example_cross_entropy
         engine["loss_fn"] = per_example_cross_entropy
     if not spec.private:                                # (LrSpec refuses FINITE_ONLY here)
         engine["noise_multiplier"] = 0.0

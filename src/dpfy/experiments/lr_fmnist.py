@@ -25,9 +25,15 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-# the progress logger of the idp reproduction (timestamped lines to stdout and the log file)
+import torch
+from torch.utils.data import TensorDataset
+
+from dpfy.data import load_dataset
+from dpfy.experiments.lr_report import summarize
 from dpfy.experiments.lr_spec import FINITE_ONLY, METHODS_000, METHODS_004, NONDP_GS_GRID, LrSpec
+from dpfy.experiments.lr_train import train_lr
 from dpfy.experiments.runner import in_workers, load_results, run_pending
+from dpfy.train.config import TrainConfig
 
 __all__ = ["add_arguments", "main", "build_specs", "run_specs", "RESULTS", "LOG"]
 
@@ -69,8 +75,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def build_specs(args: argparse.Namespace) -> list[LrSpec]:
     """Every run the options ask for, in priority order (see the module docstring)."""
-    from dpfy.train.config import TrainConfig
-
     # dpfy train's default batch (2048 of 60000) scaled to the subset: the same q per step
     default_batch = max(1, round(TrainConfig().batch_size * args.lr_train_size / 60000))
     common = dict(epochs=args.epochs, train_size=args.lr_train_size,
@@ -112,25 +116,17 @@ def _cell(args: argparse.Namespace, model: str, eps: float | None, rep: int, def
 def _init_worker(train_size: int, test_size: int, data_dir: str | None, data: tuple | None,
                  until: float | None) -> None:
     global _DATA, _UNTIL
-    import torch
-    from torch.utils.data import TensorDataset
-
     torch.set_num_threads(1)
     _UNTIL = until
     if data is not None:
         _DATA = data
         return
-    from dpfy.data import load_dataset
     full = load_dataset("fashion_mnist", data_dir=data_dir)
     _DATA = (TensorDataset(*(t[:train_size] for t in full.train.tensors)),
              TensorDataset(*(t[:test_size] for t in full.test.tensors)))
 
 
 def _work(spec_dict: dict) -> dict | None:
-    from dpfy.experiments.lr_train import train_lr
-
-    from torch.utils.data import TensorDataset
-
     if _UNTIL is not None and time.time() > _UNTIL:
         return None                                           # past --lr-until: not started
     spec = LrSpec.from_dict(spec_dict)
@@ -179,8 +175,6 @@ def _fmt(eps: float) -> str:
 
 def main(args: argparse.Namespace) -> int:
     """Run (unless ``--summarize``) and summarize; print the files written."""
-    from dpfy.experiments.lr_report import summarize
-
     out = Path(args.out)
     if not args.summarize:
         run_specs(build_specs(args), results=out / RESULTS, log=out / LOG,

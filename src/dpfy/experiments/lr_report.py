@@ -299,7 +299,7 @@ def _plot(records: Sequence[dict], path: Path) -> Path | None:
     runs = [r for r in records if r["spec"]["method"] == "hyfree" and r.get("trace")]
     if not runs:
         return None
-    import matplotlib
+    import matplotlib  # local: only the figures need matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -24,9 +24,12 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.func import functional_call, grad, vmap
+from torch.utils.data import TensorDataset
+
+from dpfy.data import load_dataset
 
 from dpfy.experiments.oso_grid import RunSpec, Settings, grid_noise_multiplier
-from dpfy.experiments.oso_train import build_task_model, task_loss
+from dpfy.experiments.oso_train import build_task_model, private_parts, task_loss
 
 __all__ = ["per_sample_gradients", "cosine_vs_clip", "cosine_figure", "CLIPS"]
 
@@ -85,13 +88,9 @@ def cosine_figure(settings: Settings, out: Path, *, epsilon: float = 3.0, lr: fl
                   iterations: tuple[int, ...] | None = None, probe_batch: int = 512,
                   data_dir: str | None = None) -> list[Path]:
     """Train Online at (ε, ρ₁ = ``lr``), probe at ``iterations``; write PNG + JSON."""
-    import matplotlib
+    import matplotlib  # local: only the figures need matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from torch.utils.data import TensorDataset
-
-    from dpfy.data import load_dataset
-    from dpfy.experiments.oso_train import private_parts
 
     torch.set_num_threads(1)
     full = load_dataset("fashion_mnist", data_dir=data_dir)

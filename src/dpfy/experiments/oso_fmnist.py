@@ -28,11 +28,19 @@ import argparse
 import json
 import multiprocessing as mp
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+import torch
+from torch.utils.data import TensorDataset
+
+from dpfy.data import load_dataset
+from dpfy.experiments.oso_cosine import cosine_figure
 from dpfy.experiments.oso_grid import (METHODS, PRIVATE_METHODS, RunSpec, Settings, grid,
                                        grid_noise_multiplier)
+from dpfy.experiments.oso_report import summarize
+from dpfy.experiments.oso_train import lower_is_better, train_spec
 from dpfy.experiments.runner import load_results as load_records
 
 __all__ = ["add_arguments", "main", "grid_specs", "seed_specs", "run_specs", "load_records",
@@ -87,8 +95,6 @@ def grid_specs(settings: Settings, epsilons: Iterable[float],
 
 def winners(records: list[dict], settings: Settings) -> dict[tuple, RunSpec]:
     """(method, ε) → the replicate-0 configuration with the best value (diverged: never)."""
-    from dpfy.experiments.oso_train import lower_is_better
-
     sign = 1.0 if lower_is_better(settings) else -1.0
     best: dict[tuple, tuple[float, RunSpec]] = {}
     for r in records:
@@ -104,8 +110,6 @@ def winners(records: list[dict], settings: Settings) -> dict[tuple, RunSpec]:
 def seed_specs(records: list[dict], settings: Settings, seeds: int,
                methods: Iterable[str] = METHODS) -> list[RunSpec]:
     """Phase 2: replicates 1 … seeds−1 of the winner of every (method, ε) of ``methods``."""
-    from dataclasses import replace
-
     chosen = set(methods)
     return [replace(spec, replicate=i) for spec in winners(records, settings).values()
             if spec.method in chosen for i in range(1, seeds)]
@@ -113,11 +117,6 @@ def seed_specs(records: list[dict], settings: Settings, seeds: int,
 
 def _init_worker(settings: Settings, data_dir: str | None) -> None:
     global _DATA
-    import torch
-    from torch.utils.data import TensorDataset
-
-    from dpfy.data import load_dataset
-
     torch.set_num_threads(1)
     full = load_dataset("fashion_mnist", data_dir=data_dir)
     _DATA = (TensorDataset(*(t[:settings.train_size] for t in full.train.tensors)),
@@ -125,8 +124,6 @@ def _init_worker(settings: Settings, data_dir: str | None) -> None:
 
 
 def _work(spec_dict: dict) -> dict:
-    from dpfy.experiments.oso_train import train_spec
-
     return train_spec(RunSpec.from_dict(spec_dict), *_DATA)
 
 
@@ -202,13 +199,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"seeds: {len(specs)} runs; progress in {log}")
         run_specs(specs, **kw)
     if phase in ("report", "all"):
-        from dpfy.experiments.oso_report import summarize
-
         for path in summarize(load_records(results), settings, out):
             print(f"wrote {path}")
         if args.diagnostic:
-            from dpfy.experiments.oso_cosine import cosine_figure
-
             for path in cosine_figure(settings, out, data_dir=args.data_dir):
                 print(f"wrote {path}")
     return 0

@@ -168,7 +168,7 @@ def _paper_table(rows: list[dict], settings: Settings) -> list[str]:
 
 
 def _plot_metric(rows: list[dict], settings: Settings, path: Path) -> None:
-    import matplotlib
+    import matplotlib  # local: only the figures need matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -197,7 +197,7 @@ def _plot_metric(rows: list[dict], settings: Settings, path: Path) -> None:
 
 
 def _plot_trajectories(rows: list[dict], path: Path) -> None:
-    import matplotlib
+    import matplotlib  # local: only the figures need matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

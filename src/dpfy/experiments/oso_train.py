@@ -26,9 +26,13 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from dpfy import make_private
 from dpfy._require import require
+from dpfy.adaptive import make
 from dpfy.experiments.oso_grid import (ADAMWOSM_LR, INITIAL_CLIP, QUANTILE_STEP, RunSpec,
                                        Settings, grid_noise_multiplier)
+from dpfy.models import build_model
+from dpfy.models.conv_autoencoder import conv_autoencoder
 from dpfy.privacy import epsilon
 from dpfy.privacy.tuning import composed_runs
 
@@ -53,9 +57,6 @@ def build_task_model(settings: Settings, input_shape: tuple[int, ...]) -> nn.Mod
     The autoencoder is built directly: it is not in ``dpfy.models.MODELS``, whose models are
     classifiers that ``dpfy train`` fits with cross-entropy.
     """
-    from dpfy.models import build_model
-    from dpfy.models.conv_autoencoder import conv_autoencoder
-
     torch.manual_seed(secrets.randbits(63))
     if settings.task == "autoencoder":
         return conv_autoencoder(input_shape)
@@ -96,9 +97,6 @@ def _finite(model: nn.Module) -> bool:
 
 def private_parts(spec: RunSpec, model: nn.Module, train: Dataset):
     """(model, optimizer, loader, ν) of a private run, checked against the calibration."""
-    import dpfy
-    from dpfy.adaptive import make
-
     s = spec.settings
     nu = grid_noise_multiplier(spec)
     if spec.method == "online":
@@ -116,7 +114,7 @@ def private_parts(spec: RunSpec, model: nn.Module, train: Dataset):
     else:                                                          # threshold: DP-SGD
         method, clip = None, spec.clip
         opt = torch.optim.SGD(model.parameters(), lr=spec.lr)
-    model, opt, loader = dpfy.make_private(
+    model, opt, loader = make_private(
         model, opt, DataLoader(train, batch_size=s.batch_size), noise_multiplier=nu,
         target_delta=s.delta, epochs=s.epochs, max_grad_norm=clip, method=method,
         accountant="pld", poisson_sampling=True)

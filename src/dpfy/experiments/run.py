@@ -5,15 +5,17 @@ sampling at q = b/N, planned for ``epochs`` passes of the private loader), train
 :func:`dpfy.train.epoch.run_epoch` and evaluated by :func:`dpfy.train.evaluate.evaluate`, so a
 reproduction and ``dpfy train`` with the same settings plan, train and account identically.
 
-The spec's schedule reaches ``make_private`` uncalibrated and is calibrated there for the run's
-facts (q, steps, steps per epoch, all read from the sampler):
+The spec's schedule is a method (``dynamic`` for a Dynamic DP-SGD preset, ``noise_decay`` for a
+decay rule) calibrated for the run's facts (q, steps, steps per epoch, as the sampler has them):
 
-- ``calibration="pld"`` / ``"rdp"``: exactly the path of ``dpfy train --schedule NAME``; the
-  run is also capped at the target ε by the budget guard.
+- ``calibration="pld"`` / ``"rdp"``: uncalibrated, so ``make_private`` calibrates it, exactly
+  the path of ``dpfy train --method dynamic|noise_decay``; the run is also capped at the target
+  ε by the ε guard.
 - ``calibration="gdp"``: the Dynamic DP-SGD paper's CLT calibration, through the explicit
-  opt-in ``make_schedule(..., accountant="gdp", approximate=True)``. The CLT can under-report
-  ε, so such a run spends more than its nominal ε; it is not capped at it (the cap would stop
-  it) but guarded by its step horizon, and its record gives the rigorous PLD ε beside the GDP one.
+  opt-in ``calibration="gdp", approximate=True``, solved here for the spec's target ε. The CLT
+  can under-report ε, so such a run spends more than its nominal ε; it is not capped at it (the
+  cap would stop it) but guarded by its step horizon, and its record gives the rigorous PLD ε
+  beside the GDP one.
 
 After training, the run's own ledger is read by the accountants: ε by PLD (the guarantee) and
 by the paper's GDP CLT (an approximation, reported beside it).
@@ -30,37 +32,44 @@ from typing import Any, Callable
 
 import torch
 
-from dpfy.adaptive.base import Deferred
-from dpfy.types import RunFacts
-from dpfy.adaptive.factory import deferred_schedule, make_schedule
+from dpfy.adaptive import Method, make
+from dpfy.adaptive.dynamic import PRESETS
 from dpfy.data import DataSplits
 from dpfy.experiments.spec import RunSpec
 from dpfy.models import build_model
 from dpfy.privacy import epsilon, epsilon_curve
 from dpfy.privacy.accountants import APPROXIMATE
+from dpfy.sampling import PoissonSampler
 from dpfy.train.epoch import run_epoch
 from dpfy.train.evaluate import evaluate
 from dpfy.train.private import PrivateRun, private_run
+from dpfy.types import RunFacts, Sampling
 
 __all__ = ["train_run", "build_private", "spec_method"]
 
 TRACE_KEYS = ("step", "noise_multiplier", "clip", "mean_grad_norm_nonprivate")
 
 
-def spec_method(spec: RunSpec) -> Deferred:
-    """The spec's schedule, uncalibrated: ``make_private`` builds it for the run's facts."""
+def spec_method(spec: RunSpec) -> Method:
+    """The spec's schedule as a method, uncalibrated (``make_private`` calibrates it for the
+    run's facts); a GDP spec carries the paper's opt-in, ``calibration="gdp", approximate=True``."""
     options = dict(spec.options)
-    if spec.calibration not in APPROXIMATE:
-        return deferred_schedule("schedule", spec.schedule, **options)
+    if spec.calibration in APPROXIMATE:
+        options.update(calibration=spec.calibration, approximate=True)
+    if spec.schedule in PRESETS:
+        return make("dynamic", preset=spec.schedule, **options)
+    return make("noise_decay", kind=spec.schedule, **options)
 
-    def paper_calibration(facts: RunFacts):
-        return make_schedule(spec.schedule, target_epsilon=spec.target_epsilon, delta=spec.delta,
-                             sample_rate=facts.sample_rate, total_steps=facts.steps,
-                             steps_per_epoch=facts.steps_per_epoch,
-                             max_grad_norm=spec.max_grad_norm, accountant=spec.calibration,
-                             approximate=True, **options)
 
-    return Deferred(spec.schedule, paper_calibration)
+def paper_facts(spec: RunSpec, num_examples: int) -> RunFacts:
+    """The facts of the spec's run, from the sampler ``private_run`` builds (Poisson at
+    q = b/N, ``epochs`` passes), with the spec's target ε, which the run itself does not get: a
+    GDP-calibrated run is not capped at it."""
+    sampler = PoissonSampler(num_examples, sample_rate=spec.expected_batch / num_examples)
+    return RunFacts(sampling=Sampling.POISSON, sample_rate=sampler.sample_rate,
+                    steps=spec.epochs * sampler.steps_per_epoch, dataset_size=num_examples,
+                    steps_per_epoch=sampler.steps_per_epoch, delta=spec.delta,
+                    target_epsilon=spec.target_epsilon, max_grad_norm=spec.max_grad_norm)
 
 
 def build_private(spec: RunSpec, data: DataSplits) -> PrivateRun:
@@ -69,9 +78,12 @@ def build_private(spec: RunSpec, data: DataSplits) -> PrivateRun:
     model = build_model(spec.model, input_shape=data.input_shape, num_classes=data.num_classes)
     opt = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=spec.momentum)
     rigorous = spec.calibration not in APPROXIMATE
+    method = spec_method(spec)
+    if not rigorous:     # solved here for the spec's target; make_private checks q, T and δ
+        method = method.calibrate(paper_facts(spec, len(data.train)))
     return private_run(
         model, opt, data.train, batch_size=spec.expected_batch, epochs=spec.epochs,
-        method=spec_method(spec), target_delta=spec.delta, max_grad_norm=spec.max_grad_norm,
+        method=method, target_delta=spec.delta, max_grad_norm=spec.max_grad_norm,
         seed=spec.seed, accountant=spec.calibration if rigorous else "pld",
         # a rigorous calibration is held to its target by the ε cap, as in dpfy train
         target_epsilon=spec.target_epsilon if rigorous else None)

@@ -15,6 +15,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+import torch
+
+from dpfy.data import load_dataset
+from dpfy.experiments.run import train_run
 from dpfy.experiments.spec import RunSpec
 
 __all__ = ["run_grid", "load_results", "KeyedSpec", "progress_log", "run_pending", "in_workers"]
@@ -86,17 +90,11 @@ def in_workers(todo: list[KeyedSpec], workers: int, init: Callable[..., None],
 
 def _init_worker(data_dir: str | None) -> None:
     global _DATA
-    import torch
-
-    from dpfy.data import load_dataset
-
     torch.set_num_threads(1)
     _DATA = load_dataset("fashion_mnist", data_dir=data_dir)
 
 
 def _work(spec_dict: dict) -> dict:
-    from dpfy.experiments.run import train_run
-
     return train_run(RunSpec.from_dict(spec_dict), _DATA)
 
 

@@ -30,8 +30,8 @@ class RunSpec:
 
     Args:
       experiment: which table the run belongs to (``dynamic-fmnist`` / ``noise-decay-fmnist``).
-      schedule: a :func:`dpfy.adaptive.make_schedule` name
-        (``dpfy.adaptive.factory.SCHEDULE_NAMES``).
+      schedule: a Dynamic DP-SGD preset (``dpfy.adaptive.dynamic.PRESETS``: method ``dynamic``)
+        or a noise-decay rule (``dpfy.adaptive.schedules.KINDS``: method ``noise_decay``).
       target_epsilon: the run's budget at ``delta``; every schedule is calibrated to spend it.
       seed: fixes model init, Poisson sampling and noise.
       epochs: passes over the data; total steps = epochs × the Poisson loader's logical

@@ -13,8 +13,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Iterable
 
-from dpfy.experiments.grids import DECAYS, EPSILONS, PRESETS
+from dpfy.adaptive.dynamic import calibrate_dynamic
+from dpfy.experiments.grids import DECAYS, EPSILONS, PRESETS, preset_options
 from dpfy.experiments.runner import load_results
+from dpfy.privacy import epsilon
 
 __all__ = ["summarize", "PAPER_TABLE1_FMNIST"]
 
@@ -132,17 +134,13 @@ def calibration_audit(*, total_steps: int, sample_rate: float, delta: float) -> 
     schedule it gives; and μ_0 solved against PLD with the GDP ε of that schedule. No training;
     ledgers are the ones the grids' runs write (same T, q, stages).
     """
-    from dpfy.adaptive.dynamic import calibrate_dynamic
-    from dpfy.experiments.grids import _preset_options
-    from dpfy.privacy import epsilon
-
     lines = [f"### GDP-calibrated (paper) vs PLD-calibrated (dpfy) schedules, T = {total_steps}, "
              f"q = {sample_rate:.6f}, δ = {delta:.3g}", "",
              "| method | target ε | μ_0 (GDP calib.) | its ε by PLD | μ_0 (PLD calib.) | its ε by "
              "GDP |", "|---|---|---|---|---|---|"]
     for eps in EPSILONS:
         for p in PRESETS:
-            opts = _preset_options(p)
+            opts = preset_options(p)
             kw = dict(target_epsilon=eps, delta=delta, sample_rate=sample_rate,
                       total_steps=total_steps, **opts)
             by_gdp = calibrate_dynamic(p, calibration="gdp", **kw)
@@ -188,7 +186,7 @@ def _sigmas_per_epoch(run: dict) -> str:
 
 
 def _plots(results: list[dict], out: Path) -> list[Path]:
-    import matplotlib
+    import matplotlib  # local: only the figures need matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -263,7 +261,7 @@ def _plots(results: list[dict], out: Path) -> list[Path]:
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # local: only the figures need matplotlib
 
     plt.close(fig)
     return path

@@ -10,8 +10,9 @@ from dpfy.privacy.accountants import ACCOUNTANTS, delta, epsilon, epsilon_curve
 from dpfy.privacy.calibration import calibrate_noise_multiplier
 from dpfy.privacy.individual import calibrate_individual
 from dpfy.privacy.ledger import Ledger, Release, Sampling, StepGroup
+from dpfy.privacy.report import PrivacyReport, ReportSection
 from dpfy.privacy.running import RunningEpsilon
 
 __all__ = ["ACCOUNTANTS", "Ledger", "Release", "Sampling", "StepGroup", "epsilon", "delta",
            "epsilon_curve", "calibrate_noise_multiplier", "calibrate_individual", "gdp",
-           "RunningEpsilon"]
+           "RunningEpsilon", "PrivacyReport", "ReportSection"]

@@ -38,7 +38,7 @@ from dpfy._require import require
 from dpfy.privacy.ledger import Ledger, Sampling, StepGroup
 
 __all__ = ["POISSON", "WITHOUT_REPLACEMENT", "GAUSSIAN", "Atom", "CanonicalForm",
-           "canonical_form", "coarsen", "shuffle_participations"]
+           "canonical_form", "accounted_dp_event", "coarsen", "shuffle_participations"]
 
 POISSON = "poisson"
 WITHOUT_REPLACEMENT = "without_replacement"
@@ -157,14 +157,14 @@ def _shuffle_atoms(groups: list[StepGroup], factor: float) -> list[Atom]:
             runs[-1][2] = g.last_step + 1
         else:
             runs.append([g.sample_rate, g.count, g.last_step + 1])
-    budget = shuffle_participations((q, c) for q, c, _ in runs)
+    left = shuffle_participations((q, c) for q, c, _ in runs)
     out = []
     for g in sorted(groups, key=lambda g: g.effective_noise_multiplier()):
-        if budget <= 0:
+        if left <= 0:
             break
-        n = min(budget, g.count)
+        n = min(left, g.count)
         out.append(Atom(GAUSSIAN, 1.0, g.effective_noise_multiplier() * factor, n))
-        budget -= n
+        left -= n
     return out
 
 
@@ -206,6 +206,18 @@ def canonical_form(ledger: Ledger, *, amplify: bool = True) -> CanonicalForm:
         atoms.extend(_shuffle_atoms(shuffled, factor))
     return CanonicalForm(adjacency, _merge(atoms), non_private)
 
+
+
+def accounted_dp_event(ledger: Ledger) -> dp_accounting.DpEvent:
+    """The dp_accounting event the accountants compose for ``ledger``.
+
+    Releases of a step collapsed into one Gaussian; under replace-one adjacency every σ is
+    halved (sensitivity 2Δ) and fixed-size steps are ``SampledWithoutReplacementDpEvent``s
+    whose inner σ is relative to that doubled sensitivity, as dp_accounting's RDP accountant
+    expects; shuffled steps are charged as unsampled Gaussians, once per epoch. The faithful
+    record, every release its own event, is :meth:`Ledger.dp_event`.
+    """
+    return canonical_form(ledger).dp_event()
 
 def _round_down(sigma: float, resolution: float) -> float:
     step = math.log1p(resolution)

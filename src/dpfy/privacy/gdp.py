@@ -29,15 +29,13 @@ References:
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 from scipy import optimize, special
 
 from dpfy._require import require
-
-if TYPE_CHECKING:
-    from dpfy.privacy.canonical import CanonicalForm
+from dpfy.privacy.canonical import GAUSSIAN, CanonicalForm
 
 __all__ = ["APPROXIMATION_NOTE", "mu_total", "delta_for_epsilon", "epsilon_for_delta",
            "mu_for_epsilon", "mu_of_form"]
@@ -114,7 +112,7 @@ def mu_for_epsilon(epsilon: float, delta: float) -> float:
                                  xtol=1e-14, rtol=1e-12))
 
 
-def mu_of_form(form: "CanonicalForm") -> float:
+def mu_of_form(form: CanonicalForm) -> float:
     """μ_tot of a canonical ledger form (sampled atoms by the CLT, Gaussians exactly).
 
     μ_tot² = Σ_sampled c·q²·(e^{1/σ²} − 1) + Σ_unsampled c/σ². The first sum is Eq. (9) written
@@ -122,8 +120,6 @@ def mu_of_form(form: "CanonicalForm") -> float:
     variance; with one q it is exactly Eq. 9). Unsampled Gaussians compose exactly in GDP
     (μ² adds), so they are not put through the CLT.
     """
-    from dpfy.privacy.canonical import GAUSSIAN
-
     if form.non_private:
         return math.inf
     total = 0.0

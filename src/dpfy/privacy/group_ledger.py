@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 from dpfy._require import require
+from dpfy.privacy.accountants import accountant_label, epsilon, epsilon_curve
 from dpfy.privacy.ledger import Ledger, Release, Sampling
-
-if TYPE_CHECKING:
-    from dpfy.privacy.report import ReportSection
+from dpfy.privacy.section import ReportSection
 
 __all__ = ["PrivacyGroup", "GroupLedgers", "group_noise_multiplier"]
 
@@ -99,27 +98,20 @@ class GroupLedgers:
 
     def epsilons(self, *, delta: float, accountant: str) -> list[float]:
         """ε(δ) of each group's ledger, in group order (PLD or RDP decide; GDP only reads)."""
-        from dpfy.privacy.accountants import epsilon  # accountants import the ledger module
-
         return [epsilon(ledger, delta=delta, accountant=accountant) for ledger in self.ledgers]
 
     def curves(self, *, delta: float, accountant: str,
                num_points: int = 30) -> list[list[tuple[int, float]]]:
         """ε over steps of each group (digest 000 Figs. 13/14), in group order."""
-        from dpfy.privacy.accountants import epsilon_curve
-
         return [epsilon_curve(ledger, delta=delta, accountant=accountant, num_points=num_points)
                 for ledger in self.ledgers]
 
-    def report_section(self, *, delta: float, accountant: str) -> "ReportSection":
+    def report_section(self, *, delta: float, accountant: str) -> ReportSection:
         """The privacy report's per-group table: budget, ε spent, δ, examples, q_p, σ_p.
 
         Pass it as ``PrivacyReport.from_ledger(..., sections=[...])`` or
         ``dpfy.train.report.write_report(..., sections=[...])``.
         """
-        from dpfy.privacy.accountants import accountant_label
-        from dpfy.privacy.report import ReportSection
-
         spent = self.epsilons(delta=delta, accountant=accountant)
         rows, data = [], []
         for p, (group, eps, ledger) in enumerate(zip(self.groups, spent, self.ledgers)):
@@ -145,7 +137,7 @@ class GroupLedgers:
 
     def plot(self, path: Any, *, delta: float, accountant: str) -> None:
         """Each group's ε over steps, with its budget dashed (digest 000 Figs. 13/14)."""
-        import matplotlib
+        import matplotlib  # local: only the figures need matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 

@@ -262,24 +262,12 @@ class Ledger:
         inside ``PoissonSampledDpEvent`` / ``SampledWithoutReplacementDpEvent`` for sampled
         steps. Shuffled and unsampled steps appear unsampled. This is the faithful record, not
         what the accountants compose: they apply the adjacency and participation rules of
-        :class:`Sampling` (see :meth:`accounted_dp_event`).
+        :class:`Sampling` (see :func:`dpfy.privacy.canonical.accounted_dp_event`).
         """
         if not self.groups:
             return dp_accounting.NoOpDpEvent()
         events = [g.dp_event(self.dataset_size) for g in self.groups]
         return events[0] if len(events) == 1 else dp_accounting.ComposedDpEvent(events)
-
-    def accounted_dp_event(self) -> dp_accounting.DpEvent:
-        """The dp_accounting event the accountants compose for this ledger.
-
-        Releases of a step collapsed into one Gaussian; under replace-one adjacency every σ is
-        halved (sensitivity 2Δ) and fixed-size steps are ``SampledWithoutReplacementDpEvent``s
-        whose inner σ is relative to that doubled sensitivity, as dp_accounting's RDP accountant
-        expects; shuffled steps are charged as unsampled Gaussians, once per epoch.
-        """
-        from dpfy.privacy.canonical import canonical_form  # canonical imports this module
-
-        return canonical_form(self).dp_event()
 
     # -- serialization ---------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

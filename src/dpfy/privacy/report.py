@@ -38,6 +38,8 @@ from dpfy.errors import PrivacyRefusal
 from dpfy.privacy.accountants import (ACCOUNTANTS, APPROXIMATE, accountant_label,
                                       check_accountant, epsilon, epsilon_curve, prepare)
 from dpfy.privacy.ledger import Ledger, Sampling
+from dpfy.privacy.section import ReportSection
+from dpfy.privacy.tuning import group_privacy
 
 __all__ = ["TuningCost", "ReportSection", "MechanismShare", "PrivacyReport", "DEFAULT_DP_SETTING", "CONTEXT",
            "tier"]
@@ -101,28 +103,6 @@ class TuningCost:
     epsilon: float
     delta: float
     details: str = ""
-
-
-@dataclass(frozen=True)
-class ReportSection:
-    """An extra section of the report, written by a feature that has more to say (a tuning
-    grid's runs, per-group budgets, an empirical audit).
-
-    Rendered after the model section as ``## {title}`` followed by ``lines`` (Markdown), and
-    kept in the JSON (with ``data``, machine-readable) so ``dpfy report`` re-renders it.
-    """
-
-    title: str
-    lines: tuple[str, ...]
-    data: Mapping[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"title": self.title, "lines": list(self.lines), "data": dict(self.data)}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "ReportSection":
-        return cls(title=str(d["title"]), lines=tuple(d.get("lines", ())),
-                   data=dict(d.get("data", {})))
 
 
 @dataclass(frozen=True)
@@ -254,7 +234,6 @@ class PrivacyReport:
         mechanisms = tuple(_mechanism_shares(ledger, delta=delta, accountant=accountant))
         group = None
         if group_size is not None:
-            from dpfy.privacy.tuning import group_privacy
             group = group_privacy(eps[accountant], delta, group_size=group_size)
         accesses = "this training run only"
         if tuning is not None:
@@ -380,7 +359,7 @@ class PrivacyReport:
         lines += ["## 1. DP setting", "", self.dp_setting, ""]
         lines += ["## 2. What the guarantee covers", "",
                   f"- **Data accesses covered:** {self.data_accesses}.",
-                  f"- **StepOutcome:** {self.released}. Formally the mechanism's output is the whole "
+                  f"- **Released:** {self.released}. Formally the mechanism's output is the whole "
                   "sequence of noisy releases (every noisy gradient and every checkpoint); the "
                   "guarantee covers all of it, and anything computed from it.",
                   *([f"- **Not released (secret):** {self.not_released}."]
@@ -467,7 +446,7 @@ class PrivacyReport:
 
     def plot(self, path: str | Path) -> Path:
         """Write the ε-over-steps PNG to ``path``."""
-        import matplotlib
+        import matplotlib  # local: only the figures need matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 

@@ -5,7 +5,7 @@ whole ledger each time: cheap for a homogeneous run (one atom), but with a σ sc
 step is new and a PLD recomputation costs about a second. :class:`RunningEpsilon` keeps the
 composed RDP curve or PLD of the steps it has already seen and composes only the new ones;
 :meth:`RunningEpsilon.with_extra` answers "what would ε be after these further steps" without
-committing them (for budget guards).
+committing them (for an ε guard).
 
 The numbers are the accountants' own (same canonical form, same dp_accounting calls, no
 coarsening), so for RDP and GDP they equal :func:`dpfy.privacy.epsilon` exactly; for PLD they

@@ -37,7 +37,7 @@ import dp_accounting
 import numpy as np
 from dp_accounting import dp_event as _events
 from dp_accounting.rdp import rdp_privacy_accountant as _rdp_acc
-from scipy import optimize
+from scipy import optimize, special, stats
 
 from dpfy._require import require
 from dpfy.privacy import pld as _pld
@@ -189,12 +189,10 @@ def num_trials_pmf(k: np.ndarray | int, *, mean: float, distribution: Distributi
     eta = _shape(distribution, shape)
     k = np.asarray(k, dtype=float)
     if math.isinf(eta):
-        from scipy import stats
         return stats.poisson.pmf(k, mean)
     gamma = tnb_gamma(mean, eta)
     if eta == 0:
         return np.where(k >= 1, (1 - gamma) ** k / (np.maximum(k, 1) * math.log(1 / gamma)), 0.0)
-    from scipy import special
     log_p = (special.gammaln(k + eta) - special.gammaln(k + 1) - special.gammaln(eta)
              + eta * math.log(gamma) + k * math.log1p(-gamma) - math.log1p(-gamma ** eta))
     return np.where(k >= 1, np.exp(log_p), 0.0)

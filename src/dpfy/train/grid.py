@@ -42,12 +42,18 @@ from torch.utils.data import Subset
 from dpfy._require import require
 from dpfy.data import DataSplits, load_dataset
 from dpfy.errors import PrivacyRefusal
+from dpfy.models import build_model
 from dpfy.privacy.ledger import Ledger
 from dpfy.privacy.report import PrivacyReport, ReportSection, TuningCost
-from dpfy.privacy.tuning import calibrate_grid_noise_multiplier, grid_epsilon, log_grid
+from dpfy.privacy.tuning import (calibrate_grid_noise_multiplier, composed_runs, grid_epsilon,
+                                 log_grid)
 from dpfy.sampling import PoissonSampler
 from dpfy.train.config import SEED_WARNING, TrainConfig, resolve
+from dpfy.train.evaluate import evaluate
+from dpfy.train.options import parse_scalar
+from dpfy.train.private import build_methods
 from dpfy.train.rundir import write_atomic
+from dpfy.train.trainer import train
 
 __all__ = ["GridAxis", "GridRun", "GridResult", "parse_axis", "configurations", "run_grid",
            "SELECT", "GRIDDABLE"]
@@ -90,7 +96,6 @@ def parse_axis(text: str) -> GridAxis:
             raise ValueError(f"grid must be NAME=logspace:LO:HI:K with numbers, got grid = "
                              f"{text!r}. Write e.g. lr=logspace:-2.5:1.5:7") from None
         return GridAxis(name, tuple(float(v) for v in log_grid(lo, hi, num)))
-    from dpfy.cli.train import parse_scalar
     return GridAxis(name, tuple(parse_scalar(v) for v in spec.split(",") if v != ""))
 
 
@@ -164,8 +169,8 @@ def _validation_split(data: DataSplits, cfg: TrainConfig, fraction: float
     gen = torch.Generator().manual_seed(cfg.seed if cfg.seed is not None else secrets.randbits(63))
     order = torch.randperm(n, generator=gen)
     val = Subset(data.train, order[:n_val].tolist())
-    train = Subset(data.train, order[n_val:].tolist())
-    held = dataclasses.replace(data, train=train, test=val,
+    kept = Subset(data.train, order[n_val:].tolist())
+    held = dataclasses.replace(data, train=kept, test=val,
                                description=f"{data.description}; {n_val} training examples "
                                            f"held out for validation")
     return held, (f"a validation split of {n_val} examples held out of the training data "
@@ -177,18 +182,16 @@ def _check_methods(cfg: TrainConfig, axes: Sequence[GridAxis],
                    configs: Sequence[tuple[dict, TrainConfig]]) -> None:
     """Refuse what the per-grid calibration cannot account, and axes a method would ignore;
     build every configuration's methods once, so a bad option fails before any run."""
-    require(cfg.schedule is None, "schedule", cfg.schedule, "unset for dpfy tune",
-            "A schedule calibrates σ_t to one run's ε; the grid runs every configuration at one "
-            "calibrated σ. Use a method that keeps the run's σ (e.g. oso, quantile)")
     if not cfg.method:
         return
-    from dpfy.train.private import build_methods
     for _, each in configs[1:]:
         build_methods(each)
     for m in build_methods(cfg) or ():
         require("noise_multiplier" not in m.sets, "method", m.registry_name,
                 "a method that keeps the run's σ for dpfy tune",
-                "It sets σ_t itself, which the per-grid calibration cannot account")
+                "It sets σ_t itself (a schedule calibrates σ_t to one run's ε), which the "
+                "per-grid calibration cannot account. Use a method that keeps the run's σ "
+                "(e.g. oso, quantile)")
         for a in axes:
             require(a.name != "clip" or "clip" not in m.sets, "grid name", a.name,
                     f"not 'clip' with method {m.registry_name!r}, which sets C_t itself",
@@ -221,8 +224,6 @@ def run_grid(base: TrainConfig, axes: Sequence[GridAxis], *, out: str | Path,
     Returns the :class:`GridResult`; the winner's ``privacy_report.md`` holds the tuning cost
     (all k ledgers composed) and a "Tuning grid" table, and ``grid.json`` the same numbers.
     """
-    from dpfy.train.trainer import train
-
     require(select in SELECT, "select", select, f"one of {sorted(SELECT)}")
     out = Path(out)
     staging = out.with_name(out.name + ".grid")
@@ -287,9 +288,6 @@ def run_grid(base: TrainConfig, axes: Sequence[GridAxis], *, out: str | Path,
 def _winner_on_test(win_dir: Path, cfg: TrainConfig, data: DataSplits) -> dict[str, float]:
     """The published model's loss and accuracy on the test split (reported only: the winner
     was chosen on the held-out validation split, so this is an unbiased estimate)."""
-    from dpfy.models import build_model
-    from dpfy.train.evaluate import evaluate
-
     model = build_model(cfg.model, input_shape=data.input_shape, num_classes=data.num_classes)
     model.load_state_dict(torch.load(win_dir / "model.pt", weights_only=True))
     loss, acc = evaluate(model, data.test)
@@ -299,7 +297,6 @@ def _winner_on_test(win_dir: Path, cfg: TrainConfig, data: DataSplits) -> dict[s
 def _check_first_run(ledger: Ledger, k: int, base: TrainConfig, delta: float) -> None:
     """Refuse before the other k − 1 runs when k copies of the first run's real ledger spend
     more than the target (a method whose releases compose above the run's σ)."""
-    from dpfy.privacy.tuning import composed_runs
     eps = grid_epsilon([composed_runs(ledger, k)], delta=delta, accountant=base.accountant)
     if eps > base.epsilon * (1 + 1e-3):
         raise PrivacyRefusal(

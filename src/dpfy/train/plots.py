@@ -10,7 +10,7 @@ __all__ = ["plot_accuracy"]
 
 def plot_accuracy(rows: Sequence[dict[str, Any]], path: Path, *, title: str = "") -> None:
     """Line plot of test accuracy and (non-private) train accuracy per epoch, with ε on top."""
-    import matplotlib
+    import matplotlib  # local: only the figures need matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator

@@ -30,13 +30,15 @@ from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from dpfy._require import require
 from dpfy.data import DATASETS, DataSplits, load_dataset
 from dpfy.models import MODELS, build_model
 from dpfy.privacy.accountants import PLD_FINE, pld_min_noise_multiplier
+from dpfy.privacy.individual import load_budgets, random_budgets
 from dpfy.train.checkpoint import Checkpoint, load_latest
-from dpfy.train.config import RESUME_IGNORED, SEED_WARNING, TrainConfig, resolve
+from dpfy.train.config import RESUME_IGNORED, SEED_WARNING, TrainConfig, parse_floats, resolve
 from dpfy.train.epoch import run_epoch
 from dpfy.train.evaluate import evaluate
 from dpfy.train.metrics import MetricsLog
@@ -45,7 +47,8 @@ from dpfy.train.private import make_optimizer, make_private_run, private_run
 from dpfy.train.report import clip_description, write_report
 from dpfy.train.rundir import COMPLETE_MARKER, RunDir, write_atomic
 
-__all__ = ["TrainResult", "train", "resume", "usable_cores"]
+__all__ = ["TrainResult", "train", "resume", "usable_cores", "check_names", "check_accountable",
+           "progress_bar"]
 
 Echo = Callable[[str], None]
 
@@ -74,7 +77,8 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _check_names(cfg: TrainConfig, data: DataSplits | None, model: nn.Module | None) -> None:
+def check_names(cfg: TrainConfig, data: DataSplits | None, model: nn.Module | None) -> None:
+    """Refuse a dataset or model name that is not listed (or not the ``data`` passed in)."""
     if data is None:
         require(cfg.dataset in DATASETS, "dataset", cfg.dataset, f"one of {sorted(DATASETS)}",
                 "Pick a listed name, or pass your own DataSplits through the Python API")
@@ -101,8 +105,8 @@ def train(cfg: TrainConfig, *, out: str | Path, data: DataSplits | None = None,
       progress: show a progress bar with the ε spent so far.
       echo: where the resolved config and the privacy statement are printed.
     """
-    _check_names(cfg, data, model)
-    _check_accountable(cfg)
+    check_names(cfg, data, model)
+    check_accountable(cfg)
     run = RunDir.create(out)          # before any slow work: an unwritable --out fails at once
     try:
         with run.held():
@@ -118,7 +122,7 @@ def train(cfg: TrainConfig, *, out: str | Path, data: DataSplits | None = None,
         raise
 
 
-def _check_accountable(cfg: TrainConfig) -> None:
+def check_accountable(cfg: TrainConfig) -> None:
     """Refuse a fixed σ the accountant cannot read in bounded time, before anything runs.
 
     (A target ε is bounded by the calibration itself: ``dpfy.privacy.calibration``.)
@@ -164,7 +168,7 @@ def _resume(run: RunDir, ckpt: Checkpoint, overrides: Mapping[str, Any] | None,
                          + ". Drop the differing settings, or start a new run with --out")
     cfg = dataclasses.replace(stored, **{k: v for k, v in overrides.items()
                                          if k in RESUME_IGNORED})
-    _check_names(cfg, data, model)
+    check_names(cfg, data, model)
     data = data if data is not None else load_dataset(cfg.dataset, data_dir=cfg.data_dir)
     return _run(cfg, ckpt.notes, run, data, model, ckpt, progress, echo)
 
@@ -198,13 +202,13 @@ def _run(cfg: TrainConfig, notes: dict[str, Any], run: RunDir, data: DataSplits,
     if cfg.reproducible:  # at every start, a resumed one too
         echo(f"dpfy train: WARNING: {SEED_WARNING}.")
     t0 = time.monotonic() - elapsed
-    bar = _progress_bar(private.total_steps, private.optimizer.step_count, progress)
+    bar = progress_bar(private.total_steps, private.optimizer.step_count, progress)
     try:
         for epoch in range(start_epoch, cfg.epochs):
             stats = run_epoch(private, bar=bar, delta=cfg.delta)
             test_loss, test_acc = evaluate(private.model, data.test)
             if cfg.public_validation == "test" and private.optimizer.method is not None \
-                    and private.optimizer.method.needs.validation:
+                    and private.optimizer.method.implements("observe"):
                 private.optimizer.observe(val_metric=test_acc)  # declared public by the user
             eps = private.optimizer.epsilon(cfg.delta)
             info = private.optimizer.last_step_info or {}
@@ -231,9 +235,6 @@ def _run(cfg: TrainConfig, notes: dict[str, Any], run: RunDir, data: DataSplits,
 def _individual_run(cfg: TrainConfig, model: nn.Module, data: DataSplits):
     """The private run for --individual: per-example budgets from --budgets-file, or groups
     from --budgets/--budget-fractions assigned at random with the public --budget-seed."""
-    from dpfy.train.config import parse_floats
-    from dpfy.privacy.individual import load_budgets, random_budgets
-
     if cfg.budgets_file is not None:
         budgets = load_budgets(cfg.budgets_file)
     else:
@@ -243,7 +244,7 @@ def _individual_run(cfg: TrainConfig, model: nn.Module, data: DataSplits):
     optimizer = make_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
     return private_run(model, optimizer, data.train, batch_size=cfg.batch_size,
                        epochs=cfg.epochs, budgets=budgets, individual=cfg.individual,
-                       target_delta=cfg.delta, max_grad_norm=cfg.clip, engine=cfg.engine,
+                       target_delta=cfg.delta, max_grad_norm=cfg.clip, route=cfg.engine,
                        seed=cfg.seed, max_physical_batch_size=cfg.physical_batch_size,
                        accountant=cfg.accountant)
 
@@ -261,10 +262,10 @@ def _lr(optimizer: Any, info: Mapping[str, Any]) -> float:
     return float(base * info.get("lr_scale", 1.0))
 
 
-def _progress_bar(total: int, done: int, enabled: bool):
+def progress_bar(total: int, done: int, enabled: bool):
+    """The run's step counter (``None`` when ``enabled`` is false)."""
     if not enabled:
         return None
-    from tqdm.auto import tqdm
     return tqdm(total=total, initial=done, desc="dpfy train", unit="step", dynamic_ncols=True)
 
 
@@ -278,7 +279,7 @@ def _statement(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, pri
               else f"individualized budgets from {cfg.budgets_file}, IDP-SGD {cfg.individual}")
     sigma = private.noise_multiplier
     noise = (f"noise multiplier σ = {sigma:.4g}" if sigma is not None
-             else f"noise multiplier σ_t from method '{cfg.method or cfg.schedule}'")
+             else f"noise multiplier σ_t from method '{cfg.method}'")
     return (f"dpfy train: resolved config:\n{cfg.to_public_json()}\n"
             f"dpfy train: DP-SGD on {data.name} (N = {data.num_train}), Poisson sampling with "
             f"rate q = {private.sample_rate:.5g} (expected batch {cfg.batch_size}), "
