@@ -56,7 +56,7 @@ def test_ghost_engine_names_the_unsupported_layer():
 
 
 def test_unknown_names_list_the_choices():
-    with pytest.raises(ValueError, match=r"engine must be one of \['auto', 'ghost', 'vmap'\]"):
+    with pytest.raises(ValueError, match=r"route must be one of \['auto', 'ghost', 'vmap'\]"):
         private(nn.Linear(4, 2), route="fast")
     with pytest.raises(ValueError, match=r"clipping must be one of"):
         private(nn.Linear(4, 2), clipping="hard")
