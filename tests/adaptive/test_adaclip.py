@@ -50,7 +50,7 @@ def _private(model, ds, method, *, lr=0.0, batch=10, **kw):
 def test_the_papers_update_is_the_default_and_step_on_is_gone():
     # The step now maps the release back (postprocess), so the standardized workaround is gone.
     assert make("adaclip").initial_clip is None
-    with pytest.raises(ValueError, match="^options must be valid for method 'adaclip'"):
+    with pytest.raises(ValueError, match="^options must be among .* for method 'adaclip'"):
         make("adaclip", step_on="standardized")
 
 
@@ -63,9 +63,10 @@ def test_config_rejects_bad_values(field, value):
 
 def test_the_ghost_route_is_refused():
     ds, model, _ = _toy()
-    with pytest.raises(ValueError, match="engine must be 'auto' or 'vmap'.*adaclip"):
+    # it implements transform: the step derives the materialized route from that
+    with pytest.raises(ValueError, match="route must be 'auto' or 'vmap'.*adaclip"):
         _private(model, ds, make("adaclip"), noise_multiplier=1.0,
-                 max_grad_norm=1.0, engine="ghost", seed=0)
+                 max_grad_norm=1.0, route="ghost", seed=0)
 
 
 def test_the_start_is_flat_clipping_at_c0():
@@ -102,7 +103,7 @@ def test_estimates_update_rule_on_hand_derived_numbers():
     assert b["w"].tolist() == pytest.approx([math.sqrt(3), math.sqrt(6)])
     plan = StepPlan(0, 0.1, 2.0, 1.0)
     w = {"w": torch.tensor([1.0, -0.75], dtype=torch.float64)}
-    g = m.postprocess(state, w, plan)
+    g = m.postprocess(state, w, plan, {}, 4.0)
     assert g["w"].dtype == torch.float64
     assert g["w"].tolist() == pytest.approx([math.sqrt(3), 1 - 0.75 * math.sqrt(6)])
     new = m.update(state, StepOutcome(plan, 4.0, gradient=g))
@@ -110,7 +111,7 @@ def test_estimates_update_rule_on_hand_derived_numbers():
     assert new.var["w"].tolist() == pytest.approx([5.0, 5.75])
     # w̃ = 0: ĝ = a, v = −b² < h₁ is clamped to h₁ = 1e-3: s' = ½ s + ½·1e-3; a' = a.
     zero = m.update(state, StepOutcome(plan, 4.0, gradient=m.postprocess(
-        state, {"w": torch.zeros(2)}, plan)))
+        state, {"w": torch.zeros(2)}, plan, {}, 4.0)))
     assert zero.var["w"].tolist() == pytest.approx([0.5005, 2.0005])
     assert zero.mean["w"].tolist() == pytest.approx([0.0, 1.0])
 

@@ -10,10 +10,11 @@ import math
 import numpy as np
 import pytest
 
-from dpfy.adaptive import REGISTRY, DynamicDPSGD, calibrate_dynamic
+from dpfy.adaptive import REGISTRY, DynamicDPSGD, calibrate_dynamic, make
+from dpfy.adaptive.base import prepare
 from dpfy.adaptive.dynamic import solve_mu0
-from dpfy.types.plan import StepPlan
 from dpfy.privacy import epsilon
+from dpfy.types import RunFacts, Sampling, StepPlan
 
 gdp = pytest.importorskip("dpfy.privacy.gdp", reason="dpfy.privacy.gdp (issue 2) not landed")
 
@@ -78,6 +79,51 @@ def test_bad_parameters_are_clear_errors(field, value):
     kwargs[field] = value
     with pytest.raises(ValueError, match=f"^{field} must be .*got {field} = "):
         DynamicDPSGD(**kwargs)
+
+
+BUDGET = RunFacts(sampling=Sampling.POISSON, sample_rate=0.01, steps=300, steps_per_epoch=100,
+                  delta=1e-5, target_epsilon=2.0, accountant="pld", max_grad_norm=1.5)
+
+
+@pytest.mark.parametrize("preset, given, rho_mu, rho_c", [
+    ("vanilla", {}, 1, 1), ("growing_mu", dict(rho_mu=3), 3, 1),
+    ("sensitivity_decay", dict(rho_c=5), 1, 5), ("dynamic", dict(rho_mu=3, rho_c=5), 3, 5),
+    ("dynamic", {}, 2, 2),                              # DEFAULT_RHO, the grid's middle
+])
+def test_presets_set_only_their_ratios(preset, given, rho_mu, rho_c):
+    # the former schedule names vanilla / growing_mu / sensitivity_decay / dynamic; C_0 and T
+    # are the run's, μ_0 is solved by the paper's GDP calibration (an explicit opt-in)
+    s = prepare(make("dynamic", preset=preset, calibration="gdp", approximate=True, **given),
+                BUDGET)
+    assert isinstance(s, DynamicDPSGD)
+    assert (s.rho_mu, s.rho_c, s.clip0, s.total_steps) == (rho_mu, rho_c, 1.5, 300)
+
+
+def test_a_ratio_the_preset_keeps_fixed_is_refused():
+    with pytest.raises(ValueError, match="rho_c must be 1 \\(or unset\\) for preset 'growing_mu'"):
+        make("dynamic", preset="growing_mu", rho_c=5)
+    with pytest.raises(ValueError, match="preset must be one of"):
+        make("dynamic", preset="warp")
+
+
+def test_calibration_is_checked_at_construction():
+    with pytest.raises(ValueError, match="calibration must be None .* or one of .*got "
+                                         "calibration = 'moments'"):
+        make("dynamic", calibration="moments")
+    with pytest.raises(ValueError, match="calibration must be 'pld' or 'rdp' unless approximate"):
+        make("dynamic", calibration="gdp")
+
+
+def test_calibrate_solves_mu0_for_the_runs_target_and_needs_it():
+    s = prepare(make("dynamic", stages=3), BUDGET)
+    eps = epsilon(s.ledger(sample_rate=0.01), delta=1e-5, accountant="pld")
+    assert eps == pytest.approx(2.0, rel=0.01) and eps <= 2.0 * (1 + 1e-6)
+    with pytest.raises(ValueError, match="target_epsilon must be given for method 'dynamic'"):
+        prepare(make("dynamic"), RunFacts(sampling=Sampling.POISSON, sample_rate=0.01,
+                                          steps=300, max_grad_norm=1.0))
+    with pytest.raises(ValueError, match="max_grad_norm must be a float for method 'dynamic'"):
+        prepare(make("dynamic"), RunFacts(sampling=Sampling.POISSON, sample_rate=0.01,
+                                          steps=300, delta=1e-5, target_epsilon=1.0))
 
 
 # -- GDP accounting: the paper's CLT (via dpfy.privacy.gdp) --------------------------------
@@ -146,7 +192,7 @@ def test_consumption_curve_table(rho, expected):
 def test_consumption_stays_below_vanilla_until_T():
     # digest §2: for ρ_μ > 1 the cumulative CLT cost is strictly below vanilla for t < T
     vanilla = DynamicDPSGD(mu0=solve_mu0(MU_TOT_EX, sample_rate=P_EX, total_steps=T_EX,
-                                         rho_mu=1), total_steps=T_EX)
+                                         rho_mu=1), total_steps=T_EX, preset="vanilla")
     grow = DynamicDPSGD(mu0=solve_mu0(MU_TOT_EX, sample_rate=P_EX, total_steps=T_EX, rho_mu=2.5),
                         total_steps=T_EX, rho_mu=2.5)
     # μ_tot(t)² is a cumulative sum, so compare it at every t at once
@@ -171,14 +217,14 @@ def test_rho_c_does_not_change_the_ledger_or_epsilon():
 @pytest.mark.parametrize("preset", ["vanilla", "dynamic"])
 def test_pld_calibration_hits_target(preset):
     s = calibrate_dynamic(preset, target_epsilon=1.2, delta=1 / 600000, sample_rate=256 / 60000,
-                          total_steps=1000, rho_mu=2, rho_c=2, stages=10, calibration="pld")
+                          total_steps=1000, stages=10, calibration="pld")   # ρ's: the preset's
     eps = epsilon(s.ledger(sample_rate=256 / 60000), delta=1 / 600000, accountant="pld")
     assert eps == pytest.approx(1.2, rel=0.01)
     assert eps <= 1.2 * (1 + 1e-6)                       # never above the target
 
 
 def test_engine_runs_the_schedule_and_its_ledger_is_the_planned_one():
-    # make_private(schedule=...) applies C_t and z_t each step, and the ledger it writes is the
+    # make_private(method=...) applies C_t and z_t each step, and the ledger it writes is the
     # one calibration accounted (STYLE R9: same steps, same σ's)
     import torch
     from torch.utils.data import DataLoader, TensorDataset
@@ -190,7 +236,7 @@ def test_engine_runs_the_schedule_and_its_ledger_is_the_planned_one():
     model = torch.nn.Linear(5, 3)
     sched = DynamicDPSGD(mu0=0.5, total_steps=8, rho_mu=2, rho_c=4, clip0=2.0)
     model, opt, loader = dpfy.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                                           DataLoader(data, batch_size=16), schedule=sched,
+                                           DataLoader(data, batch_size=16), method=sched,
                                            seed=1)
     seen = []
     while opt.step_count < 8:

@@ -9,10 +9,18 @@ import math
 
 import pytest
 
-from dpfy.adaptive import REGISTRY, NoiseDecay, make_schedule
+from dpfy.adaptive import REGISTRY, NoiseDecay, make
 from dpfy.adaptive._planned import steps_within_budget
-from dpfy.types.plan import StepPlan
+from dpfy.adaptive.base import prepare
 from dpfy.privacy import epsilon
+from dpfy.types import RunFacts, Sampling, StepPlan
+
+
+def facts(**kw) -> RunFacts:
+    """A run of 300 steps, 100 per epoch, at q = 0.01 with target (1, 1e-5)."""
+    base = dict(sampling=Sampling.POISSON, sample_rate=0.01, steps=300, steps_per_epoch=100,
+                delta=1e-5, target_epsilon=1.0, accountant="pld", max_grad_norm=1.0)
+    return RunFacts(**{**base, **kw})
 
 
 def sigmas(**kw):
@@ -45,7 +53,7 @@ def test_step_decay_is_a_step_function():
 def test_polynomial_decay_holds_final_after_period():
     # (σ_0−σ_end)(1−t/P)^k + σ_end, σ_0 = 10, σ_end = 2, P = 4, k = 2:
     # t=0: 10; t=1: 8·(3/4)²+2 = 6.5; t=2: 8·¼+2 = 4; t=4: 2; t=6: held at 2
-    got = sigmas(kind="polynomial", initial=10, final=2, rate=2, period=4, total_steps=7)
+    got = sigmas(kind="polynomial", initial=10, final_ratio=0.2, rate=2, period=4, total_steps=7)
     assert got == pytest.approx([10, 6.5, 4, 8 / 16 + 2, 2, 2, 2])
 
 
@@ -73,8 +81,10 @@ def test_plan_is_a_pure_function_of_the_step():
     (dict(kind="time", rate=-0.1), "rate"),                     # k < 0
     (dict(kind="exponential", rate=0.0), "rate"),
     (dict(kind="step", rate=1.5), "rate"),                      # step needs 0 < k < 1
-    (dict(kind="polynomial", rate=1.0, final=12.0), "final"),   # σ_end > σ_0
-    (dict(kind="polynomial", rate=1.0, final=0.0), "final"),
+    (dict(kind="polynomial", rate=1.0, final_ratio=1.2), "final_ratio"),   # σ_end > σ_0
+    (dict(kind="polynomial", rate=1.0, final_ratio=0.0), "final_ratio"),
+    (dict(kind="time", rate=1.0, calibration="gdp"), "calibration"),  # GDP only opted in
+    (dict(kind="time", rate=1.0, calibration="moments"), "calibration"),
     (dict(kind="linear", rate=1.0), "kind"),
     (dict(kind="time", rate=1.0, per="batch"), "per"),
 ])
@@ -84,8 +94,8 @@ def test_bad_parameters_are_clear_errors(kw, name):
 
 
 def test_scaled_keeps_the_shape():
-    s = NoiseDecay(kind="polynomial", initial=1.0, final=0.25, rate=1.0, period=3, total_steps=5,
-                   per="step")
+    s = NoiseDecay(kind="polynomial", initial=1.0, final_ratio=0.25, rate=1.0, period=3,
+                   total_steps=5, per="step")
     assert list(s.scaled(4.0).noise_multipliers()) == pytest.approx(
         list(4.0 * s.noise_multipliers()))
 
@@ -95,11 +105,40 @@ def test_scaled_keeps_the_shape():
                                         ("polynomial", {"rate": 1.0, "final_ratio": 0.4})])
 def test_calibrated_schedule_spends_the_target(kind, opts):
     # the whole run's PLD ε equals the target within 1 % (issue 5), never above it
-    budget = dict(target_epsilon=1.0, delta=1e-5, sample_rate=0.01)
-    s = make_schedule(kind, total_steps=300, steps_per_epoch=100, max_grad_norm=1.0,
-                      accountant="pld", **budget, **opts)
+    s = prepare(make("noise_decay", kind=kind, **opts), facts())
     eps = epsilon(s.ledger(sample_rate=0.01), delta=1e-5, accountant="pld")
     assert eps == pytest.approx(1.0, rel=0.01) and eps <= 1.0 + 1e-9
+    assert s.calibrated_for == facts() and s.total_steps == 300
+
+
+def test_the_gdp_calibration_is_an_explicit_opt_in():
+    # the paper's CLT (an approximation) only with approximate=True; its rigorous ε may exceed
+    # the target, which the ledger (by PLD) then says
+    with pytest.raises(ValueError, match="calibration must be 'pld' or 'rdp' unless "
+                                         "approximate=True"):
+        make("noise_decay", kind="time", rate=1.0, calibration="gdp")
+    s = prepare(make("noise_decay", kind="time", rate=1.0, calibration="gdp",
+                     approximate=True), facts())
+    rigorous = prepare(make("noise_decay", kind="time", rate=1.0), facts())
+    assert s.initial != rigorous.initial
+
+
+def test_per_epoch_default_and_the_polynomial_period_from_the_run():
+    # period unset: polynomial decays over the run's units, epochs 0..2, so period = 2
+    s = prepare(make("noise_decay", kind="polynomial", rate=1.0, final_ratio=0.5, initial=50.0),
+                facts(target_epsilon=None))
+    assert s.per == "epoch" and s.period == 2 and s.steps_per_epoch == 100
+    assert s.noise_multiplier(299) == pytest.approx(25.0)                      # σ_end at the end
+
+
+def test_a_calibrated_schedule_needs_the_runs_budget():
+    # σ_0 unset: it is solved for the run's target ε, so a run without one is refused
+    with pytest.raises(ValueError, match="target_epsilon must be given for method 'noise_decay'"):
+        prepare(make("noise_decay", kind="time", rate=1.0), facts(target_epsilon=None))
+    with pytest.raises(ValueError, match="sampling must be 'poisson' for method 'noise_decay'"):
+        prepare(make("noise_decay", kind="time", rate=1.0), facts(sampling=Sampling.SHUFFLE))
+    with pytest.raises(ValueError, match="uncalibrated"):    # used before calibration
+        make("noise_decay", kind="time", rate=1.0).plan(None, StepPlan(0, 0.01, 1.0, 1.0))
 
 
 def test_early_stopping_at_target_epsilon():
@@ -112,7 +151,6 @@ def test_early_stopping_at_target_epsilon():
     assert 0 < stop < 400
     assert epsilon(full.prefix(stop), delta=1e-5) <= 1.0 < epsilon(full.prefix(stop + 1),
                                                                      delta=1e-5)
-    via_factory = make_schedule("time", initial=3.0, rate=0.5, target_epsilon=1.0, delta=1e-5,
-                                sample_rate=0.02, total_steps=400, steps_per_epoch=50,
-                                max_grad_norm=1.0, accountant="rdp")
-    assert via_factory.total_steps == stop
+    via_make = prepare(make("noise_decay", kind="time", initial=3.0, rate=0.5),
+                       facts(sample_rate=0.02, steps=400, steps_per_epoch=50, accountant="rdp"))
+    assert via_make.total_steps == stop

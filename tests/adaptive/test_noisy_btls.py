@@ -79,7 +79,7 @@ def test_no_candidate_passing_means_no_step_and_less_noise_next():
     _step(model, opt, dl)
     assert opt.method_state.chosen == 0.0 and opt.method_state.reductions == 1
     assert torch.equal(model.weight, before)
-    assert opt._plan_step().noise_multiplier == pytest.approx(1.1 ** -0.5)
+    assert opt.private_step.plan().noise_multiplier == pytest.approx(1.1 ** -0.5)
 
 
 def test_every_release_is_in_the_ledger_and_epsilon_matches_dp_accounting():
@@ -110,6 +110,7 @@ def test_every_release_is_in_the_ledger_and_epsilon_matches_dp_accounting():
 def test_a_split_logical_batch_is_refused_naming_the_method():
     # refused by make_private, before any step (under Poisson sampling the first logical batch
     # above the physical size would otherwise stop the run mid-way)
-    with pytest.raises(ValueError, match="max_physical_batch_size.*None for method 'noisy_btls'"):
+    with pytest.raises(ValueError, match="one physical batch for method 'noisy_btls'.*"
+                                         "max_physical_batch_size"):
         _private(make("noisy_btls"), 0.1, batch=20, noise_multiplier=1.0, max_grad_norm=1.0,
                  max_physical_batch_size=8)

@@ -129,7 +129,8 @@ def test_calibrated_worst_case_ledger_spends_the_target_by_dp_accounting():
 def test_a_split_logical_batch_is_refused_naming_the_method():
     # refused by make_private, before any step (under Poisson sampling the first logical batch
     # above the physical size would otherwise stop the run mid-way)
-    with pytest.raises(ValueError, match="max_physical_batch_size.*None for method 'noisy_max'"):
+    with pytest.raises(ValueError, match="one physical batch for method 'noisy_max'.*"
+                                         "max_physical_batch_size"):
         _private(make("noisy_max"), 0.1, batch=20, noise_multiplier=1.0, max_grad_norm=1.0,
                  max_physical_batch_size=8)
 

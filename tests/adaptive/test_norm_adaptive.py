@@ -38,7 +38,7 @@ def test_update_follows_the_papers_rule_on_known_norms():
     plan = m.plan(state, StepPlan(0, 0.01, 1.0, 1.0))
     assert plan.clip == 2.0
     norms = torch.tensor([0.5, 1.0, 3.0, 10.0], dtype=torch.float64)
-    values = m.release_values(state, Norms(norms, {}, ()), plan)["clipped_norm_sum"]
+    values = m.releases(state, plan)["clipped_norm_sum"].values(Norms(norms, {}, ()))
     assert values.tolist() == pytest.approx([0.5 / 4, 1 / 4, 3 / 4, 1.0])
     released = StepOutcome(plan, 4.0, {"clipped_norm_sum": float(values.sum())})
     assert m.update(state, released).clip == pytest.approx((1.5 * 8.5 / 4,))
@@ -75,7 +75,6 @@ def test_noise_split_keeps_the_plain_gradient_budget(groups, r):
 
 def test_per_layer_starts_at_c0_over_root_k_and_clips_each_group():
     m = NormAdaptiveClipping(initial_clip=0.6, per_layer=True).calibrate(_facts(groups=4))
-    assert m.needs.norms == "per_group"
     state = m.init()
     assert state.clip == pytest.approx((0.3,) * 4)               # 0.6/√4
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
+from dataclasses import replace
 
 import pytest
 import torch
@@ -19,12 +20,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
 from ledger_events import dp_accounting_epsilon, effective_sigma
-from dpfy.types import StepOutcome
 from dpfy.adaptive import make
-from dpfy.types import Norms
 from dpfy.adaptive.oso import THRESHOLD_GRADIENT, OnlineSensitivity
 from dpfy.cli import main
-from dpfy.types.plan import StepPlan
+from dpfy.types import Norms, StepOutcome, StepPlan
 
 import oracles
 
@@ -66,8 +65,9 @@ def test_config_rejects_bad_values(field, value):
 
 
 def test_plan_field_claims_follow_adapt_lr():
-    assert OnlineSensitivity().sets == {"clip", "lr_scale"}
-    assert OnlineSensitivity(adapt_lr=False).sets == {"clip"}
+    # ν → ν_g = 1.01ν is a noise split (the pair spends ν), not a σ the method sets
+    assert OnlineSensitivity().sets == {"clip", "lr_scale", "noise_split"}
+    assert OnlineSensitivity(adapt_lr=False).sets == {"clip", "noise_split"}
 
 
 # -- the threshold gradient's weights (Eq. 11) ------------------------------------------------
@@ -78,7 +78,7 @@ def test_each_q_i_has_norm_zero_or_one_and_the_mask_is_strict(dtype):
     n = torch.tensor([0.0, 0.05, c, 0.1001, 3.0, 250.0], dtype=dtype)   # n[2] is exactly C
     m = OnlineSensitivity(initial_clip=c)
     plan = m.plan(m.init(), _plan())
-    w = m.release_values(m.init(), Norms(n, {}, ()), plan)[THRESHOLD_GRADIENT]
+    w = m.releases(m.init(), plan)[THRESHOLD_GRADIENT].values(Norms(n, {}, ()))
     # ‖q_i‖ = w_i·‖g_i‖: 0 for n ≤ C (including n = 0 and n = C exactly), 1 above.
     assert (w * n.double()).tolist() == pytest.approx([0, 0, 0, 1, 1, 1], abs=1e-6)
     # The mask agrees with the clipping: exactly the examples with weight < 1 are counted.
@@ -177,7 +177,7 @@ def _quadratic_run(start: torch.Tensor, lr: float, steps: int):
         g = theta - a                                                   # (B, 2)
         norms = Norms(g.norm(dim=1), {"θ": g.square().sum(1)}, (("θ",),))
         w = m.clipping(state, norms, plan).weights
-        v = m.release_values(state, norms, plan)[THRESHOLD_GRADIENT]
+        v = m.releases(state, plan)[THRESHOLD_GRADIENT].values(norms)
         b = float(len(a))
         g_mean = (w[:, None] * g).sum(0) / b
         state = m.update(state, StepOutcome(plan, b, {THRESHOLD_GRADIENT: {"θ": (v[:, None] * g)
@@ -315,8 +315,9 @@ def test_epsilon_equals_dp_accounting_and_the_sensitivity_check_passes_every_ste
 def test_a_method_whose_threshold_weights_exceed_unit_norm_is_refused():
     # The engine's check covers this release: doubling q_i (norm 2 > sensitivity 1) is refused.
     class Doubled(OnlineSensitivity):
-        def release_values(self, state, norms, plan):
-            return {k: 2 * v for k, v in super().release_values(state, norms, plan).items()}
+        def releases(self, state, plan):
+            return {k: replace(spec, values=lambda norms, f=spec.values: 2 * f(norms))
+                    for k, spec in super().releases(state, plan).items()}
 
     ds = _data(60)
     model = nn.Sequential(nn.Linear(6, 3))
@@ -330,21 +331,22 @@ def test_a_method_whose_threshold_weights_exceed_unit_norm_is_refused():
 
 
 def test_state_survives_a_checkpoint_and_the_cli_options_build_it():
+    # A checkpoint pickles the state as it is (no state_dict of the method's own).
+    import io
+
     m = make("oso", rule="rubio", clip_rate=0.01, adapt_lr=False)
     assert (m.rule, m.clip_rate, m.adapt_lr) == ("rubio", 0.01, False)
     s = m.update(m.init(), _released(torch.ones(2), torch.ones(2)))
-    restored = m.load_state_dict(m.state_dict(s))
+    buf = io.BytesIO()
+    torch.save({"method_state": s}, buf)
+    buf.seek(0)
+    restored = torch.load(buf, weights_only=False)["method_state"]
     assert restored.clip == s.clip and torch.equal(restored.prev_direction["w"],
                                                    s.prev_direction["w"])
-    # A checkpoint written before the state kept b·q̃ (it held q̃ itself) still loads.
-    old = m.load_state_dict({"clip": 0.2, "lr_scale": 1.0, "prev_gradient": {"w": torch.ones(2)},
-                             "prev_direction": {"w": torch.full((2,), 0.5)}})
-    assert old.clip == 0.2 and torch.equal(old.prev_direction["w"], torch.full((2,), 0.5))
 
 
-BASE = ["train", "--dataset", "digits", "--model", "logreg", "--noise-multiplier", "1", "--epochs", "1",
-        "--accountant", "rdp",
-        "--batch-size", "128", "--no-progress"]
+BASE = ["train", "--dataset", "digits", "--model", "logreg", "--noise-multiplier", "1",
+        "--epochs", "1", "--accountant", "rdp", "--batch-size", "128", "--no-progress"]
 
 
 def test_dpfy_train_method_oso_records_both_releases(tmp_path, capsys):

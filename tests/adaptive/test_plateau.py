@@ -4,9 +4,11 @@ import inspect
 
 import pytest
 
-from dpfy.adaptive import REGISTRY, PlateauNoiseDecay, make_schedule
-from dpfy.types.plan import StepPlan
+from dpfy.adaptive import REGISTRY, PlateauNoiseDecay
+from dpfy.adaptive import make as make_method
+from dpfy.adaptive.base import prepare
 from dpfy.privacy import Ledger, epsilon
+from dpfy.types import RunFacts, Sampling, StepPlan
 
 
 def make(**kw):
@@ -42,12 +44,23 @@ def test_moving_average_smooths_one_bad_evaluation():
 
 
 def test_calibration_raises_and_names_the_budget_guard():
-    # STYLE R9: the ledger depends on released data, so no ε can be solved in advance
-    with pytest.raises(ValueError, match="budget guard"):
-        PlateauNoiseDecay.calibrate_to_epsilon(target_epsilon=1.0)
-    with pytest.raises(ValueError, match="budget guard"):
-        make_schedule("plateau", target_epsilon=1.0, delta=1e-5, sample_rate=0.01,
-                      total_steps=100, steps_per_epoch=10, max_grad_norm=1.0)
+    # STYLE R9: the ledger depends on released data, so no σ_0 can be solved for a target ε
+    with pytest.raises(ValueError, match="initial must be given .*budget guard"):
+        make_method("plateau")
+    with pytest.raises(ValueError, match="initial must be given .*budget guard"):
+        PlateauNoiseDecay(factor=0.5)
+    assert not make_method("plateau", initial=2.0).is_data_independent()
+
+
+def test_built_by_name_with_the_runs_steps():
+    # the former make_schedule("plateau", initial=3.0, factor=0.8): defaults k = 0.9 → 0.8
+    # given, δ_val = 0, σ_min = σ_0/4; the horizon is the run's steps
+    facts = RunFacts(sampling=Sampling.POISSON, sample_rate=0.01, steps=300, delta=1e-5,
+                     target_epsilon=2.0)
+    s = prepare(make_method("plateau", initial=3.0, factor=0.8), facts)
+    assert (s.initial, s.factor, s.threshold, s.min_noise_multiplier, s.total_steps) == (
+        3.0, 0.8, 0.0, 0.75, 300)
+    assert s.implements("observe") and "noise_multiplier" in s.sets
 
 
 def test_worst_case_ledger_bounds_any_run():
@@ -58,7 +71,8 @@ def test_worst_case_ledger_bounds_any_run():
     assert epsilon(never, delta=1e-5) < epsilon(worst, delta=1e-5)
 
 
-@pytest.mark.parametrize("kw, name", [(dict(factor=1.0), "factor"), (dict(threshold=-1), "threshold"),
+@pytest.mark.parametrize("kw, name", [(dict(factor=1.0), "factor"),
+                                      (dict(threshold=-1), "threshold"),
                                       (dict(min_noise_multiplier=5.0), "min_noise_multiplier"),
                                       (dict(window=0), "window")])
 def test_bad_parameters_are_clear_errors(kw, name):
@@ -66,8 +80,8 @@ def test_bad_parameters_are_clear_errors(kw, name):
         make(**kw)
 
 
-def test_trainer_feeds_the_metric_through_the_optimizer_state():
-    # the documented hook: optimizer.schedule_state = plateau.observe(..., val_metric=...)
+def test_trainer_feeds_the_metric_through_the_optimizer():
+    # the documented hook: optimizer.observe(val_metric=...) after each public evaluation
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -78,7 +92,7 @@ def test_trainer_feeds_the_metric_through_the_optimizer_state():
     model = torch.nn.Linear(4, 2)
     sched = make(total_steps=4)
     model, opt, loader = dpfy.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                                           DataLoader(data, batch_size=16), schedule=sched,
+                                           DataLoader(data, batch_size=16), method=sched,
                                            seed=3)
     sigmas = []
     for metric in (0.5, 0.5):                       # 2nd evaluation: gain 0 ≤ δ_val -> decay
@@ -87,5 +101,5 @@ def test_trainer_feeds_the_metric_through_the_optimizer_state():
             torch.nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
             sigmas.append(opt.last_step_info["noise_multiplier"])
-        opt.schedule_state = sched.observe(opt.schedule_state, val_metric=metric)
-    assert sigmas == [4.0, 4.0, 4.0, 4.0] and opt.schedule_state.noise_multiplier == 2.0
+        opt.observe(val_metric=metric)
+    assert sigmas == [4.0, 4.0, 4.0, 4.0] and opt.method_state.noise_multiplier == 2.0

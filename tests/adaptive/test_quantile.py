@@ -16,9 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import dpfy
 from ledger_events import dp_accounting_epsilon
 from dpfy.adaptive import LayerQuantileClipping, QuantileClipping, make
-from dpfy.types import StepOutcome
-from dpfy.types import Norms, RunFacts
-from dpfy.types.plan import StepPlan
+from dpfy.types import Norms, RunFacts, StepOutcome, StepPlan
 from dpfy.privacy import Sampling
 
 
@@ -38,8 +36,8 @@ def test_geometric_update_converges_to_the_target_quantile():
         for t in range(600):
             norms = torch.empty(1000, dtype=torch.float64).exponential_(generator=gen)
             plan = m.plan(state, StepPlan(t, 0.01, 1.0, 1.0))
-            count = float(m.release_values(state, Norms(norms, {}, ()), plan)
-                          ["unclipped_count"].sum())
+            spec = m.releases(state, plan)["unclipped_count"]
+            count = float(spec.values(Norms(norms, {}, ())).sum())
             state = m.update(state, StepOutcome(plan, 1000.0, {"unclipped_count": count}))
         assert state.clip[0] == pytest.approx(-math.log(1 - gamma), rel=0.05)
 

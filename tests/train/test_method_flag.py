@@ -1,4 +1,8 @@
-"""``dpfy train --method`` (repeatable, chained), ``--method-options``, ``dpfy methods``."""
+"""``dpfy train --method`` (repeatable, chained), ``--method-options``, ``dpfy methods``.
+
+Schedules are methods: ``--method noise_decay|dynamic|plateau`` with options replaces the former
+``--schedule NAME --schedule-options``.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +29,27 @@ def test_chained_methods_run_and_their_releases_reach_the_ledger(tmp_path):
     ledger = json.loads((out / "ledger.json").read_text())
     mechanisms = {r["mechanism"] for g in ledger["groups"] for r in g["releases"]}
     assert mechanisms == {"gradient", "unclipped_count"}
-    assert "unclipped_count" in (out / "privacy_report.md").read_text()
+    # the report describes each method's releases from its specs, not from prose
+    report = (out / "privacy_report.md").read_text()
+    assert "`unclipped_count` (values): the centred count of unclipped examples" in report
+
+
+def test_a_noise_schedule_is_a_method_calibrated_to_the_target(tmp_path):
+    # formerly --schedule exponential --schedule-options rate=0.5: σ_0 is solved for ε = 2
+    out = tmp_path / "run"
+    assert main(BASE + ["--out", str(out), "--epochs", "2", "--method", "noise_decay",
+                        "--method-options", "kind=exponential", "rate=0.5"]) == 0
+    rows = json.loads((out / "metrics.json").read_text())
+    # exponential decay per epoch u: σ_1 = σ_0·exp(−0.5) (adaptive/schedules.py)
+    assert rows[1]["noise_multiplier"] == pytest.approx(rows[0]["noise_multiplier"]
+                                                        * 2.718281828 ** -0.5, rel=1e-6)
+    assert rows[-1]["epsilon"] <= 2.0 + 1e-6             # the schedule spends the target
+
+
+def test_the_schedule_flags_are_gone(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(BASE + ["--out", str(tmp_path / "r"), "--schedule", "exponential"])
+    assert e.value.code == 2 and "--schedule" in capsys.readouterr().err
 
 
 def test_a_method_reading_validation_needs_a_declared_public_split(tmp_path, capsys):

@@ -1,18 +1,23 @@
 """Adaptive methods, one file each (STYLE.md R1), on one interface (``base.Method``).
 
-Build by name with :func:`make` (``make_private`` then calibrates for the run's facts), compose
-with :func:`chain`, list with ``dpfy methods``.
+Build any registered method by name with :func:`make` (``make_private`` then calibrates it for
+the run's facts: schedules solve their noise there), compose with :func:`chain`, list with
+``dpfy methods``; :func:`describe_releases` says what a method releases, from its specs.
+
+Adding a method is one file here (a :class:`Method` with ``@register("name")``) plus
+``tests/adaptive/test_name.py``: the package imports every module, so the method registers
+itself, and the registry's contract test checks it.
 """
 
 import importlib
 import pkgutil
 
-from dpfy.adaptive.base import REGISTRY, AdaptiveMethod, Method, Needs, make, register
-from dpfy.types import Clip, Norms, StepOutcome, ReleaseSpec, RunFacts
+from dpfy.adaptive.base import (HOOKS, NOISE_SPLIT, PLAN_FIELDS, REGISTRY, Method, check_plan,
+                                make, register)
 from dpfy.adaptive.chain import Chain, chain
 from dpfy.adaptive.clip_schedules import ClipSchedule
+from dpfy.adaptive.describe import ReleaseRow, describe_releases
 from dpfy.adaptive.dynamic import DynamicDPSGD, calibrate_dynamic
-from dpfy.adaptive.factory import make_schedule
 from dpfy.adaptive.plateau import PlateauNoiseDecay
 from dpfy.adaptive.quantile import LayerQuantileClipping, QuantileClipping
 from dpfy.adaptive.schedules import NoiseDecay
@@ -26,7 +31,7 @@ for _module in pkgutil.iter_modules(__path__):
 FILE_ALIASES = {"noise_decay": "schedules", "clip_schedule": "clip_schedules",
                 "per_layer_quantile": "quantile"}
 
-__all__ = ["Method", "AdaptiveMethod", "Needs", "Norms", "Clip", "ReleaseSpec", "StepOutcome",
-           "RunFacts", "REGISTRY", "FILE_ALIASES", "register", "make", "chain", "Chain",
-           "make_schedule", "NoiseDecay", "PlateauNoiseDecay", "DynamicDPSGD",
-           "calibrate_dynamic", "ClipSchedule", "QuantileClipping", "LayerQuantileClipping"]
+__all__ = ["Method", "REGISTRY", "FILE_ALIASES", "PLAN_FIELDS", "NOISE_SPLIT", "HOOKS",
+           "register", "make", "chain", "Chain", "check_plan", "describe_releases",
+           "ReleaseRow", "NoiseDecay", "PlateauNoiseDecay", "DynamicDPSGD", "calibrate_dynamic",
+           "ClipSchedule", "QuantileClipping", "LayerQuantileClipping"]

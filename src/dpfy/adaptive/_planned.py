@@ -1,13 +1,13 @@
 """Schedules planned in advance: σ_t and C_t are pure functions of the step (STYLE.md R5).
 
-A :class:`PlannedSchedule` knows, before training starts, every step's noise multiplier
-σ_t (noise std / C_t) and clip C_t for ``t = 0 .. total_steps-1``. Because nothing depends on
-data, the ledger the run will write is known in advance too: :meth:`PlannedSchedule.ledger`
-builds it, and the accountants (never this module) turn it into ε. That is what makes
-"calibrate the whole run to a target ε" and "stop early when ε reaches a target" searches over
-ledgers (STYLE.md R9) instead of formulas.
+A :class:`PlannedSchedule` knows, once calibrated, every step's noise multiplier σ_t (noise
+std / C_t) and clip C_t for ``t = 0 .. total_steps-1``. Because nothing depends on data, the
+ledger the run will write is known in advance too: :meth:`PlannedSchedule.ledger` builds it
+with the run's own :func:`~dpfy.privacy.releases.planned_ledger`, and the accountants (never
+this module) turn it into ε. That is what makes "calibrate the whole run to a target ε" and
+"stop early when ε reaches a target" searches over ledgers (STYLE.md R9) instead of formulas.
 
-Steps are 0-based, like :class:`dpfy.types.plan.StepPlan`. A step at or beyond ``total_steps`` is
+Steps are 0-based, like :class:`dpfy.types.StepPlan`. A step at or beyond ``total_steps`` is
 refused: the budget was planned for ``total_steps`` steps only (seed 001 §4: "steps beyond T
 are not covered by the budget").
 """
@@ -19,22 +19,58 @@ from dataclasses import replace
 import numpy as np
 
 from dpfy._require import require
-from dpfy.adaptive.base import AdaptiveMethod
-from dpfy.types.plan import StepPlan
-from dpfy.privacy.ledger import Ledger, Sampling
+from dpfy.adaptive.base import Method
+from dpfy.privacy import epsilon
+from dpfy.privacy.calibration import last_passing
+from dpfy.privacy.ledger import Ledger
+from dpfy.privacy.releases import planned_ledger
+from dpfy.types import RunFacts, Sampling, StepPlan
 
-__all__ = ["PlannedSchedule", "steps_within_budget"]
+__all__ = ["PlannedSchedule", "steps_within_budget", "CALIBRATIONS", "check_calibration",
+           "require_budget"]
+
+# Accountants a schedule may be calibrated against; "gdp" (a paper's CLT) only when
+# ``approximate=True`` opts in: it can under-report ε (the ledger and report stay rigorous).
+CALIBRATIONS = ("pld", "rdp", "gdp")
 
 
-class PlannedSchedule(AdaptiveMethod[None]):
+def check_calibration(calibration: str | None, approximate: bool) -> None:
+    """Validate a schedule's ``calibration`` / ``approximate`` options at construction."""
+    require(calibration is None or calibration in CALIBRATIONS, "calibration", calibration,
+            f"None (the run's accountant) or one of {list(CALIBRATIONS)}",
+            "Use 'pld' for a tight rigorous guarantee; 'gdp' reproduces a paper's CLT "
+            "calibration")
+    require(calibration != "gdp" or approximate is True, "calibration", calibration,
+            "'pld' or 'rdp' unless approximate=True",
+            "The GDP CLT can under-report ε; pass approximate=True only to reproduce a "
+            "paper's GDP calibration (the report still gives the rigorous ε)")
+    require(isinstance(approximate, bool), "approximate", approximate, "a bool")
+
+
+def require_budget(facts: RunFacts, name: str) -> None:
+    """The facts a calibration to the run's target ε reads: the target, δ, the steps and
+    Poisson sampling (the calibrations assume it)."""
+    require(facts.target_epsilon is not None and facts.delta is not None, "target_epsilon",
+            facts.target_epsilon, f"given for method {name!r} (with target_delta)",
+            "It is calibrated to the run's budget: pass target_epsilon= and target_delta=, or "
+            "give the method's initial noise explicitly")
+    require(facts.steps is not None, "steps", None, f"known for method {name!r}",
+            "Pass epochs= or max_steps= to make_private")
+    require(facts.sampling == Sampling.POISSON, "sampling", facts.sampling.value,
+            f"'poisson' for method {name!r}",
+            "Its calibration assumes Poisson sampling; use poisson_sampling=True")
+
+
+class PlannedSchedule(Method[None]):
     """Base for data-independent schedules; subclasses define the per-step values.
 
-    Subclasses are frozen dataclasses with a ``total_steps: int`` field and override
-    :meth:`noise_multiplier` and, if they schedule the clip, :meth:`clip`.
+    Subclasses are frozen dataclasses with a ``total_steps: int | None`` field (None until
+    ``calibrate`` sets the run's steps) and override :meth:`noise_multiplier` and, if they
+    schedule the clip, :meth:`clip`.
     Releases per step: the clipped-gradient sum only, with noise multiplier σ_t.
     """
 
-    total_steps: int
+    total_steps: int | None
     sets = frozenset({"noise_multiplier"})
 
     # -- what a subclass defines -----------------------------------------------------------
@@ -43,12 +79,20 @@ class PlannedSchedule(AdaptiveMethod[None]):
         raise NotImplementedError
 
     def clip(self, step: int, base_clip: float) -> float:
-        """C_t at ``step``; the default keeps the engine's ``max_grad_norm``."""
+        """C_t at ``step``; the default keeps the run's ``max_grad_norm``."""
         return base_clip
 
     # -- derived ---------------------------------------------------------------------------
+    def horizon(self) -> int:
+        """T, the steps the schedule (and its budget) covers; refused before calibration."""
+        require(self.total_steps is not None, f"method {self.registry_name!r}", "uncalibrated",
+                "calibrated for the run (its total_steps known)",
+                "Pass it to make_private(method=...), which calibrates it for the run's facts")
+        return int(self.total_steps)
+
     def check_step(self, step: int) -> None:
-        require(0 <= step < self.total_steps, "step", step, f"in [0, {self.total_steps})",
+        t = self.horizon()
+        require(0 <= step < t, "step", step, f"in [0, {t})",
                 "The schedule (and its privacy budget) covers total_steps steps only; build a "
                 "new schedule with a larger total_steps to train longer")
 
@@ -59,16 +103,13 @@ class PlannedSchedule(AdaptiveMethod[None]):
 
     def noise_multipliers(self) -> np.ndarray:
         """σ_t for every step, shape (total_steps,)."""
-        return np.array([self.noise_multiplier(t) for t in range(self.total_steps)])
+        return np.array([self.noise_multiplier(t) for t in range(self.horizon())])
 
     def ledger(self, *, sample_rate: float, sampling: Sampling = Sampling.POISSON,
                dataset_size: int | None = None) -> Ledger:
-        """The ledger a full run of this schedule writes, by :func:`dpfy.step.planned_ledger`
-        (the optimizer's own ``step_releases``; one gradient release per step)."""
-        from dpfy.types import RunFacts
-        from dpfy.privacy.releases import planned_ledger
-
-        facts = RunFacts(sampling=sampling, sample_rate=sample_rate, steps=self.total_steps,
+        """The ledger a full run of this schedule writes, by
+        :func:`dpfy.privacy.releases.planned_ledger` (the step's own ``step_releases``)."""
+        facts = RunFacts(sampling=sampling, sample_rate=sample_rate, steps=self.horizon(),
                          dataset_size=dataset_size)
         return planned_ledger(self, facts)
 
@@ -82,16 +123,14 @@ def steps_within_budget(schedule: PlannedSchedule, *, target_epsilon: float, del
     bisection over prefixes of the ledger the run will write (ε grows with every step).
     Returns 0 if even one step spends more than the target.
     """
-    from dpfy.privacy import epsilon  # the accountant is the only place ε is computed
-    from dpfy.privacy.calibration import last_passing
-
     require(target_epsilon > 0, "target_epsilon", target_epsilon, "> 0")
     full = schedule.ledger(sample_rate=sample_rate)
 
     def spent(n: int) -> float:
         return epsilon(full.prefix(n), delta=delta, accountant=accountant)
 
-    if spent(schedule.total_steps) <= target_epsilon:
-        return schedule.total_steps
-    # spent(0) = 0 <= target < spent(total_steps)
-    return last_passing(lambda n: spent(n) <= target_epsilon, 0, schedule.total_steps)
+    total = schedule.horizon()
+    if spent(total) <= target_epsilon:
+        return total
+    # spent(0) = 0 <= target < spent(total)
+    return last_passing(lambda n: spent(n) <= target_epsilon, 0, total)

@@ -11,7 +11,7 @@ Privacy (what the ledger records, every step, on the gradient's batch):
 - the gradient sum at σ_t = σ_0·(1 + γ)^(−r_t/2), r_t the number of noise reductions so far;
 - k candidate loss sums Σ_i clip(ℓ_i(θ − η_j g̃), −R, R), each a Gaussian release with
   sensitivity R at noise multiplier σ_l = ``probe_noise_ratio``·σ_0 (post-release probes,
-  :class:`dpfy.adaptive.base.ReleaseSpec` with callable offsets). Stacked they are the vector
+  :class:`dpfy.types.ReleaseSpec` with callable offsets). Stacked they are the vector
   of the k sums with L2 sensitivity √k·R; the ledger composes the step's releases into one
   subsampled Gaussian with 1/σ_eff² = 1/σ_t² + k/σ_l² (same batch, exact). The papers'
   Laplace noisy max / sparse-vector test become Gaussian releases of every candidate followed
@@ -48,10 +48,11 @@ from typing import Mapping, Sequence
 import torch
 
 from dpfy._require import require
-from dpfy.adaptive.base import Method, Needs, bind_facts
-from dpfy.types import StepOutcome, ReleaseSpec, RunFacts
-from dpfy.types.plan import StepPlan
+from dpfy.adaptive.base import Method, bind_facts
+from dpfy.privacy.calibration import calibrate_noise_multiplier
 from dpfy.privacy.ledger import Ledger
+from dpfy.privacy.releases import base_plan, step_releases
+from dpfy.types import ReleaseSpec, RunFacts, StepOutcome, StepPlan
 
 __all__ = ["StepSearch", "SearchState"]
 
@@ -77,6 +78,12 @@ def _along(eta: float, gradient: Mapping[str, torch.Tensor]) -> dict[str, torch.
     return {n: -eta * g for n, g in gradient.items()} if eta else {}
 
 
+def _probe_label(m: float) -> str:
+    where = "θ (the current point)" if m == 0 else f"θ − {m:g}·lr·g̃"
+    return (f"the batch's loss sum at {where}, after the gradient's release, each loss "
+            f"clipped to ±R")
+
+
 @dataclass(frozen=True)
 class StepSearch(Method[SearchState]):
     """A step-size search over post-release loss probes (base of NoisyMax and NoisyBTLS).
@@ -97,7 +104,6 @@ class StepSearch(Method[SearchState]):
     base_noise: float | None = None     # σ_0 (None: the run's own σ)
     base_lr: float | None = None        # the inner SGD's learning rate
 
-    needs = Needs(probes=True, whole_batch=True)
     sets = frozenset({"noise_multiplier"})
     ledger_depends_on_data = True       # σ_t reacts to released losses (bounded: see calibrate)
 
@@ -126,13 +132,14 @@ class StepSearch(Method[SearchState]):
         """Check the inner optimizer; with a target ε, σ_0 from the worst-case ledger."""
         name = self.registry_name
         hyper = dict(facts.inner_hyperparameters or {})
-        require(facts.inner_optimizer == "SGD" and not hyper.get("momentum")
-                and not hyper.get("weight_decay"), "the optimizer",
-                f"{facts.inner_optimizer}(momentum={hyper.get('momentum')}, weight_decay="
-                f"{hyper.get('weight_decay')})",
-                f"torch.optim.SGD without momentum or weight decay for method {name!r}",
-                "The chosen candidate θ − η g̃ must be the step taken: use "
-                "torch.optim.SGD(params, lr=...) (dpfy train: --momentum 0)")
+        if facts.inner_optimizer is not None:     # make_private's facts always name it
+            require(facts.inner_optimizer == "SGD" and not hyper.get("momentum")
+                    and not hyper.get("weight_decay"), "the optimizer",
+                    f"{facts.inner_optimizer}(momentum={hyper.get('momentum')}, weight_decay="
+                    f"{hyper.get('weight_decay')})",
+                    f"torch.optim.SGD without momentum or weight decay for method {name!r}",
+                    "The chosen candidate θ − η g̃ must be the step taken: use "
+                    "torch.optim.SGD(params, lr=...) (dpfy train: --momentum 0)")
         lr = hyper.get("lr")
         require(isinstance(lr, (int, float)) and lr > 0, "optimizer lr", lr, "a number > 0")
         out = replace(self, base_lr=float(lr))
@@ -147,8 +154,6 @@ class StepSearch(Method[SearchState]):
         """The ledger of a run whose every step is at the smallest gradient noise σ_min =
         σ_0 (1 + γ)^(−L/2): every real run's per-step σ_eff is at least this one's, step by
         step (r_t ≤ L), so its ε is at most this ledger's."""
-        from dpfy.privacy.releases import base_plan
-        from dpfy.privacy.releases import step_releases
         method = replace(self, base_noise=base_noise,
                          base_lr=self.base_lr or 1.0)   # the ledger does not depend on lr
         state = SearchState(reductions=self.max_reductions)
@@ -163,7 +168,6 @@ class StepSearch(Method[SearchState]):
         """σ_0 whose worst-case ledger spends the target: each of its steps is one Gaussian at
         σ_eff with 1/σ_eff² = 1/σ_min² + k/σ_l² = ((1 + γ)^L + k/ratio²)/σ_0², so σ_0 is the
         plain calibration's σ_eff times sqrt((1 + γ)^L + k/ratio²)."""
-        from dpfy.privacy.calibration import calibrate_noise_multiplier
         sigma_eff = calibrate_noise_multiplier(
             target_epsilon=facts.target_epsilon, delta=facts.delta, sample_rate=facts.sample_rate,
             steps=facts.steps, accountant=facts.accountant, sampling=facts.sampling,
@@ -192,7 +196,8 @@ class StepSearch(Method[SearchState]):
     def releases(self, state: SearchState, plan: StepPlan) -> Mapping[str, ReleaseSpec]:
         sigma_l = self.probe_noise_ratio * plan.noise_multiplier / self._factor(state)
         return {name: ReleaseSpec(sensitivity=self.loss_clip, noise_std=sigma_l * self.loss_clip,
-                                  kind="loss", offsets=functools.partial(_along, self.base_lr * m))
+                                  kind="loss", offsets=functools.partial(_along, self.base_lr * m),
+                                  label=_probe_label(m))
                 for name, m in zip(self._names(), self.multipliers())}
 
     def _chosen(self, probed: Mapping[str, float], expected_batch_size: float,
@@ -201,17 +206,17 @@ class StepSearch(Method[SearchState]):
         sq = float(sum(g.double().square().sum() for g in gradient.values()))
         return self.choose(losses, sq), losses
 
-    def postprocess_probed(self, state: SearchState, gradient: Mapping[str, torch.Tensor],
-                           plan: StepPlan, probed: Mapping[str, float],
-                           expected_batch_size: float) -> Mapping[str, torch.Tensor]:
+    def postprocess(self, state: SearchState, gradient: Mapping[str, torch.Tensor],
+                    plan: StepPlan, probed: Mapping[str, float],
+                    expected_batch_size: float) -> Mapping[str, torch.Tensor]:
         """m_i·g̃ for the chosen i: SGD(lr) then moves θ to the candidate θ − lr·m_i·g̃."""
         i, _ = self._chosen(probed, expected_batch_size, gradient)
         m = self.multipliers()[i]
         return {n: g * m for n, g in gradient.items()}
 
-    def update(self, state: SearchState, released: StepOutcome) -> SearchState:
-        i, losses = self._chosen(released.sums, released.expected_batch_size,
-                                 released.noisy_gradient)
+    def update(self, state: SearchState, outcome: StepOutcome) -> SearchState:
+        i, losses = self._chosen(outcome.sums, outcome.expected_batch_size,
+                                 outcome.noisy_gradient)
         stalled = i == 0
         return SearchState(
             reductions=min(state.reductions + stalled, self.max_reductions),

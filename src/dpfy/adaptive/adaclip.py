@@ -43,7 +43,8 @@ E‖w_i‖² = Σ_j s_j / b_j² = 1 (Lagrange: b_j² ∝ √s_j). Start: a_0 = 0
 (d parameters), so b_0 = C_0 everywhere and the first step is flat clipping at C_0 (ĝ_0 is
 then plain DP-SGD's released gradient at clip C_0).
 
-Memory: materialized per-sample gradients only (the ghost route is refused by make_private):
+Memory: materialized per-sample gradients only (the method implements ``transform``, so the
+step takes the materialized route; the ghost route is refused):
 m × P floats for the per-sample gradients plus m × P for their transform (peak ≈ 2·m·P for a
 physical batch of m examples and P parameters), 2·P float64 for a_t, s_t, and at release
 ≈ 2·P float64 transient (b_t and ĝ_t, in ``postprocess`` and again in ``update``).
@@ -61,9 +62,8 @@ from typing import Mapping
 import torch
 
 from dpfy._require import require
-from dpfy.types import Clip, Norms, StepOutcome, RunFacts
-from dpfy.adaptive.base import Method, Needs, bind_facts, register
-from dpfy.types.plan import StepPlan
+from dpfy.adaptive.base import Method, bind_facts, register
+from dpfy.types import Clip, Norms, RunFacts, StepOutcome, StepPlan
 
 __all__ = ["AdaClip", "AdaClipState", "scale_from_variance"]
 
@@ -113,7 +113,6 @@ class AdaClip(Method[AdaClipState]):
     max_var: float = 1e2
 
     sets = frozenset({"clip"})
-    needs = Needs(per_sample_grads=True)
 
     def __post_init__(self) -> None:
         if self.initial_clip is not None:
@@ -162,7 +161,8 @@ class AdaClip(Method[AdaClipState]):
         a, b = self.shift_scale(state, {n: g.shape[1:] for n, g in per_sample.items()})
         return {n: (g - a[n].to(g)) / b[n].to(g) for n, g in per_sample.items()}
 
-    def postprocess(self, state: AdaClipState, gradient: Tensors, plan: StepPlan
+    def postprocess(self, state: AdaClipState, gradient: Tensors, plan: StepPlan,
+                    probed: Mapping[str, float], expected_batch_size: float
                     ) -> dict[str, torch.Tensor]:
         """ĝ_t = b_t ⊙ w̃ + a_t from the released standardized mean w̃ = S̃/B (post-processing;
         a_t added once per step, module docstring): what the inner optimizer steps on."""
@@ -176,13 +176,13 @@ class AdaClip(Method[AdaClipState]):
         # norms are those of the transformed w_i: clip each at norm 1.
         return Clip(torch.clamp(1.0 / norms.total, max=1.0), sensitivity=1.0)  # (m,) sensitive
 
-    def update(self, state: AdaClipState, released: StepOutcome) -> AdaClipState:
+    def update(self, state: AdaClipState, outcome: StepOutcome) -> AdaClipState:
         """a_{t+1}, s_{t+1} from the released gradient only (module docstring)."""
-        g = {n: t.double() for n, t in released.gradient.items()}   # ĝ_t (after postprocess)
+        g = {n: t.double() for n, t in outcome.gradient.items()}   # ĝ_t (after postprocess)
         a, var = self.estimates(state, {n: t.shape for n, t in g.items()})
         b = scale_from_variance(var)                          # b_t: the one ĝ_t was mapped with
-        big_b = released.expected_batch_size                  # public
-        sigma = float(released.plan.noise_multiplier)
+        big_b = outcome.expected_batch_size                  # public
+        sigma = float(outcome.plan.noise_multiplier)
         b1, b2 = self.mean_decay, self.var_decay
         new_mean, new_var = {}, {}
         for n in g:

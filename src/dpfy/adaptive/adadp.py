@@ -40,8 +40,7 @@ import torch
 
 from dpfy._require import require
 from dpfy.adaptive.base import Method, bind_facts, register
-from dpfy.types import StepOutcome, RunFacts
-from dpfy.types.plan import StepPlan
+from dpfy.types import RunFacts, StepOutcome, StepPlan
 
 __all__ = ["ADADP", "ADADPState", "relative_error"]
 
@@ -103,14 +102,19 @@ class ADADP(Method[ADADPState]):
                 "> 0 or None (the optimizer's learning rate)")
 
     def calibrate(self, facts: RunFacts) -> "ADADP":
+        """The inner optimizer's learning rate η; the optimizer must be plain SGD (checked
+        when the facts name it, as ``make_private``'s always do)."""
         hyper = facts.inner_hyperparameters or {}
-        plain_sgd = (facts.inner_optimizer == "SGD" and not hyper.get("momentum")
-                     and not hyper.get("weight_decay") and not hyper.get("nesterov"))
-        require(plain_sgd, "optimizer", f"{facts.inner_optimizer}({dict(hyper)})",
-                "torch.optim.SGD without momentum or weight decay for method 'adadp'",
-                "ADADP sets the iterate through the step it hands to SGD; wrap "
-                "torch.optim.SGD(params, lr=η0)")
-        return bind_facts(replace(self, base_lr=float(hyper["lr"])), facts)
+        if facts.inner_optimizer is not None:
+            plain_sgd = (facts.inner_optimizer == "SGD" and not hyper.get("momentum")
+                         and not hyper.get("weight_decay") and not hyper.get("nesterov"))
+            require(plain_sgd, "optimizer", f"{facts.inner_optimizer}({dict(hyper)})",
+                    "torch.optim.SGD without momentum or weight decay for method 'adadp'",
+                    "ADADP sets the iterate through the step it hands to SGD; wrap "
+                    "torch.optim.SGD(params, lr=η0)")
+        lr = hyper.get("lr")
+        require(isinstance(lr, (int, float)) and lr > 0, "optimizer lr", lr, "a number > 0")
+        return bind_facts(replace(self, base_lr=float(lr)), facts)
 
     def init(self) -> ADADPState:
         require(self.base_lr is not None, "method 'adadp'", "uncalibrated",
@@ -126,7 +130,8 @@ class ADADP(Method[ADADPState]):
         full = {n: half[n] - h * g1[n] for n in half}
         return full, {n: h * (second[n].to(g1[n]) - g1[n]) for n in g1}
 
-    def postprocess(self, state: ADADPState, gradient: Vector, plan: StepPlan) -> Vector:
+    def postprocess(self, state: ADADPState, gradient: Vector, plan: StepPlan,
+                    probed: Mapping[str, float], expected_batch_size: float) -> Vector:
         """Step B steps on G_2 (to θ̂) if e ≤ τ, else on −G_1 (back to θ_l)."""
         if plan.step % 2 == 0 or state.first_gradient is None:
             return gradient
@@ -135,13 +140,13 @@ class ADADP(Method[ADADPState]):
             return gradient
         return {n: -g for n, g in state.first_gradient.items()}
 
-    def update(self, state: ADADPState, released: StepOutcome) -> ADADPState:
-        if released.plan.step % 2 == 0:    # step A: keep G_1 and θ_{l+½}
+    def update(self, state: ADADPState, outcome: StepOutcome) -> ADADPState:
+        if outcome.plan.step % 2 == 0:    # step A: keep G_1 and θ_{l+½}
             return replace(state, first_gradient={n: g.detach().clone() for n, g in
-                                                  released.noisy_gradient.items()},
+                                                  outcome.noisy_gradient.items()},
                            half_point={n: p.detach().clone() for n, p in
-                                       released.parameters.items()})
-        e = relative_error(*self._gap(state, released.noisy_gradient))
+                                       outcome.parameters.items()})
+        e = relative_error(*self._gap(state, outcome.noisy_gradient))
         factor = self.max_factor if e == 0 else min(max(self.tolerance / e, self.min_factor),
                                                    self.max_factor)
         ok = e <= self.tolerance

@@ -17,11 +17,11 @@ nesterov=False, weight_decay=0)``. Its buffer is u_t = β₁ u_{t−1} + g̃_t =
 
 makes SGD's step α·s_t·u_t the AdamWOSM step above, bit for bit up to rounding. The first
 moment lives in the inner optimizer's momentum buffer (checkpointed with it); this method
-keeps no state. The method cannot see the inner optimizer (RunFacts does not describe it), so
-the requirement above is the user's to meet: ``dpfy train --method adamwosm --lr 0.001`` meets
-it with the default ``--optimizer sgd --momentum 0.9 --weight-decay 0``. σ_t and C_t are read
-from the incoming plan: chain this method after any method that sets them. 002 grid-searches
-C only (ρ₀ fixed).
+keeps no state. ``calibrate`` checks the requirement above against the inner optimizer the
+run's facts name (``make_private`` always names it): ``dpfy train --method adamwosm --lr
+0.001`` meets it with the default ``--optimizer sgd --momentum 0.9 --weight-decay 0``. σ_t
+and C_t are read from the incoming plan: chain this method after any method that sets them.
+002 grid-searches C only (ρ₀ fixed).
 
 Releases per step: the clipped gradient sum (σ), nothing else (the update is post-processing).
 """

@@ -2,10 +2,14 @@
 
 References: optax's ``chain`` (STYLE.md R6).
 
-- plans fold left to right (each member sees the plan the previous one wrote);
-- two members that set the same plan field (``Method.sets``) are refused when the chain is built;
+- plans fold left to right (each member sees the plan the previous one wrote), and each
+  member's plan is checked against its own ``sets`` (:func:`~dpfy.adaptive.base.check_plan`);
+- two members that set the same plan field (``Method.sets``) are refused when the chain is
+  built, and a member that splits σ (``NOISE_SPLIT``) must come after one that sets σ;
 - at most one member may supply the clipping;
 - extra releases merge by name, and a duplicate name is refused;
+- the optional capabilities (``transform``, ``postprocess``, ``observe``) run over the members
+  that implement them, in order; the chain implements one when any member does;
 - every member's ``update`` reads the same :class:`StepOutcome`; states are kept per member,
   keyed by registry name;
 - ``calibrate(facts)`` calibrates each member for the same facts, in order.
@@ -20,17 +24,12 @@ from typing import Any, Mapping
 
 import torch
 
-from dpfy.types import Clip, Norms, StepOutcome, ReleaseSpec, RunFacts
-from dpfy.adaptive.base import Method, Needs, bind_facts, prepare
-from dpfy.types.plan import StepPlan
+from dpfy.adaptive.base import NOISE_SPLIT, Method, bind_facts, check_plan, prepare
+from dpfy.types import Clip, Norms, ReleaseSpec, RunFacts, StepOutcome, StepPlan
 
 __all__ = ["Chain", "chain"]
 
-_NORM_ORDER = ("total", "per_group", "per_parameter")
-
-
-def _overrides(method: Method, hook: str) -> bool:
-    return getattr(type(method), hook) is not getattr(Method, hook)
+Tensors = Mapping[str, torch.Tensor]
 
 
 def _name(m: Method) -> str:
@@ -57,78 +56,60 @@ class Chain(Method):
                                  f"Build them with dpfy.adaptive.make(name, ...)")
         seen: dict[str, str] = {}
         for m in self.members:
-            for f in m.sets:
+            for f in sorted(m.sets):
                 if f in seen:
                     raise ValueError(
                         f"chain members must set different plan fields, got {f!r} set by both "
                         f"{seen[f]!r} and {_name(m)!r}. Keep one of them (e.g. one noise "
                         f"schedule), or fold both rules into one method")
                 seen[f] = _name(m)
-        clippers = [_name(m) for m in self.members if _overrides(m, "clipping")]
+        setter = next((i for i, m in enumerate(self.members) if "noise_multiplier" in m.sets),
+                      None)
+        splitter = next((i for i, m in enumerate(self.members) if NOISE_SPLIT in m.sets), None)
+        if setter is not None and splitter is not None and splitter < setter:
+            raise ValueError(
+                f"chain members must put a method that sets σ before one that splits it, got "
+                f"{_name(self.members[splitter])!r} (splits σ) before "
+                f"{_name(self.members[setter])!r} (sets σ). Swap them: the split divides the "
+                f"σ the schedule sets")
+        clippers = [_name(m) for m in self.members if m.implements("clipping")]
         if len(clippers) > 1:
             raise ValueError(f"chain members must include at most one clipping, got {clippers}. "
                              f"Keep one adaptive clipping method")
-        keys = [self._key(i) for i in range(len(self.members))]
+        keys = [_name(m) for m in self.members]
         if len(set(keys)) != len(keys):
             raise ValueError(f"chain members must be distinct methods, got {keys}. "
                              f"Use each method once")
-        needs = [m.needs for m in self.members]
-        object.__setattr__(self, "needs", Needs(
-            norms=max((n.norms for n in needs), key=_NORM_ORDER.index),
-            per_sample_grads=any(n.per_sample_grads for n in needs),
-            validation=next((n.validation for n in needs if n.validation), None),
-            indices=any(n.indices for n in needs),
-            probes=any(n.probes for n in needs),
-            whole_batch=any(n.whole_batch for n in needs)))
-        object.__setattr__(self, "sets", frozenset(seen))
+        object.__setattr__(self, "sets", frozenset(f for m in self.members for f in m.sets))
         object.__setattr__(self, "ledger_depends_on_data",
                            any(m.ledger_depends_on_data for m in self.members))
         object.__setattr__(self, "registry_name", "+".join(keys))
 
-    def _key(self, i: int) -> str:
-        return _name(self.members[i])
-
-    def init(self) -> dict[str, Any]:
-        return {self._key(i): m.init() for i, m in enumerate(self.members)}
+    def implements(self, hook: str) -> bool:
+        """True when any member implements ``hook``."""
+        super().implements(hook)                        # validates the name
+        return any(m.implements(hook) for m in self.members)
 
     def _states(self, state: Mapping[str, Any]):
-        return ((m, state[self._key(i)]) for i, m in enumerate(self.members))
+        return ((m, state[_name(m)]) for m in self.members)
+
+    def _with(self, hook: str, state: Mapping[str, Any]):
+        return ((m, s) for m, s in self._states(state) if m.implements(hook))
+
+    def init(self) -> dict[str, Any]:
+        return {_name(m): m.init() for m in self.members}
 
     def plan(self, state: Mapping[str, Any], plan: StepPlan) -> StepPlan:
         for m, s in self._states(state):
-            plan = m.plan(s, plan)
+            nxt = m.plan(s, plan)
+            check_plan(m, plan, nxt)
+            plan = nxt
         return plan
 
     def clipping(self, state: Mapping[str, Any], norms: Norms, plan: StepPlan) -> Clip | None:
-        for m, s in self._states(state):
-            clip = m.clipping(s, norms, plan)
-            if clip is not None:
-                return clip
+        for m, s in self._with("clipping", state):
+            return m.clipping(s, norms, plan)
         return None
-
-    def transform(self, state: Mapping[str, Any], per_sample: Mapping[str, torch.Tensor],
-                  plan: StepPlan) -> Mapping[str, torch.Tensor]:
-        for m, s in self._states(state):
-            per_sample = m.transform(s, per_sample, plan)
-        return per_sample
-
-    def postprocess(self, state: Mapping[str, Any], gradient: Mapping[str, torch.Tensor],
-                    plan: StepPlan) -> Mapping[str, torch.Tensor]:
-        for m, s in self._states(state):
-            gradient = m.postprocess(s, gradient, plan)
-        return gradient
-
-    def postprocess_probed(self, state: Mapping[str, Any], gradient: Mapping[str, torch.Tensor],
-                           plan: StepPlan, probed: Mapping[str, float],
-                           expected_batch_size: float) -> Mapping[str, torch.Tensor]:
-        """Each member's post-release mapping in order (a member without post-release probes
-        falls back to its ``postprocess``)."""
-        for m, s in self._states(state):
-            gradient = m.postprocess_probed(s, gradient, plan, probed, expected_batch_size)
-        return gradient
-
-    def supplies_clipping(self) -> bool:
-        return any(m.supplies_clipping() for m in self.members)
 
     def releases(self, state: Mapping[str, Any], plan: StepPlan) -> dict[str, ReleaseSpec]:
         out: dict[str, ReleaseSpec] = {}
@@ -140,28 +121,25 @@ class Chain(Method):
                 out[name] = spec
         return out
 
-    def release_values(self, state: Mapping[str, Any], norms: Norms, plan: StepPlan
-                       ) -> dict[str, torch.Tensor]:
-        out: dict[str, torch.Tensor] = {}
-        for m, s in self._states(state):
-            out.update(m.release_values(s, norms, plan))
-        return out
-
-    def update(self, state: Mapping[str, Any], released: StepOutcome) -> dict[str, Any]:
-        return {self._key(i): m.update(s, released)
-                for i, (m, s) in enumerate(self._states(state))}
-
-    def observe(self, state: Mapping[str, Any], *, val_metric: float) -> dict[str, Any]:
-        return {self._key(i): (m.observe(s, val_metric=val_metric) if m.needs.validation else s)
-                for i, (m, s) in enumerate(self._states(state))}
+    def update(self, state: Mapping[str, Any], outcome: StepOutcome) -> dict[str, Any]:
+        return {_name(m): m.update(s, outcome) for m, s in self._states(state)}
 
     def calibrate(self, facts: RunFacts) -> "Chain":
         return bind_facts(Chain(tuple(prepare(m, facts) for m in self.members)), facts)
 
-    def state_dict(self, state: Mapping[str, Any]) -> dict[str, Any]:
-        return {k: m.state_dict(s) for k, (m, s) in
-                zip((self._key(i) for i in range(len(self.members))), self._states(state))}
+    # -- optional capabilities: over the members that implement them --------------------------
+    def transform(self, state: Mapping[str, Any], per_sample: Tensors, plan: StepPlan
+                  ) -> Tensors:
+        for m, s in self._with("transform", state):
+            per_sample = m.transform(s, per_sample, plan)
+        return per_sample
 
-    def load_state_dict(self, saved: Mapping[str, Any]) -> dict[str, Any]:
-        return {self._key(i): m.load_state_dict(saved[self._key(i)])
-                for i, m in enumerate(self.members)}
+    def postprocess(self, state: Mapping[str, Any], gradient: Tensors, plan: StepPlan,
+                    probed: Mapping[str, float], expected_batch_size: float) -> Tensors:
+        for m, s in self._with("postprocess", state):
+            gradient = m.postprocess(s, gradient, plan, probed, expected_batch_size)
+        return gradient
+
+    def observe(self, state: Mapping[str, Any], *, val_metric: float) -> dict[str, Any]:
+        return {_name(m): (m.observe(s, val_metric=val_metric) if m.implements("observe")
+                           else s) for m, s in self._states(state)}

@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from dpfy._require import require
-from dpfy.adaptive.base import AdaptiveMethod, register
-from dpfy.types.plan import StepPlan
+from dpfy.adaptive.base import Method, register
+from dpfy.types import StepPlan
 
 __all__ = ["ClipSchedule", "CLIP_KINDS"]
 
@@ -30,8 +30,8 @@ CLIP_KINDS = ("exponential", "step", "function")
 
 @register("clip_schedule")
 @dataclass(frozen=True)
-class ClipSchedule(AdaptiveMethod[None]):
-    """Sets ``plan.clip`` by a schedule; leaves σ_t to the engine or another method.
+class ClipSchedule(Method[None]):
+    """Sets ``plan.clip`` by a schedule; leaves σ_t to the run or another method.
 
     Args:
       kind: one of ``CLIP_KINDS``.
@@ -60,6 +60,7 @@ class ClipSchedule(AdaptiveMethod[None]):
         require(self.offset >= 0, "offset", self.offset, ">= 0")
 
     sets = frozenset({"clip"})
+    example_options = {"kind": "exponential", "initial": 1.0, "rate": 0.9}
 
     def clip(self, step: int) -> float:
         t = step + self.offset

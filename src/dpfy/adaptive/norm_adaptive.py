@@ -38,10 +38,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from dpfy._require import require
-from dpfy.types import Clip, Norms, StepOutcome, ReleaseSpec, RunFacts
-from dpfy.adaptive.base import Method, Needs, bind_facts, register
-from dpfy.types.plan import StepPlan
+from dpfy.adaptive.base import NOISE_SPLIT, Method, bind_facts, register
 from dpfy.privacy.split import gaussian_remainder
+from dpfy.types import Clip, Norms, ReleaseSpec, RunFacts, StepOutcome, StepPlan
 
 __all__ = ["NormAdaptiveClipping", "NormAdaptiveState"]
 
@@ -79,7 +78,7 @@ class NormAdaptiveClipping(Method[NormAdaptiveState]):
     min_fraction: float = 0.1
     num_groups: int | None = None
 
-    sets = frozenset({"clip"})
+    sets = frozenset({"clip", NOISE_SPLIT})
 
     def __post_init__(self) -> None:
         if self.initial_clip is not None:
@@ -94,10 +93,6 @@ class NormAdaptiveClipping(Method[NormAdaptiveState]):
         require(0 < self.min_fraction <= 1, "min_fraction", self.min_fraction, "in (0, 1]",
                 "0.1 lets one step shrink C by at most α·β·0.1")
         require(isinstance(self.per_layer, bool), "per_layer", self.per_layer, "a bool")
-
-    @property
-    def needs(self) -> Needs:   # type: ignore[override]
-        return Needs(norms="per_group" if self.per_layer else "total")
 
     def calibrate(self, facts: RunFacts) -> "NormAdaptiveClipping":
         initial = self.initial_clip if self.initial_clip is not None else facts.max_grad_norm
@@ -155,21 +150,24 @@ class NormAdaptiveClipping(Method[NormAdaptiveState]):
     def releases(self, state: NormAdaptiveState, plan: StepPlan) -> dict[str, ReleaseSpec]:
         k = self._k()
         sigma = plan.noise_multiplier * math.sqrt(1 - self.budget_fraction)   # the step's σ
-        # Normalized units: std σ_n on each of K sums of values in [0, 1] (multiplier σ_n/√K).
-        return {RELEASE: ReleaseSpec(sensitivity=math.sqrt(k),
-                                     noise_std=self.norm_noise_multiplier(sigma))}
-
-    def release_values(self, state: NormAdaptiveState, norms: Norms, plan: StepPlan
-                       ) -> dict[str, torch.Tensor]:
         bound = self.beta * self._clips(plan)                                # (K,) public
-        n = self._norms(norms).double()                                      # (B, K) sensitive
-        v = torch.clamp(n / bound, max=1.0)                                  # (B, K) in [0, 1]
-        return {RELEASE: v if self.per_layer else v[:, 0]}
 
-    def update(self, state: NormAdaptiveState, released: StepOutcome) -> NormAdaptiveState:
-        b = released.expected_batch_size                                     # public
-        sums = torch.as_tensor(released.sums[RELEASE], dtype=torch.float64).reshape(-1)
-        bound = self.beta * self._clips(released.plan)                       # (K,) public
+        def values(norms: Norms) -> torch.Tensor:
+            n = self._norms(norms).double()                                  # (B, K) sensitive
+            v = torch.clamp(n / bound.to(n), max=1.0)                        # (B, K) in [0, 1]
+            return v if self.per_layer else v[:, 0]
+
+        # Normalized units: std σ_n on each of K sums of values in [0, 1] (multiplier σ_n/√K).
+        return {RELEASE: ReleaseSpec(
+            sensitivity=math.sqrt(k), noise_std=self.norm_noise_multiplier(sigma),
+            values=values,
+            label="the sum of per-example norms clipped at β·C_t and divided by it, "
+                  "Σ_i min(‖g_ik‖, β C_k)/(β C_k), one per threshold")}
+
+    def update(self, state: NormAdaptiveState, outcome: StepOutcome) -> NormAdaptiveState:
+        b = outcome.expected_batch_size                                     # public
+        sums = torch.as_tensor(outcome.sums[RELEASE], dtype=torch.float64).reshape(-1)
+        bound = self.beta * self._clips(outcome.plan)                       # (K,) public
         mean = torch.clamp(sums / b, self.min_fraction, 1.0)                 # privatized
         nxt = self.alpha * bound * mean
         return NormAdaptiveState(clip=tuple(float(c) for c in nxt))

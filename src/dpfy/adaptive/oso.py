@@ -49,7 +49,7 @@ momentum (the sign rule is unchanged by momentum's positive factor); with Adam t
 gradient loses its meaning (§2.6) and the paper offers no variant.
 
 Memory: two model-sized buffers (g̃_{t−1} and the released sum b·q̃_{t−1}) in the method state,
-besides the engine's accumulator of Σ q_i. Cost per step beyond DP-SGD: the engine's second
+besides the step's accumulator of Σ q_i. Cost per step beyond DP-SGD: the step's second
 weighted sum and the second parameter-shaped noise draw (both in the step), then two dot
 products and one copy of g̃_t here (the norms only for ``rule="rubio"``).
 
@@ -61,17 +61,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Literal, Mapping
+from typing import Literal, Mapping
 
 import torch
 
 from dpfy._require import require
-from dpfy.types import Clip, Norms, StepOutcome, ReleaseSpec, RunFacts
-from dpfy.adaptive.base import Method, bind_facts, register
-from dpfy.types.plan import StepPlan
+from dpfy.adaptive.base import NOISE_SPLIT, Method, bind_facts, register
 from dpfy.privacy.split import split_noise_multiplier
+from dpfy.types import Clip, Norms, ReleaseSpec, RunFacts, StepOutcome, StepPlan
 
-__all__ = ["OnlineSensitivity", "OSOState", "THRESHOLD_GRADIENT", "hyper_factor", "released_dot"]
+__all__ = ["OnlineSensitivity", "OSOState", "THRESHOLD_GRADIENT", "hyper_factor", "released_dot",
+           "threshold_weights"]
 
 THRESHOLD_GRADIENT = "threshold_gradient"
 RULES = ("sign", "rubio", "additive")
@@ -145,6 +145,14 @@ def hyper_factor(current: Vector, previous: Vector | None, rate: float, rule: st
     return 1.0 + rate * dot / (norm_c * norm_p)
 
 
+def threshold_weights(clip: float, norms: torch.Tensor) -> torch.Tensor:
+    """w_i = 1[‖g_i‖ > C]/‖g_i‖, (B,) float64, so that w_i g_i = q_i with ‖q_i‖ ∈ {0, 1}
+    (strict, Eq. 11: a norm exactly C, or 0, is never counted). Sensitive."""
+    clipped = norms > clip                                               # (B,) sensitive
+    tiny = torch.finfo(norms.dtype).tiny        # guards the division only, not the mask
+    return torch.where(clipped, 1.0 / norms.clamp_min(tiny), torch.zeros_like(norms)).double()
+
+
 @register("oso")
 @dataclass(frozen=True)
 class OnlineSensitivity(Method[OSOState]):
@@ -205,8 +213,8 @@ class OnlineSensitivity(Method[OSOState]):
 
     @property
     def sets(self) -> frozenset[str]:  # type: ignore[override]
-        """C always; the learning rate's scale only when it is adapted."""
-        return frozenset({"clip", "lr_scale"} if self.adapt_lr else {"clip"})
+        """C and the noise split always; the learning rate's scale only when it is adapted."""
+        return frozenset({"clip", NOISE_SPLIT} | ({"lr_scale"} if self.adapt_lr else set()))
 
     def init(self) -> OSOState:
         return OSOState(clip=self.initial_clip)
@@ -230,24 +238,19 @@ class OnlineSensitivity(Method[OSOState]):
     def releases(self, state: OSOState, plan: StepPlan) -> dict[str, ReleaseSpec]:
         # The plan holds ν_g = (1 + inflation)·ν (set by ``plan``); recover ν and split it.
         _, nu_q = self._split(plan.noise_multiplier / (1 + self.inflation))
-        return {THRESHOLD_GRADIENT: ReleaseSpec(sensitivity=1.0, noise_std=nu_q,
-                                                kind="gradient")}
+        clip = float(plan.clip)                                          # public
+        return {THRESHOLD_GRADIENT: ReleaseSpec(
+            sensitivity=1.0, noise_std=nu_q, kind="gradient",
+            values=lambda norms: threshold_weights(clip, norms.total),
+            label="the threshold gradient Σ_i 1[‖g_i‖ > C_t] g_i/‖g_i‖")}
 
-    def release_values(self, state: OSOState, norms: Norms, plan: StepPlan
-                       ) -> dict[str, torch.Tensor]:
-        n = norms.total                                                  # (B,) sensitive
-        clipped = n > float(plan.clip)          # strict (Eq. 11); n = 0 is never counted
-        tiny = torch.finfo(n.dtype).tiny        # guards the division only, not the mask
-        w = torch.where(clipped, 1.0 / n.clamp_min(tiny), torch.zeros_like(n))
-        return {THRESHOLD_GRADIENT: w.double()}  # w_i g_i = q_i, ‖q_i‖ ∈ {0, 1}
-
-    def update(self, state: OSOState, released: StepOutcome) -> OSOState:
-        b = released.expected_batch_size                                 # public
+    def update(self, state: OSOState, outcome: StepOutcome) -> OSOState:
+        b = outcome.expected_batch_size                                 # public
         # g̃_t is the optimizer's gradient buffer: copied, since zero_grad(set_to_none=False)
         # or an in-place optimizer would change it before the next step reads it.
-        g = {n: t.detach().clone() for n, t in released.gradient.items()}
+        g = {n: t.detach().clone() for n, t in outcome.gradient.items()}
         # b·q̃_t: the release's own fresh tensors (nothing else holds them), kept as they are.
-        q_sum = {n: t.detach() for n, t in released.sums[THRESHOLD_GRADIENT].items()}
+        q_sum = {n: t.detach() for n, t in outcome.sums[THRESHOLD_GRADIENT].items()}
         if self.rule == "additive":
             clip, lr = self._additive(state, g)
         else:   # both rules are invariant to the positive scale 1/b of the stored sum
@@ -270,18 +273,3 @@ class OnlineSensitivity(Method[OSOState]):
         if self.adapt_lr:   # Eq. 16 divided by ρ_1: s_{t+1} = s_t + ρ_r⟨g̃_t, g̃_{t−1}⟩
             lr = state.lr_scale + self.lr_rate * released_dot(g, state.prev_gradient)
         return max(clip, self.min_clip), max(lr, 0.0)
-
-    def state_dict(self, state: OSOState) -> dict[str, Any]:
-        return {"clip": state.clip, "lr_scale": state.lr_scale,
-                "prev_gradient": state.prev_gradient,
-                "prev_direction_sum": state.prev_direction_sum,
-                "prev_batch_size": state.prev_batch_size}
-
-    def load_state_dict(self, saved: Mapping[str, Any]) -> OSOState:
-        if "prev_direction_sum" in saved:
-            direction, b = saved["prev_direction_sum"], float(saved["prev_batch_size"])
-        else:   # a checkpoint from before the sum was kept: it holds q̃ itself (b = 1)
-            direction, b = saved["prev_direction"], 1.0
-        return OSOState(clip=float(saved["clip"]), lr_scale=float(saved["lr_scale"]),
-                        prev_gradient=saved["prev_gradient"], prev_direction_sum=direction,
-                        prev_batch_size=b)

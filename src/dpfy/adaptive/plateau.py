@@ -15,10 +15,11 @@ budget.
 Privacy: the metric MUST come from a public validation set (data that is not part of the
 private training set). Then the decisions are post-processing of public data and cost nothing,
 but the ledger still depends on *when* decays happen, so a total ε cannot be calibrated in
-advance: :meth:`PlateauNoiseDecay.calibrate_to_epsilon` raises and names the budget guard. Use
-``make_private(..., target_epsilon=...)``'s budget guard (it stops training when the ledger's ε
-would exceed the target) or the data-independent bound :meth:`worst_case_ledger` (every step
-at σ_min). A metric computed on private data would be an unaccounted release: do not.
+advance: σ_0 (``initial``) is required, and the method names the budget guard when it is
+missing. Use ``make_private(..., target_epsilon=...)``'s budget guard (it stops training when
+the ledger's ε would exceed the target) or the data-independent bound
+:meth:`worst_case_ledger` (every step at σ_min). A metric computed on private data would be an
+unaccounted release: do not.
 
 How the trainer drives it (the method keeps no hidden state, R4/R5)::
 
@@ -26,17 +27,18 @@ How the trainer drives it (the method keeps no hidden state, R4/R5)::
     for epoch in range(epochs):
         for batch in loader:
             plan = schedule.plan(state, base_plan)           # σ from the state
-            ...                                               # the engine's private step
+            ...                                               # the private step
         state = schedule.observe(state, val_metric=accuracy(model, public_val_loader))
 
-With ``make_private(..., method=plateau)`` the private optimizer holds the state as
-``optimizer.method_state``; after each public evaluation the trainer calls::
+With ``make_private(..., method=dpfy.adaptive.make("plateau", initial=2.0))`` the private
+optimizer holds the state; after each public evaluation the trainer calls::
 
     optimizer.observe(val_metric=acc)
 
 (the state is checkpointed with the optimizer; ``dpfy train --method plateau`` does this each
-epoch once ``--public-validation test`` declares the split public). Pass ``target_epsilon``/``target_delta`` (or
-``epsilon_cap``) to ``make_private`` so the budget guard stops the run at the target.
+epoch once ``--public-validation test`` declares the split public). Pass ``target_epsilon`` /
+``target_delta`` (or ``epsilon_cap``) to ``make_private`` so the budget guard stops the run at
+the target.
 
 Releases per step: the clipped-gradient sum, noise multiplier σ_e. The validation metric is
 public (not a release).
@@ -47,9 +49,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from dpfy._require import require
-from dpfy.adaptive.base import AdaptiveMethod, Needs, register
-from dpfy.types.plan import StepPlan
-from dpfy.privacy.ledger import Ledger, Sampling
+from dpfy.adaptive.base import Method, bind_facts, register
+from dpfy.privacy.ledger import Ledger
+from dpfy.types import RunFacts, Sampling, StepPlan
 
 __all__ = ["PlateauNoiseDecay", "PlateauState"]
 
@@ -65,52 +67,66 @@ class PlateauState:
 
 @register("plateau")
 @dataclass(frozen=True)
-class PlateauNoiseDecay(AdaptiveMethod[PlateauState]):
+class PlateauNoiseDecay(Method[PlateauState]):
     """Noise decay triggered by a plateau of a public validation metric (higher = better).
 
     Args:
-      initial: σ_0 > 0.
+      initial: σ_0 > 0 (required: the ledger depends on the plateaus, so no σ_0 can be solved
+        for a target ε in advance).
       factor: k in (0, 1), the decay applied at a plateau.
       threshold: δ_val ≥ 0; a moving-average gain ≤ δ_val is a plateau.
       min_noise_multiplier: σ_min in (0, initial]; the floor keeps every step private and
-        bounds the worst case.
+        bounds the worst case. None: initial / 4.
       window: moving-average window (number of evaluations), ≥ 1.
-      total_steps: the most optimizer updates the run may make (for the engine's budget guard).
+      total_steps: the most optimizer updates the run may make; None: the run's steps.
     """
 
-    initial: float
-    factor: float
-    threshold: float
-    min_noise_multiplier: float
-    total_steps: int
+    initial: float | None = None
+    factor: float = 0.9
+    threshold: float = 0.0
+    min_noise_multiplier: float | None = None
     window: int = 1
+    total_steps: int | None = None
+
+    sets = frozenset({"noise_multiplier"})
+    ledger_depends_on_data = True
+    example_options = {"initial": 2.0}
 
     def __post_init__(self) -> None:
+        require(self.initial is not None, "initial", None,
+                "given for method 'plateau' (data-independent calibration to a total ε is "
+                "impossible)",
+                "Plateau decay reacts to validation results, so no σ_0 can be solved in "
+                "advance. Give it explicitly (dpfy train: --method-options initial=2.0; "
+                "Python: make('plateau', initial=2.0)) and let the budget guard "
+                "(make_private(..., target_epsilon=...)) stop training at the target, or bound "
+                "the run with worst_case_ledger()")
         require(self.initial > 0, "initial", self.initial, "> 0")
         require(0 < self.factor < 1, "factor", self.factor, "in (0, 1)",
                 "k multiplies σ at each plateau")
         require(self.threshold >= 0, "threshold", self.threshold, ">= 0")
+        if self.min_noise_multiplier is None:
+            object.__setattr__(self, "min_noise_multiplier", self.initial / 4)
         require(0 < self.min_noise_multiplier <= self.initial, "min_noise_multiplier",
                 self.min_noise_multiplier, f"in (0, initial = {self.initial}]")
         require(self.window >= 1, "window", self.window, ">= 1")
-        require(self.total_steps >= 1, "total_steps", self.total_steps, ">= 1")
+        if self.total_steps is not None:
+            require(self.total_steps >= 1, "total_steps", self.total_steps, ">= 1")
 
-    sets = frozenset({"noise_multiplier"})
-    needs = Needs(validation="public")
-    ledger_depends_on_data = True
-
-    @classmethod
-    def from_options(cls, **options):
-        """``make("plateau", initial=σ_0, ...)``: built by make_private for the run's steps."""
-        from dpfy.adaptive.factory import deferred_schedule
-        return deferred_schedule("plateau", "plateau", **options)
+    def calibrate(self, facts: RunFacts) -> "PlateauNoiseDecay":
+        """The run's steps as the horizon (σ_0 is the user's: nothing is solved)."""
+        steps = self.total_steps if self.total_steps is not None else facts.steps
+        require(steps is not None, "steps", None, "known for method 'plateau'",
+                "Pass epochs= or max_steps= to make_private")
+        return bind_facts(replace(self, total_steps=steps), facts)
 
     def init(self) -> PlateauState:
         return PlateauState(noise_multiplier=self.initial)
 
     def plan(self, state: PlateauState, plan: StepPlan) -> StepPlan:
-        require(plan.step < self.total_steps, "step", plan.step, f"< {self.total_steps}",
-                "The run was planned for total_steps steps")
+        if self.total_steps is not None:
+            require(plan.step < self.total_steps, "step", plan.step, f"< {self.total_steps}",
+                    "The run was planned for total_steps steps")
         return replace(plan, noise_multiplier=state.noise_multiplier)
 
     def _average(self, metrics: tuple[float, ...]) -> float:
@@ -128,18 +144,10 @@ class PlateauNoiseDecay(AdaptiveMethod[PlateauState]):
         return PlateauState(noise_multiplier=sigma, metrics=metrics,
                             decays=state.decays + (sigma < state.noise_multiplier))
 
-    @classmethod
-    def calibrate_to_epsilon(cls, **_: object) -> None:
-        """Always raises: the ledger depends on when plateaus happen (STYLE.md R9)."""
-        require(False, "schedule", "plateau", "data-independent to be calibrated to a total ε",
-                "Plateau decay reacts to validation results, so no ε can be solved in advance. "
-                "Give initial σ explicitly (dpfy train: --method-options initial=2.0; Python: "
-                "make_schedule('plateau', ..., initial=2.0)) and let the engine's budget guard "
-                "(make_private(..., target_epsilon=...)) stop training at the target, or bound "
-                "the run with worst_case_ledger()")
-
     def worst_case_ledger(self, *, sample_rate: float,
                           sampling: Sampling = Sampling.POISSON) -> Ledger:
         """Data-independent upper bound: every step at σ_min (ε only grows as σ falls)."""
+        require(self.total_steps is not None, "total_steps", None, "known",
+                "Give total_steps= or calibrate the method for the run")
         return Ledger.homogeneous(sample_rate=sample_rate, steps=self.total_steps,
                                   noise_multiplier=self.min_noise_multiplier, sampling=sampling)

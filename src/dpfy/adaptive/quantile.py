@@ -31,10 +31,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from dpfy._require import require
-from dpfy.types import Clip, Norms, StepOutcome, ReleaseSpec, RunFacts
-from dpfy.adaptive.base import Method, Needs, bind_facts, register
-from dpfy.types.plan import StepPlan
+from dpfy.adaptive.base import NOISE_SPLIT, Method, bind_facts, register
 from dpfy.privacy.split import quantile_noise_split
+from dpfy.types import Clip, Norms, ReleaseSpec, RunFacts, StepOutcome, StepPlan
 
 __all__ = ["QuantileClipping", "LayerQuantileClipping", "QuantileState"]
 
@@ -51,6 +50,12 @@ def _check_common(initial_clip: float, target_quantile: float, step_size: float)
     require(0 < target_quantile < 1, "target_quantile", target_quantile, "in (0, 1)",
             "γ = 0.5 tracks the median norm")
     require(step_size > 0, "step_size", step_size, "> 0", "η_C = 0.2 is the paper's default")
+
+
+def _centred_unclipped(clip: float | torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
+    """1[‖g_ik‖ ≤ C_k] − ½ for each example (and group): (B,) or (B, K), each entry ±½.
+    Sensitive."""
+    return (norms <= torch.as_tensor(clip).to(norms)).double() - 0.5
 
 
 def _geometric(clip: float, frac_unclipped: float, target: float, step_size: float) -> float:
@@ -76,7 +81,7 @@ class QuantileClipping(Method[QuantileState]):
     step_size: float = 0.2
     count_noise_std: float | None = None
 
-    sets = frozenset({"clip"})
+    sets = frozenset({"clip", NOISE_SPLIT})
 
     def __post_init__(self) -> None:
         _check_common(self.initial_clip, self.target_quantile, self.step_size)
@@ -111,16 +116,15 @@ class QuantileClipping(Method[QuantileState]):
         return Clip(torch.clamp(c / norms.total, max=1.0), sensitivity=c)  # (B,) sensitive
 
     def releases(self, state: QuantileState, plan: StepPlan) -> dict[str, ReleaseSpec]:
-        return {"unclipped_count": ReleaseSpec(sensitivity=0.5, noise_std=self._std())}
+        clip = float(plan.clip)                                             # public
+        return {"unclipped_count": ReleaseSpec(
+            sensitivity=0.5, noise_std=self._std(),
+            values=lambda norms: _centred_unclipped(clip, norms.total),    # (B,) ±½
+            label="the centred count of unclipped examples Σ_i (1[‖g_i‖ ≤ C_t] − ½)")}
 
-    def release_values(self, state: QuantileState, norms: Norms, plan: StepPlan
-                       ) -> dict[str, torch.Tensor]:
-        centred = (norms.total <= float(plan.clip)).double() - 0.5   # (B,) sensitive, ±½
-        return {"unclipped_count": centred}
-
-    def update(self, state: QuantileState, released: StepOutcome) -> QuantileState:
-        b = released.expected_batch_size                                   # public
-        frac = (released.sums["unclipped_count"] + b / 2) / b              # privatized
+    def update(self, state: QuantileState, outcome: StepOutcome) -> QuantileState:
+        b = outcome.expected_batch_size                                   # public
+        frac = (outcome.sums["unclipped_count"] + b / 2) / b              # privatized
         return QuantileState(clip=(_geometric(state.clip[0], frac, self.target_quantile,
                                               self.step_size),))
 
@@ -143,8 +147,7 @@ class LayerQuantileClipping(Method[QuantileState]):
     budget_fraction: float = 0.05
     num_groups: int | None = None
 
-    sets = frozenset({"clip"})
-    needs = Needs(norms="per_group")
+    sets = frozenset({"clip", NOISE_SPLIT})
 
     def __post_init__(self) -> None:
         _check_common(self.initial_clip, self.target_quantile, self.step_size)
@@ -186,19 +189,18 @@ class LayerQuantileClipping(Method[QuantileState]):
         if sigma_total <= 0:
             raise ValueError("noise_multiplier must be > 0 for per_layer_quantile, got 0. "
                              "Its counts take a share of the gradient's noise")
-        return {"unclipped_counts": ReleaseSpec(sensitivity=math.sqrt(k) / 2,
-                                                noise_std=self._count_std(sigma_total, k))}
+        clip = plan.clip                                                    # (K,) public
+        return {"unclipped_counts": ReleaseSpec(
+            sensitivity=math.sqrt(k) / 2, noise_std=self._count_std(sigma_total, k),
+            values=lambda norms: _centred_unclipped(clip, norms.per_group()),   # (B, K) ±½
+            label="the K per-layer centred counts of unclipped examples "
+                  "Σ_i (1[‖g_ik‖ ≤ C_k] − ½)")}
 
-    def release_values(self, state, norms: Norms, plan: StepPlan) -> dict[str, torch.Tensor]:
-        per_group = norms.per_group()                                       # (B, K) sensitive
-        centred = (per_group <= plan.clip.to(per_group)).double() - 0.5     # (B, K) ±½
-        return {"unclipped_counts": centred}
-
-    def update(self, state, released: StepOutcome) -> QuantileState:
-        b = released.expected_batch_size
-        counts = torch.as_tensor(released.sums["unclipped_counts"], dtype=torch.float64)
+    def update(self, state, outcome: StepOutcome) -> QuantileState:
+        b = outcome.expected_batch_size
+        counts = torch.as_tensor(outcome.sums["unclipped_counts"], dtype=torch.float64)
         frac = (counts + b / 2) / b                                         # (K,) privatized
-        clips = released.plan.clip.tolist()
+        clips = outcome.plan.clip.tolist()
         return QuantileState(clip=tuple(_geometric(c, float(f), self.target_quantile,
                                                    self.step_size)
                                         for c, f in zip(clips, frac)))

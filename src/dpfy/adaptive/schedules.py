@@ -20,7 +20,15 @@ clipped-gradient *sum*.
 
 Every σ_u is ``initial`` times a shape that does not depend on ``initial``
 (:meth:`NoiseDecay.shape`), so "spend exactly ε over the run" is one scalar search done by
-the accountant: ``calibrate_schedule_scale(shape=...)`` (see :func:`dpfy.adaptive.make_schedule`).
+the accountant (``calibrate_schedule_scale(shape=...)``), in :meth:`NoiseDecay.calibrate` for
+the run's facts: with ``initial`` unset, σ_0 is solved so the whole run spends the run's target
+ε (rigorously, by the run's accountant; ``calibration="gdp", approximate=True`` is the explicit
+opt-in to a paper's CLT calibration); with ``initial`` given and a target ε, the schedule is
+stopped early at the last step within the target (review Table 8 "stopping criterion ε");
+with ``initial`` and no target, it runs as given and the budget guard watches the ledger.
+
+``dpfy.adaptive.make("noise_decay", kind="time", rate=0.5)``; ``dpfy train --method
+noise_decay --method-options kind=time rate=0.5``.
 
 Releases per step: the clipped-gradient sum, noise multiplier σ_t.
 """
@@ -33,8 +41,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from dpfy._require import require
-from dpfy.adaptive._planned import PlannedSchedule
-from dpfy.adaptive.base import Method, register
+from dpfy.adaptive._planned import (PlannedSchedule, check_calibration, require_budget,
+                                    steps_within_budget)
+from dpfy.adaptive.base import bind_facts, register
+from dpfy.privacy.calibration import calibrate_schedule_scale
+from dpfy.types import RunFacts
 
 __all__ = ["NoiseDecay", "KINDS", "PER"]
 
@@ -49,36 +60,49 @@ class NoiseDecay(PlannedSchedule):
 
     Args:
       kind: one of ``KINDS``.
-      initial: σ_0 > 0, the noise multiplier at u = 0.
-      total_steps: optimizer updates the run (and its budget) covers.
       rate: k (meaning depends on ``kind``, see the module docstring); unused for constant.
       period: in units of ``per``; the step length (step) or the decay horizon (polynomial).
-      final: σ_end for polynomial decay, in (0, initial].
+        None: 1, or for polynomial the run's last unit (σ_end reached at the end).
+      final_ratio: σ_end/σ_0 for polynomial decay, in (0, 1].
       per: ``"epoch"`` (the review's unit; short ledger) or ``"step"``.
-      steps_per_epoch: optimizer updates per epoch (needed when ``per="epoch"``).
+      initial: σ_0 > 0, the noise multiplier at u = 0. None: solved in ``calibrate`` so the
+        run spends its target ε.
+      total_steps: optimizer updates the schedule (and its budget) covers; None: the run's.
+      steps_per_epoch: optimizer updates per epoch (for ``per="epoch"``); None: the run's.
+      calibration: the accountant σ_0 (or the early stop) is solved against; None: the run's.
+      approximate: must be True with ``calibration="gdp"`` (a paper's CLT; reproductions).
 
     Warnings:
       Calibrating per-step schedules with PLD composes one distinct event per step: slow for
       thousands of steps. Per-epoch decay keeps the ledger to one group per epoch.
     """
 
-    kind: str
-    initial: float
-    total_steps: int
+    kind: str = "exponential"
     rate: float = 0.0
-    period: int = 1
-    final: float = 0.0
+    period: int | None = None
+    final_ratio: float = 0.5
     per: str = "epoch"
-    steps_per_epoch: int = 1
+    initial: float | None = None
+    total_steps: int | None = None
+    steps_per_epoch: int | None = None
+    calibration: str | None = None
+    approximate: bool = False
+
+    example_options = {"kind": "exponential", "rate": 0.3}
 
     def __post_init__(self) -> None:
         require(self.kind in KINDS, "kind", self.kind, f"one of {list(KINDS)}")
-        require(self.initial > 0, "initial", self.initial, "> 0",
-                "Pass σ_0, the noise multiplier at the start of training")
-        require(self.total_steps >= 1, "total_steps", self.total_steps, ">= 1")
+        if self.initial is not None:
+            require(self.initial > 0, "initial", self.initial, "> 0",
+                    "Pass σ_0, the noise multiplier at the start of training, or leave it "
+                    "unset to calibrate it to the run's target ε")
+        if self.total_steps is not None:
+            require(self.total_steps >= 1, "total_steps", self.total_steps, ">= 1")
         require(self.per in PER, "per", self.per, f"one of {list(PER)}")
-        require(self.steps_per_epoch >= 1, "steps_per_epoch", self.steps_per_epoch, ">= 1")
-        require(self.period >= 1, "period", self.period, ">= 1 (in units of `per`)")
+        if self.steps_per_epoch is not None:
+            require(self.steps_per_epoch >= 1, "steps_per_epoch", self.steps_per_epoch, ">= 1")
+        if self.period is not None:
+            require(self.period >= 1, "period", self.period, ">= 1 (in units of `per`)")
         if self.kind in ("time", "exponential", "polynomial"):
             require(self.rate > 0, "rate", self.rate, f"> 0 for {self.kind} decay",
                     "k is the decay rate; use kind='constant' for no decay")
@@ -86,20 +110,50 @@ class NoiseDecay(PlannedSchedule):
             require(0 < self.rate < 1, "rate", self.rate, "in (0, 1) for step decay",
                     "k multiplies σ once every `period` units")
         if self.kind == "polynomial":
-            require(0 < self.final <= self.initial, "final", self.final,
-                    f"in (0, initial = {self.initial}] for polynomial decay",
-                    "σ_end is the noise multiplier the decay ends at; it cannot exceed σ_0 "
-                    "and must stay > 0 to keep the last steps private")
+            require(0 < self.final_ratio <= 1, "final_ratio", self.final_ratio, "in (0, 1]",
+                    "σ_end/σ_0 must not exceed 1 (σ_end > σ_0 is growth, not decay) and must "
+                    "stay > 0 to keep the last steps private")
+        check_calibration(self.calibration, self.approximate)
+        if self.period is None and self.total_steps is not None and (
+                self.per == "step" or self.steps_per_epoch is not None):
+            units = self.unit(self.total_steps - 1) + 1
+            object.__setattr__(self, "period",
+                               max(units - 1, 1) if self.kind == "polynomial" else 1)
 
-    @classmethod
-    def from_options(cls, kind: str = "exponential", **options) -> "Method":
-        """``make("noise_decay", kind=..., rate=..., ...)``: calibrated by make_private."""
-        from dpfy.adaptive.factory import deferred_schedule
-        return deferred_schedule("noise_decay", kind, **options)
+    def calibrate(self, facts: RunFacts) -> "NoiseDecay":
+        """σ_0 for the run's target ε (``initial`` unset), or the early stop (``initial`` and a
+        target), for the run's steps and steps per epoch."""
+        steps = self.total_steps if self.total_steps is not None else facts.steps
+        require(steps is not None, "steps", None, "known for method 'noise_decay'",
+                "Pass epochs= or max_steps= to make_private")
+        out = replace(self, total_steps=steps,
+                      steps_per_epoch=self.steps_per_epoch or facts.steps_per_epoch or 1)
+        accountant = self.calibration or facts.accountant
+        if out.initial is None:
+            require_budget(facts, "noise_decay")
+            scale = calibrate_schedule_scale(
+                shape=out.shape(), target_epsilon=facts.target_epsilon, delta=facts.delta,
+                sample_rate=facts.sample_rate, accountant=accountant,
+                approximate=self.approximate)
+            out = replace(out, initial=scale)
+        elif facts.target_epsilon is not None:           # early stopping at the target
+            require_budget(facts, "noise_decay")
+            stop = steps_within_budget(out, target_epsilon=facts.target_epsilon,
+                                       delta=facts.delta, sample_rate=facts.sample_rate,
+                                       accountant=accountant)
+            require(stop >= 1, "initial", self.initial, "large enough that one step fits the "
+                    "budget", "Raise σ_0 or the target ε")
+            out = replace(out, total_steps=stop)
+        return bind_facts(out, facts)
 
     def unit(self, step: int) -> int:
         """u: the schedule's time at 0-based ``step`` (epochs completed, or the step)."""
-        return step if self.per == "step" else step // self.steps_per_epoch
+        if self.per == "step":
+            return step
+        require(self.steps_per_epoch is not None, "steps_per_epoch", None,
+                "known for per='epoch'", "Give steps_per_epoch= or let make_private calibrate "
+                "the schedule for the run")
+        return step // self.steps_per_epoch
 
     def factor(self, u: int) -> float:
         """σ_u / σ_0 at schedule time u (independent of ``initial``)."""
@@ -112,18 +166,22 @@ class NoiseDecay(PlannedSchedule):
             return math.exp(-k * u)
         if self.kind == "step":
             return k ** (u // self.period)
-        end = self.final / self.initial                     # polynomial
+        end = self.final_ratio                                # polynomial
         return (1.0 - end) * (1.0 - min(u, self.period) / self.period) ** k + end
 
     def noise_multiplier(self, step: int) -> float:
         self.check_step(step)
+        require(self.initial is not None, "method 'noise_decay'", "uncalibrated",
+                "calibrated for the run (σ_0 known)",
+                "Pass it to make_private(method=...), which solves σ_0, or give initial=")
         return self.initial * self.factor(self.unit(step))
 
     def shape(self) -> np.ndarray:
         """σ_t / σ_0 for every step, shape (total_steps,): what calibration scales."""
-        return np.array([self.factor(self.unit(t)) for t in range(self.total_steps)])
+        return np.array([self.factor(self.unit(t)) for t in range(self.horizon())])
 
     def scaled(self, scale: float) -> "NoiseDecay":
-        """The same shape with σ_0 (and σ_end) multiplied by ``scale``."""
+        """The same shape with σ_0 multiplied by ``scale``."""
         require(scale > 0, "scale", scale, "> 0")
-        return replace(self, initial=self.initial * scale, final=self.final * scale)
+        require(self.initial is not None, "initial", None, "set to be scaled")
+        return replace(self, initial=self.initial * scale)

@@ -20,7 +20,9 @@ from pathlib import Path
 from dataclasses import fields
 from typing import Any
 
-from dpfy.train.config import TrainConfig, field_types, coerce, load_config_file
+from dpfy.cli import EXIT_INTERRUPTED
+from dpfy.train import resume, train
+from dpfy.train.config import TrainConfig, coerce, field_types, load_config_file
 from dpfy.train.rundir import RunDir
 
 __all__ = ["register", "run", "explicit_settings", "parse_scalar", "train_parser"]
@@ -36,7 +38,7 @@ def parse_scalar(text: str) -> Any:
     return {"true": True, "false": False}.get(text.lower(), text)
 
 
-OPTION_EXAMPLES = {"schedule_options": "rate=0.9", "method_options": "probe_every=10"}
+OPTION_EXAMPLES = {"method_options": "kind=time rate=0.5"}
 
 
 def _options(items: list[str], name: str) -> dict[str, Any]:
@@ -107,9 +109,6 @@ def explicit_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dpfy.cli import EXIT_INTERRUPTED
-    from dpfy.train import resume, train
-
     settings = explicit_settings(args)
     progress = not args.no_progress
     if args.resume:

@@ -27,8 +27,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from dpfy._require import require
+from dpfy.adaptive import REGISTRY      # importing the package registers every method
 from dpfy.privacy.accountants import RIGOROUS
 from dpfy.privacy.calibration import MAX_TARGET_EPSILON
+from dpfy.privacy.individual import check_groups
 
 __all__ = ["TrainConfig", "OPTIMIZERS", "ACCOUNTANTS", "RESUME_IGNORED", "PUBLIC_ONLY",
            "SEED_WARNING", "DEFAULT_LR", "DEFAULT_OPTIMIZER", "method_default",
@@ -96,9 +98,8 @@ class TrainConfig:
                                 "by anyone holding it, which undoes the privacy; never "
                                 "published (default: none; OS randomness, secure)")
     accountant: str = _f("pld", "pld or rdp")
-    schedule: str | None = _f(None, "adaptive schedule name (dpfy.adaptive.make_schedule)")
-    schedule_options: dict = _f(None, "options for the schedule, KEY=VALUE")
-    method: str | None = _f(None, "adaptive method(s) by registry name (`dpfy methods`); "
+    method: str | None = _f(None, "adaptive method(s) by registry name (`dpfy methods`), "
+                                  "schedules included (noise_decay, dynamic, plateau); "
                                   "repeat --method (or separate by commas) to chain them")
     method_options: dict = _f(None, "options for the method, KEY=VALUE (NAME.KEY=VALUE to "
                                     "address one method of a chain)")
@@ -175,14 +176,9 @@ class TrainConfig:
                     f"in [1, {MAX_THREADS}]", "Give at most the machine's cores")
         require(self.method_options is None or self.method is not None, "method_options",
                 self.method_options, "empty unless a method is chosen", "Add --method NAME")
-        require(self.method is None or self.schedule is None, "method", self.method,
-                f"not given with schedule = {self.schedule!r}",
-                "Use --method noise_decay (or dynamic, plateau) instead of --schedule")
         require(self.public_validation in (None, "test"), "public_validation",
                 self.public_validation, "None or 'test'",
                 "Only declare a split public if it holds no private data")
-        require(self.schedule_options is None or self.schedule is not None, "schedule_options",
-                self.schedule_options, "empty unless a schedule is chosen", "Add --schedule NAME")
         self._check_individual()
 
     def _check_individual(self) -> None:
@@ -206,14 +202,12 @@ class TrainConfig:
         require(self.epsilon is None and self.noise_multiplier is None, "epsilon",
                 self.epsilon, "unset with --individual (each group's budget is its ε)",
                 "Drop --epsilon and --noise-multiplier")
-        require(self.method is None and self.schedule is None and self.clipping == "flat",
-                "individual", self.individual, "used without --method, --schedule and "
-                "--clipping other than flat", "Drop those flags")
+        require(self.method is None and self.clipping == "flat",
+                "individual", self.individual, "used without --method and --clipping other "
+                "than flat", "Drop those flags")
         require(self.accountant in RIGOROUS, "accountant", self.accountant,
                 f"one of {list(RIGOROUS)} with --individual", "Use --accountant rdp or pld")
         if self.budgets is not None:
-            from dpfy.privacy.individual import check_groups
-
             check_groups(parse_floats(self.budgets, "budgets"),
                          parse_floats(self.budget_fractions, "budget_fractions"))
 
@@ -252,8 +246,6 @@ def method_default(method: str | None, what: str, default: Any) -> Any:
     HyFreeDP took as η₀ while the CLI could not tell a default from a given value). An unknown
     name keeps ``default`` here; the trainer refuses the name itself.
     """
-    from dpfy.adaptive import REGISTRY     # importing the package registers every method
-
     for name in (method or "").split(","):
         value = getattr(REGISTRY.get(name.strip()), f"default_{what}", None)
         if value is not None:

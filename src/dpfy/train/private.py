@@ -1,12 +1,13 @@
-"""Builds the private optimizer of a run: the one call into the engine that training makes.
+"""Builds the private optimizer of a run: the one call into ``make_private`` training makes.
 
 Everything privacy-relevant (sampling, clipping, noise, the ledger, the calibration of σ or of
 a method to a target ε) happens inside ``dpfy.make_private``. :func:`private_run` wraps a model
 and a training set and reads the run's shape (q, steps per epoch, total steps) back from the
 sampler it built, so there is one definition of an epoch: the sampler's ``len(loader)``.
 ``dpfy train`` reaches it through :func:`make_private_run` (config fields to arguments; with
-``--schedule`` or ``--method`` the method is built uncalibrated and ``make_private`` calibrates it
-for the run's facts), and the reproductions (:mod:`dpfy.experiments.run`) call it directly.
+``--method`` the method is built uncalibrated and ``make_private`` calibrates it for the run's
+facts: a schedule solves its noise for the target ε there), and the reproductions
+(:mod:`dpfy.experiments.run`) call it directly.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from dpfy._require import require
+from dpfy.adaptive import make
+from dpfy.api import make_private
 from dpfy.data import DataSplits
 from dpfy.train.config import TrainConfig
 
@@ -27,8 +30,8 @@ __all__ = ["PrivateRun", "private_run", "make_private_run", "make_optimizer",
 
 
 def per_example_cross_entropy(model: nn.Module, batch) -> torch.Tensor:
-    """Per-example training losses (B,) of ``dpfy train``'s classifiers, for methods that probe
-    losses (``needs.probes``: HyFreeDP); the same loss the training loop minimizes."""
+    """Per-example training losses (B,) of ``dpfy train``'s classifiers, for methods whose
+    release specs probe losses (HyFreeDP, NoisyMax); the same loss the training loop minimizes."""
     x, y = batch
     return torch.nn.functional.cross_entropy(model(x), y, reduction="none")
 
@@ -38,7 +41,7 @@ class PrivateRun:
     """The private model, optimizer and Poisson loader, plus the run's public shape."""
 
     model: nn.Module
-    optimizer: Any                # the engine's private optimizer
+    optimizer: Any                # the private optimizer (dpfy.optim.DPOptimizer)
     loader: Any                   # yields Poisson-sampled logical batches
     sample_rate: float            # q
     steps_per_epoch: int
@@ -54,21 +57,11 @@ class PrivateRun:
 
 
 def make_optimizer(cfg: TrainConfig, params) -> torch.optim.Optimizer:
-    """The non-private optimizer the engine wraps."""
+    """The non-private optimizer ``make_private`` wraps."""
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum,
                                weight_decay=cfg.weight_decay)
     return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-
-
-def _schedule(cfg: TrainConfig):
-    """The adaptive schedule named by ``cfg.schedule``, uncalibrated: ``make_private`` builds it
-    for the run's facts (q, steps, steps per epoch from its sampler; δ and target ε)."""
-    require(cfg.epsilon is not None, "schedule", cfg.schedule, "used with a target --epsilon",
-            "A schedule is calibrated to a budget; drop --noise-multiplier")
-    from dpfy.adaptive.factory import deferred_schedule
-
-    return deferred_schedule("schedule", cfg.schedule, **(cfg.schedule_options or {}))
 
 
 def build_methods(cfg: TrainConfig) -> list | None:
@@ -76,8 +69,6 @@ def build_methods(cfg: TrainConfig) -> list | None:
     ``make_private`` calibrates them for the run's facts)."""
     if not cfg.method:
         return None
-    from dpfy.adaptive import make
-
     names = [n.strip() for n in cfg.method.split(",") if n.strip()]
     options = dict(cfg.method_options or {})
     per: dict[str, dict] = {n: {} for n in names}
@@ -96,7 +87,7 @@ def build_methods(cfg: TrainConfig) -> list | None:
 
 
 def private_run(model: nn.Module, optimizer: torch.optim.Optimizer, train: Dataset, *,
-                batch_size: int, epochs: int, **engine: Any) -> PrivateRun:
+                batch_size: int, epochs: int, **options: Any) -> PrivateRun:
     """Wrap ``model`` and ``optimizer`` for DP training on ``train`` for ``epochs`` passes.
 
     Batches are Poisson-sampled at q = batch_size / N. The run is planned, calibrated and
@@ -108,17 +99,15 @@ def private_run(model: nn.Module, optimizer: torch.optim.Optimizer, train: Datas
       train: the private training set (one example = one unit of privacy).
       batch_size: the expected logical batch size b.
       epochs: passes over ``train``.
-      **engine: the rest of ``dpfy.make_private``'s arguments (noise_multiplier or
+      **options: the rest of ``dpfy.make_private``'s arguments (noise_multiplier or
         target_epsilon, target_delta, max_grad_norm, method, seed, accountant, ...).
     """
-    import dpfy
-
     n = len(train)  # type: ignore[arg-type]
     require(batch_size <= n, "batch_size", batch_size,
             f"<= the number of training examples ({n})", "Lower --batch-size")
-    model, optimizer, loader = dpfy.make_private(
+    model, optimizer, loader = make_private(
         model, optimizer, DataLoader(train, batch_size=batch_size), epochs=epochs,
-        poisson_sampling=True, **engine)
+        poisson_sampling=True, **options)
     steps_per_epoch = len(loader)                       # the sampler's: ⌈N/b⌉ logical batches
     require(optimizer.max_steps == epochs * steps_per_epoch, "max_steps", optimizer.max_steps,
             f"{epochs} epochs × {steps_per_epoch} steps per epoch (what the run was planned "
@@ -128,30 +117,22 @@ def private_run(model: nn.Module, optimizer: torch.optim.Optimizer, train: Datas
                       total_steps=optimizer.max_steps)
 
 
-def _probes(method) -> bool:
-    """True when the run's method (or a member of its chain) declares loss probes."""
-    if isinstance(method, (list, tuple)):
-        members = list(method)
-    else:
-        members = getattr(method, "members", None) or ([method] if method is not None else [])
-    return any(getattr(m, "needs", None) is not None and m.needs.probes for m in members)
-
-
 def make_private_run(cfg: TrainConfig, model: nn.Module, data: DataSplits) -> PrivateRun:
     """Wrap ``model`` for DP training on ``data.train`` as ``cfg`` says."""
     optimizer = make_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
-    method = _schedule(cfg) if cfg.schedule else build_methods(cfg)
+    method = build_methods(cfg)
     private = private_run(
         model, optimizer, data.train, batch_size=cfg.batch_size, epochs=cfg.epochs,
         noise_multiplier=cfg.noise_multiplier, target_epsilon=cfg.epsilon,
         target_delta=cfg.delta, max_grad_norm=cfg.clip, clipping=cfg.clipping,
-        engine=cfg.engine, seed=cfg.seed, method=method,
+        route=cfg.engine, seed=cfg.seed, method=method,
         max_physical_batch_size=cfg.physical_batch_size, accountant=cfg.accountant,
-        loss_fn=per_example_cross_entropy if _probes(method) else None)
-    needs = private.optimizer.method.needs.validation \
-        if private.optimizer.method is not None else None
-    require(needs is None or cfg.public_validation == "test", "public_validation",
-            cfg.public_validation, f"'test' for method {cfg.method or cfg.schedule!r}",
+        # the per-example loss for a method whose specs probe losses (unused otherwise)
+        loss_fn=per_example_cross_entropy)
+    reads = private.optimizer.method is not None \
+        and private.optimizer.method.implements("observe")
+    require(not reads or cfg.public_validation == "test", "public_validation",
+            cfg.public_validation, f"'test' for method {cfg.method!r}",
             "It reads a validation metric each epoch; pass --public-validation test only if "
             "the test split is public data (it then drives the noise)")
     return private

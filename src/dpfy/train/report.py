@@ -4,8 +4,9 @@ private optimizer's ledger: privacy_report.md/.json and epsilon_over_steps.png.
 The JSON keeps the report's whole context (model, layer table, sampling note, warnings, the
 adaptive methods that ran, the data declared public), so ``dpfy report RUN_DIR`` re-renders the
 same Markdown. A run with ``--seed`` opens with the seed warning; checkpoints are listed as
-secret. A run with ``--method`` names each method and what it releases per step (from the
-registry, as ``dpfy methods`` shows it); with ``--public-validation test`` the report says
+secret. A run with ``--method`` names each method and what it releases per step, read from its
+release specs at the run's own facts (:func:`dpfy.adaptive.describe_releases`, as ``dpfy
+methods`` does for an example run); with ``--public-validation test`` the report says
 that the user declared the test split public and what its accuracy drove, since that split is
 then outside the guarantee.
 """
@@ -15,12 +16,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from dpfy.adaptive.chain import Chain
+from dpfy.adaptive.describe import describe_releases, releases_text
 from dpfy.data import DataSplits
 from dpfy.privacy import epsilon as ledger_epsilon
 from dpfy.privacy.report import PrivacyReport, ReportSection
 from dpfy.train.config import SEED_WARNING, TrainConfig
 
-__all__ = ["write_report", "methods_ran", "clip_description", "public_data", "RELEASED", "NOT_RELEASED"]
+__all__ = ["write_report", "methods_ran", "clip_description", "public_data", "RELEASED",
+           "NOT_RELEASED"]
 
 RELEASED = ("final model weights (model.pt) and test-set metrics. The train loss/accuracy "
             "columns of metrics.csv and metrics.json, and the train curve of accuracy.png, are "
@@ -38,7 +42,7 @@ def clip_description(cfg: TrainConfig, method) -> str:
     (a method that supplies its own clipping ignores --clip; one that sets C_t adapts it)."""
     for m in _members(method):
         name = m.registry_name or type(m).__name__
-        if m.supplies_clipping():
+        if m.implements("clipping"):
             return f"clipping by method '{name}' (--clip not used)"
         if "clip" in m.sets:
             return f"clip C_t set by method '{name}' ({cfg.clipping} clipping)"
@@ -54,28 +58,33 @@ def _describe(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, priv
             f"{notes.get('delta_rule', 'given')}")
 
 
-# What each plan field a method sets means to a reader of the report (dpfy.adaptive.PLAN_FIELDS).
+# What each entry of a method's ``sets`` means to a reader of the report (dpfy.adaptive.SETS).
 PLAN_FIELD_TEXT = {"noise_multiplier": "the noise multiplier σ_t (the noise schedule)",
                    "clip": "the clipping threshold C_t",
-                   "lr_scale": "the learning-rate scale"}
+                   "lr_scale": "the learning-rate scale",
+                   "noise_split": "the split of σ_t between the gradient and its own releases"}
 
 
 def _members(method) -> Sequence:
     """The methods of a run in the order they run within a step (a chain's members)."""
-    from dpfy.adaptive.chain import Chain
     if method is None:
         return ()
     return method.members if isinstance(method, Chain) else (method,)
 
 
-def methods_ran(method) -> list[dict[str, str]]:
-    """One row per adaptive method of the run: registry name and what it releases per step
-    (the "Releases per step" text of its docstring, as ``dpfy methods`` lists it; a method
-    outside the registry, such as the audit's canaries, states it in ``releases_text``)."""
-    from dpfy.cli.methods import method_rows
-    releases = {r["name"]: r["releases"] for r in method_rows()}
+def methods_ran(method, noise_multiplier: float | None = None) -> list[dict[str, str]]:
+    """One row per adaptive method of the run: its name and what it releases per step, from
+    its release specs at step 0 of the run it was calibrated for (the gradient sum, then the
+    method's own releases), as ``dpfy methods`` lists them for an example run.
+
+    ``noise_multiplier``: the run's σ before the methods plan (None: 1, for methods that set
+    σ themselves)."""
+    if method is None:
+        return []
+    rows = describe_releases(method, noise_multiplier=(1.0 if noise_multiplier is None
+                                                       else noise_multiplier))
     return [{"name": m.registry_name or type(m).__name__,
-             "releases": releases.get(m.registry_name) or getattr(m, "releases_text", "")}
+             "releases": releases_text(rows, owner=m.registry_name or type(m).__name__)}
             for m in _members(method)]
 
 
@@ -83,7 +92,7 @@ def public_data(cfg: TrainConfig, method, num_test: int) -> str | None:
     """The report's statement about the split the user declared public, or None."""
     if cfg.public_validation != "test":
         return None
-    readers = [m for m in _members(method) if m.needs.validation]
+    readers = [m for m in _members(method) if m.implements("observe")]
     head = (f"the user declared the test split public (--public-validation test; {num_test} "
             f"examples), so the guarantee does not cover it as private data, and it must not "
             f"contain private data")
@@ -109,7 +118,7 @@ def write_report(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, p
         sampling_note=f"Poisson sampling by dpfy's sampler, q = {private.sample_rate:.5g}, "
                       f"{private.steps_per_epoch} steps per epoch",
         warnings=(SEED_WARNING,) if cfg.reproducible else (), not_released=NOT_RELEASED,
-        methods=methods_ran(private.optimizer.method),
+        methods=methods_ran(private.optimizer.method, private.noise_multiplier),
         public_data=public_data(cfg, private.optimizer.method, len(data.test)),
         sections=sections,
     ).write(directory)
