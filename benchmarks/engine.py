@@ -90,7 +90,7 @@ def dpfy_row(name: str, engine: str, seed: int | None = None, method: str | None
                           momentum=0.9 if method == "adamwosm" else 0.0)
     loader = DataLoader(TensorDataset(x, y), batch_size=BATCH)
     model, opt, dl = dpfy.make_private(model, opt, loader, noise_multiplier=SIGMA,
-                                       max_grad_norm=CLIP, engine=engine, seed=seed,
+                                       max_grad_norm=CLIP, route=engine, seed=seed,
                                        method=method)
 
     dl.cursor.indices = torch.arange(BATCH)  # the batch the optimizer binds (its batch guard)

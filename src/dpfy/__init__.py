@@ -4,7 +4,6 @@ from dpfy.api import make_private
 from dpfy.privacy import (Ledger, Release, Sampling, calibrate_noise_multiplier, delta,
                           epsilon)
 from dpfy.validate import validate
-from dpfy import layers  # noqa: F401,E402  registers the DP layer replacements with validate(fix=True)
 
 __version__ = "0.1.0"
 

@@ -1,6 +1,6 @@
 """Individualized budgets end to end (issue 13; digest 000 §4.2, §4.4): per-group rates and
 thresholds in the step, one ledger per group, ε per group checked with dp_accounting directly,
-and the per-group budget guard."""
+and the per-group ε guard."""
 
 import dp_accounting
 import numpy as np

@@ -36,7 +36,7 @@ class PlannedMethod(Protocol):
 def step_releases(plan: StepPlan, specs: Mapping[str, ReleaseSpec]) -> tuple[Release, ...]:
     """What one step releases: the gradient sum at σ_t, then each declared extra release.
 
-    The optimizer records exactly this in the ledger, the budget guard checks it, and
+    The optimizer records exactly this in the ledger, the ε guard checks it, and
     calibration writes it for every planned step: there is no second formula.
     """
     out = [Release(GRADIENT, float(plan.noise_multiplier))]
@@ -74,13 +74,13 @@ def planned_ledger(method: PlannedMethod, facts: RunFacts, *, noise_multiplier: 
     """The ledger a run of ``method`` under ``facts`` will write, built before training.
 
     Only for data-independent methods (their plans and release specs depend on the step
-    alone); others raise, naming the budget guard as the alternative (STYLE.md R9).
+    alone); others raise, naming the ε guard as the alternative (STYLE.md R9).
     """
     if not method.is_data_independent():
         raise ValueError(
             f"method must be data-independent to write its ledger in advance, got method = "
             f"{method.registry_name or type(method).__name__} (it adapts to released values). "
-            f"Give its noise explicitly and let the budget guard (target_epsilon= or "
+            f"Give its noise explicitly and let the ε guard (target_epsilon= or "
             f"epsilon_cap=) stop training at the target")
     steps = facts.steps if steps is None else steps
     if steps is None:

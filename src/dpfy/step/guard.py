@@ -7,18 +7,17 @@ spent). Only rigorous accountants (PLD, RDP) may decide that a step fits.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from dpfy._require import require
 from dpfy.errors import BudgetExhausted
 from dpfy.privacy import Ledger, Release, Sampling, epsilon as ledger_epsilon
 from dpfy.privacy.accountants import RIGOROUS
 from dpfy.privacy.calibration import last_passing
+from dpfy.privacy.group_ledger import GroupLedgers
 from dpfy.privacy.running import RunningEpsilon
 from dpfy.noise.mechanism import StepRecord
 
-if TYPE_CHECKING:
-    from dpfy.privacy.group_ledger import GroupLedgers
 
 __all__ = ["EpsilonGuard", "GroupEpsilonGuard", "RIGOROUS"]
 
@@ -137,7 +136,7 @@ class GroupEpsilonGuard:
         for guard in self.guards:
             guard.reset()
 
-    def check_release(self, groups: "GroupLedgers", *, sampling: Sampling,
+    def check_release(self, groups: GroupLedgers, *, sampling: Sampling,
                       releases: Sequence[Sequence[Release]]) -> None:
         """Refuse the step if group p's ``releases[p]`` would take its ε above its budget."""
         for p, (guard, group, ledger, rs) in enumerate(zip(self.guards, groups.groups,

@@ -19,7 +19,7 @@ class RunFacts:
 
     sampling: Sampling
     sample_rate: float                    # q, the sampler's rate
-    steps: int | None                     # T, the budget guard's horizon (None: unbounded)
+    steps: int | None                     # T, the ε guard's horizon (None: unbounded)
     dataset_size: int | None = None       # N
     steps_per_epoch: int | None = None    # logical batches per pass of the loader
     normalizer: float | None = None       # b, the public batch-size normalizer
