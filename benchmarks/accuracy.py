@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from dpfy.cli.train import parse_scalar
+from dpfy.train.options import parse_scalar
 from dpfy.train import TrainConfig, train
 
 

@@ -23,19 +23,10 @@ from typing import Any
 from dpfy.cli import EXIT_INTERRUPTED
 from dpfy.train import resume, train
 from dpfy.train.config import TrainConfig, coerce, field_types, load_config_file
+from dpfy.train.options import parse_scalar
 from dpfy.train.rundir import RunDir
 
 __all__ = ["register", "run", "explicit_settings", "parse_scalar", "train_parser"]
-
-
-def parse_scalar(text: str) -> Any:
-    """``"3"`` → 3, ``"0.5"`` → 0.5, ``"true"`` → True, anything else stays a string."""
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False}.get(text.lower(), text)
 
 
 OPTION_EXAMPLES = {"method_options": "kind=time rate=0.5"}
