@@ -18,7 +18,7 @@ BASE = {"--dataset": "digits", "--model": "logreg", "--epochs": "1", "--batch-si
         "--seed": "1", "--threads": "1"}
 FLAGS = sorted(BASE) + ["--epsilon", "--delta", "--physical-batch-size", "--momentum",
                         "--weight-decay", "--optimizer", "--clipping", "--engine", "--method",
-                        "--schedule", "--public-validation", "--method-options"]
+                        "--public-validation", "--method-options"]
 NAMED = {"--epsilon": ["1e-6", "1e9", "100", "nan", "inf"], "--delta": ["1e-300", "nan", "1"],
          "--noise-multiplier": ["1e-6", "1e6", "nan", "inf", "0"],
          "--batch-size": ["1", "0", "1437", "1439", "100000000000"],

@@ -104,8 +104,9 @@ class StepSums:
             if spec.after_release:   # evaluated after the release: release_probes()
                 continue
             if name not in values:
-                raise PrivacyRefusal(f"release_values must give a value for every declared "
-                                     f"release, got none for {name!r} from {owner}")
+                raise PrivacyRefusal(f"every declared release must have per-unit values (its "
+                                     f"spec's values(norms)), got none for {name!r} from "
+                                     f"{owner}")
             v = values[name]                                      # sensitive
             if spec.kind == "gradient":  # parameter-shaped: weights on the per-sample gradients
                 v = v.to(norms.total.dtype)  # the sums (and their noise) in the gradients' dtype
@@ -118,7 +119,7 @@ class StepSums:
         unexpected = sorted(set(values) - {n for n, s in self.specs.items()
                                            if not s.after_release})
         if unexpected:
-            raise PrivacyRefusal(f"release_values must only give declared releases, got "
+            raise PrivacyRefusal(f"per-unit values must belong to declared releases, got "
                                  f"{unexpected} from {owner}. Declare them in releases()")
         sums = weighted_sums([weights] + extra_weights)  # sensitive
         self._add_gradient(sums[0])
