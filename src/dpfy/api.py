@@ -30,7 +30,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from dpfy._require import require
-from dpfy.adaptive.base import Method, make as make_method, prepare
+from dpfy.adaptive.base import Method, make as make_method, calibrate_for_run
 from dpfy.adaptive.chain import chain
 from dpfy.buffers import BufferGuard
 from dpfy.clipping import make_clipping
@@ -212,7 +212,7 @@ def make_private(
                              inner_hyperparameters={k: v for k, v in
                                                     optimizer.param_groups[0].items()
                                                     if k != "params"})
-            method = prepare(method, facts)
+            method = calibrate_for_run(method, facts)
             if max_steps is None and getattr(method, "total_steps", None):
                 max_steps = int(method.total_steps)
             if target_epsilon is not None and epsilon_cap is None:

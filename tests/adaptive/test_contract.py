@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
 from dpfy.adaptive import make
-from dpfy.adaptive.base import prepare
+from dpfy.adaptive.base import calibrate_for_run
 from dpfy.errors import BudgetExhausted
 from dpfy.privacy import epsilon
 from dpfy.types import RunFacts, Sampling, StepPlan
@@ -96,6 +96,6 @@ def test_calibrated_schedule_spends_at_most_the_target(case):
     facts = RunFacts(sampling=Sampling.POISSON, sample_rate=Q, steps=STEPS, dataset_size=N,
                      steps_per_epoch=N // BATCH, delta=1e-5, target_epsilon=4.0,
                      accountant="rdp", max_grad_norm=1.0)
-    sched = prepare(make(name, **options), facts)
+    sched = calibrate_for_run(make(name, **options), facts)
     eps = epsilon(sched.ledger(sample_rate=Q), delta=1e-5, accountant="rdp")
     assert eps <= 4.0 * (1 + 1e-6) and eps == pytest.approx(4.0, rel=0.05)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dpfy.adaptive import REGISTRY, DynamicDPSGD, calibrate_dynamic, make
-from dpfy.adaptive.base import prepare
+from dpfy.adaptive.base import calibrate_for_run
 from dpfy.adaptive.dynamic import solve_mu0
 from dpfy.privacy import epsilon
 from dpfy.types import RunFacts, Sampling, StepPlan
@@ -93,7 +93,7 @@ BUDGET = RunFacts(sampling=Sampling.POISSON, sample_rate=0.01, steps=300, steps_
 def test_presets_set_only_their_ratios(preset, given, rho_mu, rho_c):
     # the former schedule names vanilla / growing_mu / sensitivity_decay / dynamic; C_0 and T
     # are the run's, μ_0 is solved by the paper's GDP calibration (an explicit opt-in)
-    s = prepare(make("dynamic", preset=preset, calibration="gdp", approximate=True, **given),
+    s = calibrate_for_run(make("dynamic", preset=preset, calibration="gdp", approximate=True, **given),
                 BUDGET)
     assert isinstance(s, DynamicDPSGD)
     assert (s.rho_mu, s.rho_c, s.clip0, s.total_steps) == (rho_mu, rho_c, 1.5, 300)
@@ -115,14 +115,14 @@ def test_calibration_is_checked_at_construction():
 
 
 def test_calibrate_solves_mu0_for_the_runs_target_and_needs_it():
-    s = prepare(make("dynamic", stages=3), BUDGET)
+    s = calibrate_for_run(make("dynamic", stages=3), BUDGET)
     eps = epsilon(s.ledger(sample_rate=0.01), delta=1e-5, accountant="pld")
     assert eps == pytest.approx(2.0, rel=0.01) and eps <= 2.0 * (1 + 1e-6)
     with pytest.raises(ValueError, match="target_epsilon must be given for method 'dynamic'"):
-        prepare(make("dynamic"), RunFacts(sampling=Sampling.POISSON, sample_rate=0.01,
+        calibrate_for_run(make("dynamic"), RunFacts(sampling=Sampling.POISSON, sample_rate=0.01,
                                           steps=300, max_grad_norm=1.0))
     with pytest.raises(ValueError, match="max_grad_norm must be a float for method 'dynamic'"):
-        prepare(make("dynamic"), RunFacts(sampling=Sampling.POISSON, sample_rate=0.01,
+        calibrate_for_run(make("dynamic"), RunFacts(sampling=Sampling.POISSON, sample_rate=0.01,
                                           steps=300, delta=1e-5, target_epsilon=1.0))
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from dpfy.adaptive import REGISTRY, NoiseDecay, make
 from dpfy.adaptive._planned import steps_within_budget
-from dpfy.adaptive.base import prepare
+from dpfy.adaptive.base import calibrate_for_run
 from dpfy.privacy import epsilon
 from dpfy.types import RunFacts, Sampling, StepPlan
 
@@ -105,7 +105,7 @@ def test_scaled_keeps_the_shape():
                                         ("polynomial", {"rate": 1.0, "final_ratio": 0.4})])
 def test_calibrated_schedule_spends_the_target(kind, opts):
     # the whole run's PLD ε equals the target within 1 % (issue 5), never above it
-    s = prepare(make("noise_decay", kind=kind, **opts), facts())
+    s = calibrate_for_run(make("noise_decay", kind=kind, **opts), facts())
     eps = epsilon(s.ledger(sample_rate=0.01), delta=1e-5, accountant="pld")
     assert eps == pytest.approx(1.0, rel=0.01) and eps <= 1.0 + 1e-9
     assert s.calibrated_for == facts() and s.total_steps == 300
@@ -117,15 +117,15 @@ def test_the_gdp_calibration_is_an_explicit_opt_in():
     with pytest.raises(ValueError, match="calibration must be 'pld' or 'rdp' unless "
                                          "approximate=True"):
         make("noise_decay", kind="time", rate=1.0, calibration="gdp")
-    s = prepare(make("noise_decay", kind="time", rate=1.0, calibration="gdp",
+    s = calibrate_for_run(make("noise_decay", kind="time", rate=1.0, calibration="gdp",
                      approximate=True), facts())
-    rigorous = prepare(make("noise_decay", kind="time", rate=1.0), facts())
+    rigorous = calibrate_for_run(make("noise_decay", kind="time", rate=1.0), facts())
     assert s.initial != rigorous.initial
 
 
 def test_per_epoch_default_and_the_polynomial_period_from_the_run():
     # period unset: polynomial decays over the run's units, epochs 0..2, so period = 2
-    s = prepare(make("noise_decay", kind="polynomial", rate=1.0, final_ratio=0.5, initial=50.0),
+    s = calibrate_for_run(make("noise_decay", kind="polynomial", rate=1.0, final_ratio=0.5, initial=50.0),
                 facts(target_epsilon=None))
     assert s.per == "epoch" and s.period == 2 and s.steps_per_epoch == 100
     assert s.noise_multiplier(299) == pytest.approx(25.0)                      # σ_end at the end
@@ -134,9 +134,9 @@ def test_per_epoch_default_and_the_polynomial_period_from_the_run():
 def test_a_calibrated_schedule_needs_the_runs_budget():
     # σ_0 unset: it is solved for the run's target ε, so a run without one is refused
     with pytest.raises(ValueError, match="target_epsilon must be given for method 'noise_decay'"):
-        prepare(make("noise_decay", kind="time", rate=1.0), facts(target_epsilon=None))
+        calibrate_for_run(make("noise_decay", kind="time", rate=1.0), facts(target_epsilon=None))
     with pytest.raises(ValueError, match="sampling must be 'poisson' for method 'noise_decay'"):
-        prepare(make("noise_decay", kind="time", rate=1.0), facts(sampling=Sampling.SHUFFLE))
+        calibrate_for_run(make("noise_decay", kind="time", rate=1.0), facts(sampling=Sampling.SHUFFLE))
     with pytest.raises(ValueError, match="uncalibrated"):    # used before calibration
         make("noise_decay", kind="time", rate=1.0).plan(None, StepPlan(0, 0.01, 1.0, 1.0))
 
@@ -151,6 +151,6 @@ def test_early_stopping_at_target_epsilon():
     assert 0 < stop < 400
     assert epsilon(full.prefix(stop), delta=1e-5) <= 1.0 < epsilon(full.prefix(stop + 1),
                                                                      delta=1e-5)
-    via_make = prepare(make("noise_decay", kind="time", initial=3.0, rate=0.5),
+    via_make = calibrate_for_run(make("noise_decay", kind="time", initial=3.0, rate=0.5),
                        facts(sample_rate=0.02, steps=400, steps_per_epoch=50, accountant="rdp"))
     assert via_make.total_steps == stop

@@ -6,7 +6,7 @@ import pytest
 
 from dpfy.adaptive import REGISTRY, PlateauNoiseDecay
 from dpfy.adaptive import make as make_method
-from dpfy.adaptive.base import prepare
+from dpfy.adaptive.base import calibrate_for_run
 from dpfy.privacy import Ledger, epsilon
 from dpfy.types import RunFacts, Sampling, StepPlan
 
@@ -57,7 +57,7 @@ def test_built_by_name_with_the_runs_steps():
     # given, δ_val = 0, σ_min = σ_0/4; the horizon is the run's steps
     facts = RunFacts(sampling=Sampling.POISSON, sample_rate=0.01, steps=300, delta=1e-5,
                      target_epsilon=2.0)
-    s = prepare(make_method("plateau", initial=3.0, factor=0.8), facts)
+    s = calibrate_for_run(make_method("plateau", initial=3.0, factor=0.8), facts)
     assert (s.initial, s.factor, s.threshold, s.min_noise_multiplier, s.total_steps) == (
         3.0, 0.8, 0.0, 0.75, 300)
     assert s.implements("observe") and "noise_multiplier" in s.sets

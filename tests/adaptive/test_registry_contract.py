@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
 from dpfy.adaptive import FILE_ALIASES, HOOKS, REGISTRY, Method, describe_releases, make
-from dpfy.adaptive.base import prepare
+from dpfy.adaptive.base import calibrate_for_run
 from dpfy.adaptive.describe import EXAMPLE_FACTS
 from dpfy.privacy.releases import base_plan
 from dpfy.types import Norms, StepOutcome, StepPlan
@@ -107,7 +107,7 @@ def test_registered_method_keeps_the_contract(name):
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_releases_are_described_from_the_specs(name):
-    method = prepare(_method(name), EXAMPLE_FACTS)
+    method = calibrate_for_run(_method(name), EXAMPLE_FACTS)
     rows = describe_releases(method)
     assert rows[0].name == "gradient" and rows[0].noise_multiplier > 0
     state = method.init()
@@ -130,7 +130,7 @@ def _norms(batch: int, groups: int, seed: int) -> Norms:
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_spec_values_stay_within_the_declared_sensitivity(name):
-    method = prepare(_method(name), EXAMPLE_FACTS)
+    method = calibrate_for_run(_method(name), EXAMPLE_FACTS)
     state = method.init()
     plan = method.plan(state, base_plan(EXAMPLE_FACTS, 0, 1.0, EXAMPLE_FACTS.max_grad_norm))
     for seed in range(3):
@@ -156,7 +156,7 @@ def _overridden(method: Method, hook: str) -> bool:
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_implements_matches_the_hooks(name):
-    method = prepare(_method(name), EXAMPLE_FACTS)
+    method = calibrate_for_run(_method(name), EXAMPLE_FACTS)
     for hook in HOOKS:
         assert method.implements(hook) == _overridden(method, hook), hook
     state = method.init()

@@ -53,7 +53,7 @@ from dpfy._require import require
 from dpfy.errors import PrivacyRefusal
 from dpfy.types import PLAN_FIELDS, Clip, Norms, ReleaseSpec, RunFacts, StepOutcome, StepPlan
 
-__all__ = ["Method", "bind_facts", "prepare", "check_plan", "plan_changes", "REGISTRY",
+__all__ = ["Method", "bind_facts", "calibrate_for_run", "check_plan", "plan_changes", "REGISTRY",
            "register", "make", "PLAN_FIELDS", "NOISE_SPLIT", "SETS", "CORE_HOOKS",
            "OPTIONAL_HOOKS", "HOOKS"]
 
@@ -167,7 +167,7 @@ def bind_facts(method: Method, facts: RunFacts) -> Method:
     return out
 
 
-def prepare(method: Method, facts: RunFacts) -> Method:
+def calibrate_for_run(method: Method, facts: RunFacts) -> Method:
     """``method`` ready for a run with ``facts``: refused if it was calibrated for other facts
     (a schedule built for q = 0.01 run at q = 0.5), otherwise calibrated for them."""
     built = method.calibrated_for

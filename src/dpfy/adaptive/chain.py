@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 import torch
 
-from dpfy.adaptive.base import NOISE_SPLIT, Method, bind_facts, check_plan, prepare
+from dpfy.adaptive.base import NOISE_SPLIT, Method, bind_facts, check_plan, calibrate_for_run
 from dpfy.types import Clip, Norms, ReleaseSpec, RunFacts, StepOutcome, StepPlan
 
 __all__ = ["Chain", "chain"]
@@ -125,7 +125,7 @@ class Chain(Method):
         return {_name(m): m.update(s, outcome) for m, s in self._states(state)}
 
     def calibrate(self, facts: RunFacts) -> "Chain":
-        return bind_facts(Chain(tuple(prepare(m, facts) for m in self.members)), facts)
+        return bind_facts(Chain(tuple(calibrate_for_run(m, facts) for m in self.members)), facts)
 
     # -- optional capabilities: over the members that implement them --------------------------
     def transform(self, state: Mapping[str, Any], per_sample: Tensors, plan: StepPlan

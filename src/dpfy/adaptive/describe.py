@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from dpfy._require import require
-from dpfy.adaptive.base import Method, check_plan, prepare
+from dpfy.adaptive.base import Method, check_plan, calibrate_for_run
 from dpfy.adaptive.chain import Chain
 from dpfy.privacy.calibration import calibrate_noise_multiplier
 from dpfy.privacy.releases import GRADIENT, base_plan
@@ -81,7 +81,7 @@ def describe_releases(method: Method, facts: RunFacts | None = None, *,
     facts = facts if facts is not None else method.calibrated_for
     require(facts is not None, "facts", None, "given for an uncalibrated method",
             "Pass the run's facts (dpfy.types.RunFacts) or a method make_private calibrated")
-    method = prepare(method, facts)
+    method = calibrate_for_run(method, facts)
     if noise_multiplier is None:
         sets_sigma = "noise_multiplier" in method.sets
         noise_multiplier = 1.0
