@@ -34,7 +34,7 @@ KWARGS = {
     "max_physical_batch_size": odd.filter(lambda v: not isinstance(v, bool)),
     "epsilon_cap": odd,
     "clipping": st.sampled_from(["flat", "per_layer", "automatic", "individual", "x", 3]),
-    "engine": st.sampled_from(["auto", "ghost", "vmap", "x", None]),
+    "route": st.sampled_from(["auto", "ghost", "vmap", "x", None]),
     "accountant": st.sampled_from(["pld", "rdp", "gdp", "x", None]),
     "loss_reduction": st.sampled_from(["mean", "sum", "x", None]),
     "poisson_sampling": st.sampled_from([True, False, "x"]),

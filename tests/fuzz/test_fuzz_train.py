@@ -17,7 +17,7 @@ BASE = {"--dataset": "digits", "--model": "logreg", "--epochs": "1", "--batch-si
         "--lr": "1", "--clip": "1", "--noise-multiplier": "1", "--accountant": "rdp",
         "--seed": "1", "--threads": "1"}
 FLAGS = sorted(BASE) + ["--epsilon", "--delta", "--physical-batch-size", "--momentum",
-                        "--weight-decay", "--optimizer", "--clipping", "--engine", "--method",
+                        "--weight-decay", "--optimizer", "--clipping", "--route", "--method",
                         "--public-validation", "--method-options"]
 NAMED = {"--epsilon": ["1e-6", "1e9", "100", "nan", "inf"], "--delta": ["1e-300", "nan", "1"],
          "--noise-multiplier": ["1e-6", "1e6", "nan", "inf", "0"],

@@ -21,7 +21,7 @@ def test_report_files_and_checklist(tmp_path):
     report = PrivacyReport.from_ledger(
         ledger, delta=1e-6, accountant="pld", released="final model weights",
         tuning=TuningCost("composition of 5 runs", 3.0, 1e-6), group_size=2,
-        model_description="MLP", layer_table=[{"layer": "fc1", "engine": "ghost"}])
+        model_description="MLP", layer_table=[{"layer": "fc1", "route": "ghost"}])
     paths = report.write(tmp_path)
     assert {p.name for p in paths.values()} == {"privacy_report.md", "privacy_report.json",
                                                 "epsilon_over_steps.png"}

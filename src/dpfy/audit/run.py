@@ -51,7 +51,7 @@ DEFAULT_CANARIES = 1000
 SUPPORTED = frozenset({
     "dataset", "data_dir", "model", "epsilon", "delta", "noise_multiplier", "epochs",
     "batch_size", "physical_batch_size", "clip", "clipping", "optimizer", "lr", "momentum",
-    "weight_decay", "seed", "accountant", "method", "method_options", "engine", "threads"})
+    "weight_decay", "seed", "accountant", "method", "method_options", "route", "threads"})
 
 
 def check_supported(cfg: TrainConfig) -> None:
@@ -143,7 +143,7 @@ def audit_config(cfg: TrainConfig, *, canaries: int = DEFAULT_CANARIES,
             model, optimizer, data.train, canaries=draw, batch_size=cfg.batch_size,
             epochs=cfg.epochs, method=build_methods(cfg), noise_multiplier=cfg.noise_multiplier,
             target_epsilon=cfg.epsilon, target_delta=cfg.delta, max_grad_norm=cfg.clip,
-            clipping=cfg.clipping, route=cfg.engine, seed=cfg.seed,
+            clipping=cfg.clipping, route=cfg.route, seed=cfg.seed,
             max_physical_batch_size=cfg.physical_batch_size, accountant=cfg.accountant)
         private = audited.private
         echo(f"dpfy audit: {cfg.dataset} + {int(draw.included.sum())} included canaries of "

@@ -39,7 +39,7 @@ __all__ = ["TrainConfig", "OPTIMIZERS", "ACCOUNTANTS", "RESUME_IGNORED", "PUBLIC
 
 OPTIMIZERS = ("sgd", "adam")
 # The accountants a run may calibrate and cap with: the rigorous ones (never the GDP CLT, which
-# can under-report ε). One list for the engine, the budget guard and the trainer.
+# can under-report ε). One list for make_private, the ε guard and the trainer.
 ACCOUNTANTS = RIGOROUS
 # Fields that may differ when resuming: they change where data is read from or how fast the
 # run goes, not what it computes.
@@ -106,7 +106,7 @@ class TrainConfig:
     public_validation: str | None = _f(None, "'test' declares the test split public, so a "
                                              "method that reads a validation metric (plateau) "
                                              "may use its accuracy")
-    engine: str = _f("auto", "per-example gradient engine")
+    route: str = _f("auto", "how per-example norms and sums are computed: auto, ghost, vmap")
     threads: int | None = _f(None, "torch threads; default: number of usable cores")
     individual: str | None = _f(None, "individualized privacy budgets (docs/individual.md): "
                                       "'sample' (per-group sample rates) or 'scale' (per-group "

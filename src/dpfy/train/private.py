@@ -125,7 +125,7 @@ def make_private_run(cfg: TrainConfig, model: nn.Module, data: DataSplits) -> Pr
         model, optimizer, data.train, batch_size=cfg.batch_size, epochs=cfg.epochs,
         noise_multiplier=cfg.noise_multiplier, target_epsilon=cfg.epsilon,
         target_delta=cfg.delta, max_grad_norm=cfg.clip, clipping=cfg.clipping,
-        route=cfg.engine, seed=cfg.seed, method=method,
+        route=cfg.route, seed=cfg.seed, method=method,
         max_physical_batch_size=cfg.physical_batch_size, accountant=cfg.accountant,
         # the per-example loss for a method whose specs probe losses (unused otherwise)
         loss_fn=per_example_cross_entropy)

@@ -244,7 +244,7 @@ def _individual_run(cfg: TrainConfig, model: nn.Module, data: DataSplits):
     optimizer = make_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
     return private_run(model, optimizer, data.train, batch_size=cfg.batch_size,
                        epochs=cfg.epochs, budgets=budgets, individual=cfg.individual,
-                       target_delta=cfg.delta, max_grad_norm=cfg.clip, route=cfg.engine,
+                       target_delta=cfg.delta, max_grad_norm=cfg.clip, route=cfg.route,
                        seed=cfg.seed, max_physical_batch_size=cfg.physical_batch_size,
                        accountant=cfg.accountant)
 
