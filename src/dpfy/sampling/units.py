@@ -22,7 +22,7 @@ class ExampleUnits:
     """Each example (one row of the training set) is one unit of privacy."""
 
     name = "example"
-    description = "one training example"
+    description = "one example"   # the privacy report's wording
     adjacency_note = "add or remove one example"
 
     def units_of(self, indices: torch.Tensor | None) -> torch.Tensor | None:
