@@ -44,7 +44,7 @@ from dpfy.sampling import DPDataLoader, PoissonSampler, ShuffleSampler, make_sam
 from dpfy.step.distributed import current_collective, unwrap_model
 from dpfy.step.guard import EpsilonGuard
 from dpfy.step.individual import individualize
-from dpfy.step.private_step import PrivateStep, split_batch_refusal
+from dpfy.step.private_step import PrivateStep, require_loss_fn, split_batch_refusal
 from dpfy.types import RunFacts, StepPlan
 
 __all__ = ["make_private", "derive_seeds"]
@@ -145,7 +145,6 @@ def make_private(
     """
     user_model, model = _admit(model, optimizer, loader)
     collective = current_collective()  # data-parallel ranks (dpfy.step.distributed), or None
-    model = unwrap_model(model)
     _check_arguments(noise_multiplier=noise_multiplier, target_epsilon=target_epsilon,
                      method=method, budgets=budgets, accountant=accountant, max_steps=max_steps)
     sampling_seed, noise_seed = derive_seeds(seed) if seed is not None else (None, None)
@@ -257,10 +256,10 @@ def _admit(model: nn.Module, optimizer: torch.optim.Optimizer,
             type(optimizer).__name__, "a torch.optim.Optimizer")
     require(isinstance(loader, DataLoader), "loader", type(loader).__name__,
             "a torch.utils.data.DataLoader")
-    require(unwrap_model(model) not in _ATTACHED, "model", type(model).__name__,
-            "not already private",
+    inner = unwrap_model(model)
+    require(inner not in _ATTACHED, "model", type(model).__name__, "not already private",
             "Call make_private once per model (build a fresh model to start over)")
-    return model, unwrap_model(model)
+    return model, inner
 
 
 def _check_arguments(*, noise_multiplier: float | None, target_epsilon: float | None,
@@ -354,10 +353,7 @@ def _check_capabilities(method: Method, grads: GradEngine, max_physical_batch_si
                 "you asked for silently")
     state = method.init()
     specs = method.releases(state, method.plan(state, plan))   # the first step's releases
-    if any(spec.kind == "loss" for spec in specs.values()):
-        require(callable(loss_fn), "loss_fn", loss_fn, f"a callable for method {name!r}",
-                "It probes per-example losses: pass make_private(..., loss_fn=fn) with "
-                "fn(model, batch) -> (B,) losses (reduction='none')")
+    require_loss_fn(specs, loss_fn, name)
     if any(spec.after_release for spec in specs.values()) and max_physical_batch_size:
         raise split_batch_refusal(name)
 

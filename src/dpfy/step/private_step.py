@@ -43,7 +43,7 @@ from dpfy.step.probes import post_release, probe_losses
 from dpfy.step.sums import StepSums, WeightSets, contract, outcome
 from dpfy.types import Clip, Norms, ReleaseSpec, StepPlan
 
-__all__ = ["PrivateStep", "split_batch_refusal"]
+__all__ = ["PrivateStep", "require_loss_fn", "split_batch_refusal"]
 
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 
@@ -163,11 +163,7 @@ class PrivateStep:
 
     def _check_specs(self, specs: Mapping[str, ReleaseSpec]) -> None:
         """Refuse declared releases the step cannot evaluate correctly (before any sum)."""
-        if any(s.kind == "loss" for s in specs.values()):
-            require(callable(self.loss_fn), "loss_fn", self.loss_fn,
-                    f"a callable for method {_name(self.method)!r}",
-                    "It probes per-example losses: pass make_private(..., loss_fn=fn) with "
-                    "fn(model, batch) -> (B,) losses (reduction='none')")
+        require_loss_fn(specs, self.loss_fn, _name(self.method))
         if not post_release(specs):
             return
         if not self.cursor.last:
@@ -301,6 +297,14 @@ class PrivateStep:
         """The model's names for ``params`` (``<not in the model>`` for a foreign tensor)."""
         names = {id(p): n for n, p in self.grads.model.named_parameters()}
         return [names.get(id(p), "<not in the model>") for p in params]
+
+
+def require_loss_fn(specs: Mapping[str, ReleaseSpec], loss_fn: LossFn | None, name: str) -> None:
+    """Loss-probe releases need the per-example loss function; refuse without one."""
+    if any(spec.kind == "loss" for spec in specs.values()):
+        require(callable(loss_fn), "loss_fn", loss_fn, f"a callable for method {name!r}",
+                "It probes per-example losses: pass make_private(..., loss_fn=fn) with "
+                "fn(model, batch) -> (B,) losses (reduction='none')")
 
 
 def split_batch_refusal(name: str) -> PrivacyRefusal:
