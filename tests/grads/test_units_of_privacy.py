@@ -140,3 +140,62 @@ def test_a_row_map_that_is_not_one_unit_per_row_is_refused(unit_of_row, num_unit
             eng.per_unit_sq_norms(unit_of_row, num_units=num_units)
     finally:
         eng.detach()
+
+
+class _Wide(nn.Module):
+    """Embedding → Linear on a sequence → Linear: all position-additive, all ghost-preferred
+    at these sizes (T² = 4 and (m·T)² ≤ 64 below d_in·d_out = 16·16)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(11, 16)
+        self.mix = nn.Linear(16, 16)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.mix(self.emb(ids))).mean(1))
+
+
+@pytest.mark.parametrize("unit", [UNIT, torch.tensor([0, 0, 0, 0, 0, 0, 0, 1, 2])],
+                         ids=["packed", "heavy-unit-falls-back"])
+def test_position_additive_layers_give_unit_norms_from_packed_ghost_norms(unit, monkeypatch):
+    """A unit's rows packed as one sequence: the Linear and Embedding rules' ghost norms give
+    ‖Σ_{i∈u} g_i‖² without any per-sample gradient (their grad_sample is made to fail), and a
+    batch with one heavy unit (packing would triple the rows) falls back to per-sample
+    gradients summed per unit — both equal to the float64 loop."""
+    from dpfy.grads.rules.embedding import EmbeddingRule
+    from dpfy.grads.rules.linear import LinearRule
+
+    torch.manual_seed(1)
+    model = _Wide().double()
+    x = torch.randint(0, 11, (B, 2), generator=torch.Generator().manual_seed(2))
+    y = torch.arange(B) % 3
+    u = int(unit.max()) + 1
+    ref = unit_sums(oracles.per_example_grads(model, x, y, F.cross_entropy), unit, u)
+    packed = unit is UNIT
+    if packed:
+        def no_grad_sample(self, layer, a, g):
+            raise AssertionError("a per-sample gradient was formed")
+        monkeypatch.setattr(LinearRule, "grad_sample", no_grad_sample)
+        monkeypatch.setattr(EmbeddingRule, "grad_sample", no_grad_sample)
+    eng = GradEngine(model, route="ghost")
+    try:
+        F.cross_entropy(model(x), y).backward()
+        sq = eng.per_unit_sq_norms(unit, num_units=u)
+    finally:
+        eng.detach()
+    for n, s in ref.items():
+        torch.testing.assert_close(sq[n], s.reshape(u, -1).square().sum(1), rtol=1e-9,
+                                   atol=1e-12)  # the engine's rows are ℓ_i's gradients
+
+
+def test_unit_packing_places_each_units_rows_in_order_and_pads_with_zeros():
+    from dpfy.grads.packing import UnitPacking
+
+    unit = torch.tensor([1, 0, 1, 2, 1])
+    p = UnitPacking.of(unit, num_units=4)  # unit 3 has no rows
+    assert (p.m, p.padded_rows()) == (3, 12)
+    x = torch.arange(1, 6, dtype=torch.float64)[:, None, None].expand(5, 2, 1)  # (B, T=2, 1)
+    packed = p.pack(x, tail=1)[..., 0]  # (U, m·T)
+    assert packed.tolist() == [[2, 2, 0, 0, 0, 0], [1, 1, 3, 3, 5, 5], [4, 4, 0, 0, 0, 0],
+                               [0] * 6]

@@ -134,12 +134,14 @@ class GradEngine:
           num_units: U (default: ``unit_of_row.max() + 1``); a unit without rows in this
             batch gets 0.
 
-        Every layer's per-sample gradients are formed and summed per unit with ``index_add``,
-        in their dtype (B × parameters of one layer at a time for a ghost layer, whose weighted
-        sums stay book-keeping; a materialized layer keeps them anyway), on every route,
-        ``route="ghost"`` included (every layer rule has ``grad_sample``). A ghost rule could
-        give the same norm without them, a unit's rows being like the positions of one
-        sequence (‖Σ_{i∈u} g_iᵀa_i‖² from the same inner products): not done yet.
+        A ghost layer whose rule is position-additive (Linear, Embedding, GPT-2's Conv1D)
+        takes its ghost norm on each unit's rows packed into one sequence: a unit's rows are
+        like the positions of one example (‖Σ_{i∈u} Σ_t g_it a_itᵀ‖² from the same inner
+        products; ``grads/packing.py``), so no per-unit gradient is formed. Other layers (and
+        a ghost layer whose packing would more than double the batch, or whose rule prefers
+        per-sample gradients at the packed length) form per-sample gradients and sum them per
+        unit with ``index_add``, in their dtype, one layer at a time; ``route="ghost"`` works
+        too (every layer rule has ``grad_sample``).
 
         Weighted sums need no per-unit path: with a weight w_u per unit,
         Σ_u w_u Σ_{i∈u} g_i = Σ_i w_{u(i)} g_i, so pass the row weights w_{u(i)}

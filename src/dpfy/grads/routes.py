@@ -11,9 +11,13 @@ Per unit and batch the norms take one of three routes, and the weighted sums fol
   (B, P) rows; norms are row norms and weighted sums one (B,)·(B, P) product.
 
 Norms per *privacy unit* (a group of rows: a user's examples, an example's augmented copies)
-are ‖Σ_{i∈u} ∂ℓ_i/∂θ‖²: every route then forms per-sample gradients and sums them per group
-with ``index_add`` (:func:`grouped_sq_norms`); a ghost unit still takes the book-keeping weighted
-sum, so only one layer's (B, P) gradients are alive at a time.
+are ‖Σ_{i∈u} ∂ℓ_i/∂θ‖². A ghost layer whose rule is position-additive (Linear, Embedding)
+packs each unit's rows into one sequence and takes its ghost norm (:func:`packed_sq_norm`,
+``grads/packing.py``): no per-sample or per-unit gradient is formed. Every other layer forms
+per-sample gradients and sums them per group with ``index_add`` (:func:`grouped_sq_norms`); a
+ghost unit still takes the book-keeping weighted sum, so only one layer's (B, P) gradients are
+alive at a time. ``taken`` says "per-sample" for every grouped rule unit either way: which of
+the two a batch took depends on how many rows its largest unit has, which is not public.
 
 Two weight sets proportional on the rows where the second is non-zero (OSO's pair) are summed
 in one pass over a ghost unit's rows (:class:`Split`).
@@ -27,10 +31,12 @@ from typing import Any, Callable
 import torch
 
 from dpfy.grads.capture import Call, Capture, check_unchanged
+from dpfy.grads.packing import UnitPacking
 from dpfy.grads.units import Unit
 from dpfy.grads.vmap import vmap_grad_sample
 
-__all__ = ["Routes", "Split", "find_split", "grouped_sq_norms", "per_sample_rows"]
+__all__ = ["Routes", "Split", "find_split", "grouped_sq_norms", "packed_sq_norm",
+           "per_sample_rows"]
 
 Rows = tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]  # (B, P) view, unflatten
 
@@ -57,6 +63,24 @@ def _row_sums(rows: dict[str, Rows], w: dict[str, torch.Tensor]) -> dict[str, to
     """Σ_i w_i row_i for materialized per-sample rows, back in each parameter's shape."""
     return {rel: unflatten(w[rel].to(r.dtype) @ r).contiguous()
             for rel, (r, unflatten) in rows.items()}
+
+
+def packed_sq_norm(u: Unit, a: Any, g: torch.Tensor, unit_of_row: torch.Tensor,
+                   num_units: int, b: int) -> dict[str, torch.Tensor] | None:
+    """The privacy units' ‖Σ_{i∈u} ∂ℓ_i/∂θ‖² (U,) by the rule's ghost norm on each unit's rows
+    packed into one sequence (``grads/packing.py``), at the captured scale; None when the rule
+    is not position-additive, when packing would more than double the rows (a few heavy units
+    among light ones), or when the rule prefers per-sample gradients at the packed length."""
+    tails = u.rule.position_tails
+    if tails is None or not isinstance(a, torch.Tensor):
+        return None
+    packing = UnitPacking.of(unit_of_row.to(g.device), num_units)
+    if packing.padded_rows() > 2 * max(b, 1):
+        return None
+    pa, pg = packing.pack(a, tails[0]), packing.pack(g, tails[1])  # sensitive
+    if not u.rule.prefers_ghost(u.module, pa, pg):
+        return None
+    return u.rule.sq_norm(u.module, pa, pg)  # (U,) each
 
 
 def grouped_sq_norms(r: torch.Tensor, unit_of_row: torch.Tensor, num_units: int
@@ -179,11 +203,15 @@ class Routes:
             a, g = c.args[0], c.grads[0]
             if u.takes_ghost(a, g):
                 self.cache[id(u)] = ("ghost", c)
-                if grouped:  # this layer's per-sample gradients, only while grouped
-                    gs = c.rule_grad_sample(u, g)  # sensitive: rel -> (B, *θ)
-                    return {rel: grouped_sq_norms(per_sample_rows(t)[0], unit_of_row,
-                                                  num_units).mul_(s2) for rel, t in gs.items()}
-                sq = u.rule.sq_norm(u.module, a, g)
+                if grouped:
+                    sq = packed_sq_norm(u, a, g, unit_of_row, num_units, b)
+                    if sq is None:  # this layer's per-sample gradients, only while grouped
+                        gs = c.rule_grad_sample(u, g)  # sensitive: rel -> (B, *θ)
+                        return {rel: grouped_sq_norms(per_sample_rows(t)[0], unit_of_row,
+                                                      num_units).mul_(s2)
+                                for rel, t in gs.items()}
+                else:
+                    sq = u.rule.sq_norm(u.module, a, g)
                 return {rel: t * s2 for rel, t in sq.items()} if s2 != 1 else sq
         gs = self.grad_sample(u, calls)  # sensitive: rel -> (B, *θ.shape), captured scale
         rows = {rel: per_sample_rows(t) for rel, t in gs.items()}  # sensitive: (B, P) views

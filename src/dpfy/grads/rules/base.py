@@ -37,6 +37,13 @@ class LayerRule:
     """
 
     has_ghost: bool = False
+    # Position-additive rules: the per-sample gradient is a sum over positions of a term of the
+    # input and output gradient at that position alone (Linear: Σ_t g_t a_tᵀ; Embedding:
+    # Σ_t onehot(x_t) g_tᵀ). ``(k_a, k_g)``: how many trailing dims of ``a`` and ``g`` are
+    # features, the dims between the batch and them being positions. The rows of one privacy
+    # unit then pack into one longer sequence whose ghost norm is the unit's norm
+    # (``grads/packing.py``). None: not position-additive (a convolution's patches overlap).
+    position_tails: tuple[int, int] | None = None
 
     def params(self, layer: nn.Module) -> dict[str, nn.Parameter]:
         """The layer's own parameters by attribute name (``None`` ones skipped)."""

@@ -34,6 +34,7 @@ def _flat(layer: nn.Embedding, x: torch.Tensor, g: torch.Tensor
 @register_rule(nn.Embedding)
 class EmbeddingRule(LayerRule):
     has_ghost = True
+    position_tails = (0, 1)  # G_i = Σ_t onehot(x_t) g_tᵀ: ids have no feature dim
 
     def batch_dims(self, layer, a):
         return tuple(range(a.dim()))  # ids: every dimension is a position or the batch

@@ -39,6 +39,7 @@ def _last_dim_dense(x: torch.Tensor) -> torch.Tensor:
 @register_rule(nn.Linear)
 class LinearRule(LayerRule):
     has_ghost = True
+    position_tails = (1, 1)  # G_i = Σ_t g_t a_tᵀ: the features are the last dim of a and g
 
     def batch_dims(self, layer, a):
         return tuple(range(a.dim() - 1))  # every dimension but the features
