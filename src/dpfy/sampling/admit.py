@@ -75,6 +75,12 @@ def _is_rank_shard(sampler: Any, dataset: Any, shard: tuple[int, int] | None) ->
 def _check_loader(loader: DataLoader, poisson_sampling: bool,
                   shard: tuple[int, int] | None = None) -> None:
     """Refuse a loader whose sampling dpfy cannot account (or would silently ignore)."""
+    if type(loader).__module__.startswith("accelerate"):
+        _refuse("loader", f"{type(loader).__name__} (prepared by Hugging Face Accelerate)",
+                "the plain torch DataLoader",
+                "Call dpfy.make_private(model, optimizer, loader) first, with the DataLoader "
+                "you built, then accelerator.prepare(model, optimizer) on what it returns: "
+                "Accelerate's loader re-batches the data, and dpfy must draw every batch itself")
     if isinstance(loader.dataset, IterableDataset):
         _refuse("loader.dataset", type(loader.dataset).__name__, "a map-style dataset",
                 "dpfy draws the indices of every batch itself: use a dataset with __getitem__ "
