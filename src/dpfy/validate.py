@@ -30,6 +30,7 @@ applies the BatchNorm and InstanceNorm fixes.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 import math
 from typing import Any, Callable
 
@@ -126,18 +127,25 @@ def buffer_problems(model: nn.Module, example_input: Any) -> list[BufferChange]:
             "would capture the example as if it were a training batch")
     probe = copy.deepcopy(model).train()
     guard = BufferGuard(probe, collect=True)
-    args = example_input if isinstance(example_input, tuple) else (example_input,)
     try:
         with torch.enable_grad():
-            probe(*args)
+            _call(probe, example_input)
     finally:
         guard.detach()
     return guard.problems
 
 
+def _call(model: nn.Module, batch: Any) -> Any:
+    """``model`` called as the user calls it: a mapping (a dict, Hugging Face's
+    ``BatchEncoding``) as keyword arguments, a tuple as positional ones, else one argument."""
+    if isinstance(batch, Mapping):
+        return model(**batch)
+    return model(*(batch if isinstance(batch, tuple) else (batch,)))
+
+
 def _batch_rows(batch: Any) -> int:
-    """Rows of an example batch: dim 0 of its first tensor (a tensor, tuple or dict)."""
-    values = batch.values() if isinstance(batch, dict) else (
+    """Rows of an example batch: dim 0 of its first tensor (a tensor, tuple or mapping)."""
+    values = batch.values() if isinstance(batch, Mapping) else (
         batch if isinstance(batch, tuple) else (batch,))
     first = next((t for t in values if torch.is_tensor(t) and t.dim() >= 1), None)
     require(first is not None, "example_batch", type(batch).__name__,
@@ -181,11 +189,7 @@ def preflight_problems(model: nn.Module, example_batch: Any, *, route: str = "au
     eng.bind_batch(rows)
     try:
         with torch.enable_grad():
-            if isinstance(example_batch, dict):
-                out = probe(**example_batch)
-            else:
-                out = probe(*(example_batch if isinstance(example_batch, tuple)
-                              else (example_batch,)))
+            out = _call(probe, example_batch)
             (loss_fn or _scalar_loss)(out).backward()
         return eng.preflight()
     except Exception as e:  # the forward or backward itself fails: that is the problem
@@ -237,8 +241,9 @@ def validate(model: nn.Module, example_batch: Any = None, *, fix: bool = False,
         (:func:`batchnorm_to_groupnorm`) and InstanceNorm's ``track_running_stats`` turned off,
         raising ``ValueError`` if a problem remains that cannot be fixed automatically.
       route: the route you intend to use; with ``"ghost"`` modules without a rule are problems.
-      example_input: a batch the model accepts (a tuple: positional arguments); if given, one
-        training-mode forward of a copy reports every buffer that forward changes.
+      example_input: a batch the model accepts (a tuple: positional arguments; a mapping:
+        keyword arguments); if given, one training-mode forward of a copy reports every
+        buffer that forward changes.
 
     Returns:
       ``fix=False``: a list of human-readable problems (empty: ready). ``fix=True``: the model.
@@ -252,8 +257,7 @@ def validate(model: nn.Module, example_batch: Any = None, *, fix: bool = False,
                              f"Change those layers by hand")
         return fixed
     problems, named = _static_problems(model, route)
-    if example_batch is not None and example_input is None and not isinstance(example_batch,
-                                                                              dict):
+    if example_batch is not None and example_input is None:
         example_input = example_batch  # the buffer check runs the same call
     if example_input is not None:
         problems += [str(c) for c in buffer_problems(model, example_input)

@@ -84,6 +84,14 @@ def vmap_grad_sample(module: nn.Module, name: str, params: dict[str, nn.Paramete
     shared_kw = {k: v for k, v in kwargs.items() if kw_dims.get(k) != 0}
     used = [i for i, g in enumerate(out_grads) if g is not None]
     grads = tuple(out_grads[i] for i in used)
+    if any(g.dim() == 0 for g in grads):  # an output with no batch dim reached the loss
+        raise ValueError(
+            f"module {name or '(root)'!r} ({type(module).__name__}) must return per-example "
+            f"outputs (batch in dim 0) for its vmap unit, got a 0-dim output that the loss "
+            f"depends on — a loss computed inside the forward (Hugging Face models do this "
+            f"when given labels) is a reduction over the batch, which vmap cannot split per "
+            f"example. Use route='auto' (layer rules read the model's own backward), or call "
+            f"the model without labels and compute the loss from its logits")
 
     def inner_product(p: dict[str, torch.Tensor], xs: tuple[Any, ...], kws: dict[str, Any],
                       gs: tuple[torch.Tensor, ...]) -> torch.Tensor:
