@@ -17,12 +17,13 @@ __all__ = ["AuditResult", "audit_scores", "SECTION_TITLE", "POWER"]
 
 SECTION_TITLE = "Empirical privacy audit"
 
-# The audit's measured power at its defaults (1,000 Dirac canaries, per-step scores, 95 %):
-# docs/audit.md, "Measured", gives the runs behind it.
-POWER = ("At its default settings (1,000 Dirac canaries scored at every step) this audit "
-         "flagged every tested run whose noise was cut to ×0.7 or less behind the ledger's "
-         "back (×0.5 and zero noise included); it did not flag ×0.9. Cuts it cannot flag "
-         "are not excluded by a clean audit.")
+# The audit's measured power at its defaults (1,000 Dirac canaries, per-step scores, 95 %),
+# over three configurations (T = 40, 160 and 1,174 steps): docs/audit.md, "Measured".
+POWER = ("measured at this audit's defaults (1,000 Dirac canaries scored at every step, 95 %), "
+         "a run whose noise is cut behind the ledger's back is flagged every time at ×0.7 or "
+         "less (×0.5 and zero noise included), in 73–91 % of runs at ×0.8 and in 5–20 % at "
+         "×0.9; a correct run was flagged in 1 of 240 simulated. A clean audit does not exclude "
+         "a cut smaller than ×0.7.")
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,8 @@ class AuditResult:
              "The lower bounds are below the claim, as they must be for a correct run. They "
              "are evidence, not a guarantee: an audit can only show a claim false."),
             f"Power: {POWER}",
+            "The GDP estimate reads the canary scores through a Gaussian fit: it is evidence "
+            "under that model, not a bound (on correct runs its median measured 0.84–0.98 × the claim).",
             "The audited run trained on the canaries too; its model is not the release.",
         )
         return ReportSection(title=SECTION_TITLE, lines=lines, data=self.to_dict())
