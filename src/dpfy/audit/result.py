@@ -17,6 +17,9 @@ __all__ = ["AuditResult", "audit_scores", "SECTION_TITLE", "POWER"]
 
 SECTION_TITLE = "Empirical privacy audit"
 
+KIND_TEXT = {"dirac": "Dirac: each on a coordinate no real example touches",
+             "direction": "each along a random direction over the model's parameters"}
+
 # The audit's measured power at its defaults (1,000 Dirac canaries, per-step scores, 95 %),
 # over three configurations (T = 40, 160 and 1,174 steps): docs/audit.md, "Measured".
 POWER = ("measured at this audit's defaults (1,000 Dirac canaries scored at every step, 95 %), "
@@ -104,9 +107,11 @@ class AuditResult:
         """The privacy report's section for this audit."""
         conf = f"{100 * self.one_run.confidence:g} %"
         lines = (
-            f"This run was audited with {self.canaries} white-box gradient canaries, each in "
+            f"This run was audited with {self.canaries} white-box gradient canaries "
+            f"({KIND_TEXT.get(self.canary_kind, self.canary_kind)}), each in "
             f"the training set with probability ½ ({self.canaries_in} were), passed through "
-            f"the same private step as every example (Steinke, Nasr & Jagielski 2023).",
+            f"the same private step as every example and scored at every step (Steinke, Nasr "
+            f"& Jagielski 2023).",
             "",
             "| | ε |",
             "|---|---:|",
@@ -125,7 +130,10 @@ class AuditResult:
              "more than its ledger accounts." if self.estimate_exceeds else
              "The lower bounds are below the claim, as they must be for a correct run. They "
              "are evidence, not a guarantee: an audit can only show a claim false."),
-            f"Power: {POWER}",
+            f"Power: {POWER}" if self.canary_kind == "dirac" else
+            "Power: random-direction canaries are blurred by the real examples' gradients; "
+            "their power is not measured at this configuration (Dirac canaries are the "
+            "measured default).",
             "The GDP estimate reads the canary scores through a Gaussian fit: it is evidence "
             "under that model, not a bound (on correct runs its median measured 0.84–0.98 × the claim).",
             "The audited run trained on the canaries too; its model is not the release.",
