@@ -118,7 +118,7 @@ class CanarySet:
         """{name: (len(ids), *shape)}: scale · u_j split over the parameters."""
         if self.directions is None:      # dirac: scale on coordinate j of the sink, 0 elsewhere
             out = {name: torch.zeros(len(ids), *shape) for name, shape in self.layout}
-            out[self.sink].reshape(len(ids), -1)[torch.arange(len(ids)), ids] = scale
+            out[str(self.sink)].reshape(len(ids), -1)[torch.arange(len(ids)), ids] = scale
             return out
         rows = self.directions[ids] * scale
         out, start = {}, 0
@@ -131,7 +131,7 @@ class CanarySet:
     def project(self, vector: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """⟨vector, u_j⟩ for every canary j, (m,) float64."""
         if self.directions is None:
-            return vector[self.sink].detach().reshape(-1)[:self.count].double()
+            return vector[str(self.sink)].detach().reshape(-1)[:self.count].double()
         flat = torch.cat([vector[n].detach().reshape(-1).float() for n, _ in self.layout])
         return (self.directions @ flat).double()
 

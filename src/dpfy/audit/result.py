@@ -17,6 +17,13 @@ __all__ = ["AuditResult", "audit_scores", "SECTION_TITLE", "POWER"]
 
 SECTION_TITLE = "Empirical privacy audit"
 
+DIRECTION_POWER = ("Power: random-direction canaries are blurred by the real examples' "
+                   "gradients; their power is not measured at this configuration (Dirac "
+                   "canaries are the measured default).")
+GDP_CAVEAT = ("The GDP estimate reads the canary scores through a Gaussian fit: it is evidence "
+              "under that model, not a bound (on correct runs its median measured 0.84–0.98 × "
+              "the claim).")
+
 KIND_TEXT = {"dirac": "Dirac: each on a coordinate no real example touches",
              "direction": "each along a random direction over the model's parameters"}
 
@@ -103,6 +110,16 @@ class AuditResult:
                 f"{self.one_run.epsilon:.4g}, f-DP {self.fdp.epsilon:.4g}{estimate} "
                 f"({self.canaries} canaries, {self.canaries_in} in) — {verdict}{planted}")
 
+    def _verdict(self) -> str:
+        if self.exceeded:
+            return ("A lower bound ABOVE the claimed ε means the run leaked more than its "
+                    "ledger accounts: a privacy bug.")
+        if self.estimate_exceeds:
+            return ("The GDP estimate is above the claim at this confidence: the run likely "
+                    "leaks more than its ledger accounts.")
+        return ("The lower bounds are below the claim, as they must be for a correct run. They "
+                "are evidence, not a guarantee: an audit can only show a claim false.")
+
     def section(self) -> ReportSection:
         """The privacy report's section for this audit."""
         conf = f"{100 * self.one_run.confidence:g} %"
@@ -124,18 +141,9 @@ class AuditResult:
                 f"| estimate, Gaussian DP (Nasr et al. 2023) [lower limit, {conf}] | "
                 f"{self.gdp.epsilon:.4f} [{self.gdp.epsilon_low:.4f}] |",)),
             "",
-            ("A lower bound ABOVE the claimed ε means the run leaked more than its ledger "
-             "accounts: a privacy bug." if self.exceeded else
-             "The GDP estimate is above the claim at this confidence: the run likely leaks "
-             "more than its ledger accounts." if self.estimate_exceeds else
-             "The lower bounds are below the claim, as they must be for a correct run. They "
-             "are evidence, not a guarantee: an audit can only show a claim false."),
-            f"Power: {POWER}" if self.canary_kind == "dirac" else
-            "Power: random-direction canaries are blurred by the real examples' gradients; "
-            "their power is not measured at this configuration (Dirac canaries are the "
-            "measured default).",
-            "The GDP estimate reads the canary scores through a Gaussian fit: it is evidence "
-            "under that model, not a bound (on correct runs its median measured 0.84–0.98 × the claim).",
+            self._verdict(),
+            (f"Power: {POWER}" if self.canary_kind == "dirac" else DIRECTION_POWER),
+            *(() if self.gdp is None else (GDP_CAVEAT,)),
             "The audited run trained on the canaries too; its model is not the release.",
         )
         return ReportSection(title=SECTION_TITLE, lines=lines, data=self.to_dict())
@@ -153,5 +161,6 @@ def audit_scores(scores: np.ndarray, included: np.ndarray, *, claimed_epsilon: f
         one_run=one_run_epsilon(scores, inc, delta=delta, confidence=confidence),
         fdp=fdp_epsilon(scores, inc, delta=delta, confidence=confidence),
         canaries=int(inc.size), canaries_in=int(inc.sum()), steps=int(steps),
-        gdp=gdp_estimate(scores, inc, delta=delta, confidence=confidence),
+        gdp=(gdp_estimate(scores, inc, delta=delta, confidence=confidence)
+             if min(int(inc.sum()), int((~inc).sum())) >= 2 else None),   # needs 2 of each
         canary_kind=canary_kind, planted_noise_scale=planted_noise_scale)
