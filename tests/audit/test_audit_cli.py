@@ -62,3 +62,20 @@ def test_the_report_says_what_the_unregistered_canary_method_releases():
     (row,) = methods_ran(method.calibrate(EXAMPLE_FACTS))
     assert row["name"] == "_audit_canaries"
     assert "the clipped sum of the transformed per-example gradients" in row["releases"]
+
+
+def test_audit_json_names_and_a_planted_run_is_never_published(tmp_path, capsys) -> None:
+    out = tmp_path / "planted"
+    assert main(["audit", *FLAGS, "--json", "--plant-noise-scale", "0.5",
+                 "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    for name in ("claimed_epsilon", "lower_bound_one_run", "lower_bound_fdp",
+                 "epsilon_estimate"):
+        assert isinstance(result[name], float)
+    assert result["planted_noise_scale"] == 0.5 and result["published"] is False
+    assert result["canary_kind"] == "dirac"
+    assert "PLANTED behind the ledger's back" in captured.err
+    assert "never published" in captured.err
+    assert (out / "audit.json").exists()
+    assert not (out / "privacy_report.md").exists() and not (out / "ledger.json").exists()

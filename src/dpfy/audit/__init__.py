@@ -2,8 +2,12 @@
 
 - :mod:`dpfy.audit.stats`: the one-run test of Steinke, Nasr & Jagielski (2023);
 - :mod:`dpfy.audit.fdp`: its f-DP variant (Mahloujifar et al. 2024);
+- :mod:`dpfy.audit.gdp_estimate`: the Gaussian-DP estimate of ε (Nasr et al. 2023);
 - :mod:`dpfy.audit.two_run`: many runs with and without one canary, Clopper–Pearson;
-- :mod:`dpfy.audit.canaries`: white-box gradient canaries inserted in dpfy's own private step;
+- :mod:`dpfy.audit.canaries`: white-box gradient canaries inserted in dpfy's own private step,
+  scored at every step;
+- :mod:`dpfy.audit.sink`: coordinates no real example touches, for Dirac canaries;
+- :mod:`dpfy.audit.plant`: a noise bug planted behind the ledger's back (power tests only);
 - :mod:`dpfy.audit.result`: the claimed ε beside the bounds (printing, JSON, report section);
 - :mod:`dpfy.audit.run`: an audited training run (``dpfy audit``).
 

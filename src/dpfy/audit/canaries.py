@@ -29,6 +29,7 @@ It is not a training method and is not registered (``dpfy train --method`` canno
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -37,9 +38,13 @@ from torch.utils.data import Dataset
 
 from dpfy._require import require
 from dpfy.adaptive.base import Method
+from dpfy.audit.sink import find_sink
 from dpfy.types import StepOutcome, StepPlan
 
-__all__ = ["CanarySet", "CanaryDataset", "CanaryGradients", "find_canaries"]
+__all__ = ["CanarySet", "CanaryDataset", "CanaryGradients", "find_canaries", "step_scores",
+           "KINDS"]
+
+KINDS = ("dirac", "direction")
 
 
 @dataclass(frozen=True)
@@ -48,21 +53,32 @@ class CanarySet:
 
     Attributes:
       included: (m,) bool, True when canary j is in the training set. Secret until scoring.
-      directions: (m, d) float32, unit rows u_j over the flattened trainable parameters.
+      directions: (m, d) float32, unit rows u_j over the flattened trainable parameters
+        (``"direction"``); None for ``"dirac"`` (u_j is coordinate j of ``sink``).
       layout: (name, shape) of each trainable parameter, in the order the rows flatten them.
+      kind: ``"dirac"`` or ``"direction"`` (module docstring).
+      sink: the name of the :class:`~dpfy.audit.sink.CanarySink` weight (``"dirac"`` only).
     """
 
     included: torch.Tensor
-    directions: torch.Tensor
+    directions: torch.Tensor | None
     layout: tuple[tuple[str, tuple[int, ...]], ...]
+    kind: str = "direction"
+    sink: str | None = None
 
     @classmethod
     def draw(cls, model: torch.nn.Module, count: int,
-             generator: torch.Generator | None = None) -> "CanarySet":
+             generator: torch.Generator | None = None, *,
+             kind: str = "direction") -> "CanarySet":
         """``count`` canaries for ``model``'s trainable parameters; ``generator`` (secret)
-        draws the inclusion bits and the directions (default: a fresh OS-seeded one)."""
+        draws the inclusion bits and the directions (default: a fresh OS-seeded one).
+
+        ``kind="dirac"`` needs ``model`` to contain a :class:`~dpfy.audit.sink.CanarySink`
+        with at least ``count`` coordinates: canary j's gradient is C on its coordinate j.
+        """
         require(isinstance(count, int) and count >= 2, "canaries", count, "an int >= 2",
                 "Use 1000 or more for a useful bound")
+        require(kind in KINDS, "kind", kind, f"one of {list(KINDS)}")
         if generator is None:
             generator = torch.Generator().manual_seed(
                 int.from_bytes(__import__("os").urandom(8), "little") >> 1)
@@ -71,6 +87,13 @@ class CanarySet:
         require(layout, "model", type(model).__name__, "a module with trainable parameters")
         d = sum(_numel(s) for _, s in layout)
         included = torch.rand(count, generator=generator) < 0.5
+        if kind == "dirac":
+            sink_name, sink = find_sink(model)
+            require(sink.count >= count and sink_name in dict(layout), "the canary sink",
+                    f"{sink.count} coordinates", f"at least {count}, trainable",
+                    "Wrap the model as CanarySink(model, canaries)")
+            return cls(included=included, directions=None, layout=layout, kind=kind,
+                       sink=sink_name)
         if count <= d:   # disjoint random supports: exactly orthogonal rows
             width = d // count
             support = torch.randperm(d, generator=generator)[:count * width].reshape(count, width)
@@ -93,6 +116,10 @@ class CanarySet:
 
     def per_parameter(self, ids: torch.Tensor, scale: float) -> dict[str, torch.Tensor]:
         """{name: (len(ids), *shape)}: scale · u_j split over the parameters."""
+        if self.directions is None:      # dirac: scale on coordinate j of the sink, 0 elsewhere
+            out = {name: torch.zeros(len(ids), *shape) for name, shape in self.layout}
+            out[str(self.sink)].reshape(len(ids), -1)[torch.arange(len(ids)), ids] = scale
+            return out
         rows = self.directions[ids] * scale
         out, start = {}, 0
         for name, shape in self.layout:
@@ -103,6 +130,8 @@ class CanarySet:
 
     def project(self, vector: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """⟨vector, u_j⟩ for every canary j, (m,) float64."""
+        if self.directions is None:
+            return vector[str(self.sink)].detach().reshape(-1)[:self.count].double()
         flat = torch.cat([vector[n].detach().reshape(-1).float() for n, _ in self.layout])
         return (self.directions @ flat).double()
 
@@ -140,8 +169,9 @@ class CanaryDataset(Dataset):
 class CanaryGradients(Method[torch.Tensor]):
     """Replaces an included canary's per-example gradient by C·u_j; scores every canary.
 
-    State: the (m,) float64 scores Σ_t b·⟨g̃_t, u_j⟩ so far (public: built from released
-    updates only). Releases per step: nothing of its own (the canaries are examples of the
+    State: (2, m) float64, built from released updates and the public plan only: row 0 the
+    linear scores Σ_t ⟨S̃_t, u_j⟩, row 1 the per-step log-likelihood-ratio scores (module
+    docstring) so far. Releases per step: nothing of its own (the canaries are examples of the
     run's gradient release).
     """
 
@@ -158,7 +188,7 @@ class CanaryGradients(Method[torch.Tensor]):
         self._indices = lambda: cursor.indices
 
     def init(self) -> torch.Tensor:
-        return torch.zeros(self.canaries.count, dtype=torch.float64)
+        return torch.zeros(2, self.canaries.count, dtype=torch.float64)
 
     def transform(self, state: torch.Tensor, per_sample: Mapping[str, torch.Tensor],
                   plan: StepPlan) -> Mapping[str, torch.Tensor]:
@@ -175,6 +205,9 @@ class CanaryGradients(Method[torch.Tensor]):
             return per_sample
         where = torch.nonzero(is_canary).reshape(-1)
         ids = self.in_ids[indices[where] - self.offset]
+        require(self.canaries.kind != "dirac" or not torch.is_tensor(plan.clip), "clip",
+                "one threshold per parameter group", "one threshold for Dirac canaries",
+                "Audit per-group clipping with canary kind 'direction'")
         scale = _clip_norm(plan.clip)
         replaced = self.canaries.per_parameter(ids, scale)
         out = {}
@@ -187,7 +220,28 @@ class CanaryGradients(Method[torch.Tensor]):
     def update(self, state: torch.Tensor, outcome: StepOutcome) -> torch.Tensor:
         # the gradient as released (before any postprocess of a chained method)
         noisy = outcome.noisy_gradient or outcome.gradient
-        return state + outcome.expected_batch_size * self.canaries.project(noisy)
+        released = outcome.expected_batch_size * self.canaries.project(noisy)   # ⟨S̃_t, u_j⟩
+        plan = outcome.plan
+        per_step = step_scores(released / _clip_norm(plan.clip), sample_rate=plan.sample_rate,
+                               noise_multiplier=plan.noise_multiplier)
+        return state + torch.stack([released, per_step])
+
+
+def step_scores(x: torch.Tensor, *, sample_rate: float,
+                noise_multiplier: float) -> torch.Tensor:
+    """log(1 − q + q·exp((x − ½)/σ²)) for each canary's observation x = ⟨S̃_t, u_j⟩/C_t.
+
+    The log-likelihood ratio of one step's observation under "in" (x ~ N(1, σ²) with
+    probability q, else N(0, σ²)) against "out" (x ~ N(0, σ²)). At σ = 0 the ratio is not
+    finite; x itself is returned (any increasing score is a valid test statistic).
+    """
+    x = x.double()
+    if noise_multiplier == 0:
+        return x
+    q = float(sample_rate)
+    stay = math.log1p(-q) if q < 1 else -math.inf
+    return torch.logaddexp(torch.full_like(x, stay),
+                           math.log(q) + (x - 0.5) / float(noise_multiplier) ** 2)
 
 
 def _clip_norm(clip: float | torch.Tensor) -> float:

@@ -11,7 +11,13 @@ loop) but not through ``dpfy.train.train`` itself — no checkpoints, no resume 
 privacy report with the audit's section into ``out``.
 
 The canaries change the run: N grows by the included canaries, so q = b/N and the calibrated
-σ are those of the audited run, whose own ledger gives the claimed ε.
+σ are those of the audited run, whose own ledger gives the claimed ε. With Dirac canaries
+(the default) the model is wrapped in a :class:`~dpfy.audit.sink.CanarySink`, which adds one
+coordinate per canary that no real example touches and changes nothing else.
+
+``plant_noise_scale`` (``dpfy audit --plant-noise-scale F``) scales the run's noise behind its
+ledger's back (:mod:`dpfy.audit.plant`) to measure the audit's power; such a run writes only
+``audit.json`` and ``config.json``, marked as never published.
 """
 
 from __future__ import annotations
@@ -29,8 +35,12 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from dpfy.audit.canaries import CanaryDataset, CanaryGradients, CanarySet, find_canaries
+from dpfy._require import require
+from dpfy.audit.canaries import (KINDS, CanaryDataset, CanaryGradients, CanarySet,
+                                 find_canaries)
+from dpfy.audit.plant import plant_noise_scale as plant
 from dpfy.audit.result import AuditResult, audit_scores
+from dpfy.audit.sink import CanarySink
 from dpfy.data import load_dataset
 from dpfy.models import build_model
 from dpfy.train.config import TrainConfig, resolve
@@ -41,10 +51,12 @@ from dpfy.train.report import write_report
 from dpfy.train.rundir import RunDir, write_atomic
 from dpfy.train.trainer import check_accountable, check_names, progress_bar, usable_cores
 
-__all__ = ["AuditedRun", "audited_private_run", "canary_scores", "audit_result", "audit_config",
-           "check_supported", "SUPPORTED", "DEFAULT_CANARIES"]
+__all__ = ["AuditedRun", "audited_private_run", "canary_scores", "canary_step_scores",
+           "audit_result", "audit_config", "check_supported", "SUPPORTED", "DEFAULT_CANARIES",
+           "DEFAULT_KIND"]
 
 DEFAULT_CANARIES = 1000
+DEFAULT_KIND = "dirac"
 
 # The TrainConfig fields audit_config carries into the audited run; any other field set away
 # from its default is refused (a setting the audit would drop would audit another run).
@@ -97,35 +109,54 @@ def audited_private_run(model: nn.Module, optimizer: torch.optim.Optimizer, trai
     return AuditedRun(private=private, probe=probe, dataset=data)
 
 
-def canary_scores(optimizer: Any) -> np.ndarray:
-    """Σ_t b·⟨g̃_t, u_j⟩ for every canary, from the canary method's state."""
+def _state(optimizer: Any) -> torch.Tensor:
     state = optimizer.method_state
     if isinstance(state, dict):
         state = state[CanaryGradients.registry_name]
-    return state.numpy()
+    return state
+
+
+def canary_scores(optimizer: Any) -> np.ndarray:
+    """The linear scores Σ_t b·⟨g̃_t, u_j⟩ of every canary, from the canary method's state."""
+    return _state(optimizer)[0].numpy()
+
+
+def canary_step_scores(optimizer: Any) -> np.ndarray:
+    """The per-step log-likelihood-ratio scores of every canary, summed over the steps
+    (:func:`dpfy.audit.canaries.step_scores`): what the audit tests."""
+    return _state(optimizer)[1].numpy()
 
 
 def audit_result(private: PrivateRun, canaries: CanarySet, *, delta: float,
-                 accountant: str | None = None, confidence: float = 0.95) -> AuditResult:
-    """The audit of a finished run: claimed ε from its ledger, bounds from its canaries."""
+                 accountant: str | None = None, confidence: float = 0.95,
+                 planted_noise_scale: float | None = None) -> AuditResult:
+    """The audit of a finished run: claimed ε from its ledger, bounds and the GDP estimate
+    from its canaries' per-step scores."""
     opt = private.optimizer
     accountant = accountant or opt.accountant
-    return audit_scores(canary_scores(opt), canaries.included.numpy(),
+    return audit_scores(canary_step_scores(opt), canaries.included.numpy(),
                         claimed_epsilon=opt.epsilon(delta, accountant=accountant), delta=delta,
-                        accountant=accountant, steps=opt.step_count, confidence=confidence)
+                        accountant=accountant, steps=opt.step_count, confidence=confidence,
+                        canary_kind=canaries.kind, planted_noise_scale=planted_noise_scale)
 
 
 def audit_config(cfg: TrainConfig, *, canaries: int = DEFAULT_CANARIES,
                  out: str | Path | None = None, data=None, model: nn.Module | None = None,
-                 progress: bool = False, echo: Callable[[str], None] = print) -> AuditResult:
+                 progress: bool = False, echo: Callable[[str], None] = print,
+                 canary_kind: str = DEFAULT_KIND,
+                 plant_noise_scale: float | None = None) -> AuditResult:
     """Train ``cfg`` with ``canaries`` canaries and audit it; write its report into ``out``.
 
     Model init, sampling, noise and the canary draw come from ``cfg.seed`` when given, else
     from fresh OS randomness (the canary draw is the audit's secret either way).
+    ``canary_kind``: ``"dirac"`` (the model is wrapped in a CanarySink) or ``"direction"``.
+    ``plant_noise_scale``: multiply the noise std by this behind the ledger's back (a power
+    test; the run is never published and no privacy report is written).
     """
     check_names(cfg, data, model)
     check_accountable(cfg)
     check_supported(cfg)
+    require(canary_kind in KINDS, "canary_kind", canary_kind, f"one of {list(KINDS)}")
     run = RunDir.create(out) if out is not None else None
     try:
         data = data if data is not None else load_dataset(cfg.dataset, data_dir=cfg.data_dir)
@@ -137,7 +168,10 @@ def audit_config(cfg: TrainConfig, *, canaries: int = DEFAULT_CANARIES,
         if model is None:
             model = build_model(cfg.model, input_shape=data.input_shape,
                                 num_classes=data.num_classes)
-        draw = CanarySet.draw(model, canaries, torch.Generator().manual_seed(seed + 1))
+        if canary_kind == "dirac":
+            model = CanarySink(model, canaries)
+        draw = CanarySet.draw(model, canaries, torch.Generator().manual_seed(seed + 1),
+                              kind=canary_kind)
         optimizer = make_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
         audited = audited_private_run(
             model, optimizer, data.train, canaries=draw, batch_size=cfg.batch_size,
@@ -146,8 +180,14 @@ def audit_config(cfg: TrainConfig, *, canaries: int = DEFAULT_CANARIES,
             clipping=cfg.clipping, route=cfg.route, seed=cfg.seed,
             max_physical_batch_size=cfg.physical_batch_size, accountant=cfg.accountant)
         private = audited.private
-        echo(f"dpfy audit: {cfg.dataset} + {int(draw.included.sum())} included canaries of "
-             f"{canaries}, {private.total_steps} steps, q = {private.sample_rate:.5g}")
+        if plant_noise_scale is not None:
+            plant(private.optimizer, plant_noise_scale)
+            echo(f"dpfy audit: noise × {plant_noise_scale:g} PLANTED behind the ledger's back "
+                 f"(a power test): this run's claimed ε is false by construction; it is never "
+                 f"published (no privacy report, ledger or model is written)")
+        echo(f"dpfy audit: {cfg.dataset} + {int(draw.included.sum())} included "
+             f"{canary_kind} canaries of {canaries}, {private.total_steps} steps, "
+             f"q = {private.sample_rate:.5g}")
         bar = progress_bar(private.total_steps, 0, progress)
         try:
             for _ in range(cfg.epochs):
@@ -155,8 +195,13 @@ def audit_config(cfg: TrainConfig, *, canaries: int = DEFAULT_CANARIES,
         finally:
             if bar is not None:
                 bar.close()
-        result = audit_result(private, draw, delta=cfg.delta, accountant=cfg.accountant)
-        if run is not None:
+        result = audit_result(private, draw, delta=cfg.delta, accountant=cfg.accountant,
+                              planted_noise_scale=plant_noise_scale)
+        if run is not None and plant_noise_scale is not None:
+            write_atomic(run.staging / "config.json", cfg.to_public_json() + "\n")
+            write_atomic(run.staging / "audit.json", json.dumps(result.to_dict(), indent=2) + "\n")
+            run.finalize()
+        elif run is not None:
             staged = dataclasses.replace(
                 data, train=audited.dataset,
                 description=f"{data.description}, plus {result.canaries_in} included canaries")
