@@ -34,6 +34,7 @@ from dpfy.adaptive.base import Method, make as make_method, calibrate_for_run
 from dpfy.adaptive.chain import chain
 from dpfy.buffers import BufferGuard
 from dpfy.clipping import make_clipping
+from dpfy.errors import SeedWarning
 from dpfy.grads import GradEngine
 from dpfy.memory import plan_physical_batch
 from dpfy.noise import GaussianMechanism, NoiseSource
@@ -148,6 +149,8 @@ def make_private(
     _check_arguments(noise_multiplier=noise_multiplier, target_epsilon=target_epsilon,
                      method=method, budgets=budgets, accountant=accountant, max_steps=max_steps)
     sampling_seed, noise_seed = derive_seeds(seed) if seed is not None else (None, None)
+    if seed is not None:
+        warn_seed(seed)
     if max_physical_batch_size == "auto":
         max_physical_batch_size = plan_physical_batch(model, loader, memory_limit=memory_limit,
                                                       route=route)
@@ -166,7 +169,7 @@ def make_private(
             f"accountant must be one of {list(RIGOROUS)} when it decides the noise (target_"
             f"epsilon, epsilon_cap), got accountant = {accountant!r}. The GDP CLT can under-"
             f"report ε; calibrate with 'pld' and read GDP afterwards with "
-            f"optimizer.epsilon(delta, accountant='gdp')")
+            f"optimizer.epsilon(delta, accountant='gdp', approximate=True)")
 
     # -- calibrate: individual budgets, the method, σ ------------------------------------------
     individual_run = None
@@ -214,13 +217,13 @@ def make_private(
             method = calibrate_for_run(method, facts)
             if max_steps is None and getattr(method, "total_steps", None):
                 max_steps = int(method.total_steps)
-            if target_epsilon is not None and epsilon_cap is None:
-                epsilon_cap = target_epsilon  # the method writes the plan: hold it to target
         if target_epsilon is not None and not (method is not None
                                                and "noise_multiplier" in method.sets):
             noise_multiplier = calibrate_noise_multiplier(
                 target_epsilon=target_epsilon, delta=target_delta, sample_rate=q,
                 steps=max_steps, accountant=accountant, sampling=sampler.sampling)
+        if target_epsilon is not None and epsilon_cap is None:
+            epsilon_cap = target_epsilon  # the target is a limit, whatever changes the horizon
 
         if method is not None:
             _check_capabilities(method, grads, max_physical_batch_size, clipping, loss_fn,
@@ -246,6 +249,17 @@ def make_private(
     BufferGuard(model)  # refuses buffers a training forward changes (dpfy/buffers.py)
     _ATTACHED[model] = grads
     return user_model, dp_optimizer, dp_loader
+
+
+SEED_WARNING = ("make_private(seed={seed}): sampling and noise follow from the seed, so anyone "
+                "who knows it can reproduce the noise and undo the privacy. Use a seed only "
+                "for debugging or reproducing a result, never for a model you release "
+                "(seed=None, the default, draws both from the operating system)")
+
+
+def warn_seed(seed: int) -> None:
+    """Warn, once per make_private call, that a seeded run's noise can be undone."""
+    warnings.warn(SEED_WARNING.format(seed=seed), SeedWarning, stacklevel=3)
 
 
 def _admit(model: nn.Module, optimizer: torch.optim.Optimizer,

@@ -8,11 +8,12 @@
 - :class:`PrivacyRefusal`: dpfy cannot prove what it would account (a sampler it did not build,
   a buffer that learns from data, weights above their declared sensitivity, ...). A
   ``ValueError`` subclass, since the fix is always a change to the input.
+- :class:`SeedWarning`: a run was given a seed, so its noise can be reproduced and undone.
 """
 
 from __future__ import annotations
 
-__all__ = ["BudgetExhausted", "PrivacyRefusal"]
+__all__ = ["BudgetExhausted", "PrivacyRefusal", "SeedWarning"]
 
 
 class BudgetExhausted(RuntimeError):
@@ -21,3 +22,7 @@ class BudgetExhausted(RuntimeError):
 
 class PrivacyRefusal(ValueError):
     """dpfy refuses something it cannot account; the message names what and the fix."""
+
+
+class SeedWarning(UserWarning):
+    """A seeded run: anyone who knows the seed can reproduce its noise and undo the privacy."""

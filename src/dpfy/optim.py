@@ -15,11 +15,16 @@ import torch
 from dpfy._require import require
 from dpfy.errors import PrivacyRefusal
 from dpfy.privacy import Ledger, epsilon as ledger_epsilon
+from dpfy.privacy.accountants import APPROXIMATE
+from dpfy.privacy.gdp import ApproximateEpsilon
+from dpfy.step.checkpoint import (check_ledger_continues, check_same_parameters,
+                                  parameters_digest)
+from dpfy.step.guard import EpsilonGuard
 from dpfy.step.private_step import PrivateStep
 
 __all__ = ["DPOptimizer"]
 
-FORMAT = "dpfy-optimizer/3"
+FORMAT = "dpfy-optimizer/4"
 _TORCH_HOOKS = ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks",
                 "_optimizer_state_dict_pre_hooks", "_optimizer_state_dict_post_hooks",
                 "_optimizer_load_state_dict_pre_hooks", "_optimizer_load_state_dict_post_hooks")
@@ -85,6 +90,14 @@ class DPOptimizer(torch.optim.Optimizer):
     def epsilon_cap(self) -> float | None:
         return self.guard.epsilon_cap
 
+    @epsilon_cap.setter
+    def epsilon_cap(self, value: float | None) -> None:
+        """An explicit re-plan of the ε cap (at the guard's δ and accountant), like
+        ``max_steps``: raise it only if the privacy budget allows it."""
+        g = self.guard
+        self.private_step.guard = EpsilonGuard(max_steps=g.max_steps, epsilon_cap=value,
+                                               delta=g.delta, accountant=g.accountant)
+
     @property
     def target_delta(self) -> float | None:
         return self.guard.delta
@@ -140,15 +153,39 @@ class DPOptimizer(torch.optim.Optimizer):
         return f"DPOptimizer({self.original_optimizer!r})"
 
     # -- privacy ----------------------------------------------------------------------------
-    def epsilon(self, delta: float, accountant: str | None = None) -> float:
-        """ε(δ) of everything released so far, read from the ledger."""
-        return ledger_epsilon(self.ledger, delta=delta, accountant=accountant or self.accountant)
+    def epsilon(self, delta: float, accountant: str | None = None, *,
+                approximate: bool = False) -> float:
+        """ε(δ) of everything released so far, read from the ledger.
 
-    def group_epsilons(self, delta: float, accountant: str | None = None) -> list[float]:
-        """ε(δ) of each privacy group so far, read from its own ledger (individualized runs)."""
+        An approximate accountant (``"gdp"``: the CLT, which can under-report ε) is read only
+        with ``approximate=True``, as ``dpfy calibrate``/``report`` need ``--approximate``;
+        it then returns a :class:`~dpfy.privacy.gdp.ApproximateEpsilon`: the approximate
+        value, with the rigorous PLD ε beside it (``.rigorous``).
+        """
+        return self._read(self.ledger, delta, accountant, approximate)
+
+    def group_epsilons(self, delta: float, accountant: str | None = None, *,
+                       approximate: bool = False) -> list[float]:
+        """ε(δ) of each privacy group so far, read from its own ledger (individualized runs);
+        an approximate accountant as in :meth:`epsilon`."""
         require(self.groups is not None, "budgets", None, "given to make_private",
                 "Per-group ε exists only for runs with individualized budgets")
-        return self.groups.epsilons(delta=delta, accountant=accountant or self.accountant)
+        return [self._read(ledger, delta, accountant, approximate)
+                for ledger in self.groups.ledgers]
+
+    def _read(self, ledger: Ledger, delta: float, accountant: str | None,
+              approximate: bool) -> float:
+        """ε(δ) of ``ledger``; an approximate accountant's only when asked, with PLD beside."""
+        name = accountant or self.accountant
+        if name not in APPROXIMATE:
+            return ledger_epsilon(ledger, delta=delta, accountant=name)
+        require(approximate, "accountant", name, "'pld' or 'rdp' unless approximate=True",
+                "The GDP CLT is an approximation that can under-report ε: read it with "
+                "optimizer.epsilon(delta, approximate=True), which gives the rigorous PLD ε "
+                "beside it (.rigorous), or read accountant='pld'")
+        return ApproximateEpsilon(ledger_epsilon(ledger, delta=delta, accountant=name),
+                                  rigorous=ledger_epsilon(ledger, delta=delta, accountant="pld"),
+                                  rigorous_accountant="pld")
 
     def observe(self, *, val_metric: float) -> None:
         """Feed a validation result to a method that reads one (it implements ``observe``)."""
@@ -159,9 +196,14 @@ class DPOptimizer(torch.optim.Optimizer):
 
     # -- checkpoints ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume bit-identically (the model's weights are the model's).
+        """Everything needed to resume (the model's weights are the model's).
 
-        Holds the seed and generator states: a checkpoint is secret, never part of a release.
+        A seeded run resumes bit-identically: the state holds the seed and the generator
+        states, and is secret. A secure run's state holds no noise key: its resume draws fresh
+        noise (:meth:`dpfy.noise.NoiseSource.load_state_dict`), so two continuations of one
+        checkpoint never share noise. The ledger is saved with a digest of the model's
+        trainable parameters and the budget guard (horizon, ε cap), which
+        :meth:`load_state_dict` checks and restores.
         Only at a logical-batch boundary: between the physical batches of a logical batch the
         step holds the un-noised sums of clipped gradients, which must never reach a file, so a
         call there raises :class:`~dpfy.errors.PrivacyRefusal`.
@@ -177,22 +219,36 @@ class DPOptimizer(torch.optim.Optimizer):
             "format": FORMAT, "seed": self.seed, "step_count": step.step_count,
             "optimizer": self.original_optimizer.state_dict(),
             "ledger": step.ledger.to_dict(), "noise": step.mechanism.state_dict(),
-            "sampler": step.sampler.state_dict(), "max_steps": self.max_steps,
+            "sampler": step.sampler.state_dict(), "guard": step.guard.state_dict(),
+            "parameters_sha256": parameters_digest(step.params),
             "method_state": step.method_state,
             "groups": step.individual.state_dict() if step.individual is not None else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`'s output, after the model's own state was loaded.
+
+        Checked before anything changes: the model's trainable parameters are the ones the
+        state was saved with, and its ledger extends what this optimizer already released
+        (:mod:`dpfy.step.checkpoint`); either refusal is a
+        :class:`~dpfy.errors.PrivacyRefusal` naming the fix. The budget guard becomes the
+        stricter of this run's and the checkpoint's (:meth:`EpsilonGuard.tightened`).
+        """
         require(state.get("format") == FORMAT, "format", state.get("format"), repr(FORMAT),
-                "This is not a dpfy optimizer checkpoint of this version")
+                "This is not a dpfy optimizer checkpoint of this version (dpfy-optimizer/3 "
+                "and older hold no parameter digest and no guard): resume it with the dpfy "
+                "that wrote it, or start a new run")
         step = self.private_step
+        ledger = Ledger.from_dict(state["ledger"])
+        check_same_parameters(state["parameters_sha256"], step.params)
+        check_ledger_continues(step.ledger, ledger)
+        guard = step.guard.tightened(state["guard"])
         self.original_optimizer.load_state_dict(state["optimizer"])
-        step.ledger.groups[:] = Ledger.from_dict(state["ledger"]).groups
+        step.ledger.groups[:] = ledger.groups
         step.mechanism.load_state_dict(state["noise"])
         step.sampler.load_state_dict(state["sampler"])
         self.seed, step.step_count = state["seed"], state["step_count"]
-        self.max_steps = state["max_steps"]
+        step.guard = guard  # fresh: it composes the new ledger afresh
         step.method_state, step.sums = state["method_state"], None
-        step.guard.reset()  # the ledger was replaced: compose it afresh
         if step.individual is not None:
             step.individual.load_state_dict(state.get("groups"))

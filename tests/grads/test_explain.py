@@ -31,7 +31,7 @@ def test_cli_explain(capsys):
     assert "| 0 | Conv2d | 1040 | dpfy/grads/rules/conv.py |" in out
 
 
-def test_private_optimizer_reports_routes_taken():
+def test_private_optimizer_reports_planned_routes():
     model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
     ds = TensorDataset(torch.randn(16, 1, 8, 8), torch.randint(0, 2, (16,)))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -41,8 +41,9 @@ def test_private_optimizer_reports_routes_taken():
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
         opt.step()
-    rows = opt.grads.explain()  # for the privacy report: what each layer actually used
-    assert {r["route"] for r in rows} <= {"ghost", "per-sample"}
+    rows = opt.grads.explain_planned()  # for the privacy report: no training batch's route
+    assert {r["route"] for r in rows} == {"ghost or per-sample, by size per batch"}
+    assert opt.grads.explain() == rows  # captures are dropped after each step
     assert "dpfy/grads/rules/linear.py" in format_table(rows)
 
 

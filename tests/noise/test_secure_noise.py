@@ -64,22 +64,35 @@ def test_default_noise_is_secure_chacha20_and_not_reproducible():
     assert not torch.equal(a.gaussian(like, 1.0), b.gaussian(like, 1.0))
 
 
-def test_secure_stream_resumes_from_its_checkpoint_state():
+def test_a_secure_checkpoint_holds_no_key_and_every_resume_draws_fresh_noise():
+    """Issue 30 §1: continuing a saved ChaCha20 stream would replay noise (two resumes of one
+    checkpoint would add the same noise to different batches); a secure resume is re-keyed."""
     a = NoiseSource()
     state = a.state_dict()
-    assert state["backend"] == "chacha20" and not state["reproducible"]
+    assert state == {"backend": "chacha20", "reproducible": False}  # no key, no counter
     x = a.gaussian(torch.zeros(3000), 2.0)
-    resumed = NoiseSource(7)  # the checkpoint decides the mode and backend
-    resumed.load_state_dict(state)
-    assert not resumed.reproducible and resumed.backend == "chacha20"
-    assert torch.equal(resumed.gaussian(torch.zeros(3000), 2.0), x)
+    resumed = [NoiseSource(7), NoiseSource(7)]  # the checkpoint decides the mode and backend
+    for r in resumed:
+        r.load_state_dict(state)
+        assert not r.reproducible and r.backend == "chacha20"
+    y, z = (r.gaussian(torch.zeros(3000), 2.0) for r in resumed)
+    assert not torch.equal(y, z) and not torch.equal(y, x) and not torch.equal(z, x)
+
+
+def test_a_secure_resume_ignores_a_key_an_older_checkpoint_holds():
+    a = NoiseSource()
+    old = {**a.state_dict(), "state": a._stream().get_state()}  # what dpfy-optimizer/3 saved
+    x = a.gaussian(torch.zeros(3000), 2.0)
+    resumed = NoiseSource()
+    resumed.load_state_dict(old)
+    assert not torch.equal(resumed.gaussian(torch.zeros(3000), 2.0), x)
 
 
 def test_a_forked_child_rekeys_its_secure_stream(monkeypatch):
     """Parent and child of a fork would otherwise share the key and counter: same noise."""
     a = NoiseSource()
     twin = NoiseSource()
-    twin.load_state_dict(a.state_dict())
+    twin._stream().set_state(a._stream().get_state())  # the same key and counter, as a fork
     monkeypatch.setattr(dpfy.noise.generator.os, "getpid", lambda: -12345)  # as if in a forked child
     assert not torch.equal(a.gaussian(torch.zeros(500), 1.0), twin.gaussian(torch.zeros(500), 1.0))
 

@@ -91,9 +91,11 @@ def test_seed_none_is_secure_and_resumes_its_ledger():
     assert any(not torch.equal(a, b) for a, b in zip(model_a.parameters(),
                                                       model_b.parameters()))
     buf = io.BytesIO()
-    torch.save(opt_a.state_dict(), buf)
+    torch.save({"model": model_a.state_dict(), "optimizer": opt_a.state_dict()}, buf)
     model_c, opt_c, dl_c = build(seed=None)
     buf.seek(0)
-    opt_c.load_state_dict(torch.load(buf, weights_only=False))
+    ckpt = torch.load(buf, weights_only=False)
+    model_c.load_state_dict(ckpt["model"])
+    opt_c.load_state_dict(ckpt["optimizer"])
     run(model_c, opt_c, dl_c, 2)
     assert opt_c.step_count == 4 and opt_c.ledger.num_steps == 4

@@ -96,6 +96,10 @@ def test_budget_guard_refuses_step_t_plus_one_and_replan_is_explicit():
         train(m, opt, dl, 1)
     assert opt.step_count == 5 and opt.ledger.num_steps == 5
     opt.max_steps = 6
+    assert opt.epsilon_cap == 2.0  # a target ε is a cap too (issue 30 §1)
+    with pytest.raises(BudgetExhausted, match="epsilon_cap = 2.0"):
+        train(m, opt, dl, 1)
+    opt.epsilon_cap = 2.5
     train(m, opt, dl, 1)
     assert opt.step_count == 6
 

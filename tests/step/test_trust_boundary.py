@@ -86,7 +86,10 @@ def test_gdp_never_decides_the_noise(kwargs):
 def test_gdp_stays_readable():
     model, opt, loader = _setup(noise_multiplier=1.0, accountant="gdp")
     _one_step(model, opt, loader)
-    assert opt.epsilon(1e-5) > 0 and opt.epsilon(1e-5, accountant="pld") > 0
+    with pytest.raises(ValueError, match="approximate=True"):   # issue 30 §4: an opt-in
+        opt.epsilon(1e-5)
+    approx = opt.epsilon(1e-5, approximate=True)
+    assert approx > 0 and approx.rigorous == opt.epsilon(1e-5, accountant="pld") > 0
 
 
 def test_epochs_plan_every_logical_batch_the_loader_yields():

@@ -178,11 +178,6 @@ class GradEngine:
             for rel, sq in norms.items():
                 if rel in u.params:  # its own trainable ones: not a frozen bias, not a tied use
                     out[u.qualified(rel)] = sq
-            kind = self._routes.cache[id(u)][0]
-            if kind != "zero":
-                self._routes.taken[id(u)] = ("vmap" if u.rule is None else
-                                             "ghost" if kind == "ghost" and not grouped
-                                             else "per-sample")
         for name, uses in self._tied.items():
             if grouped:
                 rows = self._routes.tied_grad_sample(uses, b).flatten(1)  # (B, P) sensitive
@@ -283,7 +278,13 @@ class GradEngine:
         """One row per unit: module, type, parameter count, rule file, route and why.
 
         After a forward/backward on an example batch (captures present) the route each rule
-        unit takes at that input size is stated: ``ghost`` or ``per-sample``; after training
-        steps, the route taken on the last batch is.
+        unit takes at that input size is stated: ``ghost`` or ``per-sample``; otherwise the
+        rule ("ghost or per-sample, by size per batch"). A training batch's route is never
+        kept (its shape can depend on the data).
         """
-        return explain_rows(self.units, self._capture.used, self._routes.taken, self.route)
+        return explain_rows(self.units, self._capture.used, self.route)
+
+    def explain_planned(self) -> list[dict[str, Any]]:
+        """The rows from the model and the route setting alone, whatever was captured: what
+        the privacy report records (data-independent, so nothing in it is a release)."""
+        return explain_rows(self.units, lambda unit: [], self.route)

@@ -1,10 +1,12 @@
 """``GradEngine.explain()``: per unit, the rule file, the route and why (STYLE.md R7).
 
 A rule unit's route depends on sizes (the rule's ``prefers_ghost``), so it is stated for the
-captures present (a forward/backward on an example batch: ``dpfy explain``), else for the last
-training batch, else as "ghost or per-sample, by size per batch". The rows are public: they
-depend on the model and the batch's shapes, never on its values. ``dpfy explain``, the memory
-estimate (``dpfy/memory.py``) and the privacy report read them.
+captures present (a forward/backward on an example batch: ``dpfy explain``, the memory
+estimate in ``dpfy/memory.py``), else as "ghost or per-sample, by size per batch". A training
+batch's route is never stated: a batch's shape can depend on its data (a sequence batch padded
+to its longest example), so a route read from it would be a release without noise. The
+privacy report records the rows without captures (``GradEngine.explain_planned``): a function
+of the model and the route setting alone.
 """
 
 from __future__ import annotations
@@ -18,13 +20,12 @@ __all__ = ["explain_rows"]
 
 
 def explain_rows(units: list[Unit], used: Callable[[Unit], list[Call]],
-                 taken: dict[int, str], route: str) -> list[dict[str, Any]]:
+                 route: str) -> list[dict[str, Any]]:
     """One row per unit: module, type, parameter count, rule file, route and why.
 
     Args:
       units: the engine's units.
       used: a unit's captured calls whose outputs the loss depended on.
-      taken: the route each unit took on the last batch, by unit id.
       route: the engine's ``route`` argument ("auto", "ghost" or "vmap").
     """
     rows = []
@@ -38,10 +39,7 @@ def explain_rows(units: list[Unit], used: Callable[[Unit], list[Call]],
         row = u.explain("registered layer rule" + "".join(
             f"; {rel} tied to {q} (per-example gradients summed over its uses)"
             for rel, q in u.tied.items()))
-        if not calls and id(u) in taken:
-            row["route"] = taken[id(u)]
-            row["why"] = "route taken on the last training batch"
-        elif len(calls) > 1:
+        if len(calls) > 1:
             row["route"], row["why"] = "per-sample", f"called {len(calls)} times per batch"
         elif calls:
             c = calls[0]

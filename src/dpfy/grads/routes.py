@@ -174,14 +174,12 @@ class Routes:
     """Per unit: the route the current batch takes and what the weighted sums need of it.
 
     ``cache[id(unit)]`` is ("zero", None), ("ghost", the call) or ("materialized", rows), set
-    by :meth:`sq_norms` and used up by :meth:`weighted_sums`. ``taken`` keeps the route each
-    unit took on the last batch (public: a function of sizes only), for ``explain``.
+    by :meth:`sq_norms` and used up by :meth:`weighted_sums`.
     """
 
     def __init__(self, capture: Capture) -> None:
         self.capture = capture
         self.cache: dict[int, tuple[str, Any]] = {}
-        self.taken: dict[int, str] = {}
 
     def clear(self) -> None:
         self.cache.clear()

@@ -7,7 +7,8 @@ Two modes (``NoiseSource(seed)``):
 
 - **Secure** (``seed=None``, the default): ChaCha20 (RFC 8439, 20 rounds) inside dpfy's compiled
   sampler, keyed with 32 bytes from ``os.urandom`` (backend ``"chacha20"``). Nobody without the
-  key can predict or reproduce the noise; the key lives only in checkpoints. Where the sampler
+  key can predict or reproduce the noise; the key lives only in memory (no checkpoint holds
+  it: a resumed secure run is re-keyed, so it never replays noise). Where the sampler
   cannot be built (no C compiler, not Linux x86-64 with AVX2) every draw comes from
   ``os.urandom`` through float64 Box–Muller in torch instead (backend ``"urandom"``), with a
   ``RuntimeWarning``: as secure and with the same tails, only slower.
@@ -103,9 +104,10 @@ class NoiseSource:
         feeding float64 Box–Muller).
 
     Every backend's draws reach |z| = √(130 ln 2) ≈ 9.49σ with Gaussian tail mass (module
-    docstring). ``state_dict()`` holds what continues the stream in a resumed run — the ChaCha
-    key and block counter in secure mode — and is therefore secret: it belongs in checkpoints
-    only, never in anything released.
+    docstring). ``state_dict()`` of a seeded source holds the generator state that continues
+    its stream bit-identically (secret, like the seed). A secure source's holds no key: a
+    resumed secure run is re-keyed from ``os.urandom`` (:meth:`load_state_dict`), so no
+    checkpoint, saved or leaked, can reproduce or replay its noise.
     """
 
     def __init__(self, seed: int | None = None, *, backend: Backend = "auto") -> None:
@@ -216,21 +218,33 @@ class NoiseSource:
         return t
 
     def state_dict(self) -> dict[str, Any]:
-        """What continues this stream: SECRET (the ChaCha key in secure mode, the generator
-        state otherwise); it goes into checkpoints only, never into a released artefact."""
+        """The mode and backend, and for a seeded source the generator state (secret).
+
+        A secure source saves no key and no counter. Continuing its stream after a resume
+        would replay noise: two continuations from one checkpoint (two learning rates tried,
+        a resume after later models were seen) would add the same noise to different batches,
+        and the difference of their releases would hold no noise at all. Its resume draws
+        fresh noise instead (:meth:`load_state_dict`).
+        """
         state: dict[str, Any] = {"reproducible": self._reproducible, "backend": self.backend}
+        if not self._reproducible:
+            return state
         if self._compiled is not None:
             state["state"] = self._stream().get_state()
-        elif self._generator is not None:
+        else:
             state["generator"] = self._generator.get_state()
-        return state  # "urandom" has no state: a resumed run draws fresh OS randomness
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue the saved stream, switching to the mode and backend that drew it.
+        """Switch to the mode and backend of ``state``: continue a seeded stream, re-key a
+        secure one.
 
-        A secure ChaCha20 checkpoint loaded where the sampler cannot be built continues with
-        fresh os.urandom noise (warned: still secure, not bit-identical); a seeded xoshiro one
-        is refused there, since reproducing it is its point.
+        Seeded (``"xoshiro"``, ``"torch"``): the saved stream continues bit-identically; a
+        xoshiro one is refused where the compiled sampler cannot be built, since reproducing
+        it is its point. Secure (``"chacha20"``, ``"urandom"``): a fresh ChaCha20 key from
+        ``os.urandom`` (a key a checkpoint of an older dpfy holds is ignored), so no two
+        resumes of one checkpoint share noise; where the sampler cannot be built, os.urandom
+        itself (warned: still secure).
         """
         backend = state["backend"]
         self._reproducible = backend in ("xoshiro", "torch")
@@ -249,12 +263,11 @@ class NoiseSource:
             self._compiled.set_state(state["state"])
         elif backend == "chacha20":
             try:
-                self._compiled = ChaChaGaussian()
-                self._compiled.set_state(state["state"])
+                self._compiled = ChaChaGaussian()  # a fresh key from os.urandom
             except NativeUnavailable as err:
-                warnings.warn(f"this checkpoint's secure noise stream (ChaCha20) cannot be "
-                              f"continued here ({err}); the resumed run draws fresh noise from "
-                              f"os.urandom (still secure)", RuntimeWarning, stacklevel=2)
+                warnings.warn(f"dpfy's compiled sampler cannot be built here ({err}); the "
+                              f"resumed run draws its fresh noise from os.urandom (still "
+                              f"secure, slower)", RuntimeWarning, stacklevel=2)
 
 
 class _SecureWords:

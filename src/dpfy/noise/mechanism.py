@@ -60,7 +60,8 @@ class GaussianMechanism:
 
     Records :func:`dpfy.privacy.releases.step_releases` under the sampler's sampling and rate:
     a Poisson- or fixed-size-subsampled Gaussian (amplified), or a shuffled one (accounted
-    without amplification). Its state is the generator's (secret: it continues the noise).
+    without amplification). Its state is the generator's: a seeded one's is secret (it
+    continues the noise); a secure one's holds no key and is re-keyed on load.
 
     Args:
       source: the generator (secure ChaCha20 by default, or seeded).

@@ -37,11 +37,39 @@ from scipy import optimize, special
 from dpfy._require import require
 from dpfy.privacy.canonical import GAUSSIAN, CanonicalForm
 
-__all__ = ["APPROXIMATION_NOTE", "mu_total", "delta_for_epsilon", "epsilon_for_delta",
+__all__ = ["APPROXIMATION_NOTE", "ApproximateEpsilon", "mu_total", "delta_for_epsilon", "epsilon_for_delta",
            "mu_for_epsilon", "mu_of_form"]
 
 APPROXIMATION_NOTE = ("GDP central-limit-theorem approximation (Bu et al. 2020; Dynamic DP-SGD "
                       "Eq. 9): not an upper bound, it under-reports ε for small noise multipliers")
+
+
+class ApproximateEpsilon(float):
+    """An ε read with an approximate accountant (the GDP CLT), with the rigorous ε beside it.
+
+    It is the approximate value as a float (so it prints and formats as one); ``rigorous`` is
+    ε(δ) of the same ledger by ``rigorous_accountant`` (PLD), the number that is a guarantee.
+    Returned only to a caller who asked for it (``approximate=True``).
+    """
+
+    rigorous: float
+    rigorous_accountant: str
+
+    def __new__(cls, value: float, *, rigorous: float,
+                rigorous_accountant: str) -> "ApproximateEpsilon":
+        out = super().__new__(cls, value)
+        out.rigorous, out.rigorous_accountant = float(rigorous), rigorous_accountant
+        return out
+
+    def __getnewargs_ex__(self) -> tuple[tuple[float], dict[str, object]]:
+        return (float(self),), {"rigorous": self.rigorous,
+                                "rigorous_accountant": self.rigorous_accountant}
+
+    def __repr__(self) -> str:
+        return (f"ApproximateEpsilon({float(self)!r}, rigorous={self.rigorous!r} "
+                f"[{self.rigorous_accountant}])")
+
+    __str__ = __repr__
 
 
 def _log_ndtr(x: float) -> float:

@@ -7,7 +7,7 @@ spent). Only rigorous accountants (PLD, RDP) may decide that a step fits.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from dpfy._require import require
 from dpfy.errors import BudgetExhausted
@@ -40,7 +40,8 @@ class EpsilonGuard:
             require(accountant in RIGOROUS, "accountant", accountant,
                     f"one of {list(RIGOROUS)} for the ε cap",
                     "The GDP CLT can under-report ε; cap with 'pld' or 'rdp' and read GDP "
-                    "afterwards with optimizer.epsilon(delta, accountant='gdp')")
+                    "afterwards with optimizer.epsilon(delta, accountant='gdp', "
+                    "approximate=True)")
         self.max_steps, self.epsilon_cap = max_steps, epsilon_cap
         self.delta, self.accountant = delta, accountant
         self._cache: tuple[tuple, int, int] | None = None
@@ -50,13 +51,43 @@ class EpsilonGuard:
         """Forget cached counts (after the ledger was replaced, e.g. on resume)."""
         self._cache, self._running = None, None
 
+    def state_dict(self) -> dict[str, Any]:
+        """The horizon and the ε cap (with its δ and accountant), saved with the run."""
+        return {"max_steps": self.max_steps, "epsilon_cap": self.epsilon_cap,
+                "delta": self.delta, "accountant": self.accountant}
+
+    def tightened(self, state: Mapping[str, Any]) -> "EpsilonGuard":
+        """This guard and a checkpoint's together: the smaller horizon and the smaller ε cap.
+
+        A load never loosens a guard: a run built for ε = 1 keeps its horizon and cap when it
+        loads a checkpoint written without them, and a checkpoint's guard holds in a run built
+        without one. Raising a limit stays an explicit act after the load (``optimizer.max_steps
+        = T``). Two caps at different δ or accountants cannot be compared and are refused.
+        """
+        max_steps = min((t for t in (self.max_steps, state.get("max_steps")) if t is not None),
+                        default=None)
+        cap, delta, accountant = self.epsilon_cap, self.delta, self.accountant
+        theirs = state.get("epsilon_cap")
+        if theirs is not None and cap is None:
+            cap, delta, accountant = theirs, state["delta"], state["accountant"]
+        elif theirs is not None:
+            require((state["delta"], state["accountant"]) == (delta, accountant),
+                    "the checkpoint's ε cap", f"ε ≤ {theirs:g} at δ = {state['delta']:g} "
+                    f"({state['accountant']})", f"at this run's δ = {delta:g} ({accountant}), "
+                    f"where its cap ε ≤ {cap:g} holds",
+                    "Build make_private with the checkpoint's target_delta and accountant")
+            cap = min(cap, theirs)
+        return EpsilonGuard(max_steps=max_steps, epsilon_cap=cap, delta=delta,
+                            accountant=accountant)
+
     def check_step(self, step: int) -> None:
         """Refuse a step at or beyond the horizon (before anything is computed for it)."""
         if self.max_steps is not None and step >= self.max_steps:
             raise BudgetExhausted(
                 f"step must be < max_steps = {self.max_steps} (the horizon the run was planned "
                 f"for), got step = {step}. Stop training, or re-plan explicitly by setting "
-                f"optimizer.max_steps to a larger value, knowing ε will exceed the target")
+                f"optimizer.max_steps to a larger value (and optimizer.epsilon_cap, which a "
+                f"target ε sets), knowing ε will exceed the target")
 
     def check(self, ledger: Ledger, record: StepRecord) -> None:
         """Refuse a step whose ``record`` would take ε(delta) above ``epsilon_cap``."""
@@ -83,8 +114,8 @@ class EpsilonGuard:
             raise BudgetExhausted(
                 f"epsilon must stay <= epsilon_cap = {self.epsilon_cap} at delta = "
                 f"{self.delta}, got {ledger.num_steps} steps taken and the next would exceed "
-                f"it. Training must stop here (raise epsilon_cap only if your privacy budget "
-                f"allows it)")
+                f"it. Training must stop here (raise optimizer.epsilon_cap only if your privacy "
+                f"budget allows it)")
 
     def _steps_under_cap(self, ledger: Ledger, sampling: Sampling, sample_rate: float,
                          releases: Sequence[Release]) -> int:

@@ -66,6 +66,7 @@ def run_epoch(private, *, bar=None, delta: float,
             bar.update(1)
             step = optimizer.step_count
             if step % per_epoch % every == 0 and step % per_epoch != 0:
-                bar.set_postfix_str(f"ε={optimizer.epsilon(delta):.3f}", refresh=False)
+                bar.set_postfix_str(f"ε={optimizer.epsilon(delta, approximate=True):.3f}",
+                                    refresh=False)
     return EpochStats(loss=total_loss / max(seen, 1), acc=correct / max(seen, 1),
                       examples=seen)

@@ -115,7 +115,7 @@ def write_report(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, p
         ledger, delta=cfg.delta, accountant=cfg.accountant, released=RELEASED,
         unit_of_privacy=private.optimizer.sampler.units.description,   # the sampler's unit
         dataset_size=data.num_train, model_description=_describe(cfg, notes, data, private),
-        layer_table=private.optimizer.grads.explain(),  # per layer: rule and route (R7)
+        layer_table=private.optimizer.grads.explain_planned(),  # per layer: rule, route (R7)
         sampling_note=f"Poisson sampling by dpfy's sampler, q = {private.sample_rate:.5g}, "
                       f"{private.steps_per_epoch} steps per epoch",
         warnings=(SEED_WARNING,) if cfg.reproducible else (), not_released=NOT_RELEASED,

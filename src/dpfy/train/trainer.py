@@ -24,6 +24,7 @@ import os
 import secrets
 import shutil
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -34,6 +35,7 @@ from tqdm.auto import tqdm
 
 from dpfy._require import require
 from dpfy.data import DATASETS, DataSplits, load_dataset
+from dpfy.errors import SeedWarning
 from dpfy.models import MODELS, build_model
 from dpfy.privacy.accountants import PLD_FINE, pld_min_noise_multiplier
 from dpfy.privacy.individual import load_budgets, random_budgets
@@ -184,8 +186,10 @@ def _run(cfg: TrainConfig, notes: dict[str, Any], run: RunDir, data: DataSplits,
     if model is None:
         model = build_model(cfg.model, input_shape=data.input_shape,
                             num_classes=data.num_classes)
-    private = (_individual_run(cfg, model, data) if cfg.individual is not None
-               else make_private_run(cfg, model, data))
+    with warnings.catch_warnings():  # a seeded run's warning is echoed below, once
+        warnings.simplefilter("ignore", SeedWarning)
+        private = (_individual_run(cfg, model, data) if cfg.individual is not None
+                   else make_private_run(cfg, model, data))
     metrics = MetricsLog()
     start_epoch, elapsed = 0, 0.0
     if ckpt is None:
@@ -210,7 +214,7 @@ def _run(cfg: TrainConfig, notes: dict[str, Any], run: RunDir, data: DataSplits,
             if cfg.public_validation == "test" and private.optimizer.method is not None \
                     and private.optimizer.method.implements("observe"):
                 private.optimizer.observe(val_metric=test_acc)  # declared public by the user
-            eps = private.optimizer.epsilon(cfg.delta)
+            eps = float(private.optimizer.epsilon(cfg.delta, approximate=True))  # as labelled
             info = private.optimizer.last_step_info or {}
             metrics.append(epoch=epoch + 1, step=private.optimizer.step_count, epsilon=eps,
                            noise_multiplier=info.get("noise_multiplier"),
