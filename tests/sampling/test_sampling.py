@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -105,9 +107,10 @@ def test_shuffled_checkpoint_through_the_optimizer_resumes_the_pass():
 
     model, opt, dl = private()
     head = run(model, opt, dl, 3)
-    state = opt.state_dict()
+    weights, state = copy.deepcopy(model.state_dict()), opt.state_dict()
     tail = run(model, opt, dl, 4) + run(model, opt, dl, 4)
     model2, opt2, dl2 = private()
+    model2.load_state_dict(weights)   # the model first: the optimizer's ledger is its model's
     opt2.load_state_dict(state)
     assert run(model2, opt2, dl2, 4) + run(model2, opt2, dl2, 4) == tail
     first_pass = sum(head + tail[:4], [])  # 7 batches = ceil(26 / 4)
