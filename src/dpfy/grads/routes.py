@@ -16,8 +16,8 @@ packs each unit's rows into one sequence and takes its ghost norm (:func:`packed
 ``grads/packing.py``): no per-sample or per-unit gradient is formed. Every other layer forms
 per-sample gradients and sums them per group with ``index_add`` (:func:`grouped_sq_norms`); a
 ghost unit still takes the book-keeping weighted sum, so only one layer's (B, P) gradients are
-alive at a time. ``taken`` says "per-sample" for every grouped rule unit either way: which of
-the two a batch took depends on how many rows its largest unit has, which is not public.
+alive at a time. Which of the two a batch took depends on how many rows its largest unit has,
+which is not public: no batch's route is kept or reported (``GradEngine.explain_planned``).
 
 Two weight sets proportional on the rows where the second is non-zero (OSO's pair) are summed
 in one pass over a ghost unit's rows (:class:`Split`).

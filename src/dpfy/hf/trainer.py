@@ -152,7 +152,7 @@ class DPTrainer(transformers.Trainer):
             model_description=f"{type(self.model).__name__} trained with dpfy.hf.DPTrainer",
             sampling_note="Poisson sampling by dpfy's sampler (the Trainer's shuffling "
                           "sampler is replaced)",
-            layer_table=opt.grads.explain())
+            layer_table=opt.grads.explain_planned())  # no training batch's route
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
         out = super().train(*args, **kwargs)
