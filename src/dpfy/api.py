@@ -99,7 +99,8 @@ def make_private(
       target_epsilon, target_delta, epochs: instead of σ: calibrate σ so that the
         ⌈epochs × len(loader)⌉ logical batches the loader yields over those epochs (or
         ``max_steps``) spend ``target_epsilon`` at ``target_delta``; the budget guard then
-        refuses any further step with :class:`dpfy.errors.BudgetExhausted`.
+        refuses any further step with :class:`dpfy.errors.BudgetExhausted`, and caps ε at
+        ``target_epsilon`` (``epsilon_cap``, unless given).
       max_grad_norm: C (flat, automatic); per layer: a float (split C/√K) or K floats;
         ``clipping="individual"``: one C_i per example.
       clipping: ``"flat" | "per_layer" | "automatic" | "individual"`` (see ``dpfy.clipping``).
@@ -107,7 +108,9 @@ def make_private(
         other modules), ``"ghost"`` (layer rules only) or ``"vmap"`` (materialized).
       seed: None (default): sampling and noise come from a CSPRNG keyed by the operating
         system, so nothing published can reproduce them. An int makes the run reproducible:
-        **anyone who knows the seed can undo the privacy**; it lives only in checkpoints.
+        **anyone who knows the seed can undo the privacy**; it lives only in checkpoints, and
+        ``make_private`` warns (:class:`dpfy.errors.SeedWarning`). A secure run's checkpoint
+        holds no noise key: its resume draws fresh noise.
       method: an adaptive method (``dpfy.adaptive``), a registry name (``dpfy methods``), or a
         list of them (chained in order). ``make_private`` calibrates it for the run's facts
         (q, N, steps, sampling, δ, target ε); a method built for other facts is refused.

@@ -243,12 +243,12 @@ class DPOptimizer(torch.optim.Optimizer):
         check_same_parameters(state["parameters_sha256"], step.params)
         check_ledger_continues(step.ledger, ledger)
         guard = step.guard.tightened(state["guard"])
+        step.sampler.load_state_dict(state["sampler"])  # these two check before they change
+        if step.individual is not None:
+            step.individual.load_state_dict(state.get("groups"))
         self.original_optimizer.load_state_dict(state["optimizer"])
         step.ledger.groups[:] = ledger.groups
         step.mechanism.load_state_dict(state["noise"])
-        step.sampler.load_state_dict(state["sampler"])
         self.seed, step.step_count = state["seed"], state["step_count"]
         step.guard = guard  # fresh: it composes the new ledger afresh
         step.method_state, step.sums = state["method_state"], None
-        if step.individual is not None:
-            step.individual.load_state_dict(state.get("groups"))

@@ -37,8 +37,8 @@ from scipy import optimize, special
 from dpfy._require import require
 from dpfy.privacy.canonical import GAUSSIAN, CanonicalForm
 
-__all__ = ["APPROXIMATION_NOTE", "ApproximateEpsilon", "mu_total", "delta_for_epsilon", "epsilon_for_delta",
-           "mu_for_epsilon", "mu_of_form"]
+__all__ = ["APPROXIMATION_NOTE", "ApproximateEpsilon", "mu_total", "delta_for_epsilon",
+           "epsilon_for_delta", "mu_for_epsilon", "mu_of_form"]
 
 APPROXIMATION_NOTE = ("GDP central-limit-theorem approximation (Bu et al. 2020; Dynamic DP-SGD "
                       "Eq. 9): not an upper bound, it under-reports ε for small noise multipliers")
