@@ -70,3 +70,10 @@ def test_gradient_accumulation_is_refused_naming_the_physical_batch_option(tmp_p
         DPTrainer(model=tiny_bert(), args=_args(tmp_path, gradient_accumulation_steps=2),
                   train_dataset=Tokens(64), dp_args=DPArguments(target_delta=1e-3,
                                                                 noise_multiplier=1.0))
+
+
+def test_a_gdp_accountant_is_refused_before_training_naming_the_rigorous_ones(tmp_path):
+    with pytest.raises(PrivacyRefusal, match="must be 'pld' or 'rdp'"):
+        DPTrainer(model=tiny_bert(), args=_args(tmp_path), train_dataset=Tokens(64),
+                  dp_args=DPArguments(target_delta=1e-3, noise_multiplier=1.0,
+                                      accountant="gdp"))

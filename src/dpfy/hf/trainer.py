@@ -79,6 +79,12 @@ class DPTrainer(transformers.Trainer):
                 f"{self.args.gradient_accumulation_steps}: a Poisson-sampled batch has no fixed "
                 f"number of micro-batches. Set DPArguments(max_physical_batch_size=...) to split "
                 f"each logical batch into physical ones inside dpfy's step")
+        if dp_args.accountant not in ("pld", "rdp"):
+            raise PrivacyRefusal(
+                f"dpfy.hf.DPTrainer: DPArguments.accountant must be 'pld' or 'rdp' (the ε it "
+                f"logs and reports), got {dp_args.accountant!r}. GDP is an approximation: read "
+                f"it after training with trainer.dp_optimizer.epsilon(delta, 'gdp', "
+                f"approximate=True)")
         if self.args.world_size != 1:
             raise PrivacyRefusal(
                 f"dpfy.hf.DPTrainer runs in one process, got world_size "
