@@ -55,10 +55,12 @@ def test_one_local_step_at_lr_one_is_the_uls_step_with_a_clip_on_the_sum():
     model, opt, loader = dpfy.make_private(
         model, opt, loader, noise_multiplier=0.0, max_grad_norm=CLIP, seed=0,
         user_ids=ids, user_sampling="uls", user_reduction="sum", max_steps=2)
-    for _, (xb, yb) in zip(range(2), loader):
-        opt.zero_grad()
-        F.cross_entropy(model(xb), yb).backward()
-        opt.step()
+    for _ in range(2):                       # q_u = 1: one logical batch per pass
+        for xb, yb in loader:
+            opt.zero_grad()
+            F.cross_entropy(model(xb), yb).backward()
+            opt.step()
+    assert opt.ledger.num_steps == fed.ledger.num_steps == 2
     uls = {n: p.detach() for n, p in model.named_parameters()}
     for n, p in fed.model.named_parameters():
         torch.testing.assert_close(p.detach(), uls[n], rtol=1e-5, atol=1e-6)

@@ -93,8 +93,12 @@ class DPFedAvgStrategy(Strategy):
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        """Sample the round's users with dpfy's sampler; send each the model and C_t."""
+        """Sample the round's users with dpfy's sampler; send each the model and C_t.
+
+        ``arrays`` (the initial model in round 1, then what ``aggregate_train`` returned) are
+        loaded into the server's model first: they are public values."""
         self._nodes = self._users_as_nodes(grid)
+        self.server.model.load_state_dict(arrays.to_torch_state_dict())
         rp = self.server.begin_round()
         log(INFO, "dpfy configure_train: round %s, %s users sampled (q_u = %g), C = %.4g",
             server_round, len(rp.users), self.server.user_sample_rate, rp.clip)

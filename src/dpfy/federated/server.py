@@ -12,10 +12,11 @@ Algorithm 2 of Ponomareva et al. 2023) makes DP-SGD's step at the level of users
 3. **noise, once**: S̃ = Σ_u Δ̃_u + N(0, (σ·C_t)² I), drawn by dpfy's noise source (secure
    ChaCha20 unless a seed is given), and divided by the expected number of users q_u·N_users
    (public, unlike the realised count);
-4. **ledger**: the round is one Poisson-subsampled Gaussian at the user level, recorded by the
-   same :class:`~dpfy.noise.GaussianMechanism` record as a DP-SGD step (with each extra
-   release of an adaptive method beside it); the unit of privacy is one user, with all of
-   their examples, under add-or-remove-one-user adjacency;
+4. **ledger**: the round is one Poisson-subsampled Gaussian at the user level
+   (``Sampling.ULS`` at rate q_u: user-level sampling, accounted as ULS steps are), recorded
+   by the same :class:`~dpfy.noise.GaussianMechanism` record as a DP-SGD step (with each
+   extra release of an adaptive method beside it); the unit of privacy is one user, with all
+   of their examples, under add-or-remove-one-user adjacency;
 5. **update**: θ ← θ − η_s·(Δ̄ + momentum), the server optimizer being SGD with learning
    rate η_s (times the plan's lr scale) and optional momentum; the method's ``update`` then
    reads only released values.
@@ -44,15 +45,15 @@ from dpfy.adaptive.base import Method, calibrate_for_run, check_plan
 from dpfy.errors import PrivacyRefusal
 from dpfy.noise import GaussianMechanism, NoiseSource
 from dpfy.privacy import Ledger, PrivacyReport, Sampling, calibrate_noise_multiplier, epsilon
-from dpfy.sampling import PoissonSampler
+from dpfy.sampling import PoissonSampler, UserUnits
 from dpfy.step.guard import EpsilonGuard
 from dpfy.types import Norms, ReleaseSpec, RunFacts, StepOutcome, StepPlan
 
 __all__ = ["USER_UNIT", "USER_ADJACENCY", "RoundPlan", "Contribution", "RoundResult",
            "DPFedAvgServer"]
 
-USER_UNIT = "one user, with all of their examples"
-USER_ADJACENCY = "add or remove one user (all of their examples)"
+USER_UNIT = UserUnits.description            # "one user, with all of their examples"
+USER_ADJACENCY = UserUnits.adjacency_note     # "add or remove one user (all of their examples)"
 # The clipping check's slack: a float32 delta scaled by C/‖Δ‖ lands within a few ulps of C.
 _CLIP_SLACK = 1e-5
 # Adaptive methods whose clipping is one threshold on the whole delta, min(1, C_t/‖Δ_u‖),
@@ -158,18 +159,19 @@ class DPFedAvgServer:
         if noise_multiplier is None:
             noise_multiplier = calibrate_noise_multiplier(
                 target_epsilon=target_epsilon, delta=self.delta,
-                sample_rate=self.user_sample_rate, steps=rounds, accountant=accountant)
+                sample_rate=self.user_sample_rate, steps=rounds, accountant=accountant,
+                sampling=Sampling.ULS)
         require(noise_multiplier >= 0, "noise_multiplier", noise_multiplier, ">= 0")
         self.noise_multiplier, self.clip = float(noise_multiplier), clip
         self.target_epsilon = target_epsilon
         self.sampler = PoissonSampler(num_users, sample_rate=self.user_sample_rate, seed=seed)
         self.mechanism = GaussianMechanism(NoiseSource(None if seed is None else seed + 1),
-                                           sampling=Sampling.POISSON,
+                                           sampling=Sampling.ULS,
                                            sample_rate=self.user_sample_rate)
         self.ledger = Ledger(dataset_size=num_users)
         self.guard = EpsilonGuard(max_steps=rounds, epsilon_cap=None, delta=self.delta,
                                   accountant=accountant)
-        self.facts = RunFacts(sampling=Sampling.POISSON, sample_rate=self.user_sample_rate,
+        self.facts = RunFacts(sampling=Sampling.ULS, sample_rate=self.user_sample_rate,
                               steps=rounds, dataset_size=num_users,
                               steps_per_epoch=self.sampler.steps_per_epoch,
                               normalizer=self.expected_users, delta=self.delta,
@@ -297,7 +299,7 @@ class DPFedAvgServer:
         mean: dict[str, torch.Tensor] = {}
         source = self.mechanism.generator()
         for name, p in self.params.items():                          # noise on the sum, once
-            total = torch.zeros_like(p, dtype=torch.float32, device="cpu")
+            total = torch.zeros_like(p, device="cpu")
             for c in contributions:
                 total += c.clipped[name].detach().to(total)
             mean[name] = source.noisy_mean(total, std, b).to(p)
