@@ -34,6 +34,7 @@ vector, which is within the bound, so the accounting (sampling at q_u, sensitivi
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -162,6 +163,10 @@ class DPFedAvgServer:
                 sample_rate=self.user_sample_rate, steps=rounds, accountant=accountant,
                 sampling=Sampling.ULS)
         require(noise_multiplier >= 0, "noise_multiplier", noise_multiplier, ">= 0")
+        if noise_multiplier == 0:
+            warnings.warn("noise_multiplier=0: no noise is added to the users' deltas; "
+                          "DP-FedAvg is NOT private (use only for debugging)", UserWarning,
+                          stacklevel=2)
         self.noise_multiplier, self.clip = float(noise_multiplier), clip
         self.target_epsilon = target_epsilon
         self.sampler = PoissonSampler(num_users, sample_rate=self.user_sample_rate, seed=seed)
