@@ -189,3 +189,68 @@ def test_user_arguments_without_user_ids_and_els_without_k_are_refused():
     with pytest.raises(ValueError, match="max_examples_per_user"):
         dpfy.make_private(model, opt, loader, noise_multiplier=1.0, user_ids=_user_ids(),
                           user_sampling="els")
+
+
+def test_els_clips_each_kept_example_alone_and_records_k():
+    """ELS: only the kept examples (≤ k per user) are sampled; each is clipped alone (the
+    float64 loop's per-example clipped sum); the ledger's step is ELS with k."""
+    model, x, classes = _cases()["linear"]
+    y = torch.arange(N) % classes
+    ids = _user_ids()
+    before = {n: p.detach().clone().double() for n, p in model.named_parameters()}
+    ref = _cases()["linear"][0].double()
+    ref.load_state_dict(before)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, opt, dl = dpfy.make_private(
+            model, torch.optim.SGD(model.parameters(), lr=1.0),
+            DataLoader(TensorDataset(x, y), batch_size=6), noise_multiplier=0.0,
+            max_grad_norm=0.2, seed=4, user_ids=ids, user_sampling="els",
+            max_examples_per_user=2)
+    kept = opt.sampler.kept
+    assert torch.bincount(torch.unique(ids, return_inverse=True)[1][kept]).max() <= 2
+    for xb, yb in dl:
+        rows = dl.cursor.indices.clone()
+        opt.zero_grad()
+        F.cross_entropy(model(xb), yb).backward()
+        opt.step()
+        break
+    assert set(rows.tolist()) <= set(kept.tolist())
+    per_example = oracles.per_example_grads(ref, x[rows], y[rows], F.cross_entropy)
+    summed = oracles.clipped_sum(per_example, 0.2)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.detach().double() - before[n], -summed[n] / 6.0,
+                                   rtol=1e-4, atol=1e-6)
+    group = opt.ledger.groups[0]
+    assert (group.sampling.value, group.max_examples_per_user) == ("els", 2)
+    assert opt.ledger.dataset_size == USERS
+
+
+def test_a_user_level_run_cannot_be_resumed_as_an_example_level_one():
+    model, x, classes = _cases()["linear"]
+    y = torch.arange(N) % classes
+    model, opt, _ = _one_step(model, x, y, _user_ids(), reduction="mean", clip=1.0, sigma=1.0)
+    state = opt.state_dict()
+    other = _cases()["linear"][0]
+    _, example_opt, _ = dpfy.make_private(
+        other, torch.optim.SGD(other.parameters(), lr=1.0),
+        DataLoader(TensorDataset(x, y), batch_size=7), noise_multiplier=1.0, seed=3)
+    with pytest.raises(ValueError, match="unit of privacy"):
+        example_opt.load_state_dict(state)
+
+
+def test_a_loader_with_its_own_sampler_is_refused_and_ids_are_read_once():
+    from torch.utils.data import SubsetRandomSampler
+    model, x, classes = _cases()["linear"]
+    ds = TensorDataset(x, torch.arange(N) % classes)
+    with pytest.raises(PrivacyRefusal, match="loader.sampler"):
+        dpfy.make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
+                          DataLoader(ds, batch_size=3, sampler=SubsetRandomSampler(range(10))),
+                          noise_multiplier=1.0, user_ids=_user_ids(), user_sampling="uls")
+    ids = _user_ids()
+    _, opt, _ = dpfy.make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
+                                  DataLoader(ds, batch_size=3), noise_multiplier=1.0,
+                                  user_ids=ids, user_sampling="uls")
+    before = opt.sampler.units.user_of.clone()
+    ids.zero_()   # the caller's tensor changes later: the run's users do not
+    assert torch.equal(opt.sampler.units.user_of, before) and opt.sampler.units.num_users == 7
