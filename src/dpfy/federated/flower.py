@@ -198,6 +198,9 @@ class InProcessGrid(Grid):
     ``node_config["partition-id"]``). Each message's records go through Flower's wire format
     (:func:`_over_the_wire`); replies come back the same way. Messages are answered in order,
     synchronously; a client that raises is answered with an error reply (a dropped user).
+    Flower's ``Message`` reads the sender's identity from the process-wide ``TaskIdentity``;
+    the grid sets it to the server's (node 1) and switches it to the node's while a client
+    runs, as Flower's own server and client processes do.
     """
 
     def __init__(self, client_app: ClientApp, num_nodes: int, *, run_id: int = 1) -> None:
