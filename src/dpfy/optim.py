@@ -17,6 +17,7 @@ from dpfy.errors import PrivacyRefusal
 from dpfy.privacy import Ledger, epsilon as ledger_epsilon
 from dpfy.privacy.accountants import APPROXIMATE
 from dpfy.privacy.gdp import ApproximateEpsilon
+from dpfy.sampling.units import require_same_unit
 from dpfy.step.checkpoint import (check_ledger_continues, check_same_parameters,
                                   parameters_digest)
 from dpfy.step.guard import EpsilonGuard
@@ -239,6 +240,7 @@ class DPOptimizer(torch.optim.Optimizer):
                 "and older hold no parameter digest and no guard): resume it with the dpfy "
                 "that wrote it, or start a new run")
         step = self.private_step
+        require_same_unit(step.sampler.units, state["sampler"])  # first: the neighbouring relation
         ledger = Ledger.from_dict(state["ledger"])
         check_same_parameters(state["parameters_sha256"], step.params)
         check_ledger_continues(step.ledger, ledger)
