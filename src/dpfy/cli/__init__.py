@@ -30,7 +30,7 @@ EXIT_BUDGET_EXHAUSTED = 3
 EXIT_INTERRUPTED = 130         # 128 + SIGINT, the shell's convention
 
 # Module names under dpfy.cli; a module that does not exist yet is skipped.
-SUBCOMMANDS = ("account", "calibrate", "train", "report", "bench", "explain", "experiment",
+SUBCOMMANDS = ("account", "calibrate", "train", "report", "bench", "explain",
                "methods", "audit", "tune")
 
 
