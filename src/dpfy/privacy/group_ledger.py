@@ -24,7 +24,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
-from dpfy._require import require
+from dpfy._require import require, require_extra
 from dpfy.privacy.accountants import accountant_label, epsilon, epsilon_curve
 from dpfy.privacy.ledger import Ledger, Release, Sampling
 from dpfy.privacy.section import ReportSection
@@ -137,7 +137,7 @@ class GroupLedgers:
 
     def plot(self, path: Any, *, delta: float, accountant: str) -> None:
         """Each group's ε over steps, with its budget dashed (digest 000 Figs. 13/14)."""
-        import matplotlib  # local: only the figures need matplotlib
+        matplotlib = require_extra("matplotlib", feature="the per-group ε plot")
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 

@@ -33,7 +33,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from dpfy._require import require
+from dpfy._require import require, require_extra
 from dpfy.errors import PrivacyRefusal
 from dpfy.privacy.accountants import (ACCOUNTANTS, APPROXIMATE, accountant_label,
                                       check_accountant, epsilon, epsilon_curve, prepare)
@@ -446,7 +446,7 @@ class PrivacyReport:
 
     def plot(self, path: str | Path) -> Path:
         """Write the ε-over-steps PNG to ``path``."""
-        import matplotlib  # local: only the figures need matplotlib
+        matplotlib = require_extra("matplotlib", feature="the ε-over-steps plot")
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 

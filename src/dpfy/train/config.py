@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from dpfy._require import require
+from dpfy._require import require, require_extra
 from dpfy.adaptive import REGISTRY      # importing the package registers every method
 from dpfy.privacy.accountants import RIGOROUS
 from dpfy.privacy.calibration import MAX_TARGET_EPSILON
@@ -332,6 +332,8 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
             "a .toml, .yaml, .yml or .json file", "Rename the file or convert it")
     require(path.is_file(), "config", str(path), "an existing file", "Check the path")
     text = path.read_text()
+    if suffix in (".yaml", ".yml"):
+        require_extra("yaml", feature="a YAML config file")
     try:
         if suffix == ".toml":
             import tomllib

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from dpfy._require import require
+from dpfy._require import require, require_extra
 from dpfy.data import DATASETS, DataSplits, load_dataset
 from dpfy.models import MODELS, build_model
 from dpfy.privacy.accountants import PLD_FINE, pld_min_noise_multiplier
@@ -107,6 +107,7 @@ def train(cfg: TrainConfig, *, out: str | Path, data: DataSplits | None = None,
     """
     check_names(cfg, data, model)
     check_accountable(cfg)
+    require_extra("matplotlib", feature="dpfy train (it writes accuracy.png)")
     run = RunDir.create(out)          # before any slow work: an unwritable --out fails at once
     try:
         with run.held():
@@ -144,6 +145,7 @@ def resume(path: str | Path, *, overrides: Mapping[str, Any] | None = None,
     ``checkpoint.pt`` falls back to ``checkpoint.prev.pt`` (one warning line through ``echo``);
     a run killed after it finished writing (only its rename was missing) is renamed.
     """
+    require_extra("matplotlib", feature="dpfy train (it writes accuracy.png)")
     run = RunDir.for_resume(path)
     with run.held():
         if run.is_complete():
