@@ -72,7 +72,7 @@ class NoiseDecay(PlannedSchedule):
       calibration: the accountant σ_0 (or the early stop) is solved against; None: the run's.
       approximate: must be True with ``calibration="gdp"`` (a paper's CLT; reproductions).
 
-    Warnings:
+    Note:
       Calibrating per-step schedules with PLD composes one distinct event per step: slow for
       thousands of steps. Per-epoch decay keeps the ledger to one group per epoch.
     """
