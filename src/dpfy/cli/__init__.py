@@ -57,7 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, TypeError, MissingExtra) as e:   # TypeError: a wrong type reaching the Python API
+    # TypeError: a wrong type reaching the Python API
+    except (ValueError, TypeError, MissingExtra) as e:
         print(f"dpfy {args.command}: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except BudgetExhausted as e:

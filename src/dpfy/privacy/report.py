@@ -41,7 +41,8 @@ from dpfy.privacy.ledger import Ledger, Sampling
 from dpfy.privacy.section import ReportSection
 from dpfy.privacy.tuning import group_privacy
 
-__all__ = ["TuningCost", "ReportSection", "MechanismShare", "PrivacyReport", "DEFAULT_DP_SETTING", "CONTEXT",
+__all__ = ["TuningCost", "ReportSection", "MechanismShare", "PrivacyReport", "DEFAULT_DP_SETTING",
+           "CONTEXT",
            "tier"]
 
 # Keys of privacy_report.json that are the caller's context (not computed from the ledger).

@@ -87,12 +87,12 @@ def _superpixel_ratio(layer: nn.Module, g: torch.Tensor) -> tuple[int, int] | No
         return None
     rh, rw = kh // sh, kw // sw
     ho, wo = (1, g.shape[-1]) if isinstance(layer, nn.Conv1d) else g.shape[-2:]
-    m, n, l = (ho + rh - 1) * (wo + rw - 1), (ho - 1) * (wo + rw - 1) + wo, ho * wo
+    m, n, p = (ho + rh - 1) * (wo + rw - 1), (ho - 1) * (wo + rw - 1) + wo, ho * wo
     f = layer.in_channels // layer.groups * sh * sw  # super-pixel features
     d = f * rh * rw  # patch features
     # per example and group: copy + Gram (+ shifted sums) flops; peak buffers (see the code)
-    flops_ok = m * f + m * m * f + rh * rw * n * n <= l * d + l * l * d
-    memory_ok = max(m * f + m * m + n * n, 2 * n * n) <= l * d + 2 * l * l
+    flops_ok = m * f + m * m * f + rh * rw * n * n <= p * d + p * p * d
+    memory_ok = max(m * f + m * m + n * n, 2 * n * n) <= p * d + 2 * p * p
     return (rh, rw) if flops_ok and memory_ok else None
 
 
