@@ -1,6 +1,6 @@
 """Memory planning: how much a private step holds, per layer, and the largest batch that fits.
 
-The model is 000 §3.3 (Yousefpour et al., the Opacus paper; issue 14 calls it "§4.3"), counted
+The model is Monir, Fauzan & Ghinita 2023, §4 (after Yousefpour et al. 2021, Opacus), counted
 in tensor elements: a batch of b examples whose features, labels, outputs and stored
 activations take C elements each, and a model of L parameters, need
 
@@ -285,7 +285,7 @@ def format_memory(model: nn.Module, example: torch.Tensor, *, route: str = "auto
     rows, c = probe_model(model, call, b, route=route)
     est = estimate_memory(rows, b, c)
     mib = 4 / 2 ** 20   # float32 elements -> MiB
-    lines = [f"memory at batch size {b} (000 §3.3 per layer; float32):",
+    lines = [f"memory at batch size {b} (Monir et al. 2023's model per layer; float32):",
              "| module | params | route | weights + gradients (MiB) |", "|---|---|---|---|"]
     lines += [f"| {layer.module or '(root)'} | {layer.params} | {layer.route} | {e * mib:.3f} |"
               for layer, e in est.layers]

@@ -1,7 +1,8 @@
 """The method interface: what an adaptive method declares, and what the private step gives it.
 
 Every adaptive method (noise decay, Dynamic DP-SGD, quantile clipping, OSO, ...) is one
-:class:`Method` with five core hooks; it overrides only what it changes (STYLE.md §8). Each
+:class:`Method` with five core hooks; it overrides only what it changes (CONTRIBUTING.md, "Adding
+an adaptive method"). Each
 step, the private step (``dpfy.step``) calls them in this order:
 
 1. ``plan(state, plan) -> StepPlan``: σ_t, C_t (a scalar or one per group), the lr scale,

@@ -6,7 +6,7 @@ conversion (Balle et al. 2020 / Asoodeh et al. 2020 form, Proposition 12 of Cano
 Steinke), minimised over the orders.
 
 References: Mironov 2017; Wang, Balle & Kasiviswanathan 2019 (sampling without replacement);
-digest shared/reference/003-how-to-dpfy-ml.md §1.6, §1.8.
+Ponomareva et al. 2023, "How to DP-fy ML", §2.3 and §4.2.2.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Rendered as Markdown (for people), JSON (for machines) and a PNG of ε over steps. Every number
 in it comes from the accountants reading the ledger; the context (what is released, the unit of
-privacy, tuning) is given explicitly by the caller. Checklist items (digest 003 §3.2 and §5.4):
+privacy, tuning) is given explicitly by the caller. Checklist items (Ponomareva et al. 2023,
+§5.3.3):
 
 1. DP setting (central, trusted curator by default).
 2. The guarantee instantiated: data accesses covered (this run; tuning if given), what the

@@ -1,4 +1,4 @@
-"""The training configuration: one frozen dataclass, one field per CLI flag (STYLE.md R15).
+"""The training configuration: one frozen dataclass, one field per CLI flag.
 
 Values come from, in increasing priority: the defaults below, a TOML, YAML or JSON file
 (``--config``), then command-line flags. :func:`resolve` fills in what depends on the data (δ).
@@ -352,7 +352,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
 
 
 def guide_delta(num_examples: int) -> float:
-    """δ = 1/N^1.1, the "How to DP-fy ML" guide's convention (digest 003, δ box)."""
+    """δ = 1/N^1.1, the "How to DP-fy ML" guide's convention (Ponomareva et al. 2023, §5.3.2)."""
     return float(num_examples) ** -1.1
 
 
