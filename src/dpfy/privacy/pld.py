@@ -54,7 +54,7 @@ def build(form: CanonicalForm, discretization: float = DEFAULT_DISCRETIZATION,
             if a.count > 1:
                 p = p.self_compose(a.count)
         out = p if out is None else out.compose(p)
-    return out  # type: ignore[return-value]
+    return out
 
 
 def epsilon(form: CanonicalForm, delta: float,
