@@ -75,8 +75,8 @@ class AuditResult:
             "",
             ("A lower bound ABOVE the claimed ε means the run leaked more than its ledger "
              "accounts: a privacy bug." if self.exceeded else
-             "The lower bounds are below the claim, as they must be for a correct run. They "
-             "are evidence, not a guarantee: an audit can only show a claim false."),
+             "The lower bounds are below the claim, as they must be for a correct run. "
+             "They are evidence, not a guarantee: an audit can only show a claim false."),
             "The audited run trained on the canaries too; its model is not the release.",
         )
         return ReportSection(title=SECTION_TITLE, lines=lines, data=self.to_dict())

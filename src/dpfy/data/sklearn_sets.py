@@ -40,8 +40,9 @@ def _split(x: np.ndarray, y: np.ndarray) -> tuple[TensorDataset, TensorDataset]:
     order = np.random.default_rng(SPLIT_SEED).permutation(len(x))
     n_test = int(round(TEST_FRACTION * len(x)))
     test, train = order[:n_test], order[n_test:]
-    make = lambda idx: TensorDataset(torch.as_tensor(x[idx], dtype=torch.float32),  # noqa: E731
-                                     torch.as_tensor(y[idx], dtype=torch.int64))
+    def make(idx: np.ndarray) -> TensorDataset:
+        return TensorDataset(torch.as_tensor(x[idx], dtype=torch.float32),
+                             torch.as_tensor(y[idx], dtype=torch.int64))
     return make(train), make(test)
 
 

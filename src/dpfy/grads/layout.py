@@ -160,7 +160,8 @@ def vmap_batch_dims(unit: Unit, args: tuple, kwargs: dict, b: int
     problem = None if not problems else (
         f"{unit.label} must be called with the {b} rows of the private batch in dimension 0 "
         f"of its tensor arguments, got: {'; '.join(problems)}. The engine cannot tell which "
-        f"example each row belongs to: pass padded tensors (not a PackedSequence) with the batch "
+        f"example each row belongs to: pass padded tensors (not a PackedSequence) with the "
+        f"batch "
         f"first, and compute the loss only from the batch the private loader yielded")
     return tuple(arg_dims), kw_dims, not batched and problem is None, problem
 
@@ -203,10 +204,11 @@ def resize_batch(args: tuple, kwargs: dict, rows: int, index: torch.Tensor | Non
         if torch.is_tensor(t) and t.dim() >= 1 and t.shape[0] == rows:
             if _transposed(t, rows):
                 return args, kwargs, (
-                    f"the model's input {i} of shape {tuple(t.shape)} is a transposed view with "
-                    f"as many rows as another dimension, so its dimension 0 may not be the "
-                    f"batch; call the model with the batch as the private loader yields it "
-                    f"(examples in dimension 0) and transpose inside the model")
+                    f"the model's input {i} of shape {tuple(t.shape)} is a transposed "
+                    f"view with as many rows as another dimension, so its dimension 0 "
+                    f"may not be the batch; call the model with the batch as the private "
+                    f"loader yields it (examples in dimension 0) and transpose inside the "
+                    f"model")
             t = t.index_select(0, index.to(t.device) if index is not None
                                else torch.arange(new, device=t.device) % rows)
         out.append(t)
