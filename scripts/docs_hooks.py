@@ -8,7 +8,8 @@
   to a repository file that is not on the site is left alone, and MkDocs' strict build fails on it.
 - Sphinx roles in the API reference's docstrings (``:class:`X` ``) are rendered as the name.
 - Every page under docs/guide/ that the nav does not list yet is appended to the "User guide"
-  section, so adding a guide page is adding the file.
+  section, and every reproduction (experiments/<name>/README.md) to "Results", so adding a guide
+  page or a reproduction is adding the file (list it in mkdocs.yml to give it a title and place).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE_SECTION = "User guide"
+RESULTS_SECTION = "Results"
 # Sphinx roles left in docstrings (":class:`X`"): the rendered page shows the name alone
 ROLE = re.compile(r":(?:class|func|meth|mod|attr|data|exc|obj):(?=<code>)")
 LINK = re.compile(r"(\]\()([^)\s#]+)(#[^)\s]*)?(\s+\"[^\"]*\")?\)")
@@ -56,12 +58,16 @@ def on_config(config: Any) -> Any:
     guide = Path(config["docs_dir"]) / "guide"
     nav = config["nav"] or []
     listed = {str(v) for item in _walk(nav) for v in [item]}
+    unlisted = {
+        GUIDE_SECTION: [f"guide/{page.name}" for page in sorted(guide.glob("*.md"))],
+        RESULTS_SECTION: [f"results/{readme.parent.name}/index.md"
+                          for readme in sorted((ROOT / "experiments").glob("*/README.md"))],
+    }
     for section in nav:
-        if isinstance(section, dict) and GUIDE_SECTION in section:
-            for page in sorted(guide.glob("*.md")):
-                uri = f"guide/{page.name}"
-                if uri not in listed:
-                    section[GUIDE_SECTION].append(uri)
+        if isinstance(section, dict):
+            for title, uris in unlisted.items():
+                if title in section:
+                    section[title].extend(uri for uri in uris if uri not in listed)
     config["_repo_to_site"] = _repo_to_site(config)
     config["_site_to_repo"] = {s: r for r, s in config["_repo_to_site"].items()}
     return config

@@ -49,9 +49,13 @@ def test_guide_pages_join_the_user_guide(tmp_path):
     hooks = _hooks()
     (tmp_path / "guide").mkdir()
     (tmp_path / "guide" / "new_topic.md").write_text("# New topic\n")
-    nav = [{"Home": "index.md"}, {"User guide": ["engine.md"]}]
+    nav = [{"Home": "index.md"}, {"User guide": ["engine.md"]},
+           {"Results": [{"OSO-DPSGD": "results/oso_fmnist/index.md"}]}]
     config = hooks.on_config({"docs_dir": str(tmp_path), "nav": nav})
     assert config["nav"][1]["User guide"] == ["engine.md", "guide/new_topic.md"]
+    results = config["nav"][2]["Results"]               # every reproduction, listed once
+    assert "results/dynamic_fmnist/index.md" in results
+    assert "results/oso_fmnist/index.md" not in results[1:]
 
 
 @pytest.mark.slow
