@@ -86,6 +86,7 @@ def rule_candidates(unit: Unit, a: torch.Tensor, b: int) -> list[int]:
     allows (a layer used time-first); :data:`BROADCAST` for an input of one row, which could be
     shared by every example (``position_ids`` of shape (1, T)).
     """
+    assert unit.rule is not None, "rule_candidates is asked of rule units only"
     cands = [0] if a.shape[0] == b else []
     cands += [k for k in unit.rule.batch_dims(unit.module, a) if k > 0 and a.shape[k] == b]
     if a.shape[0] == 1 and b != 1:
