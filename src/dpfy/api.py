@@ -10,7 +10,8 @@ The user's loop stays plain PyTorch::
         optimizer.step()
     optimizer.epsilon(delta=1e-5)
 
-What it wires together (DESIGN.md): a sampler (whose facts the loader *and* the ledger read), the
+What it wires together (docs/architecture.md): a sampler (whose facts the loader *and* the ledger
+read), the
 per-sample gradient engine (``dpfy.grads``), a clipping policy (``dpfy.clipping``), a noise source
 (``dpfy.noise``), the ledger (``dpfy.privacy``) and the optimizer wrapper (``dpfy.optim``) that
 executes one plan per logical batch. Normalizer: the noisy sum is divided by b = qN, the expected

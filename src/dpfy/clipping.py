@@ -1,6 +1,7 @@
 """Clipping policies: per-sample gradient norms -> per-sample weights, and the sensitivity.
 
-DESIGN.md step 2: clipping is just a weight per example (and per parameter group),
+Step 2 of the private step (docs/architecture.md): clipping is just a weight per example (and per
+parameter group),
 ``Σ_i w_i g_i``. Each policy states the L2 sensitivity Δ of that sum under add/remove-one, and
 the engine adds noise N(0, (σ·Δ)²) to it.
 
@@ -13,7 +14,7 @@ automatic      w_i = C/(‖g_i‖ + γ)   (Bu et al. 2023)        C   (‖w_i g_
 individual     w_i = min(1, C_i/‖g_i‖), C_i per example     max_i C_i
 =============  ==========================================  ==========================
 
-References: shared/reference/000-review-adaptive-dpsgd.md (clipping variants, automatic
+References: Monir, Fauzan & Ghinita 2023, §3.2 and §4 (clipping variants, automatic
 clipping); Abadi et al. 2016 (flat); McMahan et al. 2018 (per-layer).
 """
 

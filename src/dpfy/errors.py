@@ -1,7 +1,7 @@
 """dpfy's own exception types, so callers can tell a spent budget from bad input.
 
 - ``ValueError`` (Python's): bad input; the message names the parameter, the constraint, the
-  value and the fix (STYLE.md R3). The CLI prints it and exits 2.
+  value and the fix (CONTRIBUTING.md, code rule 2). The CLI prints it and exits 2.
 - :class:`BudgetExhausted`: the run's privacy budget (``max_steps`` or the ε cap) is used up;
   nothing of the refused step was released. Not a mistake in the input: training is over. The
   CLI exits 3.

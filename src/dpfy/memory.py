@@ -1,6 +1,6 @@
 """Memory planning: how much a private step holds, per layer, and the largest batch that fits.
 
-The model is 000 §3.3 (Yousefpour et al., the Opacus paper; issue 14 calls it "§4.3"), counted
+The model is Monir, Fauzan & Ghinita 2023, §4 (after Yousefpour et al. 2021, Opacus), counted
 in tensor elements: a batch of b examples whose features, labels, outputs and stored
 activations take C elements each, and a model of L parameters, need
 
@@ -45,9 +45,10 @@ PROBE_BATCH = 4   # examples in the "auto" probe (routes and C do not depend on 
 MATERIALIZED = ("per-sample", "vmap")   # routes that hold b copies of the layer's gradient
 
 
-def paper_memory(b: int, c: float, l: float, *, per_sample: bool) -> float:
-    """000 §3.3: M_DP = bC + (1+b)L with per-sample gradients, bC + 2L without (elements)."""
-    return b * c + ((1 + b) * l if per_sample else 2 * l)
+def paper_memory(b: int, c: float, n_params: float, *, per_sample: bool) -> float:
+    """M_DP = bC + (1+b)L with per-sample gradients, bC + 2L without, in elements, where L is
+    ``n_params`` (Monir, Fauzan & Ghinita 2023, §4, after Yousefpour et al. 2021)."""
+    return b * c + ((1 + b) * n_params if per_sample else 2 * n_params)
 
 
 @dataclass(frozen=True)
@@ -276,13 +277,15 @@ def measure_private_step(model: nn.Module, call: Callable[[nn.Module], Any], *,
 def format_memory(model: nn.Module, example: torch.Tensor, *, route: str = "auto") -> str:
     """``dpfy explain --memory``: the estimate per layer at ``len(example)`` and the measured
     peak of one private step on ``example`` (measured first, in this fresh process)."""
-    call: Callable[[nn.Module], Any] = lambda m: m(example)
+    def call(m: nn.Module) -> Any:
+        return m(example)
+
     b = int(example.shape[0])
     peak = measure_private_step(model, call, route=route)
     rows, c = probe_model(model, call, b, route=route)
     est = estimate_memory(rows, b, c)
     mib = 4 / 2 ** 20   # float32 elements -> MiB
-    lines = [f"memory at batch size {b} (000 §3.3 per layer; float32):",
+    lines = [f"memory at batch size {b} (Monir et al. 2023's model per layer; float32):",
              "| module | params | route | weights + gradients (MiB) |", "|---|---|---|---|"]
     lines += [f"| {layer.module or '(root)'} | {layer.params} | {layer.route} | {e * mib:.3f} |"
               for layer, e in est.layers]

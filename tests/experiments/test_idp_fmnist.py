@@ -13,8 +13,8 @@ import dp_accounting
 import pytest
 import torch
 
-from dpfy.experiments.idp_fmnist import run_specs
-from dpfy.experiments.idp_spec import VARIANTS, IdpSpec
+from experiments.idp_fmnist.main import run_specs
+from experiments.idp_fmnist.spec import VARIANTS, IdpSpec
 
 BUDGETS, FRACTIONS = (1.0, 2.0, 3.0), (0.34, 0.43, 0.23)
 N, BATCH = 64, 16

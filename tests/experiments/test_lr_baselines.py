@@ -8,7 +8,7 @@ from __future__ import annotations
 import dp_accounting
 import pytest
 
-from dpfy.experiments.lr_baselines import dp_hyper_epsilon, dp_hyper_plan
+from experiments.lr_fmnist.baselines import dp_hyper_epsilon, dp_hyper_plan
 from dpfy.privacy.ledger import Ledger
 
 EPS, DELTA, Q, STEPS, N = 2.0, 1e-5, 0.05, 40, 2000
@@ -72,8 +72,8 @@ def test_infinite_epsilon_rows_keep_the_method_and_its_clipping():
     from torch import nn
 
     from dpfy.adaptive.adadp import ADADP
-    from dpfy.experiments.lr_baselines import SGD_CLIP, setup
-    from dpfy.experiments.lr_spec import LrSpec
+    from experiments.lr_fmnist.baselines import SGD_CLIP, setup
+    from experiments.lr_fmnist.spec import LrSpec
 
     s = setup(LrSpec(comparison="004", method="adadp"), nn.Linear(3, 2))
     assert isinstance(s.engine["method"], ADADP)

@@ -11,9 +11,9 @@ import math
 import pytest
 import torch
 
-from dpfy.experiments.lr_fmnist import run_specs
-from dpfy.experiments.lr_report import summarize
-from dpfy.experiments.lr_spec import LrSpec
+from experiments.lr_fmnist.main import run_specs
+from experiments.lr_fmnist.report import summarize
+from experiments.lr_fmnist.spec import LrSpec
 from ledger_events import dp_accounting_epsilon
 
 N, BATCH = 96, 16
@@ -84,7 +84,7 @@ def _hyfree_record(k: int, accuracy: float) -> dict:
 def test_k_claim_reads_each_k_apart(k1, k5, k10, verdict):
     """HyFreeDP runs at K = 1 and 10 are rows of their own: the K = 5 (default) row and the
     headline read only K = 5, and the K claim compares the three on the same cell."""
-    from dpfy.experiments.lr_report import claims_004
+    from experiments.lr_fmnist.report import claims_004
     records = [_hyfree_record(1, k1), _hyfree_record(5, k5), _hyfree_record(10, k10)]
     claims = {c: (v, e) for c, v, e in claims_004(records)}
     k = next(c for c in claims if c.startswith("K = 1"))

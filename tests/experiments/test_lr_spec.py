@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from dpfy.experiments.lr_baselines import nondp_gs
-from dpfy.experiments.lr_spec import NONDP_GS_GRID, LrSpec
+from experiments.lr_fmnist.baselines import nondp_gs
+from experiments.lr_fmnist.spec import NONDP_GS_GRID, LrSpec
 
 
 def test_spec_round_trips_through_json_and_holds_no_seed():
@@ -57,14 +57,10 @@ def test_nondp_gs_is_the_best_grid_point_and_is_marked_not_accounted():
 
 
 def test_build_specs_orders_by_priority_with_hyfree_last_in_each_tier():
-    import argparse
-
-    from dpfy.cli.experiment import register
-    parser = argparse.ArgumentParser()
-    register(parser.add_subparsers())
-    args = parser.parse_args("experiment lr-fmnist --seeds 2 --lr-epsilons 3 inf 1 "
+    from experiments.cli import build_parser
+    args = build_parser().parse_args("lr-fmnist --seeds 2 --lr-epsilons 3 inf 1 "
                              "--lr-000-train-size 300 --lr-000-epochs 5".split())
-    from dpfy.experiments.lr_fmnist import build_specs
+    from experiments.lr_fmnist.main import build_specs
     specs = build_specs(args)
     labels = [s.label for s in specs]
     assert labels[:4] == [f"000 tanh_cnn {m} σ=2 rep 0"

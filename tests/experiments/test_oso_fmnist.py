@@ -17,8 +17,8 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from dpfy.experiments.oso_fmnist import load_records, run_specs
-from dpfy.experiments.oso_grid import PRIVATE_METHODS, RunSpec, Settings, grid
+from experiments.oso_fmnist.main import load_records, run_specs
+from experiments.oso_fmnist.grid import PRIVATE_METHODS, RunSpec, Settings, grid
 from dpfy.models.conv_autoencoder import conv_autoencoder
 
 # The layer list of the autoencoder's docstring: six 5×5 convolutions (in, out channels).
@@ -112,7 +112,7 @@ def test_smoke_run_of_every_method_records_and_stays_within_the_grid_budget(tmp_
 
 
 def test_method_filter_gives_002s_k7_online_grid_alone():
-    from dpfy.experiments.oso_fmnist import grid_specs, seed_specs
+    from experiments.oso_fmnist.main import grid_specs, seed_specs
 
     settings = Settings(k=7)
     specs = grid_specs(settings, [2.0, 4.0], ["online"])
@@ -143,7 +143,7 @@ def _record(spec: RunSpec, best: float) -> dict:
 
 def test_classifier_and_k7_summaries_get_their_own_files_and_the_classifier_maximizes(
         tmp_path):
-    from dpfy.experiments.oso_report import stem, summarize
+    from experiments.oso_fmnist.report import stem, summarize
 
     clf = Settings(task="classifier")
     online = grid("online", 1.0, clf)

@@ -13,11 +13,11 @@ import torch
 from scipy import optimize, stats
 from torch.utils.data import TensorDataset
 
-import dpfy.experiments.run as run_mod
+import experiments.dynamic_fmnist.run as run_mod
 from dpfy.step.guard import RIGOROUS
 from dpfy.data import DataSplits, load_dataset
-from dpfy.experiments.run import build_private, train_run
-from dpfy.experiments.spec import CALIBRATIONS, RunSpec
+from experiments.dynamic_fmnist.run import build_private, train_run
+from experiments.dynamic_fmnist.spec import CALIBRATIONS, RunSpec
 from dpfy.privacy import Ledger, epsilon
 from dpfy.train import TrainConfig, train
 

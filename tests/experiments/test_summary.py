@@ -1,9 +1,9 @@
 """The reproduction's grid, spec keys and tables (no training: fake result records)."""
 
 
-from dpfy.experiments.grids import build_grid
-from dpfy.experiments.spec import RunSpec
-from dpfy.experiments.summary import decay_table, dynamic_table
+from experiments.dynamic_fmnist.grids import build_grid
+from experiments.dynamic_fmnist.spec import RunSpec
+from experiments.dynamic_fmnist.summary import decay_table, dynamic_table
 
 
 def fake(schedule, eps, seed, acc, experiment="dynamic-fmnist"):

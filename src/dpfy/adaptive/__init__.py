@@ -1,4 +1,4 @@
-"""Adaptive methods, one file each (STYLE.md R1), on one interface (``base.Method``).
+"""Adaptive methods, one file each (CONTRIBUTING.md), on one interface (``base.Method``).
 
 Build any registered method by name with :func:`make` (``make_private`` then calibrates it for
 the run's facts: schedules solve their noise there), compose with :func:`chain`, list with
@@ -27,7 +27,7 @@ from dpfy.adaptive.schedules import NoiseDecay
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
-# Registry keys whose file has another name (STYLE.md R1 / §7): a visible decision, not drift.
+# Registry keys whose file has another name (CONTRIBUTING.md): a visible decision, not drift.
 FILE_ALIASES = {"noise_decay": "schedules", "clip_schedule": "clip_schedules",
                 "per_layer_quantile": "quantile"}
 

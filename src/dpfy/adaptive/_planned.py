@@ -1,15 +1,16 @@
-"""Schedules planned in advance: σ_t and C_t are pure functions of the step (STYLE.md R5).
+"""Schedules planned in advance: σ_t and C_t are pure functions of the step.
 
 A :class:`PlannedSchedule` knows, once calibrated, every step's noise multiplier σ_t (noise
 std / C_t) and clip C_t for ``t = 0 .. total_steps-1``. Because nothing depends on data, the
 ledger the run will write is known in advance too: :meth:`PlannedSchedule.ledger` builds it
 with the run's own :func:`~dpfy.privacy.releases.planned_ledger`, and the accountants (never
 this module) turn it into ε. That is what makes "calibrate the whole run to a target ε" and
-"stop early when ε reaches a target" searches over ledgers (STYLE.md R9) instead of formulas.
+"stop early when ε reaches a target" searches over ledgers (CONTRIBUTING.md, privacy rule 2)
+instead of formulas.
 
 Steps are 0-based, like :class:`dpfy.types.StepPlan`. A step at or beyond ``total_steps`` is
-refused: the budget was planned for ``total_steps`` steps only (seed 001 §4: "steps beyond T
-are not covered by the budget").
+refused: the budget was planned for ``total_steps`` steps only (Du et al. 2021, §4.4: steps beyond T
+are not covered by the budget).
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ def steps_within_budget(schedule: PlannedSchedule, *, target_epsilon: float, del
                         sample_rate: float, accountant: str = "pld") -> int:
     """Largest T' ≤ total_steps whose first T' steps spend at most ``target_epsilon``.
 
-    Early stopping at a target ε (review 000 §2.1.2, Table 8 "stopping criterion ε"): rather
+    Early stopping at a target ε (Monir et al. 2023, §6.1, Table 8 "stopping criterion ε"): rather
     than checking ε after every step, the stopping step is found before training by
     bisection over prefixes of the ledger the run will write (ε grows with every step).
     Returns 0 if even one step spends more than the target.

@@ -1,7 +1,7 @@
 """The common part of NoisyMax and NoisyBTLS: choose this step's size along its released gradient.
 
-Both methods (``noisy_max.py``, ``noisy_btls.py``; digest ``000-review-adaptive-dpsgd.md``
-§2.2) release, every step, the mean loss of the step's own batch at k candidate points
+Both methods (``noisy_max.py``, ``noisy_btls.py``; Monir, Fauzan & Ghinita
+2023, §3.1.2) release, every step, the mean loss of the step's own batch at k candidate points
 θ − η_j·g̃ along the step's released gradient g̃ (η_0 = 0: the current point), and pick η from
 these noisy losses: a pure post-processing of releases. What differs is only the rule that
 picks (:meth:`StepSearch.choose`).

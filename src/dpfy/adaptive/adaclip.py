@@ -1,9 +1,10 @@
 """AdaClip: coordinate-wise adaptive clipping (centre and scale every coordinate, clip to 1).
 
-References: Pichapati et al. 2019 (AdaCliP), digest
-``shared/reference/000-review-adaptive-dpsgd.md`` §2.6 (context: §2.4–2.5).
+References: Pichapati et al. 2019 (AdaCliP), as surveyed by Monir, Fauzan & Ghinita 2023,
+§3.2.3 (context: §3.2.1–3.2.2).
 
-What is released (digest 000 §2.6, with erratum 8 applied). With public per-coordinate
+What is released (the review's §3.2.3, reconstructing from the noisy w̃_t). With public
+per-coordinate
 vectors a_t (shift) and b_t > 0 (scale), built only from earlier releases:
 
     w_i  = (g_i − a_t) / b_t                     per-sample, element-wise (the ``transform``)
@@ -24,9 +25,10 @@ in the batch, so ĝ_t = Σ_i g_i/B + (1 − n/B)·a_t. Poisson sampling gives E[
 unbiased for the mean gradient (exactly Σ_i g_i/B when n = B); adding n·a_t/B instead would
 read the private n. Noise in ĝ_t: b_{t,j} σ_t / B in coordinate j.
 
-The digest gives no rule for a_t and b_t ("consult [5]"; its note: running estimates of the
+The review gives no rule for a_t and b_t (it refers to Pichapati et al.; in short: running
+estimates of the
 coordinate-wise mean and spread from already-privatised values). This file uses the following,
-derived here (hyperparameters β₁, β₂, h₁, h₂ are this file's, not the digest's):
+derived here (hyperparameters β₁, β₂, h₁, h₂ are this file's, not the review's):
 
     a_{t+1} = β₁ a_t + (1 − β₁) ĝ_t                                   mean of the gradient
     v_t     = clamp(B (ĝ_t − a_t)² − b_t² σ_t² / B, h₁, h₂)           per-example variance

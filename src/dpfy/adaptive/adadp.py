@@ -1,7 +1,7 @@
 """ADADP: the learning rate adapted by comparing one full step with two half steps.
 
 Reference: Koskela & Honkela, "Learning rate adaptation for differentially private learning"
-(AISTATS 2020); digest ``shared/reference/000-review-adaptive-dpsgd.md`` §2.7.
+(AISTATS 2020); Monir, Fauzan & Ghinita 2023, §3.3.
 
 Why: gradient descent is the explicit Euler method on the gradient flow; the gap between one
 step of size η and two steps of size η/2 estimates the local error of a step, so η can grow

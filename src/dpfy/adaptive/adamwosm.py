@@ -1,7 +1,7 @@
-"""DP-AdamWOSM: DP Adam "WithOut Second Moment" (Mohapatra et al. 2022), 002's baseline.
+"""DP-AdamWOSM: DP Adam "WithOut Second Moment" (Mohapatra et al. 2022), a baseline of OSO-DPSGD.
 
-Reference: digest ``shared/reference/002-online-sensitivity-optimization.md`` §1.8(d) and §4.2
-(the update rule is from Mohapatra et al.'s public ``DPAdamWOSM``, ``cutoff=0``). The released
+Reference: Galli, Palamidessi & Cucinotta 2024's AdamWOSM baseline (the update rule is from
+Mohapatra et al.'s public ``DPAdamWOSM``, ``cutoff=0``). The released
 gradient g̃_t = (Σ_i clip_C(g_i) + N(0, σ²C²I))/b is DP-SGD's, unchanged; Adam's second moment
 is replaced by its DP limit √v → σC/b, so the update is post-processing of g̃:
 

@@ -1,7 +1,8 @@
 """The method interface: what an adaptive method declares, and what the private step gives it.
 
 Every adaptive method (noise decay, Dynamic DP-SGD, quantile clipping, OSO, ...) is one
-:class:`Method` with five core hooks; it overrides only what it changes (STYLE.md §8). Each
+:class:`Method` with five core hooks; it overrides only what it changes (CONTRIBUTING.md, "Adding
+an adaptive method"). Each
 step, the private step (``dpfy.step``) calls them in this order:
 
 1. ``plan(state, plan) -> StepPlan``: σ_t, C_t (a scalar or one per group), the lr scale,
@@ -58,8 +59,9 @@ __all__ = ["Method", "bind_facts", "calibrate_for_run", "check_plan", "plan_chan
            "OPTIONAL_HOOKS", "HOOKS"]
 
 S = TypeVar("S")
+M = TypeVar("M", bound="Method")
 
-REGISTRY: dict[str, type] = {}
+REGISTRY: dict[str, type[Method]] = {}
 
 # ``Method.sets`` holds plan fields a method writes (``PLAN_FIELDS``: σ_t, C_t, the lr scale;
 # the step and the sample rate are facts), and
@@ -75,7 +77,7 @@ HOOKS = CORE_HOOKS + OPTIONAL_HOOKS
 
 def register(name: str):
     """Class decorator: make a method available by ``name`` (same word as its file, R1)."""
-    def deco(cls: type) -> type:
+    def deco(cls: type[M]) -> type[M]:
         if name in REGISTRY:
             raise ValueError(f"adaptive method {name!r} is already registered by {REGISTRY[name]}")
         sets = cls.__dict__.get("sets", getattr(cls, "sets", frozenset()))
@@ -160,7 +162,7 @@ class Method(Generic[S]):
         return not self.ledger_depends_on_data
 
 
-def bind_facts(method: Method, facts: RunFacts) -> Method:
+def bind_facts(method: M, facts: RunFacts) -> M:
     """``method`` marked as calibrated for ``facts`` (a copy if it is a dataclass)."""
     out = dataclasses.replace(method) if dataclasses.is_dataclass(method) else method
     object.__setattr__(out, "calibrated_for", facts)

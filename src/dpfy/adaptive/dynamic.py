@@ -1,8 +1,7 @@
 """Dynamic DP-SGD: a growing per-step GDP parameter μ_t and a decaying clip C_t.
 
-References: "Dynamic Differential-Privacy Preserving SGD" (seed 001), digest
-``shared/reference/001-dynamic-dpsgd.md`` §2 (growing μ_t, Alg. 1), §3 (sensitivity decay),
-§4 (Alg. 2).
+References: Du et al. 2021, "Dynamic Differential-Privacy Preserving SGD", §4.2 (growing μ_t,
+Algorithm 1), §4.3 (sensitivity decay), §4.4 (Algorithm 2).
 
 With the paper's 1-based step t = 1..T (``t = step + 1`` for dpfy's 0-based steps):
 
@@ -28,7 +27,7 @@ two ways (option ``calibration``; None: the run's accountant):
   z_t = s·ρ_μ^(−t/T) so the PLD ε of the ledger equals the target; μ_0 = 1/s.
   ``calibration="rdp"`` does the same against RDP (looser, so more noise).
 
-The paper's variants are the option ``preset`` (digest §4): ``vanilla`` (ρ_μ = ρ_c = 1),
+The paper's variants are the option ``preset`` (§4.4): ``vanilla`` (ρ_μ = ρ_c = 1),
 ``growing_mu`` (ρ_c = 1), ``sensitivity_decay`` (ρ_μ = 1) and ``dynamic`` (both ratios);
 ``dpfy.adaptive.make("dynamic", preset="growing_mu", rho_mu=3)``, ``dpfy train --method
 dynamic --method-options preset=growing_mu rho_mu=3``. C_0 is the run's ``max_grad_norm``.
@@ -53,7 +52,7 @@ from dpfy.types import RunFacts
 __all__ = ["DynamicDPSGD", "PRESETS", "CALIBRATIONS", "DEFAULT_RHO", "solve_mu0",
            "calibrate_dynamic"]
 
-# preset name -> (uses ρ_μ, uses ρ_c); the other ratio is fixed at 1 (digest §4).
+# preset name -> (uses ρ_μ, uses ρ_c); the other ratio is fixed at 1 (§4.4).
 PRESETS = {
     "vanilla": (False, False),            # constant μ and C: DP-SGD with the GDP CLT (Bu et al.)
     "growing_mu": (True, False),          # Alg. 1

@@ -1,7 +1,7 @@
 """HyFreeDP: automatic clipping and a learning rate fitted from privatized loss probes.
 
 Reference: Bu & Liu, "Towards hyperparameter-free optimization with differential privacy",
-ICLR 2025, Algorithms 1 and 2 (digest ``shared/reference/004-hyperparameter-free-dp.md``).
+ICLR 2025, Algorithms 1 and 2.
 
 The method (Algorithm 1):
 
@@ -27,7 +27,8 @@ Privacy (Algorithm 2, with the probes' batch accounted rigorously):
   DP-SGD needs for the run's (ε, δ, q, T);
 - every K-th step (t = 0, K, 2K, ...) also releases the three loss sums at noise multiplier σ_l.
   They are taken on the gradient's Poisson batch (line 7), so the step is recorded as **one**
-  subsampled Gaussian with 1/σ_eff² = 1/σ_g² + 3/σ_l² (digest §4.4), not as the 3T/K separately
+  subsampled Gaussian with 1/σ_eff² = 1/σ_g² + 3/σ_l² (the probes reuse the gradient's batch), not
+  as the 3T/K separately
   subsampled releases of the paper's Theorem 2 (which would need a fresh batch per probe);
 - σ_l is solved (``dpfy.privacy.calibration.hyfree_noise_split``) so that this ledger spends
   exactly the target ε by the run's accountant (PLD or RDP). The noise multipliers do not
@@ -98,7 +99,7 @@ def fit_quadratic(descent: float, at_theta: float, ascent: float, lr: float
 
     ``descent`` = L(θ − η d), ``at_theta`` = L(θ), ``ascent`` = L(θ + η d). Eq. 6's least
     squares anchored at L_0 has two unknowns and two other points, so it interpolates them:
-    b estimates ∇Lᵀd, a estimates dᵀHd (digest 004 §2.5).
+    b estimates ∇Lᵀd, a estimates dᵀHd (the closed-form fit of Eq. 6).
     """
     require(lr > 0, "lr", lr, "> 0")
     b = (ascent - descent) / (2 * lr)

@@ -1,7 +1,7 @@
 """Norm-based adaptive clipping: the next threshold is α times a noisy mean of clipped norms.
 
-Reference: van der Veen et al. 2018, "Three tools for practical differential privacy"; digest
-``shared/reference/000-review-adaptive-dpsgd.md`` §2.4 (the paper gives no default values).
+Reference: van der Veen et al. 2018, "Three tools for practical differential privacy"; Monir,
+Fauzan & Ghinita 2023, §3.2.1 (the paper gives no default values).
 
 For each threshold k (one for the whole model, or one per layer with ``per_layer=True`` as in
 the paper), step t clips the gradient at C_t,k and releases, beside the gradient sum, the
@@ -18,7 +18,7 @@ batch is step t's own (already sampled) batch, so nothing is computed twice. The
 post-processing and dpfy's choice (the paper has none): a noisy mean can leave [0, 1], and a
 threshold must stay > 0, so one step moves C_k by a factor in [α β f_min, α β].
 
-Budget split (digest 000 §2.4 note; ``dpfy.privacy.split``): the norms take a fraction r of the
+Budget split (the review's §3.2.1; ``dpfy.privacy.split``): the norms take a fraction r of the
 step's budget, K·σ_n⁻² = r·σ⁻², and the gradient keeps σ_g = (σ⁻² − K·σ_n⁻²)^(−1/2) = σ/√(1−r),
 so the pair spends exactly what the plain gradient at σ would. The noise multipliers depend on σ
 alone (not on the data), so ``target_epsilon`` calibration writes the run's ledger in advance.

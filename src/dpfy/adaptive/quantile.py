@@ -1,7 +1,7 @@
 """Quantile adaptive clipping: track the γ-quantile of per-example gradient norms privately.
 
-References: Andrew et al. 2021 (``quantile``) and He et al. (``per_layer_quantile``), digest
-``shared/reference/000-review-adaptive-dpsgd.md`` §2.5.2 and §2.5.1; digest 002 §1.8(c).
+References: Andrew et al. 2021 (``quantile``) and He et al. (``per_layer_quantile``), as
+surveyed by Monir, Fauzan & Ghinita 2023, §3.2.2; Galli et al. 2024's FixedQuantile baseline.
 
 ``quantile`` (Andrew et al.): one threshold C_t. Each step releases, beside the clipped
 gradient sum, the centred count of unclipped examples Σ_i (1[‖g_i‖ ≤ C_t] − ½) with noise
@@ -59,7 +59,7 @@ def _centred_unclipped(clip: float | torch.Tensor, norms: torch.Tensor) -> torch
 
 
 def _geometric(clip: float, frac_unclipped: float, target: float, step_size: float) -> float:
-    """C · exp(−η (b̃ − γ)) (digest 000 §2.5.2, geometric update)."""
+    """C · exp(−η (b̃ − γ)) (Andrew et al. 2021, geometric update)."""
     return clip * math.exp(-step_size * (frac_unclipped - target))
 
 

@@ -1,7 +1,7 @@
 """Noise decay: σ_t falls over training by a pre-defined, data-independent rule.
 
-References: Yu et al. 2019 via the review digest
-``shared/reference/000-review-adaptive-dpsgd.md`` §2.1.2 (paper §3.1.1) and §5.1 (Table 8).
+References: Yu et al. 2019, as surveyed by Monir, Fauzan & Ghinita 2023, §3.1.1 and §6.1
+(Table 8).
 
 Gradients shrink as a model converges, so the same noise hurts more late in training. Noise
 decay spends little ε early (large σ) and more later (small σ). With ``u`` the schedule's time
@@ -72,7 +72,7 @@ class NoiseDecay(PlannedSchedule):
       calibration: the accountant σ_0 (or the early stop) is solved against; None: the run's.
       approximate: must be True with ``calibration="gdp"`` (a paper's CLT; reproductions).
 
-    Warnings:
+    Note:
       Calibrating per-step schedules with PLD composes one distinct event per step: slow for
       thousands of steps. Per-epoch decay keeps the ledger to one group per epoch.
     """

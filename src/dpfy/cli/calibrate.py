@@ -7,7 +7,7 @@ Give three of {noise multiplier, sample rate, steps}; the missing one is solved:
     dpfy calibrate --target-epsilon 3 --delta 1e-5 --noise-multiplier 1 --sample-rate 0.004
 
 With ``--grid-runs K`` the noise multiplier is calibrated for a grid of K configurations under
-one budget (digest 002 §3.3, per-grid ε): K runs of T steps each, composed, spend the target;
+one budget (Galli et al. 2024, per-grid ε): K runs of T steps each, composed, spend the target;
 each run gets the share of one run out of K:
 
     dpfy calibrate --target-epsilon 3 --delta 1e-5 --sample-rate 0.008533 --steps 1172 \

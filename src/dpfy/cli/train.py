@@ -111,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         cfg = TrainConfig.from_mapping(settings, source="settings")
         out = args.out or f"runs/{cfg.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
-        start = lambda: train(cfg, out=out, progress=progress)
+        def start():
+            return train(cfg, out=out, progress=progress)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         start()

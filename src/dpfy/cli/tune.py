@@ -4,7 +4,7 @@
         --grid lr=logspace:-2.5:1.5:7 --out runs/tuned
 
 Every ``dpfy train`` flag sets the configuration all runs share; ``--epsilon`` is the **whole
-grid's** target ε (per-grid budget, digest 002 §3.3): σ is calibrated so that the k runs
+grid's** target ε (per-grid budget, Galli et al. 2024): σ is calibrated so that the k runs
 together spend it, and the report's tuning statement is the accountant's ε of all k ledgers
 composed. ``--grid NAME=logspace:LO:HI:K`` (``np.logspace``, both ends included) or
 ``--grid NAME=V1,V2,...`` for NAME in lr, clip, momentum, weight_decay or a method option

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
+from dpfy._require import require_extra
 from dpfy.data.splits import DataSplits
 
 __all__ = ["load_digits", "load_breast_cancer", "BREAST_CANCER_RANGES"]
@@ -32,20 +33,16 @@ BREAST_CANCER_RANGES: tuple[tuple[float, float], ...] = (
 
 
 def _sklearn():
-    try:
-        import sklearn.datasets  # local: only these two loaders need scikit-learn
-    except ImportError:  # pragma: no cover - scikit-learn is a declared dependency
-        raise ValueError("dataset must be loadable, got scikit-learn missing. Install it with "
-                         "`.venv/bin/pip install scikit-learn`") from None
-    return sklearn.datasets
+    return require_extra("sklearn.datasets", feature="the digits and breast_cancer datasets")
 
 
 def _split(x: np.ndarray, y: np.ndarray) -> tuple[TensorDataset, TensorDataset]:
     order = np.random.default_rng(SPLIT_SEED).permutation(len(x))
     n_test = int(round(TEST_FRACTION * len(x)))
     test, train = order[:n_test], order[n_test:]
-    make = lambda idx: TensorDataset(torch.as_tensor(x[idx], dtype=torch.float32),  # noqa: E731
-                                     torch.as_tensor(y[idx], dtype=torch.int64))
+    def make(idx: np.ndarray) -> TensorDataset:
+        return TensorDataset(torch.as_tensor(x[idx], dtype=torch.float32),
+                             torch.as_tensor(y[idx], dtype=torch.int64))
     return make(train), make(test)
 
 

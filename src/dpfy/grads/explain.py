@@ -1,4 +1,4 @@
-"""``GradEngine.explain()``: per unit, the rule file, the route and why (STYLE.md R7).
+"""``GradEngine.explain()``: per unit, the rule file, the route and why.
 
 A rule unit's route depends on sizes (the rule's ``prefers_ghost``), so it is stated for the
 captures present (a forward/backward on an example batch: ``dpfy explain``, the memory

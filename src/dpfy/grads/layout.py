@@ -86,6 +86,7 @@ def rule_candidates(unit: Unit, a: torch.Tensor, b: int) -> list[int]:
     allows (a layer used time-first); :data:`BROADCAST` for an input of one row, which could be
     shared by every example (``position_ids`` of shape (1, T)).
     """
+    assert unit.rule is not None, "rule_candidates is asked of rule units only"
     cands = [0] if a.shape[0] == b else []
     cands += [k for k in unit.rule.batch_dims(unit.module, a) if k > 0 and a.shape[k] == b]
     if a.shape[0] == 1 and b != 1:
@@ -160,7 +161,8 @@ def vmap_batch_dims(unit: Unit, args: tuple, kwargs: dict, b: int
     problem = None if not problems else (
         f"{unit.label} must be called with the {b} rows of the private batch in dimension 0 "
         f"of its tensor arguments, got: {'; '.join(problems)}. The engine cannot tell which "
-        f"example each row belongs to: pass padded tensors (not a PackedSequence) with the batch "
+        f"example each row belongs to: pass padded tensors (not a PackedSequence) with the "
+        f"batch "
         f"first, and compute the loss only from the batch the private loader yielded")
     return tuple(arg_dims), kw_dims, not batched and problem is None, problem
 
@@ -203,10 +205,11 @@ def resize_batch(args: tuple, kwargs: dict, rows: int, index: torch.Tensor | Non
         if torch.is_tensor(t) and t.dim() >= 1 and t.shape[0] == rows:
             if _transposed(t, rows):
                 return args, kwargs, (
-                    f"the model's input {i} of shape {tuple(t.shape)} is a transposed view with "
-                    f"as many rows as another dimension, so its dimension 0 may not be the "
-                    f"batch; call the model with the batch as the private loader yields it "
-                    f"(examples in dimension 0) and transpose inside the model")
+                    f"the model's input {i} of shape {tuple(t.shape)} is a transposed "
+                    f"view with as many rows as another dimension, so its dimension 0 "
+                    f"may not be the batch; call the model with the batch as the private "
+                    f"loader yields it (examples in dimension 0) and transpose inside the "
+                    f"model")
             t = t.index_select(0, index.to(t.device) if index is not None
                                else torch.arange(new, device=t.device) % rows)
         out.append(t)

@@ -65,6 +65,7 @@ class Unit:
     def takes_ghost(self, a: Any, g: Any) -> bool:
         """Whether a rule unit's call on input ``a`` with output gradient ``g`` takes the ghost
         route (a norm without per-sample gradients; the rule decides by size)."""
+        assert self.rule is not None, "takes_ghost is asked of rule units only"
         return self.rule.has_ghost and self.rule.prefers_ghost(self.module, a, g)
 
     @property

@@ -1,4 +1,4 @@
-"""The vmap route: per-sample gradients of *any* module with torch.func (STYLE.md R8).
+"""The vmap route: per-sample gradients of *any* module with torch.func.
 
 The math is written for one example: for a captured call y = m(x; θ) with output gradient
 ḡ = ∂L/∂y, example i's gradient is ∇_θ ⟨m(x_i; θ), ḡ_i⟩ (a vector–Jacobian product). ``vmap``

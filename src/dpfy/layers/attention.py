@@ -79,7 +79,7 @@ class DPMultiheadAttention(nn.Module):
 
     # attributes nn.TransformerEncoderLayer reads (its inference fast path)
     @property
-    def in_proj_weight(self) -> nn.Parameter:
+    def in_proj_weight(self) -> torch.Tensor:
         return self.in_proj.weight
 
     @property

@@ -12,7 +12,7 @@ kept, and ``state_dict`` keys do not change. Each returns the qualified names it
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from torch import nn
 
@@ -23,7 +23,7 @@ __all__ = ["DP_REPLACEMENTS", "dp_replacement", "swap_recurrent", "swap_attentio
            "swap_layers"]
 
 # torch type (exact) -> the factory of its DP replacement, sharing the module's parameters
-Factory = Callable[[nn.Module], nn.Module]
+Factory = Callable[[Any], nn.Module]   # each takes the torch module of its key's type
 RECURRENT_REPLACEMENTS: dict[type[nn.Module], Factory] = {
     nn.RNN: DPRNN.from_module, nn.GRU: DPGRU.from_module, nn.LSTM: DPLSTM.from_module}
 ATTENTION_REPLACEMENTS: dict[type[nn.Module], Factory] = {

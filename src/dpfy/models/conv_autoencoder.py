@@ -1,6 +1,6 @@
-"""The Fashion-MNIST convolutional autoencoder of seed 002 Table 1: exactly 48,705 parameters.
+"""The Fashion-MNIST autoencoder of Galli et al. 2024, Table 1: exactly 48,705 parameters.
 
-Digest ``shared/reference/002-online-sensitivity-optimization.md`` §3.1–3.2: the paper gives
+Galli, Palamidessi & Cucinotta 2024 (OSO-DPSGD), Table 1: the paper gives
 only the task (encode and decode clothing images, MSE) and the size (48,705 trainable
 parameters), not the layers. This architecture is ours, chosen to match the count exactly with
 layers dpfy clips by ghost norms (``nn.Conv2d`` only; upsampling has no parameters):

@@ -1,6 +1,7 @@
 """The Gaussian generator: secure by default (ChaCha20), reproducible from a seed on request.
 
-DESIGN.md convention: noise is calibrated to the **sum**: the engine adds N(0, (σ·Δ)² I) to
+Convention (docs/architecture.md): noise is calibrated to the **sum**: the engine adds N(0, (σ·Δ)²
+I) to
 Σ_i w_i g_i, where Δ is the clipping policy's sensitivity, and divides by the normalizer after.
 
 Two modes (``NoiseSource(seed)``):

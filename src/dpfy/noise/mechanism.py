@@ -1,6 +1,6 @@
 """The noise mechanism: what noise a step adds and what event the ledger records for it.
 
-The private step asks its mechanism two things each step (DESIGN.md, "Two seams"):
+The private step asks its mechanism two things each step (docs/architecture.md):
 
 - :meth:`GaussianMechanism.record_for` — the event to record: which releases at which noise
   multipliers, under which sampling and rate (what the ε guard checks before any noise is

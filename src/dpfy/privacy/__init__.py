@@ -1,6 +1,7 @@
 """dpfy.privacy: the ledger of noisy releases, accountants, calibration and reports.
 
-Everything that says how much privacy a run spends lives here (DESIGN.md: "every noisy release
+Everything that says how much privacy a run spends lives here (docs/architecture.md: "every noisy
+release
 is a privacy event"). Other packages write to a :class:`Ledger` and read ε from
 :func:`epsilon` / :func:`epsilon_curve`; nothing else computes ε.
 """

@@ -44,7 +44,8 @@ from dpfy.privacy.canonical import GAUSSIAN, MIXTURE, Atom, CanonicalForm, canon
 from dpfy.privacy.mixture import els_rdp_dominating_pair
 from dpfy.privacy.ledger import Ledger
 
-__all__ = ["ACCOUNTANTS", "APPROXIMATE", "RIGOROUS", "AUTO", "AUTO_EXACT_LIMIT", "DEFAULT_RESOLUTION",
+__all__ = ["ACCOUNTANTS", "APPROXIMATE", "RIGOROUS", "AUTO", "AUTO_EXACT_LIMIT",
+           "DEFAULT_RESOLUTION",
            "PLD_MAX_GRID_POINTS", "PLD_MAX_COMPOSED_POINTS", "composed_pld_width",
            "accountant_label", "pld_discretization",
            "pld_min_noise_multiplier", "check_pld_grid", "prepare", "epsilon", "delta",

@@ -2,7 +2,8 @@
 
 Every function here builds the ledger the run would record (``Ledger.homogeneous`` /
 ``Ledger.from_schedule``, the same constructors the engine's ledger is compared with) and asks
-the accountant for its ε, then bisects a monotone parameter (STYLE.md R9: no second formula for
+the accountant for its ε, then bisects a monotone parameter (CONTRIBUTING.md, privacy rule 2: no
+second formula for
 "the ε this run will spend"). Each search is bracketed first; a target that no admissible value
 reaches raises a ValueError that says what to change.
 
@@ -407,7 +408,7 @@ def hyfree_noise_split(*, target_epsilon: float, delta: float, sample_rate: floa
                        probe_every: int, probes_per_round: int = 3, gamma: float = 1.01,
                        accountant: str = "rdp", probes_share_batch: bool = True,
                        tol: float = 1e-3, approximate: bool = False) -> tuple[float, float]:
-    """HyFreeDP's end-to-end split (Bu & Liu, Algorithm 2; digest 004 §4.2): (σ_g, σ_l).
+    """HyFreeDP's end-to-end split (Bu & Liu 2025, Algorithm 2, §4.3 and Appendix C): (σ_g, σ_l).
 
     1. σ = the noise multiplier plain DP-SGD would need for (ε, δ) over ``steps``;
     2. σ_g = γ·σ (γ slightly above 1: the gradient gets ~1 % more noise);
@@ -417,7 +418,8 @@ def hyfree_noise_split(*, target_epsilon: float, delta: float, sample_rate: floa
     Args:
       probes_share_batch: True (the paper's Algorithm 1, and the conservative choice) records
         the probes as releases of the gradient step's batch, so they compose with it into one
-        step (digest 004 §4.4). False records them as separately Poisson-sampled steps, which is
+        step (they reuse its batch). False records them as separately Poisson-sampled steps, which
+        is
         the paper's own accounting (Theorem 2, 3T/K extra mechanisms) and is only valid if the
         probes use a fresh Poisson sample.
       approximate: must be True with ``accountant="gdp"`` (the paper's own GDP accounting).

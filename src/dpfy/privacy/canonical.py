@@ -9,13 +9,13 @@ relation. The reduction applies, in order:
    one Gaussian mechanism with σ_eff = (Σ_i σ_i⁻²)^(−1/2) (see
    :meth:`~dpfy.privacy.ledger.StepGroup.effective_noise_multiplier`).
 2. **Adjacency.** Poisson ↔ add-or-remove; fixed-size and shuffled batches ↔ replace-one,
-   where the sensitivity of every release doubles, so σ is halved (the guide, digest 003 §1.2,
+   where the sensitivity of every release doubles, so σ is halved (Ponomareva et al. 2023, §2.1.1,
    footnote 7; replace = remove + add, so Δ_replace ≤ 2Δ by the triangle inequality).
 3. **Participation.** Poisson and fixed-size steps are amplified by sampling; so are user-level
    steps: ULS as a Poisson-subsampled Gaussian at the user rate, ELS as a mixture of Gaussians
    with Binomial(k, q) weights (:mod:`dpfy.privacy.mixture`; without amplification, the
    Gaussian at σ/k). Shuffled steps are
-   not (no amplification is claimed for shuffling, digest 003 §1.9–1.10): each example is in at
+   not (no amplification is claimed for shuffling, the guide's §4.3 and Table 3): each example is in at
    most one batch per epoch, so only the worst-case number of participations is charged, at
    the smallest σ's (see :class:`~dpfy.privacy.ledger.Sampling`). Unsampled steps are all
    charged.

@@ -7,7 +7,7 @@ at once with
 
     δ(ε; μ) = Φ(−ε/μ + μ/2) − e^ε · Φ(−ε/μ − μ/2)                                  (Eq. 1)
 
-(Dong, Roth & Su 2022; digest shared/reference/001-dynamic-dpsgd.md §1.2).
+(Dong, Roth & Su 2022; Du et al. 2021, Eqs. 1–2).
 
 For T Poisson-subsampled steps with rate p and per-step μ_t = 1/σ_t, the central limit theorem
 of Bu et al. (2020), extended to heterogeneous steps by the Dynamic DP-SGD paper (Theorem 1,
@@ -23,7 +23,7 @@ Eq. 9), says the composition approaches μ_tot-GDP with
 References:
   Dong, Roth, Su. "Gaussian differential privacy", JRSS-B 2022.
   Bu, Dong, Long, Su. "Deep learning with Gaussian differential privacy", HDSR 2020.
-  Digest shared/reference/001-dynamic-dpsgd.md §1.2, §1.5–1.7, §7.5.
+  Du et al. 2021, "Dynamic Differential-Privacy Preserving SGD", Eqs. 1–2 and 6–9.
 """
 
 from __future__ import annotations

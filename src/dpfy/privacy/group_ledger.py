@@ -1,7 +1,7 @@
 """Per-group ledgers: the individualized guarantee of each privacy group, read like any ledger.
 
-Individualized DP-SGD (Boenisch et al.; digest shared/reference/000-review-adaptive-dpsgd.md
-§4.2, §4.4, §8.2) gives every example a budget ε_p of its group p. The run's own ledger records
+Individualized DP-SGD (Boenisch et al. 2023; Monir, Fauzan & Ghinita
+2023, §5) gives every example a budget ε_p of its group p. The run's own ledger records
 the worst case over all examples (the largest rate q = max q_p, the noise relative to the largest
 threshold Δ = max c_p); that bounds everyone, but it is the *largest* group's guarantee. A group's
 own guarantee is the ledger of the same steps seen from one of its examples:
@@ -24,7 +24,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
-from dpfy._require import require
+from dpfy._require import require, require_extra
 from dpfy.privacy.accountants import accountant_label, epsilon, epsilon_curve
 from dpfy.privacy.ledger import Ledger, Release, Sampling
 from dpfy.privacy.section import ReportSection
@@ -102,7 +102,7 @@ class GroupLedgers:
 
     def curves(self, *, delta: float, accountant: str,
                num_points: int = 30) -> list[list[tuple[int, float]]]:
-        """ε over steps of each group (digest 000 Figs. 13/14), in group order."""
+        """ε over steps of each group (Monir et al. 2023, Figs. 13/14), in group order."""
         return [epsilon_curve(ledger, delta=delta, accountant=accountant, num_points=num_points)
                 for ledger in self.ledgers]
 
@@ -136,8 +136,8 @@ class GroupLedgers:
                              data={"accountant": accountant, "groups": data})
 
     def plot(self, path: Any, *, delta: float, accountant: str) -> None:
-        """Each group's ε over steps, with its budget dashed (digest 000 Figs. 13/14)."""
-        import matplotlib  # local: only the figures need matplotlib
+        """Each group's ε over steps, with its budget dashed (Monir et al. 2023, Figs. 13/14)."""
+        matplotlib = require_extra("matplotlib", feature="the per-group ε plot")
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 

@@ -1,7 +1,7 @@
 """Calibration of individualized privacy budgets: IDP-SGD Sample and Scale (Boenisch et al.).
 
 Every training example belongs to a privacy group p with budget ε_p and fraction r_p of the data
-(digest shared/reference/000-review-adaptive-dpsgd.md §4). Both variants keep the run's steps T
+(Boenisch et al. 2023; Monir, Fauzan & Ghinita 2023, §5). Both variants keep the run's steps T
 and uniform rate q fixed and make each group spend exactly (at most) its own budget:
 
 - **Sample** (§4.2): one noise multiplier σ_sample on the sum of flat-clipped gradients (clip c);
@@ -237,7 +237,7 @@ def calibrate_individual(*, budgets: Sequence[float], fractions: Sequence[float]
         a group whose budget cannot be met at (q, T) (the message names the group).
 
     References: Boenisch et al., "Have it your way: individualized privacy assignment for
-    DP-SGD"; digest shared/reference/000-review-adaptive-dpsgd.md §4.2, §4.4, §6.
+    DP-SGD" (2023); Monir, Fauzan & Ghinita 2023, §5 and §6.
     """
     require(variant in VARIANTS, "variant", variant, f"one of {list(VARIANTS)}")
     budgets, fractions = tuple(float(e) for e in budgets), tuple(float(r) for r in fractions)

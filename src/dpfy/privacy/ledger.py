@@ -10,8 +10,9 @@ steps (same sampling, same rate, same releases), so 100,000 steps at one σ are 
 1,000-step decay schedule is at most 1,000 records. Each step is turned into a ``dp_accounting``
 ``DpEvent`` by :meth:`StepGroup.step_event`; the whole ledger by :meth:`Ledger.dp_event`.
 
-Sampling semantics (DESIGN.md: "the sampler and the accountant's assumption are the same
-object's facts"): the sampler hands its :class:`Sampling` and rate to ``record_step``; the
+Sampling semantics (CONTRIBUTING.md, privacy rule 3: the sampler and the accountant's
+assumption are the same object's facts): the sampler hands its :class:`Sampling` and rate to
+``record_step``; the
 ledger never guesses them.
 """
 
@@ -118,7 +119,7 @@ class StepGroup:
         The releases of one step are computed on the same batch, so stacking them, each
         divided by its σ_i·Δ_i, is one Gaussian mechanism whose sensitivity is
         sqrt(Σ σ_i⁻²). Its noise multiplier is σ_eff = (Σ_i σ_i⁻²)^(−1/2): exact, not a bound
-        (digest 002 §2.4, Proposition 1; 000 §2.5.2).
+        (Galli et al. 2024, Proposition 1; Andrew et al. 2021).
         """
         sigmas = [r.noise_multiplier for r in self.releases]
         if min(sigmas) == 0:

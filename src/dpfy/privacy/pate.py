@@ -1,5 +1,5 @@
-"""Individualized PATE utilities (Boenisch et al.; digest 000 §4.1, §4.3): upsampling factors
-and teacher weights from per-point or per-group privacy budgets.
+"""Individualized PATE utilities (Boenisch et al.): upsampling factors and teacher weights
+(Monir, Fauzan & Ghinita 2023, §5), from per-point or per-group privacy budgets.
 
 Both are data-independent bookkeeping on public budgets (no noise, no ledger entry); the
 privacy of the PATE aggregation itself is accounted wherever its noisy votes are released.
@@ -23,7 +23,8 @@ def _check_budgets(budgets: Sequence[float], name: str) -> None:
 
 
 def pate_upsampling_factors(budgets: Sequence[float], precision: int = 1) -> list[int]:
-    """Algorithm 1 (digest 000 §4.1): how many teachers' subsets each point is copied into.
+    """Algorithm 1 (individualized PATE, upsampling): how many teachers' subsets each point is
+    copied into.
 
     Budgets are scaled by 10^precision and rounded to integers ε̄; with D = gcd of the distinct
     ε̄, point d is duplicated u_d = ε̄_d / D times, so points with larger budgets train more
@@ -48,13 +49,13 @@ def pate_upsampling_factors(budgets: Sequence[float], precision: int = 1) -> lis
 
 def pate_teacher_weights(budgets: Sequence[float], teachers: Sequence[int],
                          total_teachers: int) -> list[float]:
-    """Algorithm 2 (digest 000 §4.3): the vote weight of every teacher of group j.
+    """Algorithm 2 (individualized PATE, weighting): the vote weight of every teacher of group j.
 
     w̄_j = (ε_j / Σ_j ε_j) · (n_j / k), and w_j = k · w̄_j / Σ_j w̄_j. As the paper writes it,
     the weights of the *groups* sum to k (Σ_j w_j = k); the per-teacher total Σ_j n_j·w_j is in
     general not k (ε = {1, 2, 3}, n = {3, 4, 3}, k = 10 → w = {1.5, 4.0, 4.5}: the groups sum to
     10, the ten teachers to 34). Normalize by Σ_j n_j w_j yourself if your aggregator needs
-    teacher weights summing to k (digest 000 §7 item 14).
+    teacher weights summing to k (the printed Algorithm 2 normalizes over groups).
 
     Args:
       budgets: ε_j per privacy group (> 0).

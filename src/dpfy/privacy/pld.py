@@ -3,7 +3,7 @@
 Each distinct atom's PLD is built once (cached), self-composed ``count`` times, and the atoms are
 convolved. dp_accounting's "connect the dots" construction with ``pessimistic_estimate=True``
 gives a PLD that dominates the mechanism's, so ε is an upper bound up to the discretization
-interval's effect (digest 003 §5.6: 4.6107 at 1e-4 vs 4.6200 at 1e-3 on the guide's 100-epoch
+interval's effect (4.6107 at 1e-4 vs 4.6200 at 1e-3 on the guide's 100-epoch
 example; both are upper bounds, the finer one is tighter).
 
 Atoms:
@@ -74,7 +74,7 @@ def build(form: CanonicalForm, discretization: float = DEFAULT_DISCRETIZATION,
             if a.count > 1:
                 p = p.self_compose(a.count)
         out = p if out is None else out.compose(p)
-    return out  # type: ignore[return-value]
+    return out
 
 
 def epsilon(form: CanonicalForm, delta: float,

@@ -11,7 +11,7 @@ subsampled Gaussian at rate 1 − (1 − q)^k and σ/k that dominates the step. 
 looser than the PLD's exact mixture.
 
 References: Mironov 2017; Wang, Balle & Kasiviswanathan 2019 (sampling without replacement);
-digest shared/reference/003-how-to-dpfy-ml.md §1.6, §1.8.
+Ponomareva et al. 2023, "How to DP-fy ML", §2.3 and §4.2.2.
 """
 
 from __future__ import annotations

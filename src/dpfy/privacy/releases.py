@@ -74,7 +74,7 @@ def planned_ledger(method: PlannedMethod, facts: RunFacts, *, noise_multiplier: 
     """The ledger a run of ``method`` under ``facts`` will write, built before training.
 
     Only for data-independent methods (their plans and release specs depend on the step
-    alone); others raise, naming the ε guard as the alternative (STYLE.md R9).
+    alone); others raise, naming the ε guard as the alternative (CONTRIBUTING.md, privacy rule 2).
     """
     if not method.is_data_independent():
         raise ValueError(

@@ -2,7 +2,8 @@
 
 Rendered as Markdown (for people), JSON (for machines) and a PNG of ε over steps. Every number
 in it comes from the accountants reading the ledger; the context (what is released, the unit of
-privacy, tuning) is given explicitly by the caller. Checklist items (digest 003 §3.2 and §5.4):
+privacy, tuning) is given explicitly by the caller. Checklist items (Ponomareva et al. 2023,
+§5.3.3):
 
 1. DP setting (central, trusted curator by default).
 2. The guarantee instantiated: data accesses covered (this run; tuning if given), what the
@@ -33,7 +34,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from dpfy._require import require
+from dpfy._require import require, require_extra
 from dpfy.errors import PrivacyRefusal
 from dpfy.privacy.accountants import (ACCOUNTANTS, APPROXIMATE, accountant_label,
                                       check_accountant, epsilon, epsilon_curve, prepare)
@@ -42,7 +43,8 @@ from dpfy.privacy.section import ReportSection
 from dpfy.privacy.tuning import group_privacy
 from dpfy.privacy.user_level import USER_UNIT
 
-__all__ = ["TuningCost", "ReportSection", "MechanismShare", "PrivacyReport", "DEFAULT_DP_SETTING", "CONTEXT",
+__all__ = ["TuningCost", "ReportSection", "MechanismShare", "PrivacyReport", "DEFAULT_DP_SETTING",
+           "CONTEXT",
            "tier"]
 
 # Keys of privacy_report.json that are the caller's context (not computed from the ledger).
@@ -484,7 +486,7 @@ class PrivacyReport:
 
     def plot(self, path: str | Path) -> Path:
         """Write the ε-over-steps PNG to ``path``."""
-        import matplotlib  # local: only the figures need matplotlib
+        matplotlib = require_extra("matplotlib", feature="the ε-over-steps plot")
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 

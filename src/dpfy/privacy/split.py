@@ -11,8 +11,8 @@ unit noise). So a run that releases extra values at σ_other and keeps the gradi
 records the truth (each release with its own σ_i); these helpers only choose the σ_i.
 
 References:
-  Galli et al. 2024 (OSO), Proposition 1 and the 1 % rule: digest 002 §2.4.
-  Andrew et al. 2021 / He et al. (quantile clipping): digest 000 §2.5.2,
+  Galli et al. 2024 (OSO), Proposition 1 and the 1 % rule (Privacy Analysis).
+  Andrew et al. 2021 / He et al. (quantile clipping): Monir et al. 2023, §3.2.2,
   σ_new = (σ⁻² − K·(2σ_b)⁻²)^(−1/2).
 """
 
@@ -60,7 +60,8 @@ def split_noise_multiplier(total: float, *, inflation: float = 0.01) -> tuple[fl
     """OSO's rule: raise the gradient σ by ``inflation`` and give the rest to a second release.
 
     Returns (σ_g, σ_q) with σ_g = (1 + inflation)·total and σ_q = total/sqrt(1 − (1+inflation)⁻²),
-    so total⁻² = σ_g⁻² + σ_q⁻². With the paper's 1 %: σ_q = 7.12399·total (digest 002 §2.4).
+    so total⁻² = σ_g⁻² + σ_q⁻². With the paper's 1 %: σ_q = 7.12399·total (Galli et al. 2024,
+    Proposition 1).
     """
     require(total > 0, "total", total, "> 0")
     require(inflation > 0, "inflation", inflation, "> 0", "Use e.g. 0.01 for OSO's 1 % rule")
@@ -72,7 +73,8 @@ def quantile_noise_split(total: float, count_noise_std: float, *, num_counts: in
     """Gradient σ for quantile clipping with ``num_counts`` clipped-count releases.
 
     A count of indicators centred to ±½ has sensitivity ½, so noise std σ_b is multiplier 2σ_b:
-    σ_new = (σ⁻² − K·(2σ_b)⁻²)^(−1/2) (digest 000 §2.5.2; He et al.'s printed formula has a sign
+    σ_new = (σ⁻² − K·(2σ_b)⁻²)^(−1/2) (Monir et al. 2023, §3.2.2; He et al.'s printed formula has a
+    sign
     typo in the exponent). Requires σ < 2σ_b/√K.
     """
     require(count_noise_std > 0, "count_noise_std", count_noise_std, "> 0",

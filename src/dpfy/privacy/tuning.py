@@ -1,13 +1,14 @@
 """The privacy cost of hyperparameter tuning, and group privacy.
 
-Tuning on private data is a data access the guarantee must cover (the guide, digest 003 §3.4 and
+Tuning on private data is a data access the guarantee must cover (Ponomareva et al. 2023, §5.4.2 and
 Appendix C). dpfy offers the options the guide compares:
 
 - :func:`composed_runs`: k runs composed (RDP or PLD composition of their ledgers). Always valid,
   also for adaptive (e.g. Bayesian) tuning.
-- :func:`calibrate_grid_noise_multiplier`: the per-grid budget of digest 002 §3.3 (after
+- :func:`calibrate_grid_noise_multiplier`: the per-grid budget of Galli et al. 2024's protocol
+(after
   Mohapatra et al. 2022): σ such that *all* ``runs`` runs of a grid, composed, spend the target
-  ε; each run gets the budget of one run out of ``runs``. :func:`log_grid` is 002's grid
+  ε; each run gets the budget of one run out of ``runs``. :func:`log_grid` is OSO-DPSGD's grid
   (``np.logspace`` with both endpoints included).
 - :func:`repeat_and_select_epsilon`: Papernot & Steinke (2022): run a *random* number K of
   trials, each with a configuration drawn independently (with replacement) from a fixed list,
@@ -81,7 +82,7 @@ def composed_runs(single_run: Ledger, runs: int) -> Ledger:
 def grid_epsilon(ledgers: Sequence[Ledger], *, delta: float, accountant: str = "pld") -> float:
     """ε(δ) of a grid's runs: the accountant's ε of all their ledgers composed, one after another.
 
-    This is what a per-grid budget (digest 002 §3.3) spends; it is never computed as k·ε_run
+    This is what a per-grid budget (Galli et al. 2024) spends; it is never computed as k·ε_run
     (that is only a looser bound). The runs must be on the same private dataset (same N).
     """
     require(len(ledgers) >= 1, "ledgers", len(ledgers), "at least one run's ledger")
@@ -98,7 +99,7 @@ def grid_epsilon(ledgers: Sequence[Ledger], *, delta: float, accountant: str = "
 def log_grid(lo: float, hi: float, num: int) -> np.ndarray:
     """``num`` values log-uniformly spaced from 10**lo to 10**hi, both included (``np.logspace``).
 
-    Digest 002 §3.3: ``log_grid(-2.5, 1.5, 7)`` is its learning-rate grid (0.0031623 …
+    Galli et al. 2024: ``log_grid(-2.5, 1.5, 7)`` is its learning-rate grid (0.0031623 …
     31.6227766) and ``log_grid(-2, 2, 7)`` its clipping-threshold grid (0.01 … 100).
     """
     require(isinstance(lo, (int, float)) and math.isfinite(lo), "lo", lo,
@@ -117,16 +118,17 @@ def calibrate_grid_noise_multiplier(*, target_epsilon: float, delta: float, samp
                                     approximate: bool = False) -> float:
     """Smallest σ (to relative ``tol``) such that ``runs`` runs of ``steps`` steps spend ≤ target.
 
-    The per-grid budget of digest 002 §3.3 (Mohapatra et al. 2022): a grid of ``runs``
+    The per-grid budget of Galli et al. 2024 (Mohapatra et al. 2022): a grid of ``runs``
     configurations, each trained with noise multiplier σ for ``steps`` identical steps at
     ``sample_rate``, is one data access; the ledger it writes is :func:`composed_runs` of one
     run's ledger, and σ is searched so that this whole ledger spends at most ``target_epsilon``
     at ``delta`` (the result is on the safe side, as in
     :func:`dpfy.privacy.calibration.calibrate_noise_multiplier`, whose other arguments this
     shares). ``runs=1`` is that function's answer. Seeds of one configuration are not charged by
-    002's protocol; if they are released or selected on, count them in ``runs``.
+    Galli et al.'s protocol; if they are released or selected on, count them in ``runs``.
 
-    Digest 002 §4.7 (ε = 3, δ = 1e-5, q = 0.008533, T = 1172, RDP): σ = 1.358 for 7 runs,
+    Galli et al. 2024's settings (ε = 3, δ = 1e-5, q = 0.008533, T = 1172, RDP): σ = 1.358 for 7
+    runs,
     2.683 for 35, 3.141 for 49 (one run: 0.837).
     """
     _check_common(target_epsilon, delta, accountant, approximate)
@@ -169,7 +171,7 @@ def tnb_gamma(mean: float, shape: float) -> float:
     """γ of the truncated negative binomial with shape η whose mean is ``mean``.
 
     E[K] = η(1 − γ)/(γ(1 − γ^η)) for η > 0 and (1/γ − 1)/ln(1/γ) for η = 0 (PS22 §2;
-    digest 003 §3.5). Mean 100: γ = 0.00154212 (η = 0), 0.01 (η = 1).
+    Ponomareva et al. 2023, Appendix C). Mean 100: γ = 0.00154212 (η = 0), 0.01 (η = 1).
     """
     require(mean > 1, "mean", mean, "> 1")
     require(0 <= shape < math.inf, "shape", shape, ">= 0 and finite")
@@ -293,7 +295,8 @@ def group_privacy(epsilon: float, delta: float, *, group_size: int) -> tuple[flo
     """(ε, δ) for groups of ``group_size`` examples: (kε, δ·(e^{kε} − 1)/(e^ε − 1)).
 
     This is δ·Σ_{i<k} e^{iε}, from applying the DP inequality k times; it is never above the
-    guide's (kε, k·e^{kε}·δ) (digest 003 §1.4: k = 20, (2, 1e-24) → δ ≤ 4.7e-6; this gives
+    guide's (kε, k·e^{kε}·δ) (Ponomareva et al. 2023, §2.2: k = 20, (2, 1e-24) → δ ≤ 4.7e-6; this
+    gives
     3.7e-8). It degrades fast: prefer a user-level mechanism.
     """
     require(epsilon >= 0, "epsilon", epsilon, ">= 0")

@@ -1,6 +1,7 @@
 """Sampling: dpfy's own samplers, the one object whose facts both the loader and the ledger read.
 
-DESIGN.md: "the sampler that produced the batches and the accountant's assumption must be the
+The rule (CONTRIBUTING.md): "the sampler that produced the batches and the accountant's assumption
+must be the
 same object's facts". A sampler here exposes ``sampling`` (a :class:`dpfy.privacy.Sampling`),
 ``sample_rate`` (the q recorded in the ledger), ``normalizer`` (the public b the clipped noisy sum
 is divided by) and ``dataset_size``; the private loader draws its batches from it and the private

@@ -1,6 +1,6 @@
 """The private step, in one place: one logical batch of units in, one noisy release out.
 
-It reads top to bottom like this (DESIGN.md, "The private step, on one screen"):
+It reads top to bottom like this (docs/architecture.md):
 
 1. plan:      P_t = method.plan(state, StepPlan(t, q, σ, C))      public / released inputs only
 2. take:      the physical batch the sampler drew (the loader's cursor); its rows' units

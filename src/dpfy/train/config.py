@@ -1,4 +1,4 @@
-"""The training configuration: one frozen dataclass, one field per CLI flag (STYLE.md R15).
+"""The training configuration: one frozen dataclass, one field per CLI flag.
 
 Values come from, in increasing priority: the defaults below, a TOML, YAML or JSON file
 (``--config``), then command-line flags. :func:`resolve` fills in what depends on the data (δ).
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from dpfy._require import require
+from dpfy._require import require, require_extra
 from dpfy.adaptive import REGISTRY      # importing the package registers every method
 from dpfy.privacy.accountants import RIGOROUS
 from dpfy.privacy.calibration import MAX_TARGET_EPSILON
@@ -366,6 +366,8 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
             "a .toml, .yaml, .yml or .json file", "Rename the file or convert it")
     require(path.is_file(), "config", str(path), "an existing file", "Check the path")
     text = path.read_text()
+    if suffix in (".yaml", ".yml"):
+        require_extra("yaml", feature="a YAML config file")
     try:
         if suffix == ".toml":
             import tomllib
@@ -384,7 +386,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
 
 
 def guide_delta(num_examples: int) -> float:
-    """δ = 1/N^1.1, the "How to DP-fy ML" guide's convention (digest 003, δ box)."""
+    """δ = 1/N^1.1, the "How to DP-fy ML" guide's convention (Ponomareva et al. 2023, §5.3.2)."""
     return float(num_examples) ** -1.1
 
 

@@ -1,6 +1,7 @@
 """Hyperparameter tuning under one budget: run a grid, compose its runs, report the winner.
 
-Digest 002 §3.3 (after Mohapatra et al. 2022) compares methods at equal **per-grid** ε: a grid
+Galli, Palamidessi & Cucinotta 2024 (after Mohapatra et al. 2022) compares methods at equal
+**per-grid** ε: a grid
 of k configurations is one access to the private data, so its k runs together spend the
 target ε and each run gets the budget of one run out of k composed runs.
 :func:`run_grid` does this for ``dpfy train`` configurations (``dpfy tune``):
@@ -82,7 +83,7 @@ class GridAxis:
 
 
 def parse_axis(text: str) -> GridAxis:
-    """``"lr=logspace:-2.5:1.5:7"`` (``np.logspace`` endpoints included, 002 §3.3) or
+    """``"lr=logspace:-2.5:1.5:7"`` (``np.logspace`` endpoints included, as Galli et al. 2024) or
     ``"clip=0.1,1,10"``, or ``"oso.rule=sign,additive"`` (a method option)."""
     name, sep, spec = text.partition("=")
     require(bool(sep and name and spec), "grid", text, "NAME=logspace:LO:HI:K or NAME=V1,V2,...",
@@ -316,7 +317,7 @@ def _publish(win_dir: Path, runs: Sequence[GridRun], winner: GridRun, eps_grid: 
     names = [a.name for a in axes]
     target = f"target ε = {base.epsilon:g}" if base.epsilon is not None else "fixed σ"
     lines = [f"{k} configurations, each trained at σ = {sigma:.4g} ({target} for the whole "
-             f"grid, per-grid budget of digest 002 §3.3). The grid's ε = {eps_grid:.4g} at "
+             f"grid, per-grid budget of Galli et al. 2024). The grid's ε = {eps_grid:.4g} at "
              f"δ = {delta:.3g} is the {base.accountant.upper()} accountant's ε of all {k} runs' "
              f"ledgers composed. Winner: run {winner.index} ({select} {winner.metric:.4g}), chosen "
              f"on the final epoch's {select} of {selected_on}.", "",
@@ -339,7 +340,7 @@ def _publish(win_dir: Path, runs: Sequence[GridRun], winner: GridRun, eps_grid: 
     section = ReportSection("Tuning grid", tuple(lines), data)
     tuning = TuningCost(
         method=f"per-grid budget: {k} runs composed ({base.accountant.upper()}; Mohapatra et al. "
-               f"2022, digest 002 §3.3)", epsilon=eps_grid, delta=delta,
+               f"2022; Galli et al. 2024)", epsilon=eps_grid, delta=delta,
         details=f"Grid over {', '.join(names)} (see 'Tuning grid'); the winner was chosen on "
                 f"{selected_on}. The grid was fixed before any run (a non-adaptive search).")
     saved = json.loads((win_dir / "privacy_report.json").read_text())

@@ -2,7 +2,7 @@
 
 Columns ending in ``_nonprivate`` are computed from raw training examples (the training loss
 and accuracy of the Poisson batches); they are diagnostics for the person training, are not
-covered by the DP guarantee, and never feed back into training (DESIGN.md).
+covered by the DP guarantee, and never feed back into training (CONTRIBUTING.md, privacy rule 4).
 """
 
 from __future__ import annotations

@@ -5,12 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
+from dpfy._require import require_extra
+
 __all__ = ["plot_accuracy"]
 
 
 def plot_accuracy(rows: Sequence[dict[str, Any]], path: Path, *, title: str = "") -> None:
     """Line plot of test accuracy and (non-private) train accuracy per epoch, with ε on top."""
-    import matplotlib  # local: only the figures need matplotlib
+    matplotlib = require_extra("matplotlib", feature="the accuracy plot (accuracy.png)")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator

@@ -7,7 +7,7 @@ sampler it built, so there is one definition of an epoch: the sampler's ``len(lo
 ``dpfy train`` reaches it through :func:`make_private_run` (config fields to arguments; with
 ``--method`` the method is built uncalibrated and ``make_private`` calibrates it for the run's
 facts: a schedule solves its noise for the target ε there), and the reproductions
-(:mod:`dpfy.experiments.run`) call it directly.
+(``experiments/`` in a checkout) call it directly.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from dpfy._require import require
+from dpfy._require import require, require_extra
 from dpfy.data import DATASETS, DataSplits, load_dataset
 from dpfy.errors import SeedWarning
 from dpfy.models import MODELS, build_model
@@ -109,6 +109,7 @@ def train(cfg: TrainConfig, *, out: str | Path, data: DataSplits | None = None,
     """
     check_names(cfg, data, model)
     check_accountable(cfg)
+    require_extra("matplotlib", feature="dpfy train (it writes accuracy.png)")
     run = RunDir.create(out)          # before any slow work: an unwritable --out fails at once
     try:
         with run.held():
@@ -146,6 +147,7 @@ def resume(path: str | Path, *, overrides: Mapping[str, Any] | None = None,
     ``checkpoint.pt`` falls back to ``checkpoint.prev.pt`` (one warning line through ``echo``);
     a run killed after it finished writing (only its rename was missing) is renamed.
     """
+    require_extra("matplotlib", feature="dpfy train (it writes accuracy.png)")
     run = RunDir.for_resume(path)
     with run.held():
         if run.is_complete():

@@ -1,6 +1,7 @@
 """The step plan: everything fixed before a step, from public or already-privatized values.
 
-DESIGN.md step 1. Schedules and adaptive controllers produce plans; the engine executes them and
+Step 1 of the private step (docs/architecture.md). Schedules and adaptive controllers produce
+plans; the engine executes them and
 records the releases they imply in the ledger.
 """
 

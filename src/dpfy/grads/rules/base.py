@@ -1,5 +1,5 @@
 """The layer-rule registry: one rule object per layer type, carrying per-sample gradients,
-ghost norms and book-keeping weighted sums (STYLE.md R7).
+ghost norms and book-keeping weighted sums (CONTRIBUTING.md, "Adding a layer rule").
 
 For a layer y = f(a; θ) called on a batch, the engine captures the input ``a`` (forward hook) and
 the output gradient ``g = ∂L/∂y`` (tensor hook) during the user's single backward pass. A rule

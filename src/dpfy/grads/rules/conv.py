@@ -33,31 +33,32 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules.conv import _ConvNd
 
 from dpfy.grads.rules.base import LayerRule, register_rule
 
 
-def _geometry(layer: nn.Module) -> tuple[tuple[int, int], ...]:
+def _geometry(layer: _ConvNd) -> tuple[tuple[int, ...], ...]:
     """(kernel, stride, dilation) as (height, width) pairs, Conv1d lifted to height 1."""
     if isinstance(layer, nn.Conv1d):
         return tuple((1, t[0]) for t in (layer.kernel_size, layer.stride, layer.dilation))
     return layer.kernel_size, layer.stride, layer.dilation
 
 
-def _as_2d(layer: nn.Module, a: torch.Tensor, g: torch.Tensor):
+def _as_2d(layer: _ConvNd, a: torch.Tensor, g: torch.Tensor):
     """(a, g, kernel, stride, dilation) with Conv1d lifted to height 1."""
     if isinstance(layer, nn.Conv1d):
         a, g = a.unsqueeze(2), g.unsqueeze(2)
     return (a, g, *_geometry(layer))
 
 
-def _padded(layer: nn.Module, a: torch.Tensor) -> torch.Tensor:
+def _padded(layer: _ConvNd, a: torch.Tensor) -> torch.Tensor:
     mode = "constant" if layer.padding_mode == "zeros" else layer.padding_mode
     pad = layer._reversed_padding_repeated_twice
     return F.pad(a, pad, mode=mode) if any(pad) else a
 
 
-def _patches(layer: nn.Module, a: torch.Tensor, g: torch.Tensor
+def _patches(layer: _ConvNd, a: torch.Tensor, g: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """Patches (B, G, L, k_1⋯k_n·C_in/G) and output grads (B, G, C_out/G, L), n = 2 or 3
     spatial dimensions (Conv1d lifted to 2), patch features ordered (k_1, …, k_n, C_in/G)."""
@@ -76,7 +77,7 @@ def _patches(layer: nn.Module, a: torch.Tensor, g: torch.Tensor
     return u, g  # (B, G, L, D) sensitive, (B, G, C_out/G, L) sensitive
 
 
-def _superpixel_ratio(layer: nn.Module, g: torch.Tensor) -> tuple[int, int] | None:
+def _superpixel_ratio(layer: _ConvNd, g: torch.Tensor) -> tuple[int, int] | None:
     """(r_h, r_w) = kernel / stride if the ghost norm by super-pixels covers the layer (no
     dilation, stride dividing the kernel) and costs no more flops and no more memory than the
     one by patches at this output size; else None (then patches are used)."""
@@ -87,16 +88,16 @@ def _superpixel_ratio(layer: nn.Module, g: torch.Tensor) -> tuple[int, int] | No
         return None
     rh, rw = kh // sh, kw // sw
     ho, wo = (1, g.shape[-1]) if isinstance(layer, nn.Conv1d) else g.shape[-2:]
-    m, n, l = (ho + rh - 1) * (wo + rw - 1), (ho - 1) * (wo + rw - 1) + wo, ho * wo
+    m, n, p = (ho + rh - 1) * (wo + rw - 1), (ho - 1) * (wo + rw - 1) + wo, ho * wo
     f = layer.in_channels // layer.groups * sh * sw  # super-pixel features
     d = f * rh * rw  # patch features
     # per example and group: copy + Gram (+ shifted sums) flops; peak buffers (see the code)
-    flops_ok = m * f + m * m * f + rh * rw * n * n <= l * d + l * l * d
-    memory_ok = max(m * f + m * m + n * n, 2 * n * n) <= l * d + 2 * l * l
+    flops_ok = m * f + m * m * f + rh * rw * n * n <= p * d + p * p * d
+    memory_ok = max(m * f + m * m + n * n, 2 * n * n) <= p * d + 2 * p * p
     return (rh, rw) if flops_ok and memory_ok else None
 
 
-def _weight_sq_norm_by_superpixels(layer: nn.Module, a: torch.Tensor, g: torch.Tensor,
+def _weight_sq_norm_by_superpixels(layer: _ConvNd, a: torch.Tensor, g: torch.Tensor,
                                    rh: int, rw: int) -> torch.Tensor:
     """‖∂ℓ_i/∂W‖² (B,) from the Gram of s_h×s_w super-pixels (module docstring).
 
@@ -123,10 +124,11 @@ def _weight_sq_norm_by_superpixels(layer: nn.Module, a: torch.Tensor, g: torch.T
     g = F.pad(g, (0, ws - wo)) if ws > wo else g  # (B, C_out, h_o, w_s) sensitive
     g3 = g.reshape(b * grp, layer.out_channels // grp, ho * ws)[:, :, :n]  # (B·G, O/G, n)
     ggt = torch.bmm(g3.transpose(1, 2), g3)  # (B·G, n, n) sensitive
+    assert uu is not None  # the loop ran rh·rw ≥ 1 times
     return uu.mul_(ggt).sum((1, 2)).reshape(b, grp).sum(1)  # (B,)
 
 
-def _grad_sample_by_backward(layer: nn.Module, a: torch.Tensor, g: torch.Tensor
+def _grad_sample_by_backward(layer: _ConvNd, a: torch.Tensor, g: torch.Tensor
                              ) -> dict[str, torch.Tensor]:
     """Per-sample gradients of any convolution as one weight gradient of torch's own kernel:
     the batch folded into the groups (input (1, B·C_in, …), groups B·G), so that output

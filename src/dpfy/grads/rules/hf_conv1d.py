@@ -84,8 +84,8 @@ def _register(module: ModuleType) -> None:
 def conv1d_rule_registered() -> bool:
     """Whether transformers' Conv1D has this rule now (False until transformers is imported)."""
     module = sys.modules.get(_MODULE)
-    return module is not None and isinstance(RULES.get(getattr(module, "Conv1D", None)),
-                                             Conv1DRule)
+    conv1d = getattr(module, "Conv1D", None) if module is not None else None
+    return conv1d is not None and isinstance(RULES.get(conv1d), Conv1DRule)
 
 
 class _RegisteringLoader(importlib.abc.Loader):

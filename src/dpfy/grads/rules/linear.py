@@ -8,7 +8,7 @@ gradient's Gram matrix, which the weight's ghost norm forms anyway (‖g_i‖² 
 bias costs no pass over g of its own until the weighted sum.
 
 Cost: ghost B·T²·(d_in + d_out), materialized B·T·d_in·d_out; we take ghost when
-T² < d_in·d_out (fast-differential-privacy's hybrid rule, shared/reference/003 §2.6). For T = 1
+T² < d_in·d_out (fast-differential-privacy's hybrid rule; Ponomareva et al. 2023, §4.5). For T = 1
 the ghost norm is a product of two vector norms. For T ≥ 2 on float32 CPU tensors both Gram
 matrices are formed and multiplied tile by tile in one fused native pass that skips the tiles
 below their diagonal (``dpfy/native/ghost_norm.c``), where the machine allows; otherwise by two
