@@ -105,7 +105,7 @@ class DPTrainer(transformers.Trainer):
         self.add_callback(_ReleasedGradNorm(self))
 
     # -- the private loader, model and optimizer, built together ------------------------------
-    def get_train_dataloader(self) -> DataLoader:
+    def get_train_dataloader(self) -> Any:  # a DPDataLoader, which iterates like a DataLoader
         """dpfy's Poisson loader; on the first call also privatizes the model and optimizer."""
         if self.train_dataset is None:
             raise ValueError("DPTrainer: training requires a train_dataset")
@@ -123,6 +123,8 @@ class DPTrainer(transformers.Trainer):
         a = self.dp_args
         epochs = None if self.args.max_steps > 0 else float(self.args.num_train_epochs)
         steps = self.args.max_steps if self.args.max_steps > 0 else None
+        if self.model is None or self.optimizer is None:
+            raise ValueError("DPTrainer: training requires a model")
         model, optimizer, loader = make_private(
             self.model, self.optimizer, plain, target_epsilon=a.target_epsilon,
             target_delta=a.target_delta if a.target_epsilon is not None else None,
@@ -162,7 +164,7 @@ class DPTrainer(transformers.Trainer):
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
         out = super().train(*args, **kwargs)
-        if self.args.should_save and self.dp_optimizer is not None:
+        if self.args.should_save and self.dp_optimizer is not None and self.args.output_dir:
             paths = self.privacy_report().write(self.args.output_dir)
             logger.info("dpfy privacy report written to %s", paths["markdown"])
         return out
