@@ -29,6 +29,14 @@ class Sampling(str, enum.Enum):
     - ``NONE``: every example is in every step (full batch, or a release not subsampled);
       no amplification; every step is charged.
 
+    - ``CYCLIC_POISSON``: b-min-separation ("cyclic Poisson", Choquette-Choo et al. 2023): the
+      examples are split once into b balanced groups; step t draws from group t mod b only,
+      each example of that group independently with probability q (the rate recorded). An
+      example can take part only in steps b apart. Adjacency: add-or-remove one example.
+      Amplified: with a b-banded strategy (or independent noise) whose columns have norm ≤ 1,
+      c steps charge ⌈c/b⌉ compositions of ``PoissonSampledDpEvent(q, Gaussian(σ))``; the
+      band count b travels in each release's ``period``.
+
     A ledger whose steps need different adjacencies (Poisson with fixed-size or shuffled) is
     refused by the accountants: the two guarantees are not about the same neighbouring relation.
     """
@@ -37,14 +45,16 @@ class Sampling(str, enum.Enum):
     FIXED_SIZE = "fixed_size"
     SHUFFLE = "shuffle"
     NONE = "none"
+    CYCLIC_POISSON = "cyclic_poisson"
 
     @property
     def adjacency(self) -> str | None:
         """The neighbouring relation this sampling is analysed under (None: either)."""
         return {"poisson": "add_or_remove", "fixed_size": "replace_one",
-                "shuffle": "replace_one", "none": None}[self.value]
+                "shuffle": "replace_one", "none": None,
+                "cyclic_poisson": "add_or_remove"}[self.value]
 
     @property
     def amplified(self) -> bool:
         """True when the accountant claims privacy amplification by sampling."""
-        return self in (Sampling.POISSON, Sampling.FIXED_SIZE)
+        return self in (Sampling.POISSON, Sampling.FIXED_SIZE, Sampling.CYCLIC_POISSON)
