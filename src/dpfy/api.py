@@ -36,11 +36,14 @@ from dpfy.buffers import BufferGuard
 from dpfy.clipping import make_clipping
 from dpfy.grads import GradEngine
 from dpfy.memory import plan_physical_batch
-from dpfy.noise import GaussianMechanism, NoiseSource
+from dpfy.noise import BandMFMechanism, GaussianMechanism, NoiseMechanism, NoiseSource, \
+    TreeMechanism
+from dpfy.noise.toeplitz import optimize_banded
 from dpfy.optim import DPOptimizer
 from dpfy.privacy import Ledger, calibrate_noise_multiplier
 from dpfy.privacy.accountants import RIGOROUS, check_accountant
-from dpfy.sampling import DPDataLoader, PoissonSampler, ShuffleSampler, make_sampler
+from dpfy.sampling import (CyclicPoissonSampler, DPDataLoader, PoissonSampler, ShuffleSampler,
+                           make_sampler)
 from dpfy.step.distributed import current_collective, unwrap_model
 from dpfy.step.guard import EpsilonGuard
 from dpfy.step.individual import individualize
@@ -78,6 +81,8 @@ def make_private(
     loss_fn: "Callable[[nn.Module, Any], torch.Tensor] | None" = None,
     budgets: "Sequence[float] | np.ndarray | torch.Tensor | None" = None,
     individual: str | None = None,
+    noise: str = "gaussian",
+    bands: int | None = None,
 ) -> tuple[nn.Module, DPOptimizer, DPDataLoader]:
     """Make ``model``/``optimizer``/``loader`` differentially private (DP-SGD and variants).
 
@@ -137,6 +142,17 @@ def make_private(
         own ledger (``optimizer.groups``, ``optimizer.group_epsilons(δ)``) and ε cap, and
         training stops before any group would exceed its budget. Excludes noise_multiplier,
         target_epsilon, sample_rates, clipping other than flat, methods and shuffling.
+      noise: the noise mechanism (docs/guide/correlated_noise.md). ``"gaussian"`` (default):
+        independent noise each step (DP-SGD). ``"tree"``: DP-FTRL's tree aggregation
+        (Kairouz et al. 2021) over dpfy's shuffled passes (whatever ``poisson_sampling``
+        says: its accounting needs one participation per pass), the tree restarting each
+        pass; no amplification is claimed, so it suits pipelines that cannot Poisson-sample.
+        ``"bandmf"``: banded matrix factorization (Choquette-Choo et al. 2023) with ``bands``
+        b and cyclic Poisson sampling (b groups, Poisson inside each; the loader's batch size
+        is the expected batch), its strategy optimized for the prefix sums of the run's
+        steps; it keeps b − 1 noise vectors of the parameters' size. Both need a fixed σ (no
+        method that sets σ or adds releases), one process, no individualized budgets.
+      bands: b for ``noise="bandmf"`` (b = 1 is DP-SGD with Poisson sampling).
 
     Returns:
       ``(model, optimizer, loader)``: the same model (hooked; its trainable parameters get
@@ -147,6 +163,8 @@ def make_private(
     collective = current_collective()  # data-parallel ranks (dpfy.step.distributed), or None
     _check_arguments(noise_multiplier=noise_multiplier, target_epsilon=target_epsilon,
                      method=method, budgets=budgets, accountant=accountant, max_steps=max_steps)
+    _check_noise(noise, bands, collective=collective, budgets=budgets, individual=individual,
+                 sample_rates=sample_rates)
     sampling_seed, noise_seed = derive_seeds(seed) if seed is not None else (None, None)
     if max_physical_batch_size == "auto":
         max_physical_batch_size = plan_physical_batch(model, loader, memory_limit=memory_limit,
@@ -156,9 +174,11 @@ def make_private(
                 "None unless max_physical_batch_size='auto'", "Pass one of them")
 
     # -- the run's facts: the sampler's, and the horizon ---------------------------------------
-    sampler: PoissonSampler | ShuffleSampler = make_sampler(
-        loader, poisson_sampling=poisson_sampling, sample_rates=sample_rates,
-        seed=sampling_seed, shard=collective.shard if collective is not None else None)
+    sampler: PoissonSampler | ShuffleSampler | CyclicPoissonSampler = make_sampler(
+        loader, poisson_sampling=poisson_sampling and noise != "tree",
+        sample_rates=sample_rates, seed=sampling_seed,
+        shard=collective.shard if collective is not None else None,
+        bands=bands if noise == "bandmf" else None)
     dp_loader = DPDataLoader(loader, sampler, max_physical_batch_size=max_physical_batch_size)
     max_steps = _horizon(epochs, max_steps, target_epsilon, target_delta, len(dp_loader))
     if (target_epsilon is not None or epsilon_cap is not None) and accountant not in RIGOROUS:
@@ -220,7 +240,13 @@ def make_private(
                                                and "noise_multiplier" in method.sets):
             noise_multiplier = calibrate_noise_multiplier(
                 target_epsilon=target_epsilon, delta=target_delta, sample_rate=q,
-                steps=max_steps, accountant=accountant, sampling=sampler.sampling)
+                steps=max_steps, accountant=accountant, sampling=sampler.sampling,
+                noise=noise, period=_period(noise, sampler))
+        if noise != "gaussian" and method is not None:
+            require("noise_multiplier" not in method.sets, "method",
+                    method.registry_name or type(method).__name__,
+                    f"a method that does not set σ with noise={noise!r}",
+                    "Correlated noise needs one σ for the whole run: use noise='gaussian'")
 
         if method is not None:
             _check_capabilities(method, grads, max_physical_batch_size, clipping, loss_fn,
@@ -231,8 +257,9 @@ def make_private(
         # -- assemble ---------------------------------------------------------------------------
         private_step = PrivateStep(
             optimizer, grads=grads, clipping=policy,
-            mechanism=GaussianMechanism(NoiseSource(noise_seed), sampling=sampler.sampling,
-                                        sample_rate=q),
+            mechanism=_mechanism(noise, NoiseSource(noise_seed), sampler=sampler,
+                                 noise_multiplier=noise_multiplier,
+                                 horizon=max_steps or len(dp_loader)),
             sampler=sampler, cursor=dp_loader.cursor, noise_multiplier=noise_multiplier,
             method=method, ledger=Ledger(dataset_size=n),
             guard=EpsilonGuard(max_steps=max_steps, epsilon_cap=epsilon_cap,
@@ -246,6 +273,46 @@ def make_private(
     BufferGuard(model)  # refuses buffers a training forward changes (dpfy/buffers.py)
     _ATTACHED[model] = grads
     return user_model, dp_optimizer, dp_loader
+
+
+def _check_noise(noise: str, bands: int | None, **others: Any) -> None:
+    """``noise=`` and ``bands=``, and what correlated noise cannot be combined with."""
+    require(noise in ("gaussian", "tree", "bandmf"), "noise", noise,
+            "'gaussian', 'tree' or 'bandmf'")
+    require((bands is not None) == (noise == "bandmf"), "bands", bands,
+            "an integer >= 1 with noise='bandmf', None otherwise",
+            "Pass noise='bandmf', bands=b (e.g. bands=8), or drop bands=")
+    if noise == "gaussian":
+        return
+    given = sorted(k for k, v in others.items() if v is not None)
+    require(not given, "arguments", given, f"none of them with noise={noise!r}",
+            "Correlated noise is single-process, for uniform budgets and rates; use "
+            "noise='gaussian' for these")
+
+
+def _period(noise: str, sampler: Any) -> int | None:
+    """The release's period: the tree's restart length (steps per pass) or the band count."""
+    return {"gaussian": None, "tree": getattr(sampler, "steps_per_epoch", None),
+            "bandmf": getattr(sampler, "bands", None)}[noise]
+
+
+def _mechanism(noise: str, source: NoiseSource, *, sampler: Any,
+               noise_multiplier: float | None, horizon: int) -> NoiseMechanism:
+    """The run's noise mechanism on the sampler's facts (BandMF's strategy optimized for the
+    prefix sums of ``horizon`` steps)."""
+    if noise == "gaussian":
+        return GaussianMechanism(source, sampling=sampler.sampling,
+                                 sample_rate=sampler.sample_rate)
+    require(noise_multiplier is not None and noise_multiplier > 0, "noise_multiplier",
+            noise_multiplier, f"> 0 with noise={noise!r}",
+            "Pass noise_multiplier=σ or target_epsilon= (correlated noise cannot be turned off)")
+    if noise == "tree":
+        return TreeMechanism(source, period=sampler.steps_per_epoch,
+                             noise_multiplier=noise_multiplier, sample_rate=sampler.sample_rate,
+                             sampler_position=lambda: sampler.batch_in_pass)
+    return BandMFMechanism(source, coefficients=optimize_banded(horizon, sampler.bands),
+                           noise_multiplier=noise_multiplier, sample_rate=sampler.sample_rate,
+                           sampler_position=lambda: sampler.step)
 
 
 def _admit(model: nn.Module, optimizer: torch.optim.Optimizer,

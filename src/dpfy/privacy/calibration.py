@@ -181,10 +181,12 @@ def _solve_decreasing(eps: Callable[[float], float], target: float, x0: float, *
 
 def _homogeneous_epsilon(*, sample_rate: float, noise_multiplier: float, steps: int,
                          sampling: Sampling, dataset_size: int | None, delta: float,
-                         accountant: str) -> float:
+                         accountant: str, noise: str = "gaussian",
+                         period: int | None = None) -> float:
     """ε of the ledger of ``steps`` identical steps that a run would write."""
     ledger = Ledger.homogeneous(sample_rate=sample_rate, noise_multiplier=noise_multiplier,
-                                steps=steps, sampling=sampling, dataset_size=dataset_size)
+                                steps=steps, sampling=sampling, dataset_size=dataset_size,
+                                noise=noise, period=period)
     return epsilon(ledger, delta=delta, accountant=accountant)
 
 
@@ -203,7 +205,8 @@ def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, sample_ra
                                steps: int, accountant: str = "rdp",
                                sampling: Sampling = Sampling.POISSON,
                                dataset_size: int | None = None, tol: float = 1e-3,
-                               approximate: bool = False) -> float:
+                               approximate: bool = False, noise: str = "gaussian",
+                               period: int | None = None) -> float:
     """Smallest σ (to relative ``tol``) whose ledger of ``steps`` identical steps spends ≤ target.
 
     Args:
@@ -216,6 +219,8 @@ def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, sample_ra
       dataset_size: N, required for ``Sampling.FIXED_SIZE``.
       tol: relative tolerance on σ; the returned σ is on the safe side.
       approximate: must be True to calibrate with ``accountant="gdp"`` (module docstring).
+      noise, period: the mechanism's correlation (:class:`~dpfy.privacy.ledger.Release`):
+        ``"tree"`` with its restart length, ``"bandmf"`` with its band count.
     """
     _check_common(target_epsilon, delta, accountant, approximate)
     _check_rate(sample_rate)
@@ -224,7 +229,7 @@ def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, sample_ra
     def eps(sigma: float) -> float:
         return _homogeneous_epsilon(sample_rate=sample_rate, noise_multiplier=sigma, steps=steps,
                                     sampling=sampling, dataset_size=dataset_size, delta=delta,
-                                    accountant=accountant)
+                                    accountant=accountant, noise=noise, period=period)
 
     def fail() -> None:
         require(False, "target_epsilon", target_epsilon,
