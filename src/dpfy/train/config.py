@@ -119,6 +119,12 @@ class TrainConfig:
                                             "set, comma-separated (e.g. 0.34,0.43,0.23)")
     budget_seed: int = _f(0, "public seed of the random assignment of examples to --budgets "
                              "groups (recorded in config.json: the assignment is not private)")
+    noise: str = _f("gaussian", "noise mechanism: gaussian (DP-SGD), tree (DP-FTRL tree "
+                               "aggregation over shuffled passes, no amplification needed) or "
+                               "bandmf (banded matrix factorization with cyclic Poisson "
+                               "sampling; give --bands)")
+    bands: int | None = _f(None, "BandMF's band count b, with --noise bandmf (b = 1 is DP-SGD); "
+                                 "memory: b - 1 extra copies of the trainable parameters")
 
     def __post_init__(self) -> None:
         # Frozen: resolved once, so every reader sees a value.

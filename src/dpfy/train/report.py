@@ -52,7 +52,8 @@ def clip_description(cfg: TrainConfig, method) -> str:
 def _describe(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, private) -> str:
     params = sum(p.numel() for p in private.model.parameters())
     clip = clip_description(cfg, private.optimizer.method)
-    return (f"{cfg.model} ({params:,} parameters) trained with DP-SGD ({cfg.optimizer}, lr "
+    return (f"{cfg.model} ({params:,} parameters) trained with {ALGORITHM[cfg.noise]} "
+            f"({cfg.optimizer}, lr "
             f"{cfg.lr:g}, {clip}, expected batch "
             f"{cfg.batch_size}, {cfg.epochs} epochs) on {data.description}; δ: "
             f"{notes.get('delta_rule', 'given')}")
@@ -105,6 +106,14 @@ def public_data(cfg: TrainConfig, method, num_test: int) -> str | None:
             f"and without a ledger entry because it was declared public")
 
 
+# What the run's --noise trains with, in words.
+ALGORITHM = {"gaussian": "DP-SGD", "tree": "DP-FTRL (tree aggregation)",
+             "bandmf": "BandMF (banded matrix factorization)"}
+# The sampler's scheme in the report's sampling note (--noise picks the sampler).
+SAMPLER_WORDS = {"poisson": "Poisson sampling", "shuffle": "Shuffled passes (one per epoch)",
+                 "cyclic_poisson": "Cyclic Poisson sampling (Poisson within each band's group)"}
+
+
 def write_report(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, private,
                  directory: Path, sections: Sequence[ReportSection] = ()) -> float:
     """Write the report files into ``directory``; return the final ε (``cfg.accountant``).
@@ -116,8 +125,9 @@ def write_report(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, p
         unit_of_privacy=private.optimizer.sampler.units.description,   # the sampler's unit
         dataset_size=data.num_train, model_description=_describe(cfg, notes, data, private),
         layer_table=private.optimizer.grads.explain(),  # per layer: rule and route (R7)
-        sampling_note=f"Poisson sampling by dpfy's sampler, q = {private.sample_rate:.5g}, "
-                      f"{private.steps_per_epoch} steps per epoch",
+        sampling_note=f"{SAMPLER_WORDS[private.optimizer.sampler.sampling.value]} by dpfy's "
+                      f"sampler, q = {private.sample_rate:.5g}, {private.steps_per_epoch} steps "
+                      f"per epoch",
         warnings=(SEED_WARNING,) if cfg.reproducible else (), not_released=NOT_RELEASED,
         methods=methods_ran(private.optimizer.method, private.noise_multiplier),
         public_data=public_data(cfg, private.optimizer.method, len(data.test)),
