@@ -57,3 +57,12 @@ def test_bands_needs_bandmf(capsys):
     assert main(["account", *SHAPE, "--noise-multiplier", "1", "--delta", "1e-5",
                  "--bands", "3"]) != 0
     assert "--noise bandmf" in capsys.readouterr().err
+
+
+def test_explain_memory_states_the_noise_buffer():
+    from torch import nn
+
+    from dpfy.cli.explain import noise_memory
+    text = noise_memory(nn.Linear(10, 3), [1, 8])     # d = 33
+    assert "--bands 1: (b - 1) x d = 0 floats" in text
+    assert "--bands 8: (b - 1) x d = 231 floats" in text
