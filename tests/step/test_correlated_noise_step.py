@@ -135,3 +135,12 @@ def test_methods_with_extra_releases_are_refused_at_the_release():
     F.cross_entropy(model(x), y).backward()
     with pytest.raises(PrivacyRefusal, match="releases only the gradient sum"):
         opt.step()
+
+
+@pytest.mark.parametrize("clipping,clip", [("per_layer", 1.0), ("automatic", 1.0)])
+def test_composes_with_clipping_policies(clipping, clip):
+    model, opt, dl = build("bandmf", 2, clipping=clipping, max_grad_norm=clip, max_steps=3)
+    before = [p.detach().clone() for p in model.parameters()]
+    run(model, opt, dl, 3)
+    assert opt.ledger.num_steps == 3
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
