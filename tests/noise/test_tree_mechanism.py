@@ -90,3 +90,15 @@ def test_checkpoint_resume_continues_the_stream_exactly():
     resumed.load_state_dict(first.state_dict())
     for t in range(7, 10):
         assert torch.equal(_unit(resumed, like), full[t])
+
+
+def test_accounted_depth_is_the_most_released_nodes_any_leaf_enters():
+    # Numerical check of the multi-epoch accounting: the mechanism releases, at step e, the
+    # node [e − 2^k + 1, e] with k = trailing zeros of e (the one new node of its prefix sum).
+    # One participation per tree moves at most that many node values by Δ; with a restart
+    # every pass the trees are independent, so E passes compose E such Gaussian releases.
+    from dpfy.privacy.correlated import tree_depth
+    for leaves in range(1, 70):
+        released = [(e - (e & -e) + 1, e) for e in range(1, leaves + 1)]
+        worst = max(sum(s <= leaf <= e for s, e in released) for leaf in range(1, leaves + 1))
+        assert worst == tree_depth(leaves), leaves
