@@ -142,7 +142,8 @@ class CorrelatedMechanism:
 
     def _fresh(self, like: torch.Tensor) -> torch.Tensor:
         """A fresh N(0, 1) tensor shaped like ``like``, float32 (the buffers' dtype)."""
-        return self.source.gaussian(like.detach().to("cpu", torch.float32), 1.0).float()
+        shape = torch.empty(like.shape, dtype=torch.float32)   # CPU, like the buffers
+        return self.source.gaussian(shape, 1.0).float()
 
     def _slot_buffers(self, slot: int) -> list[torch.Tensor]:
         require(slot <= len(self.buffers), "noise slot", slot, f"<= {len(self.buffers)}")
