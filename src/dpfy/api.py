@@ -38,13 +38,15 @@ from dpfy.clipping import make_clipping
 from dpfy.errors import SeedWarning
 from dpfy.grads import GradEngine
 from dpfy.memory import plan_physical_batch
-from dpfy.noise import GaussianMechanism, NoiseSource
+from dpfy.noise import BandMFMechanism, GaussianMechanism, NoiseMechanism, NoiseSource, \
+    TreeMechanism
+from dpfy.noise.toeplitz import optimize_banded
 from dpfy.optim import DPOptimizer
 from dpfy.privacy import Ledger, calibrate_noise_multiplier
 from dpfy.privacy.accountants import RIGOROUS, check_accountant
 from dpfy.errors import PrivacyRefusal
-from dpfy.sampling import (USER_SAMPLINGS, DPDataLoader, PoissonSampler, ShuffleSampler,
-                           make_sampler, make_user_sampler)
+from dpfy.sampling import (USER_SAMPLINGS, CyclicPoissonSampler, DPDataLoader, PoissonSampler,
+                           ShuffleSampler, make_sampler, make_user_sampler)
 from dpfy.step.distributed import current_collective, unwrap_model
 from dpfy.step.guard import EpsilonGuard
 from dpfy.step.individual import individualize
@@ -86,6 +88,8 @@ def make_private(
     user_sampling: str | None = None,
     max_examples_per_user: int | None = None,
     user_reduction: str = "mean",
+    noise: str = "gaussian",
+    bands: int | None = None,
 ) -> tuple[nn.Module, DPOptimizer, DPDataLoader]:
     """Make ``model``/``optimizer``/``loader`` differentially private (DP-SGD and variants).
 
@@ -163,6 +167,17 @@ def make_private(
         a user-level ε. Refused with user ids: shuffling, sample_rates, data-parallel ranks,
         individualized budgets, clipping="individual", and under ULS a method whose releases
         are per example (a per-sample transform, loss probes).
+      noise: the noise mechanism (docs/guide/correlated_noise.md). ``"gaussian"`` (default):
+        independent noise each step (DP-SGD). ``"tree"``: DP-FTRL's tree aggregation
+        (Kairouz et al. 2021) over dpfy's shuffled passes (whatever ``poisson_sampling``
+        says: its accounting needs one participation per pass), the tree restarting each
+        pass; no amplification is claimed, so it suits pipelines that cannot Poisson-sample.
+        ``"bandmf"``: banded matrix factorization (Choquette-Choo et al. 2023) with ``bands``
+        b and cyclic Poisson sampling (b groups, Poisson inside each; the loader's batch size
+        is the expected batch), its strategy optimized for the prefix sums of the run's
+        steps; it keeps b − 1 noise vectors of the parameters' size. Both need a fixed σ (no
+        method that sets σ or adds releases), one process, no individualized budgets.
+      bands: b for ``noise="bandmf"`` (b = 1 is DP-SGD with Poisson sampling).
 
     Returns:
       ``(model, optimizer, loader)``: the same model (hooked; its trainable parameters get
@@ -178,6 +193,8 @@ def make_private(
                       user_reduction=user_reduction, poisson_sampling=poisson_sampling,
                       sample_rates=sample_rates, collective=collective, budgets=budgets,
                       individual=individual, clipping=clipping)
+    _check_noise(noise, bands, collective=collective, budgets=budgets, individual=individual,
+                 sample_rates=sample_rates, user_ids=user_ids)
     sampling_seed, noise_seed = derive_seeds(seed) if seed is not None else (None, None)
     if seed is not None:
         warn_seed(seed)
@@ -189,12 +206,14 @@ def make_private(
                 "None unless max_physical_batch_size='auto'", "Pass one of them")
 
     # -- the run's facts: the sampler's, and the horizon ---------------------------------------
-    sampler: PoissonSampler | ShuffleSampler = (make_user_sampler(
+    sampler: PoissonSampler | ShuffleSampler | CyclicPoissonSampler = (make_user_sampler(
         loader, user_ids, user_sampling=user_sampling,  # type: ignore[arg-type]
         max_examples_per_user=max_examples_per_user, user_reduction=user_reduction,
         seed=sampling_seed) if user_ids is not None else make_sampler(
-        loader, poisson_sampling=poisson_sampling, sample_rates=sample_rates,
-        seed=sampling_seed, shard=collective.shard if collective is not None else None))
+        loader, poisson_sampling=poisson_sampling and noise != "tree",
+        sample_rates=sample_rates, seed=sampling_seed,
+        shard=collective.shard if collective is not None else None,
+        bands=bands if noise == "bandmf" else None))
     largest = getattr(sampler, "largest_unit", None)   # ULS: a user's rows of one step
     if largest is not None and isinstance(max_physical_batch_size, int):
         require(largest <= max_physical_batch_size, "max_physical_batch_size",
@@ -261,9 +280,15 @@ def make_private(
             noise_multiplier = calibrate_noise_multiplier(
                 target_epsilon=target_epsilon, delta=target_delta, sample_rate=q,
                 steps=max_steps, accountant=accountant, sampling=sampler.sampling,
-                max_examples_per_user=sampler.max_examples_per_user)
+                max_examples_per_user=getattr(sampler, "max_examples_per_user", None),
+                noise=noise, period=_period(noise, sampler))
         if target_epsilon is not None and epsilon_cap is None:
             epsilon_cap = target_epsilon  # the target is a limit, whatever changes the horizon
+        if noise != "gaussian" and method is not None:
+            require("noise_multiplier" not in method.sets, "method",
+                    method.registry_name or type(method).__name__,
+                    f"a method that does not set σ with noise={noise!r}",
+                    "Correlated noise needs one σ for the whole run: use noise='gaussian'")
 
         if method is not None and sampler.sampling is Sampling.ULS:
             _refuse_per_example_releases(method, q, noise_multiplier, policy.default_clip())
@@ -276,9 +301,9 @@ def make_private(
         # -- assemble ---------------------------------------------------------------------------
         private_step = PrivateStep(
             optimizer, grads=grads, clipping=policy,
-            mechanism=GaussianMechanism(NoiseSource(noise_seed), sampling=sampler.sampling,
-                                        sample_rate=q,
-                                        max_examples_per_user=sampler.max_examples_per_user),
+            mechanism=_mechanism(noise, NoiseSource(noise_seed), sampler=sampler,
+                                 noise_multiplier=noise_multiplier,
+                                 horizon=max_steps or len(dp_loader)),
             sampler=sampler, cursor=dp_loader.cursor, noise_multiplier=noise_multiplier,
             method=method, ledger=Ledger(dataset_size=n),
             guard=EpsilonGuard(max_steps=max_steps, epsilon_cap=epsilon_cap,
@@ -303,6 +328,48 @@ SEED_WARNING = ("make_private(seed={seed}): sampling and noise follow from the s
 def warn_seed(seed: int) -> None:
     """Warn, once per make_private call, that a seeded run's noise can be undone."""
     warnings.warn(SEED_WARNING.format(seed=seed), SeedWarning, stacklevel=3)
+
+
+def _check_noise(noise: str, bands: int | None, **others: Any) -> None:
+    """``noise=`` and ``bands=``, and what correlated noise cannot be combined with."""
+    require(noise in ("gaussian", "tree", "bandmf"), "noise", noise,
+            "'gaussian', 'tree' or 'bandmf'")
+    require((bands is not None) == (noise == "bandmf"), "bands", bands,
+            "an integer >= 1 with noise='bandmf', None otherwise",
+            "Pass noise='bandmf', bands=b (e.g. bands=8), or drop bands=")
+    if noise == "gaussian":
+        return
+    given = sorted(k for k, v in others.items() if v is not None)
+    require(not given, "arguments", given, f"none of them with noise={noise!r}",
+            "Correlated noise is single-process, for uniform budgets and rates; use "
+            "noise='gaussian' for these")
+
+
+def _period(noise: str, sampler: Any) -> int | None:
+    """The release's period: the tree's restart length (steps per pass) or the band count."""
+    return {"gaussian": None, "tree": getattr(sampler, "steps_per_epoch", None),
+            "bandmf": getattr(sampler, "bands", None)}[noise]
+
+
+def _mechanism(noise: str, source: NoiseSource, *, sampler: Any,
+               noise_multiplier: float | None, horizon: int) -> NoiseMechanism:
+    """The run's noise mechanism on the sampler's facts (BandMF's strategy optimized for the
+    prefix sums of ``horizon`` steps)."""
+    if noise == "gaussian":
+        return GaussianMechanism(source, sampling=sampler.sampling,
+                                 sample_rate=sampler.sample_rate,
+                                 max_examples_per_user=getattr(sampler, "max_examples_per_user",
+                                                               None))
+    require(noise_multiplier is not None and noise_multiplier > 0, "noise_multiplier",
+            noise_multiplier, f"> 0 with noise={noise!r}",
+            "Pass noise_multiplier=σ or target_epsilon= (correlated noise cannot be turned off)")
+    if noise == "tree":
+        return TreeMechanism(source, period=sampler.steps_per_epoch,
+                             noise_multiplier=noise_multiplier, sample_rate=sampler.sample_rate,
+                             sampler_position=lambda: sampler.batch_in_pass)
+    return BandMFMechanism(source, coefficients=optimize_banded(horizon, sampler.bands),
+                           noise_multiplier=noise_multiplier, sample_rate=sampler.sample_rate,
+                           sampler_position=lambda: sampler.step)
 
 
 def _admit(model: nn.Module, optimizer: torch.optim.Optimizer,

@@ -33,6 +33,30 @@ def add_run_shape_arguments(p: argparse.ArgumentParser, *, steps_required: bool 
     g.add_argument("--epochs", type=float, metavar="E", help="passes over the data")
     g.add_argument("--sampling", choices=[s.value for s in Sampling], default="poisson",
                    help="how batches are formed (default: poisson)")
+    g.add_argument("--noise", choices=["gaussian", "tree", "bandmf"], default="gaussian",
+                   help="noise mechanism: gaussian (DP-SGD, default), tree (DP-FTRL over "
+                        "shuffled passes of ceil(1/Q) steps) or bandmf (cyclic Poisson, "
+                        "--bands B; Q stays the expected batch fraction)")
+    g.add_argument("--bands", type=int, metavar="B", help="BandMF's band count (--noise bandmf)")
+
+
+def resolve_noise(args: argparse.Namespace, q: float) -> tuple[Sampling, float, dict[str, Any]]:
+    """(sampling, recorded rate, ledger keywords) of --noise: DP-SGD as --sampling says; the
+    tree on shuffled passes of ⌈1/q⌉ steps; BandMF on cyclic Poisson at the group rate b·q."""
+    noise, bands = getattr(args, "noise", "gaussian"), getattr(args, "bands", None)
+    require((bands is not None) == (noise == "bandmf"), "bands", bands,
+            "given exactly with --noise bandmf", "Add --bands B (e.g. 8), or drop --bands")
+    if noise == "gaussian":
+        return Sampling(args.sampling), q, {}
+    require(args.sampling == "poisson", "sampling", args.sampling,
+            f"left at its default with --noise {noise} (the mechanism decides it)",
+            "Drop --sampling")
+    if noise == "tree":
+        period = math.ceil(1 / q - 1e-9)
+        return Sampling.SHUFFLE, q, {"noise": "tree", "period": period}
+    require(bands >= 1 and bands * q <= 1, "bands", bands,
+            f"an integer in [1, 1/q = {1 / q:.6g}] (each group must hold the expected batch)")
+    return Sampling.CYCLIC_POISSON, bands * q, {"noise": "bandmf", "period": bands}
 
 
 def resolve_run_shape(args: argparse.Namespace, *, need_steps: bool = True,
@@ -116,12 +140,12 @@ def run(args: argparse.Namespace) -> int:
         require(math.isfinite(args.noise_multiplier) and args.noise_multiplier >= 0,
                 "noise_multiplier", args.noise_multiplier, ">= 0 and finite",
                 "Pass the noise std divided by the clipping norm")
-        sampling = Sampling(args.sampling)
-        ledger = Ledger.homogeneous(sample_rate=q, noise_multiplier=args.noise_multiplier,
+        sampling, rate, noise = resolve_noise(args, q)
+        ledger = Ledger.homogeneous(sample_rate=rate, noise_multiplier=args.noise_multiplier,
                                     steps=steps, sampling=sampling,
-                                    dataset_size=args.dataset_size)
-        shape = {"sample_rate": q, "noise_multiplier": args.noise_multiplier, "steps": steps,
-                 "sampling": sampling.value}
+                                    dataset_size=args.dataset_size, **noise)
+        shape = {"sample_rate": rate, "noise_multiplier": args.noise_multiplier,
+                 "steps": steps, "sampling": sampling.value, **noise}
     out: dict[str, Any] = {**shape, "accountant": args.accountant,
                            "accountant_label": accountant_label(args.accountant),
                            "approximate": args.accountant == "gdp",

@@ -27,7 +27,7 @@ import math
 from typing import Any
 
 from dpfy._require import require
-from dpfy.cli.account import add_run_shape_arguments, resolve_run_shape
+from dpfy.cli.account import add_run_shape_arguments, resolve_noise, resolve_run_shape
 from dpfy.privacy.accountants import ACCOUNTANTS, accountant_label, epsilon
 from dpfy.privacy.calibration import (calibrate_noise_multiplier, calibrate_sample_rate,
                                       calibrate_steps)
@@ -61,6 +61,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.noise != "gaussian":
+        return _run_correlated(args)
     sampling = Sampling(args.sampling)
     common = dict(target_epsilon=args.target_epsilon, delta=args.delta,
                   accountant=args.accountant, sampling=sampling,
@@ -135,3 +137,34 @@ def run(args: argparse.Namespace) -> int:
           f"[{out['accountant_label']}]{rigorous}")
     return 0
 
+
+def _run_correlated(args: argparse.Namespace) -> int:
+    """σ for a target ε with --noise tree or bandmf (the other searches are DP-SGD's only)."""
+    require(args.grid_runs is None and args.noise_multiplier is None,
+            "--grid-runs / --noise-multiplier", (args.grid_runs, args.noise_multiplier),
+            f"omitted with --noise {args.noise} (it solves for σ)",
+            "Give the run's shape and the target; solve q or T with --noise gaussian")
+    q, steps = resolve_run_shape(args)
+    sampling, rate, noise = resolve_noise(args, q)
+    sigma = calibrate_noise_multiplier(
+        target_epsilon=args.target_epsilon, delta=args.delta, sample_rate=rate, steps=steps,
+        accountant=args.accountant, sampling=sampling, dataset_size=args.dataset_size,
+        approximate=args.approximate, **noise)
+    ledger = Ledger.homogeneous(sample_rate=rate, noise_multiplier=sigma, steps=steps,
+                                sampling=sampling, dataset_size=args.dataset_size, **noise)
+    reached = epsilon(ledger, delta=args.delta, accountant=args.accountant)
+    out: dict[str, Any] = {"solved": "noise_multiplier", "noise_multiplier": sigma,
+                           "sample_rate": rate, "steps": steps, "epsilon": reached,
+                           "target_epsilon": args.target_epsilon, "delta": args.delta,
+                           "accountant": args.accountant,
+                           "accountant_label": accountant_label(args.accountant),
+                           "approximate": args.accountant == "gdp",
+                           "sampling": sampling.value, **noise}
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"noise_multiplier = {sigma:.6g}: {steps} steps of {args.noise} noise "
+          f"(period {noise['period']}) on {sampling.value} sampling at q = {rate:.6g} spend "
+          f"ε = {reached:.4g} ≤ {args.target_epsilon:g} at δ = {args.delta:.3g} "
+          f"[{accountant_label(args.accountant)}]")
+    return 0

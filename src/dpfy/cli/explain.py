@@ -89,6 +89,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--memory", action="store_true",
                    help="print the memory estimate per layer at --batch-size (dpfy.memory) "
                         "next to the measured peak of one private step")
+    p.add_argument("--bands", type=int, metavar="B", action="append",
+                   help="with --memory: the noise buffer of --noise bandmf --bands B "
+                        "(repeatable; default 4, 16 and 64)")
     p.set_defaults(func=run)
 
 
@@ -105,4 +108,20 @@ def run(args: argparse.Namespace) -> int:
     if args.memory:
         require(example is not None, "--input-shape", args.input_shape, "given with --memory")
         print(format_memory(model, example, route=args.route))
+        print(noise_memory(model, args.bands or [4, 16, 64]))
     return 0
+
+
+def noise_memory(model: nn.Module, bands: list[int]) -> str:
+    """The correlated mechanisms' noise state beyond DP-SGD (float32, kept between steps):
+    BandMF (b − 1)·d floats, the tree at most ⌈log2(P + 1)⌉·d for P steps per pass."""
+    d = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    mib = 4 / 2 ** 20
+    lines = [f"noise state kept between steps (d = {d:,} trainable parameters; DP-SGD: none):"]
+    for b in bands:
+        require(b >= 1, "bands", b, ">= 1")
+        lines.append(f"- --noise bandmf --bands {b}: (b - 1) x d = {(b - 1) * d:,} floats = "
+                     f"{(b - 1) * d * mib:.3f} MiB")
+    lines.append(f"- --noise tree: at most ceil(log2(P + 1)) x d floats for P steps per pass "
+                 f"(P = 469: {9 * d * mib:.3f} MiB)")
+    return "\n".join(lines)

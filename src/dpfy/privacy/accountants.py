@@ -291,8 +291,9 @@ def epsilon_curve(ledger: Ledger, *, delta: float, accountant: str = "rdp",
     if ledger.num_steps == 0:
         return []
     points = _checkpoints(ledger.num_steps, num_points or ledger.num_steps)
-    incremental = (accountant == "pld" and
-                   all(g.sampling.value != "shuffle" for g in ledger.groups))
+    incremental = (accountant == "pld" and  # shuffled and cyclic charges need the whole run
+                   all(g.sampling.value not in ("shuffle", "cyclic_poisson")
+                       for g in ledger.groups))
     out: list[tuple[int, float]] = []
     if not incremental:
         for t in points:

@@ -183,11 +183,13 @@ def _solve_decreasing(eps: Callable[[float], float], target: float, x0: float, *
 
 def _homogeneous_epsilon(*, sample_rate: float, noise_multiplier: float, steps: int,
                          sampling: Sampling, dataset_size: int | None, delta: float,
-                         accountant: str, max_examples_per_user: int | None = None) -> float:
+                         accountant: str, max_examples_per_user: int | None = None,
+                         noise: str = "gaussian", period: int | None = None) -> float:
     """ε of the ledger of ``steps`` identical steps that a run would write."""
     ledger = Ledger.homogeneous(sample_rate=sample_rate, noise_multiplier=noise_multiplier,
                                 steps=steps, sampling=sampling, dataset_size=dataset_size,
-                                max_examples_per_user=max_examples_per_user)
+                                max_examples_per_user=max_examples_per_user, noise=noise,
+                                period=period)
     return epsilon(ledger, delta=delta, accountant=accountant)
 
 
@@ -207,7 +209,8 @@ def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, sample_ra
                                sampling: Sampling = Sampling.POISSON,
                                dataset_size: int | None = None, tol: float = 1e-3,
                                approximate: bool = False,
-                               max_examples_per_user: int | None = None) -> float:
+                               max_examples_per_user: int | None = None,
+                               noise: str = "gaussian", period: int | None = None) -> float:
     """Smallest σ (to relative ``tol``) whose ledger of ``steps`` identical steps spends ≤ target.
 
     User-level runs: ``sampling=Sampling.ULS`` with the *user* rate (a Poisson-subsampled
@@ -225,6 +228,8 @@ def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, sample_ra
       dataset_size: N, required for ``Sampling.FIXED_SIZE``.
       tol: relative tolerance on σ; the returned σ is on the safe side.
       approximate: must be True to calibrate with ``accountant="gdp"`` (module docstring).
+      noise, period: the mechanism's correlation (:class:`~dpfy.privacy.ledger.Release`):
+        ``"tree"`` with its restart length, ``"bandmf"`` with its band count.
     """
     _check_common(target_epsilon, delta, accountant, approximate)
     _check_rate(sample_rate)
@@ -234,7 +239,8 @@ def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, sample_ra
         return _homogeneous_epsilon(sample_rate=sample_rate, noise_multiplier=sigma, steps=steps,
                                     sampling=sampling, dataset_size=dataset_size, delta=delta,
                                     accountant=accountant,
-                                    max_examples_per_user=max_examples_per_user)
+                                    max_examples_per_user=max_examples_per_user,
+                                    noise=noise, period=period)
 
     def fail() -> None:
         require(False, "target_epsilon", target_epsilon,

@@ -18,7 +18,8 @@ relation. The reduction applies, in order:
    not (no amplification is claimed for shuffling, the guide's §4.3 and Table 3): each example is in at
    most one batch per epoch, so only the worst-case number of participations is charged, at
    the smallest σ's (see :class:`~dpfy.privacy.ledger.Sampling`). Unsampled steps are all
-   charged.
+   charged. Correlated noise (DP-FTRL's tree, BandMF) is reduced to independent Gaussians by
+   :mod:`dpfy.privacy.correlated` (per tree; per cyclic-Poisson participation).
 4. **Order does not matter.** Composition of the privacy-loss distributions (and the sum of RDP
    curves) is commutative, so identical atoms anywhere in the run merge, and all unsampled
    Gaussian atoms merge into one Gaussian with σ = (Σ_k c_k/σ_k²)^(−1/2), exactly.
@@ -38,6 +39,7 @@ from typing import Iterable
 import dp_accounting
 
 from dpfy._require import require
+from dpfy.privacy.correlated import correlated_release, cyclic_charges, tree_charges
 from dpfy.privacy.ledger import Ledger, Sampling, StepGroup
 from dpfy.privacy.mixture import els_dp_event
 
@@ -195,11 +197,16 @@ def canonical_form(ledger: Ledger, *, amplify: bool = True) -> CanonicalForm:
     factor = 0.5 if adjacency == "replace_one" else 1.0
     atoms: list[Atom] = []
     shuffled: list[StepGroup] = []
+    correlated: dict[str, list[StepGroup]] = {"tree": [], "bandmf": []}
     non_private = False
     for g in ledger.groups:
         sigma = g.effective_noise_multiplier()
         if sigma == 0:
             non_private = True
+            continue
+        release = correlated_release(g)
+        if release is not None:
+            correlated[release.noise].append(g)
             continue
         sampled = amplify and g.sample_rate < 1
         if g.sampling is Sampling.SHUFFLE:
@@ -221,6 +228,12 @@ def canonical_form(ledger: Ledger, *, amplify: bool = True) -> CanonicalForm:
             atoms.append(Atom(GAUSSIAN, 1.0, sigma * factor, g.count))
     if shuffled:
         atoms.extend(_shuffle_atoms(shuffled, factor))
+    charges = ((tree_charges(correlated["tree"]) if correlated["tree"] else [])
+               + (cyclic_charges(correlated["bandmf"]) if correlated["bandmf"] else []))
+    for c in charges:   # correlated noise as independent Gaussians (privacy.correlated)
+        sampled = amplify and c.sampled and c.sample_rate < 1
+        atoms.append(Atom(POISSON, c.sample_rate, c.noise_multiplier * factor, c.count)
+                     if sampled else Atom(GAUSSIAN, 1.0, c.noise_multiplier * factor, c.count))
     return CanonicalForm(adjacency, _merge(atoms), non_private)
 
 

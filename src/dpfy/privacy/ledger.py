@@ -29,7 +29,10 @@ from dpfy._require import require
 from dpfy.privacy.mixture import els_dp_event
 from dpfy.types.sampling import Sampling
 
-__all__ = ["Sampling", "Release", "StepGroup", "Ledger"]
+__all__ = ["Sampling", "Release", "StepGroup", "Ledger", "NOISES"]
+
+# How the noise of successive steps is related (see Release.noise).
+NOISES = ("gaussian", "tree", "bandmf")
 
 
 @dataclass(frozen=True)
@@ -41,10 +44,19 @@ class Release:
         ``"threshold_gradient"``, ``"loss_probe"``.
       noise_multiplier: σ, the noise std divided by the release's L2 sensitivity Δ
         (add/remove one example). 0 means no noise: the release is not private.
+      noise: how the noise of successive steps is related: ``"gaussian"`` (independent each
+        step), ``"tree"`` (DP-FTRL's tree aggregation, Kairouz et al. 2021: σ is per tree node,
+        the tree restarts every ``period`` steps) or ``"bandmf"`` (banded matrix
+        factorization, Choquette-Choo et al. 2023: σ relative to a strategy whose columns have
+        norm ≤ 1, ``period`` = the band count b). Accounted by
+        :mod:`dpfy.privacy.correlated`.
+      period: the tree's restart length or BandMF's band count (None for ``"gaussian"``).
     """
 
     mechanism: str
     noise_multiplier: float
+    noise: str = "gaussian"
+    period: int | None = None
 
     def __post_init__(self) -> None:
         require(isinstance(self.mechanism, str) and self.mechanism != "", "mechanism",
@@ -57,11 +69,26 @@ class Release:
         require(self.noise_multiplier == 0 or 1e-100 <= self.noise_multiplier <= 1e100,
                 "noise_multiplier", self.noise_multiplier, "0 or in [1e-100, 1e100]",
                 "Pass 0 for a release without noise")
+        require(self.noise in NOISES, "noise", self.noise, f"one of {list(NOISES)}")
+        require((self.period is None) == (self.noise == "gaussian")
+                and (self.period is None or isinstance(self.period, int) and self.period >= 1),
+                "period", self.period, "an integer >= 1 for correlated noise, None otherwise")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The serialized release (``noise`` and ``period`` only when correlated)."""
+        d: dict[str, Any] = {"mechanism": self.mechanism,
+                             "noise_multiplier": self.noise_multiplier}
+        if self.noise != "gaussian":
+            d.update(noise=self.noise, period=self.period)
+        return d
 
     def dp_event(self) -> dp_accounting.DpEvent:
         """The unsampled event of this release."""
         if self.noise_multiplier == 0:
             return dp_accounting.NonPrivateDpEvent()
+        if self.noise == "tree":
+            return dp_accounting.SingleEpochTreeAggregationDpEvent(self.noise_multiplier,
+                                                                   self.period)
         return dp_accounting.GaussianDpEvent(self.noise_multiplier)
 
 
@@ -159,7 +186,7 @@ class StepGroup:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["sampling"] = self.sampling.value
-        d["releases"] = [asdict(r) for r in self.releases]
+        d["releases"] = [r.to_dict() for r in self.releases]
         if self.max_examples_per_user is None:
             del d["max_examples_per_user"]   # example-level ledgers keep their old form
         return d
@@ -168,8 +195,7 @@ class StepGroup:
     def from_dict(cls, d: dict[str, Any]) -> "StepGroup":
         return cls(first_step=int(d["first_step"]), count=int(d["count"]),
                    sampling=Sampling(d["sampling"]), sample_rate=float(d["sample_rate"]),
-                   releases=tuple(Release(r["mechanism"], float(r["noise_multiplier"]))
-                                  for r in d["releases"]),
+                   releases=tuple(_release_from_dict(r) for r in d["releases"]),
                    max_examples_per_user=d.get("max_examples_per_user"))
 
 
@@ -362,12 +388,14 @@ class Ledger:
     def homogeneous(cls, *, sample_rate: float, noise_multiplier: float, steps: int,
                     sampling: Sampling = Sampling.POISSON, dataset_size: int | None = None,
                     mechanism: str = "gradient",
-                    max_examples_per_user: int | None = None) -> "Ledger":
-        """A ledger of ``steps`` identical DP-SGD steps (what calibration searches over)."""
+                    max_examples_per_user: int | None = None, noise: str = "gaussian",
+                    period: int | None = None) -> "Ledger":
+        """A ledger of ``steps`` identical steps (what calibration searches over): DP-SGD's,
+        or a correlated mechanism's (``noise``, ``period``: see :class:`Release`)."""
         out = cls(dataset_size)
         out.record_step(sampling=sampling, sample_rate=sample_rate,
-                        releases=[Release(mechanism, noise_multiplier)], count=steps,
-                        max_examples_per_user=max_examples_per_user)
+                        releases=[Release(mechanism, noise_multiplier, noise, period)],
+                        count=steps, max_examples_per_user=max_examples_per_user)
         return out
 
     @classmethod
@@ -379,6 +407,12 @@ class Ledger:
         for q, s in zip(sample_rates, noise_multipliers, strict=True):
             out.record_step(sampling=sampling, sample_rate=q, releases=[Release(mechanism, s)])
         return out
+
+
+def _release_from_dict(r: dict[str, Any]) -> Release:
+    """The release :meth:`Release.to_dict` wrote."""
+    return Release(r["mechanism"], float(r["noise_multiplier"]), r.get("noise", "gaussian"),
+                   r.get("period"))
 
 
 _LEDGER_FIX = "Pass the ledger.json written by dpfy train (or Ledger.to_json()) unchanged"
@@ -418,14 +452,17 @@ def _group_from_dict(g: Any, source: str, where: str) -> StepGroup:
                 r.get("mechanism"), "a string")
         _expect(_is_number(r.get("noise_multiplier")), source, f"{at}.noise_multiplier",
                 r.get("noise_multiplier"), "a finite number")
+        _expect(r.get("noise", "gaussian") in NOISES, source, f"{at}.noise", r.get("noise"),
+                f"one of {list(NOISES)}")
+        _expect(r.get("period") is None or _is_int(r.get("period")), source, f"{at}.period",
+                r.get("period"), "null or an integer")
     k = g.get("max_examples_per_user")
     _expect(k is None or _is_int(k), source, f"{where}.max_examples_per_user", k,
             "absent, null or an integer")
     try:
         return StepGroup(first_step=g["first_step"], count=g["count"],
                          sampling=Sampling(g["sampling"]), sample_rate=float(g["sample_rate"]),
-                         releases=tuple(Release(r["mechanism"], float(r["noise_multiplier"]))
-                                        for r in releases),
+                         releases=tuple(_release_from_dict(r) for r in releases),
                          max_examples_per_user=k)
     except ValueError as e:      # the range checks of StepGroup and Release
         raise ValueError(f"{source} field {where}: {e}") from None

@@ -87,7 +87,24 @@ SAMPLING_TEXT = {
                    "alone. Accounted at the user level: a user's examples enter a step "
                    "Binomial(k, q) times, a mixture of Gaussians (PLD: the mixture; RDP: an "
                    "upper bound on it)."),
+    Sampling.CYCLIC_POISSON: ("Cyclic Poisson sampling (b-min-separation): dpfy's sampler split "
+                              "the examples once into b balanced groups and step t drew each "
+                              "example of group t mod b independently with probability q. "
+                              "Amplification by sampling is claimed for each participation."),
 }
+
+# The correlated noise mechanisms: what each assumes about participation (privacy.correlated).
+NOISE_TEXT = {
+    "tree": ("DP-FTRL tree aggregation (Kairouz et al. 2021), the honest tree restarted every "
+             "{period} steps (one pass); assumes each example takes part at most once per "
+             "tree; each tree is charged as one Gaussian release at σ/√depth"),
+    "bandmf": ("banded matrix factorization (Choquette-Choo et al. 2023) with b = {period} "
+               "bands and unit-norm strategy columns; assumes an example's participations are "
+               "multiples of b steps apart; each participation is charged as one "
+               "Poisson-subsampled Gaussian"),
+}
+NOISE_HELD = ("held by construction: dpfy's sampler drew every batch and the mechanism checked "
+              "the sampler's position at every release")
 
 
 def tier(eps: float) -> int:
@@ -186,6 +203,7 @@ class PrivacyReport:
     public_data: str | None = None
     sections: tuple[ReportSection, ...] = ()
     unit: str = "example"   # the ledger's unit of privacy: "example" or "user"
+    noise_mechanisms: tuple[Mapping[str, Any], ...] = ()   # correlated noise only
 
     @classmethod
     def from_ledger(cls, ledger: Ledger, *, delta: float, accountant: str = "pld",
@@ -285,7 +303,8 @@ class PrivacyReport:
             warnings=tuple(warnings), not_released=not_released,
             methods=tuple({"name": r["name"], "releases": r.get("releases", "")}
                           for r in methods),
-            public_data=public_data, sections=tuple(sections), unit=unit)
+            public_data=public_data, sections=tuple(sections), unit=unit,
+            noise_mechanisms=_noise_mechanisms(ledger))
 
     @staticmethod
     def context_from_dict(saved: Mapping[str, Any]) -> dict[str, Any]:
@@ -383,6 +402,8 @@ class PrivacyReport:
             "sections": [sec.to_dict() for sec in self.sections],
             "versions": dict(self.versions),
         }
+        if self.noise_mechanisms:
+            d["noise_mechanisms"] = [dict(r) for r in self.noise_mechanisms]
         return d
 
     def to_markdown(self) -> str:
@@ -413,6 +434,9 @@ class PrivacyReport:
             lines.append(f"  - `{s}`: {SAMPLING_TEXT[Sampling(s)]}")
         if self.sampling_note:
             lines.append(f"  - Note: {self.sampling_note}")
+        for row in self.noise_mechanisms:
+            lines.append(f"- **Noise mechanism:** `{row['noise']}` on `{row['sampling']}`: "
+                         f"{row['assumption']}; this assumption {row['held']}.")
         lines.append(f"- **Without amplification by sampling** (if the sampling assumption did "
                      f"not hold): ε = {f(self.epsilon_without_amplification)} at the same δ.")
         if self.coarsened:
@@ -554,3 +578,16 @@ def _mechanism_shares(ledger: Ledger, *, delta: float, accountant: str) -> list[
             1.0 if math.isinf(inv_var[name]) else 0.0)
         out.append(MechanismShare(name, steps[name], alone, share))
     return out
+
+
+def _noise_mechanisms(ledger: Ledger) -> tuple[dict[str, Any], ...]:
+    """One row per correlated mechanism of the ledger: its name, sampling and assumption."""
+    seen: dict[tuple, dict[str, Any]] = {}
+    for g in ledger.groups:
+        for r in g.releases:
+            if r.noise != "gaussian":
+                seen.setdefault((r.noise, r.period, g.sampling), {
+                    "noise": r.noise, "period": r.period, "sampling": g.sampling.value,
+                    "assumption": NOISE_TEXT[r.noise].format(period=r.period),
+                    "held": NOISE_HELD})
+    return tuple(seen.values())

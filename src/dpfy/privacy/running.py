@@ -30,6 +30,10 @@ from dpfy.privacy.ledger import Ledger, Sampling
 
 __all__ = ["RunningEpsilon"]
 
+# Samplings whose charge depends on the whole run (participations per pass or per band
+# cycle), not on a sum over segments: such ledgers are accounted whole.
+_WHOLE = {Sampling.SHUFFLE, Sampling.CYCLIC_POISSON}
+
 
 class RunningEpsilon:
     """Incremental ε(δ) of one run's ledger (which only ever grows).
@@ -103,7 +107,7 @@ class RunningEpsilon:
         require(ledger.num_steps >= self._done, "ledger.num_steps", ledger.num_steps,
                 f">= {self._done} (the ledger only grows)", "Use a new RunningEpsilon")
         ledger.unit()   # one unit of privacy (users or examples) for the whole ledger
-        if Sampling.SHUFFLE in ledger.samplings():
+        if ledger.samplings() & _WHOLE:
             return epsilon(ledger, delta=self.delta, accountant=self.accountant,
                            sigma_resolution=None, value_discretization=self.discretization)
         form = self._form(self._segment(ledger, self._done), ledger)
@@ -118,7 +122,7 @@ class RunningEpsilon:
         """ε(δ) if the steps of ``extra`` were appended to ``ledger`` (nothing is committed)."""
         self(ledger)
         ledger.followed_by(extra).unit()   # refuses user-level steps after example-level ones
-        if Sampling.SHUFFLE in ledger.samplings() | extra.samplings():
+        if (ledger.samplings() | extra.samplings()) & _WHOLE:
             return epsilon(ledger.followed_by(extra), delta=self.delta, accountant=self.accountant,
                            sigma_resolution=None, value_discretization=self.discretization)
         form = self._form(extra, extra)

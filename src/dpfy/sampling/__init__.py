@@ -22,6 +22,8 @@ not prove what such a loader does, and in Poisson mode it would silently ignore 
   as ``Sampling.SHUFFLE`` (no amplification claimed); b = the batch size. Its position moves only
   when ``optimizer.step()`` takes a batch, so restarts, worker prefetch and checkpoints never
   repeat an example within a pass (the argument is in its docstring).
+- :class:`CyclicPoissonSampler`: b balanced groups visited in turn, Poisson sampling inside the
+  group of the step (``Sampling.CYCLIC_POISSON``), for banded matrix factorization.
 
 Randomness: ``seed=None`` draws from the OS CSPRNG (not reproducible, by design); an int seeds a
 ``torch.Generator`` (reproducible: anyone with the seed can redraw the batches). Generator
@@ -33,6 +35,7 @@ batches of at most ``max_physical_batch_size`` rows; the loader tells the optimi
 """
 
 from dpfy.sampling.admit import make_sampler
+from dpfy.sampling.cyclic import CyclicPoissonSampler
 from dpfy.sampling.loader import BatchCursor, DPDataLoader
 from dpfy.sampling.poisson import PoissonSampler
 from dpfy.sampling.shuffle import ShuffleSampler
@@ -42,4 +45,4 @@ from dpfy.sampling.users import (USER_SAMPLINGS, UserCappedSampler, UserPoissonS
 
 __all__ = ["make_sampler", "PoissonSampler", "ShuffleSampler", "BatchCursor", "DPDataLoader",
            "ExampleUnits", "UserUnits", "UserPoissonSampler", "UserCappedSampler",
-           "USER_SAMPLINGS", "make_user_sampler"]
+           "USER_SAMPLINGS", "make_user_sampler", "CyclicPoissonSampler"]

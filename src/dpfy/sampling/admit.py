@@ -12,6 +12,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from dpfy._require import require
 from dpfy.errors import PrivacyRefusal
+from dpfy.sampling.cyclic import CyclicPoissonSampler
 from dpfy.sampling.poisson import PoissonSampler
 from dpfy.sampling.shuffle import ShuffleSampler
 
@@ -110,7 +111,8 @@ def _check_loader(loader: DataLoader, poisson_sampling: bool,
 def make_sampler(loader: DataLoader, *, poisson_sampling: bool,
                  sample_rates: Sequence[float] | torch.Tensor | None = None,
                  seed: int | None, shard: tuple[int, int] | None = None,
-                 ) -> PoissonSampler | ShuffleSampler:
+                 bands: int | None = None,
+                 ) -> "PoissonSampler | ShuffleSampler | CyclicPoissonSampler":
     """The sampler dpfy builds for ``loader``: the one place that reads a user's DataLoader.
 
     Accepted: ``DataLoader(dataset, batch_size=b, shuffle=True or False, drop_last=...)`` over
@@ -135,6 +137,8 @@ def make_sampler(loader: DataLoader, *, poisson_sampling: bool,
         (mod world_size) of each global Poisson batch. The loader may carry a
         ``DistributedSampler`` for that group (it only says "shard over these ranks").
         Poisson sampling only; no per-example rates.
+      bands: b for cyclic Poisson sampling (:class:`CyclicPoissonSampler`, BandMF): the
+        expected batch is the loader's batch size; single-process, no per-example rates.
 
     Raises:
       PrivacyRefusal: a sampler, batch sampler or dataset dpfy cannot account.
@@ -152,6 +156,12 @@ def make_sampler(loader: DataLoader, *, poisson_sampling: bool,
         require(batch_size * world <= n, "loader.batch_size × world_size", batch_size * world,
                 f"<= len(dataset) = {n}", "batch_size is per rank: divide it by world_size")
         return PoissonSampler(n, sample_rate=batch_size * world / n, seed=seed, shard=shard)
+    if bands is not None:
+        require(poisson_sampling and sample_rates is None, "poisson_sampling / sample_rates",
+                (poisson_sampling, "given" if sample_rates is not None else None),
+                "True / None with cyclic Poisson sampling (bands=)",
+                "BandMF samples Poisson batches inside its groups; drop those arguments")
+        return CyclicPoissonSampler(n, batch_size, bands=bands, seed=seed)
     if not poisson_sampling:
         require(sample_rates is None, "sample_rates", "given", "None with poisson_sampling=False",
                 "Per-example rates need Poisson sampling")

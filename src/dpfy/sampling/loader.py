@@ -67,7 +67,7 @@ class _Chunk(NamedTuple):
 
     indices: torch.Tensor  # (B,) dataset indices
     last: bool             # ends its logical batch
-    end: int | None        # ShuffleSampler position after it (None: Poisson)
+    end: Any               # the sampler's position after it (None: Poisson)
 
 
 class _EmptySafeCollate:
@@ -172,7 +172,9 @@ class DPDataLoader:
 
     @property
     def _shuffled(self) -> bool:
-        return isinstance(self.sampler, ShuffleSampler)
+        """The sampler keeps a position that only taken batches move (shuffled passes, and
+        the cyclic Poisson sampler's step): each yielded batch must be stepped."""
+        return not isinstance(self.sampler, PoissonSampler)
 
     def _taken(self) -> None:
         """``optimizer.step()`` took the last yielded batch: a shuffled pass moves past it."""

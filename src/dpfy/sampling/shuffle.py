@@ -103,6 +103,11 @@ class ShuffleSampler:
         """Logical batches per pass: ⌈N/b⌉, or ⌊N/b⌋ with ``drop_last``."""
         return -(-self.pass_length // self.batch_size)
 
+    @property
+    def batch_in_pass(self) -> int:
+        """The index, within its pass, of the logical batch being taken (0-based)."""
+        return min(self.offset, self.pass_length - 1) // self.batch_size
+
     def at_batch_start(self) -> bool:
         """The next example taken starts a logical batch (not mid-way through one)."""
         return self.offset % self.batch_size == 0 or self.offset >= self.pass_length

@@ -131,6 +131,12 @@ class TrainConfig:
                                                  "examples per sampled user and step (default: "
                                                  "all)")
     user_reduction: str = _f("mean", "ULS: clip each user's 'mean' or 'sum' of gradients")
+    noise: str = _f("gaussian", "noise mechanism: gaussian (DP-SGD), tree (DP-FTRL tree "
+                               "aggregation over shuffled passes, no amplification needed) or "
+                               "bandmf (banded matrix factorization with cyclic Poisson "
+                               "sampling; give --bands)")
+    bands: int | None = _f(None, "BandMF's band count b, with --noise bandmf (b = 1 is DP-SGD); "
+                                 "memory: b - 1 extra copies of the trainable parameters")
 
     def __post_init__(self) -> None:
         # Frozen: resolved once, so every reader sees a value.

@@ -153,6 +153,7 @@ def make_private_run(cfg: TrainConfig, model: nn.Module, data: DataSplits) -> Pr
         target_delta=cfg.delta, max_grad_norm=cfg.clip, clipping=cfg.clipping,
         route=cfg.route, seed=cfg.seed, method=method,
         max_physical_batch_size=cfg.physical_batch_size, accountant=cfg.accountant,
+        noise=cfg.noise, bands=cfg.bands,
         # the per-example loss for a method whose specs probe losses (unused otherwise)
         loss_fn=per_example_cross_entropy, **user_options(cfg))
     reads = private.optimizer.method is not None \

@@ -53,7 +53,8 @@ def clip_description(cfg: TrainConfig, method) -> str:
 def _describe(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, private) -> str:
     params = sum(p.numel() for p in private.model.parameters())
     clip = clip_description(cfg, private.optimizer.method)
-    return (f"{cfg.model} ({params:,} parameters) trained with DP-SGD ({cfg.optimizer}, lr "
+    return (f"{cfg.model} ({params:,} parameters) trained with {ALGORITHM[cfg.noise]} "
+            f"({cfg.optimizer}, lr "
             f"{cfg.lr:g}, {clip}, expected batch "
             f"{cfg.batch_size}, {cfg.epochs} epochs) on {data.description}; δ: "
             f"{notes.get('delta_rule', 'given')}")
@@ -142,6 +143,12 @@ def user_section(cfg: TrainConfig, private, ledger) -> ReportSection:
     return user_level_section(ledger, delta=cfg.delta, accountant=cfg.accountant,
                               num_users=units.num_users, num_examples=units.num_examples,
                               algorithm=algorithm, details=details, data=data)
+# What the run's --noise trains with, in words.
+ALGORITHM = {"gaussian": "DP-SGD", "tree": "DP-FTRL (tree aggregation)",
+             "bandmf": "BandMF (banded matrix factorization)"}
+# The sampler's scheme in the report's sampling note (--noise picks the sampler).
+SAMPLER_WORDS = {"poisson": "Poisson sampling", "shuffle": "Shuffled passes (one per epoch)",
+                 "cyclic_poisson": "Cyclic Poisson sampling (Poisson within each band's group)"}
 
 
 def write_report(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, private,
@@ -160,7 +167,8 @@ def write_report(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, p
         dataset_size=sampler.dataset_size if users else data.num_train,   # U or N
         model_description=_describe(cfg, notes, data, private),
         layer_table=private.optimizer.grads.explain_planned(),  # per layer: rule, route (R7)
-        sampling_note=f"Poisson sampling by dpfy's sampler, q = {private.sample_rate:.5g}"
+        sampling_note=f"{SAMPLER_WORDS.get(sampler.sampling.value, 'Poisson sampling')} by "
+                      f"dpfy's sampler, q = {private.sample_rate:.5g}"
                       f"{' (per user)' if sampler.sampling.value == 'uls' else ''}, "
                       f"{private.steps_per_epoch} steps per epoch",
         warnings=(SEED_WARNING,) if cfg.reproducible else (), not_released=NOT_RELEASED,

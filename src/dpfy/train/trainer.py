@@ -46,7 +46,7 @@ from dpfy.train.evaluate import evaluate
 from dpfy.train.metrics import MetricsLog
 from dpfy.train.plots import plot_accuracy
 from dpfy.train.private import make_optimizer, make_private_run, private_run
-from dpfy.train.report import clip_description, write_report
+from dpfy.train.report import ALGORITHM, SAMPLER_WORDS, clip_description, write_report
 from dpfy.train.rundir import COMPLETE_MARKER, RunDir, write_atomic
 
 __all__ = ["TrainResult", "train", "resume", "usable_cores", "check_names", "check_accountable",
@@ -287,7 +287,8 @@ def _statement(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, pri
     noise = (f"noise multiplier σ = {sigma:.4g}" if sigma is not None
              else f"noise multiplier σ_t from method '{cfg.method}'")
     return (f"dpfy train: resolved config:\n{cfg.to_public_json()}\n"
-            f"dpfy train: DP-SGD on {data.name} (N = {data.num_train}), Poisson sampling with "
+            f"dpfy train: {ALGORITHM[cfg.noise]} on {data.name} (N = {data.num_train}), "
+            f"{SAMPLER_WORDS[private.optimizer.sampler.sampling.value]} with "
             f"rate q = {private.sample_rate:.5g} (expected batch {cfg.batch_size}), "
             f"{private.total_steps} steps, {clip_description(cfg, private.optimizer.method)}, "
             f"{noise} ({budget}); "

@@ -41,6 +41,13 @@ class Sampling(str, enum.Enum):
       examples then enter a step Binomial(k, q) times, so one step is, at the user level, a
       mixture of Gaussians with sensitivities j·Δ and weights Binomial(k, q)(j) (PLD:
       dp_accounting's ``MixtureOfGaussiansDpEvent``). Adjacency: add-or-remove one user.
+    - ``CYCLIC_POISSON``: b-min-separation ("cyclic Poisson", Choquette-Choo et al. 2023): the
+      examples are split once into b balanced groups; step t draws from group t mod b only,
+      each example of that group independently with probability q (the rate recorded). An
+      example can take part only in steps b apart. Adjacency: add-or-remove one example.
+      Amplified: with a b-banded strategy (or independent noise) whose columns have norm ≤ 1,
+      c steps charge ⌈c/b⌉ compositions of ``PoissonSampledDpEvent(q, Gaussian(σ))``; the
+      band count b travels in each release's ``period``.
 
     A ledger whose steps need different adjacencies (Poisson with fixed-size or shuffled) is
     refused by the accountants: the two guarantees are not about the same neighbouring relation.
@@ -54,18 +61,20 @@ class Sampling(str, enum.Enum):
     NONE = "none"
     ULS = "uls"
     ELS = "els"
+    CYCLIC_POISSON = "cyclic_poisson"
 
     @property
     def adjacency(self) -> str | None:
         """The neighbouring relation this sampling is analysed under (None: either)."""
         return {"poisson": "add_or_remove", "fixed_size": "replace_one",
                 "shuffle": "replace_one", "none": None, "uls": "add_or_remove",
-                "els": "add_or_remove"}[self.value]
+                "els": "add_or_remove", "cyclic_poisson": "add_or_remove"}[self.value]
 
     @property
     def amplified(self) -> bool:
         """True when the accountant claims privacy amplification by sampling."""
-        return self in (Sampling.POISSON, Sampling.FIXED_SIZE, Sampling.ULS, Sampling.ELS)
+        return self in (Sampling.POISSON, Sampling.FIXED_SIZE, Sampling.ULS, Sampling.ELS,
+                        Sampling.CYCLIC_POISSON)
 
     @property
     def unit(self) -> str | None:

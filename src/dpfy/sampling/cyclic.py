@@ -1,0 +1,136 @@
+"""Cyclic Poisson sampling (b-min-separation; ``Sampling.CYCLIC_POISSON``), for BandMF.
+
+Choquette-Choo et al. 2023 ("Amplified banded matrix factorization") split the examples once
+into b balanced groups; step t draws only from group t mod b, each of its examples
+independently with probability q. An example can then take part only in steps exactly a
+multiple of b apart, which is what a b-banded strategy needs for its participations to be
+independent, and each participation is amplified by Poisson sampling at rate q.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator
+
+import torch
+
+from dpfy._require import require
+from dpfy.noise import secure_uniform
+from dpfy.privacy import Sampling
+from dpfy.sampling.poisson import _generator
+from dpfy.sampling.shuffle import _secure_permutation
+from dpfy.sampling.units import ExampleUnits
+
+__all__ = ["CyclicPoissonSampler"]
+
+# (step, the step's drawn batch or None, rows of it taken): where the sampler stands
+Position = tuple[int, "torch.Tensor | None", int]
+
+
+class CyclicPoissonSampler:
+    """Poisson sampling inside b balanced groups, visited in turn (recorded as CYCLIC_POISSON).
+
+    The groups come from one random permutation of the N indices cut into b parts of ⌊N/b⌋ or
+    ⌈N/b⌉ (drawn at construction; public in effect, since the accounting holds for any fixed
+    split). Step t draws from group t mod b at the per-group rate q = b·B/N, so the expected
+    batch is B (the normalizer) and one pass of ⌈N/B⌉ steps sees each example once in
+    expectation. The step counter moves only when ``optimizer.step()`` takes a logical batch
+    (:meth:`commit`, through the loader's cursor), so prefetched or abandoned draws never shift
+    the groups: the batch released at step t is always group t mod b's.
+
+    Args:
+      dataset_size: N.
+      batch_size: B, the expected batch size (≤ N/b).
+      bands: b, the number of groups (BandMF's band count; 1 is plain Poisson sampling).
+      seed: None draws from the OS CSPRNG; an int seeds a torch generator.
+    """
+
+    sampling = Sampling.CYCLIC_POISSON
+    units = ExampleUnits()   # the unit of privacy: one example per row
+
+    def units_of(self, indices: torch.Tensor | None) -> torch.Tensor | None:
+        """Each row's unit of privacy (None: every row is its own unit)."""
+        return self.units.units_of(indices)
+
+    def __init__(self, dataset_size: int, batch_size: int, *, bands: int,
+                 seed: int | None = None) -> None:
+        require(dataset_size >= 1, "dataset_size", dataset_size, ">= 1")
+        require(isinstance(bands, int) and 1 <= bands <= dataset_size, "bands", bands,
+                f"an integer in [1, {dataset_size}]")
+        rate = batch_size * bands / dataset_size
+        require(1 <= batch_size and rate <= 1, "batch_size × bands", batch_size * bands,
+                f"<= len(dataset) = {dataset_size} (each group of N/b examples must hold the "
+                f"expected batch)", "Use fewer bands or a smaller batch size")
+        self.dataset_size, self.batch_size, self.bands = dataset_size, batch_size, bands
+        self.sample_rate = rate
+        self.normalizer = float(batch_size)
+        self.generator = _generator(seed)
+        perm = (_secure_permutation(dataset_size) if self.generator is None else
+                torch.randperm(dataset_size, generator=self.generator))
+        self.groups = [g.sort().values for g in perm.tensor_split(bands)]   # b × (≈N/b,)
+        self.step, self.current, self.offset = 0, None, 0   # committed position
+
+    @property
+    def secure(self) -> bool:
+        return self.generator is None
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Logical batches per loader pass: ⌈N/B⌉."""
+        return max(1, math.ceil(self.dataset_size / self.batch_size - 1e-9))
+
+    def group_of(self, step: int) -> int:
+        """The group step ``step`` draws from: step mod b."""
+        return step % self.bands
+
+    def draw(self, step: int) -> torch.Tensor:
+        """Step ``step``'s batch: each example of its group with probability q, (B,) sorted."""
+        members = self.groups[self.group_of(step)]
+        u = (secure_uniform(members.numel()) if self.generator is None else
+             torch.rand(members.numel(), generator=self.generator, dtype=torch.float64))
+        return members[u < self.sample_rate]
+
+    def at_batch_start(self) -> bool:
+        return self.current is None
+
+    def chunks(self, physical: int | None) -> Iterator[tuple[torch.Tensor, bool, Position]]:
+        """One pass of logical batches from the committed position, without moving it.
+
+        Yields ``(indices, ends_logical_batch, position_after)`` per physical batch;
+        :meth:`commit` moves the position when a step takes it.
+        """
+        step, current, offset = self.step, self.current, self.offset
+        for _ in range(self.steps_per_epoch):
+            if current is None:
+                current, offset = self.draw(step), 0
+            rows = current[offset:]
+            parts = list(rows.split(physical)) if physical and len(rows) else [rows]
+            for k, part in enumerate(parts):
+                offset += len(part)
+                last = k == len(parts) - 1
+                yield part, last, ((step + 1, None, 0) if last else (step, current, offset))
+            step, current, offset = step + 1, None, 0
+
+    def commit(self, end: Position) -> None:
+        """An optimizer step took the batch that ends at ``end``."""
+        require(end[0] in (self.step, self.step + 1), "the committed step", end[0],
+                f"{self.step} or {self.step + 1}", "Only the private loader commits")
+        self.step, self.current, self.offset = end
+
+    def set_epoch(self, epoch: int) -> None:
+        """Accepted for DistributedSampler-style loops; the groups cycle by step."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"generator": None if self.generator is None else self.generator.get_state(),
+                "groups": self.groups, "step": self.step, "current": self.current,
+                "offset": self.offset}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        require("groups" in state and len(state["groups"]) == self.bands,
+                "the checkpoint's groups", len(state.get("groups", ())),
+                f"{self.bands} (this run's bands)", "Resume with the same bands")
+        if self.generator is not None and state["generator"] is not None:
+            self.generator.set_state(state["generator"])
+        self.groups = list(state["groups"])
+        self.step, self.current, self.offset = (int(state["step"]), state["current"],
+                                                int(state["offset"]))
