@@ -32,7 +32,10 @@ def add_run_shape_arguments(p: argparse.ArgumentParser, *, steps_required: bool 
     g.add_argument("--dataset-size", type=int, metavar="N", help="number of private examples")
     g.add_argument("--epochs", type=float, metavar="E", help="passes over the data")
     g.add_argument("--sampling", choices=[s.value for s in Sampling], default="poisson",
-                   help="how batches are formed (default: poisson)")
+                   help="how batches are formed (default: poisson; uls/els: user level, "
+                        "docs/guide/user_level.md)")
+    g.add_argument("--max-examples-per-user", type=int, metavar="K",
+                   help="k, the most examples one user keeps (--sampling els only)")
     g.add_argument("--noise", choices=["gaussian", "tree", "bandmf"], default="gaussian",
                    help="noise mechanism: gaussian (DP-SGD, default), tree (DP-FTRL over "
                         "shuffled passes of ceil(1/Q) steps) or bandmf (cyclic Poisson, "
@@ -47,6 +50,9 @@ def resolve_noise(args: argparse.Namespace, q: float) -> tuple[Sampling, float, 
     require((bands is not None) == (noise == "bandmf"), "bands", bands,
             "given exactly with --noise bandmf", "Add --bands B (e.g. 8), or drop --bands")
     if noise == "gaussian":
+        require(args.sampling != "cyclic_poisson", "sampling", args.sampling,
+                "poisson, fixed_size, shuffle, none, uls or els with --noise gaussian",
+                "Cyclic Poisson is BandMF's sampling: use --noise bandmf --bands B")
         return Sampling(args.sampling), q, {}
     require(args.sampling == "poisson", "sampling", args.sampling,
             f"left at its default with --noise {noise} (the mechanism decides it)",
@@ -143,7 +149,8 @@ def run(args: argparse.Namespace) -> int:
         sampling, rate, noise = resolve_noise(args, q)
         ledger = Ledger.homogeneous(sample_rate=rate, noise_multiplier=args.noise_multiplier,
                                     steps=steps, sampling=sampling,
-                                    dataset_size=args.dataset_size, **noise)
+                                    dataset_size=args.dataset_size,
+                                    max_examples_per_user=args.max_examples_per_user, **noise)
         shape = {"sample_rate": rate, "noise_multiplier": args.noise_multiplier,
                  "steps": steps, "sampling": sampling.value, **noise}
     out: dict[str, Any] = {**shape, "accountant": args.accountant,
