@@ -78,6 +78,7 @@ def make_private(
     loss_fn: "Callable[[nn.Module, Any], torch.Tensor] | None" = None,
     budgets: "Sequence[float] | np.ndarray | torch.Tensor | None" = None,
     individual: str | None = None,
+    declare_row_wise: bool = False,
 ) -> tuple[nn.Module, DPOptimizer, DPDataLoader]:
     """Make ``model``/``optimizer``/``loader`` differentially private (DP-SGD and variants).
 
@@ -137,6 +138,11 @@ def make_private(
         own ledger (``optimizer.groups``, ``optimizer.group_epsilons(δ)``) and ε cap, and
         training stops before any group would exceed its budget. Excludes noise_multiplier,
         target_epsilon, sample_rates, clipping other than flat, methods and shuffling.
+      declare_row_wise: the user's declaration that each row of every layer's input and output
+        gradient depends on its own example only. dpfy checks this at the first step by
+        perturbing one example in training mode, through the backward (docs/guide/
+        per_example_contract.md); a model that probe cannot run is refused unless declared,
+        and then only warned about. A model the probe finds mixing is refused either way.
 
     Returns:
       ``(model, optimizer, loader)``: the same model (hooked; its trainable parameters get
@@ -190,7 +196,8 @@ def make_private(
                           "method": repr(method), "accountant": accountant,
                           "loss_reduction": loss_reduction, "seeded": seed is not None})
         collective.broadcast_module(model)
-    grads = GradEngine(model, route=route, loss_reduction=loss_reduction)
+    grads = GradEngine(model, route=route, loss_reduction=loss_reduction,
+                       declare_row_wise=declare_row_wise)
     try:
         _check_optimizer_params(optimizer, grads)
         layers = [[u.qualified(r) for r in u.params] for u in grads.units]
