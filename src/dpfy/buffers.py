@@ -1,49 +1,63 @@
-"""Refuse buffers and parameters that a training forward changes: they would learn from the
-data unaccounted.
+"""Refuse a model whose state learns from the data outside the released gradient.
 
-A buffer (``module.register_buffer``) is saved with the model, so whatever a training forward
-writes into it is released in ``model.pt`` — and read by every later forward — without any noise
-or ledger entry. ``InstanceNorm2d(track_running_stats=True)`` is the standard example (one
-outlier in a batch moves its ``running_mean``), but any module can do it, so the check is
-general, not a list of classes: :class:`BufferGuard` notes every buffer's identity, version
-counter and storage before a module's forward and refuses, right after that forward, if one was
-replaced, written in place, given new storage, added or removed. The refusal comes in the first
-such forward, before its backward, so no gradient that saw the change is ever released.
-Parameters are watched the same way: a parameter may change only in the optimizer's step, from
-the released gradient, and a forward that writes one (ActNorm's data-dependent initialization
-from the first batch's mean and std, say) would release raw batch statistics with the model.
+What is watched (the one statement of it; ``docs/guide/per_example_contract.md`` repeats it for
+users): every tensor a later forward reads or ``torch.save(model)`` saves, of every module of
+the model — its **buffers** (``register_buffer``), its **tensor attributes** (a tensor assigned
+to ``self.x`` that is neither a parameter nor a buffer: running statistics kept that way are
+read by later forwards and pickled with the model just the same) and its **parameters** (which
+may change only in the optimizer's step, from the released gradient). Whatever a training
+forward, a hook or a backward writes into them would be released with ``model.pt``, and read by
+later steps, without noise or ledger entry. ``InstanceNorm2d(track_running_stats=True)`` is the
+standard example (one outlier moves its ``running_mean``); ActNorm's data-dependent
+initialization writes a parameter; but any module can do it, so the check is general, not a
+list of classes.
 
-What counts as a *training forward*: any forward except the usual evaluation idiom, i.e. every
-forward run with the module in training mode **or** with autograd recording
-(``torch.is_grad_enabled()``). Only a forward in ``eval()`` mode under ``torch.no_grad()`` /
-``torch.inference_mode()`` is not checked: such a forward cannot produce a gradient, and standard
-layers do not touch their buffers in eval mode, so evaluation (and inference caches kept in
-buffers) keep working. A ``no_grad`` forward in training mode *is* checked: running statistics
-learn in training mode whatever the grad mode.
+When (two checks, both by :class:`BufferGuard`, attached by ``make_private``):
 
-How changes are seen (cost per checked forward: a few attribute reads per buffer or parameter):
+1. around every *training forward* of the model (and of every module owning buffers, named by
+   its own name when called directly): each watched tensor's marks before, compared right after
+   the forward — the refusal comes in that forward, before its backward, so no gradient that saw
+   the change is released. The guard's hooks are kept outermost on each module (its pre hook
+   first, its post hook last, re-ordered at every call), so a hook the user registers after
+   ``make_private`` runs inside the checked span;
+2. before the private step uses a batch's gradients (``step/private_step.py``): the state the
+   last training forward left must be unchanged — a backward (tensor or module) hook, or code
+   between ``backward()`` and ``optimizer.step()``, that writes it is refused there, before
+   anything of the batch is released.
 
-- identity of the tensor under each buffer or parameter name (reassignment
-  ``self.b = self.b + x``, a new or a deleted one);
+A *training forward* is any forward except the usual evaluation idiom: every forward with the
+module in training mode **or** with autograd recording (``torch.is_grad_enabled()``). Only a
+forward in ``eval()`` mode under ``torch.no_grad()`` / ``torch.inference_mode()`` is not checked:
+it cannot produce a gradient, and standard layers do not touch their buffers in eval mode, so
+evaluation (and inference caches kept in buffers) keep working. A ``no_grad`` forward in training
+mode *is* checked: running statistics learn in training mode whatever the grad mode.
+
+How changes are seen:
+
+- identity of the tensor under each name (reassignment ``self.b = self.b + x``, a new or a
+  deleted one);
 - ``tensor._version`` (every in-place op through the tensor or a view of it);
 - ``tensor.data_ptr()`` (``self.b.data = ...``);
-- at the first checked forward of each hooked module, also the values, bit for bit, against a
-  copy taken before it: writes that bypass the version counter (``self.b.data.add_(x)``, native
-  kernels such as batch_norm's running-stat update) are caught there. After that first forward
-  such writes are not seen; every module that learns on each forward is caught at the first.
-  (The copy is of the whole model once, at its first training forward.) After it, parameters
-  are checked by their (identity, version, storage) marks only: measured on one thread about
-  0.7 µs per parameter per forward (72 parameters: 56 µs), against ≈ 3 µs for buffers alone.
+- the values, against writes that bypass the version counter (``self.b.data.add_(x)``, native
+  kernels such as batch_norm's running-stat update): buffers and tensor attributes are compared
+  bit for bit with a copy at every checked forward (they are small: statistics, masks, position
+  tables); parameters bit for bit at the model's first training forward, and after it by a
+  fingerprint (the sum of their bits read as integers, one read and no copy, all parameters
+  compared with one device sync), which any ordinary write changes.
 
-Hooks: one pair on every module that owns buffers (named by its own name, also when called
-directly) and one pair on the root that watches the buffers and parameters of the whole tree (a
-parent writing a child's buffer, a buffer registered lazily in ``forward``). A model without
-buffers thus pays two hook calls per forward on the root and nothing else (measured on one
-thread, buffers only: the hooks themselves 3.8 µs on the tanh CNN, with torch's hook dispatch
-12–16 µs per forward; about 2 µs more per buffer). Changes made outside any forward (an EMA of
-the weights updated in the training loop, say) are not this guard's business. Buffers that
-follow the parameters only (``spectral_norm``'s power iteration in training mode) are refused
-too: the guard cannot tell them from statistics of the data.
+Not watched: Python values that are not tensors (a step counter), tensors inside lists or dicts
+held by a module, and changes made outside the window from a training forward to its step (an
+EMA of the weights updated in the training loop after ``optimizer.step()``): the user's contract.
+Buffers that follow the parameters only (``spectral_norm``'s power iteration in training mode;
+the old ``torch.nn.utils.weight_norm``, which stores the weight as a tensor attribute
+recomputed in a pre-hook — ``torch.nn.utils.parametrizations.weight_norm`` does not) are
+refused too: the guard cannot tell them from statistics of the data.
+
+Cost: one pair of hooks on the root and on each module owning buffers; per checked forward a
+few attribute reads per watched tensor, a copy of the buffers and tensor attributes, and one
+read of the parameters. Earlier measurement (one thread, marks only): +15.5 µs per forward on
+the tanh CNN; the fingerprint and the step's check add one read of the parameters and of the
+buffers per step (measured in ``docs/guide/per_example_contract.md``).
 """
 
 from __future__ import annotations
@@ -291,23 +305,24 @@ class _Watch:
         if entry is None or (raised is not None and sys.exc_info()[1] is raised):
             return  # not checked, or an inner module's refusal is already on its way up
         self.values_checked = True
-        changes = self.changes(*entry)
+        now = _param_marks(self.owners)
+        changes = self.changes(*entry, now=now)
         if changes:
             self.guard._refuse(changes)
         if self.root:  # the state the step must find (see BufferGuard.check_settled)
-            marks = _param_marks(self.owners)
-            self.guard.settled = (self.snapshot(with_copies=False, params=marks is None), marks)
+            self.guard.settled = (self.snapshot(with_copies=False, params=now is None), now)
 
     def changes(self, before: dict[tuple[int, str], _Seen], marks: Marks | None,
-                after: bool = False) -> list[BufferChange]:
-        """What changed since the snapshot ``before`` (and the parameters' ``marks``)."""
+                after: bool = False, now: Marks | None = None) -> list[BufferChange]:
+        """What changed since the snapshot ``before`` (and the parameters' ``marks``; ``now``:
+        their marks at present, when already taken)."""
         params = marks is None   # the snapshot holds the parameters too
         changes, matched = [], 0
         for k, (_, m) in enumerate(self.owners):
-            for name, now in _watched(m, params):
+            for name, tensor in _watched(m, params):
                 seen = before.get((k, name))
                 matched += seen is not None
-                how = _how_changed(seen, now)
+                how = _how_changed(seen, tensor)
                 if how is not None:
                     changes.append(self.change(k, name, how, after))
         if matched != len(before):  # some buffer that was there is gone
@@ -315,7 +330,7 @@ class _Watch:
                         for (k, name), seen in before.items()
                         if name not in dict(_watched(self.owners[k][1], params))]
         if marks is not None:
-            now_marks = _param_marks(self.owners) or ({}, None)
+            now_marks = (now if now is not None else _param_marks(self.owners)) or ({}, None)
             changes += [self.change(k, name, how, after) for (k, name), how in
                         _marks_changed(marks, now_marks)]
         return changes
