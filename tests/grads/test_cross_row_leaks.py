@@ -273,3 +273,20 @@ def test_the_probe_leaves_the_rng_and_the_parameters_untouched():
     F.cross_entropy(out, y).backward()
     assert all(p.grad is None for p in model.parameters())
     eng.detach()
+
+
+def test_a_padding_collate_with_random_masking_passes():
+    """Padding to the longest example with a random mask per token (masked language
+    modelling): replacing the longest example changes the shape and the draws; the probe then
+    compares replacements that keep it."""
+    from torch.nn.utils.rnn import pad_sequence
+
+    from dpfy.sampling.collate_probe import CollateProbe
+
+    def pad_and_mask(items: list) -> torch.Tensor:
+        x = pad_sequence([s for s in items], batch_first=True)
+        return x.masked_fill(torch.rand(x.shape) < 0.3, -1)
+
+    items = [torch.arange(1, 1 + n) for n in (9, 3, 5, 4, 6, 2, 7, 5)]  # the first is the longest
+    torch.manual_seed(0)
+    CollateProbe(pad_and_mask)(items)

@@ -8,8 +8,9 @@ bounded by the clip norm (reproduced: 2.52·C). The model-side probes cannot see
 they run after collation.
 
 The check. On the first batch of at least two examples, the examples are collated once more
-with example r replaced by another example of the batch, for r the first and the last row,
-each time from the RNG states (torch's CPU generator, Python's ``random``, NumPy's global
+with example r replaced by the next example of the batch, for r the first and the last row (or
+the next ones in, where a replacement changes the batch's shape: a random draw per element of a
+padded batch would no longer line up), each time from the RNG states (torch's CPU generator, Python's ``random``, NumPy's global
 generator) the real collation started from, so that a collate function drawing per-row
 randomness draws the same. Every tensor row of the collated batch other than row r must be bit
 for bit the real batch's (along dimension 0, over the region both batches have where padding to
@@ -19,7 +20,8 @@ collation left them: the training run's streams are unchanged. ``torch.utils.dat
 
 What it cannot see: mixing this batch does not show (a permutation that pairs r with itself
 in both probes), mixing outside tensors, and mixing in the dataset's ``__getitem__`` (which
-sees one example only and so cannot mix). Cost: two more collations of the first batch.
+sees one example only and so cannot mix). Cost: two more collations of the first batch
+(up to six where replacements change the padded shape).
 """
 
 from __future__ import annotations
@@ -68,18 +70,39 @@ class CollateProbe:
 def collate_mixes(collate_fn: Callable[[list[Any]], Any], items: list[Any], batch: Any,
                   rng: tuple[Any, ...]) -> str | None:
     """What shows that ``collate_fn`` mixes examples (None: nothing): ``batch`` is
-    ``collate_fn(items)`` collated from the RNG states ``rng``."""
+    ``collate_fn(items)`` collated from the RNG states ``rng``.
+
+    Two replacements are compared: of the first and the last row, or, where one changes the
+    batch's shape (padding to the longest example, when the replaced one was the longest), of
+    the next rows in from either end, up to :data:`TRIES` collations; if no replacement keeps
+    the shape, the first two are compared over the region both batches have.
+    """
     n = len(items)
-    for r in sorted({0, n - 1}):
+    order = list(dict.fromkeys(r for k in range((n + 1) // 2) for r in (k, n - 1 - k)))
+    tried: list[tuple[int, Any]] = []
+    for r in order[:TRIES]:
         changed = list(items)
         changed[r] = items[(r + 1) % n]
         _set_rng_states(rng)
-        other = collate_fn(changed)
+        tried.append((r, collate_fn(changed)))
+        if sum(_same_shapes(batch, other) for _, other in tried) >= 2:
+            break
+    same = [(r, o) for r, o in tried if _same_shapes(batch, o)]
+    for r, other in (same if same else tried[:2]):
         what = _rows_changed(batch, other, n, r)
         if what is not None:
             return (f"{what} changed when example {r} of the {n} was replaced by example "
                     f"{(r + 1) % n}")
     return None
+
+
+TRIES = 6  # collations at most: the first two that keep the batch's shape are compared
+
+
+def _same_shapes(a: Any, b: Any) -> bool:
+    la, lb = tree_flatten(a)[0], tree_flatten(b)[0]
+    return len(la) == len(lb) and all(
+        x.shape == y.shape for x, y in zip(la, lb) if torch.is_tensor(x) and torch.is_tensor(y))
 
 
 def _rows_changed(batch: Any, other: Any, n: int, r: int) -> str | None:
