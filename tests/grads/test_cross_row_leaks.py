@@ -178,18 +178,17 @@ def test_attention_across_rows_through_a_reshape_is_refused():
 
 def test_a_model_the_probe_cannot_run_is_refused_unless_declared_row_wise():
     class OnlyTheRealBatch(nn.Module):
-        """Refuses any input it has not seen first (a stand-in for a forward that fails on
-        the probe's batch)."""
+        """Raises at its second training forward (a stand-in for a forward that fails on the
+        probe's batch)."""
 
         def __init__(self) -> None:
             super().__init__()
             self.l = nn.Linear(10, 3)
-            self.first: torch.Tensor | None = None
+            self.training_forwards = 0
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            if self.first is None:
-                self.first = x
-            elif not torch.equal(x, self.first):
+            self.training_forwards += self.training
+            if self.training_forwards == 2:
                 raise RuntimeError("unexpected batch")
             return self.l(x)
 

@@ -184,7 +184,9 @@ def cross_row_problem(label: str | None, rows: int, detail: str) -> str:
             f"changed, in training mode, among the {rows} rows of the batch ({detail}): the "
             f"model mixes or moves examples across the batch (batch statistics, in training "
             f"mode only too; a custom autograd Function mixing gradients; rows reshaped into "
-            f"a sequence that attention or a layer mixes), so dpfy cannot bound one example's "
+            f"a sequence that attention or a layer mixes; a loss computed inside the model "
+            f"that divides by a count over the batch, such as a token mean over padded labels: "
+            f"sum per-example losses instead), so dpfy cannot bound one example's "
             f"contribution. Compute each example's output and gradient from that example "
             f"alone: LayerNorm or GroupNorm instead of batch statistics, and keep the batch in "
             f"dimension 0, never reordered or mixed")
@@ -240,10 +242,8 @@ def _differs(x: Any, y: Any, dim: int | None, rows: int, exact: bool) -> bool:
         return torch.is_tensor(x) != torch.is_tensor(y)
     if x.shape != y.shape or x.dtype != y.dtype:
         return True
-    if dim is not None:
+    if dim is not None and _others(x, dim, rows) is not None:  # else: it must not change
         x, y = _others(x, dim, rows), _others(y, dim, rows)
-        if x is None:
-            return True
     if exact:
         return not torch.equal(_bits(x), _bits(y))
     if x.is_floating_point():
