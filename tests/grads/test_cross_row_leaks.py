@@ -250,9 +250,10 @@ def test_row_wise_models_pass_in_training_mode_with_dropout():
     model = nn.Sequential(nn.Linear(10, 16), nn.Dropout(0.5), nn.Tanh(), nn.LayerNorm(16),
                           nn.Linear(16, 3))
     torch.manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         one_step(model, DataLoader(data(), batch_size=16))
+    assert not [w for w in caught if "row-wise" in str(w.message)]
 
 
 def test_the_probe_leaves_the_rng_and_the_parameters_untouched():
