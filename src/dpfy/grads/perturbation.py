@@ -19,7 +19,9 @@ followed by a backward from the model's output:
 - A: on the batch, with fixed output cotangents V (standard normal, one per output element);
 - B: on the batch with row ``r`` = 0 replaced (:func:`perturb_rows`: a float row gets another
   row's values plus noise, an integer or boolean row gets another row's values), and V with its
-  row ``r`` replaced too (a different loss for that example).
+  row ``r`` replaced too (a different loss for that example). Where the model cannot run on
+  that batch because integers carry a structure (``EmbeddingBag`` offsets), B changes the
+  float rows and the cotangent only.
 
 Both start from the same global RNG state (forked, so the training run's stream is unchanged),
 and the batch keeps its shape, so dropout masks and every other draw line up row by row. For
@@ -87,14 +89,18 @@ class PerturbProbe(RowProbe):
         return keep
 
 
-def perturb_rows(tree: Any, rows: int, row: int, generator: torch.Generator) -> Any:
+def perturb_rows(tree: Any, rows: int, row: int, generator: torch.Generator,
+                 integers: bool = True) -> Any:
     """``tree`` with row ``row`` of every tensor of ``rows`` rows (dimension 0) replaced: by the
     next row's values, plus standard normal noise at the tensor's scale for a float tensor (so
-    that the row changes even where two rows are equal)."""
+    that the row changes even where two rows are equal). ``integers=False`` leaves integer and
+    boolean tensors as they are (ids, masks, offsets)."""
     donor = (row + 1) % rows
 
     def change(t: Any) -> Any:
         if not torch.is_tensor(t) or t.dim() == 0 or t.shape[0] != rows:
+            return t
+        if not integers and not t.is_floating_point():
             return t
         out = t.detach().clone()
         out[row] = out[donor]
@@ -125,8 +131,6 @@ def find_cross_row(model: nn.Module, root_call: tuple[tuple, dict], rows: int,
       None when no other row changed, else the refusal and the calls it belongs to.
     """
     shared = {uid: [c.shared for c in calls] for uid, calls in now.items()}
-    gen = torch.Generator().manual_seed(0)
-    perturbed = perturb_rows(root_call, rows, PERTURBED_ROW, gen)
     leaves = [p for p in model.parameters() if p.requires_grad]
     leaves += [t for t in tree_flatten(root_call)[0] if torch.is_tensor(t) and t.requires_grad
                and t.is_leaf]
@@ -144,8 +148,16 @@ def find_cross_row(model: nn.Module, root_call: tuple[tuple, dict], rows: int,
         return probe, _detached(out)
 
     try:
-        (a, out_a), (b, out_b) = run(root_call, False), run(perturbed, True)
-    except PrivacyRefusal:
+        a, out_a = run(root_call, False)
+        try:
+            b, out_b = run(perturb_rows(root_call, rows, PERTURBED_ROW,
+                                        torch.Generator().manual_seed(0)), True)
+        except PrivacyRefusal:
+            raise
+        except Exception:  # noqa: BLE001 - integers with a structure (EmbeddingBag offsets):
+            b, out_b = run(perturb_rows(root_call, rows, PERTURBED_ROW,  # change floats and
+                                        torch.Generator().manual_seed(0), integers=False), True)
+    except PrivacyRefusal:                                            # the loss only
         raise
     except Exception as e:  # noqa: BLE001 - a model the probe cannot run: refused or declared
         problem = not_checked_problem(f"{type(e).__name__}: {str(e).splitlines()[0]}"
