@@ -90,6 +90,7 @@ def make_private(
     user_reduction: str = "mean",
     noise: str = "gaussian",
     bands: int | None = None,
+    declare_row_wise: bool = False,
 ) -> tuple[nn.Module, DPOptimizer, DPDataLoader]:
     """Make ``model``/``optimizer``/``loader`` differentially private (DP-SGD and variants).
 
@@ -178,6 +179,11 @@ def make_private(
         steps; it keeps b − 1 noise vectors of the parameters' size. Both need a fixed σ (no
         method that sets σ or adds releases), one process, no individualized budgets.
       bands: b for ``noise="bandmf"`` (b = 1 is DP-SGD with Poisson sampling).
+      declare_row_wise: the user's declaration that each row of every layer's input and output
+        gradient depends on its own example only. dpfy checks this at the first step by
+        perturbing one example in training mode, through the backward (docs/guide/
+        per_example_contract.md); a model that probe cannot run is refused unless declared,
+        and then only warned about. A model the probe finds mixing is refused either way.
 
     Returns:
       ``(model, optimizer, loader)``: the same model (hooked; its trainable parameters get
@@ -251,7 +257,8 @@ def make_private(
                           "method": repr(method), "accountant": accountant,
                           "loss_reduction": loss_reduction, "seeded": seed is not None})
         collective.broadcast_module(model)
-    grads = GradEngine(model, route=route, loss_reduction=loss_reduction)
+    grads = GradEngine(model, route=route, loss_reduction=loss_reduction,
+                       declare_row_wise=declare_row_wise)
     try:
         _check_optimizer_params(optimizer, grads)
         layers = [[u.qualified(r) for r in u.params] for u in grads.units]

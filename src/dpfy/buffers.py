@@ -1,49 +1,63 @@
-"""Refuse buffers and parameters that a training forward changes: they would learn from the
-data unaccounted.
+"""Refuse a model whose state learns from the data outside the released gradient.
 
-A buffer (``module.register_buffer``) is saved with the model, so whatever a training forward
-writes into it is released in ``model.pt`` — and read by every later forward — without any noise
-or ledger entry. ``InstanceNorm2d(track_running_stats=True)`` is the standard example (one
-outlier in a batch moves its ``running_mean``), but any module can do it, so the check is
-general, not a list of classes: :class:`BufferGuard` notes every buffer's identity, version
-counter and storage before a module's forward and refuses, right after that forward, if one was
-replaced, written in place, given new storage, added or removed. The refusal comes in the first
-such forward, before its backward, so no gradient that saw the change is ever released.
-Parameters are watched the same way: a parameter may change only in the optimizer's step, from
-the released gradient, and a forward that writes one (ActNorm's data-dependent initialization
-from the first batch's mean and std, say) would release raw batch statistics with the model.
+What is watched (the one statement of it; ``docs/guide/per_example_contract.md`` repeats it for
+users): every tensor a later forward reads or ``torch.save(model)`` saves, of every module of
+the model — its **buffers** (``register_buffer``), its **tensor attributes** (a tensor assigned
+to ``self.x`` that is neither a parameter nor a buffer: running statistics kept that way are
+read by later forwards and pickled with the model just the same) and its **parameters** (which
+may change only in the optimizer's step, from the released gradient). Whatever a training
+forward, a hook or a backward writes into them would be released with ``model.pt``, and read by
+later steps, without noise or ledger entry. ``InstanceNorm2d(track_running_stats=True)`` is the
+standard example (one outlier moves its ``running_mean``); ActNorm's data-dependent
+initialization writes a parameter; but any module can do it, so the check is general, not a
+list of classes.
 
-What counts as a *training forward*: any forward except the usual evaluation idiom, i.e. every
-forward run with the module in training mode **or** with autograd recording
-(``torch.is_grad_enabled()``). Only a forward in ``eval()`` mode under ``torch.no_grad()`` /
-``torch.inference_mode()`` is not checked: such a forward cannot produce a gradient, and standard
-layers do not touch their buffers in eval mode, so evaluation (and inference caches kept in
-buffers) keep working. A ``no_grad`` forward in training mode *is* checked: running statistics
-learn in training mode whatever the grad mode.
+When (two checks, both by :class:`BufferGuard`, attached by ``make_private``):
 
-How changes are seen (cost per checked forward: a few attribute reads per buffer or parameter):
+1. around every *training forward* of the model (and of every module owning buffers, named by
+   its own name when called directly): each watched tensor's marks before, compared right after
+   the forward — the refusal comes in that forward, before its backward, so no gradient that saw
+   the change is released. The guard's hooks are kept outermost on each module (its pre hook
+   first, its post hook last, re-ordered at every call), so a hook the user registers after
+   ``make_private`` runs inside the checked span;
+2. before the private step uses a batch's gradients (``step/private_step.py``): the state the
+   last training forward left must be unchanged — a backward (tensor or module) hook, or code
+   between ``backward()`` and ``optimizer.step()``, that writes it is refused there, before
+   anything of the batch is released.
 
-- identity of the tensor under each buffer or parameter name (reassignment
-  ``self.b = self.b + x``, a new or a deleted one);
+A *training forward* is any forward except the usual evaluation idiom: every forward with the
+module in training mode **or** with autograd recording (``torch.is_grad_enabled()``). Only a
+forward in ``eval()`` mode under ``torch.no_grad()`` / ``torch.inference_mode()`` is not checked:
+it cannot produce a gradient, and standard layers do not touch their buffers in eval mode, so
+evaluation (and inference caches kept in buffers) keep working. A ``no_grad`` forward in training
+mode *is* checked: running statistics learn in training mode whatever the grad mode.
+
+How changes are seen:
+
+- identity of the tensor under each name (reassignment ``self.b = self.b + x``, a new or a
+  deleted one);
 - ``tensor._version`` (every in-place op through the tensor or a view of it);
 - ``tensor.data_ptr()`` (``self.b.data = ...``);
-- at the first checked forward of each hooked module, also the values, bit for bit, against a
-  copy taken before it: writes that bypass the version counter (``self.b.data.add_(x)``, native
-  kernels such as batch_norm's running-stat update) are caught there. After that first forward
-  such writes are not seen; every module that learns on each forward is caught at the first.
-  (The copy is of the whole model once, at its first training forward.) After it, parameters
-  are checked by their (identity, version, storage) marks only: measured on one thread about
-  0.7 µs per parameter per forward (72 parameters: 56 µs), against ≈ 3 µs for buffers alone.
+- the values, against writes that bypass the version counter (``self.b.data.add_(x)``, native
+  kernels such as batch_norm's running-stat update): buffers and tensor attributes are compared
+  bit for bit with a copy at every checked forward (they are small: statistics, masks, position
+  tables); parameters bit for bit at the model's first training forward, and after it by a
+  fingerprint (the sum of their bits read as integers, one read and no copy, all parameters
+  compared with one device sync), which any ordinary write changes.
 
-Hooks: one pair on every module that owns buffers (named by its own name, also when called
-directly) and one pair on the root that watches the buffers and parameters of the whole tree (a
-parent writing a child's buffer, a buffer registered lazily in ``forward``). A model without
-buffers thus pays two hook calls per forward on the root and nothing else (measured on one
-thread, buffers only: the hooks themselves 3.8 µs on the tanh CNN, with torch's hook dispatch
-12–16 µs per forward; about 2 µs more per buffer). Changes made outside any forward (an EMA of
-the weights updated in the training loop, say) are not this guard's business. Buffers that
-follow the parameters only (``spectral_norm``'s power iteration in training mode) are refused
-too: the guard cannot tell them from statistics of the data.
+Not watched: Python values that are not tensors (a step counter), tensors inside lists or dicts
+held by a module, and changes made outside the window from a training forward to its step (an
+EMA of the weights updated in the training loop after ``optimizer.step()``): the user's contract.
+Buffers that follow the parameters only (``spectral_norm``'s power iteration in training mode;
+the old ``torch.nn.utils.weight_norm``, which stores the weight as a tensor attribute
+recomputed in a pre-hook — ``torch.nn.utils.parametrizations.weight_norm`` does not) are
+refused too: the guard cannot tell them from statistics of the data.
+
+Cost: one pair of hooks on the root and on each module owning buffers; per checked forward a
+few attribute reads per watched tensor, a copy of the buffers and tensor attributes, and one
+read of the parameters. Earlier measurement (one thread, marks only): +15.5 µs per forward on
+the tanh CNN; the fingerprint and the step's check add one read of the parameters and of the
+buffers per step (measured in ``docs/guide/per_example_contract.md``).
 """
 
 from __future__ import annotations
@@ -84,44 +98,82 @@ def buffer_fix(module: nn.Module) -> str:
             "cannot be released privately by dpfy)")
 
 
+ATTRIBUTE_FIX = ("Keep statistics of the training data out of the model's state: compute the value "
+                 "beforehand from public data and only read it in forward (a tensor attribute is "
+                 "state like a buffer: later forwards read it and torch.save(model) saves it)")
+
 PARAMETER_FIX = ("Set its value before make_private (a data-dependent initialization from "
                  "public data, or none) and let only the optimizer change it")
 
 
 def _watched(m: nn.Module, params: bool = True) -> list[tuple[str, torch.Tensor | None]]:
-    """``m``'s own buffers and (``params``) parameters (lazy parameters, still to be shaped by
-    their first forward, are skipped: they hold no value yet)."""
+    """``m``'s own buffers, tensor attributes (a tensor assigned to ``self.x`` that is neither
+    a parameter nor a buffer: saved with ``torch.save(model)`` and read by later forwards all
+    the same) and (``params``) parameters (lazy parameters, still to be shaped by their first
+    forward, are skipped: they hold no value yet)."""
+    state = [*m._buffers.items(), *((n, t) for n, t in vars(m).items()
+                                    if isinstance(t, torch.Tensor))]
     if not params:
-        return list(m._buffers.items())
-    return [*m._buffers.items(), *((n, p) for n, p in m._parameters.items()
-                                   if p is None or not is_lazy(p))]
+        return state
+    return [*state, *((n, p) for n, p in m._parameters.items()
+                      if p is None or not is_lazy(p))]
 
 
-Marks = dict[tuple[int, str], tuple[int, int, int]]
+def _kind(m: nn.Module, name: str) -> str:
+    """What ``name`` is in ``m``: "parameter", "buffer" or "tensor attribute"."""
+    return ("parameter" if name in m._parameters else
+            "buffer" if name in m._buffers else "tensor attribute")
+
+
+Marks = tuple[dict[tuple[int, str], tuple[int, int, int]], "torch.Tensor | None"]
+
+_INT_VIEWS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64, 16: torch.int64}
+
+
+def _fingerprint(p: torch.Tensor) -> torch.Tensor:
+    """The sum of ``p``'s bits read as integers (int64, a 0-dim tensor on ``p``'s device): a
+    write that bypasses the version counter (``p.data.add_(x)``) changes it. One read of the
+    parameter, no copy; compared for all parameters at once (one device sync)."""
+    t = p.detach()
+    t = t if t.is_contiguous() else t.contiguous()
+    if t.numel() == 0:
+        return torch.zeros((), dtype=torch.int64, device=t.device)
+    return t.view(_INT_VIEWS[t.element_size()]).sum(dtype=torch.int64)
 
 
 def _param_marks(owners: list[tuple[str, nn.Module]]) -> Marks | None:
-    """(identity, version, storage) of every parameter of ``owners``: the cheap check of the
-    forwards after the first (about a third of the per-tensor cost of a full snapshot); None
-    when a parameter has no version counter or storage (then the full snapshot is used)."""
+    """(identity, version, storage) of every parameter of ``owners``, and their
+    :func:`_fingerprint` s: the check of the forwards after the first (no copy); None when a
+    parameter has no version counter or storage (then the full snapshot is used)."""
     try:
-        return {(k, n): (id(p), p._version, p.data_ptr()) for k, (_, m) in enumerate(owners)
-                for n, p in m._parameters.items() if p is not None and not is_lazy(p)}
-    except RuntimeError:
+        params = [((k, n), p) for k, (_, m) in enumerate(owners)
+                  for n, p in m._parameters.items() if p is not None and not is_lazy(p)]
+        marks = {key: (id(p), p._version, p.data_ptr()) for key, p in params}
+        devices = {p.device for _, p in params}
+        prints = (torch.stack([_fingerprint(p).to(p.device) for _, p in params])
+                  if params and len(devices) == 1 else None)  # several devices: marks only
+        return marks, prints
+    except (RuntimeError, KeyError):
         return None
 
 
 def _marks_changed(before: Marks, now: Marks) -> list[tuple[tuple[int, str], str]]:
     """Which parameters changed between two :func:`_param_marks`, and how."""
-    out = [(key, "registered during the forward") for key in now if key not in before]
-    for key, (ident, version, ptr) in before.items():
-        mark = now.get(key)
+    (was, was_prints), (is_, is_prints) = before, now
+    out = [(key, "registered during the forward") for key in is_ if key not in was]
+    for key, (ident, version, ptr) in was.items():
+        mark = is_.get(key)
         how = ("deleted during the forward" if mark is None else
                "replaced by another tensor" if mark[0] != ident else
                "modified in place" if mark[1] != version else
                "given new storage (.data assignment)" if mark[2] != ptr else None)
         if how is not None:
             out.append((key, how))
+    if (not out and was_prints is not None and is_prints is not None
+            and not torch.equal(was_prints, is_prints)):
+        keys = list(was)
+        out = [(keys[i], "given new values without a version bump (.data or a native kernel)")
+               for i in (was_prints != is_prints).nonzero().flatten().tolist()]
     return out
 
 
@@ -131,7 +183,8 @@ class _Seen(NamedTuple):
     tensor: torch.Tensor | None
     version: int | None   # None: no version counter (None buffer, inference tensor)
     ptr: int | None       # None: no storage to point to (None buffer, sparse tensor)
-    copy: torch.Tensor | None  # bitwise copy, first checked forward only
+    copy: torch.Tensor | None  # bitwise copy (parameters: first checked forward only)
+    kind: str = "buffer"  # or "parameter", "tensor attribute"
 
 
 def _version(t: torch.Tensor | None) -> int | None:
@@ -189,25 +242,31 @@ class BufferChange:
     buffer: str   # the buffer's name within that module
     how: str      # what happened ("modified in place", ...)
     fix: str
-    what: str = "buffer"  # or "parameter"
+    what: str = "buffer"  # or "parameter", "tensor attribute"
+    after: bool = False   # changed after the forward, before the step (not in it)
 
     def __str__(self) -> str:
         qualified = f"{self.module}.{self.buffer}" if self.module else self.buffer
-        why = ("Buffers are saved and reused with the model but nothing accounts what they "
-               "learn from the training data" if self.what == "buffer" else
+        why = ("Buffers and tensor attributes are saved and reused with the model but "
+               "nothing accounts what they learn from the training data"
+               if self.what != "parameter" else
                "A parameter may change only in the optimizer's step, from the released "
                "gradient: a value a forward writes into it is released with the model with no "
                "noise and no ledger entry")
+        when = ("after the training forward (in a backward hook, or between backward() and "
+                "optimizer.step())" if self.after else "in a training forward")
         return (f"{self.what} {qualified!r} of module {self.module or '(root)'!r} ({self.kind}) "
-                f"must not change in a training forward, got it {self.how}. {why}. {self.fix}.")
+                f"must not change {when}, got it {self.how}. {why}. {self.fix}.")
 
 
 class _Watch:
     """One hooked module: notes the buffers of ``owners`` before its forward, checks after."""
 
-    def __init__(self, guard: BufferGuard, owners: list[tuple[str, nn.Module]]) -> None:
+    def __init__(self, guard: BufferGuard, owners: list[tuple[str, nn.Module]],
+                 root: bool = False) -> None:
         self.guard = guard
         self.owners = owners
+        self.root = root  # watches the whole tree from the model's own forward
         # one entry per open call: the full snapshot, and the parameters' marks when the
         # snapshot holds buffers only (None: not a checked forward)
         self.stack: list[tuple[dict[tuple[int, str], _Seen], Marks | None] | None] = []
@@ -215,15 +274,21 @@ class _Watch:
 
     def snapshot(self, with_copies: bool, params: bool = True
                  ) -> dict[tuple[int, str], _Seen]:
-        return {(k, name): _Seen(t, _version(t), _ptr(t), _copy(t) if with_copies else None)
+        """Every watched tensor's marks; a bitwise copy of each buffer and tensor attribute,
+        and (``with_copies``: the first checked forward) of each parameter too."""
+        return {(k, name): _Seen(t, _version(t), _ptr(t),
+                                 _copy(t) if with_copies or name not in m._parameters else None,
+                                 _kind(m, name))
                 for k, (_, m) in enumerate(self.owners) for name, t in _watched(m, params)}
 
-    def change(self, k: int, name: str, how: str) -> BufferChange:
+    def change(self, k: int, name: str, how: str, after: bool = False,
+               kind: str | None = None) -> BufferChange:
         owner_name, m = self.owners[k]
-        if name in m._parameters:
-            return BufferChange(owner_name, type(m).__name__, name, how, PARAMETER_FIX,
-                                "parameter")
-        return BufferChange(owner_name, type(m).__name__, name, how, buffer_fix(m))
+        how = how.replace(" during the forward", "") if after else how
+        kind = kind or _kind(m, name)
+        fix = {"parameter": PARAMETER_FIX, "tensor attribute": ATTRIBUTE_FIX}.get(kind)
+        return BufferChange(owner_name, type(m).__name__, name, how, fix or buffer_fix(m),
+                            kind, after)
 
     def pre(self, module: nn.Module) -> None:
         if not is_training_forward(module):
@@ -239,27 +304,36 @@ class _Watch:
         raised = self.guard.raised
         if entry is None or (raised is not None and sys.exc_info()[1] is raised):
             return  # not checked, or an inner module's refusal is already on its way up
-        before, marks = entry
-        params = marks is None   # the snapshot holds the parameters too
         self.values_checked = True
-        changes, matched = [], 0
-        for k, (_, m) in enumerate(self.owners):
-            for name, now in _watched(m, params):
-                seen = before.get((k, name))
-                matched += seen is not None
-                how = _how_changed(seen, now)
-                if how is not None:
-                    changes.append(self.change(k, name, how))
-        if matched != len(before):  # some buffer that was there is gone
-            changes += [self.change(k, name, "deleted during the forward") for k, name in before
-                        if name not in dict(_watched(self.owners[k][1], params))]
-        if marks is not None:
-            now_marks = _param_marks(self.owners)
-            if now_marks != marks:
-                changes += [self.change(k, name, how) for (k, name), how in
-                            _marks_changed(marks, now_marks or {})]
+        now = _param_marks(self.owners)
+        changes = self.changes(*entry, now=now)
         if changes:
             self.guard._refuse(changes)
+        if self.root:  # the state the step must find (see BufferGuard.check_settled)
+            self.guard.settled = (self.snapshot(with_copies=False, params=now is None), now)
+
+    def changes(self, before: dict[tuple[int, str], _Seen], marks: Marks | None,
+                after: bool = False, now: Marks | None = None) -> list[BufferChange]:
+        """What changed since the snapshot ``before`` (and the parameters' ``marks``; ``now``:
+        their marks at present, when already taken)."""
+        params = marks is None   # the snapshot holds the parameters too
+        changes, matched = [], 0
+        for k, (_, m) in enumerate(self.owners):
+            for name, tensor in _watched(m, params):
+                seen = before.get((k, name))
+                matched += seen is not None
+                how = _how_changed(seen, tensor)
+                if how is not None:
+                    changes.append(self.change(k, name, how, after))
+        if matched != len(before):  # some buffer that was there is gone
+            changes += [self.change(k, name, "deleted during the forward", after, seen.kind)
+                        for (k, name), seen in before.items()
+                        if name not in dict(_watched(self.owners[k][1], params))]
+        if marks is not None:
+            now_marks = (now if now is not None else _param_marks(self.owners)) or ({}, None)
+            changes += [self.change(k, name, how, after) for (k, name), how in
+                        _marks_changed(marks, now_marks)]
+        return changes
 
 
 class BufferGuard:
@@ -286,24 +360,38 @@ class BufferGuard:
         self.raised: PrivacyRefusal | None = None  # the last refusal (outer hooks let it pass)
         self._handles: list[RemovableHandle] = []
         modules = list(model.named_modules())
-        self._hook(model, modules)  # the whole tree, seen from the root's forward
+        self.settled: tuple[dict[tuple[int, str], _Seen], Marks | None] | None = None
+        self._root: _Watch | None = None
+        self._hook(model, modules, root=True)  # the whole tree, seen from the root's forward
         for name, m in modules:
             if m is not model and any(True for _ in m.named_buffers(recurse=False)):
                 self._hook(m, [(name, m)])
         _GUARDS[model] = self
         self._model = weakref.ref(model)
 
-    def _hook(self, module: nn.Module, owners: list[tuple[str, nn.Module]]) -> None:
-        watch = _Watch(self, owners)
+    def _hook(self, module: nn.Module, owners: list[tuple[str, nn.Module]],
+              root: bool = False) -> None:
+        watch = _Watch(self, owners, root)
+        if root:
+            self._root = watch
+        handles: list[RemovableHandle] = []
 
         def pre(m: nn.Module, args: Any) -> None:
+            # hooks the user registers later must run inside the guarded span: this call's
+            # post hook last (the hook list is copied after the pre hooks ran), the next
+            # call's pre hook first
+            if next(reversed(m._forward_hooks), None) != handles[1].id:
+                m._forward_hooks.move_to_end(handles[1].id)
             watch.pre(m)
 
         def post(m: nn.Module, args: Any, output: Any) -> None:
+            if next(iter(m._forward_pre_hooks), None) != handles[0].id:
+                m._forward_pre_hooks.move_to_end(handles[0].id, last=False)
             watch.post()
 
-        self._handles.append(module.register_forward_pre_hook(pre))
-        self._handles.append(module.register_forward_hook(post, always_call=True))
+        handles += [module.register_forward_pre_hook(pre, prepend=True),
+                    module.register_forward_hook(post, always_call=True)]
+        self._handles += handles
 
     def _refuse(self, changes: list[BufferChange]) -> None:
         if self.collect:
@@ -313,6 +401,21 @@ class BufferGuard:
             "\n".join(map(str, changes)) + "\nThe model's buffers or parameters now hold values "
             "of this batch: rebuild (or reload) the model after the fix before training it.")
         raise self.raised
+
+    def check_settled(self) -> None:
+        """Refuse a change to the model's state since the end of its last training forward
+        (a backward hook, or code between ``backward()`` and ``optimizer.step()``): called by
+        the private step before it uses the batch's gradients. Then forgets that state."""
+        settled, self.settled = self.settled, None
+        if settled is not None and self._root is not None:
+            changes = self._root.changes(*settled, after=True)
+            if changes:
+                self._refuse(changes)
+
+    def forget_settled(self) -> None:
+        """Forget the state noted at the last forward (the step's own forwards and updates
+        follow; the next training forward notes it again)."""
+        self.settled = None
 
     def detach(self) -> None:
         """Remove every hook of this guard (idempotent)."""

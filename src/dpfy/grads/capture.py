@@ -39,6 +39,7 @@ from dpfy.grads.layout import (AMBIGUOUS, BROADCAST, LayoutProbe, call_shapes, e
                                probed_rule_dim, probed_vmap_problem, rule_batch_dim,
                                rule_candidates, run_layout_probe, shape_of, vmap_ambiguous,
                                vmap_batch_dims)
+from dpfy.grads.perturbation import PerturbProbe, find_cross_row
 from dpfy.grads.row_identity import RowProbe, find_mixing, row_probe_applies
 from dpfy.grads.units import Unit
 
@@ -159,6 +160,7 @@ class Capture:
         self.calls: dict[int, list[Call]] = {id(u): [] for u in units}
         self.rows: Callable[[], int | None] = lambda: None  # the private batch's size (bound)
         self.rows_checked = False  # the row-identity probe ran (grads/row_identity.py)
+        self.declared_row_wise = False  # the user vouches for a model the probes cannot run
         self.anchor = torch.empty(0, requires_grad=True)  # see Tap; never receives a gradient
         self._recomputing = False  # inside our own vmap forward: hooks must not capture it
         self._root_call: tuple[tuple, dict] | None = None  # the model's call, inside its forward
@@ -263,10 +265,12 @@ class Capture:
         self.rows_checked = True
         now = {id(u): calls[len(calls) - self._ordinals.get(id(u), 0):]  # this forward's calls
                for u in self.units for calls in [self.calls[id(u)]]}
-        found = find_mixing(self.model, self._root_call, rows, now,
-                            {id(u): u for u in self.units}, self.rerun, self.device)
-        if found is not None:
-            problem, targets = found
+        units = {id(u): u for u in self.units}
+        found = [find_mixing(self.model, self._root_call, rows, now, units, self.rerun,
+                             self.device),
+                 find_cross_row(self.model, self._root_call, rows, now, units, self.rerun,
+                                self.anchor, self.device, self.declared_row_wise)]
+        for problem, targets in filter(None, found):
             for c in targets:
                 c.problem = c.problem or problem
 
@@ -338,11 +342,33 @@ class Capture:
                       and rule_candidates(unit, a, rows) == [BROADCAST])
         if values:  # as the training forward decided for this call, when it made it
             shared = probe.was_shared(id(unit), shared)
+        if isinstance(probe, PerturbProbe):
+            return self._probe_taps(unit, output, shared, probe)
         if not shared:
             return None
         leaves, spec = tree_flatten(output)
         return tree_unflatten([expand_rows(t, rows) if torch.is_tensor(t)
                                and t.is_floating_point() else t for t in leaves], spec)
+
+    def _probe_taps(self, unit: Unit, output: Any, shared: bool, probe: PerturbProbe) -> Any:
+        """In the perturbation probe's forward: the output (expanded over the rows when the
+        call is shared by the batch), with each floating leaf's gradient kept into the probe,
+        as the training forward's hook keeps it (a hook, or a :class:`Tap` on a constant)."""
+        leaves, spec = tree_flatten(output)
+        if shared:
+            leaves = [expand_rows(t, probe.rows) if torch.is_tensor(t) and t.is_floating_point()
+                      else t for t in leaves]
+        tensors = [k for k, t in enumerate(leaves) if torch.is_tensor(t)]
+        for j, k in enumerate(tensors):
+            t = leaves[k]
+            if not t.is_floating_point():
+                continue
+            keep = probe.keeper(id(unit), j, len(tensors))
+            if t.requires_grad:
+                t.register_hook(keep)
+            else:
+                leaves[k] = Tap.apply(self.anchor, t, keep)
+        return tree_unflatten(leaves, spec)
 
     def _layout_probe(self, rows: int) -> LayoutProbe:
         """This forward's layout probe, run at most once per forward, and only for a forward

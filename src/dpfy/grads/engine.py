@@ -51,10 +51,13 @@ class GradEngine:
       route: ``"auto"`` (rules where registered, vmap for other modules), ``"ghost"`` (rules
         only; raises for a module without a rule) or ``"vmap"`` (torch.func on the whole model).
       loss_reduction: ``"mean"`` or ``"sum"``: how the user's loss reduces over the batch.
+      declare_row_wise: the user vouches that every row of every layer's input and gradient
+        depends on its own example only; a model the perturbation probe cannot run is then
+        accepted with a warning instead of refused (``grads/perturbation.py``).
     """
 
     def __init__(self, model: nn.Module, *, route: str = "auto",
-                 loss_reduction: str = "mean") -> None:
+                 loss_reduction: str = "mean", declare_row_wise: bool = False) -> None:
         require(loss_reduction in LOSS_REDUCTIONS, "loss_reduction", loss_reduction,
                 f"one of {list(LOSS_REDUCTIONS)}")
         self.model = model
@@ -66,6 +69,7 @@ class GradEngine:
         self.units = build_units(model, route, {id(p) for _, p in self.named_params})
         self._tied = tied_uses(self.units)  # tied parameter name -> its uses, owner first
         self._capture = Capture(model, self.units, self.named_params[0][1].device)
+        self._capture.declared_row_wise = declare_row_wise
         self._routes = Routes(self._capture)
         self._b = 0  # batch size of the captures the norms were computed on
         for _, p in self.named_params:

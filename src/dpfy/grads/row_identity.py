@@ -38,7 +38,9 @@ both probe batches, data-dependent mixing that these rows do not trigger); nor m
 vmap unit that does not reach its inputs or the model's output; nor a model whose call cannot
 be cut by rows (its probe forward raises, e.g. ``EmbeddingBag`` called with 1-D ids and offsets,
 whose offsets reversed are invalid; or a transposed view as input): such a model is not checked
-(not refused), as before the probe existed. A layer whose input depends on
+here (not refused). Training mode, the backward pass and models that cannot be cut by rows are
+the perturbation probe's (``grads/perturbation.py``), which keeps the batch's shape and runs
+right after this one. A layer whose input depends on
 the position of a row in the batch (``x + torch.arange(B)[:, None]``) is refused although it
 would be private: the probe reorders the rows.
 

@@ -12,6 +12,7 @@ from torch.utils._pytree import tree_map
 
 from dpfy._require import require
 from dpfy.sampling.admit import _refuse
+from dpfy.sampling.collate_probe import CollateProbe
 from dpfy.sampling.poisson import PoissonSampler
 from dpfy.sampling.shuffle import ShuffleSampler
 
@@ -71,10 +72,12 @@ class _Chunk(NamedTuple):
 
 
 class _EmptySafeCollate:
-    """Collate that turns an empty index list into zero-row tensors of the right shape."""
+    """Collate that turns an empty index list into zero-row tensors of the right shape, and
+    checks on its first batch that the user's collate function does not mix examples
+    (:class:`~dpfy.sampling.collate_probe.CollateProbe`)."""
 
     def __init__(self, collate_fn: Any, dataset: Any) -> None:
-        self.collate_fn, self.dataset = collate_fn, dataset
+        self.collate_fn, self.dataset = CollateProbe(collate_fn), dataset
 
     def __call__(self, items: list[Any]) -> Any:
         if items:

@@ -30,6 +30,7 @@ import torch
 
 from dpfy._require import require
 from dpfy.adaptive.base import Method, check_plan
+from dpfy.buffers import guard_of
 from dpfy.clipping import ClippingPolicy, total_norm
 from dpfy.errors import PrivacyRefusal
 from dpfy.grads import GradEngine
@@ -178,6 +179,9 @@ class PrivateStep:
     def _accumulate(self, sums: StepSums) -> None:
         """Add one physical batch to ``sums``: norms → clipping → extra values → sums."""
         plan, method, state = sums.plan, self.method, self.method_state
+        state_guard = guard_of(self.model)
+        if state_guard is not None:  # the model's state as the forward left it (buffers.py)
+            state_guard.check_settled()
         unit_of_row = self.sampler.units_of(self.cursor.indices)   # None: each row is a unit
         scale = None   # (U,) what a unit's gradient sum is multiplied by before clipping
         if unit_of_row is not None:
@@ -218,6 +222,8 @@ class PrivateStep:
                      if self.individual is not None else None)
         sums.add(weighted_sums, norms, clip, values, owner, clip_fractions=fractions)
         self.grads.clear()
+        if state_guard is not None:
+            state_guard.forget_settled()  # the loss probes' forwards are the step's own
         del sq, norms, clip, values
 
     # -- 7–12. guard, noise, ledger, probes, optimizer, update --------------------------------
@@ -248,6 +254,9 @@ class PrivateStep:
                 for n, p in self.params.items():
                     p.grad = mapped[n].to(p.dtype)
         self.cursor.pending = 0   # taken: released and recorded
+        state_guard = guard_of(self.model)
+        if state_guard is not None:
+            state_guard.forget_settled()  # the post-release probes' forwards are the step's
         self._inner_step(plan.lr_scale)
         if self.method is not None:
             self.method_state = self.method.update(

@@ -1,0 +1,315 @@
+"""Whether one example reaches other examples' rows in training mode, forward *or* backward:
+the perturbation probe.
+
+The engine clips, for each i, the gradient formed from row i of every captured layer's input
+and row i of that layer's output gradient. Both must come from example i alone. The
+row-identity probe (``grads/row_identity.py``) checks the inputs in ``eval()`` mode on a batch
+with one row removed, which misses three ways of breaking it (reproduced, each accepted with a
+sensitivity far above C): mixing that only a training forward does (a batch norm written by
+hand under ``if self.training:``), mixing in the backward pass (a custom autograd Function whose
+forward is the identity and whose backward centres the gradients over the batch), and a model
+that cannot run on a shortened batch (attention across rows through a ``reshape``), which that
+probe leaves unchecked.
+
+The check. At the same place (the end of the first training forward on a bound private batch of
+at least :data:`~dpfy.grads.row_identity.MIN_ROWS` rows, and in :func:`dpfy.validate`'s
+pre-flight), the model is run twice more, *in the modes the training forward ran in*, each time
+followed by a backward from the model's output:
+
+- A: on the batch, with fixed output cotangents V (standard normal, one per output element);
+- B: on the batch with row ``r`` = 0 replaced (:func:`perturb_rows`: a float row gets another
+  row's values plus noise, an integer or boolean row gets another row's values), and V with its
+  row ``r`` replaced too (a different loss for that example). Where the model cannot run on
+  that batch because integers carry a structure (``EmbeddingBag`` offsets), B changes the
+  float rows and the cotangent only.
+
+Both start from the same global RNG state (forked, so the training run's stream is unchanged),
+and the batch keeps its shape, so dropout masks and every other draw line up row by row. For
+every captured layer call, the inputs *and* the output gradients of every row other than ``r``,
+and the model's output rows other than ``r``, must be identical in A and B. A difference means
+that example ``r`` reached another example's row: the calls concerned get the refusal (raised
+when their gradient is used), as the row-identity probe's do.
+
+Why bit-identical. A and B run the same operations on tensors of the same shapes from the same
+RNG state, so a row-wise model computes every row other than ``r`` with the same arithmetic in
+the same order: the rows are equal bit for bit on a deterministic kernel. A tolerance would
+only let a small leak through (a mixing weight of 1e-4 on each of 255 other rows adds
+2.55e-2·C). Some kernels are not deterministic run to run (atomic additions on a GPU): when A
+and B differ, A is run a third time, and only if A and its repetition differ too are A and B
+compared again with the row-identity probe's float tolerance (``rows_differ``: relative 1e-4).
+
+When the probe cannot run (the forward or backward raises on the perturbed batch): the model is
+refused, naming the error, unless the user declared it row-wise
+(``make_private(..., declare_row_wise=True)``): then a warning says that it was not checked.
+What it cannot see: a loss computed outside the model (the backward starts from the model's
+output with fixed cotangents: mixing in the loss remains the user's contract), mixing that the
+perturbation of this one row on this one batch does not trigger (data-dependent control flow),
+and randomness that depends on the data. State outside tensors that a forward changes (a Python
+counter) is changed by the probe's two forwards too.
+
+Cost: two training forwards and two backwards (without parameter gradients), once per engine;
+a third pair only when rows differ. Measured in ``docs/guide/per_example_contract.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from dpfy.errors import PrivacyRefusal
+from dpfy.grads.row_identity import RowProbe, reseed, rows_differ
+from dpfy.grads.units import Unit
+
+__all__ = ["PerturbProbe", "perturb_rows", "find_cross_row", "PERTURBED_ROW",
+           "cross_row_problem", "not_checked_problem"]
+
+PERTURBED_ROW = 0  # the example whose input and loss the probe changes
+
+
+@dataclass
+class PerturbProbe(RowProbe):
+    """A :class:`RowProbe` that also keeps each call's output gradients: ``grads[(unit id,
+    call)][k]`` for the call's k-th floating output leaf (None until its gradient arrives)."""
+
+    grads: dict[tuple[int, int], list[torch.Tensor | None]] = field(default_factory=dict)
+
+    def keeper(self, unit_id: int, k: int, n: int) -> Callable[[torch.Tensor], None]:
+        """The hook that keeps output leaf ``k`` (of ``n``) of the call just recorded."""
+        key = (unit_id, len(self.inputs[unit_id]) - 1)
+        slots = self.grads.setdefault(key, [None] * n)
+
+        def keep(grad: torch.Tensor) -> None:
+            slots[k] = grad.detach() if slots[k] is None else slots[k] + grad.detach()
+        return keep
+
+
+def perturb_rows(tree: Any, rows: int, row: int, generator: torch.Generator,
+                 integers: bool = True) -> Any:
+    """``tree`` with row ``row`` of every tensor of ``rows`` rows (dimension 0) replaced: by the
+    next row's values, plus standard normal noise at the tensor's scale for a float tensor (so
+    that the row changes even where two rows are equal). ``integers=False`` leaves integer and
+    boolean tensors as they are (ids, masks, offsets)."""
+    donor = (row + 1) % rows
+
+    def change(t: Any) -> Any:
+        if not torch.is_tensor(t) or t.dim() == 0 or t.shape[0] != rows:
+            return t
+        if not integers and not t.is_floating_point():
+            return t
+        out = t.detach().clone()
+        out[row] = out[donor]
+        if out.is_floating_point():
+            finite = out[torch.isfinite(out)]
+            scale = float(finite.float().std()) if finite.numel() > 1 else 1.0
+            noise = torch.randn(t.shape[1:], generator=generator).to(out)
+            out[row] += noise * (scale if scale > 0 else 1.0)
+        return out.requires_grad_(t.requires_grad) if t.is_leaf and t.requires_grad else out
+
+    leaves, spec = tree_flatten(tree)
+    return tree_unflatten([change(t) for t in leaves], spec)
+
+
+def find_cross_row(model: nn.Module, root_call: tuple[tuple, dict], rows: int,
+                   now: dict[int, list[Any]], units: dict[int, Unit],
+                   rerun: Callable[[RowProbe, tuple, dict], Any], anchor: torch.Tensor,
+                   device: torch.device | None, declared: bool = False
+                   ) -> tuple[str, list[Any]] | None:
+    """The perturbation check of one training forward (see the module docstring).
+
+    Args mirror :func:`dpfy.grads.row_identity.find_mixing`; ``anchor`` is the capture's leaf
+    that its taps hang on (the backward is taken with respect to it and to every leaf that
+    requires a gradient, so that no parameter's ``.grad`` is written); ``declared``: the user
+    declared the model row-wise (a probe that cannot run then warns instead of refusing).
+
+    Returns:
+      None when no other row changed, else the refusal and the calls it belongs to.
+    """
+    shared = {uid: [c.shared for c in calls] for uid, calls in now.items()}
+    leaves = [p for p in model.parameters() if p.requires_grad]
+    leaves += [t for t in tree_flatten(root_call)[0] if torch.is_tensor(t) and t.requires_grad
+               and t.is_leaf]
+
+    def run(call: tuple[tuple, dict], change_row: bool) -> tuple[PerturbProbe, Any]:
+        probe = PerturbProbe(rows, shared=shared)
+        with _forked_rng(device):
+            reseed(0)
+            out = rerun(probe, *call)
+            outs = [t for t in tree_flatten(out)[0] if torch.is_tensor(t)
+                    and t.is_floating_point() and t.requires_grad]
+            cot = _cotangents(outs, rows, change_row)
+            if outs:
+                torch.autograd.grad(outs, [anchor, *leaves], cot, allow_unused=True)
+        return probe, _detached(out)
+
+    try:
+        a, out_a = run(root_call, False)
+        try:
+            b, out_b = run(perturb_rows(root_call, rows, PERTURBED_ROW,
+                                        torch.Generator().manual_seed(0)), True)
+        except PrivacyRefusal:
+            raise
+        except Exception:  # noqa: BLE001 - integers with a structure (EmbeddingBag offsets):
+            b, out_b = run(perturb_rows(root_call, rows, PERTURBED_ROW,  # change floats and
+                                        torch.Generator().manual_seed(0), integers=False), True)
+    except PrivacyRefusal:                                            # the loss only
+        raise
+    except Exception as e:  # noqa: BLE001 - a model the probe cannot run: refused or declared
+        problem = not_checked_problem(f"{type(e).__name__}: {str(e).splitlines()[0]}"
+                                      if str(e) else type(e).__name__)
+        if declared:
+            warnings.warn(f"{problem}; declared row-wise by the user (declare_row_wise=True), "
+                          f"so it was not refused", stacklevel=2)
+            return None
+        return problem, [c for calls in now.values() for c in calls]
+
+    def dims(uid: int, j: int) -> tuple[Any, int | None] | None:
+        real = now[uid][j] if j < len(now[uid]) else None
+        if real is None or real.problem is not None:
+            return None
+        grad_dim = 0 if (units[uid].rule is None or real.shared) else real.batch_dim
+        return real.row_dims(units[uid]), grad_dim
+
+    found = _differences(a, out_a, b, out_b, rows, dims, exact=True)
+    if found and _differences(a, out_a, *run(root_call, False), rows, dims, exact=True):
+        found = _differences(a, out_a, b, out_b, rows, dims, exact=False)  # not deterministic
+    if not found:
+        return None
+    uid, j, what = found[0]
+    where = units[uid].label if uid is not None else None
+    problem = cross_row_problem(where, rows, what)
+    targets = ([c for calls in now.values() for c in calls] if uid is None
+               else [now[u][k] for u, k, _ in found if u is not None])
+    return problem, targets
+
+
+def cross_row_problem(label: str | None, rows: int, detail: str) -> str:
+    """The refusal: which layer (None: the model's output), what changed, and the fix."""
+    where = f"the input of {label}" if label is not None else "the model's output"
+    return (f"{where} must keep each example's row computed from that example alone, got "
+            f"other examples' rows that changed when one example's input and loss were "
+            f"changed, in training mode, among the {rows} rows of the batch ({detail}): the "
+            f"model mixes or moves examples across the batch (batch statistics, in training "
+            f"mode only too; a custom autograd Function mixing gradients; rows reshaped into "
+            f"a sequence that attention or a layer mixes; a loss computed inside the model "
+            f"that divides by a count over the batch, such as a token mean over padded labels: "
+            f"sum per-example losses instead), so dpfy cannot bound one example's "
+            f"contribution. Compute each example's output and gradient from that example "
+            f"alone: LayerNorm or GroupNorm instead of batch statistics, and keep the batch in "
+            f"dimension 0, never reordered or mixed")
+
+
+def not_checked_problem(error: str) -> str:
+    """The refusal of a model the perturbation probe cannot run."""
+    return (f"the model must let dpfy check that each example's rows come from that example "
+            f"alone, got the per-example probe failing on the batch with one example changed "
+            f"({error}), so the model is not checked. Make the forward run on any batch of the "
+            f"same shape, or, if every row of every layer's input and gradient depends only on "
+            f"its own example, declare it: make_private(..., declare_row_wise=True)")
+
+
+@contextlib.contextmanager
+def _forked_rng(device: torch.device | None) -> Iterator[None]:
+    devices = ([device.index if device.index is not None else torch.cuda.current_device()]
+               if device is not None and device.type == "cuda" else [])
+    with torch.random.fork_rng(devices=devices), torch.enable_grad():
+        yield
+
+
+def _cotangents(outs: list[torch.Tensor], rows: int, change_row: bool) -> list[torch.Tensor]:
+    """Fixed standard normal cotangents for the output leaves; with ``change_row``, the
+    perturbed row's are drawn afresh (that example's loss changes)."""
+    gen = torch.Generator().manual_seed(1)
+    cot = [torch.randn(t.shape, generator=gen, dtype=torch.float64).to(t) for t in outs]
+    if change_row:
+        for c in cot:
+            if c.dim() >= 1 and c.shape[0] == rows:
+                c[PERTURBED_ROW] = torch.randn(c.shape[1:], generator=gen,
+                                               dtype=torch.float64).to(c)
+    return cot
+
+
+def _detached(out: Any) -> Any:
+    leaves, spec = tree_flatten(out)
+    return tree_unflatten([t.detach() if torch.is_tensor(t) else t for t in leaves], spec)
+
+
+def _others(t: torch.Tensor, dim: int, rows: int) -> torch.Tensor | None:
+    """``t``'s rows other than the perturbed one along ``dim`` (None: no such dimension)."""
+    if t.dim() <= dim or t.shape[dim] != rows:
+        return None
+    keep = torch.tensor([i for i in range(rows) if i != PERTURBED_ROW], device=t.device)
+    return t.index_select(dim, keep)
+
+
+def _differs(x: Any, y: Any, dim: int | None, rows: int, exact: bool) -> bool:
+    """Whether tensors ``x`` and ``y`` differ outside the perturbed row along ``dim`` (None:
+    everywhere), bit for bit (``exact``) or beyond the row-identity probe's tolerance."""
+    if not torch.is_tensor(x) or not torch.is_tensor(y):
+        return torch.is_tensor(x) != torch.is_tensor(y)
+    if x.shape != y.shape or x.dtype != y.dtype:
+        return True
+    if dim is not None and _others(x, dim, rows) is not None:  # else: it must not change
+        x, y = _others(x, dim, rows), _others(y, dim, rows)
+    if exact:
+        return not torch.equal(_bits(x), _bits(y))
+    if x.is_floating_point():
+        return rows_differ(x, y, torch.arange(0), None)
+    return not torch.equal(x, y)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach().contiguous()
+    return t.reshape(-1).view(torch.uint8) if t.numel() and t.dtype != torch.bool else t
+
+
+def _input_differs(x: Any, y: Any, dims: Any, rows: int, exact: bool) -> str | None:
+    """What differs between one call's inputs in A and B (None: nothing)."""
+    if not isinstance(dims, tuple):
+        return "its rows" if _differs(x, y, dims, rows, exact) else None
+    (xa, xk), (ya, yk) = x, y
+    if len(xa) != len(ya) or set(xk) != set(yk):
+        return "its arguments"
+    named = [*((f"argument {i}", xa[i], ya[i], d) for i, d in enumerate(dims[0])),
+             *((f"keyword argument {k!r}", xk[k], yk[k], dims[1].get(k)) for k in xk)]
+    for name, f, p, d in named:
+        if _differs(f, p, d, rows, exact):
+            return f"its {name}"
+    return None
+
+
+def _differences(a: PerturbProbe, out_a: Any, b: PerturbProbe, out_b: Any, rows: int,
+                 dims: Callable[[int, int], tuple[Any, int | None] | None], exact: bool
+                 ) -> list[tuple[int | None, int, str]]:
+    """The calls (unit id, call, what) whose other rows differ between A and B, in call
+    order; (None, 0, what) for the model's output."""
+    out: list[tuple[int | None, int, str]] = []
+    for uid, j in a.order:
+        d = dims(uid, j)
+        if d is None:
+            continue
+        got = b.inputs.get(uid, [])
+        if j >= len(got):
+            out.append((uid, j, f"called {len(a.inputs[uid])} time(s) on the batch and "
+                                f"{len(got)} with one example changed"))
+            continue
+        what = _input_differs(a.inputs[uid][j], got[j], d[0], rows, exact)
+        if what is None:
+            ga, gb = a.grads.get((uid, j), []), b.grads.get((uid, j), [])
+            if len(ga) != len(gb) or any(_differs(x, y, d[1], rows, exact)
+                                         for x, y in zip(ga, gb)
+                                         if x is not None or y is not None):
+                what = "its output gradient, in the backward pass"
+        if what is not None:
+            out.append((uid, j, what))
+    la, lb = tree_flatten(out_a)[0], tree_flatten(out_b)[0]
+    if len(la) != len(lb) or any(_differs(x, y, 0, rows, exact) for x, y in zip(la, lb)
+                                 if torch.is_tensor(x) and x.dim() >= 1
+                                 and x.shape[0] == rows):
+        out.append((None, 0, "its rows"))
+    return out
