@@ -41,7 +41,7 @@ from dpfy.optim import DPOptimizer
 from dpfy.privacy import Ledger, calibrate_noise_multiplier
 from dpfy.privacy.accountants import RIGOROUS, check_accountant
 from dpfy.sampling import DPDataLoader, PoissonSampler, ShuffleSampler, make_sampler
-from dpfy.step.distributed import current_collective, unwrap_model
+from dpfy.step.distributed import current_collective, global_batch_notice, unwrap_model
 from dpfy.step.guard import EpsilonGuard
 from dpfy.step.individual import individualize
 from dpfy.step.private_step import PrivateStep, require_loss_fn, split_batch_refusal
@@ -190,6 +190,9 @@ def make_private(
                           "method": repr(method), "accountant": accountant,
                           "loss_reduction": loss_reduction, "seeded": seed is not None})
         collective.broadcast_module(model)
+        if collective.rank == 0 and individual_run is None:
+            warnings.warn(global_batch_notice(collective.world_size, int(loader.batch_size),
+                                              n, q), stacklevel=2)
     grads = GradEngine(model, route=route, loss_reduction=loss_reduction)
     try:
         _check_optimizer_params(optimizer, grads)

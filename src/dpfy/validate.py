@@ -42,6 +42,7 @@ from torch.utils._pytree import tree_flatten
 from dpfy._require import require
 from dpfy.buffers import BufferChange, BufferGuard, guard_of
 from dpfy.grads import GradEngine
+from dpfy.grads.loss_contract import LossContract
 from dpfy.grads.rules import rule_for
 from dpfy.layers import dp_replacement
 
@@ -156,7 +157,8 @@ def _scalar_loss(output: Any) -> torch.Tensor:
 
 
 def preflight_problems(model: nn.Module, example_batch: Any, *, route: str = "auto",
-                       loss_fn: Callable[[Any], torch.Tensor] | None = None) -> list[str]:
+                       loss_fn: Callable[[Any], torch.Tensor] | None = None,
+                       loss_reduction: str = "mean") -> list[str]:
     """Problems of one private forward/backward of a copy of ``model`` on ``example_batch``.
 
     Args:
@@ -165,7 +167,11 @@ def preflight_problems(model: nn.Module, example_batch: Any, *, route: str = "au
         or a dict (keyword arguments, e.g. a tokenizer's output). A tiny batch (2–4 rows) does.
       route: the route ``make_private`` will use ("auto", "ghost" or "vmap").
       loss_fn: ``fn(output) -> scalar`` (default: Σ of the squares of every float output, so
-        that every layer receives a gradient).
+        that every layer receives a gradient). A loss given here is checked against the loss
+        contract the first step checks (:mod:`dpfy.grads.loss_contract`): its reduction must be
+        ``loss_reduction``, with no term autograd cannot differentiate and no divisor that
+        depends on the batch.
+      loss_reduction: what ``make_private`` will be told (``"mean"``, the default, or ``"sum"``).
 
     Returns:
       One message per problem, each naming the module and the fix (empty: ready).
@@ -179,6 +185,8 @@ def preflight_problems(model: nn.Module, example_batch: Any, *, route: str = "au
     except ValueError as e:
         return [str(e)]
     eng.bind_batch(rows)
+    contract = (LossContract(probe, lambda: rows, loss_reduction) if loss_fn is not None
+                else None)
     try:
         with torch.enable_grad():
             if isinstance(example_batch, dict):
@@ -187,12 +195,14 @@ def preflight_problems(model: nn.Module, example_batch: Any, *, route: str = "au
                 out = probe(*(example_batch if isinstance(example_batch, tuple)
                               else (example_batch,)))
             (loss_fn or _scalar_loss)(out).backward()
-        return eng.preflight()
+        return eng.preflight() + ((contract.problems() or []) if contract is not None else [])
     except Exception as e:  # the forward or backward itself fails: that is the problem
         return [f"the private forward/backward on example_batch must run, got "
                 f"{type(e).__name__}: {e}"]
     finally:
         eng.detach()
+        if contract is not None:
+            contract.remove()
 
 
 def _static_problems(model: nn.Module, route: str) -> tuple[list[str], set[str]]:
@@ -222,7 +232,8 @@ def _static_problems(model: nn.Module, route: str) -> tuple[list[str], set[str]]
 
 def validate(model: nn.Module, example_batch: Any = None, *, fix: bool = False,
              route: str = "auto", example_input: Any = None,
-             loss_fn: Callable[[Any], torch.Tensor] | None = None) -> list[str] | nn.Module:
+             loss_fn: Callable[[Any], torch.Tensor] | None = None,
+             loss_reduction: str = "mean") -> list[str] | nn.Module:
     """List the problems of ``model``, or (``fix=True``) return a fixed copy.
 
     Args:
@@ -231,7 +242,10 @@ def validate(model: nn.Module, example_batch: Any = None, *, fix: bool = False,
         with on a tiny batch (tensor, tuple of positional arguments, dict of keyword
         arguments); one private forward/backward of a copy lists every problem the first
         training step would raise, plus every buffer that forward changes.
-      loss_fn: with ``example_batch``, ``fn(output) -> scalar`` (default Σ out²).
+      loss_fn: with ``example_batch``, ``fn(output) -> scalar`` (default Σ out²); the loss is
+        checked as the first step checks it (its reduction against ``loss_reduction``, terms
+        autograd cannot differentiate, divisors that depend on the batch).
+      loss_reduction: what ``make_private`` will be told: ``"mean"`` (default) or ``"sum"``.
       fix: return a deep copy with ``nn.RNN``/``GRU``/``LSTM``/``MultiheadAttention`` swapped
         for their ``dpfy.layers`` DP replacements, every BatchNorm replaced by a GroupNorm
         (:func:`batchnorm_to_groupnorm`) and InstanceNorm's ``track_running_stats`` turned off,
@@ -246,7 +260,7 @@ def validate(model: nn.Module, example_batch: Any = None, *, fix: bool = False,
     if fix:
         fixed = _fix(copy.deepcopy(model))
         left = validate(fixed, example_batch, route=route, example_input=example_input,
-                        loss_fn=loss_fn)
+                        loss_fn=loss_fn, loss_reduction=loss_reduction)
         if left:
             raise ValueError(f"model must have no unfixable problems, got {left}. "
                              f"Change those layers by hand")
@@ -259,5 +273,6 @@ def validate(model: nn.Module, example_batch: Any = None, *, fix: bool = False,
         problems += [str(c) for c in buffer_problems(model, example_input)
                      if c.module not in named]
     if example_batch is not None and not problems:  # the engine refuses those before running
-        problems += preflight_problems(model, example_batch, route=route, loss_fn=loss_fn)
+        problems += preflight_problems(model, example_batch, route=route, loss_fn=loss_fn,
+                                       loss_reduction=loss_reduction)
     return problems
