@@ -1,6 +1,6 @@
 """``chain(a, b, ...)``: several methods in one step (noise decay + quantile clipping, say).
 
-References: optax's ``chain`` (STYLE.md R6).
+References: optax's ``chain`` (the same composition of transformations).
 
 - plans fold left to right (each member sees the plan the previous one wrote), and each
   member's plan is checked against its own ``sets`` (:func:`~dpfy.adaptive.base.check_plan`);

@@ -2,7 +2,7 @@
 digest 000 §2.2.2).
 
 References: Chen & Lee 2020, "Stochastic adaptive line search for differentially private
-optimization", via ``shared/reference/000-review-adaptive-dpsgd.md`` §2.2.2.
+optimization", as surveyed in the review by Monir, Fauzan & Ghinita 2023 (§2.2.2).
 
 Why: an Armijo line search gives a step size that provably decreases the loss, without a tuned
 learning rate. Chen & Lee run it privately with the sparse vector technique: try η_0, βη_0,

@@ -1,7 +1,7 @@
 """NoisyMax step-size selection with adaptive noise reduction (Lee & Kifer; digest 000 §2.2.1).
 
 References: Lee & Kifer 2018, "Concentrated differentially private gradient descent with adaptive
-per-iteration privacy budget", via ``shared/reference/000-review-adaptive-dpsgd.md`` §2.2.1.
+per-iteration privacy budget", as surveyed in the review by Monir, Fauzan & Ghinita 2023 (§2.2.1).
 
 Why: a fixed learning rate is either too small early or too large late, and tuning it on
 private data costs privacy. Each step, NoisyMax evaluates the batch loss at a few step sizes

@@ -1,8 +1,7 @@
 """OSO-DPSGD: the clipping threshold C (and the learning rate) learned online by hypergradient.
 
 References: Galli, Palamidessi & Cucinotta 2024, "Online Sensitivity Optimization in
-Differentially Private Learning", Algorithm 1 as cleaned in digest
-``shared/reference/002-online-sensitivity-optimization.md`` §2.8 (derivation §2.2–2.6).
+Differentially Private Learning" (AAAI 2024), Algorithm 1.
 
 Why: a loss ℓ(θ_t) depends on the previous threshold through θ_t = θ_{t−1} − ρ ∇ℓ(θ_{t−1}),
 and the clipped mean gradient's derivative in C is the mean of q_i = 1[‖g_i‖ > C] g_i/‖g_i‖

@@ -1,7 +1,7 @@
 """Quantile adaptive clipping: track the γ-quantile of per-example gradient norms privately.
 
-References: Andrew et al. 2021 (``quantile``) and He et al. (``per_layer_quantile``), digest
-``shared/reference/000-review-adaptive-dpsgd.md`` §2.5.2 and §2.5.1; digest 002 §1.8(c).
+References: Andrew et al. 2021 (``quantile``) and He et al. 2023 (``per_layer_quantile``), as
+surveyed in the review by Monir, Fauzan & Ghinita 2023 (§2.5.2 and §2.5.1).
 
 ``quantile`` (Andrew et al.): one threshold C_t. Each step releases, beside the clipped
 gradient sum, the centred count of unclipped examples Σ_i (1[‖g_i‖ ≤ C_t] − ½) with noise

@@ -1,4 +1,4 @@
-"""``dpfy explain MODEL``: per layer, the rule, the route and why (STYLE.md R7).
+"""``dpfy explain MODEL``: per layer, the rule, the route and why.
 
 MODEL is a model-zoo name (``dpfy.models``) or ``package.module:factory`` (a callable returning
 an ``nn.Module``). With an input shape, one forward/backward on a random batch decides the route
