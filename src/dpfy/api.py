@@ -59,7 +59,8 @@ def derive_seeds(seed: int) -> tuple[int, int]:
 
 
 def make_private(
-    model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader, *,
+    model: nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
+    loader: DataLoader | None = None, *,
     noise_multiplier: float | None = None,
     target_epsilon: float | None = None, target_delta: float | None = None,
     epochs: float | None = None,
@@ -78,6 +79,7 @@ def make_private(
     loss_fn: "Callable[[nn.Module, Any], torch.Tensor] | None" = None,
     budgets: "Sequence[float] | np.ndarray | torch.Tensor | None" = None,
     individual: str | None = None,
+    module: nn.Module | None = None, data_loader: DataLoader | None = None,
 ) -> tuple[nn.Module, DPOptimizer, DPDataLoader]:
     """Make ``model``/``optimizer``/``loader`` differentially private (DP-SGD and variants).
 
@@ -138,11 +140,20 @@ def make_private(
         training stops before any group would exceed its budget. Excludes noise_multiplier,
         target_epsilon, sample_rates, clipping other than flat, methods and shuffling.
 
+      module, data_loader: Opacus's names for ``model`` and ``loader`` (aliases; give one of
+        each pair). A :class:`~dpfy.sampling.DPDataLoader` from an earlier ``make_private`` may
+        be passed: the new run draws from the DataLoader it was built from.
+
     Returns:
-      ``(model, optimizer, loader)``: the same model (hooked; its trainable parameters get
-      ``requires_grad=False`` while private, since their gradients come from the engine), a
+      ``(model, optimizer, loader)``: the same model (hooked; autograd's own gradient of its
+      trainable parameters is off while private, since their gradients come from the engine,
+      and ``p.requires_grad`` still reads True: ``dpfy.grads.held``), a
       :class:`dpfy.optim.DPOptimizer` and a :class:`dpfy.sampling.DPDataLoader`.
     """
+    model = _alias("model", model, "module", module)
+    loader = _alias("loader", loader, "data_loader", data_loader)
+    if isinstance(loader, DPDataLoader):   # re-privatizing: a fresh sampler over its data
+        loader = loader.original
     user_model, model = _admit(model, optimizer, loader)
     collective = current_collective()  # data-parallel ranks (dpfy.step.distributed), or None
     _check_arguments(noise_multiplier=noise_multiplier, target_epsilon=target_epsilon,
@@ -249,6 +260,14 @@ def make_private(
     BufferGuard(model)  # refuses buffers a training forward changes (dpfy/buffers.py)
     _ATTACHED[model] = grads
     return user_model, dp_optimizer, dp_loader
+
+
+def _alias(name: str, value: Any, opacus_name: str, opacus_value: Any) -> Any:
+    """``value``, or Opacus's keyword for it; exactly one of the two."""
+    require((value is None) != (opacus_value is None), f"{name} / {opacus_name}",
+            (type(value).__name__, type(opacus_value).__name__), "exactly one given",
+            f"Pass {name}= (or Opacus's {opacus_name}=), once")
+    return value if value is not None else opacus_value
 
 
 def _admit(model: nn.Module, optimizer: torch.optim.Optimizer,
