@@ -41,7 +41,8 @@ from torch.utils._pytree import tree_flatten
 
 from dpfy._require import require
 from dpfy.buffers import BufferChange, BufferGuard, guard_of
-from dpfy.grads import GradEngine
+from dpfy.grads import GradEngine, build_units
+from dpfy.grads.vmap import _check_no_dropout as check_no_dropout
 from dpfy.grads.loss_contract import LossContract
 from dpfy.grads.rules import rule_for
 from dpfy.layers import dp_replacement
@@ -227,7 +228,38 @@ def _static_problems(model: nn.Module, route: str) -> tuple[list[str], set[str]]
                 and any(p.requires_grad for p in m.parameters(recurse=False))):
             problems.append(f"{label}: no layer rule for {type(m).__name__}; use route='auto' "
                             f"or register a rule")
+    if route != "ghost":
+        problems += _vmap_problems(model, route)
     return problems, named
+
+
+def _vmap_problems(model: nn.Module, route: str) -> list[str]:
+    """What the first step will refuse in the modules that go to torch.func (no layer rule),
+    seen without a batch: recurrent layers torch.func cannot batch (``nn.RNN``, ``nn.GRU``)
+    and dropout inside such a module (its masks cannot be replayed per example)."""
+    trainable = {id(p) for p in model.parameters() if p.requires_grad}
+    if not trainable:
+        return []
+    try:
+        units = build_units(model, route, trainable)
+    except ValueError:   # a module the engine refuses outright: listed by the checks above
+        return []
+    problems = []
+    for unit in units:
+        if unit.rule is not None:
+            continue
+        m, name = unit.module, unit.label
+        if isinstance(m, (nn.RNN, nn.GRU)):
+            problems.append(f"{name}: torch.func cannot form the per-example gradients of "
+                            f"{type(m).__name__} (the first step would refuse it); "
+                            f"dpfy.validate(model, fix=True) swaps in dpfy.layers.DP"
+                            f"{type(m).__name__}, with the same parameters")
+            continue
+        try:
+            check_no_dropout(m, unit.name)   # the check the vmap route makes at the step
+        except ValueError as e:
+            problems.append(f"{name}: {e} (the first step would refuse it)")
+    return problems
 
 
 def validate(model: nn.Module, example_batch: Any = None, *, fix: bool = False,
