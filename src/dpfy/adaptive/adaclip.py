@@ -1,10 +1,11 @@
 """AdaClip: coordinate-wise adaptive clipping (centre and scale every coordinate, clip to 1).
 
-References: Pichapati et al. 2019 (AdaCliP), as surveyed in the review by Monir, Fauzan & Ghinita 2023 (§2.6; context:
-§2.4–2.5).
+References: Pichapati et al. 2019 (AdaCliP), as surveyed in the review by Monir, Fauzan &
+Ghinita 2023 (§2.6; context: §2.4–2.5).
 
-What is released (Monir et al. 2023 §2.6, corrected where its statement differs from Pichapati et al.). With public per-coordinate
-vectors a_t (shift) and b_t > 0 (scale), built only from earlier releases:
+What is released (Monir et al. 2023 §2.6, corrected where its statement differs from Pichapati
+et al.). With public per-coordinate vectors a_t (shift) and b_t > 0 (scale), built only from
+earlier releases:
 
     w_i  = (g_i − a_t) / b_t                     per-sample, element-wise (the ``transform``)
     ŵ_i  = w_i / max(1, ‖w_i‖₂)                  clipped at norm 1: sensitivity Δ = 1

@@ -1,7 +1,8 @@
 """Clip-norm schedules: C_t as a pure function of the step, for other methods to reuse.
 
-References: sensitivity decay, Eq. (14) of "Dynamic Differential-Privacy Preserving SGD" (an anonymous submission under review), §3; step decay by analogy with the noise
-step schedule (Monir, Fauzan & Ghinita 2023, §2.1.2).
+References: sensitivity decay, Eq. (14) of "Dynamic Differential-Privacy Preserving SGD" (an
+anonymous submission under review), §3; step decay by analogy with the noise step schedule
+(Monir, Fauzan & Ghinita 2023, §2.1.2).
 
 - ``exponential``: C_t = C_0 · r^(t/period)        r in (0, 1]   (Eq. 14 with r = 1/ρ_c,
                                                                   period = T, t = step + 1)

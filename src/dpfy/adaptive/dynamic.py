@@ -1,7 +1,7 @@
 """Dynamic DP-SGD: a growing per-step GDP parameter μ_t and a decaying clip C_t.
 
-References: "Dynamic Differential-Privacy Preserving SGD" (an anonymous submission under review): §2 (growing μ_t, Alg. 1), §3 (sensitivity decay), §4
-(Alg. 2).
+References: "Dynamic Differential-Privacy Preserving SGD" (an anonymous submission under
+review): §2 (growing μ_t, Alg. 1), §3 (sensitivity decay), §4 (Alg. 2).
 
 With the paper's 1-based step t = 1..T (``t = step + 1`` for dpfy's 0-based steps):
 

@@ -1,7 +1,7 @@
 """Validation-plateau noise decay: multiply σ by k when a PUBLIC validation metric stalls.
 
-References: Yu et al. 2019 (§3.1.1), as surveyed in the review by Monir, Fauzan & Ghinita 2023 (§2.1.1), with
-a correction where the review's statement of the rule differs from Yu et al.'s.
+References: Yu et al. 2019 (§3.1.1), as surveyed in the review by Monir, Fauzan & Ghinita 2023
+(§2.1.1), with a correction where the review's statement of the rule differs from Yu et al.'s.
 
 Rule, evaluated each time the trainer feeds a validation result (a "validation epoch" e):
 
