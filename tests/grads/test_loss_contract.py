@@ -47,6 +47,12 @@ GOOD = {
                        "mean"),
     "scaled": (lambda m, x, y: 0.5 * F.mse_loss(m(x), F.one_hot(y, 3).float()), "mean"),
     "sum": (lambda m, x, y: F.cross_entropy(m(x), y, reduction="sum"), "sum"),
+    # targets and constants inside each example's own loss are not extra terms or divisors
+    "targets subtracted": (lambda m, x, y: (0.5 * (m(x)[:, 0] - y.float()) ** 2).mean(),
+                           "mean"),
+    "temperature": (lambda m, x, y: F.cross_entropy(m(x) / torch.tensor(2.0), y), "mean"),
+    "per-example weights": (lambda m, x, y: (F.cross_entropy(m(x), y, reduction="none")
+                                             * (1 + y.float())).mean(), "mean"),
 }
 
 
@@ -65,6 +71,9 @@ BAD = {
     "l2 penalty": (lambda m, x, y: F.cross_entropy(m(x), y)
                    + 1e-3 * sum(p.pow(2).sum() for p in m.parameters()), "mean",
                    r"L2 penalty.*weight_decay="),
+    "penalty per example": (lambda m, x, y: (F.cross_entropy(m(x), y, reduction="none")
+                                             + m[0].weight.pow(2).sum()).mean(), "mean",
+                            r"L2 penalty"),
     "token count divisor": (lambda m, x, y: F.cross_entropy(m(x), y, reduction="sum")
                             / torch.tensor(37.0), "mean", r"num_items_in_batch"),
     "unequal ignored targets": (lambda m, x, y: F.cross_entropy(

@@ -77,10 +77,12 @@ class _Notes:
 
     reductions: frozenset[str] = frozenset()  # over the batch: "mean" / "sum"
     problems: tuple[str, ...] = ()
+    loss: bool = False  # a loss already: a loss function's output, or reduced over the batch
 
     def join(self, other: "_Notes") -> "_Notes":
         return _Notes(self.reductions | other.reductions,
-                      tuple(dict.fromkeys(self.problems + other.problems)))
+                      tuple(dict.fromkeys(self.problems + other.problems)),
+                      self.loss or other.loss)
 
 
 @dataclass
@@ -142,25 +144,28 @@ def _notes_of(func: Callable[..., Any], args: tuple, kwargs: dict, witnesses: li
         if dims is None or _covers_batch(dims, first.dim()):
             if rows > 0 and first.dim() >= 1 and first.shape[0] == rows \
                     and not notes.reductions:  # (an empty batch: no example to read)
-                return notes.join(_Notes(frozenset({_REDUCE[name]})))
+                return notes.join(_Notes(frozenset({_REDUCE[name]}), loss=True))
         return notes
     other = (args[1] if len(args) > 1 else kwargs.get("other")) if args else None
-    if isinstance(first, Witness) and isinstance(other, torch.Tensor) and not isinstance(
-            other, Witness):
+    # Terms and divisors matter once the value is a loss; before (targets subtracted from the
+    # output, a per-example weight) they are part of each example's own loss.
+    if notes.loss and isinstance(first, Witness) and isinstance(other, torch.Tensor) \
+            and not isinstance(other, Witness):
         if name in _ADD and not other.requires_grad:
             return notes.join(_Notes(problems=(EXTRA_TERM,)))
-        if name in _DIV:
+        if name in _DIV and (notes.reductions or other.numel() == 1):
             return notes.join(_Notes(problems=(TENSOR_DIVISOR,)))
-    if name in _ADD and isinstance(other, Witness) and not isinstance(first, Witness) \
-            and isinstance(first, torch.Tensor) and not first.requires_grad:
+    if notes.loss and name in _ADD and isinstance(other, Witness) \
+            and isinstance(first, torch.Tensor) and not isinstance(first, Witness) \
+            and not first.requires_grad:
         return notes.join(_Notes(problems=(EXTRA_TERM,)))
     if isinstance(first, Witness) and isinstance(other, (int, float)) and not isinstance(
             other, bool) and other == rows and rows > 1 and len(notes.reductions) == 1:
         (r,) = notes.reductions
         if name in _DIV and r == "sum":          # (Σ_i ℓ_i) / B: a mean
-            return _Notes(frozenset({"mean"}), notes.problems)
+            return _Notes(frozenset({"mean"}), notes.problems, loss=True)
         if name in _MUL and r == "mean":         # B · mean: a sum
-            return _Notes(frozenset({"sum"}), notes.problems)
+            return _Notes(frozenset({"sum"}), notes.problems, loss=True)
     return notes
 
 
@@ -184,14 +189,14 @@ def _loss_notes(func: Callable[..., Any], name: str, args: tuple, kwargs: dict,
     x = a.get("input", args[0] if args else None)
     if reduction == "none" or rows == 0 or not isinstance(x, torch.Tensor) or x.dim() == 0 \
             or x.shape[0] % rows:
-        return _Notes()
+        return _Notes(loss=True)
     if reduction == "batchmean" and x.shape[0] != rows:
-        return _Notes(problems=(TENSOR_DIVISOR,))
+        return _Notes(problems=(TENSOR_DIVISOR,), loss=True)
     found = "sum" if reduction == "sum" else "mean"
     problems: tuple[str, ...] = ()
     if name in _COUNTED and reduction == "mean":
         problems = _counted_mean_problem(name, a, rows)
-    return _Notes(frozenset({found}), problems)
+    return _Notes(frozenset({found}), problems, loss=True)
 
 
 def _counted_mean_problem(name: str, a: dict[str, Any], rows: int) -> tuple[str, ...]:

@@ -36,8 +36,8 @@ from typing import Callable, Sequence
 from dpfy._require import require
 from dpfy.types import ReleaseSpec, StepPlan
 from dpfy.privacy import gdp
-from dpfy.privacy.accountants import (DEFAULT_RESOLUTION, PLD_COARSE, PLD_FINE,
-                                      check_accountant, epsilon, pld_min_noise_multiplier)
+from dpfy.privacy.accountants import (DEFAULT_RESOLUTION, PLD_FINE, check_accountant, epsilon,
+                                      pld_min_noise_multiplier)
 from dpfy.privacy.ledger import Ledger, Release, Sampling
 from dpfy.privacy.releases import step_releases
 from dpfy.privacy.split import (combine_noise_multipliers, gaussian_remainder,
@@ -181,12 +181,11 @@ def _solve_decreasing(eps: Callable[[float], float], target: float, x0: float, *
 
 def _homogeneous_epsilon(*, sample_rate: float, noise_multiplier: float, steps: int,
                          sampling: Sampling, dataset_size: int | None, delta: float,
-                         accountant: str, value_discretization: float | str = "auto") -> float:
+                         accountant: str) -> float:
     """ε of the ledger of ``steps`` identical steps that a run would write."""
     ledger = Ledger.homogeneous(sample_rate=sample_rate, noise_multiplier=noise_multiplier,
                                 steps=steps, sampling=sampling, dataset_size=dataset_size)
-    return epsilon(ledger, delta=delta, accountant=accountant,
-                   value_discretization=value_discretization)
+    return epsilon(ledger, delta=delta, accountant=accountant)
 
 
 def _gdp_sigma_guess(target_epsilon: float, delta: float, sample_rate: float,
@@ -221,16 +220,11 @@ def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, sample_ra
     _check_common(target_epsilon, delta, accountant, approximate)
     _check_rate(sample_rate)
     _check_steps(steps)
-    # PLD searches on its coarse grid (1e-3: about 8x faster than the fine 1e-4 at 10^4 steps).
-    # Both grids are pessimistic, so each ε is an upper bound of the true ε and the σ found
-    # spends at most the target; the coarse bound is a little looser (at q = 256/60000, 9,400
-    # steps, σ = 0.872: ε 3.0034 against 2.9987 on the fine grid, so σ comes out ~0.1% larger).
 
     def eps(sigma: float) -> float:
         return _homogeneous_epsilon(sample_rate=sample_rate, noise_multiplier=sigma, steps=steps,
                                     sampling=sampling, dataset_size=dataset_size, delta=delta,
-                                    accountant=accountant, value_discretization=(
-                                        PLD_COARSE if accountant == "pld" else "auto"))
+                                    accountant=accountant)
 
     def fail() -> None:
         require(False, "target_epsilon", target_epsilon,
@@ -243,10 +237,9 @@ def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, sample_ra
     if accountant == "pld" and sampling is Sampling.POISSON:
         # PLD is tighter than RDP, so RDP's σ (cheap) is a safe upper end; the GDP CLT value is
         # usually just below PLD's. Both ends are checked by the search before they are used.
-        # (to 2 %: any σ that RDP finds safe is a valid upper end, and the PLD search refines)
         rdp_sigma = calibrate_noise_multiplier(
             target_epsilon=target_epsilon, delta=delta, sample_rate=sample_rate, steps=steps,
-            accountant="rdp", sampling=sampling, dataset_size=dataset_size, tol=max(tol, 0.02))
+            accountant="rdp", sampling=sampling, dataset_size=dataset_size, tol=tol)
         if rdp_sigma < floor:            # PLD's σ is below RDP's, so below the floor too
             _below_pld_floor(target_epsilon, floor)
         bracket = (min(guess, rdp_sigma) * 0.98, rdp_sigma)
