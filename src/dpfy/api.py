@@ -47,7 +47,7 @@ from dpfy.privacy.accountants import RIGOROUS, check_accountant
 from dpfy.errors import PrivacyRefusal
 from dpfy.sampling import (USER_SAMPLINGS, CyclicPoissonSampler, DPDataLoader, PoissonSampler,
                            ShuffleSampler, make_sampler, make_user_sampler)
-from dpfy.step.distributed import current_collective, unwrap_model
+from dpfy.step.distributed import current_collective, global_batch_notice, unwrap_model
 from dpfy.step.guard import EpsilonGuard
 from dpfy.step.individual import individualize
 from dpfy.step.private_step import PrivateStep, require_loss_fn, split_batch_refusal
@@ -65,7 +65,8 @@ def derive_seeds(seed: int) -> tuple[int, int]:
 
 
 def make_private(
-    model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader, *,
+    model: nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
+    loader: DataLoader | None = None, *,
     noise_multiplier: float | None = None,
     target_epsilon: float | None = None, target_delta: float | None = None,
     epochs: float | None = None,
@@ -91,6 +92,7 @@ def make_private(
     noise: str = "gaussian",
     bands: int | None = None,
     declare_row_wise: bool = False,
+    module: nn.Module | None = None, data_loader: DataLoader | None = None,
 ) -> tuple[nn.Module, DPOptimizer, DPDataLoader]:
     """Make ``model``/``optimizer``/``loader`` differentially private (DP-SGD and variants).
 
@@ -185,11 +187,20 @@ def make_private(
         per_example_contract.md); a model that probe cannot run is refused unless declared,
         and then only warned about. A model the probe finds mixing is refused either way.
 
+      module, data_loader: Opacus's names for ``model`` and ``loader`` (aliases; give one of
+        each pair). A :class:`~dpfy.sampling.DPDataLoader` from an earlier ``make_private`` may
+        be passed: the new run draws from the DataLoader it was built from.
+
     Returns:
-      ``(model, optimizer, loader)``: the same model (hooked; its trainable parameters get
-      ``requires_grad=False`` while private, since their gradients come from the engine), a
+      ``(model, optimizer, loader)``: the same model (hooked; autograd's own gradient of its
+      trainable parameters is off while private, since their gradients come from the engine,
+      and ``p.requires_grad`` still reads True: ``dpfy.grads.held``), a
       :class:`dpfy.optim.DPOptimizer` and a :class:`dpfy.sampling.DPDataLoader`.
     """
+    model = _alias("model", model, "module", module)
+    loader = _alias("loader", loader, "data_loader", data_loader)
+    if isinstance(loader, DPDataLoader):   # re-privatizing: a fresh sampler over its data
+        loader = loader.original
     user_model, model = _admit(model, optimizer, loader)
     collective = current_collective()  # data-parallel ranks (dpfy.step.distributed), or None
     _check_arguments(noise_multiplier=noise_multiplier, target_epsilon=target_epsilon,
@@ -257,6 +268,9 @@ def make_private(
                           "method": repr(method), "accountant": accountant,
                           "loss_reduction": loss_reduction, "seeded": seed is not None})
         collective.broadcast_module(model)
+        if collective.rank == 0 and individual_run is None:
+            warnings.warn(global_batch_notice(collective.world_size, int(loader.batch_size),
+                                              n, q), stacklevel=2)
     grads = GradEngine(model, route=route, loss_reduction=loss_reduction,
                        declare_row_wise=declare_row_wise)
     try:
@@ -378,6 +392,14 @@ def _mechanism(noise: str, source: NoiseSource, *, sampler: Any,
     return BandMFMechanism(source, coefficients=optimize_banded(horizon, sampler.bands),
                            noise_multiplier=noise_multiplier, sample_rate=sampler.sample_rate,
                            sampler_position=lambda: sampler.step)
+
+
+def _alias(name: str, value: Any, opacus_name: str, opacus_value: Any) -> Any:
+    """``value``, or Opacus's keyword for it; exactly one of the two."""
+    require((value is None) != (opacus_value is None), f"{name} / {opacus_name}",
+            (type(value).__name__, type(opacus_value).__name__), "exactly one given",
+            f"Pass {name}= (or Opacus's {opacus_name}=), once")
+    return value if value is not None else opacus_value
 
 
 def _admit(model: nn.Module, optimizer: torch.optim.Optimizer,

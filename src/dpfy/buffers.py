@@ -72,6 +72,7 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 from torch.utils.hooks import RemovableHandle
 
+from dpfy._hooks import OwnHook
 from dpfy.errors import PrivacyRefusal
 
 __all__ = ["BufferGuard", "BufferChange", "guard_of", "buffer_fix", "is_training_forward"]
@@ -341,8 +342,9 @@ class BufferGuard:
 
     ``guard = BufferGuard(model)`` hooks ``model`` (see the module docstring for what is
     checked, when, and at what cost); ``guard.detach()`` removes the hooks. At most one guard
-    per model: a new one replaces (detaches) the previous one. The hooks are plain closures, so
-    a ``copy.deepcopy`` of a guarded model is not guarded (its hooks still watch the original).
+    per model: a new one replaces (detaches) the previous one. A ``copy.deepcopy`` (or a pickled
+    copy) of a guarded model is a plain model: its copies of the hooks do nothing
+    (:class:`dpfy._hooks.OwnHook`).
 
     Args:
       model: the model whose buffers must not learn from training forwards.
@@ -389,8 +391,8 @@ class BufferGuard:
                 m._forward_pre_hooks.move_to_end(handles[0].id, last=False)
             watch.post()
 
-        handles += [module.register_forward_pre_hook(pre, prepend=True),
-                    module.register_forward_hook(post, always_call=True)]
+        handles += [module.register_forward_pre_hook(OwnHook(pre), prepend=True),
+                    module.register_forward_hook(OwnHook(post), always_call=True)]
         self._handles += handles
 
     def _refuse(self, changes: list[BufferChange]) -> None:

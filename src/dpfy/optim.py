@@ -88,6 +88,18 @@ class DPOptimizer(torch.optim.Optimizer):
         self.guard.max_steps = value
 
     @property
+    def max_grad_norm(self) -> Any:
+        """C: the clipping policy's threshold (a float for flat clipping; per layer, one per
+        layer), as Opacus's ``optimizer.max_grad_norm``. A method may plan C_t per step."""
+        clip = self.clipping.default_clip()
+        return clip.tolist() if torch.is_tensor(clip) else clip
+
+    @property
+    def expected_batch_size(self) -> float:
+        """b = qN, what the noisy sum is divided by (Opacus's ``optimizer.expected_batch_size``)."""
+        return self.sampler.normalizer
+
+    @property
     def epsilon_cap(self) -> float | None:
         return self.guard.epsilon_cap
 

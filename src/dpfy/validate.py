@@ -42,7 +42,9 @@ from torch.utils._pytree import tree_flatten
 
 from dpfy._require import require
 from dpfy.buffers import BufferChange, BufferGuard, guard_of
-from dpfy.grads import GradEngine
+from dpfy.grads import GradEngine, build_units
+from dpfy.grads.vmap import _check_no_dropout as check_no_dropout
+from dpfy.grads.loss_contract import LossContract
 from dpfy.grads.rules import rule_for
 from dpfy.layers import dp_replacement
 
@@ -164,7 +166,8 @@ def _scalar_loss(output: Any) -> torch.Tensor:
 
 
 def preflight_problems(model: nn.Module, example_batch: Any, *, route: str = "auto",
-                       loss_fn: Callable[[Any], torch.Tensor] | None = None) -> list[str]:
+                       loss_fn: Callable[[Any], torch.Tensor] | None = None,
+                       loss_reduction: str = "mean") -> list[str]:
     """Problems of one private forward/backward of a copy of ``model`` on ``example_batch``.
 
     Args:
@@ -173,7 +176,11 @@ def preflight_problems(model: nn.Module, example_batch: Any, *, route: str = "au
         or a dict (keyword arguments, e.g. a tokenizer's output). A tiny batch (2–4 rows) does.
       route: the route ``make_private`` will use ("auto", "ghost" or "vmap").
       loss_fn: ``fn(output) -> scalar`` (default: Σ of the squares of every float output, so
-        that every layer receives a gradient).
+        that every layer receives a gradient). A loss given here is checked against the loss
+        contract the first step checks (:mod:`dpfy.grads.loss_contract`): its reduction must be
+        ``loss_reduction``, with no term autograd cannot differentiate and no divisor that
+        depends on the batch.
+      loss_reduction: what ``make_private`` will be told (``"mean"``, the default, or ``"sum"``).
 
     Returns:
       One message per problem, each naming the module and the fix (empty: ready).
@@ -187,16 +194,20 @@ def preflight_problems(model: nn.Module, example_batch: Any, *, route: str = "au
     except ValueError as e:
         return [str(e)]
     eng.bind_batch(rows)
+    contract = (LossContract(probe, lambda: rows, loss_reduction) if loss_fn is not None
+                else None)
     try:
         with torch.enable_grad():
             out = _call(probe, example_batch)
             (loss_fn or _scalar_loss)(out).backward()
-        return eng.preflight()
+        return eng.preflight() + ((contract.problems() or []) if contract is not None else [])
     except Exception as e:  # the forward or backward itself fails: that is the problem
         return [f"the private forward/backward on example_batch must run, got "
                 f"{type(e).__name__}: {e}"]
     finally:
         eng.detach()
+        if contract is not None:
+            contract.remove()
 
 
 def _static_problems(model: nn.Module, route: str) -> tuple[list[str], set[str]]:
@@ -221,12 +232,44 @@ def _static_problems(model: nn.Module, route: str) -> tuple[list[str], set[str]]
                 and any(p.requires_grad for p in m.parameters(recurse=False))):
             problems.append(f"{label}: no layer rule for {type(m).__name__}; use route='auto' "
                             f"or register a rule")
+    if route != "ghost":
+        problems += _vmap_problems(model, route)
     return problems, named
+
+
+def _vmap_problems(model: nn.Module, route: str) -> list[str]:
+    """What the first step will refuse in the modules that go to torch.func (no layer rule),
+    seen without a batch: recurrent layers torch.func cannot batch (``nn.RNN``, ``nn.GRU``)
+    and dropout inside such a module (its masks cannot be replayed per example)."""
+    trainable = {id(p) for p in model.parameters() if p.requires_grad}
+    if not trainable:
+        return []
+    try:
+        units = build_units(model, route, trainable)
+    except ValueError:   # a module the engine refuses outright: listed by the checks above
+        return []
+    problems = []
+    for unit in units:
+        if unit.rule is not None:
+            continue
+        m, name = unit.module, unit.label
+        if isinstance(m, (nn.RNN, nn.GRU)):
+            problems.append(f"{name}: torch.func cannot form the per-example gradients of "
+                            f"{type(m).__name__} (the first step would refuse it); "
+                            f"dpfy.validate(model, fix=True) swaps in dpfy.layers.DP"
+                            f"{type(m).__name__}, with the same parameters")
+            continue
+        try:
+            check_no_dropout(m, unit.name)   # the check the vmap route makes at the step
+        except ValueError as e:
+            problems.append(f"{name}: {e} (the first step would refuse it)")
+    return problems
 
 
 def validate(model: nn.Module, example_batch: Any = None, *, fix: bool = False,
              route: str = "auto", example_input: Any = None,
-             loss_fn: Callable[[Any], torch.Tensor] | None = None) -> list[str] | nn.Module:
+             loss_fn: Callable[[Any], torch.Tensor] | None = None,
+             loss_reduction: str = "mean") -> list[str] | nn.Module:
     """List the problems of ``model``, or (``fix=True``) return a fixed copy.
 
     Args:
@@ -235,7 +278,10 @@ def validate(model: nn.Module, example_batch: Any = None, *, fix: bool = False,
         with on a tiny batch (tensor, tuple of positional arguments, dict of keyword
         arguments); one private forward/backward of a copy lists every problem the first
         training step would raise, plus every buffer that forward changes.
-      loss_fn: with ``example_batch``, ``fn(output) -> scalar`` (default Σ out²).
+      loss_fn: with ``example_batch``, ``fn(output) -> scalar`` (default Σ out²); the loss is
+        checked as the first step checks it (its reduction against ``loss_reduction``, terms
+        autograd cannot differentiate, divisors that depend on the batch).
+      loss_reduction: what ``make_private`` will be told: ``"mean"`` (default) or ``"sum"``.
       fix: return a deep copy with ``nn.RNN``/``GRU``/``LSTM``/``MultiheadAttention`` swapped
         for their ``dpfy.layers`` DP replacements, every BatchNorm replaced by a GroupNorm
         (:func:`batchnorm_to_groupnorm`) and InstanceNorm's ``track_running_stats`` turned off,
@@ -251,7 +297,7 @@ def validate(model: nn.Module, example_batch: Any = None, *, fix: bool = False,
     if fix:
         fixed = _fix(copy.deepcopy(model))
         left = validate(fixed, example_batch, route=route, example_input=example_input,
-                        loss_fn=loss_fn)
+                        loss_fn=loss_fn, loss_reduction=loss_reduction)
         if left:
             raise ValueError(f"model must have no unfixable problems, got {left}. "
                              f"Change those layers by hand")
@@ -263,5 +309,6 @@ def validate(model: nn.Module, example_batch: Any = None, *, fix: bool = False,
         problems += [str(c) for c in buffer_problems(model, example_input)
                      if c.module not in named]
     if example_batch is not None and not problems:  # the engine refuses those before running
-        problems += preflight_problems(model, example_batch, route=route, loss_fn=loss_fn)
+        problems += preflight_problems(model, example_batch, route=route, loss_fn=loss_fn,
+                                       loss_reduction=loss_reduction)
     return problems

@@ -154,3 +154,14 @@ def test_early_stopping_at_target_epsilon():
     via_make = calibrate_for_run(make("noise_decay", kind="time", initial=3.0, rate=0.5),
                        facts(sample_rate=0.02, steps=400, steps_per_epoch=50, accountant="rdp"))
     assert via_make.total_steps == stop
+
+
+def test_the_defaults_run():
+    # `dpfy train --method noise_decay` with no options: the defaults must calibrate and decay.
+    # Polynomial k = 1 with final_ratio 0.5 and period = the run's last epoch (2 here): σ_u =
+    # σ_0·(1 − u/2·(1 − 0.5)) = σ_0, 0.75·σ_0, 0.5·σ_0 for the 3 epochs of 100 steps.
+    s = REGISTRY["noise_decay"]().calibrate(facts())
+    got = list(s.noise_multipliers())
+    assert len(got) == 300
+    assert [got[0] / got[0], got[100] / got[0], got[299] / got[0]] == pytest.approx(
+        [1.0, 0.75, 0.5])

@@ -65,7 +65,7 @@ def _run(method, steps=2, **kw):
         model, torch.optim.SGD(model.parameters(), lr=1.0),
         DataLoader(TensorDataset(x, torch.zeros(N)), batch_size=N), poisson_sampling=False,
         noise_multiplier=1.0, max_grad_norm=1.0, method=method, seed=0, loss_fn=linear_loss,
-        **kw)
+        loss_reduction="sum", **kw)   # the loop's loss is a sum over the batch
     weights = []
     while opt.step_count < steps:            # one logical batch per pass
         for batch_x, _ in dl:

@@ -43,7 +43,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, replace
-from typing import Mapping, Sequence
+from typing import ClassVar, Mapping, Sequence
 
 import torch
 
@@ -95,6 +95,10 @@ class StepSearch(Method[SearchState]):
       reduction: γ, the gradient budget grows by (1 + γ) at a no-progress step.
       max_reductions: L, the cap on reductions (σ_t ≥ σ_0 (1 + γ)^(−L/2)).
     """
+
+    # `dpfy train` defaults (see dpfy.train.config.method_default): the plain SGD it needs
+    default_optimizer: ClassVar[str] = "sgd"
+    default_momentum: ClassVar[float] = 0.0
 
     loss_clip: float = 3.0
     probe_noise_ratio: float = 4.0

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Mapping
+from typing import ClassVar, Mapping
 
 import torch
 
@@ -85,6 +85,10 @@ class ADADP(Method[ADADPState]):
     steps.
     """
 
+    # `dpfy train` defaults (see dpfy.train.config.method_default): the plain SGD it needs
+    default_optimizer: ClassVar[str] = "sgd"
+    default_momentum: ClassVar[float] = 0.0
+
     tolerance: float = 1.0
     min_factor: float = 0.9
     max_factor: float = 1.1
@@ -111,7 +115,8 @@ class ADADP(Method[ADADPState]):
             require(plain_sgd, "optimizer", f"{facts.inner_optimizer}({dict(hyper)})",
                     "torch.optim.SGD without momentum or weight decay for method 'adadp'",
                     "ADADP sets the iterate through the step it hands to SGD; wrap "
-                    "torch.optim.SGD(params, lr=η0)")
+                    "torch.optim.SGD(params, lr=η0) (dpfy train: drop --momentum and "
+                    "--weight-decay, or give 0)")
         lr = hyper.get("lr")
         require(isinstance(lr, (int, float)) and lr > 0, "optimizer lr", lr, "a number > 0")
         return bind_facts(replace(self, base_lr=float(lr)), facts)

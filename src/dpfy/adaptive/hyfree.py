@@ -71,6 +71,7 @@ composed with the gradient into one step.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, replace
 from typing import ClassVar, Literal, Mapping
 
@@ -134,6 +135,29 @@ class HyFreeState:
     direction: dict[str, torch.Tensor] | None = None
     last_fit: tuple[float, float] | None = None
     rounds: int = 0
+
+
+# The largest noise std of one loss probe, as a fraction of the loss clip R_l (≈ the loss
+# itself under the default rule), below which the probes still see the loss change along d: a
+# rule of thumb from the probe's noise σ_l·R_l/b, not tuned on any data.
+PROBE_NOISE_WARNING = 0.1
+
+
+def _warn_small_batch(loss_noise: float, facts: RunFacts) -> None:
+    """Warn when each probe's noise (std σ_l·R_l/b on the batch's mean loss) exceeds
+    :data:`PROBE_NOISE_WARNING`·R_l: the fitted learning rate is then mostly noise."""
+    if facts.dataset_size is None:
+        return
+    b = facts.sample_rate * facts.dataset_size
+    if b > 0 and loss_noise / b > PROBE_NOISE_WARNING:
+        need = math.ceil(loss_noise / PROBE_NOISE_WARNING)
+        warnings.warn(
+            f"method 'hyfree': the expected batch b = {b:.0f} is too small for its loss probes: "
+            f"each probe's noise has std σ_l·R_l/b = {loss_noise / b:.2f}·R_l (σ_l = "
+            f"{loss_noise:.3g}), so the loss change along the step is lost in it and the "
+            f"fitted learning rate is mostly noise. Use an expected batch of at least {need} "
+            f"(dpfy train: --batch-size {need}), or a method with a fixed learning rate",
+            stacklevel=3)
 
 
 @register("hyfree")
@@ -217,6 +241,7 @@ class HyFreeDP(Method[HyFreeState]):
             sample_rate=facts.sample_rate, steps=facts.steps, probe_every=self.probe_every,
             probes_per_round=len(PROBES), gamma=self.gamma, accountant=facts.accountant,
             probes_share_batch=True)
+        _warn_small_batch(sigma_l, facts)
         return bind_facts(replace(self, gradient_noise=sigma_g, loss_noise=sigma_l,
                                   base_lr=float(base_lr)), facts)
 

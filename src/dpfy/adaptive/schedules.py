@@ -58,9 +58,15 @@ PER = ("epoch", "step")
 class NoiseDecay(PlannedSchedule):
     """σ_t by one of the decay rules above, stepped per epoch or per step.
 
+    The defaults run as they are: ``polynomial`` decay with k = 1, i.e. σ falls linearly from
+    σ_0 to ``final_ratio``·σ_0 = σ_0/2 over the run, whatever its length (an exponential or
+    time decay with a fixed k would fall by a factor that depends on the number of epochs).
+    They are a neutral starting point, not tuned on any data.
+
     Args:
-      kind: one of ``KINDS``.
-      rate: k (meaning depends on ``kind``, see the module docstring); unused for constant.
+      kind: one of ``KINDS`` (default ``"polynomial"``).
+      rate: k (meaning depends on ``kind``, see the module docstring; default 1: linear);
+        unused for constant.
       period: in units of ``per``; the step length (step) or the decay horizon (polynomial).
         None: 1, or for polynomial the run's last unit (σ_end reached at the end).
       final_ratio: σ_end/σ_0 for polynomial decay, in (0, 1].
@@ -77,8 +83,8 @@ class NoiseDecay(PlannedSchedule):
       thousands of steps. Per-epoch decay keeps the ledger to one group per epoch.
     """
 
-    kind: str = "exponential"
-    rate: float = 0.0
+    kind: str = "polynomial"
+    rate: float = 1.0
     period: int | None = None
     final_ratio: float = 0.5
     per: str = "epoch"
@@ -105,10 +111,12 @@ class NoiseDecay(PlannedSchedule):
             require(self.period >= 1, "period", self.period, ">= 1 (in units of `per`)")
         if self.kind in ("time", "exponential", "polynomial"):
             require(self.rate > 0, "rate", self.rate, f"> 0 for {self.kind} decay",
-                    "k is the decay rate; use kind='constant' for no decay")
+                    "k is the decay rate: give rate=K > 0 (dpfy train: --method-options "
+                    "rate=K), or kind=constant for no decay")
         if self.kind == "step":
             require(0 < self.rate < 1, "rate", self.rate, "in (0, 1) for step decay",
-                    "k multiplies σ once every `period` units")
+                    "k multiplies σ once every `period` units: give rate=K in (0, 1) "
+                    "(dpfy train: --method-options rate=K)")
         if self.kind == "polynomial":
             require(0 < self.final_ratio <= 1, "final_ratio", self.final_ratio, "in (0, 1]",
                     "σ_end/σ_0 must not exceed 1 (σ_end > σ_0 is growth, not decay) and must "

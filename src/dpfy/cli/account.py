@@ -114,8 +114,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--delta", type=float, metavar="D", help="report ε at this δ")
     target.add_argument("--epsilon", type=float, metavar="E", help="report δ at this ε")
-    p.add_argument("--accountant", choices=ACCOUNTANTS, default="rdp",
-                   help="rdp (default), pld, or gdp (an approximation)")
+    p.add_argument("--accountant", choices=ACCOUNTANTS, default=None,
+                   help="rdp, pld, or gdp (an approximation); default: with --ledger of a run "
+                        "directory, the run's own accountant (its config.json), the others "
+                        "shown beside it; else rdp")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -135,12 +137,31 @@ def load_ledger(path: str) -> Ledger:
     return Ledger.from_json(text, source=f"ledger '{p}'")
 
 
+def run_accountant(path: str) -> str | None:
+    """The accountant a run directory's config.json names (that of ``path`` or of the directory
+    holding the ledger file), or None when there is none."""
+    p = Path(path)
+    config = (p if p.is_dir() else p.parent) / "config.json"
+    try:
+        name = json.loads(config.read_text(encoding="utf-8")).get("accountant")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return name if name in ACCOUNTANTS else None
+
+
 def run(args: argparse.Namespace) -> int:
+    others: dict[str, float] = {}
     if args.ledger:
         ledger = load_ledger(args.ledger)
         shape: dict[str, Any] = {"ledger": args.ledger, "steps": ledger.num_steps}
+        if args.accountant is None:
+            args.accountant = run_accountant(args.ledger) or "rdp"
+            if args.delta is not None:   # the other accountants' ε, beside the run's own
+                others = {a: epsilon(ledger, delta=args.delta, accountant=a)
+                          for a in ACCOUNTANTS if a != args.accountant}
     else:
         q, steps = resolve_run_shape(args)
+        args.accountant = args.accountant or "rdp"
         require(args.noise_multiplier is not None, "noise_multiplier", None, "given",
                 "Add --noise-multiplier S")
         require(math.isfinite(args.noise_multiplier) and args.noise_multiplier >= 0,
@@ -163,6 +184,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         out["epsilon"] = args.epsilon
         out["delta"] = delta(ledger, epsilon=args.epsilon, accountant=args.accountant)
+    if others:
+        out["others"] = others
     if args.json:
         print(json.dumps({k: (v if not (isinstance(v, float) and math.isinf(v)) else "inf")
                           for k, v in out.items()}))
@@ -170,6 +193,8 @@ def run(args: argparse.Namespace) -> int:
     what = (f"{ledger.num_steps} recorded steps" if args.ledger else
             f"{out['steps']} steps of sampling rate q = {out['sample_rate']:.6g} "
             f"({out['sampling']}) with noise multiplier σ = {out['noise_multiplier']:g}")
+    beside = "".join(f"; {a}: ε = {e:.4g}" for a, e in others.items())
     print(f"{what} satisfy ({out['epsilon']:.4g}, {out['delta']:.3g})-DP "
-          f"[{out['accountant_label']}; {out['adjacency'].replace('_', '-')} adjacency]")
+          f"[{out['accountant_label']}; {out['adjacency'].replace('_', '-')} adjacency]"
+          + (f" (the run's accountant{beside})" if others else ""))
     return 0

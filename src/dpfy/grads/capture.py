@@ -33,6 +33,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from dpfy._hooks import OwnHook
 from dpfy._require import require
 from dpfy.errors import PrivacyRefusal
 from dpfy.grads.layout import (AMBIGUOUS, BROADCAST, LayoutProbe, call_shapes, expand_rows,
@@ -167,10 +168,11 @@ class Capture:
         self._ordinals: dict[int, int] = {}  # unit -> calls so far in this forward
         self._layout: LayoutProbe | None = None  # this forward's layout probe, once run
         self._probing: LayoutProbe | RowProbe | None = None  # the probe being recorded
-        self._handles = [u.module.register_forward_hook(self._hook(u), with_kwargs=True)
+        # OwnHook: a copy of the model (deepcopy, torch.save) gets inert hooks (dpfy/_hooks.py)
+        self._handles = [u.module.register_forward_hook(OwnHook(self._hook(u)), with_kwargs=True)
                          for u in units]
-        self._handles += [model.register_forward_pre_hook(self._enter, with_kwargs=True),
-                          model.register_forward_hook(self._exit, always_call=True)]
+        self._handles += [model.register_forward_pre_hook(OwnHook(self._enter), with_kwargs=True),
+                          model.register_forward_hook(OwnHook(self._exit), always_call=True)]
 
     def bind_batch(self, rows: Callable[[], int | None] | int | None) -> None:
         """The private batch's size: a callable read at every forward, an int, or None."""

@@ -2,9 +2,10 @@
 
 Attach it to a model and it
 
-1. *freezes* the trainable parameters (``requires_grad=False``) so autograd no longer computes
-   the non-private parameter gradient (that matmul is replaced by our weighted sum, so a private
-   step costs about what a non-private one does);
+1. *holds* the trainable parameters (autograd's ``requires_grad`` off, ``grads/held.py``) so
+   autograd no longer computes the non-private parameter gradient (that matmul is replaced by
+   our weighted sum, so a private step costs about what a non-private one does), while
+   ``p.requires_grad`` still reads True for user code;
 2. captures each unit's inputs and output gradients during the user's forward and backward
    (``grads/capture.py``), with the private batch found in every layer's input
    (``grads/layout.py``) and each row checked to be its own example's
@@ -34,6 +35,7 @@ from torch import nn
 from dpfy._require import require
 from dpfy.grads.capture import Capture, check_unchanged
 from dpfy.grads.explain import explain_rows
+from dpfy.grads.held import hide_from_ddp, hold, release, show_to_ddp
 from dpfy.grads.routes import Routes, Split, grouped_sq_norms
 from dpfy.grads.tied import tied_ghost_sq_norm, tied_uses
 from dpfy.grads.units import build_units
@@ -73,7 +75,8 @@ class GradEngine:
         self._routes = Routes(self._capture)
         self._b = 0  # batch size of the captures the norms were computed on
         for _, p in self.named_params:
-            p.requires_grad_(False)
+            hold(p)
+        hide_from_ddp(model, [n for n, _ in self.named_params])
 
     def bind_batch(self, rows: Callable[[], int | None] | int | None) -> None:
         """Tell the engine how many rows the private batch being trained on has (the guard).
@@ -95,11 +98,13 @@ class GradEngine:
         self._routes.clear()
 
     def detach(self) -> None:
-        """Remove the hooks and give the parameters their ``requires_grad`` back."""
+        """Remove the hooks and give the parameters autograd's ``requires_grad`` back (what it
+        read while held: False for one frozen since)."""
         self._capture.remove()
         self._routes.clear()
         for _, p in self.named_params:
-            p.requires_grad_(True)
+            release(p)
+        show_to_ddp(self.model)
 
     def batch_size(self) -> int:
         """B of the captured physical batch: every used capture must hold the batch's rows.

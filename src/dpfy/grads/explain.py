@@ -13,7 +13,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from torch import nn
+
 from dpfy.grads.capture import Call
+from dpfy.grads.rules import rule_for
 from dpfy.grads.units import Unit
 
 __all__ = ["explain_rows"]
@@ -33,7 +36,8 @@ def explain_rows(units: list[Unit], used: Callable[[Unit], list[Call]],
         calls = used(u)
         if u.rule is None:
             why = ("whole model (route='vmap')" if u.name == "" and route == "vmap"
-                   else "no layer rule for this type; torch.func on its subtree")
+                   else "no layer rule for this type; torch.func on its subtree"
+                   + _own_parameters_fix(u.module))
             rows.append(u.explain(why))
             continue
         row = u.explain("registered layer rule" + "".join(
@@ -50,3 +54,18 @@ def explain_rows(units: list[Unit], used: Callable[[Unit], list[Call]],
                           if u.rule.has_ghost else "per-sample gradients are small")
         rows.append(row)
     return rows
+
+
+
+def _own_parameters_fix(module: nn.Module) -> str:
+    """The fix when a module without a rule holds parameters itself (a ViT's class and
+    position tokens, a temperature on the root) above layers that have rules: those parameters
+    alone send its whole subtree to torch.func (slower than the rules)."""
+    own = [n for n, p in module.named_parameters(recurse=False) if p.requires_grad]
+    ruled = any(rule_for(m) is not None for m in module.modules() if m is not module)
+    if not own or not ruled:
+        return ""
+    return (f"; it holds the parameters {own} itself, which alone sends every layer below it "
+            f"to torch.func: move them into a small module that is called in forward (e.g. "
+            f"one that adds or concatenates the token and returns the result), so that only "
+            f"it goes to torch.func and the layers below keep their rules")

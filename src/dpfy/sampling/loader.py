@@ -174,6 +174,17 @@ class DPDataLoader:
         return len(self._batches)
 
     @property
+    def sample_rate(self) -> float:
+        """q, the sampler's rate (Opacus's ``DPDataLoader.sample_rate``)."""
+        return self.sampler.sample_rate
+
+    @property
+    def batch_size(self) -> int | None:
+        """The ``batch_size`` of the DataLoader this one was built from: the expected logical
+        batch (per rank when data-parallel), not the size of any one drawn batch."""
+        return self.original.batch_size
+
+    @property
     def _shuffled(self) -> bool:
         """The sampler keeps a position that only taken batches move (shuffled passes, and
         the cyclic Poisson sampler's step): each yielded batch must be stepped."""

@@ -50,7 +50,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dpfy.errors import PrivacyRefusal
 
-__all__ = ["Collective", "current_collective", "unwrap_model", "NoNoise"]
+__all__ = ["Collective", "current_collective", "unwrap_model", "NoNoise", "global_batch_notice"]
 
 
 class NoNoise:
@@ -151,3 +151,18 @@ def unwrap_model(model: nn.Module) -> nn.Module:
         return model
     model.require_backward_grad_sync = False  # what no_sync() sets; never turned back on
     return model.module
+
+
+def global_batch_notice(world_size: int, per_rank: int, dataset_size: int,
+                        sample_rate: float) -> str:
+    """What a data-parallel run samples, said before training (rank 0 warns it).
+
+    ``batch_size`` is per rank, as with DDP; Opacus's DPDDP reads it as the global batch. The
+    same number therefore gives a W times larger q here, and a larger ε: the notice says the
+    global expected batch and q, so that a port from Opacus cannot miss it.
+    """
+    return (f"data-parallel over {world_size} ranks: loader.batch_size = {per_rank} is per "
+            f"rank (as with DDP; Opacus's DPDDP takes the global batch), so the global expected "
+            f"batch is {world_size} × {per_rank} = {world_size * per_rank} of "
+            f"{dataset_size} examples, q = {sample_rate:.6g}, and ε is accounted at that q. "
+            f"For Opacus's global batch B, pass batch_size = B / {world_size}")

@@ -34,6 +34,8 @@ from dpfy.buffers import guard_of
 from dpfy.clipping import ClippingPolicy, total_norm
 from dpfy.errors import PrivacyRefusal
 from dpfy.grads import GradEngine
+from dpfy.grads.held import frozen_since
+from dpfy.grads.loss_contract import LossContract
 from dpfy.noise import NoiseMechanism
 from dpfy.privacy import Ledger
 from dpfy.sampling import BatchCursor, PoissonSampler, ShuffleSampler
@@ -72,7 +74,10 @@ class PrivateStep:
         self.inner, self.grads, self.clipping, self.mechanism = inner, grads, clipping, mechanism
         self.sampler, self.cursor = sampler, cursor
         # the batch guard: every captured layer must hold the rows of the batch just yielded
-        grads.bind_batch(lambda: len(cursor.indices) if cursor.pending else None)
+        rows = lambda: len(cursor.indices) if cursor.pending else None  # noqa: E731
+        grads.bind_batch(rows)
+        # the loss contract, read at the first step (grads/loss_contract.py)
+        self.contract: LossContract | None = LossContract(model, rows, grads.loss_reduction)
         self.noise_multiplier, self.method = noise_multiplier, method
         self.method_state = method.init() if method is not None else None
         self.ledger, self.guard = ledger, guard
@@ -121,6 +126,8 @@ class PrivateStep:
             raise
 
     def _take(self) -> None:
+        self._refuse_frozen_since()
+        self._check_loss_contract()
         pending = self.cursor.pending
         require(pending >= 1, "the batch", "not from the private loader",
                 "one yielded by the loader make_private returned",
@@ -157,6 +164,33 @@ class PrivateStep:
             return
         sums, self.sums = self.sums, None
         self._release(sums)
+
+    def _refuse_frozen_since(self) -> None:
+        """A parameter frozen after ``make_private`` (``requires_grad_(False)``) is refused here,
+        at the next step, rather than trained on: the step's layers, clipping groups and ledger
+        were built for the parameters trainable at ``make_private``."""
+        frozen = frozen_since(self.params)
+        if frozen:
+            raise PrivacyRefusal(
+                f"parameters {frozen} must stay trainable while the model is private, got "
+                f"requires_grad_(False) after make_private: the private step covers the "
+                f"parameters trainable at make_private and would go on training them. Freeze "
+                f"them before make_private (a new private run for the new set of parameters), "
+                f"or set requires_grad_(True) again to keep training them; nothing of this step "
+                f"was released")
+
+    def _check_loss_contract(self) -> None:
+        """At the first step: refuse a loss that is not what the engine reads per example
+        (its reduction, an extra term, a divisor that depends on the batch), naming the fix.
+        A refused first step is watched again at the next forward, to check the fix."""
+        if self.contract is None:
+            return
+        found = self.contract.problems()
+        if found:
+            self.contract.rearm()
+            raise PrivacyRefusal("; ".join(found) + "; nothing of this step was released")
+        self.contract.remove()
+        self.contract = None
 
     def _discard(self) -> None:
         self.sums = None  # sensitive: dropped, nothing released

@@ -34,6 +34,7 @@ from dpfy.privacy.individual import check_groups
 
 __all__ = ["TrainConfig", "OPTIMIZERS", "ACCOUNTANTS", "RESUME_IGNORED", "PUBLIC_ONLY",
            "SEED_WARNING", "DEFAULT_LR", "DEFAULT_OPTIMIZER", "method_default",
+           "default_batch_size",
            "load_config_file", "resolve", "coerce",
            "field_types", "guide_delta"]
 
@@ -51,6 +52,15 @@ FLOAT32_MAX = 3.4028234663852886e38
 # SGD recipe.
 DEFAULT_LR = 4.0
 DEFAULT_OPTIMIZER = "sgd"
+DEFAULT_MOMENTUM = 0.9
+# --batch-size when not given: the benchmark's 2048 where it is at most a quarter of the training
+# set, else a quarter of it (at least 4 logical batches per epoch, so small sets train too).
+DEFAULT_BATCH_SIZE = 2048
+
+
+def default_batch_size(num_examples: int) -> int:
+    """``--batch-size`` when not given, for a training set of ``num_examples``."""
+    return max(1, min(DEFAULT_BATCH_SIZE, num_examples // 4))
 MAX_EPOCHS = 1_000_000
 # torch.set_num_threads(10**6) maps a thread pool the process cannot hold and crashes it
 # (a segfault, not an error): far above any machine's cores, far below that.
@@ -83,7 +93,10 @@ class TrainConfig:
                                    "Fashion-MNIST), else 1/N^1.1 (the guide's convention)")
     noise_multiplier: float | None = _f(None, "fixed σ instead of a target ε")
     epochs: int = _f(40, "passes over the training data (in expectation, Poisson sampling)")
-    batch_size: int = _f(2048, "expected logical batch size; sample rate q = batch_size / N")
+    batch_size: int | None = _f(None, "expected logical batch size; sample rate q = batch_size "
+                                      "/ N (default: 2048, Tramèr & Boneh's, or N/4 when the "
+                                      "training set has fewer than 8192 examples: digits 359, "
+                                      "breast_cancer 113)")
     physical_batch_size: int | None = _f(None, "largest batch held in memory at once")
     clip: float = _f(0.1, "per-example gradient clipping norm C")
     clipping: str = _f("flat", "clipping policy (see the engine): flat, per_layer, automatic")
@@ -92,7 +105,9 @@ class TrainConfig:
     lr: float | None = _f(None, "learning rate; default: the method's own initial η when "
                                 "--method names one (hyfree: 1e-4, Bu & Liu's; a given --lr "
                                 "is hyfree's initial η), else 4.0 (the benchmark's SGD recipe)")
-    momentum: float = _f(0.9, "SGD momentum")
+    momentum: float | None = _f(None, "SGD momentum; default: the method's own when --method "
+                                      "names one (adadp, noisy_max, noisy_btls: 0, the plain "
+                                      "SGD they need), else 0.9")
     weight_decay: float = _f(0.0, "L2 weight decay")
     seed: int | None = _f(None, "seed for init, sampling and noise: makes the run reproducible "
                                 "by anyone holding it, which undoes the privacy; never "
@@ -146,6 +161,9 @@ class TrainConfig:
         if self.lr is None:
             object.__setattr__(self, "lr", float(method_default(self.method, "initial_lr",
                                                                 DEFAULT_LR)))
+        if self.momentum is None:
+            object.__setattr__(self, "momentum", float(method_default(self.method, "momentum",
+                                                                      DEFAULT_MOMENTUM)))
         _check_types_and_finite(self)
         # dataset and model names are checked against their registries by the trainer, since
         # the Python API also accepts a user's own Dataset and nn.Module under any name.
@@ -173,7 +191,8 @@ class TrainConfig:
         require(self.epochs >= 1, "epochs", self.epochs, ">= 1")
         require(self.epochs <= MAX_EPOCHS, "epochs", self.epochs, f"<= {MAX_EPOCHS}",
                 "Lower --epochs: a run of more passes would not finish")
-        require(self.batch_size >= 1, "batch_size", self.batch_size, ">= 1")
+        if self.batch_size is not None:
+            require(self.batch_size >= 1, "batch_size", self.batch_size, ">= 1")
         if self.physical_batch_size is not None:
             require(self.physical_batch_size >= 1, "physical_batch_size",
                     self.physical_batch_size, ">= 1")
@@ -278,9 +297,10 @@ class TrainConfig:
 
 
 def method_default(method: str | None, what: str, default: Any) -> Any:
-    """``--lr`` (``what="initial_lr"``) or ``--optimizer`` (``"optimizer"``) when not given: the
-    first chained method's own (class attribute ``default_<what>``, e.g. HyFreeDP's η₀ = 1e-4
-    and Adam), else ``default`` (the SGD recipe: lr 4.0, sgd).
+    """``--lr`` (``what="initial_lr"``), ``--optimizer`` (``"optimizer"``) or ``--momentum``
+    (``"momentum"``) when not given: the first chained method's own (class attribute
+    ``default_<what>``, e.g. HyFreeDP's η₀ = 1e-4 and Adam, ADADP's plain SGD: momentum 0),
+    else ``default`` (the SGD recipe: lr 4.0, sgd, momentum 0.9).
 
     A method that fits η itself starts from its paper's η₀, not from the SGD recipe's 4.0 (which
     HyFreeDP took as η₀ while the CLI could not tell a default from a given value). An unknown
@@ -398,7 +418,8 @@ def guide_delta(num_examples: int) -> float:
 
 def resolve(cfg: TrainConfig, *, num_examples: int,
             reference_delta: float | None) -> tuple[TrainConfig, str]:
-    """Fill in δ; returns the resolved config and how δ was chosen.
+    """Fill in δ and the batch size (:func:`default_batch_size`); returns the resolved config
+    and how δ was chosen.
 
     The seed stays as given: None means a secure run (no seed is invented, see the module
     docstring).
@@ -412,4 +433,5 @@ def resolve(cfg: TrainConfig, *, num_examples: int,
         delta, how = guide_delta(num_examples), f"1/N^1.1 with N = {num_examples}"
     require(delta < 1 / num_examples, "delta", delta, f"< 1/N = {1 / num_examples:.3g}",
             "δ ≥ 1/N would allow leaking one example outright; use δ = 1/N^1.1")
-    return dataclasses.replace(cfg, delta=delta), how
+    batch = cfg.batch_size if cfg.batch_size is not None else default_batch_size(num_examples)
+    return dataclasses.replace(cfg, delta=delta, batch_size=batch), how

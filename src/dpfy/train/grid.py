@@ -240,7 +240,7 @@ def run_grid(base: TrainConfig, axes: Sequence[GridAxis], *, out: str | Path,
     held, selected_on = _validation_split(data, base, validation_fraction)
     resolved, _ = resolve(base, num_examples=held.num_train, reference_delta=held.reference_delta)
     delta = float(resolved.delta)
-    sampler = PoissonSampler(held.num_train, sample_rate=base.batch_size / held.num_train)
+    sampler = PoissonSampler(held.num_train, sample_rate=resolved.batch_size / held.num_train)
     steps = base.epochs * sampler.steps_per_epoch
     if base.epsilon is not None:
         sigma = calibrate_grid_noise_multiplier(

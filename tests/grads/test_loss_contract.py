@@ -1,0 +1,175 @@
+"""The loss contract, checked at the first step and by ``validate``: the loss backpropagated must
+be the mean (or sum, as ``loss_reduction`` says) of per-example losses from the model's output,
+with no term autograd cannot differentiate and no divisor that depends on the batch.
+
+Expected outcomes are derived here from the definition of each loss, not from dpfy: e.g.
+``reduction="sum"`` is B·mean, so under ``loss_reduction="mean"`` the engine would read each
+example's gradient B times too large; an L2 term on held parameters has no autograd path."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import dpfy
+from dpfy.errors import PrivacyRefusal
+
+warnings.filterwarnings("ignore", message="noise_multiplier=0")
+
+
+def _run(loss, *, reduction="mean", steps=2):
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64, 4), torch.randint(0, 3, (64,)))
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt, loader = dpfy.make_private(model, opt, DataLoader(data, batch_size=16),
+                                           noise_multiplier=1.0, loss_reduction=reduction,
+                                           seed=0)
+    for i, (x, y) in enumerate(loader):
+        if i == steps:
+            break
+        opt.zero_grad()
+        loss(model, x, y).backward()
+        opt.step()
+    return opt
+
+
+GOOD = {
+    "mean": (lambda m, x, y: F.cross_entropy(m(x), y), "mean"),
+    "module": (lambda m, x, y: nn.CrossEntropyLoss()(m(x), y), "mean"),
+    "sum over B": (lambda m, x, y: F.cross_entropy(m(x), y, reduction="sum") / len(x), "mean"),
+    "none then mean": (lambda m, x, y: F.cross_entropy(m(x), y, reduction="none").mean(),
+                       "mean"),
+    "scaled": (lambda m, x, y: 0.5 * F.mse_loss(m(x), F.one_hot(y, 3).float()), "mean"),
+    "sum": (lambda m, x, y: F.cross_entropy(m(x), y, reduction="sum"), "sum"),
+    # targets and constants inside each example's own loss are not extra terms or divisors
+    "targets subtracted": (lambda m, x, y: (0.5 * (m(x)[:, 0] - y.float()) ** 2).mean(),
+                           "mean"),
+    "temperature": (lambda m, x, y: F.cross_entropy(m(x) / torch.tensor(2.0), y), "mean"),
+    "per-example weights": (lambda m, x, y: (F.cross_entropy(m(x), y, reduction="none")
+                                             * (1 + y.float())).mean(), "mean"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GOOD))
+def test_losses_that_keep_the_contract_train(case):
+    loss, reduction = GOOD[case]
+    assert _run(loss, reduction=reduction).step_count == 2
+
+
+BAD = {
+    "sum under mean": (lambda m, x, y: F.cross_entropy(m(x), y, reduction="sum"), "mean",
+                       r"reduced by 'sum'.*loss_reduction='sum'"),
+    "none.sum under mean": (lambda m, x, y: F.cross_entropy(m(x), y, reduction="none").sum(),
+                            "mean", r"reduced by 'sum'"),
+    "mean under sum": (lambda m, x, y: F.cross_entropy(m(x), y), "sum", r"reduced by 'mean'"),
+    "l2 penalty": (lambda m, x, y: F.cross_entropy(m(x), y)
+                   + 1e-3 * sum(p.pow(2).sum() for p in m.parameters()), "mean",
+                   r"L2 penalty.*weight_decay="),
+    "penalty per example": (lambda m, x, y: (F.cross_entropy(m(x), y, reduction="none")
+                                             + m[0].weight.pow(2).sum()).mean(), "mean",
+                            r"L2 penalty"),
+    "token count divisor": (lambda m, x, y: F.cross_entropy(m(x), y, reduction="sum")
+                            / torch.tensor(37.0), "mean", r"num_items_in_batch"),
+    "unequal ignored targets": (lambda m, x, y: F.cross_entropy(
+        m(x), torch.where(torch.arange(len(y)) % 3 == 0, -100, y)), "mean",
+        r"ignore_index=-100\) in unequal numbers"),
+    "class weights": (lambda m, x, y: F.cross_entropy(m(x), y, weight=torch.ones(3)), "mean",
+                      r"class weights"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_losses_that_break_the_contract_are_refused_at_the_first_step(case):
+    loss, reduction, match = BAD[case]
+    with pytest.raises(PrivacyRefusal, match=match):
+        _run(loss, reduction=reduction)
+
+
+def test_the_fix_is_checked_and_nothing_was_released():
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64, 4), torch.randint(0, 3, (64,)))
+    model = nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt, loader = dpfy.make_private(model, opt, DataLoader(data, batch_size=16),
+                                           noise_multiplier=1.0, seed=0)
+    x, y = next(iter(loader))
+    F.cross_entropy(model(x), y, reduction="sum").backward()
+    with pytest.raises(PrivacyRefusal):
+        opt.step()
+    assert opt.step_count == 0 and len(opt.ledger.groups) == 0
+    opt.zero_grad()
+    x, y = next(iter(loader))                      # the same batch, yielded again
+    F.cross_entropy(model(x), y, reduction="sum").backward()
+    with pytest.raises(PrivacyRefusal):            # still watched until a step passes
+        opt.step()
+    opt.zero_grad()
+    x, y = next(iter(loader))
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+    assert opt.step_count == 1
+    assert type(model(x)) is torch.Tensor           # later forwards are plain
+
+
+def test_num_items_in_batch_passed_to_the_model_is_refused():
+    class LM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Linear(4, 3)
+
+        def forward(self, x, labels, num_items_in_batch=None):
+            loss = F.cross_entropy(self.head(x), labels, reduction="sum")
+            return loss / (num_items_in_batch or 1)
+
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64, 4), torch.randint(0, 3, (64,)))
+    model = LM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt, loader = dpfy.make_private(model, opt, DataLoader(data, batch_size=16),
+                                           noise_multiplier=1.0, loss_reduction="sum", seed=0)
+    x, y = next(iter(loader))
+    model(x, y, num_items_in_batch=torch.tensor(40)).backward()
+    with pytest.raises(PrivacyRefusal, match="num_items_in_batch must be 1"):
+        opt.step()
+    opt.zero_grad()
+    x, y = next(iter(loader))
+    model(x, y, num_items_in_batch=1).backward()   # the fix the message names
+    opt.step()
+    assert opt.step_count == 1
+
+
+def test_validate_reports_the_same():
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    x, y = torch.randn(4, 4), torch.tensor([0, 1, 2, 0])
+    assert dpfy.validate(model, x, loss_fn=lambda out: F.cross_entropy(out, y)) == []
+    problems = dpfy.validate(model, x, loss_fn=lambda out: F.cross_entropy(out, y,
+                                                                           reduction="sum"))
+    assert len(problems) == 1 and "reduced by 'sum'" in problems[0]
+    assert dpfy.validate(model, x, loss_reduction="sum",
+                         loss_fn=lambda out: F.cross_entropy(out, y, reduction="sum")) == []
+
+
+def test_an_empty_first_batch_is_not_refused():
+    # The trainer's loop steps an empty Poisson batch on logits.sum() (noise only): no example's
+    # gradient is read, so no reduction can be wrong.
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(8, 4), torch.randint(0, 3, (8,)))
+    model = nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt, loader = dpfy.make_private(model, opt, DataLoader(data, batch_size=1),
+                                           noise_multiplier=1.0, seed=1)
+    empty = None
+    for x, y in loader:
+        opt.zero_grad()
+        logits = model(x)
+        (F.cross_entropy(logits, y) if len(y) else logits.sum()).backward()
+        opt.step()
+        if len(y) == 0:
+            empty = opt.step_count
+            break
+    assert empty == 1   # seed 1 draws an empty first batch: the case checked
