@@ -29,7 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["hold", "release", "is_held", "frozen_since", "hide_from_ddp", "show_to_ddp"]
+__all__ = ["hold", "release", "is_held", "autograd_requires_grad", "frozen_since",
+           "hide_from_ddp", "show_to_ddp"]
 
 _TRAINED = "_dpfy_trained"  # the truth, on each held parameter
 _AUTOGRAD = torch._C.TensorBase.requires_grad  # autograd's own flag, under the override
@@ -77,6 +78,12 @@ def _held_class(cls: type) -> type:
 
 def is_held(p: torch.Tensor) -> bool:
     return isinstance(p, _Held)
+
+
+def autograd_requires_grad(t: torch.Tensor) -> bool:
+    """Autograd's own flag: whether a backward may differentiate ``t`` (False on a held
+    parameter, whatever its ``requires_grad`` says)."""
+    return bool(_AUTOGRAD.__get__(t))
 
 
 def hold(p: nn.Parameter) -> None:

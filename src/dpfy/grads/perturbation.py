@@ -63,6 +63,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from dpfy.errors import PrivacyRefusal
+from dpfy.grads.held import autograd_requires_grad
 from dpfy.grads.row_identity import RowProbe, reseed, rows_differ
 from dpfy.grads.units import Unit
 
@@ -131,9 +132,11 @@ def find_cross_row(model: nn.Module, root_call: tuple[tuple, dict], rows: int,
       None when no other row changed, else the refusal and the calls it belongs to.
     """
     shared = {uid: [c.shared for c in calls] for uid, calls in now.items()}
-    leaves = [p for p in model.parameters() if p.requires_grad]
-    leaves += [t for t in tree_flatten(root_call)[0] if torch.is_tensor(t) and t.requires_grad
-               and t.is_leaf]
+    # autograd's own flag: a parameter the private step trains is held (its requires_grad reads
+    # True for user code, grads/held.py) and must not be differentiated here
+    leaves = [p for p in model.parameters() if autograd_requires_grad(p)]
+    leaves += [t for t in tree_flatten(root_call)[0] if torch.is_tensor(t)
+               and autograd_requires_grad(t) and t.is_leaf]
 
     def run(call: tuple[tuple, dict], change_row: bool) -> tuple[PerturbProbe, Any]:
         probe = PerturbProbe(rows, shared=shared)
