@@ -65,7 +65,8 @@ from __future__ import annotations
 import sys
 import weakref
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from collections import OrderedDict
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch import nn
@@ -383,12 +384,14 @@ class BufferGuard:
             # post hook last (the hook list is copied after the pre hooks ran), the next
             # call's pre hook first
             if next(reversed(m._forward_hooks), None) != handles[1].id:
-                m._forward_hooks.move_to_end(handles[1].id)
+                # torch's stub says dict; the hook tables are OrderedDicts at run time
+                cast("OrderedDict[int, Any]", m._forward_hooks).move_to_end(handles[1].id)
             watch.pre(m)
 
         def post(m: nn.Module, args: Any, output: Any) -> None:
             if next(iter(m._forward_pre_hooks), None) != handles[0].id:
-                m._forward_pre_hooks.move_to_end(handles[0].id, last=False)
+                cast("OrderedDict[int, Any]", m._forward_pre_hooks).move_to_end(  # as above
+                    handles[0].id, last=False)
             watch.post()
 
         handles += [module.register_forward_pre_hook(OwnHook(pre), prepend=True),

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.utils.data import TensorDataset
 
 from dpfy._require import require
 
@@ -134,6 +135,7 @@ def federated_fashion_mnist(*, num_users: int = 1000, alpha: float = 0.5,
     """
     from dpfy.data.fashion_mnist import load_fashion_mnist
     splits = load_fashion_mnist(data_dir)
+    assert isinstance(splits.train, TensorDataset)  # load_fashion_mnist's train split is one
     partition = partition_users(splits.train.tensors[1], num_users=num_users, alpha=alpha,
                                 size_shape=size_shape, min_size=min_size, seed=seed)
     return splits, partition

@@ -24,7 +24,7 @@ error, as it did before; wrap *before* ``make_private`` (``dpfy.step.distributed
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
+from typing import Any, SupportsIndex
 
 import torch
 from torch import nn
@@ -33,11 +33,14 @@ __all__ = ["hold", "release", "is_held", "autograd_requires_grad", "frozen_since
            "hide_from_ddp", "show_to_ddp"]
 
 _TRAINED = "_dpfy_trained"  # the truth, on each held parameter
-_AUTOGRAD = torch._C.TensorBase.requires_grad  # autograd's own flag, under the override
+# autograd's own flag, under the override: a getset descriptor (torch's stub types it bool)
+_AUTOGRAD: Any = torch._C.TensorBase.requires_grad
 
 
 class _Held:
     """Mixed in before the parameter's own class (see the module docstring)."""
+
+    data: torch.Tensor  # the parameter's, through the class mixed into
 
     @property
     def requires_grad(self) -> bool:
@@ -57,7 +60,7 @@ class _Held:
                                           self.__dict__[_TRAINED])
         return memo[id(self)]
 
-    def __reduce_ex__(self, protocol: int) -> Any:
+    def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
         state = {k: v for k, v in self.__dict__.items() if k != _TRAINED}
         if not state:
             return (torch._utils._rebuild_parameter,

@@ -86,7 +86,8 @@ class PerturbProbe(RowProbe):
         slots = self.grads.setdefault(key, [None] * n)
 
         def keep(grad: torch.Tensor) -> None:
-            slots[k] = grad.detach() if slots[k] is None else slots[k] + grad.detach()
+            kept = slots[k]
+            slots[k] = grad.detach() if kept is None else kept + grad.detach()
         return keep
 
 
@@ -134,7 +135,7 @@ def find_cross_row(model: nn.Module, root_call: tuple[tuple, dict], rows: int,
     shared = {uid: [c.shared for c in calls] for uid, calls in now.items()}
     # autograd's own flag: a parameter the private step trains is held (its requires_grad reads
     # True for user code, grads/held.py) and must not be differentiated here
-    leaves = [p for p in model.parameters() if autograd_requires_grad(p)]
+    leaves: list[torch.Tensor] = [p for p in model.parameters() if autograd_requires_grad(p)]
     leaves += [t for t in tree_flatten(root_call)[0] if torch.is_tensor(t)
                and autograd_requires_grad(t) and t.is_leaf]
 

@@ -89,7 +89,7 @@ class TreeMechanism(CorrelatedMechanism):
         node = self._fresh(like)
         x = node.clone()
         for _ in range(level):                         # the k lowest nodes of t − 1
-            require(levels and levels[-1] < level, "tree state", levels,
+            require(bool(levels) and levels[-1] < level, "tree state", levels,
                     f"nodes below level {level}", "Resume from an unmodified checkpoint")
             x.sub_(nodes.pop())
             levels.pop()
@@ -98,7 +98,7 @@ class TreeMechanism(CorrelatedMechanism):
         return x
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "levels": [list(l) for l in self.levels],
+        return {**super().state_dict(), "levels": [list(lvl) for lvl in self.levels],
                 "period": self._period}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -106,4 +106,4 @@ class TreeMechanism(CorrelatedMechanism):
                 state.get("period"), f"{self._period} (this run's steps per pass)",
                 "Resume with the same dataset size and batch size")
         super().load_state_dict(state)
-        self.levels = [list(l) for l in state["levels"]]
+        self.levels = [list(lvl) for lvl in state["levels"]]

@@ -14,11 +14,11 @@ relation. The reduction applies, in order:
 3. **Participation.** Poisson and fixed-size steps are amplified by sampling; so are user-level
    steps: ULS as a Poisson-subsampled Gaussian at the user rate, ELS as a mixture of Gaussians
    with Binomial(k, q) weights (:mod:`dpfy.privacy.mixture`; without amplification, the
-   Gaussian at σ/k). Shuffled steps are
-   not (no amplification is claimed for shuffling, the guide's §4.3 and Table 3): each example is in at
-   most one batch per epoch, so only the worst-case number of participations is charged, at
-   the smallest σ's (see :class:`~dpfy.privacy.ledger.Sampling`). Unsampled steps are all
-   charged. Correlated noise (DP-FTRL's tree, BandMF) is reduced to independent Gaussians by
+   Gaussian at σ/k). Shuffled steps are not (no amplification is claimed for shuffling, the
+   guide's §4.3 and Table 3): each example is in at most one batch per epoch, so only the
+   worst-case number of participations is charged, at the smallest σ's (see
+   :class:`~dpfy.privacy.ledger.Sampling`). Unsampled steps are all charged. Correlated noise
+   (DP-FTRL's tree, BandMF) is reduced to independent Gaussians by
    :mod:`dpfy.privacy.correlated` (per tree; per cyclic-Poisson participation).
 4. **Order does not matter.** Composition of the privacy-loss distributions (and the sum of RDP
    curves) is commutative, so identical atoms anywhere in the run merge, and all unsampled
@@ -214,7 +214,8 @@ def canonical_form(ledger: Ledger, *, amplify: bool = True) -> CanonicalForm:
         elif g.sampling in (Sampling.POISSON, Sampling.ULS) and sampled:
             atoms.append(Atom(POISSON, g.sample_rate, sigma * factor, g.count))
         elif g.sampling is Sampling.ELS:
-            k = int(g.max_examples_per_user)  # type: ignore[arg-type]  (StepGroup checks it)
+            assert g.max_examples_per_user is not None  # StepGroup refuses ELS steps without it
+            k = int(g.max_examples_per_user)
             atoms.append(Atom(MIXTURE, g.sample_rate, sigma * factor, g.count,
                               max_examples_per_user=k) if sampled else
                          Atom(GAUSSIAN, 1.0, sigma * factor / k, g.count))

@@ -65,9 +65,11 @@ def user_level_section(ledger: Ledger, *, delta: float, accountant: str, num_use
              f"- **Users:** {num_users:,} ({num_examples:,} examples); δ is judged against "
              f"1/U = {1 / num_users:.3g}.",
              f"- **Algorithm:** {algorithm}.", *[f"- {d}" for d in details]]
-    ks = {g.max_examples_per_user for g in ledger.groups if g.sampling is Sampling.ELS}
+    # StepGroup refuses an ELS step without k, so the None test drops nothing
+    ks = {g.max_examples_per_user for g in ledger.groups
+          if g.sampling is Sampling.ELS and g.max_examples_per_user is not None}
     if ks:
-        k = int(max(ks))   # type: ignore[arg-type]
+        k = int(max(ks))
         eps_user = epsilon(ledger, delta=delta, accountant=accountant)
         eps_ex = epsilon(example_level_ledger(ledger), delta=delta, accountant=accountant)
         ge, gd = group_privacy_bound(eps_ex, delta, k)

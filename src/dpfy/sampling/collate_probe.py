@@ -10,13 +10,13 @@ they run after collation.
 The check. On the first batch of at least two examples, the examples are collated once more
 with example r replaced by the next example of the batch, for r the first and the last row (or
 the next ones in, where a replacement changes the batch's shape: a random draw per element of a
-padded batch would no longer line up), each time from the RNG states (torch's CPU generator, Python's ``random``, NumPy's global
-generator) the real collation started from, so that a collate function drawing per-row
-randomness draws the same. Every tensor row of the collated batch other than row r must be bit
-for bit the real batch's (along dimension 0, over the region both batches have where padding to
-the longest example changes a shape). The RNG states are then set to where the real
-collation left them: the training run's streams are unchanged. ``torch.utils.data``'s
-``default_collate`` is row-wise by construction and is not probed.
+padded batch would no longer line up), each time from the RNG states (torch's CPU generator,
+Python's ``random``, NumPy's global generator) the real collation started from, so that a
+collate function drawing per-row randomness draws the same. Every tensor row of the collated
+batch other than row r must be bit for bit the real batch's (along dimension 0, over the region
+both batches have where padding to the longest example changes a shape). The RNG states are
+then set to where the real collation left them: the training run's streams are unchanged.
+``torch.utils.data``'s ``default_collate`` is row-wise by construction and is not probed.
 
 What it cannot see: mixing this batch does not show (a permutation that pairs r with itself
 in both probes), mixing outside tensors, and mixing in the dataset's ``__getitem__`` (which

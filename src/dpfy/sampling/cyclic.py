@@ -69,6 +69,7 @@ class CyclicPoissonSampler:
         perm = (_secure_permutation(dataset_size) if self.generator is None else
                 torch.randperm(dataset_size, generator=self.generator))
         self.groups = [g.sort().values for g in perm.tensor_split(bands)]   # b × (≈N/b,)
+        self.current: torch.Tensor | None
         self.step, self.current, self.offset = 0, None, 0   # committed position
 
     @property

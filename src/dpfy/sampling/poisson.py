@@ -11,7 +11,7 @@ import torch
 from dpfy._require import require
 from dpfy.noise import secure_uniform
 from dpfy.privacy import Sampling
-from dpfy.sampling.units import ExampleUnits, require_same_unit
+from dpfy.sampling.units import ExampleUnits, UserUnits, require_same_unit
 
 __all__ = ['PoissonSampler']
 
@@ -37,7 +37,7 @@ class PoissonSampler:
     """
 
     sampling = Sampling.POISSON
-    units = ExampleUnits()   # the unit of privacy: one example per row
+    units: ExampleUnits | UserUnits = ExampleUnits()   # the unit of privacy: one example per row
     max_examples_per_user: int | None = None   # k the ledger records (ELS only)
 
     def units_of(self, indices: torch.Tensor | None) -> torch.Tensor | None:

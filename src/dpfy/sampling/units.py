@@ -88,6 +88,7 @@ class UserUnits:
             return None
         require(indices is not None, "the batch's dataset indices", None, "known",
                 "Iterate the loader make_private returned")
+        assert indices is not None  # the require above refused None
         return torch.unique(self.user_of[indices.cpu()], return_inverse=True)[1]
 
     def unit_scale(self, unit_of_row: torch.Tensor) -> torch.Tensor | None:

@@ -83,6 +83,7 @@ class UserPoissonSampler(PoissonSampler):
     """
 
     sampling = Sampling.ULS
+    units: UserUnits
 
     def __init__(self, units: UserUnits, *, sample_rate: float,
                  max_examples_per_user: int | None = None, seed: int | None = None) -> None:
@@ -163,6 +164,7 @@ class UserCappedSampler(PoissonSampler):
     """
 
     sampling = Sampling.ELS
+    units: UserUnits
 
     def __init__(self, units: UserUnits, *, max_examples_per_user: int, batch_size: int,
                  seed: int | None = None) -> None:
