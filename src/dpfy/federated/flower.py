@@ -33,7 +33,7 @@ from __future__ import annotations
 import itertools
 import uuid
 from logging import INFO
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, TypeVar, cast
 
 import torch
 from torch import nn
@@ -66,6 +66,26 @@ __all__ = ["DPFedAvgStrategy", "make_client_app", "InProcessGrid", "run_flower",
 
 ARRAYS, CONFIG, METRICS = "arrays", "config", "metrics"   # the records of a message
 DELTA_NORM = "delta-norm"                                  # ‖Δ_u‖ before clipping
+
+_R = TypeVar("_R", ArrayRecord, MetricRecord, ConfigRecord)
+
+
+def _record(content: RecordDict, key: str, kind: type[_R]) -> _R:
+    """The record ``key`` of a message's content, of the kind dpfy puts there."""
+    record = content[key]
+    if not isinstance(record, kind):
+        raise TypeError(f"a message's {key!r} record must be a {kind.__name__}, "
+                        f"got {type(record).__name__}")
+    return record
+
+
+def _number(record: MetricRecord | ConfigRecord, key: str) -> int | float:
+    """The value ``key`` of a record, a number as dpfy sends it (Flower's records also hold
+    lists, strings and bytes)."""
+    value = record[key]
+    if not isinstance(value, (int, float)):
+        raise TypeError(f"a message's {key!r} must be a number, got {type(value).__name__}")
+    return value
 
 
 class DPFedAvgStrategy(Strategy):
@@ -129,8 +149,8 @@ class DPFedAvgStrategy(Strategy):
             content = reply.content
             contributions.append(Contribution(
                 user=user_of[node],
-                clipped=content[ARRAYS].to_torch_state_dict(),
-                norm=float(content[METRICS][DELTA_NORM])))
+                clipped=_record(content, ARRAYS, ArrayRecord).to_torch_state_dict(),
+                norm=float(_number(_record(content, METRICS, MetricRecord), DELTA_NORM))))
         result = self.server.finish_round(contributions)
         metrics = MetricRecord({"users": result.num_users, "dropped": dropped,
                                 "clip": result.clip,
@@ -170,12 +190,13 @@ def make_client_app(model_fn: Callable[[], nn.Module],
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         model = model_fn()
-        model.load_state_dict(msg.content[ARRAYS].to_torch_state_dict())
-        cfg = msg.content[CONFIG]
+        model.load_state_dict(_record(msg.content, ARRAYS, ArrayRecord).to_torch_state_dict())
+        cfg = _record(msg.content, CONFIG, ConfigRecord)
         x, y = user_data(context)
-        seed = int(cfg["local-seed"]) if "local-seed" in cfg else None
+        seed = int(_number(cfg, "local-seed")) if "local-seed" in cfg else None
         clipped, norm = user_contribution(model, x, y, loss_fn, LocalTraining.from_config(cfg),
-                                          float(cfg["clip"]), generator=local_generator(seed))
+                                          float(_number(cfg, "clip")),
+                                          generator=local_generator(seed))
         return Message(RecordDict({ARRAYS: ArrayRecord(clipped),
                                    METRICS: MetricRecord({DELTA_NORM: norm})}), reply_to=msg)
 
@@ -238,7 +259,9 @@ class InProcessGrid(Grid):
         node = msg.metadata.dst_node_id
         require(node in self._contexts, "a message's dst_node_id", node,
                 f"one of the grid's nodes 1..{len(self._contexts)}")
-        incoming = Message(metadata=msg.metadata, content=_over_the_wire(msg.content))
+        # flwr's Message overloads omit the (metadata=, content=) form its __init__ accepts
+        incoming: Message = cast(Any, Message)(metadata=msg.metadata,
+                                               content=_over_the_wire(msg.content))
         TaskIdentity.task_id, TaskIdentity.node_id = next(self._task_ids), node
         try:
             reply = self.client_app(incoming, self._contexts[node])
@@ -251,7 +274,8 @@ class InProcessGrid(Grid):
             self._as_server()
         if reply.has_error():
             return reply
-        return Message(metadata=reply.metadata, content=_over_the_wire(reply.content))
+        return cast(Any, Message)(metadata=reply.metadata,  # as in the call above
+                                  content=_over_the_wire(reply.content))
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         ids = []

@@ -15,7 +15,7 @@ per-user clip on the sum.
 from __future__ import annotations
 
 import math
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
@@ -52,7 +52,7 @@ class LocalTraining:
                 "local-batch-size": 0 if self.batch_size is None else self.batch_size}
 
     @classmethod
-    def from_config(cls, config: Mapping[str, float | int]) -> "LocalTraining":
+    def from_config(cls, config: Mapping[str, Any]) -> "LocalTraining":
         size = int(config["local-batch-size"])
         return cls(epochs=int(config["local-epochs"]), lr=float(config["local-lr"]),
                    batch_size=None if size == 0 else size)

@@ -158,6 +158,8 @@ class DPFedAvgServer:
         require(0 < self.delta < 1, "delta", self.delta, "in (0, 1)")
         self.accountant, self.rounds, self.seed = accountant, rounds, seed
         if noise_multiplier is None:
+            # the requires above: target_epsilon is given, and with it rounds
+            assert target_epsilon is not None and rounds is not None
             noise_multiplier = calibrate_noise_multiplier(
                 target_epsilon=target_epsilon, delta=self.delta,
                 sample_rate=self.user_sample_rate, steps=rounds, accountant=accountant,
@@ -281,6 +283,7 @@ class DPFedAvgServer:
         for name, spec in specs.items():
             require(spec.kind == "values", f"release {name!r}", spec.kind,
                     "of kind 'values' in DP-FedAvg (a function of the users' delta norms)")
+            assert spec.values is not None  # ReleaseSpec gives values for kind 'values'
             values = spec.values(norms).double()                      # (U,) or (U, d)
             per_user = values.abs() if values.dim() == 1 else values.norm(dim=1)
             require(bool((per_user <= spec.sensitivity * (1 + 1e-9)).all()),
@@ -295,6 +298,7 @@ class DPFedAvgServer:
         """Check, sum, noise (once), record, and apply the round's mean delta."""
         rp = self._pending
         require(rp is not None, "a round", None, "begun (begin_round) before it is finished")
+        assert rp is not None  # the require above refused None
         self._check_contributions(rp, contributions)
         plan = rp.plan
         specs = {} if self.method is None else dict(self.method.releases(self.method_state, plan))
