@@ -40,12 +40,14 @@ from dpfy.noise import GaussianMechanism, NoiseSource
 from dpfy.optim import DPOptimizer
 from dpfy.privacy import Ledger, calibrate_noise_multiplier
 from dpfy.privacy.accountants import RIGOROUS, check_accountant
-from dpfy.sampling import DPDataLoader, PoissonSampler, ShuffleSampler, make_sampler
+from dpfy.errors import PrivacyRefusal
+from dpfy.sampling import (USER_SAMPLINGS, DPDataLoader, PoissonSampler, ShuffleSampler,
+                           make_sampler, make_user_sampler)
 from dpfy.step.distributed import current_collective, unwrap_model
 from dpfy.step.guard import EpsilonGuard
 from dpfy.step.individual import individualize
 from dpfy.step.private_step import PrivateStep, require_loss_fn, split_batch_refusal
-from dpfy.types import RunFacts, StepPlan
+from dpfy.types import RunFacts, Sampling, StepPlan
 
 __all__ = ["make_private", "derive_seeds"]
 
@@ -78,6 +80,10 @@ def make_private(
     loss_fn: "Callable[[nn.Module, Any], torch.Tensor] | None" = None,
     budgets: "Sequence[float] | np.ndarray | torch.Tensor | None" = None,
     individual: str | None = None,
+    user_ids: "Sequence[int] | torch.Tensor | None" = None,
+    user_sampling: str | None = None,
+    max_examples_per_user: int | None = None,
+    user_reduction: str = "mean",
 ) -> tuple[nn.Module, DPOptimizer, DPDataLoader]:
     """Make ``model``/``optimizer``/``loader`` differentially private (DP-SGD and variants).
 
@@ -137,6 +143,21 @@ def make_private(
         own ledger (``optimizer.groups``, ``optimizer.group_epsilons(δ)``) and ε cap, and
         training stops before any group would exceed its budget. Excludes noise_multiplier,
         target_epsilon, sample_rates, clipping other than flat, methods and shuffling.
+      user_ids, user_sampling, max_examples_per_user, user_reduction: user-level DP
+        (docs/guide/user_level.md): the unit of privacy is one user, with all of their
+        examples, and adjacency is add-or-remove one user. ``user_ids`` holds one integer id per
+        example (aligned with the dataset; read once). ``user_sampling="uls"`` samples users
+        (Poisson, rate q_u = batch_size / U: ``batch_size`` is then the expected number of
+        *users* per step), takes at most ``max_examples_per_user`` random rows of each sampled
+        user (None: all), clips each user's ``user_reduction`` (``"mean"`` or ``"sum"`` of
+        their gradients) to C, and divides the noisy sum by q_u·U; its ledger is a
+        Poisson-subsampled Gaussian at the user level. ``user_sampling="els"`` keeps at most
+        k = ``max_examples_per_user`` random examples of every user, Poisson-samples examples
+        (rate batch_size / N_kept) and clips each alone; its ledger is accounted at the user
+        level as a mixture of Gaussians with Binomial(k, q) weights. ``target_epsilon`` is then
+        a user-level ε. Refused with user ids: shuffling, sample_rates, data-parallel ranks,
+        individualized budgets, clipping="individual", and under ULS a method whose releases
+        are per example (a per-sample transform, loss probes).
 
     Returns:
       ``(model, optimizer, loader)``: the same model (hooked; its trainable parameters get
@@ -147,6 +168,11 @@ def make_private(
     collective = current_collective()  # data-parallel ranks (dpfy.step.distributed), or None
     _check_arguments(noise_multiplier=noise_multiplier, target_epsilon=target_epsilon,
                      method=method, budgets=budgets, accountant=accountant, max_steps=max_steps)
+    _check_user_level(user_ids=user_ids, user_sampling=user_sampling,
+                      max_examples_per_user=max_examples_per_user,
+                      user_reduction=user_reduction, poisson_sampling=poisson_sampling,
+                      sample_rates=sample_rates, collective=collective, budgets=budgets,
+                      individual=individual, clipping=clipping)
     sampling_seed, noise_seed = derive_seeds(seed) if seed is not None else (None, None)
     if max_physical_batch_size == "auto":
         max_physical_batch_size = plan_physical_batch(model, loader, memory_limit=memory_limit,
@@ -156,9 +182,18 @@ def make_private(
                 "None unless max_physical_batch_size='auto'", "Pass one of them")
 
     # -- the run's facts: the sampler's, and the horizon ---------------------------------------
-    sampler: PoissonSampler | ShuffleSampler = make_sampler(
+    sampler: PoissonSampler | ShuffleSampler = (make_user_sampler(
+        loader, user_ids, user_sampling=user_sampling,  # type: ignore[arg-type]
+        max_examples_per_user=max_examples_per_user, user_reduction=user_reduction,
+        seed=sampling_seed) if user_ids is not None else make_sampler(
         loader, poisson_sampling=poisson_sampling, sample_rates=sample_rates,
-        seed=sampling_seed, shard=collective.shard if collective is not None else None)
+        seed=sampling_seed, shard=collective.shard if collective is not None else None))
+    largest = getattr(sampler, "largest_unit", None)   # ULS: a user's rows of one step
+    if largest is not None and isinstance(max_physical_batch_size, int):
+        require(largest <= max_physical_batch_size, "max_physical_batch_size",
+                max_physical_batch_size, f">= {largest}, the most rows one user brings to a "
+                f"step (a user's rows are clipped together, in one physical batch)",
+                "Raise it, or cap the rows per user and step with max_examples_per_user")
     dp_loader = DPDataLoader(loader, sampler, max_physical_batch_size=max_physical_batch_size)
     max_steps = _horizon(epochs, max_steps, target_epsilon, target_delta, len(dp_loader))
     if (target_epsilon is not None or epsilon_cap is not None) and accountant not in RIGOROUS:
@@ -220,8 +255,11 @@ def make_private(
                                                and "noise_multiplier" in method.sets):
             noise_multiplier = calibrate_noise_multiplier(
                 target_epsilon=target_epsilon, delta=target_delta, sample_rate=q,
-                steps=max_steps, accountant=accountant, sampling=sampler.sampling)
+                steps=max_steps, accountant=accountant, sampling=sampler.sampling,
+                max_examples_per_user=sampler.max_examples_per_user)
 
+        if method is not None and sampler.sampling is Sampling.ULS:
+            _refuse_per_example_releases(method, q, noise_multiplier, policy.default_clip())
         if method is not None:
             _check_capabilities(method, grads, max_physical_batch_size, clipping, loss_fn,
                                 StepPlan(step=0, sample_rate=q,
@@ -232,7 +270,8 @@ def make_private(
         private_step = PrivateStep(
             optimizer, grads=grads, clipping=policy,
             mechanism=GaussianMechanism(NoiseSource(noise_seed), sampling=sampler.sampling,
-                                        sample_rate=q),
+                                        sample_rate=q,
+                                        max_examples_per_user=sampler.max_examples_per_user),
             sampler=sampler, cursor=dp_loader.cursor, noise_multiplier=noise_multiplier,
             method=method, ledger=Ledger(dataset_size=n),
             guard=EpsilonGuard(max_steps=max_steps, epsilon_cap=epsilon_cap,
@@ -280,6 +319,61 @@ def _check_arguments(*, noise_multiplier: float | None, target_epsilon: float | 
     check_accountant(accountant)
     if max_steps is not None:
         require(isinstance(max_steps, int) and max_steps >= 1, "max_steps", max_steps, ">= 1")
+
+
+def _check_user_level(*, user_ids: Any, user_sampling: str | None,
+                      max_examples_per_user: int | None, user_reduction: str,
+                      poisson_sampling: bool, sample_rates: Any, collective: Any, budgets: Any,
+                      individual: Any, clipping: str) -> None:
+    """The user-level arguments, and what cannot be accounted with users as the unit."""
+    if user_ids is None:
+        require(user_sampling is None and max_examples_per_user is None
+                and user_reduction == "mean", "user_ids", None,
+                "given with user_sampling / max_examples_per_user / user_reduction",
+                "Pass user_ids= (one user id per example) to make the unit of privacy the user")
+        return
+    require(user_sampling in USER_SAMPLINGS, "user_sampling", user_sampling,
+            f"one of {list(USER_SAMPLINGS)} with user_ids",
+            "'uls' samples users and clips each one's rows together; 'els' caps every user at "
+            "k examples and samples examples (pass max_examples_per_user=k)")
+    require(max_examples_per_user is None or (isinstance(max_examples_per_user, int)
+                                              and not isinstance(max_examples_per_user, bool)
+                                              and max_examples_per_user >= 1),
+            "max_examples_per_user", max_examples_per_user, "None or an integer >= 1")
+    require(user_sampling != "els" or max_examples_per_user is not None,
+            "max_examples_per_user", None, "an integer k >= 1 with user_sampling='els'",
+            "ELS's user-level accounting needs k, the most examples a user keeps")
+    others = {"poisson_sampling=False": not poisson_sampling,
+              "sample_rates": sample_rates is not None,
+              "data-parallel ranks": collective is not None,
+              "budgets / individual": budgets is not None or individual is not None,
+              "clipping='individual'": clipping == "individual"}
+    given = [name for name, on in others.items() if on]
+    if given:
+        raise PrivacyRefusal(
+            f"user-level DP (user_ids) must use dpfy's user-level Poisson sampler in one "
+            f"process with one threshold per unit, got {', '.join(given)}: those are per "
+            f"example and cannot be accounted per user. Drop them (individualized budgets per "
+            f"user are not built), or drop user_ids for example-level DP")
+
+
+def _refuse_per_example_releases(method: Method, q: float, sigma: float | None,
+                                 clip: Any) -> None:
+    """ULS clips users, not rows: a method whose releases are per example (a per-sample
+    transform, loss probes of each example) cannot be accounted per user."""
+    name = method.registry_name or type(method).__name__
+    state = method.init()
+    specs = method.releases(state, method.plan(state, StepPlan(
+        step=0, sample_rate=q, noise_multiplier=sigma or 0.0, clip=clip)))
+    per_example = [n for n, s in specs.items() if s.kind == "loss"]
+    if method.implements("transform") or per_example:
+        raise PrivacyRefusal(
+            f"method {name!r} must release per-user values under user_sampling='uls', got "
+            f"{'a per-sample transform' if method.implements('transform') else ''}"
+            f"{' and ' if method.implements('transform') and per_example else ''}"
+            f"{('per-example loss probes ' + str(per_example)) if per_example else ''}: their "
+            f"sensitivity is per example, not per user. Use user_sampling='els' (each "
+            f"example clipped alone, accounted per user), or a method without them")
 
 
 def _horizon(epochs: float | None, max_steps: int | None, target_epsilon: float | None,

@@ -186,10 +186,12 @@ class DPOptimizer(torch.optim.Optimizer):
         require(state.get("format") == FORMAT, "format", state.get("format"), repr(FORMAT),
                 "This is not a dpfy optimizer checkpoint of this version")
         step = self.private_step
+        # first: the sampler refuses a checkpoint of another unit of privacy (a user-level run
+        # resumed as an example-level one) before anything else is replaced
+        step.sampler.load_state_dict(state["sampler"])
         self.original_optimizer.load_state_dict(state["optimizer"])
         step.ledger.groups[:] = Ledger.from_dict(state["ledger"]).groups
         step.mechanism.load_state_dict(state["noise"])
-        step.sampler.load_state_dict(state["sampler"])
         self.seed, step.step_count = state["seed"], state["step_count"]
         self.max_steps = state["max_steps"]
         step.method_state, step.sums = state["method_state"], None

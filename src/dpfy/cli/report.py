@@ -23,8 +23,7 @@ from dpfy.privacy.report import PrivacyReport
 
 __all__ = ["register", "run"]
 
-DEFAULTS = {"accountant": "pld", "released": "final model weights",
-            "unit_of_privacy": "one example"}
+DEFAULTS = {"accountant": "pld", "released": "final model weights"}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -43,7 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="output directory (default: the run directory, or next to the ledger)")
     p.add_argument("--released", help="what is published (default: the saved report's, else "
                                       "'final model weights')")
-    p.add_argument("--unit-of-privacy", help="default: the saved report's, else 'one example'")
+    p.add_argument("--unit-of-privacy", help="default: the saved report's, else the ledger's "
+                                             "unit ('one example', or one user for a "
+                                             "user-level ledger)")
     p.add_argument("--group-size", type=int, help="also state the guarantee for groups of k")
     p.set_defaults(func=run)
 

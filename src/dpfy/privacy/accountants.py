@@ -40,7 +40,8 @@ from dpfy.errors import PrivacyRefusal
 from dpfy.privacy import gdp as _gdp
 from dpfy.privacy import pld as _pld
 from dpfy.privacy import rdp as _rdp
-from dpfy.privacy.canonical import GAUSSIAN, CanonicalForm, canonical_form, coarsen
+from dpfy.privacy.canonical import GAUSSIAN, MIXTURE, Atom, CanonicalForm, canonical_form, coarsen
+from dpfy.privacy.mixture import els_rdp_dominating_pair
 from dpfy.privacy.ledger import Ledger
 
 __all__ = ["ACCOUNTANTS", "APPROXIMATE", "RIGOROUS", "AUTO", "AUTO_EXACT_LIMIT", "DEFAULT_RESOLUTION",
@@ -108,6 +109,8 @@ def prepare(ledger: Ledger, *, accountant: str = "rdp", amplify: bool = True,
 def pld_discretization(form: CanonicalForm, value_discretization: Discretization = AUTO) -> float:
     """The PLD discretization interval used for ``form`` ("auto": 1e-4 unless many atoms)."""
     if value_discretization == AUTO:
+        if any(a.kind == MIXTURE for a in form.atoms):
+            return PLD_COARSE   # a mixture's PLD takes ~10 s per atom at 1e-3, minutes at 1e-4
         return PLD_FINE if _sampled_atoms(form) <= AUTO_PLD_FINE_LIMIT else PLD_COARSE
     require(isinstance(value_discretization, float) and 0 < value_discretization <= 0.1,
             "value_discretization", value_discretization, "'auto' or a float in (0, 0.1]")
@@ -129,7 +132,7 @@ def check_pld_grid(form: CanonicalForm, discretization: float) -> None:
 
     Raises :class:`~dpfy.errors.PrivacyRefusal` naming the smallest σ, the floor and the fix.
     """
-    sampled = [a.noise_multiplier for a in form.atoms
+    sampled = [_worst_case(a)[1] for a in form.atoms
                if a.kind != GAUSSIAN and a.noise_multiplier > 0]
     if not sampled:
         return
@@ -151,6 +154,15 @@ def check_pld_grid(form: CanonicalForm, discretization: float) -> None:
             f"(--accountant rdp), which composes any number of steps in milliseconds")
 
 
+def _worst_case(atom: Atom) -> tuple[float, float]:
+    """(q, σ) of the subsampled Gaussian that bounds ``atom``'s grid: itself, or for an ELS
+    mixture the dominating pair (rate 1 − (1 − q)^k, σ/k; :mod:`dpfy.privacy.mixture`)."""
+    if atom.kind == MIXTURE:
+        return els_rdp_dominating_pair(atom.sample_rate, atom.noise_multiplier,
+                                       int(atom.max_examples_per_user))  # type: ignore
+    return (1.0 if atom.kind == GAUSSIAN else atom.sample_rate), atom.noise_multiplier
+
+
 def composed_pld_width(form: CanonicalForm) -> float:
     """An estimate of the width of the composed privacy-loss distribution's support.
 
@@ -166,10 +178,9 @@ def composed_pld_width(form: CanonicalForm) -> float:
     for a in form.atoms:
         if a.noise_multiplier <= 0:
             continue
-        sigma = a.noise_multiplier
+        q, sigma = _worst_case(a)
         support = 1 / (2 * sigma ** 2) + 8 / sigma
         chi2 = math.expm1(min(sigma ** -2, 700.0))
-        q = 1.0 if a.kind == GAUSSIAN else a.sample_rate
         mean = min(math.log1p(q * q * chi2), support)
         std = min(q * math.sqrt(chi2), support)
         width += a.count * mean + 10 * math.sqrt(a.count) * std
@@ -320,5 +331,6 @@ def _segment(ledger: Ledger, start: int, stop: int) -> Ledger:
         lo, hi = max(g.first_step, start), min(g.last_step + 1, stop)
         if lo < hi:
             out.record_step(sampling=g.sampling, sample_rate=g.sample_rate,
-                            releases=g.releases, count=hi - lo)
+                            releases=g.releases, count=hi - lo,
+                            max_examples_per_user=g.max_examples_per_user)
     return out

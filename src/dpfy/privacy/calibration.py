@@ -36,7 +36,8 @@ from typing import Callable, Sequence
 from dpfy._require import require
 from dpfy.types import ReleaseSpec, StepPlan
 from dpfy.privacy import gdp
-from dpfy.privacy.accountants import (DEFAULT_RESOLUTION, PLD_FINE, check_accountant, epsilon,
+from dpfy.privacy.accountants import (DEFAULT_RESOLUTION, PLD_COARSE, PLD_FINE, check_accountant,
+                                      epsilon,
                                       pld_min_noise_multiplier)
 from dpfy.privacy.ledger import Ledger, Release, Sampling
 from dpfy.privacy.releases import step_releases
@@ -181,10 +182,11 @@ def _solve_decreasing(eps: Callable[[float], float], target: float, x0: float, *
 
 def _homogeneous_epsilon(*, sample_rate: float, noise_multiplier: float, steps: int,
                          sampling: Sampling, dataset_size: int | None, delta: float,
-                         accountant: str) -> float:
+                         accountant: str, max_examples_per_user: int | None = None) -> float:
     """ε of the ledger of ``steps`` identical steps that a run would write."""
     ledger = Ledger.homogeneous(sample_rate=sample_rate, noise_multiplier=noise_multiplier,
-                                steps=steps, sampling=sampling, dataset_size=dataset_size)
+                                steps=steps, sampling=sampling, dataset_size=dataset_size,
+                                max_examples_per_user=max_examples_per_user)
     return epsilon(ledger, delta=delta, accountant=accountant)
 
 
@@ -203,8 +205,14 @@ def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, sample_ra
                                steps: int, accountant: str = "rdp",
                                sampling: Sampling = Sampling.POISSON,
                                dataset_size: int | None = None, tol: float = 1e-3,
-                               approximate: bool = False) -> float:
+                               approximate: bool = False,
+                               max_examples_per_user: int | None = None) -> float:
     """Smallest σ (to relative ``tol``) whose ledger of ``steps`` identical steps spends ≤ target.
+
+    User-level runs: ``sampling=Sampling.ULS`` with the *user* rate (a Poisson-subsampled
+    Gaussian at the user level), or ``Sampling.ELS`` with the example rate and
+    ``max_examples_per_user=k`` (a mixture of Gaussians, :mod:`dpfy.privacy.mixture`; the
+    target is then a user-level ε).
 
     Args:
       target_epsilon: ε to spend, > 0.
@@ -224,7 +232,8 @@ def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, sample_ra
     def eps(sigma: float) -> float:
         return _homogeneous_epsilon(sample_rate=sample_rate, noise_multiplier=sigma, steps=steps,
                                     sampling=sampling, dataset_size=dataset_size, delta=delta,
-                                    accountant=accountant)
+                                    accountant=accountant,
+                                    max_examples_per_user=max_examples_per_user)
 
     def fail() -> None:
         require(False, "target_epsilon", target_epsilon,
@@ -234,7 +243,21 @@ def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, sample_ra
     floor = _sigma_floor(accountant, sampling)
     guess = _gdp_sigma_guess(target_epsilon, delta, sample_rate, steps)
     bracket = None
-    if accountant == "pld" and sampling is Sampling.POISSON:
+    if sampling is Sampling.ELS:
+        # σ/k is what the PLD grid sees (the dominating pair's noise multiplier); RDP's bound
+        # (cheap) is a safe upper end for PLD's σ, which is never above it
+        k = int(max_examples_per_user or 1)
+        floor = pld_min_noise_multiplier(PLD_COARSE) * k if accountant == "pld" else 0.0
+        guess = max(guess * k, floor * 1.01)
+        if accountant == "pld":
+            rdp_sigma = calibrate_noise_multiplier(
+                target_epsilon=target_epsilon, delta=delta, sample_rate=sample_rate,
+                steps=steps, accountant="rdp", sampling=sampling, tol=tol,
+                max_examples_per_user=max_examples_per_user)
+            if rdp_sigma < floor:
+                _below_pld_floor(target_epsilon, floor)
+            bracket = (max(rdp_sigma / 2, floor), rdp_sigma)
+    if accountant == "pld" and sampling in (Sampling.POISSON, Sampling.ULS):
         # PLD is tighter than RDP, so RDP's σ (cheap) is a safe upper end; the GDP CLT value is
         # usually just below PLD's. Both ends are checked by the search before they are used.
         rdp_sigma = calibrate_noise_multiplier(

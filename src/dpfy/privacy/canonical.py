@@ -11,7 +11,10 @@ relation. The reduction applies, in order:
 2. **Adjacency.** Poisson ↔ add-or-remove; fixed-size and shuffled batches ↔ replace-one,
    where the sensitivity of every release doubles, so σ is halved (the guide, digest 003 §1.2,
    footnote 7; replace = remove + add, so Δ_replace ≤ 2Δ by the triangle inequality).
-3. **Participation.** Poisson and fixed-size steps are amplified by sampling. Shuffled steps are
+3. **Participation.** Poisson and fixed-size steps are amplified by sampling; so are user-level
+   steps: ULS as a Poisson-subsampled Gaussian at the user rate, ELS as a mixture of Gaussians
+   with Binomial(k, q) weights (:mod:`dpfy.privacy.mixture`; without amplification, the
+   Gaussian at σ/k). Shuffled steps are
    not (no amplification is claimed for shuffling, digest 003 §1.9–1.10): each example is in at
    most one batch per epoch, so only the worst-case number of participations is charged, at
    the smallest σ's (see :class:`~dpfy.privacy.ledger.Sampling`). Unsampled steps are all
@@ -36,13 +39,15 @@ import dp_accounting
 
 from dpfy._require import require
 from dpfy.privacy.ledger import Ledger, Sampling, StepGroup
+from dpfy.privacy.mixture import els_dp_event
 
-__all__ = ["POISSON", "WITHOUT_REPLACEMENT", "GAUSSIAN", "Atom", "CanonicalForm",
+__all__ = ["POISSON", "WITHOUT_REPLACEMENT", "GAUSSIAN", "MIXTURE", "Atom", "CanonicalForm",
            "canonical_form", "accounted_dp_event", "coarsen", "shuffle_participations"]
 
 POISSON = "poisson"
 WITHOUT_REPLACEMENT = "without_replacement"
 GAUSSIAN = "gaussian"
+MIXTURE = "mixture"   # one ELS step at the user level (dpfy.privacy.mixture)
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,8 @@ class Atom:
         halved for replace-one).
       count: number of compositions.
       dataset_size: N, only for ``"without_replacement"``.
+      max_examples_per_user: k, only for ``"mixture"`` (an ELS step: Gaussians with
+        sensitivities 0..k, weights Binomial(k, q)).
     """
 
     kind: str
@@ -64,14 +71,19 @@ class Atom:
     noise_multiplier: float
     count: int
     dataset_size: int | None = None
+    max_examples_per_user: int | None = None
 
     @property
     def key(self) -> tuple:
-        return (self.kind, self.sample_rate, self.noise_multiplier, self.dataset_size)
+        return (self.kind, self.sample_rate, self.noise_multiplier, self.dataset_size,
+                self.max_examples_per_user)
 
     def step_event(self) -> dp_accounting.DpEvent:
         """The dp_accounting event of one composition of this atom."""
         gauss = dp_accounting.GaussianDpEvent(self.noise_multiplier)
+        if self.kind == MIXTURE:
+            return els_dp_event(self.sample_rate, self.noise_multiplier,
+                                int(self.max_examples_per_user))  # type: ignore[arg-type]
         if self.kind == POISSON:
             return dp_accounting.PoissonSampledDpEvent(self.sample_rate, gauss)
         if self.kind == WITHOUT_REPLACEMENT:
@@ -192,8 +204,13 @@ def canonical_form(ledger: Ledger, *, amplify: bool = True) -> CanonicalForm:
         sampled = amplify and g.sample_rate < 1
         if g.sampling is Sampling.SHUFFLE:
             shuffled.append(g)
-        elif g.sampling is Sampling.POISSON and sampled:
+        elif g.sampling in (Sampling.POISSON, Sampling.ULS) and sampled:
             atoms.append(Atom(POISSON, g.sample_rate, sigma * factor, g.count))
+        elif g.sampling is Sampling.ELS:
+            k = int(g.max_examples_per_user)  # type: ignore[arg-type]  (StepGroup checks it)
+            atoms.append(Atom(MIXTURE, g.sample_rate, sigma * factor, g.count,
+                              max_examples_per_user=k) if sampled else
+                         Atom(GAUSSIAN, 1.0, sigma * factor / k, g.count))
         elif g.sampling is Sampling.FIXED_SIZE and sampled:
             require(ledger.dataset_size is not None, "dataset_size", ledger.dataset_size,
                     "set for fixed-size sampling",

@@ -35,7 +35,8 @@ import numpy as np
 from scipy import optimize, special
 
 from dpfy._require import require
-from dpfy.privacy.canonical import GAUSSIAN, CanonicalForm
+from dpfy.privacy.canonical import GAUSSIAN, MIXTURE, CanonicalForm
+from dpfy.privacy.mixture import els_rdp_dominating_pair
 
 __all__ = ["APPROXIMATION_NOTE", "mu_total", "delta_for_epsilon", "epsilon_for_delta",
            "mu_for_epsilon", "mu_of_form"]
@@ -126,6 +127,9 @@ def mu_of_form(form: CanonicalForm) -> float:
     for a in form.atoms:
         if a.kind == GAUSSIAN:
             total += a.count / a.noise_multiplier ** 2
-        else:
-            total += a.count * a.sample_rate ** 2 * math.expm1(a.noise_multiplier ** -2)
+        else:   # an ELS mixture through its dominating subsampled Gaussian (p, σ/k)
+            q, sigma = ((a.sample_rate, a.noise_multiplier) if a.kind != MIXTURE else
+                        els_rdp_dominating_pair(a.sample_rate, a.noise_multiplier,
+                                                int(a.max_examples_per_user)))  # type: ignore
+            total += a.count * q ** 2 * math.expm1(sigma ** -2)
     return math.sqrt(total)

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace as dataclasses_replace
 from typing import Any, Iterable, Iterator, Sequence
 
 import dp_accounting
 
 from dpfy._require import require
+from dpfy.privacy.mixture import els_dp_event
 from dpfy.types.sampling import Sampling
 
 __all__ = ["Sampling", "Release", "StepGroup", "Ledger"]
@@ -74,6 +75,9 @@ class StepGroup:
       sample_rate: q, the probability an example is in a step's batch (Poisson), or
         batch_size / dataset_size for shuffled batches (informational only: not amplified).
       releases: the noisy releases of one step; composed within the step.
+      max_examples_per_user: k, the most examples one user holds in the training set, for
+        ``Sampling.ELS`` steps (their user-level accounting needs it); None for every other
+        sampling. The sampler reports it; the accountant never guesses it.
     """
 
     first_step: int
@@ -81,6 +85,7 @@ class StepGroup:
     sampling: Sampling
     sample_rate: float
     releases: tuple[Release, ...]
+    max_examples_per_user: int | None = None
 
     def __post_init__(self) -> None:
         require(self.first_step >= 0, "first_step", self.first_step, ">= 0")
@@ -90,14 +95,22 @@ class StepGroup:
         require(0 < self.sample_rate <= 1, "sample_rate", self.sample_rate, "in (0, 1]",
                 "Use batch_size / dataset_size")
         require(len(self.releases) >= 1, "releases", self.releases, "at least one Release")
+        k = self.max_examples_per_user
+        if self.sampling.needs_max_examples_per_user:
+            require(isinstance(k, int) and not isinstance(k, bool) and k >= 1,
+                    "max_examples_per_user", k, f"an integer >= 1 for {self.sampling.value} steps",
+                    "Record the cap k the sampler applied (dpfy's ELS sampler reports it)")
+        else:
+            require(k is None, "max_examples_per_user", k,
+                    f"None for {self.sampling.value} steps (only ELS records k)")
 
     @property
     def last_step(self) -> int:
         return self.first_step + self.count - 1
 
     def same_step_as(self, other: "StepGroup") -> bool:
-        return (self.sampling, self.sample_rate, self.releases) == (
-            other.sampling, other.sample_rate, other.releases)
+        return (self.sampling, self.sample_rate, self.releases, self.max_examples_per_user) == (
+            other.sampling, other.sample_rate, other.releases, other.max_examples_per_user)
 
     def effective_noise_multiplier(self) -> float:
         """σ_eff of one step's releases taken together (0 if any release has no noise).
@@ -117,7 +130,9 @@ class StepGroup:
     def step_event(self, dataset_size: int | None = None) -> dp_accounting.DpEvent:
         """The DpEvent of *one* step of this group, as recorded (before accounting).
 
-        POISSON: ``PoissonSampledDpEvent(q, releases)``; FIXED_SIZE:
+        POISSON and ULS: ``PoissonSampledDpEvent(q, releases)``; ELS: the user-level
+        ``MixtureOfGaussiansDpEvent`` at the step's combined σ (:mod:`dpfy.privacy.mixture`);
+        FIXED_SIZE:
         ``SampledWithoutReplacementDpEvent(N, b, releases)`` (needs ``dataset_size``);
         SHUFFLE and NONE: the unsampled releases. The accountants do not read these events
         directly; they read :func:`dpfy.privacy.canonical.canonical_form`, which applies the
@@ -125,7 +140,10 @@ class StepGroup:
         """
         inner = (self.releases[0].dp_event() if len(self.releases) == 1 else
                  dp_accounting.ComposedDpEvent([r.dp_event() for r in self.releases]))
-        if self.sampling is Sampling.POISSON and self.sample_rate < 1:
+        if self.sampling is Sampling.ELS:   # the user-level event, the step's σ combined
+            return els_dp_event(self.sample_rate, self.effective_noise_multiplier(),
+                                int(self.max_examples_per_user))  # type: ignore[arg-type]
+        if self.sampling in (Sampling.POISSON, Sampling.ULS) and self.sample_rate < 1:
             return dp_accounting.PoissonSampledDpEvent(self.sample_rate, inner)
         if self.sampling is Sampling.FIXED_SIZE and dataset_size is not None:
             return dp_accounting.SampledWithoutReplacementDpEvent(
@@ -141,6 +159,8 @@ class StepGroup:
         d = asdict(self)
         d["sampling"] = self.sampling.value
         d["releases"] = [asdict(r) for r in self.releases]
+        if self.max_examples_per_user is None:
+            del d["max_examples_per_user"]   # example-level ledgers keep their old form
         return d
 
     @classmethod
@@ -148,7 +168,8 @@ class StepGroup:
         return cls(first_step=int(d["first_step"]), count=int(d["count"]),
                    sampling=Sampling(d["sampling"]), sample_rate=float(d["sample_rate"]),
                    releases=tuple(Release(r["mechanism"], float(r["noise_multiplier"]))
-                                  for r in d["releases"]))
+                                  for r in d["releases"]),
+                   max_examples_per_user=d.get("max_examples_per_user"))
 
 
 @dataclass
@@ -169,14 +190,16 @@ class Ledger:
 
     # -- writing ---------------------------------------------------------------------------
     def record_step(self, *, sampling: Sampling, sample_rate: float,
-                    releases: Sequence[Release], count: int = 1) -> None:
-        """Record ``count`` identical steps, each releasing ``releases`` (composed)."""
+                    releases: Sequence[Release], count: int = 1,
+                    max_examples_per_user: int | None = None) -> None:
+        """Record ``count`` identical steps, each releasing ``releases`` (composed).
+
+        ``max_examples_per_user``: k of an ELS step (see :class:`StepGroup`), else None."""
         group = StepGroup(self.num_steps, count, Sampling(sampling), float(sample_rate),
-                          tuple(releases))
+                          tuple(releases), max_examples_per_user)
         if self.groups and self.groups[-1].same_step_as(group):
             last = self.groups[-1]
-            self.groups[-1] = StepGroup(last.first_step, last.count + count, last.sampling,
-                                        last.sample_rate, last.releases)
+            self.groups[-1] = dataclasses_replace(last, count=last.count + count)
         else:
             self.groups.append(group)
 
@@ -184,7 +207,8 @@ class Ledger:
         """Append every step of ``other`` after this ledger's steps."""
         for g in other.groups:
             self.record_step(sampling=g.sampling, sample_rate=g.sample_rate,
-                             releases=g.releases, count=g.count)
+                             releases=g.releases, count=g.count,
+                             max_examples_per_user=g.max_examples_per_user)
 
     def followed_by(self, other: "Ledger") -> "Ledger":
         """A new ledger: this one's steps, then every step of ``other`` (neither is changed)."""
@@ -229,7 +253,8 @@ class Ledger:
                 break
             n = min(g.count, num_steps - g.first_step)
             out.record_step(sampling=g.sampling, sample_rate=g.sample_rate,
-                            releases=g.releases, count=n)
+                            releases=g.releases, count=n,
+                            max_examples_per_user=g.max_examples_per_user)
         return out
 
     def only(self, mechanism: str) -> "Ledger":
@@ -239,15 +264,30 @@ class Ledger:
             rs = tuple(r for r in g.releases if r.mechanism == mechanism)
             if rs:
                 out.record_step(sampling=g.sampling, sample_rate=g.sample_rate, releases=rs,
-                                count=g.count)
+                                count=g.count, max_examples_per_user=g.max_examples_per_user)
         return out
+
+    def unit(self) -> str:
+        """The unit of privacy of the whole ledger: ``"example"`` or ``"user"``.
+
+        Raises ValueError when user-level steps (ULS, ELS) are mixed with example-level ones:
+        the two guarantees protect different things, and no accountant composes them.
+        """
+        units = {s.unit for s in self.samplings()} - {None}
+        require(len(units) <= 1, "ledger samplings", sorted(s.value for s in self.samplings()),
+                "all accounted for one unit of privacy (users or examples)",
+                "A user-level run (ULS, ELS) cannot continue as an example-level one or the "
+                "reverse: resume with the same user_ids / --user-ids and user sampling, or "
+                "start a new run")
+        return units.pop() if units else "example"
 
     def adjacency(self) -> str:
         """The neighbouring relation of the whole ledger: ``add_or_remove`` or ``replace_one``.
 
         Raises ValueError when Poisson steps (add/remove) are mixed with fixed-size or shuffled
-        steps (replace-one).
+        steps (replace-one), or user-level steps with example-level ones (:meth:`unit`).
         """
+        self.unit()
         kinds = {s.adjacency for s in self.samplings()} - {None}
         require(len(kinds) <= 1, "ledger samplings", sorted(s.value for s in self.samplings()),
                 "all analysed under one neighbouring relation",
@@ -294,7 +334,8 @@ class Ledger:
                     sg.first_step, f"{out.num_steps} (groups must be contiguous)",
                     "The ledger is corrupt: a step is missing or counted twice")
             out.record_step(sampling=sg.sampling, sample_rate=sg.sample_rate,
-                            releases=sg.releases, count=sg.count)
+                            releases=sg.releases, count=sg.count,
+                            max_examples_per_user=sg.max_examples_per_user)
         if "num_steps" in d:
             _expect(d["num_steps"] == out.num_steps, source, "num_steps", d["num_steps"],
                     f"{out.num_steps} (the steps its groups hold)",
@@ -319,11 +360,13 @@ class Ledger:
     @classmethod
     def homogeneous(cls, *, sample_rate: float, noise_multiplier: float, steps: int,
                     sampling: Sampling = Sampling.POISSON, dataset_size: int | None = None,
-                    mechanism: str = "gradient") -> "Ledger":
+                    mechanism: str = "gradient",
+                    max_examples_per_user: int | None = None) -> "Ledger":
         """A ledger of ``steps`` identical DP-SGD steps (what calibration searches over)."""
         out = cls(dataset_size)
         out.record_step(sampling=sampling, sample_rate=sample_rate,
-                        releases=[Release(mechanism, noise_multiplier)], count=steps)
+                        releases=[Release(mechanism, noise_multiplier)], count=steps,
+                        max_examples_per_user=max_examples_per_user)
         return out
 
     @classmethod
@@ -374,10 +417,14 @@ def _group_from_dict(g: Any, source: str, where: str) -> StepGroup:
                 r.get("mechanism"), "a string")
         _expect(_is_number(r.get("noise_multiplier")), source, f"{at}.noise_multiplier",
                 r.get("noise_multiplier"), "a finite number")
+    k = g.get("max_examples_per_user")
+    _expect(k is None or _is_int(k), source, f"{where}.max_examples_per_user", k,
+            "absent, null or an integer")
     try:
         return StepGroup(first_step=g["first_step"], count=g["count"],
                          sampling=Sampling(g["sampling"]), sample_rate=float(g["sample_rate"]),
                          releases=tuple(Release(r["mechanism"], float(r["noise_multiplier"]))
-                                        for r in releases))
+                                        for r in releases),
+                         max_examples_per_user=k)
     except ValueError as e:      # the range checks of StepGroup and Release
         raise ValueError(f"{source} field {where}: {e}") from None

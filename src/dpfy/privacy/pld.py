@@ -14,6 +14,8 @@ Atoms:
   replacement under replace-one (Balle, Barthe & Gaboardi 2018, Thm 10: the subsampled
   privacy profile is q·H_{e^ε}(base) at ε' = log(1 + q(e^ε − 1)), which the mixture pair
   attains; Zhu, Dong & Wang 2022 give the same pair for this case).
+- ELS step (user level): dp_accounting's mixture-of-Gaussians PLD, N(0, σ²) against
+  Σ_j Binomial(k, q)(j)·N(j, σ²) (:mod:`dpfy.privacy.mixture`), in both directions.
 - Unsampled Gaussian: N(0, σ²) vs N(1, σ²). When the whole form is unsampled Gaussians (they
   merge into one), ε and δ are computed in closed form instead (the Gaussian mechanism is
   exactly (1/σ)-GDP, Balle & Wang 2018 / Dong et al. 2022): exact and fast, where a discretized
@@ -27,7 +29,8 @@ import functools
 from dp_accounting.pld import privacy_loss_distribution as _pld
 
 from dpfy.privacy import gdp as _gdp
-from dpfy.privacy.canonical import GAUSSIAN, CanonicalForm
+from dpfy.privacy.canonical import GAUSSIAN, MIXTURE, CanonicalForm
+from dpfy.privacy.mixture import binomial_weights
 
 __all__ = ["DEFAULT_DISCRETIZATION", "build", "epsilon", "delta"]
 
@@ -41,6 +44,17 @@ def _atom_pld(q: float, sigma: float, discretization: float) -> _pld.PrivacyLoss
         value_discretization_interval=discretization, pessimistic_estimate=True)
 
 
+@functools.lru_cache(maxsize=256)
+def _mixture_pld(q: float, sigma: float, k: int,
+                 discretization: float) -> _pld.PrivacyLossDistribution:
+    """One ELS step at the user level: dp_accounting's mixture of Gaussians (sensitivities
+    0..k in units of C, weights Binomial(k, q)), pessimistic, both adjacency directions."""
+    return _pld.from_mixture_gaussian_mechanism(
+        standard_deviation=sigma, sensitivities=[float(j) for j in range(k + 1)],
+        sampling_probs=binomial_weights(k, q), pessimistic_estimate=True,
+        value_discretization_interval=discretization)
+
+
 def build(form: CanonicalForm, discretization: float = DEFAULT_DISCRETIZATION,
           start: _pld.PrivacyLossDistribution | None = None) -> _pld.PrivacyLossDistribution:
     """The composed PLD of every atom in ``form`` (composed onto ``start`` if given)."""
@@ -49,6 +63,12 @@ def build(form: CanonicalForm, discretization: float = DEFAULT_DISCRETIZATION,
         if a.kind == GAUSSIAN:
             # Gaussians compose exactly: c copies at σ are one Gaussian at σ/√c.
             p = _atom_pld(1.0, a.noise_multiplier / a.count ** 0.5, discretization)
+        elif a.kind == MIXTURE:
+            p = _mixture_pld(a.sample_rate, a.noise_multiplier,
+                             int(a.max_examples_per_user),  # type: ignore[arg-type]
+                             discretization)
+            if a.count > 1:
+                p = p.self_compose(a.count)
         else:
             p = _atom_pld(a.sample_rate, a.noise_multiplier, discretization)
             if a.count > 1:

@@ -5,6 +5,10 @@ atom's curve is computed once (cached) and scaled by its count. (ε, δ) comes f
 conversion (Balle et al. 2020 / Asoodeh et al. 2020 form, Proposition 12 of Canonne, Kamath &
 Steinke), minimised over the orders.
 
+ELS steps (user level) are charged the Poisson-subsampled Gaussian that dominates them, at
+rate 1 − (1 − q)^k and noise multiplier σ/k (:mod:`dpfy.privacy.mixture`): an upper bound,
+looser than the PLD's exact mixture.
+
 References: Mironov 2017; Wang, Balle & Kasiviswanathan 2019 (sampling without replacement);
 digest shared/reference/003-how-to-dpfy-ml.md §1.6, §1.8.
 """
@@ -18,7 +22,8 @@ import dp_accounting
 import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant as _rdp
 
-from dpfy.privacy.canonical import WITHOUT_REPLACEMENT, Atom, CanonicalForm
+from dpfy.privacy.canonical import MIXTURE, POISSON, WITHOUT_REPLACEMENT, Atom, CanonicalForm
+from dpfy.privacy.mixture import els_rdp_dominating_pair
 
 __all__ = ["ORDERS", "rdp_curve", "epsilon", "delta"]
 
@@ -56,6 +61,11 @@ def rdp_curve(form: CanonicalForm) -> np.ndarray:
     """Σ over atoms of count · ε_α(atom), one value per order in :data:`ORDERS`."""
     total = np.zeros_like(ORDERS)
     for a in form.atoms:
+        if a.kind == MIXTURE:   # an ELS step: the dominating subsampled Gaussian (a bound)
+            rate, sigma = els_rdp_dominating_pair(a.sample_rate, a.noise_multiplier,
+                                                  int(a.max_examples_per_user))  # type: ignore
+            total = total + a.count * _atom_rdp(POISSON, rate, sigma, None)
+            continue
         total = total + a.count * _atom_rdp(a.kind, a.sample_rate, a.noise_multiplier,
                                             a.dataset_size)
     return total

@@ -40,6 +40,7 @@ from dpfy.privacy.accountants import (ACCOUNTANTS, APPROXIMATE, accountant_label
 from dpfy.privacy.ledger import Ledger, Sampling
 from dpfy.privacy.section import ReportSection
 from dpfy.privacy.tuning import group_privacy
+from dpfy.privacy.user_level import USER_UNIT
 
 __all__ = ["TuningCost", "ReportSection", "MechanismShare", "PrivacyReport", "DEFAULT_DP_SETTING", "CONTEXT",
            "tier"]
@@ -58,6 +59,8 @@ ADJACENCY_TEXT = {
     "replace_one": ("replace-one: the datasets have the same size N and differ in one record "
                     "(roughly twice as strong as add-or-remove at the same ε)"),
 }
+USER_ADJACENCY_TEXT = ("add-or-remove one user: the datasets differ by all of one user's "
+                       "examples, however many they are")
 
 SAMPLING_TEXT = {
     Sampling.POISSON: ("Poisson sampling: each example joined each batch independently with "
@@ -71,6 +74,17 @@ SAMPLING_TEXT = {
                        "No amplification is claimed: each example is charged once per pass at "
                        "the worst position, with replace-one sensitivity."),
     Sampling.NONE: "No sampling: every example took part in every such step.",
+    Sampling.ULS: ("User-level sampling (ULS, Charles et al. 2024): each user joined each step "
+                   "independently with probability q (the user rate; dpfy's sampler recorded "
+                   "it), and a sampled user's examples were clipped together as one unit. "
+                   "Amplification by sampling is claimed at the user level (a Poisson-"
+                   "subsampled Gaussian); the assumption held by construction."),
+    Sampling.ELS: ("Example-level sampling with contribution bounding (ELS, Charles et al. "
+                   "2024): every user kept at most k examples (the ledger records k), each "
+                   "example joined each step independently with probability q and was clipped "
+                   "alone. Accounted at the user level: a user's examples enter a step "
+                   "Binomial(k, q) times, a mixture of Gaussians (PLD exact; RDP a dominating "
+                   "bound)."),
 }
 
 
@@ -169,11 +183,12 @@ class PrivacyReport:
     methods: tuple[Mapping[str, str], ...] = ()
     public_data: str | None = None
     sections: tuple[ReportSection, ...] = ()
+    unit: str = "example"   # the ledger's unit of privacy: "example" or "user"
 
     @classmethod
     def from_ledger(cls, ledger: Ledger, *, delta: float, accountant: str = "pld",
                     released: str = "final model weights",
-                    unit_of_privacy: str = "one example",
+                    unit_of_privacy: str | None = None,
                     protects: str = "features and labels",
                     dp_setting: str = DEFAULT_DP_SETTING,
                     dataset_size: int | None = None,
@@ -197,7 +212,10 @@ class PrivacyReport:
             lists RDP and the GDP approximation).
           released: what is published, e.g. "final model weights" (the guarantee also covers
             every intermediate noisy gradient and checkpoint).
-          unit_of_privacy: e.g. "one example", "one user (≤ 20 examples)", "128 tokens".
+          unit_of_privacy: e.g. "one example", "one user (≤ 20 examples)", "128 tokens";
+            default: the ledger's unit ("one example", or for user-level steps "one user, with
+            all of their examples"). A user-level ledger refuses a text that does not name
+            the user.
           protects: "features and labels", "labels only", ...
           dp_setting: central (default), local or distributed DP, in words.
           dataset_size: N; defaults to ``ledger.dataset_size``.
@@ -223,6 +241,12 @@ class PrivacyReport:
         require(ledger.num_steps >= 1, "ledger", "empty", "a ledger with at least one step",
                 "Record the run's steps before writing a report")
         n = dataset_size if dataset_size is not None else ledger.dataset_size
+        unit = ledger.unit()
+        if unit_of_privacy is None:
+            unit_of_privacy = USER_UNIT if unit == "user" else "one example"
+        require(unit != "user" or "user" in unit_of_privacy.lower(), "unit_of_privacy",
+                unit_of_privacy, "a description of one user for a user-level ledger (ULS, ELS)",
+                f"The ledger accounts users: leave unit_of_privacy unset ('{USER_UNIT}')")
         if group_size is not None:
             require(isinstance(group_size, int) and group_size >= 1, "group_size", group_size,
                     "an integer >= 1")
@@ -259,7 +283,7 @@ class PrivacyReport:
             warnings=tuple(warnings), not_released=not_released,
             methods=tuple({"name": r["name"], "releases": r.get("releases", "")}
                           for r in methods),
-            public_data=public_data, sections=tuple(sections))
+            public_data=public_data, sections=tuple(sections), unit=unit)
 
     @staticmethod
     def context_from_dict(saved: Mapping[str, Any]) -> dict[str, Any]:
@@ -293,6 +317,14 @@ class PrivacyReport:
             return {"dataset_size": None, "ok": None,
                     "note": "N unknown: cannot check δ ≪ 1/N (set dataset_size)"}
         n = self.dataset_size
+        if self.unit == "user":   # the units are users: δ is judged against 1/U
+            ok = self.delta <= n ** -1.1
+            note = (f"δ = {self.delta:.3g} {'≤' if ok else '>'} 1/U^1.1 = {n ** -1.1:.3g}, U = "
+                    f"{n} users" + ("" if ok else f": the guide recommends δ ≪ 1/U = {1 / n:.3g}"
+                                    f"; with δ ≥ 1/U the guarantee can allow revealing one "
+                                    f"user's data"))
+            return {"dataset_size": n, "one_over_n": 1 / n, "recommended": n ** -1.1, "ok": ok,
+                    "note": note}
         ok = self.delta <= n ** -1.1
         note = (f"δ = {self.delta:.3g} ≤ 1/N^1.1 = {n ** -1.1:.3g} (the guide's recommendation)"
                 if ok else
@@ -329,6 +361,8 @@ class PrivacyReport:
             "mechanisms": [{**dataclasses.asdict(m), "epsilon_alone": _finite(m.epsilon_alone)}
                            for m in self.mechanisms],
             "released": self.released, "unit_of_privacy": self.unit_of_privacy,
+            "unit": {"name": self.unit, "description": self.unit_of_privacy,
+                     "adjacency": self._adjacency_text()},
             "protects": self.protects, "dp_setting": self.dp_setting,
             "data_accesses": self.data_accesses,
             "tuning": dataclasses.asdict(self.tuning) if self.tuning else None,
@@ -365,7 +399,7 @@ class PrivacyReport:
                   *([f"- **Not released (secret):** {self.not_released}."]
                     if self.not_released else []),
                   f"- **Unit of privacy:** {self.unit_of_privacy}; protects {self.protects}.",
-                  f"- **Adjacency:** {ADJACENCY_TEXT[self.adjacency]}.",
+                  f"- **Adjacency:** {self._adjacency_text()}.",
                   *self._methods_lines(),
                   *([f"- **Public data (not protected):** {self.public_data}."]
                     if self.public_data else []), ""]
@@ -432,6 +466,10 @@ class PrivacyReport:
                   "Computed by dpfy " + self.versions.get("dpfy", "?") + " from the run's ledger "
                   "(every noisy release recorded as a dp_accounting event).", ""]
         return "\n".join(lines)
+
+    def _adjacency_text(self) -> str:
+        """The neighbouring relation in words (one user's examples for a user-level run)."""
+        return USER_ADJACENCY_TEXT if self.unit == "user" else ADJACENCY_TEXT[self.adjacency]
 
     def _methods_lines(self) -> list[str]:
         """Section 2's list of the adaptive methods that ran (none: plain DP-SGD)."""

@@ -64,7 +64,8 @@ class RunningEpsilon:
             lo = max(g.first_step, start)
             if lo <= g.last_step:
                 out.record_step(sampling=g.sampling, sample_rate=g.sample_rate,
-                                releases=g.releases, count=g.last_step + 1 - lo)
+                                releases=g.releases, count=g.last_step + 1 - lo,
+                                max_examples_per_user=g.max_examples_per_user)
         return out
 
     def _form(self, segment: Ledger, ledger: Ledger) -> CanonicalForm:
@@ -101,6 +102,7 @@ class RunningEpsilon:
         """ε(δ) of ``ledger``, composing only the steps added since the last call."""
         require(ledger.num_steps >= self._done, "ledger.num_steps", ledger.num_steps,
                 f">= {self._done} (the ledger only grows)", "Use a new RunningEpsilon")
+        ledger.unit()   # one unit of privacy (users or examples) for the whole ledger
         if Sampling.SHUFFLE in ledger.samplings():
             return epsilon(ledger, delta=self.delta, accountant=self.accountant,
                            sigma_resolution=None, value_discretization=self.discretization)
@@ -115,6 +117,7 @@ class RunningEpsilon:
     def with_extra(self, ledger: Ledger, extra: Ledger) -> float:
         """ε(δ) if the steps of ``extra`` were appended to ``ledger`` (nothing is committed)."""
         self(ledger)
+        ledger.followed_by(extra).unit()   # refuses user-level steps after example-level ones
         if Sampling.SHUFFLE in ledger.samplings() | extra.samplings():
             return epsilon(ledger.followed_by(extra), delta=self.delta, accountant=self.accountant,
                            sigma_resolution=None, value_discretization=self.discretization)

@@ -115,7 +115,7 @@ class _PoissonBatches(_Batches):
     def _chunks(self) -> Iterator[_Chunk]:
         for _ in range(self.sampler.steps_per_epoch):
             idx = self.sampler.draw()  # (B,)
-            parts = list(idx.split(self.physical)) if self.physical and len(idx) else [idx]
+            parts = self.sampler.physical_batches(idx, self.physical)
             for k, c in enumerate(parts):
                 yield _Chunk(c, k == len(parts) - 1, None)
 

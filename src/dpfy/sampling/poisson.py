@@ -38,6 +38,7 @@ class PoissonSampler:
 
     sampling = Sampling.POISSON
     units = ExampleUnits()   # the unit of privacy: one example per row
+    max_examples_per_user: int | None = None   # k the ledger records (ELS only)
 
     def units_of(self, indices: torch.Tensor | None) -> torch.Tensor | None:
         """Each row's unit of privacy (None: every row is its own unit)."""
@@ -100,6 +101,14 @@ class PoissonSampler:
     def state_dict(self) -> dict[str, Any]:
         return {"generator": None if self.generator is None else self.generator.get_state()}
 
+    def physical_batches(self, idx: torch.Tensor, physical: int | None) -> list[torch.Tensor]:
+        """A logical batch cut into physical batches of at most ``physical`` rows."""
+        return list(idx.split(physical)) if physical and len(idx) else [idx]
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        require(state.get("unit", "example") == self.units.name, "the checkpoint's unit of "
+                "privacy", state.get("unit", "example"), f"{self.units.name}, the run being "
+                "resumed", "A user-level run cannot be resumed as an example-level one (or the "
+                "reverse): pass the same user_ids / --user-ids and --user-sampling")
         if self.generator is not None and state["generator"] is not None:
             self.generator.set_state(state["generator"])

@@ -62,6 +62,7 @@ class ShuffleSampler:
 
     sampling = Sampling.SHUFFLE
     units = ExampleUnits()   # the unit of privacy: one example per row
+    max_examples_per_user: int | None = None   # k the ledger records (ELS only)
 
     def units_of(self, indices: torch.Tensor | None) -> torch.Tensor | None:
         """Each row's unit of privacy (None: every row is its own unit)."""

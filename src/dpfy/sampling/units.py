@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["ExampleUnits"]
+from dpfy._require import require
+
+__all__ = ["ExampleUnits", "UserUnits"]
 
 
 class ExampleUnits:
@@ -28,3 +30,61 @@ class ExampleUnits:
     def units_of(self, indices: torch.Tensor | None) -> torch.Tensor | None:
         """Every row is its own unit: None (the step's per-row fast path)."""
         return None
+
+
+class UserUnits:
+    """Each user, with all of their examples, is one unit of privacy (user-level DP).
+
+    Built once from one user id per example (aligned with the dataset) and kept: the ids of
+    a run never change, which is what user-level accounting assumes. The ids themselves are
+    sensitive and never reach a report; only counts do.
+
+    Args:
+      user_ids: (N,) integer ids, one per example; any values (they are mapped to positions
+        0..U−1 in sorted order of the ids).
+      clip_per_user: True (ULS): a user's rows in a step are clipped together, and
+        :meth:`units_of` says which rows belong to which user. False (ELS): every row is
+        clipped alone (:meth:`units_of` is None) and the accounting is at the user level.
+      reduction: with ``clip_per_user``, what is clipped: ``"mean"`` (the mean of the user's
+        gradients in the step, clipped to C) or ``"sum"`` (their sum, clipped to C).
+
+    Attributes:
+      user_of: (N,) user position of each example. sizes: (U,) examples per user.
+      num_users: U. num_examples: N.
+    """
+
+    name = "user"
+    description = "one user, with all of their examples"   # the privacy report's wording
+    adjacency_note = "add or remove one user (all of their examples)"
+
+    def __init__(self, user_ids: torch.Tensor, *, clip_per_user: bool,
+                 reduction: str = "mean") -> None:
+        ids = torch.as_tensor(user_ids)
+        require(ids.dim() == 1 and ids.numel() >= 1 and not ids.is_floating_point()
+                and not ids.is_complex() and ids.dtype is not torch.bool, "user_ids",
+                f"{tuple(ids.shape)} {ids.dtype}", "a 1-D integer tensor, one id per example",
+                "Pass torch.as_tensor(ids) with one integer user id per example of the dataset")
+        require(reduction in ("mean", "sum"), "user_reduction", reduction, "'mean' or 'sum'")
+        _, user_of = torch.unique(ids.detach().cpu().long(), return_inverse=True)   # (N,)
+        self.user_of = user_of
+        self.sizes = torch.bincount(user_of)                                        # (U,)
+        self.num_users, self.num_examples = int(self.sizes.numel()), int(ids.numel())
+        self.order = torch.argsort(user_of, stable=True)   # examples grouped by user
+        self.offsets = torch.cat([self.sizes.new_zeros(1), self.sizes.cumsum(0)])   # (U+1,)
+        self.clip_per_user, self.reduction = clip_per_user, reduction
+
+    def units_of(self, indices: torch.Tensor | None) -> torch.Tensor | None:
+        """(B,) each row's user, numbered 0..U'−1 within the batch (ULS); None under ELS,
+        whose rows are clipped one by one. One ``unique`` over B ids: O(B log B)."""
+        if not self.clip_per_user:
+            return None
+        require(indices is not None, "the batch's dataset indices", None, "known",
+                "Iterate the loader make_private returned")
+        return torch.unique(self.user_of[indices.cpu()], return_inverse=True)[1]
+
+    def unit_scale(self, unit_of_row: torch.Tensor) -> torch.Tensor | None:
+        """(U',) the factor that turns a user's gradient sum into what is clipped: 1/n_u
+        (n_u the user's rows in this step) for ``"mean"``, None for ``"sum"``."""
+        if self.reduction == "sum":
+            return None
+        return 1.0 / torch.bincount(unit_of_row).to(torch.float64)

@@ -61,10 +61,12 @@ class EpsilonGuard:
     def check(self, ledger: Ledger, record: StepRecord) -> None:
         """Refuse a step whose ``record`` would take ε(delta) above ``epsilon_cap``."""
         self.check_release(ledger, sampling=record.sampling, sample_rate=record.sample_rate,
-                           releases=record.releases)
+                           releases=record.releases,
+                           max_examples_per_user=record.max_examples_per_user)
 
     def check_release(self, ledger: Ledger, *, sampling: Sampling, sample_rate: float,
-                      releases: Sequence[Release]) -> None:
+                      releases: Sequence[Release],
+                      max_examples_per_user: int | None = None) -> None:
         """Refuse a step whose releases would take ε(delta) above ``epsilon_cap``.
 
         To avoid an accountant call per step, we search once how many more steps of the same
@@ -73,12 +75,12 @@ class EpsilonGuard:
         """
         if self.epsilon_cap is None:
             return
-        kind = (sampling, sample_rate, tuple(releases))
+        kind = (sampling, sample_rate, tuple(releases), max_examples_per_user)
         cache = self._cache
         if cache is None or cache[0] != kind or ledger.num_steps - cache[1] >= cache[2]:
             self._cache = cache = (kind, ledger.num_steps,
                                    self._steps_under_cap(ledger, sampling, sample_rate,
-                                                         releases))
+                                                         releases, max_examples_per_user))
         if cache[2] == 0:
             raise BudgetExhausted(
                 f"epsilon must stay <= epsilon_cap = {self.epsilon_cap} at delta = "
@@ -87,7 +89,8 @@ class EpsilonGuard:
                 f"allows it)")
 
     def _steps_under_cap(self, ledger: Ledger, sampling: Sampling, sample_rate: float,
-                         releases: Sequence[Release]) -> int:
+                         releases: Sequence[Release],
+                         max_examples_per_user: int | None = None) -> int:
         """How many more steps like this one fit under the cap.
 
         Counted with the incremental bound (the ledger so far is composed once; each trial adds
@@ -102,7 +105,7 @@ class EpsilonGuard:
         def extra(k: int) -> Ledger:
             out = Ledger(ledger.dataset_size)
             out.record_step(sampling=sampling, sample_rate=sample_rate, releases=releases,
-                            count=k)
+                            count=k, max_examples_per_user=max_examples_per_user)
             return out
 
         def fits(k: int) -> bool:

@@ -179,6 +179,12 @@ class PrivateStep:
         """Add one physical batch to ``sums``: norms → clipping → extra values → sums."""
         plan, method, state = sums.plan, self.method, self.method_state
         unit_of_row = self.sampler.units_of(self.cursor.indices)   # None: each row is a unit
+        scale = None   # (U,) what a unit's gradient sum is multiplied by before clipping
+        if unit_of_row is not None:
+            device = next(iter(self.params.values())).device if self.params else None
+            unit_of_row = unit_of_row.to(device)
+            unit_scale = getattr(self.sampler.units, "unit_scale", None)   # absent: the sum
+            scale = unit_scale(unit_of_row) if unit_scale is not None else None
         if method is not None and method.implements("transform"):
             require(unit_of_row is None, "the unit of privacy", self.sampler.units.name,
                     f"one example per row for method {_name(method)!r}",
@@ -190,8 +196,10 @@ class PrivateStep:
             sq = (self.grads.per_sample_sq_norms() if unit_of_row is None
                   else self.grads.per_unit_sq_norms(unit_of_row))   # name -> (U,) sensitive
             weighted_sums = self.grads.weighted_sums_many
-        if unit_of_row is not None:   # Σ_u w_u Σ_{i∈u} g_i = Σ_i w_{u(i)} g_i
-            weighted_sums = _rows_weighted(weighted_sums, unit_of_row)
+        if scale is not None:   # the unit's gradient is s_u Σ_{i∈u} g_i (e.g. a user's mean)
+            sq = {n: s * scale.to(s).square() for n, s in sq.items()}
+        if unit_of_row is not None:   # Σ_u w_u s_u Σ_{i∈u} g_i = Σ_i w_{u(i)} s_{u(i)} g_i
+            weighted_sums = _rows_weighted(weighted_sums, unit_of_row, scale)
         norms = Norms(total=total_norm(sq), per_parameter_sq=sq, groups=self.groups,
                       indices=self.cursor.indices)  # sensitive
         clip = method.clipping(state, norms, plan) if method is not None else None
@@ -331,8 +339,14 @@ def _checked_plan(method: Method, before: StepPlan, after: StepPlan) -> StepPlan
 
 
 def _rows_weighted(weighted_sums: Callable[[WeightSets], WeightSets],
-                   unit_of_row: torch.Tensor) -> Callable[[WeightSets], WeightSets]:
-    """Weighted sums over rows from per-unit weights: row i takes its unit's weight w_{u(i)}."""
+                   unit_of_row: torch.Tensor, scale: torch.Tensor | None = None
+                   ) -> Callable[[WeightSets], WeightSets]:
+    """Weighted sums over rows from per-unit weights: row i takes its unit's weight w_{u(i)}
+    (times s_{u(i)}, the unit's scale, when the clipped quantity is s_u Σ_{i∈u} g_i)."""
+    def row(w: torch.Tensor) -> torch.Tensor:
+        w = w if scale is None else w * scale.to(w)
+        return w[unit_of_row]
+
     def sums(weight_sets: WeightSets) -> WeightSets:
-        return weighted_sums([{n: w[unit_of_row] for n, w in ws.items()} for ws in weight_sets])
+        return weighted_sums([{n: row(w) for n, w in ws.items()} for ws in weight_sets])
     return sums

@@ -119,6 +119,18 @@ class TrainConfig:
                                             "set, comma-separated (e.g. 0.34,0.43,0.23)")
     budget_seed: int = _f(0, "public seed of the random assignment of examples to --budgets "
                              "groups (recorded in config.json: the assignment is not private)")
+    user_ids: str | None = _f(None, "user-level DP (docs/guide/user_level.md): a file with one "
+                                    "integer user id per training example, in dataset order "
+                                    "(.npy, or text/.csv); the unit of privacy is then the user")
+    user_sampling: str | None = _f(None, "with --user-ids: 'uls' (sample users; --batch-size is "
+                                         "the expected number of users per step) or 'els' "
+                                         "(cap users at --max-examples-per-user examples, "
+                                         "sample examples)")
+    max_examples_per_user: int | None = _f(None, "k: ELS keeps at most k random examples per "
+                                                 "user (required); ULS takes at most k random "
+                                                 "examples per sampled user and step (default: "
+                                                 "all)")
+    user_reduction: str = _f("mean", "ULS: clip each user's 'mean' or 'sum' of gradients")
 
     def __post_init__(self) -> None:
         # Frozen: resolved once, so every reader sees a value.
@@ -180,6 +192,28 @@ class TrainConfig:
                 self.public_validation, "None or 'test'",
                 "Only declare a split public if it holds no private data")
         self._check_individual()
+        self._check_users()
+
+    def _check_users(self) -> None:
+        """The user-level flags: all with --user-ids, ELS with its cap, no per-example budgets."""
+        if self.user_ids is None:
+            require(self.user_sampling is None and self.max_examples_per_user is None
+                    and self.user_reduction == "mean", "user_ids", None,
+                    "given with --user-sampling / --max-examples-per-user / --user-reduction",
+                    "Add --user-ids FILE (one user id per training example)")
+            return
+        require(self.user_sampling in ("uls", "els"), "user_sampling", self.user_sampling,
+                "'uls' or 'els' with --user-ids")
+        require(self.user_sampling != "els" or self.max_examples_per_user is not None,
+                "max_examples_per_user", None, "given with --user-sampling els",
+                "ELS caps every user at k examples: add --max-examples-per-user K")
+        require(self.max_examples_per_user is None or self.max_examples_per_user >= 1,
+                "max_examples_per_user", self.max_examples_per_user, ">= 1")
+        require(self.user_reduction in ("mean", "sum"), "user_reduction", self.user_reduction,
+                "'mean' or 'sum'")
+        require(self.individual is None, "individual", self.individual,
+                "unset with --user-ids (per-example budgets cannot be accounted per user)",
+                "Drop --individual, or --user-ids")
 
     def _check_individual(self) -> None:
         """The --individual flags: one source of budgets, nothing that would decide σ besides."""

@@ -117,6 +117,32 @@ def private_run(model: nn.Module, optimizer: torch.optim.Optimizer, train: Datas
                       total_steps=optimizer.max_steps)
 
 
+def load_user_ids(path: str) -> torch.Tensor:
+    """(N,) integer user ids from a ``.npy`` file or a text/``.csv`` file of integers (one per
+    example, any layout, read in row order), for ``dpfy train --user-ids``. Read once: the ids
+    of a run never change."""
+    import numpy as np   # local: only --user-ids reads files of ids
+    try:
+        arr = (np.load(path, allow_pickle=False) if str(path).lower().endswith(".npy")
+               else np.loadtxt(path, delimiter=",", dtype=np.int64, ndmin=1))
+    except (OSError, ValueError) as err:
+        require(False, "user_ids", path, "a readable file of integer ids", str(err))
+        raise
+    arr = np.asarray(arr).reshape(-1)
+    require(np.issubdtype(arr.dtype, np.integer), "user_ids", f"{path} ({arr.dtype})",
+            "integer ids", "Save one integer user id per training example")
+    return torch.as_tensor(arr.astype(np.int64))
+
+
+def user_options(cfg: TrainConfig) -> dict[str, Any]:
+    """``make_private``'s user-level arguments from ``cfg`` (none without --user-ids)."""
+    if cfg.user_ids is None:
+        return {}
+    return {"user_ids": load_user_ids(cfg.user_ids), "user_sampling": cfg.user_sampling,
+            "max_examples_per_user": cfg.max_examples_per_user,
+            "user_reduction": cfg.user_reduction}
+
+
 def make_private_run(cfg: TrainConfig, model: nn.Module, data: DataSplits) -> PrivateRun:
     """Wrap ``model`` for DP training on ``data.train`` as ``cfg`` says."""
     optimizer = make_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
@@ -128,7 +154,7 @@ def make_private_run(cfg: TrainConfig, model: nn.Module, data: DataSplits) -> Pr
         route=cfg.route, seed=cfg.seed, method=method,
         max_physical_batch_size=cfg.physical_batch_size, accountant=cfg.accountant,
         # the per-example loss for a method whose specs probe losses (unused otherwise)
-        loss_fn=per_example_cross_entropy)
+        loss_fn=per_example_cross_entropy, **user_options(cfg))
     reads = private.optimizer.method is not None \
         and private.optimizer.method.implements("observe")
     require(not reads or cfg.public_validation == "test", "public_validation",

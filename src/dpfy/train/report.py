@@ -21,6 +21,7 @@ from dpfy.adaptive.describe import describe_releases, releases_text
 from dpfy.data import DataSplits
 from dpfy.privacy import epsilon as ledger_epsilon
 from dpfy.privacy.report import PrivacyReport, ReportSection
+from dpfy.privacy.user_level import user_level_section
 from dpfy.train.config import SEED_WARNING, TrainConfig
 
 __all__ = ["write_report", "methods_ran", "clip_description", "public_data", "RELEASED",
@@ -105,18 +106,62 @@ def public_data(cfg: TrainConfig, method, num_test: int) -> str | None:
             f"and without a ledger entry because it was declared public")
 
 
+def user_section(cfg: TrainConfig, private, ledger) -> ReportSection:
+    """The report's "Unit of privacy: users" section for a ``--user-ids`` run (ULS or ELS)."""
+    sampler = private.optimizer.sampler
+    units = sampler.units
+    largest = int(units.sizes.max())
+    if sampler.sampling.value == "uls":
+        k = sampler.max_examples_per_step
+        algorithm = "ULS, user-level sampling (Charles et al. 2024)"
+        rows = ("all of their examples" if k is None else
+                f"at most {k} of their examples, drawn at random each step")
+        details = [f"Each user joins a step with probability q = {sampler.sample_rate:.5g} "
+                   f"(expected {sampler.normalizer:.4g} users per step; the noisy sum over "
+                   f"users is divided by that number).",
+                   f"A sampled user brings {rows} (the largest user holds {largest}); the "
+                   f"{units.reduction} of their "
+                   f"gradients is clipped to C as one vector.",
+                   "Accounting: a Poisson-subsampled Gaussian at the user level."]
+        data = {"user_sampling": "uls", "user_rate": sampler.sample_rate,
+                "max_examples_per_step": k, "user_reduction": units.reduction,
+                "largest_user": largest}
+    else:
+        k = sampler.max_examples_per_user
+        algorithm = ("ELS, example-level sampling with contribution bounding (Charles et al. "
+                     "2024)")
+        details = [f"Every user keeps at most k = {k} of their examples (the largest user held "
+                   f"{largest}): a uniformly random subset, chosen once from the sampler's "
+                   f"secret generator; {sampler.num_kept:,} of {sampler.num_examples:,} "
+                   f"examples are kept.",
+                   f"Examples join a step with probability q = {sampler.sample_rate:.5g} and "
+                   f"are clipped one by one to C."]
+        data = {"user_sampling": "els", "example_rate": sampler.sample_rate,
+                "max_examples_per_user": k, "kept_examples": sampler.num_kept,
+                "largest_user": largest}
+    return user_level_section(ledger, delta=cfg.delta, accountant=cfg.accountant,
+                              num_users=units.num_users, num_examples=units.num_examples,
+                              algorithm=algorithm, details=details, data=data)
+
+
 def write_report(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, private,
                  directory: Path, sections: Sequence[ReportSection] = ()) -> float:
     """Write the report files into ``directory``; return the final ε (``cfg.accountant``).
 
     ``sections``: extra report sections (a tuning grid, an audit, per-group budgets)."""
     ledger = private.optimizer.ledger
+    sampler = private.optimizer.sampler
+    users = sampler.units.name == "user"
+    if users:
+        sections = (user_section(cfg, private, ledger), *sections)
     PrivacyReport.from_ledger(
         ledger, delta=cfg.delta, accountant=cfg.accountant, released=RELEASED,
-        unit_of_privacy=private.optimizer.sampler.units.description,   # the sampler's unit
-        dataset_size=data.num_train, model_description=_describe(cfg, notes, data, private),
+        unit_of_privacy=sampler.units.description,   # the sampler's unit
+        dataset_size=sampler.dataset_size if users else data.num_train,   # U or N
+        model_description=_describe(cfg, notes, data, private),
         layer_table=private.optimizer.grads.explain(),  # per layer: rule and route (R7)
-        sampling_note=f"Poisson sampling by dpfy's sampler, q = {private.sample_rate:.5g}, "
+        sampling_note=f"Poisson sampling by dpfy's sampler, q = {private.sample_rate:.5g}"
+                      f"{' (per user)' if sampler.sampling.value == 'uls' else ''}, "
                       f"{private.steps_per_epoch} steps per epoch",
         warnings=(SEED_WARNING,) if cfg.reproducible else (), not_released=NOT_RELEASED,
         methods=methods_ran(private.optimizer.method, private.noise_multiplier),

@@ -29,22 +29,53 @@ class Sampling(str, enum.Enum):
     - ``NONE``: every example is in every step (full batch, or a release not subsampled);
       no amplification; every step is charged.
 
+    - ``ULS`` (user-level sampling; Charles et al. 2024, "Fine-tuning large language models
+      with user-level differential privacy"): each *user* joins the step independently with
+      probability q (the recorded rate is the user rate); a sampled user's examples (at most k
+      per step) are clipped together as one unit. Adjacency: add-or-remove one user.
+      Accounted exactly as ``POISSON`` at the user level: ``PoissonSampledDpEvent(q,
+      Gaussian(σ))``.
+    - ``ELS`` (example-level sampling with contribution bounding, the same paper): every user
+      holds at most k examples of the training set (the step group records k), each example
+      joins the step independently with probability q and is clipped alone. A user's k
+      examples then enter a step Binomial(k, q) times, so one step is, at the user level, a
+      mixture of Gaussians with sensitivities j·Δ and weights Binomial(k, q)(j) (PLD:
+      dp_accounting's ``MixtureOfGaussiansDpEvent``). Adjacency: add-or-remove one user.
+
     A ledger whose steps need different adjacencies (Poisson with fixed-size or shuffled) is
     refused by the accountants: the two guarantees are not about the same neighbouring relation.
+    Nor may a ledger mix user-level steps (``ULS``, ``ELS``) with example-level ones: the two
+    guarantees are not about the same unit of privacy (:attr:`unit`).
     """
 
     POISSON = "poisson"
     FIXED_SIZE = "fixed_size"
     SHUFFLE = "shuffle"
     NONE = "none"
+    ULS = "uls"
+    ELS = "els"
 
     @property
     def adjacency(self) -> str | None:
         """The neighbouring relation this sampling is analysed under (None: either)."""
         return {"poisson": "add_or_remove", "fixed_size": "replace_one",
-                "shuffle": "replace_one", "none": None}[self.value]
+                "shuffle": "replace_one", "none": None, "uls": "add_or_remove",
+                "els": "add_or_remove"}[self.value]
 
     @property
     def amplified(self) -> bool:
         """True when the accountant claims privacy amplification by sampling."""
-        return self in (Sampling.POISSON, Sampling.FIXED_SIZE)
+        return self in (Sampling.POISSON, Sampling.FIXED_SIZE, Sampling.ULS, Sampling.ELS)
+
+    @property
+    def unit(self) -> str | None:
+        """The unit of privacy the step is accounted for: ``"user"`` (ULS, ELS) or
+        ``"example"`` (None for ``NONE``: a step of every record fits either)."""
+        if self in (Sampling.ULS, Sampling.ELS):
+            return "user"
+        return None if self is Sampling.NONE else "example"
+
+    @property
+    def needs_max_examples_per_user(self) -> bool:
+        """The step's accounting needs k, the most examples one user holds (ELS)."""
+        return self is Sampling.ELS

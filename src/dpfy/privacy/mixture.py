@@ -1,0 +1,58 @@
+"""One ELS step at the user level: a mixture of Gaussians with Binomial(k, q) weights.
+
+Example-level sampling with contribution bounding (ELS; Charles et al. 2024, "Fine-tuning
+large language models with user-level differential privacy") caps every user at k examples of
+the training set, Poisson-samples examples at rate q and clips each to C. Adding one user adds
+j of their examples to a step with probability Binomial(k, q)(j) = C(k, j) q^j (1 − q)^(k−j),
+and those j examples move the clipped sum by at most j·C. At noise σC the step is, at the
+user level, the mixture-of-Gaussians mechanism N(0, σ²) against Σ_j w_j N(j, σ²) (in units of
+C): dp_accounting's ``MixtureOfGaussiansDpEvent`` (Charles et al.'s tight accounting), which
+its PLD accountant composes.
+
+RDP has no accountant for that event in dp_accounting 0.6, so dpfy's RDP column for ELS is a
+bound derived here (:func:`els_rdp_dominating_pair`), never the mixture itself:
+
+  Write p = 1 − (1 − q)^k (the user takes part at all). The mixture is (1 − p)·N(0, σ²) +
+  p·M with M = Σ_{j≥1} (w_j / p)·N(z_j, σ²), ‖z_j‖ ≤ j ≤ k. The hockey-stick divergence
+  H_γ(·‖·) is jointly convex, so for every γ ≥ 0 and in both directions
+  H_γ((1 − p)N(0) + pM ‖ N(0)) ≤ Σ_j (w_j / p)·H_γ((1 − p)N(0) + pN(z_j) ‖ N(0)), and each
+  term is the Poisson-subsampled Gaussian at rate p with sensitivity ‖z_j‖ ≤ k, whose
+  privacy curve grows with the sensitivity. Hence every ELS step is dominated by the
+  Poisson-subsampled Gaussian at rate p with noise multiplier σ/k, a dominating pair that
+  composes (Zhu, Dong & Wang 2022) and whose Rényi divergences bound the step's. Looser than
+  the mixture, but a bound. Without amplification the step is the Gaussian at σ/k (all k
+  examples present: sensitivity kC).
+"""
+
+from __future__ import annotations
+
+import math
+
+from dp_accounting import dp_event
+
+__all__ = ["binomial_weights", "els_dp_event", "els_rdp_dominating_pair"]
+
+
+def binomial_weights(k: int, q: float) -> list[float]:
+    """Binomial(k, q)(j) for j = 0..k: how often one user's k examples enter one step."""
+    return [math.comb(k, j) * q ** j * (1 - q) ** (k - j) for j in range(k + 1)]
+
+
+def els_dp_event(sample_rate: float, noise_multiplier: float,
+                 max_examples_per_user: int) -> dp_event.DpEvent:
+    """One ELS step at the user level: ``MixtureOfGaussiansDpEvent(σ, [0..k], Binomial(k, q))``.
+
+    Sensitivities in units of the clipping threshold C, so the standard deviation is σ."""
+    k = max_examples_per_user
+    return dp_event.MixtureOfGaussiansDpEvent(
+        standard_deviation=noise_multiplier, sensitivities=[float(j) for j in range(k + 1)],
+        sampling_probs=binomial_weights(k, sample_rate))
+
+
+def els_rdp_dominating_pair(sample_rate: float, noise_multiplier: float,
+                            max_examples_per_user: int) -> tuple[float, float]:
+    """(rate, noise multiplier) of the Poisson-subsampled Gaussian that dominates one ELS step
+    (module docstring): (1 − (1 − q)^k, σ/k)."""
+    k = max_examples_per_user
+    rate = -math.expm1(k * math.log1p(-sample_rate)) if sample_rate < 1 else 1.0
+    return min(1.0, rate), noise_multiplier / k
