@@ -86,7 +86,8 @@ class TrainConfig:
     batch_size: int = _f(2048, "expected logical batch size; sample rate q = batch_size / N")
     physical_batch_size: int | None = _f(None, "largest batch held in memory at once")
     clip: float = _f(0.1, "per-example gradient clipping norm C")
-    clipping: str = _f("flat", "clipping policy (see the engine): flat, per_layer, automatic")
+    clipping: str = _f("flat", "clipping policy (see the engine): flat, per_layer, automatic, "
+                               "microbatch (with --microbatch-size)")
     optimizer: str | None = _f(None, "sgd or adam; default: the method's own when --method "
                                      "names one (hyfree: sgd with momentum), else sgd")
     lr: float | None = _f(None, "learning rate; default: the method's own initial η when "
@@ -131,6 +132,10 @@ class TrainConfig:
                                                  "examples per sampled user and step (default: "
                                                  "all)")
     user_reduction: str = _f("mean", "ULS: clip each user's 'mean' or 'sum' of gradients")
+    microbatch_size: int | None = _f(None, "with --clipping microbatch: k, the average rows of "
+                                           "a microbatch whose mean gradient is clipped to C "
+                                           "(sensitivity 2C; docs/guide/accuracy.md); not the "
+                                           "memory-only --physical-batch-size")
 
     def __post_init__(self) -> None:
         # Frozen: resolved once, so every reader sees a value.
@@ -193,6 +198,10 @@ class TrainConfig:
                 "Only declare a split public if it holds no private data")
         self._check_individual()
         self._check_users()
+        require((self.microbatch_size is not None) == (self.clipping == "microbatch"),
+                "microbatch_size", self.microbatch_size,
+                "given exactly with --clipping microbatch",
+                "Pass --clipping microbatch --microbatch-size K together")
 
     def _check_users(self) -> None:
         """The user-level flags: all with --user-ids, ELS with its cap, no per-example budgets."""
