@@ -136,6 +136,10 @@ class TrainConfig:
                                            "a microbatch whose mean gradient is clipped to C "
                                            "(sensitivity 2C; docs/guide/accuracy.md); not the "
                                            "memory-only --physical-batch-size")
+    ema: float | None = _f(None, "parameter averaging: keep an exponential moving average of "
+                                 "the weights with decay β (e.g. 0.999; De et al. 2022), "
+                                 "evaluated and saved as model_ema.pt beside model.pt "
+                                 "(post-processing: no privacy cost)")
 
     def __post_init__(self) -> None:
         # Frozen: resolved once, so every reader sees a value.
@@ -202,6 +206,8 @@ class TrainConfig:
                 "microbatch_size", self.microbatch_size,
                 "given exactly with --clipping microbatch",
                 "Pass --clipping microbatch --microbatch-size K together")
+        require(self.ema is None or 0 < self.ema < 1, "ema", self.ema, "in (0, 1)",
+                "0.999 is De et al.'s value")
 
     def _check_users(self) -> None:
         """The user-level flags: all with --user-ids, ELS with its cap, no per-example budgets."""
