@@ -48,7 +48,7 @@ def splits(which: str) -> DataSplits:
     if which == "test":
         return data
     order = torch.randperm(data.num_train, generator=torch.Generator().manual_seed(0))
-    return DataSplits(name="fashion_mnist_scattering (validation split)",
+    return DataSplits(name="fashion_mnist_scattering",   # the validation split of its train set
                       train=Subset(data.train, order[:50_000].tolist()),
                       test=Subset(data.train, order[50_000:].tolist()),
                       input_shape=data.input_shape, num_classes=data.num_classes,
