@@ -256,7 +256,8 @@ def make_private(
                              inner_optimizer=type(optimizer).__name__,
                              inner_hyperparameters={k: v for k, v in
                                                     optimizer.param_groups[0].items()
-                                                    if k != "params"})
+                                                    if k != "params"},
+                             max_examples_per_user=sampler.max_examples_per_user)
             method = calibrate_for_run(method, facts)
             if max_steps is None and getattr(method, "total_steps", None):
                 max_steps = int(method.total_steps)

@@ -7,8 +7,10 @@ Every expected ε is computed here with dp_accounting 0.6 directly, from the fac
   composed T times (PLD and RDP accountants);
 - ELS, PLD: ``MixtureOfGaussiansDpEvent(σ, [0..k], Binomial(k, q))`` with the Binomial
   weights written out below from C(k, j) q^j (1 − q)^(k − j);
-- ELS, RDP: the Poisson-subsampled Gaussian at rate 1 − (1 − q)^k and σ/k that dominates the
-  mixture (the bound's derivation is in ``dpfy.privacy.mixture``); it must stay above PLD's.
+- ELS, RDP: order by order the smaller of k composed subsampled Gaussians (q, σ/√k) and the
+  subsampled Gaussian (1 − (1 − q)^k, σ/k) that dominates the mixture (the bounds' derivations
+  are in ``dpfy.privacy.mixture``), from dp_accounting's RDP of the subsampled Gaussian; it
+  must stay above PLD's.
 
 Both user-level guarantees must be no worse than group privacy's (kε, k·e^{kε}·δ) for k
 examples of the example-level run (Vadhan 2017, Lemma 2.2).
@@ -19,6 +21,7 @@ from __future__ import annotations
 import math
 
 import dp_accounting
+import numpy as np
 import pytest
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
@@ -73,16 +76,21 @@ def test_els_pld_is_the_mixture_of_gaussians_with_binomial_weights(k):
         assert want == pytest.approx(_pld(poisson, steps, 1e-3), rel=1e-3)
 
 
-def test_els_rdp_is_the_dominating_subsampled_gaussian_and_bounds_pld():
-    q, sigma, steps, k = 0.05, 4.0, 20, 2
+@pytest.mark.parametrize("sigma", [4.0, 0.8])   # each bound wins somewhere
+def test_els_rdp_is_the_smaller_of_two_bounds_and_stays_above_pld(sigma):
+    q, steps, k = 0.05, 20, 2
     ledger = Ledger.homogeneous(sample_rate=q, noise_multiplier=sigma, steps=steps,
                                 sampling=Sampling.ELS, max_examples_per_user=k)
-    rate = 1 - (1 - q) ** k
-    dominating = dp_accounting.PoissonSampledDpEvent(rate,
-                                                     dp_accounting.GaussianDpEvent(sigma / k))
+    orders = rdp_privacy_accountant.DEFAULT_RDP_ORDERS
+    sgm = rdp_privacy_accountant._compute_rdp_poisson_subsampled_gaussian
+    composed = k * sgm(q, sigma / math.sqrt(k), orders)
+    dominating = sgm(1 - (1 - q) ** k, sigma / k, orders)
+    want, _ = rdp_privacy_accountant.compute_epsilon(
+        orders, steps * np.minimum(composed, dominating), DELTA)
     rdp = epsilon(ledger, delta=DELTA, accountant="rdp")
-    assert rdp == pytest.approx(_rdp(dominating, steps), rel=1e-9)
-    assert rdp >= epsilon(ledger, delta=DELTA, accountant="pld")
+    assert rdp == pytest.approx(want, rel=1e-9)
+    if sigma == 4.0:
+        assert rdp >= epsilon(ledger, delta=DELTA, accountant="pld")
 
 
 def test_els_without_amplification_is_the_gaussian_of_sensitivity_k():
@@ -154,9 +162,11 @@ def test_sigma_calibrated_for_a_user_level_target():
     sigma = calibrate_noise_multiplier(target_epsilon=2.0, delta=DELTA, sample_rate=q,
                                        steps=steps, accountant="rdp", sampling=Sampling.ELS,
                                        max_examples_per_user=k)
-    dominating = dp_accounting.PoissonSampledDpEvent(1 - (1 - q) ** k,
-                                                     dp_accounting.GaussianDpEvent(sigma / k))
-    assert 1.95 <= _rdp(dominating, steps) <= 2.0 + 1e-9
+    orders = rdp_privacy_accountant.DEFAULT_RDP_ORDERS
+    sgm = rdp_privacy_accountant._compute_rdp_poisson_subsampled_gaussian
+    curve = steps * np.minimum(k * sgm(q, sigma / math.sqrt(k), orders),
+                               sgm(1 - (1 - q) ** k, sigma / k, orders))
+    assert 1.95 <= rdp_privacy_accountant.compute_epsilon(orders, curve, DELTA)[0] <= 2.0 + 1e-9
 
 
 @pytest.mark.slow
@@ -172,3 +182,19 @@ def test_els_sigma_calibrated_by_pld_spends_the_target_on_the_mixture():
                                        max_examples_per_user=k, tol=1e-2)
     mixture = dp_event.MixtureOfGaussiansDpEvent(sigma, list(range(k + 1)), _binomial(k, q))
     assert 1.9 <= _pld(mixture, steps, 1e-3) <= 2.0 + 1e-6
+
+
+def test_dpfy_account_and_calibrate_take_els_k(capsys):
+    import json
+
+    from dpfy.cli import main
+    shape = ["--delta", "1e-5", "--sample-rate", "0.05", "--steps", "20", "--sampling", "els",
+             "--accountant", "rdp", "--json"]
+    assert main(["calibrate", "--target-epsilon", "2", *shape,
+                 "--max-examples-per-user", "2"]) == 0
+    sigma = json.loads(capsys.readouterr().out)["noise_multiplier"]
+    assert main(["account", *shape, "--noise-multiplier", str(sigma),
+                 "--max-examples-per-user", "2"]) == 0
+    assert 1.95 <= json.loads(capsys.readouterr().out)["epsilon"] <= 2.0 + 1e-9
+    assert main(["account", *shape, "--noise-multiplier", "2"]) == 2   # ELS without k
+    assert "max_examples_per_user" in capsys.readouterr().err

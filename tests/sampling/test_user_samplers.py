@@ -88,3 +88,15 @@ def test_a_checkpoint_of_another_unit_or_user_sampling_is_refused():
         els.load_state_dict(uls.state_dict())
     uls.load_state_dict(uls.state_dict())
     els.load_state_dict(els.state_dict())
+
+
+def test_a_checkpoint_of_other_user_ids_is_refused():
+    uls = UserPoissonSampler(UserUnits(IDS, clip_per_user=True), sample_rate=0.5, seed=0)
+    moved = IDS.clone()
+    moved[0] = 999   # one example moved to a new user
+    other = UserPoissonSampler(UserUnits(moved, clip_per_user=True), sample_rate=0.5, seed=0)
+    with pytest.raises(ValueError, match="user ids"):
+        other.load_state_dict(uls.state_dict())
+    renamed = UserPoissonSampler(UserUnits(IDS + 5, clip_per_user=True), sample_rate=0.5,
+                                 seed=0)
+    renamed.load_state_dict(uls.state_dict())   # the same grouping under other names is fine

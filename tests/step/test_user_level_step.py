@@ -85,8 +85,9 @@ def _expected_update(ref, x, y, ids, rows, *, reduction, clip, b):
     return {n: -t / b for n, t in total.items()}
 
 
-@pytest.mark.parametrize("name", ["linear", "conv", "embedding_layernorm", "vmap_only"])
-@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("name, reduction", [
+    ("linear", "mean"), ("conv", "mean"), ("embedding_layernorm", "mean"),
+    ("vmap_only", "mean"), ("linear", "sum"), ("embedding_layernorm", "sum")])
 def test_uls_clips_each_users_mean_or_sum_as_one_unit_like_the_float64_loop(name, reduction):
     model, x, classes = _cases()[name]
     y = torch.arange(N) % classes
@@ -237,3 +238,20 @@ def test_a_user_level_run_cannot_be_resumed_as_an_example_level_one():
         DataLoader(TensorDataset(x, y), batch_size=7), noise_multiplier=1.0, seed=3)
     with pytest.raises(ValueError, match="unit of privacy"):
         example_opt.load_state_dict(state)
+
+
+def test_a_loader_with_its_own_sampler_is_refused_and_ids_are_read_once():
+    from torch.utils.data import SubsetRandomSampler
+    model, x, classes = _cases()["linear"]
+    ds = TensorDataset(x, torch.arange(N) % classes)
+    with pytest.raises(PrivacyRefusal, match="loader.sampler"):
+        dpfy.make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
+                          DataLoader(ds, batch_size=3, sampler=SubsetRandomSampler(range(10))),
+                          noise_multiplier=1.0, user_ids=_user_ids(), user_sampling="uls")
+    ids = _user_ids()
+    _, opt, _ = dpfy.make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
+                                  DataLoader(ds, batch_size=3), noise_multiplier=1.0,
+                                  user_ids=ids, user_sampling="uls")
+    before = opt.sampler.units.user_of.clone()
+    ids.zero_()   # the caller's tensor changes later: the run's users do not
+    assert torch.equal(opt.sampler.units.user_of, before) and opt.sampler.units.num_users == 7

@@ -161,7 +161,8 @@ class StepSearch(Method[SearchState]):
         for t in range(facts.steps):
             plan = method.plan(state, base_plan(facts, t, base_noise, 1.0))
             ledger.record_step(sampling=facts.sampling, sample_rate=facts.sample_rate,
-                               releases=step_releases(plan, method.releases(state, plan)))
+                               releases=step_releases(plan, method.releases(state, plan)),
+                               max_examples_per_user=facts.max_examples_per_user)
         return ledger
 
     def _solve_base_noise(self, facts: RunFacts) -> float:
@@ -171,7 +172,7 @@ class StepSearch(Method[SearchState]):
         sigma_eff = calibrate_noise_multiplier(
             target_epsilon=facts.target_epsilon, delta=facts.delta, sample_rate=facts.sample_rate,
             steps=facts.steps, accountant=facts.accountant, sampling=facts.sampling,
-            dataset_size=facts.dataset_size)
+            dataset_size=facts.dataset_size, max_examples_per_user=facts.max_examples_per_user)
         k = len(self.multipliers())
         return sigma_eff * math.sqrt((1 + self.reduction) ** self.max_reductions
                                      + k / self.probe_noise_ratio ** 2)

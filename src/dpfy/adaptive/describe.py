@@ -90,7 +90,8 @@ def describe_releases(method: Method, facts: RunFacts | None = None, *,
             noise_multiplier = calibrate_noise_multiplier(
                 target_epsilon=facts.target_epsilon, delta=facts.delta,
                 sample_rate=facts.sample_rate, steps=facts.steps, accountant=facts.accountant,
-                sampling=facts.sampling, dataset_size=facts.dataset_size)
+                sampling=facts.sampling, dataset_size=facts.dataset_size,
+                max_examples_per_user=facts.max_examples_per_user)
     if clip is None:
         clip = facts.max_grad_norm if facts.max_grad_norm is not None else 1.0
     base: StepPlan = base_plan(facts, 0, noise_multiplier, clip)

@@ -32,7 +32,10 @@ def add_run_shape_arguments(p: argparse.ArgumentParser, *, steps_required: bool 
     g.add_argument("--dataset-size", type=int, metavar="N", help="number of private examples")
     g.add_argument("--epochs", type=float, metavar="E", help="passes over the data")
     g.add_argument("--sampling", choices=[s.value for s in Sampling], default="poisson",
-                   help="how batches are formed (default: poisson)")
+                   help="how batches are formed (default: poisson; uls/els: user level, "
+                        "docs/guide/user_level.md)")
+    g.add_argument("--max-examples-per-user", type=int, metavar="K",
+                   help="k, the most examples one user keeps (--sampling els only)")
 
 
 def resolve_run_shape(args: argparse.Namespace, *, need_steps: bool = True,
@@ -119,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
         sampling = Sampling(args.sampling)
         ledger = Ledger.homogeneous(sample_rate=q, noise_multiplier=args.noise_multiplier,
                                     steps=steps, sampling=sampling,
-                                    dataset_size=args.dataset_size)
+                                    dataset_size=args.dataset_size,
+                                    max_examples_per_user=args.max_examples_per_user)
         shape = {"sample_rate": q, "noise_multiplier": args.noise_multiplier, "steps": steps,
                  "sampling": sampling.value}
     out: dict[str, Any] = {**shape, "accountant": args.accountant,

@@ -66,7 +66,11 @@ def run(args: argparse.Namespace) -> int:
                   accountant=args.accountant, sampling=sampling,
                   dataset_size=args.dataset_size, approximate=args.approximate)
     runs = args.grid_runs
+    k = {"max_examples_per_user": args.max_examples_per_user}   # ELS's k (else None)
     if runs is not None:
+        require(args.max_examples_per_user is None, "--max-examples-per-user",
+                args.max_examples_per_user, "omitted with --grid-runs",
+                "Calibrate an ELS grid's runs one at a time")
         require(runs >= 1, "grid_runs", runs, "an integer >= 1 (configurations in the grid)")
         require(args.noise_multiplier is None, "--noise-multiplier", args.noise_multiplier,
                 "omitted with --grid-runs (it solves for the noise multiplier)",
@@ -77,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         solved = "noise_multiplier"
     elif args.noise_multiplier is None:
         q, steps = resolve_run_shape(args)
-        sigma = calibrate_noise_multiplier(sample_rate=q, steps=steps, **common)
+        sigma = calibrate_noise_multiplier(sample_rate=q, steps=steps, **common, **k)
         solved = "noise_multiplier"
     else:
         require(math.isfinite(args.noise_multiplier) and args.noise_multiplier > 0,
@@ -88,14 +92,14 @@ def run(args: argparse.Namespace) -> int:
                 "exactly one of them given with --noise-multiplier",
                 "Omit the one you want solved")
         if q is None:
-            q = calibrate_sample_rate(noise_multiplier=sigma, steps=steps, **common)
+            q = calibrate_sample_rate(noise_multiplier=sigma, steps=steps, **common, **k)
             solved = "sample_rate"
         else:
             require(0 < q <= 1, "sample_rate", q, "in (0, 1]")
-            steps = calibrate_steps(noise_multiplier=sigma, sample_rate=q, **common)
+            steps = calibrate_steps(noise_multiplier=sigma, sample_rate=q, **common, **k)
             solved = "steps"
     ledger = Ledger.homogeneous(sample_rate=q, noise_multiplier=sigma, steps=steps,
-                                sampling=sampling, dataset_size=args.dataset_size)
+                                sampling=sampling, dataset_size=args.dataset_size, **k)
     single_run = ledger
     if runs is not None:
         ledger = composed_runs(single_run, runs)     # the ledger the whole grid writes

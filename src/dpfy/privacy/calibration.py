@@ -275,7 +275,8 @@ def calibrate_sample_rate(*, target_epsilon: float, delta: float, noise_multipli
                           steps: int, accountant: str = "rdp",
                           sampling: Sampling = Sampling.POISSON,
                           dataset_size: int | None = None, tol: float = 1e-3,
-                          approximate: bool = False) -> float:
+                          approximate: bool = False,
+                          max_examples_per_user: int | None = None) -> float:
     """Largest q in (0, 1] (to relative ``tol``) whose ledger spends ≤ target.
 
     Multiply by the dataset size and round *down* to get a batch size. Raises if even
@@ -289,7 +290,8 @@ def calibrate_sample_rate(*, target_epsilon: float, delta: float, noise_multipli
     def eps(q: float) -> float:
         return _homogeneous_epsilon(sample_rate=q, noise_multiplier=noise_multiplier,
                                     steps=steps, sampling=sampling, dataset_size=dataset_size,
-                                    delta=delta, accountant=accountant)
+                                    delta=delta, accountant=accountant,
+                                    max_examples_per_user=max_examples_per_user)
 
     if eps(1.0) <= target_epsilon:
         return 1.0
@@ -309,7 +311,8 @@ def calibrate_sample_rate(*, target_epsilon: float, delta: float, noise_multipli
 def calibrate_steps(*, target_epsilon: float, delta: float, noise_multiplier: float,
                     sample_rate: float, accountant: str = "rdp",
                     sampling: Sampling = Sampling.POISSON, dataset_size: int | None = None,
-                    max_steps: int = 10 ** 8, approximate: bool = False) -> int:
+                    max_steps: int = 10 ** 8, approximate: bool = False,
+                    max_examples_per_user: int | None = None) -> int:
     """Largest number of steps whose ledger spends ≤ target (exact integer bisection).
 
     ``approximate`` as in :func:`calibrate_noise_multiplier`.
@@ -321,7 +324,9 @@ def calibrate_steps(*, target_epsilon: float, delta: float, noise_multiplier: fl
     def ok(steps: int) -> bool:
         return _homogeneous_epsilon(sample_rate=sample_rate, noise_multiplier=noise_multiplier,
                                     steps=steps, sampling=sampling, dataset_size=dataset_size,
-                                    delta=delta, accountant=accountant) <= target_epsilon
+                                    delta=delta, accountant=accountant,
+                                    max_examples_per_user=max_examples_per_user
+                                    ) <= target_epsilon
 
     require(ok(1), "target_epsilon", target_epsilon, "reachable by a single step",
             "One step already overspends: raise the noise multiplier or the target ε, or lower "

@@ -10,7 +10,17 @@ C): dp_accounting's ``MixtureOfGaussiansDpEvent`` (Charles et al.'s tight accoun
 its PLD accountant composes.
 
 RDP has no accountant for that event in dp_accounting 0.6, so dpfy's RDP column for ELS is a
-bound derived here (:func:`els_rdp_dominating_pair`), never the mixture itself:
+bound derived here, never the mixture itself: at every order α, the smaller of two Rényi
+divergences that each bound one ELS step's.
+
+(a) A composition (:func:`els_rdp_composition`). Split the step's noise N(0, σ²C²) into k
+  independent parts N(0, σ²C²/k). The user's contribution Σ_i b_i v_i (b_i ~ Bernoulli(q)
+  independent, ‖v_i‖ ≤ C) plus the noise is the sum of the k releases b_i v_i + N(0, σ²C²/k),
+  each a Poisson-subsampled Gaussian with sensitivity C and noise multiplier σ/√k, and the
+  rest of the batch's sum does not depend on the user. So one ELS step is post-processing of
+  k composed subsampled Gaussians (q, σ/√k): its RDP is at most k times theirs.
+
+(b) A dominating pair (:func:`els_rdp_dominating_pair`):
 
   Write p = 1 − (1 − q)^k (the user takes part at all). The mixture is (1 − p)·N(0, σ²) +
   p·M with M = Σ_{j≥1} (w_j / p)·N(z_j, σ²), ‖z_j‖ ≤ j ≤ k. The hockey-stick divergence
@@ -30,7 +40,7 @@ import math
 
 from dp_accounting import dp_event
 
-__all__ = ["binomial_weights", "els_dp_event", "els_rdp_dominating_pair"]
+__all__ = ["binomial_weights", "els_dp_event", "els_rdp_dominating_pair", "els_rdp_composition"]
 
 
 def binomial_weights(k: int, q: float) -> list[float]:
@@ -47,6 +57,14 @@ def els_dp_event(sample_rate: float, noise_multiplier: float,
     return dp_event.MixtureOfGaussiansDpEvent(
         standard_deviation=noise_multiplier, sensitivities=[float(j) for j in range(k + 1)],
         sampling_probs=binomial_weights(k, sample_rate))
+
+
+def els_rdp_composition(sample_rate: float, noise_multiplier: float,
+                        max_examples_per_user: int) -> tuple[int, float, float]:
+    """(count, rate, noise multiplier) of the composition that bounds one ELS step (module
+    docstring, (a)): k subsampled Gaussians at rate q and σ/√k."""
+    k = max_examples_per_user
+    return k, sample_rate, noise_multiplier / math.sqrt(k)
 
 
 def els_rdp_dominating_pair(sample_rate: float, noise_multiplier: float,

@@ -5,8 +5,9 @@ atom's curve is computed once (cached) and scaled by its count. (ε, δ) comes f
 conversion (Balle et al. 2020 / Asoodeh et al. 2020 form, Proposition 12 of Canonne, Kamath &
 Steinke), minimised over the orders.
 
-ELS steps (user level) are charged the Poisson-subsampled Gaussian that dominates them, at
-rate 1 − (1 − q)^k and noise multiplier σ/k (:mod:`dpfy.privacy.mixture`): an upper bound,
+ELS steps (user level) are charged, order by order, the smaller of two RDP bounds
+(:mod:`dpfy.privacy.mixture`): k composed subsampled Gaussians at rate q and σ/√k, and the
+subsampled Gaussian at rate 1 − (1 − q)^k and σ/k that dominates the step. An upper bound,
 looser than the PLD's exact mixture.
 
 References: Mironov 2017; Wang, Balle & Kasiviswanathan 2019 (sampling without replacement);
@@ -23,7 +24,7 @@ import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant as _rdp
 
 from dpfy.privacy.canonical import MIXTURE, POISSON, WITHOUT_REPLACEMENT, Atom, CanonicalForm
-from dpfy.privacy.mixture import els_rdp_dominating_pair
+from dpfy.privacy.mixture import els_rdp_composition, els_rdp_dominating_pair
 
 __all__ = ["ORDERS", "rdp_curve", "epsilon", "delta"]
 
@@ -61,10 +62,13 @@ def rdp_curve(form: CanonicalForm) -> np.ndarray:
     """Σ over atoms of count · ε_α(atom), one value per order in :data:`ORDERS`."""
     total = np.zeros_like(ORDERS)
     for a in form.atoms:
-        if a.kind == MIXTURE:   # an ELS step: the dominating subsampled Gaussian (a bound)
-            rate, sigma = els_rdp_dominating_pair(a.sample_rate, a.noise_multiplier,
-                                                  int(a.max_examples_per_user))  # type: ignore
-            total = total + a.count * _atom_rdp(POISSON, rate, sigma, None)
+        if a.kind == MIXTURE:   # an ELS step: the smaller of two bounds at each order
+            k = int(a.max_examples_per_user)  # type: ignore[arg-type]
+            rate, sigma = els_rdp_dominating_pair(a.sample_rate, a.noise_multiplier, k)
+            parts, q, sigma_part = els_rdp_composition(a.sample_rate, a.noise_multiplier, k)
+            bound = np.minimum(_atom_rdp(POISSON, rate, sigma, None),
+                               parts * _atom_rdp(POISSON, q, sigma_part, None))
+            total = total + a.count * bound
             continue
         total = total + a.count * _atom_rdp(a.kind, a.sample_rate, a.noise_multiplier,
                                             a.dataset_size)

@@ -91,5 +91,6 @@ def planned_ledger(method: PlannedMethod, facts: RunFacts, *, noise_multiplier: 
     for t in range(steps):
         plan = method.plan(state, base_plan(facts, t, noise_multiplier, clip))
         ledger.record_step(sampling=facts.sampling, sample_rate=facts.sample_rate,
+                           max_examples_per_user=facts.max_examples_per_user,
                            releases=step_releases(plan, method.releases(state, plan)))
     return ledger

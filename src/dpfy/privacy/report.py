@@ -83,8 +83,8 @@ SAMPLING_TEXT = {
                    "2024): every user kept at most k examples (the ledger records k), each "
                    "example joined each step independently with probability q and was clipped "
                    "alone. Accounted at the user level: a user's examples enter a step "
-                   "Binomial(k, q) times, a mixture of Gaussians (PLD exact; RDP a dominating "
-                   "bound)."),
+                   "Binomial(k, q) times, a mixture of Gaussians (PLD: the mixture; RDP: an "
+                   "upper bound on it)."),
 }
 
 

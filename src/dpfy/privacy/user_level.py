@@ -74,11 +74,12 @@ def user_level_section(ledger: Ledger, *, delta: float, accountant: str, num_use
         lines += [f"- **Accounting (ELS):** a user's k = {k} examples enter each step "
                   f"Binomial(k, q) times, so every step is a mixture of Gaussians with "
                   f"sensitivities 0..k·C (PLD: dp_accounting's MixtureOfGaussiansDpEvent; "
-                  f"RDP: the subsampled Gaussian at rate 1 − (1 − q)^k and σ/k that dominates "
-                  f"it, an upper bound looser than the mixture).",
+                  f"RDP: an upper bound, order by order the smaller of k composed subsampled "
+                  f"Gaussians at σ/√k and the subsampled Gaussian at rate 1 − (1 − q)^k and "
+                  f"σ/k, both of which bound the mixture).",
                   f"- **User-level ε** ({accountant.upper()}"
                   + (", the mixture: tight" if accountant == "pld" else
-                     ", the dominating bound: loose; PLD accounts the mixture itself")
+                     ", an upper bound: looser; PLD accounts the mixture itself")
                   + f"): ({eps_user:.4g}, {delta:.3g}).",
                   f"- **Group privacy instead** (the same steps per example: ({eps_ex:.4g}, "
                   f"{delta:.3g}); for groups of k = {k}: (kε, k·e^{{kε}}·δ)): "

@@ -13,6 +13,8 @@ with row weights w_{u(i)}; the report states the unit (:attr:`ExampleUnits.descr
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
 
 from dpfy._require import require
@@ -72,6 +74,12 @@ class UserUnits:
         self.order = torch.argsort(user_of, stable=True)   # examples grouped by user
         self.offsets = torch.cat([self.sizes.new_zeros(1), self.sizes.cumsum(0)])   # (U+1,)
         self.clip_per_user, self.reduction = clip_per_user, reduction
+
+    @property
+    def digest(self) -> str:
+        """A fingerprint of the grouping of examples into users (checkpoints only: a resumed
+        run must group the examples as the run it continues did)."""
+        return hashlib.sha256(self.user_of.numpy().astype("<i8").tobytes()).hexdigest()
 
     def units_of(self, indices: torch.Tensor | None) -> torch.Tensor | None:
         """(B,) each row's user, numbered 0..U'−1 within the batch (ULS); None under ELS,

@@ -139,10 +139,11 @@ class UserPoissonSampler(PoissonSampler):
         return parts
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "unit": self.units.name, "user_sampling": "uls"}
+        return {**super().state_dict(), "unit": self.units.name, "user_sampling": "uls",
+                "users": self.units.digest}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        _check_resume(state, "uls")
+        _check_resume(state, "uls", self.units)
         super().load_state_dict(state)
 
 
@@ -201,10 +202,10 @@ class UserCappedSampler(PoissonSampler):
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "unit": self.units.name, "user_sampling": "els",
-                "kept": self.kept}
+                "users": self.units.digest, "kept": self.kept}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        _check_resume(state, "els")
+        _check_resume(state, "els", self.units)
         kept = state.get("kept")
         require(kept is not None and torch.equal(kept, self.kept) or self.generator is None,
                 "the checkpoint's kept examples", "different",
@@ -215,14 +216,19 @@ class UserCappedSampler(PoissonSampler):
         super().load_state_dict(state)
 
 
-def _check_resume(state: dict[str, Any], user_sampling: str) -> None:
-    """Refuse a checkpoint of another unit of privacy or another user sampling."""
+def _check_resume(state: dict[str, Any], user_sampling: str, units: UserUnits) -> None:
+    """Refuse a checkpoint of another unit of privacy, another user sampling, or other users
+    (the ids changed between the run and its resumption: the accounting assumes they do not)."""
     got = (state.get("unit", "example"), state.get("user_sampling"))
     require(got == ("user", user_sampling), "the checkpoint's unit of privacy",
             f"{got[0]} ({got[1] or 'example-level sampling'})",
             f"user ({user_sampling}), the run being resumed",
             "A run resumes with the unit of privacy and the sampling it started with: pass the "
             "same user_ids / --user-ids, --user-sampling and --max-examples-per-user")
+    require(state.get("users") == units.digest, "the user ids", "changed since the checkpoint",
+            "the grouping of examples into users the run started with",
+            "User ids must not change during a run (its user-level accounting assumes they do "
+            "not): resume with the ids file the run started with, or start a new run")
 
 
 def make_user_sampler(loader: Any, user_ids: Any, *, user_sampling: str,

@@ -181,8 +181,8 @@ class PrivateStep:
         unit_of_row = self.sampler.units_of(self.cursor.indices)   # None: each row is a unit
         scale = None   # (U,) what a unit's gradient sum is multiplied by before clipping
         if unit_of_row is not None:
-            device = next(iter(self.params.values())).device if self.params else None
-            unit_of_row = unit_of_row.to(device)
+            if self.params:   # the engine's device (the ids are read on the CPU)
+                unit_of_row = unit_of_row.to(next(iter(self.params.values())).device)
             unit_scale = getattr(self.sampler.units, "unit_scale", None)   # absent: the sum
             scale = unit_scale(unit_of_row) if unit_scale is not None else None
         if method is not None and method.implements("transform"):

@@ -293,9 +293,13 @@ def _statement(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, pri
     sigma = private.noise_multiplier
     noise = (f"noise multiplier σ = {sigma:.4g}" if sigma is not None
              else f"noise multiplier σ_t from method '{cfg.method}'")
+    unit = ("" if cfg.user_ids is None else
+            f", user-level DP ({cfg.user_sampling.upper()}, "   # type: ignore[union-attr]
+            f"{private.optimizer.sampler.dataset_size} users; the unit of privacy is one user)")
+    batch = ("users" if cfg.user_sampling == "uls" else "batch")
     return (f"dpfy train: resolved config:\n{cfg.to_public_json()}\n"
-            f"dpfy train: DP-SGD on {data.name} (N = {data.num_train}), Poisson sampling with "
-            f"rate q = {private.sample_rate:.5g} (expected batch {cfg.batch_size}), "
+            f"dpfy train: DP-SGD on {data.name} (N = {data.num_train}){unit}, Poisson sampling "
+            f"with rate q = {private.sample_rate:.5g} (expected {batch} {cfg.batch_size}), "
             f"{private.total_steps} steps, {clip_description(cfg, private.optimizer.method)}, "
             f"{noise} ({budget}); "
             f"δ = {cfg.delta:.3g} "

@@ -30,6 +30,7 @@ class RunFacts:
     num_groups: int | None = None         # clipping groups (layers) of the model
     inner_optimizer: str | None = None    # class name of the torch optimizer make_private wraps
     inner_hyperparameters: Mapping[str, Any] | None = None   # its first param group, minus params
+    max_examples_per_user: int | None = None   # k of an ELS run (user-level), recorded per step
 
     def differences(self, other: "RunFacts") -> list[str]:
         """The facts that differ, as ``name: mine vs other`` strings."""
