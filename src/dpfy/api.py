@@ -47,6 +47,7 @@ from dpfy.privacy.accountants import RIGOROUS, check_accountant
 from dpfy.errors import PrivacyRefusal
 from dpfy.sampling import (USER_SAMPLINGS, CyclicPoissonSampler, DPDataLoader, PoissonSampler,
                            ShuffleSampler, make_sampler, make_user_sampler)
+from dpfy.sampling.microbatch import check_microbatch, make_microbatch_sampler
 from dpfy.step.distributed import current_collective, global_batch_notice, unwrap_model
 from dpfy.step.guard import EpsilonGuard
 from dpfy.step.individual import individualize
@@ -93,6 +94,7 @@ def make_private(
     bands: int | None = None,
     declare_row_wise: bool = False,
     module: nn.Module | None = None, data_loader: DataLoader | None = None,
+    microbatch_size: int | None = None,
 ) -> tuple[nn.Module, DPOptimizer, DPDataLoader]:
     """Make ``model``/``optimizer``/``loader`` differentially private (DP-SGD and variants).
 
@@ -117,7 +119,10 @@ def make_private(
         ``target_epsilon`` (``epsilon_cap``, unless given).
       max_grad_norm: C (flat, automatic); per layer: a float (split C/√K) or K floats;
         ``clipping="individual"``: one C_i per example.
-      clipping: ``"flat" | "per_layer" | "automatic" | "individual"`` (see ``dpfy.clipping``).
+      clipping: ``"flat" | "per_layer" | "automatic" | "individual" | "microbatch"`` (see
+        ``dpfy.clipping``). ``"microbatch"`` (with ``microbatch_size=k``) clips each
+        microbatch's *mean* gradient to C, at sensitivity 2C (Algorithm 3 of Ponomareva et al.
+        2023; ``dpfy.sampling.microbatch``); not the memory-only ``max_physical_batch_size``.
       route: how per-unit norms and sums are computed: ``"auto"`` (layer rules, vmap for
         other modules), ``"ghost"`` (layer rules only) or ``"vmap"`` (materialized).
       seed: None (default): sampling and noise come from a CSPRNG keyed by the operating
@@ -211,10 +216,15 @@ def make_private(
                       sample_rates=sample_rates, collective=collective, budgets=budgets,
                       individual=individual, clipping=clipping)
     _check_noise(noise, bands, collective=collective, budgets=budgets, individual=individual,
-                 sample_rates=sample_rates, user_ids=user_ids)
+                 sample_rates=sample_rates, user_ids=user_ids, microbatch_size=microbatch_size)
     sampling_seed, noise_seed = derive_seeds(seed) if seed is not None else (None, None)
     if seed is not None:
         warn_seed(seed)
+    clipping = check_microbatch(clipping, microbatch_size, poisson_sampling=poisson_sampling,
+                                others={"user_ids": user_ids, "sample_rates": sample_rates,
+                                        "method": method, "budgets": budgets,
+                                        "individual": individual, "data-parallel": collective,
+                                        "noise": None if noise == "gaussian" else noise})
     if max_physical_batch_size == "auto":
         max_physical_batch_size = plan_physical_batch(model, loader, memory_limit=memory_limit,
                                                       route=route)
@@ -226,7 +236,9 @@ def make_private(
     sampler: PoissonSampler | ShuffleSampler | CyclicPoissonSampler = (make_user_sampler(
         loader, user_ids, user_sampling=user_sampling,  # type: ignore[arg-type]
         max_examples_per_user=max_examples_per_user, user_reduction=user_reduction,
-        seed=sampling_seed) if user_ids is not None else make_sampler(
+        seed=sampling_seed) if user_ids is not None else make_microbatch_sampler(
+        loader, microbatch_size, seed=sampling_seed)  # type: ignore[arg-type]
+        if clipping == "microbatch" else make_sampler(
         loader, poisson_sampling=poisson_sampling and noise != "tree",
         sample_rates=sample_rates, seed=sampling_seed,
         shard=collective.shard if collective is not None else None,

@@ -12,6 +12,7 @@ flat           w_i = min(1, C/‖g_i‖)                        C
 per_layer      w_ik = min(1, C_k/‖g_ik‖) for layer k        √(Σ_k C_k²)
 automatic      w_i = C/(‖g_i‖ + γ)   (Bu et al. 2023)        C   (‖w_i g_i‖ < C)
 individual     w_i = min(1, C_i/‖g_i‖), C_i per example     max_i C_i
+microbatch     w_m = min(1, C/‖ḡ_m‖), ḡ_m a microbatch's mean  2C  (dpfy.sampling.microbatch)
 =============  ==========================================  ==========================
 
 References: Monir, Fauzan & Ghinita 2023, §3.2 and §4 (clipping variants, automatic
@@ -29,9 +30,9 @@ import torch
 from dpfy._require import require
 
 __all__ = ["total_norm", "ClippingPolicy", "FlatClipping", "PerLayerClipping", "AutomaticClipping",
-           "IndividualClipping", "CLIPPINGS", "make_clipping"]
+           "IndividualClipping", "MicrobatchClipping", "CLIPPINGS", "make_clipping"]
 
-CLIPPINGS = ("flat", "per_layer", "automatic", "individual")
+CLIPPINGS = ("flat", "per_layer", "automatic", "individual", "microbatch")
 
 SqNorms = dict[str, torch.Tensor]   # parameter name -> ‖∂ℓ_i/∂θ‖² (B,), sensitive
 Weights = dict[str, torch.Tensor]   # parameter name -> w_i (B,), sensitive
@@ -173,6 +174,21 @@ class IndividualClipping(ClippingPolicy):
         return {n: w for n in sq}
 
 
+@dataclass(frozen=True)
+class MicrobatchClipping(FlatClipping):
+    """Flat clipping of each microbatch's mean gradient (the step's unit), sensitivity 2C.
+
+    Under add-or-remove one example, the example can turn its microbatch's clipped mean from
+    one vector of norm <= C into another (Ponomareva et al. 2023, §5.6): Δ = 2C. The units are
+    the sampler's (:class:`dpfy.sampling.microbatch.MicrobatchSampler`).
+    """
+
+    name = "microbatch"
+
+    def sensitivity(self, clip):
+        return 2.0 * float(clip)
+
+
 def make_clipping(kind: str, max_grad_norm: float | Sequence[float],
                   layers: Sequence[Sequence[str]], *, dataset_size: int | None = None,
                   gamma: float = 0.01) -> ClippingPolicy:
@@ -198,4 +214,6 @@ def make_clipping(kind: str, max_grad_norm: float | Sequence[float],
             "Use clipping='per_layer' for one threshold per layer")
     if kind == "automatic":
         return AutomaticClipping(float(max_grad_norm), gamma)
+    if kind == "microbatch":
+        return MicrobatchClipping(float(max_grad_norm))
     return FlatClipping(float(max_grad_norm))

@@ -38,5 +38,5 @@ def test_image_model_on_vectors_says_what_to_use():
 
 def test_unknown_model_lists_names():
     with pytest.raises(ValueError, match=r"model must be one of \['groupnorm_cnn', 'logreg', "
-                                         r"'mlp', 'tanh_cnn'\], got model = 'resnet'"):
+                                         r"'mlp', 'scatter_linear', 'tanh_cnn'\], got model = 'resnet'"):
         build_model("resnet", input_shape=(1, 28, 28), num_classes=10)

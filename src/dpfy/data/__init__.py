@@ -12,6 +12,7 @@ from typing import Callable
 from dpfy._require import require
 from dpfy.data.fashion_mnist import load_fashion_mnist
 from dpfy.data.idx import read_idx
+from dpfy.data.scattering_features import load_fashion_mnist_scattering
 from dpfy.data.sklearn_sets import load_breast_cancer, load_digits
 from dpfy.data.splits import DataSplits
 
@@ -19,11 +20,12 @@ __all__ = ["DATASETS", "DataSplits", "load_dataset", "read_idx"]
 
 DATASETS: dict[str, Callable[..., DataSplits]] = {
     "fashion_mnist": load_fashion_mnist,
+    "fashion_mnist_scattering": load_fashion_mnist_scattering,   # Tramèr & Boneh's features
     "digits": lambda data_dir=None: load_digits(),
     "breast_cancer": lambda data_dir=None: load_breast_cancer(),
 }
 # Datasets that read from a directory (the others are bundled with a Python package).
-USES_DATA_DIR = frozenset({"fashion_mnist"})
+USES_DATA_DIR = frozenset({"fashion_mnist", "fashion_mnist_scattering"})
 
 
 def load_dataset(name: str, *, data_dir: str | Path | None = None) -> DataSplits:

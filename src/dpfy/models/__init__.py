@@ -14,6 +14,7 @@ from dpfy._require import require
 from dpfy.models.groupnorm_cnn import groupnorm_cnn
 from dpfy.models.logreg import logreg
 from dpfy.models.mlp import mlp
+from dpfy.models.scatter_linear import scatter_linear
 from dpfy.models.tanh_cnn import tanh_cnn
 
 __all__ = ["MODELS", "IMAGE_MODELS", "build_model"]
@@ -23,6 +24,7 @@ MODELS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
     "groupnorm_cnn": groupnorm_cnn,
     "mlp": mlp,
     "logreg": logreg,
+    "scatter_linear": scatter_linear,   # on --dataset fashion_mnist_scattering
 }
 # name -> smallest (H, W) the architecture accepts
 IMAGE_MODELS = {"tanh_cnn": 14, "groupnorm_cnn": 4}

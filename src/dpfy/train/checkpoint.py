@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -52,6 +52,7 @@ class Checkpoint:
     optimizer: dict[str, Any]
     metrics: list[dict[str, Any]]
     torch_rng: torch.Tensor
+    extra: dict[str, Any] = field(default_factory=dict)   # e.g. the parameter average's state
 
     def to_bytes(self) -> bytes:
         """The file's content: the checksum header line, then the torch-serialized state."""

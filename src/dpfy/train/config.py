@@ -99,7 +99,8 @@ class TrainConfig:
                                       "breast_cancer 113)")
     physical_batch_size: int | None = _f(None, "largest batch held in memory at once")
     clip: float = _f(0.1, "per-example gradient clipping norm C")
-    clipping: str = _f("flat", "clipping policy (see the engine): flat, per_layer, automatic")
+    clipping: str = _f("flat", "clipping policy (see the engine): flat, per_layer, automatic, "
+                               "microbatch (with --microbatch-size)")
     optimizer: str | None = _f(None, "sgd or adam; default: the method's own when --method "
                                      "names one (hyfree: sgd with momentum), else sgd")
     lr: float | None = _f(None, "learning rate; default: the method's own initial η when "
@@ -152,6 +153,14 @@ class TrainConfig:
                                "sampling; give --bands)")
     bands: int | None = _f(None, "BandMF's band count b, with --noise bandmf (b = 1 is DP-SGD); "
                                  "memory: b - 1 extra copies of the trainable parameters")
+    microbatch_size: int | None = _f(None, "with --clipping microbatch: k, the average rows of "
+                                           "a microbatch whose mean gradient is clipped to C "
+                                           "(sensitivity 2C; docs/guide/accuracy.md); not the "
+                                           "memory-only --physical-batch-size")
+    ema: float | None = _f(None, "parameter averaging: keep an exponential moving average of "
+                                 "the weights with decay β (e.g. 0.999; De et al. 2022), "
+                                 "evaluated and saved as model_ema.pt beside model.pt "
+                                 "(post-processing: no privacy cost)")
 
     def __post_init__(self) -> None:
         # Frozen: resolved once, so every reader sees a value.
@@ -218,6 +227,12 @@ class TrainConfig:
                 "Only declare a split public if it holds no private data")
         self._check_individual()
         self._check_users()
+        require((self.microbatch_size is not None) == (self.clipping == "microbatch"),
+                "microbatch_size", self.microbatch_size,
+                "given exactly with --clipping microbatch",
+                "Pass --clipping microbatch --microbatch-size K together")
+        require(self.ema is None or 0 < self.ema < 1, "ema", self.ema, "in (0, 1)",
+                "0.999 is De et al.'s value")
 
     def _check_users(self) -> None:
         """The user-level flags: all with --user-ids, ELS with its cap, no per-example budgets."""

@@ -16,11 +16,14 @@ from typing import Any
 
 from dpfy.train.rundir import write_atomic
 
-__all__ = ["MetricsLog", "COLUMNS"]
+__all__ = ["MetricsLog", "COLUMNS", "EMA_COLUMNS"]
 
 COLUMNS = ("epoch", "step", "epsilon", "noise_multiplier", "clip", "lr",
            "train_loss_nonprivate", "train_acc_nonprivate", "test_loss", "test_acc",
            "wall_time_s")
+# Present only in runs with parameter averaging (dpfy train --ema): the averaged model's
+# test metrics (dpfy.train.averaging).
+EMA_COLUMNS = ("test_loss_ema", "test_acc_ema")
 
 
 @dataclass
@@ -33,14 +36,15 @@ class MetricsLog:
         missing = set(COLUMNS) - set(row)
         if missing:
             raise KeyError(f"metrics row is missing {sorted(missing)}")
-        self.rows.append({k: row[k] for k in COLUMNS})
+        self.rows.append({k: row[k] for k in COLUMNS + EMA_COLUMNS if k in row})
 
     def last(self) -> dict[str, Any]:
         return self.rows[-1]
 
     def to_csv(self) -> str:
         buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+        extra = tuple(k for k in EMA_COLUMNS if self.rows and k in self.rows[0])
+        writer = csv.DictWriter(buf, fieldnames=COLUMNS + extra, lineterminator="\n")
         writer.writeheader()
         writer.writerows(self.rows)
         return buf.getvalue()

@@ -155,7 +155,8 @@ def make_private_run(cfg: TrainConfig, model: nn.Module, data: DataSplits) -> Pr
         max_physical_batch_size=cfg.physical_batch_size, accountant=cfg.accountant,
         noise=cfg.noise, bands=cfg.bands,
         # the per-example loss for a method whose specs probe losses (unused otherwise)
-        loss_fn=per_example_cross_entropy, **user_options(cfg))
+        loss_fn=per_example_cross_entropy, microbatch_size=cfg.microbatch_size,
+        **user_options(cfg))
     reads = private.optimizer.method is not None \
         and private.optimizer.method.implements("observe")
     require(not reads or cfg.public_validation == "test", "public_validation",

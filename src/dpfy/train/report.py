@@ -47,6 +47,10 @@ def clip_description(cfg: TrainConfig, method) -> str:
             return f"clipping by method '{name}' (--clip not used)"
         if "clip" in m.sets:
             return f"clip C_t set by method '{name}' ({cfg.clipping} clipping)"
+    if cfg.clipping == "microbatch" and (cfg.microbatch_size or 1) > 1:
+        return (f"clip {cfg.clip:g}, microbatch clipping (the mean gradient of each microbatch "
+                f"of {cfg.microbatch_size} rows on average is clipped; sensitivity "
+                f"2C = {2 * cfg.clip:g}, the noise is σ·2C)")
     return f"clip {cfg.clip:g}, {cfg.clipping} clipping"
 
 

@@ -42,6 +42,7 @@ from dpfy.privacy.individual import load_budgets, random_budgets
 from dpfy.train.checkpoint import Checkpoint, load_latest
 from dpfy.train.config import RESUME_IGNORED, SEED_WARNING, TrainConfig, parse_floats, resolve
 from dpfy.train.epoch import run_epoch
+from dpfy.train.averaging import ParameterAverage, averaging_section
 from dpfy.train.evaluate import evaluate
 from dpfy.train.metrics import MetricsLog
 from dpfy.train.plots import plot_accuracy
@@ -194,6 +195,7 @@ def _run(cfg: TrainConfig, notes: dict[str, Any], run: RunDir, data: DataSplits,
                    else make_private_run(cfg, model, data))
     metrics = MetricsLog()
     start_epoch, elapsed = 0, 0.0
+    average = ParameterAverage(private.model, cfg.ema) if cfg.ema is not None else None
     if ckpt is None:
         write_atomic(run.staging / "config.json", cfg.to_public_json() + "\n")
         echo(_statement(cfg, notes, data, private))
@@ -201,6 +203,8 @@ def _run(cfg: TrainConfig, notes: dict[str, Any], run: RunDir, data: DataSplits,
         private.model.load_state_dict(ckpt.model)
         private.optimizer.load_state_dict(ckpt.optimizer)
         torch.set_rng_state(ckpt.torch_rng)
+        if average is not None:
+            average.load_state_dict(ckpt.extra["ema"])
         metrics = MetricsLog(list(ckpt.metrics))
         start_epoch = ckpt.epoch
         elapsed = metrics.last()["wall_time_s"] if metrics.rows else 0.0
@@ -211,8 +215,15 @@ def _run(cfg: TrainConfig, notes: dict[str, Any], run: RunDir, data: DataSplits,
     bar = progress_bar(private.total_steps, private.optimizer.step_count, progress)
     try:
         for epoch in range(start_epoch, cfg.epochs):
-            stats = run_epoch(private, bar=bar, delta=cfg.delta)
+            stats = run_epoch(private, bar=bar, delta=cfg.delta,
+                              on_step=None if average is None else
+                              lambda opt: average.update(private.model) if opt.updated else None)
             test_loss, test_acc = evaluate(private.model, data.test)
+            ema_metrics = {}
+            if average is not None:
+                with average.swapped_in(private.model) as averaged:
+                    ema_metrics = dict(zip(("test_loss_ema", "test_acc_ema"),
+                                           evaluate(averaged, data.test)))
             if cfg.public_validation == "test" and private.optimizer.method is not None \
                     and private.optimizer.method.implements("observe"):
                 private.optimizer.observe(val_metric=test_acc)  # declared public by the user
@@ -223,19 +234,21 @@ def _run(cfg: TrainConfig, notes: dict[str, Any], run: RunDir, data: DataSplits,
                            clip=info.get("clip"), lr=_lr(private.optimizer, info),
                            train_loss_nonprivate=stats.loss, train_acc_nonprivate=stats.acc,
                            test_loss=test_loss, test_acc=test_acc,
-                           wall_time_s=round(time.monotonic() - t0, 2))
+                           wall_time_s=round(time.monotonic() - t0, 2), **ema_metrics)
             if bar is not None:
                 bar.set_postfix_str(f"ε={eps:.3f} test_acc={100 * test_acc:.2f}%")
             metrics.write(run.staging)
             Checkpoint(config=cfg.to_dict(), notes=notes, epoch=epoch + 1,
                        model=private.model.state_dict(),
                        optimizer=private.optimizer.state_dict(), metrics=metrics.rows,
-                       torch_rng=torch.get_rng_state()).save(
+                       torch_rng=torch.get_rng_state(),
+                       extra={} if average is None else {"ema": average.state_dict()}).save(
                 run.checkpoint, previous=run.previous_checkpoint)
     finally:
         if bar is not None:
             bar.close()
-    return _finish(cfg, notes, run, data, private, metrics, time.monotonic() - t0, echo)
+    return _finish(cfg, notes, run, data, private, metrics, time.monotonic() - t0, echo,
+                   average)
 
 
 def _individual_run(cfg: TrainConfig, model: nn.Module, data: DataSplits):
@@ -301,15 +314,22 @@ def _statement(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, pri
 
 
 def _finish(cfg: TrainConfig, notes: Mapping[str, Any], run: RunDir, data: DataSplits,
-            private, metrics: MetricsLog, wall: float, echo: Echo) -> TrainResult:
+            private, metrics: MetricsLog, wall: float, echo: Echo,
+            average: ParameterAverage | None = None) -> TrainResult:
     staging = run.staging
     buf = io.BytesIO()
     torch.save(private.model.state_dict(), buf)
     write_atomic(staging / "model.pt", buf.getvalue())
+    if average is not None:   # post-processing of the released iterates: the same ε
+        buf = io.BytesIO()
+        torch.save(average.state_dict_of(private.model), buf)
+        write_atomic(staging / "model_ema.pt", buf.getvalue())
+        sections = [averaging_section(cfg, metrics.last())]
+    else:
+        sections = []
     write_atomic(staging / "ledger.json", private.optimizer.ledger.to_json(indent=1) + "\n")
     plot_accuracy(metrics.rows, staging / "accuracy.png", title=data.name)
     groups = private.optimizer.groups
-    sections = []
     if groups is not None:   # individualized budgets: per-group table and ε over steps
         sections.append(groups.report_section(delta=cfg.delta, accountant=cfg.accountant))
         groups.plot(staging / "group_epsilon.png", delta=cfg.delta, accountant=cfg.accountant)
@@ -317,6 +337,8 @@ def _finish(cfg: TrainConfig, notes: Mapping[str, Any], run: RunDir, data: DataS
     summary = {"epsilon": eps, "delta": cfg.delta, "accountant": cfg.accountant,
                "test_acc": metrics.last()["test_acc"], "epochs": cfg.epochs,
                "steps": private.optimizer.step_count, "wall_time_s": round(wall, 2)}
+    if average is not None:
+        summary.update(test_acc_ema=metrics.last()["test_acc_ema"], ema=cfg.ema)
     # summary.json last: it marks the staging directory complete (RunDir.is_complete), so a
     # kill from here on leaves a run that --resume only renames.
     write_atomic(staging / COMPLETE_MARKER, json.dumps(summary, indent=2) + "\n")
@@ -324,6 +346,9 @@ def _finish(cfg: TrainConfig, notes: Mapping[str, Any], run: RunDir, data: DataS
     echo(f"dpfy train: test accuracy {100 * summary['test_acc']:.2f}% at ε = {eps:.3f}, "
          f"δ = {cfg.delta:.3g} ({cfg.accountant.upper()}) after {summary['steps']} steps, "
          f"{wall:.0f} s")
+    if average is not None:
+        echo(f"dpfy train: parameter average (EMA, β = {cfg.ema:g}, model_ema.pt): test "
+             f"accuracy {100 * summary['test_acc_ema']:.2f}%")
     if groups is not None:
         echo(_group_lines(cfg, private))
     echo(f"dpfy train: privacy report: {out / 'privacy_report.md'}")
