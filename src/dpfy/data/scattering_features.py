@@ -36,7 +36,7 @@ def cache_dir() -> Path:
 def scattering_features(images: torch.Tensor, *, J: int = 2, L: int = 8,
                         chunk: int = 512) -> torch.Tensor:
     """(N, C, H, W) images -> (N, C·K, H/2^J, W/2^J) scattering coefficients, float32."""
-    transform = Scattering2D(tuple(images.shape[-2:]), J=J, L=L)
+    transform = Scattering2D((int(images.shape[-2]), int(images.shape[-1])), J=J, L=L)
     return torch.cat([transform(images[i:i + chunk]) for i in range(0, len(images), chunk)])
 
 

@@ -100,6 +100,8 @@ class Scattering2D(nn.Module):
       J: number of scales (2 for 28×28 images, as Tramèr & Boneh). L: orientations (8).
     """
 
+    psi: torch.Tensor   # (J·L, M, N) wavelet filters in Fourier space, a buffer
+
     def __init__(self, shape: tuple[int, int], J: int = 2, L: int = 8) -> None:
         super().__init__()
         H, W = shape
@@ -138,8 +140,9 @@ class Scattering2D(nn.Module):
                               (left, self.pad_w - left, top, self.pad_h - top),
                               mode="reflect")[:, 0]                        # (BC, M, N)
         xf = torch.fft.fft2(x.to(self.psi.dtype))
-        out = [self._lowpass(xf, 0)]
-        first, second = [], []
+        zeroth = self._lowpass(xf, 0)
+        first: list[torch.Tensor] = []
+        second: list[torch.Tensor] = []
         L, J = self.L, self.J
         for j1 in range(J):
             u1f = _subsample(xf[:, None] * self.psi[j1 * L:(j1 + 1) * L], 2 ** j1)  # (BC, L, ..)
@@ -150,7 +153,7 @@ class Scattering2D(nn.Module):
                 u2f = _subsample(u1f[:, :, None] * psi2, 2 ** (j2 - j1))     # (BC, L, L, ..)
                 u2f = torch.fft.fft2(torch.fft.ifft2(u2f).abs())
                 second.append(self._lowpass(u2f, j2).flatten(1, 2))
-        out = torch.cat([out[0][:, None], *first, *second], dim=1)         # (BC, K, h, w)
+        out = torch.cat([zeroth[:, None], *first, *second], dim=1)         # (BC, K, h, w)
         return out.reshape(B, C * self.channels, *out.shape[-2:])
 
 

@@ -40,12 +40,13 @@ from dpfy.errors import PrivacyRefusal
 from dpfy.noise import secure_uniform
 from dpfy.sampling.admit import _check_loader
 from dpfy.sampling.poisson import PoissonSampler
+from dpfy.sampling.units import ExampleUnits
 
 __all__ = ["MicrobatchUnits", "MicrobatchSampler", "check_microbatch",
            "make_microbatch_sampler"]
 
 
-class MicrobatchUnits:
+class MicrobatchUnits(ExampleUnits):
     """The unit clipped is a microbatch: the rows of one step that drew the same microbatch.
 
     The unit of *privacy* stays one example (adjacency: add or remove one example); the unit
@@ -67,6 +68,7 @@ class MicrobatchUnits:
         """(B,) each row's microbatch, numbered 0..U'−1 within the physical batch."""
         require(indices is not None, "the batch's dataset indices", None, "known",
                 "Iterate the loader make_private returned")
+        assert indices is not None   # for the type checker: require refused None
         bins = self.microbatch_of[indices.cpu()]
         require(bool((bins >= 0).all()), "the batch's rows", "not drawn in this step",
                 "rows of the current logical batch", "Iterate the loader make_private returned")
@@ -100,7 +102,8 @@ class MicrobatchSampler(PoissonSampler):
         self.expected_batch = self.sample_rate * dataset_size          # b, public
         self.num_microbatches = max(1, round(self.expected_batch / microbatch_size))  # M
         self.normalizer = float(self.num_microbatches)
-        self.units = MicrobatchUnits(dataset_size)                     # type: ignore[assignment]
+        self.partition = MicrobatchUnits(dataset_size)   # which microbatch each row drew
+        self.units = self.partition                      # the unit of privacy's seam
 
     @property
     def steps_per_epoch(self) -> int:
@@ -115,8 +118,8 @@ class MicrobatchSampler(PoissonSampler):
              torch.rand(len(idx), generator=self.generator, dtype=torch.float64))
         bins = torch.clamp((u * m).long(), max=m - 1)                   # (B,) uniform on 0..M−1
         order = torch.argsort(bins, stable=True)
-        self.units.microbatch_of.fill_(-1)
-        self.units.microbatch_of[idx] = bins
+        self.partition.microbatch_of.fill_(-1)
+        self.partition.microbatch_of[idx] = bins
         return idx[order]
 
     def physical_batches(self, idx: torch.Tensor, physical: int | None) -> list[torch.Tensor]:
@@ -124,7 +127,7 @@ class MicrobatchSampler(PoissonSampler):
         microbatch's rows are averaged and clipped together, in one physical batch)."""
         if not physical or len(idx) <= physical:
             return [idx]
-        counts = torch.unique_consecutive(self.units.microbatch_of[idx],
+        counts = torch.unique_consecutive(self.partition.microbatch_of[idx],
                                           return_counts=True)[1].tolist()
         parts, begin, end = [], 0, 0
         for c in counts:
