@@ -334,7 +334,6 @@ class Capture:
         probe = self._probing
         assert probe is not None  # _record runs in a probe's forward only
         rows = probe.rows
-        values = isinstance(probe, RowProbe)
         calls = [] if isinstance(probe, RowProbe) else probe.shapes.setdefault(id(unit), [])
         if unit.rule is None:
             if isinstance(probe, RowProbe):
