@@ -207,6 +207,7 @@ def make_private(
     if isinstance(loader, DPDataLoader):   # re-privatizing: a fresh sampler over its data
         loader = loader.original
     user_model, model = _admit(model, optimizer, loader)
+    assert optimizer is not None  # _admit refused anything but an Optimizer
     collective = current_collective()  # data-parallel ranks (dpfy.step.distributed), or None
     _check_arguments(noise_multiplier=noise_multiplier, target_epsilon=target_epsilon,
                      method=method, budgets=budgets, accountant=accountant, max_steps=max_steps)
@@ -307,10 +308,13 @@ def make_private(
                                                     if k != "params"},
                              max_examples_per_user=sampler.max_examples_per_user)
             method = calibrate_for_run(method, facts)
-            if max_steps is None and getattr(method, "total_steps", None):
-                max_steps = int(method.total_steps)
+            method_steps = getattr(method, "total_steps", None)
+            if max_steps is None and method_steps:
+                max_steps = int(method_steps)
         if target_epsilon is not None and not (method is not None
                                                and "noise_multiplier" in method.sets):
+            # _horizon required δ and the run's length with a target ε
+            assert target_delta is not None and max_steps is not None
             noise_multiplier = calibrate_noise_multiplier(
                 target_epsilon=target_epsilon, delta=target_delta, sample_rate=q,
                 steps=max_steps, accountant=accountant, sampling=sampler.sampling,
@@ -397,6 +401,7 @@ def _mechanism(noise: str, source: NoiseSource, *, sampler: Any,
     require(noise_multiplier is not None and noise_multiplier > 0, "noise_multiplier",
             noise_multiplier, f"> 0 with noise={noise!r}",
             "Pass noise_multiplier=σ or target_epsilon= (correlated noise cannot be turned off)")
+    assert noise_multiplier is not None  # the require above refused None
     if noise == "tree":
         return TreeMechanism(source, period=sampler.steps_per_epoch,
                              noise_multiplier=noise_multiplier, sample_rate=sampler.sample_rate,
@@ -414,7 +419,7 @@ def _alias(name: str, value: Any, opacus_name: str, opacus_value: Any) -> Any:
     return value if value is not None else opacus_value
 
 
-def _admit(model: nn.Module, optimizer: torch.optim.Optimizer,
+def _admit(model: nn.Module, optimizer: torch.optim.Optimizer | None,
            loader: DataLoader) -> tuple[nn.Module, nn.Module]:
     """Check the three objects' types; the user's model and the one to hook (unwrapped)."""
     require(isinstance(model, nn.Module), "model", type(model).__name__, "an nn.Module")
@@ -549,6 +554,7 @@ def _resolve_method(method: "Method | str | Sequence[Method | str] | None") -> "
     require(isinstance(method, Method), "method", type(method).__name__,
             "a dpfy method, a registry name or a list of them",
             "Build one with dpfy.adaptive.make(name, ...); `dpfy methods` lists the names")
+    assert isinstance(method, Method)  # the require above refused others
     return method
 
 

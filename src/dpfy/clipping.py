@@ -22,8 +22,8 @@ clipping); Abadi et al. 2016 (flat); McMahan et al. 2018 (per-layer).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Sequence, cast
 
 import torch
 
@@ -39,7 +39,8 @@ Weights = dict[str, torch.Tensor]   # parameter name -> w_i (B,), sensitive
 
 
 def _total_norm(sq: SqNorms, names: Sequence[str]) -> torch.Tensor:
-    return torch.sqrt(sum(sq[n] for n in names))  # (B,) sensitive
+    # names is never empty, so sum() returns a tensor and never its start value 0
+    return torch.sqrt(cast(torch.Tensor, sum(sq[n] for n in names)))  # (B,) sensitive
 
 
 def total_norm(sq: SqNorms) -> torch.Tensor:
@@ -154,6 +155,7 @@ class IndividualClipping(ClippingPolicy):
     """Per-example thresholds C_i (individualized privacy); noise follows max_i C_i."""
 
     clips: torch.Tensor   # (N,) one threshold per dataset example, public
+    _max: float = field(init=False, repr=False, compare=False)   # Δ = max_i C_i, set below
     name = "individual"
 
     def __post_init__(self) -> None:
@@ -201,17 +203,20 @@ def make_clipping(kind: str, max_grad_norm: float | Sequence[float],
     scalar = isinstance(max_grad_norm, (int, float))
     if kind == "per_layer":
         k = len(layers)
-        clips = ([float(max_grad_norm) / math.sqrt(k)] * k if scalar
+        clips = ([float(max_grad_norm) / math.sqrt(k)] * k
+                 if isinstance(max_grad_norm, (int, float))
                  else [float(c) for c in max_grad_norm])
         return PerLayerClipping(tuple(tuple(g) for g in layers), tuple(clips))
     if kind == "individual":
-        clips = torch.as_tensor(max_grad_norm, dtype=torch.float64)
-        require(clips.ndim == 1 and dataset_size is not None and len(clips) == dataset_size,
-                "max_grad_norm", f"shape {tuple(clips.shape)}",
+        per_example = torch.as_tensor(max_grad_norm, dtype=torch.float64)
+        require(per_example.ndim == 1 and dataset_size is not None
+                and len(per_example) == dataset_size,
+                "max_grad_norm", f"shape {tuple(per_example.shape)}",
                 f"one threshold per example ({dataset_size})", "Pass a sequence of length N")
-        return IndividualClipping(clips)
+        return IndividualClipping(per_example)
     require(scalar, "max_grad_norm", max_grad_norm, f"a float for clipping={kind!r}",
             "Use clipping='per_layer' for one threshold per layer")
+    assert isinstance(max_grad_norm, (int, float))  # the require above refused a sequence
     if kind == "automatic":
         return AutomaticClipping(float(max_grad_norm), gamma)
     if kind == "microbatch":

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import torch
 
 from dpfy._require import require
 from dpfy.adaptive.base import Method
@@ -79,7 +80,7 @@ class PlannedSchedule(Method[None]):
         """σ_t: noise std divided by the clip C_t at 0-based ``step``."""
         raise NotImplementedError
 
-    def clip(self, step: int, base_clip: float) -> float:
+    def clip(self, step: int, base_clip: float | torch.Tensor) -> float | torch.Tensor:
         """C_t at ``step``; the default keeps the run's ``max_grad_norm``."""
         return base_clip
 
@@ -89,6 +90,7 @@ class PlannedSchedule(Method[None]):
         require(self.total_steps is not None, f"method {self.registry_name!r}", "uncalibrated",
                 "calibrated for the run (its total_steps known)",
                 "Pass it to make_private(method=...), which calibrates it for the run's facts")
+        assert self.total_steps is not None  # the require above refused None
         return int(self.total_steps)
 
     def check_step(self, step: int) -> None:

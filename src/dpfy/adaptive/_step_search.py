@@ -146,6 +146,7 @@ class StepSearch(Method[SearchState]):
                     "torch.optim.SGD(params, lr=...) (dpfy train: --momentum 0)")
         lr = hyper.get("lr")
         require(isinstance(lr, (int, float)) and lr > 0, "optimizer lr", lr, "a number > 0")
+        assert isinstance(lr, (int, float))  # the require above refused others
         out = replace(self, base_lr=float(lr))
         if facts.target_epsilon is not None:
             require(facts.delta is not None and facts.steps is not None, "target_delta and steps",
@@ -162,6 +163,7 @@ class StepSearch(Method[SearchState]):
                          base_lr=self.base_lr or 1.0)   # the ledger does not depend on lr
         state = SearchState(reductions=self.max_reductions)
         ledger = Ledger(dataset_size=facts.dataset_size)
+        assert facts.steps is not None  # a worst case needs the run's horizon
         for t in range(facts.steps):
             plan = method.plan(state, base_plan(facts, t, base_noise, 1.0))
             ledger.record_step(sampling=facts.sampling, sample_rate=facts.sample_rate,
@@ -173,6 +175,8 @@ class StepSearch(Method[SearchState]):
         """σ_0 whose worst-case ledger spends the target: each of its steps is one Gaussian at
         σ_eff with 1/σ_eff² = 1/σ_min² + k/σ_l² = ((1 + γ)^L + k/ratio²)/σ_0², so σ_0 is the
         plain calibration's σ_eff times sqrt((1 + γ)^L + k/ratio²)."""
+        assert facts.target_epsilon is not None and facts.delta is not None  # calibrate checked
+        assert facts.steps is not None  # calibrate checked
         sigma_eff = calibrate_noise_multiplier(
             target_epsilon=facts.target_epsilon, delta=facts.delta, sample_rate=facts.sample_rate,
             steps=facts.steps, accountant=facts.accountant, sampling=facts.sampling,
@@ -200,6 +204,7 @@ class StepSearch(Method[SearchState]):
 
     def releases(self, state: SearchState, plan: StepPlan) -> Mapping[str, ReleaseSpec]:
         sigma_l = self.probe_noise_ratio * plan.noise_multiplier / self._factor(state)
+        assert self.base_lr is not None  # init refused an uncalibrated method
         return {name: ReleaseSpec(sensitivity=self.loss_clip, noise_std=sigma_l * self.loss_clip,
                                   kind="loss", offsets=functools.partial(_along, self.base_lr * m),
                                   label=_probe_label(m))

@@ -128,11 +128,13 @@ class AdaClip(Method[AdaClipState]):
         c0 = self.initial_clip if self.initial_clip is not None else facts.max_grad_norm
         require(c0 is not None, "initial_clip", None, "given or the run's max_grad_norm",
                 "Pass initial_clip= (the first step's flat clip)")
+        assert c0 is not None  # the require above refused None
         return bind_facts(replace(self, initial_clip=float(c0)), facts)
 
     def _c0(self) -> float:
         require(self.initial_clip is not None, "initial_clip", None, "set",
                 "Pass the method to make_private (it uses max_grad_norm) or give initial_clip=")
+        assert self.initial_clip is not None  # the require above refused None
         return float(self.initial_clip)
 
     def init(self) -> AdaClipState:

@@ -119,19 +119,23 @@ class ADADP(Method[ADADPState]):
                     "--weight-decay, or give 0)")
         lr = hyper.get("lr")
         require(isinstance(lr, (int, float)) and lr > 0, "optimizer lr", lr, "a number > 0")
+        assert isinstance(lr, (int, float))  # the require above refused others
         return bind_facts(replace(self, base_lr=float(lr)), facts)
 
     def init(self) -> ADADPState:
         require(self.base_lr is not None, "method 'adadp'", "uncalibrated",
                 "calibrated for the run", "Pass it to make_private(method=...)")
+        assert self.base_lr is not None  # the require above refused None
         return ADADPState(lr=self.initial_lr if self.initial_lr is not None else self.base_lr)
 
     def plan(self, state: ADADPState, plan: StepPlan) -> StepPlan:
+        assert self.base_lr is not None  # init refused an uncalibrated method
         return replace(plan, lr_scale=state.lr / 2 / self.base_lr)   # both half steps: η/2
 
     def _gap(self, state: ADADPState, second: Vector) -> tuple[dict, dict]:
         """θ_full and θ_full − θ̂ = (η/2)(G_2 − G_1) from step A's record and G_2."""
         half, g1, h = state.half_point, state.first_gradient, state.lr / 2
+        assert half is not None and g1 is not None  # step A recorded both
         full = {n: half[n] - h * g1[n] for n in half}
         return full, {n: h * (second[n].to(g1[n]) - g1[n]) for n in g1}
 

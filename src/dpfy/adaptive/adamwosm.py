@@ -78,12 +78,14 @@ class AdamWOSM(Method[None]):
                     "Its first moment lives in SGD's momentum buffer: build "
                     "torch.optim.SGD(params, lr=ρ₀, momentum=beta1) (dpfy train: --optimizer "
                     "sgd --momentum 0.9 --weight-decay 0)")
+        assert facts.normalizer is not None  # the require above refused None
         return bind_facts(replace(self, normalizer=float(facts.normalizer)), facts)
 
     def second_moment_limit(self, plan: StepPlan) -> float:
         """σ_t·C_t/b: the DP limit of √v (C_t: the gradient sum's L2 sensitivity)."""
         require(self.normalizer is not None, "normalizer", None, "set",
                 "Pass the method to make_private, which sets it from the batch size")
+        assert self.normalizer is not None  # the require above refused None
         clip = plan.clip
         c = float(clip) if isinstance(clip, (int, float)) else float(clip.square().sum().sqrt())
         return plan.noise_multiplier * c / self.normalizer

@@ -65,6 +65,7 @@ class ClipSchedule(Method[None]):
     def clip(self, step: int) -> float:
         t = step + self.offset
         if self.kind == "function":
+            assert self.fn is not None  # __post_init__ requires fn for kind 'function'
             c = float(self.fn(step))
             require(c > 0, "fn(step)", c, "> 0", f"The clip function returned {c} at step {step}")
             return c

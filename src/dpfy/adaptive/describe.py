@@ -81,6 +81,7 @@ def describe_releases(method: Method, facts: RunFacts | None = None, *,
     facts = facts if facts is not None else method.calibrated_for
     require(facts is not None, "facts", None, "given for an uncalibrated method",
             "Pass the run's facts (dpfy.types.RunFacts) or a method make_private calibrated")
+    assert facts is not None  # the require above refused None
     method = calibrate_for_run(method, facts)
     if noise_multiplier is None:
         sets_sigma = "noise_multiplier" in method.sets

@@ -41,6 +41,7 @@ import math
 from dataclasses import dataclass, replace
 
 import numpy as np
+import torch
 
 from dpfy._require import require
 from dpfy.adaptive._planned import PlannedSchedule, check_calibration, require_budget
@@ -111,6 +112,7 @@ class DynamicDPSGD(PlannedSchedule):
                 require(value == 1, name, value, f"1 (or unset) for preset {self.preset!r}",
                         f"Preset {self.preset!r} keeps it fixed; use preset 'dynamic' to set "
                         f"both ratios")
+        assert self.rho_mu is not None and self.rho_c is not None  # filled in just above
         require(self.rho_mu >= 1, "rho_mu", self.rho_mu, ">= 1",
                 "ρ_μ = μ_T/μ_0; the paper's grid is 1/ρ in {0.1, ..., 0.8}")
         require(self.rho_c >= 1, "rho_c", self.rho_c, ">= 1",
@@ -138,9 +140,11 @@ class DynamicDPSGD(PlannedSchedule):
         clip0 = self.clip0 if self.clip0 is not None else facts.max_grad_norm
         require(clip0 is not None, "max_grad_norm", None, "a float for method 'dynamic'",
                 "Pass one clip norm (C_0), or give clip0=")
+        assert clip0 is not None  # the require above refused None
         out = replace(self, total_steps=steps, clip0=float(clip0))
         if out.mu0 is None:
             require_budget(facts, "dynamic")
+            assert facts.target_epsilon is not None and facts.delta is not None  # require_budget
             out = replace(out, mu0=_solve(out, facts.target_epsilon, facts.delta,
                                           facts.sample_rate,
                                           self.calibration or facts.accountant))
@@ -150,6 +154,7 @@ class DynamicDPSGD(PlannedSchedule):
         require(self.mu0 is not None, "method 'dynamic'", "uncalibrated",
                 "calibrated for the run (μ_0 known)",
                 "Pass it to make_private(method=...), which solves μ_0, or give mu0=")
+        assert self.mu0 is not None  # the require above refused None
         return float(self.mu0)
 
     def fraction(self, step: int) -> float:
@@ -163,11 +168,13 @@ class DynamicDPSGD(PlannedSchedule):
 
     def mu(self, step: int) -> float:
         """μ_t = μ_0 ρ_μ^(t/T) (Eq. 11)."""
+        assert self.rho_mu is not None  # __post_init__ fills it
         return self._mu0() * self.rho_mu ** self.fraction(step)
 
-    def clip(self, step: int, base_clip: float = 1.0) -> float:
+    def clip(self, step: int, base_clip: float | torch.Tensor = 1.0) -> float:
         """C_t = C_0 ρ_c^(−t/T) (Eq. 14); ``base_clip`` is ignored (C_0 is the schedule's)."""
         c0 = self.clip0 if self.clip0 is not None else 1.0
+        assert self.rho_c is not None  # __post_init__ fills it
         return c0 * self.rho_c ** (-self.fraction(step))
 
     def sigma(self, step: int) -> float:
@@ -188,6 +195,7 @@ class DynamicDPSGD(PlannedSchedule):
 
     def mus(self) -> np.ndarray:
         """μ_t for every step, shape (T,)."""
+        assert self.rho_mu is not None  # __post_init__ fills it
         return self._mu0() * self.rho_mu ** self.fractions()
 
     def noise_multipliers(self) -> np.ndarray:
@@ -235,6 +243,7 @@ def _solve(shape: DynamicDPSGD, target_epsilon: float, delta: float, sample_rate
             "calibration")
     require(target_epsilon > 0, "target_epsilon", target_epsilon, "> 0")
     if calibration == "gdp":
+        assert shape.rho_mu is not None  # __post_init__ fills it
         mu_tot = gdp.mu_for_epsilon(target_epsilon, delta)                 # Eq. (1) inverted
         return solve_mu0(mu_tot, sample_rate=sample_rate, total_steps=shape.horizon(),
                          rho_mu=shape.rho_mu, stages=shape.stages)

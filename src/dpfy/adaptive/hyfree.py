@@ -233,9 +233,12 @@ class HyFreeDP(Method[HyFreeState]):
         require(facts.sampling == Sampling.POISSON, "sampling", facts.sampling,
                 "Poisson for method 'hyfree'", "Its accounting composes probes with the "
                 "gradient's Poisson-sampled step; use poisson_sampling=True")
+        assert facts.target_epsilon is not None and facts.delta is not None  # required above
+        assert facts.steps is not None  # the require above refused None
         base_lr = (facts.inner_hyperparameters or {}).get("lr")
         require(isinstance(base_lr, (int, float)) and base_lr > 0, "optimizer lr", base_lr,
                 "a number > 0", "HyFreeDP scales the wrapped optimizer's learning rate")
+        assert isinstance(base_lr, (int, float))  # the require above refused others
         sigma_g, sigma_l = hyfree_noise_split(
             target_epsilon=facts.target_epsilon, delta=facts.delta,
             sample_rate=facts.sample_rate, steps=facts.steps, probe_every=self.probe_every,
@@ -254,9 +257,11 @@ class HyFreeDP(Method[HyFreeState]):
     def init(self) -> HyFreeState:
         self._calibrated()
         lr = self.initial_lr if self.initial_lr is not None else self.base_lr
+        assert lr is not None  # calibrate sets base_lr with gradient_noise
         return HyFreeState(lr=float(lr), loss_clip=self.initial_loss_clip)
 
     def plan(self, state: HyFreeState, plan: StepPlan) -> StepPlan:
+        assert self.gradient_noise is not None and self.base_lr is not None  # init checked
         return replace(plan, noise_multiplier=self.gradient_noise, clip=1.0,
                        lr_scale=state.lr / self.base_lr)
 
@@ -270,6 +275,7 @@ class HyFreeDP(Method[HyFreeState]):
     def releases(self, state: HyFreeState, plan: StepPlan) -> Mapping[str, ReleaseSpec]:
         if not self._probe_round(plan.step):
             return {}
+        assert self.loss_noise is not None  # calibrate sets it with gradient_noise
         r_l, out = state.loss_clip, {}
         for name, sign in PROBES.items():
             offsets = ({} if state.direction is None or sign == 0.0 else
@@ -284,6 +290,7 @@ class HyFreeDP(Method[HyFreeState]):
         t, k = released.plan.step, self.probe_every
         if self._probe_round(t):
             state = self._after_probes(state, released)
+        assert self.base_lr is not None  # calibrate sets it with gradient_noise
         applied_lr = released.plan.lr_scale * self.base_lr
         params = released.parameters
         direction, anchor = state.direction, state.anchor

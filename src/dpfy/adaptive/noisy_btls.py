@@ -79,6 +79,7 @@ class NoisyBTLS(StepSearch):
     def choose(self, losses: Sequence[float], gradient_sq: float) -> int:
         """The first (largest) candidate with L̃_0 − L̃_j ≥ c·η_j·‖g̃‖², else 0 (no step)."""
         lr = self.base_lr
+        assert lr is not None  # init refused an uncalibrated method
         for j, m in enumerate(self.multipliers()[1:], start=1):
             if losses[0] - losses[j] >= self.armijo * lr * m * gradient_sq:
                 return j

@@ -98,21 +98,25 @@ class NormAdaptiveClipping(Method[NormAdaptiveState]):
         initial = self.initial_clip if self.initial_clip is not None else facts.max_grad_norm
         require(initial is not None, "initial_clip", None, "given when the run has no single "
                 "max_grad_norm", "Pass initial_clip=C_0")
+        assert initial is not None  # the require above refused None
         groups = 1
         if self.per_layer:
             require(facts.num_groups is not None and facts.num_groups >= 1,
                     "the number of clipping groups", facts.num_groups,
                     ">= 1 (known to make_private)")
+            assert facts.num_groups is not None  # the require above refused None
             groups = facts.num_groups
         return bind_facts(replace(self, initial_clip=float(initial), num_groups=groups), facts)
 
     def _k(self) -> int:
         require(self.num_groups is not None and self.initial_clip is not None, "num_groups",
                 None, "set", "Pass the method to make_private, which calibrates it")
+        assert self.num_groups is not None  # the require above refused None
         return int(self.num_groups)
 
     def init(self) -> NormAdaptiveState:
         k = self._k()
+        assert self.initial_clip is not None  # _k refused None
         return NormAdaptiveState(clip=(self.initial_clip / math.sqrt(k),) * k)
 
     def norm_noise_multiplier(self, sigma: float) -> float:

@@ -209,6 +209,7 @@ class OnlineSensitivity(Method[OSOState]):
         require(isinstance(lr, (int, float)) and lr > 0, "the inner optimizer's lr", lr,
                 "a positive number for rule 'additive'",
                 "Eqs. 13 and 16 step by ρ_c·ρ_1 and ρ_r·ρ_1; pass initial_lr= explicitly")
+        assert isinstance(lr, (int, float))  # the require above refused others
         return bind_facts(replace(self, initial_lr=float(lr)), facts)
 
     @property
@@ -266,6 +267,7 @@ class OnlineSensitivity(Method[OSOState]):
         require(self.initial_lr is not None, "initial_lr", None,
                 "known for rule 'additive'", "Pass the method to make_private (it reads the "
                 "optimizer's lr) or give initial_lr=")
+        assert self.initial_lr is not None  # the require above refused None
         # ⟨g̃_t, q̃_{t−1}⟩ from the stored sum b·q̃_{t−1}
         dot_q = released_dot(g, state.prev_direction_sum) / state.prev_batch_size
         clip = state.clip + self.clip_rate * self.initial_lr * dot_q           # Eq. 13

@@ -101,12 +101,14 @@ class PlateauNoiseDecay(Method[PlateauState]):
                 "Python: make('plateau', initial=2.0)) and let the budget guard "
                 "(make_private(..., target_epsilon=...)) stop training at the target, or bound "
                 "the run with worst_case_ledger()")
+        assert self.initial is not None  # the require above refused None
         require(self.initial > 0, "initial", self.initial, "> 0")
         require(0 < self.factor < 1, "factor", self.factor, "in (0, 1)",
                 "k multiplies σ at each plateau")
         require(self.threshold >= 0, "threshold", self.threshold, ">= 0")
         if self.min_noise_multiplier is None:
             object.__setattr__(self, "min_noise_multiplier", self.initial / 4)
+        assert self.min_noise_multiplier is not None  # set just above
         require(0 < self.min_noise_multiplier <= self.initial, "min_noise_multiplier",
                 self.min_noise_multiplier, f"in (0, initial = {self.initial}]")
         require(self.window >= 1, "window", self.window, ">= 1")
@@ -121,6 +123,7 @@ class PlateauNoiseDecay(Method[PlateauState]):
         return bind_facts(replace(self, total_steps=steps), facts)
 
     def init(self) -> PlateauState:
+        assert self.initial is not None  # __post_init__ refused None
         return PlateauState(noise_multiplier=self.initial)
 
     def plan(self, state: PlateauState, plan: StepPlan) -> StepPlan:
@@ -140,6 +143,7 @@ class PlateauNoiseDecay(Method[PlateauState]):
         gain = self._average(metrics) - self._average(state.metrics)
         if gain > self.threshold:
             return replace(state, metrics=metrics)
+        assert self.min_noise_multiplier is not None  # __post_init__ fills it
         sigma = max(self.factor * state.noise_multiplier, self.min_noise_multiplier)
         return PlateauState(noise_multiplier=sigma, metrics=metrics,
                             decays=state.decays + (sigma < state.noise_multiplier))
@@ -149,5 +153,6 @@ class PlateauNoiseDecay(Method[PlateauState]):
         """Data-independent upper bound: every step at σ_min (ε only grows as σ falls)."""
         require(self.total_steps is not None, "total_steps", None, "known",
                 "Give total_steps= or calibrate the method for the run")
+        assert self.total_steps is not None and self.min_noise_multiplier is not None  # checked
         return Ledger.homogeneous(sample_rate=sample_rate, steps=self.total_steps,
                                   noise_multiplier=self.min_noise_multiplier, sampling=sampling)

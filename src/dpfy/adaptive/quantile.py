@@ -94,12 +94,14 @@ class QuantileClipping(Method[QuantileState]):
         if std is None:
             require(facts.normalizer is not None, "the expected batch size", None, "known",
                     "Pass count_noise_std= explicitly")
+            assert facts.normalizer is not None  # the require above refused None
             std = facts.normalizer / 20
         return bind_facts(replace(self, count_noise_std=std), facts)
 
     def _std(self) -> float:
         require(self.count_noise_std is not None, "count_noise_std", None, "set",
                 "Pass the method to make_private (it sets σ_b from the batch size) or give it")
+        assert self.count_noise_std is not None  # the require above refused None
         return float(self.count_noise_std)
 
     def init(self) -> QuantileState:
@@ -162,6 +164,7 @@ class LayerQuantileClipping(Method[QuantileState]):
     def init(self) -> QuantileState:
         require(self.num_groups is not None, "num_groups", None, "set",
                 "Pass the method to make_private, which counts the model's layers")
+        assert self.num_groups is not None  # the require above refused None
         k = self.num_groups
         return QuantileState(clip=(self.initial_clip / math.sqrt(k),) * k)
 
@@ -176,6 +179,7 @@ class LayerQuantileClipping(Method[QuantileState]):
 
     def clipping(self, state, norms: Norms, plan: StepPlan) -> Clip:
         clip = plan.clip                                                    # (K,) public
+        assert isinstance(clip, torch.Tensor)  # plan() sets one clip per group
         per_group = norms.per_group()                                       # (B, K) sensitive
         require(per_group.shape[1] == clip.numel(), "the number of clipping groups",
                 per_group.shape[1], f"{clip.numel()} (as planned)")
@@ -184,6 +188,7 @@ class LayerQuantileClipping(Method[QuantileState]):
         return Clip(weights, sensitivity=float(clip.square().sum().sqrt()))
 
     def releases(self, state, plan: StepPlan) -> dict[str, ReleaseSpec]:
+        assert isinstance(plan.clip, torch.Tensor)  # plan() sets one clip per group
         k = plan.clip.numel()
         sigma_total = plan.noise_multiplier * math.sqrt(1 - self.budget_fraction)
         if sigma_total <= 0:
@@ -200,6 +205,7 @@ class LayerQuantileClipping(Method[QuantileState]):
         b = outcome.expected_batch_size
         counts = torch.as_tensor(outcome.sums["unclipped_counts"], dtype=torch.float64)
         frac = (counts + b / 2) / b                                         # (K,) privatized
+        assert isinstance(outcome.plan.clip, torch.Tensor)  # plan() sets one clip per group
         clips = outcome.plan.clip.tolist()
         return QuantileState(clip=tuple(_geometric(c, float(f), self.target_quantile,
                                                    self.step_size)

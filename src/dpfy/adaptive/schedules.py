@@ -139,6 +139,7 @@ class NoiseDecay(PlannedSchedule):
         accountant = self.calibration or facts.accountant
         if out.initial is None:
             require_budget(facts, "noise_decay")
+            assert facts.target_epsilon is not None and facts.delta is not None  # require_budget
             scale = calibrate_schedule_scale(
                 shape=out.shape(), target_epsilon=facts.target_epsilon, delta=facts.delta,
                 sample_rate=facts.sample_rate, accountant=accountant,
@@ -146,6 +147,7 @@ class NoiseDecay(PlannedSchedule):
             out = replace(out, initial=scale)
         elif facts.target_epsilon is not None:           # early stopping at the target
             require_budget(facts, "noise_decay")
+            assert facts.delta is not None  # require_budget refused None
             stop = steps_within_budget(out, target_epsilon=facts.target_epsilon,
                                        delta=facts.delta, sample_rate=facts.sample_rate,
                                        accountant=accountant)
@@ -161,6 +163,7 @@ class NoiseDecay(PlannedSchedule):
         require(self.steps_per_epoch is not None, "steps_per_epoch", None,
                 "known for per='epoch'", "Give steps_per_epoch= or let make_private calibrate "
                 "the schedule for the run")
+        assert self.steps_per_epoch is not None  # the require above refused None
         return step // self.steps_per_epoch
 
     def factor(self, u: int) -> float:
@@ -172,6 +175,7 @@ class NoiseDecay(PlannedSchedule):
             return 1.0 / (1.0 + k * u)
         if self.kind == "exponential":
             return math.exp(-k * u)
+        assert self.period is not None  # __post_init__ fills it once total_steps is known
         if self.kind == "step":
             return k ** (u // self.period)
         end = self.final_ratio                                # polynomial
@@ -182,6 +186,7 @@ class NoiseDecay(PlannedSchedule):
         require(self.initial is not None, "method 'noise_decay'", "uncalibrated",
                 "calibrated for the run (σ_0 known)",
                 "Pass it to make_private(method=...), which solves σ_0, or give initial=")
+        assert self.initial is not None  # the require above refused None
         return self.initial * self.factor(self.unit(step))
 
     def shape(self) -> np.ndarray:
@@ -192,4 +197,5 @@ class NoiseDecay(PlannedSchedule):
         """The same shape with σ_0 multiplied by ``scale``."""
         require(scale > 0, "scale", scale, "> 0")
         require(self.initial is not None, "initial", None, "set to be scaled")
+        assert self.initial is not None  # the require above refused None
         return replace(self, initial=self.initial * scale)

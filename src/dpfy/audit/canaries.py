@@ -84,7 +84,7 @@ class CanarySet:
                 int.from_bytes(__import__("os").urandom(8), "little") >> 1)
         layout = tuple((n, tuple(p.shape)) for n, p in model.named_parameters()
                        if p.requires_grad)
-        require(layout, "model", type(model).__name__, "a module with trainable parameters")
+        require(bool(layout), "model", type(model).__name__, "a module with trainable parameters")
         d = sum(_numel(s) for _, s in layout)
         included = torch.rand(count, generator=generator) < 0.5
         if kind == "dirac":
@@ -197,9 +197,11 @@ class CanaryGradients(Method[torch.Tensor]):
         rows = next(iter(per_sample.values())).shape[0]
         if rows == 0:              # an empty Poisson batch: nothing to replace
             return per_sample
+        assert self._indices is not None  # the require above refused None
         indices = self._indices()
         require(indices is not None and len(indices) == rows, "batch indices",
                 None if indices is None else len(indices), f"one per row ({rows})")
+        assert indices is not None  # the require above refused None
         is_canary = indices >= self.offset
         if not bool(is_canary.any()):
             return per_sample

@@ -162,6 +162,7 @@ def audit_config(cfg: TrainConfig, *, canaries: int = DEFAULT_CANARIES,
         data = data if data is not None else load_dataset(cfg.dataset, data_dir=cfg.data_dir)
         cfg, rule = resolve(cfg, num_examples=data.num_train,
                             reference_delta=data.reference_delta)
+        assert cfg.batch_size is not None and cfg.delta is not None  # resolve fills both
         torch.set_num_threads(cfg.threads or usable_cores())
         seed = cfg.seed if cfg.seed is not None else secrets.randbits(63)
         torch.manual_seed(seed)

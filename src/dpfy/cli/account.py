@@ -60,6 +60,7 @@ def resolve_noise(args: argparse.Namespace, q: float) -> tuple[Sampling, float, 
     if noise == "tree":
         period = math.ceil(1 / q - 1e-9)
         return Sampling.SHUFFLE, q, {"noise": "tree", "period": period}
+    assert bands is not None  # required above for --noise bandmf
     require(bands >= 1 and bands * q <= 1, "bands", bands,
             f"an integer in [1, 1/q = {1 / q:.6g}] (each group must hold the expected batch)")
     return Sampling.CYCLIC_POISSON, bands * q, {"noise": "bandmf", "period": bands}
@@ -161,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
                           for a in ACCOUNTANTS if a != args.accountant}
     else:
         q, steps = resolve_run_shape(args)
+        assert q is not None and steps is not None  # resolve_run_shape required both
         args.accountant = args.accountant or "rdp"
         require(args.noise_multiplier is not None, "noise_multiplier", None, "given",
                 "Add --noise-multiplier S")

@@ -79,10 +79,12 @@ def run(args: argparse.Namespace) -> int:
                 "Give --sample-rate and --steps (or --batch-size, --dataset-size, --epochs)")
     if runs is not None:
         q, steps = resolve_run_shape(args)
+        assert q is not None and steps is not None  # resolve_run_shape required both
         sigma = calibrate_grid_noise_multiplier(sample_rate=q, steps=steps, runs=runs, **common)
         solved = "noise_multiplier"
     elif args.noise_multiplier is None:
         q, steps = resolve_run_shape(args)
+        assert q is not None and steps is not None  # resolve_run_shape required both
         sigma = calibrate_noise_multiplier(sample_rate=q, steps=steps, **common, **k)
         solved = "noise_multiplier"
     else:
@@ -94,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
                 "exactly one of them given with --noise-multiplier",
                 "Omit the one you want solved")
         if q is None:
+            assert steps is not None  # exactly one of q, steps is None
             q = calibrate_sample_rate(noise_multiplier=sigma, steps=steps, **common, **k)
             solved = "sample_rate"
         else:
@@ -149,6 +152,7 @@ def _run_correlated(args: argparse.Namespace) -> int:
             f"omitted with --noise {args.noise} (it solves for σ)",
             "Give the run's shape and the target; solve q or T with --noise gaussian")
     q, steps = resolve_run_shape(args)
+    assert q is not None and steps is not None  # resolve_run_shape required both
     sampling, rate, noise = resolve_noise(args, q)
     sigma = calibrate_noise_multiplier(
         target_epsilon=args.target_epsilon, delta=args.delta, sample_rate=rate, steps=steps,

@@ -51,6 +51,7 @@ def _shape(text: str) -> tuple[int, ...]:
         shape = None
     require(shape is not None and all(d >= 1 for d in shape), "--input-shape", text,
             "positive integers separated by commas", "Write e.g. --input-shape 1,28,28")
+    assert shape is not None  # the require above refused None
     return shape
 
 
@@ -103,10 +104,12 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(explain_model(model, route=args.route, example=example)))
     if example is not None:  # the pre-flight: every problem of a private step, at once
         problems = validate(model, example[:4], route=args.route)
+        assert isinstance(problems, list)  # without fix=True validate lists the problems
         print("\nProblems (dpfy.validate on a 4-row batch): " + ("none" if not problems else ""))
         print("\n".join(f"- {p}" for p in problems))
     if args.memory:
         require(example is not None, "--input-shape", args.input_shape, "given with --memory")
+        assert example is not None  # the require above refused None
         print(format_memory(model, example, route=args.route))
         print(noise_memory(model, args.bands or [4, 16, 64]))
     return 0

@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     delta = next((float(d) for d in (args.delta, config.get("delta"), saved.get("delta"))
                   if d is not None), None)
     require(delta is not None, "delta", None, "given", "Add --delta D (no config.json found)")
+    assert delta is not None  # the require above refused None
     require(args.accountant != "gdp" or args.approximate, "accountant", args.accountant,
             "a rigorous accountant (pld or rdp) for a published report",
             "GDP's CLT value is not a guarantee: add --approximate to write it anyway, with "

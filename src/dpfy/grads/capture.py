@@ -118,6 +118,7 @@ class Call:
     def rule_grad_sample(self, unit: Unit, g: torch.Tensor) -> dict[str, torch.Tensor]:
         """The rule's per-sample gradients {rel: (B, *θ)} for this call's input and output
         gradient ``g``, with what its ``capture`` kept. Sensitive."""
+        assert unit.rule is not None, "rule_grad_sample is asked of rule units only"
         if self.saved is None:
             return unit.rule.grad_sample(unit.module, self.args[0], g)
         return unit.rule.grad_sample(unit.module, self.args[0], g, saved=self.saved)
@@ -261,9 +262,11 @@ class Capture:
         """At the end of the first forward on a bound batch of ≥ 3 rows: give every call of
         this forward whose rows are not its examples' own the problem (raised when its
         gradient is used, listed by the pre-flight)."""
+        assert self._root_call is not None  # called at the end of the model's own forward
         rows = self.rows()
         if not row_probe_applies(self._root_call, rows):
             return
+        assert rows is not None  # row_probe_applies refused None
         self.rows_checked = True
         now = {id(u): calls[len(calls) - self._ordinals.get(id(u), 0):]  # this forward's calls
                for u in self.units for calls in [self.calls[id(u)]]}
@@ -318,31 +321,35 @@ class Capture:
             calls.append(call)
             if not changed:
                 return None
-            return leaves[0] if single else tree_unflatten(leaves, spec)
+            if single:
+                return leaves[0]
+            assert spec is not None  # tree_flatten gave it
+            return tree_unflatten(leaves, spec)
         return hook
 
     def _record(self, unit: Unit, args: tuple, kwargs: dict, output: Any) -> Any:
         """In a probe's forward: record the call's shapes (layout probe) or inputs (row-identity
         probe), and expand an output computed from inputs shared by the batch, as the real
         forward does (so that the layers after it see what they see there)."""
-        probe, rows = self._probing, self._probing.rows
-        values = isinstance(probe, RowProbe)
-        calls = [] if values else probe.shapes.setdefault(id(unit), [])
+        probe = self._probing
+        assert probe is not None  # _record runs in a probe's forward only
+        rows = probe.rows
+        calls = [] if isinstance(probe, RowProbe) else probe.shapes.setdefault(id(unit), [])
         if unit.rule is None:
-            if values:
+            if isinstance(probe, RowProbe):
                 probe.record(id(unit), (args, kwargs))
             else:
                 calls.append(call_shapes(args, kwargs))
             shared = vmap_batch_dims(unit, args, kwargs, rows)[2]
         else:
             a = unit.rule.batch_input(unit.module, args, kwargs)
-            if values:
+            if isinstance(probe, RowProbe):
                 probe.record(id(unit), a)
             else:
                 calls.append(shape_of(a))
             shared = (torch.is_tensor(a) and a.dim() >= 1
                       and rule_candidates(unit, a, rows) == [BROADCAST])
-        if values:  # as the training forward decided for this call, when it made it
+        if isinstance(probe, RowProbe):  # as the training forward decided for this call
             shared = probe.was_shared(id(unit), shared)
         if isinstance(probe, PerturbProbe):
             return self._probe_taps(unit, output, shared, probe)
@@ -397,6 +404,7 @@ class Capture:
             if not bound:
                 rows = next((t.shape[0] for t in (*xs, *kw.values())
                              if torch.is_tensor(t) and t.dim() >= 1), 0)
+            assert rows is not None  # bound, or counted just above
             arg_dims, kw_dims, broadcast, problem = vmap_batch_dims(unit, xs, kw, rows)
             if problem is None and bound and vmap_ambiguous(xs, kw, rows):
                 problem = probed_vmap_problem(self._layout_probe(rows), unit, j, xs, kw,
@@ -409,6 +417,7 @@ class Capture:
             a = at_least_float32(a)
         dim, problem = (0, None) if rows is None else rule_batch_dim(unit, a, rows)
         if dim == AMBIGUOUS:
+            assert rows is not None  # only a bound batch's dimension can be ambiguous
             dim, problem = probed_rule_dim(self._layout_probe(rows), unit, j, a, rows)
         if dim == BROADCAST:
             a = a.expand(rows, *a.shape[1:])
@@ -438,5 +447,6 @@ class Capture:
                 call.args = (call.args[0][:0],) + call.args[1:]  # keep dtype/shape info only
                 call.saved, call.versions = None, ()  # used up: later changes do not matter
                 return
-            call.grads[k] = grad if call.grads[k] is None else call.grads[k] + grad
+            before = call.grads[k]
+            call.grads[k] = grad if before is None else before + grad
         return keep

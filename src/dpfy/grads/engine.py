@@ -175,7 +175,6 @@ class GradEngine:
         """Per row (``unit_of_row`` None) or per privacy unit: see the two public methods."""
         b = self._b = self.batch_size()
         s2 = self._scale(b) ** 2
-        grouped = unit_of_row is not None
         out: dict[str, torch.Tensor] = {}
         for u in self.units:
             norms = self._routes.sq_norms(u, self._capture.used(u), b, s2, unit_of_row,
@@ -188,14 +187,14 @@ class GradEngine:
                 if rel in u.params:  # its own trainable ones: not a frozen bias, not a tied use
                     out[u.qualified(rel)] = sq
         for name, uses in self._tied.items():
-            if grouped:
+            if unit_of_row is not None:
                 rows = self._routes.tied_grad_sample(uses, b).flatten(1)  # (B, P) sensitive
                 out[name] = grouped_sq_norms(rows, unit_of_row, num_units).mul_(s2)
                 continue
-            sq = tied_ghost_sq_norm(uses, self._capture.used)  # sensitive (B,), or None
-            if sq is None:
-                sq = self._routes.tied_grad_sample(uses, b).flatten(1).square().sum(1)
-            out[name] = sq.mul_(s2)
+            tied_sq = tied_ghost_sq_norm(uses, self._capture.used)  # sensitive (B,), or None
+            if tied_sq is None:
+                tied_sq = self._routes.tied_grad_sample(uses, b).flatten(1).square().sum(1)
+            out[name] = tied_sq.mul_(s2)
         return out
 
     def per_sample_grads(self) -> dict[str, torch.Tensor]:

@@ -50,7 +50,8 @@ def per_sample_rows(t: torch.Tensor) -> Rows:
     """
     if t.dim() == 1:  # a 0-dim parameter (nn.Parameter(torch.tensor(1.0))): one column
         return t.view(-1, 1), lambda row: row.view(())
-    order = sorted(range(1, t.dim()), key=lambda d: -t.stride(d))
+    strides = t.stride()
+    order = sorted(range(1, t.dim()), key=lambda d: -strides[d])
     p = t.permute(0, *order)
     if not p.is_contiguous():
         p, order = t.contiguous(), list(range(1, t.dim()))
@@ -71,6 +72,7 @@ def packed_sq_norm(u: Unit, a: Any, g: torch.Tensor, unit_of_row: torch.Tensor,
     packed into one sequence (``grads/packing.py``), at the captured scale; None when the rule
     is not position-additive, when packing would more than double the rows (a few heavy units
     among light ones), or when the rule prefers per-sample gradients at the packed length."""
+    assert u.rule is not None, "packed_sq_norm is asked of rule units only"
     tails = u.rule.position_tails
     if tails is None or not isinstance(a, torch.Tensor):
         return None
@@ -121,6 +123,7 @@ class Split:
             if rows.numel() == 0:
                 return {rel: torch.zeros_like(p) for rel, p in u.all_params.items()}
             wr = w.index_select(0, rows)
+            assert u.rule is not None, "the ghost sums are of rule units only"
             return u.rule.weighted_sum(u.module, a.index_select(0, rows),
                                        g.index_select(0, rows), {rel: wr for rel in u.all_params})
         second = part(self.nonzero, self.w2)
@@ -199,9 +202,10 @@ class Routes:
         if u.rule is not None and len(calls) == 1 and calls[0].eager is None:
             c = calls[0]
             a, g = c.args[0], c.grads[0]
+            assert g is not None  # a call with no eager sums kept its output gradient
             if u.takes_ghost(a, g):
                 self.cache[id(u)] = ("ghost", c)
-                if grouped:
+                if unit_of_row is not None:
                     sq = packed_sq_norm(u, a, g, unit_of_row, num_units, b)
                     if sq is None:  # this layer's per-sample gradients, only while grouped
                         gs = c.rule_grad_sample(u, g)  # sensitive: rel -> (B, *θ)
@@ -214,7 +218,7 @@ class Routes:
         gs = self.grad_sample(u, calls)  # sensitive: rel -> (B, *θ.shape), captured scale
         rows = {rel: per_sample_rows(t) for rel, t in gs.items()}  # sensitive: (B, P) views
         self.cache[id(u)] = ("materialized", rows)
-        if grouped:
+        if unit_of_row is not None:
             return {rel: grouped_sq_norms(r, unit_of_row, num_units).mul_(s2)
                     for rel, (r, _) in rows.items()}
         return {rel: torch.linalg.vector_norm(r, dim=1).square().mul_(s2)
@@ -227,7 +231,9 @@ class Routes:
             if c.eager is not None:
                 gs = c.eager
             elif u.rule is not None:
-                gs = c.rule_grad_sample(u, c.grads[0])
+                g = c.grads[0]
+                assert g is not None  # a call with no eager sums kept its output gradient
+                gs = c.rule_grad_sample(u, g)
             else:
                 with self.capture.paused():  # our own forward of the unit: not captured
                     gs = vmap_grad_sample(u.module, u.name, u.all_params, c.args, c.kwargs,
@@ -270,5 +276,6 @@ class Routes:
         if kind == "zero":
             return {rel: torch.zeros_like(p) for rel, p in u.all_params.items()}
         if kind == "ghost":
+            assert u.rule is not None, "only rule units take the ghost route"
             return u.rule.weighted_sum(u.module, data.args[0], data.grads[0], w)
         return _row_sums(data, w)

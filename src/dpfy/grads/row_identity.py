@@ -270,8 +270,9 @@ def is_randomness(full: RowProbe, out_full: Any, again: tuple[RowProbe, Any],
         return output_differs(out_full, out_again, rows, same)
     uid, j, _ = differing[0]
     got = rec.inputs.get(uid, [])
-    return j >= len(got) or call_differs(full.inputs[uid][j], got[j], same,
-                                         dims(uid, j)[0]) is not None
+    d = dims(uid, j)
+    assert d is not None  # differing_calls lists only the calls that have dims
+    return j >= len(got) or call_differs(full.inputs[uid][j], got[j], same, d[0]) is not None
 
 
 def output_differs(full: Any, part: Any, rows: int, index: torch.Tensor) -> bool:

@@ -34,6 +34,8 @@ from __future__ import annotations
 import math
 from typing import Callable, Sequence
 
+import numpy as np
+
 from dpfy._require import require
 from dpfy.types import ReleaseSpec, StepPlan
 from dpfy.privacy import gdp
@@ -346,7 +348,8 @@ def calibrate_steps(*, target_epsilon: float, delta: float, noise_multiplier: fl
     return last_passing(ok, lo, hi)
 
 
-def calibrate_schedule_scale(*, shape: Sequence[float], target_epsilon: float, delta: float,
+def calibrate_schedule_scale(*, shape: Sequence[float] | np.ndarray, target_epsilon: float,
+                             delta: float,
                              sample_rate: float, accountant: str = "pld",
                              sampling: Sampling = Sampling.POISSON,
                              dataset_size: int | None = None, tol: float = 2e-3,

@@ -77,7 +77,7 @@ def _log_ndtr(x: float) -> float:
     return float(special.log_ndtr(x))
 
 
-def mu_total(sample_rate: float, mus: Sequence[float]) -> float:
+def mu_total(sample_rate: float, mus: Sequence[float] | np.ndarray) -> float:
     """μ_tot = p·sqrt(Σ_t (e^{μ_t²} − 1)) for Poisson steps at rate p with per-step μ_t (Eq. 9).
 
     Args:

@@ -65,8 +65,9 @@ class LayerRule:
         treats all leading dimensions alike (Linear, Embedding) allows each of them."""
         return (0,)
 
-    def grad_sample(self, layer: nn.Module, a: torch.Tensor, g: torch.Tensor
+    def grad_sample(self, layer: nn.Module, a: torch.Tensor, g: torch.Tensor, saved: Any = None
                     ) -> dict[str, torch.Tensor]:
+        """``saved``: what :meth:`capture` kept, passed only by rules that keep something."""
         raise NotImplementedError
 
     def sq_norm(self, layer: nn.Module, a: torch.Tensor, g: torch.Tensor
