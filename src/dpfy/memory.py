@@ -110,6 +110,15 @@ def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
+def _output_sq_sum(out: Any) -> torch.Tensor:
+    """Σ output² over the model's floating-point outputs: the loss the measurements backprop."""
+    terms = [t.float().square().sum() for t in tree_leaves(out)
+             if torch.is_tensor(t) and t.is_floating_point()]
+    require(len(terms) > 0, "the model's output", type(out).__name__,
+            "holds at least one floating-point tensor")
+    return sum(terms[1:], start=terms[0])
+
+
 def probe_model(model: nn.Module, call: Callable[[nn.Module], Any], batch_size: int, *,
                 route: str = "auto") -> tuple[list[dict[str, Any]], float]:
     """Routes and C from one forward/backward of ``call(model)`` on ``batch_size`` examples.
@@ -140,9 +149,7 @@ def probe_model(model: nn.Module, call: Callable[[nn.Module], Any], batch_size: 
     grads = GradEngine(model, route=route, loss_reduction="sum")
     try:
         out = call(model)
-        loss = sum(t.float().square().sum() for t in tree_leaves(out)
-                   if torch.is_tensor(t) and t.is_floating_point())
-        loss.backward()
+        _output_sq_sum(out).backward()
         rows = grads.explain()
     finally:
         grads.detach()
@@ -263,8 +270,7 @@ def measure_private_step(model: nn.Module, call: Callable[[nn.Module], Any], *,
 
     def step() -> None:
         out = call(model)
-        sum(t.float().square().sum() for t in tree_leaves(out)
-            if torch.is_tensor(t) and t.is_floating_point()).backward()
+        _output_sq_sum(out).backward()
         sq = grads.per_sample_sq_norms()
         grads.weighted_sums({n: torch.ones_like(v) for n, v in sq.items()})
 

@@ -128,9 +128,17 @@ class DPOptimizer(torch.optim.Optimizer):
     def state(self) -> Any:
         return self.original_optimizer.state
 
+    @state.setter
+    def state(self, value: Any) -> None:  # torch.optim.Optimizer's state is writeable
+        self.original_optimizer.state = value
+
     @property
     def defaults(self) -> dict[str, Any]:
         return self.original_optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:  # as torch.optim.Optimizer's
+        self.original_optimizer.defaults = value
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Refused: the private step covers the parameters the model had at ``make_private``.

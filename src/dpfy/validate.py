@@ -85,7 +85,7 @@ def batchnorm_to_groupnorm(bn: _BatchNorm, name: str = "") -> nn.GroupNorm:
                 "with L >= 2)")
         groups = 1
     ref = bn.weight if bn.affine else bn.running_mean
-    factory = {} if ref is None else {"device": ref.device, "dtype": ref.dtype}
+    factory: dict[str, Any] = {} if ref is None else {"device": ref.device, "dtype": ref.dtype}
     gn = nn.GroupNorm(groups, c, eps=bn.eps, affine=bn.affine, **factory)
     if bn.affine:
         with torch.no_grad():
@@ -154,6 +154,7 @@ def _batch_rows(batch: Any) -> int:
             "a tensor, a tuple of positional arguments or a dict of keyword arguments holding "
             "at least one tensor with the batch in dimension 0", "Pass what the model is called "
             "with, e.g. model(*batch) or model(**batch)")
+    assert first is not None, "required above"
     return first.shape[0]
 
 

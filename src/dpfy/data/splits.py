@@ -36,3 +36,7 @@ class DataSplits:
     @property
     def num_train(self) -> int:
         return len(self.train)  # type: ignore[arg-type]
+
+    @property
+    def num_test(self) -> int:
+        return len(self.test)  # type: ignore[arg-type]

@@ -72,6 +72,7 @@ def tied_use(rule: object, layer: nn.Module, a: torch.Tensor, g: torch.Tensor
         a, g = _as_seq(a, g)
         return TiedUse("linear", g, a)
     if type(rule) is EmbeddingRule:
+        assert isinstance(layer, nn.Embedding), "an EmbeddingRule's layer is an nn.Embedding"
         x, delta = _flat(layer, a, g)
         if layer.padding_idx is not None:
             delta = delta.masked_fill((x == layer.padding_idx)[..., None], 0)
@@ -101,6 +102,7 @@ def tied_sq_norm(uses: list[TiedUse]) -> torch.Tensor:
         for j, v in enumerate(uses[k:]):
             term = _inner(u, v) * (1.0 if j == 0 else 2.0)
             total = term if total is None else total + term
+    assert total is not None, "tied_sq_norm needs at least one use"
     return total
 
 

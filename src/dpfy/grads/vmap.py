@@ -83,7 +83,7 @@ def vmap_grad_sample(module: nn.Module, name: str, params: dict[str, nn.Paramete
     batched_kw = {k: v for k, v in kwargs.items() if kw_dims.get(k) == 0}
     shared_kw = {k: v for k, v in kwargs.items() if kw_dims.get(k) != 0}
     used = [i for i, g in enumerate(out_grads) if g is not None]
-    grads = tuple(out_grads[i] for i in used)
+    grads = tuple(g for g in out_grads if g is not None)  # the gradients at `used`, in order
     if any(g.dim() == 0 for g in grads):  # an output with no batch dim reached the loss
         raise ValueError(
             f"module {name or '(root)'!r} ({type(module).__name__}) must return per-example "

@@ -122,9 +122,9 @@ class DPRecurrent(nn.Module):
 
     # -- forward ---------------------------------------------------------------------------
     def forward(self, input: torch.Tensor | PackedSequence, hx: Any = None):
-        packed = isinstance(input, PackedSequence)
         mask = None
-        if packed:
+        lengths: torch.Tensor | None
+        if isinstance(input, PackedSequence):
             x, lengths = pad_packed_sequence(input, batch_first=True)  # original batch order
             steps = torch.arange(x.shape[1])
             mask = (steps[None, :] < lengths[:, None]).to(x.device)  # (B, T)
@@ -136,25 +136,29 @@ class DPRecurrent(nn.Module):
             lengths = None
         b = x.shape[0]
         h0, c0 = self._initial_states(hx, b, x, unbatched)
-        h_n, c_n = [], []
+        h_n: list[torch.Tensor] = []
+        c_n: list[torch.Tensor] = []
         layer_in = x
         for layer in range(self.num_layers):
             outs = []
             for d in range(self.num_directions):
                 k = layer * self.num_directions + d
                 cell = self.cells[k]
+                assert isinstance(cell, _Direction), "self.cells holds _Direction modules"
                 xin = layer_in if d == 0 else _reverse(layer_in, lengths)
                 out, h, c = run_direction(self.kind, cell.ih, cell.hh, xin, h0[k],
                                           None if c0 is None else c0[k], mask)
                 outs.append(out if d == 0 else _reverse(out, lengths))
                 h_n.append(h)
-                c_n.append(c)
+                if c is not None:  # an LSTM's cell state; the other kinds have none
+                    c_n.append(c)
             layer_in = outs[0] if len(outs) == 1 else torch.cat(outs, -1)
             if self.dropout and self.training and layer < self.num_layers - 1:
                 layer_in = F.dropout(layer_in, self.dropout, training=True)
         h_n_t = torch.stack(h_n)  # (L·D, B, H)
         state: Any = h_n_t if self.kind != "lstm" else (h_n_t, torch.stack(c_n))
-        if packed:
+        if isinstance(input, PackedSequence):
+            assert lengths is not None, "a packed input's lengths were read above"
             return _repack(layer_in, lengths, input), state
         out = layer_in if self.batch_first else layer_in.transpose(0, 1)
         if unbatched:

@@ -66,6 +66,7 @@ def _scan(kind: str, xp: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor | 
     acts = xp.new_empty(t_len, b, gh)
     cs = None
     if kind == "lstm":
+        assert c0 is not None, "an LSTM's recurrence starts from a cell state"
         cs = xp.new_empty(t_len + 1, b, h_size)
         cs[0] = c0
     wt = w_hh.t()
@@ -76,6 +77,7 @@ def _scan(kind: str, xp: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor | 
             torch.mm(h, wt, out=zs[t])  # (B, G·H)
         a = acts[t]
         if kind == "lstm":
+            assert c is not None and cs is not None, "an LSTM carries its cell states"
             torch.add(z, x_t, out=a)  # pre-activations of (i, f, g, o)
             a[:, :2 * h_size].sigmoid_()
             a[:, 2 * h_size:3 * h_size].tanh_()  # the cell candidate g
@@ -101,10 +103,12 @@ def _scan(kind: str, xp: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor | 
             m = mask[t]  # (B, 1) bool
             h_new = torch.where(m, h_new, h)
             if kind == "lstm":
+                assert c is not None, "an LSTM carries its cell state"
                 c_new = torch.where(m, c_new, c)
         hs[t + 1] = h_new
         h = hs[t + 1]
         if kind == "lstm":
+            assert cs is not None, "an LSTM keeps its cell states"
             cs[t + 1] = c_new
             c = cs[t + 1]
     return _Saved(kind, w_hh, hs, zs, acts, cs, None if mask is None else mask.to(xp.dtype))
@@ -123,6 +127,7 @@ def _local_factors(s: _Saved) -> tuple[torch.Tensor, ...]:
     """
     h_size = s.hs.shape[-1]
     if s.kind == "lstm":
+        assert s.cs is not None, "an LSTM's scan saved its cell states"
         i, f, g, o = s.acts.unflatten(2, (4, h_size)).unbind(2)
         tc = s.cs[1:].tanh()
         p = torch.stack((g * i * (1 - i), s.cs[:-1] * f * (1 - f), i * (1 - g * g)), 2)
@@ -160,6 +165,7 @@ def _backward(s: _Saved, d_out: torch.Tensor | None, d_hn: torch.Tensor | None,
                 keep_c, dc = dc * (1 - m), dc * m
         if s.kind == "lstm":
             p, q, k, f = fac
+            assert dc is not None, "an LSTM's cell-state gradient starts above the loop"
             dc = torch.addcmul(dc, dh, k[t])  # dc̃
             d4 = dx[t].view(b, 4, h_size)
             torch.mul(p[t], dc.unsqueeze(1), out=d4[:, :3])
@@ -192,7 +198,8 @@ class _Recurrence(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, xp: torch.Tensor, zp: torch.Tensor, h0: torch.Tensor,
                 c0: torch.Tensor | None, saved: _Saved
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                ) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor,
+                                                              torch.Tensor]:
         ctx.saved = saved
         ctx.lstm = c0 is not None
         out = saved.hs[1:].transpose(0, 1).clone(memory_format=torch.contiguous_format)
@@ -216,6 +223,7 @@ def _cell(kind: str, x_t: torch.Tensor, z: torch.Tensor, h: torch.Tensor,
     """One step from the two projections x_t, z (B, G·H), out of place (autograd, torch.func)."""
     if kind == "lstm":
         i, f, g, o = (x_t + z).chunk(4, 1)
+        assert c is not None, "an LSTM step reads the cell state"
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
         return torch.sigmoid(o) * torch.tanh(c), c
     if kind == "gru":
@@ -241,7 +249,7 @@ def _direction_by_autograd(kind: str, ih: nn.Linear, hh: RecurrentLinear, x: tor
         if mask is not None:
             m = mask[:, t, None]
             h_new = torch.where(m, h_new, h)
-            c_new = None if c is None else torch.where(m, c_new, c)
+            c_new = None if c is None or c_new is None else torch.where(m, c_new, c)
         h, c = h_new, c_new
         outs.append(h)
     return torch.stack(outs, 1), h, c

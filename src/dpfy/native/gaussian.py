@@ -54,7 +54,7 @@ def _library() -> ctypes.CDLL:
         for name, argtypes in signatures.items():
             getattr(lib, name).argtypes = argtypes
             getattr(lib, name).restype = None
-        lib._dpfy_typed = True
+        lib._dpfy_typed = True  # type: ignore[attr-defined]  # CDLL takes attributes; stub lacks it
     return lib
 
 

@@ -127,7 +127,7 @@ class NoiseSource:
         self._pid = os.getpid()
         if backend in ("auto", "compiled"):
             try:
-                self._compiled = XoshiroGaussian(seed) if self._reproducible else ChaChaGaussian()
+                self._compiled = XoshiroGaussian(seed) if seed is not None else ChaChaGaussian()
             except NativeUnavailable as err:
                 if backend == "compiled":
                     raise
@@ -135,7 +135,7 @@ class NoiseSource:
                             else "os.urandom: still secure, but tens of times slower")
                 warnings.warn(f"dpfy's compiled Gaussian sampler is unavailable ({err}); noise "
                               f"is drawn from {fallback}", RuntimeWarning, stacklevel=2)
-        if self._compiled is None and self._reproducible:
+        if self._compiled is None and seed is not None:  # seeded: self._reproducible
             self._generator = torch.Generator().manual_seed(seed)
 
     @property
@@ -233,6 +233,7 @@ class NoiseSource:
         if self._compiled is not None:
             state["state"] = self._stream().get_state()
         else:
+            assert self._generator is not None, "reproducible without the compiled sampler: torch's"
             state["generator"] = self._generator.get_state()
         return state
 

@@ -101,6 +101,7 @@ class IndividualCalibration:
         (σ_sample for Sample; for Scale it equals the smallest σ_p)."""
         if self.variant == "sample":
             return self.noise_multiplier
+        assert self.max_grad_norm is not None and self.clips is not None, "Scale has c and c_p"
         return self.noise_multiplier * self.max_grad_norm / max(self.clips)
 
     def privacy_groups(self, sizes: Sequence[int]) -> list[PrivacyGroup]:
@@ -262,6 +263,7 @@ def calibrate_individual(*, budgets: Sequence[float], fractions: Sequence[float]
         group_sigmas = tuple(_group_sigma(e, sample_rate, steps, delta, accountant, tol)
                              for e in budgets)
         sigma = math.fsum(r * s for r, s in zip(fractions, group_sigmas))
+        assert max_grad_norm is not None, "required for Scale above"
         clips = tuple(float(max_grad_norm) * sigma / s for s in group_sigmas)
         clip_fractions = tuple(c / max(clips) for c in clips)
         rates = (float(sample_rate),) * len(budgets)

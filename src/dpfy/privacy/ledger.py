@@ -300,7 +300,7 @@ class Ledger:
         Raises ValueError when user-level steps (ULS, ELS) are mixed with example-level ones:
         the two guarantees protect different things, and no accountant composes them.
         """
-        units = {s.unit for s in self.samplings()} - {None}
+        units = {s.unit for s in self.samplings() if s.unit is not None}
         require(len(units) <= 1, "ledger samplings", sorted(s.value for s in self.samplings()),
                 "all accounted for one unit of privacy (users or examples)",
                 "A user-level run (ULS, ELS) cannot continue as an example-level one or the "
@@ -315,7 +315,7 @@ class Ledger:
         steps (replace-one), or user-level steps with example-level ones (:meth:`unit`).
         """
         self.unit()
-        kinds = {s.adjacency for s in self.samplings()} - {None}
+        kinds = {s.adjacency for s in self.samplings() if s.adjacency is not None}
         require(len(kinds) <= 1, "ledger samplings", sorted(s.value for s in self.samplings()),
                 "all analysed under one neighbouring relation",
                 "Poisson steps use add/remove adjacency, fixed-size and shuffled steps use "
@@ -354,6 +354,7 @@ class Ledger:
                 "null or an integer >= 1")
         groups = d.get("groups")
         _expect(isinstance(groups, list), source, "groups", groups, "a list of step groups")
+        assert isinstance(groups, list), "_expect raised otherwise"
         out = cls(size)
         for i, g in enumerate(groups):
             sg = _group_from_dict(g, source, f"groups[{i}]")

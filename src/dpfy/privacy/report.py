@@ -272,19 +272,21 @@ class PrivacyReport:
                     "an integer >= 1")
         eps = {name: _epsilon_or_none(ledger, delta, name, headline=name == accountant)
                for name in ACCOUNTANTS}
+        headline = eps[accountant]
+        assert headline is not None, "the headline accountant raises rather than give None"
         form = prepare(ledger, accountant=accountant)
         rates = [g.sample_rate for g in ledger.groups]
         sigmas = [g.effective_noise_multiplier() for g in ledger.groups]
         mechanisms = tuple(_mechanism_shares(ledger, delta=delta, accountant=accountant))
         group = None
         if group_size is not None:
-            group = group_privacy(eps[accountant], delta, group_size=group_size)
+            group = group_privacy(headline, delta, group_size=group_size)
         accesses = "this training run only"
         if tuning is not None:
             accesses = ("this training run, and the hyperparameter search that chose its "
                         "settings (see tuning)")
         return cls(
-            epsilon=eps[accountant], delta=delta, accountant=accountant,
+            epsilon=headline, delta=delta, accountant=accountant,
             steps=ledger.num_steps, dataset_size=n, adjacency=ledger.adjacency(),
             samplings=tuple(sorted(s.value for s in ledger.samplings())),
             sample_rates=(min(rates), max(rates)), noise_multipliers=(min(sigmas), max(sigmas)),

@@ -3,7 +3,7 @@ sampler would decide which examples are seen (it could not account it)."""
 
 from __future__ import annotations
 
-from typing import Any, NoReturn, Sequence
+from typing import Any, NoReturn, Sequence, Sized
 
 import torch
 from torch.utils.data import (BatchSampler, DataLoader, IterableDataset, RandomSampler,
@@ -145,7 +145,10 @@ def make_sampler(loader: DataLoader, *, poisson_sampling: bool,
       ValueError: a batch size or rates that are not valid for the dataset.
     """
     _check_loader(loader, poisson_sampling, shard)
-    n, batch_size = len(loader.dataset), loader.batch_size
+    dataset, batch_size = loader.dataset, loader.batch_size
+    assert isinstance(dataset, Sized), "a map-style dataset has __len__ (_check_loader)"
+    assert batch_size is not None, "_check_loader refused a loader without batch_size"
+    n = len(dataset)
     if shard is not None:
         require(poisson_sampling and sample_rates is None, "poisson_sampling / sample_rates",
                 (poisson_sampling, "given" if sample_rates is not None else None),

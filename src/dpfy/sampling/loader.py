@@ -101,7 +101,8 @@ class _Batches:
         return self.sampler.steps_per_epoch
 
     def __iter__(self) -> Iterator[list[int]]:
-        self.meta = meta = collections.deque()
+        meta: collections.deque[_Chunk] = collections.deque()
+        self.meta = meta
         for chunk in self._chunks():
             meta.append(chunk)
             yield chunk.indices.tolist()
@@ -160,7 +161,8 @@ class DPDataLoader:
         self._batches = kind(sampler, max_physical_batch_size)
         self._yielded: _Chunk | None = None   # last physical batch handed out
         self._current: object | None = None   # token of the newest iteration
-        workers = {"prefetch_factor": loader.prefetch_factor} if loader.num_workers else {}
+        workers: dict[str, Any] = ({"prefetch_factor": loader.prefetch_factor}
+                                   if loader.num_workers else {})
         self.inner = DataLoader(
             loader.dataset, batch_sampler=self._batches,
             collate_fn=_EmptySafeCollate(loader.collate_fn, loader.dataset),
@@ -194,6 +196,7 @@ class DPDataLoader:
         """``optimizer.step()`` took the last yielded batch: a shuffled pass moves past it."""
         chunk, self._yielded = self._yielded, None
         if chunk is not None and chunk.end is not None:
+            assert not isinstance(self.sampler, PoissonSampler), "a Poisson chunk has no end"
             self.sampler.commit(chunk.end)
 
     def _restart(self) -> None:
@@ -202,6 +205,7 @@ class DPDataLoader:
             return
         self.cursor.discard_pending()  # an abandoned, unstepped batch comes again
         self._yielded = None
+        assert not isinstance(self.sampler, PoissonSampler), "shuffled: not Poisson"
         self.cursor.ended = self.sampler.at_batch_start()
 
     def _check_stepped(self) -> None:

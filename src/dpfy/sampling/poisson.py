@@ -66,6 +66,7 @@ class PoissonSampler:
             self.sample_rate = float(rates.max())
             self.normalizer = float(rates.sum()) if normalizer is None else float(normalizer)
         else:
+            assert sample_rate is not None, "exactly one of the two, required above"
             require(0 < sample_rate <= 1, "sample_rate", sample_rate, "in (0, 1]",
                     "Use batch_size / dataset_size")
             self.rates = None

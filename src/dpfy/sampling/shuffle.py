@@ -129,6 +129,7 @@ class ShuffleSampler:
         """
         self._start_pass_if_done()
         perm, b, m = self.permutation, self.batch_size, self.pass_length
+        assert perm is not None, "_start_pass_if_done drew the pass's permutation"
         pos, size = self.offset, physical or self.batch_size
         while pos < m:
             batch_end = min((pos // b + 1) * b, m)

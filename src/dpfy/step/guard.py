@@ -130,8 +130,11 @@ class EpsilonGuard:
         has the final word on the next step, so a run calibrated to exactly the cap is not
         stopped early, at the cost of at most one full accounting per such step.
         """
+        cap, delta = self.epsilon_cap, self.delta
+        assert cap is not None and delta is not None, "only a cap is searched; it requires δ"
         if self._running is None:
-            self._running = RunningEpsilon(delta=self.delta, accountant=self.accountant)
+            self._running = RunningEpsilon(delta=delta, accountant=self.accountant)
+        running = self._running
 
         def extra(k: int) -> Ledger:
             out = Ledger(ledger.dataset_size)
@@ -140,12 +143,12 @@ class EpsilonGuard:
             return out
 
         def fits(k: int) -> bool:
-            return self._running.with_extra(ledger, extra(k)) <= self.epsilon_cap
+            return running.with_extra(ledger, extra(k)) <= cap
 
         if not fits(1):
-            exact = ledger_epsilon(ledger.followed_by(extra(1)), delta=self.delta,
+            exact = ledger_epsilon(ledger.followed_by(extra(1)), delta=delta,
                                    accountant=self.accountant)
-            return 1 if exact <= self.epsilon_cap else 0
+            return 1 if exact <= cap else 0
         lo, hi = 1, 2
         while hi < 10**7 and fits(hi):
             lo, hi = hi, hi * 2

@@ -64,6 +64,7 @@ class IndividualBudgets:
         require(state is not None, "the checkpoint's group ledgers", None,
                 "saved (this run has individualized budgets)",
                 "Resume from a checkpoint of the same individualized run")
+        assert state is not None, "required above"
         self.groups.ledgers = GroupLedgers.from_dict(state).ledgers
         self.guard.reset()
 
@@ -102,6 +103,7 @@ def individualize(budgets: Any, variant: str | None, *, sampler: PoissonSampler 
             "The calibration keeps the run's steps fixed: pass epochs= or max_steps=")
     require(accountant in RIGOROUS, "accountant", accountant,
             f"one of {list(RIGOROUS)} with budgets", "Calibrate with 'rdp' or 'pld'")
+    assert variant is not None and delta is not None and max_steps is not None, "required above"
     n = sampler.dataset_size
     if torch.is_tensor(budgets):
         budgets = budgets.detach().cpu().numpy()

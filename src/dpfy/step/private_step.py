@@ -43,7 +43,7 @@ from dpfy.step.distributed import Collective
 from dpfy.step.guard import EpsilonGuard
 from dpfy.step.individual import IndividualBudgets
 from dpfy.step.probes import post_release, probe_losses
-from dpfy.step.sums import StepSums, WeightSets, contract, outcome
+from dpfy.step.sums import StepSums, WeightSets, contract, outcome, released_gradient
 from dpfy.types import Clip, Norms, ReleaseSpec, StepPlan
 
 __all__ = ["PrivateStep", "require_loss_fn", "split_batch_refusal"]
@@ -74,7 +74,12 @@ class PrivateStep:
         self.inner, self.grads, self.clipping, self.mechanism = inner, grads, clipping, mechanism
         self.sampler, self.cursor = sampler, cursor
         # the batch guard: every captured layer must hold the rows of the batch just yielded
-        rows = lambda: len(cursor.indices) if cursor.pending else None  # noqa: E731
+        def rows() -> int | None:
+            if not cursor.pending:
+                return None
+            assert cursor.indices is not None, "a pending batch has its indices"
+            return len(cursor.indices)
+
         grads.bind_batch(rows)
         # the loss contract, read at the first step (grads/loss_contract.py)
         self.contract: LossContract | None = LossContract(model, rows, grads.loss_reduction)
@@ -203,7 +208,7 @@ class PrivateStep:
             return
         if not self.cursor.last:
             raise split_batch_refusal(_name(self.method))
-        if not self.method.implements("postprocess"):
+        if self.method is None or not self.method.implements("postprocess"):
             raise PrivacyRefusal(
                 f"a method that declares post-release probes must implement postprocess, got "
                 f"method {_name(self.method)!r} which does not: the probes' selection would "
@@ -227,7 +232,8 @@ class PrivateStep:
             require(unit_of_row is None, "the unit of privacy", self.sampler.units.name,
                     f"one example per row for method {_name(method)!r}",
                     "Its per-sample transform acts on rows; group rows into units without it")
-            per_sample = method.transform(state, self.grads.per_sample_grads(), plan)  # sensitive
+            hooks: Any = method  # transform: an optional hook, found by implements()
+            per_sample = hooks.transform(state, self.grads.per_sample_grads(), plan)  # sensitive
             sq = {n: g.flatten(1).square().sum(1) for n, g in per_sample.items()}  # (B,) each
             weighted_sums = contract(per_sample)
         else:
@@ -252,8 +258,10 @@ class PrivateStep:
                                    rows=norms.total.shape[0]))
         owner = (f"method {_name(method)!r}" if method is not None
                  else f"clipping policy {self.clipping.name!r}")
-        fractions = (self.individual.clip_fractions(self.cursor.indices)
-                     if self.individual is not None else None)
+        fractions = None
+        if self.individual is not None:
+            assert self.cursor.indices is not None, "a batch is being accumulated"
+            fractions = self.individual.clip_fractions(self.cursor.indices)
         sums.add(weighted_sums, norms, clip, values, owner, clip_fractions=fractions)
         self.grads.clear()
         if state_guard is not None:
@@ -275,16 +283,18 @@ class PrivateStep:
         if self.collective is not None:
             noise, reduce = self.collective.noise_source(noise), self.collective.sum_
         extras = sums.release(noise, self.params, b, reduce=reduce)
-        noisy = {n: p.grad for n, p in self.params.items()}   # the release itself
+        noisy = released_gradient(self.params)   # the release itself
         record.record(self.ledger)
         if group_releases is not None:
+            assert self.individual is not None, "group releases come from the individual budgets"
             self.individual.record(group_releases, record.sampling)
         if self.method is not None:   # post-processing of the released values only
             probed = (self._post_release_probes(sums, noisy, noise, reduce)
                       if post_release(sums.specs) else {})
             extras.update(probed)
             if self.method.implements("postprocess"):
-                mapped = self.method.postprocess(self.method_state, dict(noisy), plan, probed, b)
+                hooks: Any = self.method  # postprocess: an optional hook, found by implements()
+                mapped = hooks.postprocess(self.method_state, dict(noisy), plan, probed, b)
                 for n, p in self.params.items():
                     p.grad = mapped[n].to(p.dtype)
         self.cursor.pending = 0   # taken: released and recorded

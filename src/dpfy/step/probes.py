@@ -18,7 +18,7 @@ def post_release(specs: Mapping[str, ReleaseSpec]) -> list[str]:
     return [name for name, spec in specs.items() if spec.after_release]
 
 
-def probe_losses(specs: Mapping[str, ReleaseSpec], *, model: torch.nn.Module | None,
+def probe_losses(specs: Mapping[str, ReleaseSpec], *, model: torch.nn.Module,
                  loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor] | None,
                  params: Mapping[str, torch.nn.Parameter], batch: Any, rows: int,
                  released_gradient: Mapping[str, torch.Tensor] | None = None
@@ -39,9 +39,14 @@ def probe_losses(specs: Mapping[str, ReleaseSpec], *, model: torch.nn.Module | N
         return {}
     require(loss_fn is not None, "loss_fn", None, "given for loss probes",
             "Pass make_private(..., loss_fn=fn) with fn(model, batch) -> (B,) losses")
+    assert loss_fn is not None, "required above"
     out: dict[str, torch.Tensor] = {}
     for name, spec in probes.items():
-        offsets = spec.offsets(released_gradient) if after else spec.offsets
+        offsets = spec.offsets
+        if callable(offsets):  # a post-release probe (after): offsets(released gradient)
+            assert released_gradient is not None, "post-release probes get the release"
+            offsets = offsets(released_gradient)
+        assert offsets is not None, "a loss probe has offsets (ReleaseSpec checks it)"
         unknown = sorted(set(offsets) - set(params))
         require(not unknown, f"offsets of probe {name!r}", unknown,
                 "names of trainable parameters")

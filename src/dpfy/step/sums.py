@@ -18,7 +18,7 @@ from dpfy.errors import PrivacyRefusal
 from dpfy.step.probes import post_release
 from dpfy.types import Clip, Norms, ReleaseSpec, StepOutcome, StepPlan
 
-__all__ = ["StepSums", "check_bound", "contract", "outcome"]
+__all__ = ["StepSums", "check_bound", "contract", "outcome", "released_gradient"]
 
 WeightSets = list[dict[str, torch.Tensor]]
 WeightedSums = Callable[[WeightSets], WeightSets]
@@ -61,7 +61,7 @@ class StepSums:
     specs: Mapping[str, ReleaseSpec]
     sensitivity: float | None = None                           # Δ of the gradient sum
     gradient: dict[str, torch.Tensor] | None = None            # sensitive: Σ w_i g_i
-    extras: dict[str, torch.Tensor] = field(default_factory=dict)  # sensitive: Σ v_i
+    extras: dict[str, Any] = field(default_factory=dict)  # sensitive: Σ v_i ({name: Σ}: shaped)
     rows: int = 0
     norm_sum: float = 0.0                                      # debug only, NOT private
 
@@ -91,7 +91,8 @@ class StepSums:
         if torch.is_tensor(w):   # one weight per example: ‖w_i g_i‖ = |w_i|·‖g_i‖
             contrib = (w * norms.total).square()                                   # (B,)
         else:                    # per parameter: ‖Σ_k w_ik g_ik‖² = Σ_k w_ik² ‖g_ik‖²
-            contrib = sum(weights[n].square() * norms.per_parameter_sq[n] for n in names)
+            terms = [weights[n].square() * norms.per_parameter_sq[n] for n in names]
+            contrib = sum(terms[1:], start=terms[0]) if terms else norms.total.new_zeros(0)
         check_bound(contrib if names else norms.total.new_zeros(0), clip.sensitivity,
                     what="the clipped gradient sum", owner=owner)
         if clip_fractions is not None and names:   # ‖w_i g_i‖ ≤ f_i·Δ ⇔ ‖w_i g_i‖/f_i ≤ Δ
@@ -155,9 +156,11 @@ class StepSums:
         Gaussian draw (rank 0 the whole draw, the others none).
         """
         std = float(self.plan.noise_multiplier) * float(self.sensitivity or 0.0)
+        released: list[torch.Tensor] = []
         for n, p in params.items():
             total = self.gradient.pop(n) if self.gradient is not None else torch.zeros_like(p)
-            p.grad = noise.noisy_mean(total, std, normalizer).to(p.dtype)  # released
+            p.grad = grad = noise.noisy_mean(total, std, normalizer).to(p.dtype)  # released
+            released.append(grad)
         out: dict[str, Any] = {}
         for name, spec in self.specs.items():
             if spec.after_release:   # noised by release_probes(), once they are evaluated
@@ -171,7 +174,7 @@ class StepSums:
             out[name] = noise.add_gaussian_(t.reshape(-1).clone(), spec.noise_std
                                             ).reshape(t.shape)
         if reduce is not None:
-            reduce([p.grad for p in params.values()] + [
+            reduce(released + [
                 t for v in out.values() for t in (v.values() if isinstance(v, dict) else [v])])
         return {name: float(v) if torch.is_tensor(v) and v.dim() == 0 else v
                 for name, v in out.items()}
@@ -214,12 +217,21 @@ def contract(per_sample: Mapping[str, torch.Tensor]) -> WeightedSums:
 
 
 
+def released_gradient(params: Mapping[str, torch.nn.Parameter]) -> dict[str, torch.Tensor]:
+    """{name: p.grad} after :meth:`StepSums.release` set every parameter's gradient."""
+    out: dict[str, torch.Tensor] = {}
+    for n, p in params.items():
+        assert p.grad is not None, f"the release set {n}'s gradient"
+        out[n] = p.grad
+    return out
+
+
 def outcome(sums: StepSums, extras: Mapping[str, Any], normalizer: float,
              params: Mapping[str, torch.nn.Parameter],
              noisy: Mapping[str, torch.Tensor] | None = None) -> StepOutcome:
     """What ``method.update`` reads: the plan, the released gradient (as released, ``noisy``,
     and as the optimizer stepped on it after ``postprocess``), the extras and the parameters."""
-    gradient = {n: p.grad for n, p in params.items()}
+    gradient = released_gradient(params)
     return StepOutcome(plan=sums.plan, expected_batch_size=normalizer, sums=dict(extras),
                     gradient=gradient, noisy_gradient=dict(noisy or gradient),
                     parameters={n: p.detach() for n, p in params.items()})

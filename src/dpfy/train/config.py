@@ -207,6 +207,7 @@ class TrainConfig:
                     self.physical_batch_size, ">= 1")
         require(self.clip > 0, "clip", self.clip, "> 0")
         require(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, f"one of {OPTIMIZERS}")
+        assert self.lr is not None and self.momentum is not None, "resolved above"
         require(self.lr > 0, "lr", self.lr, "> 0")
         require(0 <= self.momentum < 1, "momentum", self.momentum, "in [0, 1)")
         require(self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
@@ -282,6 +283,7 @@ class TrainConfig:
         require(self.accountant in RIGOROUS, "accountant", self.accountant,
                 f"one of {list(RIGOROUS)} with --individual", "Use --accountant rdp or pld")
         if self.budgets is not None:
+            assert self.budget_fractions is not None, "required with budgets above"
             check_groups(parse_floats(self.budgets, "budgets"),
                          parse_floats(self.budget_fractions, "budget_fractions"))
 

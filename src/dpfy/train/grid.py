@@ -103,7 +103,8 @@ def parse_axis(text: str) -> GridAxis:
 def _with(cfg: TrainConfig, name: str, value: Any) -> TrainConfig:
     """``cfg`` with one gridded value set (a field, or a method option)."""
     if "." not in name:
-        return dataclasses.replace(cfg, **{name: float(value)})
+        change: dict[str, Any] = {name: float(value)}
+        return dataclasses.replace(cfg, **change)
     require(cfg.method is not None, "grid", name, "a method option only with --method",
             "Add --method NAME")
     target, _, key = name.partition(".")
@@ -158,7 +159,7 @@ def _validation_split(data: DataSplits, cfg: TrainConfig, fraction: float
                       ) -> tuple[DataSplits, str]:
     """(splits with ``test`` = the selection data, what the selection was made on)."""
     if cfg.public_validation == "test":
-        return data, (f"the test split ({len(data.test)} examples), which the user declared "
+        return data, (f"the test split ({data.num_test} examples), which the user declared "
                       f"public (--public-validation test); it chose the winner without noise, so "
                       f"the guarantee does not cover it and it must not hold private data")
     require(0 < fraction < 1, "validation_fraction", fraction, "in (0, 1)")
@@ -239,6 +240,7 @@ def run_grid(base: TrainConfig, axes: Sequence[GridAxis], *, out: str | Path,
     data = data if data is not None else load_dataset(base.dataset, data_dir=base.data_dir)
     held, selected_on = _validation_split(data, base, validation_fraction)
     resolved, _ = resolve(base, num_examples=held.num_train, reference_delta=held.reference_delta)
+    assert resolved.delta is not None and resolved.batch_size is not None, "resolve() set them"
     delta = float(resolved.delta)
     sampler = PoissonSampler(held.num_train, sample_rate=resolved.batch_size / held.num_train)
     steps = base.epochs * sampler.steps_per_epoch
@@ -247,6 +249,7 @@ def run_grid(base: TrainConfig, axes: Sequence[GridAxis], *, out: str | Path,
             target_epsilon=base.epsilon, delta=delta, sample_rate=sampler.sample_rate,
             steps=steps, runs=k, accountant=base.accountant, dataset_size=held.num_train)
     else:
+        assert base.noise_multiplier is not None, "the config gives ε or σ"
         sigma = float(base.noise_multiplier)
     echo(f"dpfy tune: {k} configurations, σ = {sigma:.4g} for each "
          f"({'grid target ε = %g' % base.epsilon if base.epsilon is not None else 'fixed σ'}, "
@@ -292,12 +295,13 @@ def _winner_on_test(win_dir: Path, cfg: TrainConfig, data: DataSplits) -> dict[s
     model = build_model(cfg.model, input_shape=data.input_shape, num_classes=data.num_classes)
     model.load_state_dict(torch.load(win_dir / "model.pt", weights_only=True))
     loss, acc = evaluate(model, data.test)
-    return {"loss": loss, "accuracy": acc, "examples": len(data.test)}  # type: ignore[arg-type]
+    return {"loss": loss, "accuracy": acc, "examples": data.num_test}
 
 
 def _check_first_run(ledger: Ledger, k: int, base: TrainConfig, delta: float) -> None:
     """Refuse before the other k − 1 runs when k copies of the first run's real ledger spend
     more than the target (a method whose releases compose above the run's σ)."""
+    assert base.epsilon is not None, "only a grid with a target ε is checked"
     eps = grid_epsilon([composed_runs(ledger, k)], delta=delta, accountant=base.accountant)
     if eps > base.epsilon * (1 + 1e-3):
         raise PrivacyRefusal(

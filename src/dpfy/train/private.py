@@ -58,6 +58,7 @@ class PrivateRun:
 
 def make_optimizer(cfg: TrainConfig, params) -> torch.optim.Optimizer:
     """The non-private optimizer ``make_private`` wraps."""
+    assert cfg.lr is not None and cfg.momentum is not None, "TrainConfig resolves them"
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum,
                                weight_decay=cfg.weight_decay)
@@ -112,6 +113,7 @@ def private_run(model: nn.Module, optimizer: torch.optim.Optimizer, train: Datas
     require(optimizer.max_steps == epochs * steps_per_epoch, "max_steps", optimizer.max_steps,
             f"{epochs} epochs × {steps_per_epoch} steps per epoch (what the run was planned "
             f"for)", "This is a bug in dpfy: the plan and the sampler disagree; please report it")
+    assert optimizer.max_steps is not None, "planned for epochs (required above)"
     return PrivateRun(model=model, optimizer=optimizer, loader=loader,
                       sample_rate=loader.sampler.sample_rate, steps_per_epoch=steps_per_epoch,
                       total_steps=optimizer.max_steps)
@@ -147,6 +149,7 @@ def make_private_run(cfg: TrainConfig, model: nn.Module, data: DataSplits) -> Pr
     """Wrap ``model`` for DP training on ``data.train`` as ``cfg`` says."""
     optimizer = make_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
     method = build_methods(cfg)
+    assert cfg.batch_size is not None, "resolve() set the batch size"
     private = private_run(
         model, optimizer, data.train, batch_size=cfg.batch_size, epochs=cfg.epochs,
         noise_multiplier=cfg.noise_multiplier, target_epsilon=cfg.epsilon,

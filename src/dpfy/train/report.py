@@ -113,6 +113,7 @@ def public_data(cfg: TrainConfig, method, num_test: int) -> str | None:
 
 def user_section(cfg: TrainConfig, private, ledger) -> ReportSection:
     """The report's "Unit of privacy: users" section for a ``--user-ids`` run (ULS or ELS)."""
+    assert cfg.delta is not None, "resolve() set δ"
     sampler = private.optimizer.sampler
     units = sampler.units
     largest = int(units.sizes.max())
@@ -160,6 +161,7 @@ def write_report(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, p
     """Write the report files into ``directory``; return the final ε (``cfg.accountant``).
 
     ``sections``: extra report sections (a tuning grid, an audit, per-group budgets)."""
+    assert cfg.delta is not None, "resolve() set δ"
     ledger = private.optimizer.ledger
     sampler = private.optimizer.sampler
     users = sampler.units.name == "user"
@@ -177,7 +179,7 @@ def write_report(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, p
                       f"{private.steps_per_epoch} steps per epoch",
         warnings=(SEED_WARNING,) if cfg.reproducible else (), not_released=NOT_RELEASED,
         methods=methods_ran(private.optimizer.method, private.noise_multiplier),
-        public_data=public_data(cfg, private.optimizer.method, len(data.test)),
+        public_data=public_data(cfg, private.optimizer.method, data.num_test),
         sections=sections,
     ).write(directory)
     return float(ledger_epsilon(ledger, delta=cfg.delta, accountant=cfg.accountant))

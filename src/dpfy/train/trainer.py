@@ -181,6 +181,7 @@ def _resume(run: RunDir, ckpt: Checkpoint, overrides: Mapping[str, Any] | None,
 def _run(cfg: TrainConfig, notes: dict[str, Any], run: RunDir, data: DataSplits,
          model: nn.Module | None, ckpt: Checkpoint | None, progress: bool,
          echo: Echo) -> TrainResult:
+    assert cfg.delta is not None, "resolve() set δ (a checkpoint holds the resolved config)"
     torch.set_num_threads(cfg.threads or usable_cores())
     # Model init: the given seed, or a fresh secret one that is never stored (a resumed run
     # loads its weights and torch's RNG state from the checkpoint). Sampling and noise: the
@@ -257,10 +258,12 @@ def _individual_run(cfg: TrainConfig, model: nn.Module, data: DataSplits):
     if cfg.budgets_file is not None:
         budgets = load_budgets(cfg.budgets_file)
     else:
+        assert cfg.budgets is not None and cfg.budget_fractions is not None, "TrainConfig checks"
         budgets = random_budgets(parse_floats(cfg.budgets, "budgets"),
                                  parse_floats(cfg.budget_fractions, "budget_fractions"),
                                  data.num_train, cfg.budget_seed)
     optimizer = make_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
+    assert cfg.batch_size is not None, "resolve() set the batch size"
     return private_run(model, optimizer, data.train, batch_size=cfg.batch_size,
                        epochs=cfg.epochs, budgets=budgets, individual=cfg.individual,
                        target_delta=cfg.delta, max_grad_norm=cfg.clip, route=cfg.route,
@@ -316,6 +319,7 @@ def _statement(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, pri
 def _finish(cfg: TrainConfig, notes: Mapping[str, Any], run: RunDir, data: DataSplits,
             private, metrics: MetricsLog, wall: float, echo: Echo,
             average: ParameterAverage | None = None) -> TrainResult:
+    assert cfg.delta is not None, "resolve() set δ"
     staging = run.staging
     buf = io.BytesIO()
     torch.save(private.model.state_dict(), buf)

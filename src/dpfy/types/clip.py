@@ -27,7 +27,8 @@ class Norms:
 
     def per_group(self) -> torch.Tensor:
         """‖g_ik‖ for each group k, (B, K). Sensitive."""
-        cols = [torch.sqrt(sum(self.per_parameter_sq[n] for n in g)) for g in self.groups]
+        cols = [torch.sqrt(sum((self.per_parameter_sq[n] for n in g[1:]),
+                              start=self.per_parameter_sq[g[0]])) for g in self.groups]
         return torch.stack(cols, dim=1) if cols else self.total.new_zeros(len(self.total), 0)
 
 
