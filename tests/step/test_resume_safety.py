@@ -80,7 +80,7 @@ def test_two_continuations_from_one_secure_checkpoint_add_different_noise():
         # a zero loss: every clipped gradient is 0, so each update is the noise alone (/b);
         # before the fix both branches drew the same key and counter: equal updates, and the
         # difference of two branches' real releases held no noise at all
-        _train(m, o, d, 1, loss=lambda out: 0.0 * out.sum())
+        _train(m, o, d, 1, loss=lambda out: 0.0 * out.sum(1).mean())  # zero, a mean over examples
         updates.append(torch.cat([(p.detach() - q).flatten()
                                   for p, q in zip(m.parameters(), before)]))
     assert updates[0].abs().min() > 0 and updates[1].abs().min() > 0
