@@ -48,5 +48,7 @@ def require_extra(module: str, *, feature: str) -> ModuleType:
     except ModuleNotFoundError as e:
         if e.name is None or e.name.split(".")[0] != top:
             raise
-        raise MissingExtra(f"{feature} needs {dist}, which is not installed: "
-                           f"pip install \"dpfy[{extra}]\" (or \"dpfy[all]\")") from None
+        raise MissingExtra(
+            f"{feature} needs {dist}, which is not installed: "
+            f'pip install "dpfy[{extra}]" (or "dpfy[all]")'
+        ) from None

@@ -38,15 +38,27 @@ from dpfy.clipping import make_clipping
 from dpfy.errors import SeedWarning
 from dpfy.grads import GradEngine
 from dpfy.memory import plan_physical_batch
-from dpfy.noise import BandMFMechanism, GaussianMechanism, NoiseMechanism, NoiseSource, \
-    TreeMechanism
+from dpfy.noise import (
+    BandMFMechanism,
+    GaussianMechanism,
+    NoiseMechanism,
+    NoiseSource,
+    TreeMechanism,
+)
 from dpfy.noise.toeplitz import optimize_banded
 from dpfy.optim import DPOptimizer
 from dpfy.privacy import Ledger, calibrate_noise_multiplier
 from dpfy.privacy.accountants import RIGOROUS, check_accountant
 from dpfy.errors import PrivacyRefusal
-from dpfy.sampling import (USER_SAMPLINGS, CyclicPoissonSampler, DPDataLoader, PoissonSampler,
-                           ShuffleSampler, make_sampler, make_user_sampler)
+from dpfy.sampling import (
+    USER_SAMPLINGS,
+    CyclicPoissonSampler,
+    DPDataLoader,
+    PoissonSampler,
+    ShuffleSampler,
+    make_sampler,
+    make_user_sampler,
+)
 from dpfy.sampling.microbatch import check_microbatch, make_microbatch_sampler
 from dpfy.step.distributed import current_collective, global_batch_notice, unwrap_model
 from dpfy.step.guard import EpsilonGuard
@@ -66,10 +78,13 @@ def derive_seeds(seed: int) -> tuple[int, int]:
 
 
 def make_private(
-    model: nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
-    loader: DataLoader | None = None, *,
+    model: nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    loader: DataLoader | None = None,
+    *,
     noise_multiplier: float | None = None,
-    target_epsilon: float | None = None, target_delta: float | None = None,
+    target_epsilon: float | None = None,
+    target_delta: float | None = None,
     epochs: float | None = None,
     max_grad_norm: float | Sequence[float] = 1.0,
     clipping: str = "flat",
@@ -80,7 +95,8 @@ def make_private(
     max_physical_batch_size: int | str | None = None,
     memory_limit: int | None = None,
     accountant: str = "pld",
-    max_steps: int | None = None, epsilon_cap: float | None = None,
+    max_steps: int | None = None,
+    epsilon_cap: float | None = None,
     loss_reduction: str = "mean",
     sample_rates: Sequence[float] | torch.Tensor | None = None,
     loss_fn: "Callable[[nn.Module, Any], torch.Tensor] | None" = None,
@@ -93,7 +109,8 @@ def make_private(
     noise: str = "gaussian",
     bands: int | None = None,
     declare_row_wise: bool = False,
-    module: nn.Module | None = None, data_loader: DataLoader | None = None,
+    module: nn.Module | None = None,
+    data_loader: DataLoader | None = None,
     microbatch_size: int | None = None,
 ) -> tuple[nn.Module, DPOptimizer, DPDataLoader]:
     """Make ``model``/``optimizer``/``loader`` differentially private (DP-SGD and variants).
@@ -204,52 +221,103 @@ def make_private(
     """
     model = _alias("model", model, "module", module)
     loader = _alias("loader", loader, "data_loader", data_loader)
-    if isinstance(loader, DPDataLoader):   # re-privatizing: a fresh sampler over its data
+    if isinstance(loader, DPDataLoader):  # re-privatizing: a fresh sampler over its data
         loader = loader.original
     user_model, model = _admit(model, optimizer, loader)
     assert optimizer is not None  # _admit refused anything but an Optimizer
     collective = current_collective()  # data-parallel ranks (dpfy.step.distributed), or None
-    _check_arguments(noise_multiplier=noise_multiplier, target_epsilon=target_epsilon,
-                     method=method, budgets=budgets, accountant=accountant, max_steps=max_steps)
-    _check_user_level(user_ids=user_ids, user_sampling=user_sampling,
-                      max_examples_per_user=max_examples_per_user,
-                      user_reduction=user_reduction, poisson_sampling=poisson_sampling,
-                      sample_rates=sample_rates, collective=collective, budgets=budgets,
-                      individual=individual, clipping=clipping)
-    _check_noise(noise, bands, collective=collective, budgets=budgets, individual=individual,
-                 sample_rates=sample_rates, user_ids=user_ids, microbatch_size=microbatch_size)
+    _check_arguments(
+        noise_multiplier=noise_multiplier,
+        target_epsilon=target_epsilon,
+        method=method,
+        budgets=budgets,
+        accountant=accountant,
+        max_steps=max_steps,
+    )
+    _check_user_level(
+        user_ids=user_ids,
+        user_sampling=user_sampling,
+        max_examples_per_user=max_examples_per_user,
+        user_reduction=user_reduction,
+        poisson_sampling=poisson_sampling,
+        sample_rates=sample_rates,
+        collective=collective,
+        budgets=budgets,
+        individual=individual,
+        clipping=clipping,
+    )
+    _check_noise(
+        noise,
+        bands,
+        collective=collective,
+        budgets=budgets,
+        individual=individual,
+        sample_rates=sample_rates,
+        user_ids=user_ids,
+        microbatch_size=microbatch_size,
+    )
     sampling_seed, noise_seed = derive_seeds(seed) if seed is not None else (None, None)
     if seed is not None:
         warn_seed(seed)
-    clipping = check_microbatch(clipping, microbatch_size, poisson_sampling=poisson_sampling,
-                                others={"user_ids": user_ids, "sample_rates": sample_rates,
-                                        "method": method, "budgets": budgets,
-                                        "individual": individual, "data-parallel": collective,
-                                        "noise": None if noise == "gaussian" else noise})
+    clipping = check_microbatch(
+        clipping,
+        microbatch_size,
+        poisson_sampling=poisson_sampling,
+        others={
+            "user_ids": user_ids,
+            "sample_rates": sample_rates,
+            "method": method,
+            "budgets": budgets,
+            "individual": individual,
+            "data-parallel": collective,
+            "noise": None if noise == "gaussian" else noise,
+        },
+    )
     if max_physical_batch_size == "auto":
-        max_physical_batch_size = plan_physical_batch(model, loader, memory_limit=memory_limit,
-                                                      route=route)
+        max_physical_batch_size = plan_physical_batch(
+            model, loader, memory_limit=memory_limit, route=route
+        )
     else:
-        require(memory_limit is None, "memory_limit", memory_limit,
-                "None unless max_physical_batch_size='auto'", "Pass one of them")
+        require(
+            memory_limit is None,
+            "memory_limit",
+            memory_limit,
+            "None unless max_physical_batch_size='auto'",
+            "Pass one of them",
+        )
 
     # -- the run's facts: the sampler's, and the horizon ---------------------------------------
-    sampler: PoissonSampler | ShuffleSampler | CyclicPoissonSampler = (make_user_sampler(
-        loader, user_ids, user_sampling=user_sampling,  # type: ignore[arg-type]
-        max_examples_per_user=max_examples_per_user, user_reduction=user_reduction,
-        seed=sampling_seed) if user_ids is not None else make_microbatch_sampler(
-        loader, microbatch_size, seed=sampling_seed)  # type: ignore[arg-type]
-        if clipping == "microbatch" else make_sampler(
-        loader, poisson_sampling=poisson_sampling and noise != "tree",
-        sample_rates=sample_rates, seed=sampling_seed,
-        shard=collective.shard if collective is not None else None,
-        bands=bands if noise == "bandmf" else None))
-    largest = getattr(sampler, "largest_unit", None)   # ULS: a user's rows of one step
+    sampler: PoissonSampler | ShuffleSampler | CyclicPoissonSampler = (
+        make_user_sampler(
+            loader,
+            user_ids,
+            user_sampling=user_sampling,  # type: ignore[arg-type]
+            max_examples_per_user=max_examples_per_user,
+            user_reduction=user_reduction,
+            seed=sampling_seed,
+        )
+        if user_ids is not None
+        else make_microbatch_sampler(loader, microbatch_size, seed=sampling_seed)  # type: ignore[arg-type]
+        if clipping == "microbatch"
+        else make_sampler(
+            loader,
+            poisson_sampling=poisson_sampling and noise != "tree",
+            sample_rates=sample_rates,
+            seed=sampling_seed,
+            shard=collective.shard if collective is not None else None,
+            bands=bands if noise == "bandmf" else None,
+        )
+    )
+    largest = getattr(sampler, "largest_unit", None)  # ULS: a user's rows of one step
     if largest is not None and isinstance(max_physical_batch_size, int):
-        require(largest <= max_physical_batch_size, "max_physical_batch_size",
-                max_physical_batch_size, f">= {largest}, the most rows one user brings to a "
-                f"step (a user's rows are clipped together, in one physical batch)",
-                "Raise it, or cap the rows per user and step with max_examples_per_user")
+        require(
+            largest <= max_physical_batch_size,
+            "max_physical_batch_size",
+            max_physical_batch_size,
+            f">= {largest}, the most rows one user brings to a "
+            f"step (a user's rows are clipped together, in one physical batch)",
+            "Raise it, or cap the rows per user and step with max_examples_per_user",
+        )
     dp_loader = DPDataLoader(loader, sampler, max_physical_batch_size=max_physical_batch_size)
     max_steps = _horizon(epochs, max_steps, target_epsilon, target_delta, len(dp_loader))
     if (target_epsilon is not None or epsilon_cap is not None) and accountant not in RIGOROUS:
@@ -257,97 +325,172 @@ def make_private(
             f"accountant must be one of {list(RIGOROUS)} when it decides the noise (target_"
             f"epsilon, epsilon_cap), got accountant = {accountant!r}. The GDP CLT can under-"
             f"report ε; calibrate with 'pld' and read GDP afterwards with "
-            f"optimizer.epsilon(delta, accountant='gdp', approximate=True)")
+            f"optimizer.epsilon(delta, accountant='gdp', approximate=True)"
+        )
 
     # -- calibrate: individual budgets, the method, σ ------------------------------------------
     individual_run = None
     if budgets is not None or individual is not None:
         individual_run = individualize(
-            budgets, individual, sampler=sampler, max_steps=max_steps, delta=target_delta,
-            accountant=accountant, max_grad_norm=max_grad_norm, seed=sampling_seed,
-            others={"noise_multiplier": noise_multiplier, "target_epsilon": target_epsilon,
-                    "sample_rates": sample_rates, "method": method, "collective": collective},
-            clipping=clipping, poisson_sampling=poisson_sampling)
+            budgets,
+            individual,
+            sampler=sampler,
+            max_steps=max_steps,
+            delta=target_delta,
+            accountant=accountant,
+            max_grad_norm=max_grad_norm,
+            seed=sampling_seed,
+            others={
+                "noise_multiplier": noise_multiplier,
+                "target_epsilon": target_epsilon,
+                "sample_rates": sample_rates,
+                "method": method,
+                "collective": collective,
+            },
+            clipping=clipping,
+            poisson_sampling=poisson_sampling,
+        )
         sampler, noise_multiplier = individual_run.sampler, individual_run.noise_multiplier
         clipping, max_grad_norm = individual_run.clipping, individual_run.max_grad_norm
-        dp_loader = DPDataLoader(loader, sampler,
-                                 max_physical_batch_size=max_physical_batch_size)
+        dp_loader = DPDataLoader(loader, sampler, max_physical_batch_size=max_physical_batch_size)
     n, q = sampler.dataset_size, sampler.sample_rate
     if collective is not None:
-        collective.agree({"dataset_size": n, "sample_rate": q, "noise_multiplier":
-                          noise_multiplier, "target_epsilon": target_epsilon, "target_delta":
-                          target_delta, "epochs": epochs, "max_steps": max_steps,
-                          "max_grad_norm": repr(max_grad_norm), "clipping": clipping,
-                          "method": repr(method), "accountant": accountant,
-                          "loss_reduction": loss_reduction, "seeded": seed is not None})
+        collective.agree(
+            {
+                "dataset_size": n,
+                "sample_rate": q,
+                "noise_multiplier": noise_multiplier,
+                "target_epsilon": target_epsilon,
+                "target_delta": target_delta,
+                "epochs": epochs,
+                "max_steps": max_steps,
+                "max_grad_norm": repr(max_grad_norm),
+                "clipping": clipping,
+                "method": repr(method),
+                "accountant": accountant,
+                "loss_reduction": loss_reduction,
+                "seeded": seed is not None,
+            }
+        )
         collective.broadcast_module(model)
         if collective.rank == 0 and individual_run is None:
-            warnings.warn(global_batch_notice(collective.world_size, int(loader.batch_size),
-                                              n, q), stacklevel=2)
-    grads = GradEngine(model, route=route, loss_reduction=loss_reduction,
-                       declare_row_wise=declare_row_wise)
+            warnings.warn(
+                global_batch_notice(collective.world_size, int(loader.batch_size), n, q),
+                stacklevel=2,
+            )
+    grads = GradEngine(
+        model, route=route, loss_reduction=loss_reduction, declare_row_wise=declare_row_wise
+    )
     try:
         _check_optimizer_params(optimizer, grads)
         layers = [[u.qualified(r) for r in u.params] for u in grads.units]
         policy = make_clipping(clipping, max_grad_norm, layers, dataset_size=n)
         if clipping == "individual":
-            require(poisson_sampling, "poisson_sampling", False, "True for clipping="
-                    "'individual'", "Per-example thresholds need the batch's dataset indices")
+            require(
+                poisson_sampling,
+                "poisson_sampling",
+                False,
+                "True for clipping='individual'",
+                "Per-example thresholds need the batch's dataset indices",
+            )
         method = _resolve_method(method)
         if method is not None:
-            facts = RunFacts(sampling=sampler.sampling, sample_rate=q, steps=max_steps,
-                             dataset_size=n, steps_per_epoch=len(dp_loader),
-                             normalizer=sampler.normalizer, delta=target_delta,
-                             target_epsilon=target_epsilon, accountant=accountant,
-                             max_grad_norm=(float(max_grad_norm)
-                                            if isinstance(max_grad_norm, (int, float)) else None),
-                             num_groups=len(grads.units),
-                             inner_optimizer=type(optimizer).__name__,
-                             inner_hyperparameters={k: v for k, v in
-                                                    optimizer.param_groups[0].items()
-                                                    if k != "params"},
-                             max_examples_per_user=sampler.max_examples_per_user)
+            facts = RunFacts(
+                sampling=sampler.sampling,
+                sample_rate=q,
+                steps=max_steps,
+                dataset_size=n,
+                steps_per_epoch=len(dp_loader),
+                normalizer=sampler.normalizer,
+                delta=target_delta,
+                target_epsilon=target_epsilon,
+                accountant=accountant,
+                max_grad_norm=(
+                    float(max_grad_norm) if isinstance(max_grad_norm, (int, float)) else None
+                ),
+                num_groups=len(grads.units),
+                inner_optimizer=type(optimizer).__name__,
+                inner_hyperparameters={
+                    k: v for k, v in optimizer.param_groups[0].items() if k != "params"
+                },
+                max_examples_per_user=sampler.max_examples_per_user,
+            )
             method = calibrate_for_run(method, facts)
             method_steps = getattr(method, "total_steps", None)
             if max_steps is None and method_steps:
                 max_steps = int(method_steps)
-        if target_epsilon is not None and not (method is not None
-                                               and "noise_multiplier" in method.sets):
+        if target_epsilon is not None and not (
+            method is not None and "noise_multiplier" in method.sets
+        ):
             # _horizon required δ and the run's length with a target ε
             assert target_delta is not None and max_steps is not None
             noise_multiplier = calibrate_noise_multiplier(
-                target_epsilon=target_epsilon, delta=target_delta, sample_rate=q,
-                steps=max_steps, accountant=accountant, sampling=sampler.sampling,
+                target_epsilon=target_epsilon,
+                delta=target_delta,
+                sample_rate=q,
+                steps=max_steps,
+                accountant=accountant,
+                sampling=sampler.sampling,
                 max_examples_per_user=getattr(sampler, "max_examples_per_user", None),
-                noise=noise, period=_period(noise, sampler))
+                noise=noise,
+                period=_period(noise, sampler),
+            )
         if target_epsilon is not None and epsilon_cap is None:
             epsilon_cap = target_epsilon  # the target is a limit, whatever changes the horizon
         if noise != "gaussian" and method is not None:
-            require("noise_multiplier" not in method.sets, "method",
-                    method.registry_name or type(method).__name__,
-                    f"a method that does not set σ with noise={noise!r}",
-                    "Correlated noise needs one σ for the whole run: use noise='gaussian'")
+            require(
+                "noise_multiplier" not in method.sets,
+                "method",
+                method.registry_name or type(method).__name__,
+                f"a method that does not set σ with noise={noise!r}",
+                "Correlated noise needs one σ for the whole run: use noise='gaussian'",
+            )
 
         if method is not None and sampler.sampling is Sampling.ULS:
             _refuse_per_example_releases(method, q, noise_multiplier, policy.default_clip())
         if method is not None:
-            _check_capabilities(method, grads, max_physical_batch_size, clipping, loss_fn,
-                                StepPlan(step=0, sample_rate=q,
-                                         noise_multiplier=noise_multiplier or 0.0,
-                                         clip=policy.default_clip()))
+            _check_capabilities(
+                method,
+                grads,
+                max_physical_batch_size,
+                clipping,
+                loss_fn,
+                StepPlan(
+                    step=0,
+                    sample_rate=q,
+                    noise_multiplier=noise_multiplier or 0.0,
+                    clip=policy.default_clip(),
+                ),
+            )
 
         # -- assemble ---------------------------------------------------------------------------
         private_step = PrivateStep(
-            optimizer, grads=grads, clipping=policy,
-            mechanism=_mechanism(noise, NoiseSource(noise_seed), sampler=sampler,
-                                 noise_multiplier=noise_multiplier,
-                                 horizon=max_steps or len(dp_loader)),
-            sampler=sampler, cursor=dp_loader.cursor, noise_multiplier=noise_multiplier,
-            method=method, ledger=Ledger(dataset_size=n),
-            guard=EpsilonGuard(max_steps=max_steps, epsilon_cap=epsilon_cap,
-                               delta=target_delta, accountant=accountant),
-            model=model, loss_fn=loss_fn, collective=collective,
-            individual=individual_run.budgets if individual_run is not None else None)
+            optimizer,
+            grads=grads,
+            clipping=policy,
+            mechanism=_mechanism(
+                noise,
+                NoiseSource(noise_seed),
+                sampler=sampler,
+                noise_multiplier=noise_multiplier,
+                horizon=max_steps or len(dp_loader),
+            ),
+            sampler=sampler,
+            cursor=dp_loader.cursor,
+            noise_multiplier=noise_multiplier,
+            method=method,
+            ledger=Ledger(dataset_size=n),
+            guard=EpsilonGuard(
+                max_steps=max_steps,
+                epsilon_cap=epsilon_cap,
+                delta=target_delta,
+                accountant=accountant,
+            ),
+            model=model,
+            loss_fn=loss_fn,
+            collective=collective,
+            individual=individual_run.budgets if individual_run is not None else None,
+        )
         dp_optimizer = DPOptimizer(optimizer, private_step, accountant=accountant, seed=seed)
     except Exception:
         grads.detach()
@@ -357,10 +500,12 @@ def make_private(
     return user_model, dp_optimizer, dp_loader
 
 
-SEED_WARNING = ("make_private(seed={seed}): sampling and noise follow from the seed, so anyone "
-                "who knows it can reproduce the noise and undo the privacy. Use a seed only "
-                "for debugging or reproducing a result, never for a model you release "
-                "(seed=None, the default, draws both from the operating system)")
+SEED_WARNING = (
+    "make_private(seed={seed}): sampling and noise follow from the seed, so anyone "
+    "who knows it can reproduce the noise and undo the privacy. Use a seed only "
+    "for debugging or reproducing a result, never for a model you release "
+    "(seed=None, the default, draws both from the operating system)"
+)
 
 
 def warn_seed(seed: int) -> None:
@@ -370,133 +515,232 @@ def warn_seed(seed: int) -> None:
 
 def _check_noise(noise: str, bands: int | None, **others: Any) -> None:
     """``noise=`` and ``bands=``, and what correlated noise cannot be combined with."""
-    require(noise in ("gaussian", "tree", "bandmf"), "noise", noise,
-            "'gaussian', 'tree' or 'bandmf'")
-    require((bands is not None) == (noise == "bandmf"), "bands", bands,
-            "an integer >= 1 with noise='bandmf', None otherwise",
-            "Pass noise='bandmf', bands=b (e.g. bands=8), or drop bands=")
+    require(
+        noise in ("gaussian", "tree", "bandmf"), "noise", noise, "'gaussian', 'tree' or 'bandmf'"
+    )
+    require(
+        (bands is not None) == (noise == "bandmf"),
+        "bands",
+        bands,
+        "an integer >= 1 with noise='bandmf', None otherwise",
+        "Pass noise='bandmf', bands=b (e.g. bands=8), or drop bands=",
+    )
     if noise == "gaussian":
         return
     given = sorted(k for k, v in others.items() if v is not None)
-    require(not given, "arguments", given, f"none of them with noise={noise!r}",
-            "Correlated noise is single-process, for uniform budgets and rates; use "
-            "noise='gaussian' for these")
+    require(
+        not given,
+        "arguments",
+        given,
+        f"none of them with noise={noise!r}",
+        "Correlated noise is single-process, for uniform budgets and rates; use "
+        "noise='gaussian' for these",
+    )
 
 
 def _period(noise: str, sampler: Any) -> int | None:
     """The release's period: the tree's restart length (steps per pass) or the band count."""
-    return {"gaussian": None, "tree": getattr(sampler, "steps_per_epoch", None),
-            "bandmf": getattr(sampler, "bands", None)}[noise]
+    return {
+        "gaussian": None,
+        "tree": getattr(sampler, "steps_per_epoch", None),
+        "bandmf": getattr(sampler, "bands", None),
+    }[noise]
 
 
-def _mechanism(noise: str, source: NoiseSource, *, sampler: Any,
-               noise_multiplier: float | None, horizon: int) -> NoiseMechanism:
+def _mechanism(
+    noise: str, source: NoiseSource, *, sampler: Any, noise_multiplier: float | None, horizon: int
+) -> NoiseMechanism:
     """The run's noise mechanism on the sampler's facts (BandMF's strategy optimized for the
     prefix sums of ``horizon`` steps)."""
     if noise == "gaussian":
-        return GaussianMechanism(source, sampling=sampler.sampling,
-                                 sample_rate=sampler.sample_rate,
-                                 max_examples_per_user=getattr(sampler, "max_examples_per_user",
-                                                               None))
-    require(noise_multiplier is not None and noise_multiplier > 0, "noise_multiplier",
-            noise_multiplier, f"> 0 with noise={noise!r}",
-            "Pass noise_multiplier=σ or target_epsilon= (correlated noise cannot be turned off)")
+        return GaussianMechanism(
+            source,
+            sampling=sampler.sampling,
+            sample_rate=sampler.sample_rate,
+            max_examples_per_user=getattr(sampler, "max_examples_per_user", None),
+        )
+    require(
+        noise_multiplier is not None and noise_multiplier > 0,
+        "noise_multiplier",
+        noise_multiplier,
+        f"> 0 with noise={noise!r}",
+        "Pass noise_multiplier=σ or target_epsilon= (correlated noise cannot be turned off)",
+    )
     assert noise_multiplier is not None  # the require above refused None
     if noise == "tree":
-        return TreeMechanism(source, period=sampler.steps_per_epoch,
-                             noise_multiplier=noise_multiplier, sample_rate=sampler.sample_rate,
-                             sampler_position=lambda: sampler.batch_in_pass)
-    return BandMFMechanism(source, coefficients=optimize_banded(horizon, sampler.bands),
-                           noise_multiplier=noise_multiplier, sample_rate=sampler.sample_rate,
-                           sampler_position=lambda: sampler.step)
+        return TreeMechanism(
+            source,
+            period=sampler.steps_per_epoch,
+            noise_multiplier=noise_multiplier,
+            sample_rate=sampler.sample_rate,
+            sampler_position=lambda: sampler.batch_in_pass,
+        )
+    return BandMFMechanism(
+        source,
+        coefficients=optimize_banded(horizon, sampler.bands),
+        noise_multiplier=noise_multiplier,
+        sample_rate=sampler.sample_rate,
+        sampler_position=lambda: sampler.step,
+    )
 
 
 def _alias(name: str, value: Any, opacus_name: str, opacus_value: Any) -> Any:
     """``value``, or Opacus's keyword for it; exactly one of the two."""
-    require((value is None) != (opacus_value is None), f"{name} / {opacus_name}",
-            (type(value).__name__, type(opacus_value).__name__), "exactly one given",
-            f"Pass {name}= (or Opacus's {opacus_name}=), once")
+    require(
+        (value is None) != (opacus_value is None),
+        f"{name} / {opacus_name}",
+        (type(value).__name__, type(opacus_value).__name__),
+        "exactly one given",
+        f"Pass {name}= (or Opacus's {opacus_name}=), once",
+    )
     return value if value is not None else opacus_value
 
 
-def _admit(model: nn.Module, optimizer: torch.optim.Optimizer | None,
-           loader: DataLoader) -> tuple[nn.Module, nn.Module]:
+def _admit(
+    model: nn.Module, optimizer: torch.optim.Optimizer | None, loader: DataLoader
+) -> tuple[nn.Module, nn.Module]:
     """Check the three objects' types; the user's model and the one to hook (unwrapped)."""
     require(isinstance(model, nn.Module), "model", type(model).__name__, "an nn.Module")
-    require(isinstance(optimizer, torch.optim.Optimizer), "optimizer",
-            type(optimizer).__name__, "a torch.optim.Optimizer")
-    require(isinstance(loader, DataLoader), "loader", type(loader).__name__,
-            "a torch.utils.data.DataLoader")
+    require(
+        isinstance(optimizer, torch.optim.Optimizer),
+        "optimizer",
+        type(optimizer).__name__,
+        "a torch.optim.Optimizer",
+    )
+    require(
+        isinstance(loader, DataLoader),
+        "loader",
+        type(loader).__name__,
+        "a torch.utils.data.DataLoader",
+    )
     inner = unwrap_model(model)
-    require(inner not in _ATTACHED, "model", type(model).__name__, "not already private",
-            "Call make_private once per model (build a fresh model to start over)")
+    require(
+        inner not in _ATTACHED,
+        "model",
+        type(model).__name__,
+        "not already private",
+        "Call make_private once per model (build a fresh model to start over)",
+    )
     return model, inner
 
 
-def _check_arguments(*, noise_multiplier: float | None, target_epsilon: float | None,
-                     method: Any, budgets: Any, accountant: str, max_steps: int | None) -> None:
+def _check_arguments(
+    *,
+    noise_multiplier: float | None,
+    target_epsilon: float | None,
+    method: Any,
+    budgets: Any,
+    accountant: str,
+    max_steps: int | None,
+) -> None:
     """The privacy arguments, before anything is built: one source of σ, valid values."""
-    require(noise_multiplier is None or target_epsilon is None,
-            "noise_multiplier / target_epsilon", (noise_multiplier, target_epsilon),
-            "not both given", "Pass σ directly or a target ε to calibrate it, not both")
-    require(noise_multiplier is not None or target_epsilon is not None or method is not None
-            or budgets is not None,
-            "noise_multiplier", None, "given (or target_epsilon, or a method that sets σ)",
-            "Pass noise_multiplier=σ or target_epsilon=..., target_delta=..., epochs=...")
+    require(
+        noise_multiplier is None or target_epsilon is None,
+        "noise_multiplier / target_epsilon",
+        (noise_multiplier, target_epsilon),
+        "not both given",
+        "Pass σ directly or a target ε to calibrate it, not both",
+    )
+    require(
+        noise_multiplier is not None
+        or target_epsilon is not None
+        or method is not None
+        or budgets is not None,
+        "noise_multiplier",
+        None,
+        "given (or target_epsilon, or a method that sets σ)",
+        "Pass noise_multiplier=σ or target_epsilon=..., target_delta=..., epochs=...",
+    )
     if noise_multiplier is not None:
         require(noise_multiplier >= 0, "noise_multiplier", noise_multiplier, ">= 0")
         if noise_multiplier == 0:
-            warnings.warn("noise_multiplier=0: no noise is added; training is NOT private "
-                          "(use only for debugging)", stacklevel=3)
+            warnings.warn(
+                "noise_multiplier=0: no noise is added; training is NOT private "
+                "(use only for debugging)",
+                stacklevel=3,
+            )
     check_accountant(accountant)
     if max_steps is not None:
         require(isinstance(max_steps, int) and max_steps >= 1, "max_steps", max_steps, ">= 1")
 
 
-def _check_user_level(*, user_ids: Any, user_sampling: str | None,
-                      max_examples_per_user: int | None, user_reduction: str,
-                      poisson_sampling: bool, sample_rates: Any, collective: Any, budgets: Any,
-                      individual: Any, clipping: str) -> None:
+def _check_user_level(
+    *,
+    user_ids: Any,
+    user_sampling: str | None,
+    max_examples_per_user: int | None,
+    user_reduction: str,
+    poisson_sampling: bool,
+    sample_rates: Any,
+    collective: Any,
+    budgets: Any,
+    individual: Any,
+    clipping: str,
+) -> None:
     """The user-level arguments, and what cannot be accounted with users as the unit."""
     if user_ids is None:
-        require(user_sampling is None and max_examples_per_user is None
-                and user_reduction == "mean", "user_ids", None,
-                "given with user_sampling / max_examples_per_user / user_reduction",
-                "Pass user_ids= (one user id per example) to make the unit of privacy the user")
+        require(
+            user_sampling is None and max_examples_per_user is None and user_reduction == "mean",
+            "user_ids",
+            None,
+            "given with user_sampling / max_examples_per_user / user_reduction",
+            "Pass user_ids= (one user id per example) to make the unit of privacy the user",
+        )
         return
-    require(user_sampling in USER_SAMPLINGS, "user_sampling", user_sampling,
-            f"one of {list(USER_SAMPLINGS)} with user_ids",
-            "'uls' samples users and clips each one's rows together; 'els' caps every user at "
-            "k examples and samples examples (pass max_examples_per_user=k)")
-    require(max_examples_per_user is None or (isinstance(max_examples_per_user, int)
-                                              and not isinstance(max_examples_per_user, bool)
-                                              and max_examples_per_user >= 1),
-            "max_examples_per_user", max_examples_per_user, "None or an integer >= 1")
-    require(user_sampling != "els" or max_examples_per_user is not None,
-            "max_examples_per_user", None, "an integer k >= 1 with user_sampling='els'",
-            "ELS's user-level accounting needs k, the most examples a user keeps")
-    others = {"poisson_sampling=False": not poisson_sampling,
-              "sample_rates": sample_rates is not None,
-              "data-parallel ranks": collective is not None,
-              "budgets / individual": budgets is not None or individual is not None,
-              "clipping='individual'": clipping == "individual"}
+    require(
+        user_sampling in USER_SAMPLINGS,
+        "user_sampling",
+        user_sampling,
+        f"one of {list(USER_SAMPLINGS)} with user_ids",
+        "'uls' samples users and clips each one's rows together; 'els' caps every user at "
+        "k examples and samples examples (pass max_examples_per_user=k)",
+    )
+    require(
+        max_examples_per_user is None
+        or (
+            isinstance(max_examples_per_user, int)
+            and not isinstance(max_examples_per_user, bool)
+            and max_examples_per_user >= 1
+        ),
+        "max_examples_per_user",
+        max_examples_per_user,
+        "None or an integer >= 1",
+    )
+    require(
+        user_sampling != "els" or max_examples_per_user is not None,
+        "max_examples_per_user",
+        None,
+        "an integer k >= 1 with user_sampling='els'",
+        "ELS's user-level accounting needs k, the most examples a user keeps",
+    )
+    others = {
+        "poisson_sampling=False": not poisson_sampling,
+        "sample_rates": sample_rates is not None,
+        "data-parallel ranks": collective is not None,
+        "budgets / individual": budgets is not None or individual is not None,
+        "clipping='individual'": clipping == "individual",
+    }
     given = [name for name, on in others.items() if on]
     if given:
         raise PrivacyRefusal(
             f"user-level DP (user_ids) must use dpfy's user-level Poisson sampler in one "
             f"process with one threshold per unit, got {', '.join(given)}: those are per "
             f"example and cannot be accounted per user. Drop them (individualized budgets per "
-            f"user are not built), or drop user_ids for example-level DP")
+            f"user are not built), or drop user_ids for example-level DP"
+        )
 
 
-def _refuse_per_example_releases(method: Method, q: float, sigma: float | None,
-                                 clip: Any) -> None:
+def _refuse_per_example_releases(method: Method, q: float, sigma: float | None, clip: Any) -> None:
     """ULS clips users, not rows: a method whose releases are per example (a per-sample
     transform, loss probes of each example) cannot be accounted per user."""
     name = method.registry_name or type(method).__name__
     state = method.init()
-    specs = method.releases(state, method.plan(state, StepPlan(
-        step=0, sample_rate=q, noise_multiplier=sigma or 0.0, clip=clip)))
+    specs = method.releases(
+        state,
+        method.plan(
+            state, StepPlan(step=0, sample_rate=q, noise_multiplier=sigma or 0.0, clip=clip)
+        ),
+    )
     per_example = [n for n, s in specs.items() if s.kind == "loss"]
     if method.implements("transform") or per_example:
         raise PrivacyRefusal(
@@ -505,21 +749,44 @@ def _refuse_per_example_releases(method: Method, q: float, sigma: float | None,
             f"{' and ' if method.implements('transform') and per_example else ''}"
             f"{('per-example loss probes ' + str(per_example)) if per_example else ''}: their "
             f"sensitivity is per example, not per user. Use user_sampling='els' (each "
-            f"example clipped alone, accounted per user), or a method without them")
+            f"example clipped alone, accounted per user), or a method without them"
+        )
 
 
-def _horizon(epochs: float | None, max_steps: int | None, target_epsilon: float | None,
-             target_delta: float | None, steps_per_epoch: int) -> int | None:
+def _horizon(
+    epochs: float | None,
+    max_steps: int | None,
+    target_epsilon: float | None,
+    target_delta: float | None,
+    steps_per_epoch: int,
+) -> int | None:
     """T, the ε guard's horizon: ``max_steps``, or the logical batches of ``epochs`` passes."""
     if target_epsilon is not None:
-        require(target_delta is not None and 0 < target_delta < 1, "target_delta",
-                target_delta, "in (0, 1) with target_epsilon", "The usual choice is δ < 1/N")
-        require(epochs is not None or max_steps is not None, "epochs", epochs,
-                "given with target_epsilon", "Say how long the run is: epochs= or max_steps=")
+        require(
+            target_delta is not None and 0 < target_delta < 1,
+            "target_delta",
+            target_delta,
+            "in (0, 1) with target_epsilon",
+            "The usual choice is δ < 1/N",
+        )
+        require(
+            epochs is not None or max_steps is not None,
+            "epochs",
+            epochs,
+            "given with target_epsilon",
+            "Say how long the run is: epochs= or max_steps=",
+        )
     if max_steps is None and epochs is not None:
-        require(isinstance(epochs, (int, float)) and not isinstance(epochs, bool)
-                and math.isfinite(epochs) and epochs > 0, "epochs", epochs,
-                "a finite number > 0", "Say how many passes over the data the run makes")
+        require(
+            isinstance(epochs, (int, float))
+            and not isinstance(epochs, bool)
+            and math.isfinite(epochs)
+            and epochs > 0,
+            "epochs",
+            epochs,
+            "a finite number > 0",
+            "Say how many passes over the data the run makes",
+        )
         max_steps = max(1, math.ceil(epochs * steps_per_epoch - 1e-9))
     return max_steps
 
@@ -535,12 +802,21 @@ def _check_optimizer_params(optimizer: torch.optim.Optimizer, grads: GradEngine)
     in_opt = {id(p) for g in optimizer.param_groups for p in g["params"]}
     names = {id(p): n for n, p in grads.named_params}
     extra = len(in_opt - {id(p) for p in grads.model.parameters()})
-    require(extra == 0, "optimizer parameters", f"{extra} not in the model",
-            "a subset of the model's parameters",
-            "Build the optimizer from this model's parameters (model.parameters())")
+    require(
+        extra == 0,
+        "optimizer parameters",
+        f"{extra} not in the model",
+        "a subset of the model's parameters",
+        "Build the optimizer from this model's parameters (model.parameters())",
+    )
     left = sorted(n for i, n in names.items() if i not in in_opt)
-    require(not left, "trainable parameters", left, "all in the optimizer",
-            "Add them to the optimizer or freeze them with requires_grad_(False) first")
+    require(
+        not left,
+        "trainable parameters",
+        left,
+        "all in the optimizer",
+        "Add them to the optimizer or freeze them with requires_grad_(False) first",
+    )
 
 
 def _resolve_method(method: "Method | str | Sequence[Method | str] | None") -> "Method | None":
@@ -551,15 +827,25 @@ def _resolve_method(method: "Method | str | Sequence[Method | str] | None") -> "
         return make_method(method)
     if isinstance(method, (list, tuple)):
         return chain(*[_resolve_method(m) for m in method])
-    require(isinstance(method, Method), "method", type(method).__name__,
-            "a dpfy method, a registry name or a list of them",
-            "Build one with dpfy.adaptive.make(name, ...); `dpfy methods` lists the names")
+    require(
+        isinstance(method, Method),
+        "method",
+        type(method).__name__,
+        "a dpfy method, a registry name or a list of them",
+        "Build one with dpfy.adaptive.make(name, ...); `dpfy methods` lists the names",
+    )
     assert isinstance(method, Method)  # the require above refused others
     return method
 
 
-def _check_capabilities(method: Method, grads: GradEngine, max_physical_batch_size: Any,
-                        clipping: str, loss_fn: Any, plan: StepPlan) -> None:
+def _check_capabilities(
+    method: Method,
+    grads: GradEngine,
+    max_physical_batch_size: Any,
+    clipping: str,
+    loss_fn: Any,
+    plan: StepPlan,
+) -> None:
     """What the method's capabilities ask of the run, checked once before training.
 
     Derived from what the method implements and declares, never from flags: a per-sample
@@ -568,19 +854,26 @@ def _check_capabilities(method: Method, grads: GradEngine, max_physical_batch_si
     """
     name = method.registry_name or type(method).__name__
     if method.implements("transform"):
-        require(grads.route != "ghost", "route", grads.route,
-                f"'auto' or 'vmap' for method {name!r} (it transforms per-sample gradients "
-                f"coordinate-wise, which the ghost route never forms)",
-                "Drop route='ghost'; every layer then takes the materialized route "
-                "(memory: B × parameters)")
+        require(
+            grads.route != "ghost",
+            "route",
+            grads.route,
+            f"'auto' or 'vmap' for method {name!r} (it transforms per-sample gradients "
+            f"coordinate-wise, which the ghost route never forms)",
+            "Drop route='ghost'; every layer then takes the materialized route "
+            "(memory: B × parameters)",
+        )
     if method.implements("clipping"):
-        require(clipping == "flat", "clipping", clipping,
-                f"'flat' (the default) with method {name!r}, which supplies its own clipping",
-                "Drop clipping=, or drop the method: dpfy never replaces a clipping policy "
-                "you asked for silently")
+        require(
+            clipping == "flat",
+            "clipping",
+            clipping,
+            f"'flat' (the default) with method {name!r}, which supplies its own clipping",
+            "Drop clipping=, or drop the method: dpfy never replaces a clipping policy "
+            "you asked for silently",
+        )
     state = method.init()
-    specs = method.releases(state, method.plan(state, plan))   # the first step's releases
+    specs = method.releases(state, method.plan(state, plan))  # the first step's releases
     require_loss_fn(specs, loss_fn, name)
     if any(spec.after_release for spec in specs.values()) and max_physical_batch_size:
         raise split_batch_refusal(name)
-

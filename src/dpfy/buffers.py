@@ -90,22 +90,32 @@ def is_training_forward(module: nn.Module) -> bool:
 def buffer_fix(module: nn.Module) -> str:
     """The fix to name for a buffer of ``module`` that a training forward changed."""
     if isinstance(module, nn.modules.batchnorm._BatchNorm):
-        return ("Replace the layer: model = dpfy.validate(model, fix=True) puts a GroupNorm in "
-                "its place")
+        return (
+            "Replace the layer: model = dpfy.validate(model, fix=True) puts a GroupNorm in "
+            "its place"
+        )
     if getattr(module, "track_running_stats", False) is True:
-        return (f"Build the {type(module).__name__} with track_running_stats=False "
-                f"(model = dpfy.validate(model, fix=True) does this for InstanceNorm)")
-    return ("Keep the statistic out of the training forward: compute it beforehand from public "
-            "data and only read it in forward (a value that must follow the training data "
-            "cannot be released privately by dpfy)")
+        return (
+            f"Build the {type(module).__name__} with track_running_stats=False "
+            f"(model = dpfy.validate(model, fix=True) does this for InstanceNorm)"
+        )
+    return (
+        "Keep the statistic out of the training forward: compute it beforehand from public "
+        "data and only read it in forward (a value that must follow the training data "
+        "cannot be released privately by dpfy)"
+    )
 
 
-ATTRIBUTE_FIX = ("Keep statistics of the training data out of the model's state: compute the value "
-                 "beforehand from public data and only read it in forward (a tensor attribute is "
-                 "state like a buffer: later forwards read it and torch.save(model) saves it)")
+ATTRIBUTE_FIX = (
+    "Keep statistics of the training data out of the model's state: compute the value "
+    "beforehand from public data and only read it in forward (a tensor attribute is "
+    "state like a buffer: later forwards read it and torch.save(model) saves it)"
+)
 
-PARAMETER_FIX = ("Set its value before make_private (a data-dependent initialization from "
-                 "public data, or none) and let only the optimizer change it")
+PARAMETER_FIX = (
+    "Set its value before make_private (a data-dependent initialization from "
+    "public data, or none) and let only the optimizer change it"
+)
 
 
 def _watched(m: nn.Module, params: bool = True) -> list[tuple[str, torch.Tensor | None]]:
@@ -113,18 +123,24 @@ def _watched(m: nn.Module, params: bool = True) -> list[tuple[str, torch.Tensor 
     a parameter nor a buffer: saved with ``torch.save(model)`` and read by later forwards all
     the same) and (``params``) parameters (lazy parameters, still to be shaped by their first
     forward, are skipped: they hold no value yet)."""
-    state = [*m._buffers.items(), *((n, t) for n, t in vars(m).items()
-                                    if isinstance(t, torch.Tensor))]
+    state = [
+        *m._buffers.items(),
+        *((n, t) for n, t in vars(m).items() if isinstance(t, torch.Tensor)),
+    ]
     if not params:
         return state
-    return [*state, *((n, p) for n, p in m._parameters.items()
-                      if p is None or not is_lazy(p))]
+    return [*state, *((n, p) for n, p in m._parameters.items() if p is None or not is_lazy(p))]
 
 
 def _kind(m: nn.Module, name: str) -> str:
     """What ``name`` is in ``m``: "parameter", "buffer" or "tensor attribute"."""
-    return ("parameter" if name in m._parameters else
-            "buffer" if name in m._buffers else "tensor attribute")
+    return (
+        "parameter"
+        if name in m._parameters
+        else "buffer"
+        if name in m._buffers
+        else "tensor attribute"
+    )
 
 
 Marks = tuple[dict[tuple[int, str], tuple[int, int, int]], "torch.Tensor | None"]
@@ -148,12 +164,19 @@ def _param_marks(owners: list[tuple[str, nn.Module]]) -> Marks | None:
     :func:`_fingerprint` s: the check of the forwards after the first (no copy); None when a
     parameter has no version counter or storage (then the full snapshot is used)."""
     try:
-        params = [((k, n), p) for k, (_, m) in enumerate(owners)
-                  for n, p in m._parameters.items() if p is not None and not is_lazy(p)]
+        params = [
+            ((k, n), p)
+            for k, (_, m) in enumerate(owners)
+            for n, p in m._parameters.items()
+            if p is not None and not is_lazy(p)
+        ]
         marks = {key: (id(p), p._version, p.data_ptr()) for key, p in params}
         devices = {p.device for _, p in params}
-        prints = (torch.stack([_fingerprint(p).to(p.device) for _, p in params])
-                  if params and len(devices) == 1 else None)  # several devices: marks only
+        prints = (
+            torch.stack([_fingerprint(p).to(p.device) for _, p in params])
+            if params and len(devices) == 1
+            else None
+        )  # several devices: marks only
         return marks, prints
     except (RuntimeError, KeyError):
         return None
@@ -165,17 +188,30 @@ def _marks_changed(before: Marks, now: Marks) -> list[tuple[tuple[int, str], str
     out = [(key, "registered during the forward") for key in is_ if key not in was]
     for key, (ident, version, ptr) in was.items():
         mark = is_.get(key)
-        how = ("deleted during the forward" if mark is None else
-               "replaced by another tensor" if mark[0] != ident else
-               "modified in place" if mark[1] != version else
-               "given new storage (.data assignment)" if mark[2] != ptr else None)
+        how = (
+            "deleted during the forward"
+            if mark is None
+            else "replaced by another tensor"
+            if mark[0] != ident
+            else "modified in place"
+            if mark[1] != version
+            else "given new storage (.data assignment)"
+            if mark[2] != ptr
+            else None
+        )
         if how is not None:
             out.append((key, how))
-    if (not out and was_prints is not None and is_prints is not None
-            and not torch.equal(was_prints, is_prints)):
+    if (
+        not out
+        and was_prints is not None
+        and is_prints is not None
+        and not torch.equal(was_prints, is_prints)
+    ):
         keys = list(was)
-        out = [(keys[i], "given new values without a version bump (.data or a native kernel)")
-               for i in (was_prints != is_prints).nonzero().flatten().tolist()]
+        out = [
+            (keys[i], "given new values without a version bump (.data or a native kernel)")
+            for i in (was_prints != is_prints).nonzero().flatten().tolist()
+        ]
     return out
 
 
@@ -183,8 +219,8 @@ class _Seen(NamedTuple):
     """A buffer as it was before a forward (a tuple: one is built per buffer per forward)."""
 
     tensor: torch.Tensor | None
-    version: int | None   # None: no version counter (None buffer, inference tensor)
-    ptr: int | None       # None: no storage to point to (None buffer, sparse tensor)
+    version: int | None  # None: no version counter (None buffer, inference tensor)
+    ptr: int | None  # None: no storage to point to (None buffer, sparse tensor)
     copy: torch.Tensor | None  # bitwise copy (parameters: first checked forward only)
     kind: str = "buffer"  # or "parameter", "tensor attribute"
 
@@ -228,9 +264,15 @@ def _how_changed(before: _Seen | None, now: torch.Tensor | None) -> str | None:
         return "modified in place"
     if _ptr(now) != before.ptr:
         return "given new storage (.data assignment)"
-    if before.copy is not None and now is not None and (
-            now.shape != before.copy.shape or now.dtype != before.copy.dtype
-            or not torch.equal(_bits(now), _bits(before.copy))):
+    if (
+        before.copy is not None
+        and now is not None
+        and (
+            now.shape != before.copy.shape
+            or now.dtype != before.copy.dtype
+            or not torch.equal(_bits(now), _bits(before.copy))
+        )
+    ):
         return "given new values without a version bump (.data or a native kernel)"
     return None
 
@@ -239,33 +281,42 @@ def _how_changed(before: _Seen | None, now: torch.Tensor | None) -> str | None:
 class BufferChange:
     """One buffer that a training forward changed, and what to do about it."""
 
-    module: str   # qualified name of the module owning the buffer ("" for the root)
-    kind: str     # the module's class name
-    buffer: str   # the buffer's name within that module
-    how: str      # what happened ("modified in place", ...)
+    module: str  # qualified name of the module owning the buffer ("" for the root)
+    kind: str  # the module's class name
+    buffer: str  # the buffer's name within that module
+    how: str  # what happened ("modified in place", ...)
     fix: str
     what: str = "buffer"  # or "parameter", "tensor attribute"
-    after: bool = False   # changed after the forward, before the step (not in it)
+    after: bool = False  # changed after the forward, before the step (not in it)
 
     def __str__(self) -> str:
         qualified = f"{self.module}.{self.buffer}" if self.module else self.buffer
-        why = ("Buffers and tensor attributes are saved and reused with the model but "
-               "nothing accounts what they learn from the training data"
-               if self.what != "parameter" else
-               "A parameter may change only in the optimizer's step, from the released "
-               "gradient: a value a forward writes into it is released with the model with no "
-               "noise and no ledger entry")
-        when = ("after the training forward (in a backward hook, or between backward() and "
-                "optimizer.step())" if self.after else "in a training forward")
-        return (f"{self.what} {qualified!r} of module {self.module or '(root)'!r} ({self.kind}) "
-                f"must not change {when}, got it {self.how}. {why}. {self.fix}.")
+        why = (
+            "Buffers and tensor attributes are saved and reused with the model but "
+            "nothing accounts what they learn from the training data"
+            if self.what != "parameter"
+            else "A parameter may change only in the optimizer's step, from the released "
+            "gradient: a value a forward writes into it is released with the model with no "
+            "noise and no ledger entry"
+        )
+        when = (
+            "after the training forward (in a backward hook, or between backward() and "
+            "optimizer.step())"
+            if self.after
+            else "in a training forward"
+        )
+        return (
+            f"{self.what} {qualified!r} of module {self.module or '(root)'!r} ({self.kind}) "
+            f"must not change {when}, got it {self.how}. {why}. {self.fix}."
+        )
 
 
 class _Watch:
     """One hooked module: notes the buffers of ``owners`` before its forward, checks after."""
 
-    def __init__(self, guard: BufferGuard, owners: list[tuple[str, nn.Module]],
-                 root: bool = False) -> None:
+    def __init__(
+        self, guard: BufferGuard, owners: list[tuple[str, nn.Module]], root: bool = False
+    ) -> None:
         self.guard = guard
         self.owners = owners
         self.root = root  # watches the whole tree from the model's own forward
@@ -274,31 +325,40 @@ class _Watch:
         self.stack: list[tuple[dict[tuple[int, str], _Seen], Marks | None] | None] = []
         self.values_checked = False
 
-    def snapshot(self, with_copies: bool, params: bool = True
-                 ) -> dict[tuple[int, str], _Seen]:
+    def snapshot(self, with_copies: bool, params: bool = True) -> dict[tuple[int, str], _Seen]:
         """Every watched tensor's marks; a bitwise copy of each buffer and tensor attribute,
         and (``with_copies``: the first checked forward) of each parameter too."""
-        return {(k, name): _Seen(t, _version(t), _ptr(t),
-                                 _copy(t) if with_copies or name not in m._parameters else None,
-                                 _kind(m, name))
-                for k, (_, m) in enumerate(self.owners) for name, t in _watched(m, params)}
+        return {
+            (k, name): _Seen(
+                t,
+                _version(t),
+                _ptr(t),
+                _copy(t) if with_copies or name not in m._parameters else None,
+                _kind(m, name),
+            )
+            for k, (_, m) in enumerate(self.owners)
+            for name, t in _watched(m, params)
+        }
 
-    def change(self, k: int, name: str, how: str, after: bool = False,
-               kind: str | None = None) -> BufferChange:
+    def change(
+        self, k: int, name: str, how: str, after: bool = False, kind: str | None = None
+    ) -> BufferChange:
         owner_name, m = self.owners[k]
         how = how.replace(" during the forward", "") if after else how
         kind = kind or _kind(m, name)
         fix = {"parameter": PARAMETER_FIX, "tensor attribute": ATTRIBUTE_FIX}.get(kind)
-        return BufferChange(owner_name, type(m).__name__, name, how, fix or buffer_fix(m),
-                            kind, after)
+        return BufferChange(
+            owner_name, type(m).__name__, name, how, fix or buffer_fix(m), kind, after
+        )
 
     def pre(self, module: nn.Module) -> None:
         if not is_training_forward(module):
             self.stack.append(None)
             return
         marks = _param_marks(self.owners) if self.values_checked else None
-        self.stack.append((self.snapshot(with_copies=not self.values_checked,
-                                         params=marks is None), marks))
+        self.stack.append(
+            (self.snapshot(with_copies=not self.values_checked, params=marks is None), marks)
+        )
 
     def post(self) -> None:
         # always_call: runs (and pops) also when the forward raised
@@ -314,11 +374,16 @@ class _Watch:
         if self.root:  # the state the step must find (see BufferGuard.check_settled)
             self.guard.settled = (self.snapshot(with_copies=False, params=now is None), now)
 
-    def changes(self, before: dict[tuple[int, str], _Seen], marks: Marks | None,
-                after: bool = False, now: Marks | None = None) -> list[BufferChange]:
+    def changes(
+        self,
+        before: dict[tuple[int, str], _Seen],
+        marks: Marks | None,
+        after: bool = False,
+        now: Marks | None = None,
+    ) -> list[BufferChange]:
         """What changed since the snapshot ``before`` (and the parameters' ``marks``; ``now``:
         their marks at present, when already taken)."""
-        params = marks is None   # the snapshot holds the parameters too
+        params = marks is None  # the snapshot holds the parameters too
         changes, matched = [], 0
         for k, (_, m) in enumerate(self.owners):
             for name, tensor in _watched(m, params):
@@ -328,13 +393,17 @@ class _Watch:
                 if how is not None:
                     changes.append(self.change(k, name, how, after))
         if matched != len(before):  # some buffer that was there is gone
-            changes += [self.change(k, name, "deleted during the forward", after, seen.kind)
-                        for (k, name), seen in before.items()
-                        if name not in dict(_watched(self.owners[k][1], params))]
+            changes += [
+                self.change(k, name, "deleted during the forward", after, seen.kind)
+                for (k, name), seen in before.items()
+                if name not in dict(_watched(self.owners[k][1], params))
+            ]
         if marks is not None:
             now_marks = (now if now is not None else _param_marks(self.owners)) or ({}, None)
-            changes += [self.change(k, name, how, after) for (k, name), how in
-                        _marks_changed(marks, now_marks)]
+            changes += [
+                self.change(k, name, how, after)
+                for (k, name), how in _marks_changed(marks, now_marks)
+            ]
         return changes
 
 
@@ -372,8 +441,9 @@ class BufferGuard:
         _GUARDS[model] = self
         self._model = weakref.ref(model)
 
-    def _hook(self, module: nn.Module, owners: list[tuple[str, nn.Module]],
-              root: bool = False) -> None:
+    def _hook(
+        self, module: nn.Module, owners: list[tuple[str, nn.Module]], root: bool = False
+    ) -> None:
         watch = _Watch(self, owners, root)
         if root:
             self._root = watch
@@ -391,11 +461,14 @@ class BufferGuard:
         def post(m: nn.Module, args: Any, output: Any) -> None:
             if next(iter(m._forward_pre_hooks), None) != handles[0].id:
                 cast("OrderedDict[int, Any]", m._forward_pre_hooks).move_to_end(  # as above
-                    handles[0].id, last=False)
+                    handles[0].id, last=False
+                )
             watch.post()
 
-        handles += [module.register_forward_pre_hook(OwnHook(pre), prepend=True),
-                    module.register_forward_hook(OwnHook(post), always_call=True)]
+        handles += [
+            module.register_forward_pre_hook(OwnHook(pre), prepend=True),
+            module.register_forward_hook(OwnHook(post), always_call=True),
+        ]
         self._handles += handles
 
     def _refuse(self, changes: list[BufferChange]) -> None:
@@ -404,7 +477,8 @@ class BufferGuard:
             return
         self.raised = PrivacyRefusal(
             "\n".join(map(str, changes)) + "\nThe model's buffers or parameters now hold values "
-            "of this batch: rebuild (or reload) the model after the fix before training it.")
+            "of this batch: rebuild (or reload) the model after the fix before training it."
+        )
         raise self.raised
 
     def check_settled(self) -> None:

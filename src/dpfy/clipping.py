@@ -29,13 +29,22 @@ import torch
 
 from dpfy._require import require
 
-__all__ = ["total_norm", "ClippingPolicy", "FlatClipping", "PerLayerClipping", "AutomaticClipping",
-           "IndividualClipping", "MicrobatchClipping", "CLIPPINGS", "make_clipping"]
+__all__ = [
+    "total_norm",
+    "ClippingPolicy",
+    "FlatClipping",
+    "PerLayerClipping",
+    "AutomaticClipping",
+    "IndividualClipping",
+    "MicrobatchClipping",
+    "CLIPPINGS",
+    "make_clipping",
+]
 
 CLIPPINGS = ("flat", "per_layer", "automatic", "individual", "microbatch")
 
-SqNorms = dict[str, torch.Tensor]   # parameter name -> ‖∂ℓ_i/∂θ‖² (B,), sensitive
-Weights = dict[str, torch.Tensor]   # parameter name -> w_i (B,), sensitive
+SqNorms = dict[str, torch.Tensor]  # parameter name -> ‖∂ℓ_i/∂θ‖² (B,), sensitive
+Weights = dict[str, torch.Tensor]  # parameter name -> w_i (B,), sensitive
 
 
 def _total_norm(sq: SqNorms, names: Sequence[str]) -> torch.Tensor:
@@ -64,9 +73,13 @@ class ClippingPolicy:
     def sensitivity(self, clip: float | torch.Tensor) -> float:
         return float(clip)
 
-    def weights(self, sq: SqNorms, clip: float | torch.Tensor,
-                index: torch.Tensor | None = None, norm: torch.Tensor | None = None
-                ) -> Weights:
+    def weights(
+        self,
+        sq: SqNorms,
+        clip: float | torch.Tensor,
+        index: torch.Tensor | None = None,
+        norm: torch.Tensor | None = None,
+    ) -> Weights:
         """Per-example weights; ``norm`` is ``total_norm(sq)`` when the caller already has it."""
         raise NotImplementedError
 
@@ -120,10 +133,14 @@ class PerLayerClipping(ClippingPolicy):
     name = "per_layer"
 
     def __post_init__(self) -> None:
-        require(len(self.clips) == len(self.groups), "len(max_grad_norm)", len(self.clips),
-                f"{len(self.groups)} (one threshold per layer: "
-                f"{[g[0].rsplit('.', 1)[0] for g in self.groups]})",
-                "Pass a float (split equally) or one value per layer")
+        require(
+            len(self.clips) == len(self.groups),
+            "len(max_grad_norm)",
+            len(self.clips),
+            f"{len(self.groups)} (one threshold per layer: "
+            f"{[g[0].rsplit('.', 1)[0] for g in self.groups]})",
+            "Pass a float (split equally) or one value per layer",
+        )
         require(all(c > 0 for c in self.clips), "max_grad_norm", self.clips, "all > 0")
 
     def default_clip(self) -> torch.Tensor:
@@ -134,8 +151,12 @@ class PerLayerClipping(ClippingPolicy):
         clip = torch.as_tensor(clip, dtype=torch.float64)
         if clip.ndim == 0:
             return clip.expand(len(self.groups)) / math.sqrt(len(self.groups))
-        require(clip.shape == (len(self.groups),), "plan.clip", tuple(clip.shape),
-                f"a scalar or {len(self.groups)} per-layer thresholds")
+        require(
+            clip.shape == (len(self.groups),),
+            "plan.clip",
+            tuple(clip.shape),
+            f"a scalar or {len(self.groups)} per-layer thresholds",
+        )
         return clip
 
     def sensitivity(self, clip):
@@ -154,24 +175,33 @@ class PerLayerClipping(ClippingPolicy):
 class IndividualClipping(ClippingPolicy):
     """Per-example thresholds C_i (individualized privacy); noise follows max_i C_i."""
 
-    clips: torch.Tensor   # (N,) one threshold per dataset example, public
-    _max: float = field(init=False, repr=False, compare=False)   # Δ = max_i C_i, set below
+    clips: torch.Tensor  # (N,) one threshold per dataset example, public
+    _max: float = field(init=False, repr=False, compare=False)  # Δ = max_i C_i, set below
     name = "individual"
 
     def __post_init__(self) -> None:
-        require(self.clips.ndim == 1 and bool((self.clips > 0).all()), "max_grad_norm",
-                "a tensor" if self.clips.ndim else self.clips, "one positive value per example")
+        require(
+            self.clips.ndim == 1 and bool((self.clips > 0).all()),
+            "max_grad_norm",
+            "a tensor" if self.clips.ndim else self.clips,
+            "one positive value per example",
+        )
         object.__setattr__(self, "_max", float(self.clips.max()))  # Δ; read every step
 
     def default_clip(self) -> float:
         return self._max
 
     def weights(self, sq, clip, index=None, norm=None):
-        require(index is not None, "the batch's dataset indices", None, "known",
-                "Individual clipping needs the private loader returned by make_private")
+        require(
+            index is not None,
+            "the batch's dataset indices",
+            None,
+            "known",
+            "Individual clipping needs the private loader returned by make_private",
+        )
         ref = next(iter(sq.values()))
         c = self.clips[index.cpu()].to(dtype=ref.dtype, device=ref.device)  # (B,) public
-        c = c * (float(clip) / self._max)                       # a schedule may rescale C
+        c = c * (float(clip) / self._max)  # a schedule may rescale C
         w = _min1(c, total_norm(sq) if norm is None else norm)  # (B,) sensitive
         return {n: w for n in sq}
 
@@ -191,9 +221,14 @@ class MicrobatchClipping(FlatClipping):
         return 2.0 * float(clip)
 
 
-def make_clipping(kind: str, max_grad_norm: float | Sequence[float],
-                  layers: Sequence[Sequence[str]], *, dataset_size: int | None = None,
-                  gamma: float = 0.01) -> ClippingPolicy:
+def make_clipping(
+    kind: str,
+    max_grad_norm: float | Sequence[float],
+    layers: Sequence[Sequence[str]],
+    *,
+    dataset_size: int | None = None,
+    gamma: float = 0.01,
+) -> ClippingPolicy:
     """Build the policy named ``kind`` from the user's ``max_grad_norm``.
 
     ``layers`` lists the parameter names of each layer (engine order), for ``per_layer``; a
@@ -203,19 +238,29 @@ def make_clipping(kind: str, max_grad_norm: float | Sequence[float],
     scalar = isinstance(max_grad_norm, (int, float))
     if kind == "per_layer":
         k = len(layers)
-        clips = ([float(max_grad_norm) / math.sqrt(k)] * k
-                 if isinstance(max_grad_norm, (int, float))
-                 else [float(c) for c in max_grad_norm])
+        clips = (
+            [float(max_grad_norm) / math.sqrt(k)] * k
+            if isinstance(max_grad_norm, (int, float))
+            else [float(c) for c in max_grad_norm]
+        )
         return PerLayerClipping(tuple(tuple(g) for g in layers), tuple(clips))
     if kind == "individual":
         per_example = torch.as_tensor(max_grad_norm, dtype=torch.float64)
-        require(per_example.ndim == 1 and dataset_size is not None
-                and len(per_example) == dataset_size,
-                "max_grad_norm", f"shape {tuple(per_example.shape)}",
-                f"one threshold per example ({dataset_size})", "Pass a sequence of length N")
+        require(
+            per_example.ndim == 1 and dataset_size is not None and len(per_example) == dataset_size,
+            "max_grad_norm",
+            f"shape {tuple(per_example.shape)}",
+            f"one threshold per example ({dataset_size})",
+            "Pass a sequence of length N",
+        )
         return IndividualClipping(per_example)
-    require(scalar, "max_grad_norm", max_grad_norm, f"a float for clipping={kind!r}",
-            "Use clipping='per_layer' for one threshold per layer")
+    require(
+        scalar,
+        "max_grad_norm",
+        max_grad_norm,
+        f"a float for clipping={kind!r}",
+        "Use clipping='per_layer' for one threshold per layer",
+    )
     assert isinstance(max_grad_norm, (int, float))  # the require above refused a sequence
     if kind == "automatic":
         return AutomaticClipping(float(max_grad_norm), gamma)

@@ -36,13 +36,24 @@ from torch.utils._pytree import tree_leaves
 from dpfy._require import require
 from dpfy.grads import GradEngine
 
-__all__ = ["paper_memory", "plan_physical_batch", "loader_call", "measure_private_step",
-           "format_memory", "LayerMemory", "MemoryEstimate", "estimate_memory",
-           "probe_model", "largest_batch", "default_memory_limit", "measured_peak_bytes",
-           "MATERIALIZED"]
+__all__ = [
+    "paper_memory",
+    "plan_physical_batch",
+    "loader_call",
+    "measure_private_step",
+    "format_memory",
+    "LayerMemory",
+    "MemoryEstimate",
+    "estimate_memory",
+    "probe_model",
+    "largest_batch",
+    "default_memory_limit",
+    "measured_peak_bytes",
+    "MATERIALIZED",
+]
 
-PROBE_BATCH = 4   # examples in the "auto" probe (routes and C do not depend on b in this model)
-MATERIALIZED = ("per-sample", "vmap")   # routes that hold b copies of the layer's gradient
+PROBE_BATCH = 4  # examples in the "auto" probe (routes and C do not depend on b in this model)
+MATERIALIZED = ("per-sample", "vmap")  # routes that hold b copies of the layer's gradient
 
 
 def paper_memory(b: int, c: float, n_params: float, *, per_sample: bool) -> float:
@@ -89,8 +100,9 @@ class MemoryEstimate:
         return int(math.ceil(self.elements * self.bytes_per_element))
 
 
-def estimate_memory(rows: Sequence[dict[str, Any]], batch_size: int, c: float, *,
-                    bytes_per_element: int = 4) -> MemoryEstimate:
+def estimate_memory(
+    rows: Sequence[dict[str, Any]], batch_size: int, c: float, *, bytes_per_element: int = 4
+) -> MemoryEstimate:
     """The per-layer estimate from ``GradEngine.explain()`` rows (module, params, route).
 
     A row whose route is not decided yet (no probe ran) counts as materialized (the larger).
@@ -112,15 +124,23 @@ def _storage(t: torch.Tensor) -> int:
 
 def _output_sq_sum(out: Any) -> torch.Tensor:
     """Σ output² over the model's floating-point outputs: the loss the measurements backprop."""
-    terms = [t.float().square().sum() for t in tree_leaves(out)
-             if torch.is_tensor(t) and t.is_floating_point()]
-    require(len(terms) > 0, "the model's output", type(out).__name__,
-            "holds at least one floating-point tensor")
+    terms = [
+        t.float().square().sum()
+        for t in tree_leaves(out)
+        if torch.is_tensor(t) and t.is_floating_point()
+    ]
+    require(
+        len(terms) > 0,
+        "the model's output",
+        type(out).__name__,
+        "holds at least one floating-point tensor",
+    )
     return sum(terms[1:], start=terms[0])
 
 
-def probe_model(model: nn.Module, call: Callable[[nn.Module], Any], batch_size: int, *,
-                route: str = "auto") -> tuple[list[dict[str, Any]], float]:
+def probe_model(
+    model: nn.Module, call: Callable[[nn.Module], Any], batch_size: int, *, route: str = "auto"
+) -> tuple[list[dict[str, Any]], float]:
     """Routes and C from one forward/backward of ``call(model)`` on ``batch_size`` examples.
 
     Attaches a :class:`dpfy.grads.GradEngine` (detached afterwards), counts the elements of
@@ -132,17 +152,20 @@ def probe_model(model: nn.Module, call: Callable[[nn.Module], Any], batch_size: 
     """
     require(batch_size >= 1, "batch_size", batch_size, ">= 1")
     saved = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()}
-    counted = [0, 0]   # elements, leaf calls so far
+    counted = [0, 0]  # elements, leaf calls so far
 
     def count(module: nn.Module, args: tuple, output: Any) -> None:
-        if list(module.children()):    # leaf modules: their outputs are what is stored
+        if list(module.children()):  # leaf modules: their outputs are what is stored
             return
         inputs = [t for t in tree_leaves(args) if torch.is_tensor(t)]
-        if counted[1] == 0:            # the first layer called: its input is the data
+        if counted[1] == 0:  # the first layer called: its input is the data
             counted[0] += sum(t.numel() for t in inputs)
         shared = {_storage(t) for t in inputs}
-        counted[0] += sum(t.numel() for t in tree_leaves(output)   # views/in-place: no new memory
-                          if torch.is_tensor(t) and _storage(t) not in shared)
+        counted[0] += sum(
+            t.numel()
+            for t in tree_leaves(output)  # views/in-place: no new memory
+            if torch.is_tensor(t) and _storage(t) not in shared
+        )
         counted[1] += 1
 
     handles = [m.register_forward_hook(count) for m in model.modules()]
@@ -161,8 +184,9 @@ def probe_model(model: nn.Module, call: Callable[[nn.Module], Any], batch_size: 
     return rows, counted[0] / batch_size
 
 
-def largest_batch(rows: Sequence[dict[str, Any]], c: float, limit_bytes: float, *,
-                  bytes_per_element: int = 4) -> int:
+def largest_batch(
+    rows: Sequence[dict[str, Any]], c: float, limit_bytes: float, *, bytes_per_element: int = 4
+) -> int:
     """The largest b whose estimate fits ``limit_bytes`` (0 if not even one example does).
 
     The estimate is affine in b: M(b) = fixed + b·slope, so b = ⌊(limit − fixed)/slope⌋.
@@ -172,7 +196,7 @@ def largest_batch(rows: Sequence[dict[str, Any]], c: float, limit_bytes: float, 
     room = limit_bytes / bytes_per_element - m0
     if room < slope:
         return 0
-    return int(room // slope) if slope > 0 else 2 ** 31 - 1
+    return int(room // slope) if slope > 0 else 2**31 - 1
 
 
 def default_memory_limit() -> int:
@@ -234,15 +258,19 @@ def loader_call(loader: Any, batch_size: int) -> Callable[[nn.Module], Any]:
         return lambda model: model(**batch)
     if isinstance(batch, (tuple, list)) and batch and torch.is_tensor(batch[0]):
         return lambda model: model(batch[0])
-    require(torch.is_tensor(batch), "the loader's batches", type(batch).__name__,
-            "a tensor, an (x, y, ...) tuple or a dict for max_physical_batch_size='auto'",
-            "Pass an int max_physical_batch_size instead")
+    require(
+        torch.is_tensor(batch),
+        "the loader's batches",
+        type(batch).__name__,
+        "a tensor, an (x, y, ...) tuple or a dict for max_physical_batch_size='auto'",
+        "Pass an int max_physical_batch_size instead",
+    )
     return lambda model: model(batch)
 
 
-
-def plan_physical_batch(model: nn.Module, loader: Any, *, memory_limit: int | None,
-                        route: str = "auto") -> int:
+def plan_physical_batch(
+    model: nn.Module, loader: Any, *, memory_limit: int | None, route: str = "auto"
+) -> int:
     """``max_physical_batch_size="auto"``: the largest physical batch whose estimate fits.
 
     ``memory_limit`` in bytes (None: :func:`default_memory_limit`). Raises if not even one
@@ -254,13 +282,19 @@ def plan_physical_batch(model: nn.Module, loader: Any, *, memory_limit: int | No
     b = largest_batch(rows, c, limit)
     if b < 1:
         need = estimate_memory(rows, 1, c).bytes
-        require(False, "memory_limit", limit, f">= {need} bytes (one example's estimate)",
-                "Raise memory_limit or use a smaller model")
+        require(
+            False,
+            "memory_limit",
+            limit,
+            f">= {need} bytes (one example's estimate)",
+            "Raise memory_limit or use a smaller model",
+        )
     return b
 
 
-def measure_private_step(model: nn.Module, call: Callable[[nn.Module], Any], *,
-                         route: str = "auto") -> int | None:
+def measure_private_step(
+    model: nn.Module, call: Callable[[nn.Module], Any], *, route: str = "auto"
+) -> int | None:
     """Measured peak bytes of one private step's gradient work on ``call(model)``.
 
     Forward, backward of Σ output², the per-sample norms and one weighted sum (the clipped
@@ -283,6 +317,7 @@ def measure_private_step(model: nn.Module, call: Callable[[nn.Module], Any], *,
 def format_memory(model: nn.Module, example: torch.Tensor, *, route: str = "auto") -> str:
     """``dpfy explain --memory``: the estimate per layer at ``len(example)`` and the measured
     peak of one private step on ``example`` (measured first, in this fresh process)."""
+
     def call(m: nn.Module) -> Any:
         return m(example)
 
@@ -290,18 +325,29 @@ def format_memory(model: nn.Module, example: torch.Tensor, *, route: str = "auto
     peak = measure_private_step(model, call, route=route)
     rows, c = probe_model(model, call, b, route=route)
     est = estimate_memory(rows, b, c)
-    mib = 4 / 2 ** 20   # float32 elements -> MiB
-    lines = [f"memory at batch size {b} (Monir et al. 2023's model per layer; float32):",
-             "| module | params | route | weights + gradients (MiB) |", "|---|---|---|---|"]
-    lines += [f"| {layer.module or '(root)'} | {layer.params} | {layer.route} | {e * mib:.3f} |"
-              for layer, e in est.layers]
-    lines.append(f"activations b·C: {est.activations * mib:.3f} MiB (C = {c:.0f} elements per "
-                 f"example)")
-    resident = (example.numel() * example.element_size()
-                + sum(p.numel() * p.element_size() for p in model.parameters()))
-    measured = ("unavailable (Linux /proc only)" if peak is None else
-                f"{(peak + resident) / 2 ** 20:.3f} MiB ({peak / 2 ** 20:.3f} MiB allocated by "
-                f"the step + {resident / 2 ** 20:.3f} MiB input and weights already resident)")
-    lines.append(f"estimate: {est.bytes / 2 ** 20:.3f} MiB; measured peak of one private "
-                 f"step: {measured}")
+    mib = 4 / 2**20  # float32 elements -> MiB
+    lines = [
+        f"memory at batch size {b} (Monir et al. 2023's model per layer; float32):",
+        "| module | params | route | weights + gradients (MiB) |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {layer.module or '(root)'} | {layer.params} | {layer.route} | {e * mib:.3f} |"
+        for layer, e in est.layers
+    ]
+    lines.append(
+        f"activations b·C: {est.activations * mib:.3f} MiB (C = {c:.0f} elements per example)"
+    )
+    resident = example.numel() * example.element_size() + sum(
+        p.numel() * p.element_size() for p in model.parameters()
+    )
+    measured = (
+        "unavailable (Linux /proc only)"
+        if peak is None
+        else f"{(peak + resident) / 2**20:.3f} MiB ({peak / 2**20:.3f} MiB allocated by "
+        f"the step + {resident / 2**20:.3f} MiB input and weights already resident)"
+    )
+    lines.append(
+        f"estimate: {est.bytes / 2**20:.3f} MiB; measured peak of one private step: {measured}"
+    )
     return "\n".join(lines)

@@ -18,26 +18,32 @@ from dpfy.privacy import Ledger, epsilon as ledger_epsilon
 from dpfy.privacy.accountants import APPROXIMATE
 from dpfy.privacy.gdp import ApproximateEpsilon
 from dpfy.sampling.units import require_same_unit
-from dpfy.step.checkpoint import (check_ledger_continues, check_same_parameters,
-                                  parameters_digest)
+from dpfy.step.checkpoint import check_ledger_continues, check_same_parameters, parameters_digest
 from dpfy.step.guard import EpsilonGuard
 from dpfy.step.private_step import PrivateStep
 
 __all__ = ["DPOptimizer"]
 
 FORMAT = "dpfy-optimizer/4"
-_TORCH_HOOKS = ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks",
-                "_optimizer_state_dict_pre_hooks", "_optimizer_state_dict_post_hooks",
-                "_optimizer_load_state_dict_pre_hooks", "_optimizer_load_state_dict_post_hooks")
+_TORCH_HOOKS = (
+    "_optimizer_step_pre_hooks",
+    "_optimizer_step_post_hooks",
+    "_optimizer_state_dict_pre_hooks",
+    "_optimizer_state_dict_post_hooks",
+    "_optimizer_load_state_dict_pre_hooks",
+    "_optimizer_load_state_dict_post_hooks",
+)
 
 
 def _step_attribute(name: str, doc: str, settable: bool = False) -> property:
     """A read (or read-write) view of the private step's attribute ``name``."""
+
     def get(self: "DPOptimizer") -> Any:
         return getattr(self.private_step, name)
 
     def put(self: "DPOptimizer", value: Any) -> None:
         setattr(self.private_step, name, value)
+
     return property(get, put if settable else None, doc=doc)
 
 
@@ -51,8 +57,14 @@ class DPOptimizer(torch.optim.Optimizer):
     step's plan and debug statistics that are NOT private (never fed back into training).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, private_step: PrivateStep, *,
-                 accountant: str, seed: int | None) -> None:
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        private_step: PrivateStep,
+        *,
+        accountant: str,
+        seed: int | None,
+    ) -> None:
         # Not calling Optimizer.__init__: parameter groups and state are the inner optimizer's.
         self.original_optimizer, self.private_step = optimizer, private_step
         self.accountant, self.seed = accountant, seed
@@ -108,8 +120,9 @@ class DPOptimizer(torch.optim.Optimizer):
         """An explicit re-plan of the ε cap (at the guard's δ and accountant), like
         ``max_steps``: raise it only if the privacy budget allows it."""
         g = self.guard
-        self.private_step.guard = EpsilonGuard(max_steps=g.max_steps, epsilon_cap=value,
-                                               delta=g.delta, accountant=g.accountant)
+        self.private_step.guard = EpsilonGuard(
+            max_steps=g.max_steps, epsilon_cap=value, delta=g.delta, accountant=g.accountant
+        )
 
     @property
     def target_delta(self) -> float | None:
@@ -153,7 +166,8 @@ class DPOptimizer(torch.optim.Optimizer):
             f"{self.private_step.names_of(params) or 'parameters'} would be trained on their "
             f"raw gradient, without clipping or noise. Set requires_grad and build the "
             f"optimizer over every parameter to train before calling make_private (a new "
-            f"private run for a new set of parameters)")
+            f"private run for a new set of parameters)"
+        )
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear parameter gradients and the captured activations (not the logical-batch sum)."""
@@ -174,8 +188,9 @@ class DPOptimizer(torch.optim.Optimizer):
         return f"DPOptimizer({self.original_optimizer!r})"
 
     # -- privacy ----------------------------------------------------------------------------
-    def epsilon(self, delta: float, accountant: str | None = None, *,
-                approximate: bool = False) -> float:
+    def epsilon(
+        self, delta: float, accountant: str | None = None, *, approximate: bool = False
+    ) -> float:
         """ε(δ) of everything released so far, read from the ledger.
 
         An approximate accountant (``"gdp"``: the CLT, which can under-report ε) is read only
@@ -185,34 +200,53 @@ class DPOptimizer(torch.optim.Optimizer):
         """
         return self._read(self.ledger, delta, accountant, approximate)
 
-    def group_epsilons(self, delta: float, accountant: str | None = None, *,
-                       approximate: bool = False) -> list[float]:
+    def group_epsilons(
+        self, delta: float, accountant: str | None = None, *, approximate: bool = False
+    ) -> list[float]:
         """ε(δ) of each privacy group so far, read from its own ledger (individualized runs);
         an approximate accountant as in :meth:`epsilon`."""
-        require(self.groups is not None, "budgets", None, "given to make_private",
-                "Per-group ε exists only for runs with individualized budgets")
-        return [self._read(ledger, delta, accountant, approximate)
-                for ledger in self.groups.ledgers]
+        require(
+            self.groups is not None,
+            "budgets",
+            None,
+            "given to make_private",
+            "Per-group ε exists only for runs with individualized budgets",
+        )
+        return [
+            self._read(ledger, delta, accountant, approximate) for ledger in self.groups.ledgers
+        ]
 
-    def _read(self, ledger: Ledger, delta: float, accountant: str | None,
-              approximate: bool) -> float:
+    def _read(
+        self, ledger: Ledger, delta: float, accountant: str | None, approximate: bool
+    ) -> float:
         """ε(δ) of ``ledger``; an approximate accountant's only when asked, with PLD beside."""
         name = accountant or self.accountant
         if name not in APPROXIMATE:
             return ledger_epsilon(ledger, delta=delta, accountant=name)
-        require(approximate, "accountant", name, "'pld' or 'rdp' unless approximate=True",
-                "The GDP CLT is an approximation that can under-report ε: read it with "
-                "optimizer.epsilon(delta, approximate=True), which gives the rigorous PLD ε "
-                "beside it (.rigorous), or read accountant='pld'")
-        return ApproximateEpsilon(ledger_epsilon(ledger, delta=delta, accountant=name),
-                                  rigorous=ledger_epsilon(ledger, delta=delta, accountant="pld"),
-                                  rigorous_accountant="pld")
+        require(
+            approximate,
+            "accountant",
+            name,
+            "'pld' or 'rdp' unless approximate=True",
+            "The GDP CLT is an approximation that can under-report ε: read it with "
+            "optimizer.epsilon(delta, approximate=True), which gives the rigorous PLD ε "
+            "beside it (.rigorous), or read accountant='pld'",
+        )
+        return ApproximateEpsilon(
+            ledger_epsilon(ledger, delta=delta, accountant=name),
+            rigorous=ledger_epsilon(ledger, delta=delta, accountant="pld"),
+            rigorous_accountant="pld",
+        )
 
     def observe(self, *, val_metric: float) -> None:
         """Feed a validation result to a method that reads one (it implements ``observe``)."""
-        require(self.method is not None and self.method.implements("observe"), "the method",
-                getattr(self.method, "registry_name", None), "one that implements observe",
-                "Only such methods read a validation metric")
+        require(
+            self.method is not None and self.method.implements("observe"),
+            "the method",
+            getattr(self.method, "registry_name", None),
+            "one that implements observe",
+            "Only such methods read a validation metric",
+        )
         self.method_state = self.method.observe(self.method_state, val_metric=val_metric)
 
     # -- checkpoints ------------------------------------------------------------------------
@@ -235,12 +269,17 @@ class DPOptimizer(torch.optim.Optimizer):
                 "state_dict() must be called at a logical-batch boundary, got a call while "
                 "a logical batch is being summed (its un-noised sum of clipped gradients "
                 "would be written). Call it after optimizer.step() completes a logical batch "
-                "(the private loader's cursor.last is True)")
+                "(the private loader's cursor.last is True)"
+            )
         return {
-            "format": FORMAT, "seed": self.seed, "step_count": step.step_count,
+            "format": FORMAT,
+            "seed": self.seed,
+            "step_count": step.step_count,
             "optimizer": self.original_optimizer.state_dict(),
-            "ledger": step.ledger.to_dict(), "noise": step.mechanism.state_dict(),
-            "sampler": step.sampler.state_dict(), "guard": step.guard.state_dict(),
+            "ledger": step.ledger.to_dict(),
+            "noise": step.mechanism.state_dict(),
+            "sampler": step.sampler.state_dict(),
+            "guard": step.guard.state_dict(),
             "parameters_sha256": parameters_digest(step.params),
             "method_state": step.method_state,
             "groups": step.individual.state_dict() if step.individual is not None else None,
@@ -255,10 +294,15 @@ class DPOptimizer(torch.optim.Optimizer):
         :class:`~dpfy.errors.PrivacyRefusal` naming the fix. The budget guard becomes the
         stricter of this run's and the checkpoint's (:meth:`EpsilonGuard.tightened`).
         """
-        require(state.get("format") == FORMAT, "format", state.get("format"), repr(FORMAT),
-                "This is not a dpfy optimizer checkpoint of this version (dpfy-optimizer/3 "
-                "and older hold no parameter digest and no guard): resume it with the dpfy "
-                "that wrote it, or start a new run")
+        require(
+            state.get("format") == FORMAT,
+            "format",
+            state.get("format"),
+            repr(FORMAT),
+            "This is not a dpfy optimizer checkpoint of this version (dpfy-optimizer/3 "
+            "and older hold no parameter digest and no guard): resume it with the dpfy "
+            "that wrote it, or start a new run",
+        )
         step = self.private_step
         require_same_unit(step.sampler.units, state["sampler"])  # first: the neighbouring relation
         ledger = Ledger.from_dict(state["ledger"])

@@ -74,15 +74,25 @@ def batchnorm_to_groupnorm(bn: _BatchNorm, name: str = "") -> nn.GroupNorm:
     """
     label = name or type(bn).__name__
     c = bn.num_features
-    require(c >= 1, f"{label}.num_features", c, ">= 1 (an initialized layer)",
-            "Run one forward of the model before dpfy.validate, so lazy layers know their size")
+    require(
+        c >= 1,
+        f"{label}.num_features",
+        c,
+        ">= 1 (an initialized layer)",
+        "Run one forward of the model before dpfy.validate, so lazy layers know their size",
+    )
     if isinstance(bn, _SPATIAL_BATCHNORMS):
         groups = math.gcd(32, c)
     else:
-        require(c >= 2, f"{label}.num_features", c, ">= 2 for a replacement that depends on its "
-                "input", "A single channel normalized per example is a constant: remove the "
-                "layer, or replace it by hand (nn.GroupNorm(1, 1) if its input is (B, 1, L) "
-                "with L >= 2)")
+        require(
+            c >= 2,
+            f"{label}.num_features",
+            c,
+            ">= 2 for a replacement that depends on its input",
+            "A single channel normalized per example is a constant: remove the "
+            "layer, or replace it by hand (nn.GroupNorm(1, 1) if its input is (B, 1, L) "
+            "with L >= 2)",
+        )
         groups = 1
     ref = bn.weight if bn.affine else bn.running_mean
     factory: dict[str, Any] = {} if ref is None else {"device": ref.device, "dtype": ref.dtype}
@@ -124,9 +134,14 @@ def buffer_problems(model: nn.Module, example_input: Any) -> list[BufferChange]:
     The copy is in training mode with autograd on (a training forward, as ``make_private``'s
     guard defines it); ``model`` itself is not run. A tuple is passed as positional arguments.
     """
-    require(guard_of(model) is None, "model", type(model).__name__, "not yet private when "
-            "example_input is given", "Validate before make_private: the private model's hooks "
-            "would capture the example as if it were a training batch")
+    require(
+        guard_of(model) is None,
+        "model",
+        type(model).__name__,
+        "not yet private when example_input is given",
+        "Validate before make_private: the private model's hooks "
+        "would capture the example as if it were a training batch",
+    )
     probe = copy.deepcopy(model).train()
     guard = BufferGuard(probe, collect=True)
     try:
@@ -147,13 +162,20 @@ def _call(model: nn.Module, batch: Any) -> Any:
 
 def _batch_rows(batch: Any) -> int:
     """Rows of an example batch: dim 0 of its first tensor (a tensor, tuple or mapping)."""
-    values = batch.values() if isinstance(batch, Mapping) else (
-        batch if isinstance(batch, tuple) else (batch,))
+    values = (
+        batch.values()
+        if isinstance(batch, Mapping)
+        else (batch if isinstance(batch, tuple) else (batch,))
+    )
     first = next((t for t in values if torch.is_tensor(t) and t.dim() >= 1), None)
-    require(first is not None, "example_batch", type(batch).__name__,
-            "a tensor, a tuple of positional arguments or a dict of keyword arguments holding "
-            "at least one tensor with the batch in dimension 0", "Pass what the model is called "
-            "with, e.g. model(*batch) or model(**batch)")
+    require(
+        first is not None,
+        "example_batch",
+        type(batch).__name__,
+        "a tensor, a tuple of positional arguments or a dict of keyword arguments holding "
+        "at least one tensor with the batch in dimension 0",
+        "Pass what the model is called with, e.g. model(*batch) or model(**batch)",
+    )
     assert first is not None, "required above"
     return first.shape[0]
 
@@ -166,9 +188,14 @@ def _scalar_loss(output: Any) -> torch.Tensor:
     return sum((t.float().square().sum() for t in leaves), torch.zeros(()))
 
 
-def preflight_problems(model: nn.Module, example_batch: Any, *, route: str = "auto",
-                       loss_fn: Callable[[Any], torch.Tensor] | None = None,
-                       loss_reduction: str = "mean") -> list[str]:
+def preflight_problems(
+    model: nn.Module,
+    example_batch: Any,
+    *,
+    route: str = "auto",
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    loss_reduction: str = "mean",
+) -> list[str]:
     """Problems of one private forward/backward of a copy of ``model`` on ``example_batch``.
 
     Args:
@@ -186,8 +213,13 @@ def preflight_problems(model: nn.Module, example_batch: Any, *, route: str = "au
     Returns:
       One message per problem, each naming the module and the fix (empty: ready).
     """
-    require(guard_of(model) is None, "model", type(model).__name__, "not yet private for the "
-            "pre-flight", "Validate before make_private")
+    require(
+        guard_of(model) is None,
+        "model",
+        type(model).__name__,
+        "not yet private for the pre-flight",
+        "Validate before make_private",
+    )
     rows = _batch_rows(example_batch)
     probe = copy.deepcopy(model).train()
     try:
@@ -195,16 +227,16 @@ def preflight_problems(model: nn.Module, example_batch: Any, *, route: str = "au
     except ValueError as e:
         return [str(e)]
     eng.bind_batch(rows)
-    contract = (LossContract(probe, lambda: rows, loss_reduction) if loss_fn is not None
-                else None)
+    contract = LossContract(probe, lambda: rows, loss_reduction) if loss_fn is not None else None
     try:
         with torch.enable_grad():
             out = _call(probe, example_batch)
             (loss_fn or _scalar_loss)(out).backward()
         return eng.preflight() + ((contract.problems() or []) if contract is not None else [])
     except Exception as e:  # the forward or backward itself fails: that is the problem
-        return [f"the private forward/backward on example_batch must run, got "
-                f"{type(e).__name__}: {e}"]
+        return [
+            f"the private forward/backward on example_batch must run, got {type(e).__name__}: {e}"
+        ]
     finally:
         eng.detach()
         if contract is not None:
@@ -217,22 +249,34 @@ def _static_problems(model: nn.Module, route: str) -> tuple[list[str], set[str]]
     for name, m in model.named_modules():
         label = name or "(root)"
         if isinstance(m, _BatchNorm):
-            problems.append(f"{label}: {type(m).__name__} mixes the examples of a batch (and "
-                            f"learns running statistics from them); dpfy.validate(model, "
-                            f"fix=True) replaces it with GroupNorm")
+            problems.append(
+                f"{label}: {type(m).__name__} mixes the examples of a batch (and "
+                f"learns running statistics from them); dpfy.validate(model, "
+                f"fix=True) replaces it with GroupNorm"
+            )
             named.add(name)
             continue
         if getattr(m, "track_running_stats", False) is True:
-            fix = ("dpfy.validate(model, fix=True) turns tracking off"
-                   if isinstance(m, _InstanceNorm) else "build it with track_running_stats=False")
-            problems.append(f"{label}: {type(m).__name__} has track_running_stats=True: its "
-                            f"running statistics learn from the training data and would be "
-                            f"saved with the model unaccounted; {fix}")
+            fix = (
+                "dpfy.validate(model, fix=True) turns tracking off"
+                if isinstance(m, _InstanceNorm)
+                else "build it with track_running_stats=False"
+            )
+            problems.append(
+                f"{label}: {type(m).__name__} has track_running_stats=True: its "
+                f"running statistics learn from the training data and would be "
+                f"saved with the model unaccounted; {fix}"
+            )
             named.add(name)
-        if (route == "ghost" and rule_for(m) is None
-                and any(p.requires_grad for p in m.parameters(recurse=False))):
-            problems.append(f"{label}: no layer rule for {type(m).__name__}; use route='auto' "
-                            f"or register a rule")
+        if (
+            route == "ghost"
+            and rule_for(m) is None
+            and any(p.requires_grad for p in m.parameters(recurse=False))
+        ):
+            problems.append(
+                f"{label}: no layer rule for {type(m).__name__}; use route='auto' "
+                f"or register a rule"
+            )
     if route != "ghost":
         problems += _vmap_problems(model, route)
     return problems, named
@@ -247,7 +291,7 @@ def _vmap_problems(model: nn.Module, route: str) -> list[str]:
         return []
     try:
         units = build_units(model, route, trainable)
-    except ValueError:   # a module the engine refuses outright: listed by the checks above
+    except ValueError:  # a module the engine refuses outright: listed by the checks above
         return []
     problems = []
     for unit in units:
@@ -255,22 +299,30 @@ def _vmap_problems(model: nn.Module, route: str) -> list[str]:
             continue
         m, name = unit.module, unit.label
         if isinstance(m, (nn.RNN, nn.GRU)):
-            problems.append(f"{name}: torch.func cannot form the per-example gradients of "
-                            f"{type(m).__name__} (the first step would refuse it); "
-                            f"dpfy.validate(model, fix=True) swaps in dpfy.layers.DP"
-                            f"{type(m).__name__}, with the same parameters")
+            problems.append(
+                f"{name}: torch.func cannot form the per-example gradients of "
+                f"{type(m).__name__} (the first step would refuse it); "
+                f"dpfy.validate(model, fix=True) swaps in dpfy.layers.DP"
+                f"{type(m).__name__}, with the same parameters"
+            )
             continue
         try:
-            check_no_dropout(m, unit.name)   # the check the vmap route makes at the step
+            check_no_dropout(m, unit.name)  # the check the vmap route makes at the step
         except ValueError as e:
             problems.append(f"{name}: {e} (the first step would refuse it)")
     return problems
 
 
-def validate(model: nn.Module, example_batch: Any = None, *, fix: bool = False,
-             route: str = "auto", example_input: Any = None,
-             loss_fn: Callable[[Any], torch.Tensor] | None = None,
-             loss_reduction: str = "mean") -> list[str] | nn.Module:
+def validate(
+    model: nn.Module,
+    example_batch: Any = None,
+    *,
+    fix: bool = False,
+    route: str = "auto",
+    example_input: Any = None,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    loss_reduction: str = "mean",
+) -> list[str] | nn.Module:
     """List the problems of ``model``, or (``fix=True``) return a fixed copy.
 
     Args:
@@ -297,19 +349,26 @@ def validate(model: nn.Module, example_batch: Any = None, *, fix: bool = False,
     """
     if fix:
         fixed = _fix(copy.deepcopy(model))
-        left = validate(fixed, example_batch, route=route, example_input=example_input,
-                        loss_fn=loss_fn, loss_reduction=loss_reduction)
+        left = validate(
+            fixed,
+            example_batch,
+            route=route,
+            example_input=example_input,
+            loss_fn=loss_fn,
+            loss_reduction=loss_reduction,
+        )
         if left:
-            raise ValueError(f"model must have no unfixable problems, got {left}. "
-                             f"Change those layers by hand")
+            raise ValueError(
+                f"model must have no unfixable problems, got {left}. Change those layers by hand"
+            )
         return fixed
     problems, named = _static_problems(model, route)
     if example_batch is not None and example_input is None:
         example_input = example_batch  # the buffer check runs the same call
     if example_input is not None:
-        problems += [str(c) for c in buffer_problems(model, example_input)
-                     if c.module not in named]
+        problems += [str(c) for c in buffer_problems(model, example_input) if c.module not in named]
     if example_batch is not None and not problems:  # the engine refuses those before running
-        problems += preflight_problems(model, example_batch, route=route, loss_fn=loss_fn,
-                                       loss_reduction=loss_reduction)
+        problems += preflight_problems(
+            model, example_batch, route=route, loss_fn=loss_fn, loss_reduction=loss_reduction
+        )
     return problems

@@ -12,8 +12,16 @@ itself, and the registry's contract test checks it.
 import importlib
 import pkgutil
 
-from dpfy.adaptive.base import (HOOKS, NOISE_SPLIT, PLAN_FIELDS, REGISTRY, Method, check_plan,
-                                make, register)
+from dpfy.adaptive.base import (
+    HOOKS,
+    NOISE_SPLIT,
+    PLAN_FIELDS,
+    REGISTRY,
+    Method,
+    check_plan,
+    make,
+    register,
+)
 from dpfy.adaptive.chain import Chain, chain
 from dpfy.adaptive.clip_schedules import ClipSchedule
 from dpfy.adaptive.describe import ReleaseRow, describe_releases
@@ -28,10 +36,31 @@ for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
 # Registry keys whose file has another name (CONTRIBUTING.md): a visible decision, not drift.
-FILE_ALIASES = {"noise_decay": "schedules", "clip_schedule": "clip_schedules",
-                "per_layer_quantile": "quantile"}
+FILE_ALIASES = {
+    "noise_decay": "schedules",
+    "clip_schedule": "clip_schedules",
+    "per_layer_quantile": "quantile",
+}
 
-__all__ = ["Method", "REGISTRY", "FILE_ALIASES", "PLAN_FIELDS", "NOISE_SPLIT", "HOOKS",
-           "register", "make", "chain", "Chain", "check_plan", "describe_releases",
-           "ReleaseRow", "NoiseDecay", "PlateauNoiseDecay", "DynamicDPSGD", "calibrate_dynamic",
-           "ClipSchedule", "QuantileClipping", "LayerQuantileClipping"]
+__all__ = [
+    "Method",
+    "REGISTRY",
+    "FILE_ALIASES",
+    "PLAN_FIELDS",
+    "NOISE_SPLIT",
+    "HOOKS",
+    "register",
+    "make",
+    "chain",
+    "Chain",
+    "check_plan",
+    "describe_releases",
+    "ReleaseRow",
+    "NoiseDecay",
+    "PlateauNoiseDecay",
+    "DynamicDPSGD",
+    "calibrate_dynamic",
+    "ClipSchedule",
+    "QuantileClipping",
+    "LayerQuantileClipping",
+]

@@ -28,8 +28,13 @@ from dpfy.privacy.ledger import Ledger
 from dpfy.privacy.releases import planned_ledger
 from dpfy.types import RunFacts, Sampling, StepPlan
 
-__all__ = ["PlannedSchedule", "steps_within_budget", "CALIBRATIONS", "check_calibration",
-           "require_budget"]
+__all__ = [
+    "PlannedSchedule",
+    "steps_within_budget",
+    "CALIBRATIONS",
+    "check_calibration",
+    "require_budget",
+]
 
 # Accountants a schedule may be calibrated against; "gdp" (a paper's CLT) only when
 # ``approximate=True`` opts in: it can under-report ε (the ledger and report stay rigorous).
@@ -38,29 +43,49 @@ CALIBRATIONS = ("pld", "rdp", "gdp")
 
 def check_calibration(calibration: str | None, approximate: bool) -> None:
     """Validate a schedule's ``calibration`` / ``approximate`` options at construction."""
-    require(calibration is None or calibration in CALIBRATIONS, "calibration", calibration,
-            f"None (the run's accountant) or one of {list(CALIBRATIONS)}",
-            "Use 'pld' for a tight rigorous guarantee; 'gdp' reproduces a paper's CLT "
-            "calibration")
-    require(calibration != "gdp" or approximate is True, "calibration", calibration,
-            "'pld' or 'rdp' unless approximate=True",
-            "The GDP CLT can under-report ε; pass approximate=True only to reproduce a "
-            "paper's GDP calibration (the report still gives the rigorous ε)")
+    require(
+        calibration is None or calibration in CALIBRATIONS,
+        "calibration",
+        calibration,
+        f"None (the run's accountant) or one of {list(CALIBRATIONS)}",
+        "Use 'pld' for a tight rigorous guarantee; 'gdp' reproduces a paper's CLT calibration",
+    )
+    require(
+        calibration != "gdp" or approximate is True,
+        "calibration",
+        calibration,
+        "'pld' or 'rdp' unless approximate=True",
+        "The GDP CLT can under-report ε; pass approximate=True only to reproduce a "
+        "paper's GDP calibration (the report still gives the rigorous ε)",
+    )
     require(isinstance(approximate, bool), "approximate", approximate, "a bool")
 
 
 def require_budget(facts: RunFacts, name: str) -> None:
     """The facts a calibration to the run's target ε reads: the target, δ, the steps and
     Poisson sampling (the calibrations assume it)."""
-    require(facts.target_epsilon is not None and facts.delta is not None, "target_epsilon",
-            facts.target_epsilon, f"given for method {name!r} (with target_delta)",
-            "It is calibrated to the run's budget: pass target_epsilon= and target_delta=, or "
-            "give the method's initial noise explicitly")
-    require(facts.steps is not None, "steps", None, f"known for method {name!r}",
-            "Pass epochs= or max_steps= to make_private")
-    require(facts.sampling == Sampling.POISSON, "sampling", facts.sampling.value,
-            f"'poisson' for method {name!r}",
-            "Its calibration assumes Poisson sampling; use poisson_sampling=True")
+    require(
+        facts.target_epsilon is not None and facts.delta is not None,
+        "target_epsilon",
+        facts.target_epsilon,
+        f"given for method {name!r} (with target_delta)",
+        "It is calibrated to the run's budget: pass target_epsilon= and target_delta=, or "
+        "give the method's initial noise explicitly",
+    )
+    require(
+        facts.steps is not None,
+        "steps",
+        None,
+        f"known for method {name!r}",
+        "Pass epochs= or max_steps= to make_private",
+    )
+    require(
+        facts.sampling == Sampling.POISSON,
+        "sampling",
+        facts.sampling.value,
+        f"'poisson' for method {name!r}",
+        "Its calibration assumes Poisson sampling; use poisson_sampling=True",
+    )
 
 
 class PlannedSchedule(Method[None]):
@@ -87,38 +112,65 @@ class PlannedSchedule(Method[None]):
     # -- derived ---------------------------------------------------------------------------
     def horizon(self) -> int:
         """T, the steps the schedule (and its budget) covers; refused before calibration."""
-        require(self.total_steps is not None, f"method {self.registry_name!r}", "uncalibrated",
-                "calibrated for the run (its total_steps known)",
-                "Pass it to make_private(method=...), which calibrates it for the run's facts")
+        require(
+            self.total_steps is not None,
+            f"method {self.registry_name!r}",
+            "uncalibrated",
+            "calibrated for the run (its total_steps known)",
+            "Pass it to make_private(method=...), which calibrates it for the run's facts",
+        )
         assert self.total_steps is not None  # the require above refused None
         return int(self.total_steps)
 
     def check_step(self, step: int) -> None:
         t = self.horizon()
-        require(0 <= step < t, "step", step, f"in [0, {t})",
-                "The schedule (and its privacy budget) covers total_steps steps only; build a "
-                "new schedule with a larger total_steps to train longer")
+        require(
+            0 <= step < t,
+            "step",
+            step,
+            f"in [0, {t})",
+            "The schedule (and its privacy budget) covers total_steps steps only; build a "
+            "new schedule with a larger total_steps to train longer",
+        )
 
     def plan(self, state: None, plan: StepPlan) -> StepPlan:
         self.check_step(plan.step)
-        return replace(plan, noise_multiplier=self.noise_multiplier(plan.step),
-                       clip=self.clip(plan.step, plan.clip))
+        return replace(
+            plan,
+            noise_multiplier=self.noise_multiplier(plan.step),
+            clip=self.clip(plan.step, plan.clip),
+        )
 
     def noise_multipliers(self) -> np.ndarray:
         """σ_t for every step, shape (total_steps,)."""
         return np.array([self.noise_multiplier(t) for t in range(self.horizon())])
 
-    def ledger(self, *, sample_rate: float, sampling: Sampling = Sampling.POISSON,
-               dataset_size: int | None = None) -> Ledger:
+    def ledger(
+        self,
+        *,
+        sample_rate: float,
+        sampling: Sampling = Sampling.POISSON,
+        dataset_size: int | None = None,
+    ) -> Ledger:
         """The ledger a full run of this schedule writes, by
         :func:`dpfy.privacy.releases.planned_ledger` (the step's own ``step_releases``)."""
-        facts = RunFacts(sampling=sampling, sample_rate=sample_rate, steps=self.horizon(),
-                         dataset_size=dataset_size)
+        facts = RunFacts(
+            sampling=sampling,
+            sample_rate=sample_rate,
+            steps=self.horizon(),
+            dataset_size=dataset_size,
+        )
         return planned_ledger(self, facts)
 
 
-def steps_within_budget(schedule: PlannedSchedule, *, target_epsilon: float, delta: float,
-                        sample_rate: float, accountant: str = "pld") -> int:
+def steps_within_budget(
+    schedule: PlannedSchedule,
+    *,
+    target_epsilon: float,
+    delta: float,
+    sample_rate: float,
+    accountant: str = "pld",
+) -> int:
     """Largest T' ≤ total_steps whose first T' steps spend at most ``target_epsilon``.
 
     Early stopping at a target ε (Monir et al. 2023, §6.1, Table 8 "stopping criterion ε"): rather

@@ -80,8 +80,7 @@ def _along(eta: float, gradient: Mapping[str, torch.Tensor]) -> dict[str, torch.
 
 def _probe_label(m: float) -> str:
     where = "θ (the current point)" if m == 0 else f"θ − {m:g}·lr·g̃"
-    return (f"the batch's loss sum at {where}, after the gradient's release, each loss "
-            f"clipped to ±R")
+    return f"the batch's loss sum at {where}, after the gradient's release, each loss clipped to ±R"
 
 
 @dataclass(frozen=True)
@@ -105,22 +104,35 @@ class StepSearch(Method[SearchState]):
     reduction: float = 0.1
     max_reductions: int = 10
     # Set by calibrate() from the run's facts:
-    base_noise: float | None = None     # σ_0 (None: the run's own σ)
-    base_lr: float | None = None        # the inner SGD's learning rate
+    base_noise: float | None = None  # σ_0 (None: the run's own σ)
+    base_lr: float | None = None  # the inner SGD's learning rate
 
     sets = frozenset({"noise_multiplier"})
-    ledger_depends_on_data = True       # σ_t reacts to released losses (bounded: see calibrate)
+    ledger_depends_on_data = True  # σ_t reacts to released losses (bounded: see calibrate)
 
     def __post_init__(self) -> None:
         require(self.loss_clip > 0, "loss_clip", self.loss_clip, "> 0")
-        require(self.probe_noise_ratio > 0, "probe_noise_ratio", self.probe_noise_ratio, "> 0",
-                "Loss probes without noise are not private")
+        require(
+            self.probe_noise_ratio > 0,
+            "probe_noise_ratio",
+            self.probe_noise_ratio,
+            "> 0",
+            "Loss probes without noise are not private",
+        )
         require(self.reduction > 0, "reduction", self.reduction, "> 0")
-        require(isinstance(self.max_reductions, int) and self.max_reductions >= 0,
-                "max_reductions", self.max_reductions, "an integer >= 0")
+        require(
+            isinstance(self.max_reductions, int) and self.max_reductions >= 0,
+            "max_reductions",
+            self.max_reductions,
+            "an integer >= 0",
+        )
         m = self.multipliers()
-        require(m[0] == 0 and all(x > 0 for x in m[1:]) and len(m) >= 2, "candidate multipliers",
-                m, "0 first, then at least one > 0")
+        require(
+            m[0] == 0 and all(x > 0 for x in m[1:]) and len(m) >= 2,
+            "candidate multipliers",
+            m,
+            "0 first, then at least one > 0",
+        )
 
     # -- what differs between the two methods -------------------------------------------------
     def multipliers(self) -> tuple[float, ...]:
@@ -136,22 +148,30 @@ class StepSearch(Method[SearchState]):
         """Check the inner optimizer; with a target ε, σ_0 from the worst-case ledger."""
         name = self.registry_name
         hyper = dict(facts.inner_hyperparameters or {})
-        if facts.inner_optimizer is not None:     # make_private's facts always name it
-            require(facts.inner_optimizer == "SGD" and not hyper.get("momentum")
-                    and not hyper.get("weight_decay"), "the optimizer",
-                    f"{facts.inner_optimizer}(momentum={hyper.get('momentum')}, weight_decay="
-                    f"{hyper.get('weight_decay')})",
-                    f"torch.optim.SGD without momentum or weight decay for method {name!r}",
-                    "The chosen candidate θ − η g̃ must be the step taken: use "
-                    "torch.optim.SGD(params, lr=...) (dpfy train: --momentum 0)")
+        if facts.inner_optimizer is not None:  # make_private's facts always name it
+            require(
+                facts.inner_optimizer == "SGD"
+                and not hyper.get("momentum")
+                and not hyper.get("weight_decay"),
+                "the optimizer",
+                f"{facts.inner_optimizer}(momentum={hyper.get('momentum')}, weight_decay="
+                f"{hyper.get('weight_decay')})",
+                f"torch.optim.SGD without momentum or weight decay for method {name!r}",
+                "The chosen candidate θ − η g̃ must be the step taken: use "
+                "torch.optim.SGD(params, lr=...) (dpfy train: --momentum 0)",
+            )
         lr = hyper.get("lr")
         require(isinstance(lr, (int, float)) and lr > 0, "optimizer lr", lr, "a number > 0")
         assert isinstance(lr, (int, float))  # the require above refused others
         out = replace(self, base_lr=float(lr))
         if facts.target_epsilon is not None:
-            require(facts.delta is not None and facts.steps is not None, "target_delta and steps",
-                    (facts.delta, facts.steps), f"known for method {name!r} with a target ε",
-                    "Pass target_delta= and epochs= or max_steps= to make_private")
+            require(
+                facts.delta is not None and facts.steps is not None,
+                "target_delta and steps",
+                (facts.delta, facts.steps),
+                f"known for method {name!r} with a target ε",
+                "Pass target_delta= and epochs= or max_steps= to make_private",
+            )
             out = replace(out, base_noise=out._solve_base_noise(facts))
         return bind_facts(out, facts)
 
@@ -159,16 +179,20 @@ class StepSearch(Method[SearchState]):
         """The ledger of a run whose every step is at the smallest gradient noise σ_min =
         σ_0 (1 + γ)^(−L/2): every real run's per-step σ_eff is at least this one's, step by
         step (r_t ≤ L), so its ε is at most this ledger's."""
-        method = replace(self, base_noise=base_noise,
-                         base_lr=self.base_lr or 1.0)   # the ledger does not depend on lr
+        method = replace(
+            self, base_noise=base_noise, base_lr=self.base_lr or 1.0
+        )  # the ledger does not depend on lr
         state = SearchState(reductions=self.max_reductions)
         ledger = Ledger(dataset_size=facts.dataset_size)
         assert facts.steps is not None  # a worst case needs the run's horizon
         for t in range(facts.steps):
             plan = method.plan(state, base_plan(facts, t, base_noise, 1.0))
-            ledger.record_step(sampling=facts.sampling, sample_rate=facts.sample_rate,
-                               releases=step_releases(plan, method.releases(state, plan)),
-                               max_examples_per_user=facts.max_examples_per_user)
+            ledger.record_step(
+                sampling=facts.sampling,
+                sample_rate=facts.sample_rate,
+                releases=step_releases(plan, method.releases(state, plan)),
+                max_examples_per_user=facts.max_examples_per_user,
+            )
         return ledger
 
     def _solve_base_noise(self, facts: RunFacts) -> float:
@@ -178,18 +202,29 @@ class StepSearch(Method[SearchState]):
         assert facts.target_epsilon is not None and facts.delta is not None  # calibrate checked
         assert facts.steps is not None  # calibrate checked
         sigma_eff = calibrate_noise_multiplier(
-            target_epsilon=facts.target_epsilon, delta=facts.delta, sample_rate=facts.sample_rate,
-            steps=facts.steps, accountant=facts.accountant, sampling=facts.sampling,
-            dataset_size=facts.dataset_size, max_examples_per_user=facts.max_examples_per_user)
+            target_epsilon=facts.target_epsilon,
+            delta=facts.delta,
+            sample_rate=facts.sample_rate,
+            steps=facts.steps,
+            accountant=facts.accountant,
+            sampling=facts.sampling,
+            dataset_size=facts.dataset_size,
+            max_examples_per_user=facts.max_examples_per_user,
+        )
         k = len(self.multipliers())
-        return sigma_eff * math.sqrt((1 + self.reduction) ** self.max_reductions
-                                     + k / self.probe_noise_ratio ** 2)
+        return sigma_eff * math.sqrt(
+            (1 + self.reduction) ** self.max_reductions + k / self.probe_noise_ratio**2
+        )
 
     # -- the step ------------------------------------------------------------------------------
     def init(self) -> SearchState:
-        require(self.base_lr is not None, f"method {self.registry_name!r}", "uncalibrated",
-                "calibrated for the run", "Pass it to make_private(method=...), which "
-                "calibrates it for the run's facts")
+        require(
+            self.base_lr is not None,
+            f"method {self.registry_name!r}",
+            "uncalibrated",
+            "calibrated for the run",
+            "Pass it to make_private(method=...), which calibrates it for the run's facts",
+        )
         return SearchState()
 
     def _factor(self, state: SearchState) -> float:
@@ -205,35 +240,54 @@ class StepSearch(Method[SearchState]):
     def releases(self, state: SearchState, plan: StepPlan) -> Mapping[str, ReleaseSpec]:
         sigma_l = self.probe_noise_ratio * plan.noise_multiplier / self._factor(state)
         assert self.base_lr is not None  # init refused an uncalibrated method
-        return {name: ReleaseSpec(sensitivity=self.loss_clip, noise_std=sigma_l * self.loss_clip,
-                                  kind="loss", offsets=functools.partial(_along, self.base_lr * m),
-                                  label=_probe_label(m))
-                for name, m in zip(self._names(), self.multipliers())}
+        return {
+            name: ReleaseSpec(
+                sensitivity=self.loss_clip,
+                noise_std=sigma_l * self.loss_clip,
+                kind="loss",
+                offsets=functools.partial(_along, self.base_lr * m),
+                label=_probe_label(m),
+            )
+            for name, m in zip(self._names(), self.multipliers())
+        }
 
-    def _chosen(self, probed: Mapping[str, float], expected_batch_size: float,
-                gradient: Mapping[str, torch.Tensor]) -> tuple[int, tuple[float, ...]]:
+    def _chosen(
+        self,
+        probed: Mapping[str, float],
+        expected_batch_size: float,
+        gradient: Mapping[str, torch.Tensor],
+    ) -> tuple[int, tuple[float, ...]]:
         losses = tuple(float(probed[n]) / expected_batch_size for n in self._names())
         sq = float(sum(g.double().square().sum() for g in gradient.values()))
         return self.choose(losses, sq), losses
 
-    def postprocess(self, state: SearchState, gradient: Mapping[str, torch.Tensor],
-                    plan: StepPlan, probed: Mapping[str, float],
-                    expected_batch_size: float) -> Mapping[str, torch.Tensor]:
+    def postprocess(
+        self,
+        state: SearchState,
+        gradient: Mapping[str, torch.Tensor],
+        plan: StepPlan,
+        probed: Mapping[str, float],
+        expected_batch_size: float,
+    ) -> Mapping[str, torch.Tensor]:
         """m_i·g̃ for the chosen i: SGD(lr) then moves θ to the candidate θ − lr·m_i·g̃."""
         i, _ = self._chosen(probed, expected_batch_size, gradient)
         m = self.multipliers()[i]
         return {n: g * m for n, g in gradient.items()}
 
     def update(self, state: SearchState, outcome: StepOutcome) -> SearchState:
-        i, losses = self._chosen(outcome.sums, outcome.expected_batch_size,
-                                 outcome.noisy_gradient)
+        i, losses = self._chosen(outcome.sums, outcome.expected_batch_size, outcome.noisy_gradient)
         stalled = i == 0
         return SearchState(
             reductions=min(state.reductions + stalled, self.max_reductions),
-            chosen=self.multipliers()[i], losses=losses,
-            no_progress=state.no_progress + stalled)
+            chosen=self.multipliers()[i],
+            losses=losses,
+            no_progress=state.no_progress + stalled,
+        )
 
     def min_noise_multiplier(self) -> float | None:
         """σ_0 (1 + γ)^(−L/2): the smallest gradient noise any step can use."""
-        return (None if self.base_noise is None else
-                self.base_noise * (1 + self.reduction) ** (-self.max_reductions / 2))
+        return (
+            None
+            if self.base_noise is None
+            else self.base_noise * (1 + self.reduction) ** (-self.max_reductions / 2)
+        )

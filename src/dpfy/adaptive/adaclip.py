@@ -121,53 +121,82 @@ class AdaClip(Method[AdaClipState]):
             require(self.initial_clip > 0, "initial_clip", self.initial_clip, "> 0")
         require(0 <= self.mean_decay < 1, "mean_decay", self.mean_decay, "in [0, 1)")
         require(0 <= self.var_decay < 1, "var_decay", self.var_decay, "in [0, 1)")
-        require(0 < self.min_var < self.max_var, "min_var", self.min_var,
-                f"in (0, max_var = {self.max_var})", "It keeps every b_t coordinate positive")
+        require(
+            0 < self.min_var < self.max_var,
+            "min_var",
+            self.min_var,
+            f"in (0, max_var = {self.max_var})",
+            "It keeps every b_t coordinate positive",
+        )
 
     def calibrate(self, facts: RunFacts) -> "AdaClip":
         c0 = self.initial_clip if self.initial_clip is not None else facts.max_grad_norm
-        require(c0 is not None, "initial_clip", None, "given or the run's max_grad_norm",
-                "Pass initial_clip= (the first step's flat clip)")
+        require(
+            c0 is not None,
+            "initial_clip",
+            None,
+            "given or the run's max_grad_norm",
+            "Pass initial_clip= (the first step's flat clip)",
+        )
         assert c0 is not None  # the require above refused None
         return bind_facts(replace(self, initial_clip=float(c0)), facts)
 
     def _c0(self) -> float:
-        require(self.initial_clip is not None, "initial_clip", None, "set",
-                "Pass the method to make_private (it uses max_grad_norm) or give initial_clip=")
+        require(
+            self.initial_clip is not None,
+            "initial_clip",
+            None,
+            "set",
+            "Pass the method to make_private (it uses max_grad_norm) or give initial_clip=",
+        )
         assert self.initial_clip is not None  # the require above refused None
         return float(self.initial_clip)
 
     def init(self) -> AdaClipState:
         return AdaClipState(mean={}, var={})
 
-    def estimates(self, state: AdaClipState, shapes: Mapping[str, torch.Size]
-                  ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    def estimates(
+        self, state: AdaClipState, shapes: Mapping[str, torch.Size]
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """(a_t, s_t) as {name: θ-shaped float64}; before the first release a_0 = 0 and
         s_0 = C_0²/d, d = Σ parameters (so b_0 = C_0). Public."""
         if not state.var:
             s0 = self._c0() ** 2 / sum(math.prod(s) for s in shapes.values())
-            return ({n: torch.zeros(s, dtype=torch.float64) for n, s in shapes.items()},
-                    {n: torch.full(s, s0, dtype=torch.float64) for n, s in shapes.items()})
-        require(set(state.var) == set(shapes), "the parameters", sorted(shapes),
-                f"those the estimates were built for, {sorted(state.var)}",
-                "Resume AdaClip only on the model it was trained with")
+            return (
+                {n: torch.zeros(s, dtype=torch.float64) for n, s in shapes.items()},
+                {n: torch.full(s, s0, dtype=torch.float64) for n, s in shapes.items()},
+            )
+        require(
+            set(state.var) == set(shapes),
+            "the parameters",
+            sorted(shapes),
+            f"those the estimates were built for, {sorted(state.var)}",
+            "Resume AdaClip only on the model it was trained with",
+        )
         return dict(state.mean), dict(state.var)
 
-    def shift_scale(self, state: AdaClipState, shapes: Mapping[str, torch.Size]
-                    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    def shift_scale(
+        self, state: AdaClipState, shapes: Mapping[str, torch.Size]
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """(a_t, b_t) as {name: θ-shaped float64} (public)."""
         mean, var = self.estimates(state, shapes)
         return mean, scale_from_variance(var)
 
-    def transform(self, state: AdaClipState, per_sample: Tensors, plan: StepPlan
-                  ) -> dict[str, torch.Tensor]:
+    def transform(
+        self, state: AdaClipState, per_sample: Tensors, plan: StepPlan
+    ) -> dict[str, torch.Tensor]:
         """w_i = (g_i − a_t) / b_t for every per-sample gradient {name: (m, *θ)}; sensitive."""
         a, b = self.shift_scale(state, {n: g.shape[1:] for n, g in per_sample.items()})
         return {n: (g - a[n].to(g)) / b[n].to(g) for n, g in per_sample.items()}
 
-    def postprocess(self, state: AdaClipState, gradient: Tensors, plan: StepPlan,
-                    probed: Mapping[str, float], expected_batch_size: float
-                    ) -> dict[str, torch.Tensor]:
+    def postprocess(
+        self,
+        state: AdaClipState,
+        gradient: Tensors,
+        plan: StepPlan,
+        probed: Mapping[str, float],
+        expected_batch_size: float,
+    ) -> dict[str, torch.Tensor]:
         """ĝ_t = b_t ⊙ w̃ + a_t from the released standardized mean w̃ = S̃/B (post-processing;
         a_t added once per step, module docstring): what the inner optimizer steps on."""
         a, b = self.shift_scale(state, {n: w.shape for n, w in gradient.items()})
@@ -182,15 +211,15 @@ class AdaClip(Method[AdaClipState]):
 
     def update(self, state: AdaClipState, outcome: StepOutcome) -> AdaClipState:
         """a_{t+1}, s_{t+1} from the released gradient only (module docstring)."""
-        g = {n: t.double() for n, t in outcome.gradient.items()}   # ĝ_t (after postprocess)
+        g = {n: t.double() for n, t in outcome.gradient.items()}  # ĝ_t (after postprocess)
         a, var = self.estimates(state, {n: t.shape for n, t in g.items()})
-        b = scale_from_variance(var)                          # b_t: the one ĝ_t was mapped with
-        big_b = outcome.expected_batch_size                  # public
+        b = scale_from_variance(var)  # b_t: the one ĝ_t was mapped with
+        big_b = outcome.expected_batch_size  # public
         sigma = float(outcome.plan.noise_multiplier)
         b1, b2 = self.mean_decay, self.var_decay
         new_mean, new_var = {}, {}
         for n in g:
-            v = big_b * (g[n] - a[n]).square() - b[n].square() * sigma ** 2 / big_b
+            v = big_b * (g[n] - a[n]).square() - b[n].square() * sigma**2 / big_b
             new_mean[n] = b1 * a[n] + (1 - b1) * g[n]
             new_var[n] = b2 * var[n] + (1 - b2) * v.clamp(self.min_var, self.max_var)
         return AdaClipState(mean=new_mean, var=new_var)

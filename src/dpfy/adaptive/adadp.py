@@ -93,44 +93,62 @@ class ADADP(Method[ADADPState]):
     min_factor: float = 0.9
     max_factor: float = 1.1
     initial_lr: float | None = None
-    base_lr: float | None = None    # set by calibrate(): the optimizer's learning rate
+    base_lr: float | None = None  # set by calibrate(): the optimizer's learning rate
 
     sets = frozenset({"lr_scale"})
 
     def __post_init__(self) -> None:
-        require(self.tolerance > 0, "tolerance", self.tolerance, "> 0",
-                "The authors' code uses τ = 1.0")
+        require(
+            self.tolerance > 0, "tolerance", self.tolerance, "> 0", "The authors' code uses τ = 1.0"
+        )
         require(0 < self.min_factor < 1, "min_factor", self.min_factor, "in (0, 1)")
         require(self.max_factor > 1, "max_factor", self.max_factor, "> 1")
-        require(self.initial_lr is None or self.initial_lr > 0, "initial_lr", self.initial_lr,
-                "> 0 or None (the optimizer's learning rate)")
+        require(
+            self.initial_lr is None or self.initial_lr > 0,
+            "initial_lr",
+            self.initial_lr,
+            "> 0 or None (the optimizer's learning rate)",
+        )
 
     def calibrate(self, facts: RunFacts) -> "ADADP":
         """The inner optimizer's learning rate η; the optimizer must be plain SGD (checked
         when the facts name it, as ``make_private``'s always do)."""
         hyper = facts.inner_hyperparameters or {}
         if facts.inner_optimizer is not None:
-            plain_sgd = (facts.inner_optimizer == "SGD" and not hyper.get("momentum")
-                         and not hyper.get("weight_decay") and not hyper.get("nesterov"))
-            require(plain_sgd, "optimizer", f"{facts.inner_optimizer}({dict(hyper)})",
-                    "torch.optim.SGD without momentum or weight decay for method 'adadp'",
-                    "ADADP sets the iterate through the step it hands to SGD; wrap "
-                    "torch.optim.SGD(params, lr=η0) (dpfy train: drop --momentum and "
-                    "--weight-decay, or give 0)")
+            plain_sgd = (
+                facts.inner_optimizer == "SGD"
+                and not hyper.get("momentum")
+                and not hyper.get("weight_decay")
+                and not hyper.get("nesterov")
+            )
+            require(
+                plain_sgd,
+                "optimizer",
+                f"{facts.inner_optimizer}({dict(hyper)})",
+                "torch.optim.SGD without momentum or weight decay for method 'adadp'",
+                "ADADP sets the iterate through the step it hands to SGD; wrap "
+                "torch.optim.SGD(params, lr=η0) (dpfy train: drop --momentum and "
+                "--weight-decay, or give 0)",
+            )
         lr = hyper.get("lr")
         require(isinstance(lr, (int, float)) and lr > 0, "optimizer lr", lr, "a number > 0")
         assert isinstance(lr, (int, float))  # the require above refused others
         return bind_facts(replace(self, base_lr=float(lr)), facts)
 
     def init(self) -> ADADPState:
-        require(self.base_lr is not None, "method 'adadp'", "uncalibrated",
-                "calibrated for the run", "Pass it to make_private(method=...)")
+        require(
+            self.base_lr is not None,
+            "method 'adadp'",
+            "uncalibrated",
+            "calibrated for the run",
+            "Pass it to make_private(method=...)",
+        )
         assert self.base_lr is not None  # the require above refused None
         return ADADPState(lr=self.initial_lr if self.initial_lr is not None else self.base_lr)
 
     def plan(self, state: ADADPState, plan: StepPlan) -> StepPlan:
         assert self.base_lr is not None  # init refused an uncalibrated method
-        return replace(plan, lr_scale=state.lr / 2 / self.base_lr)   # both half steps: η/2
+        return replace(plan, lr_scale=state.lr / 2 / self.base_lr)  # both half steps: η/2
 
     def _gap(self, state: ADADPState, second: Vector) -> tuple[dict, dict]:
         """θ_full and θ_full − θ̂ = (η/2)(G_2 − G_1) from step A's record and G_2."""
@@ -139,8 +157,14 @@ class ADADP(Method[ADADPState]):
         full = {n: half[n] - h * g1[n] for n in half}
         return full, {n: h * (second[n].to(g1[n]) - g1[n]) for n in g1}
 
-    def postprocess(self, state: ADADPState, gradient: Vector, plan: StepPlan,
-                    probed: Mapping[str, float], expected_batch_size: float) -> Vector:
+    def postprocess(
+        self,
+        state: ADADPState,
+        gradient: Vector,
+        plan: StepPlan,
+        probed: Mapping[str, float],
+        expected_batch_size: float,
+    ) -> Vector:
         """Step B steps on G_2 (to θ̂) if e ≤ τ, else on −G_1 (back to θ_l)."""
         if plan.step % 2 == 0 or state.first_gradient is None:
             return gradient
@@ -150,14 +174,22 @@ class ADADP(Method[ADADPState]):
         return {n: -g for n, g in state.first_gradient.items()}
 
     def update(self, state: ADADPState, outcome: StepOutcome) -> ADADPState:
-        if outcome.plan.step % 2 == 0:    # step A: keep G_1 and θ_{l+½}
-            return replace(state, first_gradient={n: g.detach().clone() for n, g in
-                                                  outcome.noisy_gradient.items()},
-                           half_point={n: p.detach().clone() for n, p in
-                                       outcome.parameters.items()})
+        if outcome.plan.step % 2 == 0:  # step A: keep G_1 and θ_{l+½}
+            return replace(
+                state,
+                first_gradient={n: g.detach().clone() for n, g in outcome.noisy_gradient.items()},
+                half_point={n: p.detach().clone() for n, p in outcome.parameters.items()},
+            )
         e = relative_error(*self._gap(state, outcome.noisy_gradient))
-        factor = self.max_factor if e == 0 else min(max(self.tolerance / e, self.min_factor),
-                                                   self.max_factor)
+        factor = (
+            self.max_factor
+            if e == 0
+            else min(max(self.tolerance / e, self.min_factor), self.max_factor)
+        )
         ok = e <= self.tolerance
-        return ADADPState(lr=state.lr * factor, last_error=e,
-                          accepted=state.accepted + ok, rejected=state.rejected + (not ok))
+        return ADADPState(
+            lr=state.lr * factor,
+            last_error=e,
+            accepted=state.accepted + ok,
+            rejected=state.rejected + (not ok),
+        )

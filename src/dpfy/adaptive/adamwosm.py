@@ -59,43 +59,66 @@ class AdamWOSM(Method[None]):
     sets = frozenset({"lr_scale"})
 
     def __post_init__(self) -> None:
-        require(0 < self.beta1 < 1, "beta1", self.beta1, "in (0, 1)",
-                "Use the inner SGD's momentum (Mohapatra et al.: 0.9)")
+        require(
+            0 < self.beta1 < 1,
+            "beta1",
+            self.beta1,
+            "in (0, 1)",
+            "Use the inner SGD's momentum (Mohapatra et al.: 0.9)",
+        )
         require(self.eps >= 0, "eps", self.eps, ">= 0", "Mohapatra et al. use 1e-8")
         if self.normalizer is not None:
             require(self.normalizer > 0, "normalizer", self.normalizer, "> 0")
 
     def calibrate(self, facts: RunFacts) -> "AdamWOSM":
-        require(facts.normalizer is not None, "the expected batch size", None, "known",
-                "Pass normalizer= (b) explicitly")
-        if facts.inner_optimizer is not None:   # the algorithm is exact only on this optimizer
+        require(
+            facts.normalizer is not None,
+            "the expected batch size",
+            None,
+            "known",
+            "Pass normalizer= (b) explicitly",
+        )
+        if facts.inner_optimizer is not None:  # the algorithm is exact only on this optimizer
             hp = dict(facts.inner_hyperparameters or {})
-            want = {"momentum": self.beta1, "dampening": 0, "nesterov": False,
-                    "weight_decay": 0}
+            want = {"momentum": self.beta1, "dampening": 0, "nesterov": False, "weight_decay": 0}
             got = {k: hp.get(k) for k in want}
-            require(facts.inner_optimizer == "SGD" and got == want, "the inner optimizer",
-                    f"{facts.inner_optimizer}({got})", f"SGD({want}) for method 'adamwosm'",
-                    "Its first moment lives in SGD's momentum buffer: build "
-                    "torch.optim.SGD(params, lr=ρ₀, momentum=beta1) (dpfy train: --optimizer "
-                    "sgd --momentum 0.9 --weight-decay 0)")
+            require(
+                facts.inner_optimizer == "SGD" and got == want,
+                "the inner optimizer",
+                f"{facts.inner_optimizer}({got})",
+                f"SGD({want}) for method 'adamwosm'",
+                "Its first moment lives in SGD's momentum buffer: build "
+                "torch.optim.SGD(params, lr=ρ₀, momentum=beta1) (dpfy train: --optimizer "
+                "sgd --momentum 0.9 --weight-decay 0)",
+            )
         assert facts.normalizer is not None  # the require above refused None
         return bind_facts(replace(self, normalizer=float(facts.normalizer)), facts)
 
     def second_moment_limit(self, plan: StepPlan) -> float:
         """σ_t·C_t/b: the DP limit of √v (C_t: the gradient sum's L2 sensitivity)."""
-        require(self.normalizer is not None, "normalizer", None, "set",
-                "Pass the method to make_private, which sets it from the batch size")
+        require(
+            self.normalizer is not None,
+            "normalizer",
+            None,
+            "set",
+            "Pass the method to make_private, which sets it from the batch size",
+        )
         assert self.normalizer is not None  # the require above refused None
         clip = plan.clip
         c = float(clip) if isinstance(clip, (int, float)) else float(clip.square().sum().sqrt())
         return plan.noise_multiplier * c / self.normalizer
 
     def plan(self, state: None, plan: StepPlan) -> StepPlan:
-        require(plan.noise_multiplier > 0, "noise_multiplier", plan.noise_multiplier,
-                "> 0 for adamwosm", "Its step size α/(σC/b) is the DP limit of Adam's second "
-                "moment; without noise use torch.optim.Adam")
-        t = plan.step + 1                                                   # Adam's 1-based t
-        bias = 1.0 - self.beta1 ** t
+        require(
+            plan.noise_multiplier > 0,
+            "noise_multiplier",
+            plan.noise_multiplier,
+            "> 0 for adamwosm",
+            "Its step size α/(σC/b) is the DP limit of Adam's second "
+            "moment; without noise use torch.optim.Adam",
+        )
+        t = plan.step + 1  # Adam's 1-based t
+        bias = 1.0 - self.beta1**t
         scale = (1.0 - self.beta1) / (bias * (self.second_moment_limit(plan) + self.eps))
         require(math.isfinite(scale), "lr_scale", scale, "finite")
         return replace(plan, lr_scale=scale)

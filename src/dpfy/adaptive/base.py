@@ -54,9 +54,22 @@ from dpfy._require import require
 from dpfy.errors import PrivacyRefusal
 from dpfy.types import PLAN_FIELDS, Clip, Norms, ReleaseSpec, RunFacts, StepOutcome, StepPlan
 
-__all__ = ["Method", "bind_facts", "calibrate_for_run", "check_plan", "plan_changes", "REGISTRY",
-           "register", "make", "PLAN_FIELDS", "NOISE_SPLIT", "SETS", "CORE_HOOKS",
-           "OPTIONAL_HOOKS", "HOOKS"]
+__all__ = [
+    "Method",
+    "bind_facts",
+    "calibrate_for_run",
+    "check_plan",
+    "plan_changes",
+    "REGISTRY",
+    "register",
+    "make",
+    "PLAN_FIELDS",
+    "NOISE_SPLIT",
+    "SETS",
+    "CORE_HOOKS",
+    "OPTIONAL_HOOKS",
+    "HOOKS",
+]
 
 S = TypeVar("S")
 M = TypeVar("M", bound="Method")
@@ -77,34 +90,48 @@ HOOKS = CORE_HOOKS + OPTIONAL_HOOKS
 
 def register(name: str):
     """Class decorator: make a method available by ``name`` (same word as its file, R1)."""
+
     def deco(cls: type[M]) -> type[M]:
         if name in REGISTRY:
             raise ValueError(f"adaptive method {name!r} is already registered by {REGISTRY[name]}")
         sets = cls.__dict__.get("sets", getattr(cls, "sets", frozenset()))
-        if isinstance(sets, frozenset):      # a property (OSO's) is checked by check_plan
+        if isinstance(sets, frozenset):  # a property (OSO's) is checked by check_plan
             require(sets <= set(SETS), f"{name}.sets", sorted(sets), f"a subset of {list(SETS)}")
         REGISTRY[name] = cls
         cls.registry_name = name
         return cls
+
     return deco
 
 
 def make(name: str, **options: Any) -> "Method":
     """Build the registered method ``name`` from its options (uncalibrated: ``make_private``
     calibrates it for the run's facts)."""
-    require(name in REGISTRY, "method", name, f"one of {sorted(REGISTRY)}",
-            "Run `dpfy methods` to list them")
+    require(
+        name in REGISTRY,
+        "method",
+        name,
+        f"one of {sorted(REGISTRY)}",
+        "Run `dpfy methods` to list them",
+    )
     cls = REGISTRY[name]
     if dataclasses.is_dataclass(cls):
         valid = sorted(f.name for f in dataclasses.fields(cls) if f.init)
         unknown = sorted(set(options) - set(valid))
-        require(not unknown, "options", unknown, f"among {valid} for method {name!r}",
-                "See the method's docstring (`dpfy methods` names its file)")
+        require(
+            not unknown,
+            "options",
+            unknown,
+            f"among {valid} for method {name!r}",
+            "See the method's docstring (`dpfy methods` names its file)",
+        )
     try:
         return cls(**options)
     except TypeError as e:
-        raise ValueError(f"options must be valid for method {name!r}, got {sorted(options)} "
-                         f"({e}). See the method's docstring (`dpfy methods`)") from None
+        raise ValueError(
+            f"options must be valid for method {name!r}, got {sorted(options)} "
+            f"({e}). See the method's docstring (`dpfy methods`)"
+        ) from None
 
 
 class Method(Generic[S]):
@@ -180,7 +207,8 @@ def calibrate_for_run(method: Method, facts: RunFacts) -> Method:
                 f"method must be calibrated for this run's facts, got method = "
                 f"{method.registry_name or type(method).__name__!r} built for other facts "
                 f"({'; '.join(diff)}). Build it without facts (dpfy.adaptive.make(name, ...)) "
-                f"and let make_private calibrate it, or pass the run's own facts")
+                f"and let make_private calibrate it, or pass the run's own facts"
+            )
         return method
     return method.calibrate(facts)
 
@@ -189,15 +217,22 @@ def _same_clip(a: float | torch.Tensor, b: float | torch.Tensor) -> bool:
     if a is b:
         return True
     if torch.is_tensor(a) or torch.is_tensor(b):
-        return (torch.is_tensor(a) and torch.is_tensor(b) and a.shape == b.shape
-                and bool(torch.equal(a, b.to(a))))
+        return (
+            torch.is_tensor(a)
+            and torch.is_tensor(b)
+            and a.shape == b.shape
+            and bool(torch.equal(a, b.to(a)))
+        )
     return a == b
 
 
 def plan_changes(before: StepPlan, after: StepPlan) -> set[str]:
     """The fields of ``after`` that differ from ``before``."""
-    out = {f for f in ("step", "sample_rate", "noise_multiplier", "lr_scale")
-           if getattr(before, f) != getattr(after, f)}
+    out = {
+        f
+        for f in ("step", "sample_rate", "noise_multiplier", "lr_scale")
+        if getattr(before, f) != getattr(after, f)
+    }
     if not _same_clip(before.clip, after.clip):
         out.add("clip")
     return out
@@ -217,10 +252,12 @@ def check_plan(method: Method, before: StepPlan, after: StepPlan) -> None:
                 f"a noise split must not lower σ, got method = {name!r} planning σ = "
                 f"{after.noise_multiplier:g} from σ = {before.noise_multiplier:g}. It divides "
                 f"the step's σ between the gradient and its own releases: the gradient's share "
-                f"is at least σ. Declare 'noise_multiplier' in sets if it sets σ itself")
+                f"is at least σ. Declare 'noise_multiplier' in sets if it sets σ itself"
+            )
     extra = sorted(plan_changes(before, after) - allowed)
     if extra:
         raise PrivacyRefusal(
             f"a method's plan must change only the fields it declares in `sets`, got method = "
             f"{name!r} changing {extra} (sets = {sorted(sets)}). Add the field to its `sets` "
-            f"(a chain then refuses a second method setting it) or leave it unchanged")
+            f"(a chain then refuses a second method setting it) or leave it unchanged"
+        )

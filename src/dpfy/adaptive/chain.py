@@ -52,8 +52,10 @@ class Chain(Method):
             raise ValueError("chain must have at least one method, got none. Pass methods")
         for m in self.members:
             if not isinstance(m, Method):
-                raise ValueError(f"chain members must be dpfy methods, got {type(m).__name__}. "
-                                 f"Build them with dpfy.adaptive.make(name, ...)")
+                raise ValueError(
+                    f"chain members must be dpfy methods, got {type(m).__name__}. "
+                    f"Build them with dpfy.adaptive.make(name, ...)"
+                )
         seen: dict[str, str] = {}
         for m in self.members:
             for f in sorted(m.sets):
@@ -61,33 +63,38 @@ class Chain(Method):
                     raise ValueError(
                         f"chain members must set different plan fields, got {f!r} set by both "
                         f"{seen[f]!r} and {_name(m)!r}. Keep one of them (e.g. one noise "
-                        f"schedule), or fold both rules into one method")
+                        f"schedule), or fold both rules into one method"
+                    )
                 seen[f] = _name(m)
-        setter = next((i for i, m in enumerate(self.members) if "noise_multiplier" in m.sets),
-                      None)
+        setter = next((i for i, m in enumerate(self.members) if "noise_multiplier" in m.sets), None)
         splitter = next((i for i, m in enumerate(self.members) if NOISE_SPLIT in m.sets), None)
         if setter is not None and splitter is not None and splitter < setter:
             raise ValueError(
                 f"chain members must put a method that sets σ before one that splits it, got "
                 f"{_name(self.members[splitter])!r} (splits σ) before "
                 f"{_name(self.members[setter])!r} (sets σ). Swap them: the split divides the "
-                f"σ the schedule sets")
+                f"σ the schedule sets"
+            )
         clippers = [_name(m) for m in self.members if m.implements("clipping")]
         if len(clippers) > 1:
-            raise ValueError(f"chain members must include at most one clipping, got {clippers}. "
-                             f"Keep one adaptive clipping method")
+            raise ValueError(
+                f"chain members must include at most one clipping, got {clippers}. "
+                f"Keep one adaptive clipping method"
+            )
         keys = [_name(m) for m in self.members]
         if len(set(keys)) != len(keys):
-            raise ValueError(f"chain members must be distinct methods, got {keys}. "
-                             f"Use each method once")
+            raise ValueError(
+                f"chain members must be distinct methods, got {keys}. Use each method once"
+            )
         object.__setattr__(self, "sets", frozenset(f for m in self.members for f in m.sets))
-        object.__setattr__(self, "ledger_depends_on_data",
-                           any(m.ledger_depends_on_data for m in self.members))
+        object.__setattr__(
+            self, "ledger_depends_on_data", any(m.ledger_depends_on_data for m in self.members)
+        )
         object.__setattr__(self, "registry_name", "+".join(keys))
 
     def implements(self, hook: str) -> bool:
         """True when any member implements ``hook``."""
-        super().implements(hook)                        # validates the name
+        super().implements(hook)  # validates the name
         return any(m.implements(hook) for m in self.members)
 
     def _states(self, state: Mapping[str, Any]):
@@ -116,8 +123,10 @@ class Chain(Method):
         for m, s in self._states(state):
             for name, spec in m.releases(s, plan).items():
                 if name in out:
-                    raise ValueError(f"release names in a chain must be unique, got {name!r} "
-                                     f"twice (again from {_name(m)!r}). Rename one release")
+                    raise ValueError(
+                        f"release names in a chain must be unique, got {name!r} "
+                        f"twice (again from {_name(m)!r}). Rename one release"
+                    )
                 out[name] = spec
         return out
 
@@ -128,18 +137,25 @@ class Chain(Method):
         return bind_facts(Chain(tuple(calibrate_for_run(m, facts) for m in self.members)), facts)
 
     # -- optional capabilities: over the members that implement them --------------------------
-    def transform(self, state: Mapping[str, Any], per_sample: Tensors, plan: StepPlan
-                  ) -> Tensors:
+    def transform(self, state: Mapping[str, Any], per_sample: Tensors, plan: StepPlan) -> Tensors:
         for m, s in self._with("transform", state):
             per_sample = m.transform(s, per_sample, plan)
         return per_sample
 
-    def postprocess(self, state: Mapping[str, Any], gradient: Tensors, plan: StepPlan,
-                    probed: Mapping[str, float], expected_batch_size: float) -> Tensors:
+    def postprocess(
+        self,
+        state: Mapping[str, Any],
+        gradient: Tensors,
+        plan: StepPlan,
+        probed: Mapping[str, float],
+        expected_batch_size: float,
+    ) -> Tensors:
         for m, s in self._with("postprocess", state):
             gradient = m.postprocess(s, gradient, plan, probed, expected_batch_size)
         return gradient
 
     def observe(self, state: Mapping[str, Any], *, val_metric: float) -> dict[str, Any]:
-        return {_name(m): (m.observe(s, val_metric=val_metric) if m.implements("observe")
-                           else s) for m, s in self._states(state)}
+        return {
+            _name(m): (m.observe(s, val_metric=val_metric) if m.implements("observe") else s)
+            for m, s in self._states(state)
+        }

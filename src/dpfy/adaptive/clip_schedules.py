@@ -52,11 +52,20 @@ class ClipSchedule(Method[None]):
     def __post_init__(self) -> None:
         require(self.kind in CLIP_KINDS, "kind", self.kind, f"one of {list(CLIP_KINDS)}")
         require(self.initial > 0, "initial", self.initial, "> 0")
-        require(0 < self.rate <= 1, "rate", self.rate, "in (0, 1]",
-                "r < 1 shrinks the clip; r = 1 keeps it constant")
+        require(
+            0 < self.rate <= 1,
+            "rate",
+            self.rate,
+            "in (0, 1]",
+            "r < 1 shrinks the clip; r = 1 keeps it constant",
+        )
         require(self.period >= 1, "period", self.period, ">= 1")
-        require((self.fn is not None) == (self.kind == "function"), "fn", self.fn,
-                "given exactly when kind = 'function'")
+        require(
+            (self.fn is not None) == (self.kind == "function"),
+            "fn",
+            self.fn,
+            "given exactly when kind = 'function'",
+        )
         require(self.offset >= 0, "offset", self.offset, ">= 0")
 
     sets = frozenset({"clip"})
@@ -70,7 +79,7 @@ class ClipSchedule(Method[None]):
             require(c > 0, "fn(step)", c, "> 0", f"The clip function returned {c} at step {step}")
             return c
         exponent = t / self.period if self.kind == "exponential" else t // self.period
-        return self.initial * self.rate ** exponent
+        return self.initial * self.rate**exponent
 
     def plan(self, state: None, plan: StepPlan) -> StepPlan:
         return replace(plan, clip=self.clip(plan.step))

@@ -27,9 +27,20 @@ __all__ = ["ReleaseRow", "EXAMPLE_FACTS", "describe_releases", "releases_text", 
 # C = 1, two clipping groups, an inner optimizer at lr 0.1 (left unnamed, so methods that need
 # a particular optimizer accept it).
 EXAMPLE_FACTS = RunFacts(
-    sampling=Sampling.POISSON, sample_rate=0.01, steps=300, dataset_size=60_000,
-    steps_per_epoch=100, normalizer=600.0, delta=1e-5, target_epsilon=3.0, accountant="rdp",
-    max_grad_norm=1.0, num_groups=2, inner_optimizer=None, inner_hyperparameters={"lr": 0.1})
+    sampling=Sampling.POISSON,
+    sample_rate=0.01,
+    steps=300,
+    dataset_size=60_000,
+    steps_per_epoch=100,
+    normalizer=600.0,
+    delta=1e-5,
+    target_epsilon=3.0,
+    accountant="rdp",
+    max_grad_norm=1.0,
+    num_groups=2,
+    inner_optimizer=None,
+    inner_hyperparameters={"lr": 0.1},
+)
 
 
 @dataclass(frozen=True)
@@ -63,9 +74,13 @@ def _members(method: Method) -> tuple[Method, ...]:
     return method.members if isinstance(method, Chain) else (method,)
 
 
-def describe_releases(method: Method, facts: RunFacts | None = None, *,
-                      noise_multiplier: float | None = None,
-                      clip: float | torch.Tensor | None = None) -> list[ReleaseRow]:
+def describe_releases(
+    method: Method,
+    facts: RunFacts | None = None,
+    *,
+    noise_multiplier: float | None = None,
+    clip: float | torch.Tensor | None = None,
+) -> list[ReleaseRow]:
     """The releases of step 0 of a run of ``method`` with ``facts``, from its specs.
 
     Args:
@@ -79,42 +94,65 @@ def describe_releases(method: Method, facts: RunFacts | None = None, *,
     chain's members, in order) declared them.
     """
     facts = facts if facts is not None else method.calibrated_for
-    require(facts is not None, "facts", None, "given for an uncalibrated method",
-            "Pass the run's facts (dpfy.types.RunFacts) or a method make_private calibrated")
+    require(
+        facts is not None,
+        "facts",
+        None,
+        "given for an uncalibrated method",
+        "Pass the run's facts (dpfy.types.RunFacts) or a method make_private calibrated",
+    )
     assert facts is not None  # the require above refused None
     method = calibrate_for_run(method, facts)
     if noise_multiplier is None:
         sets_sigma = "noise_multiplier" in method.sets
         noise_multiplier = 1.0
-        if facts.target_epsilon is not None and facts.delta is not None and not sets_sigma \
-                and facts.steps is not None:
+        if (
+            facts.target_epsilon is not None
+            and facts.delta is not None
+            and not sets_sigma
+            and facts.steps is not None
+        ):
             noise_multiplier = calibrate_noise_multiplier(
-                target_epsilon=facts.target_epsilon, delta=facts.delta,
-                sample_rate=facts.sample_rate, steps=facts.steps, accountant=facts.accountant,
-                sampling=facts.sampling, dataset_size=facts.dataset_size,
-                max_examples_per_user=facts.max_examples_per_user)
+                target_epsilon=facts.target_epsilon,
+                delta=facts.delta,
+                sample_rate=facts.sample_rate,
+                steps=facts.steps,
+                accountant=facts.accountant,
+                sampling=facts.sampling,
+                dataset_size=facts.dataset_size,
+                max_examples_per_user=facts.max_examples_per_user,
+            )
     if clip is None:
         clip = facts.max_grad_norm if facts.max_grad_norm is not None else 1.0
     base: StepPlan = base_plan(facts, 0, noise_multiplier, clip)
     state = method.init()
-    plan = method.plan(state, base)           # a chain checks each member's plan itself
+    plan = method.plan(state, base)  # a chain checks each member's plan itself
     check_plan(method, base, plan)
     members = _members(method)
     states = [state[_name(m)] for m in members] if isinstance(method, Chain) else [state]
-    extra = [ReleaseRow(n, spec.kind, spec.label, spec.sensitivity, spec.noise_multiplier,
-                        owner=_name(member))
-             for member, s in zip(members, states)
-             for n, spec in member.releases(s, plan).items()]   # as Chain.releases: final plan
-    label = ("the clipped sum of the transformed per-example gradients"
-             if method.implements("transform") else "the clipped gradient sum Σ_i w_i g_i")
-    gradient = ReleaseRow(GRADIENT, "gradient", label, _norm(plan.clip),
-                          float(plan.noise_multiplier))
+    extra = [
+        ReleaseRow(
+            n, spec.kind, spec.label, spec.sensitivity, spec.noise_multiplier, owner=_name(member)
+        )
+        for member, s in zip(members, states)
+        for n, spec in member.releases(s, plan).items()
+    ]  # as Chain.releases: final plan
+    label = (
+        "the clipped sum of the transformed per-example gradients"
+        if method.implements("transform")
+        else "the clipped gradient sum Σ_i w_i g_i"
+    )
+    gradient = ReleaseRow(
+        GRADIENT, "gradient", label, _norm(plan.clip), float(plan.noise_multiplier)
+    )
     return [gradient] + extra
 
 
 def _row_text(row: ReleaseRow) -> str:
-    return (f"`{row.name}` ({row.kind}): {row.label or 'no label'} (sensitivity "
-            f"{row.sensitivity:.3g}, noise multiplier {row.noise_multiplier:.3g})")
+    return (
+        f"`{row.name}` ({row.kind}): {row.label or 'no label'} (sensitivity "
+        f"{row.sensitivity:.3g}, noise multiplier {row.noise_multiplier:.3g})"
+    )
 
 
 def releases_text(rows: list[ReleaseRow], owner: str | None = None) -> str:
@@ -126,9 +164,14 @@ def releases_text(rows: list[ReleaseRow], owner: str | None = None) -> str:
 
 def facts_text(facts: RunFacts) -> str:
     """The facts ``describe_releases`` planned for, in words."""
-    target = (f"(ε = {facts.target_epsilon:g}, δ = {facts.delta:g}) by {facts.accountant}"
-              if facts.target_epsilon is not None else "no target ε")
-    return (f"{facts.sampling.value} sampling at q = {facts.sample_rate:g}"
-            + (f" of N = {facts.dataset_size:,}" if facts.dataset_size else "")
-            + (f", {facts.steps} steps" if facts.steps is not None else "")
-            + f", {target}, C = {facts.max_grad_norm if facts.max_grad_norm else 'per group'}")
+    target = (
+        f"(ε = {facts.target_epsilon:g}, δ = {facts.delta:g}) by {facts.accountant}"
+        if facts.target_epsilon is not None
+        else "no target ε"
+    )
+    return (
+        f"{facts.sampling.value} sampling at q = {facts.sample_rate:g}"
+        + (f" of N = {facts.dataset_size:,}" if facts.dataset_size else "")
+        + (f", {facts.steps} steps" if facts.steps is not None else "")
+        + f", {target}, C = {facts.max_grad_norm if facts.max_grad_norm else 'per group'}"
+    )

@@ -50,15 +50,21 @@ from dpfy.privacy import gdp
 from dpfy.privacy.calibration import calibrate_schedule_scale
 from dpfy.types import RunFacts
 
-__all__ = ["DynamicDPSGD", "PRESETS", "CALIBRATIONS", "DEFAULT_RHO", "solve_mu0",
-           "calibrate_dynamic"]
+__all__ = [
+    "DynamicDPSGD",
+    "PRESETS",
+    "CALIBRATIONS",
+    "DEFAULT_RHO",
+    "solve_mu0",
+    "calibrate_dynamic",
+]
 
 # preset name -> (uses ρ_μ, uses ρ_c); the other ratio is fixed at 1 (§4.4).
 PRESETS = {
-    "vanilla": (False, False),            # constant μ and C: DP-SGD with the GDP CLT (Bu et al.)
-    "growing_mu": (True, False),          # Alg. 1
-    "sensitivity_decay": (False, True),   # §4.3
-    "dynamic": (True, True),              # Alg. 2
+    "vanilla": (False, False),  # constant μ and C: DP-SGD with the GDP CLT (Bu et al.)
+    "growing_mu": (True, False),  # Alg. 1
+    "sensitivity_decay": (False, True),  # §4.3
+    "dynamic": (True, True),  # Alg. 2
 }
 CALIBRATIONS = ("gdp", "pld", "rdp")
 # ρ = 2 (1/ρ = 0.5) is the middle of the paper's grid {0.1, ..., 0.8}, chosen a priori; the
@@ -109,51 +115,100 @@ class DynamicDPSGD(PlannedSchedule):
             if value is None:
                 object.__setattr__(self, name, DEFAULT_RHO if used else 1.0)
             elif not used:
-                require(value == 1, name, value, f"1 (or unset) for preset {self.preset!r}",
-                        f"Preset {self.preset!r} keeps it fixed; use preset 'dynamic' to set "
-                        f"both ratios")
+                require(
+                    value == 1,
+                    name,
+                    value,
+                    f"1 (or unset) for preset {self.preset!r}",
+                    f"Preset {self.preset!r} keeps it fixed; use preset 'dynamic' to set "
+                    f"both ratios",
+                )
         assert self.rho_mu is not None and self.rho_c is not None  # filled in just above
-        require(self.rho_mu >= 1, "rho_mu", self.rho_mu, ">= 1",
-                "ρ_μ = μ_T/μ_0; the paper's grid is 1/ρ in {0.1, ..., 0.8}")
-        require(self.rho_c >= 1, "rho_c", self.rho_c, ">= 1",
-                "ρ_c = C_0/C_T; the paper's grid is 1/ρ in {0.1, ..., 0.8}")
+        require(
+            self.rho_mu >= 1,
+            "rho_mu",
+            self.rho_mu,
+            ">= 1",
+            "ρ_μ = μ_T/μ_0; the paper's grid is 1/ρ in {0.1, ..., 0.8}",
+        )
+        require(
+            self.rho_c >= 1,
+            "rho_c",
+            self.rho_c,
+            ">= 1",
+            "ρ_c = C_0/C_T; the paper's grid is 1/ρ in {0.1, ..., 0.8}",
+        )
         check_calibration(self.calibration, self.approximate)
         if self.mu0 is not None:
-            require(self.mu0 > 0, "mu0", self.mu0, "> 0",
-                    "Leave it unset to solve μ_0 for the run's target ε")
+            require(
+                self.mu0 > 0,
+                "mu0",
+                self.mu0,
+                "> 0",
+                "Leave it unset to solve μ_0 for the run's target ε",
+            )
         if self.total_steps is not None:
             require(self.total_steps >= 1, "total_steps", self.total_steps, ">= 1")
         if self.clip0 is not None:
             require(self.clip0 > 0, "clip0", self.clip0, "> 0")
         if self.stages is not None:
-            require(isinstance(self.stages, int) and self.stages >= 1, "stages", self.stages,
-                    "None or an integer >= 1")
+            require(
+                isinstance(self.stages, int) and self.stages >= 1,
+                "stages",
+                self.stages,
+                "None or an integer >= 1",
+            )
             if self.total_steps is not None:
-                require(self.stages <= self.total_steps, "stages", self.stages,
-                        f"None or in [1, total_steps = {self.total_steps}]")
+                require(
+                    self.stages <= self.total_steps,
+                    "stages",
+                    self.stages,
+                    f"None or in [1, total_steps = {self.total_steps}]",
+                )
 
     def calibrate(self, facts: RunFacts) -> "DynamicDPSGD":
         """T and C_0 from the run; μ_0 solved for its target ε unless given."""
         steps = self.total_steps if self.total_steps is not None else facts.steps
-        require(steps is not None, "steps", None, "known for method 'dynamic'",
-                "Pass epochs= or max_steps= to make_private")
+        require(
+            steps is not None,
+            "steps",
+            None,
+            "known for method 'dynamic'",
+            "Pass epochs= or max_steps= to make_private",
+        )
         clip0 = self.clip0 if self.clip0 is not None else facts.max_grad_norm
-        require(clip0 is not None, "max_grad_norm", None, "a float for method 'dynamic'",
-                "Pass one clip norm (C_0), or give clip0=")
+        require(
+            clip0 is not None,
+            "max_grad_norm",
+            None,
+            "a float for method 'dynamic'",
+            "Pass one clip norm (C_0), or give clip0=",
+        )
         assert clip0 is not None  # the require above refused None
         out = replace(self, total_steps=steps, clip0=float(clip0))
         if out.mu0 is None:
             require_budget(facts, "dynamic")
             assert facts.target_epsilon is not None and facts.delta is not None  # require_budget
-            out = replace(out, mu0=_solve(out, facts.target_epsilon, facts.delta,
-                                          facts.sample_rate,
-                                          self.calibration or facts.accountant))
+            out = replace(
+                out,
+                mu0=_solve(
+                    out,
+                    facts.target_epsilon,
+                    facts.delta,
+                    facts.sample_rate,
+                    self.calibration or facts.accountant,
+                ),
+            )
         return bind_facts(out, facts)
 
     def _mu0(self) -> float:
-        require(self.mu0 is not None, "method 'dynamic'", "uncalibrated",
-                "calibrated for the run (μ_0 known)",
-                "Pass it to make_private(method=...), which solves μ_0, or give mu0=")
+        require(
+            self.mu0 is not None,
+            "method 'dynamic'",
+            "uncalibrated",
+            "calibrated for the run (μ_0 known)",
+            "Pass it to make_private(method=...), which solves μ_0, or give mu0=",
+        )
         assert self.mu0 is not None  # the require above refused None
         return float(self.mu0)
 
@@ -163,7 +218,7 @@ class DynamicDPSGD(PlannedSchedule):
         t, big_t = step + 1, self.horizon()
         if self.stages is None:
             return t / big_t
-        stage = -(-t * self.stages // big_t)          # ⌈tK/T⌉ in 1..K, exact integers
+        stage = -(-t * self.stages // big_t)  # ⌈tK/T⌉ in 1..K, exact integers
         return stage / self.stages
 
     def mu(self, step: int) -> float:
@@ -208,8 +263,15 @@ class DynamicDPSGD(PlannedSchedule):
         return float(gdp.mu_total(sample_rate, mus))
 
 
-def solve_mu0(mu_tot: float, *, sample_rate: float, total_steps: int, rho_mu: float,
-              stages: int | None = None, tol: float = 1e-13) -> float:
+def solve_mu0(
+    mu_tot: float,
+    *,
+    sample_rate: float,
+    total_steps: int,
+    rho_mu: float,
+    stages: int | None = None,
+    tol: float = 1e-13,
+) -> float:
     """μ_0 with Eq. (9) of the schedule equal to ``mu_tot`` (the paper's Algorithm 1, step 2).
 
     Eq. (9) increases strictly with μ_0, and every μ_t lies in [μ_0, ρ_μ μ_0], so the root
@@ -219,7 +281,7 @@ def solve_mu0(mu_tot: float, *, sample_rate: float, total_steps: int, rho_mu: fl
     """
     require(mu_tot > 0, "mu_tot", mu_tot, "> 0")
     require(0 < sample_rate <= 1, "sample_rate", sample_rate, "in (0, 1]")
-    flat = math.sqrt(math.log1p(mu_tot ** 2 / (sample_rate ** 2 * total_steps)))   # Eq. (15)
+    flat = math.sqrt(math.log1p(mu_tot**2 / (sample_rate**2 * total_steps)))  # Eq. (15)
     if rho_mu == 1:
         return flat
 
@@ -234,30 +296,52 @@ def solve_mu0(mu_tot: float, *, sample_rate: float, total_steps: int, rho_mu: fl
     return 0.5 * (lo + hi)
 
 
-def _solve(shape: DynamicDPSGD, target_epsilon: float, delta: float, sample_rate: float,
-           calibration: str) -> float:
+def _solve(
+    shape: DynamicDPSGD, target_epsilon: float, delta: float, sample_rate: float, calibration: str
+) -> float:
     """μ_0 of ``shape`` (its T, ρ_μ, stages) whose run spends ``target_epsilon`` at ``delta``."""
-    require(calibration in CALIBRATIONS, "calibration", calibration,
-            f"one of {list(CALIBRATIONS)}",
-            "Use 'pld' for a tight rigorous guarantee; 'gdp' reproduces the paper's CLT "
-            "calibration")
+    require(
+        calibration in CALIBRATIONS,
+        "calibration",
+        calibration,
+        f"one of {list(CALIBRATIONS)}",
+        "Use 'pld' for a tight rigorous guarantee; 'gdp' reproduces the paper's CLT calibration",
+    )
     require(target_epsilon > 0, "target_epsilon", target_epsilon, "> 0")
     if calibration == "gdp":
         assert shape.rho_mu is not None  # __post_init__ fills it
-        mu_tot = gdp.mu_for_epsilon(target_epsilon, delta)                 # Eq. (1) inverted
-        return solve_mu0(mu_tot, sample_rate=sample_rate, total_steps=shape.horizon(),
-                         rho_mu=shape.rho_mu, stages=shape.stages)
+        mu_tot = gdp.mu_for_epsilon(target_epsilon, delta)  # Eq. (1) inverted
+        return solve_mu0(
+            mu_tot,
+            sample_rate=sample_rate,
+            total_steps=shape.horizon(),
+            rho_mu=shape.rho_mu,
+            stages=shape.stages,
+        )
     # z_t = s · ρ_μ^(−t/T): the shape is the noise multipliers at μ_0 = 1, and μ_0 = 1/s.
-    scale = calibrate_schedule_scale(shape=replace(shape, mu0=1.0).noise_multipliers(),
-                                     target_epsilon=target_epsilon, delta=delta,
-                                     sample_rate=sample_rate, accountant=calibration)
+    scale = calibrate_schedule_scale(
+        shape=replace(shape, mu0=1.0).noise_multipliers(),
+        target_epsilon=target_epsilon,
+        delta=delta,
+        sample_rate=sample_rate,
+        accountant=calibration,
+    )
     return 1.0 / scale
 
 
-def calibrate_dynamic(preset: str = "dynamic", *, target_epsilon: float, delta: float,
-                      sample_rate: float, total_steps: int, clip0: float = 1.0,
-                      rho_mu: float | None = None, rho_c: float | None = None,
-                      stages: int | None = None, calibration: str = "pld") -> DynamicDPSGD:
+def calibrate_dynamic(
+    preset: str = "dynamic",
+    *,
+    target_epsilon: float,
+    delta: float,
+    sample_rate: float,
+    total_steps: int,
+    clip0: float = 1.0,
+    rho_mu: float | None = None,
+    rho_c: float | None = None,
+    stages: int | None = None,
+    calibration: str = "pld",
+) -> DynamicDPSGD:
     """A :class:`DynamicDPSGD` of ``preset`` whose run of ``total_steps`` steps at Poisson rate
     ``sample_rate`` spends ``target_epsilon`` at ``delta`` (without a run's facts: the
     calibration audit of the reproductions).
@@ -267,11 +351,20 @@ def calibrate_dynamic(preset: str = "dynamic", *, target_epsilon: float, delta: 
         equals the target to the accountant's precision) or ``"rdp"``.
       rho_mu, rho_c, stages: as :class:`DynamicDPSGD`.
     """
-    require(calibration in CALIBRATIONS, "calibration", calibration,
-            f"one of {list(CALIBRATIONS)}",
-            "Use 'pld' for a tight rigorous guarantee; 'gdp' reproduces the paper's CLT "
-            "calibration")
+    require(
+        calibration in CALIBRATIONS,
+        "calibration",
+        calibration,
+        f"one of {list(CALIBRATIONS)}",
+        "Use 'pld' for a tight rigorous guarantee; 'gdp' reproduces the paper's CLT calibration",
+    )
     require(total_steps >= 1, "total_steps", total_steps, ">= 1")
-    shape = DynamicDPSGD(preset=preset, rho_mu=rho_mu, rho_c=rho_c, stages=stages,
-                         total_steps=total_steps, clip0=clip0)
+    shape = DynamicDPSGD(
+        preset=preset,
+        rho_mu=rho_mu,
+        rho_c=rho_c,
+        stages=stages,
+        total_steps=total_steps,
+        clip0=clip0,
+    )
     return replace(shape, mu0=_solve(shape, target_epsilon, delta, sample_rate, calibration))

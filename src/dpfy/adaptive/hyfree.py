@@ -83,19 +83,24 @@ from dpfy.clipping import AutomaticClipping
 from dpfy.privacy.calibration import hyfree_noise_split
 from dpfy.types import Clip, Norms, ReleaseSpec, RunFacts, Sampling, StepOutcome, StepPlan
 
-__all__ = ["HyFreeDP", "HyFreeState", "fit_quadratic", "next_learning_rate", "PROBES",
-           "DEFAULT_INITIAL_LR"]
+__all__ = [
+    "HyFreeDP",
+    "HyFreeState",
+    "fit_quadratic",
+    "next_learning_rate",
+    "PROBES",
+    "DEFAULT_INITIAL_LR",
+]
 
 # The three probe releases: where each loss is taken, as the sign of the step along −d.
 PROBES = {"loss_probe_at_theta": 0.0, "loss_probe_descent": 1.0, "loss_probe_ascent": -1.0}
 WHERE = {0.0: "θ", 1.0: "θ − η·d", -1.0: "θ + η·d"}
 
-DEFAULT_INITIAL_LR = 1e-4   # Algorithm 1's input η (×10 for LoRA, §3.4)
+DEFAULT_INITIAL_LR = 1e-4  # Algorithm 1's input η (×10 for LoRA, §3.4)
 LOSS_CLIP_RULES = ("sum", "anchor")
 
 
-def fit_quadratic(descent: float, at_theta: float, ascent: float, lr: float
-                  ) -> tuple[float, float]:
+def fit_quadratic(descent: float, at_theta: float, ascent: float, lr: float) -> tuple[float, float]:
     """(a, b) of L(θ − s d) ≈ L_0 − b s + a s²/2 through the three points s = η, 0, −η.
 
     ``descent`` = L(θ − η d), ``at_theta`` = L(θ), ``ascent`` = L(θ + η d). Eq. 6's least
@@ -104,12 +109,13 @@ def fit_quadratic(descent: float, at_theta: float, ascent: float, lr: float
     """
     require(lr > 0, "lr", lr, "> 0")
     b = (ascent - descent) / (2 * lr)
-    a = (descent + ascent - 2 * at_theta) / lr ** 2
+    a = (descent + ascent - 2 * at_theta) / lr**2
     return a, b
 
 
-def next_learning_rate(lr: float, a: float, b: float, *, max_change: float = 2.0,
-                       smoothing: float = 0.9) -> float:
+def next_learning_rate(
+    lr: float, a: float, b: float, *, max_change: float = 2.0, smoothing: float = 0.9
+) -> float:
     """η after one probe round with fit (a, b): the line minimizer b/a (Algorithm 1, line 11),
     clamped to [η/max_change, η·max_change] and smoothed, η ← smoothing·η +
     (1 − smoothing)·target. A fit with no minimizer (a ≤ 0, b ≤ 0, or not finite) keeps η.
@@ -157,7 +163,8 @@ def _warn_small_batch(loss_noise: float, facts: RunFacts) -> None:
             f"{loss_noise:.3g}), so the loss change along the step is lost in it and the "
             f"fitted learning rate is mostly noise. Use an expected batch of at least {need} "
             f"(dpfy train: --batch-size {need}), or a method with a fixed learning rate",
-            stacklevel=3)
+            stacklevel=3,
+        )
 
 
 @register("hyfree")
@@ -194,9 +201,9 @@ class HyFreeDP(Method[HyFreeState]):
     gamma: float = 1.01
     stability: float = 0.01
     # Set by calibrate() from the run's facts:
-    gradient_noise: float | None = None      # σ_g
-    loss_noise: float | None = None          # σ_l
-    base_lr: float | None = None             # the inner optimizer's learning rate
+    gradient_noise: float | None = None  # σ_g
+    loss_noise: float | None = None  # σ_l
+    base_lr: float | None = None  # the inner optimizer's learning rate
 
     sets = frozenset({"noise_multiplier", "clip", "lr_scale"})
     # `dpfy train --method hyfree` without --lr / --optimizer (dpfy.train.config): Algorithm
@@ -205,53 +212,106 @@ class HyFreeDP(Method[HyFreeState]):
     default_optimizer: ClassVar[str] = "adam"
 
     def __post_init__(self) -> None:
-        require(isinstance(self.probe_every, int) and self.probe_every >= 1, "probe_every",
-                self.probe_every, "an integer >= 1", "The paper uses K = 5 or 10")
-        require(self.initial_lr is None or self.initial_lr > 0, "initial_lr", self.initial_lr,
-                "> 0 or None (the optimizer's learning rate)")
+        require(
+            isinstance(self.probe_every, int) and self.probe_every >= 1,
+            "probe_every",
+            self.probe_every,
+            "an integer >= 1",
+            "The paper uses K = 5 or 10",
+        )
+        require(
+            self.initial_lr is None or self.initial_lr > 0,
+            "initial_lr",
+            self.initial_lr,
+            "> 0 or None (the optimizer's learning rate)",
+        )
         require(self.initial_loss_clip > 0, "initial_loss_clip", self.initial_loss_clip, "> 0")
-        require(self.loss_clip_rule in LOSS_CLIP_RULES, "loss_clip_rule", self.loss_clip_rule,
-                f"one of {list(LOSS_CLIP_RULES)}")
+        require(
+            self.loss_clip_rule in LOSS_CLIP_RULES,
+            "loss_clip_rule",
+            self.loss_clip_rule,
+            f"one of {list(LOSS_CLIP_RULES)}",
+        )
         require(self.loss_clip_floor > 0, "loss_clip_floor", self.loss_clip_floor, "> 0")
-        require(self.max_change > 1, "max_change", self.max_change, "> 1",
-                "GeN's code uses 2; math.inf for none")
-        require(0 <= self.smoothing < 1, "smoothing", self.smoothing, "in [0, 1)",
-                "GeN's code uses 0.9; 0 for none")
+        require(
+            self.max_change > 1,
+            "max_change",
+            self.max_change,
+            "> 1",
+            "GeN's code uses 2; math.inf for none",
+        )
+        require(
+            0 <= self.smoothing < 1,
+            "smoothing",
+            self.smoothing,
+            "in [0, 1)",
+            "GeN's code uses 0.9; 0 for none",
+        )
         require(self.gamma > 1, "gamma", self.gamma, "> 1", "The paper uses 1.01")
         require(self.stability > 0, "stability", self.stability, "> 0")
 
     # -- calibration ---------------------------------------------------------------------------
     def calibrate(self, facts: RunFacts) -> "HyFreeDP":
         """σ_g, σ_l for the run's (ε, δ, q, T) by Algorithm 2 on the run's own ledger."""
-        require(facts.target_epsilon is not None and facts.delta is not None,
-                "target_epsilon", facts.target_epsilon, "given for method 'hyfree'",
-                "HyFreeDP splits the budget between gradient and loss probes itself: pass "
-                "make_private(target_epsilon=..., target_delta=..., epochs=...) and no "
-                "noise_multiplier")
-        require(facts.steps is not None, "steps", None, "known for method 'hyfree'",
-                "Pass epochs= or max_steps=")
-        require(facts.sampling == Sampling.POISSON, "sampling", facts.sampling,
-                "Poisson for method 'hyfree'", "Its accounting composes probes with the "
-                "gradient's Poisson-sampled step; use poisson_sampling=True")
+        require(
+            facts.target_epsilon is not None and facts.delta is not None,
+            "target_epsilon",
+            facts.target_epsilon,
+            "given for method 'hyfree'",
+            "HyFreeDP splits the budget between gradient and loss probes itself: pass "
+            "make_private(target_epsilon=..., target_delta=..., epochs=...) and no "
+            "noise_multiplier",
+        )
+        require(
+            facts.steps is not None,
+            "steps",
+            None,
+            "known for method 'hyfree'",
+            "Pass epochs= or max_steps=",
+        )
+        require(
+            facts.sampling == Sampling.POISSON,
+            "sampling",
+            facts.sampling,
+            "Poisson for method 'hyfree'",
+            "Its accounting composes probes with the "
+            "gradient's Poisson-sampled step; use poisson_sampling=True",
+        )
         assert facts.target_epsilon is not None and facts.delta is not None  # required above
         assert facts.steps is not None  # the require above refused None
         base_lr = (facts.inner_hyperparameters or {}).get("lr")
-        require(isinstance(base_lr, (int, float)) and base_lr > 0, "optimizer lr", base_lr,
-                "a number > 0", "HyFreeDP scales the wrapped optimizer's learning rate")
+        require(
+            isinstance(base_lr, (int, float)) and base_lr > 0,
+            "optimizer lr",
+            base_lr,
+            "a number > 0",
+            "HyFreeDP scales the wrapped optimizer's learning rate",
+        )
         assert isinstance(base_lr, (int, float))  # the require above refused others
         sigma_g, sigma_l = hyfree_noise_split(
-            target_epsilon=facts.target_epsilon, delta=facts.delta,
-            sample_rate=facts.sample_rate, steps=facts.steps, probe_every=self.probe_every,
-            probes_per_round=len(PROBES), gamma=self.gamma, accountant=facts.accountant,
-            probes_share_batch=True)
+            target_epsilon=facts.target_epsilon,
+            delta=facts.delta,
+            sample_rate=facts.sample_rate,
+            steps=facts.steps,
+            probe_every=self.probe_every,
+            probes_per_round=len(PROBES),
+            gamma=self.gamma,
+            accountant=facts.accountant,
+            probes_share_batch=True,
+        )
         _warn_small_batch(sigma_l, facts)
-        return bind_facts(replace(self, gradient_noise=sigma_g, loss_noise=sigma_l,
-                                  base_lr=float(base_lr)), facts)
+        return bind_facts(
+            replace(self, gradient_noise=sigma_g, loss_noise=sigma_l, base_lr=float(base_lr)), facts
+        )
 
     def _calibrated(self) -> None:
-        require(self.gradient_noise is not None, "method 'hyfree'", "uncalibrated",
-                "calibrated for the run", "Pass it to make_private(method=...), which "
-                "calibrates it for the run's facts")
+        require(
+            self.gradient_noise is not None,
+            "method 'hyfree'",
+            "uncalibrated",
+            "calibrated for the run",
+            "Pass it to make_private(method=...), which calibrates it for the run's facts",
+        )
 
     # -- the step ------------------------------------------------------------------------------
     def init(self) -> HyFreeState:
@@ -262,8 +322,9 @@ class HyFreeDP(Method[HyFreeState]):
 
     def plan(self, state: HyFreeState, plan: StepPlan) -> StepPlan:
         assert self.gradient_noise is not None and self.base_lr is not None  # init checked
-        return replace(plan, noise_multiplier=self.gradient_noise, clip=1.0,
-                       lr_scale=state.lr / self.base_lr)
+        return replace(
+            plan, noise_multiplier=self.gradient_noise, clip=1.0, lr_scale=state.lr / self.base_lr
+        )
 
     def clipping(self, state: HyFreeState, norms: Norms, plan: StepPlan) -> Clip:
         auto = AutomaticClipping(clip=1.0, gamma=self.stability)
@@ -278,12 +339,19 @@ class HyFreeDP(Method[HyFreeState]):
         assert self.loss_noise is not None  # calibrate sets it with gradient_noise
         r_l, out = state.loss_clip, {}
         for name, sign in PROBES.items():
-            offsets = ({} if state.direction is None or sign == 0.0 else
-                       {n: -sign * state.lr * d for n, d in state.direction.items()})
+            offsets = (
+                {}
+                if state.direction is None or sign == 0.0
+                else {n: -sign * state.lr * d for n, d in state.direction.items()}
+            )
             out[name] = ReleaseSpec(
-                sensitivity=r_l, noise_std=self.loss_noise * r_l, kind="loss", offsets=offsets,
+                sensitivity=r_l,
+                noise_std=self.loss_noise * r_l,
+                kind="loss",
+                offsets=offsets,
                 label=f"the batch's loss sum at {WHERE[sign]} (d: the previous step's update), "
-                      f"each loss clipped to ±R_l; every K-th step")
+                f"each loss clipped to ±R_l; every K-th step",
+            )
         return out
 
     def update(self, state: HyFreeState, released: StepOutcome) -> HyFreeState:
@@ -294,11 +362,14 @@ class HyFreeDP(Method[HyFreeState]):
         applied_lr = released.plan.lr_scale * self.base_lr
         params = released.parameters
         direction, anchor = state.direction, state.anchor
-        if (t + 1) % k == 0:      # the next step probes: d from this step's applied update
-            direction = (None if anchor is None else
-                         {n: (anchor[n] - p) / applied_lr for n, p in params.items()})
+        if (t + 1) % k == 0:  # the next step probes: d from this step's applied update
+            direction = (
+                None
+                if anchor is None
+                else {n: (anchor[n] - p) / applied_lr for n, p in params.items()}
+            )
             anchor = None
-        if (t + 2) % k == 0:      # the step after this one is the last before a round
+        if (t + 2) % k == 0:  # the step after this one is the last before a round
             anchor = {n: p.detach().clone() for n, p in params.items()}
         return replace(state, direction=direction, anchor=anchor)
 
@@ -311,12 +382,22 @@ class HyFreeDP(Method[HyFreeState]):
     def _after_probes(self, state: HyFreeState, released: StepOutcome) -> HyFreeState:
         b_size = released.expected_batch_size
         loss = {name: float(released.sums[name]) / b_size for name in PROBES}
-        descent, at_theta, ascent = (loss["loss_probe_descent"], loss["loss_probe_at_theta"],
-                                     loss["loss_probe_ascent"])
+        descent, at_theta, ascent = (
+            loss["loss_probe_descent"],
+            loss["loss_probe_at_theta"],
+            loss["loss_probe_ascent"],
+        )
         lr, fit = state.lr, state.last_fit
         if state.direction is not None:
             fit = fit_quadratic(descent, at_theta, ascent, state.lr)
-            lr = next_learning_rate(state.lr, *fit, max_change=self.max_change,
-                                    smoothing=self.smoothing)
-        return replace(state, lr=lr, loss_clip=self.loss_clip_after(descent, at_theta, ascent),
-                       last_fit=fit, direction=None, rounds=state.rounds + 1)
+            lr = next_learning_rate(
+                state.lr, *fit, max_change=self.max_change, smoothing=self.smoothing
+            )
+        return replace(
+            state,
+            lr=lr,
+            loss_clip=self.loss_clip_after(descent, at_theta, ascent),
+            last_fit=fit,
+            direction=None,
+            rounds=state.rounds + 1,
+        )

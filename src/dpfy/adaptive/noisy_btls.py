@@ -68,13 +68,17 @@ class NoisyBTLS(StepSearch):
     def __post_init__(self) -> None:
         require(self.initial > 0, "initial", self.initial, "> 0")
         require(0 < self.shrink < 1, "shrink", self.shrink, "in (0, 1)")
-        require(isinstance(self.comparisons, int) and self.comparisons >= 1, "comparisons",
-                self.comparisons, "an integer >= 1")
+        require(
+            isinstance(self.comparisons, int) and self.comparisons >= 1,
+            "comparisons",
+            self.comparisons,
+            "an integer >= 1",
+        )
         require(self.armijo >= 0, "armijo", self.armijo, ">= 0")
         super().__post_init__()
 
     def multipliers(self) -> tuple[float, ...]:
-        return (0.0,) + tuple(self.initial * self.shrink ** j for j in range(self.comparisons))
+        return (0.0,) + tuple(self.initial * self.shrink**j for j in range(self.comparisons))
 
     def choose(self, losses: Sequence[float], gradient_sq: float) -> int:
         """The first (largest) candidate with L̃_0 − L̃_j ≥ c·η_j·‖g̃‖², else 0 (no step)."""

@@ -59,9 +59,13 @@ class NoisyMax(StepSearch):
     step_multipliers: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)
 
     def __post_init__(self) -> None:
-        require(len(self.step_multipliers) >= 1 and all(m > 0 for m in self.step_multipliers),
-                "step_multipliers", self.step_multipliers, "at least one, each > 0",
-                "0 (no step) is always a candidate; list the others")
+        require(
+            len(self.step_multipliers) >= 1 and all(m > 0 for m in self.step_multipliers),
+            "step_multipliers",
+            self.step_multipliers,
+            "at least one, each > 0",
+            "0 (no step) is always a candidate; list the others",
+        )
         object.__setattr__(self, "step_multipliers", tuple(float(m) for m in self.step_multipliers))
         super().__post_init__()
 

@@ -82,35 +82,73 @@ class NormAdaptiveClipping(Method[NormAdaptiveState]):
 
     def __post_init__(self) -> None:
         if self.initial_clip is not None:
-            require(self.initial_clip > 0, "initial_clip", self.initial_clip, "> 0",
-                    "Give C_0, or leave it unset to start at the run's max_grad_norm")
-        require(self.alpha > 0, "alpha", self.alpha, "> 0",
-                "alpha = 1 sets C to the noisy mean clipped norm")
-        require(self.beta > 0, "beta", self.beta, "> 0",
-                "beta = 2 clips the norms at twice the current threshold")
-        require(0 < self.budget_fraction < 1, "budget_fraction", self.budget_fraction,
-                "in (0, 1)", "Give the norm sums a small share of the budget, e.g. 0.05")
-        require(0 < self.min_fraction <= 1, "min_fraction", self.min_fraction, "in (0, 1]",
-                "0.1 lets one step shrink C by at most α·β·0.1")
+            require(
+                self.initial_clip > 0,
+                "initial_clip",
+                self.initial_clip,
+                "> 0",
+                "Give C_0, or leave it unset to start at the run's max_grad_norm",
+            )
+        require(
+            self.alpha > 0,
+            "alpha",
+            self.alpha,
+            "> 0",
+            "alpha = 1 sets C to the noisy mean clipped norm",
+        )
+        require(
+            self.beta > 0,
+            "beta",
+            self.beta,
+            "> 0",
+            "beta = 2 clips the norms at twice the current threshold",
+        )
+        require(
+            0 < self.budget_fraction < 1,
+            "budget_fraction",
+            self.budget_fraction,
+            "in (0, 1)",
+            "Give the norm sums a small share of the budget, e.g. 0.05",
+        )
+        require(
+            0 < self.min_fraction <= 1,
+            "min_fraction",
+            self.min_fraction,
+            "in (0, 1]",
+            "0.1 lets one step shrink C by at most α·β·0.1",
+        )
         require(isinstance(self.per_layer, bool), "per_layer", self.per_layer, "a bool")
 
     def calibrate(self, facts: RunFacts) -> "NormAdaptiveClipping":
         initial = self.initial_clip if self.initial_clip is not None else facts.max_grad_norm
-        require(initial is not None, "initial_clip", None, "given when the run has no single "
-                "max_grad_norm", "Pass initial_clip=C_0")
+        require(
+            initial is not None,
+            "initial_clip",
+            None,
+            "given when the run has no single max_grad_norm",
+            "Pass initial_clip=C_0",
+        )
         assert initial is not None  # the require above refused None
         groups = 1
         if self.per_layer:
-            require(facts.num_groups is not None and facts.num_groups >= 1,
-                    "the number of clipping groups", facts.num_groups,
-                    ">= 1 (known to make_private)")
+            require(
+                facts.num_groups is not None and facts.num_groups >= 1,
+                "the number of clipping groups",
+                facts.num_groups,
+                ">= 1 (known to make_private)",
+            )
             assert facts.num_groups is not None  # the require above refused None
             groups = facts.num_groups
         return bind_facts(replace(self, initial_clip=float(initial), num_groups=groups), facts)
 
     def _k(self) -> int:
-        require(self.num_groups is not None and self.initial_clip is not None, "num_groups",
-                None, "set", "Pass the method to make_private, which calibrates it")
+        require(
+            self.num_groups is not None and self.initial_clip is not None,
+            "num_groups",
+            None,
+            "set",
+            "Pass the method to make_private, which calibrates it",
+        )
         assert self.num_groups is not None  # the require above refused None
         return int(self.num_groups)
 
@@ -125,11 +163,15 @@ class NormAdaptiveClipping(Method[NormAdaptiveState]):
 
     def plan(self, state: NormAdaptiveState, plan: StepPlan) -> StepPlan:
         sigma = plan.noise_multiplier
-        require(sigma > 0, "noise_multiplier", sigma, "> 0 for norm_adaptive",
-                "Its norm release takes a share of the gradient's noise")
+        require(
+            sigma > 0,
+            "noise_multiplier",
+            sigma,
+            "> 0 for norm_adaptive",
+            "Its norm release takes a share of the gradient's noise",
+        )
         sigma_g = gaussian_remainder(sigma, self.norm_noise_multiplier(sigma), count=self._k())
-        clip = (torch.tensor(state.clip, dtype=torch.float64) if self.per_layer
-                else state.clip[0])
+        clip = torch.tensor(state.clip, dtype=torch.float64) if self.per_layer else state.clip[0]
         return replace(plan, noise_multiplier=sigma_g, clip=clip)
 
     def _norms(self, norms: Norms) -> torch.Tensor:
@@ -137,41 +179,50 @@ class NormAdaptiveClipping(Method[NormAdaptiveState]):
         return norms.per_group() if self.per_layer else norms.total.unsqueeze(1)
 
     def _clips(self, plan: StepPlan) -> torch.Tensor:
-        return torch.as_tensor(plan.clip, dtype=torch.float64).reshape(-1)   # (K,) public
+        return torch.as_tensor(plan.clip, dtype=torch.float64).reshape(-1)  # (K,) public
 
     def clipping(self, state: NormAdaptiveState, norms: Norms, plan: StepPlan) -> Clip:
         clips = self._clips(plan)
-        n = self._norms(norms)                                               # (B, K) sensitive
-        require(n.shape[1] == clips.numel(), "the number of clipping groups", n.shape[1],
-                f"{clips.numel()} (as planned)")
-        w = torch.clamp(clips.to(n) / n, max=1.0)                            # (B, K) sensitive
+        n = self._norms(norms)  # (B, K) sensitive
+        require(
+            n.shape[1] == clips.numel(),
+            "the number of clipping groups",
+            n.shape[1],
+            f"{clips.numel()} (as planned)",
+        )
+        w = torch.clamp(clips.to(n) / n, max=1.0)  # (B, K) sensitive
         sensitivity = float(clips.square().sum().sqrt())
         if not self.per_layer:
             return Clip(w[:, 0], sensitivity=sensitivity)
-        return Clip({p: w[:, k] for k, g in enumerate(norms.groups) for p in g},
-                    sensitivity=sensitivity)
+        return Clip(
+            {p: w[:, k] for k, g in enumerate(norms.groups) for p in g}, sensitivity=sensitivity
+        )
 
     def releases(self, state: NormAdaptiveState, plan: StepPlan) -> dict[str, ReleaseSpec]:
         k = self._k()
-        sigma = plan.noise_multiplier * math.sqrt(1 - self.budget_fraction)   # the step's σ
-        bound = self.beta * self._clips(plan)                                # (K,) public
+        sigma = plan.noise_multiplier * math.sqrt(1 - self.budget_fraction)  # the step's σ
+        bound = self.beta * self._clips(plan)  # (K,) public
 
         def values(norms: Norms) -> torch.Tensor:
-            n = self._norms(norms).double()                                  # (B, K) sensitive
-            v = torch.clamp(n / bound.to(n), max=1.0)                        # (B, K) in [0, 1]
+            n = self._norms(norms).double()  # (B, K) sensitive
+            v = torch.clamp(n / bound.to(n), max=1.0)  # (B, K) in [0, 1]
             return v if self.per_layer else v[:, 0]
 
         # Normalized units: std σ_n on each of K sums of values in [0, 1] (multiplier σ_n/√K).
-        return {RELEASE: ReleaseSpec(
-            sensitivity=math.sqrt(k), noise_std=self.norm_noise_multiplier(sigma),
-            values=values,
-            label="the sum of per-example norms clipped at β·C_t and divided by it, "
-                  "Σ_i min(‖g_ik‖, β C_k)/(β C_k), one per threshold")}
+        return {
+            RELEASE: ReleaseSpec(
+                sensitivity=math.sqrt(k),
+                noise_std=self.norm_noise_multiplier(sigma),
+                values=values,
+                label="the sum of per-example norms clipped at β·C_t and divided by it, "
+                "Σ_i min(‖g_ik‖, β C_k)/(β C_k), one per threshold",
+            )
+        }
 
     def update(self, state: NormAdaptiveState, outcome: StepOutcome) -> NormAdaptiveState:
-        b = outcome.expected_batch_size                                     # public
+        b = outcome.expected_batch_size  # public
         sums = torch.as_tensor(outcome.sums[RELEASE], dtype=torch.float64).reshape(-1)
-        bound = self.beta * self._clips(outcome.plan)                       # (K,) public
-        mean = torch.clamp(sums / b, self.min_fraction, 1.0)                 # privatized
+        bound = self.beta * self._clips(outcome.plan)  # (K,) public
+        mean = torch.clamp(sums / b, self.min_fraction, 1.0)  # privatized
         nxt = self.alpha * bound * mean
         return NormAdaptiveState(clip=tuple(float(c) for c in nxt))

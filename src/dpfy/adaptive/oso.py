@@ -70,8 +70,14 @@ from dpfy.adaptive.base import NOISE_SPLIT, Method, bind_facts, register
 from dpfy.privacy.split import split_noise_multiplier
 from dpfy.types import Clip, Norms, ReleaseSpec, RunFacts, StepOutcome, StepPlan
 
-__all__ = ["OnlineSensitivity", "OSOState", "THRESHOLD_GRADIENT", "hyper_factor", "released_dot",
-           "threshold_weights"]
+__all__ = [
+    "OnlineSensitivity",
+    "OSOState",
+    "THRESHOLD_GRADIENT",
+    "hyper_factor",
+    "released_dot",
+    "threshold_weights",
+]
 
 THRESHOLD_GRADIENT = "threshold_gradient"
 RULES = ("sign", "rubio", "additive")
@@ -90,9 +96,9 @@ class OSOState:
 
     clip: float
     lr_scale: float = 1.0
-    prev_gradient: dict[str, torch.Tensor] | None = None        # g̃_{t−1} (the released mean)
-    prev_direction_sum: dict[str, torch.Tensor] | None = None   # b·q̃_{t−1} (the released sum)
-    prev_batch_size: float = 1.0                                # b of that step, public
+    prev_gradient: dict[str, torch.Tensor] | None = None  # g̃_{t−1} (the released mean)
+    prev_direction_sum: dict[str, torch.Tensor] | None = None  # b·q̃_{t−1} (the released sum)
+    prev_batch_size: float = 1.0  # b of that step, public
 
     @property
     def prev_direction(self) -> dict[str, torch.Tensor] | None:
@@ -121,9 +127,10 @@ def released_dot(current: Vector, previous: Vector | None) -> float:
     One dot per parameter tensor (the sign and additive rules need no norms)."""
     if previous is None:
         return 0.0
-    return sum(float(torch.dot(x.detach().flatten(),
-                               previous[n].detach().flatten().to(x.dtype)))
-               for n, x in current.items())
+    return sum(
+        float(torch.dot(x.detach().flatten(), previous[n].detach().flatten().to(x.dtype)))
+        for n, x in current.items()
+    )
 
 
 def hyper_factor(current: Vector, previous: Vector | None, rate: float, rule: str) -> float:
@@ -148,8 +155,8 @@ def hyper_factor(current: Vector, previous: Vector | None, rate: float, rule: st
 def threshold_weights(clip: float, norms: torch.Tensor) -> torch.Tensor:
     """w_i = 1[‖g_i‖ > C]/‖g_i‖, (B,) float64, so that w_i g_i = q_i with ‖q_i‖ ∈ {0, 1}
     (strict, Eq. 11: a norm exactly C, or 0, is never counted). Sensitive."""
-    clipped = norms > clip                                               # (B,) sensitive
-    tiny = torch.finfo(norms.dtype).tiny        # guards the division only, not the mask
+    clipped = norms > clip  # (B,) sensitive
+    tiny = torch.finfo(norms.dtype).tiny  # guards the division only, not the mask
     return torch.where(clipped, 1.0 / norms.clamp_min(tiny), torch.zeros_like(norms)).double()
 
 
@@ -186,18 +193,38 @@ class OnlineSensitivity(Method[OSOState]):
     initial_lr: float | None = None
 
     def __post_init__(self) -> None:
-        require(self.initial_clip > 0, "initial_clip", self.initial_clip, "> 0",
-                "The paper starts at C_0 = 0.1")
+        require(
+            self.initial_clip > 0,
+            "initial_clip",
+            self.initial_clip,
+            "> 0",
+            "The paper starts at C_0 = 0.1",
+        )
         for name in ("clip_rate", "lr_rate"):
             value = getattr(self, name)
             require(0 < value < 1, name, value, "in (0, 1)", "The paper uses 2.5e-3")
         require(isinstance(self.adapt_lr, bool), "adapt_lr", self.adapt_lr, "true or false")
-        require(self.rule in RULES, "rule", self.rule, f"one of {list(RULES)}",
-                "'sign' is the paper's rule (Eqs. 20-21)")
-        require(self.inflation > 0, "inflation", self.inflation, "> 0",
-                "The paper's 1 % rule is inflation = 0.01")
-        require(self.min_clip > 0, "min_clip", self.min_clip, "> 0",
-                "The clipping threshold must stay positive")
+        require(
+            self.rule in RULES,
+            "rule",
+            self.rule,
+            f"one of {list(RULES)}",
+            "'sign' is the paper's rule (Eqs. 20-21)",
+        )
+        require(
+            self.inflation > 0,
+            "inflation",
+            self.inflation,
+            "> 0",
+            "The paper's 1 % rule is inflation = 0.01",
+        )
+        require(
+            self.min_clip > 0,
+            "min_clip",
+            self.min_clip,
+            "> 0",
+            "The clipping threshold must stay positive",
+        )
         if self.initial_lr is not None:
             require(self.initial_lr > 0, "initial_lr", self.initial_lr, "> 0")
 
@@ -206,9 +233,13 @@ class OnlineSensitivity(Method[OSOState]):
         if self.rule != "additive" or self.initial_lr is not None:
             return bind_facts(self, facts)
         lr = (facts.inner_hyperparameters or {}).get("lr")
-        require(isinstance(lr, (int, float)) and lr > 0, "the inner optimizer's lr", lr,
-                "a positive number for rule 'additive'",
-                "Eqs. 13 and 16 step by ρ_c·ρ_1 and ρ_r·ρ_1; pass initial_lr= explicitly")
+        require(
+            isinstance(lr, (int, float)) and lr > 0,
+            "the inner optimizer's lr",
+            lr,
+            "a positive number for rule 'additive'",
+            "Eqs. 13 and 16 step by ρ_c·ρ_1 and ρ_r·ρ_1; pass initial_lr= explicitly",
+        )
         assert isinstance(lr, (int, float))  # the require above refused others
         return bind_facts(replace(self, initial_lr=float(lr)), facts)
 
@@ -222,9 +253,14 @@ class OnlineSensitivity(Method[OSOState]):
 
     def _split(self, noise_multiplier: float) -> tuple[float, float]:
         """(ν_g, ν_q) for the run's ν by the 1 % rule; refuses ν = 0."""
-        require(noise_multiplier > 0, "noise_multiplier", noise_multiplier,
-                "> 0 for method 'oso'", "Its threshold gradient takes a share of the "
-                "gradient's noise ν; pass noise_multiplier= > 0 or target_epsilon=")
+        require(
+            noise_multiplier > 0,
+            "noise_multiplier",
+            noise_multiplier,
+            "> 0 for method 'oso'",
+            "Its threshold gradient takes a share of the "
+            "gradient's noise ν; pass noise_multiplier= > 0 or target_epsilon=",
+        )
         return split_noise_multiplier(noise_multiplier, inflation=self.inflation)
 
     def plan(self, state: OSOState, plan: StepPlan) -> StepPlan:
@@ -239,14 +275,19 @@ class OnlineSensitivity(Method[OSOState]):
     def releases(self, state: OSOState, plan: StepPlan) -> dict[str, ReleaseSpec]:
         # The plan holds ν_g = (1 + inflation)·ν (set by ``plan``); recover ν and split it.
         _, nu_q = self._split(plan.noise_multiplier / (1 + self.inflation))
-        clip = float(plan.clip)                                          # public
-        return {THRESHOLD_GRADIENT: ReleaseSpec(
-            sensitivity=1.0, noise_std=nu_q, kind="gradient",
-            values=lambda norms: threshold_weights(clip, norms.total),
-            label="the threshold gradient Σ_i 1[‖g_i‖ > C_t] g_i/‖g_i‖")}
+        clip = float(plan.clip)  # public
+        return {
+            THRESHOLD_GRADIENT: ReleaseSpec(
+                sensitivity=1.0,
+                noise_std=nu_q,
+                kind="gradient",
+                values=lambda norms: threshold_weights(clip, norms.total),
+                label="the threshold gradient Σ_i 1[‖g_i‖ > C_t] g_i/‖g_i‖",
+            )
+        }
 
     def update(self, state: OSOState, outcome: StepOutcome) -> OSOState:
-        b = outcome.expected_batch_size                                 # public
+        b = outcome.expected_batch_size  # public
         # g̃_t is the optimizer's gradient buffer: copied, since zero_grad(set_to_none=False)
         # or an in-place optimizer would change it before the next step reads it.
         g = {n: t.detach().clone() for n, t in outcome.gradient.items()}
@@ -254,24 +295,35 @@ class OnlineSensitivity(Method[OSOState]):
         q_sum = {n: t.detach() for n, t in outcome.sums[THRESHOLD_GRADIENT].items()}
         if self.rule == "additive":
             clip, lr = self._additive(state, g)
-        else:   # both rules are invariant to the positive scale 1/b of the stored sum
-            clip = state.clip * hyper_factor(g, state.prev_direction_sum, self.clip_rate,
-                                             self.rule)
-            lr = (state.lr_scale * hyper_factor(g, state.prev_gradient, self.lr_rate, self.rule)
-                  if self.adapt_lr else state.lr_scale)
-        return OSOState(clip=clip, lr_scale=lr, prev_gradient=g, prev_direction_sum=q_sum,
-                        prev_batch_size=float(b))
+        else:  # both rules are invariant to the positive scale 1/b of the stored sum
+            clip = state.clip * hyper_factor(g, state.prev_direction_sum, self.clip_rate, self.rule)
+            lr = (
+                state.lr_scale * hyper_factor(g, state.prev_gradient, self.lr_rate, self.rule)
+                if self.adapt_lr
+                else state.lr_scale
+            )
+        return OSOState(
+            clip=clip,
+            lr_scale=lr,
+            prev_gradient=g,
+            prev_direction_sum=q_sum,
+            prev_batch_size=float(b),
+        )
 
     def _additive(self, state: OSOState, g: Vector) -> tuple[float, float]:
         """(C_{t+1}, ρ_{t+1}/ρ_1) by Eqs. 13 and 16, floored at ``min_clip`` and 0."""
-        require(self.initial_lr is not None, "initial_lr", None,
-                "known for rule 'additive'", "Pass the method to make_private (it reads the "
-                "optimizer's lr) or give initial_lr=")
+        require(
+            self.initial_lr is not None,
+            "initial_lr",
+            None,
+            "known for rule 'additive'",
+            "Pass the method to make_private (it reads the optimizer's lr) or give initial_lr=",
+        )
         assert self.initial_lr is not None  # the require above refused None
         # ⟨g̃_t, q̃_{t−1}⟩ from the stored sum b·q̃_{t−1}
         dot_q = released_dot(g, state.prev_direction_sum) / state.prev_batch_size
-        clip = state.clip + self.clip_rate * self.initial_lr * dot_q           # Eq. 13
+        clip = state.clip + self.clip_rate * self.initial_lr * dot_q  # Eq. 13
         lr = state.lr_scale
-        if self.adapt_lr:   # Eq. 16 divided by ρ_1: s_{t+1} = s_t + ρ_r⟨g̃_t, g̃_{t−1}⟩
+        if self.adapt_lr:  # Eq. 16 divided by ρ_1: s_{t+1} = s_t + ρ_r⟨g̃_t, g̃_{t−1}⟩
             lr = state.lr_scale + self.lr_rate * released_dot(g, state.prev_gradient)
         return max(clip, self.min_clip), max(lr, 0.0)

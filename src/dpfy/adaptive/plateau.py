@@ -93,24 +93,36 @@ class PlateauNoiseDecay(Method[PlateauState]):
     example_options = {"initial": 2.0}
 
     def __post_init__(self) -> None:
-        require(self.initial is not None, "initial", None,
-                "given for method 'plateau' (data-independent calibration to a total ε is "
-                "impossible)",
-                "Plateau decay reacts to validation results, so no σ_0 can be solved in "
-                "advance. Give it explicitly (dpfy train: --method-options initial=2.0; "
-                "Python: make('plateau', initial=2.0)) and let the budget guard "
-                "(make_private(..., target_epsilon=...)) stop training at the target, or bound "
-                "the run with worst_case_ledger()")
+        require(
+            self.initial is not None,
+            "initial",
+            None,
+            "given for method 'plateau' (data-independent calibration to a total ε is impossible)",
+            "Plateau decay reacts to validation results, so no σ_0 can be solved in "
+            "advance. Give it explicitly (dpfy train: --method-options initial=2.0; "
+            "Python: make('plateau', initial=2.0)) and let the budget guard "
+            "(make_private(..., target_epsilon=...)) stop training at the target, or bound "
+            "the run with worst_case_ledger()",
+        )
         assert self.initial is not None  # the require above refused None
         require(self.initial > 0, "initial", self.initial, "> 0")
-        require(0 < self.factor < 1, "factor", self.factor, "in (0, 1)",
-                "k multiplies σ at each plateau")
+        require(
+            0 < self.factor < 1,
+            "factor",
+            self.factor,
+            "in (0, 1)",
+            "k multiplies σ at each plateau",
+        )
         require(self.threshold >= 0, "threshold", self.threshold, ">= 0")
         if self.min_noise_multiplier is None:
             object.__setattr__(self, "min_noise_multiplier", self.initial / 4)
         assert self.min_noise_multiplier is not None  # set just above
-        require(0 < self.min_noise_multiplier <= self.initial, "min_noise_multiplier",
-                self.min_noise_multiplier, f"in (0, initial = {self.initial}]")
+        require(
+            0 < self.min_noise_multiplier <= self.initial,
+            "min_noise_multiplier",
+            self.min_noise_multiplier,
+            f"in (0, initial = {self.initial}]",
+        )
         require(self.window >= 1, "window", self.window, ">= 1")
         if self.total_steps is not None:
             require(self.total_steps >= 1, "total_steps", self.total_steps, ">= 1")
@@ -118,8 +130,13 @@ class PlateauNoiseDecay(Method[PlateauState]):
     def calibrate(self, facts: RunFacts) -> "PlateauNoiseDecay":
         """The run's steps as the horizon (σ_0 is the user's: nothing is solved)."""
         steps = self.total_steps if self.total_steps is not None else facts.steps
-        require(steps is not None, "steps", None, "known for method 'plateau'",
-                "Pass epochs= or max_steps= to make_private")
+        require(
+            steps is not None,
+            "steps",
+            None,
+            "known for method 'plateau'",
+            "Pass epochs= or max_steps= to make_private",
+        )
         return bind_facts(replace(self, total_steps=steps), facts)
 
     def init(self) -> PlateauState:
@@ -128,13 +145,18 @@ class PlateauNoiseDecay(Method[PlateauState]):
 
     def plan(self, state: PlateauState, plan: StepPlan) -> StepPlan:
         if self.total_steps is not None:
-            require(plan.step < self.total_steps, "step", plan.step, f"< {self.total_steps}",
-                    "The run was planned for total_steps steps")
+            require(
+                plan.step < self.total_steps,
+                "step",
+                plan.step,
+                f"< {self.total_steps}",
+                "The run was planned for total_steps steps",
+            )
         return replace(plan, noise_multiplier=state.noise_multiplier)
 
     def _average(self, metrics: tuple[float, ...]) -> float:
-        recent = metrics[-self.window:]
-        return sum(recent) / len(recent) if recent else 0.0       # S_0 = 0
+        recent = metrics[-self.window :]
+        return sum(recent) / len(recent) if recent else 0.0  # S_0 = 0
 
     def observe(self, state: PlateauState, *, val_metric: float) -> PlateauState:
         """Feed one PUBLIC validation result; returns the state for the next steps."""
@@ -145,14 +167,27 @@ class PlateauNoiseDecay(Method[PlateauState]):
             return replace(state, metrics=metrics)
         assert self.min_noise_multiplier is not None  # __post_init__ fills it
         sigma = max(self.factor * state.noise_multiplier, self.min_noise_multiplier)
-        return PlateauState(noise_multiplier=sigma, metrics=metrics,
-                            decays=state.decays + (sigma < state.noise_multiplier))
+        return PlateauState(
+            noise_multiplier=sigma,
+            metrics=metrics,
+            decays=state.decays + (sigma < state.noise_multiplier),
+        )
 
-    def worst_case_ledger(self, *, sample_rate: float,
-                          sampling: Sampling = Sampling.POISSON) -> Ledger:
+    def worst_case_ledger(
+        self, *, sample_rate: float, sampling: Sampling = Sampling.POISSON
+    ) -> Ledger:
         """Data-independent upper bound: every step at σ_min (ε only grows as σ falls)."""
-        require(self.total_steps is not None, "total_steps", None, "known",
-                "Give total_steps= or calibrate the method for the run")
+        require(
+            self.total_steps is not None,
+            "total_steps",
+            None,
+            "known",
+            "Give total_steps= or calibrate the method for the run",
+        )
         assert self.total_steps is not None and self.min_noise_multiplier is not None  # checked
-        return Ledger.homogeneous(sample_rate=sample_rate, steps=self.total_steps,
-                                  noise_multiplier=self.min_noise_multiplier, sampling=sampling)
+        return Ledger.homogeneous(
+            sample_rate=sample_rate,
+            steps=self.total_steps,
+            noise_multiplier=self.min_noise_multiplier,
+            sampling=sampling,
+        )

@@ -47,8 +47,13 @@ class QuantileState:
 
 def _check_common(initial_clip: float, target_quantile: float, step_size: float) -> None:
     require(initial_clip > 0, "initial_clip", initial_clip, "> 0", "Andrew et al. start at 0.1")
-    require(0 < target_quantile < 1, "target_quantile", target_quantile, "in (0, 1)",
-            "γ = 0.5 tracks the median norm")
+    require(
+        0 < target_quantile < 1,
+        "target_quantile",
+        target_quantile,
+        "in (0, 1)",
+        "γ = 0.5 tracks the median norm",
+    )
     require(step_size > 0, "step_size", step_size, "> 0", "η_C = 0.2 is the paper's default")
 
 
@@ -86,21 +91,36 @@ class QuantileClipping(Method[QuantileState]):
     def __post_init__(self) -> None:
         _check_common(self.initial_clip, self.target_quantile, self.step_size)
         if self.count_noise_std is not None:
-            require(self.count_noise_std > 0, "count_noise_std", self.count_noise_std, "> 0",
-                    "Andrew et al. use the expected batch size / 20")
+            require(
+                self.count_noise_std > 0,
+                "count_noise_std",
+                self.count_noise_std,
+                "> 0",
+                "Andrew et al. use the expected batch size / 20",
+            )
 
     def calibrate(self, facts: RunFacts) -> "QuantileClipping":
         std = self.count_noise_std
         if std is None:
-            require(facts.normalizer is not None, "the expected batch size", None, "known",
-                    "Pass count_noise_std= explicitly")
+            require(
+                facts.normalizer is not None,
+                "the expected batch size",
+                None,
+                "known",
+                "Pass count_noise_std= explicitly",
+            )
             assert facts.normalizer is not None  # the require above refused None
             std = facts.normalizer / 20
         return bind_facts(replace(self, count_noise_std=std), facts)
 
     def _std(self) -> float:
-        require(self.count_noise_std is not None, "count_noise_std", None, "set",
-                "Pass the method to make_private (it sets σ_b from the batch size) or give it")
+        require(
+            self.count_noise_std is not None,
+            "count_noise_std",
+            None,
+            "set",
+            "Pass the method to make_private (it sets σ_b from the batch size) or give it",
+        )
         assert self.count_noise_std is not None  # the require above refused None
         return float(self.count_noise_std)
 
@@ -118,17 +138,22 @@ class QuantileClipping(Method[QuantileState]):
         return Clip(torch.clamp(c / norms.total, max=1.0), sensitivity=c)  # (B,) sensitive
 
     def releases(self, state: QuantileState, plan: StepPlan) -> dict[str, ReleaseSpec]:
-        clip = float(plan.clip)                                             # public
-        return {"unclipped_count": ReleaseSpec(
-            sensitivity=0.5, noise_std=self._std(),
-            values=lambda norms: _centred_unclipped(clip, norms.total),    # (B,) ±½
-            label="the centred count of unclipped examples Σ_i (1[‖g_i‖ ≤ C_t] − ½)")}
+        clip = float(plan.clip)  # public
+        return {
+            "unclipped_count": ReleaseSpec(
+                sensitivity=0.5,
+                noise_std=self._std(),
+                values=lambda norms: _centred_unclipped(clip, norms.total),  # (B,) ±½
+                label="the centred count of unclipped examples Σ_i (1[‖g_i‖ ≤ C_t] − ½)",
+            )
+        }
 
     def update(self, state: QuantileState, outcome: StepOutcome) -> QuantileState:
-        b = outcome.expected_batch_size                                   # public
-        frac = (outcome.sums["unclipped_count"] + b / 2) / b              # privatized
-        return QuantileState(clip=(_geometric(state.clip[0], frac, self.target_quantile,
-                                              self.step_size),))
+        b = outcome.expected_batch_size  # public
+        frac = (outcome.sums["unclipped_count"] + b / 2) / b  # privatized
+        return QuantileState(
+            clip=(_geometric(state.clip[0], frac, self.target_quantile, self.step_size),)
+        )
 
 
 @register("per_layer_quantile")
@@ -153,17 +178,31 @@ class LayerQuantileClipping(Method[QuantileState]):
 
     def __post_init__(self) -> None:
         _check_common(self.initial_clip, self.target_quantile, self.step_size)
-        require(0 < self.budget_fraction < 1, "budget_fraction", self.budget_fraction,
-                "in (0, 1)", "He et al. give 1 % to 10 % of the budget to the counts")
+        require(
+            0 < self.budget_fraction < 1,
+            "budget_fraction",
+            self.budget_fraction,
+            "in (0, 1)",
+            "He et al. give 1 % to 10 % of the budget to the counts",
+        )
 
     def calibrate(self, facts: RunFacts) -> "LayerQuantileClipping":
-        require(facts.num_groups is not None and facts.num_groups >= 1, "the number of "
-                "clipping groups", facts.num_groups, ">= 1 (known to make_private)")
+        require(
+            facts.num_groups is not None and facts.num_groups >= 1,
+            "the number of clipping groups",
+            facts.num_groups,
+            ">= 1 (known to make_private)",
+        )
         return bind_facts(replace(self, num_groups=facts.num_groups), facts)
 
     def init(self) -> QuantileState:
-        require(self.num_groups is not None, "num_groups", None, "set",
-                "Pass the method to make_private, which counts the model's layers")
+        require(
+            self.num_groups is not None,
+            "num_groups",
+            None,
+            "set",
+            "Pass the method to make_private, which counts the model's layers",
+        )
         assert self.num_groups is not None  # the require above refused None
         k = self.num_groups
         return QuantileState(clip=(self.initial_clip / math.sqrt(k),) * k)
@@ -174,16 +213,21 @@ class LayerQuantileClipping(Method[QuantileState]):
 
     def plan(self, state: QuantileState, plan: StepPlan) -> StepPlan:
         sigma = plan.noise_multiplier / math.sqrt(1 - self.budget_fraction)  # σ_Δ
-        return replace(plan, noise_multiplier=sigma,
-                       clip=torch.tensor(state.clip, dtype=torch.float64))
+        return replace(
+            plan, noise_multiplier=sigma, clip=torch.tensor(state.clip, dtype=torch.float64)
+        )
 
     def clipping(self, state, norms: Norms, plan: StepPlan) -> Clip:
-        clip = plan.clip                                                    # (K,) public
+        clip = plan.clip  # (K,) public
         assert isinstance(clip, torch.Tensor)  # plan() sets one clip per group
-        per_group = norms.per_group()                                       # (B, K) sensitive
-        require(per_group.shape[1] == clip.numel(), "the number of clipping groups",
-                per_group.shape[1], f"{clip.numel()} (as planned)")
-        w = torch.clamp(clip.to(per_group) / per_group, max=1.0)           # (B, K) sensitive
+        per_group = norms.per_group()  # (B, K) sensitive
+        require(
+            per_group.shape[1] == clip.numel(),
+            "the number of clipping groups",
+            per_group.shape[1],
+            f"{clip.numel()} (as planned)",
+        )
+        w = torch.clamp(clip.to(per_group) / per_group, max=1.0)  # (B, K) sensitive
         weights = {n: w[:, k] for k, g in enumerate(norms.groups) for n in g}
         return Clip(weights, sensitivity=float(clip.square().sum().sqrt()))
 
@@ -192,21 +236,30 @@ class LayerQuantileClipping(Method[QuantileState]):
         k = plan.clip.numel()
         sigma_total = plan.noise_multiplier * math.sqrt(1 - self.budget_fraction)
         if sigma_total <= 0:
-            raise ValueError("noise_multiplier must be > 0 for per_layer_quantile, got 0. "
-                             "Its counts take a share of the gradient's noise")
-        clip = plan.clip                                                    # (K,) public
-        return {"unclipped_counts": ReleaseSpec(
-            sensitivity=math.sqrt(k) / 2, noise_std=self._count_std(sigma_total, k),
-            values=lambda norms: _centred_unclipped(clip, norms.per_group()),   # (B, K) ±½
-            label="the K per-layer centred counts of unclipped examples "
-                  "Σ_i (1[‖g_ik‖ ≤ C_k] − ½)")}
+            raise ValueError(
+                "noise_multiplier must be > 0 for per_layer_quantile, got 0. "
+                "Its counts take a share of the gradient's noise"
+            )
+        clip = plan.clip  # (K,) public
+        return {
+            "unclipped_counts": ReleaseSpec(
+                sensitivity=math.sqrt(k) / 2,
+                noise_std=self._count_std(sigma_total, k),
+                values=lambda norms: _centred_unclipped(clip, norms.per_group()),  # (B, K) ±½
+                label="the K per-layer centred counts of unclipped examples "
+                "Σ_i (1[‖g_ik‖ ≤ C_k] − ½)",
+            )
+        }
 
     def update(self, state, outcome: StepOutcome) -> QuantileState:
         b = outcome.expected_batch_size
         counts = torch.as_tensor(outcome.sums["unclipped_counts"], dtype=torch.float64)
-        frac = (counts + b / 2) / b                                         # (K,) privatized
+        frac = (counts + b / 2) / b  # (K,) privatized
         assert isinstance(outcome.plan.clip, torch.Tensor)  # plan() sets one clip per group
         clips = outcome.plan.clip.tolist()
-        return QuantileState(clip=tuple(_geometric(c, float(f), self.target_quantile,
-                                                   self.step_size)
-                                        for c, f in zip(clips, frac)))
+        return QuantileState(
+            clip=tuple(
+                _geometric(c, float(f), self.target_quantile, self.step_size)
+                for c, f in zip(clips, frac)
+            )
+        )

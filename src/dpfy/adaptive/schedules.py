@@ -41,8 +41,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from dpfy._require import require
-from dpfy.adaptive._planned import (PlannedSchedule, check_calibration, require_budget,
-                                    steps_within_budget)
+from dpfy.adaptive._planned import (
+    PlannedSchedule,
+    check_calibration,
+    require_budget,
+    steps_within_budget,
+)
 from dpfy.adaptive.base import bind_facts, register
 from dpfy.privacy.calibration import calibrate_schedule_scale
 from dpfy.types import RunFacts
@@ -99,9 +103,14 @@ class NoiseDecay(PlannedSchedule):
     def __post_init__(self) -> None:
         require(self.kind in KINDS, "kind", self.kind, f"one of {list(KINDS)}")
         if self.initial is not None:
-            require(self.initial > 0, "initial", self.initial, "> 0",
-                    "Pass σ_0, the noise multiplier at the start of training, or leave it "
-                    "unset to calibrate it to the run's target ε")
+            require(
+                self.initial > 0,
+                "initial",
+                self.initial,
+                "> 0",
+                "Pass σ_0, the noise multiplier at the start of training, or leave it "
+                "unset to calibrate it to the run's target ε",
+            )
         if self.total_steps is not None:
             require(self.total_steps >= 1, "total_steps", self.total_steps, ">= 1")
         require(self.per in PER, "per", self.per, f"one of {list(PER)}")
@@ -110,49 +119,89 @@ class NoiseDecay(PlannedSchedule):
         if self.period is not None:
             require(self.period >= 1, "period", self.period, ">= 1 (in units of `per`)")
         if self.kind in ("time", "exponential", "polynomial"):
-            require(self.rate > 0, "rate", self.rate, f"> 0 for {self.kind} decay",
-                    "k is the decay rate: give rate=K > 0 (dpfy train: --method-options "
-                    "rate=K), or kind=constant for no decay")
+            require(
+                self.rate > 0,
+                "rate",
+                self.rate,
+                f"> 0 for {self.kind} decay",
+                "k is the decay rate: give rate=K > 0 (dpfy train: --method-options "
+                "rate=K), or kind=constant for no decay",
+            )
         if self.kind == "step":
-            require(0 < self.rate < 1, "rate", self.rate, "in (0, 1) for step decay",
-                    "k multiplies σ once every `period` units: give rate=K in (0, 1) "
-                    "(dpfy train: --method-options rate=K)")
+            require(
+                0 < self.rate < 1,
+                "rate",
+                self.rate,
+                "in (0, 1) for step decay",
+                "k multiplies σ once every `period` units: give rate=K in (0, 1) "
+                "(dpfy train: --method-options rate=K)",
+            )
         if self.kind == "polynomial":
-            require(0 < self.final_ratio <= 1, "final_ratio", self.final_ratio, "in (0, 1]",
-                    "σ_end/σ_0 must not exceed 1 (σ_end > σ_0 is growth, not decay) and must "
-                    "stay > 0 to keep the last steps private")
+            require(
+                0 < self.final_ratio <= 1,
+                "final_ratio",
+                self.final_ratio,
+                "in (0, 1]",
+                "σ_end/σ_0 must not exceed 1 (σ_end > σ_0 is growth, not decay) and must "
+                "stay > 0 to keep the last steps private",
+            )
         check_calibration(self.calibration, self.approximate)
-        if self.period is None and self.total_steps is not None and (
-                self.per == "step" or self.steps_per_epoch is not None):
+        if (
+            self.period is None
+            and self.total_steps is not None
+            and (self.per == "step" or self.steps_per_epoch is not None)
+        ):
             units = self.unit(self.total_steps - 1) + 1
-            object.__setattr__(self, "period",
-                               max(units - 1, 1) if self.kind == "polynomial" else 1)
+            object.__setattr__(
+                self, "period", max(units - 1, 1) if self.kind == "polynomial" else 1
+            )
 
     def calibrate(self, facts: RunFacts) -> "NoiseDecay":
         """σ_0 for the run's target ε (``initial`` unset), or the early stop (``initial`` and a
         target), for the run's steps and steps per epoch."""
         steps = self.total_steps if self.total_steps is not None else facts.steps
-        require(steps is not None, "steps", None, "known for method 'noise_decay'",
-                "Pass epochs= or max_steps= to make_private")
-        out = replace(self, total_steps=steps,
-                      steps_per_epoch=self.steps_per_epoch or facts.steps_per_epoch or 1)
+        require(
+            steps is not None,
+            "steps",
+            None,
+            "known for method 'noise_decay'",
+            "Pass epochs= or max_steps= to make_private",
+        )
+        out = replace(
+            self,
+            total_steps=steps,
+            steps_per_epoch=self.steps_per_epoch or facts.steps_per_epoch or 1,
+        )
         accountant = self.calibration or facts.accountant
         if out.initial is None:
             require_budget(facts, "noise_decay")
             assert facts.target_epsilon is not None and facts.delta is not None  # require_budget
             scale = calibrate_schedule_scale(
-                shape=out.shape(), target_epsilon=facts.target_epsilon, delta=facts.delta,
-                sample_rate=facts.sample_rate, accountant=accountant,
-                approximate=self.approximate)
+                shape=out.shape(),
+                target_epsilon=facts.target_epsilon,
+                delta=facts.delta,
+                sample_rate=facts.sample_rate,
+                accountant=accountant,
+                approximate=self.approximate,
+            )
             out = replace(out, initial=scale)
-        elif facts.target_epsilon is not None:           # early stopping at the target
+        elif facts.target_epsilon is not None:  # early stopping at the target
             require_budget(facts, "noise_decay")
             assert facts.delta is not None  # require_budget refused None
-            stop = steps_within_budget(out, target_epsilon=facts.target_epsilon,
-                                       delta=facts.delta, sample_rate=facts.sample_rate,
-                                       accountant=accountant)
-            require(stop >= 1, "initial", self.initial, "large enough that one step fits the "
-                    "budget", "Raise σ_0 or the target ε")
+            stop = steps_within_budget(
+                out,
+                target_epsilon=facts.target_epsilon,
+                delta=facts.delta,
+                sample_rate=facts.sample_rate,
+                accountant=accountant,
+            )
+            require(
+                stop >= 1,
+                "initial",
+                self.initial,
+                "large enough that one step fits the budget",
+                "Raise σ_0 or the target ε",
+            )
             out = replace(out, total_steps=stop)
         return bind_facts(out, facts)
 
@@ -160,9 +209,13 @@ class NoiseDecay(PlannedSchedule):
         """u: the schedule's time at 0-based ``step`` (epochs completed, or the step)."""
         if self.per == "step":
             return step
-        require(self.steps_per_epoch is not None, "steps_per_epoch", None,
-                "known for per='epoch'", "Give steps_per_epoch= or let make_private calibrate "
-                "the schedule for the run")
+        require(
+            self.steps_per_epoch is not None,
+            "steps_per_epoch",
+            None,
+            "known for per='epoch'",
+            "Give steps_per_epoch= or let make_private calibrate the schedule for the run",
+        )
         assert self.steps_per_epoch is not None  # the require above refused None
         return step // self.steps_per_epoch
 
@@ -178,14 +231,18 @@ class NoiseDecay(PlannedSchedule):
         assert self.period is not None  # __post_init__ fills it once total_steps is known
         if self.kind == "step":
             return k ** (u // self.period)
-        end = self.final_ratio                                # polynomial
+        end = self.final_ratio  # polynomial
         return (1.0 - end) * (1.0 - min(u, self.period) / self.period) ** k + end
 
     def noise_multiplier(self, step: int) -> float:
         self.check_step(step)
-        require(self.initial is not None, "method 'noise_decay'", "uncalibrated",
-                "calibrated for the run (σ_0 known)",
-                "Pass it to make_private(method=...), which solves σ_0, or give initial=")
+        require(
+            self.initial is not None,
+            "method 'noise_decay'",
+            "uncalibrated",
+            "calibrated for the run (σ_0 known)",
+            "Pass it to make_private(method=...), which solves σ_0, or give initial=",
+        )
         assert self.initial is not None  # the require above refused None
         return self.initial * self.factor(self.unit(step))
 

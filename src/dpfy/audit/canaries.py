@@ -41,8 +41,7 @@ from dpfy.adaptive.base import Method
 from dpfy.audit.sink import find_sink
 from dpfy.types import StepOutcome, StepPlan
 
-__all__ = ["CanarySet", "CanaryDataset", "CanaryGradients", "find_canaries", "step_scores",
-           "KINDS"]
+__all__ = ["CanarySet", "CanaryDataset", "CanaryGradients", "find_canaries", "step_scores", "KINDS"]
 
 KINDS = ("dirac", "direction")
 
@@ -67,44 +66,56 @@ class CanarySet:
     sink: str | None = None
 
     @classmethod
-    def draw(cls, model: torch.nn.Module, count: int,
-             generator: torch.Generator | None = None, *,
-             kind: str = "direction") -> "CanarySet":
+    def draw(
+        cls,
+        model: torch.nn.Module,
+        count: int,
+        generator: torch.Generator | None = None,
+        *,
+        kind: str = "direction",
+    ) -> "CanarySet":
         """``count`` canaries for ``model``'s trainable parameters; ``generator`` (secret)
         draws the inclusion bits and the directions (default: a fresh OS-seeded one).
 
         ``kind="dirac"`` needs ``model`` to contain a :class:`~dpfy.audit.sink.CanarySink`
         with at least ``count`` coordinates: canary j's gradient is C on its coordinate j.
         """
-        require(isinstance(count, int) and count >= 2, "canaries", count, "an int >= 2",
-                "Use 1000 or more for a useful bound")
+        require(
+            isinstance(count, int) and count >= 2,
+            "canaries",
+            count,
+            "an int >= 2",
+            "Use 1000 or more for a useful bound",
+        )
         require(kind in KINDS, "kind", kind, f"one of {list(KINDS)}")
         if generator is None:
             generator = torch.Generator().manual_seed(
-                int.from_bytes(__import__("os").urandom(8), "little") >> 1)
-        layout = tuple((n, tuple(p.shape)) for n, p in model.named_parameters()
-                       if p.requires_grad)
+                int.from_bytes(__import__("os").urandom(8), "little") >> 1
+            )
+        layout = tuple((n, tuple(p.shape)) for n, p in model.named_parameters() if p.requires_grad)
         require(bool(layout), "model", type(model).__name__, "a module with trainable parameters")
         d = sum(_numel(s) for _, s in layout)
         included = torch.rand(count, generator=generator) < 0.5
         if kind == "dirac":
             sink_name, sink = find_sink(model)
-            require(sink.count >= count and sink_name in dict(layout), "the canary sink",
-                    f"{sink.count} coordinates", f"at least {count}, trainable",
-                    "Wrap the model as CanarySink(model, canaries)")
-            return cls(included=included, directions=None, layout=layout, kind=kind,
-                       sink=sink_name)
-        if count <= d:   # disjoint random supports: exactly orthogonal rows
+            require(
+                sink.count >= count and sink_name in dict(layout),
+                "the canary sink",
+                f"{sink.count} coordinates",
+                f"at least {count}, trainable",
+                "Wrap the model as CanarySink(model, canaries)",
+            )
+            return cls(included=included, directions=None, layout=layout, kind=kind, sink=sink_name)
+        if count <= d:  # disjoint random supports: exactly orthogonal rows
             width = d // count
-            support = torch.randperm(d, generator=generator)[:count * width].reshape(count, width)
+            support = torch.randperm(d, generator=generator)[: count * width].reshape(count, width)
             values = torch.randn(count, width, generator=generator, dtype=torch.float64)
             directions = torch.zeros(count, d, dtype=torch.float64)
             directions.scatter_(1, support, values / values.norm(dim=1, keepdim=True))
         else:
             gauss = torch.randn(count, d, generator=generator, dtype=torch.float64)
             directions = gauss / gauss.norm(dim=1, keepdim=True)
-        return cls(included=included, directions=directions.float().contiguous(),
-                   layout=layout)
+        return cls(included=included, directions=directions.float().contiguous(), layout=layout)
 
     @property
     def count(self) -> int:
@@ -116,7 +127,7 @@ class CanarySet:
 
     def per_parameter(self, ids: torch.Tensor, scale: float) -> dict[str, torch.Tensor]:
         """{name: (len(ids), *shape)}: scale · u_j split over the parameters."""
-        if self.directions is None:      # dirac: scale on coordinate j of the sink, 0 elsewhere
+        if self.directions is None:  # dirac: scale on coordinate j of the sink, 0 elsewhere
             out = {name: torch.zeros(len(ids), *shape) for name, shape in self.layout}
             out[str(self.sink)].reshape(len(ids), -1)[torch.arange(len(ids)), ids] = scale
             return out
@@ -124,14 +135,14 @@ class CanarySet:
         out, start = {}, 0
         for name, shape in self.layout:
             size = _numel(shape)
-            out[name] = rows[:, start:start + size].reshape(len(ids), *shape)
+            out[name] = rows[:, start : start + size].reshape(len(ids), *shape)
             start += size
         return out
 
     def project(self, vector: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """⟨vector, u_j⟩ for every canary j, (m,) float64."""
         if self.directions is None:
-            return vector[str(self.sink)].detach().reshape(-1)[:self.count].double()
+            return vector[str(self.sink)].detach().reshape(-1)[: self.count].double()
         flat = torch.cat([vector[n].detach().reshape(-1).float() for n, _ in self.layout])
         return (self.directions @ flat).double()
 
@@ -190,26 +201,40 @@ class CanaryGradients(Method[torch.Tensor]):
     def init(self) -> torch.Tensor:
         return torch.zeros(2, self.canaries.count, dtype=torch.float64)
 
-    def transform(self, state: torch.Tensor, per_sample: Mapping[str, torch.Tensor],
-                  plan: StepPlan) -> Mapping[str, torch.Tensor]:
-        require(self._indices is not None, "the canary method", "unbound",
-                "bound to the private loader", "Call bind(loader.cursor) after make_private")
+    def transform(
+        self, state: torch.Tensor, per_sample: Mapping[str, torch.Tensor], plan: StepPlan
+    ) -> Mapping[str, torch.Tensor]:
+        require(
+            self._indices is not None,
+            "the canary method",
+            "unbound",
+            "bound to the private loader",
+            "Call bind(loader.cursor) after make_private",
+        )
         rows = next(iter(per_sample.values())).shape[0]
-        if rows == 0:              # an empty Poisson batch: nothing to replace
+        if rows == 0:  # an empty Poisson batch: nothing to replace
             return per_sample
         assert self._indices is not None  # the require above refused None
         indices = self._indices()
-        require(indices is not None and len(indices) == rows, "batch indices",
-                None if indices is None else len(indices), f"one per row ({rows})")
+        require(
+            indices is not None and len(indices) == rows,
+            "batch indices",
+            None if indices is None else len(indices),
+            f"one per row ({rows})",
+        )
         assert indices is not None  # the require above refused None
         is_canary = indices >= self.offset
         if not bool(is_canary.any()):
             return per_sample
         where = torch.nonzero(is_canary).reshape(-1)
         ids = self.in_ids[indices[where] - self.offset]
-        require(self.canaries.kind != "dirac" or not torch.is_tensor(plan.clip), "clip",
-                "one threshold per parameter group", "one threshold for Dirac canaries",
-                "Audit per-group clipping with canary kind 'direction'")
+        require(
+            self.canaries.kind != "dirac" or not torch.is_tensor(plan.clip),
+            "clip",
+            "one threshold per parameter group",
+            "one threshold for Dirac canaries",
+            "Audit per-group clipping with canary kind 'direction'",
+        )
         scale = _clip_norm(plan.clip)
         replaced = self.canaries.per_parameter(ids, scale)
         out = {}
@@ -222,15 +247,17 @@ class CanaryGradients(Method[torch.Tensor]):
     def update(self, state: torch.Tensor, outcome: StepOutcome) -> torch.Tensor:
         # the gradient as released (before any postprocess of a chained method)
         noisy = outcome.noisy_gradient or outcome.gradient
-        released = outcome.expected_batch_size * self.canaries.project(noisy)   # ⟨S̃_t, u_j⟩
+        released = outcome.expected_batch_size * self.canaries.project(noisy)  # ⟨S̃_t, u_j⟩
         plan = outcome.plan
-        per_step = step_scores(released / _clip_norm(plan.clip), sample_rate=plan.sample_rate,
-                               noise_multiplier=plan.noise_multiplier)
+        per_step = step_scores(
+            released / _clip_norm(plan.clip),
+            sample_rate=plan.sample_rate,
+            noise_multiplier=plan.noise_multiplier,
+        )
         return state + torch.stack([released, per_step])
 
 
-def step_scores(x: torch.Tensor, *, sample_rate: float,
-                noise_multiplier: float) -> torch.Tensor:
+def step_scores(x: torch.Tensor, *, sample_rate: float, noise_multiplier: float) -> torch.Tensor:
     """log(1 − q + q·exp((x − ½)/σ²)) for each canary's observation x = ⟨S̃_t, u_j⟩/C_t.
 
     The log-likelihood ratio of one step's observation under "in" (x ~ N(1, σ²) with
@@ -242,8 +269,9 @@ def step_scores(x: torch.Tensor, *, sample_rate: float,
         return x
     q = float(sample_rate)
     stay = math.log1p(-q) if q < 1 else -math.inf
-    return torch.logaddexp(torch.full_like(x, stay),
-                           math.log(q) + (x - 0.5) / float(noise_multiplier) ** 2)
+    return torch.logaddexp(
+        torch.full_like(x, stay), math.log(q) + (x - 0.5) / float(noise_multiplier) ** 2
+    )
 
 
 def _clip_norm(clip: float | torch.Tensor) -> float:
@@ -257,6 +285,11 @@ def find_canaries(method: Method | None) -> CanaryGradients:
     """The :class:`CanaryGradients` inside a run's method (alone or in a chain)."""
     members = getattr(method, "members", (method,))
     found = [m for m in members if isinstance(m, CanaryGradients)]
-    require(len(found) == 1, "canary methods in the run", len(found), "exactly 1",
-            "Pass one CanaryGradients to make_private(method=...)")
+    require(
+        len(found) == 1,
+        "canary methods in the run",
+        len(found),
+        "exactly 1",
+        "Pass one CanaryGradients to make_private(method=...)",
+    )
     return found[0]

@@ -35,32 +35,47 @@ def _mu(epsilon: float, delta: float) -> float:
     return mu_for_epsilon(epsilon, delta)
 
 
-def fdp_rejects_by(canaries: int, guesses: int, correct: int, epsilon: float, delta: float,
-                   significance: float) -> float:
+def fdp_rejects_by(
+    canaries: int, guesses: int, correct: int, epsilon: float, delta: float, significance: float
+) -> float:
     """(r + h) − k/m after the recursion (module docstring): > 0 rejects the (ε, δ) claim."""
     mu = _mu(float(epsilon), float(delta))
     r = significance * correct / canaries
     h = significance * (guesses - correct) / canaries
     for i in range(correct - 1, -1, -1):
         h_next = max(h, float(special.ndtr(special.ndtri(r) - mu)))
-        if h_next == h:    # h, and so r, cannot move any more
+        if h_next == h:  # h, and so r, cannot move any more
             break
         r = min(r + i / (guesses - i) * (h_next - h), 1.0)
         h = h_next
     return (r + h) - guesses / canaries
 
 
-def epsilon_for_guesses_fdp(canaries: int, guesses: int, correct: int, *, delta: float,
-                            significance: float, floor: float = 0.0) -> float:
+def epsilon_for_guesses_fdp(
+    canaries: int,
+    guesses: int,
+    correct: int,
+    *,
+    delta: float,
+    significance: float,
+    floor: float = 0.0,
+) -> float:
     """The largest ε whose Gaussian-curve (ε, δ) claim these guesses reject, or ``floor``."""
     return _largest_rejected(
-        lambda e: fdp_rejects_by(canaries, guesses, correct, max(e, 1e-12), delta,
-                                 significance), floor)
+        lambda e: fdp_rejects_by(canaries, guesses, correct, max(e, 1e-12), delta, significance),
+        floor,
+    )
 
 
-def fdp_epsilon(scores: np.ndarray, included: np.ndarray, *, delta: float,
-                confidence: float = 0.95) -> AuditBound:
+def fdp_epsilon(
+    scores: np.ndarray, included: np.ndarray, *, delta: float, confidence: float = 0.95
+) -> AuditBound:
     """Mahloujifar et al.'s f-DP lower bound on ε from canary scores and inclusion bits."""
-    return best_over_thresholds(scores, included, delta=delta, confidence=confidence,
-                                test="fdp",
-                                epsilon_for=epsilon_for_guesses_fdp)
+    return best_over_thresholds(
+        scores,
+        included,
+        delta=delta,
+        confidence=confidence,
+        test="fdp",
+        epsilon_for=epsilon_for_guesses_fdp,
+    )

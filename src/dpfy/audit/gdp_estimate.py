@@ -40,7 +40,7 @@ from dpfy.privacy.gdp import epsilon_for_delta
 __all__ = ["GdpEstimate", "gdp_estimate", "standardized_shift", "DEFAULT_RESAMPLES"]
 
 DEFAULT_RESAMPLES = 2000
-BOOTSTRAP_SEED = 0   # resamples public scores: reproducibility, not secrecy
+BOOTSTRAP_SEED = 0  # resamples public scores: reproducibility, not secrecy
 
 
 @dataclass(frozen=True)
@@ -65,8 +65,9 @@ def standardized_shift(in_scores: np.ndarray, out_scores: np.ndarray) -> np.ndar
     shift = in_scores.mean(axis=-1) - out_scores.mean(axis=-1)
     spread = out_scores.std(axis=-1, ddof=1)
     with np.errstate(divide="ignore", invalid="ignore"):
-        mu = np.where(spread > 0, shift / np.where(spread > 0, spread, 1.0),
-                      np.where(shift > 0, np.inf, 0.0))
+        mu = np.where(
+            spread > 0, shift / np.where(spread > 0, spread, 1.0), np.where(shift > 0, np.inf, 0.0)
+        )
     return np.maximum(mu, 0.0)
 
 
@@ -74,26 +75,49 @@ def _epsilon(mu: float, delta: float) -> float:
     return math.inf if math.isinf(mu) else epsilon_for_delta(delta, mu)
 
 
-def gdp_estimate(scores: np.ndarray, included: np.ndarray, *, delta: float,
-                 confidence: float = 0.95, resamples: int = DEFAULT_RESAMPLES) -> GdpEstimate:
+def gdp_estimate(
+    scores: np.ndarray,
+    included: np.ndarray,
+    *,
+    delta: float,
+    confidence: float = 0.95,
+    resamples: int = DEFAULT_RESAMPLES,
+) -> GdpEstimate:
     """The GDP estimate of ε from canary ``scores`` (higher: more likely "in") and the secret
     inclusion bits, with its lower limit at ``confidence`` (module docstring)."""
     s, inc = check_scores(scores, included)
     require(0.5 < confidence < 1, "confidence", confidence, "in (0.5, 1)", "Use 0.95")
     require(0 < delta < 1, "delta", delta, "in (0, 1)")
-    require(int(inc.sum()) >= 2 and int((~inc).sum()) >= 2, "canaries in and out",
-            (int(inc.sum()), int((~inc).sum())), "at least 2 of each", "Use 1000 canaries")
-    require(isinstance(resamples, int) and resamples >= 100, "resamples", resamples,
-            "an int >= 100")
+    require(
+        int(inc.sum()) >= 2 and int((~inc).sum()) >= 2,
+        "canaries in and out",
+        (int(inc.sum()), int((~inc).sum())),
+        "at least 2 of each",
+        "Use 1000 canaries",
+    )
+    require(
+        isinstance(resamples, int) and resamples >= 100, "resamples", resamples, "an int >= 100"
+    )
     a, b = s[inc], s[~inc]
     mu = float(standardized_shift(a, b))
     rng = np.random.default_rng(BOOTSTRAP_SEED)
-    chunk = max(1, 2_000_000 // s.size)          # bounded memory: chunk × m draws at a time
-    boot = np.concatenate([
-        standardized_shift(a[rng.integers(0, a.size, (n, a.size))],
-                           b[rng.integers(0, b.size, (n, b.size))])
-        for n in [chunk] * (resamples // chunk) + [resamples % chunk] if n])
+    chunk = max(1, 2_000_000 // s.size)  # bounded memory: chunk × m draws at a time
+    boot = np.concatenate(
+        [
+            standardized_shift(
+                a[rng.integers(0, a.size, (n, a.size))], b[rng.integers(0, b.size, (n, b.size))]
+            )
+            for n in [chunk] * (resamples // chunk) + [resamples % chunk]
+            if n
+        ]
+    )
     mu_low = float(np.quantile(boot, 1 - confidence, method="lower"))
-    return GdpEstimate(mu=mu, mu_low=mu_low, epsilon=_epsilon(mu, delta),
-                       epsilon_low=_epsilon(mu_low, delta), delta=delta,
-                       confidence=confidence, resamples=resamples)
+    return GdpEstimate(
+        mu=mu,
+        mu_low=mu_low,
+        epsilon=_epsilon(mu, delta),
+        epsilon_low=_epsilon(mu_low, delta),
+        delta=delta,
+        confidence=confidence,
+        resamples=resamples,
+    )

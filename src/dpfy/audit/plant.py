@@ -31,8 +31,9 @@ class ScaledNoise:
     def __init__(self, source: Any, scale: float) -> None:
         self._source, self.scale = source, float(scale)
 
-    def noisy_mean(self, total: torch.Tensor, std: float, normalizer: float,
-                   **kwargs: Any) -> torch.Tensor:
+    def noisy_mean(
+        self, total: torch.Tensor, std: float, normalizer: float, **kwargs: Any
+    ) -> torch.Tensor:
         return self._source.noisy_mean(total, std * self.scale, normalizer, **kwargs)
 
     def add_gaussian_(self, t: torch.Tensor, std: float, **kwargs: Any) -> torch.Tensor:
@@ -48,11 +49,23 @@ class ScaledNoise:
 def plant_noise_scale(optimizer: Any, scale: float) -> None:
     """Multiply the std of every noise draw of ``optimizer``'s run by ``scale``, without telling
     the ledger (module docstring). For audits of runs that are never published."""
-    require(isinstance(scale, (int, float)) and math.isfinite(scale) and scale >= 0,
-            "plant_noise_scale", scale, "a finite number >= 0")
+    require(
+        isinstance(scale, (int, float)) and math.isfinite(scale) and scale >= 0,
+        "plant_noise_scale",
+        scale,
+        "a finite number >= 0",
+    )
     mechanism = optimizer.mechanism
-    require(isinstance(mechanism, GaussianMechanism), "the run's noise mechanism",
-            type(mechanism).__name__, "GaussianMechanism (independent noise every step)")
-    require(not isinstance(mechanism.source, ScaledNoise), "the run's noise", "already planted",
-            "planted once")
+    require(
+        isinstance(mechanism, GaussianMechanism),
+        "the run's noise mechanism",
+        type(mechanism).__name__,
+        "GaussianMechanism (independent noise every step)",
+    )
+    require(
+        not isinstance(mechanism.source, ScaledNoise),
+        "the run's noise",
+        "already planted",
+        "planted once",
+    )
     mechanism.source = ScaledNoise(mechanism.source, scale)

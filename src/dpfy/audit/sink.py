@@ -46,19 +46,28 @@ class CanarySink(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         out = self.model(*args, **kwargs)
-        require(torch.is_tensor(out) and out.dim() >= 1, "the model's output",
-                type(out).__name__, "one tensor with the batch dimension first",
-                "Audit this model with canary kind 'direction' (random directions over its "
-                "own parameters)")
+        require(
+            torch.is_tensor(out) and out.dim() >= 1,
+            "the model's output",
+            type(out).__name__,
+            "one tensor with the batch dimension first",
+            "Audit this model with canary kind 'direction' (random directions over its "
+            "own parameters)",
+        )
         zeros = out.new_zeros(out.shape[0], self.count)
-        untouched = self.sink(zeros)                       # (B, 1), exactly zero
+        untouched = self.sink(zeros)  # (B, 1), exactly zero
         return out + untouched.reshape(out.shape[0], *([1] * (out.dim() - 1)))
 
 
 def find_sink(model: nn.Module) -> tuple[str, CanarySink]:
     """The qualified name of the sink's weight and the :class:`CanarySink` inside ``model``."""
     found = [(name, m) for name, m in model.named_modules() if isinstance(m, CanarySink)]
-    require(len(found) == 1, "CanarySink modules in the model", len(found), "exactly 1",
-            "Wrap the model once: CanarySink(model, count) (dpfy.audit.sink)")
+    require(
+        len(found) == 1,
+        "CanarySink modules in the model",
+        len(found),
+        "exactly 1",
+        "Wrap the model once: CanarySink(model, count) (dpfy.audit.sink)",
+    )
     name, sink = found[0]
     return (f"{name}." if name else "") + "sink.weight", sink

@@ -34,8 +34,15 @@ from scipy import optimize, special, stats
 
 from dpfy._require import require
 
-__all__ = ["AuditBound", "guess_counts", "one_run_p_value", "epsilon_for_guesses",
-           "one_run_epsilon", "best_over_thresholds", "check_scores"]
+__all__ = [
+    "AuditBound",
+    "guess_counts",
+    "one_run_p_value",
+    "epsilon_for_guesses",
+    "one_run_epsilon",
+    "best_over_thresholds",
+    "check_scores",
+]
 
 # Root-finding tolerance on ε (absolute); the known values are given to ~1e-6.
 EPS_XTOL = 1e-9
@@ -70,11 +77,16 @@ def check_scores(scores: np.ndarray, included: np.ndarray) -> tuple[np.ndarray, 
     """Scores and inclusion bits as float64 / bool arrays of one length, refused otherwise."""
     s = np.asarray(scores, dtype=np.float64).reshape(-1)
     inc = np.asarray(included).reshape(-1)
-    require(s.shape == inc.shape, "included", f"{inc.size} bits",
-            f"one per score ({s.size} scores)")
+    require(
+        s.shape == inc.shape, "included", f"{inc.size} bits", f"one per score ({s.size} scores)"
+    )
     require(bool(np.all(np.isfinite(s))), "scores", "non-finite values", "finite")
-    require(inc.dtype == bool or bool(np.all((inc == 0) | (inc == 1))), "included",
-            "non-binary values", "booleans (True: the canary was in the training set)")
+    require(
+        inc.dtype == bool or bool(np.all((inc == 0) | (inc == 1))),
+        "included",
+        "non-binary values",
+        "booleans (True: the canary was in the training set)",
+    )
     require(s.size >= 1, "scores", "empty", "one score per canary")
     return s, inc.astype(bool)
 
@@ -106,24 +118,25 @@ def guess_counts(scores: np.ndarray, included: np.ndarray) -> tuple[np.ndarray, 
     hull of (false negatives, true negatives) — the thresholds no mixture of others beats.
     """
     s, inc = check_scores(scores, included)
-    t = np.append(np.unique(s), np.inf)                       # ascending thresholds
-    fn = np.searchsorted(np.sort(s[inc]), t, side="left")     # in-canaries below t
-    tn = np.searchsorted(np.sort(s[~inc]), t, side="left")    # out-canaries below t
+    t = np.append(np.unique(s), np.inf)  # ascending thresholds
+    fn = np.searchsorted(np.sort(s[inc]), t, side="left")  # in-canaries below t
+    tn = np.searchsorted(np.sort(s[~inc]), t, side="left")  # out-canaries below t
     hull = _upper_hull(fn, tn)
     v = inc.sum() - fn[hull]
     k = v + (~inc).sum() - tn[hull]
     return k.astype(np.int64), v.astype(np.int64)
 
 
-def one_run_p_value(canaries: int, guesses: int, correct: int, epsilon: float,
-                    delta: float) -> float:
+def one_run_p_value(
+    canaries: int, guesses: int, correct: int, epsilon: float, delta: float
+) -> float:
     """P[V ≥ correct] bound under an (ε, δ)-DP claim (module docstring), capped at 1."""
     q = float(special.expit(epsilon))
-    tail = float(stats.binom.sf(correct - 1, guesses, q))          # P[B ≥ v]
+    tail = float(stats.binom.sf(correct - 1, guesses, q))  # P[B ≥ v]
     if delta == 0 or correct == 0:
         return min(tail, 1.0)
     i = np.arange(1, correct + 1)
-    window = stats.binom.sf(correct - i - 1, guesses, q) - tail     # P[v − i ≤ B < v]
+    window = stats.binom.sf(correct - i - 1, guesses, q) - tail  # P[v − i ≤ B < v]
     alpha = float(np.max(window / i))
     return min(tail + 2 * canaries * delta * alpha, 1.0)
 
@@ -136,26 +149,40 @@ def _largest_rejected(rejects_by: Callable[[float], float], floor: float) -> flo
     lo, hi = floor, max(1.0, 2 * floor)
     while rejects_by(hi) > 0:
         lo, hi = hi, 2 * hi
-        if hi > 1e4:   # every ε is rejected: only a degenerate test (s ≥ 1) does this
+        if hi > 1e4:  # every ε is rejected: only a degenerate test (s ≥ 1) does this
             return math.inf
     return float(optimize.brentq(rejects_by, lo, hi, xtol=EPS_XTOL))
 
 
-def epsilon_for_guesses(canaries: int, guesses: int, correct: int, *, delta: float,
-                        significance: float, floor: float = 0.0) -> float:
+def epsilon_for_guesses(
+    canaries: int,
+    guesses: int,
+    correct: int,
+    *,
+    delta: float,
+    significance: float,
+    floor: float = 0.0,
+) -> float:
     """The largest ε whose (ε, δ) claim k guesses with v correct reject at level s.
 
     Returns ``floor`` when no ε ≥ floor is rejected.
     """
     if one_run_p_value(canaries, guesses, correct, floor, 0.0) > significance:
-        return floor     # not even with δ = 0 (the p-value only grows with δ)
+        return floor  # not even with δ = 0 (the p-value only grows with δ)
     return _largest_rejected(
-        lambda e: significance - one_run_p_value(canaries, guesses, correct, e, delta), floor)
+        lambda e: significance - one_run_p_value(canaries, guesses, correct, e, delta), floor
+    )
 
 
-def best_over_thresholds(scores: np.ndarray, included: np.ndarray, *, delta: float,
-                         confidence: float, test: str,
-                         epsilon_for: Callable[..., float]) -> AuditBound:
+def best_over_thresholds(
+    scores: np.ndarray,
+    included: np.ndarray,
+    *,
+    delta: float,
+    confidence: float,
+    test: str,
+    epsilon_for: Callable[..., float],
+) -> AuditBound:
     """The best bound ``epsilon_for(m, k, v, delta=, significance=, floor=)`` gives over the
     hull thresholds, each at level (1 − confidence)/H.
 
@@ -170,21 +197,35 @@ def best_over_thresholds(scores: np.ndarray, included: np.ndarray, *, delta: flo
     best, best_k, best_v = 0.0, 0, 0
     guessed = k > 0
     k, v = k[guessed], v[guessed]
-    for idx in np.lexsort((-k, -v / k)):       # precision descending, then more guesses first
+    for idx in np.lexsort((-k, -v / k)):  # precision descending, then more guesses first
         kk, vv = int(k[idx]), int(v[idx])
         if vv / kk <= special.expit(best):
             continue
         eps = epsilon_for(m, kk, vv, delta=delta, significance=significance, floor=best)
         if eps > best:
             best, best_k, best_v = eps, kk, vv
-    return AuditBound(epsilon=float(best), test=test, guesses=best_k, correct=best_v,
-                      canaries=m, delta=delta, confidence=confidence,
-                      thresholds=int(guessed.size))
+    return AuditBound(
+        epsilon=float(best),
+        test=test,
+        guesses=best_k,
+        correct=best_v,
+        canaries=m,
+        delta=delta,
+        confidence=confidence,
+        thresholds=int(guessed.size),
+    )
 
 
-def one_run_epsilon(scores: np.ndarray, included: np.ndarray, *, delta: float,
-                    confidence: float = 0.95) -> AuditBound:
+def one_run_epsilon(
+    scores: np.ndarray, included: np.ndarray, *, delta: float, confidence: float = 0.95
+) -> AuditBound:
     """Steinke et al.'s lower bound on ε from canary ``scores`` (higher: more likely "in") and
     the secret inclusion bits, at ``confidence``, for a claim with this ``delta``."""
-    return best_over_thresholds(scores, included, delta=delta, confidence=confidence,
-                                test="one_run", epsilon_for=epsilon_for_guesses)
+    return best_over_thresholds(
+        scores,
+        included,
+        delta=delta,
+        confidence=confidence,
+        test="one_run",
+        epsilon_for=epsilon_for_guesses,
+    )

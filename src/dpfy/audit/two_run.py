@@ -29,8 +29,13 @@ from dpfy.audit.canaries import CanarySet
 from dpfy.audit.run import audited_private_run, canary_scores
 from dpfy.train.epoch import run_epoch
 
-__all__ = ["TwoRunBound", "clopper_pearson_upper", "two_run_epsilon", "single_canary",
-           "canary_run_score"]
+__all__ = [
+    "TwoRunBound",
+    "clopper_pearson_upper",
+    "two_run_epsilon",
+    "single_canary",
+    "canary_run_score",
+]
 
 
 @dataclass(frozen=True)
@@ -62,13 +67,23 @@ def _bound_at(tp: int, fp: int, n_in: int, n_out: int, delta: float, s: float) -
     return max(0.0, math.log((tpr_lo - delta) / fpr_hi))
 
 
-def two_run_epsilon(in_scores: np.ndarray, out_scores: np.ndarray, *, delta: float,
-                    confidence: float = 0.95, threshold: float | None = None) -> TwoRunBound:
+def two_run_epsilon(
+    in_scores: np.ndarray,
+    out_scores: np.ndarray,
+    *,
+    delta: float,
+    confidence: float = 0.95,
+    threshold: float | None = None,
+) -> TwoRunBound:
     """ε lower bound from the canary's scores in runs with it (``in_scores``) and without."""
     a = np.asarray(in_scores, dtype=np.float64).reshape(-1)
     b = np.asarray(out_scores, dtype=np.float64).reshape(-1)
-    require(a.size >= 1 and b.size >= 1, "scores", (a.size, b.size),
-            "at least one run with and one without the canary")
+    require(
+        a.size >= 1 and b.size >= 1,
+        "scores",
+        (a.size, b.size),
+        "at least one run with and one without the canary",
+    )
     require(0.5 < confidence < 1, "confidence", confidence, "in (0.5, 1)")
     require(0 <= delta < 1, "delta", delta, "in [0, 1)")
     s = 1 - confidence
@@ -84,8 +99,11 @@ def two_run_epsilon(in_scores: np.ndarray, out_scores: np.ndarray, *, delta: flo
     return best
 
 
-def single_canary(model: torch.nn.Module, include: bool, direction: torch.Tensor | None = None,
-                  ) -> CanarySet:
+def single_canary(
+    model: torch.nn.Module,
+    include: bool,
+    direction: torch.Tensor | None = None,
+) -> CanarySet:
     """A one-canary set for ``model``: ``include`` decides this run's side; ``direction`` (the
     same in every run) defaults to the first coordinate."""
     layout = tuple((n, tuple(p.shape)) for n, p in model.named_parameters() if p.requires_grad)
@@ -93,15 +111,24 @@ def single_canary(model: torch.nn.Module, include: bool, direction: torch.Tensor
     u = torch.zeros(d) if direction is None else direction.reshape(-1).float()
     if direction is None:
         u[0] = 1.0
-    require(u.numel() == d and abs(float(u.norm()) - 1) < 1e-5, "direction",
-            tuple(u.shape), f"a unit vector of {d} entries")
-    return CanarySet(included=torch.tensor([bool(include)]), directions=u[None, :],
-                     layout=layout)
+    require(
+        u.numel() == d and abs(float(u.norm()) - 1) < 1e-5,
+        "direction",
+        tuple(u.shape),
+        f"a unit vector of {d} entries",
+    )
+    return CanarySet(included=torch.tensor([bool(include)]), directions=u[None, :], layout=layout)
 
 
-def canary_run_score(build: Callable[[], tuple[torch.nn.Module, torch.optim.Optimizer, Any]],
-                     *, include: bool, epochs: int, batch_size: int | None = None,
-                     direction: torch.Tensor | None = None, **engine: Any) -> float:
+def canary_run_score(
+    build: Callable[[], tuple[torch.nn.Module, torch.optim.Optimizer, Any]],
+    *,
+    include: bool,
+    epochs: int,
+    batch_size: int | None = None,
+    direction: torch.Tensor | None = None,
+    **engine: Any,
+) -> float:
     """One run of the two-run audit: train what ``build()`` returns (model, optimizer,
     training set) through ``make_private`` with the canary in or out, return its score.
 
@@ -111,8 +138,15 @@ def canary_run_score(build: Callable[[], tuple[torch.nn.Module, torch.optim.Opti
     model, optimizer, train = build()
     draw = single_canary(model, include, direction)
     size = len(train) + int(include)
-    audited = audited_private_run(model, optimizer, train, canaries=draw,
-                                  batch_size=batch_size or size, epochs=epochs, **engine)
+    audited = audited_private_run(
+        model,
+        optimizer,
+        train,
+        canaries=draw,
+        batch_size=batch_size or size,
+        epochs=epochs,
+        **engine,
+    )
     for _ in range(epochs):
-        run_epoch(audited.private, delta=1e-5)   # δ only labels a progress bar (none here)
+        run_epoch(audited.private, delta=1e-5)  # δ only labels a progress bar (none here)
     return float(canary_scores(audited.private.optimizer)[0])

@@ -30,11 +30,20 @@ __all__ = ["main", "SUBCOMMANDS", "EXIT_BAD_INPUT", "EXIT_BUDGET_EXHAUSTED", "EX
 
 EXIT_BAD_INPUT = 2
 EXIT_BUDGET_EXHAUSTED = 3
-EXIT_INTERRUPTED = 130         # 128 + SIGINT, the shell's convention
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention
 
 # Module names under dpfy.cli; a module that does not exist yet is skipped.
-SUBCOMMANDS = ("account", "calibrate", "train", "report", "bench", "explain",
-               "methods", "audit", "tune")
+SUBCOMMANDS = (
+    "account",
+    "calibrate",
+    "train",
+    "report",
+    "bench",
+    "explain",
+    "methods",
+    "audit",
+    "tune",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -31,15 +31,27 @@ def add_run_shape_arguments(p: argparse.ArgumentParser, *, steps_required: bool 
     g.add_argument("--batch-size", type=int, metavar="B", help="(expected) batch size")
     g.add_argument("--dataset-size", type=int, metavar="N", help="number of private examples")
     g.add_argument("--epochs", type=float, metavar="E", help="passes over the data")
-    g.add_argument("--sampling", choices=[s.value for s in Sampling], default="poisson",
-                   help="how batches are formed (default: poisson; uls/els: user level, "
-                        "docs/guide/user_level.md)")
-    g.add_argument("--max-examples-per-user", type=int, metavar="K",
-                   help="k, the most examples one user keeps (--sampling els only)")
-    g.add_argument("--noise", choices=["gaussian", "tree", "bandmf"], default="gaussian",
-                   help="noise mechanism: gaussian (DP-SGD, default), tree (DP-FTRL over "
-                        "shuffled passes of ceil(1/Q) steps) or bandmf (cyclic Poisson, "
-                        "--bands B; Q stays the expected batch fraction)")
+    g.add_argument(
+        "--sampling",
+        choices=[s.value for s in Sampling],
+        default="poisson",
+        help="how batches are formed (default: poisson; uls/els: user level, "
+        "docs/guide/user_level.md)",
+    )
+    g.add_argument(
+        "--max-examples-per-user",
+        type=int,
+        metavar="K",
+        help="k, the most examples one user keeps (--sampling els only)",
+    )
+    g.add_argument(
+        "--noise",
+        choices=["gaussian", "tree", "bandmf"],
+        default="gaussian",
+        help="noise mechanism: gaussian (DP-SGD, default), tree (DP-FTRL over "
+        "shuffled passes of ceil(1/Q) steps) or bandmf (cyclic Poisson, "
+        "--bands B; Q stays the expected batch fraction)",
+    )
     g.add_argument("--bands", type=int, metavar="B", help="BandMF's band count (--noise bandmf)")
 
 
@@ -47,53 +59,98 @@ def resolve_noise(args: argparse.Namespace, q: float) -> tuple[Sampling, float, 
     """(sampling, recorded rate, ledger keywords) of --noise: DP-SGD as --sampling says; the
     tree on shuffled passes of ⌈1/q⌉ steps; BandMF on cyclic Poisson at the group rate b·q."""
     noise, bands = getattr(args, "noise", "gaussian"), getattr(args, "bands", None)
-    require((bands is not None) == (noise == "bandmf"), "bands", bands,
-            "given exactly with --noise bandmf", "Add --bands B (e.g. 8), or drop --bands")
+    require(
+        (bands is not None) == (noise == "bandmf"),
+        "bands",
+        bands,
+        "given exactly with --noise bandmf",
+        "Add --bands B (e.g. 8), or drop --bands",
+    )
     if noise == "gaussian":
-        require(args.sampling != "cyclic_poisson", "sampling", args.sampling,
-                "poisson, fixed_size, shuffle, none, uls or els with --noise gaussian",
-                "Cyclic Poisson is BandMF's sampling: use --noise bandmf --bands B")
+        require(
+            args.sampling != "cyclic_poisson",
+            "sampling",
+            args.sampling,
+            "poisson, fixed_size, shuffle, none, uls or els with --noise gaussian",
+            "Cyclic Poisson is BandMF's sampling: use --noise bandmf --bands B",
+        )
         return Sampling(args.sampling), q, {}
-    require(args.sampling == "poisson", "sampling", args.sampling,
-            f"left at its default with --noise {noise} (the mechanism decides it)",
-            "Drop --sampling")
+    require(
+        args.sampling == "poisson",
+        "sampling",
+        args.sampling,
+        f"left at its default with --noise {noise} (the mechanism decides it)",
+        "Drop --sampling",
+    )
     if noise == "tree":
         period = math.ceil(1 / q - 1e-9)
         return Sampling.SHUFFLE, q, {"noise": "tree", "period": period}
     assert bands is not None  # required above for --noise bandmf
-    require(bands >= 1 and bands * q <= 1, "bands", bands,
-            f"an integer in [1, 1/q = {1 / q:.6g}] (each group must hold the expected batch)")
+    require(
+        bands >= 1 and bands * q <= 1,
+        "bands",
+        bands,
+        f"an integer in [1, 1/q = {1 / q:.6g}] (each group must hold the expected batch)",
+    )
     return Sampling.CYCLIC_POISSON, bands * q, {"noise": "bandmf", "period": bands}
 
 
-def resolve_run_shape(args: argparse.Namespace, *, need_steps: bool = True,
-                      need_rate: bool = True) -> tuple[float | None, int | None]:
+def resolve_run_shape(
+    args: argparse.Namespace, *, need_steps: bool = True, need_rate: bool = True
+) -> tuple[float | None, int | None]:
     """(q, T) from --sample-rate/--steps or from --batch-size/--dataset-size/--epochs.
 
     T = ceil(E·N/B): a partial last epoch still counts as a step (the conservative choice).
     """
     q, steps = args.sample_rate, args.steps
     if args.batch_size is not None or args.epochs is not None:
-        require(q is None, "sample_rate", q, "omitted when --batch-size is given",
-                "Give either --sample-rate or --batch-size with --dataset-size")
-        require(args.dataset_size is not None, "dataset_size", None,
-                "given with --batch-size / --epochs", "Add --dataset-size N")
+        require(
+            q is None,
+            "sample_rate",
+            q,
+            "omitted when --batch-size is given",
+            "Give either --sample-rate or --batch-size with --dataset-size",
+        )
+        require(
+            args.dataset_size is not None,
+            "dataset_size",
+            None,
+            "given with --batch-size / --epochs",
+            "Add --dataset-size N",
+        )
         require(args.dataset_size >= 1, "dataset_size", args.dataset_size, ">= 1")
         if args.batch_size is not None:
-            require(1 <= args.batch_size <= args.dataset_size, "batch_size", args.batch_size,
-                    f"in [1, dataset_size = {args.dataset_size}]")
+            require(
+                1 <= args.batch_size <= args.dataset_size,
+                "batch_size",
+                args.batch_size,
+                f"in [1, dataset_size = {args.dataset_size}]",
+            )
             q = args.batch_size / args.dataset_size
         if args.epochs is not None:
-            require(steps is None, "steps", steps, "omitted when --epochs is given",
-                    "Give either --steps or --epochs")
-            require(math.isfinite(args.epochs) and args.epochs > 0, "epochs", args.epochs,
-                    "> 0 and finite")
-            require(q is not None, "batch_size", None, "given with --epochs",
-                    "Add --batch-size B")
+            require(
+                steps is None,
+                "steps",
+                steps,
+                "omitted when --epochs is given",
+                "Give either --steps or --epochs",
+            )
+            require(
+                math.isfinite(args.epochs) and args.epochs > 0,
+                "epochs",
+                args.epochs,
+                "> 0 and finite",
+            )
+            require(q is not None, "batch_size", None, "given with --epochs", "Add --batch-size B")
             steps = math.ceil(args.epochs / q - 1e-9)
     if need_rate:
-        require(q is not None, "sample_rate", None, "given",
-                "Add --sample-rate Q, or --batch-size B --dataset-size N")
+        require(
+            q is not None,
+            "sample_rate",
+            None,
+            "given",
+            "Add --sample-rate Q, or --batch-size B --dataset-size N",
+        )
         require(0 < q <= 1, "sample_rate", q, "in (0, 1]", "Use batch_size / dataset_size")
     if need_steps:
         require(steps is not None, "steps", None, "given", "Add --steps T, or --epochs E")
@@ -103,22 +160,32 @@ def resolve_run_shape(args: argparse.Namespace, *, need_steps: bool = True,
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "account", help="ε (or δ) spent by a DP-SGD run or by a recorded ledger",
+        "account",
+        help="ε (or δ) spent by a DP-SGD run or by a recorded ledger",
         description=__doc__.splitlines()[0],
         epilog="Example: dpfy account --sample-rate 0.005 --noise-multiplier 1 --steps 20000 "
-               "--delta 1e-6",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        "--delta 1e-6",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_run_shape_arguments(p)
-    p.add_argument("--noise-multiplier", type=float, metavar="S",
-                   help="σ: noise std / L2 sensitivity (clip norm)")
+    p.add_argument(
+        "--noise-multiplier",
+        type=float,
+        metavar="S",
+        help="σ: noise std / L2 sensitivity (clip norm)",
+    )
     p.add_argument("--ledger", metavar="FILE", help="account a ledger.json (or a run directory)")
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--delta", type=float, metavar="D", help="report ε at this δ")
     target.add_argument("--epsilon", type=float, metavar="E", help="report δ at this ε")
-    p.add_argument("--accountant", choices=ACCOUNTANTS, default=None,
-                   help="rdp, pld, or gdp (an approximation); default: with --ledger of a run "
-                        "directory, the run's own accountant (its config.json), the others "
-                        "shown beside it; else rdp")
+    p.add_argument(
+        "--accountant",
+        choices=ACCOUNTANTS,
+        default=None,
+        help="rdp, pld, or gdp (an approximation); default: with --ledger of a run "
+        "directory, the run's own accountant (its config.json), the others "
+        "shown beside it; else rdp",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -128,13 +195,20 @@ def load_ledger(path: str) -> Ledger:
     p = Path(path)
     if p.is_dir():
         p = p / "ledger.json"
-    require(p.is_file(), "ledger", str(p), "an existing ledger.json file",
-            "Pass the file written by `dpfy train` or Ledger.to_json()")
+    require(
+        p.is_file(),
+        "ledger",
+        str(p),
+        "an existing ledger.json file",
+        "Pass the file written by `dpfy train` or Ledger.to_json()",
+    )
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"ledger must be a readable UTF-8 JSON file, got '{p}' ({e}). Pass "
-                         f"the ledger.json written by dpfy train") from None
+        raise ValueError(
+            f"ledger must be a readable UTF-8 JSON file, got '{p}' ({e}). Pass "
+            f"the ledger.json written by dpfy train"
+        ) from None
     return Ledger.from_json(text, source=f"ledger '{p}'")
 
 
@@ -157,29 +231,54 @@ def run(args: argparse.Namespace) -> int:
         shape: dict[str, Any] = {"ledger": args.ledger, "steps": ledger.num_steps}
         if args.accountant is None:
             args.accountant = run_accountant(args.ledger) or "rdp"
-            if args.delta is not None:   # the other accountants' ε, beside the run's own
-                others = {a: epsilon(ledger, delta=args.delta, accountant=a)
-                          for a in ACCOUNTANTS if a != args.accountant}
+            if args.delta is not None:  # the other accountants' ε, beside the run's own
+                others = {
+                    a: epsilon(ledger, delta=args.delta, accountant=a)
+                    for a in ACCOUNTANTS
+                    if a != args.accountant
+                }
     else:
         q, steps = resolve_run_shape(args)
         assert q is not None and steps is not None  # resolve_run_shape required both
         args.accountant = args.accountant or "rdp"
-        require(args.noise_multiplier is not None, "noise_multiplier", None, "given",
-                "Add --noise-multiplier S")
-        require(math.isfinite(args.noise_multiplier) and args.noise_multiplier >= 0,
-                "noise_multiplier", args.noise_multiplier, ">= 0 and finite",
-                "Pass the noise std divided by the clipping norm")
+        require(
+            args.noise_multiplier is not None,
+            "noise_multiplier",
+            None,
+            "given",
+            "Add --noise-multiplier S",
+        )
+        require(
+            math.isfinite(args.noise_multiplier) and args.noise_multiplier >= 0,
+            "noise_multiplier",
+            args.noise_multiplier,
+            ">= 0 and finite",
+            "Pass the noise std divided by the clipping norm",
+        )
         sampling, rate, noise = resolve_noise(args, q)
-        ledger = Ledger.homogeneous(sample_rate=rate, noise_multiplier=args.noise_multiplier,
-                                    steps=steps, sampling=sampling,
-                                    dataset_size=args.dataset_size,
-                                    max_examples_per_user=args.max_examples_per_user, **noise)
-        shape = {"sample_rate": rate, "noise_multiplier": args.noise_multiplier,
-                 "steps": steps, "sampling": sampling.value, **noise}
-    out: dict[str, Any] = {**shape, "accountant": args.accountant,
-                           "accountant_label": accountant_label(args.accountant),
-                           "approximate": args.accountant == "gdp",
-                           "adjacency": ledger.adjacency()}
+        ledger = Ledger.homogeneous(
+            sample_rate=rate,
+            noise_multiplier=args.noise_multiplier,
+            steps=steps,
+            sampling=sampling,
+            dataset_size=args.dataset_size,
+            max_examples_per_user=args.max_examples_per_user,
+            **noise,
+        )
+        shape = {
+            "sample_rate": rate,
+            "noise_multiplier": args.noise_multiplier,
+            "steps": steps,
+            "sampling": sampling.value,
+            **noise,
+        }
+    out: dict[str, Any] = {
+        **shape,
+        "accountant": args.accountant,
+        "accountant_label": accountant_label(args.accountant),
+        "approximate": args.accountant == "gdp",
+        "adjacency": ledger.adjacency(),
+    }
     if args.delta is not None:
         out["delta"] = args.delta
         out["epsilon"] = epsilon(ledger, delta=args.delta, accountant=args.accountant)
@@ -189,14 +288,25 @@ def run(args: argparse.Namespace) -> int:
     if others:
         out["others"] = others
     if args.json:
-        print(json.dumps({k: (v if not (isinstance(v, float) and math.isinf(v)) else "inf")
-                          for k, v in out.items()}))
+        print(
+            json.dumps(
+                {
+                    k: (v if not (isinstance(v, float) and math.isinf(v)) else "inf")
+                    for k, v in out.items()
+                }
+            )
+        )
         return 0
-    what = (f"{ledger.num_steps} recorded steps" if args.ledger else
-            f"{out['steps']} steps of sampling rate q = {out['sample_rate']:.6g} "
-            f"({out['sampling']}) with noise multiplier σ = {out['noise_multiplier']:g}")
+    what = (
+        f"{ledger.num_steps} recorded steps"
+        if args.ledger
+        else f"{out['steps']} steps of sampling rate q = {out['sample_rate']:.6g} "
+        f"({out['sampling']}) with noise multiplier σ = {out['noise_multiplier']:g}"
+    )
     beside = "".join(f"; {a}: ε = {e:.4g}" for a, e in others.items())
-    print(f"{what} satisfy ({out['epsilon']:.4g}, {out['delta']:.3g})-DP "
-          f"[{out['accountant_label']}; {out['adjacency'].replace('_', '-')} adjacency]"
-          + (f" (the run's accountant{beside})" if others else ""))
+    print(
+        f"{what} satisfy ({out['epsilon']:.4g}, {out['delta']:.3g})-DP "
+        f"[{out['accountant_label']}; {out['adjacency'].replace('_', '-')} adjacency]"
+        + (f" (the run's accountant{beside})" if others else "")
+    )
     return 0

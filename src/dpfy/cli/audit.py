@@ -28,52 +28,88 @@ __all__ = ["register", "run"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(   # dpfy train's own parser as the parent
-        "audit", parents=[train_parser()], conflict_handler="resolve",
+    p = subparsers.add_parser(  # dpfy train's own parser as the parent
+        "audit",
+        parents=[train_parser()],
+        conflict_handler="resolve",
         help="train a configuration with canaries and print its empirical ε lower bounds",
         description=__doc__.splitlines()[0],
         epilog="Example: dpfy audit --dataset digits --model logreg --epochs 5 "
-               "--batch-size 256 --out runs/audit-digits")
-    p.add_argument("--canaries", type=int, default=DEFAULT_CANARIES, metavar="M",
-                   help=f"number of canaries, each included with probability 1/2 "
-                        f"(default: {DEFAULT_CANARIES})")
-    p.add_argument("--canary-kind", choices=KINDS, default=DEFAULT_KIND,
-                   help="dirac: one coordinate no real example touches per canary (tight); "
-                        "direction: a random direction over the model's own parameters "
-                        f"(default: {DEFAULT_KIND})")
-    p.add_argument("--plant-noise-scale", type=float, default=None, metavar="F",
-                   help="power test: scale the noise std by F behind the ledger's back (the "
-                        "run is never published; no privacy report is written)")
+        "--batch-size 256 --out runs/audit-digits",
+    )
+    p.add_argument(
+        "--canaries",
+        type=int,
+        default=DEFAULT_CANARIES,
+        metavar="M",
+        help=f"number of canaries, each included with probability 1/2 "
+        f"(default: {DEFAULT_CANARIES})",
+    )
+    p.add_argument(
+        "--canary-kind",
+        choices=KINDS,
+        default=DEFAULT_KIND,
+        help="dirac: one coordinate no real example touches per canary (tight); "
+        "direction: a random direction over the model's own parameters "
+        f"(default: {DEFAULT_KIND})",
+    )
+    p.add_argument(
+        "--plant-noise-scale",
+        type=float,
+        default=None,
+        metavar="F",
+        help="power test: scale the noise std by F behind the ledger's back (the "
+        "run is never published; no privacy report is written)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    require(not args.resume, "resume", args.resume, "unset for dpfy audit",
-            "An audit is one uninterrupted run; start it again with --out")
+    require(
+        not args.resume,
+        "resume",
+        args.resume,
+        "unset for dpfy audit",
+        "An audit is one uninterrupted run; start it again with --out",
+    )
     require(args.canaries >= 2, "canaries", args.canaries, ">= 2", "Use 1000 or more")
     planted = args.plant_noise_scale
     cfg = TrainConfig.from_mapping(explicit_settings(args), source="settings")
     out = args.out or f"runs/{cfg.dataset}-audit-{time.strftime('%Y%m%d-%H%M%S')}"
     echo = (lambda line: print(line, file=sys.stderr)) if args.json else print
-    result = audit_config(cfg, canaries=args.canaries, out=out,
-                          progress=not (args.no_progress or args.json), echo=echo,
-                          canary_kind=args.canary_kind, plant_noise_scale=planted)
+    result = audit_config(
+        cfg,
+        canaries=args.canaries,
+        out=out,
+        progress=not (args.no_progress or args.json),
+        echo=echo,
+        canary_kind=args.canary_kind,
+        plant_noise_scale=planted,
+    )
     if args.json:
         print(json.dumps({**result.to_dict(), "out": str(out)}, indent=2))
         return 0
-    print(f"dpfy audit: claimed ε        {result.claimed_epsilon:.4f}  "
-          f"({result.accountant.upper()}, δ = {result.delta:.3g}, {result.steps} steps)")
-    print(f"dpfy audit: lower bound (one-run) {result.one_run.epsilon:.4f}  "
-          f"(95 % confidence, {result.canaries} canaries, {result.canaries_in} in)")
+    print(
+        f"dpfy audit: claimed ε        {result.claimed_epsilon:.4f}  "
+        f"({result.accountant.upper()}, δ = {result.delta:.3g}, {result.steps} steps)"
+    )
+    print(
+        f"dpfy audit: lower bound (one-run) {result.one_run.epsilon:.4f}  "
+        f"(95 % confidence, {result.canaries} canaries, {result.canaries_in} in)"
+    )
     print(f"dpfy audit: lower bound (f-DP)    {result.fdp.epsilon:.4f}")
     if result.gdp is not None:
-        print(f"dpfy audit: GDP estimate        {result.gdp.epsilon:.4f}  (lower limit "
-              f"{result.gdp.epsilon_low:.4f} at 95 % confidence; Nasr et al. 2023)")
+        print(
+            f"dpfy audit: GDP estimate        {result.gdp.epsilon:.4f}  (lower limit "
+            f"{result.gdp.epsilon_low:.4f} at 95 % confidence; Nasr et al. 2023)"
+        )
     verdict = result.summary().rsplit(" — ", 1)[-1]
     if planted is not None:
-        print(f"dpfy audit: {verdict}; audit: {out}/audit.json (no privacy report: this run "
-              f"is never published)")
+        print(
+            f"dpfy audit: {verdict}; audit: {out}/audit.json (no privacy report: this run "
+            f"is never published)"
+        )
     else:
         print(f"dpfy audit: {verdict}; report: {out}/privacy_report.md")
     return 0

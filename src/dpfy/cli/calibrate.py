@@ -29,8 +29,11 @@ from typing import Any
 from dpfy._require import require
 from dpfy.cli.account import add_run_shape_arguments, resolve_noise, resolve_run_shape
 from dpfy.privacy.accountants import ACCOUNTANTS, accountant_label, epsilon
-from dpfy.privacy.calibration import (calibrate_noise_multiplier, calibrate_sample_rate,
-                                      calibrate_steps)
+from dpfy.privacy.calibration import (
+    calibrate_noise_multiplier,
+    calibrate_sample_rate,
+    calibrate_steps,
+)
 from dpfy.privacy.ledger import Ledger, Sampling
 from dpfy.privacy.tuning import calibrate_grid_noise_multiplier, composed_runs
 
@@ -39,23 +42,40 @@ __all__ = ["register", "run"]
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "calibrate", help="noise multiplier (or sample rate, or steps) for a target (ε, δ)",
+        "calibrate",
+        help="noise multiplier (or sample rate, or steps) for a target (ε, δ)",
         description=__doc__.splitlines()[0],
         epilog="Example: dpfy calibrate --target-epsilon 3 --delta 1e-5 --sample-rate 0.004 "
-               "--steps 3000")
+        "--steps 3000",
+    )
     p.add_argument("--target-epsilon", type=float, required=True, metavar="E")
     p.add_argument("--delta", type=float, required=True, metavar="D")
     add_run_shape_arguments(p)
-    p.add_argument("--noise-multiplier", type=float, metavar="S",
-                   help="give σ to solve for the sample rate or the number of steps instead")
-    p.add_argument("--grid-runs", type=int, metavar="K",
-                   help="calibrate σ so that K runs (a hyperparameter grid of K configurations, "
-                        "each of the given run shape) together spend the target ε")
-    p.add_argument("--accountant", choices=ACCOUNTANTS, default="rdp",
-                   help="rdp (default), pld, or gdp (an approximation; needs --approximate)")
-    p.add_argument("--approximate", action="store_true",
-                   help="allow --accountant gdp (the CLT approximation); the rigorous PLD ε "
-                        "is printed next to it")
+    p.add_argument(
+        "--noise-multiplier",
+        type=float,
+        metavar="S",
+        help="give σ to solve for the sample rate or the number of steps instead",
+    )
+    p.add_argument(
+        "--grid-runs",
+        type=int,
+        metavar="K",
+        help="calibrate σ so that K runs (a hyperparameter grid of K configurations, "
+        "each of the given run shape) together spend the target ε",
+    )
+    p.add_argument(
+        "--accountant",
+        choices=ACCOUNTANTS,
+        default="rdp",
+        help="rdp (default), pld, or gdp (an approximation; needs --approximate)",
+    )
+    p.add_argument(
+        "--approximate",
+        action="store_true",
+        help="allow --accountant gdp (the CLT approximation); the rigorous PLD ε "
+        "is printed next to it",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -64,19 +84,32 @@ def run(args: argparse.Namespace) -> int:
     if args.noise != "gaussian":
         return _run_correlated(args)
     sampling = Sampling(args.sampling)
-    common = dict(target_epsilon=args.target_epsilon, delta=args.delta,
-                  accountant=args.accountant, sampling=sampling,
-                  dataset_size=args.dataset_size, approximate=args.approximate)
+    common = dict(
+        target_epsilon=args.target_epsilon,
+        delta=args.delta,
+        accountant=args.accountant,
+        sampling=sampling,
+        dataset_size=args.dataset_size,
+        approximate=args.approximate,
+    )
     runs = args.grid_runs
-    k = {"max_examples_per_user": args.max_examples_per_user}   # ELS's k (else None)
+    k = {"max_examples_per_user": args.max_examples_per_user}  # ELS's k (else None)
     if runs is not None:
-        require(args.max_examples_per_user is None, "--max-examples-per-user",
-                args.max_examples_per_user, "omitted with --grid-runs",
-                "Calibrate an ELS grid's runs one at a time")
+        require(
+            args.max_examples_per_user is None,
+            "--max-examples-per-user",
+            args.max_examples_per_user,
+            "omitted with --grid-runs",
+            "Calibrate an ELS grid's runs one at a time",
+        )
         require(runs >= 1, "grid_runs", runs, "an integer >= 1 (configurations in the grid)")
-        require(args.noise_multiplier is None, "--noise-multiplier", args.noise_multiplier,
-                "omitted with --grid-runs (it solves for the noise multiplier)",
-                "Give --sample-rate and --steps (or --batch-size, --dataset-size, --epochs)")
+        require(
+            args.noise_multiplier is None,
+            "--noise-multiplier",
+            args.noise_multiplier,
+            "omitted with --grid-runs (it solves for the noise multiplier)",
+            "Give --sample-rate and --steps (or --batch-size, --dataset-size, --epochs)",
+        )
     if runs is not None:
         q, steps = resolve_run_shape(args)
         assert q is not None and steps is not None  # resolve_run_shape required both
@@ -88,13 +121,21 @@ def run(args: argparse.Namespace) -> int:
         sigma = calibrate_noise_multiplier(sample_rate=q, steps=steps, **common, **k)
         solved = "noise_multiplier"
     else:
-        require(math.isfinite(args.noise_multiplier) and args.noise_multiplier > 0,
-                "noise_multiplier", args.noise_multiplier, "> 0 and finite")
+        require(
+            math.isfinite(args.noise_multiplier) and args.noise_multiplier > 0,
+            "noise_multiplier",
+            args.noise_multiplier,
+            "> 0 and finite",
+        )
         sigma = args.noise_multiplier
         q, steps = resolve_run_shape(args, need_steps=False, need_rate=False)
-        require((q is None) != (steps is None), "--sample-rate/--steps", (q, steps),
-                "exactly one of them given with --noise-multiplier",
-                "Omit the one you want solved")
+        require(
+            (q is None) != (steps is None),
+            "--sample-rate/--steps",
+            (q, steps),
+            "exactly one of them given with --noise-multiplier",
+            "Omit the one you want solved",
+        )
         if q is None:
             assert steps is not None  # exactly one of q, steps is None
             q = calibrate_sample_rate(noise_multiplier=sigma, steps=steps, **common, **k)
@@ -103,27 +144,39 @@ def run(args: argparse.Namespace) -> int:
             require(0 < q <= 1, "sample_rate", q, "in (0, 1]")
             steps = calibrate_steps(noise_multiplier=sigma, sample_rate=q, **common, **k)
             solved = "steps"
-    ledger = Ledger.homogeneous(sample_rate=q, noise_multiplier=sigma, steps=steps,
-                                sampling=sampling, dataset_size=args.dataset_size, **k)
+    ledger = Ledger.homogeneous(
+        sample_rate=q,
+        noise_multiplier=sigma,
+        steps=steps,
+        sampling=sampling,
+        dataset_size=args.dataset_size,
+        **k,
+    )
     single_run = ledger
     if runs is not None:
-        ledger = composed_runs(single_run, runs)     # the ledger the whole grid writes
+        ledger = composed_runs(single_run, runs)  # the ledger the whole grid writes
     reached = epsilon(ledger, delta=args.delta, accountant=args.accountant)
-    out: dict[str, Any] = {"solved": solved, "noise_multiplier": sigma, "sample_rate": q,
-                           "steps": steps, "epsilon": reached, "target_epsilon":
-                           args.target_epsilon, "delta": args.delta,
-                           "accountant": args.accountant,
-                           "accountant_label": accountant_label(args.accountant),
-                           "approximate": args.accountant == "gdp", "sampling": sampling.value}
+    out: dict[str, Any] = {
+        "solved": solved,
+        "noise_multiplier": sigma,
+        "sample_rate": q,
+        "steps": steps,
+        "epsilon": reached,
+        "target_epsilon": args.target_epsilon,
+        "delta": args.delta,
+        "accountant": args.accountant,
+        "accountant_label": accountant_label(args.accountant),
+        "approximate": args.accountant == "gdp",
+        "sampling": sampling.value,
+    }
     if runs is not None:
         # "epsilon" is the whole grid's; each run alone spends the per-run share below (at the
         # same δ; under composition it is more than target/K).
         out["runs"] = runs
         out["steps_per_run"] = steps
         out["total_steps"] = ledger.num_steps
-        out["epsilon_per_run"] = epsilon(single_run, delta=args.delta,
-                                         accountant=args.accountant)
-        out["budget_share_per_run"] = 1.0 / runs   # each run is 1/K of the composition
+        out["epsilon_per_run"] = epsilon(single_run, delta=args.delta, accountant=args.accountant)
+        out["budget_share_per_run"] = 1.0 / runs  # each run is 1/K of the composition
     if args.accountant == "gdp":
         out["epsilon_pld"] = epsilon(ledger, delta=args.delta, accountant="pld")
     if args.dataset_size and solved == "sample_rate":
@@ -131,48 +184,81 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out))
         return 0
-    rigorous = (f"; rigorous PLD ε of this {'grid' if runs is not None else 'run'} = "
-                f"{out['epsilon_pld']:.4g}" if "epsilon_pld" in out else "")
+    rigorous = (
+        f"; rigorous PLD ε of this {'grid' if runs is not None else 'run'} = "
+        f"{out['epsilon_pld']:.4g}"
+        if "epsilon_pld" in out
+        else ""
+    )
     if runs is not None:
-        print(f"{solved} = {out[solved]:.6g}: {runs} runs × {steps} steps at q = {q:.6g} with "
-              f"σ = {sigma:.6g} spend ε = {reached:.4g} ≤ {args.target_epsilon:g} at "
-              f"δ = {args.delta:.3g} together (one run alone: ε = "
-              f"{out['epsilon_per_run']:.4g}) [{out['accountant_label']}]{rigorous}")
+        print(
+            f"{solved} = {out[solved]:.6g}: {runs} runs × {steps} steps at q = {q:.6g} with "
+            f"σ = {sigma:.6g} spend ε = {reached:.4g} ≤ {args.target_epsilon:g} at "
+            f"δ = {args.delta:.3g} together (one run alone: ε = "
+            f"{out['epsilon_per_run']:.4g}) [{out['accountant_label']}]{rigorous}"
+        )
         return 0
-    print(f"{solved} = {out[solved]:.6g}: {steps} steps at q = {q:.6g} with σ = {sigma:.6g} "
-          f"spend ε = {reached:.4g} ≤ {args.target_epsilon:g} at δ = {args.delta:.3g} "
-          f"[{out['accountant_label']}]{rigorous}")
+    print(
+        f"{solved} = {out[solved]:.6g}: {steps} steps at q = {q:.6g} with σ = {sigma:.6g} "
+        f"spend ε = {reached:.4g} ≤ {args.target_epsilon:g} at δ = {args.delta:.3g} "
+        f"[{out['accountant_label']}]{rigorous}"
+    )
     return 0
 
 
 def _run_correlated(args: argparse.Namespace) -> int:
     """σ for a target ε with --noise tree or bandmf (the other searches are DP-SGD's only)."""
-    require(args.grid_runs is None and args.noise_multiplier is None,
-            "--grid-runs / --noise-multiplier", (args.grid_runs, args.noise_multiplier),
-            f"omitted with --noise {args.noise} (it solves for σ)",
-            "Give the run's shape and the target; solve q or T with --noise gaussian")
+    require(
+        args.grid_runs is None and args.noise_multiplier is None,
+        "--grid-runs / --noise-multiplier",
+        (args.grid_runs, args.noise_multiplier),
+        f"omitted with --noise {args.noise} (it solves for σ)",
+        "Give the run's shape and the target; solve q or T with --noise gaussian",
+    )
     q, steps = resolve_run_shape(args)
     assert q is not None and steps is not None  # resolve_run_shape required both
     sampling, rate, noise = resolve_noise(args, q)
     sigma = calibrate_noise_multiplier(
-        target_epsilon=args.target_epsilon, delta=args.delta, sample_rate=rate, steps=steps,
-        accountant=args.accountant, sampling=sampling, dataset_size=args.dataset_size,
-        approximate=args.approximate, **noise)
-    ledger = Ledger.homogeneous(sample_rate=rate, noise_multiplier=sigma, steps=steps,
-                                sampling=sampling, dataset_size=args.dataset_size, **noise)
+        target_epsilon=args.target_epsilon,
+        delta=args.delta,
+        sample_rate=rate,
+        steps=steps,
+        accountant=args.accountant,
+        sampling=sampling,
+        dataset_size=args.dataset_size,
+        approximate=args.approximate,
+        **noise,
+    )
+    ledger = Ledger.homogeneous(
+        sample_rate=rate,
+        noise_multiplier=sigma,
+        steps=steps,
+        sampling=sampling,
+        dataset_size=args.dataset_size,
+        **noise,
+    )
     reached = epsilon(ledger, delta=args.delta, accountant=args.accountant)
-    out: dict[str, Any] = {"solved": "noise_multiplier", "noise_multiplier": sigma,
-                           "sample_rate": rate, "steps": steps, "epsilon": reached,
-                           "target_epsilon": args.target_epsilon, "delta": args.delta,
-                           "accountant": args.accountant,
-                           "accountant_label": accountant_label(args.accountant),
-                           "approximate": args.accountant == "gdp",
-                           "sampling": sampling.value, **noise}
+    out: dict[str, Any] = {
+        "solved": "noise_multiplier",
+        "noise_multiplier": sigma,
+        "sample_rate": rate,
+        "steps": steps,
+        "epsilon": reached,
+        "target_epsilon": args.target_epsilon,
+        "delta": args.delta,
+        "accountant": args.accountant,
+        "accountant_label": accountant_label(args.accountant),
+        "approximate": args.accountant == "gdp",
+        "sampling": sampling.value,
+        **noise,
+    }
     if args.json:
         print(json.dumps(out))
         return 0
-    print(f"noise_multiplier = {sigma:.6g}: {steps} steps of {args.noise} noise "
-          f"(period {noise['period']}) on {sampling.value} sampling at q = {rate:.6g} spend "
-          f"ε = {reached:.4g} ≤ {args.target_epsilon:g} at δ = {args.delta:.3g} "
-          f"[{accountant_label(args.accountant)}]")
+    print(
+        f"noise_multiplier = {sigma:.6g}: {steps} steps of {args.noise} noise "
+        f"(period {noise['period']}) on {sampling.value} sampling at q = {rate:.6g} spend "
+        f"ε = {reached:.4g} ≤ {args.target_epsilon:g} at δ = {args.delta:.3g} "
+        f"[{accountant_label(args.accountant)}]"
+    )
     return 0

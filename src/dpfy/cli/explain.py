@@ -33,12 +33,18 @@ def _build(spec: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Modu
         try:
             factory = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as e:
-            raise ValueError(f"model {spec!r} cannot be found ({e}). Give a model-zoo name or "
-                             f"package.module:factory importable from here") from None
+            raise ValueError(
+                f"model {spec!r} cannot be found ({e}). Give a model-zoo name or "
+                f"package.module:factory importable from here"
+            ) from None
         model = factory() if callable(factory) else factory
-        require(isinstance(model, nn.Module), "model", spec,
-                "a factory returning a torch.nn.Module",
-                "Name a function that builds the model, e.g. mypkg.models:build")
+        require(
+            isinstance(model, nn.Module),
+            "model",
+            spec,
+            "a factory returning a torch.nn.Module",
+            "Name a function that builds the model, e.g. mypkg.models:build",
+        )
         return model
     return build_model(spec, input_shape=input_shape, num_classes=num_classes)
 
@@ -49,14 +55,20 @@ def _shape(text: str) -> tuple[int, ...]:
         shape = tuple(int(s) for s in text.split(",") if s.strip())
     except ValueError:
         shape = None
-    require(shape is not None and all(d >= 1 for d in shape), "--input-shape", text,
-            "positive integers separated by commas", "Write e.g. --input-shape 1,28,28")
+    require(
+        shape is not None and all(d >= 1 for d in shape),
+        "--input-shape",
+        text,
+        "positive integers separated by commas",
+        "Write e.g. --input-shape 1,28,28",
+    )
     assert shape is not None  # the require above refused None
     return shape
 
 
-def explain_model(model: nn.Module, *, route: str = "auto",
-                  example: torch.Tensor | None = None) -> list[dict[str, Any]]:
+def explain_model(
+    model: nn.Module, *, route: str = "auto", example: torch.Tensor | None = None
+) -> list[dict[str, Any]]:
     """The engine's table for ``model``; with ``example``, routes decided at that size."""
     eng = GradEngine(model, route=route, loss_reduction="sum")
     try:
@@ -76,23 +88,43 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("explain", help="per layer: rule, route and why",
-                              description=__doc__.splitlines()[0])
+    p = subparsers.add_parser(
+        "explain", help="per layer: rule, route and why", description=__doc__.splitlines()[0]
+    )
     p.add_argument("model", help="model-zoo name or package.module:factory")
-    p.add_argument("--input-shape", default="1,28,28",
-                   help="one example's shape, e.g. 1,28,28 (empty: skip the probe)")
+    p.add_argument(
+        "--input-shape",
+        default="1,28,28",
+        help="one example's shape, e.g. 1,28,28 (empty: skip the probe)",
+    )
     p.add_argument("--num-classes", type=int, default=10)
-    p.add_argument("--batch-size", type=int, default=256,
-                   help="batch size of the probe (routes depend on sizes)")
-    p.add_argument("--route", default="auto", choices=list(ROUTES),
-                   help="auto: layer rules, vmap for modules without one; ghost: rules only; "
-                        "vmap: torch.func on the whole model")
-    p.add_argument("--memory", action="store_true",
-                   help="print the memory estimate per layer at --batch-size (dpfy.memory) "
-                        "next to the measured peak of one private step")
-    p.add_argument("--bands", type=int, metavar="B", action="append",
-                   help="with --memory: the noise buffer of --noise bandmf --bands B "
-                        "(repeatable; default 4, 16 and 64)")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=256,
+        help="batch size of the probe (routes depend on sizes)",
+    )
+    p.add_argument(
+        "--route",
+        default="auto",
+        choices=list(ROUTES),
+        help="auto: layer rules, vmap for modules without one; ghost: rules only; "
+        "vmap: torch.func on the whole model",
+    )
+    p.add_argument(
+        "--memory",
+        action="store_true",
+        help="print the memory estimate per layer at --batch-size (dpfy.memory) "
+        "next to the measured peak of one private step",
+    )
+    p.add_argument(
+        "--bands",
+        type=int,
+        metavar="B",
+        action="append",
+        help="with --memory: the noise buffer of --noise bandmf --bands B "
+        "(repeatable; default 4, 16 and 64)",
+    )
     p.set_defaults(func=run)
 
 
@@ -119,12 +151,16 @@ def noise_memory(model: nn.Module, bands: list[int]) -> str:
     """The correlated mechanisms' noise state beyond DP-SGD (float32, kept between steps):
     BandMF (b − 1)·d floats, the tree at most ⌈log2(P + 1)⌉·d for P steps per pass."""
     d = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    mib = 4 / 2 ** 20
+    mib = 4 / 2**20
     lines = [f"noise state kept between steps (d = {d:,} trainable parameters; DP-SGD: none):"]
     for b in bands:
         require(b >= 1, "bands", b, ">= 1")
-        lines.append(f"- --noise bandmf --bands {b}: (b - 1) x d = {(b - 1) * d:,} floats = "
-                     f"{(b - 1) * d * mib:.3f} MiB")
-    lines.append(f"- --noise tree: at most ceil(log2(P + 1)) x d floats for P steps per pass "
-                 f"(P = 469: {9 * d * mib:.3f} MiB)")
+        lines.append(
+            f"- --noise bandmf --bands {b}: (b - 1) x d = {(b - 1) * d:,} floats = "
+            f"{(b - 1) * d * mib:.3f} MiB"
+        )
+    lines.append(
+        f"- --noise tree: at most ceil(log2(P + 1)) x d floats for P steps per pass "
+        f"(P = 469: {9 * d * mib:.3f} MiB)"
+    )
     return "\n".join(lines)

@@ -28,23 +28,43 @@ DEFAULTS = {"accountant": "pld", "released": "final model weights"}
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "report", help="write privacy_report.md/.json and epsilon_over_steps.png for a ledger",
-        description=__doc__.splitlines()[0])
+        "report",
+        help="write privacy_report.md/.json and epsilon_over_steps.png for a ledger",
+        description=__doc__.splitlines()[0],
+    )
     p.add_argument("path", metavar="LEDGER_OR_RUN_DIR", help="ledger.json or a run directory")
-    p.add_argument("--delta", type=float, metavar="D",
-                   help="δ of the statement (default: from config.json or privacy_report.json)")
-    p.add_argument("--accountant", choices=ACCOUNTANTS,
-                   help="headline accountant (default: the saved report's when rigorous, else "
-                        "pld); gdp is an approximation and needs --approximate")
-    p.add_argument("--approximate", action="store_true",
-                   help="allow --accountant gdp (a CLT approximation, not a guarantee)")
-    p.add_argument("--out", metavar="DIR",
-                   help="output directory (default: the run directory, or next to the ledger)")
-    p.add_argument("--released", help="what is published (default: the saved report's, else "
-                                      "'final model weights')")
-    p.add_argument("--unit-of-privacy", help="default: the saved report's, else the ledger's "
-                                             "unit ('one example', or one user for a "
-                                             "user-level ledger)")
+    p.add_argument(
+        "--delta",
+        type=float,
+        metavar="D",
+        help="δ of the statement (default: from config.json or privacy_report.json)",
+    )
+    p.add_argument(
+        "--accountant",
+        choices=ACCOUNTANTS,
+        help="headline accountant (default: the saved report's when rigorous, else "
+        "pld); gdp is an approximation and needs --approximate",
+    )
+    p.add_argument(
+        "--approximate",
+        action="store_true",
+        help="allow --accountant gdp (a CLT approximation, not a guarantee)",
+    )
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        help="output directory (default: the run directory, or next to the ledger)",
+    )
+    p.add_argument(
+        "--released",
+        help="what is published (default: the saved report's, else 'final model weights')",
+    )
+    p.add_argument(
+        "--unit-of-privacy",
+        help="default: the saved report's, else the ledger's "
+        "unit ('one example', or one user for a "
+        "user-level ledger)",
+    )
     p.add_argument("--group-size", type=int, help="also state the guarantee for groups of k")
     p.set_defaults(func=run)
 
@@ -60,14 +80,20 @@ def run(args: argparse.Namespace) -> int:
     ledger = load_ledger(args.path)
     saved = _saved(directory, "privacy_report.json")
     config = _saved(directory, "config.json")
-    delta = next((float(d) for d in (args.delta, config.get("delta"), saved.get("delta"))
-                  if d is not None), None)
+    delta = next(
+        (float(d) for d in (args.delta, config.get("delta"), saved.get("delta")) if d is not None),
+        None,
+    )
     require(delta is not None, "delta", None, "given", "Add --delta D (no config.json found)")
     assert delta is not None  # the require above refused None
-    require(args.accountant != "gdp" or args.approximate, "accountant", args.accountant,
-            "a rigorous accountant (pld or rdp) for a published report",
-            "GDP's CLT value is not a guarantee: add --approximate to write it anyway, with "
-            "--out elsewhere to keep the run's report")
+    require(
+        args.accountant != "gdp" or args.approximate,
+        "accountant",
+        args.accountant,
+        "a rigorous accountant (pld or rdp) for a published report",
+        "GDP's CLT value is not a guarantee: add --approximate to write it anyway, with "
+        "--out elsewhere to keep the run's report",
+    )
     context = PrivacyReport.context_from_dict(saved)
     if context.get("accountant") not in RIGOROUS:  # an approximate headline is never the default
         context["accountant"] = DEFAULTS["accountant"]

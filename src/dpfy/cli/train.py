@@ -38,20 +38,25 @@ def _options(items: list[str], name: str) -> dict[str, Any]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"{name} must be KEY=VALUE pairs, got {name} = {item!r}. Write "
-                             f"e.g. --{name.replace('_', '-')} {OPTION_EXAMPLES[name]}")
+            raise ValueError(
+                f"{name} must be KEY=VALUE pairs, got {name} = {item!r}. Write "
+                f"e.g. --{name.replace('_', '-')} {OPTION_EXAMPLES[name]}"
+            )
         out[key] = parse_scalar(value)
     return out
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "train", help="train a model with differential privacy and write a privacy report",
+        "train",
+        help="train a model with differential privacy and write a privacy report",
         description=__doc__.splitlines()[0],
-        epilog="Example: dpfy train --out runs/fmnist   (Fashion-MNIST, ε=3, δ=1e-5)")
+        epilog="Example: dpfy train --out runs/fmnist   (Fashion-MNIST, ε=3, δ=1e-5)",
+    )
     p.add_argument("--config", metavar="FILE", help="TOML or YAML file of settings")
-    p.add_argument("--out", metavar="DIR",
-                   help="new output directory (default: runs/<dataset>-<time>)")
+    p.add_argument(
+        "--out", metavar="DIR", help="new output directory (default: runs/<dataset>-<time>)"
+    )
     p.add_argument("--resume", metavar="DIR", help="continue the interrupted run in DIR")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     types = field_types()
@@ -61,14 +66,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help_ = f.metadata["help"]
         help_ += "" if "default" in help_ else f" (default: {default})"
         if f.name == "method":
-            p.add_argument(flag, action="append", default=argparse.SUPPRESS, help=help_,
-                           metavar="NAME")
+            p.add_argument(
+                flag, action="append", default=argparse.SUPPRESS, help=help_, metavar="NAME"
+            )
         elif types[f.name] is dict:
-            p.add_argument(flag, nargs="+", metavar="KEY=VALUE", default=argparse.SUPPRESS,
-                           help=help_)
+            p.add_argument(
+                flag, nargs="+", metavar="KEY=VALUE", default=argparse.SUPPRESS, help=help_
+            )
         else:
-            p.add_argument(flag, type=types[f.name], default=argparse.SUPPRESS, help=help_,
-                           metavar=f.name.upper())
+            p.add_argument(
+                flag,
+                type=types[f.name],
+                default=argparse.SUPPRESS,
+                help=help_,
+                metavar=f.name.upper(),
+            )
     p.set_defaults(func=run)
 
 
@@ -104,15 +116,18 @@ def run(args: argparse.Namespace) -> int:
     progress = not args.no_progress
     if args.resume:
         if args.out:
-            raise ValueError(f"out must be unset with --resume, got out = '{args.out}'. The "
-                             f"run continues in its own directory; drop --out")
-        out, start = args.resume, lambda: resume(args.resume, overrides=settings,
-                                                 progress=progress)
+            raise ValueError(
+                f"out must be unset with --resume, got out = '{args.out}'. The "
+                f"run continues in its own directory; drop --out"
+            )
+        out, start = args.resume, lambda: resume(args.resume, overrides=settings, progress=progress)
     else:
         cfg = TrainConfig.from_mapping(settings, source="settings")
         out = args.out or f"runs/{cfg.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+
         def start():
             return train(cfg, out=out, progress=progress)
+
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         start()
@@ -133,8 +148,12 @@ def interrupted_message(out: str | Path) -> str:
     """One line for an interrupted run: how to resume it, or that nothing was saved."""
     run = RunDir.of(out)
     if run.has_checkpoint() or run.is_complete():
-        return (f"dpfy train: interrupted; the last finished epoch is saved. Continue with: "
-                f"dpfy train --resume {run.final} ({run.staging} holds the secret checkpoint "
-                f"with the generator states: never publish it, delete it if you do not resume)")
-    return ("dpfy train: interrupted before the first epoch finished; nothing was saved "
-            "(start again with the same command)")
+        return (
+            f"dpfy train: interrupted; the last finished epoch is saved. Continue with: "
+            f"dpfy train --resume {run.final} ({run.staging} holds the secret checkpoint "
+            f"with the generator states: never publish it, delete it if you do not resume)"
+        )
+    return (
+        "dpfy train: interrupted before the first epoch finished; nothing was saved "
+        "(start again with the same command)"
+    )

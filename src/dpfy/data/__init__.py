@@ -20,7 +20,7 @@ __all__ = ["DATASETS", "DataSplits", "load_dataset", "read_idx"]
 
 DATASETS: dict[str, Callable[..., DataSplits]] = {
     "fashion_mnist": load_fashion_mnist,
-    "fashion_mnist_scattering": load_fashion_mnist_scattering,   # Tramèr & Boneh's features
+    "fashion_mnist_scattering": load_fashion_mnist_scattering,  # Tramèr & Boneh's features
     "digits": lambda data_dir=None: load_digits(),
     "breast_cancer": lambda data_dir=None: load_breast_cancer(),
 }
@@ -30,9 +30,18 @@ USES_DATA_DIR = frozenset({"fashion_mnist", "fashion_mnist_scattering"})
 
 def load_dataset(name: str, *, data_dir: str | Path | None = None) -> DataSplits:
     """Load a dataset by registry name; ``data_dir`` only for file-based datasets."""
-    require(name in DATASETS, "dataset", name, f"one of {sorted(DATASETS)}",
-            "Pick a listed name, or pass your own torch Dataset through the Python API")
-    require(data_dir is None or name in USES_DATA_DIR, "data_dir", data_dir,
-            f"unset for dataset '{name}' (it is bundled with scikit-learn)",
-            "Drop --data-dir")
+    require(
+        name in DATASETS,
+        "dataset",
+        name,
+        f"one of {sorted(DATASETS)}",
+        "Pick a listed name, or pass your own torch Dataset through the Python API",
+    )
+    require(
+        data_dir is None or name in USES_DATA_DIR,
+        "data_dir",
+        data_dir,
+        f"unset for dataset '{name}' (it is bundled with scikit-learn)",
+        "Drop --data-dir",
+    )
     return DATASETS[name](data_dir=data_dir)

@@ -37,8 +37,9 @@ def _read_bytes(path: Path, fix: str) -> bytes:
     try:
         return gzip.decompress(raw)
     except (EOFError, OSError, zlib.error) as e:
-        raise ValueError(f"{path} must be a complete gzip file, got a truncated or corrupt one "
-                         f"({e}). {fix}.") from None
+        raise ValueError(
+            f"{path} must be a complete gzip file, got a truncated or corrupt one ({e}). {fix}."
+        ) from None
 
 
 def read_idx(path: str | Path, *, fix: str = "Replace the file with an intact copy") -> np.ndarray:
@@ -50,20 +51,29 @@ def read_idx(path: str | Path, *, fix: str = "Replace the file with an intact co
     path = Path(path)
     data = _read_bytes(path, fix)
     if len(data) < 4 or data[0:2] != b"\x00\x00" or data[2] not in IDX_DTYPES:
-        raise ValueError(f"{path} must start with an IDX magic number (00 00 <type> <ndim>), "
-                         f"got {data[:4].hex(' ') or 'an empty file'}. {fix}.")
+        raise ValueError(
+            f"{path} must start with an IDX magic number (00 00 <type> <ndim>), "
+            f"got {data[:4].hex(' ') or 'an empty file'}. {fix}."
+        )
     dtype, ndim = IDX_DTYPES[data[2]], data[3]
     header = 4 + 4 * ndim
     if len(data) < header:
-        raise ValueError(f"{path} must hold {ndim} dimension sizes after its magic number, "
-                         f"got a {len(data)}-byte file. {fix}.")
+        raise ValueError(
+            f"{path} must hold {ndim} dimension sizes after its magic number, "
+            f"got a {len(data)}-byte file. {fix}."
+        )
     shape = struct.unpack(f">{ndim}I", data[4:header])
     expected = header + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if len(data) != expected:
-        raise ValueError(f"{path} must be {expected} bytes for shape {tuple(shape)}, got "
-                         f"{len(data)} bytes (truncated or corrupt). {fix}.")
-    return np.frombuffer(data, dtype=dtype, offset=header).reshape(shape).astype(
-        dtype.newbyteorder("="))
+        raise ValueError(
+            f"{path} must be {expected} bytes for shape {tuple(shape)}, got "
+            f"{len(data)} bytes (truncated or corrupt). {fix}."
+        )
+    return (
+        np.frombuffer(data, dtype=dtype, offset=header)
+        .reshape(shape)
+        .astype(dtype.newbyteorder("="))
+    )
 
 
 def encode_idx(array: np.ndarray) -> bytes:
@@ -71,7 +81,9 @@ def encode_idx(array: np.ndarray) -> bytes:
     codes = {v.newbyteorder("="): k for k, v in IDX_DTYPES.items()}
     native = np.dtype(array.dtype).newbyteorder("=")
     if native not in codes:
-        raise ValueError(f"array.dtype must be one of {sorted(str(d) for d in codes)}, got "
-                         f"array.dtype = {array.dtype}. Cast the array first.")
+        raise ValueError(
+            f"array.dtype must be one of {sorted(str(d) for d in codes)}, got "
+            f"array.dtype = {array.dtype}. Cast the array first."
+        )
     head = bytes([0, 0, codes[native], array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
     return head + np.ascontiguousarray(array, dtype=IDX_DTYPES[codes[native]]).tobytes()

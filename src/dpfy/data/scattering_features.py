@@ -24,7 +24,7 @@ from dpfy.models.scattering import Scattering2D
 
 __all__ = ["load_fashion_mnist_scattering", "scattering_features", "cache_dir"]
 
-VERSION = "v1"   # bump when the transform's numbers change: old caches are then ignored
+VERSION = "v1"  # bump when the transform's numbers change: old caches are then ignored
 
 
 def cache_dir() -> Path:
@@ -33,11 +33,12 @@ def cache_dir() -> Path:
 
 
 @torch.no_grad()
-def scattering_features(images: torch.Tensor, *, J: int = 2, L: int = 8,
-                        chunk: int = 512) -> torch.Tensor:
+def scattering_features(
+    images: torch.Tensor, *, J: int = 2, L: int = 8, chunk: int = 512
+) -> torch.Tensor:
     """(N, C, H, W) images -> (N, C·K, H/2^J, W/2^J) scattering coefficients, float32."""
     transform = Scattering2D((int(images.shape[-2]), int(images.shape[-1])), J=J, L=L)
-    return torch.cat([transform(images[i:i + chunk]) for i in range(0, len(images), chunk)])
+    return torch.cat([transform(images[i : i + chunk]) for i in range(0, len(images), chunk)])
 
 
 def _cached(split: TensorDataset, name: str, J: int, L: int) -> TensorDataset:
@@ -59,12 +60,18 @@ def load_fashion_mnist_scattering(data_dir: str | Path | None = None) -> DataSpl
     """Fashion-MNIST's 60,000 training and 10,000 test images as (81, 7, 7) features."""
     raw = load_fashion_mnist(data_dir)
     J, L = 2, 8
-    train = _cached(raw.train, "train", J, L)   # type: ignore[arg-type]
-    test = _cached(raw.test, "test", J, L)      # type: ignore[arg-type]
+    train = _cached(raw.train, "train", J, L)  # type: ignore[arg-type]
+    test = _cached(raw.test, "test", J, L)  # type: ignore[arg-type]
     return DataSplits(
-        name="fashion_mnist_scattering", train=train, test=test,
-        input_shape=tuple(train.tensors[0].shape[1:]), num_classes=10,
-        description=(f"{raw.description}; then a fixed 2-D wavelet scattering transform "
-                     f"(J = {J}, L = {L}; Tramèr & Boneh 2021), no parameters, no data-"
-                     f"dependent statistics"),
-        reference_delta=raw.reference_delta)
+        name="fashion_mnist_scattering",
+        train=train,
+        test=test,
+        input_shape=tuple(train.tensors[0].shape[1:]),
+        num_classes=10,
+        description=(
+            f"{raw.description}; then a fixed 2-D wavelet scattering transform "
+            f"(J = {J}, L = {L}; Tramèr & Boneh 2021), no parameters, no data-"
+            f"dependent statistics"
+        ),
+        reference_delta=raw.reference_delta,
+    )

@@ -36,7 +36,7 @@ __all__ = ["UserPartition", "partition_users", "federated_fashion_mnist"]
 class UserPartition:
     """One user id per example, and how it was made (public)."""
 
-    user_ids: torch.Tensor        # (N,) int64, values 0..num_users−1
+    user_ids: torch.Tensor  # (N,) int64, values 0..num_users−1
     num_users: int
     alpha: float
     size_shape: float
@@ -55,10 +55,12 @@ class UserPartition:
 
     def describe(self) -> str:
         s = self.sizes.double()
-        return (f"{self.num_users} users, sizes from a power law (Pareto shape "
-                f"{self.size_shape:g}, at least {self.min_size}): min {int(s.min())}, median "
-                f"{int(s.median())}, max {int(s.max())}; labels non-IID, Dirichlet(α = "
-                f"{self.alpha:g}); public seed {self.seed}")
+        return (
+            f"{self.num_users} users, sizes from a power law (Pareto shape "
+            f"{self.size_shape:g}, at least {self.min_size}): min {int(s.min())}, median "
+            f"{int(s.median())}, max {int(s.max())}; labels non-IID, Dirichlet(α = "
+            f"{self.alpha:g}); public seed {self.seed}"
+        )
 
     def sha256(self) -> str:
         """A fingerprint of the ids (to check a saved partition is the one described)."""
@@ -72,19 +74,26 @@ class UserPartition:
         return path
 
 
-def _sizes(rng: np.random.Generator, n: int, num_users: int, shape: float,
-           min_size: int) -> np.ndarray:
+def _sizes(
+    rng: np.random.Generator, n: int, num_users: int, shape: float, min_size: int
+) -> np.ndarray:
     weights = rng.pareto(shape, num_users) + 1e-12
     spare = n - num_users * min_size
     sizes = min_size + np.floor(spare * weights / weights.sum()).astype(np.int64)
     rest = n - int(sizes.sum())
-    sizes[np.argsort(-weights, kind="stable")[:rest]] += 1     # rounding remainder: heaviest
+    sizes[np.argsort(-weights, kind="stable")[:rest]] += 1  # rounding remainder: heaviest
     return sizes
 
 
-def partition_users(labels: torch.Tensor, *, num_users: int = 1000, alpha: float = 0.5,
-                    size_shape: float = 1.5, min_size: int = 5,
-                    seed: int = 0) -> UserPartition:
+def partition_users(
+    labels: torch.Tensor,
+    *,
+    num_users: int = 1000,
+    alpha: float = 0.5,
+    size_shape: float = 1.5,
+    min_size: int = 5,
+    seed: int = 0,
+) -> UserPartition:
     """Assign every example to one of ``num_users`` users (module docstring).
 
     Args:
@@ -97,8 +106,12 @@ def partition_users(labels: torch.Tensor, *, num_users: int = 1000, alpha: float
     """
     labels = torch.as_tensor(labels).long()
     n = len(labels)
-    require(num_users >= 1 and num_users * min_size <= n, "num_users", num_users,
-            f">= 1 with num_users × min_size <= {n} examples")
+    require(
+        num_users >= 1 and num_users * min_size <= n,
+        "num_users",
+        num_users,
+        f">= 1 with num_users × min_size <= {n} examples",
+    )
     require(alpha > 0, "alpha", alpha, "> 0")
     require(size_shape > 0, "size_shape", size_shape, "> 0")
     require(min_size >= 1, "min_size", min_size, ">= 1")
@@ -109,7 +122,7 @@ def partition_users(labels: torch.Tensor, *, num_users: int = 1000, alpha: float
     pools = [list(rng.permutation(np.flatnonzero(y == c))) for c in classes]
     mixes = rng.dirichlet(np.full(len(classes), alpha), num_users)
     ids = np.empty(n, dtype=np.int64)
-    for u in rng.permutation(num_users):      # a random order, so no user is always last
+    for u in rng.permutation(num_users):  # a random order, so no user is always last
         need, p = int(sizes[u]), mixes[u].copy()
         while need > 0:
             left = np.array([len(pool) for pool in pools], dtype=np.float64)
@@ -120,13 +133,20 @@ def partition_users(labels: torch.Tensor, *, num_users: int = 1000, alpha: float
                 for _ in range(int(k)):
                     ids[pools[c].pop()] = u
                 need -= int(k)
-    return UserPartition(torch.from_numpy(ids), num_users, float(alpha), float(size_shape),
-                         int(min_size), int(seed))
+    return UserPartition(
+        torch.from_numpy(ids), num_users, float(alpha), float(size_shape), int(min_size), int(seed)
+    )
 
 
-def federated_fashion_mnist(*, num_users: int = 1000, alpha: float = 0.5,
-                            size_shape: float = 1.5, min_size: int = 5, seed: int = 0,
-                            data_dir: str | Path | None = None):
+def federated_fashion_mnist(
+    *,
+    num_users: int = 1000,
+    alpha: float = 0.5,
+    size_shape: float = 1.5,
+    min_size: int = 5,
+    seed: int = 0,
+    data_dir: str | Path | None = None,
+):
     """Fashion-MNIST's 60,000 real training images split among synthetic users.
 
     Returns (splits, partition): :class:`~dpfy.data.DataSplits` (train and test as usual) and
@@ -134,8 +154,15 @@ def federated_fashion_mnist(*, num_users: int = 1000, alpha: float = 0.5,
     held-out evaluation set).
     """
     from dpfy.data.fashion_mnist import load_fashion_mnist
+
     splits = load_fashion_mnist(data_dir)
     assert isinstance(splits.train, TensorDataset)  # load_fashion_mnist's train split is one
-    partition = partition_users(splits.train.tensors[1], num_users=num_users, alpha=alpha,
-                                size_shape=size_shape, min_size=min_size, seed=seed)
+    partition = partition_users(
+        splits.train.tensors[1],
+        num_users=num_users,
+        alpha=alpha,
+        size_shape=size_shape,
+        min_size=min_size,
+        seed=seed,
+    )
     return splits, partition

@@ -13,12 +13,40 @@ as a user-level Poisson-subsampled Gaussian; the privacy report and ε read that
 """
 
 from dpfy.federated.fedavg import UserData, run_dp_fedavg
-from dpfy.federated.local import (LocalTraining, clip_delta, delta_norm, local_delta,
-                                  local_generator, local_seed, trainable_state, user_contribution)
-from dpfy.federated.server import (USER_ADJACENCY, USER_UNIT, Contribution, DPFedAvgServer,
-                                   RoundPlan, RoundResult)
+from dpfy.federated.local import (
+    LocalTraining,
+    clip_delta,
+    delta_norm,
+    local_delta,
+    local_generator,
+    local_seed,
+    trainable_state,
+    user_contribution,
+)
+from dpfy.federated.server import (
+    USER_ADJACENCY,
+    USER_UNIT,
+    Contribution,
+    DPFedAvgServer,
+    RoundPlan,
+    RoundResult,
+)
 
-__all__ = ["UserData", "run_dp_fedavg", "LocalTraining", "clip_delta", "delta_norm",
-           "local_delta", "local_generator", "local_seed", "trainable_state", "user_contribution",
-           "USER_ADJACENCY", "USER_UNIT", "Contribution", "DPFedAvgServer", "RoundPlan",
-           "RoundResult"]
+__all__ = [
+    "UserData",
+    "run_dp_fedavg",
+    "LocalTraining",
+    "clip_delta",
+    "delta_norm",
+    "local_delta",
+    "local_generator",
+    "local_seed",
+    "trainable_state",
+    "user_contribution",
+    "USER_ADJACENCY",
+    "USER_UNIT",
+    "Contribution",
+    "DPFedAvgServer",
+    "RoundPlan",
+    "RoundResult",
+]

@@ -15,18 +15,30 @@ from typing import Callable, Sequence
 import torch
 
 from dpfy._require import require
-from dpfy.federated.local import (LocalTraining, LossFn, local_generator, user_contribution,
-                                  local_seed as local_seed_of)
+from dpfy.federated.local import (
+    LocalTraining,
+    LossFn,
+    local_generator,
+    user_contribution,
+    local_seed as local_seed_of,
+)
 from dpfy.federated.server import Contribution, DPFedAvgServer, RoundResult
 
 __all__ = ["UserData", "run_dp_fedavg"]
 
-UserData = Sequence[tuple[torch.Tensor, torch.Tensor]]   # user u ↦ (x_u, y_u)
+UserData = Sequence[tuple[torch.Tensor, torch.Tensor]]  # user u ↦ (x_u, y_u)
 
 
-def run_dp_fedavg(server: DPFedAvgServer, users: UserData, loss_fn: LossFn,
-                  training: LocalTraining, rounds: int, *, local_seed: int | None = None,
-                  on_round: Callable[[RoundResult], None] | None = None) -> DPFedAvgServer:
+def run_dp_fedavg(
+    server: DPFedAvgServer,
+    users: UserData,
+    loss_fn: LossFn,
+    training: LocalTraining,
+    rounds: int,
+    *,
+    local_seed: int | None = None,
+    on_round: Callable[[RoundResult], None] | None = None,
+) -> DPFedAvgServer:
     """Run ``rounds`` rounds of DP-FedAvg on ``users`` (one (x_u, y_u) per user, indexed like
     the server's users); returns the server (its model, ledger and report).
 
@@ -40,9 +52,13 @@ def run_dp_fedavg(server: DPFedAvgServer, users: UserData, loss_fn: LossFn,
       local_seed: seeds each user's local minibatch order (see ``local_generator``).
       on_round: called with each round's released result (e.g. to evaluate on public data).
     """
-    require(len(users) == server.num_users, "len(users)", len(users),
-            f"{server.num_users} (the server's num_users)",
-            "The sampler draws from every user of the population")
+    require(
+        len(users) == server.num_users,
+        "len(users)",
+        len(users),
+        f"{server.num_users} (the server's num_users)",
+        "The sampler draws from every user of the population",
+    )
     require(isinstance(rounds, int) and rounds >= 1, "rounds", rounds, "an integer >= 1")
     work = copy.deepcopy(server.model)
     for _ in range(rounds):
@@ -53,8 +69,14 @@ def run_dp_fedavg(server: DPFedAvgServer, users: UserData, loss_fn: LossFn,
             work.load_state_dict(global_state)
             x, y = users[u]
             clipped, norm = user_contribution(
-                work, x, y, loss_fn, training, rp.clip,
-                generator=local_generator(local_seed_of(local_seed, rp.round, u)))
+                work,
+                x,
+                y,
+                loss_fn,
+                training,
+                rp.clip,
+                generator=local_generator(local_seed_of(local_seed, rp.round, u)),
+            )
             contributions.append(Contribution(user=u, clipped=clipped, norm=norm))
         result = server.finish_round(contributions)
         if on_round is not None:

@@ -39,8 +39,16 @@ import torch
 from torch import nn
 
 try:
-    from flwr.app import (ArrayRecord, ConfigRecord, Context, Error, Message, MessageType,
-                          MetricRecord, RecordDict)
+    from flwr.app import (
+        ArrayRecord,
+        ConfigRecord,
+        Context,
+        Error,
+        Message,
+        MessageType,
+        MetricRecord,
+        RecordDict,
+    )
     from flwr.clientapp import ClientApp
     from flwr.common import serde
     from flwr.common.constant import SUPERLINK_NODE_ID
@@ -50,22 +58,36 @@ try:
     from flwr.supercore import log
     from flwr.supercore.run import Run
     from flwr.supercore.task_identity import TaskIdentity
-except ImportError as err:          # pragma: no cover - depends on the environment
+except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError(
         f"dpfy.federated.flower needs Flower (flwr), which is not installed ({err}). "
-        f"Install the extra: pip install 'dpfy[fl]'") from err
+        f"Install the extra: pip install 'dpfy[fl]'"
+    ) from err
 
 from dpfy._require import require
 from dpfy.errors import PrivacyRefusal
-from dpfy.federated.local import (LocalTraining, LossFn, local_generator, local_seed,
-                                  user_contribution)
+from dpfy.federated.local import (
+    LocalTraining,
+    LossFn,
+    local_generator,
+    local_seed,
+    user_contribution,
+)
 from dpfy.federated.server import Contribution, DPFedAvgServer
 
-__all__ = ["DPFedAvgStrategy", "make_client_app", "InProcessGrid", "run_flower", "ARRAYS", "CONFIG",
-           "METRICS", "DELTA_NORM"]
+__all__ = [
+    "DPFedAvgStrategy",
+    "make_client_app",
+    "InProcessGrid",
+    "run_flower",
+    "ARRAYS",
+    "CONFIG",
+    "METRICS",
+    "DELTA_NORM",
+]
 
-ARRAYS, CONFIG, METRICS = "arrays", "config", "metrics"   # the records of a message
-DELTA_NORM = "delta-norm"                                  # ‖Δ_u‖ before clipping
+ARRAYS, CONFIG, METRICS = "arrays", "config", "metrics"  # the records of a message
+DELTA_NORM = "delta-norm"  # ‖Δ_u‖ before clipping
 
 _R = TypeVar("_R", ArrayRecord, MetricRecord, ConfigRecord)
 
@@ -74,8 +96,9 @@ def _record(content: RecordDict, key: str, kind: type[_R]) -> _R:
     """The record ``key`` of a message's content, of the kind dpfy puts there."""
     record = content[key]
     if not isinstance(record, kind):
-        raise TypeError(f"a message's {key!r} record must be a {kind.__name__}, "
-                        f"got {type(record).__name__}")
+        raise TypeError(
+            f"a message's {key!r} record must be a {kind.__name__}, got {type(record).__name__}"
+        )
     return record
 
 
@@ -97,8 +120,9 @@ class DPFedAvgStrategy(Strategy):
       local_seed: seeds each user's local minibatch order (None: data order).
     """
 
-    def __init__(self, server: DPFedAvgServer, training: LocalTraining, *,
-                 local_seed: int | None = None) -> None:
+    def __init__(
+        self, server: DPFedAvgServer, training: LocalTraining, *, local_seed: int | None = None
+    ) -> None:
         self.server, self.training, self.local_seed = server, training, local_seed
         self._nodes: list[int] = []
 
@@ -108,11 +132,13 @@ class DPFedAvgStrategy(Strategy):
             raise PrivacyRefusal(
                 f"the Flower nodes must be the server's {self.server.num_users} users, got "
                 f"{len(nodes)} nodes. The sampler's rate q_u is over a fixed population; "
-                f"build the server with num_users = the number of nodes")
+                f"build the server with num_users = the number of nodes"
+            )
         return nodes
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         """Sample the round's users with dpfy's sampler; send each the model and C_t.
 
         ``arrays`` (the initial model in round 1, then what ``aggregate_train`` returned) are
@@ -120,63 +146,98 @@ class DPFedAvgStrategy(Strategy):
         self._nodes = self._users_as_nodes(grid)
         self.server.model.load_state_dict(arrays.to_torch_state_dict())
         rp = self.server.begin_round()
-        log(INFO, "dpfy configure_train: round %s, %s users sampled (q_u = %g), C = %.4g",
-            server_round, len(rp.users), self.server.user_sample_rate, rp.clip)
+        log(
+            INFO,
+            "dpfy configure_train: round %s, %s users sampled (q_u = %g), C = %.4g",
+            server_round,
+            len(rp.users),
+            self.server.user_sample_rate,
+            rp.clip,
+        )
         model = ArrayRecord(self.server.model.state_dict())
         messages = []
         for u in rp.users:
-            cfg = ConfigRecord({**dict(config), "server-round": server_round,
-                                "clip": rp.clip, **self.training.to_config()})
+            cfg = ConfigRecord(
+                {
+                    **dict(config),
+                    "server-round": server_round,
+                    "clip": rp.clip,
+                    **self.training.to_config(),
+                }
+            )
             seed = local_seed(self.local_seed, rp.round, u)
             if seed is not None:
                 cfg["local-seed"] = seed
-            messages.append(Message(content=RecordDict({ARRAYS: model, CONFIG: cfg}),
-                                    message_type=MessageType.TRAIN,
-                                    dst_node_id=self._nodes[u]))
+            messages.append(
+                Message(
+                    content=RecordDict({ARRAYS: model, CONFIG: cfg}),
+                    message_type=MessageType.TRAIN,
+                    dst_node_id=self._nodes[u],
+                )
+            )
         return messages
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]
-                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """The clipping check, the noise (once), the ledger, the server update."""
         contributions, dropped = [], 0
         user_of = {n: u for u, n in enumerate(self._nodes)}
         for reply in replies:
             if reply.has_error():
-                dropped += 1            # a sampled user who did not answer contributes 0
+                dropped += 1  # a sampled user who did not answer contributes 0
                 continue
             node = int(reply.metadata.src_node_id)
             require(node in user_of, "a reply's node", node, "one of the round's nodes")
             content = reply.content
-            contributions.append(Contribution(
-                user=user_of[node],
-                clipped=_record(content, ARRAYS, ArrayRecord).to_torch_state_dict(),
-                norm=float(_number(_record(content, METRICS, MetricRecord), DELTA_NORM))))
+            contributions.append(
+                Contribution(
+                    user=user_of[node],
+                    clipped=_record(content, ARRAYS, ArrayRecord).to_torch_state_dict(),
+                    norm=float(_number(_record(content, METRICS, MetricRecord), DELTA_NORM)),
+                )
+            )
         result = self.server.finish_round(contributions)
-        metrics = MetricRecord({"users": result.num_users, "dropped": dropped,
-                                "clip": result.clip,
-                                "noise-multiplier": result.noise_multiplier})
+        metrics = MetricRecord(
+            {
+                "users": result.num_users,
+                "dropped": dropped,
+                "clip": result.clip,
+                "noise-multiplier": result.noise_multiplier,
+            }
+        )
         return ArrayRecord(self.server.model.state_dict()), metrics
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                           grid: Grid) -> Iterable[Message]:
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         """None: a metric on a user's data would be an unaccounted release (evaluate_fn)."""
         return []
 
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
-                           ) -> MetricRecord | None:
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
         return None
 
     def summary(self) -> None:
         s = self.server
-        log(INFO, "\t├── dpfy DP-FedAvg: %s users, q_u = %g, σ = %.4g, C = %s, method = %s",
-            s.num_users, s.user_sample_rate, s.noise_multiplier, s.clip,
-            None if s.method is None else s.method.registry_name)
+        log(
+            INFO,
+            "\t├── dpfy DP-FedAvg: %s users, q_u = %g, σ = %.4g, C = %s, method = %s",
+            s.num_users,
+            s.user_sample_rate,
+            s.noise_multiplier,
+            s.clip,
+            None if s.method is None else s.method.registry_name,
+        )
         log(INFO, "\t└── unit of privacy: one user, with all of their examples; ledger: dpfy")
 
 
-def make_client_app(model_fn: Callable[[], nn.Module],
-                    user_data: Callable[[Context], tuple[torch.Tensor, torch.Tensor]],
-                    loss_fn: LossFn) -> ClientApp:
+def make_client_app(
+    model_fn: Callable[[], nn.Module],
+    user_data: Callable[[Context], tuple[torch.Tensor, torch.Tensor]],
+    loss_fn: LossFn,
+) -> ClientApp:
     """A Flower ``ClientApp`` whose train handler is dpfy's client step.
 
     Args:
@@ -194,11 +255,19 @@ def make_client_app(model_fn: Callable[[], nn.Module],
         cfg = _record(msg.content, CONFIG, ConfigRecord)
         x, y = user_data(context)
         seed = int(_number(cfg, "local-seed")) if "local-seed" in cfg else None
-        clipped, norm = user_contribution(model, x, y, loss_fn, LocalTraining.from_config(cfg),
-                                          float(_number(cfg, "clip")),
-                                          generator=local_generator(seed))
-        return Message(RecordDict({ARRAYS: ArrayRecord(clipped),
-                                   METRICS: MetricRecord({DELTA_NORM: norm})}), reply_to=msg)
+        clipped, norm = user_contribution(
+            model,
+            x,
+            y,
+            loss_fn,
+            LocalTraining.from_config(cfg),
+            float(_number(cfg, "clip")),
+            generator=local_generator(seed),
+        )
+        return Message(
+            RecordDict({ARRAYS: ArrayRecord(clipped), METRICS: MetricRecord({DELTA_NORM: norm})}),
+            reply_to=msg,
+        )
 
     return app
 
@@ -228,11 +297,16 @@ class InProcessGrid(Grid):
         require(num_nodes >= 1, "num_nodes", num_nodes, ">= 1")
         self.client_app = client_app
         self._run = Run.create_empty(run_id)
-        self._contexts = {p + 1: Context(run_id=run_id, node_id=p + 1,
-                                         node_config={"partition-id": p,
-                                                      "num-partitions": num_nodes},
-                                         state=RecordDict(), run_config={})
-                          for p in range(num_nodes)}
+        self._contexts = {
+            p + 1: Context(
+                run_id=run_id,
+                node_id=p + 1,
+                node_config={"partition-id": p, "num-partitions": num_nodes},
+                state=RecordDict(),
+                run_config={},
+            )
+            for p in range(num_nodes)
+        }
         self._replies: dict[str, Message] = {}
         self._task_ids = itertools.count(2)
         self._as_server()
@@ -248,8 +322,14 @@ class InProcessGrid(Grid):
     def run(self) -> Run:
         return self._run
 
-    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,
-                       group_id: str, ttl: float | None = None) -> Message:
+    def create_message(
+        self,
+        content: RecordDict,
+        message_type: str,
+        dst_node_id: int,
+        group_id: str,
+        ttl: float | None = None,
+    ) -> Message:
         return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
     def get_node_ids(self) -> Iterable[int]:
@@ -257,25 +337,31 @@ class InProcessGrid(Grid):
 
     def _deliver(self, msg: Message) -> Message:
         node = msg.metadata.dst_node_id
-        require(node in self._contexts, "a message's dst_node_id", node,
-                f"one of the grid's nodes 1..{len(self._contexts)}")
+        require(
+            node in self._contexts,
+            "a message's dst_node_id",
+            node,
+            f"one of the grid's nodes 1..{len(self._contexts)}",
+        )
         # flwr's Message overloads omit the (metadata=, content=) form its __init__ accepts
-        incoming: Message = cast(Any, Message)(metadata=msg.metadata,
-                                               content=_over_the_wire(msg.content))
+        incoming: Message = cast(Any, Message)(
+            metadata=msg.metadata, content=_over_the_wire(msg.content)
+        )
         TaskIdentity.task_id, TaskIdentity.node_id = next(self._task_ids), node
         try:
             reply = self.client_app(incoming, self._contexts[node])
-        except Exception as err:   # a failed client is a dropped user, as on a real grid
+        except Exception as err:  # a failed client is a dropped user, as on a real grid
             log(INFO, "InProcessGrid: node %s failed (%s: %s)", node, type(err).__name__, err)
             self._as_server()
-            return Message(Error(code=0, reason=f"{type(err).__name__}: {err}"),
-                           reply_to=incoming)
+            return Message(Error(code=0, reason=f"{type(err).__name__}: {err}"), reply_to=incoming)
         finally:
             self._as_server()
         if reply.has_error():
             return reply
-        return cast(Any, Message)(metadata=reply.metadata,  # as in the call above
-                                  content=_over_the_wire(reply.content))
+        return cast(Any, Message)(
+            metadata=reply.metadata,  # as in the call above
+            content=_over_the_wire(reply.content),
+        )
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         ids = []
@@ -288,8 +374,9 @@ class InProcessGrid(Grid):
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         return [self._replies.pop(i) for i in message_ids if i in self._replies]
 
-    def send_and_receive(self, messages: Iterable[Message], *,
-                         timeout: float | None = None) -> Iterable[Message]:
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
         return self.pull_messages(list(self.push_messages(messages)))
 
 
@@ -297,5 +384,6 @@ def run_flower(strategy: DPFedAvgStrategy, client_app: ClientApp, rounds: int, *
     """Run ``rounds`` rounds of ``strategy`` with ``client_app`` on an :class:`InProcessGrid`
     of N_users nodes, through Flower's ``Strategy.start``; returns Flower's ``Result``."""
     grid = InProcessGrid(client_app, strategy.server.num_users)
-    return strategy.start(grid, ArrayRecord(strategy.server.model.state_dict()),
-                          num_rounds=rounds, **start)
+    return strategy.start(
+        grid, ArrayRecord(strategy.server.model.state_dict()), num_rounds=rounds, **start
+    )

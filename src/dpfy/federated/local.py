@@ -22,8 +22,16 @@ from torch import nn
 
 from dpfy._require import require
 
-__all__ = ["LocalTraining", "trainable_state", "local_delta", "delta_norm", "clip_delta",
-           "local_generator", "local_seed", "user_contribution"]
+__all__ = [
+    "LocalTraining",
+    "trainable_state",
+    "local_delta",
+    "delta_norm",
+    "clip_delta",
+    "local_generator",
+    "local_seed",
+    "user_contribution",
+]
 
 Delta = dict[str, torch.Tensor]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -38,24 +46,33 @@ class LocalTraining:
       batch_size: B_m, the local minibatch size; None: the user's whole data in one batch.
     """
 
-    def __init__(self, *, epochs: int = 1, lr: float = 0.1,
-                 batch_size: int | None = None) -> None:
+    def __init__(self, *, epochs: int = 1, lr: float = 0.1, batch_size: int | None = None) -> None:
         require(isinstance(epochs, int) and epochs >= 1, "epochs", epochs, "an integer >= 1")
         require(lr > 0 and math.isfinite(lr), "lr", lr, "> 0 and finite")
-        require(batch_size is None or (isinstance(batch_size, int) and batch_size >= 1),
-                "batch_size", batch_size, "None (the whole user) or an integer >= 1")
+        require(
+            batch_size is None or (isinstance(batch_size, int) and batch_size >= 1),
+            "batch_size",
+            batch_size,
+            "None (the whole user) or an integer >= 1",
+        )
         self.epochs, self.lr, self.batch_size = epochs, float(lr), batch_size
 
     def to_config(self) -> dict[str, float | int]:
         """Flat public values (what the server sends to a client each round)."""
-        return {"local-epochs": self.epochs, "local-lr": self.lr,
-                "local-batch-size": 0 if self.batch_size is None else self.batch_size}
+        return {
+            "local-epochs": self.epochs,
+            "local-lr": self.lr,
+            "local-batch-size": 0 if self.batch_size is None else self.batch_size,
+        }
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> "LocalTraining":
         size = int(config["local-batch-size"])
-        return cls(epochs=int(config["local-epochs"]), lr=float(config["local-lr"]),
-                   batch_size=None if size == 0 else size)
+        return cls(
+            epochs=int(config["local-epochs"]),
+            lr=float(config["local-lr"]),
+            batch_size=None if size == 0 else size,
+        )
 
 
 def trainable_state(model: nn.Module) -> Delta:
@@ -63,9 +80,15 @@ def trainable_state(model: nn.Module) -> Delta:
     return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
-def local_delta(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn,
-                training: LocalTraining, *,
-                generator: torch.Generator | None = None) -> Delta:
+def local_delta(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    loss_fn: LossFn,
+    training: LocalTraining,
+    *,
+    generator: torch.Generator | None = None,
+) -> Delta:
     """Δ_u = θ − ω_u after local SGD on one user's examples (``model`` holds θ; it is left at
     ω_u, so pass a working copy of the global model).
 
@@ -73,18 +96,21 @@ def local_delta(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: Los
     None). Local training is not private by itself: the delta must be clipped
     (:func:`clip_delta`) and noised on the server.
     """
-    require(len(x) == len(y) and len(x) >= 1, "the user's data", f"{len(x)} inputs, "
-            f"{len(y)} targets", "non-empty and aligned")
+    require(
+        len(x) == len(y) and len(x) >= 1,
+        "the user's data",
+        f"{len(x)} inputs, {len(y)} targets",
+        "non-empty and aligned",
+    )
     start = trainable_state(model)
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     n = len(x)
     size = n if training.batch_size is None else min(training.batch_size, n)
     model.train()
     for _ in range(training.epochs):
-        order = (torch.arange(n) if generator is None else
-                 torch.randperm(n, generator=generator))
+        order = torch.arange(n) if generator is None else torch.randperm(n, generator=generator)
         for lo in range(0, n, size):
-            idx = order[lo:lo + size]
+            idx = order[lo : lo + size]
             model.zero_grad(set_to_none=True)
             loss_fn(model(x[idx]), y[idx]).backward()
             with torch.no_grad():
@@ -125,9 +151,16 @@ def local_generator(seed: int | None) -> torch.Generator | None:
     return None if seed is None else torch.Generator().manual_seed(int(seed))
 
 
-def user_contribution(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn,
-                      training: LocalTraining, clip: float, *,
-                      generator: torch.Generator | None = None) -> tuple[Delta, float]:
+def user_contribution(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    loss_fn: LossFn,
+    training: LocalTraining,
+    clip: float,
+    *,
+    generator: torch.Generator | None = None,
+) -> tuple[Delta, float]:
     """A sampled user's whole client step: local training, then the clipped delta.
 
     Returns (Δ̃_u, ‖Δ_u‖). ``model`` must hold the global parameters; it is left at ω_u.

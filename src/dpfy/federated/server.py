@@ -50,11 +50,17 @@ from dpfy.sampling import PoissonSampler, UserUnits
 from dpfy.step.guard import EpsilonGuard
 from dpfy.types import Norms, ReleaseSpec, RunFacts, StepOutcome, StepPlan
 
-__all__ = ["USER_UNIT", "USER_ADJACENCY", "RoundPlan", "Contribution", "RoundResult",
-           "DPFedAvgServer"]
+__all__ = [
+    "USER_UNIT",
+    "USER_ADJACENCY",
+    "RoundPlan",
+    "Contribution",
+    "RoundResult",
+    "DPFedAvgServer",
+]
 
-USER_UNIT = UserUnits.description            # "one user, with all of their examples"
-USER_ADJACENCY = UserUnits.adjacency_note     # "add or remove one user (all of their examples)"
+USER_UNIT = UserUnits.description  # "one user, with all of their examples"
+USER_ADJACENCY = UserUnits.adjacency_note  # "add or remove one user (all of their examples)"
 # The clipping check's slack: a float32 delta scaled by C/‖Δ‖ lands within a few ulps of C.
 _CLIP_SLACK = 1e-5
 # Adaptive methods whose clipping is one threshold on the whole delta, min(1, C_t/‖Δ_u‖),
@@ -97,7 +103,7 @@ class RoundResult:
     """What a round released (public): the noisy mean delta and each extra release."""
 
     round: int
-    num_users: int                         # contributions received (public in FL: who replied)
+    num_users: int  # contributions received (public in FL: who replied)
     clip: float
     noise_multiplier: float
     mean_delta: Mapping[str, torch.Tensor]
@@ -132,65 +138,112 @@ class DPFedAvgServer:
         undo the privacy.
     """
 
-    def __init__(self, model: nn.Module, *, num_users: int, user_sample_rate: float,
-                 clip: float | None = None, noise_multiplier: float | None = None,
-                 target_epsilon: float | None = None, delta: float | None = None,
-                 rounds: int | None = None, server_lr: float = 1.0,
-                 server_momentum: float = 0.0, method: Method | None = None,
-                 accountant: str = "pld", seed: int | None = None) -> None:
-        require(isinstance(num_users, int) and num_users >= 1, "num_users", num_users,
-                "an integer >= 1")
-        require(0 < user_sample_rate <= 1, "user_sample_rate", user_sample_rate, "in (0, 1]",
-                "Use the expected users per round / num_users")
-        require((noise_multiplier is None) != (target_epsilon is None),
-                "noise_multiplier / target_epsilon", (noise_multiplier, target_epsilon),
-                "exactly one given", "Give σ, or the user-level ε to calibrate it for")
-        require(rounds is None or (isinstance(rounds, int) and rounds >= 1), "rounds", rounds,
-                "None or an integer >= 1")
-        require(target_epsilon is None or rounds is not None, "rounds", rounds,
-                "given with target_epsilon", "σ is calibrated for a number of rounds")
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        num_users: int,
+        user_sample_rate: float,
+        clip: float | None = None,
+        noise_multiplier: float | None = None,
+        target_epsilon: float | None = None,
+        delta: float | None = None,
+        rounds: int | None = None,
+        server_lr: float = 1.0,
+        server_momentum: float = 0.0,
+        method: Method | None = None,
+        accountant: str = "pld",
+        seed: int | None = None,
+    ) -> None:
+        require(
+            isinstance(num_users, int) and num_users >= 1, "num_users", num_users, "an integer >= 1"
+        )
+        require(
+            0 < user_sample_rate <= 1,
+            "user_sample_rate",
+            user_sample_rate,
+            "in (0, 1]",
+            "Use the expected users per round / num_users",
+        )
+        require(
+            (noise_multiplier is None) != (target_epsilon is None),
+            "noise_multiplier / target_epsilon",
+            (noise_multiplier, target_epsilon),
+            "exactly one given",
+            "Give σ, or the user-level ε to calibrate it for",
+        )
+        require(
+            rounds is None or (isinstance(rounds, int) and rounds >= 1),
+            "rounds",
+            rounds,
+            "None or an integer >= 1",
+        )
+        require(
+            target_epsilon is None or rounds is not None,
+            "rounds",
+            rounds,
+            "given with target_epsilon",
+            "σ is calibrated for a number of rounds",
+        )
         require(server_lr > 0, "server_lr", server_lr, "> 0")
         require(0 <= server_momentum < 1, "server_momentum", server_momentum, "in [0, 1)")
         self._check_method(method, clip)
         self.model, self.num_users = model, num_users
         self.user_sample_rate = float(user_sample_rate)
-        self.delta = float(num_users ** -1.1 if delta is None else delta)
+        self.delta = float(num_users**-1.1 if delta is None else delta)
         require(0 < self.delta < 1, "delta", self.delta, "in (0, 1)")
         self.accountant, self.rounds, self.seed = accountant, rounds, seed
         if noise_multiplier is None:
             # the requires above: target_epsilon is given, and with it rounds
             assert target_epsilon is not None and rounds is not None
             noise_multiplier = calibrate_noise_multiplier(
-                target_epsilon=target_epsilon, delta=self.delta,
-                sample_rate=self.user_sample_rate, steps=rounds, accountant=accountant,
-                sampling=Sampling.ULS)
+                target_epsilon=target_epsilon,
+                delta=self.delta,
+                sample_rate=self.user_sample_rate,
+                steps=rounds,
+                accountant=accountant,
+                sampling=Sampling.ULS,
+            )
         require(noise_multiplier >= 0, "noise_multiplier", noise_multiplier, ">= 0")
         if noise_multiplier == 0:
-            warnings.warn("noise_multiplier=0: no noise is added to the users' deltas; "
-                          "DP-FedAvg is NOT private (use only for debugging)", UserWarning,
-                          stacklevel=2)
+            warnings.warn(
+                "noise_multiplier=0: no noise is added to the users' deltas; "
+                "DP-FedAvg is NOT private (use only for debugging)",
+                UserWarning,
+                stacklevel=2,
+            )
         self.noise_multiplier, self.clip = float(noise_multiplier), clip
         self.target_epsilon = target_epsilon
         self.sampler = PoissonSampler(num_users, sample_rate=self.user_sample_rate, seed=seed)
-        self.mechanism = GaussianMechanism(NoiseSource(None if seed is None else seed + 1),
-                                           sampling=Sampling.ULS,
-                                           sample_rate=self.user_sample_rate)
+        self.mechanism = GaussianMechanism(
+            NoiseSource(None if seed is None else seed + 1),
+            sampling=Sampling.ULS,
+            sample_rate=self.user_sample_rate,
+        )
         self.ledger = Ledger(dataset_size=num_users)
-        self.guard = EpsilonGuard(max_steps=rounds, epsilon_cap=None, delta=self.delta,
-                                  accountant=accountant)
-        self.facts = RunFacts(sampling=Sampling.ULS, sample_rate=self.user_sample_rate,
-                              steps=rounds, dataset_size=num_users,
-                              steps_per_epoch=self.sampler.steps_per_epoch,
-                              normalizer=self.expected_users, delta=self.delta,
-                              target_epsilon=target_epsilon, accountant=accountant,
-                              max_grad_norm=clip, inner_optimizer="SGD",
-                              inner_hyperparameters={"lr": server_lr,
-                                                     "momentum": server_momentum})
+        self.guard = EpsilonGuard(
+            max_steps=rounds, epsilon_cap=None, delta=self.delta, accountant=accountant
+        )
+        self.facts = RunFacts(
+            sampling=Sampling.ULS,
+            sample_rate=self.user_sample_rate,
+            steps=rounds,
+            dataset_size=num_users,
+            steps_per_epoch=self.sampler.steps_per_epoch,
+            normalizer=self.expected_users,
+            delta=self.delta,
+            target_epsilon=target_epsilon,
+            accountant=accountant,
+            max_grad_norm=clip,
+            inner_optimizer="SGD",
+            inner_hyperparameters={"lr": server_lr, "momentum": server_momentum},
+        )
         self.method = None if method is None else calibrate_for_run(method, self.facts)
         self.method_state = None if self.method is None else self.method.init()
         self.params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-        self.optimizer = torch.optim.SGD(list(self.params.values()), lr=server_lr,
-                                         momentum=server_momentum)
+        self.optimizer = torch.optim.SGD(
+            list(self.params.values()), lr=server_lr, momentum=server_momentum
+        )
         self.server_lr = float(server_lr)
         self._pending: RoundPlan | None = None
         self._last_plan: StepPlan | None = None
@@ -208,9 +261,14 @@ class DPFedAvgServer:
     @staticmethod
     def _check_method(method: Method | None, clip: float | None) -> None:
         if method is None:
-            require(clip is not None and clip > 0, "clip", clip, "> 0",
-                    "Give C, the bound on each user's model delta (it depends on the local "
-                    "epochs and learning rate), or method=make('quantile') to adapt it")
+            require(
+                clip is not None and clip > 0,
+                "clip",
+                clip,
+                "> 0",
+                "Give C, the bound on each user's model delta (it depends on the local "
+                "epochs and learning rate), or method=make('quantile') to adapt it",
+            )
             return
         name = method.registry_name or type(method).__name__
         for hook in ("transform", "postprocess", "observe"):
@@ -218,41 +276,57 @@ class DPFedAvgServer:
                 raise PrivacyRefusal(
                     f"a DP-FedAvg method must act on the round's plan and its releases only, "
                     f"got method = {name!r} implementing {hook!r}. Use it with make_private "
-                    f"(DP-SGD), or a method without it (quantile, noise decay)")
+                    f"(DP-SGD), or a method without it (quantile, noise decay)"
+                )
         if method.implements("clipping") and name not in _SCALAR_CLIP_METHODS:
             raise PrivacyRefusal(
                 f"a DP-FedAvg method's clipping must be one threshold on the whole delta, got "
                 f"method = {name!r}. Clients clip Δ to min(1, C_t/‖Δ‖); use one of "
-                f"{list(_SCALAR_CLIP_METHODS)} or a method that leaves clipping alone")
+                f"{list(_SCALAR_CLIP_METHODS)} or a method that leaves clipping alone"
+            )
         sets_clip = "clip" in method.sets
-        require(sets_clip == (clip is None), "clip", clip,
-                "None when the method sets C (its initial_clip is C_0), else > 0",
-                f"method {name!r} {'sets' if sets_clip else 'does not set'} the clip")
+        require(
+            sets_clip == (clip is None),
+            "clip",
+            clip,
+            "None when the method sets C (its initial_clip is C_0), else > 0",
+            f"method {name!r} {'sets' if sets_clip else 'does not set'} the clip",
+        )
 
     # -- a round --------------------------------------------------------------------------
     def begin_round(self) -> RoundPlan:
         """Sample this round's users and fix its plan (public values only)."""
-        require(self._pending is None, "the previous round", "unfinished",
-                "finished (finish_round) before the next one begins",
-                "Every sampled round is one release in the ledger, even with no replies")
+        require(
+            self._pending is None,
+            "the previous round",
+            "unfinished",
+            "finished (finish_round) before the next one begins",
+            "Every sampled round is one release in the ledger, even with no replies",
+        )
         t = self.rounds_done
         self.guard.check_step(t)
-        base = StepPlan(step=t, sample_rate=self.user_sample_rate,
-                        noise_multiplier=self.noise_multiplier,
-                        clip=1.0 if self.clip is None else float(self.clip),
-                        lr_scale=1.0)
+        base = StepPlan(
+            step=t,
+            sample_rate=self.user_sample_rate,
+            noise_multiplier=self.noise_multiplier,
+            clip=1.0 if self.clip is None else float(self.clip),
+            lr_scale=1.0,
+        )
         plan = base
         if self.method is not None:
             plan = self.method.plan(self.method_state, base)
             check_plan(self.method, base, plan)
-        require(not torch.is_tensor(plan.clip), "the round's clip", plan.clip,
-                "one threshold for the whole delta")
+        require(
+            not torch.is_tensor(plan.clip),
+            "the round's clip",
+            plan.clip,
+            "one threshold for the whole delta",
+        )
         users = tuple(int(u) for u in self.sampler.draw().tolist())
         self._pending = RoundPlan(round=t, users=users, plan=plan)
         return self._pending
 
-    def _check_contributions(self, rp: RoundPlan,
-                             contributions: Sequence[Contribution]) -> None:
+    def _check_contributions(self, rp: RoundPlan, contributions: Sequence[Contribution]) -> None:
         """The clipping check: each reply is from a sampled user, once, within C_t."""
         sampled, seen = set(rp.users), set()
         for c in contributions:
@@ -260,35 +334,56 @@ class DPFedAvgServer:
                 raise PrivacyRefusal(
                     f"a contribution must come from a user sampled for round {rp.round}, once, "
                     f"got user = {c.user} ({'repeated' if c.user in seen else 'not sampled'}). "
-                    f"Only dpfy's sampler decides who takes part; anything else is unaccounted")
+                    f"Only dpfy's sampler decides who takes part; anything else is unaccounted"
+                )
             seen.add(c.user)
             norm = math.sqrt(sum(float(t.double().square().sum()) for t in c.clipped.values()))
             if not norm <= rp.clip * (1 + _CLIP_SLACK):
                 raise PrivacyRefusal(
                     f"a user's delta must be clipped to C_t = {rp.clip:.6g}, got norm = "
                     f"{norm:.6g} from user {c.user} in round {rp.round}. Clip it on the client "
-                    f"with dpfy.federated.clip_delta(delta, config['clip'])")
-            require(set(c.clipped) == set(self.params), "a contribution's parameters",
-                    sorted(c.clipped), f"the model's trainable parameters {sorted(self.params)}")
-            require(math.isfinite(c.norm) and c.norm >= 0, "a contribution's norm", c.norm,
-                    "finite and >= 0")
+                    f"with dpfy.federated.clip_delta(delta, config['clip'])"
+                )
+            require(
+                set(c.clipped) == set(self.params),
+                "a contribution's parameters",
+                sorted(c.clipped),
+                f"the model's trainable parameters {sorted(self.params)}",
+            )
+            require(
+                math.isfinite(c.norm) and c.norm >= 0,
+                "a contribution's norm",
+                c.norm,
+                "finite and >= 0",
+            )
 
-    def _extras(self, specs: Mapping[str, ReleaseSpec], contributions: Sequence[Contribution]
-                ) -> dict[str, float | torch.Tensor]:
+    def _extras(
+        self, specs: Mapping[str, ReleaseSpec], contributions: Sequence[Contribution]
+    ) -> dict[str, float | torch.Tensor]:
         """Each extra release: Σ_u v_u (bounded by its sensitivity, asserted) + noise."""
-        norms = Norms(total=torch.tensor([c.norm for c in contributions], dtype=torch.float64),
-                      per_parameter_sq={}, groups=())
+        norms = Norms(
+            total=torch.tensor([c.norm for c in contributions], dtype=torch.float64),
+            per_parameter_sq={},
+            groups=(),
+        )
         out: dict[str, float | torch.Tensor] = {}
         source = self.mechanism.generator()
         for name, spec in specs.items():
-            require(spec.kind == "values", f"release {name!r}", spec.kind,
-                    "of kind 'values' in DP-FedAvg (a function of the users' delta norms)")
+            require(
+                spec.kind == "values",
+                f"release {name!r}",
+                spec.kind,
+                "of kind 'values' in DP-FedAvg (a function of the users' delta norms)",
+            )
             assert spec.values is not None  # ReleaseSpec gives values for kind 'values'
-            values = spec.values(norms).double()                      # (U,) or (U, d)
+            values = spec.values(norms).double()  # (U,) or (U, d)
             per_user = values.abs() if values.dim() == 1 else values.norm(dim=1)
-            require(bool((per_user <= spec.sensitivity * (1 + 1e-9)).all()),
-                    f"release {name!r}", "a user's value above its sensitivity",
-                    f"<= {spec.sensitivity}")
+            require(
+                bool((per_user <= spec.sensitivity * (1 + 1e-9)).all()),
+                f"release {name!r}",
+                "a user's value above its sensitivity",
+                f"<= {spec.sensitivity}",
+            )
             total = values.sum(dim=0)
             noisy = total + source.gaussian(total, spec.noise_std)
             out[name] = float(noisy) if noisy.dim() == 0 else noisy
@@ -307,7 +402,7 @@ class DPFedAvgServer:
         std = plan.noise_multiplier * rp.clip
         mean: dict[str, torch.Tensor] = {}
         source = self.mechanism.generator()
-        for name, p in self.params.items():                          # noise on the sum, once
+        for name, p in self.params.items():  # noise on the sum, once
             total = torch.zeros_like(p, device="cpu")
             for c in contributions:
                 total += c.clipped[name].detach().to(total)
@@ -317,13 +412,25 @@ class DPFedAvgServer:
         self._pending, self._last_plan = None, plan
         self._apply(mean, plan.lr_scale)
         if self.method is not None:
-            self.method_state = self.method.update(self.method_state, StepOutcome(
-                plan=plan, expected_batch_size=b, sums=extras, gradient=mean,
-                parameters={n: p.detach() for n, p in self.params.items()},
-                noisy_gradient=mean))
-        return RoundResult(round=rp.round, num_users=len(contributions), clip=rp.clip,
-                           noise_multiplier=plan.noise_multiplier, mean_delta=mean,
-                           extras=extras)
+            self.method_state = self.method.update(
+                self.method_state,
+                StepOutcome(
+                    plan=plan,
+                    expected_batch_size=b,
+                    sums=extras,
+                    gradient=mean,
+                    parameters={n: p.detach() for n, p in self.params.items()},
+                    noisy_gradient=mean,
+                ),
+            )
+        return RoundResult(
+            round=rp.round,
+            num_users=len(contributions),
+            clip=rp.clip,
+            noise_multiplier=plan.noise_multiplier,
+            mean_delta=mean,
+            extras=extras,
+        )
 
     def _apply(self, mean: Mapping[str, torch.Tensor], lr_scale: float) -> None:
         """θ ← θ − η_s·lr_scale·(mean delta, with momentum): the server optimizer's step."""
@@ -337,30 +444,59 @@ class DPFedAvgServer:
     # -- privacy --------------------------------------------------------------------------
     def epsilon(self, delta: float | None = None, accountant: str | None = None) -> float:
         """The user-level ε(δ) of the rounds so far, read from the ledger."""
-        return epsilon(self.ledger, delta=self.delta if delta is None else delta,
-                       accountant=accountant or self.accountant)
+        return epsilon(
+            self.ledger,
+            delta=self.delta if delta is None else delta,
+            accountant=accountant or self.accountant,
+        )
 
     def privacy_report(self, **context) -> PrivacyReport:
         """The privacy report of the rounds so far; its unit is one user, with all of their
         examples. ``context`` goes to :meth:`PrivacyReport.from_ledger` (e.g. ``released``)."""
         warnings = list(context.pop("warnings", ()))
         if self.seed is not None:
-            warnings.append("A fixed seed made this run's user sampling and noise reproducible: "
-                            "anyone who knows the seed can undo the privacy. Never release a "
-                            "model trained with a seed")
-        methods = () if self.method is None or self._last_plan is None else (
-            {"name": self.method.registry_name,
-             "releases": "; ".join(spec.label for spec in self.method.releases(
-                 self.method_state, self._last_plan).values())},)
-        context.setdefault("released", "the final global model (the guarantee also covers "
-                                       "every round's noisy mean delta)")
-        context.setdefault("sampling_note", (
-            f"DP-FedAvg: each of the {self.num_users} users joined each round independently "
-            f"with probability q_u = {self.user_sample_rate:g} (dpfy's Poisson sampler over "
-            f"users); each sampled user's model delta after local training was clipped to "
-            f"the round's C and the noise N(0, (σC)²) was added once to the sum over users, "
-            f"divided by the expected number of users {self.expected_users:g}. Adjacency: "
-            f"{USER_ADJACENCY}."))
+            warnings.append(
+                "A fixed seed made this run's user sampling and noise reproducible: "
+                "anyone who knows the seed can undo the privacy. Never release a "
+                "model trained with a seed"
+            )
+        methods = (
+            ()
+            if self.method is None or self._last_plan is None
+            else (
+                {
+                    "name": self.method.registry_name,
+                    "releases": "; ".join(
+                        spec.label
+                        for spec in self.method.releases(
+                            self.method_state, self._last_plan
+                        ).values()
+                    ),
+                },
+            )
+        )
+        context.setdefault(
+            "released",
+            "the final global model (the guarantee also covers every round's noisy mean delta)",
+        )
+        context.setdefault(
+            "sampling_note",
+            (
+                f"DP-FedAvg: each of the {self.num_users} users joined each round independently "
+                f"with probability q_u = {self.user_sample_rate:g} (dpfy's Poisson sampler over "
+                f"users); each sampled user's model delta after local training was clipped to "
+                f"the round's C and the noise N(0, (σC)²) was added once to the sum over users, "
+                f"divided by the expected number of users {self.expected_users:g}. Adjacency: "
+                f"{USER_ADJACENCY}."
+            ),
+        )
         return PrivacyReport.from_ledger(
-            self.ledger, delta=self.delta, accountant=self.accountant, unit_of_privacy=USER_UNIT,
-            dataset_size=self.num_users, warnings=warnings, methods=methods, **context)
+            self.ledger,
+            delta=self.delta,
+            accountant=self.accountant,
+            unit_of_privacy=USER_UNIT,
+            dataset_size=self.num_users,
+            warnings=warnings,
+            methods=methods,
+            **context,
+        )

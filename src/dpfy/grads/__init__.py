@@ -6,5 +6,14 @@ from dpfy.grads.engine import LOSS_REDUCTIONS, GradEngine
 from dpfy.grads.rules import RULES, LayerRule, register_rule, rule_for
 from dpfy.grads.units import ROUTES, Unit, build_units
 
-__all__ = ["GradEngine", "LOSS_REDUCTIONS", "ROUTES", "Unit", "build_units", "LayerRule",
-           "RULES", "register_rule", "rule_for"]
+__all__ = [
+    "GradEngine",
+    "LOSS_REDUCTIONS",
+    "ROUTES",
+    "Unit",
+    "build_units",
+    "LayerRule",
+    "RULES",
+    "register_rule",
+    "rule_for",
+]

@@ -36,10 +36,21 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from dpfy._hooks import OwnHook
 from dpfy._require import require
 from dpfy.errors import PrivacyRefusal
-from dpfy.grads.layout import (AMBIGUOUS, BROADCAST, LayoutProbe, call_shapes, expand_rows,
-                               probed_rule_dim, probed_vmap_problem, rule_batch_dim,
-                               rule_candidates, run_layout_probe, shape_of, vmap_ambiguous,
-                               vmap_batch_dims)
+from dpfy.grads.layout import (
+    AMBIGUOUS,
+    BROADCAST,
+    LayoutProbe,
+    call_shapes,
+    expand_rows,
+    probed_rule_dim,
+    probed_vmap_problem,
+    rule_batch_dim,
+    rule_candidates,
+    run_layout_probe,
+    shape_of,
+    vmap_ambiguous,
+    vmap_batch_dims,
+)
 from dpfy.grads.perturbation import PerturbProbe, find_cross_row
 from dpfy.grads.row_identity import RowProbe, find_mixing, row_probe_applies
 from dpfy.grads.units import Unit
@@ -79,8 +90,9 @@ class Tap(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, anchor: torch.Tensor, t: torch.Tensor,
-                keep: Callable[[torch.Tensor], None]) -> torch.Tensor:
+    def forward(
+        ctx: Any, anchor: torch.Tensor, t: torch.Tensor, keep: Callable[[torch.Tensor], None]
+    ) -> torch.Tensor:
         ctx.keep = keep
         return t.detach()
 
@@ -99,17 +111,17 @@ class Call:
     dropped (``eager``): for small layers such as LayerNorm that frees B·T·d activations early.
     """
 
-    args: tuple[Any, ...]                       # detached inputs; args[0] is (B, ...) sensitive
+    args: tuple[Any, ...]  # detached inputs; args[0] is (B, ...) sensitive
     kwargs: dict[str, Any]
     batch_size: int
     grads: list[torch.Tensor | None] = field(default_factory=list)  # per output leaf, sensitive
     eager: dict[str, torch.Tensor] | None = None  # per-sample gradients (B, *θ), sensitive
-    saved: Any = None                           # the rule's ``capture`` of the output, sensitive
-    versions: tuple[int | None, ...] = ()       # version counters of the tensor args at capture
-    batch_dim: int = 0                          # where the output gradient holds the batch
-    problem: str | None = None                  # why this call's rows are not the batch's
-    in_dims: tuple[Any, Any] = ((), {})         # vmap units: batch dim per arg / kwarg
-    shared: bool = False                        # inputs shared by every example (broadcast)
+    saved: Any = None  # the rule's ``capture`` of the output, sensitive
+    versions: tuple[int | None, ...] = ()  # version counters of the tensor args at capture
+    batch_dim: int = 0  # where the output gradient holds the batch
+    problem: str | None = None  # why this call's rows are not the batch's
+    in_dims: tuple[Any, Any] = ((), {})  # vmap units: batch dim per arg / kwarg
+    shared: bool = False  # inputs shared by every example (broadcast)
 
     @property
     def used(self) -> bool:
@@ -143,7 +155,8 @@ def check_unchanged(unit: Unit, call: Call) -> None:
             raise ValueError(
                 f"the input of {unit.label} must not change after the layer ran, got it "
                 f"modified in place before backward() (version {v} -> {_version(a)}). Use an "
-                f"out-of-place operation there, e.g. x = x + f(x) instead of x += f(x)")
+                f"out-of-place operation there, e.g. x = x + f(x) instead of x += f(x)"
+            )
 
 
 class Capture:
@@ -154,8 +167,7 @@ class Capture:
     every captured call must hold (:meth:`batch_size` raises the problems recorded).
     """
 
-    def __init__(self, model: nn.Module, units: list[Unit], device: torch.device | None
-                 ) -> None:
+    def __init__(self, model: nn.Module, units: list[Unit], device: torch.device | None) -> None:
         self.model = model
         self.units = units
         self.device = device  # of the trainable parameters: the probes fork the RNG there
@@ -170,10 +182,13 @@ class Capture:
         self._layout: LayoutProbe | None = None  # this forward's layout probe, once run
         self._probing: LayoutProbe | RowProbe | None = None  # the probe being recorded
         # OwnHook: a copy of the model (deepcopy, torch.save) gets inert hooks (dpfy/_hooks.py)
-        self._handles = [u.module.register_forward_hook(OwnHook(self._hook(u)), with_kwargs=True)
-                         for u in units]
-        self._handles += [model.register_forward_pre_hook(OwnHook(self._enter), with_kwargs=True),
-                          model.register_forward_hook(OwnHook(self._exit), always_call=True)]
+        self._handles = [
+            u.module.register_forward_hook(OwnHook(self._hook(u)), with_kwargs=True) for u in units
+        ]
+        self._handles += [
+            model.register_forward_pre_hook(OwnHook(self._enter), with_kwargs=True),
+            model.register_forward_hook(OwnHook(self._exit), always_call=True),
+        ]
 
     def bind_batch(self, rows: Callable[[], int | None] | int | None) -> None:
         """The private batch's size: a callable read at every forward, an int, or None."""
@@ -231,18 +246,27 @@ class Capture:
             raise PrivacyRefusal(
                 f"every layer's gradient must come from the {rows} rows of the private batch, "
                 f"got {', '.join(wrong)} called on {sorted(sizes - {rows})} rows. Compute the "
-                f"loss only from the batch the private loader yielded, and step once per batch")
-        require(len(sizes) <= 1, "the batch dimension", sorted(sizes),
-                "the same (dim 0) for every layer",
-                "Put the batch first (e.g. batch_first=True) and do not reshape it away")
+                f"loss only from the batch the private loader yielded, and step once per batch"
+            )
+        require(
+            len(sizes) <= 1,
+            "the batch dimension",
+            sorted(sizes),
+            "the same (dim 0) for every layer",
+            "Put the batch first (e.g. batch_first=True) and do not reshape it away",
+        )
         if rows == 0 and not sizes:
             # An empty Poisson batch: a model that cannot run on 0 rows (Hugging Face) may skip
             # its forward/backward; the step then releases noise only, as it must.
             return 0
-        require(len(sizes) == 1, "loss.backward()", "not called",
-                "called before optimizer.step()",
-                "No per-sample gradient was captured: run forward and loss.backward() on a "
-                "batch from the private loader first")
+        require(
+            len(sizes) == 1,
+            "loss.backward()",
+            "not called",
+            "called before optimizer.step()",
+            "No per-sample gradient was captured: run forward and loss.backward() on a "
+            "batch from the private loader first",
+        )
         return sizes.pop()
 
     # -- the model's forward ---------------------------------------------------------------
@@ -268,13 +292,26 @@ class Capture:
             return
         assert rows is not None  # row_probe_applies refused None
         self.rows_checked = True
-        now = {id(u): calls[len(calls) - self._ordinals.get(id(u), 0):]  # this forward's calls
-               for u in self.units for calls in [self.calls[id(u)]]}
+        now = {
+            id(u): calls[len(calls) - self._ordinals.get(id(u), 0) :]  # this forward's calls
+            for u in self.units
+            for calls in [self.calls[id(u)]]
+        }
         units = {id(u): u for u in self.units}
-        found = [find_mixing(self.model, self._root_call, rows, now, units, self.rerun,
-                             self.device),
-                 find_cross_row(self.model, self._root_call, rows, now, units, self.rerun,
-                                self.anchor, self.device, self.declared_row_wise)]
+        found = [
+            find_mixing(self.model, self._root_call, rows, now, units, self.rerun, self.device),
+            find_cross_row(
+                self.model,
+                self._root_call,
+                rows,
+                now,
+                units,
+                self.rerun,
+                self.anchor,
+                self.device,
+                self.declared_row_wise,
+            ),
+        ]
         for problem, targets in filter(None, found):
             for c in targets:
                 c.problem = c.problem or problem
@@ -295,14 +332,20 @@ class Capture:
                 call.saved = unit.rule.capture(module, output)
             leaves, spec = ([output], None) if single else tree_flatten(output)
             if broadcast:  # each example's own output gradient, not their sum (see Call)
-                bad = [tuple(t.shape) for t in leaves if torch.is_tensor(t)
-                       and t.is_floating_point() and (t.dim() == 0 or t.shape[0] != 1)]
+                bad = [
+                    tuple(t.shape)
+                    for t in leaves
+                    if torch.is_tensor(t)
+                    and t.is_floating_point()
+                    and (t.dim() == 0 or t.shape[0] != 1)
+                ]
                 if bad:
                     call.problem = (
                         f"{unit.label} must, when called on inputs shared by the batch (one "
                         f"row), return outputs of one row that broadcast over its "
                         f"{call.batch_size} rows, got output shapes {bad}. Call it on the "
-                        f"batch's rows, or on shared inputs with a leading dimension of 1")
+                        f"batch's rows, or on shared inputs with a leading dimension of 1"
+                    )
                 else:
                     leaves = [expand_rows(t, call.batch_size) for t in leaves]
                 call.batch_dim, call.shared = 0, True
@@ -325,6 +368,7 @@ class Capture:
                 return leaves[0]
             assert spec is not None  # tree_flatten gave it
             return tree_unflatten(leaves, spec)
+
         return hook
 
     def _record(self, unit: Unit, args: tuple, kwargs: dict, output: Any) -> Any:
@@ -347,8 +391,11 @@ class Capture:
                 probe.record(id(unit), a)
             else:
                 calls.append(shape_of(a))
-            shared = (torch.is_tensor(a) and a.dim() >= 1
-                      and rule_candidates(unit, a, rows) == [BROADCAST])
+            shared = (
+                torch.is_tensor(a)
+                and a.dim() >= 1
+                and rule_candidates(unit, a, rows) == [BROADCAST]
+            )
         if isinstance(probe, RowProbe):  # as the training forward decided for this call
             shared = probe.was_shared(id(unit), shared)
         if isinstance(probe, PerturbProbe):
@@ -356,8 +403,13 @@ class Capture:
         if not shared:
             return None
         leaves, spec = tree_flatten(output)
-        return tree_unflatten([expand_rows(t, rows) if torch.is_tensor(t)
-                               and t.is_floating_point() else t for t in leaves], spec)
+        return tree_unflatten(
+            [
+                expand_rows(t, rows) if torch.is_tensor(t) and t.is_floating_point() else t
+                for t in leaves
+            ],
+            spec,
+        )
 
     def _probe_taps(self, unit: Unit, output: Any, shared: bool, probe: PerturbProbe) -> Any:
         """In the perturbation probe's forward: the output (expanded over the rows when the
@@ -365,8 +417,10 @@ class Capture:
         as the training forward's hook keeps it (a hook, or a :class:`Tap` on a constant)."""
         leaves, spec = tree_flatten(output)
         if shared:
-            leaves = [expand_rows(t, probe.rows) if torch.is_tensor(t) and t.is_floating_point()
-                      else t for t in leaves]
+            leaves = [
+                expand_rows(t, probe.rows) if torch.is_tensor(t) and t.is_floating_point() else t
+                for t in leaves
+            ]
         tensors = [k for k, t in enumerate(leaves) if torch.is_tensor(t)]
         for j, k in enumerate(tensors):
             t = leaves[k]
@@ -402,16 +456,29 @@ class Capture:
         if unit.rule is None:
             bound = rows is not None
             if not bound:
-                rows = next((t.shape[0] for t in (*xs, *kw.values())
-                             if torch.is_tensor(t) and t.dim() >= 1), 0)
+                rows = next(
+                    (
+                        t.shape[0]
+                        for t in (*xs, *kw.values())
+                        if torch.is_tensor(t) and t.dim() >= 1
+                    ),
+                    0,
+                )
             assert rows is not None  # bound, or counted just above
             arg_dims, kw_dims, broadcast, problem = vmap_batch_dims(unit, xs, kw, rows)
             if problem is None and bound and vmap_ambiguous(xs, kw, rows):
-                problem = probed_vmap_problem(self._layout_probe(rows), unit, j, xs, kw,
-                                              (arg_dims, kw_dims), rows)
-            return Call(xs, kw, rows, versions=tuple(_version(a) for a in xs),
-                        batch_dim=BROADCAST if broadcast else 0, problem=problem,
-                        in_dims=(arg_dims, kw_dims))
+                problem = probed_vmap_problem(
+                    self._layout_probe(rows), unit, j, xs, kw, (arg_dims, kw_dims), rows
+                )
+            return Call(
+                xs,
+                kw,
+                rows,
+                versions=tuple(_version(a) for a in xs),
+                batch_dim=BROADCAST if broadcast else 0,
+                problem=problem,
+                in_dims=(arg_dims, kw_dims),
+            )
         a = unit.rule.batch_input(unit.module, xs, kw)
         if torch.is_tensor(a):
             a = at_least_float32(a)
@@ -425,28 +492,36 @@ class Capture:
             a = a.movedim(dim, 0)
         xs = (a,) + xs[1:]
         b = a.shape[0] if torch.is_tensor(a) and a.dim() >= 1 else 0
-        return Call(xs, kw, b, versions=tuple(_version(t) for t in xs), batch_dim=dim,
-                    problem=problem)
+        return Call(
+            xs, kw, b, versions=tuple(_version(t) for t in xs), batch_dim=dim, problem=problem
+        )
 
     def _keeper(self, unit: Unit, call: Call, k: int) -> Callable[[torch.Tensor], None]:
         """The tensor hook of output leaf ``k``: keep its gradient, or (a rule unit whose
         call takes the per-sample route) form the per-sample gradients at once."""
+
         def keep(grad: torch.Tensor) -> None:
             rule = unit.rule
             if rule is not None:
                 grad = at_least_float32(grad)
                 if call.batch_dim:  # a layer used time-first: its batch back to dim 0
                     grad = grad.movedim(call.batch_dim, 0)
-            if (rule is not None and len(call.grads) == 1 and call.batch_size > 0
-                    and call.problem is None
-                    and (call.eager is not None or not unit.takes_ghost(call.args[0], grad))):
+            if (
+                rule is not None
+                and len(call.grads) == 1
+                and call.batch_size > 0
+                and call.problem is None
+                and (call.eager is not None or not unit.takes_ghost(call.args[0], grad))
+            ):
                 check_unchanged(unit, call)
                 gs = call.rule_grad_sample(unit, grad)  # sensitive
-                call.eager = gs if call.eager is None else {
-                    n: call.eager[n] + t for n, t in gs.items()}
+                call.eager = (
+                    gs if call.eager is None else {n: call.eager[n] + t for n, t in gs.items()}
+                )
                 call.args = (call.args[0][:0],) + call.args[1:]  # keep dtype/shape info only
                 call.saved, call.versions = None, ()  # used up: later changes do not matter
                 return
             before = call.grads[k]
             call.grads[k] = grad if before is None else before + grad
+
         return keep

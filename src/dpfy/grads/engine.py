@@ -58,16 +58,31 @@ class GradEngine:
         accepted with a warning instead of refused (``grads/perturbation.py``).
     """
 
-    def __init__(self, model: nn.Module, *, route: str = "auto",
-                 loss_reduction: str = "mean", declare_row_wise: bool = False) -> None:
-        require(loss_reduction in LOSS_REDUCTIONS, "loss_reduction", loss_reduction,
-                f"one of {list(LOSS_REDUCTIONS)}")
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        route: str = "auto",
+        loss_reduction: str = "mean",
+        declare_row_wise: bool = False,
+    ) -> None:
+        require(
+            loss_reduction in LOSS_REDUCTIONS,
+            "loss_reduction",
+            loss_reduction,
+            f"one of {list(LOSS_REDUCTIONS)}",
+        )
         self.model = model
         self.route = route
         self.loss_reduction = loss_reduction
         self.named_params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        require(len(self.named_params) > 0, "model", type(model).__name__,
-                "a module with trainable parameters", "Check requires_grad")
+        require(
+            len(self.named_params) > 0,
+            "model",
+            type(model).__name__,
+            "a module with trainable parameters",
+            "Check requires_grad",
+        )
         self.units = build_units(model, route, {id(p) for _, p in self.named_params})
         self._tied = tied_uses(self.units)  # tied parameter name -> its uses, owner first
         self._capture = Capture(model, self.units, self.named_params[0][1].device)
@@ -128,8 +143,9 @@ class GradEngine:
         """{parameter name: ‖∂ℓ_i/∂θ‖² (B,)} for every trainable parameter. Sensitive."""
         return self._sq_norms(None, 0)
 
-    def per_unit_sq_norms(self, unit_of_row: torch.Tensor | None, *,
-                                  num_units: int | None = None) -> dict[str, torch.Tensor]:
+    def per_unit_sq_norms(
+        self, unit_of_row: torch.Tensor | None, *, num_units: int | None = None
+    ) -> dict[str, torch.Tensor]:
         """{parameter name: ‖Σ_{i∈u} ∂ℓ_i/∂θ‖² (U,)} per unit of privacy u. Sensitive.
 
         A unit of privacy (``dpfy/sampling/units.py``) is the group of rows whose joint
@@ -159,30 +175,44 @@ class GradEngine:
         if unit_of_row is None:
             return self.per_sample_sq_norms()
         b = self.batch_size()
-        require(unit_of_row.dim() == 1 and unit_of_row.shape[0] == b
-                and not unit_of_row.is_floating_point() and not unit_of_row.is_complex(),
-                "unit_of_row", f"a {unit_of_row.dtype} tensor of shape "
-                f"{tuple(unit_of_row.shape)}", f"an integer tensor of shape ({b},)",
-                "Give the privacy unit of each row of the captured batch")
+        require(
+            unit_of_row.dim() == 1
+            and unit_of_row.shape[0] == b
+            and not unit_of_row.is_floating_point()
+            and not unit_of_row.is_complex(),
+            "unit_of_row",
+            f"a {unit_of_row.dtype} tensor of shape {tuple(unit_of_row.shape)}",
+            f"an integer tensor of shape ({b},)",
+            "Give the privacy unit of each row of the captured batch",
+        )
         low, top = (int(unit_of_row.min()), int(unit_of_row.max())) if b else (0, -1)
         u = top + 1 if num_units is None else num_units
-        require(low >= 0 and top < u, "unit_of_row", f"values in [{low}, {top}]",
-                f"in [0, num_units = {u})", "Number the privacy units 0, 1, ..., U - 1")
+        require(
+            low >= 0 and top < u,
+            "unit_of_row",
+            f"values in [{low}, {top}]",
+            f"in [0, num_units = {u})",
+            "Number the privacy units 0, 1, ..., U - 1",
+        )
         return self._sq_norms(unit_of_row.long(), u)
 
-    def _sq_norms(self, unit_of_row: torch.Tensor | None, num_units: int
-                  ) -> dict[str, torch.Tensor]:
+    def _sq_norms(
+        self, unit_of_row: torch.Tensor | None, num_units: int
+    ) -> dict[str, torch.Tensor]:
         """Per row (``unit_of_row`` None) or per privacy unit: see the two public methods."""
         b = self._b = self.batch_size()
         s2 = self._scale(b) ** 2
         out: dict[str, torch.Tensor] = {}
         for u in self.units:
-            norms = self._routes.sq_norms(u, self._capture.used(u), b, s2, unit_of_row,
-                                          num_units)
+            norms = self._routes.sq_norms(u, self._capture.used(u), b, s2, unit_of_row, num_units)
             missing = set(u.params) - set(norms)
-            require(not missing, f"layer rule of {type(u.module).__name__}", sorted(missing),
-                    "covering every trainable parameter of the layer",
-                    "Freeze those parameters or use route='vmap'")
+            require(
+                not missing,
+                f"layer rule of {type(u.module).__name__}",
+                sorted(missing),
+                "covering every trainable parameter of the layer",
+                "Freeze those parameters or use route='vmap'",
+            )
             for rel, sq in norms.items():
                 if rel in u.params:  # its own trainable ones: not a frozen bias, not a tied use
                     out[u.qualified(rel)] = sq
@@ -210,13 +240,14 @@ class GradEngine:
         for u in self.units:
             calls = self._capture.used(u)
             if not calls or b == 0:
-                gs = {rel: p.new_zeros((b,) + tuple(p.shape))
-                      for rel, p in u.all_params.items()}
+                gs = {rel: p.new_zeros((b,) + tuple(p.shape)) for rel, p in u.all_params.items()}
             else:
                 for c in calls:
                     check_unchanged(u, c)
-                gs = {rel: t * s if s != 1.0 else t
-                      for rel, t in self._routes.grad_sample(u, calls).items()}  # (B, *θ)
+                gs = {
+                    rel: t * s if s != 1.0 else t
+                    for rel, t in self._routes.grad_sample(u, calls).items()
+                }  # (B, *θ)
             for rel, t in gs.items():
                 q = u.qualified(rel)  # a tied parameter: the sum over its uses
                 out[q] = t if q not in out else out[q] + t
@@ -228,8 +259,9 @@ class GradEngine:
         """{parameter name: Σ_i w_i ∂ℓ_i/∂θ} for weights {name: (B,)} (sensitive inputs)."""
         return self.weighted_sums_many([weights])[0]
 
-    def weighted_sums_many(self, weight_sets: list[dict[str, torch.Tensor]]
-                           ) -> list[dict[str, torch.Tensor]]:
+    def weighted_sums_many(
+        self, weight_sets: list[dict[str, torch.Tensor]]
+    ) -> list[dict[str, torch.Tensor]]:
         """One weighted sum per weight set, from the same captures (sensitive inputs).
 
         Several sums serve a method that releases a second parameter-shaped sum (OSO's
@@ -244,8 +276,10 @@ class GradEngine:
         scaled = {k: t * s for k, t in unique.items()} if s != 1.0 else unique
         splits: dict[tuple[int, int], Split | None] = {}
         for u in reversed(self.units):
-            per_set = [{rel: scaled[id(ws[u.qualified(rel)])] for rel in u.all_params}
-                       for ws in weight_sets]
+            per_set = [
+                {rel: scaled[id(ws[u.qualified(rel)])] for rel in u.all_params}
+                for ws in weight_sets
+            ]
             for sums, out in zip(self._routes.weighted_sums(u, per_set, splits), outs):
                 for rel, t in sums.items():
                     if rel not in u.all_params:
@@ -265,11 +299,15 @@ class GradEngine:
         rows = self._capture.rows()
         sizes = {c.batch_size for _, c in used if c.problem is None}
         if not used:
-            problems.append("loss.backward() must reach a trainable parameter, got no layer "
-                            "with a gradient. Check that the loss depends on the model's output")
+            problems.append(
+                "loss.backward() must reach a trainable parameter, got no layer "
+                "with a gradient. Check that the loss depends on the model's output"
+            )
         elif rows is not None and sizes - {rows}:
-            problems.append(f"every layer must be called on the {rows} rows of the batch, got "
-                            f"{sorted(sizes)}. Compute the loss only from that batch")
+            problems.append(
+                f"every layer must be called on the {rows} rows of the batch, got "
+                f"{sorted(sizes)}. Compute the loss only from that batch"
+            )
         elif len(sizes) == 1:
             b = sizes.pop()
             for u in self.units:

@@ -22,8 +22,9 @@ from dpfy.grads.units import Unit
 __all__ = ["explain_rows"]
 
 
-def explain_rows(units: list[Unit], used: Callable[[Unit], list[Call]],
-                 route: str) -> list[dict[str, Any]]:
+def explain_rows(
+    units: list[Unit], used: Callable[[Unit], list[Call]], route: str
+) -> list[dict[str, Any]]:
     """One row per unit: module, type, parameter count, rule file, route and why.
 
     Args:
@@ -35,26 +36,36 @@ def explain_rows(units: list[Unit], used: Callable[[Unit], list[Call]],
     for u in units:
         calls = used(u)
         if u.rule is None:
-            why = ("whole model (route='vmap')" if u.name == "" and route == "vmap"
-                   else "no layer rule for this type; torch.func on its subtree"
-                   + _own_parameters_fix(u.module))
+            why = (
+                "whole model (route='vmap')"
+                if u.name == "" and route == "vmap"
+                else "no layer rule for this type; torch.func on its subtree"
+                + _own_parameters_fix(u.module)
+            )
             rows.append(u.explain(why))
             continue
-        row = u.explain("registered layer rule" + "".join(
-            f"; {rel} tied to {q} (per-example gradients summed over its uses)"
-            for rel, q in u.tied.items()))
+        row = u.explain(
+            "registered layer rule"
+            + "".join(
+                f"; {rel} tied to {q} (per-example gradients summed over its uses)"
+                for rel, q in u.tied.items()
+            )
+        )
         if len(calls) > 1:
             row["route"], row["why"] = "per-sample", f"called {len(calls)} times per batch"
         elif calls:
             c = calls[0]
             ghost = c.eager is None and u.takes_ghost(c.args[0], c.grads[0])
             row["route"] = "ghost" if ghost else "per-sample"
-            row["why"] = ("ghost norm is cheaper than per-sample gradients at this size"
-                          if ghost else "per-sample gradients are cheaper at this size"
-                          if u.rule.has_ghost else "per-sample gradients are small")
+            row["why"] = (
+                "ghost norm is cheaper than per-sample gradients at this size"
+                if ghost
+                else "per-sample gradients are cheaper at this size"
+                if u.rule.has_ghost
+                else "per-sample gradients are small"
+            )
         rows.append(row)
     return rows
-
 
 
 def _own_parameters_fix(module: nn.Module) -> str:
@@ -65,7 +76,9 @@ def _own_parameters_fix(module: nn.Module) -> str:
     ruled = any(rule_for(m) is not None for m in module.modules() if m is not module)
     if not own or not ruled:
         return ""
-    return (f"; it holds the parameters {own} itself, which alone sends every layer below it "
-            f"to torch.func: move them into a small module that is called in forward (e.g. "
-            f"one that adds or concatenates the token and returns the result), so that only "
-            f"it goes to torch.func and the layers below keep their rules")
+    return (
+        f"; it holds the parameters {own} itself, which alone sends every layer below it "
+        f"to torch.func: move them into a small module that is called in forward (e.g. "
+        f"one that adds or concatenates the token and returns the result), so that only "
+        f"it goes to torch.func and the layers below keep their rules"
+    )

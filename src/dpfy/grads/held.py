@@ -29,8 +29,15 @@ from typing import Any, SupportsIndex
 import torch
 from torch import nn
 
-__all__ = ["hold", "release", "is_held", "autograd_requires_grad", "frozen_since",
-           "hide_from_ddp", "show_to_ddp"]
+__all__ = [
+    "hold",
+    "release",
+    "is_held",
+    "autograd_requires_grad",
+    "frozen_since",
+    "hide_from_ddp",
+    "show_to_ddp",
+]
 
 _TRAINED = "_dpfy_trained"  # the truth, on each held parameter
 # autograd's own flag, under the override: a getset descriptor (torch's stub types it bool)
@@ -56,17 +63,22 @@ class _Held:
 
     def __deepcopy__(self, memo: dict[int, Any]) -> nn.Parameter:
         if id(self) not in memo:
-            memo[id(self)] = nn.Parameter(self.data.clone(memory_format=torch.preserve_format),
-                                          self.__dict__[_TRAINED])
+            memo[id(self)] = nn.Parameter(
+                self.data.clone(memory_format=torch.preserve_format), self.__dict__[_TRAINED]
+            )
         return memo[id(self)]
 
     def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
         state = {k: v for k, v in self.__dict__.items() if k != _TRAINED}
         if not state:
-            return (torch._utils._rebuild_parameter,
-                    (self.data, self.__dict__[_TRAINED], OrderedDict()))
-        return (torch._utils._rebuild_parameter_with_state,
-                (self.data, self.__dict__[_TRAINED], OrderedDict(), state))
+            return (
+                torch._utils._rebuild_parameter,
+                (self.data, self.__dict__[_TRAINED], OrderedDict()),
+            )
+        return (
+            torch._utils._rebuild_parameter_with_state,
+            (self.data, self.__dict__[_TRAINED], OrderedDict(), state),
+        )
 
 
 _CLASSES: dict[type, type] = {}

@@ -43,10 +43,24 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from dpfy.grads.units import Unit
 
-__all__ = ["BROADCAST", "AMBIGUOUS", "LayoutProbe", "rule_candidates", "rule_batch_dim",
-           "vmap_ambiguous", "vmap_batch_dims", "expand_rows", "resized_rows", "resize_batch",
-           "run_layout_probe", "followed", "probed_rule_dim", "probed_vmap_problem",
-           "call_shapes", "shape_of"]
+__all__ = [
+    "BROADCAST",
+    "AMBIGUOUS",
+    "LayoutProbe",
+    "rule_candidates",
+    "rule_batch_dim",
+    "vmap_ambiguous",
+    "vmap_batch_dims",
+    "expand_rows",
+    "resized_rows",
+    "resize_batch",
+    "run_layout_probe",
+    "followed",
+    "probed_rule_dim",
+    "probed_vmap_problem",
+    "call_shapes",
+    "shape_of",
+]
 
 BROADCAST = -1  # a call whose inputs are shared by every example (leading dimension 1)
 AMBIGUOUS = -2  # several dimensions could hold the batch: the layout probe decides
@@ -63,9 +77,9 @@ class LayoutProbe:
     ``shapes`` maps a unit's id to one entry per call, in call order (see :func:`call_shapes`).
     """
 
-    rows: int                                  # the resized batch's rows
+    rows: int  # the resized batch's rows
     shapes: dict[int, list[Any]] = field(default_factory=dict)
-    problem: str | None = None                 # why the probe could not run
+    problem: str | None = None  # why the probe could not run
 
     def record_of(self, unit_id: int, j: int) -> tuple[Any, str | None]:
         """What the probe recorded for the unit's j-th call, and why nothing (None when there
@@ -74,8 +88,10 @@ class LayoutProbe:
             return None, self.problem
         calls = self.shapes.get(unit_id, [])
         if j >= len(calls):
-            return None, (f"the resized forward ({self.rows} rows) called it {len(calls)} "
-                          f"time(s), not {j + 1}")
+            return None, (
+                f"the resized forward ({self.rows} rows) called it {len(calls)} "
+                f"time(s), not {j + 1}"
+            )
         return calls[j], None
 
 
@@ -103,29 +119,35 @@ def rule_batch_dim(unit: Unit, a: Any, b: int) -> tuple[int, str | None]:
     With one example every candidate gives the same gradient. None is a problem.
     """
     if not torch.is_tensor(a) or a.dim() == 0:
-        return 0, (f"{unit.label} must receive a tensor whose dimension 0 is the batch, got "
-                   f"{type(a).__name__}{'' if not torch.is_tensor(a) else ' of shape ()'}; the "
-                   f"private batch has {b} rows")
+        return 0, (
+            f"{unit.label} must receive a tensor whose dimension 0 is the batch, got "
+            f"{type(a).__name__}{'' if not torch.is_tensor(a) else ' of shape ()'}; the "
+            f"private batch has {b} rows"
+        )
     cands = rule_candidates(unit, a, b)
     if len(cands) == 1 or (cands and b == 1):
         return cands[0], None
     if cands:
         return AMBIGUOUS, None
-    return 0, (f"{unit.label} must be called on the {b} rows of the private batch, got an "
-               f"input of shape {tuple(a.shape)}: no dimension of that size where this layer "
-               f"allows a batch. Compute the loss only from the batch the private loader "
-               f"yielded, with the batch first in every layer")
+    return 0, (
+        f"{unit.label} must be called on the {b} rows of the private batch, got an "
+        f"input of shape {tuple(a.shape)}: no dimension of that size where this layer "
+        f"allows a batch. Compute the loss only from the batch the private loader "
+        f"yielded, with the batch first in every layer"
+    )
 
 
 def vmap_ambiguous(args: tuple, kwargs: dict, b: int) -> bool:
     """Whether a vmap unit's tensor arguments have, besides dimension 0, a dimension of the
     batch's size (then dimension 0 may not be the batch: the layout probe checks)."""
-    return b > 1 and any(torch.is_tensor(x) and any(n == b for n in x.shape[1:])
-                         for x in (*args, *kwargs.values()))
+    return b > 1 and any(
+        torch.is_tensor(x) and any(n == b for n in x.shape[1:]) for x in (*args, *kwargs.values())
+    )
 
 
-def vmap_batch_dims(unit: Unit, args: tuple, kwargs: dict, b: int
-                    ) -> tuple[tuple, dict, bool, str | None]:
+def vmap_batch_dims(
+    unit: Unit, args: tuple, kwargs: dict, b: int
+) -> tuple[tuple, dict, bool, str | None]:
     """vmap in-dims per argument and keyword argument: 0 (batched), None (shared).
 
     Returns (arg dims, kwarg dims, broadcast, problem). A tensor is batched if its dimension 0
@@ -133,6 +155,7 @@ def vmap_batch_dims(unit: Unit, args: tuple, kwargs: dict, b: int
     tensors (a ``PackedSequence``, a tuple of states) cannot be split by example: refused. With no
     batched argument but a shared one, the call is a broadcast (its outputs are expanded).
     """
+
     def dim(name: str, x: Any) -> tuple[int | None, str | None]:
         if torch.is_tensor(x):
             if x.dim() >= 1 and x.shape[0] == b:
@@ -158,12 +181,17 @@ def vmap_batch_dims(unit: Unit, args: tuple, kwargs: dict, b: int
     shared = any(torch.is_tensor(x) and x.dim() >= 1 for x in (*args, *kwargs.values()))
     if not problems and not batched and not (shared and b != 1):
         problems.append("no tensor argument has the batch in dimension 0")
-    problem = None if not problems else (
-        f"{unit.label} must be called with the {b} rows of the private batch in dimension 0 "
-        f"of its tensor arguments, got: {'; '.join(problems)}. The engine cannot tell which "
-        f"example each row belongs to: pass padded tensors (not a PackedSequence) with the "
-        f"batch "
-        f"first, and compute the loss only from the batch the private loader yielded")
+    problem = (
+        None
+        if not problems
+        else (
+            f"{unit.label} must be called with the {b} rows of the private batch in dimension 0 "
+            f"of its tensor arguments, got: {'; '.join(problems)}. The engine cannot tell which "
+            f"example each row belongs to: pass padded tensors (not a PackedSequence) with the "
+            f"batch "
+            f"first, and compute the loss only from the batch the private loader yielded"
+        )
+    )
     return tuple(arg_dims), kw_dims, not batched and problem is None, problem
 
 
@@ -185,11 +213,13 @@ def _transposed(t: torch.Tensor, rows: int) -> bool:
     """A tensor with ``rows`` rows in dim 0 and another dimension of that size laid out
     outside it: a transposed view, whose dimension 0 may be the sequence, not the batch."""
     return t.stride(0) != 0 and any(
-        t.shape[k] == rows and t.stride(k) > t.stride(0) for k in range(1, t.dim()))
+        t.shape[k] == rows and t.stride(k) > t.stride(0) for k in range(1, t.dim())
+    )
 
 
-def resize_batch(args: tuple, kwargs: dict, rows: int, index: torch.Tensor | None = None
-                 ) -> tuple[tuple, dict, str | None]:
+def resize_batch(
+    args: tuple, kwargs: dict, rows: int, index: torch.Tensor | None = None
+) -> tuple[tuple, dict, str | None]:
     """The model call's arguments with every batch tensor cut (or grown) to
     :func:`resized_rows` rows, or to the rows ``index`` (the row-identity probe's batch,
     ``grads/row_identity.py``): (args, kwargs, problem).
@@ -204,28 +234,40 @@ def resize_batch(args: tuple, kwargs: dict, rows: int, index: torch.Tensor | Non
     for i, t in enumerate(leaves):
         if torch.is_tensor(t) and t.dim() >= 1 and t.shape[0] == rows:
             if _transposed(t, rows):
-                return args, kwargs, (
-                    f"the model's input {i} of shape {tuple(t.shape)} is a transposed "
-                    f"view with as many rows as another dimension, so its dimension 0 "
-                    f"may not be the batch; call the model with the batch as the private "
-                    f"loader yields it (examples in dimension 0) and transpose inside the "
-                    f"model")
-            t = t.index_select(0, index.to(t.device) if index is not None
-                               else torch.arange(new, device=t.device) % rows)
+                return (
+                    args,
+                    kwargs,
+                    (
+                        f"the model's input {i} of shape {tuple(t.shape)} is a transposed "
+                        f"view with as many rows as another dimension, so its dimension 0 "
+                        f"may not be the batch; call the model with the batch as the private "
+                        f"loader yields it (examples in dimension 0) and transpose inside the "
+                        f"model"
+                    ),
+                )
+            t = t.index_select(
+                0,
+                index.to(t.device)
+                if index is not None
+                else torch.arange(new, device=t.device) % rows,
+            )
         out.append(t)
     a, kw = tree_unflatten(out, spec)
     return tuple(a), dict(kw), None
 
 
-def run_layout_probe(root_call: tuple[tuple, dict] | None, rows: int, rerun: Rerun
-                     ) -> LayoutProbe:
+def run_layout_probe(root_call: tuple[tuple, dict] | None, rows: int, rerun: Rerun) -> LayoutProbe:
     """The model run once more, without gradients, on its call ``root_call`` resized by a row,
     every captured layer's input shapes recorded (or why that could not be done)."""
     new = resized_rows(rows)
     if root_call is None:
-        return LayoutProbe(new, problem=(
-            "it was called outside a forward of the model the engine was given, so the "
-            "engine cannot rerun the model on a resized batch to find out"))
+        return LayoutProbe(
+            new,
+            problem=(
+                "it was called outside a forward of the model the engine was given, so the "
+                "engine cannot rerun the model on a resized batch to find out"
+            ),
+        )
     args, kwargs, problem = resize_batch(*root_call, rows)
     if problem is not None:
         return LayoutProbe(new, problem=problem)
@@ -234,9 +276,13 @@ def run_layout_probe(root_call: tuple[tuple, dict] | None, rows: int, rerun: Rer
         with torch.no_grad():
             rerun(probe, args, kwargs)
     except Exception as err:  # noqa: BLE001 - reported as the reason for a refusal
-        return LayoutProbe(new, problem=(
-            f"rerunning the model on {new} of the batch's rows to find out failed "
-            f"({type(err).__name__}: {str(err)[:200]})"))
+        return LayoutProbe(
+            new,
+            problem=(
+                f"rerunning the model on {new} of the batch's rows to find out failed "
+                f"({type(err).__name__}: {str(err)[:200]})"
+            ),
+        )
     return probe
 
 
@@ -249,8 +295,9 @@ def call_shapes(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     return tuple(shape_of(a) for a in args), {k: shape_of(v) for k, v in kwargs.items()}
 
 
-def followed(real: tuple[int, ...], probed: tuple[int, ...] | None, rows: int, new: int
-             ) -> list[int] | None:
+def followed(
+    real: tuple[int, ...], probed: tuple[int, ...] | None, rows: int, new: int
+) -> list[int] | None:
     """The dimensions of an input that followed the batch between the two forwards.
 
     ``[k]``: dimension k held ``rows`` rows and the resized forward gave it ``new``; ``[]``:
@@ -268,8 +315,9 @@ def followed(real: tuple[int, ...], probed: tuple[int, ...] | None, rows: int, n
     return None
 
 
-def probed_rule_dim(probe: LayoutProbe, unit: Unit, j: int, a: torch.Tensor, rows: int
-                    ) -> tuple[int, str | None]:
+def probed_rule_dim(
+    probe: LayoutProbe, unit: Unit, j: int, a: torch.Tensor, rows: int
+) -> tuple[int, str | None]:
     """The batch dimension of an ambiguous rule-unit input (its j-th call in this forward),
     from the probe: the one that followed the batch, or :data:`BROADCAST` for a one-row input
     that did not change; (0, problem) when the probe cannot tell."""
@@ -281,37 +329,55 @@ def probed_rule_dim(probe: LayoutProbe, unit: Unit, j: int, a: torch.Tensor, row
             return BROADCAST, None
         if got and got[0] in rule_candidates(unit, a, rows):
             return got[0], None
-        why = (f"on {new} of the batch's rows it received shape {probed}, so no single "
-               f"dimension of it follows the batch")
-    return 0, (f"{unit.label} must be called with the {rows} rows of the private batch in "
-               f"one dimension, got an input of shape {tuple(a.shape)} where several "
-               f"dimensions could be the batch, and {why}. Call the layer with the batch in "
-               f"dimension 0 (transpose after the layer, not before it), or use a batch "
-               f"size that no other dimension has")
+        why = (
+            f"on {new} of the batch's rows it received shape {probed}, so no single "
+            f"dimension of it follows the batch"
+        )
+    return 0, (
+        f"{unit.label} must be called with the {rows} rows of the private batch in "
+        f"one dimension, got an input of shape {tuple(a.shape)} where several "
+        f"dimensions could be the batch, and {why}. Call the layer with the batch in "
+        f"dimension 0 (transpose after the layer, not before it), or use a batch "
+        f"size that no other dimension has"
+    )
 
 
-def probed_vmap_problem(probe: LayoutProbe, unit: Unit, j: int, args: tuple, kwargs: dict,
-                        dims: tuple[tuple, dict], rows: int) -> str | None:
+def probed_vmap_problem(
+    probe: LayoutProbe,
+    unit: Unit,
+    j: int,
+    args: tuple,
+    kwargs: dict,
+    dims: tuple[tuple, dict],
+    rows: int,
+) -> str | None:
     """Check a vmap unit's in-dims (batch in dim 0, or shared) for its j-th call against the
     probe: None if every tensor argument followed the batch as ``dims`` says."""
     probed, why = probe.record_of(id(unit), j)
     new = probe.rows
     if why is None:
         for (name, x, d), got in zip(
-                [*((f"argument {i}", x, dims[0][i]) for i, x in enumerate(args)),
-                 *((f"keyword argument {k!r}", x, dims[1][k]) for k, x in kwargs.items())],
-                [*probed[0], *(probed[1].get(k) for k in kwargs)]):
+            [
+                *((f"argument {i}", x, dims[0][i]) for i, x in enumerate(args)),
+                *((f"keyword argument {k!r}", x, dims[1][k]) for k, x in kwargs.items()),
+            ],
+            [*probed[0], *(probed[1].get(k) for k in kwargs)],
+        ):
             if not torch.is_tensor(x):
                 continue
             want = [0] if d == 0 else []
             if followed(tuple(x.shape), got, rows, new) != want:
-                why = (f"its {name} of shape {tuple(x.shape)} became {got} on {new} of the "
-                       f"batch's rows, so its batch is not "
-                       f"{'in dimension 0' if d == 0 else 'absent (shared)'}")
+                why = (
+                    f"its {name} of shape {tuple(x.shape)} became {got} on {new} of the "
+                    f"batch's rows, so its batch is not "
+                    f"{'in dimension 0' if d == 0 else 'absent (shared)'}"
+                )
                 break
         else:
             return None
-    return (f"{unit.label} must be called with the {rows} rows of the private batch in "
-            f"dimension 0 of its tensor arguments (or shared by every example), and "
-            f"{why}. Call it with the batch in dimension 0, or use a batch size that no "
-            f"other dimension has")
+    return (
+        f"{unit.label} must be called with the {rows} rows of the private batch in "
+        f"dimension 0 of its tensor arguments (or shared by every example), and "
+        f"{why}. Call it with the batch in dimension 0, or use a batch size that no "
+        f"other dimension has"
+    )

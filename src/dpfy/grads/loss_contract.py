@@ -39,8 +39,20 @@ from dpfy._hooks import OwnHook
 
 __all__ = ["LossContract", "Witness"]
 
-_ADD = {"add", "__add__", "__radd__", "__iadd__", "add_", "sub", "__sub__", "__rsub__",
-        "__isub__", "sub_", "rsub", "subtract"}
+_ADD = {
+    "add",
+    "__add__",
+    "__radd__",
+    "__iadd__",
+    "add_",
+    "sub",
+    "__sub__",
+    "__rsub__",
+    "__isub__",
+    "sub_",
+    "rsub",
+    "subtract",
+}
 _MUL = {"mul", "__mul__", "__rmul__", "__imul__", "mul_", "multiply"}
 _DIV = {"div", "__truediv__", "__itruediv__", "div_", "divide", "true_divide"}
 _REDUCE = {"sum": "sum", "nansum": "sum", "mean": "mean", "nanmean": "mean"}
@@ -51,24 +63,30 @@ EXTRA_TERM = (
     "autograd cannot differentiate (an L2 penalty on the parameters, say: dpfy holds the "
     "parameters' own gradient, so the term would be dropped from the update silently). For an "
     "L2 penalty use the optimizer's weight_decay= (applied to the released gradient, no "
-    "privacy cost); any other term must be computed from the model's output")
+    "privacy cost); any other term must be computed from the model's output"
+)
 TENSOR_DIVISOR = (
     "the loss must not be divided by a tensor, got loss / tensor (Hugging Face's "
     "num_items_in_batch, the batch's token count, say): each example's gradient would depend "
     "on the other examples of the batch, and clipping would no longer bound one example's "
     "contribution. Divide by a Python number, or average each example's own tokens "
-    "(reduction='none', a mean per example, then the mean over the batch)")
+    "(reduction='none', a mean per example, then the mean over the batch)"
+)
 
 
 def _mismatch(found: str, expected: str) -> str:
-    fix = ("pass loss_reduction='sum' to make_private, or reduce with reduction='mean'"
-           if found == "sum" else
-           "pass loss_reduction='mean' (the default) to make_private, or reduce with "
-           "reduction='sum'")
-    return (f"the loss must be the {expected} over the batch's examples for loss_reduction="
-            f"{expected!r}, got a loss reduced by {found!r}: each example's gradient would be "
-            f"read {'B times too large' if found == 'sum' else 'B times too small'} and "
-            f"clipped at a threshold that means something else. Make them agree: {fix}")
+    fix = (
+        "pass loss_reduction='sum' to make_private, or reduce with reduction='mean'"
+        if found == "sum"
+        else "pass loss_reduction='mean' (the default) to make_private, or reduce with "
+        "reduction='sum'"
+    )
+    return (
+        f"the loss must be the {expected} over the batch's examples for loss_reduction="
+        f"{expected!r}, got a loss reduced by {found!r}: each example's gradient would be "
+        f"read {'B times too large' if found == 'sum' else 'B times too small'} and "
+        f"clipped at a threshold that means something else. Make them agree: {fix}"
+    )
 
 
 @dataclass
@@ -80,9 +98,11 @@ class _Notes:
     loss: bool = False  # a loss already: a loss function's output, or reduced over the batch
 
     def join(self, other: "_Notes") -> "_Notes":
-        return _Notes(self.reductions | other.reductions,
-                      tuple(dict.fromkeys(self.problems + other.problems)),
-                      self.loss or other.loss)
+        return _Notes(
+            self.reductions | other.reductions,
+            tuple(dict.fromkeys(self.problems + other.problems)),
+            self.loss or other.loss,
+        )
 
 
 @dataclass
@@ -102,8 +122,9 @@ class Witness(torch.Tensor):
     _dpfy_notes: _Notes
 
     @classmethod
-    def __torch_function__(cls, func: Callable[..., Any], types: Any, args: tuple = (),
-                           kwargs: dict | None = None) -> Any:
+    def __torch_function__(
+        cls, func: Callable[..., Any], types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
         kwargs = kwargs or {}
         witnesses = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, Witness)]
         with torch._C.DisableTorchFunctionSubclass():
@@ -114,8 +135,9 @@ class Witness(torch.Tensor):
         if func is torch.Tensor.backward or func is torch.autograd.backward:
             first = args[0] if args else kwargs.get("tensors")
             loss = first if isinstance(first, Witness) else witnesses[0]
-            trace.loss = loss._dpfy_notes if trace.loss is None else trace.loss.join(
-                loss._dpfy_notes)
+            trace.loss = (
+                loss._dpfy_notes if trace.loss is None else trace.loss.join(loss._dpfy_notes)
+            )
             return out
         notes = _notes_of(func, args, kwargs, witnesses, trace.rows)
 
@@ -125,11 +147,13 @@ class Witness(torch.Tensor):
                 w._dpfy_trace, w._dpfy_notes = trace, notes
                 return w
             return t
+
         return tree_map(wrap, out)
 
 
-def _notes_of(func: Callable[..., Any], args: tuple, kwargs: dict, witnesses: list[Witness],
-              rows: int) -> _Notes:
+def _notes_of(
+    func: Callable[..., Any], args: tuple, kwargs: dict, witnesses: list[Witness], rows: int
+) -> _Notes:
     """The notes of ``func``'s result from its witness inputs' notes and its own effect."""
     notes = witnesses[0]._dpfy_notes
     for w in witnesses[1:]:
@@ -137,34 +161,51 @@ def _notes_of(func: Callable[..., Any], args: tuple, kwargs: dict, witnesses: li
     name = getattr(func, "__name__", "")
     first = args[0] if args else None
     if getattr(func, "__module__", "") == "torch.nn.functional" and name.endswith(
-            ("_loss", "cross_entropy", "kl_div")):
+        ("_loss", "cross_entropy", "kl_div")
+    ):
         return notes.join(_loss_notes(func, name, args, kwargs, rows))
     if name in _REDUCE and isinstance(first, Witness):
         dims = kwargs.get("dim", args[1] if len(args) > 1 else None)
         if dims is None or _covers_batch(dims, first.dim()):
-            if rows > 0 and first.dim() >= 1 and first.shape[0] == rows \
-                    and not notes.reductions:  # (an empty batch: no example to read)
+            if (
+                rows > 0 and first.dim() >= 1 and first.shape[0] == rows and not notes.reductions
+            ):  # (an empty batch: no example to read)
                 return notes.join(_Notes(frozenset({_REDUCE[name]}), loss=True))
         return notes
     other = (args[1] if len(args) > 1 else kwargs.get("other")) if args else None
     # Terms and divisors matter once the value is a loss; before (targets subtracted from the
     # output, a per-example weight) they are part of each example's own loss.
-    if notes.loss and isinstance(first, Witness) and isinstance(other, torch.Tensor) \
-            and not isinstance(other, Witness):
+    if (
+        notes.loss
+        and isinstance(first, Witness)
+        and isinstance(other, torch.Tensor)
+        and not isinstance(other, Witness)
+    ):
         if name in _ADD and not other.requires_grad:
             return notes.join(_Notes(problems=(EXTRA_TERM,)))
         if name in _DIV and (notes.reductions or other.numel() == 1):
             return notes.join(_Notes(problems=(TENSOR_DIVISOR,)))
-    if notes.loss and name in _ADD and isinstance(other, Witness) \
-            and isinstance(first, torch.Tensor) and not isinstance(first, Witness) \
-            and not first.requires_grad:
+    if (
+        notes.loss
+        and name in _ADD
+        and isinstance(other, Witness)
+        and isinstance(first, torch.Tensor)
+        and not isinstance(first, Witness)
+        and not first.requires_grad
+    ):
         return notes.join(_Notes(problems=(EXTRA_TERM,)))
-    if isinstance(first, Witness) and isinstance(other, (int, float)) and not isinstance(
-            other, bool) and other == rows and rows > 1 and len(notes.reductions) == 1:
+    if (
+        isinstance(first, Witness)
+        and isinstance(other, (int, float))
+        and not isinstance(other, bool)
+        and other == rows
+        and rows > 1
+        and len(notes.reductions) == 1
+    ):
         (r,) = notes.reductions
-        if name in _DIV and r == "sum":          # (Σ_i ℓ_i) / B: a mean
+        if name in _DIV and r == "sum":  # (Σ_i ℓ_i) / B: a mean
             return _Notes(frozenset({"mean"}), notes.problems, loss=True)
-        if name in _MUL and r == "mean":         # B · mean: a sum
+        if name in _MUL and r == "mean":  # B · mean: a sum
             return _Notes(frozenset({"sum"}), notes.problems, loss=True)
     return notes
 
@@ -174,8 +215,9 @@ def _covers_batch(dims: Any, ndim: int) -> bool:
     return any(d % max(ndim, 1) == 0 for d in dims) if dims else True
 
 
-def _loss_notes(func: Callable[..., Any], name: str, args: tuple, kwargs: dict,
-                rows: int) -> _Notes:
+def _loss_notes(
+    func: Callable[..., Any], name: str, args: tuple, kwargs: dict, rows: int
+) -> _Notes:
     """A ``torch.nn.functional`` loss: its reduction over the batch, and its divisor."""
     try:
         bound = inspect.signature(func).bind(*args, **kwargs)
@@ -187,8 +229,13 @@ def _loss_notes(func: Callable[..., Any], name: str, args: tuple, kwargs: dict,
     if a.get("size_average") is not None or a.get("reduce") is not None:
         reduction = nn._reduction.legacy_get_string(a.get("size_average"), a.get("reduce"))
     x = a.get("input", args[0] if args else None)
-    if reduction == "none" or rows == 0 or not isinstance(x, torch.Tensor) or x.dim() == 0 \
-            or x.shape[0] % rows:
+    if (
+        reduction == "none"
+        or rows == 0
+        or not isinstance(x, torch.Tensor)
+        or x.dim() == 0
+        or x.shape[0] % rows
+    ):
         return _Notes(loss=True)
     if reduction == "batchmean" and x.shape[0] != rows:
         return _Notes(problems=(TENSOR_DIVISOR,), loss=True)
@@ -206,18 +253,24 @@ def _counted_mean_problem(name: str, a: dict[str, Any], rows: int) -> tuple[str,
     why = None
     if a.get("weight") is not None:
         why = "class weights (weight=)"
-    elif isinstance(target, torch.Tensor) and not target.is_floating_point() and rows > 0 \
-            and target.numel() % rows == 0:
+    elif (
+        isinstance(target, torch.Tensor)
+        and not target.is_floating_point()
+        and rows > 0
+        and target.numel() % rows == 0
+    ):
         kept = (target.reshape(rows, -1) != ignore).sum(1)
         if bool((kept != kept[0]).any()):
             why = f"ignored targets (ignore_index={ignore}) in unequal numbers per example"
     if why is None:
         return ()
-    return (f"{name}(reduction='mean') must divide by a number that does not depend on the "
-            f"batch, got {why}: it divides by a count over the whole batch, so each example's "
-            f"gradient would depend on the other examples and clipping would no longer bound "
-            f"one example's contribution. Use reduction='none', average each example's own "
-            f"losses, then take the mean over the batch",)
+    return (
+        f"{name}(reduction='mean') must divide by a number that does not depend on the "
+        f"batch, got {why}: it divides by a count over the whole batch, so each example's "
+        f"gradient would depend on the other examples and clipping would no longer bound "
+        f"one example's contribution. Use reduction='none', average each example's own "
+        f"losses, then take the mean over the batch",
+    )
 
 
 class LossContract:
@@ -229,13 +282,16 @@ class LossContract:
       loss_reduction: what ``make_private`` was told: ``"mean"`` or ``"sum"``.
     """
 
-    def __init__(self, model: nn.Module, rows: Callable[[], int | None],
-                 loss_reduction: str) -> None:
+    def __init__(
+        self, model: nn.Module, rows: Callable[[], int | None], loss_reduction: str
+    ) -> None:
         self.rows, self.loss_reduction = rows, loss_reduction
         self.trace: _Trace | None = None
         self._depth = 0  # nested calls of the model (the engine's probes rerun it inside)
-        self._handles = [model.register_forward_pre_hook(OwnHook(self._enter), with_kwargs=True),
-                         model.register_forward_hook(OwnHook(self._exit), always_call=True)]
+        self._handles = [
+            model.register_forward_pre_hook(OwnHook(self._enter), with_kwargs=True),
+            model.register_forward_hook(OwnHook(self._exit), always_call=True),
+        ]
 
     def _enter(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         self._depth += 1
@@ -252,7 +308,8 @@ class LossContract:
                 f"num_items_in_batch = {float(n):g}: the model divides the batch's summed "
                 f"token loss by it, so each example's gradient would depend on the other "
                 f"examples of the batch. Pass num_items_in_batch=1 with make_private(..., "
-                f"loss_reduction='sum') (each example's loss is then the sum of its tokens)")
+                f"loss_reduction='sum') (each example's loss is then the sum of its tokens)"
+            )
 
     def _exit(self, module: nn.Module, args: tuple, output: Any) -> Any:
         self._depth -= 1
@@ -263,12 +320,12 @@ class LossContract:
         notes = _Notes()
 
         def wrap(t: Any) -> Any:
-            if isinstance(t, torch.Tensor) and t.is_floating_point() \
-                    and not isinstance(t, Witness):
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and not isinstance(t, Witness):
                 w = t.as_subclass(Witness)
                 w._dpfy_trace, w._dpfy_notes = trace, notes
                 return w
             return t
+
         if isinstance(output, dict):  # a Hugging Face ModelOutput: its fields, in place
             for k in list(output.keys()):
                 output[k] = wrap(output[k])
@@ -283,8 +340,10 @@ class LossContract:
         found = list(trace.problems)
         if trace.loss is not None:
             found += list(trace.loss.problems)
-            found += [_mismatch(r, self.loss_reduction)
-                      for r in sorted(trace.loss.reductions - {self.loss_reduction})]
+            found += [
+                _mismatch(r, self.loss_reduction)
+                for r in sorted(trace.loss.reductions - {self.loss_reduction})
+            ]
         return list(dict.fromkeys(found))
 
     def rearm(self) -> None:

@@ -61,7 +61,7 @@ class UnitPacking:
         are positions (none: T = 1). Padding is zero.
         """
         b = x.shape[0]
-        feats = tuple(x.shape[x.dim() - tail:]) if tail else ()
+        feats = tuple(x.shape[x.dim() - tail :]) if tail else ()
         rows = x.reshape(b, -1, *feats)  # (B, T, *features)
         t = rows.shape[1]
         out = rows.new_zeros((self.num_units, self.m) + tuple(rows.shape[1:]))

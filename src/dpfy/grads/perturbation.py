@@ -67,8 +67,14 @@ from dpfy.grads.held import autograd_requires_grad
 from dpfy.grads.row_identity import RowProbe, reseed, rows_differ
 from dpfy.grads.units import Unit
 
-__all__ = ["PerturbProbe", "perturb_rows", "find_cross_row", "PERTURBED_ROW",
-           "cross_row_problem", "not_checked_problem"]
+__all__ = [
+    "PerturbProbe",
+    "perturb_rows",
+    "find_cross_row",
+    "PERTURBED_ROW",
+    "cross_row_problem",
+    "not_checked_problem",
+]
 
 PERTURBED_ROW = 0  # the example whose input and loss the probe changes
 
@@ -88,11 +94,13 @@ class PerturbProbe(RowProbe):
         def keep(grad: torch.Tensor) -> None:
             kept = slots[k]
             slots[k] = grad.detach() if kept is None else kept + grad.detach()
+
         return keep
 
 
-def perturb_rows(tree: Any, rows: int, row: int, generator: torch.Generator,
-                 integers: bool = True) -> Any:
+def perturb_rows(
+    tree: Any, rows: int, row: int, generator: torch.Generator, integers: bool = True
+) -> Any:
     """``tree`` with row ``row`` of every tensor of ``rows`` rows (dimension 0) replaced: by the
     next row's values, plus standard normal noise at the tensor's scale for a float tensor (so
     that the row changes even where two rows are equal). ``integers=False`` leaves integer and
@@ -117,11 +125,17 @@ def perturb_rows(tree: Any, rows: int, row: int, generator: torch.Generator,
     return tree_unflatten([change(t) for t in leaves], spec)
 
 
-def find_cross_row(model: nn.Module, root_call: tuple[tuple, dict], rows: int,
-                   now: dict[int, list[Any]], units: dict[int, Unit],
-                   rerun: Callable[[RowProbe, tuple, dict], Any], anchor: torch.Tensor,
-                   device: torch.device | None, declared: bool = False
-                   ) -> tuple[str, list[Any]] | None:
+def find_cross_row(
+    model: nn.Module,
+    root_call: tuple[tuple, dict],
+    rows: int,
+    now: dict[int, list[Any]],
+    units: dict[int, Unit],
+    rerun: Callable[[RowProbe, tuple, dict], Any],
+    anchor: torch.Tensor,
+    device: torch.device | None,
+    declared: bool = False,
+) -> tuple[str, list[Any]] | None:
     """The perturbation check of one training forward (see the module docstring).
 
     Args mirror :func:`dpfy.grads.row_identity.find_mixing`; ``anchor`` is the capture's leaf
@@ -136,16 +150,22 @@ def find_cross_row(model: nn.Module, root_call: tuple[tuple, dict], rows: int,
     # autograd's own flag: a parameter the private step trains is held (its requires_grad reads
     # True for user code, grads/held.py) and must not be differentiated here
     leaves: list[torch.Tensor] = [p for p in model.parameters() if autograd_requires_grad(p)]
-    leaves += [t for t in tree_flatten(root_call)[0] if torch.is_tensor(t)
-               and autograd_requires_grad(t) and t.is_leaf]
+    leaves += [
+        t
+        for t in tree_flatten(root_call)[0]
+        if torch.is_tensor(t) and autograd_requires_grad(t) and t.is_leaf
+    ]
 
     def run(call: tuple[tuple, dict], change_row: bool) -> tuple[PerturbProbe, Any]:
         probe = PerturbProbe(rows, shared=shared)
         with _forked_rng(device):
             reseed(0)
             out = rerun(probe, *call)
-            outs = [t for t in tree_flatten(out)[0] if torch.is_tensor(t)
-                    and t.is_floating_point() and t.requires_grad]
+            outs = [
+                t
+                for t in tree_flatten(out)[0]
+                if torch.is_tensor(t) and t.is_floating_point() and t.requires_grad
+            ]
             cot = _cotangents(outs, rows, change_row)
             if outs:
                 torch.autograd.grad(outs, [anchor, *leaves], cot, allow_unused=True)
@@ -154,21 +174,34 @@ def find_cross_row(model: nn.Module, root_call: tuple[tuple, dict], rows: int,
     try:
         a, out_a = run(root_call, False)
         try:
-            b, out_b = run(perturb_rows(root_call, rows, PERTURBED_ROW,
-                                        torch.Generator().manual_seed(0)), True)
+            b, out_b = run(
+                perturb_rows(root_call, rows, PERTURBED_ROW, torch.Generator().manual_seed(0)), True
+            )
         except PrivacyRefusal:
             raise
         except Exception:  # noqa: BLE001 - integers with a structure (EmbeddingBag offsets):
-            b, out_b = run(perturb_rows(root_call, rows, PERTURBED_ROW,  # change floats and
-                                        torch.Generator().manual_seed(0), integers=False), True)
-    except PrivacyRefusal:                                            # the loss only
+            b, out_b = run(
+                perturb_rows(
+                    root_call,
+                    rows,
+                    PERTURBED_ROW,  # change floats and
+                    torch.Generator().manual_seed(0),
+                    integers=False,
+                ),
+                True,
+            )
+    except PrivacyRefusal:  # the loss only
         raise
     except Exception as e:  # noqa: BLE001 - a model the probe cannot run: refused or declared
-        problem = not_checked_problem(f"{type(e).__name__}: {str(e).splitlines()[0]}"
-                                      if str(e) else type(e).__name__)
+        problem = not_checked_problem(
+            f"{type(e).__name__}: {str(e).splitlines()[0]}" if str(e) else type(e).__name__
+        )
         if declared:
-            warnings.warn(f"{problem}; declared row-wise by the user (declare_row_wise=True), "
-                          f"so it was not refused", stacklevel=2)
+            warnings.warn(
+                f"{problem}; declared row-wise by the user (declare_row_wise=True), "
+                f"so it was not refused",
+                stacklevel=2,
+            )
             return None
         return problem, [c for calls in now.values() for c in calls]
 
@@ -187,40 +220,50 @@ def find_cross_row(model: nn.Module, root_call: tuple[tuple, dict], rows: int,
     uid, j, what = found[0]
     where = units[uid].label if uid is not None else None
     problem = cross_row_problem(where, rows, what)
-    targets = ([c for calls in now.values() for c in calls] if uid is None
-               else [now[u][k] for u, k, _ in found if u is not None])
+    targets = (
+        [c for calls in now.values() for c in calls]
+        if uid is None
+        else [now[u][k] for u, k, _ in found if u is not None]
+    )
     return problem, targets
 
 
 def cross_row_problem(label: str | None, rows: int, detail: str) -> str:
     """The refusal: which layer (None: the model's output), what changed, and the fix."""
     where = f"the input of {label}" if label is not None else "the model's output"
-    return (f"{where} must keep each example's row computed from that example alone, got "
-            f"other examples' rows that changed when one example's input and loss were "
-            f"changed, in training mode, among the {rows} rows of the batch ({detail}): the "
-            f"model mixes or moves examples across the batch (batch statistics, in training "
-            f"mode only too; a custom autograd Function mixing gradients; rows reshaped into "
-            f"a sequence that attention or a layer mixes; a loss computed inside the model "
-            f"that divides by a count over the batch, such as a token mean over padded labels: "
-            f"sum per-example losses instead), so dpfy cannot bound one example's "
-            f"contribution. Compute each example's output and gradient from that example "
-            f"alone: LayerNorm or GroupNorm instead of batch statistics, and keep the batch in "
-            f"dimension 0, never reordered or mixed")
+    return (
+        f"{where} must keep each example's row computed from that example alone, got "
+        f"other examples' rows that changed when one example's input and loss were "
+        f"changed, in training mode, among the {rows} rows of the batch ({detail}): the "
+        f"model mixes or moves examples across the batch (batch statistics, in training "
+        f"mode only too; a custom autograd Function mixing gradients; rows reshaped into "
+        f"a sequence that attention or a layer mixes; a loss computed inside the model "
+        f"that divides by a count over the batch, such as a token mean over padded labels: "
+        f"sum per-example losses instead), so dpfy cannot bound one example's "
+        f"contribution. Compute each example's output and gradient from that example "
+        f"alone: LayerNorm or GroupNorm instead of batch statistics, and keep the batch in "
+        f"dimension 0, never reordered or mixed"
+    )
 
 
 def not_checked_problem(error: str) -> str:
     """The refusal of a model the perturbation probe cannot run."""
-    return (f"the model must let dpfy check that each example's rows come from that example "
-            f"alone, got the per-example probe failing on the batch with one example changed "
-            f"({error}), so the model is not checked. Make the forward run on any batch of the "
-            f"same shape, or, if every row of every layer's input and gradient depends only on "
-            f"its own example, declare it: make_private(..., declare_row_wise=True)")
+    return (
+        f"the model must let dpfy check that each example's rows come from that example "
+        f"alone, got the per-example probe failing on the batch with one example changed "
+        f"({error}), so the model is not checked. Make the forward run on any batch of the "
+        f"same shape, or, if every row of every layer's input and gradient depends only on "
+        f"its own example, declare it: make_private(..., declare_row_wise=True)"
+    )
 
 
 @contextlib.contextmanager
 def _forked_rng(device: torch.device | None) -> Iterator[None]:
-    devices = ([device.index if device.index is not None else torch.cuda.current_device()]
-               if device is not None and device.type == "cuda" else [])
+    devices = (
+        [device.index if device.index is not None else torch.cuda.current_device()]
+        if device is not None and device.type == "cuda"
+        else []
+    )
     with torch.random.fork_rng(devices=devices), torch.enable_grad():
         yield
 
@@ -233,8 +276,9 @@ def _cotangents(outs: list[torch.Tensor], rows: int, change_row: bool) -> list[t
     if change_row:
         for c in cot:
             if c.dim() >= 1 and c.shape[0] == rows:
-                c[PERTURBED_ROW] = torch.randn(c.shape[1:], generator=gen,
-                                               dtype=torch.float64).to(c)
+                c[PERTURBED_ROW] = torch.randn(c.shape[1:], generator=gen, dtype=torch.float64).to(
+                    c
+                )
     return cot
 
 
@@ -279,17 +323,25 @@ def _input_differs(x: Any, y: Any, dims: Any, rows: int, exact: bool) -> str | N
     (xa, xk), (ya, yk) = x, y
     if len(xa) != len(ya) or set(xk) != set(yk):
         return "its arguments"
-    named = [*((f"argument {i}", xa[i], ya[i], d) for i, d in enumerate(dims[0])),
-             *((f"keyword argument {k!r}", xk[k], yk[k], dims[1].get(k)) for k in xk)]
+    named = [
+        *((f"argument {i}", xa[i], ya[i], d) for i, d in enumerate(dims[0])),
+        *((f"keyword argument {k!r}", xk[k], yk[k], dims[1].get(k)) for k in xk),
+    ]
     for name, f, p, d in named:
         if _differs(f, p, d, rows, exact):
             return f"its {name}"
     return None
 
 
-def _differences(a: PerturbProbe, out_a: Any, b: PerturbProbe, out_b: Any, rows: int,
-                 dims: Callable[[int, int], tuple[Any, int | None] | None], exact: bool
-                 ) -> list[tuple[int | None, int, str]]:
+def _differences(
+    a: PerturbProbe,
+    out_a: Any,
+    b: PerturbProbe,
+    out_b: Any,
+    rows: int,
+    dims: Callable[[int, int], tuple[Any, int | None] | None],
+    exact: bool,
+) -> list[tuple[int | None, int, str]]:
     """The calls (unit id, call, what) whose other rows differ between A and B, in call
     order; (None, 0, what) for the model's output."""
     out: list[tuple[int | None, int, str]] = []
@@ -299,21 +351,31 @@ def _differences(a: PerturbProbe, out_a: Any, b: PerturbProbe, out_b: Any, rows:
             continue
         got = b.inputs.get(uid, [])
         if j >= len(got):
-            out.append((uid, j, f"called {len(a.inputs[uid])} time(s) on the batch and "
-                                f"{len(got)} with one example changed"))
+            out.append(
+                (
+                    uid,
+                    j,
+                    f"called {len(a.inputs[uid])} time(s) on the batch and "
+                    f"{len(got)} with one example changed",
+                )
+            )
             continue
         what = _input_differs(a.inputs[uid][j], got[j], d[0], rows, exact)
         if what is None:
             ga, gb = a.grads.get((uid, j), []), b.grads.get((uid, j), [])
-            if len(ga) != len(gb) or any(_differs(x, y, d[1], rows, exact)
-                                         for x, y in zip(ga, gb)
-                                         if x is not None or y is not None):
+            if len(ga) != len(gb) or any(
+                _differs(x, y, d[1], rows, exact)
+                for x, y in zip(ga, gb)
+                if x is not None or y is not None
+            ):
                 what = "its output gradient, in the backward pass"
         if what is not None:
             out.append((uid, j, what))
     la, lb = tree_flatten(out_a)[0], tree_flatten(out_b)[0]
-    if len(la) != len(lb) or any(_differs(x, y, 0, rows, exact) for x, y in zip(la, lb)
-                                 if torch.is_tensor(x) and x.dim() >= 1
-                                 and x.shape[0] == rows):
+    if len(la) != len(lb) or any(
+        _differs(x, y, 0, rows, exact)
+        for x, y in zip(la, lb)
+        if torch.is_tensor(x) and x.dim() >= 1 and x.shape[0] == rows
+    ):
         out.append((None, 0, "its rows"))
     return out

@@ -35,8 +35,7 @@ from dpfy.grads.packing import UnitPacking
 from dpfy.grads.units import Unit
 from dpfy.grads.vmap import vmap_grad_sample
 
-__all__ = ["Routes", "Split", "find_split", "grouped_sq_norms", "packed_sq_norm",
-           "per_sample_rows"]
+__all__ = ["Routes", "Split", "find_split", "grouped_sq_norms", "packed_sq_norm", "per_sample_rows"]
 
 Rows = tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]  # (B, P) view, unflatten
 
@@ -62,12 +61,14 @@ def per_sample_rows(t: torch.Tensor) -> Rows:
 
 def _row_sums(rows: dict[str, Rows], w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Σ_i w_i row_i for materialized per-sample rows, back in each parameter's shape."""
-    return {rel: unflatten(w[rel].to(r.dtype) @ r).contiguous()
-            for rel, (r, unflatten) in rows.items()}
+    return {
+        rel: unflatten(w[rel].to(r.dtype) @ r).contiguous() for rel, (r, unflatten) in rows.items()
+    }
 
 
-def packed_sq_norm(u: Unit, a: Any, g: torch.Tensor, unit_of_row: torch.Tensor,
-                   num_units: int, b: int) -> dict[str, torch.Tensor] | None:
+def packed_sq_norm(
+    u: Unit, a: Any, g: torch.Tensor, unit_of_row: torch.Tensor, num_units: int, b: int
+) -> dict[str, torch.Tensor] | None:
     """The privacy units' ‖Σ_{i∈u} ∂ℓ_i/∂θ‖² (U,) by the rule's ghost norm on each unit's rows
     packed into one sequence (``grads/packing.py``), at the captured scale; None when the rule
     is not position-additive, when packing would more than double the rows (a few heavy units
@@ -85,8 +86,7 @@ def packed_sq_norm(u: Unit, a: Any, g: torch.Tensor, unit_of_row: torch.Tensor,
     return u.rule.sq_norm(u.module, pa, pg)  # (U,) each
 
 
-def grouped_sq_norms(r: torch.Tensor, unit_of_row: torch.Tensor, num_units: int
-                     ) -> torch.Tensor:
+def grouped_sq_norms(r: torch.Tensor, unit_of_row: torch.Tensor, num_units: int) -> torch.Tensor:
     """‖Σ_{i: unit_of_row[i] = u} r_i‖² for each privacy unit u, (U,), in r's dtype.
 
     ``r`` is (B, P) per-sample gradient rows, ``unit_of_row`` (B,) int64 in [0, U).
@@ -112,11 +112,11 @@ class Split:
     the sensitivity the step checked), and ≥ (1 − 1e-5)·w1_i.
     """
 
-    zero: torch.Tensor      # indices of rows with w2 = 0
-    nonzero: torch.Tensor   # indices of rows with w2 ≠ 0
-    ratio: float            # c
-    w1: torch.Tensor        # (B,) sensitive
-    w2: torch.Tensor        # (B,) sensitive
+    zero: torch.Tensor  # indices of rows with w2 = 0
+    nonzero: torch.Tensor  # indices of rows with w2 ≠ 0
+    ratio: float  # c
+    w1: torch.Tensor  # (B,) sensitive
+    w2: torch.Tensor  # (B,) sensitive
 
     def sums(self, u: Unit, a: torch.Tensor, g: torch.Tensor) -> list[dict[str, torch.Tensor]]:
         def part(rows: torch.Tensor, w: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -124,8 +124,13 @@ class Split:
                 return {rel: torch.zeros_like(p) for rel, p in u.all_params.items()}
             wr = w.index_select(0, rows)
             assert u.rule is not None, "the ghost sums are of rule units only"
-            return u.rule.weighted_sum(u.module, a.index_select(0, rows),
-                                       g.index_select(0, rows), {rel: wr for rel in u.all_params})
+            return u.rule.weighted_sum(
+                u.module,
+                a.index_select(0, rows),
+                g.index_select(0, rows),
+                {rel: wr for rel in u.all_params},
+            )
+
         second = part(self.nonzero, self.w2)
         rest = part(self.zero, self.w1)
         return [{rel: rest[rel] + self.ratio * t for rel, t in second.items()}, second]
@@ -146,8 +151,9 @@ def find_split(w1: torch.Tensor, w2: torch.Tensor) -> Split | None:
     return Split(zero=zero, nonzero=nonzero, ratio=lo, w1=w1, w2=w2)
 
 
-def _unit_split(per_set: list[dict[str, torch.Tensor]],
-                cache: dict[tuple[int, int], Split | None]) -> Split | None:
+def _unit_split(
+    per_set: list[dict[str, torch.Tensor]], cache: dict[tuple[int, int], Split | None]
+) -> Split | None:
     """The :class:`Split` of a unit's two weight sets, or None (each set must give all the
     unit's parameters one (B,) tensor, and the ratios must be one constant)."""
     ids = [{id(t) for t in ws.values()} for ws in per_set]
@@ -187,9 +193,15 @@ class Routes:
     def clear(self) -> None:
         self.cache.clear()
 
-    def sq_norms(self, u: Unit, calls: list[Call], b: int, s2: float,
-                 unit_of_row: torch.Tensor | None = None, num_units: int = 0
-                 ) -> dict[str, torch.Tensor]:
+    def sq_norms(
+        self,
+        u: Unit,
+        calls: list[Call],
+        b: int,
+        s2: float,
+        unit_of_row: torch.Tensor | None = None,
+        num_units: int = 0,
+    ) -> dict[str, torch.Tensor]:
         """{rel: ‖∂ℓ_i/∂θ‖²} (B,) for the unit's parameters (``s2``: the squared scale from a
         captured row to example i's gradient), or with ``unit_of_row`` the privacy units'
         ‖Σ_{i∈u} ∂ℓ_i/∂θ‖² (U,). Sensitive."""
@@ -209,9 +221,12 @@ class Routes:
                     sq = packed_sq_norm(u, a, g, unit_of_row, num_units, b)
                     if sq is None:  # this layer's per-sample gradients, only while grouped
                         gs = c.rule_grad_sample(u, g)  # sensitive: rel -> (B, *θ)
-                        return {rel: grouped_sq_norms(per_sample_rows(t)[0], unit_of_row,
-                                                      num_units).mul_(s2)
-                                for rel, t in gs.items()}
+                        return {
+                            rel: grouped_sq_norms(
+                                per_sample_rows(t)[0], unit_of_row, num_units
+                            ).mul_(s2)
+                            for rel, t in gs.items()
+                        }
                 else:
                     sq = u.rule.sq_norm(u.module, a, g)
                 return {rel: t * s2 for rel, t in sq.items()} if s2 != 1 else sq
@@ -219,10 +234,14 @@ class Routes:
         rows = {rel: per_sample_rows(t) for rel, t in gs.items()}  # sensitive: (B, P) views
         self.cache[id(u)] = ("materialized", rows)
         if unit_of_row is not None:
-            return {rel: grouped_sq_norms(r, unit_of_row, num_units).mul_(s2)
-                    for rel, (r, _) in rows.items()}
-        return {rel: torch.linalg.vector_norm(r, dim=1).square().mul_(s2)
-                for rel, (r, _) in rows.items()}  # (B,) each, no (B, P) temporary
+            return {
+                rel: grouped_sq_norms(r, unit_of_row, num_units).mul_(s2)
+                for rel, (r, _) in rows.items()
+            }
+        return {
+            rel: torch.linalg.vector_norm(r, dim=1).square().mul_(s2)
+            for rel, (r, _) in rows.items()
+        }  # (B,) each, no (B, P) temporary
 
     def grad_sample(self, u: Unit, calls: list[Call]) -> dict[str, torch.Tensor]:
         """Per-sample gradients {rel: (B, *θ)}, at the captured scale, summed over calls."""
@@ -236,8 +255,9 @@ class Routes:
                 gs = c.rule_grad_sample(u, g)
             else:
                 with self.capture.paused():  # our own forward of the unit: not captured
-                    gs = vmap_grad_sample(u.module, u.name, u.all_params, c.args, c.kwargs,
-                                          c.grads, in_dims=c.in_dims)
+                    gs = vmap_grad_sample(
+                        u.module, u.name, u.all_params, c.args, c.kwargs, c.grads, in_dims=c.in_dims
+                    )
             for rel, t in gs.items():
                 total[rel] = t if rel not in total else total[rel] + t
         return total  # sensitive
@@ -257,22 +277,26 @@ class Routes:
         p = uses[0][0].all_params[uses[0][1]]
         return total if total is not None else p.new_zeros((b,) + tuple(p.shape))  # sensitive
 
-    def weighted_sums(self, u: Unit, per_set: list[dict[str, torch.Tensor]],
-                      splits: dict[tuple[int, int], Split | None]
-                      ) -> list[dict[str, torch.Tensor]]:
+    def weighted_sums(
+        self,
+        u: Unit,
+        per_set: list[dict[str, torch.Tensor]],
+        splits: dict[tuple[int, int], Split | None],
+    ) -> list[dict[str, torch.Tensor]]:
         """Σ_i w_i ∂ℓ_i/∂θ per weight set ({rel: (B,)}, already scaled), by the route the
         norms took; the unit's captures and cached values are dropped. Sensitive."""
         kind, data = self.cache.pop(id(u))
         self.capture.calls[id(u)].clear()
         per_set = [_with_frozen(w, u) for w in per_set]
         split = _unit_split(per_set, splits) if kind == "ghost" and len(per_set) == 2 else None
-        if split is not None:   # two sums for the rows of one (OSO's pair)
+        if split is not None:  # two sums for the rows of one (OSO's pair)
             return split.sums(u, data.args[0], data.grads[0])
         return [self._weighted_sum(u, kind, data, w) for w in per_set]
 
     @staticmethod
-    def _weighted_sum(u: Unit, kind: str, data: Any, w: dict[str, torch.Tensor]
-                      ) -> dict[str, torch.Tensor]:
+    def _weighted_sum(
+        u: Unit, kind: str, data: Any, w: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
         if kind == "zero":
             return {rel: torch.zeros_like(p) for rel, p in u.all_params.items()}
         if kind == "ghost":

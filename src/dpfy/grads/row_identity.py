@@ -65,9 +65,22 @@ from torch.utils._pytree import tree_flatten
 from dpfy.grads.layout import Rerun, resize_batch
 from dpfy.grads.units import Unit
 
-__all__ = ["RowProbe", "MIN_ROWS", "row_probe_applies", "find_mixing", "holds_batch",
-           "probe_index", "rows_differ", "call_differs", "differing_calls", "is_randomness",
-           "output_differs", "probe_mode", "reseed", "mixing_problem"]
+__all__ = [
+    "RowProbe",
+    "MIN_ROWS",
+    "row_probe_applies",
+    "find_mixing",
+    "holds_batch",
+    "probe_index",
+    "rows_differ",
+    "call_differs",
+    "differing_calls",
+    "is_randomness",
+    "output_differs",
+    "probe_mode",
+    "reseed",
+    "mixing_problem",
+]
 
 MIN_ROWS = 3  # a batch of 1–2 rows is not probed (too few rows to remove one and reorder)
 _RTOL = 1e-4  # float32 BLAS results differ between batch sizes; atol is 1e-5 × the scale
@@ -102,13 +115,23 @@ class RowProbe:
 def row_probe_applies(root_call: tuple[tuple, dict], rows: int | None) -> bool:
     """Whether the model's call ``root_call`` is one to probe: a forward with autograd on over
     the bound private batch of at least :data:`MIN_ROWS` rows."""
-    return (rows is not None and rows >= MIN_ROWS and torch.is_grad_enabled()
-            and holds_batch(*root_call, rows))
+    return (
+        rows is not None
+        and rows >= MIN_ROWS
+        and torch.is_grad_enabled()
+        and holds_batch(*root_call, rows)
+    )
 
 
-def find_mixing(model: nn.Module, root_call: tuple[tuple, dict], rows: int,
-                now: dict[int, list[Any]], units: dict[int, Unit], rerun: Rerun,
-                device: torch.device | None) -> tuple[str, list[Any]] | None:
+def find_mixing(
+    model: nn.Module,
+    root_call: tuple[tuple, dict],
+    rows: int,
+    now: dict[int, list[Any]],
+    units: dict[int, Unit],
+    rerun: Rerun,
+    device: torch.device | None,
+) -> tuple[str, list[Any]] | None:
     """The row-identity check of one training forward (see the module docstring).
 
     Args:
@@ -136,15 +159,16 @@ def find_mixing(model: nn.Module, root_call: tuple[tuple, dict], rows: int,
             return probe, rerun(probe, args, kwargs)
 
     try:
-        (full, out_full), (part, out_part) = (forward(*root_call, rows),
-                                              forward(args, kwargs, rows - 1))
+        (full, out_full), (part, out_part) = (
+            forward(*root_call, rows),
+            forward(args, kwargs, rows - 1),
+        )
     except Exception:  # noqa: BLE001 - a batch the model cannot run on: not checked
         return None  # (EmbeddingBag's 1-D ids with offsets cannot be cut by rows)
 
     def dims(uid: int, j: int) -> Any:  # None: a call not to check
         real = now[uid][j] if j < len(now[uid]) else None
-        return None if real is None or real.problem is not None else (
-            real.row_dims(units[uid]),)
+        return None if real is None or real.problem is not None else (real.row_dims(units[uid]),)
 
     differing = differing_calls(full, part, index, dims)
     out_differs = output_differs(out_full, out_part, rows, index)
@@ -153,20 +177,32 @@ def find_mixing(model: nn.Module, root_call: tuple[tuple, dict], rows: int,
     again = forward(*root_call, rows, seed=1)
     if is_randomness(full, out_full, again, differing, rows, dims):
         return None
-    problem = (mixing_problem(units[differing[0][0]].label, rows, differing[0][2])
-               if differing else mixing_problem(None, rows, "its rows; the last layer "
-                                                f"called is {units[full.order[-1][0]].label}"
-                                                if full.order else "its rows"))
-    targets = ([c for calls in now.values() for c in calls] if out_differs
-               else [now[uid][j] for uid, j, _ in differing])
+    problem = (
+        mixing_problem(units[differing[0][0]].label, rows, differing[0][2])
+        if differing
+        else mixing_problem(
+            None,
+            rows,
+            f"its rows; the last layer called is {units[full.order[-1][0]].label}"
+            if full.order
+            else "its rows",
+        )
+    )
+    targets = (
+        [c for calls in now.values() for c in calls]
+        if out_differs
+        else [now[uid][j] for uid, j, _ in differing]
+    )
     return problem, targets
 
 
 def holds_batch(args: tuple, kwargs: dict, rows: int) -> bool:
     """Whether the model was called with a tensor of ``rows`` rows (the private batch): a
     forward on other data (held out, with autograd on) is not the one to probe."""
-    return any(torch.is_tensor(t) and t.dim() >= 1 and t.shape[0] == rows
-               for t in tree_flatten((args, kwargs))[0])
+    return any(
+        torch.is_tensor(t) and t.dim() >= 1 and t.shape[0] == rows
+        for t in tree_flatten((args, kwargs))[0]
+    )
 
 
 def probe_index(rows: int) -> torch.Tensor:
@@ -180,8 +216,11 @@ def probe_mode(model: nn.Module, device: torch.device | None) -> Iterator[None]:
     after, module by module), and the global RNG forked (restored after, so that the training
     run's stream is unchanged). Call :func:`reseed` before each forward."""
     modes = [(m, m.training) for m in model.modules()]
-    devices = ([device.index if device.index is not None else torch.cuda.current_device()]
-               if device is not None and device.type == "cuda" else [])
+    devices = (
+        [device.index if device.index is not None else torch.cuda.current_device()]
+        if device is not None and device.type == "cuda"
+        else []
+    )
     try:
         with torch.random.fork_rng(devices=devices), torch.no_grad():
             model.eval()
@@ -231,16 +270,22 @@ def call_differs(full: Any, part: Any, index: torch.Tensor, dims: Dims) -> str |
     (fa, fk), (pa, pk) = full, part
     if len(fa) != len(pa) or set(fk) != set(pk):
         return "its arguments"
-    named = [*((f"argument {i}", fa[i], pa[i], d) for i, d in enumerate(dims[0])),
-             *((f"keyword argument {k!r}", fk[k], pk[k], dims[1].get(k)) for k in fk)]
+    named = [
+        *((f"argument {i}", fa[i], pa[i], d) for i, d in enumerate(dims[0])),
+        *((f"keyword argument {k!r}", fk[k], pk[k], dims[1].get(k)) for k in fk),
+    ]
     for name, f, p, d in named:
         if rows_differ(f, p, index, d):
             return f"its {name}"
     return None
 
 
-def differing_calls(full: RowProbe, part: RowProbe, index: torch.Tensor,
-                    dims: Callable[[int, int], tuple[Dims] | None]) -> list[tuple[int, int, str]]:
+def differing_calls(
+    full: RowProbe,
+    part: RowProbe,
+    index: torch.Tensor,
+    dims: Callable[[int, int], tuple[Dims] | None],
+) -> list[tuple[int, int, str]]:
     """The unit calls whose inputs differ between the two probe forwards, in call order:
     (unit id, call, what differs). ``dims(unit id, call)`` gives the call's batch dimension(s)
     as a 1-tuple, or None for a call not to check (the training forward did not make it, or
@@ -251,17 +296,25 @@ def differing_calls(full: RowProbe, part: RowProbe, index: torch.Tensor,
         if d is None:
             continue
         got = part.inputs.get(uid, [])
-        what = (f"called {len(full.inputs[uid])} time(s) on the batch and {len(got)} without "
-                f"one example" if j >= len(got) else
-                call_differs(full.inputs[uid][j], got[j], index, d[0]))
+        what = (
+            f"called {len(full.inputs[uid])} time(s) on the batch and {len(got)} without "
+            f"one example"
+            if j >= len(got)
+            else call_differs(full.inputs[uid][j], got[j], index, d[0])
+        )
         if what is not None:
             out.append((uid, j, what))
     return out
 
 
-def is_randomness(full: RowProbe, out_full: Any, again: tuple[RowProbe, Any],
-                  differing: list[tuple[int, int, str]], rows: int,
-                  dims: Callable[[int, int], tuple[Dims] | None]) -> bool:
+def is_randomness(
+    full: RowProbe,
+    out_full: Any,
+    again: tuple[RowProbe, Any],
+    differing: list[tuple[int, int, str]],
+    rows: int,
+    dims: Callable[[int, int], tuple[Dims] | None],
+) -> bool:
     """Whether the first difference (a call's inputs, else the output) shows between two
     forwards on the same batch from different seeds (``full`` and ``again``): randomness that
     eval() does not switch off, not mixing."""
@@ -281,17 +334,22 @@ def output_differs(full: Any, part: Any, rows: int, index: torch.Tensor) -> bool
     fl, pl = tree_flatten(full)[0], tree_flatten(part)[0]
     if len(fl) != len(pl):
         return True
-    return any(rows_differ(f, p, index, 0) for f, p in zip(fl, pl)
-               if torch.is_tensor(f) and f.dim() >= 1 and f.shape[0] == rows)
+    return any(
+        rows_differ(f, p, index, 0)
+        for f, p in zip(fl, pl)
+        if torch.is_tensor(f) and f.dim() >= 1 and f.shape[0] == rows
+    )
 
 
 def mixing_problem(label: str | None, rows: int, detail: str) -> str:
     """The refusal: which layer (None: the model's output) and why, with the fix."""
     where = f"the input of {label}" if label is not None else "the model's output"
-    return (f"{where} must keep each example's row computed from that example alone, got rows "
-            f"that changed when one example was removed from the {rows} rows of the batch and "
-            f"the rest reordered ({detail}): the model mixes or moves examples across the batch "
-            f"(batch statistics computed by hand, sorting or permuting rows, a reshape that "
-            f"moves the batch dimension), so dpfy cannot bound one example's contribution. "
-            f"Compute each example's output from that example alone: LayerNorm or GroupNorm "
-            f"instead of batch statistics, and keep the batch in dimension 0, never reordered")
+    return (
+        f"{where} must keep each example's row computed from that example alone, got rows "
+        f"that changed when one example was removed from the {rows} rows of the batch and "
+        f"the rest reordered ({detail}): the model mixes or moves examples across the batch "
+        f"(batch statistics computed by hand, sorting or permuting rows, a reshape that "
+        f"moves the batch dimension), so dpfy cannot bound one example's contribution. "
+        f"Compute each example's output from that example alone: LayerNorm or GroupNorm "
+        f"instead of batch statistics, and keep the batch in dimension 0, never reordered"
+    )

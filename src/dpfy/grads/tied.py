@@ -64,8 +64,7 @@ class TiedUse:
     right: torch.Tensor
 
 
-def tied_use(rule: object, layer: nn.Module, a: torch.Tensor, g: torch.Tensor
-             ) -> TiedUse | None:
+def tied_use(rule: object, layer: nn.Module, a: torch.Tensor, g: torch.Tensor) -> TiedUse | None:
     """The use's factors, or None for a layer type without them (exact types only: a subclass
     such as transformers' Conv1D lays its weight out transposed)."""
     if type(rule) is LinearRule:
@@ -116,8 +115,14 @@ def tied_ghost_sq_norm(uses: Uses, used: Callable[[Unit], list[Call]]) -> torch.
         if not calls:
             continue  # this use contributes nothing
         c = calls[0]
-        if (len(calls) != 1 or rel != "weight" or u.rule is None or c.eager is not None
-                or len(c.grads) != 1 or c.grads[0] is None):
+        if (
+            len(calls) != 1
+            or rel != "weight"
+            or u.rule is None
+            or c.eager is not None
+            or len(c.grads) != 1
+            or c.grads[0] is None
+        ):
             return None
         use = tied_use(u.rule, u.module, c.args[0], at_least_float32(c.grads[0]))
         if use is None:

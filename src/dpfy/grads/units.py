@@ -44,10 +44,10 @@ ROUTES = ("auto", "ghost", "vmap")
 class Unit:
     """One module and the route that yields its parameters' per-sample gradients."""
 
-    name: str                         # qualified module name ("" for the root)
+    name: str  # qualified module name ("" for the root)
     module: nn.Module
-    rule: LayerRule | None            # None: vmap
-    params: dict[str, nn.Parameter]   # relative name -> trainable parameter it owns
+    rule: LayerRule | None  # None: vmap
+    params: dict[str, nn.Parameter]  # relative name -> trainable parameter it owns
     shared: dict[str, nn.Parameter] = field(default_factory=dict)  # tied, owned elsewhere
     tied: dict[str, str] = field(default_factory=dict)  # relative name -> owner's name
 
@@ -84,11 +84,15 @@ class Unit:
             where, how = "dpfy/grads/vmap.py", "vmap"
         else:
             where = "dpfy/grads/rules/" + inspect.getfile(type(self.rule)).rsplit("/", 1)[-1]
-            how = ("ghost or per-sample, by size per batch" if self.rule.has_ghost
-                   else "per-sample")
-        return {"module": self.name or "(root)", "type": type(self.module).__name__,
-                "params": sum(p.numel() for p in self.params.values()), "rule": where,
-                "route": how, "why": why}
+            how = "ghost or per-sample, by size per batch" if self.rule.has_ghost else "per-sample"
+        return {
+            "module": self.name or "(root)",
+            "type": type(self.module).__name__,
+            "params": sum(p.numel() for p in self.params.values()),
+            "rule": where,
+            "route": how,
+            "why": why,
+        }
 
 
 def check_model(model: nn.Module) -> None:
@@ -111,13 +115,15 @@ def check_model(model: nn.Module) -> None:
             raise PrivacyRefusal(
                 f"module {label!r} must not be a {kind}, got a layer that mixes the examples "
                 f"of a batch, so per-sample gradients (and DP) are undefined. Call "
-                f"model = dpfy.validate(model, fix=True) to replace it with GroupNorm.")
+                f"model = dpfy.validate(model, fix=True) to replace it with GroupNorm."
+            )
         if getattr(m, "track_running_stats", False) is True:
             raise PrivacyRefusal(
                 f"module {label!r} must not track running statistics, got module {label!r} = "
                 f"{kind}(track_running_stats=True): every training forward would write "
                 f"statistics of the raw training data into its buffers, saved with the model "
-                f"without noise or a ledger entry. {buffer_fix(m)}.")
+                f"without noise or a ledger entry. {buffer_fix(m)}."
+            )
 
 
 def build_units(model: nn.Module, route: str, trainable: set[int]) -> list[Unit]:
@@ -142,9 +148,11 @@ def build_units(model: nn.Module, route: str, trainable: set[int]) -> list[Unit]
                     f"route must be 'auto' or 'vmap' for this model, got route = 'ghost' with "
                     f"module {name or '(root)'!r} of type {type(m).__name__}, which has no layer "
                     f"rule. Use route='auto' (vmap for that module only) or register a rule "
-                    f"with dpfy.grads.register_rule")
-            units.append(Unit(name, m, None, {n: p for n, p in m.named_parameters()
-                                              if id(p) in trainable}))
+                    f"with dpfy.grads.register_rule"
+                )
+            units.append(
+                Unit(name, m, None, {n: p for n, p in m.named_parameters() if id(p) in trainable})
+            )
             return
         for child_name, child in m.named_children():
             visit(child, f"{name}.{child_name}" if name else child_name)
@@ -152,10 +160,16 @@ def build_units(model: nn.Module, route: str, trainable: set[int]) -> list[Unit]
     visit(model, "")
     _tie(model, units)
     covered = {id(p) for u in units for p in u.params.values()}
-    missing = [n for n, p in model.named_parameters()
-               if id(p) in trainable and id(p) not in covered]
-    require(not missing, "every trainable parameter", missing, "covered by a unit",
-            "This is a bug in dpfy's unit builder; please report it")
+    missing = [
+        n for n, p in model.named_parameters() if id(p) in trainable and id(p) not in covered
+    ]
+    require(
+        not missing,
+        "every trainable parameter",
+        missing,
+        "covered by a unit",
+        "This is a bug in dpfy's unit builder; please report it",
+    )
     return units
 
 

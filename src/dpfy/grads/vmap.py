@@ -25,8 +25,14 @@ from torch.utils._pytree import tree_flatten
 
 __all__ = ["vmap_grad_sample", "SWAPPABLE"]
 
-_DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
-             nn.FeatureAlphaDropout)
+_DROPOUTS = (
+    nn.Dropout,
+    nn.Dropout1d,
+    nn.Dropout2d,
+    nn.Dropout3d,
+    nn.AlphaDropout,
+    nn.FeatureAlphaDropout,
+)
 
 
 # The torch types that dpfy.layers replaces by a DP layer built from Linears (exact types, as
@@ -34,8 +40,10 @@ _DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropo
 # must not import it; tests/layers/test_swap.py checks that the two lists agree.
 SWAPPABLE = (nn.RNN, nn.GRU, nn.LSTM, nn.MultiheadAttention)
 
-_FIX_BY_SWAP = ("Call model = dpfy.validate(model, fix=True) (or dpfy.layers.swap_layers(model)) "
-                "to use its dpfy.layers DP replacement, which takes the engine's exact rules")
+_FIX_BY_SWAP = (
+    "Call model = dpfy.validate(model, fix=True) (or dpfy.layers.swap_layers(model)) "
+    "to use its dpfy.layers DP replacement, which takes the engine's exact rules"
+)
 
 
 def _check_no_dropout(module: nn.Module, name: str) -> None:
@@ -47,20 +55,27 @@ def _check_no_dropout(module: nn.Module, name: str) -> None:
                 f"vmap unit, got dropout = {sub.dropout} in training mode: dropout "
                 f"randomness under vmap is the cause (the forward is recomputed, so the masks "
                 f"would differ from your loss's). {_FIX_BY_SWAP} (DPMultiheadAttention "
-                f"supports dropout and masks)")
+                f"supports dropout and masks)"
+            )
         if isinstance(sub, _DROPOUTS) and sub.training and sub.p > 0:
             raise ValueError(
                 f"module {full!r} ({type(sub).__name__}) must not be active inside a "
                 f"vmap unit, got p = {sub.p} in training mode. The vmap route recomputes "
                 f"the forward, so dropout masks would differ from the ones used in your loss; "
                 f"use route='ghost' with supported layers, move dropout out of the module, or "
-                f"call .eval() on it")
+                f"call .eval() on it"
+            )
 
 
-def vmap_grad_sample(module: nn.Module, name: str, params: dict[str, nn.Parameter],
-                     args: tuple[Any, ...], kwargs: dict[str, Any],
-                     out_grads: list[torch.Tensor | None],
-                     in_dims: tuple[tuple, dict] | None = None) -> dict[str, torch.Tensor]:
+def vmap_grad_sample(
+    module: nn.Module,
+    name: str,
+    params: dict[str, nn.Parameter],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    out_grads: list[torch.Tensor | None],
+    in_dims: tuple[tuple, dict] | None = None,
+) -> dict[str, torch.Tensor]:
     """Per-sample gradients {qualified name: (B, *θ.shape)} of ``params`` for one call.
 
     Args:
@@ -91,28 +106,43 @@ def vmap_grad_sample(module: nn.Module, name: str, params: dict[str, nn.Paramete
             f"depends on — a loss computed inside the forward (Hugging Face models do this "
             f"when given labels) is a reduction over the batch, which vmap cannot split per "
             f"example. Use route='auto' (layer rules read the model's own backward), or call "
-            f"the model without labels and compute the loss from its logits")
+            f"the model without labels and compute the loss from its logits"
+        )
 
-    def inner_product(p: dict[str, torch.Tensor], xs: tuple[Any, ...], kws: dict[str, Any],
-                      gs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    def inner_product(
+        p: dict[str, torch.Tensor],
+        xs: tuple[Any, ...],
+        kws: dict[str, Any],
+        gs: tuple[torch.Tensor, ...],
+    ) -> torch.Tensor:
         one = tuple(x.unsqueeze(0) if d == 0 else x for x, d in zip(xs, arg_dims))  # batch of 1
         kw = {**shared_kw, **{k: v.unsqueeze(0) for k, v in kws.items()}}
         leaves = tree_flatten(functional_call(module, {**p, **frozen}, one, kw))[0]
         outs = [t for t in leaves if torch.is_tensor(t)]
-        return sum(((outs[i] * g.unsqueeze(0)).sum() for i, g in zip(used, gs)),
-                   start=torch.zeros((), dtype=gs[0].dtype if gs else torch.float32))
+        return sum(
+            ((outs[i] * g.unsqueeze(0)).sum() for i, g in zip(used, gs)),
+            start=torch.zeros((), dtype=gs[0].dtype if gs else torch.float32),
+        )
 
     try:
         per_sample = vmap(grad(inner_product), in_dims=(None, tuple(arg_dims), 0, 0))(
-            detached, args, batched_kw, grads)
+            detached, args, batched_kw, grads
+        )
     except RuntimeError as e:  # an op torch.func cannot batch, randomness, data-dependent flow
         first = str(e).splitlines()[0]
-        cause = (" Randomness under vmap (dropout or another random op in the module) is the "
-                 "cause: the forward is recomputed, so its draws would differ from your loss's."
-                 if "random" in first.lower() else "")
-        fix = (_FIX_BY_SWAP if type(module) in SWAPPABLE else
-               "Register a layer rule for it with dpfy.grads.register_rule, or replace the layer")
+        cause = (
+            " Randomness under vmap (dropout or another random op in the module) is the "
+            "cause: the forward is recomputed, so its draws would differ from your loss's."
+            if "random" in first.lower()
+            else ""
+        )
+        fix = (
+            _FIX_BY_SWAP
+            if type(module) in SWAPPABLE
+            else "Register a layer rule for it with dpfy.grads.register_rule, or replace the layer"
+        )
         raise ValueError(
             f"module {name or '(root)'!r} ({type(module).__name__}) must be supported by "
-            f"torch.func.vmap for per-sample gradients, got: {first}.{cause} {fix}") from e
+            f"torch.func.vmap for per-sample gradients, got: {first}.{cause} {fix}"
+        ) from e
     return per_sample  # sensitive: name -> (B, *θ.shape)

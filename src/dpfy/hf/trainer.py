@@ -78,23 +78,29 @@ class DPTrainer(transformers.Trainer):
                 f"dpfy.hf.DPTrainer: gradient_accumulation_steps must be 1, got "
                 f"{self.args.gradient_accumulation_steps}: a Poisson-sampled batch has no fixed "
                 f"number of micro-batches. Set DPArguments(max_physical_batch_size=...) to split "
-                f"each logical batch into physical ones inside dpfy's step")
+                f"each logical batch into physical ones inside dpfy's step"
+            )
         if dp_args.accountant not in ("pld", "rdp"):
             raise PrivacyRefusal(
                 f"dpfy.hf.DPTrainer: DPArguments.accountant must be 'pld' or 'rdp' (the ε it "
                 f"logs and reports), got {dp_args.accountant!r}. GDP is an approximation: read "
                 f"it after training with trainer.dp_optimizer.epsilon(delta, 'gdp', "
-                f"approximate=True)")
+                f"approximate=True)"
+            )
         if self.args.world_size != 1:
             raise PrivacyRefusal(
                 f"dpfy.hf.DPTrainer runs in one process, got world_size "
                 f"{self.args.world_size}. For data-parallel training call dpfy.make_private in "
-                f"a torch.distributed loop (docs: distributed training)")
+                f"a torch.distributed loop (docs: distributed training)"
+            )
         if self.args.max_grad_norm:
-            logger.info("dpfy.hf.DPTrainer: the Trainer's batch-gradient clipping "
-                        "(max_grad_norm=%s) is off; dpfy clips each example's gradient at "
-                        "DPArguments.max_grad_norm=%s", self.args.max_grad_norm,
-                        dp_args.max_grad_norm)
+            logger.info(
+                "dpfy.hf.DPTrainer: the Trainer's batch-gradient clipping "
+                "(max_grad_norm=%s) is off; dpfy clips each example's gradient at "
+                "DPArguments.max_grad_norm=%s",
+                self.args.max_grad_norm,
+                dp_args.max_grad_norm,
+            )
             self.args.max_grad_norm = 0.0
         # the model's own loss, averaged over the batch's examples: never divided by a token
         # count passed from outside (num_items_in_batch), which is not a per-example mean
@@ -110,27 +116,41 @@ class DPTrainer(transformers.Trainer):
         if self.train_dataset is None:
             raise ValueError("DPTrainer: training requires a train_dataset")
         collator: Callable[..., Any] = self._get_collator_with_removed_columns(
-            self.data_collator, description="training")
-        plain = DataLoader(self.train_dataset, batch_size=self._train_batch_size,
-                           collate_fn=collator, num_workers=self.args.dataloader_num_workers)
+            self.data_collator, description="training"
+        )
+        plain = DataLoader(
+            self.train_dataset,
+            batch_size=self._train_batch_size,
+            collate_fn=collator,
+            num_workers=self.args.dataloader_num_workers,
+        )
         if self.optimizer is None:
             self.create_optimizer()  # the Trainer's optimizer, before dpfy takes the parameters
         if self.dp_optimizer is not None:
             raise PrivacyRefusal(
                 "dpfy.hf.DPTrainer: the train dataloader was requested twice; a second private "
                 "loader would start a second, unaccounted sampler. Build a new DPTrainer for a "
-                "new run")
+                "new run"
+            )
         a = self.dp_args
         epochs = None if self.args.max_steps > 0 else float(self.args.num_train_epochs)
         steps = self.args.max_steps if self.args.max_steps > 0 else None
         if self.model is None or self.optimizer is None:
             raise ValueError("DPTrainer: training requires a model")
         model, optimizer, loader = make_private(
-            self.model, self.optimizer, plain, target_epsilon=a.target_epsilon,
+            self.model,
+            self.optimizer,
+            plain,
+            target_epsilon=a.target_epsilon,
             target_delta=a.target_delta if a.target_epsilon is not None else None,
-            noise_multiplier=a.noise_multiplier, epochs=epochs, max_steps=steps,
-            max_grad_norm=a.max_grad_norm, max_physical_batch_size=a.max_physical_batch_size,
-            accountant=a.accountant, **a.extra)
+            noise_multiplier=a.noise_multiplier,
+            epochs=epochs,
+            max_steps=steps,
+            max_grad_norm=a.max_grad_norm,
+            max_physical_batch_size=a.max_physical_batch_size,
+            accountant=a.accountant,
+            **a.extra,
+        )
         self.model = self.model_wrapped = model
         self.optimizer = self.dp_optimizer = optimizer
         return loader
@@ -155,12 +175,15 @@ class DPTrainer(transformers.Trainer):
             raise ValueError("DPTrainer.privacy_report: call train() first")
         opt = self.dp_optimizer
         return PrivacyReport.from_ledger(
-            opt.ledger, delta=self.dp_args.target_delta, accountant=self.dp_args.accountant,
+            opt.ledger,
+            delta=self.dp_args.target_delta,
+            accountant=self.dp_args.accountant,
             unit_of_privacy=opt.sampler.units.description,
             model_description=f"{type(self.model).__name__} trained with dpfy.hf.DPTrainer",
             sampling_note="Poisson sampling by dpfy's sampler (the Trainer's shuffling "
-                          "sampler is replaced)",
-            layer_table=opt.grads.explain_planned())  # no training batch's route
+            "sampler is replaced)",
+            layer_table=opt.grads.explain_planned(),
+        )  # no training batch's route
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
         out = super().train(*args, **kwargs)
@@ -182,5 +205,10 @@ class _ReleasedGradNorm(transformers.TrainerCallback):
         if opt is None:
             return
         grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
-        self.trainer.released_grad_norm = (float(torch.linalg.vector_norm(torch.stack(
-            [torch.linalg.vector_norm(t) for t in grads]))) if grads else 0.0)
+        self.trainer.released_grad_norm = (
+            float(
+                torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in grads]))
+            )
+            if grads
+            else 0.0
+        )

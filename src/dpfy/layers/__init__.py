@@ -4,8 +4,23 @@ call: recurrent layers and multi-head attention, rebuilt from ``nn.Linear`` call
 
 from dpfy.layers.attention import DPMultiheadAttention
 from dpfy.layers.recurrent import DPGRU, DPLSTM, DPRNN, DPRecurrent
-from dpfy.layers.swap import (DP_REPLACEMENTS, dp_replacement, swap_attention, swap_layers,
-                              swap_recurrent)
+from dpfy.layers.swap import (
+    DP_REPLACEMENTS,
+    dp_replacement,
+    swap_attention,
+    swap_layers,
+    swap_recurrent,
+)
 
-__all__ = ["DPRNN", "DPGRU", "DPLSTM", "DPRecurrent", "DPMultiheadAttention", "DP_REPLACEMENTS",
-           "dp_replacement", "swap_recurrent", "swap_attention", "swap_layers"]
+__all__ = [
+    "DPRNN",
+    "DPGRU",
+    "DPLSTM",
+    "DPRecurrent",
+    "DPMultiheadAttention",
+    "DP_REPLACEMENTS",
+    "dp_replacement",
+    "swap_recurrent",
+    "swap_attention",
+    "swap_layers",
+]

@@ -44,20 +44,39 @@ class DPMultiheadAttention(nn.Module):
     ``out_proj.weight``, ``out_proj.bias``).
     """
 
-    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
-                 add_bias_kv: bool = False, add_zero_attn: bool = False, kdim: int | None = None,
-                 vdim: int | None = None, batch_first: bool = False, device: Any = None,
-                 dtype: Any = None) -> None:
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        add_bias_kv: bool = False,
+        add_zero_attn: bool = False,
+        kdim: int | None = None,
+        vdim: int | None = None,
+        batch_first: bool = False,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
         super().__init__()
-        require(embed_dim % num_heads == 0, "DPMultiheadAttention.embed_dim", embed_dim,
-                f"divisible by num_heads = {num_heads}")
-        require(not add_bias_kv, "DPMultiheadAttention.add_bias_kv", add_bias_kv, "False",
-                _FIX)
-        require(not add_zero_attn, "DPMultiheadAttention.add_zero_attn", add_zero_attn,
-                "False", _FIX)
+        require(
+            embed_dim % num_heads == 0,
+            "DPMultiheadAttention.embed_dim",
+            embed_dim,
+            f"divisible by num_heads = {num_heads}",
+        )
+        require(not add_bias_kv, "DPMultiheadAttention.add_bias_kv", add_bias_kv, "False", _FIX)
+        require(
+            not add_zero_attn, "DPMultiheadAttention.add_zero_attn", add_zero_attn, "False", _FIX
+        )
         for name, d in (("kdim", kdim), ("vdim", vdim)):
-            require(d is None or d == embed_dim, f"DPMultiheadAttention.{name}", d,
-                    f"None or embed_dim = {embed_dim}", _FIX)
+            require(
+                d is None or d == embed_dim,
+                f"DPMultiheadAttention.{name}",
+                d,
+                f"None or embed_dim = {embed_dim}",
+                _FIX,
+            )
         require(0 <= dropout <= 1, "DPMultiheadAttention.dropout", dropout, "in [0, 1]")
         self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
         self.kdim = self.vdim = embed_dim
@@ -91,13 +110,26 @@ class DPMultiheadAttention(nn.Module):
     @classmethod
     def from_module(cls, m: nn.MultiheadAttention) -> "DPMultiheadAttention":
         """A module computing what ``m`` computes, sharing its ``nn.Parameter`` objects."""
-        require(type(m) is nn.MultiheadAttention, "module", type(m).__name__,
-                "an nn.MultiheadAttention")
-        require(m._qkv_same_embed_dim, "nn.MultiheadAttention kdim/vdim", (m.kdim, m.vdim),
-                f"equal to embed_dim = {m.embed_dim} for a DP replacement", _FIX)
+        require(
+            type(m) is nn.MultiheadAttention, "module", type(m).__name__, "an nn.MultiheadAttention"
+        )
+        require(
+            m._qkv_same_embed_dim,
+            "nn.MultiheadAttention kdim/vdim",
+            (m.kdim, m.vdim),
+            f"equal to embed_dim = {m.embed_dim} for a DP replacement",
+            _FIX,
+        )
         with torch.device("meta"):
-            new = cls(m.embed_dim, m.num_heads, m.dropout, m.in_proj_bias is not None,
-                      m.bias_k is not None, m.add_zero_attn, batch_first=m.batch_first)
+            new = cls(
+                m.embed_dim,
+                m.num_heads,
+                m.dropout,
+                m.in_proj_bias is not None,
+                m.bias_k is not None,
+                m.add_zero_attn,
+                batch_first=m.batch_first,
+            )
         new.in_proj.weight = m.in_proj_weight
         new.in_proj.bias = m.in_proj_bias
         new.out_proj.weight = m.out_proj.weight
@@ -106,26 +138,35 @@ class DPMultiheadAttention(nn.Module):
         return new
 
     def extra_repr(self) -> str:
-        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
-                f"dropout={self.dropout}, batch_first={self.batch_first}")
+        return (
+            f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
+            f"dropout={self.dropout}, batch_first={self.batch_first}"
+        )
 
-    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                key_padding_mask: torch.Tensor | None = None, need_weights: bool = True,
-                attn_mask: torch.Tensor | None = None, average_attn_weights: bool = True,
-                is_causal: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        need_weights: bool = True,
+        attn_mask: torch.Tensor | None = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         unbatched = query.dim() == 2
         same_kv = key is value
         same_qkv = same_kv and query is key
-        q_in, k_in, v_in = (_batch_first(t, self.batch_first, unbatched)
-                            for t in (query, key, value))  # (B, T|S, E)
+        q_in, k_in, v_in = (
+            _batch_first(t, self.batch_first, unbatched) for t in (query, key, value)
+        )  # (B, T|S, E)
         q, k, v = self._project(q_in, k_in, v_in, same_qkv)
         b, t_len, s_len = q.shape[0], q.shape[1], k.shape[1]
         h, d = self.num_heads, self.head_dim
         q, k, v = (x.reshape(b, x.shape[1], h, d).transpose(1, 2) for x in (q, k, v))
         if is_causal and attn_mask is None:
             attn_mask = torch.ones(t_len, s_len, dtype=torch.bool, device=q.device).triu(1)
-        bias = self._additive_mask(attn_mask, key_padding_mask, b, t_len, s_len, q.dtype,
-                                   unbatched)
+        bias = self._additive_mask(attn_mask, key_padding_mask, b, t_len, s_len, q.dtype, unbatched)
         p = self.dropout if self.training else 0.0
         if need_weights:  # the weights are an output: form them
             scores = q @ k.transpose(-2, -1) / math.sqrt(d)  # (B, h, T, S)
@@ -145,30 +186,48 @@ class DPMultiheadAttention(nn.Module):
         w = attn.mean(1) if average_attn_weights else attn
         return out, (w.squeeze(0) if unbatched else w)
 
-    def _project(self, q_in: torch.Tensor, k_in: torch.Tensor, v_in: torch.Tensor,
-                 same_qkv: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _project(
+        self, q_in: torch.Tensor, k_in: torch.Tensor, v_in: torch.Tensor, same_qkv: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(q, k, v) from one call of ``in_proj`` (module docstring)."""
         e = self.embed_dim
         if same_qkv:
             return self.in_proj(q_in).chunk(3, -1)
-        require(q_in.shape[0] == k_in.shape[0] == v_in.shape[0],
-                "DPMultiheadAttention query/key/value batch sizes",
-                (q_in.shape[0], k_in.shape[0], v_in.shape[0]), "equal")
+        require(
+            q_in.shape[0] == k_in.shape[0] == v_in.shape[0],
+            "DPMultiheadAttention query/key/value batch sizes",
+            (q_in.shape[0], k_in.shape[0], v_in.shape[0]),
+            "equal",
+        )
         t_len, s_len = q_in.shape[1], k_in.shape[1]
         y = self.in_proj(torch.cat((q_in, k_in, v_in), 1))  # (B, T + 2S, 3E)
-        return (y[:, :t_len, :e], y[:, t_len:t_len + s_len, e:2 * e],
-                y[:, t_len + s_len:, 2 * e:])
+        return (
+            y[:, :t_len, :e],
+            y[:, t_len : t_len + s_len, e : 2 * e],
+            y[:, t_len + s_len :, 2 * e :],
+        )
 
-    def _additive_mask(self, attn_mask: torch.Tensor | None,
-                       key_padding_mask: torch.Tensor | None, b: int, t_len: int, s_len: int,
-                       dtype: torch.dtype, unbatched: bool) -> torch.Tensor | None:
+    def _additive_mask(
+        self,
+        attn_mask: torch.Tensor | None,
+        key_padding_mask: torch.Tensor | None,
+        b: int,
+        t_len: int,
+        s_len: int,
+        dtype: torch.dtype,
+        unbatched: bool,
+    ) -> torch.Tensor | None:
         """One float mask broadcastable to (B, h, T, S) from torch's two mask arguments."""
         out = None
         if attn_mask is not None:
             m = _as_additive(attn_mask, dtype)
             if m.dim() == 3:  # (B·h, T, S)
-                require(m.shape[0] == b * self.num_heads, "attn_mask.shape[0]", m.shape[0],
-                        f"batch·num_heads = {b * self.num_heads} for a 3-D mask")
+                require(
+                    m.shape[0] == b * self.num_heads,
+                    "attn_mask.shape[0]",
+                    m.shape[0],
+                    f"batch·num_heads = {b * self.num_heads} for a 3-D mask",
+                )
                 m = m.reshape(b, self.num_heads, t_len, s_len)
             out = m
         if key_padding_mask is not None:
@@ -182,7 +241,8 @@ def _as_additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A boolean mask (True = not allowed) as −inf/0, a float mask as is."""
     if mask.dtype == torch.bool:
         return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
-            mask, float("-inf"))
+            mask, float("-inf")
+        )
     return mask.to(dtype)
 
 

@@ -32,8 +32,7 @@ __all__ = ["DPRecurrent", "DPRNN", "DPGRU", "DPLSTM"]
 class _Direction(nn.Module):
     """The two Linears of one direction of one layer."""
 
-    def __init__(self, d_in: int, hidden: int, gates: int, bias: bool,
-                 **factory: Any) -> None:
+    def __init__(self, d_in: int, hidden: int, gates: int, bias: bool, **factory: Any) -> None:
         super().__init__()
         self.ih = nn.Linear(d_in, gates * hidden, bias=bias, **factory)
         self.hh = RecurrentLinear(hidden, gates * hidden, bias=bias, **factory)
@@ -46,12 +45,21 @@ def _torch_name(kind: str, layer: int, reverse: bool) -> str:
 class DPRecurrent(nn.Module):
     """Common body of :class:`DPRNN`, :class:`DPGRU` and :class:`DPLSTM` (see module doc)."""
 
-    kind = ""           # one of dpfy.layers.scan.CELL_KINDS (DPRNN: from ``nonlinearity``)
+    kind = ""  # one of dpfy.layers.scan.CELL_KINDS (DPRNN: from ``nonlinearity``)
     torch_type: type[nn.RNNBase] = nn.RNNBase
 
-    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
-                 bias: bool = True, batch_first: bool = False, dropout: float = 0.0,
-                 bidirectional: bool = False, device: Any = None, dtype: Any = None) -> None:
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        bias: bool = True,
+        batch_first: bool = False,
+        dropout: float = 0.0,
+        bidirectional: bool = False,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
         super().__init__()
         name = type(self).__name__
         require(num_layers >= 1, f"{name}.num_layers", num_layers, ">= 1")
@@ -63,16 +71,22 @@ class DPRecurrent(nn.Module):
         dirs = 2 if bidirectional else 1
         factory = {"device": device, "dtype": dtype}
         self.cells = nn.ModuleList(
-            _Direction(input_size if k < dirs else hidden_size * dirs, hidden_size,
-                       GATES[self.kind], bias, **factory)
-            for k in range(num_layers * dirs))
+            _Direction(
+                input_size if k < dirs else hidden_size * dirs,
+                hidden_size,
+                GATES[self.kind],
+                bias,
+                **factory,
+            )
+            for k in range(num_layers * dirs)
+        )
         self.reset_parameters()
         self._register_state_dict_hook(_to_torch_keys)
         self._register_load_state_dict_pre_hook(_from_torch_keys, with_module=True)
 
     def reset_parameters(self) -> None:
         """torch's initialization: every weight and bias U(−1/√H, 1/√H)."""
-        bound = self.hidden_size ** -0.5
+        bound = self.hidden_size**-0.5
         for p in self.parameters():
             nn.init.uniform_(p, -bound, bound)
 
@@ -88,22 +102,36 @@ class DPRecurrent(nn.Module):
             layer, reverse = divmod(k, self.num_directions)
             for lin in ("ih", "hh"):
                 for kind in ("weight", "bias") if self.bias else ("weight",):
-                    out[f"cells.{k}.{lin}.{kind}"] = _torch_name(f"{kind}_{lin}", layer,
-                                                                 bool(reverse))
+                    out[f"cells.{k}.{lin}.{kind}"] = _torch_name(
+                        f"{kind}_{lin}", layer, bool(reverse)
+                    )
         return out
 
     @classmethod
     def from_module(cls, m: nn.RNNBase) -> "DPRecurrent":
         """A layer computing what ``m`` computes, sharing its ``nn.Parameter`` objects."""
-        require(type(m) is cls.torch_type, "module", type(m).__name__,
-                f"an {cls.torch_type.__name__}")
-        require(getattr(m, "proj_size", 0) == 0, f"{type(m).__name__}.proj_size", m.proj_size,
-                "0 for a DP replacement",
-                "Add an nn.Linear after the LSTM instead of proj_size")
+        require(
+            type(m) is cls.torch_type, "module", type(m).__name__, f"an {cls.torch_type.__name__}"
+        )
+        require(
+            getattr(m, "proj_size", 0) == 0,
+            f"{type(m).__name__}.proj_size",
+            m.proj_size,
+            "0 for a DP replacement",
+            "Add an nn.Linear after the LSTM instead of proj_size",
+        )
         kwargs = {"nonlinearity": m.nonlinearity} if isinstance(m, nn.RNN) else {}
         with torch.device("meta"):  # no memory for parameters that are replaced below
-            new = cls(m.input_size, m.hidden_size, m.num_layers, m.bias, m.batch_first,
-                      m.dropout, m.bidirectional, **kwargs)
+            new = cls(
+                m.input_size,
+                m.hidden_size,
+                m.num_layers,
+                m.bias,
+                m.batch_first,
+                m.dropout,
+                m.bidirectional,
+                **kwargs,
+            )
         for ours, theirs in new.torch_names().items():
             mod_path, attr = ours.rsplit(".", 1)
             setattr(new.get_submodule(mod_path), attr, getattr(m, theirs))
@@ -114,8 +142,12 @@ class DPRecurrent(nn.Module):
         s = f"{self.input_size}, {self.hidden_size}"
         if self.num_layers != 1:
             s += f", num_layers={self.num_layers}"
-        for k, default in (("bias", True), ("batch_first", False), ("dropout", 0.0),
-                           ("bidirectional", False)):
+        for k, default in (
+            ("bias", True),
+            ("batch_first", False),
+            ("dropout", 0.0),
+            ("bidirectional", False),
+        ):
             if getattr(self, k) != default:
                 s += f", {k}={getattr(self, k)}"
         return s
@@ -146,8 +178,9 @@ class DPRecurrent(nn.Module):
                 cell = self.cells[k]
                 assert isinstance(cell, _Direction), "self.cells holds _Direction modules"
                 xin = layer_in if d == 0 else _reverse(layer_in, lengths)
-                out, h, c = run_direction(self.kind, cell.ih, cell.hh, xin, h0[k],
-                                          None if c0 is None else c0[k], mask)
+                out, h, c = run_direction(
+                    self.kind, cell.ih, cell.hh, xin, h0[k], None if c0 is None else c0[k], mask
+                )
                 outs.append(out if d == 0 else _reverse(out, lengths))
                 h_n.append(h)
                 if c is not None:  # an LSTM's cell state; the other kinds have none
@@ -163,26 +196,34 @@ class DPRecurrent(nn.Module):
         out = layer_in if self.batch_first else layer_in.transpose(0, 1)
         if unbatched:
             out = out.squeeze(0 if self.batch_first else 1)
-            state = (state.squeeze(1) if self.kind != "lstm"
-                     else tuple(s.squeeze(1) for s in state))
+            state = state.squeeze(1) if self.kind != "lstm" else tuple(s.squeeze(1) for s in state)
         return out, state
 
-    def _initial_states(self, hx: Any, b: int, x: torch.Tensor, unbatched: bool
-                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _initial_states(
+        self, hx: Any, b: int, x: torch.Tensor, unbatched: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         shape = (self.num_layers * self.num_directions, b, self.hidden_size)
         if hx is None:
             z = x.new_zeros(shape)
             return z, (x.new_zeros(shape) if self.kind == "lstm" else None)
         hs = hx if self.kind == "lstm" else (hx, None)
-        require(isinstance(hs, tuple) and len(hs) == 2, f"{type(self).__name__} hx",
-                type(hx).__name__, "a tuple (h_0, c_0)" if self.kind == "lstm" else "a tensor")
+        require(
+            isinstance(hs, tuple) and len(hs) == 2,
+            f"{type(self).__name__} hx",
+            type(hx).__name__,
+            "a tuple (h_0, c_0)" if self.kind == "lstm" else "a tensor",
+        )
         h0, c0 = hs
         if unbatched:
             h0, c0 = h0.unsqueeze(1), (None if c0 is None else c0.unsqueeze(1))
         for t in (h0, c0):
             if t is not None:
-                require(tuple(t.shape) == shape, f"{type(self).__name__} initial state shape",
-                        tuple(t.shape), f"{shape} (num_layers·directions, batch, hidden)")
+                require(
+                    tuple(t.shape) == shape,
+                    f"{type(self).__name__} initial state shape",
+                    tuple(t.shape),
+                    f"{shape} (num_layers·directions, batch, hidden)",
+                )
         return h0, c0
 
 
@@ -191,8 +232,9 @@ def _reverse(x: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
     if lengths is None:
         return x.flip(1)
     t = torch.arange(x.shape[1])
-    idx = torch.where(t[None, :] < lengths[:, None], lengths[:, None] - 1 - t[None, :],
-                      t[None, :])  # (B, T)
+    idx = torch.where(
+        t[None, :] < lengths[:, None], lengths[:, None] - 1 - t[None, :], t[None, :]
+    )  # (B, T)
     return x.gather(1, idx.unsqueeze(-1).expand_as(x).to(x.device))
 
 
@@ -229,8 +271,9 @@ class DPRNN(DPRecurrent):
     torch_type = nn.RNN
 
     def __init__(self, *args: Any, nonlinearity: str = "tanh", **kwargs: Any) -> None:
-        require(nonlinearity in ("tanh", "relu"), "DPRNN.nonlinearity", nonlinearity,
-                "'tanh' or 'relu'")
+        require(
+            nonlinearity in ("tanh", "relu"), "DPRNN.nonlinearity", nonlinearity, "'tanh' or 'relu'"
+        )
         self.nonlinearity = nonlinearity
         self.kind = f"rnn_{nonlinearity}"
         super().__init__(*args, **kwargs)

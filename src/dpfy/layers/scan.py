@@ -47,16 +47,23 @@ class _Saved:
     """What the forward recurrence keeps for the backward one (all time-major, sensitive)."""
 
     kind: str
-    w_hh: torch.Tensor             # (G·H, H) the recurrent weight's value
-    hs: torch.Tensor               # (T+1, B, H) states h_0..h_T (carried past each length)
-    zs: torch.Tensor               # (T, B, G·H) h_{t−1} W_hhᵀ + b_hh, the hidden projections
-    acts: torch.Tensor             # (T, B, G·H) gate activations (RNN: the new state)
-    cs: torch.Tensor | None        # (T+1, B, H) LSTM cell states
-    mask: torch.Tensor | None      # (T, B, 1) 1 where the step is inside the example's length
+    w_hh: torch.Tensor  # (G·H, H) the recurrent weight's value
+    hs: torch.Tensor  # (T+1, B, H) states h_0..h_T (carried past each length)
+    zs: torch.Tensor  # (T, B, G·H) h_{t−1} W_hhᵀ + b_hh, the hidden projections
+    acts: torch.Tensor  # (T, B, G·H) gate activations (RNN: the new state)
+    cs: torch.Tensor | None  # (T+1, B, H) LSTM cell states
+    mask: torch.Tensor | None  # (T, B, 1) 1 where the step is inside the example's length
 
 
-def _scan(kind: str, xp: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor | None,
-          h0: torch.Tensor, c0: torch.Tensor | None, mask: torch.Tensor | None) -> _Saved:
+def _scan(
+    kind: str,
+    xp: torch.Tensor,
+    w_hh: torch.Tensor,
+    b_hh: torch.Tensor | None,
+    h0: torch.Tensor,
+    c0: torch.Tensor | None,
+    mask: torch.Tensor | None,
+) -> _Saved:
     """The forward recurrence (no autograd) from the input projections xp (B, T, G·H)."""
     b, t_len, gh = xp.shape
     h_size = h0.shape[-1]
@@ -73,15 +80,16 @@ def _scan(kind: str, xp: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor | 
     h, c = h0, c0
     for t in range(t_len):
         x_t = xp[:, t]
-        z = torch.addmm(b_hh, h, wt, out=zs[t]) if b_hh is not None else \
-            torch.mm(h, wt, out=zs[t])  # (B, G·H)
+        z = (
+            torch.addmm(b_hh, h, wt, out=zs[t]) if b_hh is not None else torch.mm(h, wt, out=zs[t])
+        )  # (B, G·H)
         a = acts[t]
         if kind == "lstm":
             assert c is not None and cs is not None, "an LSTM carries its cell states"
             torch.add(z, x_t, out=a)  # pre-activations of (i, f, g, o)
-            a[:, :2 * h_size].sigmoid_()
-            a[:, 2 * h_size:3 * h_size].tanh_()  # the cell candidate g
-            a[:, 3 * h_size:].sigmoid_()
+            a[:, : 2 * h_size].sigmoid_()
+            a[:, 2 * h_size : 3 * h_size].tanh_()  # the cell candidate g
+            a[:, 3 * h_size :].sigmoid_()
             i, f, g, o = a.chunk(4, 1)
             if mask is None:  # write the new states in place (no copies)
                 torch.addcmul(f * c, i, g, out=cs[t + 1])
@@ -91,10 +99,10 @@ def _scan(kind: str, xp: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor | 
             c_new = torch.addcmul(f * c, i, g)
             h_new = o * c_new.tanh()
         elif kind == "gru":
-            torch.add(z[:, :2 * h_size], x_t[:, :2 * h_size], out=a[:, :2 * h_size]).sigmoid_()
-            r, u = a[:, :h_size], a[:, h_size:2 * h_size]
-            n = torch.addcmul(x_t[:, 2 * h_size:], r, z[:, 2 * h_size:]).tanh_()
-            a[:, 2 * h_size:] = n
+            torch.add(z[:, : 2 * h_size], x_t[:, : 2 * h_size], out=a[:, : 2 * h_size]).sigmoid_()
+            r, u = a[:, :h_size], a[:, h_size : 2 * h_size]
+            n = torch.addcmul(x_t[:, 2 * h_size :], r, z[:, 2 * h_size :]).tanh_()
+            a[:, 2 * h_size :] = n
             h_new = torch.addcmul(n, u, h - n)  # (1 − u)·n + u·h
         else:
             pre = torch.add(z, x_t, out=a)
@@ -135,15 +143,15 @@ def _local_factors(s: _Saved) -> tuple[torch.Tensor, ...]:
     if s.kind == "gru":
         r, u, n = s.acts.unflatten(2, (3, h_size)).unbind(2)
         dn = (1 - u) * (1 - n * n)
-        return dn, (s.hs[:-1] - n) * u * (1 - u), s.zs[..., 2 * h_size:] * r * (1 - r), r, u
+        return dn, (s.hs[:-1] - n) * u * (1 - u), s.zs[..., 2 * h_size :] * r * (1 - r), r, u
     if s.kind == "rnn_tanh":
         return (1 - s.acts * s.acts,)
     return ((s.acts > 0).to(s.acts.dtype),)
 
 
-def _backward(s: _Saved, d_out: torch.Tensor | None, d_hn: torch.Tensor | None,
-              d_cn: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                   torch.Tensor | None]:
+def _backward(
+    s: _Saved, d_out: torch.Tensor | None, d_hn: torch.Tensor | None, d_cn: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Back-propagation through time: (δ for xp, δ' for zp (both (T, B, G·H)), dh_0, dc_0)."""
     t_len, b, h_size = s.hs.shape[0] - 1, s.hs.shape[1], s.hs.shape[2]
     gh = s.acts.shape[-1]
@@ -196,10 +204,14 @@ class _Recurrence(torch.autograd.Function):
     """Outputs of a recurrence already computed by ``_scan``, with its backward (see module)."""
 
     @staticmethod
-    def forward(ctx: Any, xp: torch.Tensor, zp: torch.Tensor, h0: torch.Tensor,
-                c0: torch.Tensor | None, saved: _Saved
-                ) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor,
-                                                              torch.Tensor]:
+    def forward(
+        ctx: Any,
+        xp: torch.Tensor,
+        zp: torch.Tensor,
+        h0: torch.Tensor,
+        c0: torch.Tensor | None,
+        saved: _Saved,
+    ) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         ctx.saved = saved
         ctx.lstm = c0 is not None
         out = saved.hs[1:].transpose(0, 1).clone(memory_format=torch.contiguous_format)
@@ -210,16 +222,21 @@ class _Recurrence(torch.autograd.Function):
         return out, h_n, c_n
 
     @staticmethod
-    def backward(ctx: Any, d_out: torch.Tensor | None, d_hn: torch.Tensor | None,
-                 d_cn: torch.Tensor | None = None):
+    def backward(
+        ctx: Any,
+        d_out: torch.Tensor | None,
+        d_hn: torch.Tensor | None,
+        d_cn: torch.Tensor | None = None,
+    ):
         s = ctx.saved
         dx, dz, dh0, dc0 = _backward(s, d_out, d_hn, d_cn)
         ctx.saved = None
         return dx.transpose(0, 1), dz.transpose(0, 1), dh0, dc0, None
 
 
-def _cell(kind: str, x_t: torch.Tensor, z: torch.Tensor, h: torch.Tensor,
-          c: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _cell(
+    kind: str, x_t: torch.Tensor, z: torch.Tensor, h: torch.Tensor, c: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One step from the two projections x_t, z (B, G·H), out of place (autograd, torch.func)."""
     if kind == "lstm":
         i, f, g, o = (x_t + z).chunk(4, 1)
@@ -235,10 +252,15 @@ def _cell(kind: str, x_t: torch.Tensor, z: torch.Tensor, h: torch.Tensor,
     return (torch.tanh(pre) if kind == "rnn_tanh" else torch.relu(pre)), None
 
 
-def _direction_by_autograd(kind: str, ih: nn.Linear, hh: RecurrentLinear, x: torch.Tensor,
-                           h0: torch.Tensor, c0: torch.Tensor | None,
-                           mask: torch.Tensor | None
-                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def _direction_by_autograd(
+    kind: str,
+    ih: nn.Linear,
+    hh: RecurrentLinear,
+    x: torch.Tensor,
+    h0: torch.Tensor,
+    c0: torch.Tensor | None,
+    mask: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The same function step by step with plain autograd ops: the path under torch.func
     transforms (``route="vmap"``), where the in-place scan and its autograd.Function cannot
     run. One hh call per step, so slower; exact all the same."""
@@ -255,9 +277,15 @@ def _direction_by_autograd(kind: str, ih: nn.Linear, hh: RecurrentLinear, x: tor
     return torch.stack(outs, 1), h, c
 
 
-def run_direction(kind: str, ih: nn.Linear, hh: RecurrentLinear, x: torch.Tensor, h0: torch.Tensor,
-                  c0: torch.Tensor | None, mask: torch.Tensor | None
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def run_direction(
+    kind: str,
+    ih: nn.Linear,
+    hh: RecurrentLinear,
+    x: torch.Tensor,
+    h0: torch.Tensor,
+    c0: torch.Tensor | None,
+    mask: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(outputs (B, T, H), h_T, c_T or None) of one recurrent direction over x (B, T, d).
 
     ``mask`` (B, T) bool marks the steps inside each example's length (None: all of them).
@@ -267,9 +295,15 @@ def run_direction(kind: str, ih: nn.Linear, hh: RecurrentLinear, x: torch.Tensor
     xp = ih(x)  # (B, T, G·H): one Linear call over the whole sequence
     with torch.no_grad():
         m = None if mask is None else mask.t().unsqueeze(-1)  # (T, B, 1)
-        saved = _scan(kind, xp.detach(), hh.weight.detach(),
-                      None if hh.bias is None else hh.bias.detach(), h0.detach(),
-                      None if c0 is None else c0.detach(), m)
+        saved = _scan(
+            kind,
+            xp.detach(),
+            hh.weight.detach(),
+            None if hh.bias is None else hh.bias.detach(),
+            h0.detach(),
+            None if c0 is None else c0.detach(),
+            m,
+        )
     # (B, T, G·H): the states the recurrence read, through the hidden Linear, whose values the
     # recurrence already computed (RecurrentLinear: no second matmul)
     zp = hh(saved.hs[:-1].transpose(0, 1), value=saved.zs.transpose(0, 1))

@@ -19,15 +19,18 @@ from torch import nn
 from dpfy.layers.attention import DPMultiheadAttention
 from dpfy.layers.recurrent import DPGRU, DPLSTM, DPRNN
 
-__all__ = ["DP_REPLACEMENTS", "dp_replacement", "swap_recurrent", "swap_attention",
-           "swap_layers"]
+__all__ = ["DP_REPLACEMENTS", "dp_replacement", "swap_recurrent", "swap_attention", "swap_layers"]
 
 # torch type (exact) -> the factory of its DP replacement, sharing the module's parameters
-Factory = Callable[[Any], nn.Module]   # each takes the torch module of its key's type
+Factory = Callable[[Any], nn.Module]  # each takes the torch module of its key's type
 RECURRENT_REPLACEMENTS: dict[type[nn.Module], Factory] = {
-    nn.RNN: DPRNN.from_module, nn.GRU: DPGRU.from_module, nn.LSTM: DPLSTM.from_module}
+    nn.RNN: DPRNN.from_module,
+    nn.GRU: DPGRU.from_module,
+    nn.LSTM: DPLSTM.from_module,
+}
 ATTENTION_REPLACEMENTS: dict[type[nn.Module], Factory] = {
-    nn.MultiheadAttention: DPMultiheadAttention.from_module}
+    nn.MultiheadAttention: DPMultiheadAttention.from_module
+}
 DP_REPLACEMENTS = {**RECURRENT_REPLACEMENTS, **ATTENTION_REPLACEMENTS}
 
 

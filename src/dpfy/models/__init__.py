@@ -24,7 +24,7 @@ MODELS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
     "groupnorm_cnn": groupnorm_cnn,
     "mlp": mlp,
     "logreg": logreg,
-    "scatter_linear": scatter_linear,   # on --dataset fashion_mnist_scattering
+    "scatter_linear": scatter_linear,  # on --dataset fashion_mnist_scattering
 }
 # name -> smallest (H, W) the architecture accepts
 IMAGE_MODELS = {"tanh_cnn": 14, "groupnorm_cnn": 4}
@@ -35,7 +35,11 @@ def build_model(name: str, *, input_shape: tuple[int, ...], num_classes: int) ->
     require(name in MODELS, "model", name, f"one of {sorted(MODELS)}", "Pick a listed name")
     if name in IMAGE_MODELS:
         side = IMAGE_MODELS[name]
-        require(len(input_shape) == 3 and min(input_shape[1:]) >= side, "input_shape",
-                tuple(input_shape), f"(C, H, W) with H, W >= {side} for model '{name}'",
-                "Use --model mlp or --model logreg for this dataset")
+        require(
+            len(input_shape) == 3 and min(input_shape[1:]) >= side,
+            "input_shape",
+            tuple(input_shape),
+            f"(C, H, W) with H, W >= {side} for model '{name}'",
+            "Use --model mlp or --model logreg for this dataset",
+        )
     return MODELS[name](tuple(input_shape), num_classes)

@@ -27,8 +27,14 @@ from dpfy._require import require
 __all__ = ["conv_autoencoder", "LAYERS"]
 
 # (in_channels, out_channels, stride, upsample before) of the six 5×5 convolutions, in order
-LAYERS = ((1, 12, 2, False), (12, 16, 2, False), (16, 48, 1, False),
-          (48, 16, 1, False), (16, 12, 1, True), (12, 1, 1, True))
+LAYERS = (
+    (1, 12, 2, False),
+    (12, 16, 2, False),
+    (16, 48, 1, False),
+    (48, 16, 1, False),
+    (16, 12, 1, True),
+    (12, 1, 1, True),
+)
 KERNEL = 5
 
 
@@ -39,10 +45,16 @@ def conv_autoencoder(input_shape: tuple[int, ...], num_classes: int = 0) -> nn.S
     signature of :data:`dpfy.models.MODELS`. It is not registered there: those models are
     classifiers that ``dpfy train`` fits with cross-entropy, and the zoo's tests assume so.
     """
-    require(len(input_shape) == 3 and input_shape[0] == 1 and input_shape[1] % 4 == 0
-            and input_shape[2] % 4 == 0, "input_shape", tuple(input_shape),
-            "(1, H, W) with H and W divisible by 4 for model 'conv_autoencoder'",
-            "Use Fashion-MNIST's (1, 28, 28) images")
+    require(
+        len(input_shape) == 3
+        and input_shape[0] == 1
+        and input_shape[1] % 4 == 0
+        and input_shape[2] % 4 == 0,
+        "input_shape",
+        tuple(input_shape),
+        "(1, H, W) with H and W divisible by 4 for model 'conv_autoencoder'",
+        "Use Fashion-MNIST's (1, 28, 28) images",
+    )
     layers: list[nn.Module] = []
     for i, (c_in, c_out, stride, up) in enumerate(LAYERS):
         if up:

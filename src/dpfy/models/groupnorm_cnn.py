@@ -16,13 +16,17 @@ GROUPS = 4
 
 
 def _block(c_in: int, c_out: int) -> list[nn.Module]:
-    return [nn.Conv2d(c_in, c_out, 3, padding=1), nn.GroupNorm(GROUPS, c_out), nn.Tanh(),
-            nn.AvgPool2d(2)]
+    return [
+        nn.Conv2d(c_in, c_out, 3, padding=1),
+        nn.GroupNorm(GROUPS, c_out),
+        nn.Tanh(),
+        nn.AvgPool2d(2),
+    ]
 
 
 def groupnorm_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Sequential:
     """Two conv(3×3) → GroupNorm(4) → tanh → avgpool(2) blocks (16, 32 channels), then linear."""
     features = nn.Sequential(*_block(input_shape[0], 16), *_block(16, 32), nn.Flatten())
     with torch.no_grad():
-        flat = features(torch.zeros(1, *input_shape)).shape[1]      # 32·7·7 for (1, 28, 28)
+        flat = features(torch.zeros(1, *input_shape)).shape[1]  # 32·7·7 for (1, 28, 28)
     return nn.Sequential(*features, nn.Linear(flat, num_classes))

@@ -14,5 +14,6 @@ HIDDEN = 128  # small: DP noise grows with the number of parameters
 def mlp(input_shape: tuple[int, ...], num_classes: int) -> nn.Sequential:
     """Flatten → Linear(d, 128) → tanh → Linear(128, classes)."""
     d = math.prod(input_shape)
-    return nn.Sequential(nn.Flatten(), nn.Linear(d, HIDDEN), nn.Tanh(),
-                         nn.Linear(HIDDEN, num_classes))
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(d, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, num_classes)
+    )

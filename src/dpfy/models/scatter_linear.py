@@ -24,16 +24,29 @@ GROUPS = 27
 
 def scatter_linear(input_shape: tuple[int, ...], num_classes: int) -> nn.Sequential:
     """[Scattering2D(J=2, L=8) for images] → GroupNorm(27, affine=False) → Flatten → Linear."""
-    require(len(input_shape) == 3, "input_shape", tuple(input_shape),
-            "(C, H, W): scattering features (C a multiple of 81) or images (H, W divisible "
-            "by 4)", "Use --dataset fashion_mnist_scattering with --model scatter_linear")
+    require(
+        len(input_shape) == 3,
+        "input_shape",
+        tuple(input_shape),
+        "(C, H, W): scattering features (C a multiple of 81) or images (H, W divisible by 4)",
+        "Use --dataset fashion_mnist_scattering with --model scatter_linear",
+    )
     front: list[nn.Module] = []
     channels, h, w = input_shape
     k = scattering_channels(2, 8)
-    if channels % k:   # images: transform them first
-        require(h % 4 == 0 and w % 4 == 0, "input_shape", tuple(input_shape),
-                "images with H and W divisible by 4 (J = 2)", "Crop or pad the images")
+    if channels % k:  # images: transform them first
+        require(
+            h % 4 == 0 and w % 4 == 0,
+            "input_shape",
+            tuple(input_shape),
+            "images with H and W divisible by 4 (J = 2)",
+            "Crop or pad the images",
+        )
         front = [Scattering2D((h, w), J=2, L=8)]
         channels, h, w = channels * k, h // 4, w // 4
-    return nn.Sequential(*front, nn.GroupNorm(GROUPS, channels, affine=False), nn.Flatten(),
-                         nn.Linear(channels * h * w, num_classes))
+    return nn.Sequential(
+        *front,
+        nn.GroupNorm(GROUPS, channels, affine=False),
+        nn.Flatten(),
+        nn.Linear(channels * h * w, num_classes),
+    )

@@ -39,8 +39,9 @@ def scattering_channels(J: int, L: int) -> int:
     return 1 + J * L + L * L * J * (J - 1) // 2
 
 
-def _gabor(M: int, N: int, sigma: float, theta: float, xi: float, slant: float = 1.0
-           ) -> torch.Tensor:
+def _gabor(
+    M: int, N: int, sigma: float, theta: float, xi: float, slant: float = 1.0
+) -> torch.Tensor:
     """(M, N) complex128: a Gabor filter centred at the origin, periodized over 5×5 tiles."""
     c, s = math.cos(theta), math.sin(theta)
     rot = torch.tensor([[c, -s], [s, c]], dtype=torch.float64)
@@ -57,8 +58,7 @@ def _gabor(M: int, N: int, sigma: float, theta: float, xi: float, slant: float =
     return out / (2 * math.pi * sigma * sigma / slant)
 
 
-def _morlet(M: int, N: int, sigma: float, theta: float, xi: float, slant: float
-            ) -> torch.Tensor:
+def _morlet(M: int, N: int, sigma: float, theta: float, xi: float, slant: float) -> torch.Tensor:
     """A Gabor minus the multiple of its envelope that makes its sum zero."""
     wave = _gabor(M, N, sigma, theta, xi, slant)
     envelope = _gabor(M, N, sigma, theta, 0.0, slant)
@@ -71,7 +71,7 @@ def _low_band(f: torch.Tensor, res: int) -> torch.Tensor:
     for dim in (0, 1):
         size = f.shape[dim]
         first = int(size * 2 ** (-res - 1))
-        kept = size // 2 ** res
+        kept = size // 2**res
         index = torch.cat([torch.arange(first), torch.arange(size - (kept - first), size)])
         out = out.index_select(dim, index)
     return out
@@ -86,7 +86,7 @@ def _subsample(xf: torch.Tensor, k: int) -> torch.Tensor:
     for a in range(k):
         for b in range(k):
             if a or b:
-                out += xf[..., a * m:(a + 1) * m, b * n:(b + 1) * n]
+                out += xf[..., a * m : (a + 1) * m, b * n : (b + 1) * n]
     return out / (k * k)
 
 
@@ -100,25 +100,25 @@ class Scattering2D(nn.Module):
       J: number of scales (2 for 28×28 images, as Tramèr & Boneh). L: orientations (8).
     """
 
-    psi: torch.Tensor   # (J·L, M, N) wavelet filters in Fourier space, a buffer
+    psi: torch.Tensor  # (J·L, M, N) wavelet filters in Fourier space, a buffer
 
     def __init__(self, shape: tuple[int, int], J: int = 2, L: int = 8) -> None:
         super().__init__()
         H, W = shape
-        if H % 2 ** J or W % 2 ** J:
-            raise ValueError(f"shape must be divisible by 2^J = {2 ** J}, got {shape}")
+        if H % 2**J or W % 2**J:
+            raise ValueError(f"shape must be divisible by 2^J = {2**J}, got {shape}")
         self.J, self.L, self.shape = J, L, (H, W)
-        self.pad_h = ((H + 2 ** J) // 2 ** J + 1) * 2 ** J - H   # one coefficient each side
-        self.pad_w = ((W + 2 ** J) // 2 ** J + 1) * 2 ** J - W
+        self.pad_h = ((H + 2**J) // 2**J + 1) * 2**J - H  # one coefficient each side
+        self.pad_w = ((W + 2**J) // 2**J + 1) * 2**J - W
         M, N = H + self.pad_h, W + self.pad_w
         psi = []
         for j in range(J):
             for t in range(L):
                 theta = (int(L - L / 2 - 1) - t) * math.pi / L
-                wave = _morlet(M, N, 0.8 * 2 ** j, theta, 0.75 * math.pi / 2 ** j, 4.0 / L)
+                wave = _morlet(M, N, 0.8 * 2**j, theta, 0.75 * math.pi / 2**j, 4.0 / L)
                 psi.append(torch.fft.fft2(wave).real)
         phi = torch.fft.fft2(_gabor(M, N, 0.8 * 2 ** (J - 1), 0.0, 0.0)).real
-        self.register_buffer("psi", torch.stack(psi).float(), persistent=False)   # (JL, M, N)
+        self.register_buffer("psi", torch.stack(psi).float(), persistent=False)  # (JL, M, N)
         for r in range(J):
             self.register_buffer(f"phi_{r}", _low_band(phi, r).float(), persistent=False)
         self.channels = scattering_channels(J, L)
@@ -136,24 +136,26 @@ class Scattering2D(nn.Module):
         if (H, W) != self.shape:
             raise ValueError(f"x must be images of shape {self.shape}, got {(H, W)}")
         top, left = self.pad_h // 2, self.pad_w // 2
-        x = nn.functional.pad(x.reshape(B * C, 1, H, W),
-                              (left, self.pad_w - left, top, self.pad_h - top),
-                              mode="reflect")[:, 0]                        # (BC, M, N)
+        x = nn.functional.pad(
+            x.reshape(B * C, 1, H, W),
+            (left, self.pad_w - left, top, self.pad_h - top),
+            mode="reflect",
+        )[:, 0]  # (BC, M, N)
         xf = torch.fft.fft2(x.to(self.psi.dtype))
         zeroth = self._lowpass(xf, 0)
         first: list[torch.Tensor] = []
         second: list[torch.Tensor] = []
         L, J = self.L, self.J
         for j1 in range(J):
-            u1f = _subsample(xf[:, None] * self.psi[j1 * L:(j1 + 1) * L], 2 ** j1)  # (BC, L, ..)
+            u1f = _subsample(xf[:, None] * self.psi[j1 * L : (j1 + 1) * L], 2**j1)  # (BC, L, ..)
             u1f = torch.fft.fft2(torch.fft.ifft2(u1f).abs())
             first.append(self._lowpass(u1f, j1))
             for j2 in range(j1 + 1, J):
-                psi2 = _low_band_stack(self.psi[j2 * L:(j2 + 1) * L], j1)     # (L, m, n)
-                u2f = _subsample(u1f[:, :, None] * psi2, 2 ** (j2 - j1))     # (BC, L, L, ..)
+                psi2 = _low_band_stack(self.psi[j2 * L : (j2 + 1) * L], j1)  # (L, m, n)
+                u2f = _subsample(u1f[:, :, None] * psi2, 2 ** (j2 - j1))  # (BC, L, L, ..)
                 u2f = torch.fft.fft2(torch.fft.ifft2(u2f).abs())
                 second.append(self._lowpass(u2f, j2).flatten(1, 2))
-        out = torch.cat([zeroth[:, None], *first, *second], dim=1)         # (BC, K, h, w)
+        out = torch.cat([zeroth[:, None], *first, *second], dim=1)  # (BC, K, h, w)
         return out.reshape(B, C * self.channels, *out.shape[-2:])
 
 

@@ -16,8 +16,12 @@ __all__ = ["tanh_cnn"]
 
 def _features(channels: int) -> nn.Sequential:
     return nn.Sequential(
-        nn.Conv2d(channels, 16, 8, stride=2, padding=3), nn.Tanh(), nn.MaxPool2d(2, 1),
-        nn.Conv2d(16, 32, 4, stride=2), nn.Tanh(), nn.MaxPool2d(2, 1),
+        nn.Conv2d(channels, 16, 8, stride=2, padding=3),
+        nn.Tanh(),
+        nn.MaxPool2d(2, 1),
+        nn.Conv2d(16, 32, 4, stride=2),
+        nn.Tanh(),
+        nn.MaxPool2d(2, 1),
         nn.Flatten(),
     )
 
@@ -26,5 +30,5 @@ def tanh_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Sequential:
     """Tramèr & Boneh's tanh CNN for images of shape (C, H, W), H, W ≥ 14."""
     features = _features(input_shape[0])
     with torch.no_grad():
-        flat = features(torch.zeros(1, *input_shape)).shape[1]      # 512 for (1, 28, 28)
+        flat = features(torch.zeros(1, *input_shape)).shape[1]  # 512 for (1, 28, 28)
     return nn.Sequential(*features, nn.Linear(flat, 32), nn.Tanh(), nn.Linear(32, num_classes))

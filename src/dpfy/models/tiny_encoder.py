@@ -37,9 +37,17 @@ class EncoderBlock(nn.Module):
 class TinyEncoder(nn.Module):
     """Token ids (B, T) -> class logits (B, classes); learned positions, mean pooling."""
 
-    def __init__(self, vocab: int = 1000, seq_len: int = 32, d: int = 64, heads: int = 4,
-                 layers: int = 2, ffn: int = 128, classes: int = 10, dropout: float = 0.0
-                 ) -> None:
+    def __init__(
+        self,
+        vocab: int = 1000,
+        seq_len: int = 32,
+        d: int = 64,
+        heads: int = 4,
+        layers: int = 2,
+        ffn: int = 128,
+        classes: int = 10,
+        dropout: float = 0.0,
+    ) -> None:
         super().__init__()
         self.tok = nn.Embedding(vocab, d)
         self.pos = nn.Embedding(seq_len, d)

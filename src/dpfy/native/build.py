@@ -51,8 +51,10 @@ def _cpu_flags() -> set[str]:
 def target_flags() -> list[str]:
     """``-march`` for this CPU's x86-64 level; raises if the kernels cannot run here."""
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-        raise NativeUnavailable(f"compiled kernels need Linux on x86-64 (glibc libmvec), this is "
-                                f"{platform.system()} on {platform.machine()}")
+        raise NativeUnavailable(
+            f"compiled kernels need Linux on x86-64 (glibc libmvec), this is "
+            f"{platform.system()} on {platform.machine()}"
+        )
     flags = _cpu_flags()
     if _V4 <= flags:
         return ["-march=x86-64-v4"]
@@ -72,13 +74,16 @@ def cache_dir() -> Path:
 def _compile(source: Path, target: Path, march: list[str]) -> None:
     cc = os.environ.get("CC", "cc")
     if shutil.which(cc) is None:
-        raise NativeUnavailable(f"no C compiler {cc!r} on PATH (install gcc, e.g. "
-                                f"`apt-get install gcc`, or set CC)")
+        raise NativeUnavailable(
+            f"no C compiler {cc!r} on PATH (install gcc, e.g. `apt-get install gcc`, or set CC)"
+        )
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         obj, lib = Path(tmp) / "kernel.o", Path(tmp) / target.name
-        for cmd in ([cc, *COMPILE_FLAGS, *march, "-c", str(source), "-o", str(obj)],
-                    [cc, str(obj), "-o", str(lib), *LINK_FLAGS]):
+        for cmd in (
+            [cc, *COMPILE_FLAGS, *march, "-c", str(source), "-o", str(obj)],
+            [cc, str(obj), "-o", str(lib), *LINK_FLAGS],
+        ):
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode != 0:
                 raise NativeUnavailable(f"`{' '.join(cmd)}` failed:\n{done.stderr.strip()}")
@@ -90,15 +95,18 @@ def load(name: str) -> ctypes.CDLL:
     """Build (if not cached) and load ``<name>.c`` from this directory."""
     source = SOURCE_DIR / f"{name}.c"
     march = target_flags()
-    key = hashlib.sha256(source.read_bytes() + " ".join(COMPILE_FLAGS + march + LINK_FLAGS)
-                         .encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        source.read_bytes() + " ".join(COMPILE_FLAGS + march + LINK_FLAGS).encode()
+    ).hexdigest()[:16]
     target = cache_dir() / f"{name}-{key}.so"
     if not target.exists():
         try:
             _compile(source, target, march)
         except OSError as err:
-            raise NativeUnavailable(f"cannot build {source.name} into {target.parent}: {err} "
-                                    f"(set DPFY_CACHE_DIR to a writable directory)") from err
+            raise NativeUnavailable(
+                f"cannot build {source.name} into {target.parent}: {err} "
+                f"(set DPFY_CACHE_DIR to a writable directory)"
+            ) from err
     try:
         return ctypes.CDLL(str(target))
     except OSError as err:

@@ -28,8 +28,15 @@ import torch
 
 from dpfy.native.build import load
 
-__all__ = ["ChaChaGaussian", "XoshiroGaussian", "MAX_RADIUS", "BLOCK", "WORDS32",
-           "chacha20_keystream", "gaussian_from_words"]
+__all__ = [
+    "ChaChaGaussian",
+    "XoshiroGaussian",
+    "MAX_RADIUS",
+    "BLOCK",
+    "WORDS32",
+    "chacha20_keystream",
+    "gaussian_from_words",
+]
 
 LANES = 16
 BLOCK = 256  # Box–Muller pairs per block: a call for n values consumes ⌈n / (2·BLOCK)⌉ blocks
@@ -67,8 +74,8 @@ def _key_words(key: bytes) -> torch.Tensor:
 
 def _as_int64(x: int) -> int:
     """An unsigned 64-bit value as the int64 with the same bits."""
-    x %= 2 ** 64
-    return x - 2 ** 64 if x >= 2 ** 63 else x
+    x %= 2**64
+    return x - 2**64 if x >= 2**63 else x
 
 
 class _CompiledStream:
@@ -88,12 +95,15 @@ class _CompiledStream:
         ``x`` must be a contiguous float32 CPU tensor (callers use a scratch buffer otherwise).
         """
         if x.dtype != torch.float32 or x.device.type != "cpu" or not x.is_contiguous():
-            raise ValueError(f"x must be a contiguous float32 CPU tensor, got dtype={x.dtype}, "
-                             f"device={x.device}, contiguous={x.is_contiguous()}. Draw into a "
-                             f"float32 buffer and add it")
+            raise ValueError(
+                f"x must be a contiguous float32 CPU tensor, got dtype={x.dtype}, "
+                f"device={x.device}, contiguous={x.is_contiguous()}. Draw into a "
+                f"float32 buffer and add it"
+            )
         with self._lock:
-            self._lib.dpfy_gaussian_axpy(x.data_ptr(), x.numel(), a, s, self._state.data_ptr(),
-                                         self._kind)
+            self._lib.dpfy_gaussian_axpy(
+                x.data_ptr(), x.numel(), a, s, self._state.data_ptr(), self._kind
+            )
         return x
 
     def words(self, n: int) -> torch.Tensor:
@@ -108,9 +118,11 @@ class _CompiledStream:
 
     def set_state(self, state: torch.Tensor) -> None:
         if state.dtype != torch.int64 or state.shape != (self._state_words,):
-            raise ValueError(f"state must be an int64 tensor of shape ({self._state_words},), got "
-                             f"dtype={state.dtype}, shape={tuple(state.shape)}. Pass a state from "
-                             f"{type(self).__name__}.get_state()")
+            raise ValueError(
+                f"state must be an int64 tensor of shape ({self._state_words},), got "
+                f"dtype={state.dtype}, shape={tuple(state.shape)}. Pass a state from "
+                f"{type(self).__name__}.get_state()"
+            )
         with self._lock:
             self._state.copy_(state)
 
@@ -122,7 +134,7 @@ class XoshiroGaussian(_CompiledStream):
 
     def __init__(self, seed: int) -> None:
         super().__init__(torch.empty(_XOSHIRO_WORDS, dtype=torch.int64))
-        self._lib.dpfy_gaussian_seed(self._state.data_ptr(), seed % 2 ** 64)
+        self._lib.dpfy_gaussian_seed(self._state.data_ptr(), seed % 2**64)
 
 
 class ChaChaGaussian(_CompiledStream):
@@ -159,8 +171,10 @@ def gaussian_from_words(words: torch.Tensor) -> torch.Tensor:
     words[BLOCK + i] and its angle from words[2·BLOCK + i] (gaussian.c).
     """
     if words.dtype != torch.int32 or words.shape != (WORDS32,):
-        raise ValueError(f"words must be an int32 tensor of shape ({WORDS32},), got "
-                         f"dtype={words.dtype}, shape={tuple(words.shape)}")
+        raise ValueError(
+            f"words must be an int32 tensor of shape ({WORDS32},), got "
+            f"dtype={words.dtype}, shape={tuple(words.shape)}"
+        )
     words = words.contiguous()
     out = torch.empty(2 * BLOCK, dtype=torch.float32)
     _library().dpfy_gaussian_from_words(words.data_ptr(), out.data_ptr())

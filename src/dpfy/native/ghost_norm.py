@@ -34,8 +34,13 @@ def _library() -> ctypes.CDLL:
     if target_flags() != ["-march=x86-64-v4"]:
         raise NativeUnavailable("the fused ghost-norm kernel is written for AVX-512 CPUs")
     lib = load("ghost_norm")
-    lib.dpfy_ghost_norm_linear.argtypes = [ctypes.c_void_p, ctypes.c_void_p, *[_I64] * 8,
-                                           ctypes.c_void_p, ctypes.c_void_p]
+    lib.dpfy_ghost_norm_linear.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        *[_I64] * 8,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+    ]
     lib.dpfy_ghost_norm_linear.restype = ctypes.c_int
     return lib
 
@@ -53,8 +58,12 @@ def kernel_available() -> bool:
 def fused_ghost_available(a: torch.Tensor, g: torch.Tensor) -> bool:
     """Whether the Linear rule should use ``linear_ghost_sq_norms`` for these (B, T, d) tensors:
     float32 on the CPU, torch on one intra-op thread, and the kernel built on this machine."""
-    return (a.dtype == g.dtype == torch.float32 and a.device.type == g.device.type == "cpu"
-            and torch.get_num_threads() == 1 and kernel_available())
+    return (
+        a.dtype == g.dtype == torch.float32
+        and a.device.type == g.device.type == "cpu"
+        and torch.get_num_threads() == 1
+        and kernel_available()
+    )
 
 
 def linear_ghost_sq_norms(a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,21 +77,36 @@ def linear_ghost_sq_norms(a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tenso
     """
     for name, x in (("a", a), ("g", g)):
         if x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 3 or x.stride(-1) != 1:
-            raise ValueError(f"{name} must be a (B, T, d) float32 CPU tensor with a contiguous "
-                             f"last dimension, got dtype={x.dtype}, device={x.device}, "
-                             f"shape={tuple(x.shape)}, strides={x.stride()}. Call .contiguous()")
+            raise ValueError(
+                f"{name} must be a (B, T, d) float32 CPU tensor with a contiguous "
+                f"last dimension, got dtype={x.dtype}, device={x.device}, "
+                f"shape={tuple(x.shape)}, strides={x.stride()}. Call .contiguous()"
+            )
     if a.shape[:2] != g.shape[:2]:
-        raise ValueError(f"a and g must have the same (B, T), got {tuple(a.shape[:2])} and "
-                         f"{tuple(g.shape[:2])}")
+        raise ValueError(
+            f"a and g must have the same (B, T), got {tuple(a.shape[:2])} and {tuple(g.shape[:2])}"
+        )
     lib = _library()
     b, t, da = a.shape
     dg = g.shape[2]
     out_w, out_b = torch.empty(b), torch.empty(b)  # (B,) each
-    code = lib.dpfy_ghost_norm_linear(a.data_ptr(), g.data_ptr(), b, t, da, dg, a.stride(0),
-                                      a.stride(1), g.stride(0), g.stride(1), out_w.data_ptr(),
-                                      out_b.data_ptr())
+    code = lib.dpfy_ghost_norm_linear(
+        a.data_ptr(),
+        g.data_ptr(),
+        b,
+        t,
+        da,
+        dg,
+        a.stride(0),
+        a.stride(1),
+        g.stride(0),
+        g.stride(1),
+        out_w.data_ptr(),
+        out_b.data_ptr(),
+    )
     if code != 0:
         padded = -(-t // 16) * 16  # T rounded up to the kernel's 16-row blocks
-        raise MemoryError(f"ghost_norm.c could not allocate its scratch of "
-                          f"{(da + dg) * padded * 4} bytes")
+        raise MemoryError(
+            f"ghost_norm.c could not allocate its scratch of {(da + dg) * padded * 4} bytes"
+        )
     return out_w, out_b

@@ -6,5 +6,12 @@ from dpfy.noise.mechanism import GaussianMechanism, NoiseMechanism, StepRecord
 from dpfy.noise.bandmf import BandMFMechanism
 from dpfy.noise.tree import TreeMechanism
 
-__all__ = ["NoiseSource", "secure_uniform", "GaussianMechanism", "NoiseMechanism", "StepRecord",
-           "BandMFMechanism", "TreeMechanism"]
+__all__ = [
+    "NoiseSource",
+    "secure_uniform",
+    "GaussianMechanism",
+    "NoiseMechanism",
+    "StepRecord",
+    "BandMFMechanism",
+    "TreeMechanism",
+]

@@ -42,16 +42,26 @@ class BandMFMechanism(CorrelatedMechanism):
     name = "bandmf"
     samplings = (Sampling.CYCLIC_POISSON,)
 
-    def __init__(self, source: NoiseSource, *, coefficients: torch.Tensor,
-                 noise_multiplier: float, sample_rate: float,
-                 sampler_position: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        source: NoiseSource,
+        *,
+        coefficients: torch.Tensor,
+        noise_multiplier: float,
+        sample_rate: float,
+        sampler_position: Callable[[], int] | None = None,
+    ) -> None:
         c = torch.as_tensor(coefficients, dtype=torch.float64).flatten()
         require(c.numel() >= 1 and float(c[0]) > 0, "coefficients[0]", c[:1].tolist(), "> 0")
         check_normalized(c)
-        super().__init__(source, noise_multiplier=noise_multiplier,
-                         sampling=Sampling.CYCLIC_POISSON, sample_rate=sample_rate,
-                         sampler_position=sampler_position)
-        self.coefficients = c                  # public: the strategy
+        super().__init__(
+            source,
+            noise_multiplier=noise_multiplier,
+            sampling=Sampling.CYCLIC_POISSON,
+            sample_rate=sample_rate,
+            sampler_position=sampler_position,
+        )
+        self.coefficients = c  # public: the strategy
 
     @property
     def period(self) -> int:
@@ -67,17 +77,21 @@ class BandMFMechanism(CorrelatedMechanism):
 
     def _next_unit(self, slot: int, like: torch.Tensor) -> torch.Tensor:
         """x_t of parameter ``slot``: (z_t − Σ_j c_j x_{t−j}) / c_0; buffers the newest b − 1."""
-        history = self._slot_buffers(slot)       # newest first, at most b − 1
+        history = self._slot_buffers(slot)  # newest first, at most b − 1
         c = self.coefficients
         x = self._fresh(like)
         for j, past in enumerate(history, start=1):
-            require(past.shape == x.shape, "noise slot shape", tuple(x.shape),
-                    f"{tuple(past.shape)} (the same parameter every step)")
+            require(
+                past.shape == x.shape,
+                "noise slot shape",
+                tuple(x.shape),
+                f"{tuple(past.shape)} (the same parameter every step)",
+            )
             x.sub_(past, alpha=float(c[j]))
         x.div_(float(c[0]))
         if self.period > 1:
             history.insert(0, x.clone())
-            del history[self.period - 1:]
+            del history[self.period - 1 :]
         return x
 
     def state_dict(self) -> dict[str, Any]:
@@ -85,8 +99,12 @@ class BandMFMechanism(CorrelatedMechanism):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         saved = torch.as_tensor(state.get("coefficients"), dtype=torch.float64)
-        require(saved.shape == self.coefficients.shape
-                and bool(torch.allclose(saved, self.coefficients, rtol=0, atol=1e-12)),
-                "the checkpoint's BandMF coefficients", saved.tolist()[:4],
-                "this run's strategy", "Resume with the same bands and horizon")
+        require(
+            saved.shape == self.coefficients.shape
+            and bool(torch.allclose(saved, self.coefficients, rtol=0, atol=1e-12)),
+            "the checkpoint's BandMF coefficients",
+            saved.tolist()[:4],
+            "this run's strategy",
+            "Resume with the same bands and horizon",
+        )
         super().load_state_dict(state)

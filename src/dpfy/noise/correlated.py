@@ -58,7 +58,8 @@ class CorrelatedStepNoise:
     def add_gaussian_(self, t: torch.Tensor, std: float, chunk: int = 0) -> torch.Tensor:
         raise PrivacyRefusal(
             f"the {self._name!r} noise mechanism releases the gradient sum only, got a request "
-            f"for an extra noisy release. Use noise='gaussian' with methods that release more")
+            f"for an extra noisy release. Use noise='gaussian' with methods that release more"
+        )
 
     gaussian = add_gaussian_
 
@@ -81,18 +82,32 @@ class CorrelatedMechanism:
     name = "correlated"
     samplings: tuple[Sampling, ...] = ()
 
-    def __init__(self, source: NoiseSource, *, noise_multiplier: float, sampling: Sampling,
-                 sample_rate: float,
-                 sampler_position: Callable[[], int] | None = None) -> None:
-        require(sampling in self.samplings, "sampling", sampling.value,
-                f"one of {[s.value for s in self.samplings]} for noise={self.name!r}",
-                "make_private(noise=...) builds the sampler this mechanism's accounting needs")
-        require(noise_multiplier > 0, "noise_multiplier", noise_multiplier,
-                f"> 0 for noise={self.name!r}")
+    def __init__(
+        self,
+        source: NoiseSource,
+        *,
+        noise_multiplier: float,
+        sampling: Sampling,
+        sample_rate: float,
+        sampler_position: Callable[[], int] | None = None,
+    ) -> None:
+        require(
+            sampling in self.samplings,
+            "sampling",
+            sampling.value,
+            f"one of {[s.value for s in self.samplings]} for noise={self.name!r}",
+            "make_private(noise=...) builds the sampler this mechanism's accounting needs",
+        )
+        require(
+            noise_multiplier > 0,
+            "noise_multiplier",
+            noise_multiplier,
+            f"> 0 for noise={self.name!r}",
+        )
         self.source, self.noise_multiplier = source, float(noise_multiplier)
         self.sampling, self.sample_rate = sampling, sample_rate
         self.sampler_position = sampler_position
-        self.position = 0                          # steps released so far
+        self.position = 0  # steps released so far
         self.buffers: list[list[torch.Tensor]] = []  # per slot: buffered noise; SECRET
 
     @property
@@ -110,13 +125,15 @@ class CorrelatedMechanism:
             raise PrivacyRefusal(
                 f"noise={self.name!r} releases only the gradient sum, got extra releases "
                 f"{sorted(specs)} from the method: their accounting with correlated noise is "
-                f"not implemented. Use noise='gaussian' with this method")
+                f"not implemented. Use noise='gaussian' with this method"
+            )
         if plan.noise_multiplier != self.noise_multiplier:
             raise PrivacyRefusal(
                 f"noise_multiplier must stay {self.noise_multiplier} at every step with "
                 f"noise={self.name!r} (σ is part of the correlated stream), got "
                 f"{plan.noise_multiplier} at step {plan.step}. Drop the method that changes σ, "
-                f"or use noise='gaussian'")
+                f"or use noise='gaussian'"
+            )
         if self.sampler_position is not None:
             at = self.sampler_position()
             if at != self.expected_position():
@@ -124,7 +141,8 @@ class CorrelatedMechanism:
                     f"the batch released at step {self.position} must be the sampler's batch "
                     f"{self.expected_position()} for noise={self.name!r}, got the sampler at "
                     f"{at}: the participation pattern the accounting assumes would not hold. "
-                    f"Resume the mechanism and the sampler from the same checkpoint")
+                    f"Resume the mechanism and the sampler from the same checkpoint"
+                )
         release = Release("gradient", self.noise_multiplier, self.name, self.period)
         return StepRecord(self.sampling, self.sample_rate, (release,))
 
@@ -142,7 +160,7 @@ class CorrelatedMechanism:
 
     def _fresh(self, like: torch.Tensor) -> torch.Tensor:
         """A fresh N(0, 1) tensor shaped like ``like``, float32 (the buffers' dtype)."""
-        shape = torch.empty(like.shape, dtype=torch.float32)   # CPU, like the buffers
+        shape = torch.empty(like.shape, dtype=torch.float32)  # CPU, like the buffers
         return self.source.gaussian(shape, 1.0).float()
 
     def _slot_buffers(self, slot: int) -> list[torch.Tensor]:
@@ -154,17 +172,29 @@ class CorrelatedMechanism:
     # -- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """SECRET: the generator, the position and the buffered noise (checkpoints only)."""
-        return {"noise": self.name, "source": self.source.state_dict(),
-                "position": self.position, "noise_multiplier": self.noise_multiplier,
-                "buffers": [[t.clone() for t in slot] for slot in self.buffers]}
+        return {
+            "noise": self.name,
+            "source": self.source.state_dict(),
+            "position": self.position,
+            "noise_multiplier": self.noise_multiplier,
+            "buffers": [[t.clone() for t in slot] for slot in self.buffers],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        require(state.get("noise") == self.name, "the checkpoint's noise mechanism",
-                state.get("noise", "gaussian"), repr(self.name),
-                "Resume with the noise= the checkpoint was written with")
-        require(state["noise_multiplier"] == self.noise_multiplier,
-                "the checkpoint's noise_multiplier", state["noise_multiplier"],
-                f"{self.noise_multiplier} (this run's)", "Resume with the same σ")
+        require(
+            state.get("noise") == self.name,
+            "the checkpoint's noise mechanism",
+            state.get("noise", "gaussian"),
+            repr(self.name),
+            "Resume with the noise= the checkpoint was written with",
+        )
+        require(
+            state["noise_multiplier"] == self.noise_multiplier,
+            "the checkpoint's noise_multiplier",
+            state["noise_multiplier"],
+            f"{self.noise_multiplier} (this run's)",
+            "Resume with the same σ",
+        )
         self.source.load_state_dict(state["source"])
         self.position = int(state["position"])
         self.buffers = [[t.clone() for t in slot] for slot in state["buffers"]]

@@ -49,7 +49,7 @@ _MASK52 = (1 << 52) - 1
 
 def _open_unit(words: torch.Tensor) -> torch.Tensor:
     """int64 random words → float64 (m + ½)·2⁻⁵² from their top 52 bits m: exactly in (0, 1)."""
-    return (((words >> 12) & _MASK52).double() + 0.5) * 2.0 ** -52
+    return (((words >> 12) & _MASK52).double() + 0.5) * 2.0**-52
 
 
 def _u1(words: torch.Tensor) -> torch.Tensor:
@@ -58,8 +58,9 @@ def _u1(words: torch.Tensor) -> torch.Tensor:
     (r >> 12)·2⁻⁵² and ((r & 0xFFF) + ½)·2⁻⁶⁴ are exact doubles; their sum rounds only where
     u1 ≥ 2⁻⁵², i.e. in the body, not in the tail.
     """
-    return ((words >> 12) & _MASK52).double() * 2.0 ** -52 + \
-        ((words & 0xFFF).double() + 0.5) * 2.0 ** -64
+    return ((words >> 12) & _MASK52).double() * 2.0**-52 + (
+        (words & 0xFFF).double() + 0.5
+    ) * 2.0**-64
 
 
 def _normals_from_words(words: torch.Tensor) -> torch.Tensor:
@@ -70,7 +71,7 @@ def _normals_from_words(words: torch.Tensor) -> torch.Tensor:
     """
     k = words.numel() // 2
     radius = torch.sqrt(-2.0 * torch.log(_u1(words[:k])))
-    angle = (2 * math.pi) * _open_unit(words[k:2 * k])
+    angle = (2 * math.pi) * _open_unit(words[k : 2 * k])
     return torch.cat([radius * torch.cos(angle), radius * torch.sin(angle)])
 
 
@@ -85,7 +86,7 @@ def _chunks(t: torch.Tensor, chunk: int) -> Iterator[torch.Tensor]:
     """Consecutive flat views of at most ``chunk`` entries covering ``t`` (written in place)."""
     flat = t.view(-1)
     for start in range(0, flat.numel(), chunk):
-        yield flat[start:start + chunk]
+        yield flat[start : start + chunk]
 
 
 def _fits_kernel(t: torch.Tensor) -> bool:
@@ -112,15 +113,28 @@ class NoiseSource:
     """
 
     def __init__(self, seed: int | None = None, *, backend: Backend = "auto") -> None:
-        require(backend in ("auto", "compiled", "torch", "urandom"), "backend", backend,
-                'one of "auto", "compiled", "torch", "urandom"')
-        require(not (seed is None and backend == "torch"), "backend", backend,
-                'not "torch" for secure noise (seed=None)',
-                'torch\'s generator is the seeded one: pass seed=<int> for reproducible noise, '
-                'or backend="urandom" for the secure fallback')
-        require(not (seed is not None and backend == "urandom"), "backend", backend,
-                'not "urandom" for seeded noise', "os.urandom cannot be seeded: pass seed=None "
-                "for secure noise, or backend=\"torch\" for torch's seeded generator")
+        require(
+            backend in ("auto", "compiled", "torch", "urandom"),
+            "backend",
+            backend,
+            'one of "auto", "compiled", "torch", "urandom"',
+        )
+        require(
+            not (seed is None and backend == "torch"),
+            "backend",
+            backend,
+            'not "torch" for secure noise (seed=None)',
+            "torch's generator is the seeded one: pass seed=<int> for reproducible noise, "
+            'or backend="urandom" for the secure fallback',
+        )
+        require(
+            not (seed is not None and backend == "urandom"),
+            "backend",
+            backend,
+            'not "urandom" for seeded noise',
+            "os.urandom cannot be seeded: pass seed=None "
+            'for secure noise, or backend="torch" for torch\'s seeded generator',
+        )
         self._compiled: ChaChaGaussian | XoshiroGaussian | None = None
         self._generator: torch.Generator | None = None  # the "torch" backend
         self._reproducible = seed is not None
@@ -131,10 +145,17 @@ class NoiseSource:
             except NativeUnavailable as err:
                 if backend == "compiled":
                     raise
-                fallback = ("torch's generator (seeded)" if self._reproducible
-                            else "os.urandom: still secure, but tens of times slower")
-                warnings.warn(f"dpfy's compiled Gaussian sampler is unavailable ({err}); noise "
-                              f"is drawn from {fallback}", RuntimeWarning, stacklevel=2)
+                fallback = (
+                    "torch's generator (seeded)"
+                    if self._reproducible
+                    else "os.urandom: still secure, but tens of times slower"
+                )
+                warnings.warn(
+                    f"dpfy's compiled Gaussian sampler is unavailable ({err}); noise "
+                    f"is drawn from {fallback}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         if self._compiled is None and seed is not None:  # seeded: self._reproducible
             self._generator = torch.Generator().manual_seed(seed)
 
@@ -168,8 +189,9 @@ class NoiseSource:
         if self._compiled is not None:
             return self._stream().words(n)
         if self._generator is not None:
-            return torch.empty(n, dtype=torch.int64).random_(-2 ** 63, None,
-                                                             generator=self._generator)
+            return torch.empty(n, dtype=torch.int64).random_(
+                -(2**63), None, generator=self._generator
+            )
         return _urandom_words(n)
 
     def _noise(self, n: int, std: float, buf: torch.Tensor | None = None) -> torch.Tensor:
@@ -187,8 +209,9 @@ class NoiseSource:
         z = self._noise(like.numel(), std)
         return z.to(dtype=like.dtype, device=like.device).reshape(like.shape)
 
-    def noisy_mean(self, total: torch.Tensor, std: float, normalizer: float,
-                   chunk: int = 1 << 16) -> torch.Tensor:
+    def noisy_mean(
+        self, total: torch.Tensor, std: float, normalizer: float, chunk: int = 1 << 16
+    ) -> torch.Tensor:
         """(total + N(0, std²)) / normalizer, in place on ``total``: the released update.
 
         Computed as total/normalizer + N(0, (std/normalizer)²) (the same law). The compiled
@@ -200,11 +223,15 @@ class NoiseSource:
         if self._compiled is not None and _fits_kernel(total):
             self._stream().axpy_(total.view(-1), 1.0 / normalizer, std / normalizer)
             return total
-        buf = torch.empty(min(chunk, total.numel()), dtype=torch.float32) \
-            if self._compiled is not None else None
+        buf = (
+            torch.empty(min(chunk, total.numel()), dtype=torch.float32)
+            if self._compiled is not None
+            else None
+        )
         for part in _chunks(total, chunk):
-            part.div_(normalizer).add_(self._noise(part.numel(), std / normalizer, buf)
-                                       .to(part.device))
+            part.div_(normalizer).add_(
+                self._noise(part.numel(), std / normalizer, buf).to(part.device)
+            )
         return total
 
     def add_gaussian_(self, t: torch.Tensor, std: float, chunk: int = 1 << 16) -> torch.Tensor:
@@ -261,15 +288,20 @@ class NoiseSource:
                 raise RuntimeError(
                     f"this checkpoint's noise was drawn by dpfy's compiled sampler, which "
                     f"cannot be built here ({err}); resume on a machine where it can, "
-                    f"to continue the same noise stream") from err
+                    f"to continue the same noise stream"
+                ) from err
             self._compiled.set_state(state["state"])
         elif backend == "chacha20":
             try:
                 self._compiled = ChaChaGaussian()  # a fresh key from os.urandom
             except NativeUnavailable as err:
-                warnings.warn(f"dpfy's compiled sampler cannot be built here ({err}); the "
-                              f"resumed run draws its fresh noise from os.urandom (still "
-                              f"secure, slower)", RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f"dpfy's compiled sampler cannot be built here ({err}); the "
+                    f"resumed run draws its fresh noise from os.urandom (still "
+                    f"secure, slower)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
 
 
 class _SecureWords:

@@ -37,12 +37,15 @@ class StepRecord:
     sampling: Sampling
     sample_rate: float
     releases: tuple[Release, ...]
-    max_examples_per_user: int | None = None   # k of an ELS step (the sampler's fact)
+    max_examples_per_user: int | None = None  # k of an ELS step (the sampler's fact)
 
     def record(self, ledger: Ledger) -> None:
-        ledger.record_step(sampling=self.sampling, sample_rate=self.sample_rate,
-                           releases=self.releases,
-                           max_examples_per_user=self.max_examples_per_user)
+        ledger.record_step(
+            sampling=self.sampling,
+            sample_rate=self.sample_rate,
+            releases=self.releases,
+            max_examples_per_user=self.max_examples_per_user,
+        )
 
 
 class NoiseMechanism(Protocol):
@@ -71,21 +74,37 @@ class GaussianMechanism:
     """
 
     name = "gaussian"
-    samplings = (Sampling.POISSON, Sampling.FIXED_SIZE, Sampling.SHUFFLE, Sampling.ULS,
-                 Sampling.ELS)
+    samplings = (
+        Sampling.POISSON,
+        Sampling.FIXED_SIZE,
+        Sampling.SHUFFLE,
+        Sampling.ULS,
+        Sampling.ELS,
+    )
 
-    def __init__(self, source: NoiseSource, *, sampling: Sampling, sample_rate: float,
-                 max_examples_per_user: int | None = None) -> None:
-        require(sampling in self.samplings, "sampling", sampling,
-                f"one of {[s.value for s in self.samplings]} for the Gaussian mechanism",
-                "Use dpfy's Poisson or shuffled sampler (make_private builds one)")
+    def __init__(
+        self,
+        source: NoiseSource,
+        *,
+        sampling: Sampling,
+        sample_rate: float,
+        max_examples_per_user: int | None = None,
+    ) -> None:
+        require(
+            sampling in self.samplings,
+            "sampling",
+            sampling,
+            f"one of {[s.value for s in self.samplings]} for the Gaussian mechanism",
+            "Use dpfy's Poisson or shuffled sampler (make_private builds one)",
+        )
         self.source, self.sampling, self.sample_rate = source, sampling, sample_rate
         self.max_examples_per_user = max_examples_per_user
 
     def record_for(self, plan: StepPlan, specs: Mapping[str, ReleaseSpec]) -> StepRecord:
         """The event of a step with ``plan`` and extra releases ``specs``."""
-        return StepRecord(self.sampling, self.sample_rate, step_releases(plan, specs),
-                          self.max_examples_per_user)
+        return StepRecord(
+            self.sampling, self.sample_rate, step_releases(plan, specs), self.max_examples_per_user
+        )
 
     def generator(self) -> NoiseSource:
         """The generator of this step's noise (every step: the same stream, continued)."""

@@ -42,8 +42,12 @@ def inverse_coefficients(c: torch.Tensor, n: int) -> torch.Tensor:
     Newton's iteration on power series, d ← d·(2 − c·d) mod x^{2m}, doubling the correct
     length each round (float64, differentiable in c). Requires c_0 ≠ 0.
     """
-    require(c.numel() >= 1 and float(c[0].detach()) != 0, "c[0]", c.detach()[:1].tolist(),
-            "non-zero (C must be invertible)")
+    require(
+        c.numel() >= 1 and float(c[0].detach()) != 0,
+        "c[0]",
+        c.detach()[:1].tolist(),
+        "non-zero (C must be invertible)",
+    )
     c = c.to(torch.float64)
     d = (1.0 / c[:1]).reshape(1)
     m = 1
@@ -61,7 +65,7 @@ def prefix_error(c: torch.Tensor, n: int) -> torch.Tensor:
     variance is Σ_{j≤k} (Σ_{i≤j} d_i)²: the cumulative sum of the squared cumulative sums.
     """
     d = inverse_coefficients(c, n)
-    per_query = torch.cumsum(torch.cumsum(d, 0).square(), 0)   # (n,)
+    per_query = torch.cumsum(torch.cumsum(d, 0).square(), 0)  # (n,)
     return per_query.mean() * c.to(torch.float64).square().sum()
 
 
@@ -79,16 +83,25 @@ def optimize_banded(n: int, bands: int, *, max_iterations: int = 200) -> torch.T
     steps, scaled to ‖c‖ = 1 (float64, (bands,)). bands = 1 is DP-SGD (c = [1])."""
     require(isinstance(n, int) and n >= 1, "n", n, "an integer >= 1")
     require(isinstance(bands, int) and 1 <= bands, "bands", bands, "an integer >= 1")
-    if bands > n:   # bands beyond the horizon never act: zeros keep the length b
-        return torch.cat([optimize_banded(n, n, max_iterations=max_iterations),
-                          torch.zeros(bands - n, dtype=torch.float64)])
+    if bands > n:  # bands beyond the horizon never act: zeros keep the length b
+        return torch.cat(
+            [
+                optimize_banded(n, n, max_iterations=max_iterations),
+                torch.zeros(bands - n, dtype=torch.float64),
+            ]
+        )
     if bands == 1:
         return torch.ones(1, dtype=torch.float64)
     tail = sqrt_coefficients(bands)[1:].clone().requires_grad_(True)
     one = torch.ones(1, dtype=torch.float64)
-    opt = torch.optim.LBFGS([tail], lr=1.0, max_iter=max_iterations,
-                            tolerance_grad=1e-10, tolerance_change=1e-14,
-                            line_search_fn="strong_wolfe")
+    opt = torch.optim.LBFGS(
+        [tail],
+        lr=1.0,
+        max_iter=max_iterations,
+        tolerance_grad=1e-10,
+        tolerance_change=1e-14,
+        line_search_fn="strong_wolfe",
+    )
 
     def closure() -> torch.Tensor:
         opt.zero_grad()
@@ -99,8 +112,13 @@ def optimize_banded(n: int, bands: int, *, max_iterations: int = 200) -> torch.T
     with torch.enable_grad():
         opt.step(closure)
     c = torch.cat([one, tail.detach()])
-    require(bool(torch.isfinite(c).all()), "the optimized strategy", "not finite",
-            "finite coefficients", "Use fewer bands or fewer steps")
+    require(
+        bool(torch.isfinite(c).all()),
+        "the optimized strategy",
+        "not finite",
+        "finite coefficients",
+        "Use fewer bands or fewer steps",
+    )
     return c / c.norm()
 
 
@@ -115,7 +133,11 @@ def banded_matrix(c: torch.Tensor, n: int) -> torch.Tensor:
 def check_normalized(c: torch.Tensor) -> float:
     """‖c‖ (the largest column norm of the strategy), refused above 1 + 1e-9."""
     norm = float(torch.as_tensor(c, dtype=torch.float64).norm())
-    require(math.isfinite(norm) and norm <= 1 + 1e-9, "the strategy's column norm", norm,
-            "<= 1 (the accounting assumes normalized columns)",
-            "Scale the coefficients to unit norm (optimize_banded does)")
+    require(
+        math.isfinite(norm) and norm <= 1 + 1e-9,
+        "the strategy's column norm",
+        norm,
+        "<= 1 (the accounting assumes normalized columns)",
+        "Scale the coefficients to unit norm (optimize_banded does)",
+    )
     return norm

@@ -54,13 +54,25 @@ class TreeMechanism(CorrelatedMechanism):
     name = "tree"
     samplings = (Sampling.SHUFFLE,)
 
-    def __init__(self, source: NoiseSource, *, period: int, noise_multiplier: float,
-                 sample_rate: float, sampler_position: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        source: NoiseSource,
+        *,
+        period: int,
+        noise_multiplier: float,
+        sample_rate: float,
+        sampler_position: Callable[[], int] | None = None,
+    ) -> None:
         require(isinstance(period, int) and period >= 1, "period", period, "an integer >= 1")
-        super().__init__(source, noise_multiplier=noise_multiplier, sampling=Sampling.SHUFFLE,
-                         sample_rate=sample_rate, sampler_position=sampler_position)
+        super().__init__(
+            source,
+            noise_multiplier=noise_multiplier,
+            sampling=Sampling.SHUFFLE,
+            sample_rate=sample_rate,
+            sampler_position=sampler_position,
+        )
         self._period = period
-        self.levels: list[list[int]] = []   # per slot: the levels of its buffered nodes
+        self.levels: list[list[int]] = []  # per slot: the levels of its buffered nodes
 
     @property
     def period(self) -> int:
@@ -75,22 +87,27 @@ class TreeMechanism(CorrelatedMechanism):
         return self._period.bit_length()
 
     def _start_step(self) -> None:
-        if self.position % self._period == 0:   # a new tree: the prefix starts from zero
+        if self.position % self._period == 0:  # a new tree: the prefix starts from zero
             self.buffers, self.levels = [], []
 
     def _next_unit(self, slot: int, like: torch.Tensor) -> torch.Tensor:
         """N_t − N_{t−1} of parameter ``slot``: the new node minus the nodes it replaces."""
-        nodes = self._slot_buffers(slot)              # lowest level last
+        nodes = self._slot_buffers(slot)  # lowest level last
         if slot == len(self.levels):
             self.levels.append([])
         levels = self.levels[slot]
-        leaf = (self.position - 1) % self._period + 1   # t, 1-based (position already moved)
+        leaf = (self.position - 1) % self._period + 1  # t, 1-based (position already moved)
         level = trailing_zeros(leaf)
         node = self._fresh(like)
         x = node.clone()
-        for _ in range(level):                         # the k lowest nodes of t − 1
-            require(bool(levels) and levels[-1] < level, "tree state", levels,
-                    f"nodes below level {level}", "Resume from an unmodified checkpoint")
+        for _ in range(level):  # the k lowest nodes of t − 1
+            require(
+                bool(levels) and levels[-1] < level,
+                "tree state",
+                levels,
+                f"nodes below level {level}",
+                "Resume from an unmodified checkpoint",
+            )
             x.sub_(nodes.pop())
             levels.pop()
         nodes.append(node)
@@ -98,12 +115,19 @@ class TreeMechanism(CorrelatedMechanism):
         return x
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "levels": [list(lvl) for lvl in self.levels],
-                "period": self._period}
+        return {
+            **super().state_dict(),
+            "levels": [list(lvl) for lvl in self.levels],
+            "period": self._period,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        require(state.get("period") == self._period, "the checkpoint's tree period",
-                state.get("period"), f"{self._period} (this run's steps per pass)",
-                "Resume with the same dataset size and batch size")
+        require(
+            state.get("period") == self._period,
+            "the checkpoint's tree period",
+            state.get("period"),
+            f"{self._period} (this run's steps per pass)",
+            "Resume with the same dataset size and batch size",
+        )
         super().load_state_dict(state)
         self.levels = [list(lvl) for lvl in state["levels"]]

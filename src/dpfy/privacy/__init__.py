@@ -14,6 +14,19 @@ from dpfy.privacy.ledger import Ledger, Release, Sampling, StepGroup
 from dpfy.privacy.report import PrivacyReport, ReportSection
 from dpfy.privacy.running import RunningEpsilon
 
-__all__ = ["ACCOUNTANTS", "Ledger", "Release", "Sampling", "StepGroup", "epsilon", "delta",
-           "epsilon_curve", "calibrate_noise_multiplier", "calibrate_individual", "gdp",
-           "RunningEpsilon", "PrivacyReport", "ReportSection"]
+__all__ = [
+    "ACCOUNTANTS",
+    "Ledger",
+    "Release",
+    "Sampling",
+    "StepGroup",
+    "epsilon",
+    "delta",
+    "epsilon_curve",
+    "calibrate_noise_multiplier",
+    "calibrate_individual",
+    "gdp",
+    "RunningEpsilon",
+    "PrivacyReport",
+    "ReportSection",
+]

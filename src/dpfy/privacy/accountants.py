@@ -44,25 +44,40 @@ from dpfy.privacy.canonical import GAUSSIAN, MIXTURE, Atom, CanonicalForm, canon
 from dpfy.privacy.mixture import els_rdp_dominating_pair
 from dpfy.privacy.ledger import Ledger
 
-__all__ = ["ACCOUNTANTS", "APPROXIMATE", "RIGOROUS", "AUTO", "AUTO_EXACT_LIMIT",
-           "DEFAULT_RESOLUTION",
-           "PLD_MAX_GRID_POINTS", "PLD_MAX_COMPOSED_POINTS", "composed_pld_width",
-           "accountant_label", "pld_discretization",
-           "pld_min_noise_multiplier", "check_pld_grid", "prepare", "epsilon", "delta",
-           "epsilon_curve", "epsilon_from_form", "delta_from_form"]
+__all__ = [
+    "ACCOUNTANTS",
+    "APPROXIMATE",
+    "RIGOROUS",
+    "AUTO",
+    "AUTO_EXACT_LIMIT",
+    "DEFAULT_RESOLUTION",
+    "PLD_MAX_GRID_POINTS",
+    "PLD_MAX_COMPOSED_POINTS",
+    "composed_pld_width",
+    "accountant_label",
+    "pld_discretization",
+    "pld_min_noise_multiplier",
+    "check_pld_grid",
+    "prepare",
+    "epsilon",
+    "delta",
+    "epsilon_curve",
+    "epsilon_from_form",
+    "delta_from_form",
+]
 
 ACCOUNTANTS = ("rdp", "pld", "gdp")
 APPROXIMATE = frozenset({"gdp"})
-RIGOROUS = ("pld", "rdp")   # the only accountants that may decide noise (calibration, caps)
+RIGOROUS = ("pld", "rdp")  # the only accountants that may decide noise (calibration, caps)
 AUTO = "auto"
 AUTO_EXACT_LIMIT = 64
 DEFAULT_RESOLUTION = {"rdp": 0.01, "pld": 0.02}
-AUTO_PLD_FINE_LIMIT = 8          # at most this many sampled atoms: PLD at 1e-4, else 1e-3
+AUTO_PLD_FINE_LIMIT = 8  # at most this many sampled atoms: PLD at 1e-4, else 1e-3
 PLD_FINE, PLD_COARSE = 1e-4, 1e-3
 
-PLD_MAX_GRID_POINTS = 4e5       # points of one sampled step's PLD grid (≈ 2 s to build)
-PLD_MAX_COMPOSED_POINTS = 1e8   # points of a whole run's composed PLD grid (≈ 1 GB)
-_PLD_TAIL_Z = 10.0               # √(2·50): dp_accounting truncates tails below mass e^-50
+PLD_MAX_GRID_POINTS = 4e5  # points of one sampled step's PLD grid (≈ 2 s to build)
+PLD_MAX_COMPOSED_POINTS = 1e8  # points of a whole run's composed PLD grid (≈ 1 GB)
+_PLD_TAIL_Z = 10.0  # √(2·50): dp_accounting truncates tails below mass e^-50
 
 Resolution = Union[float, str, None]
 Discretization = Union[float, str]
@@ -71,9 +86,11 @@ Discretization = Union[float, str]
 def accountant_label(name: str) -> str:
     """How an accountant is named in reports; GDP always carries its caveat."""
     check_accountant(name)
-    return {"rdp": "RDP (dp_accounting, upper bound)",
-            "pld": "PLD (dp_accounting, upper bound)",
-            "gdp": "GDP CLT (approximation, may under-report ε)"}[name]
+    return {
+        "rdp": "RDP (dp_accounting, upper bound)",
+        "pld": "PLD (dp_accounting, upper bound)",
+        "gdp": "GDP CLT (approximation, may under-report ε)",
+    }[name]
 
 
 def check_accountant(name: str) -> None:
@@ -82,16 +99,26 @@ def check_accountant(name: str) -> None:
 
 
 def _check_delta(delta: float) -> None:
-    require(isinstance(delta, (int, float)) and 0 < delta < 1, "delta", delta, "in (0, 1)",
-            "The guide's convention is δ ≪ 1/N, e.g. 1/N^1.1")
+    require(
+        isinstance(delta, (int, float)) and 0 < delta < 1,
+        "delta",
+        delta,
+        "in (0, 1)",
+        "The guide's convention is δ ≪ 1/N, e.g. 1/N^1.1",
+    )
 
 
 def _sampled_atoms(form: CanonicalForm) -> int:
     return sum(1 for a in form.atoms if a.kind != GAUSSIAN)
 
 
-def prepare(ledger: Ledger, *, accountant: str = "rdp", amplify: bool = True,
-            sigma_resolution: Resolution = AUTO) -> CanonicalForm:
+def prepare(
+    ledger: Ledger,
+    *,
+    accountant: str = "rdp",
+    amplify: bool = True,
+    sigma_resolution: Resolution = AUTO,
+) -> CanonicalForm:
     """The canonical form ``accountant`` will read, coarsened as ``sigma_resolution`` says."""
     check_accountant(accountant)
     require(isinstance(ledger, Ledger), "ledger", type(ledger).__name__, "a dpfy Ledger")
@@ -102,8 +129,12 @@ def prepare(ledger: Ledger, *, accountant: str = "rdp", amplify: bool = True,
         if accountant == "gdp" or _sampled_atoms(form) <= AUTO_EXACT_LIMIT:
             return form
         return coarsen(form, DEFAULT_RESOLUTION[accountant])
-    require(isinstance(sigma_resolution, float), "sigma_resolution", sigma_resolution,
-            "None, 'auto' or a float in (0, 1)")
+    require(
+        isinstance(sigma_resolution, float),
+        "sigma_resolution",
+        sigma_resolution,
+        "None, 'auto' or a float in (0, 1)",
+    )
     return coarsen(form, float(sigma_resolution))
 
 
@@ -111,10 +142,14 @@ def pld_discretization(form: CanonicalForm, value_discretization: Discretization
     """The PLD discretization interval used for ``form`` ("auto": 1e-4 unless many atoms)."""
     if value_discretization == AUTO:
         if any(a.kind == MIXTURE for a in form.atoms):
-            return PLD_COARSE   # a mixture's PLD takes ~10 s per atom at 1e-3, minutes at 1e-4
+            return PLD_COARSE  # a mixture's PLD takes ~10 s per atom at 1e-3, minutes at 1e-4
         return PLD_FINE if _sampled_atoms(form) <= AUTO_PLD_FINE_LIMIT else PLD_COARSE
-    require(isinstance(value_discretization, float) and 0 < value_discretization <= 0.1,
-            "value_discretization", value_discretization, "'auto' or a float in (0, 0.1]")
+    require(
+        isinstance(value_discretization, float) and 0 < value_discretization <= 0.1,
+        "value_discretization",
+        value_discretization,
+        "'auto' or a float in (0, 0.1]",
+    )
     return float(value_discretization)
 
 
@@ -124,7 +159,7 @@ def pld_min_noise_multiplier(discretization: float = PLD_FINE) -> float:
     Solves (1/(2σ²) + z/σ) / Δ = PLD_MAX_GRID_POINTS for u = 1/σ: u²/2 + z·u − G·Δ = 0.
     """
     g = PLD_MAX_GRID_POINTS * discretization
-    u = -_PLD_TAIL_Z + math.sqrt(_PLD_TAIL_Z ** 2 + 2 * g)
+    u = -_PLD_TAIL_Z + math.sqrt(_PLD_TAIL_Z**2 + 2 * g)
     return 1.0 / u
 
 
@@ -133,8 +168,9 @@ def check_pld_grid(form: CanonicalForm, discretization: float) -> None:
 
     Raises :class:`~dpfy.errors.PrivacyRefusal` naming the smallest σ, the floor and the fix.
     """
-    sampled = [_worst_case(a)[1] for a in form.atoms
-               if a.kind != GAUSSIAN and a.noise_multiplier > 0]
+    sampled = [
+        _worst_case(a)[1] for a in form.atoms if a.kind != GAUSSIAN and a.noise_multiplier > 0
+    ]
     if not sampled:
         return
     floor = pld_min_noise_multiplier(discretization)
@@ -144,7 +180,8 @@ def check_pld_grid(form: CanonicalForm, discretization: float) -> None:
             f"noise_multiplier must be >= {floor:.3g} for the PLD accountant (its grid at "
             f"discretization {discretization:g} would exceed {PLD_MAX_GRID_POINTS:.0e} points "
             f"per step), got noise_multiplier = {sigma:.4g}. Use accountant 'rdp' "
-            f"(--accountant rdp), which handles any σ in milliseconds, or more noise")
+            f"(--accountant rdp), which handles any σ in milliseconds, or more noise"
+        )
     points = composed_pld_width(form) / discretization
     if points > PLD_MAX_COMPOSED_POINTS:
         raise PrivacyRefusal(
@@ -152,15 +189,17 @@ def check_pld_grid(form: CanonicalForm, discretization: float) -> None:
             f"({PLD_MAX_COMPOSED_POINTS:.0e} points at discretization {discretization:g}), got "
             f"about {points:.2g} points ({sum(a.count for a in form.atoms):,} steps at σ down "
             f"to {sigma:.4g}: ε is far beyond any meaningful guarantee). Use accountant 'rdp' "
-            f"(--accountant rdp), which composes any number of steps in milliseconds")
+            f"(--accountant rdp), which composes any number of steps in milliseconds"
+        )
 
 
 def _worst_case(atom: Atom) -> tuple[float, float]:
     """(q, σ) of the subsampled Gaussian that bounds ``atom``'s grid: itself, or for an ELS
     mixture the dominating pair (rate 1 − (1 − q)^k, σ/k; :mod:`dpfy.privacy.mixture`)."""
     if atom.kind == MIXTURE:
-        return els_rdp_dominating_pair(atom.sample_rate, atom.noise_multiplier,
-                                       int(atom.max_examples_per_user))  # type: ignore
+        k = atom.max_examples_per_user
+        assert k is not None  # a mixture atom is built from an ELS group, which records k
+        return els_rdp_dominating_pair(atom.sample_rate, atom.noise_multiplier, int(k))
     return (1.0 if atom.kind == GAUSSIAN else atom.sample_rate), atom.noise_multiplier
 
 
@@ -180,16 +219,21 @@ def composed_pld_width(form: CanonicalForm) -> float:
         if a.noise_multiplier <= 0:
             continue
         q, sigma = _worst_case(a)
-        support = 1 / (2 * sigma ** 2) + 8 / sigma
-        chi2 = math.expm1(min(sigma ** -2, 700.0))
+        support = 1 / (2 * sigma**2) + 8 / sigma
+        chi2 = math.expm1(min(sigma**-2, 700.0))
         mean = min(math.log1p(q * q * chi2), support)
         std = min(q * math.sqrt(chi2), support)
         width += a.count * mean + 10 * math.sqrt(a.count) * std
     return width
 
 
-def epsilon_from_form(form: CanonicalForm, *, delta: float, accountant: str = "rdp",
-                      value_discretization: Discretization = AUTO) -> float:
+def epsilon_from_form(
+    form: CanonicalForm,
+    *,
+    delta: float,
+    accountant: str = "rdp",
+    value_discretization: Discretization = AUTO,
+) -> float:
     """ε(δ) of an already prepared canonical form (memoised: forms are immutable)."""
     check_accountant(accountant)
     _check_delta(delta)
@@ -200,8 +244,9 @@ def epsilon_from_form(form: CanonicalForm, *, delta: float, accountant: str = "r
 
 
 @functools.lru_cache(maxsize=256)
-def _epsilon_cached(form: CanonicalForm, delta: float, accountant: str,
-                    discretization: float) -> float:
+def _epsilon_cached(
+    form: CanonicalForm, delta: float, accountant: str, discretization: float
+) -> float:
     if accountant == "rdp":
         return _rdp.epsilon(form, delta)
     if accountant == "pld":
@@ -211,8 +256,13 @@ def _epsilon_cached(form: CanonicalForm, delta: float, accountant: str,
     return _gdp.epsilon_for_delta(delta, _gdp.mu_of_form(form))
 
 
-def delta_from_form(form: CanonicalForm, *, epsilon: float, accountant: str = "rdp",
-                    value_discretization: Discretization = AUTO) -> float:
+def delta_from_form(
+    form: CanonicalForm,
+    *,
+    epsilon: float,
+    accountant: str = "rdp",
+    value_discretization: Discretization = AUTO,
+) -> float:
     """δ(ε) of an already prepared canonical form."""
     check_accountant(accountant)
     require(isinstance(epsilon, (int, float)) and epsilon > 0, "epsilon", epsilon, "> 0")
@@ -227,9 +277,15 @@ def delta_from_form(form: CanonicalForm, *, epsilon: float, accountant: str = "r
     return _gdp.delta_for_epsilon(epsilon, _gdp.mu_of_form(form))
 
 
-def epsilon(ledger: Ledger, *, delta: float, accountant: str = "rdp", amplify: bool = True,
-            sigma_resolution: Resolution = AUTO,
-            value_discretization: Discretization = AUTO) -> float:
+def epsilon(
+    ledger: Ledger,
+    *,
+    delta: float,
+    accountant: str = "rdp",
+    amplify: bool = True,
+    sigma_resolution: Resolution = AUTO,
+    value_discretization: Discretization = AUTO,
+) -> float:
     """ε(δ) of everything recorded in ``ledger``.
 
     Args:
@@ -246,22 +302,32 @@ def epsilon(ledger: Ledger, *, delta: float, accountant: str = "rdp", amplify: b
     """
     check_accountant(accountant)
     _check_delta(delta)
-    form = prepare(ledger, accountant=accountant, amplify=amplify,
-                   sigma_resolution=sigma_resolution)
-    return epsilon_from_form(form, delta=delta, accountant=accountant,
-                             value_discretization=value_discretization)
+    form = prepare(
+        ledger, accountant=accountant, amplify=amplify, sigma_resolution=sigma_resolution
+    )
+    return epsilon_from_form(
+        form, delta=delta, accountant=accountant, value_discretization=value_discretization
+    )
 
 
-def delta(ledger: Ledger, *, epsilon: float, accountant: str = "rdp", amplify: bool = True,
-          sigma_resolution: Resolution = AUTO,
-          value_discretization: Discretization = AUTO) -> float:
+def delta(
+    ledger: Ledger,
+    *,
+    epsilon: float,
+    accountant: str = "rdp",
+    amplify: bool = True,
+    sigma_resolution: Resolution = AUTO,
+    value_discretization: Discretization = AUTO,
+) -> float:
     """δ(ε) of everything recorded in ``ledger`` (arguments as in :func:`epsilon`)."""
     check_accountant(accountant)
     require(isinstance(epsilon, (int, float)) and epsilon > 0, "epsilon", epsilon, "> 0")
-    form = prepare(ledger, accountant=accountant, amplify=amplify,
-                   sigma_resolution=sigma_resolution)
-    return delta_from_form(form, epsilon=epsilon, accountant=accountant,
-                           value_discretization=value_discretization)
+    form = prepare(
+        ledger, accountant=accountant, amplify=amplify, sigma_resolution=sigma_resolution
+    )
+    return delta_from_form(
+        form, epsilon=epsilon, accountant=accountant, value_discretization=value_discretization
+    )
 
 
 def _checkpoints(num_steps: int, num_points: int) -> list[int]:
@@ -271,11 +337,16 @@ def _checkpoints(num_steps: int, num_points: int) -> list[int]:
     return sorted(pts | {num_steps})
 
 
-def epsilon_curve(ledger: Ledger, *, delta: float, accountant: str = "rdp",
-                  num_points: int | None = 50, amplify: bool = True,
-                  sigma_resolution: Resolution = AUTO,
-                  value_discretization: Discretization = AUTO,
-                  ) -> list[tuple[int, float]]:
+def epsilon_curve(
+    ledger: Ledger,
+    *,
+    delta: float,
+    accountant: str = "rdp",
+    num_points: int | None = 50,
+    amplify: bool = True,
+    sigma_resolution: Resolution = AUTO,
+    value_discretization: Discretization = AUTO,
+) -> list[tuple[int, float]]:
     """ε after step t for about ``num_points`` values of t (always including the last step).
 
     ``num_points=None`` gives every step (one accountant call per step: fine for RDP and GDP,
@@ -291,33 +362,50 @@ def epsilon_curve(ledger: Ledger, *, delta: float, accountant: str = "rdp",
     if ledger.num_steps == 0:
         return []
     points = _checkpoints(ledger.num_steps, num_points or ledger.num_steps)
-    incremental = (accountant == "pld" and  # shuffled and cyclic charges need the whole run
-                   all(g.sampling.value not in ("shuffle", "cyclic_poisson")
-                       for g in ledger.groups))
+    incremental = (
+        accountant == "pld"  # shuffled and cyclic charges need the whole run
+        and all(g.sampling.value not in ("shuffle", "cyclic_poisson") for g in ledger.groups)
+    )
     out: list[tuple[int, float]] = []
     if not incremental:
         for t in points:
-            form = prepare(ledger.prefix(t), accountant=accountant, amplify=amplify,
-                           sigma_resolution=sigma_resolution)
-            out.append((t, epsilon_from_form(form, delta=delta, accountant=accountant,
-                                             value_discretization=value_discretization)))
+            form = prepare(
+                ledger.prefix(t),
+                accountant=accountant,
+                amplify=amplify,
+                sigma_resolution=sigma_resolution,
+            )
+            out.append(
+                (
+                    t,
+                    epsilon_from_form(
+                        form,
+                        delta=delta,
+                        accountant=accountant,
+                        value_discretization=value_discretization,
+                    ),
+                )
+            )
         return out
     running, done = None, 0
     # Decide coarsening and discretization once, for the whole ledger, so every point of the
     # curve is computed the same way (the last point agrees with epsilon(ledger) up to PLD
     # discretization, since segments are composed one after another).
-    whole = prepare(ledger, accountant=accountant, amplify=amplify,
-                    sigma_resolution=sigma_resolution)
+    whole = prepare(
+        ledger, accountant=accountant, amplify=amplify, sigma_resolution=sigma_resolution
+    )
     resolution = whole.resolution
-    disc = PLD_COARSE if value_discretization == AUTO else pld_discretization(
-        whole, value_discretization)
+    disc = (
+        PLD_COARSE
+        if value_discretization == AUTO
+        else pld_discretization(whole, value_discretization)
+    )
     check_pld_grid(whole, pld_discretization(whole, value_discretization))
     for t in points:
         segment = _segment(ledger, done, t)
-        form = prepare(segment, accountant=accountant, amplify=amplify,
-                       sigma_resolution=resolution)
+        form = prepare(segment, accountant=accountant, amplify=amplify, sigma_resolution=resolution)
         if form.non_private:
-            out.extend((tt, math.inf) for tt in points[len(out):])
+            out.extend((tt, math.inf) for tt in points[len(out) :])
             return out
         running = _pld.build(form, disc, start=running) if form.atoms else running
         eps = 0.0 if running is None else float(running.get_epsilon_for_delta(delta))
@@ -332,7 +420,11 @@ def _segment(ledger: Ledger, start: int, stop: int) -> Ledger:
     for g in ledger.groups:
         lo, hi = max(g.first_step, start), min(g.last_step + 1, stop)
         if lo < hi:
-            out.record_step(sampling=g.sampling, sample_rate=g.sample_rate,
-                            releases=g.releases, count=hi - lo,
-                            max_examples_per_user=g.max_examples_per_user)
+            out.record_step(
+                sampling=g.sampling,
+                sample_rate=g.sample_rate,
+                releases=g.releases,
+                count=hi - lo,
+                max_examples_per_user=g.max_examples_per_user,
+            )
     return out

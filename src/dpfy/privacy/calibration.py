@@ -39,18 +39,38 @@ import numpy as np
 from dpfy._require import require
 from dpfy.types import ReleaseSpec, StepPlan
 from dpfy.privacy import gdp
-from dpfy.privacy.accountants import (DEFAULT_RESOLUTION, PLD_COARSE, PLD_FINE, check_accountant,
-                                      epsilon,
-                                      pld_min_noise_multiplier)
+from dpfy.privacy.accountants import (
+    DEFAULT_RESOLUTION,
+    PLD_COARSE,
+    PLD_FINE,
+    check_accountant,
+    epsilon,
+    pld_min_noise_multiplier,
+)
 from dpfy.privacy.ledger import Ledger, Release, Sampling
 from dpfy.privacy.releases import step_releases
-from dpfy.privacy.split import (combine_noise_multipliers, gaussian_remainder,
-                                quantile_noise_split, split_noise_multiplier)
+from dpfy.privacy.split import (
+    combine_noise_multipliers,
+    gaussian_remainder,
+    quantile_noise_split,
+    split_noise_multiplier,
+)
 
-__all__ = ["calibrate_noise_multiplier", "calibrate_sample_rate", "calibrate_steps",
-           "calibrate_schedule_scale", "hyfree_noise_split", "gaussian_remainder",
-           "split_noise_multiplier", "quantile_noise_split", "combine_noise_multipliers",
-           "MAX_TARGET_EPSILON", "MIN_TARGET_EPSILON", "MAX_NOISE_MULTIPLIER", "check_rigorous"]
+__all__ = [
+    "calibrate_noise_multiplier",
+    "calibrate_sample_rate",
+    "calibrate_steps",
+    "calibrate_schedule_scale",
+    "hyfree_noise_split",
+    "gaussian_remainder",
+    "split_noise_multiplier",
+    "quantile_noise_split",
+    "combine_noise_multipliers",
+    "MAX_TARGET_EPSILON",
+    "MIN_TARGET_EPSILON",
+    "MAX_NOISE_MULTIPLIER",
+    "check_rigorous",
+]
 
 MAX_NOISE_MULTIPLIER = 1e4
 MAX_TARGET_EPSILON = 100.0
@@ -62,26 +82,47 @@ MIN_TARGET_EPSILON = 1e-3
 def check_rigorous(accountant: str, approximate: bool) -> None:
     """Refuse the GDP approximation for a calibration unless ``approximate=True`` opts in."""
     check_accountant(accountant)
-    require(accountant != "gdp" or approximate is True, "accountant", accountant,
-            "'pld' or 'rdp' for a calibration (GDP is a CLT approximation that can "
-            "under-report ε)",
-            "Use accountant='pld'; to reproduce a paper's GDP calibration pass "
-            "approximate=True (CLI: --approximate) and state the rigorous PLD ε next to it")
+    require(
+        accountant != "gdp" or approximate is True,
+        "accountant",
+        accountant,
+        "'pld' or 'rdp' for a calibration (GDP is a CLT approximation that can under-report ε)",
+        "Use accountant='pld'; to reproduce a paper's GDP calibration pass "
+        "approximate=True (CLI: --approximate) and state the rigorous PLD ε next to it",
+    )
 
 
-def _check_common(target_epsilon: float, delta: float, accountant: str,
-                  approximate: bool = False) -> None:
-    require(isinstance(target_epsilon, (int, float)) and 0 < target_epsilon < math.inf,
-            "target_epsilon", target_epsilon, "> 0 and finite")
-    require(target_epsilon <= MAX_TARGET_EPSILON, "target_epsilon", target_epsilon,
-            f"<= {MAX_TARGET_EPSILON:g} (larger ε is no meaningful guarantee and drives σ to 0)",
-            "Lower the target ε, or give a fixed noise multiplier instead of a target")
-    require(target_epsilon >= MIN_TARGET_EPSILON, "target_epsilon", target_epsilon,
-            f">= {MIN_TARGET_EPSILON:g} (below it the accountants' ε underflows to 0 and a "
-            f"calibration would rest on rounding error)",
-            "Raise the target ε; ε < 0.001 is indistinguishable from not training")
-    require(isinstance(delta, (int, float)) and 0 < delta < 1, "delta", delta, "in (0, 1)",
-            "The guide's convention is δ ≪ 1/N, e.g. 1/N^1.1")
+def _check_common(
+    target_epsilon: float, delta: float, accountant: str, approximate: bool = False
+) -> None:
+    require(
+        isinstance(target_epsilon, (int, float)) and 0 < target_epsilon < math.inf,
+        "target_epsilon",
+        target_epsilon,
+        "> 0 and finite",
+    )
+    require(
+        target_epsilon <= MAX_TARGET_EPSILON,
+        "target_epsilon",
+        target_epsilon,
+        f"<= {MAX_TARGET_EPSILON:g} (larger ε is no meaningful guarantee and drives σ to 0)",
+        "Lower the target ε, or give a fixed noise multiplier instead of a target",
+    )
+    require(
+        target_epsilon >= MIN_TARGET_EPSILON,
+        "target_epsilon",
+        target_epsilon,
+        f">= {MIN_TARGET_EPSILON:g} (below it the accountants' ε underflows to 0 and a "
+        f"calibration would rest on rounding error)",
+        "Raise the target ε; ε < 0.001 is indistinguishable from not training",
+    )
+    require(
+        isinstance(delta, (int, float)) and 0 < delta < 1,
+        "delta",
+        delta,
+        "in (0, 1)",
+        "The guide's convention is δ ≪ 1/N, e.g. 1/N^1.1",
+    )
     check_rigorous(accountant, approximate)
 
 
@@ -93,17 +134,31 @@ def _sigma_floor(accountant: str, sampling: Sampling) -> float:
 
 
 def _below_pld_floor(target_epsilon: float, floor: float) -> None:
-    require(False, "target_epsilon", target_epsilon,
-            f"reachable with a noise multiplier >= {floor:.3g} (the PLD accountant's floor)",
-            "Lower the target ε, or calibrate with accountant 'rdp' (--accountant rdp)")
+    require(
+        False,
+        "target_epsilon",
+        target_epsilon,
+        f"reachable with a noise multiplier >= {floor:.3g} (the PLD accountant's floor)",
+        "Lower the target ε, or calibrate with accountant 'rdp' (--accountant rdp)",
+    )
 
 
 def _check_rate(sample_rate: float) -> None:
-    require(isinstance(sample_rate, (int, float)) and 0 < sample_rate <= 1, "sample_rate",
-            sample_rate, "in (0, 1]", "Use batch_size / dataset_size")
+    require(
+        isinstance(sample_rate, (int, float)) and 0 < sample_rate <= 1,
+        "sample_rate",
+        sample_rate,
+        "in (0, 1]",
+        "Use batch_size / dataset_size",
+    )
     # (μ/q)² in the search's starting guess overflows below this; no dataset is that large
-    require(sample_rate >= 1e-100, "sample_rate", sample_rate, ">= 1e-100",
-            "Use batch_size / dataset_size")
+    require(
+        sample_rate >= 1e-100,
+        "sample_rate",
+        sample_rate,
+        ">= 1e-100",
+        "Use batch_size / dataset_size",
+    )
 
 
 def _check_steps(steps: int) -> None:
@@ -122,10 +177,18 @@ def last_passing(ok: Callable[[int], bool], lo: int, hi: int) -> int:
     return lo
 
 
-def _solve_decreasing(eps: Callable[[float], float], target: float, x0: float, *,
-                      rel_tol: float, x_max: float, fail: Callable[[], None],
-                      bracket: tuple[float, float] | None = None, x_min: float = 0.0,
-                      fail_low: Callable[[], None] | None = None) -> float:
+def _solve_decreasing(
+    eps: Callable[[float], float],
+    target: float,
+    x0: float,
+    *,
+    rel_tol: float,
+    x_max: float,
+    fail: Callable[[], None],
+    bracket: tuple[float, float] | None = None,
+    x_min: float = 0.0,
+    fail_low: Callable[[], None] | None = None,
+) -> float:
     """Smallest x > 0 (to relative ``rel_tol``, on the safe side) with eps(x) <= target.
 
     With ``x_min > 0`` no x below it is evaluated: if eps(x_min) already meets the target (the
@@ -136,6 +199,7 @@ def _solve_decreasing(eps: Callable[[float], float], target: float, x0: float, *
     in σ, so this needs a handful of accountant calls instead of ~20 bisections), falling back to
     bisection whenever an interpolation step would not shrink the bracket enough.
     """
+
     def f(x: float) -> float:
         v = eps(x)
         if v <= 0:
@@ -183,20 +247,34 @@ def _solve_decreasing(eps: Callable[[float], float], target: float, x0: float, *
     return hi
 
 
-def _homogeneous_epsilon(*, sample_rate: float, noise_multiplier: float, steps: int,
-                         sampling: Sampling, dataset_size: int | None, delta: float,
-                         accountant: str, max_examples_per_user: int | None = None,
-                         noise: str = "gaussian", period: int | None = None) -> float:
+def _homogeneous_epsilon(
+    *,
+    sample_rate: float,
+    noise_multiplier: float,
+    steps: int,
+    sampling: Sampling,
+    dataset_size: int | None,
+    delta: float,
+    accountant: str,
+    max_examples_per_user: int | None = None,
+    noise: str = "gaussian",
+    period: int | None = None,
+) -> float:
     """ε of the ledger of ``steps`` identical steps that a run would write."""
-    ledger = Ledger.homogeneous(sample_rate=sample_rate, noise_multiplier=noise_multiplier,
-                                steps=steps, sampling=sampling, dataset_size=dataset_size,
-                                max_examples_per_user=max_examples_per_user, noise=noise,
-                                period=period)
+    ledger = Ledger.homogeneous(
+        sample_rate=sample_rate,
+        noise_multiplier=noise_multiplier,
+        steps=steps,
+        sampling=sampling,
+        dataset_size=dataset_size,
+        max_examples_per_user=max_examples_per_user,
+        noise=noise,
+        period=period,
+    )
     return epsilon(ledger, delta=delta, accountant=accountant)
 
 
-def _gdp_sigma_guess(target_epsilon: float, delta: float, sample_rate: float,
-                     steps: int) -> float:
+def _gdp_sigma_guess(target_epsilon: float, delta: float, sample_rate: float, steps: int) -> float:
     """σ that the GDP CLT gives for homogeneous Poisson steps: a starting point, not a result."""
     try:
         mu = gdp.mu_for_epsilon(target_epsilon, delta)
@@ -206,13 +284,21 @@ def _gdp_sigma_guess(target_epsilon: float, delta: float, sample_rate: float,
     return 1.0 / math.sqrt(math.log1p(ratio)) if ratio > 0 else 1.0
 
 
-def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, sample_rate: float,
-                               steps: int, accountant: str = "rdp",
-                               sampling: Sampling = Sampling.POISSON,
-                               dataset_size: int | None = None, tol: float = 1e-3,
-                               approximate: bool = False,
-                               max_examples_per_user: int | None = None,
-                               noise: str = "gaussian", period: int | None = None) -> float:
+def calibrate_noise_multiplier(
+    *,
+    target_epsilon: float,
+    delta: float,
+    sample_rate: float,
+    steps: int,
+    accountant: str = "rdp",
+    sampling: Sampling = Sampling.POISSON,
+    dataset_size: int | None = None,
+    tol: float = 1e-3,
+    approximate: bool = False,
+    max_examples_per_user: int | None = None,
+    noise: str = "gaussian",
+    period: int | None = None,
+) -> float:
     """Smallest σ (to relative ``tol``) whose ledger of ``steps`` identical steps spends ≤ target.
 
     User-level runs: ``sampling=Sampling.ULS`` with the *user* rate (a Poisson-subsampled
@@ -238,16 +324,27 @@ def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, sample_ra
     _check_steps(steps)
 
     def eps(sigma: float) -> float:
-        return _homogeneous_epsilon(sample_rate=sample_rate, noise_multiplier=sigma, steps=steps,
-                                    sampling=sampling, dataset_size=dataset_size, delta=delta,
-                                    accountant=accountant,
-                                    max_examples_per_user=max_examples_per_user,
-                                    noise=noise, period=period)
+        return _homogeneous_epsilon(
+            sample_rate=sample_rate,
+            noise_multiplier=sigma,
+            steps=steps,
+            sampling=sampling,
+            dataset_size=dataset_size,
+            delta=delta,
+            accountant=accountant,
+            max_examples_per_user=max_examples_per_user,
+            noise=noise,
+            period=period,
+        )
 
     def fail() -> None:
-        require(False, "target_epsilon", target_epsilon,
-                f"reachable with a noise multiplier below {MAX_NOISE_MULTIPLIER:g}",
-                "Raise the target ε or δ, or lower the sample rate or the number of steps")
+        require(
+            False,
+            "target_epsilon",
+            target_epsilon,
+            f"reachable with a noise multiplier below {MAX_NOISE_MULTIPLIER:g}",
+            "Raise the target ε or δ, or lower the sample rate or the number of steps",
+        )
 
     floor = _sigma_floor(accountant, sampling)
     guess = _gdp_sigma_guess(target_epsilon, delta, sample_rate, steps)
@@ -260,9 +357,15 @@ def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, sample_ra
         guess = max(guess * k, floor * 1.01)
         if accountant == "pld":
             rdp_sigma = calibrate_noise_multiplier(
-                target_epsilon=target_epsilon, delta=delta, sample_rate=sample_rate,
-                steps=steps, accountant="rdp", sampling=sampling, tol=tol,
-                max_examples_per_user=max_examples_per_user)
+                target_epsilon=target_epsilon,
+                delta=delta,
+                sample_rate=sample_rate,
+                steps=steps,
+                accountant="rdp",
+                sampling=sampling,
+                tol=tol,
+                max_examples_per_user=max_examples_per_user,
+            )
             if rdp_sigma < floor:
                 _below_pld_floor(target_epsilon, floor)
             bracket = (max(rdp_sigma / 2, floor), rdp_sigma)
@@ -270,22 +373,44 @@ def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, sample_ra
         # PLD is tighter than RDP, so RDP's σ (cheap) is a safe upper end; the GDP CLT value is
         # usually just below PLD's. Both ends are checked by the search before they are used.
         rdp_sigma = calibrate_noise_multiplier(
-            target_epsilon=target_epsilon, delta=delta, sample_rate=sample_rate, steps=steps,
-            accountant="rdp", sampling=sampling, dataset_size=dataset_size, tol=tol)
-        if rdp_sigma < floor:            # PLD's σ is below RDP's, so below the floor too
+            target_epsilon=target_epsilon,
+            delta=delta,
+            sample_rate=sample_rate,
+            steps=steps,
+            accountant="rdp",
+            sampling=sampling,
+            dataset_size=dataset_size,
+            tol=tol,
+        )
+        if rdp_sigma < floor:  # PLD's σ is below RDP's, so below the floor too
             _below_pld_floor(target_epsilon, floor)
         bracket = (min(guess, rdp_sigma) * 0.98, rdp_sigma)
-    return _solve_decreasing(eps, target_epsilon, guess, rel_tol=tol,
-                             x_max=MAX_NOISE_MULTIPLIER, fail=fail, bracket=bracket,
-                             x_min=floor, fail_low=lambda: _below_pld_floor(target_epsilon, floor))
+    return _solve_decreasing(
+        eps,
+        target_epsilon,
+        guess,
+        rel_tol=tol,
+        x_max=MAX_NOISE_MULTIPLIER,
+        fail=fail,
+        bracket=bracket,
+        x_min=floor,
+        fail_low=lambda: _below_pld_floor(target_epsilon, floor),
+    )
 
 
-def calibrate_sample_rate(*, target_epsilon: float, delta: float, noise_multiplier: float,
-                          steps: int, accountant: str = "rdp",
-                          sampling: Sampling = Sampling.POISSON,
-                          dataset_size: int | None = None, tol: float = 1e-3,
-                          approximate: bool = False,
-                          max_examples_per_user: int | None = None) -> float:
+def calibrate_sample_rate(
+    *,
+    target_epsilon: float,
+    delta: float,
+    noise_multiplier: float,
+    steps: int,
+    accountant: str = "rdp",
+    sampling: Sampling = Sampling.POISSON,
+    dataset_size: int | None = None,
+    tol: float = 1e-3,
+    approximate: bool = False,
+    max_examples_per_user: int | None = None,
+) -> float:
     """Largest q in (0, 1] (to relative ``tol``) whose ledger spends ≤ target.
 
     Multiply by the dataset size and round *down* to get a batch size. Raises if even
@@ -297,31 +422,51 @@ def calibrate_sample_rate(*, target_epsilon: float, delta: float, noise_multipli
     _check_steps(steps)
 
     def eps(q: float) -> float:
-        return _homogeneous_epsilon(sample_rate=q, noise_multiplier=noise_multiplier,
-                                    steps=steps, sampling=sampling, dataset_size=dataset_size,
-                                    delta=delta, accountant=accountant,
-                                    max_examples_per_user=max_examples_per_user)
+        return _homogeneous_epsilon(
+            sample_rate=q,
+            noise_multiplier=noise_multiplier,
+            steps=steps,
+            sampling=sampling,
+            dataset_size=dataset_size,
+            delta=delta,
+            accountant=accountant,
+            max_examples_per_user=max_examples_per_user,
+        )
 
     if eps(1.0) <= target_epsilon:
         return 1.0
     q_min = 1.0 / dataset_size if dataset_size else 1e-9
-    require(eps(q_min) <= target_epsilon, "target_epsilon", target_epsilon,
-            f"reachable with the smallest sample rate {q_min:.3g}",
-            "Raise the noise multiplier or the target ε, or run fewer steps")
+    require(
+        eps(q_min) <= target_epsilon,
+        "target_epsilon",
+        target_epsilon,
+        f"reachable with the smallest sample rate {q_min:.3g}",
+        "Raise the noise multiplier or the target ε, or run fewer steps",
+    )
+
     # ε grows with q, so it falls with y = 1/q: find the smallest safe y, i.e. the largest q.
     def eps_y(y: float) -> float:
         return eps(1.0 / y) if y >= 1 else math.inf
 
-    y = _solve_decreasing(eps_y, target_epsilon, 100.0, rel_tol=tol, x_max=1 / q_min * 1.0001,
-                          fail=lambda: None)
+    y = _solve_decreasing(
+        eps_y, target_epsilon, 100.0, rel_tol=tol, x_max=1 / q_min * 1.0001, fail=lambda: None
+    )
     return 1.0 / y
 
 
-def calibrate_steps(*, target_epsilon: float, delta: float, noise_multiplier: float,
-                    sample_rate: float, accountant: str = "rdp",
-                    sampling: Sampling = Sampling.POISSON, dataset_size: int | None = None,
-                    max_steps: int = 10 ** 8, approximate: bool = False,
-                    max_examples_per_user: int | None = None) -> int:
+def calibrate_steps(
+    *,
+    target_epsilon: float,
+    delta: float,
+    noise_multiplier: float,
+    sample_rate: float,
+    accountant: str = "rdp",
+    sampling: Sampling = Sampling.POISSON,
+    dataset_size: int | None = None,
+    max_steps: int = 10**8,
+    approximate: bool = False,
+    max_examples_per_user: int | None = None,
+) -> int:
     """Largest number of steps whose ledger spends ≤ target (exact integer bisection).
 
     ``approximate`` as in :func:`calibrate_noise_multiplier`.
@@ -331,15 +476,28 @@ def calibrate_steps(*, target_epsilon: float, delta: float, noise_multiplier: fl
     _check_rate(sample_rate)
 
     def ok(steps: int) -> bool:
-        return _homogeneous_epsilon(sample_rate=sample_rate, noise_multiplier=noise_multiplier,
-                                    steps=steps, sampling=sampling, dataset_size=dataset_size,
-                                    delta=delta, accountant=accountant,
-                                    max_examples_per_user=max_examples_per_user
-                                    ) <= target_epsilon
+        return (
+            _homogeneous_epsilon(
+                sample_rate=sample_rate,
+                noise_multiplier=noise_multiplier,
+                steps=steps,
+                sampling=sampling,
+                dataset_size=dataset_size,
+                delta=delta,
+                accountant=accountant,
+                max_examples_per_user=max_examples_per_user,
+            )
+            <= target_epsilon
+        )
 
-    require(ok(1), "target_epsilon", target_epsilon, "reachable by a single step",
-            "One step already overspends: raise the noise multiplier or the target ε, or lower "
-            "the sample rate")
+    require(
+        ok(1),
+        "target_epsilon",
+        target_epsilon,
+        "reachable by a single step",
+        "One step already overspends: raise the noise multiplier or the target ε, or lower "
+        "the sample rate",
+    )
     lo, hi = 1, 2
     while ok(hi):
         lo, hi = hi, hi * 2
@@ -348,12 +506,18 @@ def calibrate_steps(*, target_epsilon: float, delta: float, noise_multiplier: fl
     return last_passing(ok, lo, hi)
 
 
-def calibrate_schedule_scale(*, shape: Sequence[float] | np.ndarray, target_epsilon: float,
-                             delta: float,
-                             sample_rate: float, accountant: str = "pld",
-                             sampling: Sampling = Sampling.POISSON,
-                             dataset_size: int | None = None, tol: float = 2e-3,
-                             approximate: bool = False) -> float:
+def calibrate_schedule_scale(
+    *,
+    shape: Sequence[float] | np.ndarray,
+    target_epsilon: float,
+    delta: float,
+    sample_rate: float,
+    accountant: str = "pld",
+    sampling: Sampling = Sampling.POISSON,
+    dataset_size: int | None = None,
+    tol: float = 2e-3,
+    approximate: bool = False,
+) -> float:
     """Smallest s such that the ledger with σ_t = s·shape[t] (one step per entry) spends ≤ target.
 
     ``shape`` is the schedule's form f(t) (e.g. a decay k^t), one positive value per step. Big
@@ -368,49 +532,86 @@ def calibrate_schedule_scale(*, shape: Sequence[float] | np.ndarray, target_epsi
     _check_rate(sample_rate)
     values = [float(v) for v in shape]
     require(len(values) >= 1, "shape", shape, "a non-empty sequence (one value per step)")
-    require(all(v > 0 and math.isfinite(v) for v in values), "shape", min(values),
-            "positive and finite at every step")
+    require(
+        all(v > 0 and math.isfinite(v) for v in values),
+        "shape",
+        min(values),
+        "positive and finite at every step",
+    )
 
     # Searching over s makes every σ new, so exact accounting would recompute every step's
     # RDP curve / PLD at each trial. On the rounded-down grid the σ's repeat between trials
     # (cached) and ε stays an upper bound, so the answer stays on the safe side.
-    resolution = (None if len(set(values)) <= 16 else DEFAULT_RESOLUTION.get(accountant))
+    resolution = None if len(set(values)) <= 16 else DEFAULT_RESOLUTION.get(accountant)
 
     def eps_for(name: str) -> Callable[[float], float]:
         def eps(s: float) -> float:
-            ledger = Ledger.from_schedule(sample_rates=[sample_rate] * len(values),
-                                          noise_multipliers=[s * v for v in values],
-                                          sampling=sampling, dataset_size=dataset_size)
-            return epsilon(ledger, delta=delta, accountant=name,
-                           sigma_resolution=resolution if name == accountant else None)
+            ledger = Ledger.from_schedule(
+                sample_rates=[sample_rate] * len(values),
+                noise_multipliers=[s * v for v in values],
+                sampling=sampling,
+                dataset_size=dataset_size,
+            )
+            return epsilon(
+                ledger,
+                delta=delta,
+                accountant=name,
+                sigma_resolution=resolution if name == accountant else None,
+            )
+
         return eps
 
     def fail() -> None:
-        require(False, "target_epsilon", target_epsilon,
-                "reachable by scaling the schedule", "Raise the target ε or δ, or shorten the run")
+        require(
+            False,
+            "target_epsilon",
+            target_epsilon,
+            "reachable by scaling the schedule",
+            "Raise the target ε or δ, or shorten the run",
+        )
 
     top = MAX_NOISE_MULTIPLIER / max(values)
     # Start where the (fast, closed-form) GDP CLT puts the answer; only the accountant's own
     # ε decides the result.
-    guess = _solve_decreasing(eps_for("gdp"), target_epsilon, 1.0 / _mean(values),
-                              rel_tol=0.02, x_max=top, fail=fail)
+    guess = _solve_decreasing(
+        eps_for("gdp"), target_epsilon, 1.0 / _mean(values), rel_tol=0.02, x_max=top, fail=fail
+    )
     floor = _sigma_floor(accountant, sampling)
-    if floor and _rdp_epsilon_at(floor / min(values), values, sample_rate, sampling,
-                                 dataset_size, delta) <= target_epsilon:
+    if (
+        floor
+        and _rdp_epsilon_at(floor / min(values), values, sample_rate, sampling, dataset_size, delta)
+        <= target_epsilon
+    ):
         # RDP's ε bounds PLD's from above, so PLD meets the target below the floor too: refuse
         # now instead of building PLD grids at the floor.
         _below_pld_floor(target_epsilon, floor)
-    return _solve_decreasing(eps_for(accountant), target_epsilon, guess, rel_tol=tol,
-                             x_max=top, fail=fail, x_min=floor / min(values),
-                             fail_low=lambda: _below_pld_floor(target_epsilon, floor))
+    return _solve_decreasing(
+        eps_for(accountant),
+        target_epsilon,
+        guess,
+        rel_tol=tol,
+        x_max=top,
+        fail=fail,
+        x_min=floor / min(values),
+        fail_low=lambda: _below_pld_floor(target_epsilon, floor),
+    )
 
 
-def _rdp_epsilon_at(scale: float, values: Sequence[float], sample_rate: float,
-                    sampling: Sampling, dataset_size: int | None, delta: float) -> float:
+def _rdp_epsilon_at(
+    scale: float,
+    values: Sequence[float],
+    sample_rate: float,
+    sampling: Sampling,
+    dataset_size: int | None,
+    delta: float,
+) -> float:
     """RDP ε (cheap, an upper bound of PLD's) of the schedule scaled by ``scale``."""
-    ledger = Ledger.from_schedule(sample_rates=[sample_rate] * len(values),
-                                  noise_multipliers=[scale * v for v in values],
-                                  sampling=sampling, dataset_size=dataset_size)
+    ledger = Ledger.from_schedule(
+        sample_rates=[sample_rate] * len(values),
+        noise_multipliers=[scale * v for v in values],
+        sampling=sampling,
+        dataset_size=dataset_size,
+    )
     return epsilon(ledger, delta=delta, accountant="rdp")
 
 
@@ -418,10 +619,20 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values)
 
 
-def hyfree_noise_split(*, target_epsilon: float, delta: float, sample_rate: float, steps: int,
-                       probe_every: int, probes_per_round: int = 3, gamma: float = 1.01,
-                       accountant: str = "rdp", probes_share_batch: bool = True,
-                       tol: float = 1e-3, approximate: bool = False) -> tuple[float, float]:
+def hyfree_noise_split(
+    *,
+    target_epsilon: float,
+    delta: float,
+    sample_rate: float,
+    steps: int,
+    probe_every: int,
+    probes_per_round: int = 3,
+    gamma: float = 1.01,
+    accountant: str = "rdp",
+    probes_share_batch: bool = True,
+    tol: float = 1e-3,
+    approximate: bool = False,
+) -> tuple[float, float]:
     """HyFreeDP's end-to-end split (Bu & Liu 2025, Algorithm 2, §4.3 and Appendix C): (σ_g, σ_l).
 
     1. σ = the noise multiplier plain DP-SGD would need for (ε, δ) over ``steps``;
@@ -441,46 +652,66 @@ def hyfree_noise_split(*, target_epsilon: float, delta: float, sample_rate: floa
     _check_common(target_epsilon, delta, accountant, approximate)
     _check_rate(sample_rate)
     _check_steps(steps)
-    require(isinstance(probe_every, int) and probe_every >= 1, "probe_every", probe_every,
-            "an integer >= 1 (K: steps between learning-rate updates)")
+    require(
+        isinstance(probe_every, int) and probe_every >= 1,
+        "probe_every",
+        probe_every,
+        "an integer >= 1 (K: steps between learning-rate updates)",
+    )
     require(probes_per_round >= 1, "probes_per_round", probes_per_round, ">= 1")
     require(gamma > 1, "gamma", gamma, "> 1", "The paper uses γ = 1.01")
-    sigma = calibrate_noise_multiplier(target_epsilon=target_epsilon, delta=delta,
-                                       sample_rate=sample_rate, steps=steps,
-                                       accountant=accountant, tol=tol / 4,
-                                       approximate=approximate)
+    sigma = calibrate_noise_multiplier(
+        target_epsilon=target_epsilon,
+        delta=delta,
+        sample_rate=sample_rate,
+        steps=steps,
+        accountant=accountant,
+        tol=tol / 4,
+        approximate=approximate,
+    )
     sigma_g = gamma * sigma
-
 
     def ledger_for(sigma_l: float) -> Ledger:
         ledger = Ledger()
         grad = Release("gradient", sigma_g)
         probes = [Release("loss_probe", sigma_l)] * probes_per_round
         # Loss probes of bound 1 with noise std σ_l: noise multiplier σ_l, as the step records.
-        specs = {f"loss_probe_{k}": ReleaseSpec(1.0, sigma_l, kind="loss", offsets={})
-                 for k in range(probes_per_round)}
+        specs = {
+            f"loss_probe_{k}": ReleaseSpec(1.0, sigma_l, kind="loss", offsets={})
+            for k in range(probes_per_round)
+        }
         for t in range(steps):
             probe_round = t % probe_every == 0
             if probes_share_batch:
-                plan = StepPlan(step=t, sample_rate=sample_rate, noise_multiplier=sigma_g,
-                                clip=1.0)
-                ledger.record_step(sampling=Sampling.POISSON, sample_rate=sample_rate,
-                                   releases=step_releases(plan, specs if probe_round else {}))
+                plan = StepPlan(step=t, sample_rate=sample_rate, noise_multiplier=sigma_g, clip=1.0)
+                ledger.record_step(
+                    sampling=Sampling.POISSON,
+                    sample_rate=sample_rate,
+                    releases=step_releases(plan, specs if probe_round else {}),
+                )
             else:
-                ledger.record_step(sampling=Sampling.POISSON, sample_rate=sample_rate,
-                                   releases=[grad])
+                ledger.record_step(
+                    sampling=Sampling.POISSON, sample_rate=sample_rate, releases=[grad]
+                )
                 for p in probes if probe_round else []:
-                    ledger.record_step(sampling=Sampling.POISSON, sample_rate=sample_rate,
-                                       releases=[p])
+                    ledger.record_step(
+                        sampling=Sampling.POISSON, sample_rate=sample_rate, releases=[p]
+                    )
         return ledger
 
     def eps(sigma_l: float) -> float:
         return epsilon(ledger_for(sigma_l), delta=delta, accountant=accountant)
 
     def fail() -> None:
-        require(False, "gamma", gamma, "large enough to leave budget for the loss probes",
-                "Raise γ, probe less often (larger probe_every) or raise the target ε")
+        require(
+            False,
+            "gamma",
+            gamma,
+            "large enough to leave budget for the loss probes",
+            "Raise γ, probe less often (larger probe_every) or raise the target ε",
+        )
 
-    sigma_l = _solve_decreasing(eps, target_epsilon, sigma_g * 2, rel_tol=tol,
-                                x_max=MAX_NOISE_MULTIPLIER, fail=fail)
+    sigma_l = _solve_decreasing(
+        eps, target_epsilon, sigma_g * 2, rel_tol=tol, x_max=MAX_NOISE_MULTIPLIER, fail=fail
+    )
     return sigma_g, sigma_l

@@ -43,13 +43,23 @@ from dpfy.privacy.correlated import correlated_release, cyclic_charges, tree_cha
 from dpfy.privacy.ledger import Ledger, Sampling, StepGroup
 from dpfy.privacy.mixture import els_dp_event
 
-__all__ = ["POISSON", "WITHOUT_REPLACEMENT", "GAUSSIAN", "MIXTURE", "Atom", "CanonicalForm",
-           "canonical_form", "accounted_dp_event", "coarsen", "shuffle_participations"]
+__all__ = [
+    "POISSON",
+    "WITHOUT_REPLACEMENT",
+    "GAUSSIAN",
+    "MIXTURE",
+    "Atom",
+    "CanonicalForm",
+    "canonical_form",
+    "accounted_dp_event",
+    "coarsen",
+    "shuffle_participations",
+]
 
 POISSON = "poisson"
 WITHOUT_REPLACEMENT = "without_replacement"
 GAUSSIAN = "gaussian"
-MIXTURE = "mixture"   # one ELS step at the user level (dpfy.privacy.mixture)
+MIXTURE = "mixture"  # one ELS step at the user level (dpfy.privacy.mixture)
 
 
 @dataclass(frozen=True)
@@ -77,21 +87,28 @@ class Atom:
 
     @property
     def key(self) -> tuple:
-        return (self.kind, self.sample_rate, self.noise_multiplier, self.dataset_size,
-                self.max_examples_per_user)
+        return (
+            self.kind,
+            self.sample_rate,
+            self.noise_multiplier,
+            self.dataset_size,
+            self.max_examples_per_user,
+        )
 
     def step_event(self) -> dp_accounting.DpEvent:
         """The dp_accounting event of one composition of this atom."""
         gauss = dp_accounting.GaussianDpEvent(self.noise_multiplier)
         if self.kind == MIXTURE:
-            return els_dp_event(self.sample_rate, self.noise_multiplier,
-                                int(self.max_examples_per_user))  # type: ignore[arg-type]
+            k = self.max_examples_per_user
+            assert k is not None  # a mixture atom is built from an ELS group, which records k
+            return els_dp_event(self.sample_rate, self.noise_multiplier, int(k))
         if self.kind == POISSON:
             return dp_accounting.PoissonSampledDpEvent(self.sample_rate, gauss)
         if self.kind == WITHOUT_REPLACEMENT:
             n = int(self.dataset_size)  # type: ignore[arg-type]
             return dp_accounting.SampledWithoutReplacementDpEvent(
-                n, max(1, round(self.sample_rate * n)), gauss)
+                n, max(1, round(self.sample_rate * n)), gauss
+            )
         return gauss
 
     def dp_event(self) -> dp_accounting.DpEvent:
@@ -151,14 +168,14 @@ def _merge(atoms: Iterable[Atom]) -> tuple[Atom, ...]:
     gauss_inv_var = 0.0
     for a in atoms:
         if a.kind == GAUSSIAN:
-            gauss_inv_var += a.count / a.noise_multiplier ** 2
+            gauss_inv_var += a.count / a.noise_multiplier**2
             continue
         counts[a.key] += a.count
         first.setdefault(a.key, a)
     out = [replace(first[k], count=c) for k, c in counts.items()]
     out.sort(key=lambda a: (a.kind, a.sample_rate, a.noise_multiplier))
     if gauss_inv_var > 0:
-        out.append(Atom(GAUSSIAN, 1.0, gauss_inv_var ** -0.5, 1))
+        out.append(Atom(GAUSSIAN, 1.0, gauss_inv_var**-0.5, 1))
     return tuple(out)
 
 
@@ -216,27 +233,39 @@ def canonical_form(ledger: Ledger, *, amplify: bool = True) -> CanonicalForm:
         elif g.sampling is Sampling.ELS:
             assert g.max_examples_per_user is not None  # StepGroup refuses ELS steps without it
             k = int(g.max_examples_per_user)
-            atoms.append(Atom(MIXTURE, g.sample_rate, sigma * factor, g.count,
-                              max_examples_per_user=k) if sampled else
-                         Atom(GAUSSIAN, 1.0, sigma * factor / k, g.count))
+            atoms.append(
+                Atom(MIXTURE, g.sample_rate, sigma * factor, g.count, max_examples_per_user=k)
+                if sampled
+                else Atom(GAUSSIAN, 1.0, sigma * factor / k, g.count)
+            )
         elif g.sampling is Sampling.FIXED_SIZE and sampled:
-            require(ledger.dataset_size is not None, "dataset_size", ledger.dataset_size,
-                    "set for fixed-size sampling",
-                    "Pass Ledger(dataset_size=N): the batch size is q·N")
-            atoms.append(Atom(WITHOUT_REPLACEMENT, g.sample_rate, sigma * factor, g.count,
-                              ledger.dataset_size))
+            require(
+                ledger.dataset_size is not None,
+                "dataset_size",
+                ledger.dataset_size,
+                "set for fixed-size sampling",
+                "Pass Ledger(dataset_size=N): the batch size is q·N",
+            )
+            atoms.append(
+                Atom(
+                    WITHOUT_REPLACEMENT, g.sample_rate, sigma * factor, g.count, ledger.dataset_size
+                )
+            )
         else:
             atoms.append(Atom(GAUSSIAN, 1.0, sigma * factor, g.count))
     if shuffled:
         atoms.extend(_shuffle_atoms(shuffled, factor))
-    charges = ((tree_charges(correlated["tree"]) if correlated["tree"] else [])
-               + (cyclic_charges(correlated["bandmf"]) if correlated["bandmf"] else []))
-    for c in charges:   # correlated noise as independent Gaussians (privacy.correlated)
+    charges = (tree_charges(correlated["tree"]) if correlated["tree"] else []) + (
+        cyclic_charges(correlated["bandmf"]) if correlated["bandmf"] else []
+    )
+    for c in charges:  # correlated noise as independent Gaussians (privacy.correlated)
         sampled = amplify and c.sampled and c.sample_rate < 1
-        atoms.append(Atom(POISSON, c.sample_rate, c.noise_multiplier * factor, c.count)
-                     if sampled else Atom(GAUSSIAN, 1.0, c.noise_multiplier * factor, c.count))
+        atoms.append(
+            Atom(POISSON, c.sample_rate, c.noise_multiplier * factor, c.count)
+            if sampled
+            else Atom(GAUSSIAN, 1.0, c.noise_multiplier * factor, c.count)
+        )
     return CanonicalForm(adjacency, _merge(atoms), non_private)
-
 
 
 def accounted_dp_event(ledger: Ledger) -> dp_accounting.DpEvent:
@@ -249,6 +278,7 @@ def accounted_dp_event(ledger: Ledger) -> dp_accounting.DpEvent:
     record, every release its own event, is :meth:`Ledger.dp_event`.
     """
     return canonical_form(ledger).dp_event()
+
 
 def _round_down(sigma: float, resolution: float) -> float:
     step = math.log1p(resolution)
@@ -267,9 +297,17 @@ def coarsen(form: CanonicalForm, resolution: float) -> CanonicalForm:
       form: an exact canonical form.
       resolution: r > 0, the relative grid spacing; each σ loses less than a factor 1/(1 + r).
     """
-    require(0 < resolution < 1, "sigma_resolution", resolution, "in (0, 1)",
-            "Use e.g. 0.01 (σ rounded down by at most 1 %)")
-    atoms = [a if a.kind == GAUSSIAN else
-             replace(a, noise_multiplier=_round_down(a.noise_multiplier, resolution))
-             for a in form.atoms]
+    require(
+        0 < resolution < 1,
+        "sigma_resolution",
+        resolution,
+        "in (0, 1)",
+        "Use e.g. 0.01 (σ rounded down by at most 1 %)",
+    )
+    atoms = [
+        a
+        if a.kind == GAUSSIAN
+        else replace(a, noise_multiplier=_round_down(a.noise_multiplier, resolution))
+        for a in form.atoms
+    ]
     return replace(form, atoms=_merge(atoms), resolution=resolution)

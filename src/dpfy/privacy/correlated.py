@@ -65,14 +65,16 @@ def correlated_release(group: StepGroup) -> Release | None:
                 f"cyclic Poisson steps must carry BandMF's band count, got steps "
                 f"{group.first_step}..{group.last_step} with independent Gaussian releases "
                 f"and no period. Record them with Release(..., noise='bandmf', period=b) "
-                f"(b = 1 for DP-SGD noise)")
+                f"(b = 1 for DP-SGD noise)"
+            )
         return None
     if len(group.releases) != 1:
         raise PrivacyRefusal(
             f"a step with correlated noise ({correlated[0].noise}) must release only its "
             f"gradient sum, got {[r.mechanism for r in group.releases]} at steps "
             f"{group.first_step}..{group.last_step}. Use a method without extra releases, "
-            f"or noise='gaussian'")
+            f"or noise='gaussian'"
+        )
     return correlated[0]
 
 
@@ -90,10 +92,14 @@ def tree_charges(groups: Sequence[StepGroup]) -> list[Charge]:
     sampler's pass length: the mechanism restarts with each pass). Only shuffled steps are
     accepted: the sampler is what guarantees one participation per pass.
     """
-    periods = {correlated_release(g).period for g in groups}   # type: ignore[union-attr]
-    require(len(periods) <= 1, "tree periods", sorted(periods),
-            "one restart length for the whole ledger",
-            "Account runs with different shuffled passes separately")
+    periods = {correlated_release(g).period for g in groups}  # type: ignore[union-attr]
+    require(
+        len(periods) <= 1,
+        "tree periods",
+        sorted(periods),
+        "one restart length for the whole ledger",
+        "Account runs with different shuffled passes separately",
+    )
     trees: dict[int, list[float]] = defaultdict(lambda: [math.inf, 0])  # k -> [σ_min, leaves]
     for g in groups:
         release = correlated_release(g)
@@ -103,14 +109,17 @@ def tree_charges(groups: Sequence[StepGroup]) -> list[Charge]:
                 f"tree aggregation is accounted for shuffled passes only (one participation "
                 f"per tree), got sampling {g.sampling.value!r} at steps {g.first_step}.."
                 f"{g.last_step}. Use dpfy's shuffled sampler (make_private(noise='tree') "
-                f"builds it)")
+                f"builds it)"
+            )
         p = release.period
         for k in range(g.first_step // p, g.last_step // p + 1):
             tree = trees[k]
             tree[0] = min(tree[0], release.noise_multiplier)
             tree[1] = max(tree[1], min(g.last_step, (k + 1) * p - 1) - k * p + 1)
-    return [Charge(False, 1.0, sigma / math.sqrt(tree_depth(int(leaves))), 1)
-            for sigma, leaves in trees.values()]
+    return [
+        Charge(False, 1.0, sigma / math.sqrt(tree_depth(int(leaves))), 1)
+        for sigma, leaves in trees.values()
+    ]
 
 
 def cyclic_charges(groups: Sequence[StepGroup]) -> list[Charge]:
@@ -125,11 +134,15 @@ def cyclic_charges(groups: Sequence[StepGroup]) -> list[Charge]:
                 f"BandMF is accounted with cyclic Poisson sampling only (b-min-separation), "
                 f"got sampling {g.sampling.value!r} at steps {g.first_step}..{g.last_step}. "
                 f"Use make_private(noise='bandmf', bands=b), which builds that sampler; for "
-                f"shuffled data use noise='tree'")
+                f"shuffled data use noise='tree'"
+            )
         last = runs[-1][-1] if runs else None
-        if (last is not None and last.last_step + 1 == g.first_step
-                and last.sample_rate == g.sample_rate
-                and last.releases[0].period == release.period):
+        if (
+            last is not None
+            and last.last_step + 1 == g.first_step
+            and last.sample_rate == g.sample_rate
+            and last.releases[0].period == release.period
+        ):
             runs[-1].append(g)
         else:
             runs.append([g])

@@ -38,11 +38,20 @@ from dpfy._require import require
 from dpfy.privacy.canonical import GAUSSIAN, MIXTURE, CanonicalForm
 from dpfy.privacy.mixture import els_rdp_dominating_pair
 
-__all__ = ["APPROXIMATION_NOTE", "ApproximateEpsilon", "mu_total", "delta_for_epsilon",
-           "epsilon_for_delta", "mu_for_epsilon", "mu_of_form"]
+__all__ = [
+    "APPROXIMATION_NOTE",
+    "ApproximateEpsilon",
+    "mu_total",
+    "delta_for_epsilon",
+    "epsilon_for_delta",
+    "mu_for_epsilon",
+    "mu_of_form",
+]
 
-APPROXIMATION_NOTE = ("GDP central-limit-theorem approximation (Bu et al. 2020; Dynamic DP-SGD "
-                      "Eq. 9): not an upper bound, it under-reports ε for small noise multipliers")
+APPROXIMATION_NOTE = (
+    "GDP central-limit-theorem approximation (Bu et al. 2020; Dynamic DP-SGD "
+    "Eq. 9): not an upper bound, it under-reports ε for small noise multipliers"
+)
 
 
 class ApproximateEpsilon(float):
@@ -56,19 +65,24 @@ class ApproximateEpsilon(float):
     rigorous: float
     rigorous_accountant: str
 
-    def __new__(cls, value: float, *, rigorous: float,
-                rigorous_accountant: str) -> "ApproximateEpsilon":
+    def __new__(
+        cls, value: float, *, rigorous: float, rigorous_accountant: str
+    ) -> "ApproximateEpsilon":
         out = super().__new__(cls, value)
         out.rigorous, out.rigorous_accountant = float(rigorous), rigorous_accountant
         return out
 
     def __getnewargs_ex__(self) -> tuple[tuple[float], dict[str, object]]:
-        return (float(self),), {"rigorous": self.rigorous,
-                                "rigorous_accountant": self.rigorous_accountant}
+        return (float(self),), {
+            "rigorous": self.rigorous,
+            "rigorous_accountant": self.rigorous_accountant,
+        }
 
     def __repr__(self) -> str:
-        return (f"ApproximateEpsilon({float(self)!r}, rigorous={self.rigorous!r} "
-                f"[{self.rigorous_accountant}])")
+        return (
+            f"ApproximateEpsilon({float(self)!r}, rigorous={self.rigorous!r} "
+            f"[{self.rigorous_accountant}])"
+        )
 
     __str__ = __repr__
 
@@ -87,14 +101,19 @@ def mu_total(sample_rate: float, mus: Sequence[float] | np.ndarray) -> float:
     With constant μ_t = μ this is Bu et al.'s Eq. (7), μ_tot = p·sqrt(T(e^{μ²} − 1)).
     An approximation (see the module warning).
     """
-    require(0 < sample_rate <= 1, "sample_rate", sample_rate, "in (0, 1]",
-            "Use batch_size / dataset_size")
+    require(
+        0 < sample_rate <= 1,
+        "sample_rate",
+        sample_rate,
+        "in (0, 1]",
+        "Use batch_size / dataset_size",
+    )
     arr = np.asarray(list(mus), dtype=float)
     require(arr.size >= 1, "mus", list(mus), "a non-empty sequence of per-step μ_t = 1/σ_t")
     require(bool(np.all(arr >= 0)), "mus", float(arr.min()), ">= 0 for every step")
     if np.any(np.isinf(arr)):
         return math.inf
-    return float(sample_rate * math.sqrt(float(np.sum(np.expm1(arr ** 2)))))
+    return float(sample_rate * math.sqrt(float(np.sum(np.expm1(arr**2)))))
 
 
 def delta_for_epsilon(epsilon: float, mu: float) -> float:
@@ -125,8 +144,9 @@ def epsilon_for_delta(delta: float, mu: float) -> float:
     hi = max(1.0, mu * mu)
     while delta_for_epsilon(hi, mu) > delta:
         hi *= 2
-    return float(optimize.brentq(lambda e: delta_for_epsilon(e, mu) - delta, 0.0, hi,
-                                 xtol=1e-12, rtol=1e-12))
+    return float(
+        optimize.brentq(lambda e: delta_for_epsilon(e, mu) - delta, 0.0, hi, xtol=1e-12, rtol=1e-12)
+    )
 
 
 def mu_for_epsilon(epsilon: float, delta: float) -> float:
@@ -137,8 +157,11 @@ def mu_for_epsilon(epsilon: float, delta: float) -> float:
     while delta_for_epsilon(epsilon, hi) < delta:
         hi *= 2
         require(hi < 1e6, "epsilon", epsilon, "finite for this delta")
-    return float(optimize.brentq(lambda m: delta_for_epsilon(epsilon, m) - delta, lo, hi,
-                                 xtol=1e-14, rtol=1e-12))
+    return float(
+        optimize.brentq(
+            lambda m: delta_for_epsilon(epsilon, m) - delta, lo, hi, xtol=1e-14, rtol=1e-12
+        )
+    )
 
 
 def mu_of_form(form: CanonicalForm) -> float:
@@ -154,10 +177,12 @@ def mu_of_form(form: CanonicalForm) -> float:
     total = 0.0
     for a in form.atoms:
         if a.kind == GAUSSIAN:
-            total += a.count / a.noise_multiplier ** 2
-        else:   # an ELS mixture through its dominating subsampled Gaussian (p, σ/k)
-            q, sigma = ((a.sample_rate, a.noise_multiplier) if a.kind != MIXTURE else
-                        els_rdp_dominating_pair(a.sample_rate, a.noise_multiplier,
-                                                int(a.max_examples_per_user)))  # type: ignore
-            total += a.count * q ** 2 * math.expm1(sigma ** -2)
+            total += a.count / a.noise_multiplier**2
+        else:  # an ELS mixture through its dominating subsampled Gaussian (p, σ/k)
+            q, sigma = a.sample_rate, a.noise_multiplier
+            if a.kind == MIXTURE:
+                k = a.max_examples_per_user
+                assert k is not None  # a mixture atom is built from an ELS group, which records k
+                q, sigma = els_rdp_dominating_pair(q, sigma, int(k))
+            total += a.count * q**2 * math.expm1(sigma**-2)
     return math.sqrt(total)

@@ -59,11 +59,21 @@ class PrivacyGroup:
     size: int
 
     def __post_init__(self) -> None:
-        require(isinstance(self.budget, (int, float)) and 0 < self.budget < math.inf,
-                "budget", self.budget, "> 0 and finite", "Give every group a positive ε")
+        require(
+            isinstance(self.budget, (int, float)) and 0 < self.budget < math.inf,
+            "budget",
+            self.budget,
+            "> 0 and finite",
+            "Give every group a positive ε",
+        )
         require(0 < self.sample_rate <= 1, "sample_rate", self.sample_rate, "in (0, 1]")
-        require(0 < self.clip_fraction <= 1, "clip_fraction", self.clip_fraction, "in (0, 1]",
-                "A group's threshold cannot exceed the step's sensitivity")
+        require(
+            0 < self.clip_fraction <= 1,
+            "clip_fraction",
+            self.clip_fraction,
+            "in (0, 1]",
+            "A group's threshold cannot exceed the step's sensitivity",
+        )
         require(isinstance(self.size, int) and self.size >= 1, "size", self.size, ">= 1")
 
 
@@ -88,11 +98,14 @@ class GroupLedgers:
     def num_steps(self) -> int:
         return self.ledgers[0].num_steps
 
-    def record_step(self, *, sampling: Sampling,
-                    releases: Sequence[Sequence[Release]]) -> None:
+    def record_step(self, *, sampling: Sampling, releases: Sequence[Sequence[Release]]) -> None:
         """Record one step: ``releases[p]`` is what group p's examples see (its own σ_p)."""
-        require(len(releases) == len(self.groups), "len(releases)", len(releases),
-                f"{len(self.groups)} (one tuple of releases per group)")
+        require(
+            len(releases) == len(self.groups),
+            "len(releases)",
+            len(releases),
+            f"{len(self.groups)} (one tuple of releases per group)",
+        )
         for group, ledger, rs in zip(self.groups, self.ledgers, releases):
             ledger.record_step(sampling=sampling, sample_rate=group.sample_rate, releases=rs)
 
@@ -100,11 +113,14 @@ class GroupLedgers:
         """ε(δ) of each group's ledger, in group order (PLD or RDP decide; GDP only reads)."""
         return [epsilon(ledger, delta=delta, accountant=accountant) for ledger in self.ledgers]
 
-    def curves(self, *, delta: float, accountant: str,
-               num_points: int = 30) -> list[list[tuple[int, float]]]:
+    def curves(
+        self, *, delta: float, accountant: str, num_points: int = 30
+    ) -> list[list[tuple[int, float]]]:
         """ε over steps of each group (Monir et al. 2023, Figs. 13/14), in group order."""
-        return [epsilon_curve(ledger, delta=delta, accountant=accountant, num_points=num_points)
-                for ledger in self.ledgers]
+        return [
+            epsilon_curve(ledger, delta=delta, accountant=accountant, num_points=num_points)
+            for ledger in self.ledgers
+        ]
 
     def report_section(self, *, delta: float, accountant: str) -> ReportSection:
         """The privacy report's per-group table: budget, ε spent, δ, examples, q_p, σ_p.
@@ -115,11 +131,19 @@ class GroupLedgers:
         spent = self.epsilons(delta=delta, accountant=accountant)
         rows, data = [], []
         for p, (group, eps, ledger) in enumerate(zip(self.groups, spent, self.ledgers)):
-            sigmas = sorted({r.noise_multiplier for g in ledger.groups for r in g.releases
-                             if r.mechanism == "gradient"})
+            sigmas = sorted(
+                {
+                    r.noise_multiplier
+                    for g in ledger.groups
+                    for r in g.releases
+                    if r.mechanism == "gradient"
+                }
+            )
             sigma = f"{sigmas[0]:.4g}" if len(sigmas) == 1 else "varies"
-            rows.append(f"| {p} | {group.budget:g} | {eps:.4g} | {delta:g} | {group.size} | "
-                        f"{group.sample_rate:.4g} | {sigma} |")
+            rows.append(
+                f"| {p} | {group.budget:g} | {eps:.4g} | {delta:g} | {group.size} | "
+                f"{group.sample_rate:.4g} | {sigma} |"
+            )
             data.append({**asdict(group), "epsilon": eps, "delta": delta})
         lines = (
             f"Individualized privacy: each example is protected at its own group's budget. "
@@ -132,8 +156,11 @@ class GroupLedgers:
             "|---|---|---|---|---|---|---|",
             *rows,
         )
-        return ReportSection(title="Per-group privacy budgets", lines=lines,
-                             data={"accountant": accountant, "groups": data})
+        return ReportSection(
+            title="Per-group privacy budgets",
+            lines=lines,
+            data={"accountant": accountant, "groups": data},
+        )
 
     def plot(self, path: Any, *, delta: float, accountant: str) -> None:
         """Each group's ε over steps, with its budget dashed (Monir et al. 2023, Figs. 13/14)."""
@@ -142,10 +169,14 @@ class GroupLedgers:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(6, 4))
-        for p, (group, curve) in enumerate(zip(self.groups,
-                                               self.curves(delta=delta, accountant=accountant))):
-            line, = ax.plot([t for t, _ in curve], [e for _, e in curve],
-                            label=f"group {p} (budget ε = {group.budget:g})")
+        for p, (group, curve) in enumerate(
+            zip(self.groups, self.curves(delta=delta, accountant=accountant))
+        ):
+            (line,) = ax.plot(
+                [t for t, _ in curve],
+                [e for _, e in curve],
+                label=f"group {p} (budget ε = {group.budget:g})",
+            )
             ax.axhline(group.budget, ls="--", lw=0.8, color=line.get_color())
         ax.set_xlabel("step")
         ax.set_ylabel(f"ε at δ = {delta:g} ({accountant})")
@@ -156,19 +187,38 @@ class GroupLedgers:
         plt.close(fig)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": "dpfy-group-ledgers/1",
-                "groups": [asdict(g) for g in self.groups],
-                "ledgers": [ledger.to_dict() for ledger in self.ledgers]}
+        return {
+            "format": "dpfy-group-ledgers/1",
+            "groups": [asdict(g) for g in self.groups],
+            "ledgers": [ledger.to_dict() for ledger in self.ledgers],
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "GroupLedgers":
-        require(d.get("format") == "dpfy-group-ledgers/1", "format", d.get("format"),
-                "'dpfy-group-ledgers/1'", "This is not a dpfy per-group ledger")
-        groups = [PrivacyGroup(float(g["budget"]), float(g["sample_rate"]),
-                               float(g["clip_fraction"]), int(g["size"])) for g in d["groups"]]
+        require(
+            d.get("format") == "dpfy-group-ledgers/1",
+            "format",
+            d.get("format"),
+            "'dpfy-group-ledgers/1'",
+            "This is not a dpfy per-group ledger",
+        )
+        groups = [
+            PrivacyGroup(
+                float(g["budget"]),
+                float(g["sample_rate"]),
+                float(g["clip_fraction"]),
+                int(g["size"]),
+            )
+            for g in d["groups"]
+        ]
         ledgers = [Ledger.from_dict(x) for x in d["ledgers"]]
-        require(len(ledgers) == len(groups), "number of group ledgers", len(ledgers),
-                f"{len(groups)} (one per group)", "The checkpoint is corrupt")
+        require(
+            len(ledgers) == len(groups),
+            "number of group ledgers",
+            len(ledgers),
+            f"{len(groups)} (one per group)",
+            "The checkpoint is corrupt",
+        )
         out = cls(groups, ledgers[0].dataset_size)
         out.ledgers = ledgers
         return out

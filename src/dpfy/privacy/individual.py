@@ -32,15 +32,27 @@ import numpy as np
 
 from dpfy._require import require
 from dpfy.privacy.accountants import RIGOROUS, epsilon
-from dpfy.privacy.calibration import (MAX_NOISE_MULTIPLIER, _homogeneous_epsilon,
-                                      _solve_decreasing, calibrate_noise_multiplier)
+from dpfy.privacy.calibration import (
+    MAX_NOISE_MULTIPLIER,
+    _homogeneous_epsilon,
+    _solve_decreasing,
+    calibrate_noise_multiplier,
+)
 from dpfy.privacy.group_ledger import GroupLedgers, PrivacyGroup
 from dpfy.privacy.ledger import Sampling
 from dpfy.privacy.releases import group_step_releases
 from dpfy.types import StepPlan
 
-__all__ = ["VARIANTS", "IndividualCalibration", "calibrate_individual", "check_groups",
-           "BudgetAssignment", "assign_groups", "random_budgets", "load_budgets"]
+__all__ = [
+    "VARIANTS",
+    "IndividualCalibration",
+    "calibrate_individual",
+    "check_groups",
+    "BudgetAssignment",
+    "assign_groups",
+    "random_budgets",
+    "load_budgets",
+]
 
 VARIANTS = ("sample", "scale")
 _FRACTION_SUM_TOL = 1e-6
@@ -49,18 +61,37 @@ _FRACTION_SUM_TOL = 1e-6
 def check_groups(budgets: Sequence[float], fractions: Sequence[float]) -> None:
     """Refuse budgets ≤ 0 or not finite, repeated budgets, or fractions that do not sum to 1."""
     require(len(budgets) >= 1, "budgets", budgets, "at least one ε")
-    require(len(fractions) == len(budgets), "len(fractions)", len(fractions),
-            f"{len(budgets)} (one fraction per budget)")
+    require(
+        len(fractions) == len(budgets),
+        "len(fractions)",
+        len(fractions),
+        f"{len(budgets)} (one fraction per budget)",
+    )
     for e in budgets:
-        require(isinstance(e, (int, float)) and 0 < e < math.inf, "budget", e,
-                "> 0 and finite", "Give every group a positive ε")
-    require(len(set(budgets)) == len(budgets), "budgets", list(budgets), "distinct",
-            "Groups are the distinct budgets: merge equal ones and add their fractions")
+        require(
+            isinstance(e, (int, float)) and 0 < e < math.inf,
+            "budget",
+            e,
+            "> 0 and finite",
+            "Give every group a positive ε",
+        )
+    require(
+        len(set(budgets)) == len(budgets),
+        "budgets",
+        list(budgets),
+        "distinct",
+        "Groups are the distinct budgets: merge equal ones and add their fractions",
+    )
     for r in fractions:
         require(isinstance(r, (int, float)) and 0 < r <= 1, "fraction", r, "in (0, 1]")
     total = math.fsum(fractions)
-    require(abs(total - 1) <= _FRACTION_SUM_TOL, "sum(fractions)", total, "1",
-            "Give each group's share of the training set; the shares must add up to 1")
+    require(
+        abs(total - 1) <= _FRACTION_SUM_TOL,
+        "sum(fractions)",
+        total,
+        "1",
+        "Give each group's share of the training set; the shares must add up to 1",
+    )
 
 
 @dataclass(frozen=True)
@@ -106,34 +137,53 @@ class IndividualCalibration:
 
     def privacy_groups(self, sizes: Sequence[int]) -> list[PrivacyGroup]:
         """The groups as the optimizer's per-group ledgers record them (``sizes``: examples)."""
-        return [PrivacyGroup(e, q, f, int(n)) for e, q, f, n in
-                zip(self.budgets, self.sample_rates, self.clip_fractions, sizes, strict=True)]
+        return [
+            PrivacyGroup(e, q, f, int(n))
+            for e, q, f, n in zip(
+                self.budgets, self.sample_rates, self.clip_fractions, sizes, strict=True
+            )
+        ]
 
     def group_ledgers(self, steps: int | None = None) -> GroupLedgers:
         """The per-group ledgers of ``steps`` (default: all) planned steps."""
-        return _planned_group_ledgers(self.privacy_groups([1] * len(self.budgets)),
-                                      self.plan_noise_multiplier, self.sample_rate,
-                                      self.steps if steps is None else steps)
+        return _planned_group_ledgers(
+            self.privacy_groups([1] * len(self.budgets)),
+            self.plan_noise_multiplier,
+            self.sample_rate,
+            self.steps if steps is None else steps,
+        )
 
 
-def _planned_group_ledgers(groups: Sequence[PrivacyGroup], plan_sigma: float, q: float,
-                           steps: int) -> GroupLedgers:
+def _planned_group_ledgers(
+    groups: Sequence[PrivacyGroup], plan_sigma: float, q: float, steps: int
+) -> GroupLedgers:
     """Per-group ledgers of ``steps`` steps at σ_t = ``plan_sigma``, written with the
     optimizer's own statement of what a step releases."""
 
     out = GroupLedgers(groups)
-    plan = StepPlan(step=0, sample_rate=max(g.sample_rate for g in groups),
-                    noise_multiplier=plan_sigma, clip=1.0)
+    plan = StepPlan(
+        step=0,
+        sample_rate=max(g.sample_rate for g in groups),
+        noise_multiplier=plan_sigma,
+        clip=1.0,
+    )
     releases = group_step_releases(plan, {}, [g.clip_fraction for g in groups])
     for group, ledger, rs in zip(groups, out.ledgers, releases):
-        ledger.record_step(sampling=Sampling.POISSON, sample_rate=group.sample_rate,
-                           releases=rs, count=steps)
+        ledger.record_step(
+            sampling=Sampling.POISSON, sample_rate=group.sample_rate, releases=rs, count=steps
+        )
     return out
 
 
-def _sample_variant(budgets: Sequence[float], fractions: Sequence[float], q: float, steps: int,
-                    delta: float, accountant: str, tol: float
-                    ) -> tuple[float, tuple[float, ...]]:
+def _sample_variant(
+    budgets: Sequence[float],
+    fractions: Sequence[float],
+    q: float,
+    steps: int,
+    delta: float,
+    accountant: str,
+    tol: float,
+) -> tuple[float, tuple[float, ...]]:
     """σ_sample and q_p (module docstring): the reference code's nested searches.
 
     The outer search is a safeguarded secant on log Σ r_p q_p against log σ (close to a power
@@ -141,9 +191,15 @@ def _sample_variant(budgets: Sequence[float], fractions: Sequence[float], q: flo
     already found, so a calibration needs a few dozen accountant calls instead of hundreds.
     """
     strictest = min(budgets)
-    sigma0 = calibrate_noise_multiplier(target_epsilon=strictest, delta=delta, sample_rate=q,
-                                        steps=steps, accountant=accountant, tol=tol / 4)
-    found: list[tuple[float, tuple[float, ...]]] = []      # (σ, q_p) evaluated so far
+    sigma0 = calibrate_noise_multiplier(
+        target_epsilon=strictest,
+        delta=delta,
+        sample_rate=q,
+        steps=steps,
+        accountant=accountant,
+        tol=tol / 4,
+    )
+    found: list[tuple[float, tuple[float, ...]]] = []  # (σ, q_p) evaluated so far
 
     def guesses(sigma: float) -> list[float]:
         if not found:
@@ -152,16 +208,17 @@ def _sample_variant(budgets: Sequence[float], fractions: Sequence[float], q: flo
         (s_a, r_a), (s_b, r_b) = near[0], near[-1]
         out = []
         for qa, qb in zip(r_a, r_b):
-            k = (math.log(qa / qb) / math.log(s_a / s_b)
-                 if s_a != s_b and qa != qb else 1.5)
+            k = math.log(qa / qb) / math.log(s_a / s_b) if s_a != s_b and qa != qb else 1.5
             out.append(min(1.0, qa * (sigma / s_a) ** k))
         return out
 
     def mean_rate(sigma: float) -> float:
         """Σ r_p q_p at σ; 0 if some q_p is unreachable (too little noise for any rate)."""
         try:
-            rates = tuple(_rate_for(e, sigma, g, steps, delta, accountant, tol / 10)
-                          for e, g in zip(budgets, guesses(sigma)))
+            rates = tuple(
+                _rate_for(e, sigma, g, steps, delta, accountant, tol / 10)
+                for e, g in zip(budgets, guesses(sigma))
+            )
         except ValueError:
             return 0.0
         found.append((sigma, rates))
@@ -183,43 +240,77 @@ def _sample_variant(budgets: Sequence[float], fractions: Sequence[float], q: flo
         k = k if 0.2 < k < 10 else 1.5
         s_prev, m_prev = sigma, m
         sigma = sigma * (aim / m) ** (1 / k)
-        require(sigma > 1 / MAX_NOISE_MULTIPLIER, "budgets", list(budgets),
-                f"reachable with a mean sample rate of q = {q:.4g}",
-                "Raise the budgets or lower q")
-    raise ValueError(f"the IDP Sample calibration must converge, got no σ with Σ r_p q_p in "
-                     f"[{q * (1 - 2 * tol):.6g}, {q:.6g}] after 40 tries. Raise tol")
+        require(
+            sigma > 1 / MAX_NOISE_MULTIPLIER,
+            "budgets",
+            list(budgets),
+            f"reachable with a mean sample rate of q = {q:.4g}",
+            "Raise the budgets or lower q",
+        )
+    raise ValueError(
+        f"the IDP Sample calibration must converge, got no σ with Σ r_p q_p in "
+        f"[{q * (1 - 2 * tol):.6g}, {q:.6g}] after 40 tries. Raise tol"
+    )
 
 
-def _rate_for(budget: float, sigma: float, guess: float, steps: int, delta: float,
-              accountant: str, tol: float) -> float:
+def _rate_for(
+    budget: float, sigma: float, guess: float, steps: int, delta: float, accountant: str, tol: float
+) -> float:
     """Largest q_p (to ``tol``, safe side) whose ledger (q_p, σ, T) spends ≤ ``budget``.
 
     :func:`~dpfy.privacy.calibration.calibrate_sample_rate`'s search, started around ``guess``
     (the rate at the previous σ of the outer search), which saves most accountant calls.
     """
+
     def eps(inv_rate: float) -> float:
         if inv_rate < 1:
             return math.inf
-        return _homogeneous_epsilon(sample_rate=1.0 / inv_rate, noise_multiplier=sigma,
-                                    steps=steps, sampling=Sampling.POISSON, dataset_size=None,
-                                    delta=delta, accountant=accountant)
+        return _homogeneous_epsilon(
+            sample_rate=1.0 / inv_rate,
+            noise_multiplier=sigma,
+            steps=steps,
+            sampling=Sampling.POISSON,
+            dataset_size=None,
+            delta=delta,
+            accountant=accountant,
+        )
 
     if eps(1.0) <= budget:
         return 1.0
 
     def fail() -> None:
-        require(False, "budget", budget, f"reachable at noise multiplier {sigma:.4g} with a "
-                "sample rate above 1e-9", "Raise the budget or run fewer steps")
+        require(
+            False,
+            "budget",
+            budget,
+            f"reachable at noise multiplier {sigma:.4g} with a sample rate above 1e-9",
+            "Raise the budget or run fewer steps",
+        )
 
-    inv = _solve_decreasing(eps, budget, 1.0 / guess, rel_tol=tol, x_max=1e9, fail=fail,
-                            bracket=(0.98 / guess, 1.02 / guess))
+    inv = _solve_decreasing(
+        eps,
+        budget,
+        1.0 / guess,
+        rel_tol=tol,
+        x_max=1e9,
+        fail=fail,
+        bracket=(0.98 / guess, 1.02 / guess),
+    )
     return 1.0 / inv
 
 
-def calibrate_individual(*, budgets: Sequence[float], fractions: Sequence[float],
-                         variant: str, sample_rate: float, steps: int, delta: float,
-                         max_grad_norm: float | None = None, accountant: str = "rdp",
-                         tol: float = 1e-3) -> IndividualCalibration:
+def calibrate_individual(
+    *,
+    budgets: Sequence[float],
+    fractions: Sequence[float],
+    variant: str,
+    sample_rate: float,
+    steps: int,
+    delta: float,
+    max_grad_norm: float | None = None,
+    accountant: str = "rdp",
+    tol: float = 1e-3,
+) -> IndividualCalibration:
     """σ and the per-group rates (Sample) or thresholds (Scale) that give each group its ε.
 
     Args:
@@ -243,54 +334,93 @@ def calibrate_individual(*, budgets: Sequence[float], fractions: Sequence[float]
     require(variant in VARIANTS, "variant", variant, f"one of {list(VARIANTS)}")
     budgets, fractions = tuple(float(e) for e in budgets), tuple(float(r) for r in fractions)
     check_groups(budgets, fractions)
-    require(accountant in RIGOROUS, "accountant", accountant,
-            f"one of {list(RIGOROUS)} for a calibration",
-            "The GDP CLT can under-report ε: calibrate with 'rdp' or 'pld'")
-    require(isinstance(sample_rate, (int, float)) and 0 < sample_rate <= 1, "sample_rate",
-            sample_rate, "in (0, 1]", "Use batch_size / dataset_size")
+    require(
+        accountant in RIGOROUS,
+        "accountant",
+        accountant,
+        f"one of {list(RIGOROUS)} for a calibration",
+        "The GDP CLT can under-report ε: calibrate with 'rdp' or 'pld'",
+    )
+    require(
+        isinstance(sample_rate, (int, float)) and 0 < sample_rate <= 1,
+        "sample_rate",
+        sample_rate,
+        "in (0, 1]",
+        "Use batch_size / dataset_size",
+    )
     require(isinstance(steps, int) and steps >= 1, "steps", steps, "an integer >= 1")
     if variant == "scale" or max_grad_norm is not None:
-        require(isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0,
-                "max_grad_norm", max_grad_norm, "> 0 (the base threshold c)",
-                "IDP Scale clips group p to c_p = s_p·c: give c")
+        require(
+            isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0,
+            "max_grad_norm",
+            max_grad_norm,
+            "> 0 (the base threshold c)",
+            "IDP Scale clips group p to c_p = s_p·c: give c",
+        )
     if variant == "sample":
-        sigma, rates = _sample_variant(budgets, fractions, sample_rate, steps, delta,
-                                       accountant, tol)
+        sigma, rates = _sample_variant(
+            budgets, fractions, sample_rate, steps, delta, accountant, tol
+        )
         group_sigmas = (sigma,) * len(budgets)
         clip_fractions = (1.0,) * len(budgets)
         clips = None if max_grad_norm is None else (float(max_grad_norm),) * len(budgets)
     else:
-        group_sigmas = tuple(_group_sigma(e, sample_rate, steps, delta, accountant, tol)
-                             for e in budgets)
+        group_sigmas = tuple(
+            _group_sigma(e, sample_rate, steps, delta, accountant, tol) for e in budgets
+        )
         sigma = math.fsum(r * s for r, s in zip(fractions, group_sigmas))
         assert max_grad_norm is not None, "required for Scale above"
         clips = tuple(float(max_grad_norm) * sigma / s for s in group_sigmas)
         clip_fractions = tuple(c / max(clips) for c in clips)
         rates = (float(sample_rate),) * len(budgets)
     cal = IndividualCalibration(
-        variant=variant, budgets=budgets, fractions=fractions, noise_multiplier=sigma,
-        sample_rates=tuple(rates), clips=clips, clip_fractions=clip_fractions,
-        group_noise_multipliers=group_sigmas, epsilons=(), sample_rate=float(sample_rate),
-        steps=steps, delta=delta, accountant=accountant,
-        max_grad_norm=None if max_grad_norm is None else float(max_grad_norm))
-    eps = tuple(epsilon(ledger, delta=delta, accountant=accountant)
-                for ledger in cal.group_ledgers().ledgers)
+        variant=variant,
+        budgets=budgets,
+        fractions=fractions,
+        noise_multiplier=sigma,
+        sample_rates=tuple(rates),
+        clips=clips,
+        clip_fractions=clip_fractions,
+        group_noise_multipliers=group_sigmas,
+        epsilons=(),
+        sample_rate=float(sample_rate),
+        steps=steps,
+        delta=delta,
+        accountant=accountant,
+        max_grad_norm=None if max_grad_norm is None else float(max_grad_norm),
+    )
+    eps = tuple(
+        epsilon(ledger, delta=delta, accountant=accountant)
+        for ledger in cal.group_ledgers().ledgers
+    )
     for e, budget in zip(eps, budgets):
-        require(e <= budget, f"group ε (budget {budget:g})", e, f"<= {budget:g}",
-                "The calibration overspent a group: please report this as a dpfy bug")
+        require(
+            e <= budget,
+            f"group ε (budget {budget:g})",
+            e,
+            f"<= {budget:g}",
+            "The calibration overspent a group: please report this as a dpfy bug",
+        )
     return IndividualCalibration(**{**cal.__dict__, "epsilons": eps})
 
 
-def _group_sigma(budget: float, q: float, steps: int, delta: float, accountant: str,
-                 tol: float) -> float:
+def _group_sigma(
+    budget: float, q: float, steps: int, delta: float, accountant: str, tol: float
+) -> float:
     """σ_p of one group (Scale), with the group named if its budget cannot be met."""
     try:
-        return calibrate_noise_multiplier(target_epsilon=budget, delta=delta, sample_rate=q,
-                                          steps=steps, accountant=accountant, tol=tol)
+        return calibrate_noise_multiplier(
+            target_epsilon=budget,
+            delta=delta,
+            sample_rate=q,
+            steps=steps,
+            accountant=accountant,
+            tol=tol,
+        )
     except ValueError as err:
-        raise ValueError(f"The group with budget ε = {budget:g} cannot be calibrated: "
-                         f"{err}") from None
-
+        raise ValueError(
+            f"The group with budget ε = {budget:g} cannot be calibrated: {err}"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -314,28 +444,43 @@ class BudgetAssignment:
         return tuple(s / n for s in self.sizes)
 
 
-def assign_groups(budgets: Sequence[float] | np.ndarray, dataset_size: int | None = None
-                  ) -> BudgetAssignment:
+def assign_groups(
+    budgets: Sequence[float] | np.ndarray, dataset_size: int | None = None
+) -> BudgetAssignment:
     """Group per-example budgets (one ε per training example, aligned with the dataset)."""
     arr = np.asarray(budgets, dtype=np.float64)
-    require(arr.ndim == 1 and arr.size >= 1, "budgets", f"shape {arr.shape}",
-            "one ε per training example (a 1-d array)")
+    require(
+        arr.ndim == 1 and arr.size >= 1,
+        "budgets",
+        f"shape {arr.shape}",
+        "one ε per training example (a 1-d array)",
+    )
     if dataset_size is not None:
-        require(arr.size == dataset_size, "len(budgets)", arr.size,
-                f"the dataset's size {dataset_size}",
-                "Give one budget per training example, in dataset order")
+        require(
+            arr.size == dataset_size,
+            "len(budgets)",
+            arr.size,
+            f"the dataset's size {dataset_size}",
+            "Give one budget per training example, in dataset order",
+        )
     bad = ~(np.isfinite(arr) & (arr > 0))
-    require(not bad.any(), "budget", float(arr[bad][0]) if bad.any() else None,
-            "> 0 and finite for every example",
-            f"Fix the {int(bad.sum())} bad entries (first at index "
-            f"{int(np.argmax(bad)) if bad.any() else -1})")
+    require(
+        not bad.any(),
+        "budget",
+        float(arr[bad][0]) if bad.any() else None,
+        "> 0 and finite for every example",
+        f"Fix the {int(bad.sum())} bad entries (first at index "
+        f"{int(np.argmax(bad)) if bad.any() else -1})",
+    )
     values, inverse, counts = np.unique(arr, return_inverse=True, return_counts=True)
-    return BudgetAssignment(tuple(float(v) for v in values), tuple(int(c) for c in counts),
-                            inverse.astype(np.int64))
+    return BudgetAssignment(
+        tuple(float(v) for v in values), tuple(int(c) for c in counts), inverse.astype(np.int64)
+    )
 
 
-def random_budgets(budgets: Sequence[float], fractions: Sequence[float], dataset_size: int,
-                   seed: int) -> np.ndarray:
+def random_budgets(
+    budgets: Sequence[float], fractions: Sequence[float], dataset_size: int, seed: int
+) -> np.ndarray:
     """(N,) budgets: group p gets round(r_p·N) examples (largest remainders), placed at random.
 
     For experiments: the assignment depends only on ``seed``, which is public and recorded, so
@@ -344,9 +489,9 @@ def random_budgets(budgets: Sequence[float], fractions: Sequence[float], dataset
     check_groups([float(e) for e in budgets], [float(r) for r in fractions])
     exact = np.asarray(fractions, dtype=np.float64) * dataset_size
     counts = np.floor(exact).astype(np.int64)
-    for i in np.argsort(-(exact - counts), kind="stable")[:dataset_size - int(counts.sum())]:
+    for i in np.argsort(-(exact - counts), kind="stable")[: dataset_size - int(counts.sum())]:
         counts[i] += 1
-    out = np.repeat(np.asarray(budgets, dtype=np.float64), counts)    # (N,)
+    out = np.repeat(np.asarray(budgets, dtype=np.float64), counts)  # (N,)
     return out[np.random.default_rng(seed).permutation(dataset_size)]
 
 
@@ -354,11 +499,19 @@ def load_budgets(path: str) -> np.ndarray:
     """(N,) per-example budgets from a ``.npy`` file or a ``.csv`` of numbers (any layout,
     read in row order), for ``dpfy train --budgets-file``."""
     suffix = str(path).lower().rsplit(".", 1)[-1]
-    require(suffix in ("npy", "csv"), "budgets_file", path, "a .npy or .csv file",
-            "Save one ε per training example with numpy.save or as comma-separated text")
+    require(
+        suffix in ("npy", "csv"),
+        "budgets_file",
+        path,
+        "a .npy or .csv file",
+        "Save one ε per training example with numpy.save or as comma-separated text",
+    )
     try:
-        arr = (np.load(path, allow_pickle=False) if suffix == "npy"
-               else np.loadtxt(path, delimiter=",", dtype=np.float64, ndmin=1))
+        arr = (
+            np.load(path, allow_pickle=False)
+            if suffix == "npy"
+            else np.loadtxt(path, delimiter=",", dtype=np.float64, ndmin=1)
+        )
     except (OSError, ValueError) as err:
         require(False, "budgets_file", path, "a readable file of numbers", str(err))
         raise

@@ -59,25 +59,41 @@ class Release:
     period: int | None = None
 
     def __post_init__(self) -> None:
-        require(isinstance(self.mechanism, str) and self.mechanism != "", "mechanism",
-                self.mechanism, "a non-empty name", "Name what is released, e.g. 'gradient'")
-        require(self.noise_multiplier >= 0 and math.isfinite(self.noise_multiplier),
-                "noise_multiplier", self.noise_multiplier, ">= 0 and finite",
-                "Pass the noise std divided by the release's sensitivity")
+        require(
+            isinstance(self.mechanism, str) and self.mechanism != "",
+            "mechanism",
+            self.mechanism,
+            "a non-empty name",
+            "Name what is released, e.g. 'gradient'",
+        )
+        require(
+            self.noise_multiplier >= 0 and math.isfinite(self.noise_multiplier),
+            "noise_multiplier",
+            self.noise_multiplier,
+            ">= 0 and finite",
+            "Pass the noise std divided by the release's sensitivity",
+        )
         # Outside [1e-100, 1e100] the accountants' σ² underflows (dp_accounting divides by it)
         # or overflows; ε would be above 1e200, or 0 to every printed digit, anyway.
-        require(self.noise_multiplier == 0 or 1e-100 <= self.noise_multiplier <= 1e100,
-                "noise_multiplier", self.noise_multiplier, "0 or in [1e-100, 1e100]",
-                "Pass 0 for a release without noise")
+        require(
+            self.noise_multiplier == 0 or 1e-100 <= self.noise_multiplier <= 1e100,
+            "noise_multiplier",
+            self.noise_multiplier,
+            "0 or in [1e-100, 1e100]",
+            "Pass 0 for a release without noise",
+        )
         require(self.noise in NOISES, "noise", self.noise, f"one of {list(NOISES)}")
-        require((self.period is None) == (self.noise == "gaussian")
-                and (self.period is None or isinstance(self.period, int) and self.period >= 1),
-                "period", self.period, "an integer >= 1 for correlated noise, None otherwise")
+        require(
+            (self.period is None) == (self.noise == "gaussian")
+            and (self.period is None or isinstance(self.period, int) and self.period >= 1),
+            "period",
+            self.period,
+            "an integer >= 1 for correlated noise, None otherwise",
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The serialized release (``noise`` and ``period`` only when correlated)."""
-        d: dict[str, Any] = {"mechanism": self.mechanism,
-                             "noise_multiplier": self.noise_multiplier}
+        d: dict[str, Any] = {"mechanism": self.mechanism, "noise_multiplier": self.noise_multiplier}
         if self.noise != "gaussian":
             d.update(noise=self.noise, period=self.period)
         return d
@@ -87,8 +103,9 @@ class Release:
         if self.noise_multiplier == 0:
             return dp_accounting.NonPrivateDpEvent()
         if self.noise == "tree":
-            return dp_accounting.SingleEpochTreeAggregationDpEvent(self.noise_multiplier,
-                                                                   self.period)
+            return dp_accounting.SingleEpochTreeAggregationDpEvent(
+                self.noise_multiplier, self.period
+            )
         return dp_accounting.GaussianDpEvent(self.noise_multiplier)
 
 
@@ -118,19 +135,36 @@ class StepGroup:
     def __post_init__(self) -> None:
         require(self.first_step >= 0, "first_step", self.first_step, ">= 0")
         require(self.count >= 1, "count", self.count, ">= 1")
-        require(isinstance(self.sampling, Sampling), "sampling", self.sampling,
-                f"one of {[s.value for s in Sampling]}")
-        require(0 < self.sample_rate <= 1, "sample_rate", self.sample_rate, "in (0, 1]",
-                "Use batch_size / dataset_size")
+        require(
+            isinstance(self.sampling, Sampling),
+            "sampling",
+            self.sampling,
+            f"one of {[s.value for s in Sampling]}",
+        )
+        require(
+            0 < self.sample_rate <= 1,
+            "sample_rate",
+            self.sample_rate,
+            "in (0, 1]",
+            "Use batch_size / dataset_size",
+        )
         require(len(self.releases) >= 1, "releases", self.releases, "at least one Release")
         k = self.max_examples_per_user
         if self.sampling.needs_max_examples_per_user:
-            require(isinstance(k, int) and not isinstance(k, bool) and k >= 1,
-                    "max_examples_per_user", k, f"an integer >= 1 for {self.sampling.value} steps",
-                    "Record the cap k the sampler applied (dpfy's ELS sampler reports it)")
+            require(
+                isinstance(k, int) and not isinstance(k, bool) and k >= 1,
+                "max_examples_per_user",
+                k,
+                f"an integer >= 1 for {self.sampling.value} steps",
+                "Record the cap k the sampler applied (dpfy's ELS sampler reports it)",
+            )
         else:
-            require(k is None, "max_examples_per_user", k,
-                    f"None for {self.sampling.value} steps (only ELS records k)")
+            require(
+                k is None,
+                "max_examples_per_user",
+                k,
+                f"None for {self.sampling.value} steps (only ELS records k)",
+            )
 
     @property
     def last_step(self) -> int:
@@ -138,7 +172,11 @@ class StepGroup:
 
     def same_step_as(self, other: "StepGroup") -> bool:
         return (self.sampling, self.sample_rate, self.releases, self.max_examples_per_user) == (
-            other.sampling, other.sample_rate, other.releases, other.max_examples_per_user)
+            other.sampling,
+            other.sample_rate,
+            other.releases,
+            other.max_examples_per_user,
+        )
 
     def effective_noise_multiplier(self) -> float:
         """σ_eff of one step's releases taken together (0 if any release has no noise).
@@ -166,16 +204,21 @@ class StepGroup:
         directly; they read :func:`dpfy.privacy.canonical.canonical_form`, which applies the
         adjacency and participation rules of :class:`Sampling`.
         """
-        inner = (self.releases[0].dp_event() if len(self.releases) == 1 else
-                 dp_accounting.ComposedDpEvent([r.dp_event() for r in self.releases]))
-        if self.sampling is Sampling.ELS:   # the user-level event, the step's σ combined
-            return els_dp_event(self.sample_rate, self.effective_noise_multiplier(),
-                                int(self.max_examples_per_user))  # type: ignore[arg-type]
+        inner = (
+            self.releases[0].dp_event()
+            if len(self.releases) == 1
+            else dp_accounting.ComposedDpEvent([r.dp_event() for r in self.releases])
+        )
+        if self.sampling is Sampling.ELS:  # the user-level event, the step's σ combined
+            k = self.max_examples_per_user
+            assert k is not None  # an ELS step group always records k (its constructor checks)
+            return els_dp_event(self.sample_rate, self.effective_noise_multiplier(), int(k))
         if self.sampling in (Sampling.POISSON, Sampling.ULS) and self.sample_rate < 1:
             return dp_accounting.PoissonSampledDpEvent(self.sample_rate, inner)
         if self.sampling is Sampling.FIXED_SIZE and dataset_size is not None:
             return dp_accounting.SampledWithoutReplacementDpEvent(
-                dataset_size, max(1, round(self.sample_rate * dataset_size)), inner)
+                dataset_size, max(1, round(self.sample_rate * dataset_size)), inner
+            )
         return inner
 
     def dp_event(self, dataset_size: int | None = None) -> dp_accounting.DpEvent:
@@ -188,15 +231,19 @@ class StepGroup:
         d["sampling"] = self.sampling.value
         d["releases"] = [r.to_dict() for r in self.releases]
         if self.max_examples_per_user is None:
-            del d["max_examples_per_user"]   # example-level ledgers keep their old form
+            del d["max_examples_per_user"]  # example-level ledgers keep their old form
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "StepGroup":
-        return cls(first_step=int(d["first_step"]), count=int(d["count"]),
-                   sampling=Sampling(d["sampling"]), sample_rate=float(d["sample_rate"]),
-                   releases=tuple(_release_from_dict(r) for r in d["releases"]),
-                   max_examples_per_user=d.get("max_examples_per_user"))
+        return cls(
+            first_step=int(d["first_step"]),
+            count=int(d["count"]),
+            sampling=Sampling(d["sampling"]),
+            sample_rate=float(d["sample_rate"]),
+            releases=tuple(_release_from_dict(r) for r in d["releases"]),
+            max_examples_per_user=d.get("max_examples_per_user"),
+        )
 
 
 @dataclass
@@ -216,14 +263,26 @@ class Ledger:
             require(self.dataset_size >= 1, "dataset_size", self.dataset_size, ">= 1")
 
     # -- writing ---------------------------------------------------------------------------
-    def record_step(self, *, sampling: Sampling, sample_rate: float,
-                    releases: Sequence[Release], count: int = 1,
-                    max_examples_per_user: int | None = None) -> None:
+    def record_step(
+        self,
+        *,
+        sampling: Sampling,
+        sample_rate: float,
+        releases: Sequence[Release],
+        count: int = 1,
+        max_examples_per_user: int | None = None,
+    ) -> None:
         """Record ``count`` identical steps, each releasing ``releases`` (composed).
 
         ``max_examples_per_user``: k of an ELS step (see :class:`StepGroup`), else None."""
-        group = StepGroup(self.num_steps, count, Sampling(sampling), float(sample_rate),
-                          tuple(releases), max_examples_per_user)
+        group = StepGroup(
+            self.num_steps,
+            count,
+            Sampling(sampling),
+            float(sample_rate),
+            tuple(releases),
+            max_examples_per_user,
+        )
         if self.groups and self.groups[-1].same_step_as(group):
             last = self.groups[-1]
             self.groups[-1] = dataclasses_replace(last, count=last.count + count)
@@ -233,9 +292,13 @@ class Ledger:
     def extend(self, other: "Ledger") -> None:
         """Append every step of ``other`` after this ledger's steps."""
         for g in other.groups:
-            self.record_step(sampling=g.sampling, sample_rate=g.sample_rate,
-                             releases=g.releases, count=g.count,
-                             max_examples_per_user=g.max_examples_per_user)
+            self.record_step(
+                sampling=g.sampling,
+                sample_rate=g.sample_rate,
+                releases=g.releases,
+                count=g.count,
+                max_examples_per_user=g.max_examples_per_user,
+            )
 
     def followed_by(self, other: "Ledger") -> "Ledger":
         """A new ledger: this one's steps, then every step of ``other`` (neither is changed)."""
@@ -272,16 +335,21 @@ class Ledger:
 
     def prefix(self, num_steps: int) -> "Ledger":
         """The ledger of the first ``num_steps`` steps (for ε-over-steps curves)."""
-        require(0 <= num_steps <= self.num_steps, "num_steps", num_steps,
-                f"in [0, {self.num_steps}]")
+        require(
+            0 <= num_steps <= self.num_steps, "num_steps", num_steps, f"in [0, {self.num_steps}]"
+        )
         out = Ledger(self.dataset_size)
         for g in self.groups:
             if g.first_step >= num_steps:
                 break
             n = min(g.count, num_steps - g.first_step)
-            out.record_step(sampling=g.sampling, sample_rate=g.sample_rate,
-                            releases=g.releases, count=n,
-                            max_examples_per_user=g.max_examples_per_user)
+            out.record_step(
+                sampling=g.sampling,
+                sample_rate=g.sample_rate,
+                releases=g.releases,
+                count=n,
+                max_examples_per_user=g.max_examples_per_user,
+            )
         return out
 
     def only(self, mechanism: str) -> "Ledger":
@@ -290,8 +358,13 @@ class Ledger:
         for g in self.groups:
             rs = tuple(r for r in g.releases if r.mechanism == mechanism)
             if rs:
-                out.record_step(sampling=g.sampling, sample_rate=g.sample_rate, releases=rs,
-                                count=g.count, max_examples_per_user=g.max_examples_per_user)
+                out.record_step(
+                    sampling=g.sampling,
+                    sample_rate=g.sample_rate,
+                    releases=rs,
+                    count=g.count,
+                    max_examples_per_user=g.max_examples_per_user,
+                )
         return out
 
     def unit(self) -> str:
@@ -301,11 +374,15 @@ class Ledger:
         the two guarantees protect different things, and no accountant composes them.
         """
         units = {s.unit for s in self.samplings() if s.unit is not None}
-        require(len(units) <= 1, "ledger samplings", sorted(s.value for s in self.samplings()),
-                "all accounted for one unit of privacy (users or examples)",
-                "A user-level run (ULS, ELS) cannot continue as an example-level one or the "
-                "reverse: resume with the same user_ids / --user-ids and user sampling, or "
-                "start a new run")
+        require(
+            len(units) <= 1,
+            "ledger samplings",
+            sorted(s.value for s in self.samplings()),
+            "all accounted for one unit of privacy (users or examples)",
+            "A user-level run (ULS, ELS) cannot continue as an example-level one or the "
+            "reverse: resume with the same user_ids / --user-ids and user sampling, or "
+            "start a new run",
+        )
         return units.pop() if units else "example"
 
     def adjacency(self) -> str:
@@ -316,10 +393,14 @@ class Ledger:
         """
         self.unit()
         kinds = {s.adjacency for s in self.samplings() if s.adjacency is not None}
-        require(len(kinds) <= 1, "ledger samplings", sorted(s.value for s in self.samplings()),
-                "all analysed under one neighbouring relation",
-                "Poisson steps use add/remove adjacency, fixed-size and shuffled steps use "
-                "replace-one: account the two parts separately, or use one sampler for the run")
+        require(
+            len(kinds) <= 1,
+            "ledger samplings",
+            sorted(s.value for s in self.samplings()),
+            "all analysed under one neighbouring relation",
+            "Poisson steps use add/remove adjacency, fixed-size and shuffled steps use "
+            "replace-one: account the two parts separately, or use one sampler for the run",
+        )
         return kinds.pop() if kinds else "add_or_remove"
 
     def dp_event(self) -> dp_accounting.DpEvent:
@@ -338,8 +419,12 @@ class Ledger:
 
     # -- serialization ---------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {"format": "dpfy-ledger/1", "dataset_size": self.dataset_size,
-                "num_steps": self.num_steps, "groups": [g.to_dict() for g in self.groups]}
+        return {
+            "format": "dpfy-ledger/1",
+            "dataset_size": self.dataset_size,
+            "num_steps": self.num_steps,
+            "groups": [g.to_dict() for g in self.groups],
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], *, source: str = "ledger") -> "Ledger":
@@ -347,27 +432,52 @@ class Ledger:
         inconsistent one raises a one-line ``ValueError`` naming ``source`` (e.g. the file)
         and the field, e.g. ``groups[2].sample_rate``."""
         _expect(isinstance(d, dict), source, "", d, "a JSON object")
-        _expect(d.get("format") == "dpfy-ledger/1", source, "format", d.get("format"),
-                "'dpfy-ledger/1'", "This is not a dpfy ledger")
+        _expect(
+            d.get("format") == "dpfy-ledger/1",
+            source,
+            "format",
+            d.get("format"),
+            "'dpfy-ledger/1'",
+            "This is not a dpfy ledger",
+        )
         size = d.get("dataset_size")
-        _expect(size is None or _is_int(size) and size >= 1, source, "dataset_size", size,
-                "null or an integer >= 1")
+        _expect(
+            size is None or _is_int(size) and size >= 1,
+            source,
+            "dataset_size",
+            size,
+            "null or an integer >= 1",
+        )
         groups = d.get("groups")
         _expect(isinstance(groups, list), source, "groups", groups, "a list of step groups")
         assert isinstance(groups, list), "_expect raised otherwise"
         out = cls(size)
         for i, g in enumerate(groups):
             sg = _group_from_dict(g, source, f"groups[{i}]")
-            _expect(sg.first_step == out.num_steps, source, f"groups[{i}].first_step",
-                    sg.first_step, f"{out.num_steps} (groups must be contiguous)",
-                    "The ledger is corrupt: a step is missing or counted twice")
-            out.record_step(sampling=sg.sampling, sample_rate=sg.sample_rate,
-                            releases=sg.releases, count=sg.count,
-                            max_examples_per_user=sg.max_examples_per_user)
+            _expect(
+                sg.first_step == out.num_steps,
+                source,
+                f"groups[{i}].first_step",
+                sg.first_step,
+                f"{out.num_steps} (groups must be contiguous)",
+                "The ledger is corrupt: a step is missing or counted twice",
+            )
+            out.record_step(
+                sampling=sg.sampling,
+                sample_rate=sg.sample_rate,
+                releases=sg.releases,
+                count=sg.count,
+                max_examples_per_user=sg.max_examples_per_user,
+            )
         if "num_steps" in d:
-            _expect(d["num_steps"] == out.num_steps, source, "num_steps", d["num_steps"],
-                    f"{out.num_steps} (the steps its groups hold)",
-                    "The ledger is corrupt: a step is missing or counted twice")
+            _expect(
+                d["num_steps"] == out.num_steps,
+                source,
+                "num_steps",
+                d["num_steps"],
+                f"{out.num_steps} (the steps its groups hold)",
+                "The ledger is corrupt: a step is missing or counted twice",
+            )
         return out
 
     def to_json(self, **kwargs: Any) -> str:
@@ -379,30 +489,50 @@ class Ledger:
         try:
             d = json.loads(text)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{source} must be valid JSON, got {e.msg.lower()} at line "
-                             f"{e.lineno} column {e.colno}. Pass the ledger.json written by "
-                             f"dpfy train (or Ledger.to_json()); an empty or cut-off file "
-                             f"comes from a run that did not finish") from None
+            raise ValueError(
+                f"{source} must be valid JSON, got {e.msg.lower()} at line "
+                f"{e.lineno} column {e.colno}. Pass the ledger.json written by "
+                f"dpfy train (or Ledger.to_json()); an empty or cut-off file "
+                f"comes from a run that did not finish"
+            ) from None
         return cls.from_dict(d, source=source)
 
     @classmethod
-    def homogeneous(cls, *, sample_rate: float, noise_multiplier: float, steps: int,
-                    sampling: Sampling = Sampling.POISSON, dataset_size: int | None = None,
-                    mechanism: str = "gradient",
-                    max_examples_per_user: int | None = None, noise: str = "gaussian",
-                    period: int | None = None) -> "Ledger":
+    def homogeneous(
+        cls,
+        *,
+        sample_rate: float,
+        noise_multiplier: float,
+        steps: int,
+        sampling: Sampling = Sampling.POISSON,
+        dataset_size: int | None = None,
+        mechanism: str = "gradient",
+        max_examples_per_user: int | None = None,
+        noise: str = "gaussian",
+        period: int | None = None,
+    ) -> "Ledger":
         """A ledger of ``steps`` identical steps (what calibration searches over): DP-SGD's,
         or a correlated mechanism's (``noise``, ``period``: see :class:`Release`)."""
         out = cls(dataset_size)
-        out.record_step(sampling=sampling, sample_rate=sample_rate,
-                        releases=[Release(mechanism, noise_multiplier, noise, period)],
-                        count=steps, max_examples_per_user=max_examples_per_user)
+        out.record_step(
+            sampling=sampling,
+            sample_rate=sample_rate,
+            releases=[Release(mechanism, noise_multiplier, noise, period)],
+            count=steps,
+            max_examples_per_user=max_examples_per_user,
+        )
         return out
 
     @classmethod
-    def from_schedule(cls, *, sample_rates: Iterable[float], noise_multipliers: Iterable[float],
-                      sampling: Sampling = Sampling.POISSON, dataset_size: int | None = None,
-                      mechanism: str = "gradient") -> "Ledger":
+    def from_schedule(
+        cls,
+        *,
+        sample_rates: Iterable[float],
+        noise_multipliers: Iterable[float],
+        sampling: Sampling = Sampling.POISSON,
+        dataset_size: int | None = None,
+        mechanism: str = "gradient",
+    ) -> "Ledger":
         """A ledger with one step per (q_t, σ_t) pair; equal neighbours are merged."""
         out = cls(dataset_size)
         for q, s in zip(sample_rates, noise_multipliers, strict=True):
@@ -412,8 +542,9 @@ class Ledger:
 
 def _release_from_dict(r: dict[str, Any]) -> Release:
     """The release :meth:`Release.to_dict` wrote."""
-    return Release(r["mechanism"], float(r["noise_multiplier"]), r.get("noise", "gaussian"),
-                   r.get("period"))
+    return Release(
+        r["mechanism"], float(r["noise_multiplier"]), r.get("noise", "gaussian"), r.get("period")
+    )
 
 
 _LEDGER_FIX = "Pass the ledger.json written by dpfy train (or Ledger.to_json()) unchanged"
@@ -427,11 +558,11 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _expect(ok: bool, source: str, field_name: str, value: Any, constraint: str,
-            fix: str = _LEDGER_FIX) -> None:
+def _expect(
+    ok: bool, source: str, field_name: str, value: Any, constraint: str, fix: str = _LEDGER_FIX
+) -> None:
     """``require`` for one field of a serialized ledger: the name says file and field."""
-    require(ok, f"{source} field {field_name}" if field_name else source, value, constraint,
-            fix)
+    require(ok, f"{source} field {field_name}" if field_name else source, value, constraint, fix)
 
 
 def _group_from_dict(g: Any, source: str, where: str) -> StepGroup:
@@ -439,31 +570,75 @@ def _group_from_dict(g: Any, source: str, where: str) -> StepGroup:
     _expect(isinstance(g, dict), source, where, g, "a JSON object")
     for key in ("first_step", "count"):
         _expect(_is_int(g.get(key)), source, f"{where}.{key}", g.get(key), "an integer")
-    _expect(g.get("sampling") in [m.value for m in Sampling], source, f"{where}.sampling",
-            g.get("sampling"), f"one of {[m.value for m in Sampling]}")
-    _expect(_is_number(g.get("sample_rate")), source, f"{where}.sample_rate",
-            g.get("sample_rate"), "a finite number")
+    _expect(
+        g.get("sampling") in [m.value for m in Sampling],
+        source,
+        f"{where}.sampling",
+        g.get("sampling"),
+        f"one of {[m.value for m in Sampling]}",
+    )
+    _expect(
+        _is_number(g.get("sample_rate")),
+        source,
+        f"{where}.sample_rate",
+        g.get("sample_rate"),
+        "a finite number",
+    )
     releases = g.get("releases")
-    _expect(isinstance(releases, list) and len(releases) >= 1, source, f"{where}.releases",
-            releases, "a non-empty list of releases")
+    _expect(
+        isinstance(releases, list) and len(releases) >= 1,
+        source,
+        f"{where}.releases",
+        releases,
+        "a non-empty list of releases",
+    )
     for j, r in enumerate(releases):
         at = f"{where}.releases[{j}]"
         _expect(isinstance(r, dict), source, at, r, "a JSON object")
-        _expect(isinstance(r.get("mechanism"), str), source, f"{at}.mechanism",
-                r.get("mechanism"), "a string")
-        _expect(_is_number(r.get("noise_multiplier")), source, f"{at}.noise_multiplier",
-                r.get("noise_multiplier"), "a finite number")
-        _expect(r.get("noise", "gaussian") in NOISES, source, f"{at}.noise", r.get("noise"),
-                f"one of {list(NOISES)}")
-        _expect(r.get("period") is None or _is_int(r.get("period")), source, f"{at}.period",
-                r.get("period"), "null or an integer")
+        _expect(
+            isinstance(r.get("mechanism"), str),
+            source,
+            f"{at}.mechanism",
+            r.get("mechanism"),
+            "a string",
+        )
+        _expect(
+            _is_number(r.get("noise_multiplier")),
+            source,
+            f"{at}.noise_multiplier",
+            r.get("noise_multiplier"),
+            "a finite number",
+        )
+        _expect(
+            r.get("noise", "gaussian") in NOISES,
+            source,
+            f"{at}.noise",
+            r.get("noise"),
+            f"one of {list(NOISES)}",
+        )
+        _expect(
+            r.get("period") is None or _is_int(r.get("period")),
+            source,
+            f"{at}.period",
+            r.get("period"),
+            "null or an integer",
+        )
     k = g.get("max_examples_per_user")
-    _expect(k is None or _is_int(k), source, f"{where}.max_examples_per_user", k,
-            "absent, null or an integer")
+    _expect(
+        k is None or _is_int(k),
+        source,
+        f"{where}.max_examples_per_user",
+        k,
+        "absent, null or an integer",
+    )
     try:
-        return StepGroup(first_step=g["first_step"], count=g["count"],
-                         sampling=Sampling(g["sampling"]), sample_rate=float(g["sample_rate"]),
-                         releases=tuple(_release_from_dict(r) for r in releases),
-                         max_examples_per_user=k)
-    except ValueError as e:      # the range checks of StepGroup and Release
+        return StepGroup(
+            first_step=g["first_step"],
+            count=g["count"],
+            sampling=Sampling(g["sampling"]),
+            sample_rate=float(g["sample_rate"]),
+            releases=tuple(_release_from_dict(r) for r in releases),
+            max_examples_per_user=k,
+        )
+    except ValueError as e:  # the range checks of StepGroup and Release
         raise ValueError(f"{source} field {where}: {e}") from None

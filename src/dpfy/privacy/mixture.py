@@ -45,30 +45,35 @@ __all__ = ["binomial_weights", "els_dp_event", "els_rdp_dominating_pair", "els_r
 
 def binomial_weights(k: int, q: float) -> list[float]:
     """Binomial(k, q)(j) for j = 0..k: how often one user's k examples enter one step."""
-    return [math.comb(k, j) * q ** j * (1 - q) ** (k - j) for j in range(k + 1)]
+    return [math.comb(k, j) * q**j * (1 - q) ** (k - j) for j in range(k + 1)]
 
 
-def els_dp_event(sample_rate: float, noise_multiplier: float,
-                 max_examples_per_user: int) -> dp_event.DpEvent:
+def els_dp_event(
+    sample_rate: float, noise_multiplier: float, max_examples_per_user: int
+) -> dp_event.DpEvent:
     """One ELS step at the user level: ``MixtureOfGaussiansDpEvent(σ, [0..k], Binomial(k, q))``.
 
     Sensitivities in units of the clipping threshold C, so the standard deviation is σ."""
     k = max_examples_per_user
     return dp_event.MixtureOfGaussiansDpEvent(
-        standard_deviation=noise_multiplier, sensitivities=[float(j) for j in range(k + 1)],
-        sampling_probs=binomial_weights(k, sample_rate))
+        standard_deviation=noise_multiplier,
+        sensitivities=[float(j) for j in range(k + 1)],
+        sampling_probs=binomial_weights(k, sample_rate),
+    )
 
 
-def els_rdp_composition(sample_rate: float, noise_multiplier: float,
-                        max_examples_per_user: int) -> tuple[int, float, float]:
+def els_rdp_composition(
+    sample_rate: float, noise_multiplier: float, max_examples_per_user: int
+) -> tuple[int, float, float]:
     """(count, rate, noise multiplier) of the composition that bounds one ELS step (module
     docstring, (a)): k subsampled Gaussians at rate q and σ/√k."""
     k = max_examples_per_user
     return k, sample_rate, noise_multiplier / math.sqrt(k)
 
 
-def els_rdp_dominating_pair(sample_rate: float, noise_multiplier: float,
-                            max_examples_per_user: int) -> tuple[float, float]:
+def els_rdp_dominating_pair(
+    sample_rate: float, noise_multiplier: float, max_examples_per_user: int
+) -> tuple[float, float]:
     """(rate, noise multiplier) of the Poisson-subsampled Gaussian that dominates one ELS step
     (module docstring): (1 − (1 − q)^k, σ/k)."""
     k = max_examples_per_user

@@ -18,8 +18,13 @@ __all__ = ["pate_upsampling_factors", "pate_teacher_weights"]
 def _check_budgets(budgets: Sequence[float], name: str) -> None:
     require(len(budgets) >= 1, name, list(budgets), "at least one ε")
     for e in budgets:
-        require(isinstance(e, (int, float)) and 0 < e < math.inf, name, e,
-                "> 0 and finite for every entry", "Give every point or group a positive ε")
+        require(
+            isinstance(e, (int, float)) and 0 < e < math.inf,
+            name,
+            e,
+            "> 0 and finite for every entry",
+            "Give every point or group a positive ε",
+        )
 
 
 def pate_upsampling_factors(budgets: Sequence[float], precision: int = 1) -> list[int]:
@@ -37,18 +42,24 @@ def pate_upsampling_factors(budgets: Sequence[float], precision: int = 1) -> lis
     Returns: u_d per point, in the input order.
     """
     _check_budgets(budgets, "budgets")
-    require(isinstance(precision, int) and precision >= 0, "precision", precision,
-            "an integer >= 0")
-    scaled = [round(e * 10 ** precision) for e in budgets]
-    require(min(scaled) >= 1, "budgets", min(budgets),
-            f">= {0.5 * 10 ** -precision:g} at precision {precision}",
-            "Raise the precision so every budget keeps a non-zero digit")
+    require(
+        isinstance(precision, int) and precision >= 0, "precision", precision, "an integer >= 0"
+    )
+    scaled = [round(e * 10**precision) for e in budgets]
+    require(
+        min(scaled) >= 1,
+        "budgets",
+        min(budgets),
+        f">= {0.5 * 10**-precision:g} at precision {precision}",
+        "Raise the precision so every budget keeps a non-zero digit",
+    )
     divisor = math.gcd(*sorted(set(scaled)))
     return [s // divisor for s in scaled]
 
 
-def pate_teacher_weights(budgets: Sequence[float], teachers: Sequence[int],
-                         total_teachers: int) -> list[float]:
+def pate_teacher_weights(
+    budgets: Sequence[float], teachers: Sequence[int], total_teachers: int
+) -> list[float]:
     """Algorithm 2 (individualized PATE, weighting): the vote weight of every teacher of group j.
 
     w̄_j = (ε_j / Σ_j ε_j) · (n_j / k), and w_j = k · w̄_j / Σ_j w̄_j. As the paper writes it,
@@ -65,12 +76,24 @@ def pate_teacher_weights(budgets: Sequence[float], teachers: Sequence[int],
     Returns: w_j per group (every teacher of group j votes with weight w_j).
     """
     _check_budgets(budgets, "budgets")
-    require(len(teachers) == len(budgets), "len(teachers)", len(teachers),
-            f"{len(budgets)} (one count per group)")
-    require(all(isinstance(n, int) and n >= 1 for n in teachers), "teachers", list(teachers),
-            "integers >= 1")
-    require(total_teachers == sum(teachers), "total_teachers", total_teachers,
-            f"the sum of teachers per group ({sum(teachers)})")
+    require(
+        len(teachers) == len(budgets),
+        "len(teachers)",
+        len(teachers),
+        f"{len(budgets)} (one count per group)",
+    )
+    require(
+        all(isinstance(n, int) and n >= 1 for n in teachers),
+        "teachers",
+        list(teachers),
+        "integers >= 1",
+    )
+    require(
+        total_teachers == sum(teachers),
+        "total_teachers",
+        total_teachers,
+        f"the sum of teachers per group ({sum(teachers)})",
+    )
     e_sum = math.fsum(budgets)
     raw = [(e / e_sum) * (n / total_teachers) for e, n in zip(budgets, teachers)]
     w_sum = math.fsum(raw)

@@ -40,33 +40,46 @@ DEFAULT_DISCRETIZATION = 1e-4
 @functools.lru_cache(maxsize=4096)
 def _atom_pld(q: float, sigma: float, discretization: float) -> _pld.PrivacyLossDistribution:
     return _pld.from_gaussian_mechanism(
-        standard_deviation=sigma, sampling_prob=q,
-        value_discretization_interval=discretization, pessimistic_estimate=True)
+        standard_deviation=sigma,
+        sampling_prob=q,
+        value_discretization_interval=discretization,
+        pessimistic_estimate=True,
+    )
 
 
 @functools.lru_cache(maxsize=256)
-def _mixture_pld(q: float, sigma: float, k: int,
-                 discretization: float) -> _pld.PrivacyLossDistribution:
+def _mixture_pld(
+    q: float, sigma: float, k: int, discretization: float
+) -> _pld.PrivacyLossDistribution:
     """One ELS step at the user level: dp_accounting's mixture of Gaussians (sensitivities
     0..k in units of C, weights Binomial(k, q)), pessimistic, both adjacency directions."""
     return _pld.from_mixture_gaussian_mechanism(
-        standard_deviation=sigma, sensitivities=[float(j) for j in range(k + 1)],
-        sampling_probs=binomial_weights(k, q), pessimistic_estimate=True,
-        value_discretization_interval=discretization)
+        standard_deviation=sigma,
+        sensitivities=[float(j) for j in range(k + 1)],
+        sampling_probs=binomial_weights(k, q),
+        pessimistic_estimate=True,
+        value_discretization_interval=discretization,
+    )
 
 
-def build(form: CanonicalForm, discretization: float = DEFAULT_DISCRETIZATION,
-          start: _pld.PrivacyLossDistribution | None = None) -> _pld.PrivacyLossDistribution:
+def build(
+    form: CanonicalForm,
+    discretization: float = DEFAULT_DISCRETIZATION,
+    start: _pld.PrivacyLossDistribution | None = None,
+) -> _pld.PrivacyLossDistribution:
     """The composed PLD of every atom in ``form`` (composed onto ``start`` if given)."""
     out = start
     for a in form.atoms:
         if a.kind == GAUSSIAN:
             # Gaussians compose exactly: c copies at σ are one Gaussian at σ/√c.
-            p = _atom_pld(1.0, a.noise_multiplier / a.count ** 0.5, discretization)
+            p = _atom_pld(1.0, a.noise_multiplier / a.count**0.5, discretization)
         elif a.kind == MIXTURE:
-            p = _mixture_pld(a.sample_rate, a.noise_multiplier,
-                             int(a.max_examples_per_user),  # type: ignore[arg-type]
-                             discretization)
+            p = _mixture_pld(
+                a.sample_rate,
+                a.noise_multiplier,
+                int(a.max_examples_per_user),  # type: ignore[arg-type]
+                discretization,
+            )
             if a.count > 1:
                 p = p.self_compose(a.count)
         else:
@@ -77,8 +90,9 @@ def build(form: CanonicalForm, discretization: float = DEFAULT_DISCRETIZATION,
     return out
 
 
-def epsilon(form: CanonicalForm, delta: float,
-            discretization: float = DEFAULT_DISCRETIZATION) -> float:
+def epsilon(
+    form: CanonicalForm, delta: float, discretization: float = DEFAULT_DISCRETIZATION
+) -> float:
     if form.non_private:
         return float("inf")
     if not form.atoms:
@@ -88,8 +102,9 @@ def epsilon(form: CanonicalForm, delta: float,
     return float(build(form, discretization).get_epsilon_for_delta(delta))
 
 
-def delta(form: CanonicalForm, epsilon: float,
-          discretization: float = DEFAULT_DISCRETIZATION) -> float:
+def delta(
+    form: CanonicalForm, epsilon: float, discretization: float = DEFAULT_DISCRETIZATION
+) -> float:
     if form.non_private:
         return 1.0
     if not form.atoms:

@@ -48,8 +48,11 @@ logging.getLogger("absl").addFilter(_DropExcludedOrderWarnings())
 
 @functools.lru_cache(maxsize=65536)
 def _atom_rdp(kind: str, q: float, sigma: float, n: int | None) -> np.ndarray:
-    relation = (dp_accounting.NeighboringRelation.REPLACE_ONE if kind == WITHOUT_REPLACEMENT
-                else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    relation = (
+        dp_accounting.NeighboringRelation.REPLACE_ONE
+        if kind == WITHOUT_REPLACEMENT
+        else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    )
     acc = _rdp.RdpAccountant(orders=list(ORDERS), neighboring_relation=relation)
     acc.compose(Atom(kind, q, sigma, 1, n).step_event())
     # dp_accounting keeps the composed curve in `_rdp` (no public getter in 0.6.0, which is pinned).
@@ -62,16 +65,19 @@ def rdp_curve(form: CanonicalForm) -> np.ndarray:
     """Σ over atoms of count · ε_α(atom), one value per order in :data:`ORDERS`."""
     total = np.zeros_like(ORDERS)
     for a in form.atoms:
-        if a.kind == MIXTURE:   # an ELS step: the smaller of two bounds at each order
+        if a.kind == MIXTURE:  # an ELS step: the smaller of two bounds at each order
             k = int(a.max_examples_per_user)  # type: ignore[arg-type]
             rate, sigma = els_rdp_dominating_pair(a.sample_rate, a.noise_multiplier, k)
             parts, q, sigma_part = els_rdp_composition(a.sample_rate, a.noise_multiplier, k)
-            bound = np.minimum(_atom_rdp(POISSON, rate, sigma, None),
-                               parts * _atom_rdp(POISSON, q, sigma_part, None))
+            bound = np.minimum(
+                _atom_rdp(POISSON, rate, sigma, None),
+                parts * _atom_rdp(POISSON, q, sigma_part, None),
+            )
             total = total + a.count * bound
             continue
-        total = total + a.count * _atom_rdp(a.kind, a.sample_rate, a.noise_multiplier,
-                                            a.dataset_size)
+        total = total + a.count * _atom_rdp(
+            a.kind, a.sample_rate, a.noise_multiplier, a.dataset_size
+        )
     return total
 
 

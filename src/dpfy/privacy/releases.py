@@ -42,14 +42,17 @@ def step_releases(plan: StepPlan, specs: Mapping[str, ReleaseSpec]) -> tuple[Rel
     out = [Release(GRADIENT, float(plan.noise_multiplier))]
     for name, spec in specs.items():
         if name == GRADIENT:
-            raise ValueError(f"an extra release name must not be {GRADIENT!r}, got "
-                             f"{GRADIENT!r}. Name the release after what it holds")
+            raise ValueError(
+                f"an extra release name must not be {GRADIENT!r}, got "
+                f"{GRADIENT!r}. Name the release after what it holds"
+            )
         out.append(Release(name, spec.noise_multiplier))
     return tuple(out)
 
 
-def group_step_releases(plan: StepPlan, specs: Mapping[str, ReleaseSpec],
-                        clip_fractions: Sequence[float]) -> list[tuple[Release, ...]]:
+def group_step_releases(
+    plan: StepPlan, specs: Mapping[str, ReleaseSpec], clip_fractions: Sequence[float]
+) -> list[tuple[Release, ...]]:
     """What one step releases as seen by each privacy group (individualized privacy).
 
     Group p's examples are clipped to f_p·Δ (``clip_fractions[p]``), so the gradient sum's noise
@@ -58,19 +61,31 @@ def group_step_releases(plan: StepPlan, specs: Mapping[str, ReleaseSpec],
     they are. This is :func:`step_releases` at the group's σ: the optimizer records it in each
     group's ledger and ``dpfy.privacy.calibrate_individual`` writes it for every planned step.
     """
-    return [step_releases(replace(plan, noise_multiplier=group_noise_multiplier(
-        plan.noise_multiplier, f)), specs) for f in clip_fractions]
+    return [
+        step_releases(
+            replace(plan, noise_multiplier=group_noise_multiplier(plan.noise_multiplier, f)), specs
+        )
+        for f in clip_fractions
+    ]
 
 
-def base_plan(facts: RunFacts, step: int, noise_multiplier: float,
-              clip: float | torch.Tensor) -> StepPlan:
+def base_plan(
+    facts: RunFacts, step: int, noise_multiplier: float, clip: float | torch.Tensor
+) -> StepPlan:
     """The plan before any method changes it: the sampler's q, the run's σ and C."""
-    return StepPlan(step=step, sample_rate=facts.sample_rate, noise_multiplier=noise_multiplier,
-                    clip=clip)
+    return StepPlan(
+        step=step, sample_rate=facts.sample_rate, noise_multiplier=noise_multiplier, clip=clip
+    )
 
 
-def planned_ledger(method: PlannedMethod, facts: RunFacts, *, noise_multiplier: float = 0.0,
-                   clip: float | torch.Tensor = 1.0, steps: int | None = None) -> Ledger:
+def planned_ledger(
+    method: PlannedMethod,
+    facts: RunFacts,
+    *,
+    noise_multiplier: float = 0.0,
+    clip: float | torch.Tensor = 1.0,
+    steps: int | None = None,
+) -> Ledger:
     """The ledger a run of ``method`` under ``facts`` will write, built before training.
 
     Only for data-independent methods (their plans and release specs depend on the step
@@ -81,16 +96,22 @@ def planned_ledger(method: PlannedMethod, facts: RunFacts, *, noise_multiplier: 
             f"method must be data-independent to write its ledger in advance, got method = "
             f"{method.registry_name or type(method).__name__} (it adapts to released values). "
             f"Give its noise explicitly and let the ε guard (target_epsilon= or "
-            f"epsilon_cap=) stop training at the target")
+            f"epsilon_cap=) stop training at the target"
+        )
     steps = facts.steps if steps is None else steps
     if steps is None:
-        raise ValueError("steps must be known to write a run's ledger, got steps = None. "
-                         "Pass epochs= or max_steps= to make_private")
+        raise ValueError(
+            "steps must be known to write a run's ledger, got steps = None. "
+            "Pass epochs= or max_steps= to make_private"
+        )
     state = method.init()
     ledger = Ledger(dataset_size=facts.dataset_size)
     for t in range(steps):
         plan = method.plan(state, base_plan(facts, t, noise_multiplier, clip))
-        ledger.record_step(sampling=facts.sampling, sample_rate=facts.sample_rate,
-                           max_examples_per_user=facts.max_examples_per_user,
-                           releases=step_releases(plan, method.releases(state, plan)))
+        ledger.record_step(
+            sampling=facts.sampling,
+            sample_rate=facts.sample_rate,
+            max_examples_per_user=facts.max_examples_per_user,
+            releases=step_releases(plan, method.releases(state, plan)),
+        )
     return ledger

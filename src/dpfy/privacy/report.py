@@ -36,75 +36,124 @@ from typing import Any, Mapping, Sequence
 
 from dpfy._require import require, require_extra
 from dpfy.errors import PrivacyRefusal
-from dpfy.privacy.accountants import (ACCOUNTANTS, APPROXIMATE, accountant_label,
-                                      check_accountant, epsilon, epsilon_curve, prepare)
+from dpfy.privacy.accountants import (
+    ACCOUNTANTS,
+    APPROXIMATE,
+    accountant_label,
+    check_accountant,
+    epsilon,
+    epsilon_curve,
+    prepare,
+)
 from dpfy.privacy.ledger import Ledger, Sampling
 from dpfy.privacy.section import ReportSection
 from dpfy.privacy.tuning import group_privacy
 from dpfy.privacy.user_level import USER_UNIT
 
-__all__ = ["TuningCost", "ReportSection", "MechanismShare", "PrivacyReport", "DEFAULT_DP_SETTING",
-           "CONTEXT",
-           "tier"]
+__all__ = [
+    "TuningCost",
+    "ReportSection",
+    "MechanismShare",
+    "PrivacyReport",
+    "DEFAULT_DP_SETTING",
+    "CONTEXT",
+    "tier",
+]
 
 # Keys of privacy_report.json that are the caller's context (not computed from the ledger).
-CONTEXT = ("released", "not_released", "unit_of_privacy", "protects", "dp_setting",
-           "dataset_size", "layer_table", "model_description", "sampling_note", "warnings",
-           "methods", "public_data", "sections")
+CONTEXT = (
+    "released",
+    "not_released",
+    "unit_of_privacy",
+    "protects",
+    "dp_setting",
+    "dataset_size",
+    "layer_table",
+    "model_description",
+    "sampling_note",
+    "warnings",
+    "methods",
+    "public_data",
+    "sections",
+)
 
-DEFAULT_DP_SETTING = ("Central differential privacy: the party that trains the model is trusted to "
-                      "run the mechanism as described and sees the raw data; the guarantee is "
-                      "about what the released output reveals.")
+DEFAULT_DP_SETTING = (
+    "Central differential privacy: the party that trains the model is trusted to "
+    "run the mechanism as described and sees the raw data; the guarantee is "
+    "about what the released output reveals."
+)
 
 ADJACENCY_TEXT = {
     "add_or_remove": "add-or-remove one unit of privacy (the datasets differ by one record)",
-    "replace_one": ("replace-one: the datasets have the same size N and differ in one record "
-                    "(roughly twice as strong as add-or-remove at the same ε)"),
+    "replace_one": (
+        "replace-one: the datasets have the same size N and differ in one record "
+        "(roughly twice as strong as add-or-remove at the same ε)"
+    ),
 }
-USER_ADJACENCY_TEXT = ("add-or-remove one user: the datasets differ by all of one user's "
-                       "examples, however many they are")
+USER_ADJACENCY_TEXT = (
+    "add-or-remove one user: the datasets differ by all of one user's "
+    "examples, however many they are"
+)
 
 SAMPLING_TEXT = {
-    Sampling.POISSON: ("Poisson sampling: each example joined each batch independently with "
-                       "probability q (dpfy's sampler recorded this). Amplification by sampling "
-                       "is claimed; the assumption held by construction."),
-    Sampling.FIXED_SIZE: ("Fixed-size batches drawn uniformly without replacement at every step. "
-                          "Amplification by sampling without replacement is claimed "
-                          "(replace-one adjacency)."),
-    Sampling.SHUFFLE: ("Fixed-size batches from dpfy's own permutation sampler: one random "
-                       "permutation per pass, cut into batches of b; restarts continue the pass. "
-                       "No amplification is claimed: each example is charged once per pass at "
-                       "the worst position, with replace-one sensitivity."),
+    Sampling.POISSON: (
+        "Poisson sampling: each example joined each batch independently with "
+        "probability q (dpfy's sampler recorded this). Amplification by sampling "
+        "is claimed; the assumption held by construction."
+    ),
+    Sampling.FIXED_SIZE: (
+        "Fixed-size batches drawn uniformly without replacement at every step. "
+        "Amplification by sampling without replacement is claimed "
+        "(replace-one adjacency)."
+    ),
+    Sampling.SHUFFLE: (
+        "Fixed-size batches from dpfy's own permutation sampler: one random "
+        "permutation per pass, cut into batches of b; restarts continue the pass. "
+        "No amplification is claimed: each example is charged once per pass at "
+        "the worst position, with replace-one sensitivity."
+    ),
     Sampling.NONE: "No sampling: every example took part in every such step.",
-    Sampling.ULS: ("User-level sampling (ULS, Charles et al. 2024): each user joined each step "
-                   "independently with probability q (the user rate; dpfy's sampler recorded "
-                   "it), and a sampled user's examples were clipped together as one unit. "
-                   "Amplification by sampling is claimed at the user level (a Poisson-"
-                   "subsampled Gaussian); the assumption held by construction."),
-    Sampling.ELS: ("Example-level sampling with contribution bounding (ELS, Charles et al. "
-                   "2024): every user kept at most k examples (the ledger records k), each "
-                   "example joined each step independently with probability q and was clipped "
-                   "alone. Accounted at the user level: a user's examples enter a step "
-                   "Binomial(k, q) times, a mixture of Gaussians (PLD: the mixture; RDP: an "
-                   "upper bound on it)."),
-    Sampling.CYCLIC_POISSON: ("Cyclic Poisson sampling (b-min-separation): dpfy's sampler split "
-                              "the examples once into b balanced groups and step t drew each "
-                              "example of group t mod b independently with probability q. "
-                              "Amplification by sampling is claimed for each participation."),
+    Sampling.ULS: (
+        "User-level sampling (ULS, Charles et al. 2024): each user joined each step "
+        "independently with probability q (the user rate; dpfy's sampler recorded "
+        "it), and a sampled user's examples were clipped together as one unit. "
+        "Amplification by sampling is claimed at the user level (a Poisson-"
+        "subsampled Gaussian); the assumption held by construction."
+    ),
+    Sampling.ELS: (
+        "Example-level sampling with contribution bounding (ELS, Charles et al. "
+        "2024): every user kept at most k examples (the ledger records k), each "
+        "example joined each step independently with probability q and was clipped "
+        "alone. Accounted at the user level: a user's examples enter a step "
+        "Binomial(k, q) times, a mixture of Gaussians (PLD: the mixture; RDP: an "
+        "upper bound on it)."
+    ),
+    Sampling.CYCLIC_POISSON: (
+        "Cyclic Poisson sampling (b-min-separation): dpfy's sampler split "
+        "the examples once into b balanced groups and step t drew each "
+        "example of group t mod b independently with probability q. "
+        "Amplification by sampling is claimed for each participation."
+    ),
 }
 
 # The correlated noise mechanisms: what each assumes about participation (privacy.correlated).
 NOISE_TEXT = {
-    "tree": ("DP-FTRL tree aggregation (Kairouz et al. 2021), the honest tree restarted every "
-             "{period} steps (one pass); assumes each example takes part at most once per "
-             "tree; each tree is charged as one Gaussian release at σ/√depth"),
-    "bandmf": ("banded matrix factorization (Choquette-Choo et al. 2023) with b = {period} "
-               "bands and unit-norm strategy columns; assumes an example's participations are "
-               "multiples of b steps apart; each participation is charged as one "
-               "Poisson-subsampled Gaussian"),
+    "tree": (
+        "DP-FTRL tree aggregation (Kairouz et al. 2021), the honest tree restarted every "
+        "{period} steps (one pass); assumes each example takes part at most once per "
+        "tree; each tree is charged as one Gaussian release at σ/√depth"
+    ),
+    "bandmf": (
+        "banded matrix factorization (Choquette-Choo et al. 2023) with b = {period} "
+        "bands and unit-norm strategy columns; assumes an example's participations are "
+        "multiples of b steps apart; each participation is charged as one "
+        "Poisson-subsampled Gaussian"
+    ),
 }
-NOISE_HELD = ("held by construction: dpfy's sampler drew every batch and the mechanism checked "
-              "the sampler's position at every release")
+NOISE_HELD = (
+    "held by construction: dpfy's sampler drew every batch and the mechanism checked "
+    "the sampler's position at every release"
+)
 
 
 def tier(eps: float) -> int:
@@ -115,9 +164,11 @@ def tier(eps: float) -> int:
 TIER_TEXT = {
     1: "Tier 1 (ε ≤ 1): strong formal privacy guarantee.",
     2: "Tier 2 (ε ≤ 10): reasonable privacy guarantee for many applications.",
-    3: ("Tier 3 (ε > 10): weak to no formal guarantee. The DP guarantee alone is not sufficient "
+    3: (
+        "Tier 3 (ε > 10): weak to no formal guarantee. The DP guarantee alone is not sufficient "
         "evidence of anonymization; additional measures (e.g. empirical privacy auditing, "
-        "demonstrated robustness to attacks, removing privacy-sensitive data) may be necessary."),
+        "demonstrated robustness to attacks, removing privacy-sensitive data) may be necessary."
+    ),
 }
 
 
@@ -180,7 +231,7 @@ class PrivacyReport:
     samplings: tuple[str, ...]
     sample_rates: tuple[float, float]
     noise_multipliers: tuple[float, float]
-    epsilons: Mapping[str, float | None]     # None: that accountant refused (PLD floor)
+    epsilons: Mapping[str, float | None]  # None: that accountant refused (PLD floor)
     epsilon_without_amplification: float
     coarsened: float | None
     curve: tuple[tuple[int, float], ...]
@@ -202,27 +253,33 @@ class PrivacyReport:
     methods: tuple[Mapping[str, str], ...] = ()
     public_data: str | None = None
     sections: tuple[ReportSection, ...] = ()
-    unit: str = "example"   # the ledger's unit of privacy: "example" or "user"
-    noise_mechanisms: tuple[Mapping[str, Any], ...] = ()   # correlated noise only
+    unit: str = "example"  # the ledger's unit of privacy: "example" or "user"
+    noise_mechanisms: tuple[Mapping[str, Any], ...] = ()  # correlated noise only
 
     @classmethod
-    def from_ledger(cls, ledger: Ledger, *, delta: float, accountant: str = "pld",
-                    released: str = "final model weights",
-                    unit_of_privacy: str | None = None,
-                    protects: str = "features and labels",
-                    dp_setting: str = DEFAULT_DP_SETTING,
-                    dataset_size: int | None = None,
-                    tuning: TuningCost | None = None,
-                    group_size: int | None = None,
-                    layer_table: Sequence[Mapping[str, Any]] | None = None,
-                    model_description: str | None = None,
-                    sampling_note: str | None = None,
-                    warnings: Sequence[str] = (),
-                    not_released: str | None = None,
-                    methods: Sequence[Mapping[str, str]] = (),
-                    public_data: str | None = None,
-                    sections: Sequence[ReportSection] = (),
-                    num_points: int = 50) -> "PrivacyReport":
+    def from_ledger(
+        cls,
+        ledger: Ledger,
+        *,
+        delta: float,
+        accountant: str = "pld",
+        released: str = "final model weights",
+        unit_of_privacy: str | None = None,
+        protects: str = "features and labels",
+        dp_setting: str = DEFAULT_DP_SETTING,
+        dataset_size: int | None = None,
+        tuning: TuningCost | None = None,
+        group_size: int | None = None,
+        layer_table: Sequence[Mapping[str, Any]] | None = None,
+        model_description: str | None = None,
+        sampling_note: str | None = None,
+        warnings: Sequence[str] = (),
+        not_released: str | None = None,
+        methods: Sequence[Mapping[str, str]] = (),
+        public_data: str | None = None,
+        sections: Sequence[ReportSection] = (),
+        num_points: int = 50,
+    ) -> "PrivacyReport":
         """Account ``ledger`` and gather the context of the statement.
 
         Args:
@@ -254,24 +311,43 @@ class PrivacyReport:
         """
         check_accountant(accountant)
         for row in methods:
-            require(isinstance(row.get("name"), str) and row["name"] != "", "methods", row,
-                    "rows with a non-empty 'name' (and 'releases')",
-                    "Pass each method's registry name and what it releases per step")
+            require(
+                isinstance(row.get("name"), str) and row["name"] != "",
+                "methods",
+                row,
+                "rows with a non-empty 'name' (and 'releases')",
+                "Pass each method's registry name and what it releases per step",
+            )
         require(0 < delta < 1, "delta", delta, "in (0, 1)")
-        require(ledger.num_steps >= 1, "ledger", "empty", "a ledger with at least one step",
-                "Record the run's steps before writing a report")
+        require(
+            ledger.num_steps >= 1,
+            "ledger",
+            "empty",
+            "a ledger with at least one step",
+            "Record the run's steps before writing a report",
+        )
         n = dataset_size if dataset_size is not None else ledger.dataset_size
         unit = ledger.unit()
         if unit_of_privacy is None:
             unit_of_privacy = USER_UNIT if unit == "user" else "one example"
-        require(unit != "user" or "user" in unit_of_privacy.lower(), "unit_of_privacy",
-                unit_of_privacy, "a description of one user for a user-level ledger (ULS, ELS)",
-                f"The ledger accounts users: leave unit_of_privacy unset ('{USER_UNIT}')")
+        require(
+            unit != "user" or "user" in unit_of_privacy.lower(),
+            "unit_of_privacy",
+            unit_of_privacy,
+            "a description of one user for a user-level ledger (ULS, ELS)",
+            f"The ledger accounts users: leave unit_of_privacy unset ('{USER_UNIT}')",
+        )
         if group_size is not None:
-            require(isinstance(group_size, int) and group_size >= 1, "group_size", group_size,
-                    "an integer >= 1")
-        eps = {name: _epsilon_or_none(ledger, delta, name, headline=name == accountant)
-               for name in ACCOUNTANTS}
+            require(
+                isinstance(group_size, int) and group_size >= 1,
+                "group_size",
+                group_size,
+                "an integer >= 1",
+            )
+        eps = {
+            name: _epsilon_or_none(ledger, delta, name, headline=name == accountant)
+            for name in ACCOUNTANTS
+        }
         headline = eps[accountant]
         assert headline is not None, "the headline accountant raises rather than give None"
         form = prepare(ledger, accountant=accountant)
@@ -283,30 +359,49 @@ class PrivacyReport:
             group = group_privacy(headline, delta, group_size=group_size)
         accesses = "this training run only"
         if tuning is not None:
-            accesses = ("this training run, and the hyperparameter search that chose its "
-                        "settings (see tuning)")
+            accesses = (
+                "this training run, and the hyperparameter search that chose its "
+                "settings (see tuning)"
+            )
         return cls(
-            epsilon=headline, delta=delta, accountant=accountant,
-            steps=ledger.num_steps, dataset_size=n, adjacency=ledger.adjacency(),
+            epsilon=headline,
+            delta=delta,
+            accountant=accountant,
+            steps=ledger.num_steps,
+            dataset_size=n,
+            adjacency=ledger.adjacency(),
             samplings=tuple(sorted(s.value for s in ledger.samplings())),
-            sample_rates=(min(rates), max(rates)), noise_multipliers=(min(sigmas), max(sigmas)),
+            sample_rates=(min(rates), max(rates)),
+            noise_multipliers=(min(sigmas), max(sigmas)),
             epsilons=eps,
-            epsilon_without_amplification=epsilon(ledger, delta=delta, accountant=accountant,
-                                                   amplify=False),
+            epsilon_without_amplification=epsilon(
+                ledger, delta=delta, accountant=accountant, amplify=False
+            ),
             coarsened=form.resolution,
-            curve=tuple(epsilon_curve(ledger, delta=delta, accountant=accountant,
-                                      num_points=num_points)),
-            mechanisms=mechanisms, released=released, unit_of_privacy=unit_of_privacy,
-            protects=protects, dp_setting=dp_setting, data_accesses=accesses, tuning=tuning,
-            group_size=group_size, group_statement=group,
+            curve=tuple(
+                epsilon_curve(ledger, delta=delta, accountant=accountant, num_points=num_points)
+            ),
+            mechanisms=mechanisms,
+            released=released,
+            unit_of_privacy=unit_of_privacy,
+            protects=protects,
+            dp_setting=dp_setting,
+            data_accesses=accesses,
+            tuning=tuning,
+            group_size=group_size,
+            group_statement=group,
             layer_table=tuple(dict(r) for r in (layer_table or ())),
-            model_description=model_description, sampling_note=sampling_note,
+            model_description=model_description,
+            sampling_note=sampling_note,
             versions={"dpfy": _version("dpfy"), "dp-accounting": _version("dp-accounting")},
-            warnings=tuple(warnings), not_released=not_released,
-            methods=tuple({"name": r["name"], "releases": r.get("releases", "")}
-                          for r in methods),
-            public_data=public_data, sections=tuple(sections), unit=unit,
-            noise_mechanisms=_noise_mechanisms(ledger))
+            warnings=tuple(warnings),
+            not_released=not_released,
+            methods=tuple({"name": r["name"], "releases": r.get("releases", "")} for r in methods),
+            public_data=public_data,
+            sections=tuple(sections),
+            unit=unit,
+            noise_mechanisms=_noise_mechanisms(ledger),
+        )
 
     @staticmethod
     def context_from_dict(saved: Mapping[str, Any]) -> dict[str, Any]:
@@ -337,60 +432,101 @@ class PrivacyReport:
     def delta_convention(self) -> dict[str, Any]:
         """The guide's δ ≪ 1/N convention, checked against N."""
         if not self.dataset_size:
-            return {"dataset_size": None, "ok": None,
-                    "note": "N unknown: cannot check δ ≪ 1/N (set dataset_size)"}
+            return {
+                "dataset_size": None,
+                "ok": None,
+                "note": "N unknown: cannot check δ ≪ 1/N (set dataset_size)",
+            }
         n = self.dataset_size
-        if self.unit == "user":   # the units are users: δ is judged against 1/U
-            ok = self.delta <= n ** -1.1
-            note = (f"δ = {self.delta:.3g} {'≤' if ok else '>'} 1/U^1.1 = {n ** -1.1:.3g}, U = "
-                    f"{n} users" + ("" if ok else f": the guide recommends δ ≪ 1/U = {1 / n:.3g}"
-                                    f"; with δ ≥ 1/U the guarantee can allow revealing one "
-                                    f"user's data"))
-            return {"dataset_size": n, "one_over_n": 1 / n, "recommended": n ** -1.1, "ok": ok,
-                    "note": note}
-        ok = self.delta <= n ** -1.1
-        note = (f"δ = {self.delta:.3g} ≤ 1/N^1.1 = {n ** -1.1:.3g} (the guide's recommendation)"
-                if ok else
-                f"δ = {self.delta:.3g} > 1/N^1.1 = {n ** -1.1:.3g}: the guide recommends δ ≪ 1/N "
-                f"= {1 / n:.3g}; with δ ≥ 1/N the guarantee can allow revealing one record")
-        return {"dataset_size": n, "one_over_n": 1 / n, "recommended": n ** -1.1, "ok": ok,
-                "note": note}
+        if self.unit == "user":  # the units are users: δ is judged against 1/U
+            ok = self.delta <= n**-1.1
+            note = (
+                f"δ = {self.delta:.3g} {'≤' if ok else '>'} 1/U^1.1 = {n**-1.1:.3g}, U = "
+                f"{n} users"
+                + (
+                    ""
+                    if ok
+                    else f": the guide recommends δ ≪ 1/U = {1 / n:.3g}"
+                    f"; with δ ≥ 1/U the guarantee can allow revealing one "
+                    f"user's data"
+                )
+            )
+            return {
+                "dataset_size": n,
+                "one_over_n": 1 / n,
+                "recommended": n**-1.1,
+                "ok": ok,
+                "note": note,
+            }
+        ok = self.delta <= n**-1.1
+        note = (
+            f"δ = {self.delta:.3g} ≤ 1/N^1.1 = {n**-1.1:.3g} (the guide's recommendation)"
+            if ok
+            else f"δ = {self.delta:.3g} > 1/N^1.1 = {n**-1.1:.3g}: the guide recommends δ ≪ 1/N "
+            f"= {1 / n:.3g}; with δ ≥ 1/N the guarantee can allow revealing one record"
+        )
+        return {
+            "dataset_size": n,
+            "one_over_n": 1 / n,
+            "recommended": n**-1.1,
+            "ok": ok,
+            "note": note,
+        }
 
     def statement(self) -> str:
         """One sentence a reviewer can quote."""
         approx = " (GDP CLT approximation, not a guarantee)" if self.approximate else ""
-        return (f"Training satisfies ({self.epsilon:.4g}, {self.delta:.3g})-differential privacy"
-                f"{approx} for {self.unit_of_privacy} under {self.adjacency.replace('_', '-')} "
-                f"adjacency, over {self.steps} steps, by the {self.accountant.upper()} "
-                f"accountant.")
+        return (
+            f"Training satisfies ({self.epsilon:.4g}, {self.delta:.3g})-differential privacy"
+            f"{approx} for {self.unit_of_privacy} under {self.adjacency.replace('_', '-')} "
+            f"adjacency, over {self.steps} steps, by the {self.accountant.upper()} "
+            f"accountant."
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (infinite values are the string ``"inf"``)."""
         d: dict[str, Any] = {
             "format": "dpfy-privacy-report/1",
             "statement": self.statement(),
-            "epsilon": _finite(self.epsilon), "delta": self.delta,
-            "accountant": self.accountant, "accountant_label": accountant_label(self.accountant),
+            "epsilon": _finite(self.epsilon),
+            "delta": self.delta,
+            "accountant": self.accountant,
+            "accountant_label": accountant_label(self.accountant),
             "approximate": self.approximate,
-            "epsilons": {k: (None if v is None else _finite(v))
-                         for k, v in self.epsilons.items()},
+            "epsilons": {k: (None if v is None else _finite(v)) for k, v in self.epsilons.items()},
             "accountant_labels": {k: accountant_label(k) for k in self.epsilons},
             "epsilon_without_amplification": _finite(self.epsilon_without_amplification),
             "coarsened_sigma_resolution": self.coarsened,
-            "steps": self.steps, "dataset_size": self.dataset_size,
-            "adjacency": self.adjacency, "samplings": list(self.samplings),
+            "steps": self.steps,
+            "dataset_size": self.dataset_size,
+            "adjacency": self.adjacency,
+            "samplings": list(self.samplings),
             "sample_rate_range": list(self.sample_rates),
             "noise_multiplier_range": list(self.noise_multipliers),
-            "mechanisms": [{**dataclasses.asdict(m), "epsilon_alone": _finite(m.epsilon_alone)}
-                           for m in self.mechanisms],
-            "released": self.released, "unit_of_privacy": self.unit_of_privacy,
-            "unit": {"name": self.unit, "description": self.unit_of_privacy,
-                     "adjacency": self._adjacency_text()},
-            "protects": self.protects, "dp_setting": self.dp_setting,
+            "mechanisms": [
+                {**dataclasses.asdict(m), "epsilon_alone": _finite(m.epsilon_alone)}
+                for m in self.mechanisms
+            ],
+            "released": self.released,
+            "unit_of_privacy": self.unit_of_privacy,
+            "unit": {
+                "name": self.unit,
+                "description": self.unit_of_privacy,
+                "adjacency": self._adjacency_text(),
+            },
+            "protects": self.protects,
+            "dp_setting": self.dp_setting,
             "data_accesses": self.data_accesses,
             "tuning": dataclasses.asdict(self.tuning) if self.tuning else None,
-            "group": ({"group_size": self.group_size, "epsilon": _finite(self.group_statement[0]),
-                       "delta": self.group_statement[1]} if self.group_statement else None),
+            "group": (
+                {
+                    "group_size": self.group_size,
+                    "epsilon": _finite(self.group_statement[0]),
+                    "delta": self.group_statement[1],
+                }
+                if self.group_statement
+                else None
+            ),
             "delta_convention": self.delta_convention(),
             "tier": self.tier,
             "curve": [[t, _finite(e)] for t, e in self.curve],
@@ -416,67 +552,104 @@ class PrivacyReport:
             lines += [f"> **WARNING:** {w}.", ""]
         lines += [f"**{self.statement()}**", ""]
         lines += ["## 1. DP setting", "", self.dp_setting, ""]
-        lines += ["## 2. What the guarantee covers", "",
-                  f"- **Data accesses covered:** {self.data_accesses}.",
-                  f"- **Released:** {self.released}. Formally the mechanism's output is the whole "
-                  "sequence of noisy releases (every noisy gradient and every checkpoint); the "
-                  "guarantee covers all of it, and anything computed from it.",
-                  *([f"- **Not released (secret):** {self.not_released}."]
-                    if self.not_released else []),
-                  f"- **Unit of privacy:** {self.unit_of_privacy}; protects {self.protects}.",
-                  f"- **Adjacency:** {self._adjacency_text()}.",
-                  *self._methods_lines(),
-                  *([f"- **Public data (not protected):** {self.public_data}."]
-                    if self.public_data else []), ""]
-        lines += ["## 3. Accounting", "",
-                  f"- **Accountant:** {accountant_label(self.accountant)}; dp_accounting "
-                  f"{self.versions.get('dp-accounting', '?')}.",
-                  "- **Sampling:**"]
+        lines += [
+            "## 2. What the guarantee covers",
+            "",
+            f"- **Data accesses covered:** {self.data_accesses}.",
+            f"- **Released:** {self.released}. Formally the mechanism's output is the whole "
+            "sequence of noisy releases (every noisy gradient and every checkpoint); the "
+            "guarantee covers all of it, and anything computed from it.",
+            *([f"- **Not released (secret):** {self.not_released}."] if self.not_released else []),
+            f"- **Unit of privacy:** {self.unit_of_privacy}; protects {self.protects}.",
+            f"- **Adjacency:** {self._adjacency_text()}.",
+            *self._methods_lines(),
+            *(
+                [f"- **Public data (not protected):** {self.public_data}."]
+                if self.public_data
+                else []
+            ),
+            "",
+        ]
+        lines += [
+            "## 3. Accounting",
+            "",
+            f"- **Accountant:** {accountant_label(self.accountant)}; dp_accounting "
+            f"{self.versions.get('dp-accounting', '?')}.",
+            "- **Sampling:**",
+        ]
         for s in self.samplings:
             lines.append(f"  - `{s}`: {SAMPLING_TEXT[Sampling(s)]}")
         if self.sampling_note:
             lines.append(f"  - Note: {self.sampling_note}")
         for row in self.noise_mechanisms:
-            lines.append(f"- **Noise mechanism:** `{row['noise']}` on `{row['sampling']}`: "
-                         f"{row['assumption']}; this assumption {row['held']}.")
-        lines.append(f"- **Without amplification by sampling** (if the sampling assumption did "
-                     f"not hold): ε = {f(self.epsilon_without_amplification)} at the same δ.")
+            lines.append(
+                f"- **Noise mechanism:** `{row['noise']}` on `{row['sampling']}`: "
+                f"{row['assumption']}; this assumption {row['held']}."
+            )
+        lines.append(
+            f"- **Without amplification by sampling** (if the sampling assumption did "
+            f"not hold): ε = {f(self.epsilon_without_amplification)} at the same δ."
+        )
         if self.coarsened:
-            lines.append(f"- Noise multipliers were rounded down to a {self.coarsened:.0%} grid "
-                         "before accounting (faster; ε stays an upper bound).")
+            lines.append(
+                f"- Noise multipliers were rounded down to a {self.coarsened:.0%} grid "
+                "before accounting (faster; ε stays an upper bound)."
+            )
         lines += ["", "| accountant | ε | note |", "|---|---|---|"]
         for name, e in self.epsilons.items():
             value = f(e) if e is not None else "not computed"
-            note = accountant_label(name) if e is not None else (
-                "refused: σ below the PLD grid floor (see the RDP row)")
+            note = (
+                accountant_label(name)
+                if e is not None
+                else ("refused: σ below the PLD grid floor (see the RDP row)")
+            )
             lines.append(f"| {name.upper()} | {value} | {note} |")
-        lines += ["", "## 4. Formal statements", "",
-                  f"- **Training:** ({f(self.epsilon)}, {self.delta:.3g})-DP.",
-                  ("- **Tuning:** " + (f"({f(self.tuning.epsilon)}, {self.tuning.delta:.3g})-DP "
-                                       f"including the released run; {self.tuning.method}. "
-                                       f"{self.tuning.details}"
-                                       if self.tuning else
-                                       "not covered: the hyperparameters were not chosen on "
-                                       "private data, or that search is not accounted here."))]
+        lines += [
+            "",
+            "## 4. Formal statements",
+            "",
+            f"- **Training:** ({f(self.epsilon)}, {self.delta:.3g})-DP.",
+            (
+                "- **Tuning:** "
+                + (
+                    f"({f(self.tuning.epsilon)}, {self.tuning.delta:.3g})-DP "
+                    f"including the released run; {self.tuning.method}. "
+                    f"{self.tuning.details}"
+                    if self.tuning
+                    else "not covered: the hyperparameters were not chosen on "
+                    "private data, or that search is not accounted here."
+                )
+            ),
+        ]
         if self.group_statement:
             ge, gd = self.group_statement
-            lines.append(f"- **Groups of {self.group_size}:** ({f(ge)}, {gd:.3g})-DP "
-                         "(group privacy; degrades fast).")
+            lines.append(
+                f"- **Groups of {self.group_size}:** ({f(ge)}, {gd:.3g})-DP "
+                "(group privacy; degrades fast)."
+            )
         dc = self.delta_convention()
-        lines += [f"- **δ convention:** {dc['note']}.",
-                  f"- **ε tier:** {TIER_TEXT[self.tier]}", ""]
-        lines += ["## 5. Mechanisms", "",
-                  "| mechanism | steps released | ε alone | share of the noise budget |",
-                  "|---|---|---|---|"]
+        lines += [f"- **δ convention:** {dc['note']}.", f"- **ε tier:** {TIER_TEXT[self.tier]}", ""]
+        lines += [
+            "## 5. Mechanisms",
+            "",
+            "| mechanism | steps released | ε alone | share of the noise budget |",
+            "|---|---|---|---|",
+        ]
         for m in self.mechanisms:
-            lines.append(f"| {m.mechanism} | {m.steps} | {f(m.epsilon_alone)} | "
-                         f"{m.noise_share:.1%} |")
-        lines += ["", "## 6. Hyperparameters", "",
-                  f"- steps (optimizer updates): {self.steps}",
-                  f"- dataset size N: {self.dataset_size if self.dataset_size else 'unknown'}",
-                  f"- sample rate q: {_range(self.sample_rates)}",
-                  f"- noise multiplier σ (all releases of a step combined): "
-                  f"{_range(self.noise_multipliers)}", ""]
+            lines.append(
+                f"| {m.mechanism} | {m.steps} | {f(m.epsilon_alone)} | {m.noise_share:.1%} |"
+            )
+        lines += [
+            "",
+            "## 6. Hyperparameters",
+            "",
+            f"- steps (optimizer updates): {self.steps}",
+            f"- dataset size N: {self.dataset_size if self.dataset_size else 'unknown'}",
+            f"- sample rate q: {_range(self.sample_rates)}",
+            f"- noise multiplier σ (all releases of a step combined): "
+            f"{_range(self.noise_multipliers)}",
+            "",
+        ]
         if self.model_description or self.layer_table:
             lines += ["## 7. Model", ""]
             if self.model_description:
@@ -489,10 +662,17 @@ class PrivacyReport:
                 lines.append("")
         for sec in self.sections:
             lines += [f"## {sec.title}", "", *sec.lines, ""]
-        lines += ["## ε over steps", "", "![ε over steps](epsilon_over_steps.png)", "",
-                  "## Transparency", "",
-                  "Computed by dpfy " + self.versions.get("dpfy", "?") + " from the run's ledger "
-                  "(every noisy release recorded as a dp_accounting event).", ""]
+        lines += [
+            "## ε over steps",
+            "",
+            "![ε over steps](epsilon_over_steps.png)",
+            "",
+            "## Transparency",
+            "",
+            "Computed by dpfy " + self.versions.get("dpfy", "?") + " from the run's ledger "
+            "(every noisy release recorded as a dp_accounting event).",
+            "",
+        ]
         return "\n".join(lines)
 
     def _adjacency_text(self) -> str:
@@ -503,8 +683,10 @@ class PrivacyReport:
         """Section 2's list of the adaptive methods that ran (none: plain DP-SGD)."""
         if not self.methods:
             return []
-        lines = ["- **Adaptive methods** (in the order they ran in each step; each release is a "
-                 "row of the mechanisms table, section 5):"]
+        lines = [
+            "- **Adaptive methods** (in the order they ran in each step; each release is a "
+            "row of the mechanisms table, section 5):"
+        ]
         for r in self.methods:
             releases = r.get("releases") or "not stated by the method"
             lines.append(f"  - `{r['name']}` — releases per step: {releases.rstrip('.')}.")
@@ -536,16 +718,20 @@ class PrivacyReport:
         """Write privacy_report.md, privacy_report.json and epsilon_over_steps.png."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        paths = {"markdown": out / "privacy_report.md", "json": out / "privacy_report.json",
-                 "plot": out / "epsilon_over_steps.png"}
+        paths = {
+            "markdown": out / "privacy_report.md",
+            "json": out / "privacy_report.json",
+            "plot": out / "epsilon_over_steps.png",
+        }
         paths["markdown"].write_text(self.to_markdown())
         paths["json"].write_text(json.dumps(self.to_dict(), indent=2))
         self.plot(paths["plot"])
         return paths
 
 
-def _epsilon_or_none(ledger: Ledger, delta: float, accountant: str, *,
-                     headline: bool) -> float | None:
+def _epsilon_or_none(
+    ledger: Ledger, delta: float, accountant: str, *, headline: bool
+) -> float | None:
     """ε by ``accountant``; None for a side column the accountant refuses (PLD's σ floor)."""
     try:
         return epsilon(ledger, delta=delta, accountant=accountant)
@@ -569,15 +755,18 @@ def _mechanism_shares(ledger: Ledger, *, delta: float, accountant: str) -> list[
     steps: dict[str, int] = {}
     for g in ledger.groups:
         for r in g.releases:
-            w = math.inf if r.noise_multiplier == 0 else g.count * r.noise_multiplier ** -2
+            w = math.inf if r.noise_multiplier == 0 else g.count * r.noise_multiplier**-2
             inv_var[r.mechanism] = inv_var.get(r.mechanism, 0.0) + w
             steps[r.mechanism] = steps.get(r.mechanism, 0) + g.count
     total = sum(inv_var.values())
     out = []
     for name in ledger.mechanisms():
         alone = epsilon(ledger.only(name), delta=delta, accountant=accountant)
-        share = (inv_var[name] / total) if math.isfinite(total) else (
-            1.0 if math.isinf(inv_var[name]) else 0.0)
+        share = (
+            (inv_var[name] / total)
+            if math.isfinite(total)
+            else (1.0 if math.isinf(inv_var[name]) else 0.0)
+        )
         out.append(MechanismShare(name, steps[name], alone, share))
     return out
 
@@ -588,8 +777,14 @@ def _noise_mechanisms(ledger: Ledger) -> tuple[dict[str, Any], ...]:
     for g in ledger.groups:
         for r in g.releases:
             if r.noise != "gaussian":
-                seen.setdefault((r.noise, r.period, g.sampling), {
-                    "noise": r.noise, "period": r.period, "sampling": g.sampling.value,
-                    "assumption": NOISE_TEXT[r.noise].format(period=r.period),
-                    "held": NOISE_HELD})
+                seen.setdefault(
+                    (r.noise, r.period, g.sampling),
+                    {
+                        "noise": r.noise,
+                        "period": r.period,
+                        "sampling": g.sampling.value,
+                        "assumption": NOISE_TEXT[r.noise].format(period=r.period),
+                        "held": NOISE_HELD,
+                    },
+                )
     return tuple(seen.values())

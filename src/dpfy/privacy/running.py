@@ -47,8 +47,9 @@ class RunningEpsilon:
     Call ``running(ledger)`` after each step; pass the same ledger object every time.
     """
 
-    def __init__(self, *, delta: float, accountant: str = "rdp",
-                 value_discretization: float = PLD_COARSE) -> None:
+    def __init__(
+        self, *, delta: float, accountant: str = "rdp", value_discretization: float = PLD_COARSE
+    ) -> None:
         require(0 < delta < 1, "delta", delta, "in (0, 1)")
         check_accountant(accountant)
         self.delta = float(delta)
@@ -56,9 +57,9 @@ class RunningEpsilon:
         self.discretization = float(value_discretization)
         self._done = 0
         self._adjacency: str | None = None
-        self._rdp = None        # (orders,) running RDP curve
-        self._pld = None        # running PrivacyLossDistribution
-        self._mu2 = 0.0         # running μ_tot² for GDP
+        self._rdp = None  # (orders,) running RDP curve
+        self._pld = None  # running PrivacyLossDistribution
+        self._mu2 = 0.0  # running μ_tot² for GDP
         self._non_private = False
 
     # -- pieces -----------------------------------------------------------------------------
@@ -67,26 +68,36 @@ class RunningEpsilon:
         for g in ledger.groups:
             lo = max(g.first_step, start)
             if lo <= g.last_step:
-                out.record_step(sampling=g.sampling, sample_rate=g.sample_rate,
-                                releases=g.releases, count=g.last_step + 1 - lo,
-                                max_examples_per_user=g.max_examples_per_user)
+                out.record_step(
+                    sampling=g.sampling,
+                    sample_rate=g.sample_rate,
+                    releases=g.releases,
+                    count=g.last_step + 1 - lo,
+                    max_examples_per_user=g.max_examples_per_user,
+                )
         return out
 
     def _form(self, segment: Ledger, ledger: Ledger) -> CanonicalForm:
         form = canonical_form(segment)
         if segment.groups:
-            require(self._adjacency in (None, form.adjacency) or not form.atoms,
-                    "ledger samplings", sorted(s.value for s in ledger.samplings()),
-                    "all analysed under one neighbouring relation",
-                    "Account Poisson and fixed-size/shuffled parts separately")
+            require(
+                self._adjacency in (None, form.adjacency) or not form.atoms,
+                "ledger samplings",
+                sorted(s.value for s in ledger.samplings()),
+                "all analysed under one neighbouring relation",
+                "Account Poisson and fixed-size/shuffled parts separately",
+            )
         return form
 
     def _value(self, rdp, pld, mu2: float, non_private: bool) -> float:
         if non_private:
             return math.inf
         if self.accountant == "rdp":
-            return 0.0 if rdp is None else float(
-                _rdp_acc.compute_epsilon(_rdp.ORDERS, rdp, self.delta)[0])
+            return (
+                0.0
+                if rdp is None
+                else float(_rdp_acc.compute_epsilon(_rdp.ORDERS, rdp, self.delta)[0])
+            )
         if self.accountant == "pld":
             return 0.0 if pld is None else float(pld.get_epsilon_for_delta(self.delta))
         return 0.0 if mu2 == 0 else _gdp.epsilon_for_delta(self.delta, math.sqrt(mu2))
@@ -104,12 +115,22 @@ class RunningEpsilon:
     # -- public -----------------------------------------------------------------------------
     def __call__(self, ledger: Ledger) -> float:
         """ε(δ) of ``ledger``, composing only the steps added since the last call."""
-        require(ledger.num_steps >= self._done, "ledger.num_steps", ledger.num_steps,
-                f">= {self._done} (the ledger only grows)", "Use a new RunningEpsilon")
-        ledger.unit()   # one unit of privacy (users or examples) for the whole ledger
+        require(
+            ledger.num_steps >= self._done,
+            "ledger.num_steps",
+            ledger.num_steps,
+            f">= {self._done} (the ledger only grows)",
+            "Use a new RunningEpsilon",
+        )
+        ledger.unit()  # one unit of privacy (users or examples) for the whole ledger
         if ledger.samplings() & _WHOLE:
-            return epsilon(ledger, delta=self.delta, accountant=self.accountant,
-                           sigma_resolution=None, value_discretization=self.discretization)
+            return epsilon(
+                ledger,
+                delta=self.delta,
+                accountant=self.accountant,
+                sigma_resolution=None,
+                value_discretization=self.discretization,
+            )
         form = self._form(self._segment(ledger, self._done), ledger)
         if form.atoms:
             self._adjacency = self._adjacency or form.adjacency
@@ -121,10 +142,15 @@ class RunningEpsilon:
     def with_extra(self, ledger: Ledger, extra: Ledger) -> float:
         """ε(δ) if the steps of ``extra`` were appended to ``ledger`` (nothing is committed)."""
         self(ledger)
-        ledger.followed_by(extra).unit()   # refuses user-level steps after example-level ones
+        ledger.followed_by(extra).unit()  # refuses user-level steps after example-level ones
         if (ledger.samplings() | extra.samplings()) & _WHOLE:
-            return epsilon(ledger.followed_by(extra), delta=self.delta, accountant=self.accountant,
-                           sigma_resolution=None, value_discretization=self.discretization)
+            return epsilon(
+                ledger.followed_by(extra),
+                delta=self.delta,
+                accountant=self.accountant,
+                sigma_resolution=None,
+                value_discretization=self.discretization,
+            )
         form = self._form(extra, extra)
         rdp, pld, mu2 = self._add(form, self._rdp, self._pld, self._mu2)
         return self._value(rdp, pld, mu2, self._non_private or form.non_private)

@@ -31,5 +31,6 @@ class ReportSection:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "ReportSection":
-        return cls(title=str(d["title"]), lines=tuple(d.get("lines", ())),
-                   data=dict(d.get("data", {})))
+        return cls(
+            title=str(d["title"]), lines=tuple(d.get("lines", ())), data=dict(d.get("data", {}))
+        )

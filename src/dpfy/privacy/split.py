@@ -22,8 +22,12 @@ import math
 
 from dpfy._require import require
 
-__all__ = ["combine_noise_multipliers", "gaussian_remainder", "split_noise_multiplier",
-           "quantile_noise_split"]
+__all__ = [
+    "combine_noise_multipliers",
+    "gaussian_remainder",
+    "split_noise_multiplier",
+    "quantile_noise_split",
+]
 
 
 def combine_noise_multipliers(*sigmas: float) -> float:
@@ -33,7 +37,7 @@ def combine_noise_multipliers(*sigmas: float) -> float:
         require(s >= 0, "noise_multiplier", s, ">= 0")
     if any(s == 0 for s in sigmas):
         return 0.0
-    return sum(s ** -2 for s in sigmas) ** -0.5
+    return sum(s**-2 for s in sigmas) ** -0.5
 
 
 def gaussian_remainder(total: float, other: float, *, count: int = 1) -> float:
@@ -50,10 +54,15 @@ def gaussian_remainder(total: float, other: float, *, count: int = 1) -> float:
     require(total > 0, "total", total, "> 0")
     require(count >= 1, "count", count, ">= 1")
     limit = total * math.sqrt(count)
-    require(other > limit, "other", other, f"> total·√count = {limit:.6g}",
-            f"The other release(s) would spend the whole budget; use a noise multiplier above "
-            f"{limit:.6g} for them, or a smaller total σ")
-    return (total ** -2 - count * other ** -2) ** -0.5
+    require(
+        other > limit,
+        "other",
+        other,
+        f"> total·√count = {limit:.6g}",
+        f"The other release(s) would spend the whole budget; use a noise multiplier above "
+        f"{limit:.6g} for them, or a smaller total σ",
+    )
+    return (total**-2 - count * other**-2) ** -0.5
 
 
 def split_noise_multiplier(total: float, *, inflation: float = 0.01) -> tuple[float, float]:
@@ -77,6 +86,11 @@ def quantile_noise_split(total: float, count_noise_std: float, *, num_counts: in
     sign
     typo in the exponent). Requires σ < 2σ_b/√K.
     """
-    require(count_noise_std > 0, "count_noise_std", count_noise_std, "> 0",
-            "Andrew et al. use expected batch size / 20")
+    require(
+        count_noise_std > 0,
+        "count_noise_std",
+        count_noise_std,
+        "> 0",
+        "Andrew et al. use expected batch size / 20",
+    )
     return gaussian_remainder(total, 2 * count_noise_std, count=num_counts)

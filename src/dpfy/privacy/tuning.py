@@ -45,27 +45,48 @@ from dpfy.privacy import pld as _pld
 from dpfy.privacy import rdp as _rdp
 from dpfy.privacy.accountants import epsilon as _ledger_epsilon
 from dpfy.privacy.accountants import pld_discretization, prepare
-from dpfy.privacy.calibration import (MAX_NOISE_MULTIPLIER, _below_pld_floor, _check_common,
-                                      _check_rate, _check_steps, _gdp_sigma_guess,
-                                      _sigma_floor, _solve_decreasing)
+from dpfy.privacy.calibration import (
+    MAX_NOISE_MULTIPLIER,
+    _below_pld_floor,
+    _check_common,
+    _check_rate,
+    _check_steps,
+    _gdp_sigma_guess,
+    _sigma_floor,
+    _solve_decreasing,
+)
 from dpfy.privacy.ledger import Ledger, Sampling
 
-__all__ = ["DISTRIBUTIONS", "composed_runs", "grid_epsilon", "log_grid",
-           "calibrate_grid_noise_multiplier",
-           "repeat_and_select_epsilon", "tnb_gamma", "num_trials_pmf", "sample_num_trials",
-           "exponential_mechanism_epsilon", "group_privacy"]
+__all__ = [
+    "DISTRIBUTIONS",
+    "composed_runs",
+    "grid_epsilon",
+    "log_grid",
+    "calibrate_grid_noise_multiplier",
+    "repeat_and_select_epsilon",
+    "tnb_gamma",
+    "num_trials_pmf",
+    "sample_num_trials",
+    "exponential_mechanism_epsilon",
+    "group_privacy",
+]
 
 Distribution = Literal["logarithmic", "geometric", "truncated_negative_binomial", "poisson"]
 DISTRIBUTIONS = ("logarithmic", "geometric", "truncated_negative_binomial", "poisson")
 
 
 def _shape(distribution: str, shape: float | None) -> float:
-    require(distribution in DISTRIBUTIONS, "distribution", distribution,
-            f"one of {list(DISTRIBUTIONS)}")
+    require(
+        distribution in DISTRIBUTIONS, "distribution", distribution, f"one of {list(DISTRIBUTIONS)}"
+    )
     if distribution == "truncated_negative_binomial":
-        require(shape is not None and 0 < shape < math.inf, "shape", shape,
-                "a positive finite η for the truncated negative binomial",
-                "η = 0 is 'logarithmic', η = 1 is 'geometric'")
+        require(
+            shape is not None and 0 < shape < math.inf,
+            "shape",
+            shape,
+            "a positive finite η for the truncated negative binomial",
+            "η = 0 is 'logarithmic', η = 1 is 'geometric'",
+        )
         return float(shape)  # type: ignore[arg-type]
     return {"logarithmic": 0.0, "geometric": 1.0, "poisson": math.inf}[distribution]
 
@@ -87,9 +108,13 @@ def grid_epsilon(ledgers: Sequence[Ledger], *, delta: float, accountant: str = "
     """
     require(len(ledgers) >= 1, "ledgers", len(ledgers), "at least one run's ledger")
     sizes = {ledger.dataset_size for ledger in ledgers}
-    require(len(sizes) == 1, "ledgers", sorted(sizes, key=str),
-            "runs on one dataset (one dataset size)",
-            "A grid's runs train on the same private examples")
+    require(
+        len(sizes) == 1,
+        "ledgers",
+        sorted(sizes, key=str),
+        "runs on one dataset (one dataset size)",
+        "A grid's runs train on the same private examples",
+    )
     out = Ledger(ledgers[0].dataset_size)
     for ledger in ledgers:
         out.extend(ledger)
@@ -102,20 +127,40 @@ def log_grid(lo: float, hi: float, num: int) -> np.ndarray:
     Galli et al. 2024: ``log_grid(-2.5, 1.5, 7)`` is its learning-rate grid (0.0031623 …
     31.6227766) and ``log_grid(-2, 2, 7)`` its clipping-threshold grid (0.01 … 100).
     """
-    require(isinstance(lo, (int, float)) and math.isfinite(lo), "lo", lo,
-            "a finite exponent (the grid starts at 10**lo)")
-    require(isinstance(hi, (int, float)) and math.isfinite(hi), "hi", hi,
-            "a finite exponent (the grid ends at 10**hi)")
-    require(isinstance(num, int) and not isinstance(num, bool) and num >= 1, "num", num,
-            "an integer >= 1")
+    require(
+        isinstance(lo, (int, float)) and math.isfinite(lo),
+        "lo",
+        lo,
+        "a finite exponent (the grid starts at 10**lo)",
+    )
+    require(
+        isinstance(hi, (int, float)) and math.isfinite(hi),
+        "hi",
+        hi,
+        "a finite exponent (the grid ends at 10**hi)",
+    )
+    require(
+        isinstance(num, int) and not isinstance(num, bool) and num >= 1,
+        "num",
+        num,
+        "an integer >= 1",
+    )
     return np.logspace(lo, hi, num)
 
 
-def calibrate_grid_noise_multiplier(*, target_epsilon: float, delta: float, sample_rate: float,
-                                    steps: int, runs: int, accountant: str = "rdp",
-                                    sampling: Sampling = Sampling.POISSON,
-                                    dataset_size: int | None = None, tol: float = 1e-3,
-                                    approximate: bool = False) -> float:
+def calibrate_grid_noise_multiplier(
+    *,
+    target_epsilon: float,
+    delta: float,
+    sample_rate: float,
+    steps: int,
+    runs: int,
+    accountant: str = "rdp",
+    sampling: Sampling = Sampling.POISSON,
+    dataset_size: int | None = None,
+    tol: float = 1e-3,
+    approximate: bool = False,
+) -> float:
     """Smallest σ (to relative ``tol``) such that ``runs`` runs of ``steps`` steps spend ≤ target.
 
     The per-grid budget of Galli et al. 2024 (Mohapatra et al. 2022): a grid of ``runs``
@@ -134,22 +179,36 @@ def calibrate_grid_noise_multiplier(*, target_epsilon: float, delta: float, samp
     _check_common(target_epsilon, delta, accountant, approximate)
     _check_rate(sample_rate)
     _check_steps(steps)
-    require(isinstance(runs, int) and not isinstance(runs, bool) and runs >= 1, "runs", runs,
-            "an integer >= 1 (the number of configurations in the grid)")
+    require(
+        isinstance(runs, int) and not isinstance(runs, bool) and runs >= 1,
+        "runs",
+        runs,
+        "an integer >= 1 (the number of configurations in the grid)",
+    )
 
     def eps_with(name: str) -> Callable[[float], float]:
         def eps(sigma: float) -> float:
-            one = Ledger.homogeneous(sample_rate=sample_rate, noise_multiplier=sigma,
-                                     steps=steps, sampling=sampling, dataset_size=dataset_size)
+            one = Ledger.homogeneous(
+                sample_rate=sample_rate,
+                noise_multiplier=sigma,
+                steps=steps,
+                sampling=sampling,
+                dataset_size=dataset_size,
+            )
             return _ledger_epsilon(composed_runs(one, runs), delta=delta, accountant=name)
+
         return eps
 
     def fail() -> None:
-        require(False, "target_epsilon", target_epsilon,
-                f"reachable by {runs} composed runs with a noise multiplier below "
-                f"{MAX_NOISE_MULTIPLIER:g}",
-                "Raise the target ε or δ, use a smaller grid (fewer runs), or lower the sample "
-                "rate or the number of steps")
+        require(
+            False,
+            "target_epsilon",
+            target_epsilon,
+            f"reachable by {runs} composed runs with a noise multiplier below "
+            f"{MAX_NOISE_MULTIPLIER:g}",
+            "Raise the target ε or δ, use a smaller grid (fewer runs), or lower the sample "
+            "rate or the number of steps",
+        )
 
     floor = _sigma_floor(accountant, sampling)
     # A starting point only (GDP CLT of runs·steps homogeneous steps); the ledger's ε decides.
@@ -157,14 +216,28 @@ def calibrate_grid_noise_multiplier(*, target_epsilon: float, delta: float, samp
     bracket = None
     if accountant == "pld" and sampling is Sampling.POISSON:
         # RDP bounds PLD from above, so RDP's σ is a safe upper end (checked by the search).
-        rdp_sigma = _solve_decreasing(eps_with("rdp"), target_epsilon, guess, rel_tol=tol,
-                                      x_max=MAX_NOISE_MULTIPLIER, fail=fail)
+        rdp_sigma = _solve_decreasing(
+            eps_with("rdp"),
+            target_epsilon,
+            guess,
+            rel_tol=tol,
+            x_max=MAX_NOISE_MULTIPLIER,
+            fail=fail,
+        )
         if rdp_sigma < floor:
             _below_pld_floor(target_epsilon, floor)
         bracket = (min(guess, rdp_sigma) * 0.98, rdp_sigma)
-    return _solve_decreasing(eps_with(accountant), target_epsilon, guess, rel_tol=tol,
-                             x_max=MAX_NOISE_MULTIPLIER, fail=fail, bracket=bracket,
-                             x_min=floor, fail_low=lambda: _below_pld_floor(target_epsilon, floor))
+    return _solve_decreasing(
+        eps_with(accountant),
+        target_epsilon,
+        guess,
+        rel_tol=tol,
+        x_max=MAX_NOISE_MULTIPLIER,
+        fail=fail,
+        bracket=bracket,
+        x_min=floor,
+        fail_low=lambda: _below_pld_floor(target_epsilon, floor),
+    )
 
 
 def tnb_gamma(mean: float, shape: float) -> float:
@@ -181,12 +254,14 @@ def tnb_gamma(mean: float, shape: float) -> float:
             return (1 / gamma - 1) / math.log(1 / gamma)
         return shape * (1 - gamma) / (gamma * -math.expm1(shape * math.log(gamma)))
 
-    return float(optimize.brentq(lambda g: mean_of(g) - mean, 1e-15, 1 - 1e-12,
-                                 xtol=1e-16, rtol=1e-14))
+    return float(
+        optimize.brentq(lambda g: mean_of(g) - mean, 1e-15, 1 - 1e-12, xtol=1e-16, rtol=1e-14)
+    )
 
 
-def num_trials_pmf(k: np.ndarray | int, *, mean: float, distribution: Distribution,
-                   shape: float | None = None) -> np.ndarray:
+def num_trials_pmf(
+    k: np.ndarray | int, *, mean: float, distribution: Distribution, shape: float | None = None
+) -> np.ndarray:
     """P[K = k] of the number of trials (k ≥ 1; k = 0 is possible only for Poisson)."""
     eta = _shape(distribution, shape)
     k = np.asarray(k, dtype=float)
@@ -195,16 +270,28 @@ def num_trials_pmf(k: np.ndarray | int, *, mean: float, distribution: Distributi
     gamma = tnb_gamma(mean, eta)
     if eta == 0:
         return np.where(k >= 1, (1 - gamma) ** k / (np.maximum(k, 1) * math.log(1 / gamma)), 0.0)
-    log_p = (special.gammaln(k + eta) - special.gammaln(k + 1) - special.gammaln(eta)
-             + eta * math.log(gamma) + k * math.log1p(-gamma) - math.log1p(-gamma ** eta))
+    log_p = (
+        special.gammaln(k + eta)
+        - special.gammaln(k + 1)
+        - special.gammaln(eta)
+        + eta * math.log(gamma)
+        + k * math.log1p(-gamma)
+        - math.log1p(-(gamma**eta))
+    )
     return np.where(k >= 1, np.exp(log_p), 0.0)
 
 
-def sample_num_trials(rng: np.random.Generator, *, mean: float, distribution: Distribution,
-                      shape: float | None = None) -> int:
+def sample_num_trials(
+    rng: np.random.Generator, *, mean: float, distribution: Distribution, shape: float | None = None
+) -> int:
     """Draw the number of tuning trials K (pass an explicitly seeded generator)."""
-    require(isinstance(rng, np.random.Generator), "rng", type(rng).__name__,
-            "a numpy Generator", "Use numpy.random.default_rng(seed)")
+    require(
+        isinstance(rng, np.random.Generator),
+        "rng",
+        type(rng).__name__,
+        "a numpy Generator",
+        "Use numpy.random.default_rng(seed)",
+    )
     eta = _shape(distribution, shape)
     if math.isinf(eta):
         return int(rng.poisson(mean))
@@ -217,9 +304,15 @@ def sample_num_trials(rng: np.random.Generator, *, mean: float, distribution: Di
             return k
 
 
-def repeat_and_select_epsilon(single_run: Ledger, *, delta: float, mean: float,
-                              distribution: Distribution, shape: float | None = None,
-                              single_run_delta: Literal["rdp", "pld"] = "rdp") -> float:
+def repeat_and_select_epsilon(
+    single_run: Ledger,
+    *,
+    delta: float,
+    mean: float,
+    distribution: Distribution,
+    shape: float | None = None,
+    single_run_delta: Literal["rdp", "pld"] = "rdp",
+) -> float:
     """ε(δ) of running ``single_run`` a random number K of times and releasing only the best.
 
     Args:
@@ -239,15 +332,20 @@ def repeat_and_select_epsilon(single_run: Ledger, *, delta: float, mean: float,
     eta = _shape(distribution, shape)
     require(mean > 1, "mean", mean, "> 1", "The expected number of trials must exceed one")
     require(0 < delta < 1, "delta", delta, "in (0, 1)")
-    require(single_run_delta in ("rdp", "pld"), "single_run_delta", single_run_delta,
-            "'rdp' or 'pld'")
+    require(
+        single_run_delta in ("rdp", "pld"), "single_run_delta", single_run_delta, "'rdp' or 'pld'"
+    )
     form = prepare(single_run, accountant="rdp", sigma_resolution=None)
     if form.non_private:
         return math.inf
     if single_run_delta == "pld":
-        require(math.isinf(eta), "single_run_delta", single_run_delta,
-                "'rdp' unless the distribution is 'poisson'",
-                "PS22's TNB theorem needs the single run's RDP curve, not an (ε̂, δ̂) pair")
+        require(
+            math.isinf(eta),
+            "single_run_delta",
+            single_run_delta,
+            "'rdp' unless the distribution is 'poisson'",
+            "PS22's TNB theorem needs the single run's RDP curve, not an (ε̂, δ̂) pair",
+        )
         orders = _rdp.ORDERS
         rdp = _rdp.rdp_curve(form)
         pld = _pld.build(form, pld_discretization(form))
@@ -260,16 +358,19 @@ def repeat_and_select_epsilon(single_run: Ledger, *, delta: float, mean: float,
             out[i] = rdp[i] + mean * d_hat + math.log(mean) / (lam - 1)
         eps, _ = _rdp_acc.compute_epsilon(orders, out, delta)
         return float(eps)
-    relation = (dp_accounting.NeighboringRelation.REPLACE_ONE
-                if form.adjacency == "replace_one"
-                else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    relation = (
+        dp_accounting.NeighboringRelation.REPLACE_ONE
+        if form.adjacency == "replace_one"
+        else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    )
     acc = _rdp_acc.RdpAccountant(orders=list(_rdp.ORDERS), neighboring_relation=relation)
     acc.compose(_events.RepeatAndSelectDpEvent(form.dp_event(), float(mean), eta))
     return float(acc.get_epsilon(delta))
 
 
-def exponential_mechanism_epsilon(*, num_candidates: int = 100, tolerance_examples: float = 100,
-                                  failure_probability: float = 0.01) -> float:
+def exponential_mechanism_epsilon(
+    *, num_candidates: int = 100, tolerance_examples: float = 100, failure_probability: float = 0.01
+) -> float:
     """ε of selecting the best of K trained candidates with the exponential mechanism.
 
     The guide's Appendix C.3 (after Abadi et al. 2016, App. D): the selected candidate is within
@@ -280,8 +381,7 @@ def exponential_mechanism_epsilon(*, num_candidates: int = 100, tolerance_exampl
     """
     require(num_candidates >= 1, "num_candidates", num_candidates, ">= 1")
     require(tolerance_examples > 0, "tolerance_examples", tolerance_examples, "> 0")
-    require(0 < failure_probability < 1, "failure_probability", failure_probability,
-            "in (0, 1)")
+    require(0 < failure_probability < 1, "failure_probability", failure_probability, "in (0, 1)")
     ratio = num_candidates / failure_probability
 
     def gap(e: float) -> float:
@@ -301,8 +401,9 @@ def group_privacy(epsilon: float, delta: float, *, group_size: int) -> tuple[flo
     """
     require(epsilon >= 0, "epsilon", epsilon, ">= 0")
     require(0 <= delta <= 1, "delta", delta, "in [0, 1]")
-    require(isinstance(group_size, int) and group_size >= 1, "group_size", group_size,
-            "an integer >= 1")
+    require(
+        isinstance(group_size, int) and group_size >= 1, "group_size", group_size, "an integer >= 1"
+    )
     k = group_size
     if epsilon == 0:
         return 0.0, min(1.0, k * delta)

@@ -21,8 +21,13 @@ from dpfy.privacy.accountants import epsilon
 from dpfy.privacy.ledger import Ledger, Sampling
 from dpfy.privacy.section import ReportSection
 
-__all__ = ["USER_UNIT", "USER_ADJACENCY", "user_level_section", "example_level_ledger",
-           "group_privacy_bound"]
+__all__ = [
+    "USER_UNIT",
+    "USER_ADJACENCY",
+    "user_level_section",
+    "example_level_ledger",
+    "group_privacy_bound",
+]
 
 USER_UNIT = "one user, with all of their examples"
 USER_ADJACENCY = "add or remove one user (all of their examples)"
@@ -40,14 +45,23 @@ def example_level_ledger(ledger: Ledger) -> Ledger:
     out = Ledger(ledger.dataset_size)
     for g in ledger.groups:
         sampling = Sampling.POISSON if g.sampling is Sampling.ELS else g.sampling
-        out.record_step(sampling=sampling, sample_rate=g.sample_rate, releases=g.releases,
-                        count=g.count)
+        out.record_step(
+            sampling=sampling, sample_rate=g.sample_rate, releases=g.releases, count=g.count
+        )
     return out
 
 
-def user_level_section(ledger: Ledger, *, delta: float, accountant: str, num_users: int,
-                       num_examples: int, algorithm: str, details: Sequence[str] = (),
-                       data: Mapping[str, Any] | None = None) -> ReportSection:
+def user_level_section(
+    ledger: Ledger,
+    *,
+    delta: float,
+    accountant: str,
+    num_users: int,
+    num_examples: int,
+    algorithm: str,
+    details: Sequence[str] = (),
+    data: Mapping[str, Any] | None = None,
+) -> ReportSection:
     """The report section "Unit of privacy: users" for a user-level run's ``ledger``.
 
     Args:
@@ -58,37 +72,59 @@ def user_level_section(ledger: Ledger, *, delta: float, accountant: str, num_use
       data: machine-readable facts kept in the JSON.
     """
     out = dict(data or {})
-    out.update({"unit": "user", "description": USER_UNIT, "adjacency": USER_ADJACENCY,
-                "num_users": num_users, "num_examples": num_examples, "algorithm": algorithm})
-    lines = [f"- **Unit:** {USER_UNIT}. Adjacency: {USER_ADJACENCY}: the guarantee holds for "
-             f"everything one person contributed, however many examples that is.",
-             f"- **Users:** {num_users:,} ({num_examples:,} examples); δ is judged against "
-             f"1/U = {1 / num_users:.3g}.",
-             f"- **Algorithm:** {algorithm}.", *[f"- {d}" for d in details]]
+    out.update(
+        {
+            "unit": "user",
+            "description": USER_UNIT,
+            "adjacency": USER_ADJACENCY,
+            "num_users": num_users,
+            "num_examples": num_examples,
+            "algorithm": algorithm,
+        }
+    )
+    lines = [
+        f"- **Unit:** {USER_UNIT}. Adjacency: {USER_ADJACENCY}: the guarantee holds for "
+        f"everything one person contributed, however many examples that is.",
+        f"- **Users:** {num_users:,} ({num_examples:,} examples); δ is judged against "
+        f"1/U = {1 / num_users:.3g}.",
+        f"- **Algorithm:** {algorithm}.",
+        *[f"- {d}" for d in details],
+    ]
     # StepGroup refuses an ELS step without k, so the None test drops nothing
-    ks = {g.max_examples_per_user for g in ledger.groups
-          if g.sampling is Sampling.ELS and g.max_examples_per_user is not None}
+    ks = {
+        g.max_examples_per_user
+        for g in ledger.groups
+        if g.sampling is Sampling.ELS and g.max_examples_per_user is not None
+    }
     if ks:
         k = int(max(ks))
         eps_user = epsilon(ledger, delta=delta, accountant=accountant)
         eps_ex = epsilon(example_level_ledger(ledger), delta=delta, accountant=accountant)
         ge, gd = group_privacy_bound(eps_ex, delta, k)
-        lines += [f"- **Accounting (ELS):** a user's k = {k} examples enter each step "
-                  f"Binomial(k, q) times, so every step is a mixture of Gaussians with "
-                  f"sensitivities 0..k·C (PLD: dp_accounting's MixtureOfGaussiansDpEvent; "
-                  f"RDP: an upper bound, order by order the smaller of k composed subsampled "
-                  f"Gaussians at σ/√k and the subsampled Gaussian at rate 1 − (1 − q)^k and "
-                  f"σ/k, both of which bound the mixture).",
-                  f"- **User-level ε** ({accountant.upper()}"
-                  + (", the mixture: tight" if accountant == "pld" else
-                     ", an upper bound: looser; PLD accounts the mixture itself")
-                  + f"): ({eps_user:.4g}, {delta:.3g}).",
-                  f"- **Group privacy instead** (the same steps per example: ({eps_ex:.4g}, "
-                  f"{delta:.3g}); for groups of k = {k}: (kε, k·e^{{kε}}·δ)): "
-                  f"({ge:.4g}, {gd:.3g})" + (" — δ ≥ 1: no guarantee at all" if gd >= 1
-                                            else "") + "."]
-        out.update({"max_examples_per_user": k, "epsilon_user": eps_user,
-                    "epsilon_example": eps_ex,
-                    "group_privacy": {"epsilon": ge if math.isfinite(ge) else "inf",
-                                      "delta": gd}})
+        lines += [
+            f"- **Accounting (ELS):** a user's k = {k} examples enter each step "
+            f"Binomial(k, q) times, so every step is a mixture of Gaussians with "
+            f"sensitivities 0..k·C (PLD: dp_accounting's MixtureOfGaussiansDpEvent; "
+            f"RDP: an upper bound, order by order the smaller of k composed subsampled "
+            f"Gaussians at σ/√k and the subsampled Gaussian at rate 1 − (1 − q)^k and "
+            f"σ/k, both of which bound the mixture).",
+            f"- **User-level ε** ({accountant.upper()}"
+            + (
+                ", the mixture: tight"
+                if accountant == "pld"
+                else ", an upper bound: looser; PLD accounts the mixture itself"
+            )
+            + f"): ({eps_user:.4g}, {delta:.3g}).",
+            f"- **Group privacy instead** (the same steps per example: ({eps_ex:.4g}, "
+            f"{delta:.3g}); for groups of k = {k}: (kε, k·e^{{kε}}·δ)): "
+            f"({ge:.4g}, {gd:.3g})" + (" — δ ≥ 1: no guarantee at all" if gd >= 1 else "") + ".",
+        ]
+        out.update(
+            {
+                "max_examples_per_user": k,
+                "epsilon_user": eps_user,
+                "epsilon_example": eps_ex,
+                "group_privacy": {"epsilon": ge if math.isfinite(ge) else "inf", "delta": gd},
+            }
+        )
     return ReportSection(title="Unit of privacy: users", lines=tuple(lines), data=out)

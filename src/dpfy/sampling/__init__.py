@@ -40,9 +40,24 @@ from dpfy.sampling.loader import BatchCursor, DPDataLoader
 from dpfy.sampling.poisson import PoissonSampler
 from dpfy.sampling.shuffle import ShuffleSampler
 from dpfy.sampling.units import ExampleUnits, UserUnits
-from dpfy.sampling.users import (USER_SAMPLINGS, UserCappedSampler, UserPoissonSampler,
-                                 make_user_sampler)
+from dpfy.sampling.users import (
+    USER_SAMPLINGS,
+    UserCappedSampler,
+    UserPoissonSampler,
+    make_user_sampler,
+)
 
-__all__ = ["make_sampler", "PoissonSampler", "ShuffleSampler", "BatchCursor", "DPDataLoader",
-           "ExampleUnits", "UserUnits", "UserPoissonSampler", "UserCappedSampler",
-           "USER_SAMPLINGS", "make_user_sampler", "CyclicPoissonSampler"]
+__all__ = [
+    "make_sampler",
+    "PoissonSampler",
+    "ShuffleSampler",
+    "BatchCursor",
+    "DPDataLoader",
+    "ExampleUnits",
+    "UserUnits",
+    "UserPoissonSampler",
+    "UserCappedSampler",
+    "USER_SAMPLINGS",
+    "make_user_sampler",
+    "CyclicPoissonSampler",
+]

@@ -63,12 +63,14 @@ class CollateProbe:
                 f"batch (MixUp or CutMix on the batch, say), so one example reaches other "
                 f"examples' rows and losses and its contribution is not bounded by the clip "
                 f"norm. Remove the mixing from collate_fn (augment each example on its own in "
-                f"the dataset's transform); nothing of this batch was used")
+                f"the dataset's transform); nothing of this batch was used"
+            )
         return batch
 
 
-def collate_mixes(collate_fn: Callable[[list[Any]], Any], items: list[Any], batch: Any,
-                  rng: tuple[Any, ...]) -> str | None:
+def collate_mixes(
+    collate_fn: Callable[[list[Any]], Any], items: list[Any], batch: Any, rng: tuple[Any, ...]
+) -> str | None:
     """What shows that ``collate_fn`` mixes examples (None: nothing): ``batch`` is
     ``collate_fn(items)`` collated from the RNG states ``rng``.
 
@@ -88,11 +90,12 @@ def collate_mixes(collate_fn: Callable[[list[Any]], Any], items: list[Any], batc
         if sum(_same_shapes(batch, other) for _, other in tried) >= 2:
             break
     same = [(r, o) for r, o in tried if _same_shapes(batch, o)]
-    for r, other in (same if same else tried[:2]):
+    for r, other in same if same else tried[:2]:
         what = _rows_changed(batch, other, n, r)
         if what is not None:
-            return (f"{what} changed when example {r} of the {n} was replaced by example "
-                    f"{(r + 1) % n}")
+            return (
+                f"{what} changed when example {r} of the {n} was replaced by example {(r + 1) % n}"
+            )
     return None
 
 
@@ -102,7 +105,8 @@ TRIES = 6  # collations at most: the first two that keep the batch's shape are c
 def _same_shapes(a: Any, b: Any) -> bool:
     la, lb = tree_flatten(a)[0], tree_flatten(b)[0]
     return len(la) == len(lb) and all(
-        x.shape == y.shape for x, y in zip(la, lb) if torch.is_tensor(x) and torch.is_tensor(y))
+        x.shape == y.shape for x, y in zip(la, lb) if torch.is_tensor(x) and torch.is_tensor(y)
+    )
 
 
 def _rows_changed(batch: Any, other: Any, n: int, r: int) -> str | None:
@@ -133,6 +137,7 @@ def _rng_states() -> tuple[Any, ...]:
     np_state = None
     try:
         import numpy as np
+
         np_state = np.random.get_state()
     except ImportError:  # pragma: no cover - numpy ships with torch's usual installs
         pass
@@ -145,6 +150,7 @@ def _set_rng_states(states: tuple[Any, ...]) -> None:
     random.setstate(py_state)
     if np_state is not None:
         import numpy as np
+
         np.random.set_state(np_state)
 
 

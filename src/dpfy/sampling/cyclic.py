@@ -46,31 +46,44 @@ class CyclicPoissonSampler:
     """
 
     sampling = Sampling.CYCLIC_POISSON
-    units = ExampleUnits()   # the unit of privacy: one example per row
-    max_examples_per_user: int | None = None   # k the ledger records (ELS only)
+    units = ExampleUnits()  # the unit of privacy: one example per row
+    max_examples_per_user: int | None = None  # k the ledger records (ELS only)
 
     def units_of(self, indices: torch.Tensor | None) -> torch.Tensor | None:
         """Each row's unit of privacy (None: every row is its own unit)."""
         return self.units.units_of(indices)
 
-    def __init__(self, dataset_size: int, batch_size: int, *, bands: int,
-                 seed: int | None = None) -> None:
+    def __init__(
+        self, dataset_size: int, batch_size: int, *, bands: int, seed: int | None = None
+    ) -> None:
         require(dataset_size >= 1, "dataset_size", dataset_size, ">= 1")
-        require(isinstance(bands, int) and 1 <= bands <= dataset_size, "bands", bands,
-                f"an integer in [1, {dataset_size}]")
+        require(
+            isinstance(bands, int) and 1 <= bands <= dataset_size,
+            "bands",
+            bands,
+            f"an integer in [1, {dataset_size}]",
+        )
         rate = batch_size * bands / dataset_size
-        require(1 <= batch_size and rate <= 1, "batch_size × bands", batch_size * bands,
-                f"<= len(dataset) = {dataset_size} (each group of N/b examples must hold the "
-                f"expected batch)", "Use fewer bands or a smaller batch size")
+        require(
+            1 <= batch_size and rate <= 1,
+            "batch_size × bands",
+            batch_size * bands,
+            f"<= len(dataset) = {dataset_size} (each group of N/b examples must hold the "
+            f"expected batch)",
+            "Use fewer bands or a smaller batch size",
+        )
         self.dataset_size, self.batch_size, self.bands = dataset_size, batch_size, bands
         self.sample_rate = rate
         self.normalizer = float(batch_size)
         self.generator = _generator(seed)
-        perm = (_secure_permutation(dataset_size) if self.generator is None else
-                torch.randperm(dataset_size, generator=self.generator))
-        self.groups = [g.sort().values for g in perm.tensor_split(bands)]   # b × (≈N/b,)
+        perm = (
+            _secure_permutation(dataset_size)
+            if self.generator is None
+            else torch.randperm(dataset_size, generator=self.generator)
+        )
+        self.groups = [g.sort().values for g in perm.tensor_split(bands)]  # b × (≈N/b,)
         self.current: torch.Tensor | None
-        self.step, self.current, self.offset = 0, None, 0   # committed position
+        self.step, self.current, self.offset = 0, None, 0  # committed position
 
     @property
     def secure(self) -> bool:
@@ -88,8 +101,11 @@ class CyclicPoissonSampler:
     def draw(self, step: int) -> torch.Tensor:
         """Step ``step``'s batch: each example of its group with probability q, (B,) sorted."""
         members = self.groups[self.group_of(step)]
-        u = (secure_uniform(members.numel()) if self.generator is None else
-             torch.rand(members.numel(), generator=self.generator, dtype=torch.float64))
+        u = (
+            secure_uniform(members.numel())
+            if self.generator is None
+            else torch.rand(members.numel(), generator=self.generator, dtype=torch.float64)
+        )
         return members[u < self.sample_rate]
 
     def at_batch_start(self) -> bool:
@@ -115,24 +131,40 @@ class CyclicPoissonSampler:
 
     def commit(self, end: Position) -> None:
         """An optimizer step took the batch that ends at ``end``."""
-        require(end[0] in (self.step, self.step + 1), "the committed step", end[0],
-                f"{self.step} or {self.step + 1}", "Only the private loader commits")
+        require(
+            end[0] in (self.step, self.step + 1),
+            "the committed step",
+            end[0],
+            f"{self.step} or {self.step + 1}",
+            "Only the private loader commits",
+        )
         self.step, self.current, self.offset = end
 
     def set_epoch(self, epoch: int) -> None:
         """Accepted for DistributedSampler-style loops; the groups cycle by step."""
 
     def state_dict(self) -> dict[str, Any]:
-        return {"generator": None if self.generator is None else self.generator.get_state(),
-                "groups": self.groups, "step": self.step, "current": self.current,
-                "offset": self.offset}
+        return {
+            "generator": None if self.generator is None else self.generator.get_state(),
+            "groups": self.groups,
+            "step": self.step,
+            "current": self.current,
+            "offset": self.offset,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        require("groups" in state and len(state["groups"]) == self.bands,
-                "the checkpoint's groups", len(state.get("groups", ())),
-                f"{self.bands} (this run's bands)", "Resume with the same bands")
+        require(
+            "groups" in state and len(state["groups"]) == self.bands,
+            "the checkpoint's groups",
+            len(state.get("groups", ())),
+            f"{self.bands} (this run's bands)",
+            "Resume with the same bands",
+        )
         if self.generator is not None and state["generator"] is not None:
             self.generator.set_state(state["generator"])
         self.groups = list(state["groups"])
-        self.step, self.current, self.offset = (int(state["step"]), state["current"],
-                                                int(state["offset"]))
+        self.step, self.current, self.offset = (
+            int(state["step"]),
+            state["current"],
+            int(state["offset"]),
+        )

@@ -7,7 +7,7 @@ import collections
 from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
-from torch.utils.data import (DataLoader)
+from torch.utils.data import DataLoader
 from torch.utils._pytree import tree_map
 
 from dpfy._require import require
@@ -16,7 +16,7 @@ from dpfy.sampling.collate_probe import CollateProbe
 from dpfy.sampling.poisson import PoissonSampler
 from dpfy.sampling.shuffle import ShuffleSampler
 
-__all__ = ['BatchCursor', 'DPDataLoader']
+__all__ = ["BatchCursor", "DPDataLoader"]
 
 
 class BatchCursor:
@@ -31,7 +31,7 @@ class BatchCursor:
 
     def __init__(self, on_taken: Callable[[], None] | None = None) -> None:
         self.indices: torch.Tensor | None = None
-        self.batch: Any = None                 # sensitive: the last yielded physical batch
+        self.batch: Any = None  # sensitive: the last yielded physical batch
         self.last = True
         self.logical = 0
         self.ended = True  # the previous yield ended its logical batch
@@ -67,8 +67,8 @@ class _Chunk(NamedTuple):
     """One physical batch as the batch sampler produced it."""
 
     indices: torch.Tensor  # (B,) dataset indices
-    last: bool             # ends its logical batch
-    end: Any               # the sampler's position after it (None: Poisson)
+    last: bool  # ends its logical batch
+    end: Any  # the sampler's position after it (None: Poisson)
 
 
 class _EmptySafeCollate:
@@ -145,13 +145,22 @@ class DPDataLoader:
     the steps stopped; only the newest iterator may be used.
     """
 
-    def __init__(self, loader: DataLoader, sampler: PoissonSampler | ShuffleSampler, *,
-                 max_physical_batch_size: int | None = None) -> None:
+    def __init__(
+        self,
+        loader: DataLoader,
+        sampler: PoissonSampler | ShuffleSampler,
+        *,
+        max_physical_batch_size: int | None = None,
+    ) -> None:
         if max_physical_batch_size is not None:
-            require(isinstance(max_physical_batch_size, int)
-                    and not isinstance(max_physical_batch_size, bool)
-                    and max_physical_batch_size >= 1, "max_physical_batch_size",
-                    max_physical_batch_size, "an integer >= 1 (or 'auto', or None)")
+            require(
+                isinstance(max_physical_batch_size, int)
+                and not isinstance(max_physical_batch_size, bool)
+                and max_physical_batch_size >= 1,
+                "max_physical_batch_size",
+                max_physical_batch_size,
+                "an integer >= 1 (or 'auto', or None)",
+            )
         self.sampler = sampler
         self.cursor = BatchCursor(on_taken=self._taken)
         self.max_physical_batch_size = max_physical_batch_size
@@ -159,17 +168,23 @@ class DPDataLoader:
         self.dataset = loader.dataset
         kind = _PoissonBatches if isinstance(sampler, PoissonSampler) else _ShuffleBatches
         self._batches = kind(sampler, max_physical_batch_size)
-        self._yielded: _Chunk | None = None   # last physical batch handed out
-        self._current: object | None = None   # token of the newest iteration
-        workers: dict[str, Any] = ({"prefetch_factor": loader.prefetch_factor}
-                                   if loader.num_workers else {})
+        self._yielded: _Chunk | None = None  # last physical batch handed out
+        self._current: object | None = None  # token of the newest iteration
+        workers: dict[str, Any] = (
+            {"prefetch_factor": loader.prefetch_factor} if loader.num_workers else {}
+        )
         self.inner = DataLoader(
-            loader.dataset, batch_sampler=self._batches,
+            loader.dataset,
+            batch_sampler=self._batches,
             collate_fn=_EmptySafeCollate(loader.collate_fn, loader.dataset),
-            num_workers=loader.num_workers, pin_memory=loader.pin_memory,
-            timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+            num_workers=loader.num_workers,
+            pin_memory=loader.pin_memory,
+            timeout=loader.timeout,
+            worker_init_fn=loader.worker_init_fn,
             multiprocessing_context=loader.multiprocessing_context,
-            persistent_workers=loader.persistent_workers, **workers)
+            persistent_workers=loader.persistent_workers,
+            **workers,
+        )
 
     def __len__(self) -> int:
         """Logical batches (optimizer steps) per pass."""
@@ -210,21 +225,28 @@ class DPDataLoader:
 
     def _check_stepped(self) -> None:
         if self._shuffled and self.cursor.pending:
-            _refuse("optimizer.step()", "not called on the previous batch",
-                    "called once after every batch of the shuffled private loader",
-                    "Each batch of a shuffled pass may be used by one optimizer.step() only, "
-                    "so that no example takes part twice in a pass; to stop early, break out "
-                    "of the loop (the next iteration continues the pass), and iterate the "
-                    "original DataLoader to look at data")
+            _refuse(
+                "optimizer.step()",
+                "not called on the previous batch",
+                "called once after every batch of the shuffled private loader",
+                "Each batch of a shuffled pass may be used by one optimizer.step() only, "
+                "so that no example takes part twice in a pass; to stop early, break out "
+                "of the loop (the next iteration continues the pass), and iterate the "
+                "original DataLoader to look at data",
+            )
 
     def __iter__(self) -> Iterator[Any]:
         token = self._current = object()
         self._restart()
         it = iter(self.inner)
         while True:
-            require(self._current is token, "the loader iterator", "superseded",
-                    "the newest iter(loader)",
-                    "A new iteration continues the pass; use only the newest iterator")
+            require(
+                self._current is token,
+                "the loader iterator",
+                "superseded",
+                "the newest iter(loader)",
+                "A new iteration continues the pass; use only the newest iterator",
+            )
             self._check_stepped()
             try:
                 batch = next(it)

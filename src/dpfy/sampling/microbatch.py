@@ -42,8 +42,7 @@ from dpfy.sampling.admit import _check_loader
 from dpfy.sampling.poisson import PoissonSampler
 from dpfy.sampling.units import ExampleUnits
 
-__all__ = ["MicrobatchUnits", "MicrobatchSampler", "check_microbatch",
-           "make_microbatch_sampler"]
+__all__ = ["MicrobatchUnits", "MicrobatchSampler", "check_microbatch", "make_microbatch_sampler"]
 
 
 class MicrobatchUnits(ExampleUnits):
@@ -58,7 +57,7 @@ class MicrobatchUnits(ExampleUnits):
     """
 
     name = "example"
-    description = "one example"   # the privacy report's wording: the unit of privacy
+    description = "one example"  # the privacy report's wording: the unit of privacy
     adjacency_note = "add or remove one example"
 
     def __init__(self, dataset_size: int) -> None:
@@ -66,12 +65,22 @@ class MicrobatchUnits(ExampleUnits):
 
     def units_of(self, indices: torch.Tensor | None) -> torch.Tensor | None:
         """(B,) each row's microbatch, numbered 0..U'−1 within the physical batch."""
-        require(indices is not None, "the batch's dataset indices", None, "known",
-                "Iterate the loader make_private returned")
-        assert indices is not None   # for the type checker: require refused None
+        require(
+            indices is not None,
+            "the batch's dataset indices",
+            None,
+            "known",
+            "Iterate the loader make_private returned",
+        )
+        assert indices is not None  # for the type checker: require refused None
         bins = self.microbatch_of[indices.cpu()]
-        require(bool((bins >= 0).all()), "the batch's rows", "not drawn in this step",
-                "rows of the current logical batch", "Iterate the loader make_private returned")
+        require(
+            bool((bins >= 0).all()),
+            "the batch's rows",
+            "not drawn in this step",
+            "rows of the current logical batch",
+            "Iterate the loader make_private returned",
+        )
         return torch.unique(bins, return_inverse=True)[1]
 
     def unit_scale(self, unit_of_row: torch.Tensor) -> torch.Tensor:
@@ -92,18 +101,29 @@ class MicrobatchSampler(PoissonSampler):
     noisy sum of clipped microbatch means is divided by; ``steps_per_epoch`` stays ⌈N/b⌉.
     """
 
-    def __init__(self, dataset_size: int, *, sample_rate: float, microbatch_size: int,
-                 seed: int | None = None) -> None:
-        require(isinstance(microbatch_size, int) and not isinstance(microbatch_size, bool)
-                and microbatch_size >= 2, "microbatch_size", microbatch_size,
-                "an integer >= 2 here (k = 1 is per-example clipping)")
+    def __init__(
+        self,
+        dataset_size: int,
+        *,
+        sample_rate: float,
+        microbatch_size: int,
+        seed: int | None = None,
+    ) -> None:
+        require(
+            isinstance(microbatch_size, int)
+            and not isinstance(microbatch_size, bool)
+            and microbatch_size >= 2,
+            "microbatch_size",
+            microbatch_size,
+            "an integer >= 2 here (k = 1 is per-example clipping)",
+        )
         super().__init__(dataset_size, sample_rate=sample_rate, seed=seed)
         self.microbatch_size = microbatch_size
-        self.expected_batch = self.sample_rate * dataset_size          # b, public
+        self.expected_batch = self.sample_rate * dataset_size  # b, public
         self.num_microbatches = max(1, round(self.expected_batch / microbatch_size))  # M
         self.normalizer = float(self.num_microbatches)
-        self.partition = MicrobatchUnits(dataset_size)   # which microbatch each row drew
-        self.units = self.partition                      # the unit of privacy's seam
+        self.partition = MicrobatchUnits(dataset_size)  # which microbatch each row drew
+        self.units = self.partition  # the unit of privacy's seam
 
     @property
     def steps_per_epoch(self) -> int:
@@ -112,11 +132,14 @@ class MicrobatchSampler(PoissonSampler):
 
     def draw(self) -> torch.Tensor:
         """One logical batch: the sampled rows, grouped by the microbatch each one drew."""
-        idx = super().draw()                                            # (B,) sorted
+        idx = super().draw()  # (B,) sorted
         m = self.num_microbatches
-        u = (secure_uniform(len(idx)) if self.generator is None else
-             torch.rand(len(idx), generator=self.generator, dtype=torch.float64))
-        bins = torch.clamp((u * m).long(), max=m - 1)                   # (B,) uniform on 0..M−1
+        u = (
+            secure_uniform(len(idx))
+            if self.generator is None
+            else torch.rand(len(idx), generator=self.generator, dtype=torch.float64)
+        )
+        bins = torch.clamp((u * m).long(), max=m - 1)  # (B,) uniform on 0..M−1
         order = torch.argsort(bins, stable=True)
         self.partition.microbatch_of.fill_(-1)
         self.partition.microbatch_of[idx] = bins
@@ -127,15 +150,17 @@ class MicrobatchSampler(PoissonSampler):
         microbatch's rows are averaged and clipped together, in one physical batch)."""
         if not physical or len(idx) <= physical:
             return [idx]
-        counts = torch.unique_consecutive(self.partition.microbatch_of[idx],
-                                          return_counts=True)[1].tolist()
+        counts = torch.unique_consecutive(self.partition.microbatch_of[idx], return_counts=True)[
+            1
+        ].tolist()
         parts, begin, end = [], 0, 0
         for c in counts:
             if c > physical:
                 raise PrivacyRefusal(
                     f"max_physical_batch_size must hold a whole microbatch, got a microbatch "
                     f"of {c} rows and max_physical_batch_size = {physical}. Raise it (to a few "
-                    f"times microbatch_size), or use a smaller microbatch_size")
+                    f"times microbatch_size), or use a smaller microbatch_size"
+                )
             if end + c - begin > physical:
                 parts.append(idx[begin:end])
                 begin = end
@@ -147,15 +172,19 @@ class MicrobatchSampler(PoissonSampler):
         return {**super().state_dict(), "microbatch_size": self.microbatch_size}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        require(state.get("microbatch_size") == self.microbatch_size,
-                "the checkpoint's microbatch_size", state.get("microbatch_size"),
-                f"{self.microbatch_size}, the run being resumed",
-                "Resume with the same clipping='microbatch' and microbatch_size")
+        require(
+            state.get("microbatch_size") == self.microbatch_size,
+            "the checkpoint's microbatch_size",
+            state.get("microbatch_size"),
+            f"{self.microbatch_size}, the run being resumed",
+            "Resume with the same clipping='microbatch' and microbatch_size",
+        )
         super().load_state_dict(state)
 
 
-def check_microbatch(clipping: str, microbatch_size: int | None, *, poisson_sampling: bool,
-                     others: dict[str, Any]) -> str:
+def check_microbatch(
+    clipping: str, microbatch_size: int | None, *, poisson_sampling: bool, others: dict[str, Any]
+) -> str:
     """The clipping policy to build: ``"flat"`` for ``"microbatch"`` at k = 1 (per-example
     clipping, Δ = C), else ``clipping``; refuses what microbatch clipping cannot account.
 
@@ -164,27 +193,44 @@ def check_microbatch(clipping: str, microbatch_size: int | None, *, poisson_samp
     are per example), individualized budgets, data-parallel ranks.
     """
     if clipping != "microbatch":
-        require(microbatch_size is None, "microbatch_size", microbatch_size,
-                "None unless clipping='microbatch'", "Pass clipping='microbatch' with it")
+        require(
+            microbatch_size is None,
+            "microbatch_size",
+            microbatch_size,
+            "None unless clipping='microbatch'",
+            "Pass clipping='microbatch' with it",
+        )
         return clipping
-    require(isinstance(microbatch_size, int) and not isinstance(microbatch_size, bool)
-            and microbatch_size >= 1, "microbatch_size", microbatch_size,
-            "an integer >= 1 with clipping='microbatch'",
-            "Pass microbatch_size=k, the number of rows whose mean gradient is clipped")
-    require(poisson_sampling, "poisson_sampling", False, "True with clipping='microbatch'",
-            "Microbatch clipping's 2C bound is proven for Poisson sampling with dpfy's "
-            "partition; drop poisson_sampling=False")
+    require(
+        isinstance(microbatch_size, int)
+        and not isinstance(microbatch_size, bool)
+        and microbatch_size >= 1,
+        "microbatch_size",
+        microbatch_size,
+        "an integer >= 1 with clipping='microbatch'",
+        "Pass microbatch_size=k, the number of rows whose mean gradient is clipped",
+    )
+    require(
+        poisson_sampling,
+        "poisson_sampling",
+        False,
+        "True with clipping='microbatch'",
+        "Microbatch clipping's 2C bound is proven for Poisson sampling with dpfy's "
+        "partition; drop poisson_sampling=False",
+    )
     used = [name for name, v in others.items() if v is not None and v is not False]
     if used:
         raise PrivacyRefusal(
             f"clipping='microbatch' cannot be combined with {used}: they act on single "
             f"examples, and the unit clipped here is a microbatch. Drop them, or use "
-            f"per-example clipping (clipping='flat')")
+            f"per-example clipping (clipping='flat')"
+        )
     return "flat" if microbatch_size == 1 else clipping
 
 
-def make_microbatch_sampler(loader: Any, microbatch_size: int, *,
-                            seed: int | None) -> MicrobatchSampler:
+def make_microbatch_sampler(
+    loader: Any, microbatch_size: int, *, seed: int | None
+) -> MicrobatchSampler:
     """The sampler for ``clipping="microbatch"`` at k >= 2: Poisson at q = batch_size / N."""
     _check_loader(loader, True)
     n = len(loader.dataset)

@@ -13,7 +13,7 @@ from dpfy.noise import secure_uniform
 from dpfy.privacy import Sampling
 from dpfy.sampling.units import ExampleUnits, UserUnits, require_same_unit
 
-__all__ = ['PoissonSampler']
+__all__ = ["PoissonSampler"]
 
 
 def _generator(seed: int | None) -> torch.Generator | None:
@@ -37,38 +37,65 @@ class PoissonSampler:
     """
 
     sampling = Sampling.POISSON
-    units: ExampleUnits | UserUnits = ExampleUnits()   # the unit of privacy: one example per row
-    max_examples_per_user: int | None = None   # k the ledger records (ELS only)
+    units: ExampleUnits | UserUnits = ExampleUnits()  # the unit of privacy: one example per row
+    max_examples_per_user: int | None = None  # k the ledger records (ELS only)
 
     def units_of(self, indices: torch.Tensor | None) -> torch.Tensor | None:
         """Each row's unit of privacy (None: every row is its own unit)."""
         return self.units.units_of(indices)
 
-    def __init__(self, dataset_size: int, *, sample_rate: float | None = None,
-                 sample_rates: Sequence[float] | torch.Tensor | None = None,
-                 seed: int | None = None, shard: tuple[int, int] | None = None,
-                 normalizer: float | None = None) -> None:
+    def __init__(
+        self,
+        dataset_size: int,
+        *,
+        sample_rate: float | None = None,
+        sample_rates: Sequence[float] | torch.Tensor | None = None,
+        seed: int | None = None,
+        shard: tuple[int, int] | None = None,
+        normalizer: float | None = None,
+    ) -> None:
         require(dataset_size >= 1, "dataset_size", dataset_size, ">= 1")
-        require(normalizer is None or (sample_rates is not None and normalizer > 0),
-                "normalizer", normalizer, "None, or > 0 with sample_rates")
-        require(shard is None or 0 <= shard[0] < shard[1], "shard", shard,
-                "(rank, world_size) with 0 <= rank < world_size")
+        require(
+            normalizer is None or (sample_rates is not None and normalizer > 0),
+            "normalizer",
+            normalizer,
+            "None, or > 0 with sample_rates",
+        )
+        require(
+            shard is None or 0 <= shard[0] < shard[1],
+            "shard",
+            shard,
+            "(rank, world_size) with 0 <= rank < world_size",
+        )
         self.shard = shard
-        require((sample_rate is None) != (sample_rates is None), "sample_rate / sample_rates",
-                (sample_rate, sample_rates), "exactly one given")
+        require(
+            (sample_rate is None) != (sample_rates is None),
+            "sample_rate / sample_rates",
+            (sample_rate, sample_rates),
+            "exactly one given",
+        )
         self.dataset_size = dataset_size
         if sample_rates is not None:
             rates = torch.as_tensor(sample_rates, dtype=torch.float64)
-            require(rates.shape == (dataset_size,) and bool(((rates > 0) & (rates <= 1)).all()),
-                    "sample_rates", f"shape {tuple(rates.shape)}",
-                    f"{dataset_size} rates in (0, 1]", "Give one rate per example")
+            require(
+                rates.shape == (dataset_size,) and bool(((rates > 0) & (rates <= 1)).all()),
+                "sample_rates",
+                f"shape {tuple(rates.shape)}",
+                f"{dataset_size} rates in (0, 1]",
+                "Give one rate per example",
+            )
             self.rates: torch.Tensor | None = rates  # (N,) public
             self.sample_rate = float(rates.max())
             self.normalizer = float(rates.sum()) if normalizer is None else float(normalizer)
         else:
             assert sample_rate is not None, "exactly one of the two, required above"
-            require(0 < sample_rate <= 1, "sample_rate", sample_rate, "in (0, 1]",
-                    "Use batch_size / dataset_size")
+            require(
+                0 < sample_rate <= 1,
+                "sample_rate",
+                sample_rate,
+                "in (0, 1]",
+                "Use batch_size / dataset_size",
+            )
             self.rates = None
             self.sample_rate = float(sample_rate)
             self.normalizer = self.sample_rate * dataset_size
@@ -87,13 +114,16 @@ class PoissonSampler:
     def draw(self) -> torch.Tensor:
         """One logical batch: the (sorted) indices of the examples that were sampled, (B,)."""
         n = self.dataset_size
-        u = (secure_uniform(n) if self.generator is None else
-             torch.rand(n, generator=self.generator, dtype=torch.float64))  # (N,)
+        u = (
+            secure_uniform(n)
+            if self.generator is None
+            else torch.rand(n, generator=self.generator, dtype=torch.float64)
+        )  # (N,)
         q = self.rates if self.rates is not None else self.sample_rate
         idx = torch.nonzero(u < q).flatten()  # (B,) B ~ Binomial(N, q)
         if self.shard is not None:
             rank, world = self.shard
-            idx = idx[idx % world == rank]     # this rank's part of the global batch
+            idx = idx[idx % world == rank]  # this rank's part of the global batch
         return idx
 
     def set_epoch(self, epoch: int) -> None:

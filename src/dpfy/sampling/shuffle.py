@@ -13,7 +13,7 @@ from dpfy.privacy import Sampling
 from dpfy.sampling.units import ExampleUnits
 from dpfy.sampling.poisson import _generator
 
-__all__ = ['ShuffleSampler']
+__all__ = ["ShuffleSampler"]
 
 
 def _secure_permutation(n: int) -> torch.Tensor:
@@ -61,23 +61,34 @@ class ShuffleSampler:
     """
 
     sampling = Sampling.SHUFFLE
-    units = ExampleUnits()   # the unit of privacy: one example per row
-    max_examples_per_user: int | None = None   # k the ledger records (ELS only)
+    units = ExampleUnits()  # the unit of privacy: one example per row
+    max_examples_per_user: int | None = None  # k the ledger records (ELS only)
 
     def units_of(self, indices: torch.Tensor | None) -> torch.Tensor | None:
         """Each row's unit of privacy (None: every row is its own unit)."""
         return self.units.units_of(indices)
 
-    def __init__(self, dataset_size: int, batch_size: int, *, seed: int | None = None,
-                 drop_last: bool = False) -> None:
+    def __init__(
+        self,
+        dataset_size: int,
+        batch_size: int,
+        *,
+        seed: int | None = None,
+        drop_last: bool = False,
+    ) -> None:
         require(dataset_size >= 1, "dataset_size", dataset_size, ">= 1")
-        require(1 <= batch_size <= dataset_size, "batch_size", batch_size,
-                f"in [1, {dataset_size}]", "Use a batch size no larger than the dataset")
+        require(
+            1 <= batch_size <= dataset_size,
+            "batch_size",
+            batch_size,
+            f"in [1, {dataset_size}]",
+            "Use a batch size no larger than the dataset",
+        )
         self.dataset_size, self.batch_size, self.drop_last = dataset_size, batch_size, drop_last
         self.generator = _generator(seed)
         self.permutation: torch.Tensor | None = None  # (N,) π of the current pass; secret
-        self.offset = 0                               # examples of π taken by optimizer steps
-        self.passes = 0                               # permutations drawn so far
+        self.offset = 0  # examples of π taken by optimizer steps
+        self.passes = 0  # permutations drawn so far
 
     @property
     def secure(self) -> bool:
@@ -116,8 +127,11 @@ class ShuffleSampler:
         if self.permutation is not None and self.offset < self.pass_length:
             return
         n = self.dataset_size
-        self.permutation = (_secure_permutation(n) if self.generator is None else
-                            torch.randperm(n, generator=self.generator))
+        self.permutation = (
+            _secure_permutation(n)
+            if self.generator is None
+            else torch.randperm(n, generator=self.generator)
+        )
         self.offset = 0
         self.passes += 1
 
@@ -139,27 +153,47 @@ class ShuffleSampler:
 
     def commit(self, end_offset: int) -> None:
         """An optimizer step took the examples of π up to ``end_offset``."""
-        require(self.offset <= end_offset <= self.pass_length, "end_offset", end_offset,
-                f"in [{self.offset}, {self.pass_length}]",
-                "Only the private loader commits the positions it yielded")
+        require(
+            self.offset <= end_offset <= self.pass_length,
+            "end_offset",
+            end_offset,
+            f"in [{self.offset}, {self.pass_length}]",
+            "Only the private loader commits the positions it yielded",
+        )
         self.offset = end_offset
 
     def state_dict(self) -> dict[str, Any]:
-        return {"generator": None if self.generator is None else self.generator.get_state(),
-                "permutation": self.permutation, "offset": self.offset, "passes": self.passes}
+        return {
+            "generator": None if self.generator is None else self.generator.get_state(),
+            "permutation": self.permutation,
+            "offset": self.offset,
+            "passes": self.passes,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        require("offset" in state, "the sampler checkpoint", sorted(state),
-                "from dpfy's own ShuffleSampler (permutation, offset)",
-                "Checkpoints written before dpfy owned the shuffled sampler cannot resume a "
-                "pass; start a new run")
+        require(
+            "offset" in state,
+            "the sampler checkpoint",
+            sorted(state),
+            "from dpfy's own ShuffleSampler (permutation, offset)",
+            "Checkpoints written before dpfy owned the shuffled sampler cannot resume a "
+            "pass; start a new run",
+        )
         perm, offset = state["permutation"], int(state["offset"])
-        require(perm is None or tuple(perm.shape) == (self.dataset_size,),
-                "the checkpoint's permutation", None if perm is None else tuple(perm.shape),
-                f"of this dataset's size ({self.dataset_size},)",
-                "Resume with the dataset the checkpoint was written for")
-        require(0 <= offset <= self.pass_length, "the checkpoint's offset", offset,
-                f"in [0, {self.pass_length}]", "Resume with the same batch size and drop_last")
+        require(
+            perm is None or tuple(perm.shape) == (self.dataset_size,),
+            "the checkpoint's permutation",
+            None if perm is None else tuple(perm.shape),
+            f"of this dataset's size ({self.dataset_size},)",
+            "Resume with the dataset the checkpoint was written for",
+        )
+        require(
+            0 <= offset <= self.pass_length,
+            "the checkpoint's offset",
+            offset,
+            f"in [0, {self.pass_length}]",
+            "Resume with the same batch size and drop_last",
+        )
         if self.generator is not None and state["generator"] is not None:
             self.generator.set_state(state["generator"])
         self.permutation, self.offset = perm, offset

@@ -26,7 +26,7 @@ class ExampleUnits:
     """Each example (one row of the training set) is one unit of privacy."""
 
     name = "example"
-    description = "one example"   # the privacy report's wording
+    description = "one example"  # the privacy report's wording
     adjacency_note = "add or remove one example"
 
     def units_of(self, indices: torch.Tensor | None) -> torch.Tensor | None:
@@ -56,23 +56,31 @@ class UserUnits:
     """
 
     name = "user"
-    description = "one user, with all of their examples"   # the privacy report's wording
+    description = "one user, with all of their examples"  # the privacy report's wording
     adjacency_note = "add or remove one user (all of their examples)"
 
-    def __init__(self, user_ids: torch.Tensor, *, clip_per_user: bool,
-                 reduction: str = "mean") -> None:
+    def __init__(
+        self, user_ids: torch.Tensor, *, clip_per_user: bool, reduction: str = "mean"
+    ) -> None:
         ids = torch.as_tensor(user_ids)
-        require(ids.dim() == 1 and ids.numel() >= 1 and not ids.is_floating_point()
-                and not ids.is_complex() and ids.dtype is not torch.bool, "user_ids",
-                f"{tuple(ids.shape)} {ids.dtype}", "a 1-D integer tensor, one id per example",
-                "Pass torch.as_tensor(ids) with one integer user id per example of the dataset")
+        require(
+            ids.dim() == 1
+            and ids.numel() >= 1
+            and not ids.is_floating_point()
+            and not ids.is_complex()
+            and ids.dtype is not torch.bool,
+            "user_ids",
+            f"{tuple(ids.shape)} {ids.dtype}",
+            "a 1-D integer tensor, one id per example",
+            "Pass torch.as_tensor(ids) with one integer user id per example of the dataset",
+        )
         require(reduction in ("mean", "sum"), "user_reduction", reduction, "'mean' or 'sum'")
-        _, user_of = torch.unique(ids.detach().cpu().long(), return_inverse=True)   # (N,)
+        _, user_of = torch.unique(ids.detach().cpu().long(), return_inverse=True)  # (N,)
         self.user_of = user_of
-        self.sizes = torch.bincount(user_of)                                        # (U,)
+        self.sizes = torch.bincount(user_of)  # (U,)
         self.num_users, self.num_examples = int(self.sizes.numel()), int(ids.numel())
-        self.order = torch.argsort(user_of, stable=True)   # examples grouped by user
-        self.offsets = torch.cat([self.sizes.new_zeros(1), self.sizes.cumsum(0)])   # (U+1,)
+        self.order = torch.argsort(user_of, stable=True)  # examples grouped by user
+        self.offsets = torch.cat([self.sizes.new_zeros(1), self.sizes.cumsum(0)])  # (U+1,)
         self.clip_per_user, self.reduction = clip_per_user, reduction
 
     @property
@@ -86,8 +94,13 @@ class UserUnits:
         whose rows are clipped one by one. One ``unique`` over B ids: O(B log B)."""
         if not self.clip_per_user:
             return None
-        require(indices is not None, "the batch's dataset indices", None, "known",
-                "Iterate the loader make_private returned")
+        require(
+            indices is not None,
+            "the batch's dataset indices",
+            None,
+            "known",
+            "Iterate the loader make_private returned",
+        )
         assert indices is not None  # the require above refused None
         return torch.unique(self.user_of[indices.cpu()], return_inverse=True)[1]
 
@@ -104,7 +117,12 @@ def require_same_unit(units: ExampleUnits | UserUnits, saved: dict) -> None:
     user-level run resumed as an example-level one (or the reverse) would account the wrong
     neighbouring relation."""
     got = saved.get("unit", "example")
-    require(got == units.name, "the checkpoint's unit of privacy", got,
-            f"{units.name}, the run being resumed", "A user-level run cannot be resumed as an "
-            "example-level one (or the reverse): pass the same user_ids / --user-ids and "
-            "--user-sampling")
+    require(
+        got == units.name,
+        "the checkpoint's unit of privacy",
+        got,
+        f"{units.name}, the run being resumed",
+        "A user-level run cannot be resumed as an "
+        "example-level one (or the reverse): pass the same user_ids / --user-ids and "
+        "--user-sampling",
+    )

@@ -53,21 +53,21 @@ def _uniform(n: int, generator: torch.Generator | None) -> torch.Tensor:
 
 def _members(units: UserUnits, users: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The examples of ``users`` grouped by user, (R,), and each one's group 0..len−1, (R,)."""
-    counts = units.sizes[users]                                               # (S,)
-    group = torch.repeat_interleave(torch.arange(len(users)), counts)         # (R,)
-    first = torch.cumsum(counts, 0) - counts                                  # (S,)
-    pos = torch.arange(int(counts.sum())) - first[group]                      # (R,)
+    counts = units.sizes[users]  # (S,)
+    group = torch.repeat_interleave(torch.arange(len(users)), counts)  # (R,)
+    first = torch.cumsum(counts, 0) - counts  # (S,)
+    pos = torch.arange(int(counts.sum())) - first[group]  # (R,)
     return units.order[units.offsets[users][group] + pos], group
 
 
 def _at_most_k(group: torch.Tensor, k: int, generator: torch.Generator | None) -> torch.Tensor:
     """(R,) bool: keep at most k rows of each group, a uniformly random subset of each."""
     keys = _uniform(len(group), generator)
-    order = torch.argsort(group.double() + keys * 0.5)   # groups stay apart: keys < 1/2 + gap
+    order = torch.argsort(group.double() + keys * 0.5)  # groups stay apart: keys < 1/2 + gap
     ranked = torch.empty_like(group)
     sorted_group = group[order]
     first = torch.searchsorted(sorted_group, sorted_group, right=False)
-    ranked[order] = torch.arange(len(group)) - first                          # rank in group
+    ranked[order] = torch.arange(len(group)) - first  # rank in group
     return ranked < k
 
 
@@ -85,14 +85,29 @@ class UserPoissonSampler(PoissonSampler):
     sampling = Sampling.ULS
     units: UserUnits
 
-    def __init__(self, units: UserUnits, *, sample_rate: float,
-                 max_examples_per_user: int | None = None, seed: int | None = None) -> None:
-        require(units.clip_per_user, "units", "clip_per_user=False", "clip_per_user=True",
-                "ULS clips each user's rows together")
+    def __init__(
+        self,
+        units: UserUnits,
+        *,
+        sample_rate: float,
+        max_examples_per_user: int | None = None,
+        seed: int | None = None,
+    ) -> None:
+        require(
+            units.clip_per_user,
+            "units",
+            "clip_per_user=False",
+            "clip_per_user=True",
+            "ULS clips each user's rows together",
+        )
         super().__init__(units.num_users, sample_rate=sample_rate, seed=seed)
-        require(max_examples_per_user is None or (
-            isinstance(max_examples_per_user, int) and max_examples_per_user >= 1),
-            "max_examples_per_user", max_examples_per_user, "None or an integer >= 1")
+        require(
+            max_examples_per_user is None
+            or (isinstance(max_examples_per_user, int) and max_examples_per_user >= 1),
+            "max_examples_per_user",
+            max_examples_per_user,
+            "None or an integer >= 1",
+        )
         self.units = units
         self.max_examples_per_step = max_examples_per_user
         self.num_examples = units.num_examples
@@ -110,8 +125,9 @@ class UserPoissonSampler(PoissonSampler):
 
     def draw(self) -> torch.Tensor:
         """One logical batch: the dataset indices of the sampled users' rows, grouped by user."""
-        users = torch.nonzero(_uniform(self.dataset_size, self.generator)
-                              < self.sample_rate).flatten()                   # (S,)
+        users = torch.nonzero(
+            _uniform(self.dataset_size, self.generator) < self.sample_rate
+        ).flatten()  # (S,)
         rows, group = _members(self.units, users)
         if self.max_examples_per_step is not None and len(rows):
             rows = rows[_at_most_k(group, self.max_examples_per_step, self.generator)]
@@ -123,8 +139,11 @@ class UserPoissonSampler(PoissonSampler):
         if not physical or len(idx) <= physical:
             return [idx]
         user = self.units.user_of[idx]
-        starts = torch.nonzero(torch.cat([torch.ones(1, dtype=torch.bool),
-                                          user[1:] != user[:-1]])).flatten().tolist()
+        starts = (
+            torch.nonzero(torch.cat([torch.ones(1, dtype=torch.bool), user[1:] != user[:-1]]))
+            .flatten()
+            .tolist()
+        )
         bounds = starts + [len(idx)]
         parts, begin = [], 0
         for a, b in zip(bounds[:-1], bounds[1:]):
@@ -132,7 +151,8 @@ class UserPoissonSampler(PoissonSampler):
                 raise PrivacyRefusal(
                     f"max_physical_batch_size must hold every user's rows of a step, got a "
                     f"user with {b - a} rows and max_physical_batch_size = {physical}. Raise "
-                    f"it, or cap the rows per user with max_examples_per_user")
+                    f"it, or cap the rows per user with max_examples_per_user"
+                )
             if b - begin > physical:
                 parts.append(idx[begin:a])
                 begin = a
@@ -140,8 +160,12 @@ class UserPoissonSampler(PoissonSampler):
         return parts
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "unit": self.units.name, "user_sampling": "uls",
-                "users": self.units.digest}
+        return {
+            **super().state_dict(),
+            "unit": self.units.name,
+            "user_sampling": "uls",
+            "users": self.units.digest,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         _check_resume(state, "uls", self.units)
@@ -166,27 +190,46 @@ class UserCappedSampler(PoissonSampler):
     sampling = Sampling.ELS
     units: UserUnits
 
-    def __init__(self, units: UserUnits, *, max_examples_per_user: int, batch_size: int,
-                 seed: int | None = None) -> None:
-        require(not units.clip_per_user, "units", "clip_per_user=True", "clip_per_user=False",
-                "ELS clips every example alone")
-        require(isinstance(max_examples_per_user, int) and max_examples_per_user >= 1,
-                "max_examples_per_user", max_examples_per_user, "an integer >= 1 for ELS",
-                "ELS caps every user at k examples: pass max_examples_per_user=k")
+    def __init__(
+        self,
+        units: UserUnits,
+        *,
+        max_examples_per_user: int,
+        batch_size: int,
+        seed: int | None = None,
+    ) -> None:
+        require(
+            not units.clip_per_user,
+            "units",
+            "clip_per_user=True",
+            "clip_per_user=False",
+            "ELS clips every example alone",
+        )
+        require(
+            isinstance(max_examples_per_user, int) and max_examples_per_user >= 1,
+            "max_examples_per_user",
+            max_examples_per_user,
+            "an integer >= 1 for ELS",
+            "ELS caps every user at k examples: pass max_examples_per_user=k",
+        )
         generator = None if seed is None else torch.Generator().manual_seed(seed)
         every = torch.arange(units.num_users)
         rows, group = _members(units, every)
         self.kept = torch.sort(rows[_at_most_k(group, max_examples_per_user, generator)]).values
         n_kept = len(self.kept)
-        require(1 <= batch_size <= n_kept, "loader.batch_size", batch_size,
-                f"in [1, {n_kept}] (the examples left after capping users at "
-                f"{max_examples_per_user})", "Use a smaller batch size")
+        require(
+            1 <= batch_size <= n_kept,
+            "loader.batch_size",
+            batch_size,
+            f"in [1, {n_kept}] (the examples left after capping users at {max_examples_per_user})",
+            "Use a smaller batch size",
+        )
         super().__init__(n_kept, sample_rate=batch_size / n_kept)
         self.generator = generator
         self.units = units
         self.max_examples_per_user = max_examples_per_user
         self.num_examples, self.num_kept = units.num_examples, n_kept
-        self.dataset_size = units.num_users   # the units of privacy
+        self.dataset_size = units.num_users  # the units of privacy
 
     @property
     def steps_per_epoch(self) -> int:
@@ -203,16 +246,24 @@ class UserCappedSampler(PoissonSampler):
         return self.kept[mask]
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "unit": self.units.name, "user_sampling": "els",
-                "users": self.units.digest, "kept": self.kept}
+        return {
+            **super().state_dict(),
+            "unit": self.units.name,
+            "user_sampling": "els",
+            "users": self.units.digest,
+            "kept": self.kept,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         _check_resume(state, "els", self.units)
         kept = state.get("kept")
-        require(kept is not None and torch.equal(kept, self.kept) or self.generator is None,
-                "the checkpoint's kept examples", "different",
-                "the examples this run kept (same user ids, k and seed)",
-                "Resume with the same user ids, max_examples_per_user and seed")
+        require(
+            kept is not None and torch.equal(kept, self.kept) or self.generator is None,
+            "the checkpoint's kept examples",
+            "different",
+            "the examples this run kept (same user ids, k and seed)",
+            "Resume with the same user ids, max_examples_per_user and seed",
+        )
         if kept is not None:
             self.kept = kept
         super().load_state_dict(state)
@@ -222,20 +273,33 @@ def _check_resume(state: dict[str, Any], user_sampling: str, units: UserUnits) -
     """Refuse a checkpoint of another unit of privacy, another user sampling, or other users
     (the ids changed between the run and its resumption: the accounting assumes they do not)."""
     got = (state.get("unit", "example"), state.get("user_sampling"))
-    require(got == ("user", user_sampling), "the checkpoint's unit of privacy",
-            f"{got[0]} ({got[1] or 'example-level sampling'})",
-            f"user ({user_sampling}), the run being resumed",
-            "A run resumes with the unit of privacy and the sampling it started with: pass the "
-            "same user_ids / --user-ids, --user-sampling and --max-examples-per-user")
-    require(state.get("users") == units.digest, "the user ids", "changed since the checkpoint",
-            "the grouping of examples into users the run started with",
-            "User ids must not change during a run (its user-level accounting assumes they do "
-            "not): resume with the ids file the run started with, or start a new run")
+    require(
+        got == ("user", user_sampling),
+        "the checkpoint's unit of privacy",
+        f"{got[0]} ({got[1] or 'example-level sampling'})",
+        f"user ({user_sampling}), the run being resumed",
+        "A run resumes with the unit of privacy and the sampling it started with: pass the "
+        "same user_ids / --user-ids, --user-sampling and --max-examples-per-user",
+    )
+    require(
+        state.get("users") == units.digest,
+        "the user ids",
+        "changed since the checkpoint",
+        "the grouping of examples into users the run started with",
+        "User ids must not change during a run (its user-level accounting assumes they do "
+        "not): resume with the ids file the run started with, or start a new run",
+    )
 
 
-def make_user_sampler(loader: Any, user_ids: Any, *, user_sampling: str,
-                      max_examples_per_user: int | None, user_reduction: str = "mean",
-                      seed: int | None) -> UserPoissonSampler | UserCappedSampler:
+def make_user_sampler(
+    loader: Any,
+    user_ids: Any,
+    *,
+    user_sampling: str,
+    max_examples_per_user: int | None,
+    user_reduction: str = "mean",
+    seed: int | None,
+) -> UserPoissonSampler | UserCappedSampler:
     """The user-level sampler dpfy builds for ``loader`` and one user id per example.
 
     ``user_ids``: (N,) integer ids aligned with ``loader.dataset``, read once here (a copy is
@@ -243,26 +307,51 @@ def make_user_sampler(loader: Any, user_ids: Any, *, user_sampling: str,
     expected number of users per step, ELS as the expected number of examples per step.
     """
     _check_loader(loader, True)
-    require(user_sampling in USER_SAMPLINGS, "user_sampling", user_sampling,
-            f"one of {list(USER_SAMPLINGS)} with user_ids",
-            "'uls' samples users and clips each user's rows together; 'els' caps users at k "
-            "examples and samples examples (Charles et al. 2024)")
+    require(
+        user_sampling in USER_SAMPLINGS,
+        "user_sampling",
+        user_sampling,
+        f"one of {list(USER_SAMPLINGS)} with user_ids",
+        "'uls' samples users and clips each user's rows together; 'els' caps users at k "
+        "examples and samples examples (Charles et al. 2024)",
+    )
     ids = torch.as_tensor(user_ids).clone()
     n = len(loader.dataset)
-    require(ids.dim() == 1 and ids.numel() == n, "user_ids", f"shape {tuple(ids.shape)}",
-            f"one id per example of loader.dataset ({n},)",
-            "Pass the user id of every example, in the dataset's order")
+    require(
+        ids.dim() == 1 and ids.numel() == n,
+        "user_ids",
+        f"shape {tuple(ids.shape)}",
+        f"one id per example of loader.dataset ({n},)",
+        "Pass the user id of every example, in the dataset's order",
+    )
     if user_sampling == "uls":
         units = UserUnits(ids, clip_per_user=True, reduction=user_reduction)
         b = loader.batch_size
-        require(b <= units.num_users, "loader.batch_size", b,
-                f"<= the number of users {units.num_users} (with ULS it is the expected "
-                f"number of users per step)", "Use a smaller batch size")
-        return UserPoissonSampler(units, sample_rate=b / units.num_users,
-                                  max_examples_per_user=max_examples_per_user, seed=seed)
-    require(user_reduction == "mean", "user_reduction", user_reduction,
-            "'mean' (the default) with ELS, which clips each example alone",
-            "Drop user_reduction=, or use user_sampling='uls'")
+        require(
+            b <= units.num_users,
+            "loader.batch_size",
+            b,
+            f"<= the number of users {units.num_users} (with ULS it is the expected "
+            f"number of users per step)",
+            "Use a smaller batch size",
+        )
+        return UserPoissonSampler(
+            units,
+            sample_rate=b / units.num_users,
+            max_examples_per_user=max_examples_per_user,
+            seed=seed,
+        )
+    require(
+        user_reduction == "mean",
+        "user_reduction",
+        user_reduction,
+        "'mean' (the default) with ELS, which clips each example alone",
+        "Drop user_reduction=, or use user_sampling='uls'",
+    )
     units = UserUnits(ids, clip_per_user=False)
-    return UserCappedSampler(units, max_examples_per_user=max_examples_per_user,  # type: ignore
-                             batch_size=loader.batch_size, seed=seed)
+    return UserCappedSampler(
+        units,
+        max_examples_per_user=max_examples_per_user,  # type: ignore
+        batch_size=loader.batch_size,
+        seed=seed,
+    )

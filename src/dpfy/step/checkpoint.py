@@ -51,7 +51,8 @@ def check_same_parameters(saved: str, params: Mapping[str, torch.Tensor]) -> Non
             f"saved with (SHA-256 {saved[:12]}…), got parameters with digest {now[:12]}…: "
             f"its ledger counts the releases that produced those weights, not these. Load the "
             f"model's state from the same checkpoint first (model.load_state_dict(ckpt["
-            f"'model']), then optimizer.load_state_dict(ckpt['optimizer']))")
+            f"'model']), then optimizer.load_state_dict(ckpt['optimizer']))"
+        )
 
 
 def check_ledger_continues(current: Ledger, loaded: Ledger) -> None:
@@ -73,10 +74,12 @@ def check_ledger_continues(current: Ledger, loaded: Ledger) -> None:
             f"model (model.load_state_dict(ckpt['model'])) and keep this optimizer and its "
             f"ledger; to reset the inner optimizer's momentum, clear optimizer.state; to "
             f"branch from the checkpoint, build a new run with make_private in a fresh "
-            f"process and load it there (each published branch's ε composes with the others')")
+            f"process and load it there (each published branch's ε composes with the others')"
+        )
     if loaded.prefix(n).groups != current.groups:
         raise PrivacyRefusal(
             f"the optimizer state's ledger must begin with the {n} steps this optimizer "
             f"already released, got a ledger that records other steps: those releases would "
             f"vanish from the account. Load a checkpoint into a freshly built optimizer "
-            f"(make_private) before training with it")
+            f"(make_private) before training with it"
+        )

@@ -99,13 +99,13 @@ class Collective:
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for t in tensors:
             by_dtype.setdefault(t.dtype, []).append(t)
-        for dtype in sorted(by_dtype, key=str):   # the same call order on every rank
+        for dtype in sorted(by_dtype, key=str):  # the same call order on every rank
             ts = by_dtype[dtype]
             flat = torch.cat([t.reshape(-1) for t in ts])
             dist.all_reduce(flat, op=dist.ReduceOp.SUM)
             offset = 0
             for t in ts:
-                t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                t.copy_(flat[offset : offset + t.numel()].view_as(t))
                 offset += t.numel()
 
     def agree(self, facts: dict[str, Any]) -> None:
@@ -124,7 +124,8 @@ class Collective:
                     f"{ {k: facts[k] for k in diff} } on rank {self.rank} and "
                     f"{ {k: other.get(k) for k in diff} } on rank {r}. Every rank writes the "
                     f"same ledger: pass the same dataset, batch size, noise and clipping "
-                    f"everywhere")
+                    f"everywhere"
+                )
 
     def broadcast_module(self, module: nn.Module) -> None:
         """Give every rank rank 0's parameters and buffers (the replicas start identical)."""
@@ -153,16 +154,19 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     return model.module
 
 
-def global_batch_notice(world_size: int, per_rank: int, dataset_size: int,
-                        sample_rate: float) -> str:
+def global_batch_notice(
+    world_size: int, per_rank: int, dataset_size: int, sample_rate: float
+) -> str:
     """What a data-parallel run samples, said before training (rank 0 warns it).
 
     ``batch_size`` is per rank, as with DDP; Opacus's DPDDP reads it as the global batch. The
     same number therefore gives a W times larger q here, and a larger ε: the notice says the
     global expected batch and q, so that a port from Opacus cannot miss it.
     """
-    return (f"data-parallel over {world_size} ranks: loader.batch_size = {per_rank} is per "
-            f"rank (as with DDP; Opacus's DPDDP takes the global batch), so the global expected "
-            f"batch is {world_size} × {per_rank} = {world_size * per_rank} of "
-            f"{dataset_size} examples, q = {sample_rate:.6g}, and ε is accounted at that q. "
-            f"For Opacus's global batch B, pass batch_size = B / {world_size}")
+    return (
+        f"data-parallel over {world_size} ranks: loader.batch_size = {per_rank} is per "
+        f"rank (as with DDP; Opacus's DPDDP takes the global batch), so the global expected "
+        f"batch is {world_size} × {per_rank} = {world_size * per_rank} of "
+        f"{dataset_size} examples, q = {sample_rate:.6g}, and ε is accounted at that q. "
+        f"For Opacus's global batch B, pass batch_size = B / {world_size}"
+    )

@@ -31,17 +31,32 @@ class EpsilonGuard:
       delta, accountant: where and how ε is read for the cap (PLD or RDP only).
     """
 
-    def __init__(self, *, max_steps: int | None, epsilon_cap: float | None,
-                 delta: float | None, accountant: str) -> None:
+    def __init__(
+        self,
+        *,
+        max_steps: int | None,
+        epsilon_cap: float | None,
+        delta: float | None,
+        accountant: str,
+    ) -> None:
         if epsilon_cap is not None:
             require(epsilon_cap > 0, "epsilon_cap", epsilon_cap, "> 0")
-            require(delta is not None, "target_delta", None, "given with epsilon_cap",
-                    "ε is defined at a δ: pass target_delta=")
-            require(accountant in RIGOROUS, "accountant", accountant,
-                    f"one of {list(RIGOROUS)} for the ε cap",
-                    "The GDP CLT can under-report ε; cap with 'pld' or 'rdp' and read GDP "
-                    "afterwards with optimizer.epsilon(delta, accountant='gdp', "
-                    "approximate=True)")
+            require(
+                delta is not None,
+                "target_delta",
+                None,
+                "given with epsilon_cap",
+                "ε is defined at a δ: pass target_delta=",
+            )
+            require(
+                accountant in RIGOROUS,
+                "accountant",
+                accountant,
+                f"one of {list(RIGOROUS)} for the ε cap",
+                "The GDP CLT can under-report ε; cap with 'pld' or 'rdp' and read GDP "
+                "afterwards with optimizer.epsilon(delta, accountant='gdp', "
+                "approximate=True)",
+            )
         self.max_steps, self.epsilon_cap = max_steps, epsilon_cap
         self.delta, self.accountant = delta, accountant
         self._cache: tuple[tuple, int, int] | None = None
@@ -53,8 +68,12 @@ class EpsilonGuard:
 
     def state_dict(self) -> dict[str, Any]:
         """The horizon and the ε cap (with its δ and accountant), saved with the run."""
-        return {"max_steps": self.max_steps, "epsilon_cap": self.epsilon_cap,
-                "delta": self.delta, "accountant": self.accountant}
+        return {
+            "max_steps": self.max_steps,
+            "epsilon_cap": self.epsilon_cap,
+            "delta": self.delta,
+            "accountant": self.accountant,
+        }
 
     def tightened(self, state: Mapping[str, Any]) -> "EpsilonGuard":
         """This guard and a checkpoint's together: the smaller horizon and the smaller ε cap.
@@ -64,21 +83,25 @@ class EpsilonGuard:
         without one. Raising a limit stays an explicit act after the load (``optimizer.max_steps
         = T``). Two caps at different δ or accountants cannot be compared and are refused.
         """
-        max_steps = min((t for t in (self.max_steps, state.get("max_steps")) if t is not None),
-                        default=None)
+        max_steps = min(
+            (t for t in (self.max_steps, state.get("max_steps")) if t is not None), default=None
+        )
         cap, delta, accountant = self.epsilon_cap, self.delta, self.accountant
         theirs = state.get("epsilon_cap")
         if theirs is not None and cap is None:
             cap, delta, accountant = theirs, state["delta"], state["accountant"]
         elif theirs is not None:
-            require((state["delta"], state["accountant"]) == (delta, accountant),
-                    "the checkpoint's ε cap", f"ε ≤ {theirs:g} at δ = {state['delta']:g} "
-                    f"({state['accountant']})", f"at this run's δ = {delta:g} ({accountant}), "
-                    f"where its cap ε ≤ {cap:g} holds",
-                    "Build make_private with the checkpoint's target_delta and accountant")
+            require(
+                (state["delta"], state["accountant"]) == (delta, accountant),
+                "the checkpoint's ε cap",
+                f"ε ≤ {theirs:g} at δ = {state['delta']:g} ({state['accountant']})",
+                f"at this run's δ = {delta:g} ({accountant}), where its cap ε ≤ {cap:g} holds",
+                "Build make_private with the checkpoint's target_delta and accountant",
+            )
             cap = min(cap, theirs)
-        return EpsilonGuard(max_steps=max_steps, epsilon_cap=cap, delta=delta,
-                            accountant=accountant)
+        return EpsilonGuard(
+            max_steps=max_steps, epsilon_cap=cap, delta=delta, accountant=accountant
+        )
 
     def check_step(self, step: int) -> None:
         """Refuse a step at or beyond the horizon (before anything is computed for it)."""
@@ -87,17 +110,28 @@ class EpsilonGuard:
                 f"step must be < max_steps = {self.max_steps} (the horizon the run was planned "
                 f"for), got step = {step}. Stop training, or re-plan explicitly by setting "
                 f"optimizer.max_steps to a larger value (and optimizer.epsilon_cap, which a "
-                f"target ε sets), knowing ε will exceed the target")
+                f"target ε sets), knowing ε will exceed the target"
+            )
 
     def check(self, ledger: Ledger, record: StepRecord) -> None:
         """Refuse a step whose ``record`` would take ε(delta) above ``epsilon_cap``."""
-        self.check_release(ledger, sampling=record.sampling, sample_rate=record.sample_rate,
-                           releases=record.releases,
-                           max_examples_per_user=record.max_examples_per_user)
+        self.check_release(
+            ledger,
+            sampling=record.sampling,
+            sample_rate=record.sample_rate,
+            releases=record.releases,
+            max_examples_per_user=record.max_examples_per_user,
+        )
 
-    def check_release(self, ledger: Ledger, *, sampling: Sampling, sample_rate: float,
-                      releases: Sequence[Release],
-                      max_examples_per_user: int | None = None) -> None:
+    def check_release(
+        self,
+        ledger: Ledger,
+        *,
+        sampling: Sampling,
+        sample_rate: float,
+        releases: Sequence[Release],
+        max_examples_per_user: int | None = None,
+    ) -> None:
         """Refuse a step whose releases would take ε(delta) above ``epsilon_cap``.
 
         To avoid an accountant call per step, we search once how many more steps of the same
@@ -109,19 +143,29 @@ class EpsilonGuard:
         kind = (sampling, sample_rate, tuple(releases), max_examples_per_user)
         cache = self._cache
         if cache is None or cache[0] != kind or ledger.num_steps - cache[1] >= cache[2]:
-            self._cache = cache = (kind, ledger.num_steps,
-                                   self._steps_under_cap(ledger, sampling, sample_rate,
-                                                         releases, max_examples_per_user))
+            self._cache = cache = (
+                kind,
+                ledger.num_steps,
+                self._steps_under_cap(
+                    ledger, sampling, sample_rate, releases, max_examples_per_user
+                ),
+            )
         if cache[2] == 0:
             raise BudgetExhausted(
                 f"epsilon must stay <= epsilon_cap = {self.epsilon_cap} at delta = "
                 f"{self.delta}, got {ledger.num_steps} steps taken and the next would exceed "
                 f"it. Training must stop here (raise optimizer.epsilon_cap only if your privacy "
-                f"budget allows it)")
+                f"budget allows it)"
+            )
 
-    def _steps_under_cap(self, ledger: Ledger, sampling: Sampling, sample_rate: float,
-                         releases: Sequence[Release],
-                         max_examples_per_user: int | None = None) -> int:
+    def _steps_under_cap(
+        self,
+        ledger: Ledger,
+        sampling: Sampling,
+        sample_rate: float,
+        releases: Sequence[Release],
+        max_examples_per_user: int | None = None,
+    ) -> int:
         """How many more steps like this one fit under the cap.
 
         Counted with the incremental bound (the ledger so far is composed once; each trial adds
@@ -138,16 +182,22 @@ class EpsilonGuard:
 
         def extra(k: int) -> Ledger:
             out = Ledger(ledger.dataset_size)
-            out.record_step(sampling=sampling, sample_rate=sample_rate, releases=releases,
-                            count=k, max_examples_per_user=max_examples_per_user)
+            out.record_step(
+                sampling=sampling,
+                sample_rate=sample_rate,
+                releases=releases,
+                count=k,
+                max_examples_per_user=max_examples_per_user,
+            )
             return out
 
         def fits(k: int) -> bool:
             return running.with_extra(ledger, extra(k)) <= cap
 
         if not fits(1):
-            exact = ledger_epsilon(ledger.followed_by(extra(1)), delta=delta,
-                                   accountant=self.accountant)
+            exact = ledger_epsilon(
+                ledger.followed_by(extra(1)), delta=delta, accountant=self.accountant
+            )
             return 1 if exact <= cap else 0
         lo, hi = 1, 2
         while hi < 10**7 and fits(hi):
@@ -165,22 +215,28 @@ class GroupEpsilonGuard:
 
     def __init__(self, budgets: Sequence[float], *, delta: float, accountant: str) -> None:
         self.budgets = tuple(float(b) for b in budgets)
-        self.guards = [EpsilonGuard(max_steps=None, epsilon_cap=b, delta=delta,
-                                   accountant=accountant) for b in self.budgets]
+        self.guards = [
+            EpsilonGuard(max_steps=None, epsilon_cap=b, delta=delta, accountant=accountant)
+            for b in self.budgets
+        ]
 
     def reset(self) -> None:
         """Forget cached counts (after the group ledgers were replaced, e.g. on resume)."""
         for guard in self.guards:
             guard.reset()
 
-    def check_release(self, groups: GroupLedgers, *, sampling: Sampling,
-                      releases: Sequence[Sequence[Release]]) -> None:
+    def check_release(
+        self, groups: GroupLedgers, *, sampling: Sampling, releases: Sequence[Sequence[Release]]
+    ) -> None:
         """Refuse the step if group p's ``releases[p]`` would take its ε above its budget."""
-        for p, (guard, group, ledger, rs) in enumerate(zip(self.guards, groups.groups,
-                                                           groups.ledgers, releases, strict=True)):
+        for p, (guard, group, ledger, rs) in enumerate(
+            zip(self.guards, groups.groups, groups.ledgers, releases, strict=True)
+        ):
             try:
-                guard.check_release(ledger, sampling=sampling, sample_rate=group.sample_rate,
-                                    releases=rs)
+                guard.check_release(
+                    ledger, sampling=sampling, sample_rate=group.sample_rate, releases=rs
+                )
             except BudgetExhausted as err:
-                raise BudgetExhausted(f"privacy group {p} (budget ε = {group.budget:g}, "
-                                      f"{group.size} examples): {err}") from None
+                raise BudgetExhausted(
+                    f"privacy group {p} (budget ε = {group.budget:g}, {group.size} examples): {err}"
+                ) from None

@@ -18,7 +18,7 @@ from dpfy._require import require
 from dpfy.privacy import Release
 from dpfy.privacy.accountants import RIGOROUS
 from dpfy.privacy.group_ledger import GroupLedgers
-from dpfy.privacy.individual import (VARIANTS, assign_groups, calibrate_individual)
+from dpfy.privacy.individual import VARIANTS, assign_groups, calibrate_individual
 from dpfy.privacy.releases import group_step_releases
 from dpfy.sampling import PoissonSampler, ShuffleSampler
 from dpfy.step.guard import GroupEpsilonGuard
@@ -36,19 +36,21 @@ class IndividualBudgets:
       group_of: (N,) each example's group index (public: the budget assignment is not data).
     """
 
-    def __init__(self, groups: GroupLedgers, guard: GroupEpsilonGuard,
-                 group_of: torch.Tensor) -> None:
+    def __init__(
+        self, groups: GroupLedgers, guard: GroupEpsilonGuard, group_of: torch.Tensor
+    ) -> None:
         self.groups, self.guard, self.group_of = groups, guard, group_of
 
     def clip_fractions(self, indices: torch.Tensor) -> torch.Tensor | None:
         """Each row's share f_i of the sensitivity (B,), public; None when every f_p = 1."""
         if min(self.groups.clip_fractions) >= 1:
             return None
-        f = torch.tensor(self.groups.clip_fractions, dtype=torch.float64)   # (P,) public
-        return f[self.group_of[indices.cpu()]]                               # (B,) public
+        f = torch.tensor(self.groups.clip_fractions, dtype=torch.float64)  # (P,) public
+        return f[self.group_of[indices.cpu()]]  # (B,) public
 
-    def check(self, plan: StepPlan, specs: Mapping[str, ReleaseSpec],
-              sampling: Sampling) -> list[tuple[Release, ...]]:
+    def check(
+        self, plan: StepPlan, specs: Mapping[str, ReleaseSpec], sampling: Sampling
+    ) -> list[tuple[Release, ...]]:
         """Each group's releases for this step, refused if one would exceed its budget."""
         releases = group_step_releases(plan, specs, self.groups.clip_fractions)
         self.guard.check_release(self.groups, sampling=sampling, releases=releases)
@@ -61,9 +63,13 @@ class IndividualBudgets:
         return self.groups.to_dict()
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        require(state is not None, "the checkpoint's group ledgers", None,
-                "saved (this run has individualized budgets)",
-                "Resume from a checkpoint of the same individualized run")
+        require(
+            state is not None,
+            "the checkpoint's group ledgers",
+            None,
+            "saved (this run has individualized budgets)",
+            "Resume from a checkpoint of the same individualized run",
+        )
         assert state is not None, "required above"
         self.groups.ledgers = GroupLedgers.from_dict(state).ledgers
         self.guard.reset()
@@ -80,49 +86,107 @@ class IndividualRun:
     budgets: IndividualBudgets
 
 
-def individualize(budgets: Any, variant: str | None, *, sampler: PoissonSampler | ShuffleSampler,
-                  max_steps: int | None, delta: float | None, accountant: str,
-                  max_grad_norm: Any, seed: int | None, others: dict[str, Any], clipping: str,
-                  poisson_sampling: bool) -> IndividualRun:
+def individualize(
+    budgets: Any,
+    variant: str | None,
+    *,
+    sampler: PoissonSampler | ShuffleSampler,
+    max_steps: int | None,
+    delta: float | None,
+    accountant: str,
+    max_grad_norm: Any,
+    seed: int | None,
+    others: dict[str, Any],
+    clipping: str,
+    poisson_sampling: bool,
+) -> IndividualRun:
     """Calibrate IDP-SGD Sample or Scale for the run and build its sampler and clipping."""
-    require(budgets is not None, "budgets", None, f"given with individual={variant!r}",
-            "Pass one ε per training example")
-    require(variant in VARIANTS, "individual", variant, f"one of {list(VARIANTS)} with budgets",
-            "Choose per-group sample rates ('sample') or clip thresholds ('scale')")
+    require(
+        budgets is not None,
+        "budgets",
+        None,
+        f"given with individual={variant!r}",
+        "Pass one ε per training example",
+    )
+    require(
+        variant in VARIANTS,
+        "individual",
+        variant,
+        f"one of {list(VARIANTS)} with budgets",
+        "Choose per-group sample rates ('sample') or clip thresholds ('scale')",
+    )
     for name, value in others.items():
-        require(value is None, name, "given", "None with budgets (individualized privacy "
-                "decides σ, the rates and the thresholds)", f"Drop {name}")
-    require(clipping == "flat" and poisson_sampling, "clipping / poisson_sampling",
-            (clipping, poisson_sampling), "('flat', True) with budgets",
-            "Individualized budgets need Poisson sampling and the base flat threshold c")
-    require(isinstance(max_grad_norm, (int, float)), "max_grad_norm", max_grad_norm,
-            "a float (the base threshold c) with budgets")
-    require(delta is not None and 0 < delta < 1, "target_delta", delta,
-            "in (0, 1) with budgets", "Every group's guarantee is (ε_p, δ): pass target_delta")
-    require(max_steps is not None, "epochs", None, "given with budgets",
-            "The calibration keeps the run's steps fixed: pass epochs= or max_steps=")
-    require(accountant in RIGOROUS, "accountant", accountant,
-            f"one of {list(RIGOROUS)} with budgets", "Calibrate with 'rdp' or 'pld'")
+        require(
+            value is None,
+            name,
+            "given",
+            "None with budgets (individualized privacy decides σ, the rates and the thresholds)",
+            f"Drop {name}",
+        )
+    require(
+        clipping == "flat" and poisson_sampling,
+        "clipping / poisson_sampling",
+        (clipping, poisson_sampling),
+        "('flat', True) with budgets",
+        "Individualized budgets need Poisson sampling and the base flat threshold c",
+    )
+    require(
+        isinstance(max_grad_norm, (int, float)),
+        "max_grad_norm",
+        max_grad_norm,
+        "a float (the base threshold c) with budgets",
+    )
+    require(
+        delta is not None and 0 < delta < 1,
+        "target_delta",
+        delta,
+        "in (0, 1) with budgets",
+        "Every group's guarantee is (ε_p, δ): pass target_delta",
+    )
+    require(
+        max_steps is not None,
+        "epochs",
+        None,
+        "given with budgets",
+        "The calibration keeps the run's steps fixed: pass epochs= or max_steps=",
+    )
+    require(
+        accountant in RIGOROUS,
+        "accountant",
+        accountant,
+        f"one of {list(RIGOROUS)} with budgets",
+        "Calibrate with 'rdp' or 'pld'",
+    )
     assert variant is not None and delta is not None and max_steps is not None, "required above"
     n = sampler.dataset_size
     if torch.is_tensor(budgets):
         budgets = budgets.detach().cpu().numpy()
     assignment = assign_groups(budgets, n)
-    cal = calibrate_individual(budgets=assignment.budgets, fractions=assignment.fractions,
-                               variant=variant, sample_rate=sampler.sample_rate,
-                               steps=max_steps, delta=delta, max_grad_norm=float(max_grad_norm),
-                               accountant=accountant)
+    cal = calibrate_individual(
+        budgets=assignment.budgets,
+        fractions=assignment.fractions,
+        variant=variant,
+        sample_rate=sampler.sample_rate,
+        steps=max_steps,
+        delta=delta,
+        max_grad_norm=float(max_grad_norm),
+        accountant=accountant,
+    )
     group_of = torch.from_numpy(assignment.group_of)
     pieces = IndividualBudgets(
         GroupLedgers(cal.privacy_groups(assignment.sizes), len(assignment.group_of)),
-        GroupEpsilonGuard(cal.budgets, delta=cal.delta, accountant=cal.accountant), group_of)
+        GroupEpsilonGuard(cal.budgets, delta=cal.delta, accountant=cal.accountant),
+        group_of,
+    )
     if variant == "sample":
-        rates = torch.tensor(cal.sample_rates, dtype=torch.float64)[group_of]      # (N,)
+        rates = torch.tensor(cal.sample_rates, dtype=torch.float64)[group_of]  # (N,)
         # b stays the uniform qN (Σ q_i is at most 0.2 % below it): same update scale and
         # steps per epoch as the uniform run the calibration assumed.
-        new_sampler = PoissonSampler(n, sample_rates=rates, seed=seed,
-                                     normalizer=sampler.normalizer)
-        return IndividualRun(new_sampler, cal.plan_noise_multiplier, "flat",
-                             float(max_grad_norm), pieces)
-    clips = torch.tensor(cal.clips, dtype=torch.float64)[group_of]                 # (N,)
+        new_sampler = PoissonSampler(
+            n, sample_rates=rates, seed=seed, normalizer=sampler.normalizer
+        )
+        return IndividualRun(
+            new_sampler, cal.plan_noise_multiplier, "flat", float(max_grad_norm), pieces
+        )
+    clips = torch.tensor(cal.clips, dtype=torch.float64)[group_of]  # (N,)
     return IndividualRun(sampler, cal.plan_noise_multiplier, "individual", clips, pieces)

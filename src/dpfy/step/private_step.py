@@ -64,15 +64,27 @@ class PrivateStep:
         fed back into training.
     """
 
-    def __init__(self, inner: torch.optim.Optimizer, *, grads: GradEngine,
-                 clipping: ClippingPolicy, mechanism: NoiseMechanism,
-                 sampler: PoissonSampler | ShuffleSampler, cursor: BatchCursor,
-                 noise_multiplier: float | None, method: Method | None, ledger: Ledger,
-                 guard: EpsilonGuard, model: torch.nn.Module, loss_fn: LossFn | None = None,
-                 collective: Collective | None = None,
-                 individual: IndividualBudgets | None = None) -> None:
+    def __init__(
+        self,
+        inner: torch.optim.Optimizer,
+        *,
+        grads: GradEngine,
+        clipping: ClippingPolicy,
+        mechanism: NoiseMechanism,
+        sampler: PoissonSampler | ShuffleSampler,
+        cursor: BatchCursor,
+        noise_multiplier: float | None,
+        method: Method | None,
+        ledger: Ledger,
+        guard: EpsilonGuard,
+        model: torch.nn.Module,
+        loss_fn: LossFn | None = None,
+        collective: Collective | None = None,
+        individual: IndividualBudgets | None = None,
+    ) -> None:
         self.inner, self.grads, self.clipping, self.mechanism = inner, grads, clipping, mechanism
         self.sampler, self.cursor = sampler, cursor
+
         # the batch guard: every captured layer must hold the rows of the batch just yielded
         def rows() -> int | None:
             if not cursor.pending:
@@ -89,13 +101,13 @@ class PrivateStep:
         self.model, self.loss_fn = model, loss_fn
         self.collective, self.individual = collective, individual
         self.step_count = 0
-        self.updated = False          # the last batch taken ended a logical batch
+        self.updated = False  # the last batch taken ended a logical batch
         self.last_step_info: dict[str, Any] = {}
         self.params = dict(grads.named_params)
         self.covered = frozenset(id(p) for p in self.params.values())
         self.groups = tuple(tuple(u.qualified(r) for r in u.params) for u in grads.units)
-        self.sums: StepSums | None = None   # sensitive: the logical batch being summed
-        self._logical = 0                   # cursor.logical of that batch
+        self.sums: StepSums | None = None  # sensitive: the logical batch being summed
+        self._logical = 0  # cursor.logical of that batch
 
     # -- 1. plan ------------------------------------------------------------------------------
     def plan(self) -> StepPlan:
@@ -103,8 +115,12 @@ class PrivateStep:
         t = self.step_count
         self.guard.check_step(t)
         sigma = self.noise_multiplier if self.noise_multiplier is not None else 0.0
-        plan = StepPlan(step=t, sample_rate=self.sampler.sample_rate, noise_multiplier=sigma,
-                        clip=self.clipping.default_clip())
+        plan = StepPlan(
+            step=t,
+            sample_rate=self.sampler.sample_rate,
+            noise_multiplier=sigma,
+            clip=self.clipping.default_clip(),
+        )
         if self.method is not None:
             plan = _checked_plan(self.method, plan, self.method.plan(self.method_state, plan))
         if plan.noise_multiplier == 0 and self.noise_multiplier != 0:
@@ -112,7 +128,8 @@ class PrivateStep:
                 f"noise_multiplier must be > 0 at step {t}, got noise_multiplier = 0 from "
                 f"{'the method' if self.method is not None else 'no source'}. Pass "
                 f"noise_multiplier= or target_epsilon= to make_private, or a method that sets "
-                f"σ (noise_multiplier=0 is allowed only when passed explicitly, for debugging)")
+                f"σ (noise_multiplier=0 is allowed only when passed explicitly, for debugging)"
+            )
         return plan
 
     # -- 2. take the batch --------------------------------------------------------------------
@@ -134,19 +151,27 @@ class PrivateStep:
         self._refuse_frozen_since()
         self._check_loss_contract()
         pending = self.cursor.pending
-        require(pending >= 1, "the batch", "not from the private loader",
-                "one yielded by the loader make_private returned",
-                "Iterate the loader returned by make_private; each of its batches allows one "
-                "optimizer.step()")
+        require(
+            pending >= 1,
+            "the batch",
+            "not from the private loader",
+            "one yielded by the loader make_private returned",
+            "Iterate the loader returned by make_private; each of its batches allows one "
+            "optimizer.step()",
+        )
         # Two batches before one step would pair example i of one with example i of the other
         # in the per-sample gradients (sensitivity 2C, not C): refuse.
-        require(pending == 1, "batches per optimizer.step()", pending, "exactly 1",
-                "Call optimizer.step() after every batch of the private loader; to accumulate "
-                "gradients over a large logical batch use max_physical_batch_size=")
+        require(
+            pending == 1,
+            "batches per optimizer.step()",
+            pending,
+            "exactly 1",
+            "Call optimizer.step() after every batch of the private loader; to accumulate "
+            "gradients over a large logical batch use max_physical_batch_size=",
+        )
         if self.sums is None:
             plan = self.plan()
-            specs = (self.method.releases(self.method_state, plan)
-                     if self.method is not None else {})
+            specs = self.method.releases(self.method_state, plan) if self.method is not None else {}
             self._check_specs(specs)
             self.sums = StepSums(plan=plan, specs=dict(specs))
             self._logical = self.cursor.logical
@@ -156,7 +181,8 @@ class PrivateStep:
                 "a logical batch must be finished before the next one starts, got a new one "
                 "while the previous was cut into physical batches and not all were stepped. "
                 "Step on every physical batch of the loader (do not break out mid-batch); "
-                "nothing of the unfinished batch was released")
+                "nothing of the unfinished batch was released"
+            )
         try:
             self._accumulate(self.sums)
         except Exception:
@@ -182,7 +208,8 @@ class PrivateStep:
                 f"parameters trainable at make_private and would go on training them. Freeze "
                 f"them before make_private (a new private run for the new set of parameters), "
                 f"or set requires_grad_(True) again to keep training them; nothing of this step "
-                f"was released")
+                f"was released"
+            )
 
     def _check_loss_contract(self) -> None:
         """At the first step: refuse a loss that is not what the engine reads per example
@@ -212,7 +239,8 @@ class PrivateStep:
             raise PrivacyRefusal(
                 f"a method that declares post-release probes must implement postprocess, got "
                 f"method {_name(self.method)!r} which does not: the probes' selection would "
-                f"be dropped. Implement postprocess(state, gradient, plan, probed, b)")
+                f"be dropped. Implement postprocess(state, gradient, plan, probed, b)"
+            )
 
     # -- 3–6. norms, clipping, extras, sums ---------------------------------------------------
     def _accumulate(self, sums: StepSums) -> None:
@@ -221,43 +249,66 @@ class PrivateStep:
         state_guard = guard_of(self.model)
         if state_guard is not None:  # the model's state as the forward left it (buffers.py)
             state_guard.check_settled()
-        unit_of_row = self.sampler.units_of(self.cursor.indices)   # None: each row is a unit
-        scale = None   # (U,) what a unit's gradient sum is multiplied by before clipping
+        unit_of_row = self.sampler.units_of(self.cursor.indices)  # None: each row is a unit
+        scale = None  # (U,) what a unit's gradient sum is multiplied by before clipping
         if unit_of_row is not None:
-            if self.params:   # the engine's device (the ids are read on the CPU)
+            if self.params:  # the engine's device (the ids are read on the CPU)
                 unit_of_row = unit_of_row.to(next(iter(self.params.values())).device)
-            unit_scale = getattr(self.sampler.units, "unit_scale", None)   # absent: the sum
+            unit_scale = getattr(self.sampler.units, "unit_scale", None)  # absent: the sum
             scale = unit_scale(unit_of_row) if unit_scale is not None else None
         if method is not None and method.implements("transform"):
-            require(unit_of_row is None, "the unit of privacy", self.sampler.units.name,
-                    f"one example per row for method {_name(method)!r}",
-                    "Its per-sample transform acts on rows; group rows into units without it")
+            require(
+                unit_of_row is None,
+                "the unit of privacy",
+                self.sampler.units.name,
+                f"one example per row for method {_name(method)!r}",
+                "Its per-sample transform acts on rows; group rows into units without it",
+            )
             hooks: Any = method  # transform: an optional hook, found by implements()
             per_sample = hooks.transform(state, self.grads.per_sample_grads(), plan)  # sensitive
             sq = {n: g.flatten(1).square().sum(1) for n, g in per_sample.items()}  # (B,) each
             weighted_sums = contract(per_sample)
         else:
-            sq = (self.grads.per_sample_sq_norms() if unit_of_row is None
-                  else self.grads.per_unit_sq_norms(unit_of_row))   # name -> (U,) sensitive
+            sq = (
+                self.grads.per_sample_sq_norms()
+                if unit_of_row is None
+                else self.grads.per_unit_sq_norms(unit_of_row)
+            )  # name -> (U,) sensitive
             weighted_sums = self.grads.weighted_sums_many
-        if scale is not None:   # the unit's gradient is s_u Σ_{i∈u} g_i (e.g. a user's mean)
+        if scale is not None:  # the unit's gradient is s_u Σ_{i∈u} g_i (e.g. a user's mean)
             sq = {n: s * scale.to(s).square() for n, s in sq.items()}
-        if unit_of_row is not None:   # Σ_u w_u s_u Σ_{i∈u} g_i = Σ_i w_{u(i)} s_{u(i)} g_i
+        if unit_of_row is not None:  # Σ_u w_u s_u Σ_{i∈u} g_i = Σ_i w_{u(i)} s_{u(i)} g_i
             weighted_sums = _rows_weighted(weighted_sums, unit_of_row, scale)
-        norms = Norms(total=total_norm(sq), per_parameter_sq=sq, groups=self.groups,
-                      indices=self.cursor.indices)  # sensitive
+        norms = Norms(
+            total=total_norm(sq),
+            per_parameter_sq=sq,
+            groups=self.groups,
+            indices=self.cursor.indices,
+        )  # sensitive
         clip = method.clipping(state, norms, plan) if method is not None else None
         if clip is None:
-            weights = self.clipping.weights(sq, plan.clip, index=self.cursor.indices,
-                                            norm=norms.total)
+            weights = self.clipping.weights(
+                sq, plan.clip, index=self.cursor.indices, norm=norms.total
+            )
             clip = Clip(weights, self.clipping.sensitivity(plan.clip))
-        values = {name: spec.values(norms) for name, spec in sums.specs.items()
-                  if spec.values is not None}                                # sensitive
-        values.update(probe_losses(sums.specs, model=self.model, loss_fn=self.loss_fn,
-                                   params=self.params, batch=self.cursor.batch,
-                                   rows=norms.total.shape[0]))
-        owner = (f"method {_name(method)!r}" if method is not None
-                 else f"clipping policy {self.clipping.name!r}")
+        values = {
+            name: spec.values(norms) for name, spec in sums.specs.items() if spec.values is not None
+        }  # sensitive
+        values.update(
+            probe_losses(
+                sums.specs,
+                model=self.model,
+                loss_fn=self.loss_fn,
+                params=self.params,
+                batch=self.cursor.batch,
+                rows=norms.total.shape[0],
+            )
+        )
+        owner = (
+            f"method {_name(method)!r}"
+            if method is not None
+            else f"clipping policy {self.clipping.name!r}"
+        )
         fractions = None
         if self.individual is not None:
             assert self.cursor.indices is not None, "a batch is being accumulated"
@@ -275,44 +326,52 @@ class PrivateStep:
         plan = sums.plan
         record = self.mechanism.record_for(plan, sums.specs)
         self.guard.check(self.ledger, record)
-        group_releases = (self.individual.check(plan, sums.specs, record.sampling)
-                          if self.individual is not None else None)
+        group_releases = (
+            self.individual.check(plan, sums.specs, record.sampling)
+            if self.individual is not None
+            else None
+        )
         b = self.sampler.normalizer
         # data-parallel: rank 0 adds the one noise draw; the all-reduce sums the ranks' shares
         noise, reduce = self.mechanism.generator(), None
         if self.collective is not None:
             noise, reduce = self.collective.noise_source(noise), self.collective.sum_
         extras = sums.release(noise, self.params, b, reduce=reduce)
-        noisy = released_gradient(self.params)   # the release itself
+        noisy = released_gradient(self.params)  # the release itself
         record.record(self.ledger)
         if group_releases is not None:
             assert self.individual is not None, "group releases come from the individual budgets"
             self.individual.record(group_releases, record.sampling)
-        if self.method is not None:   # post-processing of the released values only
-            probed = (self._post_release_probes(sums, noisy, noise, reduce)
-                      if post_release(sums.specs) else {})
+        if self.method is not None:  # post-processing of the released values only
+            probed = (
+                self._post_release_probes(sums, noisy, noise, reduce)
+                if post_release(sums.specs)
+                else {}
+            )
             extras.update(probed)
             if self.method.implements("postprocess"):
                 hooks: Any = self.method  # postprocess: an optional hook, found by implements()
                 mapped = hooks.postprocess(self.method_state, dict(noisy), plan, probed, b)
                 for n, p in self.params.items():
                     p.grad = mapped[n].to(p.dtype)
-        self.cursor.pending = 0   # taken: released and recorded
+        self.cursor.pending = 0  # taken: released and recorded
         state_guard = guard_of(self.model)
         if state_guard is not None:
             state_guard.forget_settled()  # the post-release probes' forwards are the step's
         self._inner_step(plan.lr_scale)
         if self.method is not None:
             self.method_state = self.method.update(
-                self.method_state, outcome(sums, extras, b, self.params, noisy))
+                self.method_state, outcome(sums, extras, b, self.params, noisy)
+            )
         clip = plan.clip
         self.last_step_info = {
-            "step": plan.step, "noise_multiplier": float(plan.noise_multiplier),
+            "step": plan.step,
+            "noise_multiplier": float(plan.noise_multiplier),
             "clip": clip.tolist() if torch.is_tensor(clip) else float(clip),
-            "sample_rate": plan.sample_rate, "lr_scale": plan.lr_scale,
+            "sample_rate": plan.sample_rate,
+            "lr_scale": plan.lr_scale,
             "batch_size": sums.rows,
-            "mean_grad_norm_nonprivate": (sums.norm_sum / sums.rows if sums.rows
-                                          else math.nan),
+            "mean_grad_norm_nonprivate": (sums.norm_sum / sums.rows if sums.rows else math.nan),
         }
         self.step_count += 1
         self.updated = True
@@ -330,29 +389,39 @@ class PrivateStep:
             for g, lr in zip(groups, lrs):
                 g["lr"] = lr
 
-    def _post_release_probes(self, sums: StepSums, noisy: dict[str, torch.Tensor], noise: Any,
-                             reduce: Any) -> dict[str, float]:
+    def _post_release_probes(
+        self, sums: StepSums, noisy: dict[str, torch.Tensor], noise: Any, reduce: Any
+    ) -> dict[str, float]:
         """The post-release probes on this (unsplit) batch at offsets(g̃), noised: released."""
-        losses = probe_losses(sums.specs, model=self.model, loss_fn=self.loss_fn,
-                              params=self.params, batch=self.cursor.batch, rows=sums.rows,
-                              released_gradient={n: g.detach().clone()
-                                                 for n, g in noisy.items()})  # sensitive
+        losses = probe_losses(
+            sums.specs,
+            model=self.model,
+            loss_fn=self.loss_fn,
+            params=self.params,
+            batch=self.cursor.batch,
+            rows=sums.rows,
+            released_gradient={n: g.detach().clone() for n, g in noisy.items()},
+        )  # sensitive
         self.grads.clear()
-        return sums.release_probes(losses, noise, f"method {_name(self.method)!r}",
-                                   reduce=reduce)
+        return sums.release_probes(losses, noise, f"method {_name(self.method)!r}", reduce=reduce)
 
     def _refuse_uncovered_grads(self) -> None:
         """No parameter of the inner optimizer outside the private step may carry a gradient:
         the inner step would apply it raw (a parameter unfrozen after ``make_private``, or one
         added to the inner optimizer directly). Checked before every release."""
-        leaked = [p for g in self.inner.param_groups for p in g["params"]
-                  if id(p) not in self.covered and p.grad is not None]
+        leaked = [
+            p
+            for g in self.inner.param_groups
+            for p in g["params"]
+            if id(p) not in self.covered and p.grad is not None
+        ]
         if leaked:
             raise PrivacyRefusal(
                 f"parameters {self.names_of(leaked)} reach the optimizer with a gradient but "
                 f"are not covered by the private step (frozen or absent at make_private): "
                 f"their gradient was computed without clipping or noise. Set requires_grad "
-                f"before make_private, and zero their .grad")
+                f"before make_private, and zero their .grad"
+            )
 
     def names_of(self, params: list[Any]) -> list[str]:
         """The model's names for ``params`` (``<not in the model>`` for a foreign tensor)."""
@@ -363,9 +432,14 @@ class PrivateStep:
 def require_loss_fn(specs: Mapping[str, ReleaseSpec], loss_fn: LossFn | None, name: str) -> None:
     """Loss-probe releases need the per-example loss function; refuse without one."""
     if any(spec.kind == "loss" for spec in specs.values()):
-        require(callable(loss_fn), "loss_fn", loss_fn, f"a callable for method {name!r}",
-                "It probes per-example losses: pass make_private(..., loss_fn=fn) with "
-                "fn(model, batch) -> (B,) losses (reduction='none')")
+        require(
+            callable(loss_fn),
+            "loss_fn",
+            loss_fn,
+            f"a callable for method {name!r}",
+            "It probes per-example losses: pass make_private(..., loss_fn=fn) with "
+            "fn(model, batch) -> (B,) losses (reduction='none')",
+        )
 
 
 def split_batch_refusal(name: str) -> PrivacyRefusal:
@@ -375,7 +449,8 @@ def split_batch_refusal(name: str) -> PrivacyRefusal:
         f"batch split over several physical batches (max_physical_batch_size): its "
         f"post-release loss probes need the whole batch again after the gradient is released. "
         f"Make the physical batch as large as the logical one (drop max_physical_batch_size=, "
-        f"or raise it above the largest logical batch); nothing of this step was released")
+        f"or raise it above the largest logical batch); nothing of this step was released"
+    )
 
 
 def _name(method: Method | None) -> str:
@@ -384,22 +459,30 @@ def _name(method: Method | None) -> str:
 
 def _checked_plan(method: Method, before: StepPlan, after: StepPlan) -> StepPlan:
     """``after``, refused if the method changed q or a plan field it does not declare."""
-    require(after.sample_rate == before.sample_rate, "plan.sample_rate", after.sample_rate,
-            f"the sampler's rate {before.sample_rate}",
-            "The sample rate is a fact of the sampler; a method may not change it")
+    require(
+        after.sample_rate == before.sample_rate,
+        "plan.sample_rate",
+        after.sample_rate,
+        f"the sampler's rate {before.sample_rate}",
+        "The sample rate is a fact of the sampler; a method may not change it",
+    )
     check_plan(method, before, after)
     return after
 
 
-def _rows_weighted(weighted_sums: Callable[[WeightSets], WeightSets],
-                   unit_of_row: torch.Tensor, scale: torch.Tensor | None = None
-                   ) -> Callable[[WeightSets], WeightSets]:
+def _rows_weighted(
+    weighted_sums: Callable[[WeightSets], WeightSets],
+    unit_of_row: torch.Tensor,
+    scale: torch.Tensor | None = None,
+) -> Callable[[WeightSets], WeightSets]:
     """Weighted sums over rows from per-unit weights: row i takes its unit's weight w_{u(i)}
     (times s_{u(i)}, the unit's scale, when the clipped quantity is s_u Σ_{i∈u} g_i)."""
+
     def row(w: torch.Tensor) -> torch.Tensor:
         w = w if scale is None else w * scale.to(w)
         return w[unit_of_row]
 
     def sums(weight_sets: WeightSets) -> WeightSets:
         return weighted_sums([{n: row(w) for n, w in ws.items()} for ws in weight_sets])
+
     return sums

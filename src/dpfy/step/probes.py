@@ -18,11 +18,16 @@ def post_release(specs: Mapping[str, ReleaseSpec]) -> list[str]:
     return [name for name, spec in specs.items() if spec.after_release]
 
 
-def probe_losses(specs: Mapping[str, ReleaseSpec], *, model: torch.nn.Module,
-                 loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor] | None,
-                 params: Mapping[str, torch.nn.Parameter], batch: Any, rows: int,
-                 released_gradient: Mapping[str, torch.Tensor] | None = None
-                 ) -> dict[str, torch.Tensor]:
+def probe_losses(
+    specs: Mapping[str, ReleaseSpec],
+    *,
+    model: torch.nn.Module,
+    loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor] | None,
+    params: Mapping[str, torch.nn.Parameter],
+    batch: Any,
+    rows: int,
+    released_gradient: Mapping[str, torch.Tensor] | None = None,
+) -> dict[str, torch.Tensor]:
     """Per-example losses at θ + offsets on ``batch`` for every ``kind="loss"`` spec, (B,).
 
     Without ``released_gradient``: the probes with fixed offsets (evaluated before the
@@ -37,8 +42,13 @@ def probe_losses(specs: Mapping[str, ReleaseSpec], *, model: torch.nn.Module,
     probes = {n: s for n, s in specs.items() if s.kind == "loss" and s.after_release == after}
     if not probes:
         return {}
-    require(loss_fn is not None, "loss_fn", None, "given for loss probes",
-            "Pass make_private(..., loss_fn=fn) with fn(model, batch) -> (B,) losses")
+    require(
+        loss_fn is not None,
+        "loss_fn",
+        None,
+        "given for loss probes",
+        "Pass make_private(..., loss_fn=fn) with fn(model, batch) -> (B,) losses",
+    )
     assert loss_fn is not None, "required above"
     out: dict[str, torch.Tensor] = {}
     for name, spec in probes.items():
@@ -48,20 +58,28 @@ def probe_losses(specs: Mapping[str, ReleaseSpec], *, model: torch.nn.Module,
             offsets = offsets(released_gradient)
         assert offsets is not None, "a loss probe has offsets (ReleaseSpec checks it)"
         unknown = sorted(set(offsets) - set(params))
-        require(not unknown, f"offsets of probe {name!r}", unknown,
-                "names of trainable parameters")
+        require(not unknown, f"offsets of probe {name!r}", unknown, "names of trainable parameters")
         saved = {n: params[n].data for n in offsets}
         try:
             for n, d in offsets.items():
                 params[n].data = saved[n] + d.to(saved[n])
-            losses = torch.as_tensor(loss_fn(model, batch))                 # (B,) sensitive
+            losses = torch.as_tensor(loss_fn(model, batch))  # (B,) sensitive
         finally:
             for n, t in saved.items():
                 params[n].data = t
-        require(losses.shape == (rows,), f"loss_fn output for probe {name!r}",
-                tuple(losses.shape), f"one loss per example, shape ({rows},)",
-                "Return per-example losses (reduction='none')")
-        require(bool(torch.isfinite(losses).all()), f"loss_fn output for probe {name!r}",
-                "non-finite", "finite", "Clip or fix the loss")
+        require(
+            losses.shape == (rows,),
+            f"loss_fn output for probe {name!r}",
+            tuple(losses.shape),
+            f"one loss per example, shape ({rows},)",
+            "Return per-example losses (reduction='none')",
+        )
+        require(
+            bool(torch.isfinite(losses).all()),
+            f"loss_fn output for probe {name!r}",
+            "non-finite",
+            "finite",
+            "Clip or fix the loss",
+        )
         out[name] = losses.double().clamp(-spec.sensitivity, spec.sensitivity)
     return out

@@ -40,13 +40,15 @@ def check_bound(sq_contrib: torch.Tensor, bound: float, *, what: str, owner: str
             f"{what} got an example's contribution of norm {worst} from {owner}: the "
             f"per-example gradients or weights are not finite, usually because the model "
             f"diverged (a learning rate too large) or a layer produced NaN/inf. Lower the "
-            f"learning rate or fix the model (nothing of this step was released)")
+            f"learning rate or fix the model (nothing of this step was released)"
+        )
     if not worst <= bound * (1 + _SLACK):
         raise PrivacyRefusal(
             f"{what} must have every example's contribution within its declared sensitivity "
             f"{bound:.6g}, got a contribution of norm {worst:.6g} from {owner}. The ledger "
             f"would under-count this release: fix the method's weights or declare the true "
-            f"sensitivity (nothing of this step was released)")
+            f"sensitivity (nothing of this step was released)"
+        )
 
 
 @dataclass
@@ -59,15 +61,21 @@ class StepSums:
 
     plan: StepPlan
     specs: Mapping[str, ReleaseSpec]
-    sensitivity: float | None = None                           # Δ of the gradient sum
-    gradient: dict[str, torch.Tensor] | None = None            # sensitive: Σ w_i g_i
+    sensitivity: float | None = None  # Δ of the gradient sum
+    gradient: dict[str, torch.Tensor] | None = None  # sensitive: Σ w_i g_i
     extras: dict[str, Any] = field(default_factory=dict)  # sensitive: Σ v_i ({name: Σ}: shaped)
     rows: int = 0
-    norm_sum: float = 0.0                                      # debug only, NOT private
+    norm_sum: float = 0.0  # debug only, NOT private
 
-    def add(self, weighted_sums: WeightedSums, norms: Norms, clip: Clip,
-            values: Mapping[str, torch.Tensor], owner: str,
-            clip_fractions: torch.Tensor | None = None) -> None:
+    def add(
+        self,
+        weighted_sums: WeightedSums,
+        norms: Norms,
+        clip: Clip,
+        values: Mapping[str, torch.Tensor],
+        owner: str,
+        clip_fractions: torch.Tensor | None = None,
+    ) -> None:
         """Add one physical batch: check every bound, then form and add the weighted sums.
 
         ``weighted_sums`` maps weight sets [{name: (B,)}, ...] to their sums Σ_i w_i g_i
@@ -79,49 +87,67 @@ class StepSums:
         w = clip.weights
         weights = {n: w for n in names} if torch.is_tensor(w) else dict(w)
         if set(weights) != set(names):
-            raise PrivacyRefusal(f"clipping weights must cover every trainable parameter, got "
-                                 f"{sorted(set(names) ^ set(weights))} from {owner}. Return "
-                                 f"one (B,) tensor or one per parameter")
+            raise PrivacyRefusal(
+                f"clipping weights must cover every trainable parameter, got "
+                f"{sorted(set(names) ^ set(weights))} from {owner}. Return "
+                f"one (B,) tensor or one per parameter"
+            )
         if self.sensitivity is None:
             self.sensitivity = clip.sensitivity
         elif clip.sensitivity != self.sensitivity:
-            raise PrivacyRefusal(f"the clipping sensitivity must be the same for every physical "
-                                 f"batch of a step, got {clip.sensitivity} after "
-                                 f"{self.sensitivity} from {owner}")
-        if torch.is_tensor(w):   # one weight per example: ‖w_i g_i‖ = |w_i|·‖g_i‖
-            contrib = (w * norms.total).square()                                   # (B,)
-        else:                    # per parameter: ‖Σ_k w_ik g_ik‖² = Σ_k w_ik² ‖g_ik‖²
+            raise PrivacyRefusal(
+                f"the clipping sensitivity must be the same for every physical "
+                f"batch of a step, got {clip.sensitivity} after "
+                f"{self.sensitivity} from {owner}"
+            )
+        if torch.is_tensor(w):  # one weight per example: ‖w_i g_i‖ = |w_i|·‖g_i‖
+            contrib = (w * norms.total).square()  # (B,)
+        else:  # per parameter: ‖Σ_k w_ik g_ik‖² = Σ_k w_ik² ‖g_ik‖²
             terms = [weights[n].square() * norms.per_parameter_sq[n] for n in names]
             contrib = sum(terms[1:], start=terms[0]) if terms else norms.total.new_zeros(0)
-        check_bound(contrib if names else norms.total.new_zeros(0), clip.sensitivity,
-                    what="the clipped gradient sum", owner=owner)
-        if clip_fractions is not None and names:   # ‖w_i g_i‖ ≤ f_i·Δ ⇔ ‖w_i g_i‖/f_i ≤ Δ
-            check_bound(contrib / clip_fractions.to(contrib).square(), clip.sensitivity,
-                        what="the clipped gradient sum (relative to each example's group "
-                             "threshold)", owner=owner)
+        check_bound(
+            contrib if names else norms.total.new_zeros(0),
+            clip.sensitivity,
+            what="the clipped gradient sum",
+            owner=owner,
+        )
+        if clip_fractions is not None and names:  # ‖w_i g_i‖ ≤ f_i·Δ ⇔ ‖w_i g_i‖/f_i ≤ Δ
+            check_bound(
+                contrib / clip_fractions.to(contrib).square(),
+                clip.sensitivity,
+                what="the clipped gradient sum (relative to each example's group threshold)",
+                owner=owner,
+            )
         extra_weights: list[dict[str, torch.Tensor]] = []
         extra_names: list[str] = []
         for name, spec in self.specs.items():
-            if spec.after_release:   # evaluated after the release: release_probes()
+            if spec.after_release:  # evaluated after the release: release_probes()
                 continue
             if name not in values:
-                raise PrivacyRefusal(f"every declared release must have per-unit values (its "
-                                     f"spec's values(norms)), got none for {name!r} from "
-                                     f"{owner}")
-            v = values[name]                                      # sensitive
+                raise PrivacyRefusal(
+                    f"every declared release must have per-unit values (its "
+                    f"spec's values(norms)), got none for {name!r} from "
+                    f"{owner}"
+                )
+            v = values[name]  # sensitive
             if spec.kind == "gradient":  # parameter-shaped: weights on the per-sample gradients
                 v = v.to(norms.total.dtype)  # the sums (and their noise) in the gradients' dtype
-                check_bound(v.square() * norms.total.square(), spec.sensitivity,
-                            what=f"release {name!r}", owner=owner)
+                check_bound(
+                    v.square() * norms.total.square(),
+                    spec.sensitivity,
+                    what=f"release {name!r}",
+                    owner=owner,
+                )
                 extra_weights.append({n: v for n in names})
                 extra_names.append(name)
             else:
                 self._add_extra(name, _checked_sum(name, spec, v, owner))
-        unexpected = sorted(set(values) - {n for n, s in self.specs.items()
-                                           if not s.after_release})
+        unexpected = sorted(set(values) - {n for n, s in self.specs.items() if not s.after_release})
         if unexpected:
-            raise PrivacyRefusal(f"per-unit values must belong to declared releases, got "
-                                 f"{unexpected} from {owner}. Declare them in releases()")
+            raise PrivacyRefusal(
+                f"per-unit values must belong to declared releases, got "
+                f"{unexpected} from {owner}. Declare them in releases()"
+            )
         sums = weighted_sums([weights] + extra_weights)  # sensitive
         self._add_gradient(sums[0])
         for name, s in zip(extra_names, sums[1:]):
@@ -146,8 +172,13 @@ class StepSums:
         else:
             self.extras[name] = prev + total
 
-    def release(self, noise: Any, params: Mapping[str, torch.nn.Parameter], normalizer: float,
-                reduce: Callable[[list[torch.Tensor]], None] | None = None) -> dict[str, Any]:
+    def release(
+        self,
+        noise: Any,
+        params: Mapping[str, torch.nn.Parameter],
+        normalizer: float,
+        reduce: Callable[[list[torch.Tensor]], None] | None = None,
+    ) -> dict[str, Any]:
         """Noise every sum once; set ``p.grad`` = S̃/b; return the released extras.
 
         One parameter at a time, so peak memory stays Σθ + max θ. ``reduce`` (data-parallel
@@ -163,37 +194,51 @@ class StepSums:
             released.append(grad)
         out: dict[str, Any] = {}
         for name, spec in self.specs.items():
-            if spec.after_release:   # noised by release_probes(), once they are evaluated
+            if spec.after_release:  # noised by release_probes(), once they are evaluated
                 continue
             total = self.extras.pop(name, None)
-            if isinstance(total, dict):      # parameter-shaped
-                out[name] = {n: noise.add_gaussian_(t.clone(), spec.noise_std)
-                             for n, t in total.items()}
+            if isinstance(total, dict):  # parameter-shaped
+                out[name] = {
+                    n: noise.add_gaussian_(t.clone(), spec.noise_std) for n, t in total.items()
+                }
                 continue
             t = torch.as_tensor(0.0 if total is None else total, dtype=torch.float64)
-            out[name] = noise.add_gaussian_(t.reshape(-1).clone(), spec.noise_std
-                                            ).reshape(t.shape)
+            out[name] = noise.add_gaussian_(t.reshape(-1).clone(), spec.noise_std).reshape(t.shape)
         if reduce is not None:
-            reduce(released + [
-                t for v in out.values() for t in (v.values() if isinstance(v, dict) else [v])])
-        return {name: float(v) if torch.is_tensor(v) and v.dim() == 0 else v
-                for name, v in out.items()}
+            reduce(
+                released
+                + [t for v in out.values() for t in (v.values() if isinstance(v, dict) else [v])]
+            )
+        return {
+            name: float(v) if torch.is_tensor(v) and v.dim() == 0 else v for name, v in out.items()
+        }
 
-    def release_probes(self, values: Mapping[str, torch.Tensor], noise: Any, owner: str,
-                       reduce: Callable[[list[torch.Tensor]], None] | None = None
-                       ) -> dict[str, float]:
+    def release_probes(
+        self,
+        values: Mapping[str, torch.Tensor],
+        noise: Any,
+        owner: str,
+        reduce: Callable[[list[torch.Tensor]], None] | None = None,
+    ) -> dict[str, float]:
         """Check, sum and noise the post-release probes' per-example losses (B,) each, once.
 
         Called after :meth:`release`, on the same (whole, unsplit) batch; ``values`` must hold
         exactly the post-release probes. Returns their noisy sums (released).
         """
         names = post_release(self.specs)
-        require(sorted(values) == sorted(names), "post-release probe values", sorted(values),
-                f"exactly the declared post-release probes {sorted(names)}")
-        out = {name: noise.add_gaussian_(_checked_sum(name, self.specs[name], values[name],
-                                                      owner).reshape(-1).clone(),
-                                         self.specs[name].noise_std)
-               for name in names}
+        require(
+            sorted(values) == sorted(names),
+            "post-release probe values",
+            sorted(values),
+            f"exactly the declared post-release probes {sorted(names)}",
+        )
+        out = {
+            name: noise.add_gaussian_(
+                _checked_sum(name, self.specs[name], values[name], owner).reshape(-1).clone(),
+                self.specs[name].noise_std,
+            )
+            for name in names
+        }
         if reduce is not None:
             reduce(list(out.values()))
         return {name: float(v.reshape(())) for name, v in out.items()}
@@ -202,19 +247,22 @@ class StepSums:
 def _checked_sum(name: str, spec: ReleaseSpec, v: torch.Tensor, owner: str) -> torch.Tensor:
     """Σ_i v_i of a scalar- or vector-valued release, after asserting ‖v_i‖ ≤ Δ (sensitive)."""
     rows = v.reshape(v.shape[0], -1) if v.dim() else v.reshape(1, 1)
-    check_bound(rows.double().square().sum(1), spec.sensitivity, what=f"release {name!r}",
-                owner=owner)
+    check_bound(
+        rows.double().square().sum(1), spec.sensitivity, what=f"release {name!r}", owner=owner
+    )
     return v.double().sum(0)
 
 
 def contract(per_sample: Mapping[str, torch.Tensor]) -> WeightedSums:
     """Σ_i w_i g_i over materialized per-sample gradients {name: (B, *θ)} (sensitive)."""
+
     def sums(weight_sets: WeightSets) -> WeightSets:
-        return [{n: torch.einsum("b,b...->...", ws[n].to(g.dtype), g)
-                 for n, g in per_sample.items()} for ws in weight_sets]
+        return [
+            {n: torch.einsum("b,b...->...", ws[n].to(g.dtype), g) for n, g in per_sample.items()}
+            for ws in weight_sets
+        ]
+
     return sums
-
-
 
 
 def released_gradient(params: Mapping[str, torch.nn.Parameter]) -> dict[str, torch.Tensor]:
@@ -226,13 +274,21 @@ def released_gradient(params: Mapping[str, torch.nn.Parameter]) -> dict[str, tor
     return out
 
 
-def outcome(sums: StepSums, extras: Mapping[str, Any], normalizer: float,
-             params: Mapping[str, torch.nn.Parameter],
-             noisy: Mapping[str, torch.Tensor] | None = None) -> StepOutcome:
+def outcome(
+    sums: StepSums,
+    extras: Mapping[str, Any],
+    normalizer: float,
+    params: Mapping[str, torch.nn.Parameter],
+    noisy: Mapping[str, torch.Tensor] | None = None,
+) -> StepOutcome:
     """What ``method.update`` reads: the plan, the released gradient (as released, ``noisy``,
     and as the optimizer stepped on it after ``postprocess``), the extras and the parameters."""
     gradient = released_gradient(params)
-    return StepOutcome(plan=sums.plan, expected_batch_size=normalizer, sums=dict(extras),
-                    gradient=gradient, noisy_gradient=dict(noisy or gradient),
-                    parameters={n: p.detach() for n, p in params.items()})
-
+    return StepOutcome(
+        plan=sums.plan,
+        expected_batch_size=normalizer,
+        sums=dict(extras),
+        gradient=gradient,
+        noisy_gradient=dict(noisy or gradient),
+        parameters={n: p.detach() for n, p in params.items()},
+    )

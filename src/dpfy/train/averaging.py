@@ -46,8 +46,11 @@ class ParameterAverage:
     def __init__(self, model: nn.Module, beta: float) -> None:
         require(0.0 < beta < 1.0, "ema", beta, "in (0, 1)", "0.999 is De et al.'s value")
         self.beta, self.steps = float(beta), 0
-        self.average = {n: p.detach().to(torch.float64).clone()
-                        for n, p in model.named_parameters() if p.is_floating_point()}
+        self.average = {
+            n: p.detach().to(torch.float64).clone()
+            for n, p in model.named_parameters()
+            if p.is_floating_point()
+        }
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
@@ -83,12 +86,20 @@ class ParameterAverage:
                         p.copy_(raw[n])
 
     def state_dict(self) -> dict[str, Any]:
-        return {"beta": self.beta, "steps": self.steps,
-                "average": {n: t.clone() for n, t in self.average.items()}}
+        return {
+            "beta": self.beta,
+            "steps": self.steps,
+            "average": {n: t.clone() for n, t in self.average.items()},
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        require(state.get("beta") == self.beta, "the checkpoint's ema", state.get("beta"),
-                f"{self.beta}, the run being resumed", "Resume with the same --ema")
+        require(
+            state.get("beta") == self.beta,
+            "the checkpoint's ema",
+            state.get("beta"),
+            f"{self.beta}, the run being resumed",
+            "Resume with the same --ema",
+        )
         self.steps = int(state["steps"])
         self.average = {n: t.clone() for n, t in state["average"].items()}
 
@@ -102,14 +113,21 @@ def averaging_section(cfg: Any, last: dict[str, Any]) -> ReportSection:
     """
     return ReportSection(
         title="Parameter averaging",
-        lines=(f"Released: both model.pt (the last iterate) and model_ema.pt (an exponential "
-               f"moving average of the iterates, decay β = {cfg.ema:g} with warm-up "
-               f"min(β, (1+t)/(10+t)); De et al. 2022). The average is computed from the "
-               f"released noisy updates only, so it is post-processing: the ε above covers "
-               f"both files.",
-               f"Test accuracy: last iterate {100 * last['test_acc']:.2f}%, average "
-               f"{100 * last['test_acc_ema']:.2f}%. --ema chose the average as the run's "
-               f"model before training; do not pick between them by test accuracy."),
-        data={"ema": cfg.ema, "released": ["model.pt", "model_ema.pt"],
-              "recommended": "model_ema.pt", "test_acc": last["test_acc"],
-              "test_acc_ema": last["test_acc_ema"]})
+        lines=(
+            f"Released: both model.pt (the last iterate) and model_ema.pt (an exponential "
+            f"moving average of the iterates, decay β = {cfg.ema:g} with warm-up "
+            f"min(β, (1+t)/(10+t)); De et al. 2022). The average is computed from the "
+            f"released noisy updates only, so it is post-processing: the ε above covers "
+            f"both files.",
+            f"Test accuracy: last iterate {100 * last['test_acc']:.2f}%, average "
+            f"{100 * last['test_acc_ema']:.2f}%. --ema chose the average as the run's "
+            f"model before training; do not pick between them by test accuracy.",
+        ),
+        data={
+            "ema": cfg.ema,
+            "released": ["model.pt", "model_ema.pt"],
+            "recommended": "model_ema.pt",
+            "test_acc": last["test_acc"],
+            "test_acc_ema": last["test_acc_ema"],
+        },
+    )

@@ -28,16 +28,18 @@ from dpfy.train.rundir import RunDir, write_atomic
 __all__ = ["Checkpoint", "DamagedCheckpoint", "FORMAT", "load_latest"]
 
 FORMAT = "dpfy-train-checkpoint/1"
-_HEADER = b"dpfy-train-checkpoint sha256="     # + 64 hex digits + b"\n", then torch bytes
+_HEADER = b"dpfy-train-checkpoint sha256="  # + 64 hex digits + b"\n", then torch bytes
 
 
 class DamagedCheckpoint(ValueError):
     """A checkpoint file that cannot be read back; ``reason`` says why in a few words."""
 
     def __init__(self, path: Path, reason: str) -> None:
-        super().__init__(f"checkpoint must be readable, got '{path}' ({reason}). The file is "
-                         f"damaged and no earlier checkpoint is usable; start a new run with "
-                         f"--out")
+        super().__init__(
+            f"checkpoint must be readable, got '{path}' ({reason}). The file is "
+            f"damaged and no earlier checkpoint is usable; start a new run with "
+            f"--out"
+        )
         self.path, self.reason = path, reason
 
 
@@ -46,13 +48,13 @@ class Checkpoint:
     """The state at the end of epoch ``epoch`` (1-based count of finished epochs)."""
 
     config: dict[str, Any]
-    notes: dict[str, Any]               # e.g. how δ was chosen, for the report
+    notes: dict[str, Any]  # e.g. how δ was chosen, for the report
     epoch: int
     model: dict[str, torch.Tensor]
     optimizer: dict[str, Any]
     metrics: list[dict[str, Any]]
     torch_rng: torch.Tensor
-    extra: dict[str, Any] = field(default_factory=dict)   # e.g. the parameter average's state
+    extra: dict[str, Any] = field(default_factory=dict)  # e.g. the parameter average's state
 
     def to_bytes(self) -> bytes:
         """The file's content: the checksum header line, then the torch-serialized state."""
@@ -74,11 +76,12 @@ class Checkpoint:
             raise DamagedCheckpoint(path, e.strerror or type(e).__name__) from None
         if raw.startswith(_HEADER):
             head, _, body = raw.partition(b"\n")
-            if hashlib.sha256(body).hexdigest().encode() != head[len(_HEADER):]:
-                raise DamagedCheckpoint(path, f"its checksum does not match: truncated or changed, "
-                                     f"{len(raw)} bytes")
+            if hashlib.sha256(body).hexdigest().encode() != head[len(_HEADER) :]:
+                raise DamagedCheckpoint(
+                    path, f"its checksum does not match: truncated or changed, {len(raw)} bytes"
+                )
         else:
-            body = raw    # written before the header existed: torch's own checks only
+            body = raw  # written before the header existed: torch's own checks only
         try:
             # weights_only=False: the engine's state holds ledger records and RNG states; the
             # file is one this user's own earlier run wrote (and its checksum matched).
@@ -87,8 +90,10 @@ class Checkpoint:
             why = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise DamagedCheckpoint(path, why) from None
         if not isinstance(state, dict) or state.get("format") != FORMAT:
-            raise ValueError(f"checkpoint must have format '{FORMAT}', got '{path}' without it. "
-                             f"Point --resume at a directory written by dpfy train")
+            raise ValueError(
+                f"checkpoint must have format '{FORMAT}', got '{path}' without it. "
+                f"Point --resume at a directory written by dpfy train"
+            )
         state.pop("format")
         try:
             return cls(**state)
@@ -112,11 +117,15 @@ def load_latest(run: RunDir, warn: Callable[[str], None]) -> Checkpoint:
             damaged = damaged or e
             continue
         if damaged is not None:
-            warn(f"dpfy train: warning: {damaged.path.name} is damaged ({damaged.reason}); "
-                 f"resuming from {path.name}, after epoch {ckpt.epoch}, which is trained "
-                 f"again.")
+            warn(
+                f"dpfy train: warning: {damaged.path.name} is damaged ({damaged.reason}); "
+                f"resuming from {path.name}, after epoch {ckpt.epoch}, which is trained "
+                f"again."
+            )
         return ckpt
     if damaged is not None:
         raise damaged
-    raise ValueError(f"resume must name an interrupted run with a checkpoint, got "
-                     f"'{run.staging}' without one. Start again with --out")
+    raise ValueError(
+        f"resume must name an interrupted run with a checkpoint, got "
+        f"'{run.staging}' without one. Start again with --out"
+    )

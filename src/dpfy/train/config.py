@@ -27,16 +27,28 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from dpfy._require import require, require_extra
-from dpfy.adaptive import REGISTRY      # importing the package registers every method
+from dpfy.adaptive import REGISTRY  # importing the package registers every method
 from dpfy.privacy.accountants import RIGOROUS
 from dpfy.privacy.calibration import MAX_TARGET_EPSILON
 from dpfy.privacy.individual import check_groups
 
-__all__ = ["TrainConfig", "OPTIMIZERS", "ACCOUNTANTS", "RESUME_IGNORED", "PUBLIC_ONLY",
-           "SEED_WARNING", "DEFAULT_LR", "DEFAULT_OPTIMIZER", "method_default",
-           "default_batch_size",
-           "load_config_file", "resolve", "coerce",
-           "field_types", "guide_delta"]
+__all__ = [
+    "TrainConfig",
+    "OPTIMIZERS",
+    "ACCOUNTANTS",
+    "RESUME_IGNORED",
+    "PUBLIC_ONLY",
+    "SEED_WARNING",
+    "DEFAULT_LR",
+    "DEFAULT_OPTIMIZER",
+    "method_default",
+    "default_batch_size",
+    "load_config_file",
+    "resolve",
+    "coerce",
+    "field_types",
+    "guide_delta",
+]
 
 OPTIMIZERS = ("sgd", "adam")
 # The accountants a run may calibrate and cap with: the rigorous ones (never the GDP CLT, which
@@ -61,6 +73,8 @@ DEFAULT_BATCH_SIZE = 2048
 def default_batch_size(num_examples: int) -> int:
     """``--batch-size`` when not given, for a training set of ``num_examples``."""
     return max(1, min(DEFAULT_BATCH_SIZE, num_examples // 4))
+
+
 MAX_EPOCHS = 1_000_000
 # torch.set_num_threads(10**6) maps a thread pool the process cannot hold and crashes it
 # (a segfault, not an error): far above any machine's cores, far below that.
@@ -69,11 +83,13 @@ MAX_THREADS = 1024
 # (``--config config.json``) they are ignored.
 PUBLIC_ONLY = frozenset({"reproducible"})
 
-SEED_WARNING = ("This run was trained with a fixed seed (--seed), so it is reproducible: anyone "
-                "who holds the seed can regenerate its sampling and noise, re-run training on "
-                "two neighbouring datasets and tell which one produced the model. The seed "
-                "undoes the privacy guarantee below; keep it secret, or train without --seed "
-                "for a model you publish")
+SEED_WARNING = (
+    "This run was trained with a fixed seed (--seed), so it is reproducible: anyone "
+    "who holds the seed can regenerate its sampling and noise, re-run training on "
+    "two neighbouring datasets and tell which one produced the model. The seed "
+    "undoes the privacy guarantee below; keep it secret, or train without --seed "
+    "for a model you publish"
+)
 
 
 def _f(default: Any, help: str) -> Any:
@@ -85,126 +101,227 @@ class TrainConfig:
     """Everything that decides what ``dpfy train`` computes. Validated on construction."""
 
     dataset: str = _f("fashion_mnist", "dataset name: fashion_mnist, digits, breast_cancer")
-    data_dir: str | None = _f(None, "directory with the dataset's files (Fashion-MNIST IDX); "
-                                    "default /usr/share/datasets/fashion-mnist")
+    data_dir: str | None = _f(
+        None,
+        "directory with the dataset's files (Fashion-MNIST IDX); "
+        "default /usr/share/datasets/fashion-mnist",
+    )
     model: str = _f("tanh_cnn", "model name: tanh_cnn, groupnorm_cnn, mlp, logreg")
     epsilon: float | None = _f(3.0, "target ε; σ is calibrated so the whole run spends it")
-    delta: float | None = _f(None, "δ; default: the dataset's reference δ (1e-5 for "
-                                   "Fashion-MNIST), else 1/N^1.1 (the guide's convention)")
+    delta: float | None = _f(
+        None,
+        "δ; default: the dataset's reference δ (1e-5 for "
+        "Fashion-MNIST), else 1/N^1.1 (the guide's convention)",
+    )
     noise_multiplier: float | None = _f(None, "fixed σ instead of a target ε")
     epochs: int = _f(40, "passes over the training data (in expectation, Poisson sampling)")
-    batch_size: int | None = _f(None, "expected logical batch size; sample rate q = batch_size "
-                                      "/ N (default: 2048, Tramèr & Boneh's, or N/4 when the "
-                                      "training set has fewer than 8192 examples: digits 359, "
-                                      "breast_cancer 113)")
+    batch_size: int | None = _f(
+        None,
+        "expected logical batch size; sample rate q = batch_size "
+        "/ N (default: 2048, Tramèr & Boneh's, or N/4 when the "
+        "training set has fewer than 8192 examples: digits 359, "
+        "breast_cancer 113)",
+    )
     physical_batch_size: int | None = _f(None, "largest batch held in memory at once")
     clip: float = _f(0.1, "per-example gradient clipping norm C")
-    clipping: str = _f("flat", "clipping policy (see the engine): flat, per_layer, automatic, "
-                               "microbatch (with --microbatch-size)")
-    optimizer: str | None = _f(None, "sgd or adam; default: the method's own when --method "
-                                     "names one (hyfree: sgd with momentum), else sgd")
-    lr: float | None = _f(None, "learning rate; default: the method's own initial η when "
-                                "--method names one (hyfree: 1e-4, Bu & Liu's; a given --lr "
-                                "is hyfree's initial η), else 4.0 (the benchmark's SGD recipe)")
-    momentum: float | None = _f(None, "SGD momentum; default: the method's own when --method "
-                                      "names one (adadp, noisy_max, noisy_btls: 0, the plain "
-                                      "SGD they need), else 0.9")
+    clipping: str = _f(
+        "flat",
+        "clipping policy (see the engine): flat, per_layer, automatic, "
+        "microbatch (with --microbatch-size)",
+    )
+    optimizer: str | None = _f(
+        None,
+        "sgd or adam; default: the method's own when --method "
+        "names one (hyfree: sgd with momentum), else sgd",
+    )
+    lr: float | None = _f(
+        None,
+        "learning rate; default: the method's own initial η when "
+        "--method names one (hyfree: 1e-4, Bu & Liu's; a given --lr "
+        "is hyfree's initial η), else 4.0 (the benchmark's SGD recipe)",
+    )
+    momentum: float | None = _f(
+        None,
+        "SGD momentum; default: the method's own when --method "
+        "names one (adadp, noisy_max, noisy_btls: 0, the plain "
+        "SGD they need), else 0.9",
+    )
     weight_decay: float = _f(0.0, "L2 weight decay")
-    seed: int | None = _f(None, "seed for init, sampling and noise: makes the run reproducible "
-                                "by anyone holding it, which undoes the privacy; never "
-                                "published (default: none; OS randomness, secure)")
+    seed: int | None = _f(
+        None,
+        "seed for init, sampling and noise: makes the run reproducible "
+        "by anyone holding it, which undoes the privacy; never "
+        "published (default: none; OS randomness, secure)",
+    )
     accountant: str = _f("pld", "pld or rdp")
-    method: str | None = _f(None, "adaptive method(s) by registry name (`dpfy methods`), "
-                                  "schedules included (noise_decay, dynamic, plateau); "
-                                  "repeat --method (or separate by commas) to chain them")
-    method_options: dict = _f(None, "options for the method, KEY=VALUE (NAME.KEY=VALUE to "
-                                    "address one method of a chain)")
-    public_validation: str | None = _f(None, "'test' declares the test split public, so a "
-                                             "method that reads a validation metric (plateau) "
-                                             "may use its accuracy")
+    method: str | None = _f(
+        None,
+        "adaptive method(s) by registry name (`dpfy methods`), "
+        "schedules included (noise_decay, dynamic, plateau); "
+        "repeat --method (or separate by commas) to chain them",
+    )
+    method_options: dict = _f(
+        None, "options for the method, KEY=VALUE (NAME.KEY=VALUE to address one method of a chain)"
+    )
+    public_validation: str | None = _f(
+        None,
+        "'test' declares the test split public, so a "
+        "method that reads a validation metric (plateau) "
+        "may use its accuracy",
+    )
     route: str = _f("auto", "how per-example norms and sums are computed: auto, ghost, vmap")
     threads: int | None = _f(None, "torch threads; default: number of usable cores")
-    individual: str | None = _f(None, "individualized privacy budgets (docs/individual.md): "
-                                      "'sample' (per-group sample rates) or 'scale' (per-group "
-                                      "clip thresholds); with --budgets-file or --budgets")
-    budgets_file: str | None = _f(None, "one ε per training example, in dataset order (.npy "
-                                        "or .csv), for --individual")
-    budgets: str | None = _f(None, "group budgets for --individual, comma-separated (e.g. "
-                                   "1,2,3); examples are assigned to groups at random")
-    budget_fractions: str | None = _f(None, "each --budgets group's share of the training "
-                                            "set, comma-separated (e.g. 0.34,0.43,0.23)")
-    budget_seed: int = _f(0, "public seed of the random assignment of examples to --budgets "
-                             "groups (recorded in config.json: the assignment is not private)")
-    user_ids: str | None = _f(None, "user-level DP (docs/guide/user_level.md): a file with one "
-                                    "integer user id per training example, in dataset order "
-                                    "(.npy, or text/.csv); the unit of privacy is then the user")
-    user_sampling: str | None = _f(None, "with --user-ids: 'uls' (sample users; --batch-size is "
-                                         "the expected number of users per step) or 'els' "
-                                         "(cap users at --max-examples-per-user examples, "
-                                         "sample examples)")
-    max_examples_per_user: int | None = _f(None, "k: ELS keeps at most k random examples per "
-                                                 "user (required); ULS takes at most k random "
-                                                 "examples per sampled user and step (default: "
-                                                 "all)")
+    individual: str | None = _f(
+        None,
+        "individualized privacy budgets (docs/individual.md): "
+        "'sample' (per-group sample rates) or 'scale' (per-group "
+        "clip thresholds); with --budgets-file or --budgets",
+    )
+    budgets_file: str | None = _f(
+        None, "one ε per training example, in dataset order (.npy or .csv), for --individual"
+    )
+    budgets: str | None = _f(
+        None,
+        "group budgets for --individual, comma-separated (e.g. "
+        "1,2,3); examples are assigned to groups at random",
+    )
+    budget_fractions: str | None = _f(
+        None,
+        "each --budgets group's share of the training set, comma-separated (e.g. 0.34,0.43,0.23)",
+    )
+    budget_seed: int = _f(
+        0,
+        "public seed of the random assignment of examples to --budgets "
+        "groups (recorded in config.json: the assignment is not private)",
+    )
+    user_ids: str | None = _f(
+        None,
+        "user-level DP (docs/guide/user_level.md): a file with one "
+        "integer user id per training example, in dataset order "
+        "(.npy, or text/.csv); the unit of privacy is then the user",
+    )
+    user_sampling: str | None = _f(
+        None,
+        "with --user-ids: 'uls' (sample users; --batch-size is "
+        "the expected number of users per step) or 'els' "
+        "(cap users at --max-examples-per-user examples, "
+        "sample examples)",
+    )
+    max_examples_per_user: int | None = _f(
+        None,
+        "k: ELS keeps at most k random examples per "
+        "user (required); ULS takes at most k random "
+        "examples per sampled user and step (default: "
+        "all)",
+    )
     user_reduction: str = _f("mean", "ULS: clip each user's 'mean' or 'sum' of gradients")
-    noise: str = _f("gaussian", "noise mechanism: gaussian (DP-SGD), tree (DP-FTRL tree "
-                               "aggregation over shuffled passes, no amplification needed) or "
-                               "bandmf (banded matrix factorization with cyclic Poisson "
-                               "sampling; give --bands)")
-    bands: int | None = _f(None, "BandMF's band count b, with --noise bandmf (b = 1 is DP-SGD); "
-                                 "memory: b - 1 extra copies of the trainable parameters")
-    microbatch_size: int | None = _f(None, "with --clipping microbatch: k, the average rows of "
-                                           "a microbatch whose mean gradient is clipped to C "
-                                           "(sensitivity 2C; docs/guide/accuracy.md); not the "
-                                           "memory-only --physical-batch-size")
-    ema: float | None = _f(None, "parameter averaging: keep an exponential moving average of "
-                                 "the weights with decay β (e.g. 0.999; De et al. 2022), "
-                                 "evaluated and saved as model_ema.pt beside model.pt "
-                                 "(post-processing: no privacy cost)")
+    noise: str = _f(
+        "gaussian",
+        "noise mechanism: gaussian (DP-SGD), tree (DP-FTRL tree "
+        "aggregation over shuffled passes, no amplification needed) or "
+        "bandmf (banded matrix factorization with cyclic Poisson "
+        "sampling; give --bands)",
+    )
+    bands: int | None = _f(
+        None,
+        "BandMF's band count b, with --noise bandmf (b = 1 is DP-SGD); "
+        "memory: b - 1 extra copies of the trainable parameters",
+    )
+    microbatch_size: int | None = _f(
+        None,
+        "with --clipping microbatch: k, the average rows of "
+        "a microbatch whose mean gradient is clipped to C "
+        "(sensitivity 2C; docs/guide/accuracy.md); not the "
+        "memory-only --physical-batch-size",
+    )
+    ema: float | None = _f(
+        None,
+        "parameter averaging: keep an exponential moving average of "
+        "the weights with decay β (e.g. 0.999; De et al. 2022), "
+        "evaluated and saved as model_ema.pt beside model.pt "
+        "(post-processing: no privacy cost)",
+    )
 
     def __post_init__(self) -> None:
         # Frozen: resolved once, so every reader sees a value.
         if self.optimizer is None:
-            object.__setattr__(self, "optimizer", method_default(self.method, "optimizer",
-                                                                 DEFAULT_OPTIMIZER))
+            object.__setattr__(
+                self, "optimizer", method_default(self.method, "optimizer", DEFAULT_OPTIMIZER)
+            )
         if self.lr is None:
-            object.__setattr__(self, "lr", float(method_default(self.method, "initial_lr",
-                                                                DEFAULT_LR)))
+            object.__setattr__(
+                self, "lr", float(method_default(self.method, "initial_lr", DEFAULT_LR))
+            )
         if self.momentum is None:
-            object.__setattr__(self, "momentum", float(method_default(self.method, "momentum",
-                                                                      DEFAULT_MOMENTUM)))
+            object.__setattr__(
+                self, "momentum", float(method_default(self.method, "momentum", DEFAULT_MOMENTUM))
+            )
         _check_types_and_finite(self)
         # dataset and model names are checked against their registries by the trainer, since
         # the Python API also accepts a user's own Dataset and nn.Module under any name.
-        require(isinstance(self.dataset, str) and self.dataset != "", "dataset", self.dataset,
-                "a name")
+        require(
+            isinstance(self.dataset, str) and self.dataset != "", "dataset", self.dataset, "a name"
+        )
         require(isinstance(self.model, str) and self.model != "", "model", self.model, "a name")
-        require((self.epsilon is None) != (self.noise_multiplier is None)
-                or self.individual is not None,
-                "epsilon", self.epsilon, "given exactly when noise_multiplier is not "
-                f"(noise_multiplier = {self.noise_multiplier})",
-                "Give either a target --epsilon or a fixed --noise-multiplier")
+        require(
+            (self.epsilon is None) != (self.noise_multiplier is None)
+            or self.individual is not None,
+            "epsilon",
+            self.epsilon,
+            "given exactly when noise_multiplier is not "
+            f"(noise_multiplier = {self.noise_multiplier})",
+            "Give either a target --epsilon or a fixed --noise-multiplier",
+        )
         if self.epsilon is not None:
-            require(math.isfinite(self.epsilon) and self.epsilon > 0, "epsilon", self.epsilon,
-                    "> 0", "A target ε must be positive; ε = 3 is a common choice")
+            require(
+                math.isfinite(self.epsilon) and self.epsilon > 0,
+                "epsilon",
+                self.epsilon,
+                "> 0",
+                "A target ε must be positive; ε = 3 is a common choice",
+            )
             # The calibration's own bound, checked here too so a typo fails before data loads.
-            require(self.epsilon <= MAX_TARGET_EPSILON, "epsilon", self.epsilon,
-                    f"<= {MAX_TARGET_EPSILON:g} (larger ε is no meaningful guarantee and drives "
-                    f"σ to 0)", "Lower --epsilon, or give a fixed --noise-multiplier")
+            require(
+                self.epsilon <= MAX_TARGET_EPSILON,
+                "epsilon",
+                self.epsilon,
+                f"<= {MAX_TARGET_EPSILON:g} (larger ε is no meaningful guarantee and drives "
+                f"σ to 0)",
+                "Lower --epsilon, or give a fixed --noise-multiplier",
+            )
         if self.noise_multiplier is not None:
-            require(self.noise_multiplier > 0, "noise_multiplier", self.noise_multiplier, "> 0",
-                    "σ = 0 is not private")
+            require(
+                self.noise_multiplier > 0,
+                "noise_multiplier",
+                self.noise_multiplier,
+                "> 0",
+                "σ = 0 is not private",
+            )
         if self.delta is not None:
-            require(0 < self.delta < 1, "delta", self.delta, "in (0, 1)",
-                    "Use δ ≪ 1/N, e.g. δ = 1/N^1.1 (leave --delta unset for that)")
+            require(
+                0 < self.delta < 1,
+                "delta",
+                self.delta,
+                "in (0, 1)",
+                "Use δ ≪ 1/N, e.g. δ = 1/N^1.1 (leave --delta unset for that)",
+            )
         require(self.epochs >= 1, "epochs", self.epochs, ">= 1")
-        require(self.epochs <= MAX_EPOCHS, "epochs", self.epochs, f"<= {MAX_EPOCHS}",
-                "Lower --epochs: a run of more passes would not finish")
+        require(
+            self.epochs <= MAX_EPOCHS,
+            "epochs",
+            self.epochs,
+            f"<= {MAX_EPOCHS}",
+            "Lower --epochs: a run of more passes would not finish",
+        )
         if self.batch_size is not None:
             require(self.batch_size >= 1, "batch_size", self.batch_size, ">= 1")
         if self.physical_batch_size is not None:
-            require(self.physical_batch_size >= 1, "physical_batch_size",
-                    self.physical_batch_size, ">= 1")
+            require(
+                self.physical_batch_size >= 1,
+                "physical_batch_size",
+                self.physical_batch_size,
+                ">= 1",
+            )
         require(self.clip > 0, "clip", self.clip, "> 0")
         require(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, f"one of {OPTIMIZERS}")
         assert self.lr is not None and self.momentum is not None, "resolved above"
@@ -212,80 +329,167 @@ class TrainConfig:
         require(0 <= self.momentum < 1, "momentum", self.momentum, "in [0, 1)")
         require(self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
         for name in ("clip", "lr", "weight_decay"):
-            require(getattr(self, name) <= FLOAT32_MAX, name, getattr(self, name),
-                    f"<= {FLOAT32_MAX:.3g}", "The model's tensors are float32")
-        require(self.accountant in ACCOUNTANTS, "accountant", self.accountant,
-                f"one of {ACCOUNTANTS}")
+            require(
+                getattr(self, name) <= FLOAT32_MAX,
+                name,
+                getattr(self, name),
+                f"<= {FLOAT32_MAX:.3g}",
+                "The model's tensors are float32",
+            )
+        require(
+            self.accountant in ACCOUNTANTS, "accountant", self.accountant, f"one of {ACCOUNTANTS}"
+        )
         if self.seed is not None:
             require(0 <= self.seed < 2**63, "seed", self.seed, "in [0, 2**63)")
         if self.threads is not None:
-            require(1 <= self.threads <= MAX_THREADS, "threads", self.threads,
-                    f"in [1, {MAX_THREADS}]", "Give at most the machine's cores")
-        require(self.method_options is None or self.method is not None, "method_options",
-                self.method_options, "empty unless a method is chosen", "Add --method NAME")
-        require(self.public_validation in (None, "test"), "public_validation",
-                self.public_validation, "None or 'test'",
-                "Only declare a split public if it holds no private data")
+            require(
+                1 <= self.threads <= MAX_THREADS,
+                "threads",
+                self.threads,
+                f"in [1, {MAX_THREADS}]",
+                "Give at most the machine's cores",
+            )
+        require(
+            self.method_options is None or self.method is not None,
+            "method_options",
+            self.method_options,
+            "empty unless a method is chosen",
+            "Add --method NAME",
+        )
+        require(
+            self.public_validation in (None, "test"),
+            "public_validation",
+            self.public_validation,
+            "None or 'test'",
+            "Only declare a split public if it holds no private data",
+        )
         self._check_individual()
         self._check_users()
-        require((self.microbatch_size is not None) == (self.clipping == "microbatch"),
-                "microbatch_size", self.microbatch_size,
-                "given exactly with --clipping microbatch",
-                "Pass --clipping microbatch --microbatch-size K together")
-        require(self.ema is None or 0 < self.ema < 1, "ema", self.ema, "in (0, 1)",
-                "0.999 is De et al.'s value")
+        require(
+            (self.microbatch_size is not None) == (self.clipping == "microbatch"),
+            "microbatch_size",
+            self.microbatch_size,
+            "given exactly with --clipping microbatch",
+            "Pass --clipping microbatch --microbatch-size K together",
+        )
+        require(
+            self.ema is None or 0 < self.ema < 1,
+            "ema",
+            self.ema,
+            "in (0, 1)",
+            "0.999 is De et al.'s value",
+        )
 
     def _check_users(self) -> None:
         """The user-level flags: all with --user-ids, ELS with its cap, no per-example budgets."""
         if self.user_ids is None:
-            require(self.user_sampling is None and self.max_examples_per_user is None
-                    and self.user_reduction == "mean", "user_ids", None,
-                    "given with --user-sampling / --max-examples-per-user / --user-reduction",
-                    "Add --user-ids FILE (one user id per training example)")
+            require(
+                self.user_sampling is None
+                and self.max_examples_per_user is None
+                and self.user_reduction == "mean",
+                "user_ids",
+                None,
+                "given with --user-sampling / --max-examples-per-user / --user-reduction",
+                "Add --user-ids FILE (one user id per training example)",
+            )
             return
-        require(self.user_sampling in ("uls", "els"), "user_sampling", self.user_sampling,
-                "'uls' or 'els' with --user-ids")
-        require(self.user_sampling != "els" or self.max_examples_per_user is not None,
-                "max_examples_per_user", None, "given with --user-sampling els",
-                "ELS caps every user at k examples: add --max-examples-per-user K")
-        require(self.max_examples_per_user is None or self.max_examples_per_user >= 1,
-                "max_examples_per_user", self.max_examples_per_user, ">= 1")
-        require(self.user_reduction in ("mean", "sum"), "user_reduction", self.user_reduction,
-                "'mean' or 'sum'")
-        require(self.individual is None, "individual", self.individual,
-                "unset with --user-ids (per-example budgets cannot be accounted per user)",
-                "Drop --individual, or --user-ids")
+        require(
+            self.user_sampling in ("uls", "els"),
+            "user_sampling",
+            self.user_sampling,
+            "'uls' or 'els' with --user-ids",
+        )
+        require(
+            self.user_sampling != "els" or self.max_examples_per_user is not None,
+            "max_examples_per_user",
+            None,
+            "given with --user-sampling els",
+            "ELS caps every user at k examples: add --max-examples-per-user K",
+        )
+        require(
+            self.max_examples_per_user is None or self.max_examples_per_user >= 1,
+            "max_examples_per_user",
+            self.max_examples_per_user,
+            ">= 1",
+        )
+        require(
+            self.user_reduction in ("mean", "sum"),
+            "user_reduction",
+            self.user_reduction,
+            "'mean' or 'sum'",
+        )
+        require(
+            self.individual is None,
+            "individual",
+            self.individual,
+            "unset with --user-ids (per-example budgets cannot be accounted per user)",
+            "Drop --individual, or --user-ids",
+        )
 
     def _check_individual(self) -> None:
         """The --individual flags: one source of budgets, nothing that would decide σ besides."""
         if self.individual is None:
-            given = [n for n in ("budgets_file", "budgets", "budget_fractions")
-                     if getattr(self, n) is not None]
-            require(not given, given[0] if given else "",
-                    getattr(self, given[0]) if given else None, "unset without --individual",
-                    "Add --individual sample or --individual scale")
+            given = [
+                n
+                for n in ("budgets_file", "budgets", "budget_fractions")
+                if getattr(self, n) is not None
+            ]
+            require(
+                not given,
+                given[0] if given else "",
+                getattr(self, given[0]) if given else None,
+                "unset without --individual",
+                "Add --individual sample or --individual scale",
+            )
             return
-        require(self.individual in ("sample", "scale"), "individual", self.individual,
-                "'sample' or 'scale'")
-        require((self.budgets_file is None) != (self.budgets is None), "budgets_file",
-                self.budgets_file, f"given exactly when budgets is not (budgets = "
-                f"{self.budgets!r})", "Give one ε per example with --budgets-file PATH, or "
-                "groups with --budgets 1,2,3 --budget-fractions 0.34,0.43,0.23")
-        require((self.budgets is None) == (self.budget_fractions is None), "budget_fractions",
-                self.budget_fractions, "given exactly with --budgets",
-                "Give each group's share of the training set")
-        require(self.epsilon is None and self.noise_multiplier is None, "epsilon",
-                self.epsilon, "unset with --individual (each group's budget is its ε)",
-                "Drop --epsilon and --noise-multiplier")
-        require(self.method is None and self.clipping == "flat",
-                "individual", self.individual, "used without --method and --clipping other "
-                "than flat", "Drop those flags")
-        require(self.accountant in RIGOROUS, "accountant", self.accountant,
-                f"one of {list(RIGOROUS)} with --individual", "Use --accountant rdp or pld")
+        require(
+            self.individual in ("sample", "scale"),
+            "individual",
+            self.individual,
+            "'sample' or 'scale'",
+        )
+        require(
+            (self.budgets_file is None) != (self.budgets is None),
+            "budgets_file",
+            self.budgets_file,
+            f"given exactly when budgets is not (budgets = {self.budgets!r})",
+            "Give one ε per example with --budgets-file PATH, or "
+            "groups with --budgets 1,2,3 --budget-fractions 0.34,0.43,0.23",
+        )
+        require(
+            (self.budgets is None) == (self.budget_fractions is None),
+            "budget_fractions",
+            self.budget_fractions,
+            "given exactly with --budgets",
+            "Give each group's share of the training set",
+        )
+        require(
+            self.epsilon is None and self.noise_multiplier is None,
+            "epsilon",
+            self.epsilon,
+            "unset with --individual (each group's budget is its ε)",
+            "Drop --epsilon and --noise-multiplier",
+        )
+        require(
+            self.method is None and self.clipping == "flat",
+            "individual",
+            self.individual,
+            "used without --method and --clipping other than flat",
+            "Drop those flags",
+        )
+        require(
+            self.accountant in RIGOROUS,
+            "accountant",
+            self.accountant,
+            f"one of {list(RIGOROUS)} with --individual",
+            "Use --accountant rdp or pld",
+        )
         if self.budgets is not None:
             assert self.budget_fractions is not None, "required with budgets above"
-            check_groups(parse_floats(self.budgets, "budgets"),
-                         parse_floats(self.budget_fractions, "budget_fractions"))
+            check_groups(
+                parse_floats(self.budgets, "budgets"),
+                parse_floats(self.budget_fractions, "budget_fractions"),
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -347,25 +551,35 @@ def _check_types_and_finite(cfg: TrainConfig) -> None:
     for name, kind in field_types().items():
         value = getattr(cfg, name)
         if value is None and name not in optional:
-            raise TypeError(f"{name} must be set, got {name} = None. Give a value or leave "
-                            f"the setting out for its default")
+            raise TypeError(
+                f"{name} must be set, got {name} = None. Give a value or leave "
+                f"the setting out for its default"
+            )
         if value is None:
             continue
         ok = isinstance(value, kind) and not (isinstance(value, bool) and kind is not bool)
         ok = ok or (kind is float and isinstance(value, int) and not isinstance(value, bool))
         if not ok:
             article = "an" if kind is int else "a"
-            raise TypeError(f"{name} must be {article} {kind.__name__}, got {name} = "
-                            f"{value!r}. Fix the value's type")
+            raise TypeError(
+                f"{name} must be {article} {kind.__name__}, got {name} = "
+                f"{value!r}. Fix the value's type"
+            )
         if kind in (float, int):
-            require(math.isfinite(value), name, value, "a finite number",
-                    "NaN and infinity are not settings")
+            require(
+                math.isfinite(value),
+                name,
+                value,
+                "a finite number",
+                "NaN and infinity are not settings",
+            )
 
 
 def _optional_fields() -> frozenset[str]:
     """The fields that may be None (typed ``X | None``, or None by default)."""
-    return frozenset(f.name for f in fields(TrainConfig)
-                     if f.default is None or "None" in str(f.type))
+    return frozenset(
+        f.name for f in fields(TrainConfig) if f.default is None or "None" in str(f.type)
+    )
 
 
 def field_types() -> dict[str, type]:
@@ -382,11 +596,21 @@ def coerce(values: Mapping[str, Any], *, source: str) -> dict[str, Any]:
         name = key.replace("-", "_")
         if name in PUBLIC_ONLY:
             continue
-        require(name in types, f"{source} key", key, f"one of {sorted(types)}",
-                "Fix the spelling or remove the key")
+        require(
+            name in types,
+            f"{source} key",
+            key,
+            f"one of {sorted(types)}",
+            "Fix the spelling or remove the key",
+        )
         kind = types[name]
-        require(value is not None or name in _optional_fields(), name, value,
-                f"set (in {source})", "Give a value or remove the key for its default")
+        require(
+            value is not None or name in _optional_fields(),
+            name,
+            value,
+            f"set (in {source})",
+            "Give a value or remove the key for its default",
+        )
         if value is None or isinstance(value, kind) and not isinstance(value, bool):
             out[name] = value
             continue
@@ -405,8 +629,13 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     """
     path = Path(path)
     suffix = path.suffix.lower()
-    require(suffix in (".toml", ".yaml", ".yml", ".json"), "config", str(path),
-            "a .toml, .yaml, .yml or .json file", "Rename the file or convert it")
+    require(
+        suffix in (".toml", ".yaml", ".yml", ".json"),
+        "config",
+        str(path),
+        "a .toml, .yaml, .yml or .json file",
+        "Rename the file or convert it",
+    )
     require(path.is_file(), "config", str(path), "an existing file", "Check the path")
     text = path.read_text()
     if suffix in (".yaml", ".yml"):
@@ -414,17 +643,26 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     try:
         if suffix == ".toml":
             import tomllib
+
             data = tomllib.loads(text)
         elif suffix == ".json":
             data = json.loads(text)
         else:
             import yaml
+
             data = yaml.safe_load(text) or {}
     except Exception as e:  # tomllib.TOMLDecodeError, json.JSONDecodeError, yaml.YAMLError
-        raise ValueError(f"config must be valid {suffix[1:].upper()}, got a parse error in "
-                         f"'{path}': {str(e).splitlines()[0]}. Fix the file") from None
-    require(isinstance(data, dict), "config", str(path), "a mapping of keys to values",
-            "Write one `key = value` per line")
+        raise ValueError(
+            f"config must be valid {suffix[1:].upper()}, got a parse error in "
+            f"'{path}': {str(e).splitlines()[0]}. Fix the file"
+        ) from None
+    require(
+        isinstance(data, dict),
+        "config",
+        str(path),
+        "a mapping of keys to values",
+        "Write one `key = value` per line",
+    )
     return coerce(data, source=f"config file {path.name}")
 
 
@@ -433,8 +671,9 @@ def guide_delta(num_examples: int) -> float:
     return float(num_examples) ** -1.1
 
 
-def resolve(cfg: TrainConfig, *, num_examples: int,
-            reference_delta: float | None) -> tuple[TrainConfig, str]:
+def resolve(
+    cfg: TrainConfig, *, num_examples: int, reference_delta: float | None
+) -> tuple[TrainConfig, str]:
     """Fill in δ and the batch size (:func:`default_batch_size`); returns the resolved config
     and how δ was chosen.
 
@@ -444,11 +683,18 @@ def resolve(cfg: TrainConfig, *, num_examples: int,
     how = "given"
     delta = cfg.delta
     if delta is None and reference_delta is not None:
-        delta, how = reference_delta, f"reference δ for {cfg.dataset} (comparability with " \
-                                      f"published results)"
+        delta, how = (
+            reference_delta,
+            f"reference δ for {cfg.dataset} (comparability with published results)",
+        )
     elif delta is None:
         delta, how = guide_delta(num_examples), f"1/N^1.1 with N = {num_examples}"
-    require(delta < 1 / num_examples, "delta", delta, f"< 1/N = {1 / num_examples:.3g}",
-            "δ ≥ 1/N would allow leaking one example outright; use δ = 1/N^1.1")
+    require(
+        delta < 1 / num_examples,
+        "delta",
+        delta,
+        f"< 1/N = {1 / num_examples:.3g}",
+        "δ ≥ 1/N would allow leaking one example outright; use δ = 1/N^1.1",
+    )
     batch = cfg.batch_size if cfg.batch_size is not None else default_batch_size(num_examples)
     return dataclasses.replace(cfg, delta=delta, batch_size=batch), how

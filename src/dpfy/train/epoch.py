@@ -31,8 +31,9 @@ class EpochStats:
     examples: int
 
 
-def run_epoch(private, *, bar=None, delta: float,
-              on_step: Callable[[Any], None] | None = None) -> EpochStats:
+def run_epoch(
+    private, *, bar=None, delta: float, on_step: Callable[[Any], None] | None = None
+) -> EpochStats:
     """One pass of ``private.loader`` (Poisson batches), one private step per logical batch.
 
     Args:
@@ -47,10 +48,10 @@ def run_epoch(private, *, bar=None, delta: float,
     model.train()
     total_loss, correct, seen = 0.0, 0, 0
     per_epoch = private.steps_per_epoch
-    every = max(1, -(-per_epoch // EPS_UPDATES_PER_EPOCH))                 # ceil
+    every = max(1, -(-per_epoch // EPS_UPDATES_PER_EPOCH))  # ceil
     for x, y in private.loader:
         optimizer.zero_grad(set_to_none=True)
-        logits = model(x)                                            # (B, classes)
+        logits = model(x)  # (B, classes)
         # mean over the physical batch (the engine's loss_reduction="mean"); a Poisson batch
         # can be empty, and its step still happens (noise only), so keep the graph without NaN
         loss = nn.functional.cross_entropy(logits, y) if len(y) else logits.sum()
@@ -58,7 +59,7 @@ def run_epoch(private, *, bar=None, delta: float,
         optimizer.step()
         if on_step is not None:
             on_step(optimizer)
-        with torch.no_grad():                                        # non-private diagnostics
+        with torch.no_grad():  # non-private diagnostics
             total_loss += float(loss) * len(y)
             correct += int((logits.argmax(1) == y).sum())
             seen += len(y)
@@ -66,7 +67,7 @@ def run_epoch(private, *, bar=None, delta: float,
             bar.update(1)
             step = optimizer.step_count
             if step % per_epoch % every == 0 and step % per_epoch != 0:
-                bar.set_postfix_str(f"ε={optimizer.epsilon(delta, approximate=True):.3f}",
-                                    refresh=False)
-    return EpochStats(loss=total_loss / max(seen, 1), acc=correct / max(seen, 1),
-                      examples=seen)
+                bar.set_postfix_str(
+                    f"ε={optimizer.epsilon(delta, approximate=True):.3f}", refresh=False
+                )
+    return EpochStats(loss=total_loss / max(seen, 1), acc=correct / max(seen, 1), examples=seen)

@@ -22,7 +22,7 @@ def evaluate(model: nn.Module, data: Dataset) -> tuple[float, float]:
     model.eval()
     total_loss, correct, n = 0.0, 0, 0
     for x, y in DataLoader(data, batch_size=EVAL_BATCH):
-        logits = model(x)                                           # (B, classes)
+        logits = model(x)  # (B, classes)
         total_loss += nn.functional.cross_entropy(logits, y, reduction="sum").item()
         correct += int((logits.argmax(1) == y).sum())
         n += len(y)

@@ -46,8 +46,12 @@ from dpfy.errors import PrivacyRefusal
 from dpfy.models import build_model
 from dpfy.privacy.ledger import Ledger
 from dpfy.privacy.report import PrivacyReport, ReportSection, TuningCost
-from dpfy.privacy.tuning import (calibrate_grid_noise_multiplier, composed_runs, grid_epsilon,
-                                 log_grid)
+from dpfy.privacy.tuning import (
+    calibrate_grid_noise_multiplier,
+    composed_runs,
+    grid_epsilon,
+    log_grid,
+)
 from dpfy.sampling import PoissonSampler
 from dpfy.train.config import SEED_WARNING, TrainConfig, resolve
 from dpfy.train.evaluate import evaluate
@@ -56,8 +60,16 @@ from dpfy.train.private import build_methods
 from dpfy.train.rundir import write_atomic
 from dpfy.train.trainer import train
 
-__all__ = ["GridAxis", "GridRun", "GridResult", "parse_axis", "configurations", "run_grid",
-           "SELECT", "GRIDDABLE"]
+__all__ = [
+    "GridAxis",
+    "GridRun",
+    "GridResult",
+    "parse_axis",
+    "configurations",
+    "run_grid",
+    "SELECT",
+    "GRIDDABLE",
+]
 
 # Selection metrics on the validation data: name -> (metrics column, higher is better).
 SELECT = {"accuracy": ("test_acc", True), "loss": ("test_loss", False)}
@@ -76,9 +88,13 @@ class GridAxis:
     values: tuple[Any, ...]
 
     def __post_init__(self) -> None:
-        require(self.name in GRIDDABLE or "." in self.name, "grid name", self.name,
-                f"one of {list(GRIDDABLE)} or a method option METHOD.KEY",
-                "Batch size, epochs and σ fix the ledger of every run and are not gridded")
+        require(
+            self.name in GRIDDABLE or "." in self.name,
+            "grid name",
+            self.name,
+            f"one of {list(GRIDDABLE)} or a method option METHOD.KEY",
+            "Batch size, epochs and σ fix the ledger of every run and are not gridded",
+        )
         require(len(self.values) >= 1, "grid values", self.values, "at least one value")
 
 
@@ -86,16 +102,23 @@ def parse_axis(text: str) -> GridAxis:
     """``"lr=logspace:-2.5:1.5:7"`` (``np.logspace`` endpoints included, as Galli et al. 2024) or
     ``"clip=0.1,1,10"``, or ``"oso.rule=sign,additive"`` (a method option)."""
     name, sep, spec = text.partition("=")
-    require(bool(sep and name and spec), "grid", text, "NAME=logspace:LO:HI:K or NAME=V1,V2,...",
-            "Write e.g. --grid lr=logspace:-2.5:1.5:7")
+    require(
+        bool(sep and name and spec),
+        "grid",
+        text,
+        "NAME=logspace:LO:HI:K or NAME=V1,V2,...",
+        "Write e.g. --grid lr=logspace:-2.5:1.5:7",
+    )
     if spec.startswith("logspace:"):
         parts = spec.split(":")[1:]
         require(len(parts) == 3, "grid", text, "NAME=logspace:LO:HI:K (exponents of 10, K values)")
         try:
             lo, hi, num = float(parts[0]), float(parts[1]), int(parts[2])
         except ValueError:
-            raise ValueError(f"grid must be NAME=logspace:LO:HI:K with numbers, got grid = "
-                             f"{text!r}. Write e.g. lr=logspace:-2.5:1.5:7") from None
+            raise ValueError(
+                f"grid must be NAME=logspace:LO:HI:K with numbers, got grid = "
+                f"{text!r}. Write e.g. lr=logspace:-2.5:1.5:7"
+            ) from None
         return GridAxis(name, tuple(float(v) for v in log_grid(lo, hi, num)))
     return GridAxis(name, tuple(parse_scalar(v) for v in spec.split(",") if v != ""))
 
@@ -105,8 +128,13 @@ def _with(cfg: TrainConfig, name: str, value: Any) -> TrainConfig:
     if "." not in name:
         change: dict[str, Any] = {name: float(value)}
         return dataclasses.replace(cfg, **change)
-    require(cfg.method is not None, "grid", name, "a method option only with --method",
-            "Add --method NAME")
+    require(
+        cfg.method is not None,
+        "grid",
+        name,
+        "a method option only with --method",
+        "Add --method NAME",
+    )
     target, _, key = name.partition(".")
     options = dict(cfg.method_options or {})
     options[key if target == "method" else name] = value
@@ -134,7 +162,7 @@ class GridRun:
     index: int
     settings: dict
     metric: float
-    epsilon: float            # this run's own ε (its ledger alone)
+    epsilon: float  # this run's own ε (its ledger alone)
 
 
 @dataclass(frozen=True)
@@ -144,44 +172,57 @@ class GridResult:
     out: Path
     runs: tuple[GridRun, ...]
     winner: GridRun
-    epsilon: float            # all runs' ledgers composed
+    epsilon: float  # all runs' ledgers composed
     delta: float
     noise_multiplier: float
     selected_on: str
-    winner_on_test: dict | None = None   # the winner on the test split, when not selected on it
+    winner_on_test: dict | None = None  # the winner on the test split, when not selected on it
 
     @property
     def report(self) -> Path:
         return self.out / "privacy_report.md"
 
 
-def _validation_split(data: DataSplits, cfg: TrainConfig, fraction: float
-                      ) -> tuple[DataSplits, str]:
+def _validation_split(
+    data: DataSplits, cfg: TrainConfig, fraction: float
+) -> tuple[DataSplits, str]:
     """(splits with ``test`` = the selection data, what the selection was made on)."""
     if cfg.public_validation == "test":
-        return data, (f"the test split ({data.num_test} examples), which the user declared "
-                      f"public (--public-validation test); it chose the winner without noise, so "
-                      f"the guarantee does not cover it and it must not hold private data")
+        return data, (
+            f"the test split ({data.num_test} examples), which the user declared "
+            f"public (--public-validation test); it chose the winner without noise, so "
+            f"the guarantee does not cover it and it must not hold private data"
+        )
     require(0 < fraction < 1, "validation_fraction", fraction, "in (0, 1)")
     n = data.num_train
     n_val = int(round(fraction * n))
-    require(1 <= n_val < n, "validation_fraction", fraction,
-            f"leaving at least one validation and one training example (N = {n})")
+    require(
+        1 <= n_val < n,
+        "validation_fraction",
+        fraction,
+        f"leaving at least one validation and one training example (N = {n})",
+    )
     # Which examples are held out is drawn independently of the data (secret, never published).
     gen = torch.Generator().manual_seed(cfg.seed if cfg.seed is not None else secrets.randbits(63))
     order = torch.randperm(n, generator=gen)
     val = Subset(data.train, order[:n_val].tolist())
     kept = Subset(data.train, order[n_val:].tolist())
-    held = dataclasses.replace(data, train=kept, test=val,
-                               description=f"{data.description}; {n_val} training examples "
-                                           f"held out for validation")
-    return held, (f"a validation split of {n_val} examples held out of the training data "
-                  f"(never trained on); they choose the winner without noise, so the guarantee "
-                  f"covers the other {n - n_val} training examples, not them")
+    held = dataclasses.replace(
+        data,
+        train=kept,
+        test=val,
+        description=f"{data.description}; {n_val} training examples held out for validation",
+    )
+    return held, (
+        f"a validation split of {n_val} examples held out of the training data "
+        f"(never trained on); they choose the winner without noise, so the guarantee "
+        f"covers the other {n - n_val} training examples, not them"
+    )
 
 
-def _check_methods(cfg: TrainConfig, axes: Sequence[GridAxis],
-                   configs: Sequence[tuple[dict, TrainConfig]]) -> None:
+def _check_methods(
+    cfg: TrainConfig, axes: Sequence[GridAxis], configs: Sequence[tuple[dict, TrainConfig]]
+) -> None:
     """Refuse what the per-grid calibration cannot account, and axes a method would ignore;
     build every configuration's methods once, so a bad option fails before any run."""
     if not cfg.method:
@@ -189,15 +230,23 @@ def _check_methods(cfg: TrainConfig, axes: Sequence[GridAxis],
     for _, each in configs[1:]:
         build_methods(each)
     for m in build_methods(cfg) or ():
-        require("noise_multiplier" not in m.sets, "method", m.registry_name,
-                "a method that keeps the run's σ for dpfy tune",
-                "It sets σ_t itself (a schedule calibrates σ_t to one run's ε), which the "
-                "per-grid calibration cannot account. Use a method that keeps the run's σ "
-                "(e.g. oso, quantile)")
+        require(
+            "noise_multiplier" not in m.sets,
+            "method",
+            m.registry_name,
+            "a method that keeps the run's σ for dpfy tune",
+            "It sets σ_t itself (a schedule calibrates σ_t to one run's ε), which the "
+            "per-grid calibration cannot account. Use a method that keeps the run's σ "
+            "(e.g. oso, quantile)",
+        )
         for a in axes:
-            require(a.name != "clip" or "clip" not in m.sets, "grid name", a.name,
-                    f"not 'clip' with method {m.registry_name!r}, which sets C_t itself",
-                    f"Grid its own option instead, e.g. {m.registry_name}.initial_clip")
+            require(
+                a.name != "clip" or "clip" not in m.sets,
+                "grid name",
+                a.name,
+                f"not 'clip' with method {m.registry_name!r}, which sets C_t itself",
+                f"Grid its own option instead, e.g. {m.registry_name}.initial_clip",
+            )
 
 
 def _metric(run_dir: Path, column: str) -> float:
@@ -205,10 +254,17 @@ def _metric(run_dir: Path, column: str) -> float:
     return float(rows[-1][column])
 
 
-def run_grid(base: TrainConfig, axes: Sequence[GridAxis], *, out: str | Path,
-             data: DataSplits | None = None, select: str = "accuracy",
-             validation_fraction: float = 0.1, progress: bool = False,
-             echo: Echo = print) -> GridResult:
+def run_grid(
+    base: TrainConfig,
+    axes: Sequence[GridAxis],
+    *,
+    out: str | Path,
+    data: DataSplits | None = None,
+    select: str = "accuracy",
+    validation_fraction: float = 0.1,
+    progress: bool = False,
+    echo: Echo = print,
+) -> GridResult:
     """Train every configuration of the grid under one budget and publish the winner in ``out``.
 
     Args:
@@ -230,10 +286,14 @@ def run_grid(base: TrainConfig, axes: Sequence[GridAxis], *, out: str | Path,
     out = Path(out)
     staging = out.with_name(out.name + ".grid")
     require(not out.exists(), "out", str(out), "a new directory", "Choose another --out")
-    require(not staging.exists(), "out", str(out),
-            f"without an interrupted grid ({staging} exists)",
-            "An interrupted grid already used the data: running it again spends more than its "
-            "ε. Delete that directory only if you accept that, or choose another --out")
+    require(
+        not staging.exists(),
+        "out",
+        str(out),
+        f"without an interrupted grid ({staging} exists)",
+        "An interrupted grid already used the data: running it again spends more than its "
+        "ε. Delete that directory only if you accept that, or choose another --out",
+    )
     configs = configurations(base, axes)
     _check_methods(base, axes, configs)
     k = len(configs)
@@ -246,15 +306,23 @@ def run_grid(base: TrainConfig, axes: Sequence[GridAxis], *, out: str | Path,
     steps = base.epochs * sampler.steps_per_epoch
     if base.epsilon is not None:
         sigma = calibrate_grid_noise_multiplier(
-            target_epsilon=base.epsilon, delta=delta, sample_rate=sampler.sample_rate,
-            steps=steps, runs=k, accountant=base.accountant, dataset_size=held.num_train)
+            target_epsilon=base.epsilon,
+            delta=delta,
+            sample_rate=sampler.sample_rate,
+            steps=steps,
+            runs=k,
+            accountant=base.accountant,
+            dataset_size=held.num_train,
+        )
     else:
         assert base.noise_multiplier is not None, "the config gives ε or σ"
         sigma = float(base.noise_multiplier)
-    echo(f"dpfy tune: {k} configurations, σ = {sigma:.4g} for each "
-         f"({'grid target ε = %g' % base.epsilon if base.epsilon is not None else 'fixed σ'}, "
-         f"δ = {delta:.3g}, q = {sampler.sample_rate:.5g}, {steps} steps per run); selecting "
-         f"on {select} of {selected_on.split(' (')[0]}")
+    echo(
+        f"dpfy tune: {k} configurations, σ = {sigma:.4g} for each "
+        f"({'grid target ε = %g' % base.epsilon if base.epsilon is not None else 'fixed σ'}, "
+        f"δ = {delta:.3g}, q = {sampler.sample_rate:.5g}, {steps} steps per run); selecting "
+        f"on {select} of {selected_on.split(' (')[0]}"
+    )
     if base.reproducible:
         echo(f"dpfy tune: WARNING: {SEED_WARNING}.")
     column, higher = SELECT[select]
@@ -262,31 +330,67 @@ def run_grid(base: TrainConfig, axes: Sequence[GridAxis], *, out: str | Path,
     runs, ledgers = [], []
     for i, (settings, cfg) in enumerate(configs):
         cfg = dataclasses.replace(cfg, epsilon=None, noise_multiplier=sigma, delta=delta)
-        result = train(cfg, out=staging / f"run-{i:02d}", data=held, progress=progress,
-                       echo=lambda s: None)
+        result = train(
+            cfg, out=staging / f"run-{i:02d}", data=held, progress=progress, echo=lambda s: None
+        )
         ledgers.append(Ledger.from_json((result.out / "ledger.json").read_text()))
         if i == 0 and base.epsilon is not None:
             _check_first_run(ledgers[0], k, base, delta)
-        runs.append(GridRun(index=i, settings=settings, metric=_metric(result.out, column),
-                            epsilon=result.epsilon))
-        echo(f"dpfy tune: run {i + 1}/{k} {settings}: {select} {runs[-1].metric:.4g}, "
-             f"ε of this run {result.epsilon:.4g}")
+        runs.append(
+            GridRun(
+                index=i,
+                settings=settings,
+                metric=_metric(result.out, column),
+                epsilon=result.epsilon,
+            )
+        )
+        echo(
+            f"dpfy tune: run {i + 1}/{k} {settings}: {select} {runs[-1].metric:.4g}, "
+            f"ε of this run {result.epsilon:.4g}"
+        )
     eps_grid = grid_epsilon(ledgers, delta=delta, accountant=base.accountant)
     finite = [r for r in runs if math.isfinite(r.metric)]
-    require(bool(finite), "grid", "every run", "at least one run with a finite metric",
-            "Every configuration diverged; widen or move the grid")
+    require(
+        bool(finite),
+        "grid",
+        "every run",
+        "at least one run with a finite metric",
+        "Every configuration diverged; widen or move the grid",
+    )
     winner = (max if higher else min)(finite, key=lambda r: r.metric)
     win_dir = staging / f"run-{winner.index:02d}"
     test = _winner_on_test(win_dir, base, data) if base.public_validation != "test" else None
-    _publish(win_dir, runs, winner, eps_grid, delta, sigma, base, select, selected_on, axes,
-             ledgers, test)
+    _publish(
+        win_dir,
+        runs,
+        winner,
+        eps_grid,
+        delta,
+        sigma,
+        base,
+        select,
+        selected_on,
+        axes,
+        ledgers,
+        test,
+    )
     win_dir.rename(out)
     shutil.rmtree(staging)
-    echo(f"dpfy tune: winner {winner.settings} ({select} {winner.metric:.4g}); the grid of {k} "
-         f"runs spent ε = {eps_grid:.4g} at δ = {delta:.3g} ({base.accountant.upper()}); "
-         f"privacy report: {out / 'privacy_report.md'}")
-    return GridResult(out=out, runs=tuple(runs), winner=winner, epsilon=eps_grid, delta=delta,
-                      noise_multiplier=sigma, selected_on=selected_on, winner_on_test=test)
+    echo(
+        f"dpfy tune: winner {winner.settings} ({select} {winner.metric:.4g}); the grid of {k} "
+        f"runs spent ε = {eps_grid:.4g} at δ = {delta:.3g} ({base.accountant.upper()}); "
+        f"privacy report: {out / 'privacy_report.md'}"
+    )
+    return GridResult(
+        out=out,
+        runs=tuple(runs),
+        winner=winner,
+        epsilon=eps_grid,
+        delta=delta,
+        noise_multiplier=sigma,
+        selected_on=selected_on,
+        winner_on_test=test,
+    )
 
 
 def _winner_on_test(win_dir: Path, cfg: TrainConfig, data: DataSplits) -> dict[str, float]:
@@ -308,53 +412,88 @@ def _check_first_run(ledger: Ledger, k: int, base: TrainConfig, delta: float) ->
             f"grid must spend at most target ε = {base.epsilon:g}, got ε = {eps:.4g} for {k} "
             f"copies of the first run's ledger (method {base.method!r} releases more than one "
             f"Gaussian at the run's σ). Use a method that splits the run's σ, or a fixed "
-            f"--noise-multiplier")
+            f"--noise-multiplier"
+        )
 
 
-def _publish(win_dir: Path, runs: Sequence[GridRun], winner: GridRun, eps_grid: float,
-             delta: float, sigma: float, base: TrainConfig, select: str, selected_on: str,
-             axes: Sequence[GridAxis], ledgers: Sequence[Ledger],
-             test: dict[str, float] | None) -> None:
+def _publish(
+    win_dir: Path,
+    runs: Sequence[GridRun],
+    winner: GridRun,
+    eps_grid: float,
+    delta: float,
+    sigma: float,
+    base: TrainConfig,
+    select: str,
+    selected_on: str,
+    axes: Sequence[GridAxis],
+    ledgers: Sequence[Ledger],
+    test: dict[str, float] | None,
+) -> None:
     """Re-render the winner's privacy report with the tuning cost and the grid table; write
     ``grid.json`` (the table's numbers and every run's ledger, so anyone can re-account)."""
     k = len(runs)
     names = [a.name for a in axes]
     target = f"target ε = {base.epsilon:g}" if base.epsilon is not None else "fixed σ"
-    lines = [f"{k} configurations, each trained at σ = {sigma:.4g} ({target} for the whole "
-             f"grid, per-grid budget of Galli et al. 2024). The grid's ε = {eps_grid:.4g} at "
-             f"δ = {delta:.3g} is the {base.accountant.upper()} accountant's ε of all {k} runs' "
-             f"ledgers composed. Winner: run {winner.index} ({select} {winner.metric:.4g}), chosen "
-             f"on the final epoch's {select} of {selected_on}.", "",
-             "| run | " + " | ".join(names) + f" | {select} | ε of the run alone |",
-             "|---|" + "---|" * len(names) + "---|---|"]
+    lines = [
+        f"{k} configurations, each trained at σ = {sigma:.4g} ({target} for the whole "
+        f"grid, per-grid budget of Galli et al. 2024). The grid's ε = {eps_grid:.4g} at "
+        f"δ = {delta:.3g} is the {base.accountant.upper()} accountant's ε of all {k} runs' "
+        f"ledgers composed. Winner: run {winner.index} ({select} {winner.metric:.4g}), chosen "
+        f"on the final epoch's {select} of {selected_on}.",
+        "",
+        "| run | " + " | ".join(names) + f" | {select} | ε of the run alone |",
+        "|---|" + "---|" * len(names) + "---|---|",
+    ]
     for r in runs:
         mark = " (winner)" if r is winner else ""
-        lines.append(f"| {r.index}{mark} | " + " | ".join(f"{r.settings[n]:.6g}"
-                     if isinstance(r.settings[n], float) else str(r.settings[n]) for n in names)
-                     + f" | {r.metric:.4g} | {r.epsilon:.4g} |")
+        lines.append(
+            f"| {r.index}{mark} | "
+            + " | ".join(
+                f"{r.settings[n]:.6g}" if isinstance(r.settings[n], float) else str(r.settings[n])
+                for n in names
+            )
+            + f" | {r.metric:.4g} | {r.epsilon:.4g} |"
+        )
     if test is not None:
-        lines += ["", f"The published model (run {winner.index}) on the test split, which did "
-                      f"not take part in the selection ({test['examples']} examples): accuracy "
-                      f"{test['accuracy']:.4g}, loss {test['loss']:.4g}."]
-    data = {"runs": [dataclasses.asdict(r) for r in runs], "winner": winner.index,
-            "winner_on_test": test,
-            "epsilon": eps_grid, "delta": delta, "noise_multiplier": sigma,
-            "target_epsilon": base.epsilon, "accountant": base.accountant, "select": select,
-            "selected_on": selected_on, "axes": {a.name: list(a.values) for a in axes}}
+        lines += [
+            "",
+            f"The published model (run {winner.index}) on the test split, which did "
+            f"not take part in the selection ({test['examples']} examples): accuracy "
+            f"{test['accuracy']:.4g}, loss {test['loss']:.4g}.",
+        ]
+    data = {
+        "runs": [dataclasses.asdict(r) for r in runs],
+        "winner": winner.index,
+        "winner_on_test": test,
+        "epsilon": eps_grid,
+        "delta": delta,
+        "noise_multiplier": sigma,
+        "target_epsilon": base.epsilon,
+        "accountant": base.accountant,
+        "select": select,
+        "selected_on": selected_on,
+        "axes": {a.name: list(a.values) for a in axes},
+    }
     section = ReportSection("Tuning grid", tuple(lines), data)
     tuning = TuningCost(
         method=f"per-grid budget: {k} runs composed ({base.accountant.upper()}; Mohapatra et al. "
-               f"2022; Galli et al. 2024)", epsilon=eps_grid, delta=delta,
+        f"2022; Galli et al. 2024)",
+        epsilon=eps_grid,
+        delta=delta,
         details=f"Grid over {', '.join(names)} (see 'Tuning grid'); the winner was chosen on "
-                f"{selected_on}. The grid was fixed before any run (a non-adaptive search).")
+        f"{selected_on}. The grid was fixed before any run (a non-adaptive search).",
+    )
     saved = json.loads((win_dir / "privacy_report.json").read_text())
     context = PrivacyReport.context_from_dict(saved)
     context["sections"] = (*context.get("sections", ()), section)
     context["tuning"] = tuning
     context["public_data"] = selected_on
     ledger = Ledger.from_json((win_dir / "ledger.json").read_text())
-    PrivacyReport.from_ledger(ledger, delta=delta, accountant=saved["accountant"],
-                              **context).write(win_dir)
+    PrivacyReport.from_ledger(ledger, delta=delta, accountant=saved["accountant"], **context).write(
+        win_dir
+    )
     ledger_dicts = [run_ledger.to_dict() for run_ledger in ledgers]
-    write_atomic(win_dir / "grid.json", json.dumps({**data, "ledgers": ledger_dicts}, indent=1)
-                 + "\n")
+    write_atomic(
+        win_dir / "grid.json", json.dumps({**data, "ledgers": ledger_dicts}, indent=1) + "\n"
+    )

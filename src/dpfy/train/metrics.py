@@ -18,9 +18,19 @@ from dpfy.train.rundir import write_atomic
 
 __all__ = ["MetricsLog", "COLUMNS", "EMA_COLUMNS"]
 
-COLUMNS = ("epoch", "step", "epsilon", "noise_multiplier", "clip", "lr",
-           "train_loss_nonprivate", "train_acc_nonprivate", "test_loss", "test_acc",
-           "wall_time_s")
+COLUMNS = (
+    "epoch",
+    "step",
+    "epsilon",
+    "noise_multiplier",
+    "clip",
+    "lr",
+    "train_loss_nonprivate",
+    "train_acc_nonprivate",
+    "test_loss",
+    "test_acc",
+    "wall_time_s",
+)
 # Present only in runs with parameter averaging (dpfy train --ema): the averaged model's
 # test metrics (dpfy.train.averaging).
 EMA_COLUMNS = ("test_loss_ema", "test_acc_ema")

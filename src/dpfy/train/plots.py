@@ -20,8 +20,13 @@ def plot_accuracy(rows: Sequence[dict[str, Any]], path: Path, *, title: str = ""
     epochs = [r["epoch"] for r in rows]
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(epochs, [100 * r["test_acc"] for r in rows], marker="o", ms=3, label="test")
-    ax.plot(epochs, [100 * r["train_acc_nonprivate"] for r in rows], marker="o", ms=3,
-            label="train (non-private diagnostic)")
+    ax.plot(
+        epochs,
+        [100 * r["train_acc_nonprivate"] for r in rows],
+        marker="o",
+        ms=3,
+        label="train (non-private diagnostic)",
+    )
     ax.set_xlabel("epoch")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("accuracy (%)")
@@ -29,8 +34,10 @@ def plot_accuracy(rows: Sequence[dict[str, Any]], path: Path, *, title: str = ""
     ax.legend(loc="lower right")
     if rows:
         head = f"{title}: " if title else ""
-        ax.set_title(f"{head}final test accuracy {100 * rows[-1]['test_acc']:.2f}% at "
-                     f"ε = {rows[-1]['epsilon']:.2f}")
+        ax.set_title(
+            f"{head}final test accuracy {100 * rows[-1]['test_acc']:.2f}% at "
+            f"ε = {rows[-1]['epsilon']:.2f}"
+        )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

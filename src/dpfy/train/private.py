@@ -25,8 +25,13 @@ from dpfy.api import make_private
 from dpfy.data import DataSplits
 from dpfy.train.config import TrainConfig
 
-__all__ = ["PrivateRun", "private_run", "make_private_run", "make_optimizer",
-           "per_example_cross_entropy"]
+__all__ = [
+    "PrivateRun",
+    "private_run",
+    "make_private_run",
+    "make_optimizer",
+    "per_example_cross_entropy",
+]
 
 
 def per_example_cross_entropy(model: nn.Module, batch) -> torch.Tensor:
@@ -41,9 +46,9 @@ class PrivateRun:
     """The private model, optimizer and Poisson loader, plus the run's public shape."""
 
     model: nn.Module
-    optimizer: Any                # the private optimizer (dpfy.optim.DPOptimizer)
-    loader: Any                   # yields Poisson-sampled logical batches
-    sample_rate: float            # q
+    optimizer: Any  # the private optimizer (dpfy.optim.DPOptimizer)
+    loader: Any  # yields Poisson-sampled logical batches
+    sample_rate: float  # q
     steps_per_epoch: int
     total_steps: int
 
@@ -60,8 +65,9 @@ def make_optimizer(cfg: TrainConfig, params) -> torch.optim.Optimizer:
     """The non-private optimizer ``make_private`` wraps."""
     assert cfg.lr is not None and cfg.momentum is not None, "TrainConfig resolves them"
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum,
-                               weight_decay=cfg.weight_decay)
+        return torch.optim.SGD(
+            params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+        )
     return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
@@ -76,19 +82,35 @@ def build_methods(cfg: TrainConfig) -> list | None:
     for key, value in options.items():
         target, dot, opt = key.partition(".")
         if dot:
-            require(target in per, "method_options", key, f"addressed to one of {names}",
-                    "Write NAME.KEY=VALUE with NAME among the --method names")
+            require(
+                target in per,
+                "method_options",
+                key,
+                f"addressed to one of {names}",
+                "Write NAME.KEY=VALUE with NAME among the --method names",
+            )
             per[target][opt] = value
         else:
-            require(len(names) == 1, "method_options", key,
-                    "NAME.KEY=VALUE when several methods are chained",
-                    f"Say which of {names} the option is for")
+            require(
+                len(names) == 1,
+                "method_options",
+                key,
+                "NAME.KEY=VALUE when several methods are chained",
+                f"Say which of {names} the option is for",
+            )
             per[names[0]][key] = value
     return [make(n, **per[n]) for n in names]
 
 
-def private_run(model: nn.Module, optimizer: torch.optim.Optimizer, train: Dataset, *,
-                batch_size: int, epochs: int, **options: Any) -> PrivateRun:
+def private_run(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    train: Dataset,
+    *,
+    batch_size: int,
+    epochs: int,
+    **options: Any,
+) -> PrivateRun:
     """Wrap ``model`` and ``optimizer`` for DP training on ``train`` for ``epochs`` passes.
 
     Batches are Poisson-sampled at q = batch_size / N. The run is planned, calibrated and
@@ -104,35 +126,63 @@ def private_run(model: nn.Module, optimizer: torch.optim.Optimizer, train: Datas
         target_epsilon, target_delta, max_grad_norm, method, seed, accountant, ...).
     """
     n = len(train)  # type: ignore[arg-type]
-    require(batch_size <= n, "batch_size", batch_size,
-            f"<= the number of training examples ({n})", "Lower --batch-size")
+    require(
+        batch_size <= n,
+        "batch_size",
+        batch_size,
+        f"<= the number of training examples ({n})",
+        "Lower --batch-size",
+    )
     model, optimizer, loader = make_private(
-        model, optimizer, DataLoader(train, batch_size=batch_size), epochs=epochs,
-        poisson_sampling=True, **options)
-    steps_per_epoch = len(loader)                       # the sampler's: ⌈N/b⌉ logical batches
-    require(optimizer.max_steps == epochs * steps_per_epoch, "max_steps", optimizer.max_steps,
-            f"{epochs} epochs × {steps_per_epoch} steps per epoch (what the run was planned "
-            f"for)", "This is a bug in dpfy: the plan and the sampler disagree; please report it")
+        model,
+        optimizer,
+        DataLoader(train, batch_size=batch_size),
+        epochs=epochs,
+        poisson_sampling=True,
+        **options,
+    )
+    steps_per_epoch = len(loader)  # the sampler's: ⌈N/b⌉ logical batches
+    require(
+        optimizer.max_steps == epochs * steps_per_epoch,
+        "max_steps",
+        optimizer.max_steps,
+        f"{epochs} epochs × {steps_per_epoch} steps per epoch (what the run was planned for)",
+        "This is a bug in dpfy: the plan and the sampler disagree; please report it",
+    )
     assert optimizer.max_steps is not None, "planned for epochs (required above)"
-    return PrivateRun(model=model, optimizer=optimizer, loader=loader,
-                      sample_rate=loader.sampler.sample_rate, steps_per_epoch=steps_per_epoch,
-                      total_steps=optimizer.max_steps)
+    return PrivateRun(
+        model=model,
+        optimizer=optimizer,
+        loader=loader,
+        sample_rate=loader.sampler.sample_rate,
+        steps_per_epoch=steps_per_epoch,
+        total_steps=optimizer.max_steps,
+    )
 
 
 def load_user_ids(path: str) -> torch.Tensor:
     """(N,) integer user ids from a ``.npy`` file or a text/``.csv`` file of integers (one per
     example, any layout, read in row order), for ``dpfy train --user-ids``. Read once: the ids
     of a run never change."""
-    import numpy as np   # local: only --user-ids reads files of ids
+    import numpy as np  # local: only --user-ids reads files of ids
+
     try:
-        arr = (np.load(path, allow_pickle=False) if str(path).lower().endswith(".npy")
-               else np.loadtxt(path, delimiter=",", dtype=np.int64, ndmin=1))
+        arr = (
+            np.load(path, allow_pickle=False)
+            if str(path).lower().endswith(".npy")
+            else np.loadtxt(path, delimiter=",", dtype=np.int64, ndmin=1)
+        )
     except (OSError, ValueError) as err:
         require(False, "user_ids", path, "a readable file of integer ids", str(err))
         raise
     arr = np.asarray(arr).reshape(-1)
-    require(np.issubdtype(arr.dtype, np.integer), "user_ids", f"{path} ({arr.dtype})",
-            "integer ids", "Save one integer user id per training example")
+    require(
+        np.issubdtype(arr.dtype, np.integer),
+        "user_ids",
+        f"{path} ({arr.dtype})",
+        "integer ids",
+        "Save one integer user id per training example",
+    )
     return torch.as_tensor(arr.astype(np.int64))
 
 
@@ -140,9 +190,12 @@ def user_options(cfg: TrainConfig) -> dict[str, Any]:
     """``make_private``'s user-level arguments from ``cfg`` (none without --user-ids)."""
     if cfg.user_ids is None:
         return {}
-    return {"user_ids": load_user_ids(cfg.user_ids), "user_sampling": cfg.user_sampling,
-            "max_examples_per_user": cfg.max_examples_per_user,
-            "user_reduction": cfg.user_reduction}
+    return {
+        "user_ids": load_user_ids(cfg.user_ids),
+        "user_sampling": cfg.user_sampling,
+        "max_examples_per_user": cfg.max_examples_per_user,
+        "user_reduction": cfg.user_reduction,
+    }
 
 
 def make_private_run(cfg: TrainConfig, model: nn.Module, data: DataSplits) -> PrivateRun:
@@ -151,19 +204,35 @@ def make_private_run(cfg: TrainConfig, model: nn.Module, data: DataSplits) -> Pr
     method = build_methods(cfg)
     assert cfg.batch_size is not None, "resolve() set the batch size"
     private = private_run(
-        model, optimizer, data.train, batch_size=cfg.batch_size, epochs=cfg.epochs,
-        noise_multiplier=cfg.noise_multiplier, target_epsilon=cfg.epsilon,
-        target_delta=cfg.delta, max_grad_norm=cfg.clip, clipping=cfg.clipping,
-        route=cfg.route, seed=cfg.seed, method=method,
-        max_physical_batch_size=cfg.physical_batch_size, accountant=cfg.accountant,
-        noise=cfg.noise, bands=cfg.bands,
+        model,
+        optimizer,
+        data.train,
+        batch_size=cfg.batch_size,
+        epochs=cfg.epochs,
+        noise_multiplier=cfg.noise_multiplier,
+        target_epsilon=cfg.epsilon,
+        target_delta=cfg.delta,
+        max_grad_norm=cfg.clip,
+        clipping=cfg.clipping,
+        route=cfg.route,
+        seed=cfg.seed,
+        method=method,
+        max_physical_batch_size=cfg.physical_batch_size,
+        accountant=cfg.accountant,
+        noise=cfg.noise,
+        bands=cfg.bands,
         # the per-example loss for a method whose specs probe losses (unused otherwise)
-        loss_fn=per_example_cross_entropy, microbatch_size=cfg.microbatch_size,
-        **user_options(cfg))
-    reads = private.optimizer.method is not None \
-        and private.optimizer.method.implements("observe")
-    require(not reads or cfg.public_validation == "test", "public_validation",
-            cfg.public_validation, f"'test' for method {cfg.method!r}",
-            "It reads a validation metric each epoch; pass --public-validation test only if "
-            "the test split is public data (it then drives the noise)")
+        loss_fn=per_example_cross_entropy,
+        microbatch_size=cfg.microbatch_size,
+        **user_options(cfg),
+    )
+    reads = private.optimizer.method is not None and private.optimizer.method.implements("observe")
+    require(
+        not reads or cfg.public_validation == "test",
+        "public_validation",
+        cfg.public_validation,
+        f"'test' for method {cfg.method!r}",
+        "It reads a validation metric each epoch; pass --public-validation test only if "
+        "the test split is public data (it then drives the noise)",
+    )
     return private

@@ -24,18 +24,28 @@ from dpfy.privacy.report import PrivacyReport, ReportSection
 from dpfy.privacy.user_level import user_level_section
 from dpfy.train.config import SEED_WARNING, TrainConfig
 
-__all__ = ["write_report", "methods_ran", "clip_description", "public_data", "RELEASED",
-           "NOT_RELEASED"]
+__all__ = [
+    "write_report",
+    "methods_ran",
+    "clip_description",
+    "public_data",
+    "RELEASED",
+    "NOT_RELEASED",
+]
 
-RELEASED = ("final model weights (model.pt) and test-set metrics. The train loss/accuracy "
-            "columns of metrics.csv and metrics.json, and the train curve of accuracy.png, are "
-            "non-private diagnostics computed on raw training data and are not covered by this "
-            "guarantee: do not publish them")
-NOT_RELEASED = ("checkpoint.pt and checkpoint.prev.pt (the one before it, kept as a fallback), "
-                "written in the run's .partial directory while training and deleted when the "
-                "run finishes, hold the seed and the generator states, which reproduce the "
-                "sampling and the noise; they are secret and not part of the release "
-                "(config.json and this report never hold them)")
+RELEASED = (
+    "final model weights (model.pt) and test-set metrics. The train loss/accuracy "
+    "columns of metrics.csv and metrics.json, and the train curve of accuracy.png, are "
+    "non-private diagnostics computed on raw training data and are not covered by this "
+    "guarantee: do not publish them"
+)
+NOT_RELEASED = (
+    "checkpoint.pt and checkpoint.prev.pt (the one before it, kept as a fallback), "
+    "written in the run's .partial directory while training and deleted when the "
+    "run finishes, hold the seed and the generator states, which reproduce the "
+    "sampling and the noise; they are secret and not part of the release "
+    "(config.json and this report never hold them)"
+)
 
 
 def clip_description(cfg: TrainConfig, method) -> str:
@@ -48,27 +58,33 @@ def clip_description(cfg: TrainConfig, method) -> str:
         if "clip" in m.sets:
             return f"clip C_t set by method '{name}' ({cfg.clipping} clipping)"
     if cfg.clipping == "microbatch" and (cfg.microbatch_size or 1) > 1:
-        return (f"clip {cfg.clip:g}, microbatch clipping (the mean gradient of each microbatch "
-                f"of {cfg.microbatch_size} rows on average is clipped; sensitivity "
-                f"2C = {2 * cfg.clip:g}, the noise is σ·2C)")
+        return (
+            f"clip {cfg.clip:g}, microbatch clipping (the mean gradient of each microbatch "
+            f"of {cfg.microbatch_size} rows on average is clipped; sensitivity "
+            f"2C = {2 * cfg.clip:g}, the noise is σ·2C)"
+        )
     return f"clip {cfg.clip:g}, {cfg.clipping} clipping"
 
 
 def _describe(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, private) -> str:
     params = sum(p.numel() for p in private.model.parameters())
     clip = clip_description(cfg, private.optimizer.method)
-    return (f"{cfg.model} ({params:,} parameters) trained with {ALGORITHM[cfg.noise]} "
-            f"({cfg.optimizer}, lr "
-            f"{cfg.lr:g}, {clip}, expected batch "
-            f"{cfg.batch_size}, {cfg.epochs} epochs) on {data.description}; δ: "
-            f"{notes.get('delta_rule', 'given')}")
+    return (
+        f"{cfg.model} ({params:,} parameters) trained with {ALGORITHM[cfg.noise]} "
+        f"({cfg.optimizer}, lr "
+        f"{cfg.lr:g}, {clip}, expected batch "
+        f"{cfg.batch_size}, {cfg.epochs} epochs) on {data.description}; δ: "
+        f"{notes.get('delta_rule', 'given')}"
+    )
 
 
 # What each entry of a method's ``sets`` means to a reader of the report (dpfy.adaptive.SETS).
-PLAN_FIELD_TEXT = {"noise_multiplier": "the noise multiplier σ_t (the noise schedule)",
-                   "clip": "the clipping threshold C_t",
-                   "lr_scale": "the learning-rate scale",
-                   "noise_split": "the split of σ_t between the gradient and its own releases"}
+PLAN_FIELD_TEXT = {
+    "noise_multiplier": "the noise multiplier σ_t (the noise schedule)",
+    "clip": "the clipping threshold C_t",
+    "lr_scale": "the learning-rate scale",
+    "noise_split": "the split of σ_t between the gradient and its own releases",
+}
 
 
 def _members(method) -> Sequence:
@@ -87,11 +103,16 @@ def methods_ran(method, noise_multiplier: float | None = None) -> list[dict[str,
     σ themselves)."""
     if method is None:
         return []
-    rows = describe_releases(method, noise_multiplier=(1.0 if noise_multiplier is None
-                                                       else noise_multiplier))
-    return [{"name": m.registry_name or type(m).__name__,
-             "releases": releases_text(rows, owner=m.registry_name or type(m).__name__)}
-            for m in _members(method)]
+    rows = describe_releases(
+        method, noise_multiplier=(1.0 if noise_multiplier is None else noise_multiplier)
+    )
+    return [
+        {
+            "name": m.registry_name or type(m).__name__,
+            "releases": releases_text(rows, owner=m.registry_name or type(m).__name__),
+        }
+        for m in _members(method)
+    ]
 
 
 def public_data(cfg: TrainConfig, method, num_test: int) -> str | None:
@@ -99,16 +120,20 @@ def public_data(cfg: TrainConfig, method, num_test: int) -> str | None:
     if cfg.public_validation != "test":
         return None
     readers = [m for m in _members(method) if m.implements("observe")]
-    head = (f"the user declared the test split public (--public-validation test; {num_test} "
-            f"examples), so the guarantee does not cover it as private data, and it must not "
-            f"contain private data")
+    head = (
+        f"the user declared the test split public (--public-validation test; {num_test} "
+        f"examples), so the guarantee does not cover it as private data, and it must not "
+        f"contain private data"
+    )
     if not readers:
         return f"{head}. No method of this run read it; only the test-set metrics used it"
     names = ", ".join(f"`{m.registry_name or type(m).__name__}`" for m in readers)
     drove = sorted({PLAN_FIELD_TEXT.get(f, f) for m in readers for f in m.sets})
-    return (f"{head}. Its accuracy, measured after every epoch, was read by {names} and "
-            f"drove {' and '.join(drove) or 'the method'}; it entered training without noise "
-            f"and without a ledger entry because it was declared public")
+    return (
+        f"{head}. Its accuracy, measured after every epoch, was read by {names} and "
+        f"drove {' and '.join(drove) or 'the method'}; it entered training without noise "
+        f"and without a ledger entry because it was declared public"
+    )
 
 
 def user_section(cfg: TrainConfig, private, ledger) -> ReportSection:
@@ -120,44 +145,79 @@ def user_section(cfg: TrainConfig, private, ledger) -> ReportSection:
     if sampler.sampling.value == "uls":
         k = sampler.max_examples_per_step
         algorithm = "ULS, user-level sampling (Charles et al. 2024)"
-        rows = ("all of their examples" if k is None else
-                f"at most {k} of their examples, drawn at random each step")
-        details = [f"Each user joins a step with probability q = {sampler.sample_rate:.5g} "
-                   f"(expected {sampler.normalizer:.4g} users per step; the noisy sum over "
-                   f"users is divided by that number).",
-                   f"A sampled user brings {rows} (the largest user holds {largest}); the "
-                   f"{units.reduction} of their "
-                   f"gradients is clipped to C as one vector.",
-                   "Accounting: a Poisson-subsampled Gaussian at the user level."]
-        data = {"user_sampling": "uls", "user_rate": sampler.sample_rate,
-                "max_examples_per_step": k, "user_reduction": units.reduction,
-                "largest_user": largest}
+        rows = (
+            "all of their examples"
+            if k is None
+            else f"at most {k} of their examples, drawn at random each step"
+        )
+        details = [
+            f"Each user joins a step with probability q = {sampler.sample_rate:.5g} "
+            f"(expected {sampler.normalizer:.4g} users per step; the noisy sum over "
+            f"users is divided by that number).",
+            f"A sampled user brings {rows} (the largest user holds {largest}); the "
+            f"{units.reduction} of their "
+            f"gradients is clipped to C as one vector.",
+            "Accounting: a Poisson-subsampled Gaussian at the user level.",
+        ]
+        data = {
+            "user_sampling": "uls",
+            "user_rate": sampler.sample_rate,
+            "max_examples_per_step": k,
+            "user_reduction": units.reduction,
+            "largest_user": largest,
+        }
     else:
         k = sampler.max_examples_per_user
-        algorithm = ("ELS, example-level sampling with contribution bounding (Charles et al. "
-                     "2024)")
-        details = [f"Every user keeps at most k = {k} of their examples (the largest user held "
-                   f"{largest}): a uniformly random subset, chosen once from the sampler's "
-                   f"secret generator; {sampler.num_kept:,} of {sampler.num_examples:,} "
-                   f"examples are kept.",
-                   f"Examples join a step with probability q = {sampler.sample_rate:.5g} and "
-                   f"are clipped one by one to C."]
-        data = {"user_sampling": "els", "example_rate": sampler.sample_rate,
-                "max_examples_per_user": k, "kept_examples": sampler.num_kept,
-                "largest_user": largest}
-    return user_level_section(ledger, delta=cfg.delta, accountant=cfg.accountant,
-                              num_users=units.num_users, num_examples=units.num_examples,
-                              algorithm=algorithm, details=details, data=data)
+        algorithm = "ELS, example-level sampling with contribution bounding (Charles et al. 2024)"
+        details = [
+            f"Every user keeps at most k = {k} of their examples (the largest user held "
+            f"{largest}): a uniformly random subset, chosen once from the sampler's "
+            f"secret generator; {sampler.num_kept:,} of {sampler.num_examples:,} "
+            f"examples are kept.",
+            f"Examples join a step with probability q = {sampler.sample_rate:.5g} and "
+            f"are clipped one by one to C.",
+        ]
+        data = {
+            "user_sampling": "els",
+            "example_rate": sampler.sample_rate,
+            "max_examples_per_user": k,
+            "kept_examples": sampler.num_kept,
+            "largest_user": largest,
+        }
+    return user_level_section(
+        ledger,
+        delta=cfg.delta,
+        accountant=cfg.accountant,
+        num_users=units.num_users,
+        num_examples=units.num_examples,
+        algorithm=algorithm,
+        details=details,
+        data=data,
+    )
+
+
 # What the run's --noise trains with, in words.
-ALGORITHM = {"gaussian": "DP-SGD", "tree": "DP-FTRL (tree aggregation)",
-             "bandmf": "BandMF (banded matrix factorization)"}
+ALGORITHM = {
+    "gaussian": "DP-SGD",
+    "tree": "DP-FTRL (tree aggregation)",
+    "bandmf": "BandMF (banded matrix factorization)",
+}
 # The sampler's scheme in the report's sampling note (--noise picks the sampler).
-SAMPLER_WORDS = {"poisson": "Poisson sampling", "shuffle": "Shuffled passes (one per epoch)",
-                 "cyclic_poisson": "Cyclic Poisson sampling (Poisson within each band's group)"}
+SAMPLER_WORDS = {
+    "poisson": "Poisson sampling",
+    "shuffle": "Shuffled passes (one per epoch)",
+    "cyclic_poisson": "Cyclic Poisson sampling (Poisson within each band's group)",
+}
 
 
-def write_report(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, private,
-                 directory: Path, sections: Sequence[ReportSection] = ()) -> float:
+def write_report(
+    cfg: TrainConfig,
+    notes: Mapping[str, Any],
+    data: DataSplits,
+    private,
+    directory: Path,
+    sections: Sequence[ReportSection] = (),
+) -> float:
     """Write the report files into ``directory``; return the final ε (``cfg.accountant``).
 
     ``sections``: extra report sections (a tuning grid, an audit, per-group budgets)."""
@@ -168,16 +228,20 @@ def write_report(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, p
     if users:
         sections = (user_section(cfg, private, ledger), *sections)
     PrivacyReport.from_ledger(
-        ledger, delta=cfg.delta, accountant=cfg.accountant, released=RELEASED,
-        unit_of_privacy=sampler.units.description,   # the sampler's unit
-        dataset_size=sampler.dataset_size if users else data.num_train,   # U or N
+        ledger,
+        delta=cfg.delta,
+        accountant=cfg.accountant,
+        released=RELEASED,
+        unit_of_privacy=sampler.units.description,  # the sampler's unit
+        dataset_size=sampler.dataset_size if users else data.num_train,  # U or N
         model_description=_describe(cfg, notes, data, private),
         layer_table=private.optimizer.grads.explain_planned(),  # per layer: rule, route (R7)
         sampling_note=f"{SAMPLER_WORDS.get(sampler.sampling.value, 'Poisson sampling')} by "
-                      f"dpfy's sampler, q = {private.sample_rate:.5g}"
-                      f"{' (per user)' if sampler.sampling.value == 'uls' else ''}, "
-                      f"{private.steps_per_epoch} steps per epoch",
-        warnings=(SEED_WARNING,) if cfg.reproducible else (), not_released=NOT_RELEASED,
+        f"dpfy's sampler, q = {private.sample_rate:.5g}"
+        f"{' (per user)' if sampler.sampling.value == 'uls' else ''}, "
+        f"{private.steps_per_epoch} steps per epoch",
+        warnings=(SEED_WARNING,) if cfg.reproducible else (),
+        not_released=NOT_RELEASED,
         methods=methods_ran(private.optimizer.method, private.noise_multiplier),
         public_data=public_data(cfg, private.optimizer.method, data.num_test),
         sections=sections,

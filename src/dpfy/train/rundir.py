@@ -28,8 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["RunDir", "write_atomic", "fsync_dir", "PARTIAL_SUFFIX", "TEMP_SUFFIX",
-           "COMPLETE_MARKER"]
+__all__ = [
+    "RunDir",
+    "write_atomic",
+    "fsync_dir",
+    "PARTIAL_SUFFIX",
+    "TEMP_SUFFIX",
+    "COMPLETE_MARKER",
+]
 
 PARTIAL_SUFFIX = ".partial"
 TEMP_SUFFIX = ".tmp"
@@ -72,8 +78,11 @@ def write_atomic(path: Path, data: bytes | str, *, previous: Path | None = None)
 
 def _final_path(path: Path) -> Path:
     """``runs/x`` for both ``runs/x`` and ``runs/x.partial``."""
-    return path.with_name(path.name[:-len(PARTIAL_SUFFIX)]) \
-        if path.name.endswith(PARTIAL_SUFFIX) else path
+    return (
+        path.with_name(path.name[: -len(PARTIAL_SUFFIX)])
+        if path.name.endswith(PARTIAL_SUFFIX)
+        else path
+    )
 
 
 def _held_by_another(directory: Path) -> bool:
@@ -87,7 +96,7 @@ def _held_by_another(directory: Path) -> bool:
     except BlockingIOError:
         return True
     finally:
-        os.close(fd)          # closing drops the probe's own lock
+        os.close(fd)  # closing drops the probe's own lock
     return False
 
 
@@ -129,9 +138,11 @@ class RunDir:
 
     def _refuse_if_running(self) -> None:
         if _held_by_another(self.staging):
-            raise ValueError(f"out must not be in use, got '{self.staging}', which another "
-                             f"dpfy train is writing now. Wait for it to finish, or choose "
-                             f"another --out")
+            raise ValueError(
+                f"out must not be in use, got '{self.staging}', which another "
+                f"dpfy train is writing now. Wait for it to finish, or choose "
+                f"another --out"
+            )
 
     @classmethod
     def create(cls, out: str | Path) -> "RunDir":
@@ -142,14 +153,18 @@ class RunDir:
         """
         run = cls(_final_path(Path(out)))
         if run.final.exists():
-            raise ValueError(f"out must be a new directory, got out = '{run.final}', which "
-                             f"exists. Choose another --out, or delete it")
+            raise ValueError(
+                f"out must be a new directory, got out = '{run.final}', which "
+                f"exists. Choose another --out, or delete it"
+            )
         if run.staging.exists():
             run._refuse_if_running()
             if run.has_checkpoint() or run.is_complete():
-                raise ValueError(f"out must not have an interrupted run, got '{run.staging}' "
-                                 f"from an earlier run. Continue it with --resume "
-                                 f"{run.final}, or delete that directory")
+                raise ValueError(
+                    f"out must not have an interrupted run, got '{run.staging}' "
+                    f"from an earlier run. Continue it with --resume "
+                    f"{run.final}, or delete that directory"
+                )
             shutil.rmtree(run.staging)
         try:
             run.staging.mkdir(parents=True)
@@ -157,8 +172,10 @@ class RunDir:
             probe.write_bytes(b"")
             probe.unlink()
         except OSError as e:
-            raise ValueError(f"out must be a writable directory, got out = '{run.final}' "
-                             f"({e.strerror}). Choose a directory you can write to") from None
+            raise ValueError(
+                f"out must be a writable directory, got out = '{run.final}' "
+                f"({e.strerror}). Choose a directory you can write to"
+            ) from None
         return run
 
     @classmethod
@@ -169,14 +186,21 @@ class RunDir:
             run._refuse_if_running()
         if not run.has_checkpoint() and not run.is_complete():
             done = run.final.is_dir() and not run.staging.exists()
-            hint = ("that run finished; start a new run with --out" if done else
-                    "no epoch finished yet, so there is nothing to continue; start again "
-                    "with --out")
-            raise ValueError(f"resume must name an interrupted run with a checkpoint, got "
-                             f"resume = '{path}' ({hint})")
+            hint = (
+                "that run finished; start a new run with --out"
+                if done
+                else "no epoch finished yet, so there is nothing to continue; start again "
+                "with --out"
+            )
+            raise ValueError(
+                f"resume must name an interrupted run with a checkpoint, got "
+                f"resume = '{path}' ({hint})"
+            )
         if run.final.exists():
-            raise ValueError(f"resume target must not exist yet, got '{run.final}' next to "
-                             f"'{run.staging}'. Move one of them away")
+            raise ValueError(
+                f"resume target must not exist yet, got '{run.final}' next to "
+                f"'{run.staging}'. Move one of them away"
+            )
         return run
 
     @contextlib.contextmanager

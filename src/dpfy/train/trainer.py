@@ -50,8 +50,15 @@ from dpfy.train.private import make_optimizer, make_private_run, private_run
 from dpfy.train.report import ALGORITHM, SAMPLER_WORDS, clip_description, write_report
 from dpfy.train.rundir import COMPLETE_MARKER, RunDir, write_atomic
 
-__all__ = ["TrainResult", "train", "resume", "usable_cores", "check_names", "check_accountable",
-           "progress_bar"]
+__all__ = [
+    "TrainResult",
+    "train",
+    "resume",
+    "usable_cores",
+    "check_names",
+    "check_accountable",
+    "progress_bar",
+]
 
 Echo = Callable[[str], None]
 
@@ -83,19 +90,40 @@ def usable_cores() -> int:
 def check_names(cfg: TrainConfig, data: DataSplits | None, model: nn.Module | None) -> None:
     """Refuse a dataset or model name that is not listed (or not the ``data`` passed in)."""
     if data is None:
-        require(cfg.dataset in DATASETS, "dataset", cfg.dataset, f"one of {sorted(DATASETS)}",
-                "Pick a listed name, or pass your own DataSplits through the Python API")
+        require(
+            cfg.dataset in DATASETS,
+            "dataset",
+            cfg.dataset,
+            f"one of {sorted(DATASETS)}",
+            "Pick a listed name, or pass your own DataSplits through the Python API",
+        )
     else:
-        require(cfg.dataset == data.name, "dataset", cfg.dataset, f"'{data.name}' (the name of "
-                "the DataSplits passed in)", "Set TrainConfig(dataset=data.name)")
+        require(
+            cfg.dataset == data.name,
+            "dataset",
+            cfg.dataset,
+            f"'{data.name}' (the name of the DataSplits passed in)",
+            "Set TrainConfig(dataset=data.name)",
+        )
     if model is None:
-        require(cfg.model in MODELS, "model", cfg.model, f"one of {sorted(MODELS)}",
-                "Pick a listed name, or pass your own nn.Module through the Python API")
+        require(
+            cfg.model in MODELS,
+            "model",
+            cfg.model,
+            f"one of {sorted(MODELS)}",
+            "Pick a listed name, or pass your own nn.Module through the Python API",
+        )
 
 
-def train(cfg: TrainConfig, *, out: str | Path, data: DataSplits | None = None,
-          model: nn.Module | None = None, progress: bool = True,
-          echo: Echo = print) -> TrainResult:
+def train(
+    cfg: TrainConfig,
+    *,
+    out: str | Path,
+    data: DataSplits | None = None,
+    model: nn.Module | None = None,
+    progress: bool = True,
+    echo: Echo = print,
+) -> TrainResult:
     """Train privately according to ``cfg`` and write everything to ``out``.
 
     Args:
@@ -111,15 +139,16 @@ def train(cfg: TrainConfig, *, out: str | Path, data: DataSplits | None = None,
     check_names(cfg, data, model)
     check_accountable(cfg)
     require_extra("matplotlib", feature="dpfy train (it writes accuracy.png)")
-    run = RunDir.create(out)          # before any slow work: an unwritable --out fails at once
+    run = RunDir.create(out)  # before any slow work: an unwritable --out fails at once
     try:
         with run.held():
-            data = data if data is not None else load_dataset(cfg.dataset,
-                                                              data_dir=cfg.data_dir)
-            resolved, delta_rule = resolve(cfg, num_examples=data.num_train,
-                                           reference_delta=data.reference_delta)
-            return _run(resolved, {"delta_rule": delta_rule}, run, data, model, None,
-                        progress, echo)
+            data = data if data is not None else load_dataset(cfg.dataset, data_dir=cfg.data_dir)
+            resolved, delta_rule = resolve(
+                cfg, num_examples=data.num_train, reference_delta=data.reference_delta
+            )
+            return _run(
+                resolved, {"delta_rule": delta_rule}, run, data, model, None, progress, echo
+            )
     except BaseException:
         if not run.has_checkpoint() and not run.is_complete():  # nothing to resume: no trace
             shutil.rmtree(run.staging, ignore_errors=True)
@@ -133,14 +162,24 @@ def check_accountable(cfg: TrainConfig) -> None:
     """
     if cfg.noise_multiplier is not None and cfg.accountant == "pld":
         floor = pld_min_noise_multiplier(PLD_FINE)
-        require(cfg.noise_multiplier >= floor, "noise_multiplier", cfg.noise_multiplier,
-                f">= {floor:.3g} with the PLD accountant (its grid would not fit in memory)",
-                "Raise --noise-multiplier, or account with --accountant rdp")
+        require(
+            cfg.noise_multiplier >= floor,
+            "noise_multiplier",
+            cfg.noise_multiplier,
+            f">= {floor:.3g} with the PLD accountant (its grid would not fit in memory)",
+            "Raise --noise-multiplier, or account with --accountant rdp",
+        )
 
 
-def resume(path: str | Path, *, overrides: Mapping[str, Any] | None = None,
-           data: DataSplits | None = None, model: nn.Module | None = None,
-           progress: bool = True, echo: Echo = print) -> TrainResult:
+def resume(
+    path: str | Path,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    data: DataSplits | None = None,
+    model: nn.Module | None = None,
+    progress: bool = True,
+    echo: Echo = print,
+) -> TrainResult:
     """Continue the interrupted run at ``path`` from its last checkpoint.
 
     ``overrides`` are settings the user gave again (flags or a config file); each must equal
@@ -158,29 +197,44 @@ def resume(path: str | Path, *, overrides: Mapping[str, Any] | None = None,
         return _resume(run, ckpt, overrides, data, model, progress, echo)
 
 
-def _resume(run: RunDir, ckpt: Checkpoint, overrides: Mapping[str, Any] | None,
-            data: DataSplits | None, model: nn.Module | None, progress: bool,
-            echo: Echo) -> TrainResult:
+def _resume(
+    run: RunDir,
+    ckpt: Checkpoint,
+    overrides: Mapping[str, Any] | None,
+    data: DataSplits | None,
+    model: nn.Module | None,
+    progress: bool,
+    echo: Echo,
+) -> TrainResult:
     stored = TrainConfig.from_mapping(ckpt.config, source="checkpoint")
     overrides = dict(overrides or {})
-    differ = {k: v for k, v in overrides.items()
-              if k not in RESUME_IGNORED and getattr(stored, k) != v}
+    differ = {
+        k: v for k, v in overrides.items() if k not in RESUME_IGNORED and getattr(stored, k) != v
+    }
     if differ:
         name = sorted(differ)[0]
-        raise ValueError(f"{name} must match the interrupted run when resuming, got {name} = "
-                         f"{differ[name]!r} but the run used {getattr(stored, name)!r}"
-                         + (f" (also differ: {sorted(differ)[1:]})" if len(differ) > 1 else "")
-                         + ". Drop the differing settings, or start a new run with --out")
-    cfg = dataclasses.replace(stored, **{k: v for k, v in overrides.items()
-                                         if k in RESUME_IGNORED})
+        raise ValueError(
+            f"{name} must match the interrupted run when resuming, got {name} = "
+            f"{differ[name]!r} but the run used {getattr(stored, name)!r}"
+            + (f" (also differ: {sorted(differ)[1:]})" if len(differ) > 1 else "")
+            + ". Drop the differing settings, or start a new run with --out"
+        )
+    cfg = dataclasses.replace(stored, **{k: v for k, v in overrides.items() if k in RESUME_IGNORED})
     check_names(cfg, data, model)
     data = data if data is not None else load_dataset(cfg.dataset, data_dir=cfg.data_dir)
     return _run(cfg, ckpt.notes, run, data, model, ckpt, progress, echo)
 
 
-def _run(cfg: TrainConfig, notes: dict[str, Any], run: RunDir, data: DataSplits,
-         model: nn.Module | None, ckpt: Checkpoint | None, progress: bool,
-         echo: Echo) -> TrainResult:
+def _run(
+    cfg: TrainConfig,
+    notes: dict[str, Any],
+    run: RunDir,
+    data: DataSplits,
+    model: nn.Module | None,
+    ckpt: Checkpoint | None,
+    progress: bool,
+    echo: Echo,
+) -> TrainResult:
     assert cfg.delta is not None, "resolve() set δ (a checkpoint holds the resolved config)"
     torch.set_num_threads(cfg.threads or usable_cores())
     # Model init: the given seed, or a fresh secret one that is never stored (a resumed run
@@ -188,12 +242,14 @@ def _run(cfg: TrainConfig, notes: dict[str, Any], run: RunDir, data: DataSplits,
     # engine, seeded by cfg.seed or secure when it is None.
     torch.manual_seed(cfg.seed if cfg.seed is not None else secrets.randbits(63))
     if model is None:
-        model = build_model(cfg.model, input_shape=data.input_shape,
-                            num_classes=data.num_classes)
+        model = build_model(cfg.model, input_shape=data.input_shape, num_classes=data.num_classes)
     with warnings.catch_warnings():  # a seeded run's warning is echoed below, once
         warnings.simplefilter("ignore", SeedWarning)
-        private = (_individual_run(cfg, model, data) if cfg.individual is not None
-                   else make_private_run(cfg, model, data))
+        private = (
+            _individual_run(cfg, model, data)
+            if cfg.individual is not None
+            else make_private_run(cfg, model, data)
+        )
     metrics = MetricsLog()
     start_epoch, elapsed = 0, 0.0
     average = ParameterAverage(private.model, cfg.ema) if cfg.ema is not None else None
@@ -216,40 +272,60 @@ def _run(cfg: TrainConfig, notes: dict[str, Any], run: RunDir, data: DataSplits,
     bar = progress_bar(private.total_steps, private.optimizer.step_count, progress)
     try:
         for epoch in range(start_epoch, cfg.epochs):
-            stats = run_epoch(private, bar=bar, delta=cfg.delta,
-                              on_step=None if average is None else
-                              lambda opt: average.update(private.model) if opt.updated else None)
+            stats = run_epoch(
+                private,
+                bar=bar,
+                delta=cfg.delta,
+                on_step=None
+                if average is None
+                else lambda opt: average.update(private.model) if opt.updated else None,
+            )
             test_loss, test_acc = evaluate(private.model, data.test)
             ema_metrics = {}
             if average is not None:
                 with average.swapped_in(private.model) as averaged:
-                    ema_metrics = dict(zip(("test_loss_ema", "test_acc_ema"),
-                                           evaluate(averaged, data.test)))
-            if cfg.public_validation == "test" and private.optimizer.method is not None \
-                    and private.optimizer.method.implements("observe"):
+                    ema_metrics = dict(
+                        zip(("test_loss_ema", "test_acc_ema"), evaluate(averaged, data.test))
+                    )
+            if (
+                cfg.public_validation == "test"
+                and private.optimizer.method is not None
+                and private.optimizer.method.implements("observe")
+            ):
                 private.optimizer.observe(val_metric=test_acc)  # declared public by the user
             eps = float(private.optimizer.epsilon(cfg.delta, approximate=True))  # as labelled
             info = private.optimizer.last_step_info or {}
-            metrics.append(epoch=epoch + 1, step=private.optimizer.step_count, epsilon=eps,
-                           noise_multiplier=info.get("noise_multiplier"),
-                           clip=info.get("clip"), lr=_lr(private.optimizer, info),
-                           train_loss_nonprivate=stats.loss, train_acc_nonprivate=stats.acc,
-                           test_loss=test_loss, test_acc=test_acc,
-                           wall_time_s=round(time.monotonic() - t0, 2), **ema_metrics)
+            metrics.append(
+                epoch=epoch + 1,
+                step=private.optimizer.step_count,
+                epsilon=eps,
+                noise_multiplier=info.get("noise_multiplier"),
+                clip=info.get("clip"),
+                lr=_lr(private.optimizer, info),
+                train_loss_nonprivate=stats.loss,
+                train_acc_nonprivate=stats.acc,
+                test_loss=test_loss,
+                test_acc=test_acc,
+                wall_time_s=round(time.monotonic() - t0, 2),
+                **ema_metrics,
+            )
             if bar is not None:
                 bar.set_postfix_str(f"ε={eps:.3f} test_acc={100 * test_acc:.2f}%")
             metrics.write(run.staging)
-            Checkpoint(config=cfg.to_dict(), notes=notes, epoch=epoch + 1,
-                       model=private.model.state_dict(),
-                       optimizer=private.optimizer.state_dict(), metrics=metrics.rows,
-                       torch_rng=torch.get_rng_state(),
-                       extra={} if average is None else {"ema": average.state_dict()}).save(
-                run.checkpoint, previous=run.previous_checkpoint)
+            Checkpoint(
+                config=cfg.to_dict(),
+                notes=notes,
+                epoch=epoch + 1,
+                model=private.model.state_dict(),
+                optimizer=private.optimizer.state_dict(),
+                metrics=metrics.rows,
+                torch_rng=torch.get_rng_state(),
+                extra={} if average is None else {"ema": average.state_dict()},
+            ).save(run.checkpoint, previous=run.previous_checkpoint)
     finally:
         if bar is not None:
             bar.close()
-    return _finish(cfg, notes, run, data, private, metrics, time.monotonic() - t0, echo,
-                   average)
+    return _finish(cfg, notes, run, data, private, metrics, time.monotonic() - t0, echo, average)
 
 
 def _individual_run(cfg: TrainConfig, model: nn.Module, data: DataSplits):
@@ -259,24 +335,39 @@ def _individual_run(cfg: TrainConfig, model: nn.Module, data: DataSplits):
         budgets = load_budgets(cfg.budgets_file)
     else:
         assert cfg.budgets is not None and cfg.budget_fractions is not None, "TrainConfig checks"
-        budgets = random_budgets(parse_floats(cfg.budgets, "budgets"),
-                                 parse_floats(cfg.budget_fractions, "budget_fractions"),
-                                 data.num_train, cfg.budget_seed)
+        budgets = random_budgets(
+            parse_floats(cfg.budgets, "budgets"),
+            parse_floats(cfg.budget_fractions, "budget_fractions"),
+            data.num_train,
+            cfg.budget_seed,
+        )
     optimizer = make_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
     assert cfg.batch_size is not None, "resolve() set the batch size"
-    return private_run(model, optimizer, data.train, batch_size=cfg.batch_size,
-                       epochs=cfg.epochs, budgets=budgets, individual=cfg.individual,
-                       target_delta=cfg.delta, max_grad_norm=cfg.clip, route=cfg.route,
-                       seed=cfg.seed, max_physical_batch_size=cfg.physical_batch_size,
-                       accountant=cfg.accountant)
+    return private_run(
+        model,
+        optimizer,
+        data.train,
+        batch_size=cfg.batch_size,
+        epochs=cfg.epochs,
+        budgets=budgets,
+        individual=cfg.individual,
+        target_delta=cfg.delta,
+        max_grad_norm=cfg.clip,
+        route=cfg.route,
+        seed=cfg.seed,
+        max_physical_batch_size=cfg.physical_batch_size,
+        accountant=cfg.accountant,
+    )
 
 
 def _group_lines(cfg: TrainConfig, private) -> str:
     """One line per privacy group: its budget and the ε it spent (individualized runs)."""
     groups = private.optimizer.groups
     spent = groups.epsilons(delta=cfg.delta, accountant=cfg.accountant)
-    return "\n".join(f"dpfy train: group {p} ({g.size} examples): ε = {e:.3f} of budget "
-                     f"{g.budget:g}" for p, (g, e) in enumerate(zip(groups.groups, spent)))
+    return "\n".join(
+        f"dpfy train: group {p} ({g.size} examples): ε = {e:.3f} of budget {g.budget:g}"
+        for p, (g, e) in enumerate(zip(groups.groups, spent))
+    )
 
 
 def _lr(optimizer: Any, info: Mapping[str, Any]) -> float:
@@ -293,38 +384,59 @@ def progress_bar(total: int, done: int, enabled: bool):
 
 def _statement(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, private) -> str:
     """The resolved config and a plain-English privacy statement (R15)."""
-    budget = (f"target ε = {cfg.epsilon:g}" if cfg.epsilon is not None
-              else f"fixed σ = {cfg.noise_multiplier:g}" if cfg.noise_multiplier is not None
-              else f"individualized budgets, IDP-SGD {cfg.individual}: each group spends at "
-                   f"most its own ε (examples assigned at random, public seed "
-                   f"{cfg.budget_seed}; not private)" if cfg.budgets is not None
-              else f"individualized budgets from {cfg.budgets_file}, IDP-SGD {cfg.individual}")
+    budget = (
+        f"target ε = {cfg.epsilon:g}"
+        if cfg.epsilon is not None
+        else f"fixed σ = {cfg.noise_multiplier:g}"
+        if cfg.noise_multiplier is not None
+        else f"individualized budgets, IDP-SGD {cfg.individual}: each group spends at "
+        f"most its own ε (examples assigned at random, public seed "
+        f"{cfg.budget_seed}; not private)"
+        if cfg.budgets is not None
+        else f"individualized budgets from {cfg.budgets_file}, IDP-SGD {cfg.individual}"
+    )
     sigma = private.noise_multiplier
-    noise = (f"noise multiplier σ = {sigma:.4g}" if sigma is not None
-             else f"noise multiplier σ_t from method '{cfg.method}'")
-    unit = ("" if cfg.user_ids is None else
-            f", user-level DP ({cfg.user_sampling.upper()}, "   # type: ignore[union-attr]
-            f"{private.optimizer.sampler.dataset_size} users; the unit of privacy is one user)")
-    batch = ("users" if cfg.user_sampling == "uls" else "batch")
-    return (f"dpfy train: resolved config:\n{cfg.to_public_json()}\n"
-            f"dpfy train: {ALGORITHM[cfg.noise]} on {data.name} (N = {data.num_train}){unit}, "
-            f"{SAMPLER_WORDS.get(private.optimizer.sampler.sampling.value, 'Poisson sampling')} "
-            f"with rate q = {private.sample_rate:.5g} (expected {batch} {cfg.batch_size}), "
-            f"{private.total_steps} steps, {clip_description(cfg, private.optimizer.method)}, "
-            f"{noise} ({budget}); "
-            f"δ = {cfg.delta:.3g} "
-            f"({notes.get('delta_rule', 'given')}); ε accounted with {cfg.accountant.upper()}.")
+    noise = (
+        f"noise multiplier σ = {sigma:.4g}"
+        if sigma is not None
+        else f"noise multiplier σ_t from method '{cfg.method}'"
+    )
+    unit = (
+        ""
+        if cfg.user_ids is None
+        else f", user-level DP ({cfg.user_sampling.upper()}, "  # type: ignore[union-attr]
+        f"{private.optimizer.sampler.dataset_size} users; the unit of privacy is one user)"
+    )
+    batch = "users" if cfg.user_sampling == "uls" else "batch"
+    return (
+        f"dpfy train: resolved config:\n{cfg.to_public_json()}\n"
+        f"dpfy train: {ALGORITHM[cfg.noise]} on {data.name} (N = {data.num_train}){unit}, "
+        f"{SAMPLER_WORDS.get(private.optimizer.sampler.sampling.value, 'Poisson sampling')} "
+        f"with rate q = {private.sample_rate:.5g} (expected {batch} {cfg.batch_size}), "
+        f"{private.total_steps} steps, {clip_description(cfg, private.optimizer.method)}, "
+        f"{noise} ({budget}); "
+        f"δ = {cfg.delta:.3g} "
+        f"({notes.get('delta_rule', 'given')}); ε accounted with {cfg.accountant.upper()}."
+    )
 
 
-def _finish(cfg: TrainConfig, notes: Mapping[str, Any], run: RunDir, data: DataSplits,
-            private, metrics: MetricsLog, wall: float, echo: Echo,
-            average: ParameterAverage | None = None) -> TrainResult:
+def _finish(
+    cfg: TrainConfig,
+    notes: Mapping[str, Any],
+    run: RunDir,
+    data: DataSplits,
+    private,
+    metrics: MetricsLog,
+    wall: float,
+    echo: Echo,
+    average: ParameterAverage | None = None,
+) -> TrainResult:
     assert cfg.delta is not None, "resolve() set δ"
     staging = run.staging
     buf = io.BytesIO()
     torch.save(private.model.state_dict(), buf)
     write_atomic(staging / "model.pt", buf.getvalue())
-    if average is not None:   # post-processing of the released iterates: the same ε
+    if average is not None:  # post-processing of the released iterates: the same ε
         buf = io.BytesIO()
         torch.save(average.state_dict_of(private.model), buf)
         write_atomic(staging / "model_ema.pt", buf.getvalue())
@@ -334,40 +446,61 @@ def _finish(cfg: TrainConfig, notes: Mapping[str, Any], run: RunDir, data: DataS
     write_atomic(staging / "ledger.json", private.optimizer.ledger.to_json(indent=1) + "\n")
     plot_accuracy(metrics.rows, staging / "accuracy.png", title=data.name)
     groups = private.optimizer.groups
-    if groups is not None:   # individualized budgets: per-group table and ε over steps
+    if groups is not None:  # individualized budgets: per-group table and ε over steps
         sections.append(groups.report_section(delta=cfg.delta, accountant=cfg.accountant))
         groups.plot(staging / "group_epsilon.png", delta=cfg.delta, accountant=cfg.accountant)
     eps = write_report(cfg, notes, data, private, staging, sections=sections)
-    summary = {"epsilon": eps, "delta": cfg.delta, "accountant": cfg.accountant,
-               "test_acc": metrics.last()["test_acc"], "epochs": cfg.epochs,
-               "steps": private.optimizer.step_count, "wall_time_s": round(wall, 2)}
+    summary = {
+        "epsilon": eps,
+        "delta": cfg.delta,
+        "accountant": cfg.accountant,
+        "test_acc": metrics.last()["test_acc"],
+        "epochs": cfg.epochs,
+        "steps": private.optimizer.step_count,
+        "wall_time_s": round(wall, 2),
+    }
     if average is not None:
         summary.update(test_acc_ema=metrics.last()["test_acc_ema"], ema=cfg.ema)
     # summary.json last: it marks the staging directory complete (RunDir.is_complete), so a
     # kill from here on leaves a run that --resume only renames.
     write_atomic(staging / COMPLETE_MARKER, json.dumps(summary, indent=2) + "\n")
-    out = run.finalize()                             # drops the secret checkpoints first
-    echo(f"dpfy train: test accuracy {100 * summary['test_acc']:.2f}% at ε = {eps:.3f}, "
-         f"δ = {cfg.delta:.3g} ({cfg.accountant.upper()}) after {summary['steps']} steps, "
-         f"{wall:.0f} s")
+    out = run.finalize()  # drops the secret checkpoints first
+    echo(
+        f"dpfy train: test accuracy {100 * summary['test_acc']:.2f}% at ε = {eps:.3f}, "
+        f"δ = {cfg.delta:.3g} ({cfg.accountant.upper()}) after {summary['steps']} steps, "
+        f"{wall:.0f} s"
+    )
     if average is not None:
-        echo(f"dpfy train: parameter average (EMA, β = {cfg.ema:g}, model_ema.pt): test "
-             f"accuracy {100 * summary['test_acc_ema']:.2f}%")
+        echo(
+            f"dpfy train: parameter average (EMA, β = {cfg.ema:g}, model_ema.pt): test "
+            f"accuracy {100 * summary['test_acc_ema']:.2f}%"
+        )
     if groups is not None:
         echo(_group_lines(cfg, private))
     echo(f"dpfy train: privacy report: {out / 'privacy_report.md'}")
-    return TrainResult(out=out, epsilon=eps, delta=cfg.delta, test_acc=summary["test_acc"],
-                       wall_time_s=wall, config=cfg)
+    return TrainResult(
+        out=out,
+        epsilon=eps,
+        delta=cfg.delta,
+        test_acc=summary["test_acc"],
+        wall_time_s=wall,
+        config=cfg,
+    )
 
 
 def _rename_finished(run: RunDir, echo: Echo) -> TrainResult:
     """Finish a run that was killed after writing everything, before its rename."""
     summary = json.loads((run.staging / COMPLETE_MARKER).read_text())
     public = json.loads((run.staging / "config.json").read_text())
-    cfg = TrainConfig.from_mapping(public, source="config.json")   # seed blanked: public copy
+    cfg = TrainConfig.from_mapping(public, source="config.json")  # seed blanked: public copy
     out = run.finalize()
     echo(f"dpfy train: {out} had finished writing before it was interrupted; renamed it")
     echo(f"dpfy train: privacy report: {out / 'privacy_report.md'}")
-    return TrainResult(out=out, epsilon=summary["epsilon"], delta=summary["delta"],
-                       test_acc=summary["test_acc"], wall_time_s=summary["wall_time_s"],
-                       config=cfg)
+    return TrainResult(
+        out=out,
+        epsilon=summary["epsilon"],
+        delta=summary["delta"],
+        test_acc=summary["test_acc"],
+        wall_time_s=summary["wall_time_s"],
+        config=cfg,
+    )

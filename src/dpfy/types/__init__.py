@@ -7,5 +7,15 @@ from dpfy.types.plan import PLAN_FIELDS, StepPlan
 from dpfy.types.sampling import Sampling
 from dpfy.types.release import RELEASE_KINDS, Offsets, ReleaseSpec, StepOutcome
 
-__all__ = ["Clip", "Norms", "RunFacts", "StepPlan", "RELEASE_KINDS", "Offsets", "ReleaseSpec",
-           "StepOutcome", "Sampling", "PLAN_FIELDS"]
+__all__ = [
+    "Clip",
+    "Norms",
+    "RunFacts",
+    "StepPlan",
+    "RELEASE_KINDS",
+    "Offsets",
+    "ReleaseSpec",
+    "StepOutcome",
+    "Sampling",
+    "PLAN_FIELDS",
+]

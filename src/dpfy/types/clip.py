@@ -20,15 +20,19 @@ class Norms:
     ``total`` is ‖∂ℓ_i/∂θ‖ (B,); ``groups`` lists the parameter names of each clipping group.
     """
 
-    total: torch.Tensor                              # (B,) sensitive
-    per_parameter_sq: Mapping[str, torch.Tensor]     # name -> (B,) sensitive
+    total: torch.Tensor  # (B,) sensitive
+    per_parameter_sq: Mapping[str, torch.Tensor]  # name -> (B,) sensitive
     groups: tuple[tuple[str, ...], ...]
-    indices: torch.Tensor | None = None              # (B,) dataset indices, public
+    indices: torch.Tensor | None = None  # (B,) dataset indices, public
 
     def per_group(self) -> torch.Tensor:
         """‖g_ik‖ for each group k, (B, K). Sensitive."""
-        cols = [torch.sqrt(sum((self.per_parameter_sq[n] for n in g[1:]),
-                              start=self.per_parameter_sq[g[0]])) for g in self.groups]
+        cols = [
+            torch.sqrt(
+                sum((self.per_parameter_sq[n] for n in g[1:]), start=self.per_parameter_sq[g[0]])
+            )
+            for g in self.groups
+        ]
         return torch.stack(cols, dim=1) if cols else self.total.new_zeros(len(self.total), 0)
 
 
@@ -41,7 +45,7 @@ class Clip:
     noise N(0, (σ·Δ)²) to the weighted sum.
     """
 
-    weights: torch.Tensor | Mapping[str, torch.Tensor]   # sensitive
+    weights: torch.Tensor | Mapping[str, torch.Tensor]  # sensitive
     sensitivity: float
 
     def __post_init__(self) -> None:

@@ -18,19 +18,19 @@ class RunFacts:
     """
 
     sampling: Sampling
-    sample_rate: float                    # q, the sampler's rate
-    steps: int | None                     # T, the ε guard's horizon (None: unbounded)
-    dataset_size: int | None = None       # N
-    steps_per_epoch: int | None = None    # logical batches per pass of the loader
-    normalizer: float | None = None       # b, the public batch-size normalizer
+    sample_rate: float  # q, the sampler's rate
+    steps: int | None  # T, the ε guard's horizon (None: unbounded)
+    dataset_size: int | None = None  # N
+    steps_per_epoch: int | None = None  # logical batches per pass of the loader
+    normalizer: float | None = None  # b, the public batch-size normalizer
     delta: float | None = None
     target_epsilon: float | None = None
     accountant: str = "pld"
-    max_grad_norm: float | None = None    # C (C_0 of a clip schedule); None: per-layer etc.
-    num_groups: int | None = None         # clipping groups (layers) of the model
-    inner_optimizer: str | None = None    # class name of the torch optimizer make_private wraps
-    inner_hyperparameters: Mapping[str, Any] | None = None   # its first param group, minus params
-    max_examples_per_user: int | None = None   # k of an ELS run (user-level), recorded per step
+    max_grad_norm: float | None = None  # C (C_0 of a clip schedule); None: per-layer etc.
+    num_groups: int | None = None  # clipping groups (layers) of the model
+    inner_optimizer: str | None = None  # class name of the torch optimizer make_private wraps
+    inner_hyperparameters: Mapping[str, Any] | None = None  # its first param group, minus params
+    max_examples_per_user: int | None = None  # k of an ELS run (user-level), recorded per step
 
     def differences(self, other: "RunFacts") -> list[str]:
         """The facts that differ, as ``name: mine vs other`` strings."""

@@ -20,8 +20,9 @@ RELEASE_KINDS = ("values", "gradient", "loss")
 # (U,) weights on the per-unit gradients (kind "gradient"). Sensitive in and out.
 Values = Callable[[Norms], torch.Tensor]
 # A loss probe's offsets: fixed {name: Δθ}, or a function of the step's released gradient.
-Offsets = (Mapping[str, torch.Tensor]
-           | Callable[[Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]])
+Offsets = (
+    Mapping[str, torch.Tensor] | Callable[[Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]]
+)
 
 
 @dataclass(frozen=True)
@@ -59,17 +60,28 @@ class ReleaseSpec:
 
     def __post_init__(self) -> None:
         require(self.sensitivity > 0, "sensitivity", self.sensitivity, "> 0")
-        require(self.noise_std > 0, "noise_std", self.noise_std, "> 0",
-                "An extra release without noise is not private")
+        require(
+            self.noise_std > 0,
+            "noise_std",
+            self.noise_std,
+            "> 0",
+            "An extra release without noise is not private",
+        )
         require(self.kind in RELEASE_KINDS, "kind", self.kind, f"one of {list(RELEASE_KINDS)}")
-        require((self.offsets is not None) == (self.kind == "loss"), "offsets",
-                "given" if self.offsets is not None else None,
-                "given exactly for kind='loss'",
-                "A loss probe says where to evaluate: offsets {parameter name: Δθ}")
-        require((self.values is not None) == (self.kind != "loss"), "values",
-                "given" if self.values is not None else None,
-                "given exactly for kind='values' or 'gradient'",
-                "Say how each unit's value is formed: values=lambda norms: ... (U,)")
+        require(
+            (self.offsets is not None) == (self.kind == "loss"),
+            "offsets",
+            "given" if self.offsets is not None else None,
+            "given exactly for kind='loss'",
+            "A loss probe says where to evaluate: offsets {parameter name: Δθ}",
+        )
+        require(
+            (self.values is not None) == (self.kind != "loss"),
+            "values",
+            "given" if self.values is not None else None,
+            "given exactly for kind='values' or 'gradient'",
+            "Say how each unit's value is formed: values=lambda norms: ... (U,)",
+        )
 
     @property
     def noise_multiplier(self) -> float:
@@ -97,7 +109,7 @@ class StepOutcome:
     """
 
     plan: StepPlan
-    expected_batch_size: float            # b, public
+    expected_batch_size: float  # b, public
     sums: Mapping[str, Any] = field(default_factory=dict)
     gradient: Mapping[str, torch.Tensor] = field(default_factory=dict)
     parameters: Mapping[str, torch.Tensor] = field(default_factory=dict)

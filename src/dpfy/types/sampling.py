@@ -66,15 +66,26 @@ class Sampling(str, enum.Enum):
     @property
     def adjacency(self) -> str | None:
         """The neighbouring relation this sampling is analysed under (None: either)."""
-        return {"poisson": "add_or_remove", "fixed_size": "replace_one",
-                "shuffle": "replace_one", "none": None, "uls": "add_or_remove",
-                "els": "add_or_remove", "cyclic_poisson": "add_or_remove"}[self.value]
+        return {
+            "poisson": "add_or_remove",
+            "fixed_size": "replace_one",
+            "shuffle": "replace_one",
+            "none": None,
+            "uls": "add_or_remove",
+            "els": "add_or_remove",
+            "cyclic_poisson": "add_or_remove",
+        }[self.value]
 
     @property
     def amplified(self) -> bool:
         """True when the accountant claims privacy amplification by sampling."""
-        return self in (Sampling.POISSON, Sampling.FIXED_SIZE, Sampling.ULS, Sampling.ELS,
-                        Sampling.CYCLIC_POISSON)
+        return self in (
+            Sampling.POISSON,
+            Sampling.FIXED_SIZE,
+            Sampling.ULS,
+            Sampling.ELS,
+            Sampling.CYCLIC_POISSON,
+        )
 
     @property
     def unit(self) -> str | None:

@@ -49,8 +49,7 @@ class LayerRule:
         """The layer's own parameters by attribute name (``None`` ones skipped)."""
         return {n: p for n, p in layer.named_parameters(recurse=False)}
 
-    def batch_input(self, layer: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
-                    ) -> Any:
+    def batch_input(self, layer: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The input ``a`` the rule works on, from the call's (detached) arguments.
 
         Default: the first positional argument, or the keyword argument ``input``. A rule whose
@@ -65,13 +64,15 @@ class LayerRule:
         treats all leading dimensions alike (Linear, Embedding) allows each of them."""
         return (0,)
 
-    def grad_sample(self, layer: nn.Module, a: torch.Tensor, g: torch.Tensor, saved: Any = None
-                    ) -> dict[str, torch.Tensor]:
+    def grad_sample(
+        self, layer: nn.Module, a: torch.Tensor, g: torch.Tensor, saved: Any = None
+    ) -> dict[str, torch.Tensor]:
         """``saved``: what :meth:`capture` kept, passed only by rules that keep something."""
         raise NotImplementedError
 
-    def sq_norm(self, layer: nn.Module, a: torch.Tensor, g: torch.Tensor
-                ) -> dict[str, torch.Tensor]:
+    def sq_norm(
+        self, layer: nn.Module, a: torch.Tensor, g: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
         raise NotImplementedError(f"{type(self).__name__} has no ghost norm")
 
     def prefers_ghost(self, layer: nn.Module, a: torch.Tensor, g: torch.Tensor) -> bool:
@@ -84,8 +85,9 @@ class LayerRule:
         here receives it as ``grad_sample(layer, a, g, saved=...)``. Default: None."""
         return None
 
-    def weighted_sum(self, layer: nn.Module, a: torch.Tensor, g: torch.Tensor,
-                     w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def weighted_sum(
+        self, layer: nn.Module, a: torch.Tensor, g: torch.Tensor, w: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
         """Σ_i w_i ∂ℓ_i/∂θ. Default: contract the materialized per-sample gradients."""
         gs = self.grad_sample(layer, a, g)  # sensitive: name -> (B, *θ.shape)
         return {n: torch.einsum("b,b...->...", w[n].to(t.dtype), t) for n, t in gs.items()}
@@ -99,14 +101,18 @@ def register_rule(*layer_types: type[nn.Module]) -> Callable[[type[LayerRule]], 
 
     Registering a type twice raises (no silent overwrite).
     """
+
     def deco(cls: type[LayerRule]) -> type[LayerRule]:
         rule = cls()
         for t in layer_types:
             if t in RULES:
-                raise ValueError(f"a layer rule for {t.__name__} is already registered by "
-                                 f"{type(RULES[t]).__name__}; unregister it first")
+                raise ValueError(
+                    f"a layer rule for {t.__name__} is already registered by "
+                    f"{type(RULES[t]).__name__}; unregister it first"
+                )
             RULES[t] = rule
         return cls
+
     return deco
 
 

@@ -58,8 +58,7 @@ def _padded(layer: _ConvNd, a: torch.Tensor) -> torch.Tensor:
     return F.pad(a, pad, mode=mode) if any(pad) else a
 
 
-def _patches(layer: _ConvNd, a: torch.Tensor, g: torch.Tensor
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+def _patches(layer: _ConvNd, a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Patches (B, G, L, k_1⋯k_n·C_in/G) and output grads (B, G, C_out/G, L), n = 2 or 3
     spatial dimensions (Conv1d lifted to 2), patch features ordered (k_1, …, k_n, C_in/G)."""
     a, g, k, s, d = _as_2d(layer, _padded(layer, a), g)
@@ -68,9 +67,16 @@ def _patches(layer: _ConvNd, a: torch.Tensor, g: torch.Tensor
     n = len(out)
     x = a.movedim(1, -1).contiguous()  # (B, *spatial, C) channels-last
     st = x.stride()
-    u = x.as_strided((b, *out, *k, grp, c // grp),
-                     (st[0], *(st[1 + i] * s[i] for i in range(n)),
-                      *(st[1 + i] * d[i] for i in range(n)), (c // grp) * st[-1], st[-1]))
+    u = x.as_strided(
+        (b, *out, *k, grp, c // grp),
+        (
+            st[0],
+            *(st[1 + i] * s[i] for i in range(n)),
+            *(st[1 + i] * d[i] for i in range(n)),
+            (c // grp) * st[-1],
+            st[-1],
+        ),
+    )
     u = u.permute(0, 2 * n + 1, *range(1, 2 * n + 1), 2 * n + 2)
     u = u.reshape(b, grp, out.numel(), math.prod(k) * (c // grp))
     g = g.reshape(b, grp, layer.out_channels // grp, out.numel())
@@ -97,8 +103,9 @@ def _superpixel_ratio(layer: _ConvNd, g: torch.Tensor) -> tuple[int, int] | None
     return (rh, rw) if flops_ok and memory_ok else None
 
 
-def _weight_sq_norm_by_superpixels(layer: _ConvNd, a: torch.Tensor, g: torch.Tensor,
-                                   rh: int, rw: int) -> torch.Tensor:
+def _weight_sq_norm_by_superpixels(
+    layer: _ConvNd, a: torch.Tensor, g: torch.Tensor, rh: int, rw: int
+) -> torch.Tensor:
     """‖∂ℓ_i/∂W‖² (B,) from the Gram of s_h×s_w super-pixels (module docstring).
 
     Positions are flattened row-major on the super-pixel grid's width w_s = w_o + r_w - 1, so
@@ -108,7 +115,7 @@ def _weight_sq_norm_by_superpixels(layer: _ConvNd, a: torch.Tensor, g: torch.Ten
     b, c, grp = a.shape[0], a.shape[1], layer.groups
     ho, wo = g.shape[-2], g.shape[-1]
     hs, ws = ho + rh - 1, wo + rw - 1  # the super-pixel grid the output reads (≤ the input)
-    x = a[:, :, :hs * sh, :ws * sw].unflatten(3, (ws, sw)).unflatten(2, (hs, sh))
+    x = a[:, :, : hs * sh, : ws * sw].unflatten(3, (ws, sw)).unflatten(2, (hs, sh))
     x = x.unflatten(1, (grp, c // grp))  # (B, G, C/G, h_s, s_h, w_s, s_w) view
     f = c // grp * sh * sw
     s = x.permute(0, 1, 2, 4, 6, 3, 5).reshape(b * grp, f, hs * ws)  # (B·G, F, M) sensitive
@@ -118,7 +125,7 @@ def _weight_sq_norm_by_superpixels(layer: _ConvNd, a: torch.Tensor, g: torch.Ten
     for p in range(rh):
         for q in range(rw):
             o = p * ws + q
-            block = ss[:, o:o + n, o:o + n]
+            block = ss[:, o : o + n, o : o + n]
             uu = block.clone() if uu is None else uu.add_(block)
     del s, ss, block  # the super-pixels and their Gram are no longer needed
     g = F.pad(g, (0, ws - wo)) if ws > wo else g  # (B, C_out, h_o, w_s) sensitive
@@ -128,8 +135,9 @@ def _weight_sq_norm_by_superpixels(layer: _ConvNd, a: torch.Tensor, g: torch.Ten
     return uu.mul_(ggt).sum((1, 2)).reshape(b, grp).sum(1)  # (B,)
 
 
-def _grad_sample_by_backward(layer: _ConvNd, a: torch.Tensor, g: torch.Tensor
-                             ) -> dict[str, torch.Tensor]:
+def _grad_sample_by_backward(
+    layer: _ConvNd, a: torch.Tensor, g: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """Per-sample gradients of any convolution as one weight gradient of torch's own kernel:
     the batch folded into the groups (input (1, B·C_in, …), groups B·G), so that output
     channel block b·G + k only sees sample b's group k. Used for Conv3d."""
@@ -138,9 +146,18 @@ def _grad_sample_by_backward(layer: _ConvNd, a: torch.Tensor, g: torch.Tensor
     sp = x.dim() - 2
     weight = layer.weight.new_empty((b * layer.out_channels, *layer.weight.shape[1:]))
     _, w, _ = torch.ops.aten.convolution_backward(
-        g.reshape(1, -1, *g.shape[2:]).to(x.dtype), x.reshape(1, -1, *x.shape[2:]),
-        weight.to(x.dtype), None, layer.stride, (0,) * sp, layer.dilation, False, (0,) * sp,
-        b * grp, (False, True, False))
+        g.reshape(1, -1, *g.shape[2:]).to(x.dtype),
+        x.reshape(1, -1, *x.shape[2:]),
+        weight.to(x.dtype),
+        None,
+        layer.stride,
+        (0,) * sp,
+        layer.dilation,
+        False,
+        (0,) * sp,
+        b * grp,
+        (False, True, False),
+    )
     out = {"weight": w.reshape(b, *layer.weight.shape)}  # sensitive
     if layer.bias is not None:
         out["bias"] = g.flatten(2).sum(-1)  # (B, C_out) sensitive
@@ -186,8 +203,15 @@ class ConvRule(LayerRule):
         x, g2, (kh, kw), (sh, sw), (dh, dw) = _as_2d(layer, _padded(layer, a), g)
         b, c, o = x.shape[0], x.shape[1], layer.out_channels
         ho, wo = g2.shape[-2], g2.shape[-1]
-        w = F.conv2d(x.reshape(1, b * c, x.shape[2], x.shape[3]),
-                     g2.reshape(b * o, 1, ho, wo), None, (dh, dw), 0, (sh, sw), b * c)
+        w = F.conv2d(
+            x.reshape(1, b * c, x.shape[2], x.shape[3]),
+            g2.reshape(b * o, 1, ho, wo),
+            None,
+            (dh, dw),
+            0,
+            (sh, sw),
+            b * c,
+        )
         w = w[0, :, :kh, :kw]  # (B·O, k_h, k_w) sensitive; the output may overhang the kernel
         out = {"weight": w.reshape(b, *layer.weight.shape)}  # sensitive
         if layer.bias is not None:
@@ -223,8 +247,18 @@ class ConvRule(LayerRule):
         x = a if zeros else _padded(layer, a)
         padding = layer.padding if zeros else (0,) * (a.dim() - 2)
         _, dw, _ = torch.ops.aten.convolution_backward(
-            gw, x, layer.weight, None, layer.stride, padding, layer.dilation, False,
-            (0,) * (a.dim() - 2), layer.groups, (False, True, False))
+            gw,
+            x,
+            layer.weight,
+            None,
+            layer.stride,
+            padding,
+            layer.dilation,
+            False,
+            (0,) * (a.dim() - 2),
+            layer.groups,
+            (False, True, False),
+        )
         out = {"weight": dw}
         if layer.bias is not None:
             gb = gw if w["bias"] is w["weight"] else g * w["bias"].to(g.dtype).reshape(shape)

@@ -22,12 +22,15 @@ from torch import nn
 from dpfy.grads.rules.base import LayerRule, register_rule
 
 
-def _flat(layer: nn.Embedding, x: torch.Tensor, g: torch.Tensor
-          ) -> tuple[torch.Tensor, torch.Tensor]:
+def _flat(
+    layer: nn.Embedding, x: torch.Tensor, g: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Ids as (B, T) and output gradients as (B, T, d); padding positions are not masked here."""
     if layer.max_norm is not None or layer.sparse:
-        raise ValueError(f"nn.Embedding with max_norm or sparse=True is not supported by "
-                         f"per-sample clipping, got {layer}. Remove max_norm/sparse")
+        raise ValueError(
+            f"nn.Embedding with max_norm or sparse=True is not supported by "
+            f"per-sample clipping, got {layer}. Remove max_norm/sparse"
+        )
     return x.reshape(x.shape[0], -1), g.reshape(g.shape[0], -1, g.shape[-1])
 
 
@@ -94,8 +97,9 @@ class EmbeddingRule(LayerRule):
         return {"weight": out}
 
 
-def _bag_entries(a: torch.Tensor, dtype: torch.dtype
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _bag_entries(
+    a: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(bag, id, weight) of every entry of the canonical input (see ``EmbeddingBagRule``)."""
     ids, wts = a[..., 0].long(), a[..., 1]  # (B, L)
     valid = ids >= 0
@@ -124,10 +128,10 @@ class EmbeddingBagRule(LayerRule):
         if layer.mode == "max" or layer.max_norm is not None or layer.sparse:
             raise ValueError(
                 f"nn.EmbeddingBag must use mode 'sum' or 'mean' without max_norm or "
-                f"sparse=True for per-sample clipping, got {layer}. Use mode='sum' or 'mean'")
+                f"sparse=True for per-sample clipping, got {layer}. Use mode='sum' or 'mean'"
+            )
         names = ("input", "offsets", "per_sample_weights")
-        x, offsets, psw = (args[k] if k < len(args) else kwargs.get(n)
-                           for k, n in enumerate(names))
+        x, offsets, psw = (args[k] if k < len(args) else kwargs.get(n) for k, n in enumerate(names))
         if x.dim() == 2:
             bag = torch.arange(x.shape[0], device=x.device)[:, None].expand_as(x).reshape(-1)
             pos = torch.arange(x.shape[1], device=x.device).repeat(x.shape[0])
@@ -138,13 +142,17 @@ class EmbeddingBagRule(LayerRule):
             bag = torch.searchsorted(starts, torch.arange(n, device=x.device), right=True) - 1
             pos = torch.arange(n, device=x.device) - starts[bag]
             ids = x
-        c = (psw.reshape(-1).double() if psw is not None
-             else torch.ones(ids.shape[0], dtype=torch.float64, device=x.device))
+        c = (
+            psw.reshape(-1).double()
+            if psw is not None
+            else torch.ones(ids.shape[0], dtype=torch.float64, device=x.device)
+        )
         if layer.padding_idx is not None:
             c = c.masked_fill(ids == layer.padding_idx, 0.0)
         if layer.mode == "mean":
             count = torch.zeros(b, dtype=torch.float64, device=x.device).index_add_(
-                0, bag, (c != 0).double() if layer.padding_idx is not None else torch.ones_like(c))
+                0, bag, (c != 0).double() if layer.padding_idx is not None else torch.ones_like(c)
+            )
             c = c / count.clamp(min=1)[bag]
         width = int(pos.max()) + 1 if pos.numel() else 1
         out = torch.zeros(b, width, 2, dtype=torch.float64, device=x.device)
@@ -158,8 +166,9 @@ class EmbeddingBagRule(LayerRule):
 
     def grad_sample(self, layer, a, g):
         bag, ids, c = _bag_entries(a, g.dtype)
-        out = torch.zeros(a.shape[0] * layer.num_embeddings, g.shape[-1], dtype=g.dtype,
-                          device=g.device)
+        out = torch.zeros(
+            a.shape[0] * layer.num_embeddings, g.shape[-1], dtype=g.dtype, device=g.device
+        )
         out.index_add_(0, bag * layer.num_embeddings + ids, c[:, None] * g[bag])  # sensitive
         return {"weight": out.view(a.shape[0], layer.num_embeddings, -1)}
 
@@ -168,7 +177,8 @@ class EmbeddingBagRule(LayerRule):
         keys, inverse = torch.unique(bag * layer.num_embeddings + ids, return_inverse=True)
         coef = torch.zeros(keys.shape[0], dtype=g.dtype, device=g.device).index_add_(0, inverse, c)
         s = torch.zeros(a.shape[0], dtype=g.dtype, device=g.device).index_add_(
-            0, keys // layer.num_embeddings, coef.square())  # Σ_v c_{i,v}² per bag
+            0, keys // layer.num_embeddings, coef.square()
+        )  # Σ_v c_{i,v}² per bag
         return {"weight": s * torch.linalg.vector_norm(g, dim=-1).square()}  # (B,)
 
     def weighted_sum(self, layer, a, g, w):

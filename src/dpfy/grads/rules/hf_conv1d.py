@@ -50,8 +50,9 @@ _MODULE = "transformers.pytorch_utils"  # where transformers defines Conv1D
 
 def _as_linear(layer: nn.Module) -> SimpleNamespace:
     """The Conv1D ``layer`` under ``nn.Linear``'s names: weight (d_out, d_in) is W's transpose."""
-    return SimpleNamespace(in_features=layer.nx, out_features=layer.nf,
-                           weight=layer.weight.T, bias=layer.bias)
+    return SimpleNamespace(
+        in_features=layer.nx, out_features=layer.nf, weight=layer.weight.T, bias=layer.bias
+    )
 
 
 class Conv1DRule(LinearRule):
@@ -115,8 +116,9 @@ class _RegisterOnImport(importlib.abc.MetaPathFinder):
     spec's loader in :class:`_RegisteringLoader`; every other name is left to them.
     """
 
-    def find_spec(self, fullname: str, path: Sequence[str] | None,
-                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if fullname != _MODULE:
             return None
         if self in sys.meta_path:

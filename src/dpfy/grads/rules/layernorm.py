@@ -55,8 +55,9 @@ def _saved_stats(output: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.T
 @register_rule(nn.LayerNorm)
 class LayerNormRule(LayerRule):
     def capture(self, layer, output):
-        return _saved_stats(output, "NativeLayerNormBackward0") if layer.weight is not None \
-            else None
+        return (
+            _saved_stats(output, "NativeLayerNormBackward0") if layer.weight is not None else None
+        )
 
     def grad_sample(self, layer, a, g, saved=None):
         b, shape = a.shape[0], tuple(layer.normalized_shape)

@@ -26,8 +26,13 @@ class _KnownValue(torch.autograd.Function):
     """y = x Wᵀ + b whose value the caller already holds (see module docstring)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                value: torch.Tensor) -> torch.Tensor:
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        value: torch.Tensor,
+    ) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
         return value
