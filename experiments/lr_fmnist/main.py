@@ -33,7 +33,7 @@ from experiments.lr_fmnist.report import summarize
 from experiments.lr_fmnist.spec import FINITE_ONLY, METHODS_000, METHODS_004, NONDP_GS_GRID, LrSpec
 from experiments.lr_fmnist.train import train_lr
 from experiments.runner import in_workers, load_results, run_pending
-from dpfy.train.config import TrainConfig
+from dpfy.train.config import DEFAULT_BATCH_SIZE
 
 __all__ = ["add_arguments", "main", "build_specs", "run_specs", "RESULTS", "LOG"]
 
@@ -76,7 +76,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def build_specs(args: argparse.Namespace) -> list[LrSpec]:
     """Every run the options ask for, in priority order (see the module docstring)."""
     # dpfy train's default batch (2048 of 60000) scaled to the subset: the same q per step
-    default_batch = max(1, round(TrainConfig().batch_size * args.lr_train_size / 60000))
+    default_batch = max(1, round(DEFAULT_BATCH_SIZE * args.lr_train_size / 60000))
     common = dict(epochs=args.epochs, train_size=args.lr_train_size,
                   test_size=args.lr_test_size, probe_every=args.lr_probe_every)
     sizes_000 = {"train_size": args.lr_000_train_size or args.lr_train_size,

@@ -65,7 +65,8 @@ def test_mismatched_counts_are_refused(tmp_path):
 
 def test_unknown_dataset_lists_names():
     with pytest.raises(ValueError, match=r"dataset must be one of \['breast_cancer', 'digits', "
-                                         r"'fashion_mnist'\], got dataset = 'cifar10'"):
+                                         r"'fashion_mnist', 'fashion_mnist_scattering'\], "
+                                         r"got dataset = 'cifar10'"):
         load_dataset("cifar10")
 
 

@@ -198,13 +198,14 @@ def test_odd_config_files_through_the_cli(name, text, tmp_path, capsys):
 
 
 def test_a_required_setting_set_to_null_is_refused_in_one_line(tmp_path, capsys):
-    # found by test_config_files: `batch_size: null` reached `None >= 1` (a TypeError traceback)
+    # found by test_config_files: `batch_size: null` reached `None >= 1` (a TypeError traceback).
+    # batch_size may now be null (it then fits the dataset); epochs is still required.
     path = tmp_path / "c.yaml"
-    path.write_text("batch_size: null\n")
+    path.write_text("epochs: null\n")
     assert check_cli(["train", "--config", str(path), "--out", str(tmp_path / "r")], capsys,
                      "config file (dpfy train)") == 2
-    with pytest.raises(TypeError, match="batch_size must be set"):
-        TrainConfig(batch_size=None)
+    with pytest.raises(TypeError, match="epochs must be set"):
+        TrainConfig(epochs=None)
 
 
 @pytest.mark.slow

@@ -195,7 +195,8 @@ def test_optimizer_over_all_parameters_with_frozen_ones_is_accepted():
     opt = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=0.1)
     # before: refused with "Build the optimizer from model.parameters()", which it was
     model, opt, dl = dpfy.make_private(model, opt, DataLoader(ds, batch_size=8),
-                                       noise_multiplier=1.0, max_grad_norm=1.0)
+                                       noise_multiplier=1.0, max_grad_norm=1.0,
+                                       loss_reduction="sum")
     for x, y in dl:
         sum_loss(model(x), y).backward()
         opt.step()
@@ -212,7 +213,8 @@ def test_frozen_parameter_unfrozen_later_is_refused():
     ds = TensorDataset(torch.randn(32, 4), torch.randint(0, 3, (32,)))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model, opt, dl = dpfy.make_private(model, opt, DataLoader(ds, batch_size=8),
-                                       noise_multiplier=1.0, max_grad_norm=1.0)
+                                       noise_multiplier=1.0, max_grad_norm=1.0,
+                                       loss_reduction="sum")
     model[0].requires_grad_(True)  # its gradient would be computed without clipping or noise
     x, y = next((x, y) for x, y in dl if x.shape[0] > 0)
     sum_loss(model(x), y).backward()
