@@ -49,7 +49,7 @@ import torch
 
 from dpfy._require import require
 from dpfy.adaptive.base import Method, bind_facts
-from dpfy.privacy.calibration import calibrate_noise_multiplier
+from dpfy.privacy.calibration import calibrate_run_noise_multiplier
 from dpfy.privacy.ledger import Ledger
 from dpfy.privacy.releases import base_plan, step_releases
 from dpfy.types import ReleaseSpec, RunFacts, StepOutcome, StepPlan
@@ -199,18 +199,7 @@ class StepSearch(Method[SearchState]):
         """σ_0 whose worst-case ledger spends the target: each of its steps is one Gaussian at
         σ_eff with 1/σ_eff² = 1/σ_min² + k/σ_l² = ((1 + γ)^L + k/ratio²)/σ_0², so σ_0 is the
         plain calibration's σ_eff times sqrt((1 + γ)^L + k/ratio²)."""
-        assert facts.target_epsilon is not None and facts.delta is not None  # calibrate checked
-        assert facts.steps is not None  # calibrate checked
-        sigma_eff = calibrate_noise_multiplier(
-            target_epsilon=facts.target_epsilon,
-            delta=facts.delta,
-            sample_rate=facts.sample_rate,
-            steps=facts.steps,
-            accountant=facts.accountant,
-            sampling=facts.sampling,
-            dataset_size=facts.dataset_size,
-            max_examples_per_user=facts.max_examples_per_user,
-        )
+        sigma_eff = calibrate_run_noise_multiplier(facts)  # calibrate checked the budget
         k = len(self.multipliers())
         return sigma_eff * math.sqrt(
             (1 + self.reduction) ** self.max_reductions + k / self.probe_noise_ratio**2

@@ -16,7 +16,7 @@ import torch
 from dpfy._require import require
 from dpfy.adaptive.base import Method, check_plan, calibrate_for_run
 from dpfy.adaptive.chain import Chain
-from dpfy.privacy.calibration import calibrate_noise_multiplier
+from dpfy.privacy.calibration import calibrate_run_noise_multiplier
 from dpfy.privacy.releases import GRADIENT, base_plan
 from dpfy.types import RunFacts, Sampling, StepPlan
 
@@ -112,16 +112,7 @@ def describe_releases(
             and not sets_sigma
             and facts.steps is not None
         ):
-            noise_multiplier = calibrate_noise_multiplier(
-                target_epsilon=facts.target_epsilon,
-                delta=facts.delta,
-                sample_rate=facts.sample_rate,
-                steps=facts.steps,
-                accountant=facts.accountant,
-                sampling=facts.sampling,
-                dataset_size=facts.dataset_size,
-                max_examples_per_user=facts.max_examples_per_user,
-            )
+            noise_multiplier = calibrate_run_noise_multiplier(facts)
     if clip is None:
         clip = facts.max_grad_norm if facts.max_grad_norm is not None else 1.0
     base: StepPlan = base_plan(facts, 0, noise_multiplier, clip)

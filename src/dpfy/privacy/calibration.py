@@ -37,7 +37,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from dpfy._require import require
-from dpfy.types import ReleaseSpec, StepPlan
+from dpfy.types import ReleaseSpec, RunFacts, StepPlan
 from dpfy.privacy import gdp
 from dpfy.privacy.accountants import (
     DEFAULT_RESOLUTION,
@@ -58,6 +58,7 @@ from dpfy.privacy.split import (
 
 __all__ = [
     "calibrate_noise_multiplier",
+    "calibrate_run_noise_multiplier",
     "calibrate_sample_rate",
     "calibrate_steps",
     "calibrate_schedule_scale",
@@ -395,6 +396,24 @@ def calibrate_noise_multiplier(
         bracket=bracket,
         x_min=floor,
         fail_low=lambda: _below_pld_floor(target_epsilon, floor),
+    )
+
+
+def calibrate_run_noise_multiplier(facts: RunFacts) -> float:
+    """σ that spends ``facts.target_epsilon`` at ``facts.delta`` over ``facts.steps`` identical
+    steps of this run: its accountant, sampling, dataset size and k (ELS), as
+    :func:`calibrate_noise_multiplier` computes it. The caller checks the budget is given."""
+    assert facts.target_epsilon is not None and facts.delta is not None  # the caller checked
+    assert facts.steps is not None  # the caller checked
+    return calibrate_noise_multiplier(
+        target_epsilon=facts.target_epsilon,
+        delta=facts.delta,
+        sample_rate=facts.sample_rate,
+        steps=facts.steps,
+        accountant=facts.accountant,
+        sampling=facts.sampling,
+        dataset_size=facts.dataset_size,
+        max_examples_per_user=facts.max_examples_per_user,
     )
 
 
