@@ -10,7 +10,7 @@ import json
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from fuzz.fuzz_support import FUZZ, check_cli, count
@@ -159,6 +159,8 @@ def _toml(v) -> str:
 
 
 @settings(max_examples=80, **FUZZ)
+# found by CI: an empty user_ids (TOML has no null) was refused naming user_sampling only.
+@example(suffix=".toml", mapping={"user_ids": None})
 @given(suffix=st.sampled_from([".toml", ".yaml", ".json"]),
        mapping=st.dictionaries(st.one_of(st.sampled_from(FIELDS), st.text(max_size=6)),
                                config_values, max_size=4))

@@ -46,7 +46,7 @@ def test_uls_from_the_command_line_is_a_user_level_run(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flags, match", [
-    (["--user-sampling", "uls"], "user_ids must be given"),
+    (["--user-sampling", "uls"], "user_sampling must be left unset without user_ids"),
     (["--user-ids", "IDS", "--user-sampling", "els"], "max_examples_per_user must be given"),
     (["--user-ids", "IDS", "--user-sampling", "xls"], "user_sampling must be 'uls' or 'els'"),
 ])

@@ -383,21 +383,32 @@ class TrainConfig:
     def _check_users(self) -> None:
         """The user-level flags: all with --user-ids, ELS with its cap, no per-example budgets."""
         if self.user_ids is None:
-            require(
-                self.user_sampling is None
-                and self.max_examples_per_user is None
-                and self.user_reduction == "mean",
-                "user_ids",
-                None,
-                "given with --user-sampling / --max-examples-per-user / --user-reduction",
-                "Add --user-ids FILE (one user id per training example)",
-            )
+            for name, value, unset in (
+                ("user_sampling", self.user_sampling, None),
+                ("max_examples_per_user", self.max_examples_per_user, None),
+                ("user_reduction", self.user_reduction, "mean"),
+            ):
+                require(
+                    value == unset,
+                    name,
+                    value,
+                    "left unset without user_ids",
+                    "Add --user-ids FILE (one user id per training example)",
+                )
             return
+        require(
+            isinstance(self.user_ids, str) and self.user_ids.strip() != "",
+            "user_ids",
+            self.user_ids,
+            "a path to a file of user ids",
+            "Give --user-ids FILE (one integer user id per training example)",
+        )
         require(
             self.user_sampling in ("uls", "els"),
             "user_sampling",
             self.user_sampling,
-            "'uls' or 'els' with --user-ids",
+            "'uls' or 'els' when user_ids is given",
+            "Add --user-sampling uls (sample users) or els (sample examples, capped per user)",
         )
         require(
             self.user_sampling != "els" or self.max_examples_per_user is not None,
