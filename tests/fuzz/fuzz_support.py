@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import math
+import os
 import signal
 import time
 from typing import Iterator, Sequence
@@ -28,9 +29,11 @@ LIMIT_S = 5.0
 HANG_S = 180.0          # wall seconds: an input still running after this is reported as a hang
 OUTCOMES: collections.Counter = collections.Counter()   # (suite, outcome) -> count
 
-# capsys/tmp_path are reset by hand per example; each example is checked for its own time
-FUZZ = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                  HealthCheck.too_slow])
+# capsys/tmp_path are reset by hand per example; each example is checked for its own time.
+# The default run draws the same inputs every time (derandomize): CI is a gate, and a gate that
+# passes or fails by the draw is not one. DPFY_FUZZ_RANDOM=1 draws fresh inputs, to explore.
+FUZZ = dict(deadline=None, derandomize=os.environ.get("DPFY_FUZZ_RANDOM") != "1",
+            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 settings.register_profile("dpfy-fuzz", **FUZZ)
 
 # Numbers the issue names, the edges around them, and any float (NaN and ±inf included).

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fuzz.fuzz_support import FUZZ, check_cli, values
+from fuzz.fuzz_support import FUZZ, LIMIT_S, check_cli, values
 
 BASE = {"--dataset": "digits", "--model": "logreg", "--epochs": "1", "--batch-size": "1438",
         "--lr": "1", "--clip": "1", "--noise-multiplier": "1", "--accountant": "rdp",
@@ -38,9 +38,22 @@ def _argv(changes: dict[str, str], out) -> list[str]:
     return argv
 
 
+def _limit(changes: dict[str, str]) -> float:
+    """CPU seconds a run may take: LIMIT_S, plus 0.1 s per epoch asked for beyond the first.
+
+    The base run is one step per epoch, so a valid ``--epochs 623`` is 623 honest steps
+    (about 28 CPU s here, found by CI); the bound still catches a hang, as it is capped.
+    """
+    try:
+        epochs = int(changes.get("--epochs", "1"))
+    except ValueError:
+        epochs = 1
+    return LIMIT_S + 0.1 * min(max(epochs - 1, 0), 1200)
+
+
 def check_train(changes: dict[str, str], tmp, capsys, suite: str) -> int:
     out = tmp / "run"
-    code = check_cli(_argv(changes, out), capsys, suite)
+    code = check_cli(_argv(changes, out), capsys, suite, limit=_limit(changes))
     partial = out.with_name("run.partial")
     if code == 0:
         assert (out / "summary.json").is_file() and (out / "model.pt").is_file()
