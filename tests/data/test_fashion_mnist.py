@@ -3,12 +3,13 @@
 import gzip
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
 from dpfy.data import load_dataset
 from dpfy.data.fashion_mnist import DEFAULT_DIR, MEAN, STD
-from fake_idx import write_fake
+from fake_idx import FILES, encode_idx, write_fake
 
 REAL = (DEFAULT_DIR / "train-images-idx3-ubyte.gz").is_file()
 
@@ -73,3 +74,19 @@ def test_unknown_dataset_lists_names():
 def test_data_dir_for_bundled_dataset_is_refused(tmp_path):
     with pytest.raises(ValueError, match="Drop --data-dir"):
         load_dataset("digits", data_dir=tmp_path)
+
+
+
+def test_scattering_cache_is_keyed_by_the_images_not_only_their_count(tmp_path, monkeypatch):
+    # Before: the cache file was named by J, L and the split alone, so a second --data-dir with
+    # as many images got the first directory's features (only the count was checked).
+    monkeypatch.setenv("DPFY_CACHE_DIR", str(tmp_path / "cache"))
+    write_fake(tmp_path / "a", n_train=3, n_test=2)
+    write_fake(tmp_path / "b", n_train=3, n_test=2)
+    shifted = np.stack([np.full((28, 28), 10 * k + 5, np.uint8) for k in range(3)])
+    (tmp_path / "b" / (FILES["train_images"] + ".gz")).write_bytes(
+        gzip.compress(encode_idx(shifted)))
+    first = load_dataset("fashion_mnist_scattering", data_dir=tmp_path / "a")
+    second = load_dataset("fashion_mnist_scattering", data_dir=tmp_path / "b")
+    assert not torch.equal(first.train.tensors[0], second.train.tensors[0])
+    assert torch.equal(first.test.tensors[0], second.test.tensors[0])  # same test images

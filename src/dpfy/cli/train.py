@@ -151,7 +151,8 @@ def interrupted_message(out: str | Path) -> str:
         return (
             f"dpfy train: interrupted; the last finished epoch is saved. Continue with: "
             f"dpfy train --resume {run.final} ({run.staging} holds the secret checkpoint "
-            f"with the generator states: never publish it, delete it if you do not resume)"
+            f"(with a seeded run's generator states): never publish it, delete it if you do "
+            f"not resume)"
         )
     return (
         "dpfy train: interrupted before the first epoch finished; nothing was saved "

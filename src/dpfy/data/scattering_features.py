@@ -12,6 +12,8 @@ cache holds a function of the data; it is as sensitive as the images (keep it wh
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import os
 from pathlib import Path
 
@@ -42,8 +44,10 @@ def scattering_features(
 
 
 def _cached(split: TensorDataset, name: str, J: int, L: int) -> TensorDataset:
-    path = cache_dir() / f"fashion_mnist_scattering_J{J}_L{L}_{VERSION}_{name}.pt"
     images, labels = split.tensors
+    # keyed by the images' content: another --data-dir of the same size gets its own features
+    digest = hashlib.sha256(images.contiguous().numpy().tobytes()).hexdigest()[:16]
+    path = cache_dir() / f"fashion_mnist_scattering_J{J}_L{L}_{VERSION}_{name}_{digest}.pt"
     if path.is_file():
         feats = torch.load(path, weights_only=True)
         if feats.shape[0] == len(images):
@@ -62,16 +66,15 @@ def load_fashion_mnist_scattering(data_dir: str | Path | None = None) -> DataSpl
     J, L = 2, 8
     train = _cached(raw.train, "train", J, L)  # type: ignore[arg-type]
     test = _cached(raw.test, "test", J, L)  # type: ignore[arg-type]
-    return DataSplits(
+    return dataclasses.replace(
+        raw,
         name="fashion_mnist_scattering",
         train=train,
         test=test,
         input_shape=tuple(train.tensors[0].shape[1:]),
-        num_classes=10,
         description=(
             f"{raw.description}; then a fixed 2-D wavelet scattering transform "
             f"(J = {J}, L = {L}; Tramèr & Boneh 2021), no parameters, no data-"
             f"dependent statistics"
         ),
-        reference_delta=raw.reference_delta,
     )

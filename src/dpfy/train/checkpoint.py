@@ -3,7 +3,8 @@
 A checkpoint holds the resolved config, the number of finished epochs, the model, the private
 optimizer's state (which the engine defines to include the ledger, the sampler's and the
 noise's RNG state and any schedule state), the metrics so far and torch's global RNG state.
-It is secret (seed and generator states) and never published.
+It is secret and never published: a seeded run's checkpoint holds the seed and generator
+states; a secure run's holds no noise key (a resumed secure run is re-keyed from the OS).
 
 It is written once per epoch, which is always a logical-batch boundary (the optimizer refuses
 to serialize the un-noised sums of a logical batch in progress), with

@@ -42,9 +42,11 @@ RELEASED = (
 NOT_RELEASED = (
     "checkpoint.pt and checkpoint.prev.pt (the one before it, kept as a fallback), "
     "written in the run's .partial directory while training and deleted when the "
-    "run finishes, hold the seed and the generator states, which reproduce the "
-    "sampling and the noise; they are secret and not part of the release "
-    "(config.json and this report never hold them)"
+    "run finishes, hold the model, the optimizer state and the ledger, and for a seeded "
+    "run the seed and the generator states, which reproduce the sampling and the noise "
+    "(a secure run's checkpoint holds no noise key: a resumed secure run draws fresh "
+    "noise); they are secret and not part of the release (config.json and this report "
+    "never hold them)"
 )
 
 
