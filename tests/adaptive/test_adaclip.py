@@ -1,4 +1,5 @@
-"""AdaClip, coordinate-wise adaptive clipping (Pichapati et al.; digest 000 §2.6).
+"""AdaClip, coordinate-wise adaptive clipping (Pichapati et al. 2019; reviewed by Monir, Fauzan &
+Ghinita 2023, §3.2.3).
 
 Expected values come from the float64 per-example loop (tests/oracles.py), from dp_accounting,
 or from the estimator rule written out by hand in each test (module docstring of

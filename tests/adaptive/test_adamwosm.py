@@ -1,7 +1,9 @@
-"""DP-AdamWOSM (Mohapatra et al.; digest 002 §1.8(d), §4.2).
+"""DP-AdamWOSM (Mohapatra et al. 2022; the AdamWOSM baseline of Galli, Palamidessi & Cucinotta
+2024).
 
-The reference trajectory is the digest's update rule, written in the test on the released
-gradients g̃_t (what the step put in p.grad); ε from dp_accounting on events built here.
+The reference trajectory is Mohapatra et al.'s update rule (``DPAdamWOSM`` in their public
+code: Adam's first moment only, the second moment replaced by νC/|B|), written in the test on
+the released gradients g̃_t (what the step put in p.grad); ε from dp_accounting on events built here.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from dpfy.types import RunFacts
 from dpfy.types.plan import StepPlan
 from dpfy.privacy import Sampling
 
-ALPHA, BETA1, EPS = 1e-3, 0.9, 1e-8      # ρ₀, β₁ and ε of digest 002 §4.2
+# ρ₀ (Galli et al. 2024's AdamWOSM setting), β₁ and ε (Mohapatra et al.'s code)
+ALPHA, BETA1, EPS = 1e-3, 0.9, 1e-8
 
 
 def _run(steps_epochs=2, **kw):
@@ -35,8 +38,8 @@ def _run(steps_epochs=2, **kw):
 
 
 def test_steps_equal_the_digests_adam_without_second_moment():
-    # θ_{t+1} = θ_t − α/(νC/|B| + 1e-8) · m̂_t, m_t = β₁ m_{t−1} + (1−β₁) g̃_t (digest 002
-    # §1.8(d)), with g̃_t the released gradient; every step also passes the sensitivity check.
+    # θ_{t+1} = θ_t − α/(νC/|B| + 1e-8) · m̂_t, m_t = β₁ m_{t−1} + (1−β₁) g̃_t (Mohapatra
+    # et al. 2022), with g̃_t the released gradient; every step also passes the sensitivity check.
     sigma, clip, b = 1.3, 0.5, 30.0           # b = q·N = (30/300)·300
     model, opt, loader = _run(noise_multiplier=sigma)
     theta = {n: p.detach().double().clone() for n, p in model.named_parameters()}

@@ -1,4 +1,5 @@
-"""Clip-norm schedules (seed 001 Eq. 14 and step / function variants)."""
+"""Clip-norm schedules: Eq. (14) of Dynamic DP-SGD (anonymous submission, under review), and
+step / function variants."""
 
 import inspect
 

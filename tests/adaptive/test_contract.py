@@ -1,11 +1,14 @@
-"""Contract every noise schedule keeps (STYLE.md R5, R9, R10); schedules are methods.
+"""Contract every noise schedule keeps (one shared contract test that every implementation
+inherits); schedules are methods.
 
 Each case is one of the former schedule names, now a registered method with options, built
 by ``dpfy.adaptive.make`` and calibrated by ``make_private`` for a tiny run. On it:
 - every step's release is in the ledger with the σ_t the schedule planned for that step, and
-  the step applied the planned C_t (R2/R9: the ledger records the truth);
+  the step applied the planned C_t (every release is an accounting event built where it
+  happens, and calibration builds the very ledger the run writes: the ledger records the truth);
 - ``plan(step=t)`` is a pure function of the step and the state, also after the state went
-  through a checkpoint round trip (R5);
+  through a checkpoint round trip (nothing that changes during training is captured in a
+  closure or compounded from a mutable attribute);
 - the budget guard stops the run after the planned steps.
 """
 
@@ -63,7 +66,7 @@ def test_schedule_contract(case):
     for t in range(STEPS):
         x, y = next(batches)
         plan = sched.plan(opt.method_state, StepPlan(t, Q, 0.0, 1.0))
-        # R5: the same step and state give the same plan, also after a checkpoint round trip.
+        # Pure plan: the same step and state give the same plan, also after a checkpoint round trip.
         buf = io.BytesIO()
         torch.save(opt.state_dict(), buf)
         buf.seek(0)
@@ -90,7 +93,8 @@ def test_schedule_contract(case):
 
 @pytest.mark.parametrize("case", sorted(c for c in CASES if CASES[c][0] != "plateau"))
 def test_calibrated_schedule_spends_at_most_the_target(case):
-    # R9: calibrate() solves the schedule's scale for the run's target by its accountant, and
+    # One formula: calibrate() solves the schedule's scale for the run's target by its
+    # accountant, and
     # the ledger the run will write (the step's own step_releases) spends at most that target
     name, options = CASES[case]
     facts = RunFacts(sampling=Sampling.POISSON, sample_rate=Q, steps=STEPS, dataset_size=N,

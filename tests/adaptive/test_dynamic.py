@@ -1,7 +1,9 @@
-"""Dynamic DP-SGD (seed 001): schedule math, GDP calibration (Alg. 1) and PLD calibration.
+"""Dynamic DP-SGD (anonymous submission, under review): schedule math, GDP calibration (Alg. 1)
+and PLD calibration.
 
-Expected values are the digest's computed tables, shared/reference/001-dynamic-dpsgd.md §2, §4,
-§7.5 (computed there from the paper's formulas with scipy, independently of dpfy).
+Expected values were computed from the paper's formulas with scipy, independently of dpfy
+(they are not printed in the paper): Eq. (1) for μ_tot ↔ (ε, δ), Eqs. (9) and (12) with
+Algorithm 1 for μ_0 (§4.2), Eq. (14) and Algorithm 2 for C_t and σ_t (§4.3, §4.4).
 """
 
 import inspect
@@ -18,18 +20,18 @@ from dpfy.types import RunFacts, Sampling, StepPlan
 
 gdp = pytest.importorskip("dpfy.privacy.gdp", reason="dpfy.privacy.gdp (issue 2) not landed")
 
-P_EX, T_EX, DELTA_EX = 256 / 60000, 5000, 1e-5       # digest §2 worked example
-MU_TOT_EX = 0.115881                                  # digest §2: (ε, δ) = (0.4, 1e-5)
+P_EX, T_EX, DELTA_EX = 256 / 60000, 5000, 1e-5       # worked example for Eq. (12) (§4.2)
+MU_TOT_EX = 0.115881                                  # Eq. (1) at (ε, δ) = (0.4, 1e-5)
 
 
 def test_registered_in_its_own_file():
-    # STYLE R1: key "dynamic" lives in adaptive/dynamic.py
+    # one method, one file: key "dynamic" lives in adaptive/dynamic.py
     assert inspect.getfile(REGISTRY["dynamic"]).endswith("adaptive/dynamic.py")
 
 
 # -- schedule math (pure) ------------------------------------------------------------------
 @pytest.mark.parametrize("t, clip, sigma, mu, z", [
-    # digest §4 table: C_0 = 1, ρ_μ = ρ_c = 2, μ_0 = 0.250819 (§2 table row ρ_μ = 2), T = 5000
+    # Algorithm 2 (§4.4): C_0 = 1, ρ_μ = ρ_c = 2, μ_0 = 0.250819 (worked example, ρ_μ = 2), T = 5000
     (1, 0.99986, 3.98584, 0.250854, 3.9864),
     (2500, 0.70711, 1.99347, 0.354711, 2.8192),
     (5000, 0.5, 0.99674, 0.501638, 1.9935),
@@ -45,7 +47,7 @@ def test_algorithm2_table(t, clip, sigma, mu, z):
 
 @pytest.mark.parametrize("rho_mu, rho_c", [(1, 1), (2, 1), (1, 5), (10, 2.5)])
 def test_mu_is_clip_over_sigma_and_grows_geometrically(rho_mu, rho_c):
-    # Alg. 2: μ_t = C_t/σ_t = μ_0 ρ_μ^(t/T), independent of ρ_c (digest §4 "consequences")
+    # Alg. 2: μ_t = C_t/σ_t = μ_0 ρ_μ^(t/T), independent of ρ_c (follows from lines 3–4)
     s = DynamicDPSGD(mu0=0.3, total_steps=50, rho_mu=rho_mu, rho_c=rho_c, clip0=3.0)
     for step in range(50):
         t = step + 1
@@ -128,7 +130,7 @@ def test_calibrate_solves_mu0_for_the_runs_target_and_needs_it():
 
 # -- GDP accounting: the paper's CLT (via dpfy.privacy.gdp) --------------------------------
 @pytest.mark.parametrize("eps, delta, mu_tot", [
-    # digest §7.5 μ_tot table
+    # μ_tot for (ε, δ) by Eq. (1), computed with scipy
     (0.4, 1 / 600000, 0.103633), (0.6, 1 / 600000, 0.151166), (1.2, 1 / 600000, 0.287288),
     (2.0, 1 / 600000, 0.458784), (0.5, 4e-6, 0.134194), (1, 4e-6, 0.254282),
     (3, 4e-6, 0.688185), (6, 4e-6, 1.260937), (9, 4e-6, 1.774381),
@@ -139,7 +141,7 @@ def test_mu_tot_table(eps, delta, mu_tot):
 
 
 def test_eq9_with_constant_mu_is_eq7_and_eq15_inverts_it():
-    # Eq. (7): μ_tot = p sqrt(T (e^{μ²} − 1)); Eq. (15) is its inverse (digest §7.5)
+    # Eq. (7): μ_tot = p sqrt(T (e^{μ²} − 1)); Eq. (15) is its inverse
     mu, p, T = 0.37, 0.01, 1234
     eq7 = p * math.sqrt(T * math.expm1(mu ** 2))
     assert gdp.mu_total(p, np.full(T, mu)) == pytest.approx(eq7, rel=1e-12)
@@ -147,7 +149,7 @@ def test_eq9_with_constant_mu_is_eq7_and_eq15_inverts_it():
 
 
 @pytest.mark.parametrize("rho, mu0", [
-    # digest §2 worked example: ε = 0.4, δ = 1e-5, p = 256/60000, T = 5000
+    # worked example, μ_0 from Eq. (12) (§4.2): ε = 0.4, δ = 1e-5, p = 256/60000, T = 5000
     (1, 0.370958), (1.25, 0.330228), (1 / 0.7, 0.306653), (2, 0.250819), (2.5, 0.217182),
     (5, 0.132519), (10, 0.076575),
 ])
@@ -159,7 +161,8 @@ def test_solve_mu0_worked_example(rho, mu0):
 
 
 @pytest.mark.parametrize("eps, z, mu0_rho2", [
-    # digest §7.5 "illustrative vanilla noise multipliers": p = 256/60000, T = 3516, δ = 1/600000
+    # vanilla noise multipliers by Eqs. (1), (7) (a plausible MNIST setup, not the paper's):
+    # p = 256/60000, T = 3516, δ = 1/600000
     (0.4, 2.5391, 0.266108), (0.6, 1.8099, 0.371212), (1.2, 1.0988, 0.600033),
     (2.0, 0.8288, 0.779263),
 ])
@@ -170,13 +173,13 @@ def test_gdp_calibration_presets(eps, z, mu0_rho2):
     assert vanilla.noise_multiplier(0) == pytest.approx(z, abs=1e-4)
     dyn = calibrate_dynamic("dynamic", rho_mu=2, rho_c=3, **budget)
     assert dyn.mu0 == pytest.approx(mu0_rho2, abs=2e-6)
-    # sensitivity decay has vanilla's accounting: same μ_0, ρ_μ = 1 (digest §3)
+    # sensitivity decay has vanilla's accounting: same μ_0, ρ_μ = 1 (§4.3, Eq. 15)
     sd = calibrate_dynamic("sensitivity_decay", rho_c=3, **budget)
     assert (sd.mu0, sd.rho_mu, sd.rho_c) == (pytest.approx(vanilla.mu0), 1.0, 3.0)
 
 
 @pytest.mark.parametrize("rho, expected", [
-    # digest §2 consumption table, ε(t) at 25/50/75/100 % of T (ε = 0.4, δ = 1e-5)
+    # consumption ε(t) at 25/50/75/100 % of T by Eqs. (9), (1) (ε = 0.4, δ = 1e-5)
     (1, [0.1880, 0.2742, 0.3420, 0.4000]),
     (2, [0.1329, 0.2160, 0.3023, 0.4000]),
     (10, [0.0455, 0.1002, 0.1990, 0.4000]),
@@ -190,7 +193,7 @@ def test_consumption_curve_table(rho, expected):
 
 
 def test_consumption_stays_below_vanilla_until_T():
-    # digest §2: for ρ_μ > 1 the cumulative CLT cost is strictly below vanilla for t < T
+    # §4.2, Fig. 2: for ρ_μ > 1 the cumulative CLT cost is strictly below vanilla for t < T
     vanilla = DynamicDPSGD(mu0=solve_mu0(MU_TOT_EX, sample_rate=P_EX, total_steps=T_EX,
                                          rho_mu=1), total_steps=T_EX, preset="vanilla")
     grow = DynamicDPSGD(mu0=solve_mu0(MU_TOT_EX, sample_rate=P_EX, total_steps=T_EX, rho_mu=2.5),
@@ -225,7 +228,7 @@ def test_pld_calibration_hits_target(preset):
 
 def test_engine_runs_the_schedule_and_its_ledger_is_the_planned_one():
     # make_private(method=...) applies C_t and z_t each step, and the ledger it writes is the
-    # one calibration accounted (STYLE R9: same steps, same σ's)
+    # one calibration accounted (one formula for calibration and run: same steps, same σ's)
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 

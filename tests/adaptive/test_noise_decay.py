@@ -1,7 +1,8 @@
-"""Noise decay schedules (review 000 §2.1.2): formulas, per-epoch stepping, calibration, early stop.
+"""Noise decay schedules (Yu et al. 2019, as reviewed by Monir, Fauzan & Ghinita 2023, §3.1.1):
+formulas, per-epoch stepping, calibration, early stop.
 
-Expected σ values are derived by hand in each test from the digest's formulas
-(shared/reference/000-review-adaptive-dpsgd.md §2.1.2 table).
+Expected σ values are derived by hand in each test from the review's pre-defined schedules
+(§3.1.1: time, exponential, step and polynomial decay).
 """
 
 import inspect
@@ -28,7 +29,7 @@ def sigmas(**kw):
 
 
 def test_registered_in_schedules_file():
-    # STYLE §7 table: key "noise_decay" lives in adaptive/schedules.py
+    # one method, one file: key "noise_decay" lives in adaptive/schedules.py
     assert inspect.getfile(REGISTRY["noise_decay"]).endswith("adaptive/schedules.py")
 
 
@@ -65,7 +66,8 @@ def test_per_epoch_stepping():
 
 
 def test_plan_is_a_pure_function_of_the_step():
-    # STYLE R5: plan(t) computed fresh equals plan(t) after any history (no compounding)
+    # a pure function of the step: plan(t) computed fresh equals plan(t) after any history
+    # (no compounding)
     s = NoiseDecay(kind="exponential", initial=3, rate=0.2, total_steps=10, per="step")
     base = lambda t: StepPlan(step=t, sample_rate=0.1, noise_multiplier=0.0, clip=1.5)
     later = [s.plan(None, base(t)) for t in range(10)][7]

@@ -1,6 +1,7 @@
-"""Norm-based adaptive clipping (van der Veen et al.; digest 000 §2.4).
+"""Norm-based adaptive clipping (van der Veen et al. 2018; reviewed by Monir, Fauzan & Ghinita
+2023, §3.2.1).
 
-Expected values come from the digest's update rule and from Eq. (1) of the noise split
+Expected values come from the review's update rule and from Eq. (1) of the noise split
 (σ⁻² = Σ_r σ_r⁻²), derived in each test; ε from dp_accounting on events built here.
 """
 
@@ -30,7 +31,7 @@ def _facts(groups=1, clip=1.0):
 
 
 def test_update_follows_the_papers_rule_on_known_norms():
-    # Digest 000 §2.4: C_norm = β C_prev, s = Σ_i min(n_i, C_norm), C = α (s + noise)/|L|.
+    # Review §3.2.1: C_norm = β C_prev, s = Σ_i min(n_i, C_norm), C = α (s + noise)/|L|.
     # Norms (0.5, 1, 3, 10), C_t = 2, β = 2 (C_norm = 4), α = 1.5, b = 4, a released sum
     # (normalized by C_norm) taken as the noise-free one: s = 0.5 + 1 + 3 + 4 = 8.5.
     m = NormAdaptiveClipping(initial_clip=2.0, alpha=1.5, beta=2.0).calibrate(_facts())
@@ -130,7 +131,7 @@ def test_epsilon_equals_dp_accounting_on_the_composed_events():
 @pytest.mark.parametrize("per_layer", [False, True])
 def test_end_to_end_thresholds_follow_the_released_norm_sums(per_layer):
     # Every step passes the step's sensitivity check (else opt.step raises); C_{t+1} is the
-    # digest's rule applied to the released (noisy) sum, b = 300 · 30/300 = 30.
+    # review's §3.2.1 rule applied to the released (noisy) sum, b = 300 · 30/300 = 30.
     alpha, beta, fmin, b = 1.0, 2.0, 0.1, 30.0
     opt, clips, sums = _run(make("norm_adaptive", per_layer=per_layer), epochs=1,
                             noise_multiplier=1.0)

@@ -1,6 +1,9 @@
-"""OSO-DPSGD (Galli et al. 2024): digest 002 §2.8 (Algorithm 1, cleaned) and §4.6 (test targets).
+"""OSO-DPSGD (Galli, Palamidessi & Cucinotta 2024): Algorithm 1 with the sign-exponential
+updates, Eqs. (20) and (21) (the latter with g̃ᵀg̃, as in Algorithm 1 line 15).
 
-Expected numbers come from the digest (7.12399, the drift bound ρ_c·t), from dp_accounting, or
+Expected numbers come from the paper (the 1 % rule of its Privacy Analysis section gives
+ν_q/ν = 1/√(1 − 1.01⁻²) = 7.12399; Eq. (20) bounds the drift |ln(C_t/C_0)| by ρ_c·t), from
+dp_accounting, or
 from the float64 per-example loop in tests/oracles.py; the toy-quadratic tests derive the sign
 of each update in their comments.
 """
@@ -34,7 +37,7 @@ def _plan(sigma: float = 1.0) -> StepPlan:
     return StepPlan(step=0, sample_rate=0.01, noise_multiplier=sigma, clip=1.0)
 
 
-# -- the noise split (002 §2.4, §4.6) --------------------------------------------------------
+# -- the noise split (Galli et al. 2024, Privacy Analysis, Proposition 1) --------------------
 
 def test_the_one_percent_rule_splits_nu_so_the_pair_spends_nu():
     m = OnlineSensitivity()
@@ -42,7 +45,7 @@ def test_the_one_percent_rule_splits_nu_so_the_pair_spends_nu():
         plan = m.plan(m.init(), _plan(nu))
         spec = m.releases(m.init(), plan)[THRESHOLD_GRADIENT]
         assert plan.noise_multiplier / nu == pytest.approx(1.01, rel=1e-12)
-        assert spec.noise_multiplier / nu == pytest.approx(7.12399, abs=5e-6)  # digest §4.6
+        assert spec.noise_multiplier / nu == pytest.approx(7.12399, abs=5e-6)  # 1/√(1 − 1.01⁻²)
         assert spec.sensitivity == 1.0 and spec.kind == "gradient"
         # Round trip ν⁻² = ν_g⁻² + ν_q⁻² (Proposition 1).
         assert plan.noise_multiplier ** -2 + spec.noise_multiplier ** -2 == pytest.approx(
@@ -191,7 +194,7 @@ def _quadratic_run(start: torch.Tensor, lr: float, steps: int):
 def test_sign_conventions_on_a_toy_quadratic():
     # Far from the minimum (‖θ − a_i‖ ≈ 10 ≫ C): every sample is clipped and small steps keep
     # g̃_t along q̃_{t−1} (both ≈ θ/‖θ‖): ⟨g̃_t, q̃_{t−1}⟩ > 0, so C grows; consecutive
-    # gradients agree, so ρ grows (Eq. 21 with g̃, digest §2.6).
+    # gradients agree, so ρ grows (Galli et al. 2024 Eq. 21, read with g̃ᵀg̃ as in Algorithm 1).
     aligned = _quadratic_run(torch.tensor([10.0, 0.0], dtype=torch.float64), lr=1.0, steps=4)
     assert aligned[0] == (0.1, 1.0)                       # first step: unchanged
     assert all(c2 > c1 and r2 > r1 for (c1, r1), (c2, r2) in zip(aligned, aligned[1:]))
@@ -213,7 +216,8 @@ def _data(n=300, d=6):
 def test_released_threshold_gradient_matches_the_loop_and_has_the_declared_noise():
     # A wide model (60·10 + 10 = 610 parameters) at lr = 0 so θ stays put, over 20 steps: the
     # released q̃ and g̃ minus the float64 loop's Σ q_i / b and Σ clip(g_i) / b are the noise
-    # alone, whose std must be ν_q/b and ν_g C/b (digest §4.6 "noise scale"; 12,200 draws each,
+    # alone, whose std must be ν_q/b and ν_g C/b (Galli et al. 2024 Algorithm 1: noise on the sum,
+    # then ÷ b; 12,200 draws each,
     # so the sample std is within ≈ 0.7 % of the truth; 7.124 vs 1.01 would be far outside).
     torch.manual_seed(0)
     ds = TensorDataset(torch.randn(40, 60) * 3, torch.randint(0, 10, (40,)))

@@ -1,5 +1,6 @@
 """``per_layer_quantile`` lives in ``adaptive/quantile.py``; its tests are in ``test_quantile.py``
-(the ``FILE_ALIASES`` decision, STYLE.md §7). This file keeps R1's one-test-file-per-key rule
+(the ``FILE_ALIASES`` decision: two keys may share a file when the table says so). This file
+keeps the one-method-one-file-one-test-file rule
 visible and checks the alias."""
 
 from dpfy.adaptive import FILE_ALIASES, REGISTRY, LayerQuantileClipping

@@ -44,7 +44,8 @@ def test_moving_average_smooths_one_bad_evaluation():
 
 
 def test_calibration_raises_and_names_the_budget_guard():
-    # STYLE R9: the ledger depends on released data, so no σ_0 can be solved for a target ε
+    # calibration must build the run's own ledger: it depends on released data, so no σ_0 can
+    # be solved for a target ε
     with pytest.raises(ValueError, match="initial must be given .*budget guard"):
         make_method("plateau")
     with pytest.raises(ValueError, match="initial must be given .*budget guard"):

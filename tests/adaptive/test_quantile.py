@@ -1,6 +1,7 @@
-"""Quantile adaptive clipping (Andrew et al.; digest 000 §2.5.2) and He et al.'s per-layer form.
+"""Quantile adaptive clipping (Andrew et al. 2021) and He et al.'s per-layer form (both reviewed
+by Monir, Fauzan & Ghinita 2023, §3.2.2).
 
-Expected values come from the digest's formulas, derived in each test.
+Expected values come from the papers' formulas, derived in each test.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ def _facts(b=100.0, groups=1):
 
 
 def test_geometric_update_converges_to_the_target_quantile():
-    # Norms ~ Exp(1): the γ-quantile is −ln(1 − γ) (digest 000 §9 test: "the geometric update
-    # converges to the γ-quantile of a fixed distribution"). Noise-free counts, b = 1000.
+    # Norms ~ Exp(1): the γ-quantile is −ln(1 − γ) (Andrew et al. 2021: the geometric update
+    # converges to the γ-quantile of a fixed distribution). Noise-free counts, b = 1000.
     gen = torch.Generator().manual_seed(0)
     for gamma in (0.3, 0.5, 0.8):
         m = QuantileClipping(initial_clip=5.0, target_quantile=gamma, step_size=0.2,
@@ -43,7 +44,7 @@ def test_geometric_update_converges_to_the_target_quantile():
 
 
 def test_noise_split_keeps_the_plain_gradient_budget():
-    # σ = 1, σ_b = b/20 = 5: the gradient gets (1 − (2·5)⁻²)^(−1/2) (digest 000 §2.5.2).
+    # σ = 1, σ_b = b/20 = 5: the gradient gets (1 − (2·5)⁻²)^(−1/2) (Andrew et al. 2021, Thm. 1).
     m = QuantileClipping().calibrate(_facts(b=100.0))
     plan = m.plan(m.init(), StepPlan(0, 0.01, 1.0, 1.0))
     assert m.count_noise_std == 5.0
@@ -68,7 +69,7 @@ def test_config_rejects_bad_values(field, value):
 
 
 def test_per_layer_split_gives_the_counts_fraction_r_of_the_budget():
-    # K = 3 groups, r = 0.1: K(2σ_b)⁻² = r σ⁻² and σ_Δ = σ/√(1−r) (digest 000 §2.5.1).
+    # K = 3 groups, r = 0.1: K(2σ_b)⁻² = r σ⁻² and σ_Δ = σ/√(1−r) (He et al. 2023; review §3.2.2).
     m = LayerQuantileClipping(initial_clip=0.3, budget_fraction=0.1).calibrate(_facts(groups=3))
     state = m.init()
     assert state.clip == pytest.approx((0.3 / math.sqrt(3),) * 3)

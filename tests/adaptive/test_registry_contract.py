@@ -1,11 +1,13 @@
-"""The contract every registered method keeps (STYLE.md R10), enumerated from ``REGISTRY``.
+"""The contract every registered method keeps (one shared contract test that every method
+inherits), enumerated from ``REGISTRY``.
 
 For each key, built by ``dpfy.adaptive.make`` with its ``example_options`` and calibrated by
 ``make_private`` for a tiny run:
 - three steps run; every step's ledger entry is the gradient plus exactly the releases the
-  method declared for that step, each with noise (R2);
+  method declared for that step, each with noise (every release is an accounting event);
 - ``update`` receives a ``StepOutcome`` and nothing else (no path to raw norms);
-- the state survives a checkpoint round trip (pickled as it is) and gives the same next plan (R5);
+- the state survives a checkpoint round trip (pickled as it is) and gives the same next plan
+  (state, not closures);
 - its releases are described from its specs (``describe_releases``): the gradient sum, then
   every declared release with a label;
 - each ``values``/``gradient`` spec's per-example values stay within the declared sensitivity,
@@ -13,7 +15,7 @@ For each key, built by ``dpfy.adaptive.make`` with its ``example_options`` and c
 - ``implements`` says exactly which hooks the method's class overrides, and a method that
   declares post-release probes implements ``postprocess``;
 - the method's file is ``adaptive/{key}.py`` or the one ``FILE_ALIASES`` names, and its test
-  file exists (R1).
+  file exists (one method: one file, one key, one test file).
 """
 
 from __future__ import annotations
@@ -96,7 +98,8 @@ def test_registered_method_keeps_the_contract(name):
         assert mechanisms[0] == "gradient" and sorted(mechanisms[1:]) == names
         assert all(r.noise_multiplier > 0 for r in group.releases)
     assert len(seen) == STEPS and all(type(r) is StepOutcome for r in seen)
-    # R5: the state, pickled as it is, survives a checkpoint round trip and plans the same.
+    # State, not closures: the state, pickled as it is, survives a checkpoint round trip and
+    # plans the same.
     buf = io.BytesIO()
     torch.save(opt.state_dict(), buf)
     buf.seek(0)
@@ -198,5 +201,5 @@ def test_every_file_of_the_package_is_imported_so_a_new_method_registers_itself(
 def test_all_names_resolve():
     import dpfy.adaptive as adaptive
 
-    for n in adaptive.__all__:                            # STYLE: __all__ is checked, not trusted
+    for n in adaptive.__all__:                            # __all__ is checked, not trusted
         getattr(adaptive, n)
