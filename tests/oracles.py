@@ -1,4 +1,5 @@
-"""The slow, obviously-correct reference (STYLE.md R8): a float64 per-example loop.
+"""The slow, obviously-correct reference: a float64 per-example loop (the math is written for one
+example; every layer rule and both engines are tested against it).
 
 For each example i we run the model on x[i:i+1] alone, backpropagate its own loss ℓ_i and read
 the parameter gradients. Everything the engines compute (per-sample norms, clipped sums) is tested

@@ -25,7 +25,8 @@ def test_readme_example_runs(index, tmp_path, capsys):
 
 
 def test_readme_accounting_example_prints_the_guides_numbers(tmp_path, capsys):
-    # The guide's running example (digest 003 §1.12): RDP ≈ 1.2 and PLD ≈ 0.59 after 1 epoch.
+    # The guide's running example (Ponomareva et al. 2023, §4.2.2 footnote and Appendix C): RDP ≈
+    # 1.2 and PLD ≈ 0.59 after 1 epoch.
     block = next(b for b in BLOCKS if "one_epoch" in b)
     script = tmp_path / "acc.py"
     script.write_text(block)

@@ -1,5 +1,6 @@
-"""ADADP (000 §2.7): every iterate and every η checked against the algorithm written out in
-this test from the released gradients; the ledger is plain DP-SGD's, by dp_accounting."""
+"""ADADP (Koskela & Honkela 2020; reviewed by Monir, Fauzan & Ghinita 2023, §3.3): every
+iterate and every η checked against the algorithm written out in this test from the released
+gradients; the ledger is plain DP-SGD's, by dp_accounting."""
 
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ def _run(tolerance, lr=0.5, sigma=0.8):
 
 
 def _reference(theta0, releases, lr, tol, a_min=0.9, a_max=1.1):
-    """The algorithm of 000 §2.7 in float64, driven by the same released gradients."""
+    """The algorithm of the review's §3.3 (Koskela & Honkela 2020) in float64, driven by the
+    same released gradients."""
     theta = {n: t.double() for n, t in theta0.items()}
     out, eta = [], lr
     for k in range(0, len(releases) - 1, 2):

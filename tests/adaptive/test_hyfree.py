@@ -1,4 +1,4 @@
-"""HyFreeDP (Bu & Liu, Algorithms 1 and 2; digest 004): the quadratic fit, the η update, the
+"""HyFreeDP (Bu & Liu 2025, Algorithms 1 and 2): the quadratic fit, the η update, the
 R_l rule, the budget split on the run's own ledger, the probes' releases and direction, and the
 refusals.
 
@@ -39,7 +39,8 @@ def _quadratic():
 @pytest.mark.parametrize("eta", [1e-4, 0.05, 3.0])
 def test_fit_recovers_directional_derivative_and_curvature_exactly(eta):
     """On a quadratic, L(w − s d) = L(w) − (∇Lᵀd) s + (dᵀAd) s²/2 exactly, so the three-point
-    fit (Eq. 6 anchored at L(w), digest §2.5) gives b = ∇Lᵀd and a = dᵀAd at any spacing."""
+    fit (Eq. 6 anchored at L(w): with the point s = 0 fitted exactly, three symmetric points are
+    interpolated exactly) gives b = ∇Lᵀd and a = dᵀAd at any spacing."""
     loss, a_mat, grad, w, d = _quadratic()
     a, b = fit_quadratic(loss(w - eta * d), loss(w), loss(w + eta * d), eta)
     assert b == pytest.approx(float(grad @ d), rel=1e-6)
@@ -237,7 +238,9 @@ def test_ledger_spends_the_target_by_dp_accounting_and_sigma_g_is_1_01_sigma(run
 
 def test_probe_rounds_are_composed_with_their_gradient_step(run):
     """Steps 0, K, 2K, ... release the gradient and the three losses on one Poisson sample:
-    recorded as one step, σ_eff⁻² = σ_g⁻² + 3σ_l⁻² (digest §4.4), never as separate steps."""
+    recorded as one step, σ_eff⁻² = σ_g⁻² + 3σ_l⁻² (Algorithm 1 probes the gradient's batch; the
+    paper's Theorem 2 composes them as independently sampled releases, which is slightly
+    optimistic), never as separate steps."""
     opt, _ = run
     m = opt.method
     steps = [(g.first_step + i, g) for g in opt.ledger.groups for i in range(g.count)]

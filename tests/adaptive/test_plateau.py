@@ -1,4 +1,6 @@
-"""Validation-plateau noise decay (review 000 §2.1.1, erratum 2 applied)."""
+"""Validation-plateau noise decay (Yu et al. 2019, as reviewed by Monir, Fauzan & Ghinita 2023,
+§3.1.1; the printed rule read as σ_{e+1} = kσ_e when the moving-average validation accuracy
+improves by at most the threshold)."""
 
 import inspect
 

@@ -1,7 +1,7 @@
-"""DP-D-Adaptation and DP-Prodigy (seed 004's baselines): the PyPI optimizers, unchanged, wrapped
-by make_private, so they step on the same private gradient as every other optimizer. They read
-only p.grad (the released, noised gradient), so their learning-rate estimates are
-post-processing; the ledger is plain DP-SGD's."""
+"""DP-D-Adaptation and DP-Prodigy (baselines of Bu & Liu 2025, §5): the PyPI optimizers,
+unchanged, wrapped by make_private, so they step on the same private gradient as every other
+optimizer. They read only p.grad (the released, noised gradient), so their learning-rate
+estimates are post-processing; the ledger is plain DP-SGD's."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""DP-hyper's budget (004 §5.1): 15 % of ε to k composed selection runs and 85 % to the final
-run. The selection σ is checked against dp_accounting's PLD of the k runs composed, and the
-total ε dpfy reports against dp_accounting's PLD of all k + 1 runs composed (the final run's σ
-found here by bisection on dp_accounting's RDP, an upper bound of PLD, so it spends ≤ 85 %)."""
+"""DP-hyper's budget (Bu & Liu 2025, §5): 15 % of ε to k composed selection runs and 85 % to the
+final run. The selection σ is checked against dp_accounting's PLD of the k runs composed, and
+the total ε dpfy reports against dp_accounting's PLD of all k + 1 runs composed (the final run's
+σ found here by bisection on dp_accounting's RDP, an upper bound of PLD, so it spends ≤ 85 %)."""
 
 from __future__ import annotations
 

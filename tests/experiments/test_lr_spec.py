@@ -1,6 +1,6 @@
 """``dpfy experiment lr-fmnist``'s run spec and NonDP-GS: the spec survives JSON, holds no seed,
 refuses settings that are not one of the two comparisons, and NonDP-GS's tuning cost is marked
-as not accounted (004 §5.1: the grid's best is chosen without charging the grid)."""
+as not accounted (Bu & Liu 2025, §5: the grid's best is chosen without charging the grid)."""
 
 from __future__ import annotations
 

@@ -26,7 +26,8 @@ AE_CONVS = [(1, 12), (12, 16), (16, 48), (48, 16), (16, 12), (12, 1)]
 
 
 def test_conv_autoencoder_has_the_paper_parameter_count():
-    # weights k²·in·out plus out biases per convolution; 002 Table 1: 48,705 parameters
+    # weights k²·in·out plus out biases per convolution; Galli et al. 2024 Table 1: 48,705
+    # parameters
     derived = sum(5 * 5 * c_in * c_out + c_out for c_in, c_out in AE_CONVS)
     assert derived == 48705
     model = conv_autoencoder((1, 28, 28))
@@ -93,7 +94,7 @@ def test_smoke_run_of_every_method_records_and_stays_within_the_grid_budget(tmp_
             assert r["noise_multiplier"] is None and "epsilon_grid_pld" not in r
             continue
         assert r["runs"] == {"online": 2, "threshold": 4, "quantile": 10, "adamwosm": 2}[
-            spec.method]                                               # 002 §3.3 at k = 2
+            spec.method]                                               # grid sizes at k = 2
         assert r["epsilon_run_pld"] < r["epsilon_grid_pld"] <= eps * (1 + 1e-9)
         # dp_accounting's PLD (its own discretization) on the events derived above
         assert _grid_epsilon_by_dp_accounting(r, settings) <= eps + 1e-3
@@ -116,7 +117,8 @@ def test_method_filter_gives_002s_k7_online_grid_alone():
 
     settings = Settings(k=7)
     specs = grid_specs(settings, [2.0, 4.0], ["online"])
-    # 002 §4.6: log_grid(-2.5, 1.5, 7) is numpy's logspace; 7 runs share each grid's ε
+    # Galli et al. 2024's log-uniform grid: log_grid(-2.5, 1.5, 7) is numpy's logspace; 7 runs
+    # share each grid's ε
     assert [s.lr for s in specs] == pytest.approx(list(np.logspace(-2.5, 1.5, 7)) * 2)
     assert {(s.method, s.runs) for s in specs} == {("online", 7)}
     assert [s.epsilon for s in specs] == [2.0] * 7 + [4.0] * 7
@@ -154,7 +156,7 @@ def test_classifier_and_k7_summaries_get_their_own_files_and_the_classifier_maxi
                                        "oso_fmnist_classifier_online_trajectories.png"]
     text = paths[0].read_text()
     assert "| 1 | Online | 5 (5) |" in text and "ρ=0.03162 | 85.0000 |" in text  # accuracy: max
-    assert "002 Table 3 (k = 7) |" not in text           # 002 has no Fashion-MNIST classifier
+    assert "002 Table 3 (k = 7) |" not in text           # Galli et al.: no F-MNIST classifier
     assert stem(Settings()) == "oso_fmnist"               # the committed autoencoder files
     assert stem(Settings(k=7)) == "oso_fmnist_k7"
     assert stem(Settings(task="classifier", k=7)) == "oso_fmnist_classifier_k7"

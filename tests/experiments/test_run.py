@@ -106,7 +106,8 @@ def test_same_plan_epsilon_and_model_as_dpfy_train(tmp_path, small):
 
 
 def clt_epsilon(sample_rate: float, sigma: float, steps: int, delta: float) -> float:
-    """ε of the GDP CLT (Bu et al.; seed 001 Eq. 9), derived here from its two formulas:
+    """ε of the GDP CLT (Bu et al. 2020; Eq. 9 of Dynamic DP-SGD, anonymous submission under
+    review), derived here from its two formulas:
     μ = q·√(T·(e^{1/σ²} − 1)), and δ(ε) = Φ(−ε/μ + μ/2) − e^ε·Φ(−ε/μ − μ/2) solved for ε."""
     mu = sample_rate * math.sqrt(steps * math.expm1(sigma ** -2))
     phi = stats.norm.cdf

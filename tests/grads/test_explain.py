@@ -1,4 +1,5 @@
-"""``dpfy explain``: one row per layer with its rule file and route (STYLE.md R7)."""
+"""``dpfy explain``: one row per layer with its rule file and route (one rule per layer type,
+fallbacks reported)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Memory planning (dpfy.memory, issue 14 §5): the 000 §3.3 model, "auto" physical batches,
-the per-update flag and len(loader) when logical batches are split."""
+"""Memory planning (dpfy.memory, issue 14 §5): the memory model of Monir et al. 2023's review,
+§4.3, "auto" physical batches, the per-update flag and len(loader) when logical batches are
+split."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from dpfy.memory import estimate_memory, largest_batch, paper_memory, probe_mode
 
 
 def test_paper_worked_example_201_and_102() -> None:
-    # 000 §3.3 worked example (Yousefpour et al.): L = 1, C = 1, b = 100.
+    # review §4.3 worked example (Yousefpour et al.): L = 1, C = 1, b = 100.
     assert paper_memory(100, 1, 1, per_sample=True) == 201
     assert paper_memory(100, 1, 1, per_sample=False) == 102
     one_param = [{"module": "w", "params": 1, "route": "per-sample"}]

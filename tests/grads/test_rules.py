@@ -179,7 +179,8 @@ def test_ghost_and_materialized_routes_agree():
 
 
 def test_registry_one_file_per_layer_and_no_duplicates():
-    # R7: the rule for X lives in grads/rules/<file>.py and re-registering raises
+    # one rule per layer type: the rule for X lives in grads/rules/<file>.py and re-registering
+    # raises
     files = {t: inspect.getfile(type(r)).rsplit("/", 1)[-1] for t, r in RULES.items()}
     assert files[nn.Linear] == "linear.py" and files[nn.Conv2d] == "conv.py"
     assert files[nn.Embedding] == "embedding.py" and files[nn.LayerNorm] == "layernorm.py"

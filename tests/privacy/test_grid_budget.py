@@ -1,4 +1,5 @@
-"""Per-grid budgets (issue 11; digest 002 §3.3, §4.6, §4.7): log_grid, grid σ, `--grid-runs`.
+"""Per-grid budgets (issue 11; Galli, Palamidessi & Cucinotta 2024, Experiments: the grid-search
+protocol, its k log-uniform grid points and a budget per grid): log_grid, grid σ, `--grid-runs`.
 
 ε checks here use dp_accounting directly on the composed events, not dpfy's accountants.
 """
@@ -14,7 +15,8 @@ from dpfy.privacy.calibration import calibrate_noise_multiplier
 from dpfy.privacy.ledger import Ledger, Release, Sampling
 from dpfy.privacy.tuning import calibrate_grid_noise_multiplier, grid_epsilon, log_grid
 
-# 002 §4.7, Fashion-MNIST (and MNIST): q = 512/60000, T = round(10·60000/512), δ = 1e-5, RDP.
+# Galli et al. 2024 Table 1, Fashion-MNIST (and MNIST): q = 512/60000, T = round(10·60000/512);
+# δ = 1e-5 (the paper does not state δ), RDP.
 Q, T, DELTA, EPS = 0.008533, 1172, 1e-5, 3.0
 TOL = 1e-3      # calibrate_grid_noise_multiplier's default relative tolerance on σ
 

@@ -1,4 +1,5 @@
-"""IDP-SGD calibration (digest 000 §4.2, §4.4, §6, §8.7): the paper's MNIST Case 1 values, and
+"""IDP-SGD calibration (Boenisch et al. 2024, Sample and Scale, as reviewed by Monir, Fauzan &
+Ghinita 2023, §5 and §6.2): the review's MNIST Case 1 values, and
 each group's ε recomputed here with dp_accounting directly from (q_p, σ_p, steps)."""
 
 import math
@@ -8,7 +9,8 @@ import pytest
 
 from dpfy.privacy import calibrate_individual
 
-# 000 §6 (inferred MNIST setting): q = 512/60000, 30 epochs = 3515 steps, δ = 1e-5, c = 0.2, RDP.
+# MNIST setting inferred by reproducing the review's §6.2 numbers (the review does not state it):
+# q = 512/60000, 30 epochs = 3515 steps, δ = 1e-5, c = 0.2, RDP.
 CASE1 = dict(budgets=[1.0, 2.0, 3.0], fractions=[0.34, 0.43, 0.23], sample_rate=512 / 60000,
              steps=3515, delta=1e-5, max_grad_norm=0.2, accountant="rdp")
 
@@ -32,13 +34,14 @@ def scale():
 
 
 def test_sample_matches_paper(sample):
-    # 000 §5.4: σ_sample = 1.368 (digest's re-derivation 1.371), within 0.5 %.
+    # review §6.2: σ_sample = 1.368 (an independent re-derivation gives 1.371), within 0.5 %.
     assert sample.noise_multiplier == pytest.approx(1.368, rel=5e-3)
-    # 000 §5.4: q_p = {0.005, 0.009, 0.013} as printed (3 decimals).
+    # review §6.2: q_p = {0.005, 0.009, 0.013} as printed (3 decimals).
     assert [round(q, 3) for q in sample.sample_rates] == [0.005, 0.009, 0.013]
-    # 000 §6: the digest's own accountant gives {0.00481, 0.00906, 0.01305}.
+    # an independent RDP re-derivation (integer orders 2–255, improved conversion of Balle et al.
+    # 2020) in the inferred setting gives {0.00481, 0.00906, 0.01305}.
     assert sample.sample_rates == pytest.approx([0.00481, 0.00906, 0.01305], rel=5e-3)
-    # The ratio-weighted mean rate comes down to the uniform q (the stopping rule, §4.2).
+    # The ratio-weighted mean rate comes down to the uniform q (IDP-SGD Sample's stopping rule).
     mean = math.fsum(r * q for r, q in zip(CASE1["fractions"], sample.sample_rates))
     assert CASE1["sample_rate"] * 0.995 <= mean <= CASE1["sample_rate"]
 
@@ -52,10 +55,11 @@ def test_sample_group_epsilons_by_dp_accounting(sample):
 
 
 def test_scale_matches_paper(scale):
-    # 000 §5.4: σ_scale = 1.545 (re-derived 1.549) and c_p = {0.141, 0.236, 0.299}.
+    # review §6.2: σ_scale = 1.545 (re-derived 1.549) and c_p = {0.141, 0.236, 0.299}.
     assert scale.noise_multiplier == pytest.approx(1.545, rel=5e-3)
     assert scale.clips == pytest.approx([0.141, 0.236, 0.299], rel=5e-3)
-    # 000 §6: per-group σ_p ≈ {2.195, 1.313, 1.033}; σ_scale is their ratio-weighted mean.
+    # the same re-derivation: per-group σ_p ≈ {2.195, 1.313, 1.033}; σ_scale is their
+    # ratio-weighted mean.
     assert scale.group_noise_multipliers == pytest.approx([2.195, 1.313, 1.033], rel=2e-3)
     assert scale.noise_multiplier == pytest.approx(
         sum(r * s for r, s in zip(CASE1["fractions"], scale.group_noise_multipliers)))

@@ -39,7 +39,7 @@ def test_report_files_and_checklist(tmp_path):
     assert data["tuning"]["epsilon"] == 3.0
     assert data["delta_convention"]["ok"] is True          # 1e-6 ≤ 60000^-1.1 = 5.5e-6
     shares = {m["mechanism"]: m["noise_share"] for m in data["mechanisms"]}
-    # shares of Σσ⁻²: 1.1⁻² : 20⁻² (digest 002 Prop. 1)
+    # shares of Σσ⁻²: 1.1⁻² : 20⁻² (Galli et al. 2024, Proposition 1)
     assert shares["gradient"] == pytest.approx(1.1 ** -2 / (1.1 ** -2 + 20.0 ** -2))
     assert data["curve"][-1][0] == 200
 

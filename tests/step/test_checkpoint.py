@@ -1,4 +1,5 @@
-"""Resuming from a checkpoint gives bit-identical next steps (DESIGN.md: determinism)."""
+"""Resuming from a checkpoint gives bit-identical next steps (determinism: a seeded run is
+reproducible, and a checkpoint holds everything needed to resume)."""
 
 from __future__ import annotations
 

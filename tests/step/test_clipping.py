@@ -1,6 +1,6 @@
 """Clipping policies: the update equals the policy's weighted sum, computed from the float64
-per-example loop with the policy's formula written out here (shared/reference/000, clipping
-variants; Bu et al. 2023 for automatic clipping)."""
+per-example loop with the policy's formula written out here (clipping variants as reviewed by
+Monir, Fauzan & Ghinita 2023, §4; Bu et al. 2023 for automatic clipping)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Fail loudly: every refusal names the problem and the fix (STYLE.md R3)."""
+"""Fail loudly: every refusal names the problem and the fix (the parameter, the constraint, the
+value received and what to do)."""
 
 from __future__ import annotations
 

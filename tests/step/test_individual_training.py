@@ -1,4 +1,5 @@
-"""Individualized budgets end to end (issue 13; digest 000 §4.2, §4.4): per-group rates and
+"""Individualized budgets end to end (issue 13; IDP-SGD Sample and Scale of Boenisch et al. 2024,
+as reviewed by Monir, Fauzan & Ghinita 2023, §5): per-group rates and
 thresholds in the step, one ledger per group, ε per group checked with dp_accounting directly,
 and the per-group ε guard."""
 
@@ -102,7 +103,7 @@ def test_scale_thresholds_noise_and_group_epsilons():
         sigma_p = std / c_p[g.budget]         # effective σ_p = noise std / its sensitivity
         assert e == pytest.approx(rdp_epsilon(BATCH / N, sigma_p, steps), rel=1e-9)
         assert e <= g.budget
-    # σ_scale = std / c and the ratio-weighted mean of σ_p (000 §4.4).
+    # σ_scale = std / c and the ratio-weighted mean of σ_p (IDP-SGD Scale; review §5).
     sigma_ps = [std / c_p[g.budget] for g in groups]
     assert std / C == pytest.approx(sum(g.size / N * s for g, s in zip(groups, sigma_ps)))
 

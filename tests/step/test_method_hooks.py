@@ -1,9 +1,9 @@
 """The method interface's data paths against the float64 per-example loop (tests/oracles.py):
 
-- a parameter-shaped extra release (OSO's threshold gradient Σ_i 1[‖g_i‖ > C] g_i/‖g_i‖, digest
-  002 §2.8) is formed by the engine's book-keeping next to the clipped gradient, noised once,
-  recorded, and handed to ``update``;
-- a coordinate-wise transform of per-sample gradients (AdaClip's shape, digest 000 §2.6) is
+- a parameter-shaped extra release (OSO's threshold gradient Σ_i 1[‖g_i‖ > C] g_i/‖g_i‖, Galli
+  et al. 2024, Algorithm 1) is formed by the engine's book-keeping next to the clipped gradient,
+  noised once, recorded, and handed to ``update``;
+- a coordinate-wise transform of per-sample gradients (AdaClip's shape, Pichapati et al. 2019) is
   applied before the norms and the clipping, and refused on the ghost route (the step derives
   the route from ``implements("transform")``: no flag to declare);
 - ``postprocess`` maps the released gradient before the inner optimizer steps on it.

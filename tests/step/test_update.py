@@ -84,7 +84,7 @@ def _noise_samples(clipping: str, max_grad_norm, sigma: float) -> torch.Tensor:
 
 
 def test_noise_std_on_the_sum_is_sigma_times_c():
-    # R11 anchor: expected_std = l2_norm_clip · noise_multiplier (optax), on 4 × 5050 draws
+    # as optax checks it: expected_std = l2_norm_clip · noise_multiplier, on 4 × 5050 draws
     z = _noise_samples("flat", 0.7, 2.0)
     assert abs(float(z.std()) / (2.0 * 0.7) - 1) < 0.03  # 20k draws: std error ≈ 0.5%
     assert abs(float(z.mean())) < 0.05
@@ -185,7 +185,7 @@ def test_torch_lr_scheduler_drives_the_private_optimizer(toy):
 
 
 def test_extra_release_declared_by_a_method_is_noised_recorded_and_handed_back(toy):
-    # A quantile-style count (Andrew et al.; STYLE.md §8): Σ_i (1[‖g_i‖ ≤ C] − ½), sensitivity ½,
+    # A quantile-style count (Andrew et al. 2021, centred): Σ_i (1[‖g_i‖ ≤ C] − ½), sensitivity ½,
     # noise std 0.25 -> noise multiplier 0.5 in the ledger next to the gradient's σ.
     from dpfy.adaptive.base import Method
     from dpfy.types import ReleaseSpec

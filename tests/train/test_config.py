@@ -74,7 +74,8 @@ def test_wrong_type_is_refused():
 
 def test_delta_follows_the_guide_unless_given_or_referenced():
     n = 1438
-    # the guide's convention δ = 1/N^1.1 (digest 003, δ box), computed independently here
+    # the guide's convention δ = 1/N^1.1 (Ponomareva et al. 2023, §5.3.2, "Convention for setting
+    # δ" box), computed independently here
     expected = math.exp(-1.1 * math.log(n))
     assert guide_delta(n) == pytest.approx(expected, rel=1e-12)
     c, how = resolve(TrainConfig(dataset="digits"), num_examples=n, reference_delta=None)
