@@ -1,18 +1,18 @@
 """The reproduction grids: which runs make up each experiment.
 
-``dynamic-fmnist``: seed 001 Table 1, Fashion-MNIST columns (digest
-``shared/reference/001-dynamic-dpsgd.md`` §6.4): presets vanilla / growing_mu /
+``dynamic-fmnist``: Table 1 (§5.2), Fashion-MNIST columns, of Dynamic DP-SGD (anonymous
+submission, under review): presets vanilla / growing_mu /
 sensitivity_decay / dynamic at ε ∈ {0.4, 1.2, 2.0}, δ = 1/600000.
 
-``noise-decay-fmnist``: the review's noise-decay comparison (digest
-``shared/reference/000-review-adaptive-dpsgd.md`` §5.1, Table 8): time / exponential /
+``noise-decay-fmnist``: the noise-decay comparison of Monir, Fauzan & Ghinita
+2023's review (§6.1, Table 8): time / exponential /
 polynomial decay against constant σ, all spending the same ε.
 
 What we changed from the papers, and why (the CPU budget is 2 shared cores):
 
 - 3 epochs (705 steps at q = 256/60000) instead of the papers' unreported (longer) training.
-- Tramèr & Boneh's 26k-parameter tanh CNN (``dpfy.models.tanh_cnn``); seed 001's CNN is not
-  described (its appendix is missing).
+- Tramèr & Boneh's 26k-parameter tanh CNN (``dpfy.models.tanh_cnn``); the Dynamic DP-SGD
+  submission's CNN is not described (its appendix is missing).
 - SGD, lr 0.1, momentum 0.9, C_0 = 1, normalized by the expected batch size; chosen by a
   3-epoch pilot of vanilla DP-SGD at one σ, and the same for every method.
 - ρ_μ = ρ_c = 2 (1/ρ = 0.5, the middle of the paper's grid), fixed a priori: the paper does

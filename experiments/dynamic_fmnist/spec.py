@@ -1,4 +1,4 @@
-"""What one reproduction run is: a frozen, JSON-able spec (STYLE.md R15).
+"""What one reproduction run is: a frozen, JSON-able spec (configuration is a frozen dataclass).
 
 Everything that decides a run's result is a field here, so a results file names its own
 settings and a finished run can be recognized (and skipped) when a grid is resumed.
@@ -20,7 +20,8 @@ __all__ = ["RunSpec", "FMNIST_DELTA", "CALIBRATIONS"]
 # opt-in to the paper's Gaussian-DP CLT (an approximation; the record still gives the PLD ε).
 CALIBRATIONS = (*RIGOROUS, "gdp")
 
-# seed 001 §6.3: δ = 1/(10|X|) with |X| = 60,000 Fashion-MNIST training images.
+# Dynamic DP-SGD (anonymous submission, under review), §5.1: δ = 1/(10|X|) with |X| = 60,000
+# Fashion-MNIST training images.
 FMNIST_DELTA = 1 / 600000
 
 
@@ -48,7 +49,7 @@ class RunSpec:
     target_epsilon: float
     seed: int
     epochs: int = 3
-    expected_batch: int = 256           # q = expected_batch / N (seed 001 / Bu et al.: 256)
+    expected_batch: int = 256           # q = expected_batch / N (Bu et al. 2020: 256)
     model: str = "tanh_cnn"
     lr: float = 0.1
     momentum: float = 0.9

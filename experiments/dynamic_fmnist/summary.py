@@ -20,7 +20,8 @@ from dpfy.privacy import epsilon
 
 __all__ = ["summarize", "PAPER_TABLE1_FMNIST"]
 
-# seed 001 Table 1, FashionMNIST columns (digest §6.4), test accuracy % at ε = 0.4 / 1.2 / 2.0
+# Dynamic DP-SGD (anonymous submission, under review) Table 1, FashionMNIST columns, test
+# accuracy % at ε = 0.4 / 1.2 / 2.0
 PAPER_TABLE1_FMNIST = {
     "vanilla": (76.77, 80.45, 82.55),
     "growing_mu": (77.81, 80.95, 83.10),

@@ -1,6 +1,6 @@
 """``python -m experiments idp-fmnist``: individualized privacy budgets on Fashion-MNIST (issue 13).
 
-Digest shared/reference/000-review-adaptive-dpsgd.md §5.4: for each case of Table 9 (privacy
+Monir, Fauzan & Ghinita 2023 (the review), §6.2: for each case of Table 9 (privacy
 groups of 34 %, 43 %, 23 % of the data), uniform DP-SGD at the strictest budget and at the
 fraction-weighted budget, IDP-SGD Sample and IDP-SGD Scale, on the tanh CNN
 (:mod:`experiments.idp_fmnist.spec`, :mod:`experiments.idp_fmnist.train`).
@@ -39,7 +39,8 @@ _DATA: Any = None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``--idp-*`` options (defaults: digest 000 §6's MNIST settings, Case 1 and 3)."""
+    """The ``--idp-*`` options (defaults: the MNIST settings inferred from the
+    review's §6.2 numbers, Cases 1 and 3)."""
     g = p.add_argument_group("idp-fmnist only")
     d = IdpSpec.of_case("case1", VARIANTS[0])
     g.add_argument("--idp-cases", nargs="+", choices=sorted(CASES), default=["case1", "case3"])

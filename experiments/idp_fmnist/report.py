@@ -3,9 +3,10 @@
 - ``idp_fmnist_table.md``: per (case, variant), over replicates: test accuracy (mean ± sample
   std), each group's training-set accuracy (mean) and ε by PLD (the largest over replicates),
   each group's budget.
-- ``idp_<case>_<variant>_epsilon.png``: each group's ε over steps with its budget (digest 000
-  Figs. 13/14), drawn by :meth:`dpfy.privacy.group_ledger.GroupLedgers.plot` from the group
-  ledgers of the first replicate of each IDP variant.
+- ``idp_<case>_<variant>_epsilon.png``: each group's ε over steps with its budget (as in
+  Figs. 13/14 of Monir, Fauzan & Ghinita 2023), drawn by
+  :meth:`dpfy.privacy.group_ledger.GroupLedgers.plot` from the group ledgers of the first
+  replicate of each IDP variant.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """What one run of the individualized-privacy reproduction is (``python -m experiments idp-fmnist``).
 
-Digest shared/reference/000-review-adaptive-dpsgd.md §5.4 (Table 9's cases) and §6 (the MNIST
-parameters inferred there: expected batch 512, c = 0.2, δ = 1e-5, the RDP accountant). Four
+Monir, Fauzan & Ghinita 2023 (the review), §6.2: Table 9's cases, and MNIST parameters inferred
+by reproducing its Case 1 numbers (expected batch 512, c = 0.2, δ = 1e-5, the RDP accountant;
+the review does not state them). Four
 variants are compared on the same privacy groups:
 
 - ``uniform-strict``: DP-SGD at the strictest budget min ε_p (what uniform DP must do to keep
@@ -29,7 +30,7 @@ from dpfy.privacy.individual import check_groups
 
 __all__ = ["CASES", "VARIANTS", "IdpSpec"]
 
-# Table 9 of digest 000 §5.4: budgets of groups 1/2/3 (34 %, 43 %, 23 % of the data).
+# Table 9 of the review (§6.2): budgets of groups 1/2/3 (34 %, 43 %, 23 % of the data).
 TABLE9_FRACTIONS = (0.34, 0.43, 0.23)
 CASES: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     "case1": ((1.0, 2.0, 3.0), TABLE9_FRACTIONS),

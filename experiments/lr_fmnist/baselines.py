@@ -4,10 +4,10 @@ the two baselines that are more than one run (NonDP-GS and DP-hyper).
 Every method trains through the same :func:`dpfy.train.private.private_run`; what differs is the
 torch optimizer and the arguments given to ``make_private`` (:func:`setup`):
 
-- ``adamw``: AdamW (β = (0.9, 0.999), weight decay 0.01, 004 §5.1) at one grid learning rate,
-  automatic clipping (R_g → 0⁺, as HyFreeDP; 004 §1.2). NonDP-GS is the best of the five grid
-  points (:func:`nondp_gs`); its tuning cost is **not accounted** (004 §5.1), and every table
-  says so.
+- ``adamw``: AdamW (β = (0.9, 0.999), weight decay 0.01, Bu & Liu 2025, §5) at one grid
+  learning rate, automatic clipping (R_g → 0⁺, as HyFreeDP; Bu & Liu 2025, §2.1). NonDP-GS is
+  the best of the five grid points (:func:`nondp_gs`); its tuning cost is **not accounted**
+  (Bu & Liu 2025, §5), and every table says so.
 - ``dadapt`` / ``prodigy``: the PyPI ``dadaptation.DAdaptAdam`` and ``prodigyopt.Prodigy`` at
   their recommended lr = 1.0 (weight decay 0.01), stepping on the same private gradient (they
   read only ``p.grad``, the released gradient: post-processing).
@@ -57,7 +57,7 @@ __all__ = ["Setup", "setup", "nondp_gs", "DpHyperPlan", "dp_hyper_plan", "dp_hyp
 SGD_LR = 4.0            # plain SGD for 000's methods and ADADP (dpfy train's default lr)
 SGD_CLIP = 0.1          # flat clip C for them (dpfy train's default)
 TIME_DECAY_RATE = 0.1   # k of time decay per epoch: σ_e = σ/(1 + k·e)
-DP_HYPER_SHARE = 0.15   # 004 §5.1: 15 % of ε to the search, 85 % to the final run
+DP_HYPER_SHARE = 0.15   # Bu & Liu 2025, §5: 15 % of ε to the search, 85 % to the final run
 EPSILON_CAP = 1e3       # time decay's ε cap (never reached: the decay runs its planned steps)
 ADAM_WEIGHT_DECAY = 0.01
 PROBING = ("hyfree", "noisy_max", "noisy_btls")   # methods that probe per-example losses (need loss_fn)

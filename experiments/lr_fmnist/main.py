@@ -2,8 +2,9 @@
 
 Issue 12's reproduction (:mod:`experiments.lr_fmnist.spec` says what a run is,
 :mod:`experiments.lr_fmnist.baselines` what each method is, :mod:`experiments.lr_fmnist.train` how
-a run is trained and accounted). Runs are ordered by priority: per replicate, seed 000's
-σ = 2.0 comparison first, then seed 004's table per model and per ε in the order given
+a run is trained and accounted). Runs are ordered by priority: per replicate, comparison
+000's σ = 2.0 runs first (Monir et al. 2023's review), then comparison 004's table (Bu & Liu
+2025) per model and per ε in the order given
 (``--lr-epsilons 3 inf 1 8``) in tiers of two ε values (3 and ∞, then 1 and 8), the HyFreeDP
 rows of each tier last (its rule may change
 during a session; each record keeps its git commit).

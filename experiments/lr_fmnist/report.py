@@ -1,6 +1,7 @@
 """Tables, claim checks and plots of ``python -m experiments lr-fmnist`` (rebuilt from the results).
 
-Writes ``lr_fmnist_tables.md`` (seed 000's σ = 2.0 comparison, seed 004's table per model, the
+Writes ``lr_fmnist_tables.md`` (comparison 000: the σ = 2.0 comparison of Monir, Fauzan &
+Ghinita 2023, §6.1; comparison 004: the table of Bu & Liu 2025 per model; the
 claims of both papers each marked confirmed / refuted / not run, with the rule used) and
 ``lr_fmnist_hyfree.png`` (η_t and R_l,t of HyFreeDP's runs, read from ``optimizer.method_state``
 during training). Means are over replicates; ε is by PLD from each run's own ledger (DP-hyper:
@@ -23,7 +24,7 @@ __all__ = ["summarize", "claims_004", "ordering_000", "PAPER_000", "FEW_POINTS",
 
 TABLE = "lr_fmnist_tables.md"
 PLOT = "lr_fmnist_hyfree.png"
-# 000 §5.2 (MNIST, σ = 2.0): test accuracy in %.
+# Monir, Fauzan & Ghinita 2023, §6.1 (MNIST, σ = 2.0): test accuracy in %.
 PAPER_000 = {"time_decay": 92.05, "adadp": 91.90, "sgd": 86.00, "quantile": 85.37}
 NAMES_000 = {"sgd": "DP-SGD", "adadp": "ADADP", "quantile": "quantile clipping",
              "time_decay": "time decay"}
@@ -88,7 +89,8 @@ def _accuracies(records: Iterable[dict]) -> dict[tuple[str, str, float | None], 
 
 
 def ordering_000(records: Iterable[dict]) -> list[str]:
-    """Seed 000's table on our runs, its ordering against the paper's, and the verdict."""
+    """Comparison 000's table (Monir et al. 2023, §6.1) on our runs, its ordering against the
+    paper's, and the verdict."""
     by: dict[str, list[dict]] = defaultdict(list)
     for r in records:
         if r["spec"]["comparison"] == "000":
@@ -250,8 +252,8 @@ def claims_004(records: Sequence[dict]) -> list[tuple[str, str, str]]:
 
 
 def _k_claim(mean: dict[tuple[str, str, float | None], float]) -> tuple[str, str, str]:
-    """004 Fig. 4: K = 1 converges fastest, K = 5 and 10 close. At a fixed number of steps
-    "fastest" is read as the best accuracy after them; "close" as within FEW_POINTS."""
+    """Bu & Liu 2025, Fig. 4: K = 1 converges fastest, K = 5 and 10 close. At a fixed number of
+    steps "fastest" is read as the best accuracy after them; "close" as within FEW_POINTS."""
     ok, ev = [], []
     for model, e in sorted({(k[0], k[2]) for k in mean if k[1] == "hyfree_k1"},
                            key=lambda c: (c[0], _eps_key(c[1]))):

@@ -2,12 +2,12 @@
 
 Two comparisons share one harness:
 
-- **Seed 004's table** (digest ``shared/reference/004-hyperparameter-free-dp.md`` §5.1, §6.3):
+- **Comparison 004**, the table of Bu & Liu 2025 (§5, Table 2), scaled down to this machine:
   at a target ε (or ε = ∞, non-private) on one model, the methods of :data:`METHODS_004`:
   ``adamw`` at one learning rate (the five grid points of NonDP-GS; NonDP-GS itself is the best
   of them, chosen in the report), ``dp_hyper``, ``dadapt``, ``prodigy``, ``adadp``, ``hyfree``
   ``noisy_max``, ``noisy_btls`` and ``default`` (the hand-tuned ``dpfy train`` default);
-- **Seed 000's MNIST comparison** (digest ``000-review-adaptive-dpsgd.md`` §5.2) re-run on
+- **Comparison 000**, the MNIST comparison of Monir, Fauzan & Ghinita 2023 (§6.1) re-run on
   Fashion-MNIST at one fixed noise multiplier σ = 2.0: :data:`METHODS_000` (``sgd`` = plain
   DP-SGD, ``adadp``, ``quantile``, ``time_decay``).
 
@@ -27,10 +27,11 @@ from experiments.runner import KeyedSpec
 __all__ = ["LrSpec", "METHODS_004", "METHODS_000", "NONDP_GS_GRID", "DP_HYPER_GRID",
            "COMPARISONS", "FINITE_ONLY"]
 
-# 004 §5.1: NonDP-GS's learning-rate grid (AdamW).
+# Bu & Liu 2025, §5: NonDP-GS's learning-rate grid (AdamW).
 NONDP_GS_GRID = (5e-5, 1e-4, 5e-4, 1e-3, 5e-3)
-# DP-hyper's narrow grid (004 §5.1: "a narrow range around the optimal η"); fixed before any run
-# from the upper half of NonDP-GS's grid (AdamW under DP noise prefers the larger rates).
+# DP-hyper's narrow grid (Bu & Liu 2025, §5: "a narrow range around the optimal η"); fixed
+# before any run from the upper half of NonDP-GS's grid (AdamW under DP noise prefers the
+# larger rates).
 DP_HYPER_GRID = (5e-4, 1e-3, 5e-3)
 METHODS_004 = ("adamw", "dp_hyper", "dadapt", "prodigy", "adadp", "noisy_max", "noisy_btls",
                "hyfree", "default")

@@ -1,15 +1,16 @@
-"""A Figure-1-style diagnostic of seed 002: how well a clipped, noised mean gradient points.
+"""A Figure-1-style diagnostic of Galli et al. 2024: how well a clipped, noised mean gradient
+points.
 
-Digest ``shared/reference/002-online-sensitivity-optimization.md`` §3.6 (Figure 1): at several
-training iterations t, the cosine similarity between the sanitized mean gradient
-(Σ_i clip_C(g_i) + N(0, (νC)² I)) / b and the true mean gradient (1/b) Σ_i g_i (unclipped,
-noise-free), as a function of C, averaged over 20 draws of the noise.
+Galli, Palamidessi & Cucinotta 2024, Figure 1: at several training iterations t, the cosine
+similarity between the sanitized mean gradient (Σ_i clip_C(g_i) + N(0, (νC)² I)) / b and the
+true mean gradient (1/b) Σ_i g_i (unclipped, noise-free), as a function of C, averaged over 20
+draws of the noise.
 
-Choices the paper leaves open (§3.6, "Not given"), made here: the model is the task's model
-trained by Online (OSO-DPSGD) with ρ₁ = ``lr`` under the per-grid ν of its k-run grid at
-``epsilon`` (defaults ε = 3, ρ₁ = 0.3162); at each chosen iteration a fresh batch of
-``probe_batch`` (default 512, 002's |B|) training examples is drawn uniformly and the "true"
-mean is over that batch; ν is the gradient's noise multiplier of that run (ν_g = 1.01ν);
+Choices the paper leaves open (Figure 1's C range and noise), made here: the model is the
+task's model trained by Online (OSO-DPSGD) with ρ₁ = ``lr`` under the per-grid ν of its k-run
+grid at ``epsilon`` (defaults ε = 3, ρ₁ = 0.3162); at each chosen iteration a fresh batch of
+``probe_batch`` (default 512, the paper's |B|) training examples is drawn uniformly and the
+"true" mean is over that batch; ν is the gradient's noise multiplier of that run (ν_g = 1.01ν);
 C ∈ [10⁻³, 10²] log-spaced. Per-sample gradients by ``torch.func`` (vmap of grad) on a copy
 of the model. This is a NON-PRIVATE debug statistic of raw gradients: it is computed for the
 plot only and never feeds back into training.

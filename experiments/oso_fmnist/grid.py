@@ -1,7 +1,7 @@
-"""The grids of seed 002's Fashion-MNIST comparison, and their per-grid privacy budgets.
+"""The grids of Galli et al. 2024's Fashion-MNIST comparison, and their per-grid budgets.
 
-Digest ``shared/reference/002-online-sensitivity-optimization.md`` §3.3 (protocol, grids and
-the number of configurations per method) and §4.7 (reproduction targets). Five methods, each
+Galli, Palamidessi & Cucinotta 2024, Experiments section: the grid-search protocol, the grids
+and the number of configurations per method, and the hyperparameters of Table 3. Five methods, each
 with its own grid; a method with ``runs`` configurations gets, for every run, the noise
 multiplier at which ``runs`` composed runs spend the target ε (the per-grid budget of Mohapatra
 et al. 2022, :func:`dpfy.privacy.tuning.calibrate_grid_noise_multiplier`, here by PLD):
@@ -39,7 +39,7 @@ METHODS = ("online", "threshold", "quantile", "adamwosm", "nodp")
 PRIVATE_METHODS = METHODS[:-1]
 PAPER_NAMES = {"online": "Online", "threshold": "FixedThreshold", "quantile": "FixedQuantile",
                "adamwosm": "AdamWOSM", "nodp": "NoDP"}
-LR_RANGE = (-2.5, 1.5)          # ρ ∈ [10^-2.5, 10^1.5]  (002 §3.3)
+LR_RANGE = (-2.5, 1.5)          # ρ ∈ [10^-2.5, 10^1.5]  (Galli et al. 2024)
 CLIP_RANGE = (-2.0, 2.0)        # C ∈ [10^-2, 10^2]
 QUANTILES = (0.1, 0.3, 0.5, 0.7, 0.9)
 INITIAL_CLIP = 0.1              # C₀ of Online and FixedQuantile
@@ -55,18 +55,18 @@ class Settings:
     """The scale of one reproduction: everything shared by all runs of a results file.
 
     Args:
-      task: ``"autoencoder"`` (002's Fashion-MNIST task, MSE, ``conv_autoencoder``) or
+      task: ``"autoencoder"`` (Galli et al.'s Fashion-MNIST task, MSE, ``conv_autoencoder``) or
         ``"classifier"`` (cross-entropy, dpfy's ``tanh_cnn``; metric: test accuracy).
       train_size: the first ``train_size`` training images are the private set (a public rule).
       test_size: the first ``test_size`` test images are the evaluation set.
       batch_size: expected Poisson batch b; q = b / train_size.
       epochs: passes; T = epochs × ⌈train_size / b⌉ steps.
-      k: grid granularity (002: 5, 7 or 9).
-      delta: δ of every budget (002 does not state it; 1e-5 as in digest 002 §4.7).
+      k: grid granularity (Galli et al. 2024: 5, 7 or 9).
+      delta: δ of every budget (Galli et al. 2024 do not state it; 1e-5 is assumed).
       hyper_rate: ρ_c = ρ_r of Online. None: the paper's 2.5e-3 scaled by 1172 / T, so the
         largest drift e^{ρ_c T} of C and ρ equals the paper's over its 1172 steps.
       eval_every: evaluate on the test subset every this many steps (and at the end); the
-        best evaluation represents the run, as in 002 §3.3.
+        best evaluation represents the run, as in Galli et al. 2024's protocol.
     """
 
     task: str = "autoencoder"
@@ -166,7 +166,7 @@ class RunSpec:
 
 
 def grid_runs(method: str, k: int) -> int:
-    """Configurations of ``method``'s grid at granularity ``k`` (002 §3.3's table)."""
+    """Configurations of ``method``'s grid at granularity ``k`` (Galli et al. 2024's protocol)."""
     require(method in METHODS, "method", method, f"one of {list(METHODS)}")
     return {"online": k, "threshold": k * k, "quantile": len(QUANTILES) * k,
             "adamwosm": k, "nodp": k}[method]

@@ -1,9 +1,10 @@
-"""``python -m experiments oso-fmnist``: seed 002's Fashion-MNIST comparison at a CPU scale.
+"""``python -m experiments oso-fmnist``: the Fashion-MNIST comparison of
+Galli, Palamidessi & Cucinotta 2024 at a CPU scale.
 
 Online (OSO-DPSGD) vs FixedThreshold (DP-SGD) vs FixedQuantile vs AdamWOSM vs NoDP, each
 method tuned on its own grid under a per-grid budget (:mod:`experiments.oso_fmnist.grid`), every
-run accounted by PLD from its own ledger (:mod:`experiments.oso_fmnist.train`). Digest
-``shared/reference/002-online-sensitivity-optimization.md`` §3 and §4.7.
+run accounted by PLD from its own ledger (:mod:`experiments.oso_fmnist.train`). Galli et al.
+2024, Experiments section: the grid-search protocol, Table 3 and the findings of Figure 4.
 
 Phases (each resumable: a run whose key is already in the results file is skipped):
 

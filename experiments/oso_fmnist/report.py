@@ -2,7 +2,8 @@
 
 Writes ``<stem>_tables.md`` (winners with mean ± std over replicates, the per-grid budget
 and the grid's PLD ε, the FixedThreshold / FixedQuantile grids cell by cell, the winning cells
-beside 002 Table 3 for the autoencoder, the only Fashion-MNIST task of 002),
+beside Table 3 of Galli et al. 2024 ("002") for the autoencoder, that paper's only
+Fashion-MNIST task),
 ``<stem>_metric_vs_eps.png`` and ``<stem>_online_trajectories.png`` (C_t and ρ_t of Online
 over training; released values, so publishing them is post-processing). ``<stem>`` is
 :func:`stem`: one set of files per (task, k), so the classifier's or a k = 7 grid's summary
@@ -24,7 +25,7 @@ from dpfy.privacy.tuning import log_grid
 
 __all__ = ["summarize", "winner_rows", "stem", "PAPER_TABLE3"]
 
-# 002 Table 3 (Fashion-MNIST, k = 7): ε → winning hyperparameters (digest §3.5)
+# Galli et al. 2024 Table 3 (Fashion-MNIST, k = 7): ε → winning hyperparameters
 PAPER_TABLE3: dict[float, dict[str, str]] = {
     1.0: {"online": "ρ=0.3162", "threshold": "ρ=0.0681, C=0.010", "quantile": "all diverge",
           "adamwosm": "C=0.01"},

@@ -1,4 +1,5 @@
-"""Train and account one run of the 002 Fashion-MNIST comparison (:mod:`oso_grid`'s RunSpec).
+"""Train and account one run of the Galli et al. 2024 Fashion-MNIST comparison
+(:mod:`oso_grid`'s RunSpec).
 
 Private runs go through ``dpfy.make_private`` (Poisson sampling at q = b/N, planned for
 ``epochs`` passes) with the per-grid noise multiplier of their method's grid; NoDP is plain
@@ -9,10 +10,10 @@ which must not exceed the grid's budget; a run that would is refused (never writ
 No seed: model initialization, sampling and noise come from the OS CSPRNG (a published seed
 would undo the privacy of the run), so runs are not bit-reproducible by design.
 
-Evaluation (002 §3.3): on the test subset at step 0, every ``eval_every`` steps and at the
-end; the best value represents the run (selection on the test set is not accounted, as in the
-paper). A run whose parameters stop being finite (a function of released values only) is
-stopped and marked diverged.
+Evaluation (Galli et al. 2024's protocol): on the test subset at step 0, every ``eval_every``
+steps and at the end; the best value represents the run (selection on the test set is not
+accounted, as in the paper). A run whose parameters stop being finite (a function of released
+values only) is stopped and marked diverged.
 """
 
 from __future__ import annotations
