@@ -96,9 +96,9 @@ def ordering_000(records: Iterable[dict]) -> list[str]:
         if r["spec"]["comparison"] == "000":
             by[r["spec"]["method"]].append(r)
     if not by:
-        return ["Seed 000's comparison: not run."]
+        return ["Comparison 000 (Monir et al. 2023, §6.1): not run."]
     sigma = next(iter(by.values()))[0]["spec"]["noise_multiplier"]
-    lines = [f"### Seed 000 §5.2 on Fashion-MNIST at σ = {sigma:g}", "",
+    lines = [f"### Comparison 000 (Monir et al. 2023, §6.1) on Fashion-MNIST at σ = {sigma:g}", "",
              "| method | our accuracy % | ε (PLD, δ = 1e-5) | 000's MNIST accuracy % |",
              "|---|---|---|---|"]
     means = {}
@@ -134,7 +134,7 @@ def _table_004(records: Sequence[dict], model: str) -> list[str]:
     for r in runs:
         eps_of[(_row(r["spec"]), r["spec"]["epsilon"])].append(r["epsilon_pld"])
     head = " | ".join(f"ε = {_eps_name(e)}: acc % / ε PLD" for e in eps_values)
-    lines = [f"### Seed 004's comparison, {model}", "", f"| method | {head} |",
+    lines = [f"### Comparison 004 (Bu & Liu 2025), {model}", "", f"| method | {head} |",
              "|---|" + "---|" * len(eps_values)]
     for m in NAMES_004:
         if m.startswith("hyfree_k") and not any(k[1] == m for k in accs):
@@ -331,7 +331,8 @@ def summarize(records: list[dict], out: Path) -> list[Path]:
     for model in sorted({r["spec"]["model"] for r in records
                          if r["spec"]["comparison"] == "004"}):
         lines += _table_004(records, model)
-    lines += ["### Claims of seed 004", "", "| claim | verdict | evidence |", "|---|---|---|"]
+    lines += ["### Claims of Bu & Liu 2025 (comparison 004)", "",
+              "| claim | verdict | evidence |", "|---|---|---|"]
     lines += [f"| {c} | **{v}** | {e} |" for c, v, e in claims_004(records)]
     path = out / TABLE
     path.write_text("\n".join(lines) + "\n")

@@ -88,7 +88,7 @@ class LrSpec(KeyedSpec):
             require(self.noise_multiplier is not None and self.noise_multiplier > 0
                     and self.epsilon is None, "noise_multiplier", self.noise_multiplier,
                     "a fixed σ > 0 (and no target ε) for comparison 000",
-                    "Seed 000 compares its methods at one σ")
+                    "Monir et al. 2023 compare their methods at one σ")
         else:
             require(self.noise_multiplier is None, "noise_multiplier", self.noise_multiplier,
                     "None for comparison 004", "004 compares methods at a target ε")
