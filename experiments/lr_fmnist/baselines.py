@@ -62,7 +62,7 @@ EPSILON_CAP = 1e3       # time decay's ε cap (never reached: the decay runs its
 ADAM_WEIGHT_DECAY = 0.01
 PROBING = ("hyfree", "noisy_max", "noisy_btls")   # methods that probe per-example losses (need loss_fn)
 NOT_ACCOUNTED = ("NOT accounted: NonDP-GS picks the best of the grid's runs on the test set; "
-                 "the ε shown is one run's, the grid's cost is not charged (004 §5.1)")
+                 "the ε shown is one run's, the grid's cost is not charged (Bu & Liu 2025, §5)")
 
 
 @dataclass
