@@ -244,9 +244,8 @@ def test_bad_input_names_the_problem(call):
 
 @pytest.mark.parametrize("sampling, epochs, expected, tol", [
     # reference points computed with dp_accounting 0.6 (RDP; not in the guide) in the guide's
-    # Appendix C setting N = 1e6, B = 5000, δ = 1e-6,
-    # with σ = 1 relative to the replace-one sensitivity 2C, i.e. noise std 2C: in dpfy's
-    # convention (σ relative to C) that is σ = 2.
+    # Appendix C setting N = 1e6, B = 5000, δ = 1e-6, with σ = 1 relative to the replace-one
+    # sensitivity 2C, i.e. noise std 2C: in dpfy's convention (σ relative to C) that is σ = 2.
     (Sampling.FIXED_SIZE, 1, 1.347, 0.001), (Sampling.FIXED_SIZE, 100, 9.427, 0.001),
     # no amplification, one participation per epoch at σ = 1 per participation
     (Sampling.SHUFFLE, 1, 5.22, 0.01), (Sampling.SHUFFLE, 100, 100.7, 0.1)])
