@@ -28,6 +28,7 @@ import argparse
 import time
 
 from dpfy.cli import train as train_cli
+from dpfy.privacy.tuning import log_grid
 from dpfy.train.config import TrainConfig
 from dpfy.train import recipe as guide_recipe
 from dpfy.train.grid import SELECT, GridAxis, parse_axis, run_grid
@@ -184,7 +185,17 @@ def _values(spec: str | None, name: str, default: tuple[float, ...]) -> tuple[fl
     """A --lr-grid/--clip-grid/--lr-factors SPEC (``--grid``'s syntax) as floats."""
     if spec is None:
         return default
-    return tuple(float(v) for v in parse_axis(f"{name}={spec}").values)
+    flag = "--" + name.replace("_", "-")
+    try:
+        if spec.startswith("logspace:"):
+            lo, hi, num = spec.split(":")[1:]
+            return tuple(float(v) for v in log_grid(float(lo), float(hi), int(num)))
+        return tuple(float(v) for v in spec.split(",") if v != "")
+    except ValueError:
+        raise ValueError(
+            f"{name} must be logspace:LO:HI:K or V1,V2,... with numbers, got {name} = "
+            f"{spec!r}. Write e.g. {flag} logspace:-2:2:5 or {flag} 0.1,1,10"
+        ) from None
 
 
 def _run_recipe(args: argparse.Namespace, cfg: TrainConfig, settings: dict, out: str) -> int:

@@ -47,6 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+import torch
+
 from dpfy._require import require
 from dpfy.data import DataSplits, load_dataset
 from dpfy.privacy.calibration import calibrate_noise_multiplier
@@ -57,7 +59,7 @@ from dpfy.train.config import SEED_WARNING, TrainConfig, resolve
 from dpfy.train.grid import SELECT, republish_report, validation_split
 from dpfy.train.probe import Probe, ProbeResult, run_probe
 from dpfy.train.rundir import write_atomic
-from dpfy.train.trainer import TrainResult, train
+from dpfy.train.trainer import TrainResult, train, usable_cores
 
 __all__ = [
     "CLIP_TOLERANCE",
@@ -215,6 +217,7 @@ def run_recipe(
     )
     out = Path(out)
     require(not out.exists(), "out", str(out), "a new directory", "Choose another --out")
+    torch.set_num_threads(base.threads or usable_cores())  # as dpfy train: set before any run
     data = data if data is not None else load_dataset(base.dataset, data_dir=base.data_dir)
     held, _ = validation_split(data, base, validation_fraction)
     selected_on = (
