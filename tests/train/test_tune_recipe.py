@@ -169,7 +169,9 @@ def _tune(tmp_path, *argv):
     (["--recipe", "guide", "--grid", "lr=1"], ["--lr-grid"]),
     ([], ["--grid NAME=SPEC", "--recipe guide"]),
     (["--recipe", "guide", "--clip-grid", "0,1"], ["clip_grid"]),
-    (["--recipe", "guide", "--method", "oso"], ["flat clipping"]),
+    (["--recipe", "guide", "--method", "oso"], ["flat clipping", "drop --method"]),
+    (["--recipe", "guide", "--noise", "tree"], ["drop --noise"]),
+    (["--clip-tolerance", "0.01", "--grid", "lr=1"], ["--clip-tolerance"]),
     (["--recipe", "guide", "--lr-factors", "logspace:1:2"], ["--lr-factors logspace"]),
 ])
 def test_cli_refusals_name_the_flags(argv, words, tmp_path, capsys):
@@ -201,4 +203,5 @@ def test_cli_recipe_runs(tmp_path, capsys):
     out = captured.out
     assert code == 0, captured.err
     assert "ClipSearch chose C" in out and "for the final run ONLY" in out
+    assert "NOT covered by that ε: searches 1-2 trained 3 models" in out
     assert json.loads((tmp_path / "o" / "recipe.json").read_text())["recipe"] == "guide"

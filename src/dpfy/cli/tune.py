@@ -93,7 +93,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--clip-tolerance",
         type=float,
-        default=guide_recipe.CLIP_TOLERANCE,
+        default=None,
         metavar="T",
         help="--recipe guide: ClipSearch keeps the smallest C within T of the best validation "
         f"metric (default: {guide_recipe.CLIP_TOLERANCE:g}, one accuracy point)",
@@ -149,12 +149,7 @@ def run(args: argparse.Namespace) -> int:
             ("--lr-factors", args.lr_factors),
             ("--tan-batch-size", args.tan_batch_size),
             ("--private-selection", args.private_selection or None),
-            (
-                "--clip-tolerance",
-                None
-                if args.clip_tolerance == guide_recipe.CLIP_TOLERANCE
-                else args.clip_tolerance,
-            ),
+            ("--clip-tolerance", args.clip_tolerance),
         )
         if value is not None
     ]
@@ -245,7 +240,9 @@ def _run_recipe(args: argparse.Namespace, cfg: TrainConfig, settings: dict, out:
         lr_grid=_values(args.lr_grid, "lr_grid", guide_recipe.DEFAULT_LR_GRID),
         clip_grid=_values(args.clip_grid, "clip_grid", guide_recipe.DEFAULT_CLIP_GRID),
         lr_factors=factors,
-        tolerance=args.clip_tolerance,
+        tolerance=guide_recipe.CLIP_TOLERANCE
+        if args.clip_tolerance is None
+        else args.clip_tolerance,
         select=args.select,
         validation_fraction=args.validation_fraction,
         tan_batch=args.tan_batch_size,

@@ -125,6 +125,7 @@ def run_probe(
             accountant=cfg.accountant,
             max_steps=probe.steps,
             microbatch_size=cfg.microbatch_size,
+            max_physical_batch_size=cfg.physical_batch_size,
         )
     diverged = False
     while opt.step_count < probe.steps and not diverged:

@@ -208,12 +208,20 @@ def run_recipe(
             list(grid),
             "at least one value, all > 0",
         )
+    extras = {
+        "--method": base.method,
+        "--clipping": None if base.clipping == "flat" else base.clipping,
+        "--individual": base.individual,
+        "--user-ids": base.user_ids,
+        "--noise": None if base.noise == "gaussian" else base.noise,
+    }
+    given = [flag for flag, value in extras.items() if value is not None]
     require(
-        base.method is None and base.clipping == "flat" and base.individual is None,
+        not given,
         "method",
-        base.method or base.clipping,
-        "plain DP-SGD with flat clipping for --recipe guide",
-        "ClipSearch tunes one flat C; drop --method/--clipping/--individual",
+        ", ".join(f"{f} {extras[f]}" for f in given),
+        "plain DP-SGD with flat clipping and Gaussian noise for --recipe guide",
+        f"ClipSearch tunes one flat C of example-level DP-SGD; drop {', '.join(given)}",
     )
     out = Path(out)
     require(not out.exists(), "out", str(out), "a new directory", "Choose another --out")
@@ -300,8 +308,13 @@ def run_recipe(
     _publish(result, base, held, data, delta, select, tolerance, reference, steps, batch)
     echo(
         f"dpfy tune: final run lr {lr:.4g}, C {clip:.4g}, σ {sigma:.4g}: ε = {final.epsilon:.4g} "
-        f"at δ = {delta:.3g} for the final run ONLY (the searches are not covered); test "
-        f"accuracy {final.test_acc:.4g}; privacy report: {final.report}"
+        f"at δ = {delta:.3g} for the final run ONLY; test accuracy {final.test_acc:.4g}"
+    )
+    echo(
+        f"dpfy tune: NOT covered by that ε: searches 1-2 trained {len(nonprivate) + len(clips)} "
+        f"models on {held.num_train} private training examples with σ = 0 (ε = ∞); search 3's "
+        f"{len(sweep)} noisy runs and the selections are not accounted (use public data, or "
+        f"--private-selection). Privacy report: {final.report}"
     )
     return result
 
