@@ -52,7 +52,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=argparse.SUPPRESS,
         metavar="EPSILON",
         help="target ε of the WHOLE grid: σ is calibrated so that all runs "
-        "together spend it (default: 3.0)",
+        "together spend it (default: 3.0); with --recipe guide (without "
+        "--private-selection), the final run's target ε",
     )
     p.add_argument(
         "--grid",
