@@ -138,6 +138,7 @@ def test_tan_noise_multiplier_keeps_the_average_gradients_noise():
         tan_noise_multiplier(sigma, 256, 512)
 
 
+@pytest.mark.slow   # a whole recipe run (~10 s alone, ~50 s on the loaded 2-core machine)
 def test_tan_proxies_take_the_same_steps_at_the_smaller_noise(tmp_path):
     data = load_dataset("digits")
     result = run_recipe(TrainConfig(**BASE), out=tmp_path / "t", data=data,
@@ -182,6 +183,7 @@ def test_cli_refusals_name_the_flags(argv, words, tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow   # two full dpfy train runs (~20 s on the loaded 2-core machine)
 def test_cli_private_selection_accounts_the_lr_sweep(tmp_path, capsys):
     code = _tune(tmp_path, "--recipe", "guide", "--private-selection", "--lr", "2",
                  "--clip", "1", "--lr-factors", "0.5,2", "--epsilon", "2")
