@@ -28,7 +28,7 @@ from dpfy.data import load_dataset
 from dpfy.train.config import TrainConfig, resolve
 from dpfy.train.grid import validation_split
 from dpfy.train.probe import Probe, run_probe
-from dpfy.train.recipe import _final_noise_multiplier, tan_noise_multiplier
+from dpfy.train.recipe import final_noise_multiplier, tan_noise_multiplier
 from dpfy.sampling import PoissonSampler
 
 
@@ -73,7 +73,7 @@ def _run(args, out: Path, done: list[dict]) -> None:
     assert cfg.delta is not None
     sampler = PoissonSampler(data.num_train, sample_rate=args.batch_size / data.num_train)
     steps = args.epochs * sampler.steps_per_epoch
-    sigma = _final_noise_multiplier(cfg, cfg.delta, sampler.sample_rate, steps, data.num_train)
+    sigma = final_noise_multiplier(cfg, cfg.delta, sampler.sample_rate, steps, data.num_train)
     sigma_tan = tan_noise_multiplier(sigma, args.batch_size, args.tan_batch_size)
     print(f"σ = {sigma:.4f} at B = {args.batch_size}; σ' = {sigma_tan:.5f} at B' = "
           f"{args.tan_batch_size}; {steps} steps; δ = {cfg.delta:g}", flush=True)

@@ -5,13 +5,13 @@ constraints"), with the compute fixed by the user:
 
 1. **compute**: the batch size B and the epochs E are the user's; every tuning run takes the
    final run's number of steps S = E·⌈N/B⌉ (N: the whole training split);
-2. **non-private learning rate**: σ = 0 and clipping off; sweep ``lr_grid``; α_nop is the best;
-3. **ClipSearch**: σ = 0, clipping on, lr = α_nop; sweep ``clip_grid`` (logarithmic, as the guide
+2. **non-private learning rate** (the report's search 1): σ = 0 and clipping off; sweep ``lr_grid``; α_nop is the best;
+3. **ClipSearch** (search 2): σ = 0, clipping on, lr = α_nop; sweep ``clip_grid`` (logarithmic, as the guide
    recommends); C̃ is the **smallest** C whose validation metric is within ``tolerance`` of the
    best validation metric of steps 2 and 3 (the guide: "affected only slightly … err on the side
    of smaller C"; the number is :data:`CLIP_TOLERANCE`'s documented choice);
 4. **σ** calibrated so that the final run (S steps at q = B/N) spends the target ε;
-5. **private lr sweep**: σ and C̃ fixed, lr = α_nop·f for f in ``lr_factors``, i.e. C̃·lr within
+5. **private lr sweep** (search 3): σ and C̃ fixed, lr = α_nop·f for f in ``lr_factors``, i.e. C̃·lr within
    a band around C̃·α_nop (Kurakin et al. 2022: utility is roughly constant along C·lr = const);
    the best is the final learning rate;
 6. **final run**: ``dpfy train`` on the **whole** training split with (lr, C̃, σ); its ledger is
@@ -32,7 +32,7 @@ run. ``--private-selection`` (:func:`dpfy.train.grid.run_grid`, per-grid budget)
 search instead; it refuses the σ = 0 steps, which no accountant can cover.
 
 **Cheap tuning at fixed noise** (Sander et al. 2023, "TAN without a burn", §3): with
-``tan_batch`` B', the step-5 runs use batch B' and σ' = σ·B'/B for the same S steps, so the noise
+``tan_batch`` B', the search-3 runs use batch B' and σ' = σ·B'/B for the same S steps, so the noise
 on the *average* gradient, Σ̄ = σC/B, is the final run's, at B'/B of its compute. σ' is smaller
 than σ: a proxy run is **not** private at the target ε (its own ε, reported per run, is much
 larger) and, like every tuning run here, not covered by the guarantee.
@@ -70,6 +70,7 @@ __all__ = [
     "RecipeResult",
     "clip_search",
     "tan_noise_multiplier",
+    "final_noise_multiplier",
     "run_recipe",
 ]
 
@@ -240,7 +241,7 @@ def run_recipe(
     delta, batch = float(final_cfg.delta), int(final_cfg.batch_size)
     sampler = PoissonSampler(data.num_train, sample_rate=batch / data.num_train)
     steps = base.epochs * sampler.steps_per_epoch
-    sigma = _final_noise_multiplier(base, delta, sampler.sample_rate, steps, data.num_train)
+    sigma = final_noise_multiplier(base, delta, sampler.sample_rate, steps, data.num_train)
     if tan_batch is not None:
         sweep_batch, sweep_sigma = tan_batch, tan_noise_multiplier(sigma, batch, tan_batch)
     else:
@@ -319,10 +320,11 @@ def run_recipe(
     return result
 
 
-def _final_noise_multiplier(
+def final_noise_multiplier(
     base: TrainConfig, delta: float, sample_rate: float, steps: int, n: int
 ) -> float:
-    """Step 4: σ of the final run (S steps at q = B/N), calibrated to the target ε."""
+    """σ of the final run (``steps`` Poisson steps at ``sample_rate`` on ``n`` examples),
+    calibrated to ``base.epsilon`` with ``base.accountant``; ``base.noise_multiplier`` if fixed."""
     if base.epsilon is None:
         assert base.noise_multiplier is not None, "the config gives ε or σ"
         return float(base.noise_multiplier)
