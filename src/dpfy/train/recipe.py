@@ -5,15 +5,17 @@ constraints"), with the compute fixed by the user:
 
 1. **compute**: the batch size B and the epochs E are the user's; every tuning run takes the
    final run's number of steps S = E·⌈N/B⌉ (N: the whole training split);
-2. **non-private learning rate** (the report's search 1): σ = 0 and clipping off; sweep ``lr_grid``; α_nop is the best;
-3. **ClipSearch** (search 2): σ = 0, clipping on, lr = α_nop; sweep ``clip_grid`` (logarithmic, as the guide
-   recommends); C̃ is the **smallest** C whose validation metric is within ``tolerance`` of the
-   best validation metric of steps 2 and 3 (the guide: "affected only slightly … err on the side
-   of smaller C"; the number is :data:`CLIP_TOLERANCE`'s documented choice);
+2. **non-private learning rate** (the report's search 1): σ = 0 and clipping off; sweep
+   ``lr_grid``; α_nop is the best;
+3. **ClipSearch** (search 2): σ = 0, clipping on, lr = α_nop; sweep ``clip_grid`` (logarithmic,
+   as the guide recommends); C̃ is the **smallest** C whose validation metric is within
+   ``tolerance`` of the best validation metric of steps 2 and 3 (the guide: "affected only
+   slightly … err on the side of smaller C"; the number is :data:`CLIP_TOLERANCE`'s documented
+   choice);
 4. **σ** calibrated so that the final run (S steps at q = B/N) spends the target ε;
-5. **private lr sweep** (search 3): σ and C̃ fixed, lr = α_nop·f for f in ``lr_factors``, i.e. C̃·lr within
-   a band around C̃·α_nop (Kurakin et al. 2022: utility is roughly constant along C·lr = const);
-   the best is the final learning rate;
+5. **private lr sweep** (search 3): σ and C̃ fixed, lr = α_nop·f for f in ``lr_factors``, i.e.
+   C̃·lr within a band around C̃·α_nop (Kurakin et al. 2022: utility is roughly constant along
+   C·lr = const); the best is the final learning rate;
 6. **final run**: ``dpfy train`` on the **whole** training split with (lr, C̃, σ); its ledger is
    the one the report states.
 
