@@ -1,4 +1,4 @@
-"""``dpfy tune --recipe guide`` (issue 28 §2): the guide's recipe, ClipSearch and fixed-noise proxies.
+"""``dpfy tune --recipe guide`` (issue 28 §2): the guide's recipe, ClipSearch, fixed-noise proxies.
 
 The recipe's choices must never read the test split: the poison test runs it twice, once with the
 real test split and once with a test split of garbage, and checks every choice and every
