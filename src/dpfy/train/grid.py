@@ -69,6 +69,8 @@ __all__ = [
     "run_grid",
     "SELECT",
     "GRIDDABLE",
+    "validation_split",
+    "republish_report",
 ]
 
 # Selection metrics on the validation data: name -> (metrics column, higher is better).
@@ -183,10 +185,12 @@ class GridResult:
         return self.out / "privacy_report.md"
 
 
-def _validation_split(
+def validation_split(
     data: DataSplits, cfg: TrainConfig, fraction: float
 ) -> tuple[DataSplits, str]:
-    """(splits with ``test`` = the selection data, what the selection was made on)."""
+    """(splits with ``test`` = the selection data, what the selection was made on): a random
+    ``fraction`` of the training split held out (never trained on), or the test split when
+    ``cfg.public_validation == "test"``. Which examples are held out is secret."""
     if cfg.public_validation == "test":
         return data, (
             f"the test split ({data.num_test} examples), which the user declared "
@@ -298,7 +302,7 @@ def run_grid(
     _check_methods(base, axes, configs)
     k = len(configs)
     data = data if data is not None else load_dataset(base.dataset, data_dir=base.data_dir)
-    held, selected_on = _validation_split(data, base, validation_fraction)
+    held, selected_on = validation_split(data, base, validation_fraction)
     resolved, _ = resolve(base, num_examples=held.num_train, reference_delta=held.reference_delta)
     assert resolved.delta is not None and resolved.batch_size is not None, "resolve() set them"
     delta = float(resolved.delta)
@@ -484,16 +488,29 @@ def _publish(
         details=f"Grid over {', '.join(names)} (see 'Tuning grid'); the winner was chosen on "
         f"{selected_on}. The grid was fixed before any run (a non-adaptive search).",
     )
-    saved = json.loads((win_dir / "privacy_report.json").read_text())
-    context = PrivacyReport.context_from_dict(saved)
-    context["sections"] = (*context.get("sections", ()), section)
-    context["tuning"] = tuning
-    context["public_data"] = selected_on
-    ledger = Ledger.from_json((win_dir / "ledger.json").read_text())
-    PrivacyReport.from_ledger(ledger, delta=delta, accountant=saved["accountant"], **context).write(
-        win_dir
-    )
+    republish_report(win_dir, delta=delta, section=section, tuning=tuning, public_data=selected_on)
     ledger_dicts = [run_ledger.to_dict() for run_ledger in ledgers]
     write_atomic(
         win_dir / "grid.json", json.dumps({**data, "ledgers": ledger_dicts}, indent=1) + "\n"
+    )
+
+
+def republish_report(
+    run_dir: Path,
+    *,
+    delta: float,
+    section: ReportSection,
+    tuning: TuningCost | None,
+    public_data: str,
+) -> None:
+    """Re-render a finished run's privacy report from its own ledger, with a tuning section,
+    the tuning statement (``None``: the search is not accounted) and what public data did."""
+    saved = json.loads((run_dir / "privacy_report.json").read_text())
+    context = PrivacyReport.context_from_dict(saved)
+    context["sections"] = (*context.get("sections", ()), section)
+    context["tuning"] = tuning
+    context["public_data"] = public_data
+    ledger = Ledger.from_json((run_dir / "ledger.json").read_text())
+    PrivacyReport.from_ledger(ledger, delta=delta, accountant=saved["accountant"], **context).write(
+        run_dir
     )
