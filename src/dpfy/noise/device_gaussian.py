@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 
 import torch
 
@@ -42,8 +43,9 @@ _TWO_PI_F32 = float(torch.tensor(2 * math.pi, dtype=torch.float32))  # the C cod
 def _blocks_per_call(device: torch.device) -> int:
     """Sampler blocks computed per batch of tensor operations: small on CPU, where a batch
     that stays in the cache is fastest, large on an accelerator, where each of ChaCha20's
-    ~550 operations is one kernel launch and must be big enough to fill the device."""
-    return 64 if device.type == "cpu" else 8192
+    ~550 operations is one kernel launch and must be big enough to fill the device (4096
+    blocks: 2²¹ normals, ~100 MB of temporaries at the peak)."""
+    return 64 if device.type == "cpu" else 4096
 
 
 def gaussian_from_words(words: torch.Tensor) -> torch.Tensor:
@@ -131,12 +133,14 @@ class DeviceChaChaGaussian(_DeviceStream):
         self._key = key_words(os.urandom(32) if key is None else key, self.device)
         self._counter = counter % 2**64
         self._nonce = nonce % 2**64
+        self._lock = threading.Lock()  # two threads must never get the same counter range
 
     def _next_words(self, blocks: int) -> torch.Tensor:
         n = blocks * CHACHA_BLOCKS_PER_BLOCK
-        chacha = chacha20_blocks(self._key, self._counter, self._nonce, n)
-        self._counter = (self._counter + n) % 2**64
-        return _sampler_words(chacha)
+        with self._lock:  # reserve the blocks first: torch releases the GIL while computing
+            counter = self._counter
+            self._counter = (counter + n) % 2**64
+        return _sampler_words(chacha20_blocks(self._key, counter, self._nonce, n))
 
 
 class DeviceSeededGaussian(_DeviceStream):

@@ -23,13 +23,15 @@ device (CUDA) is drawn on that device (:mod:`dpfy.noise.device_gaussian`), so no
 the host–device bus: secure, ChaCha20 written in torch tensor operations (the compiled
 sampler's keystream bit for bit, the same Box–Muller transform); seeded, torch's generator on
 that device (Philox on CUDA), seeded from the host stream, with the same transform. On the CPU
-the compiled sampler stays the default: it is about thirty times faster than ChaCha20 in torch
+the compiled sampler stays the default: it is tens of times faster than ChaCha20 in torch
 tensor operations there (docs/guide/noise_generators.md has the measurements), which
 ``backend="torch-chacha20"`` selects on every device.
 
 Tails, every backend: u1 = (r + ½)·2⁻⁶⁴ comes from 64 random bits r and the radius
-√(−2 ln u1) is computed in double, so |z| reaches √(130 ln 2) ≈ 9.4925σ (at u1 = 2⁻⁶⁵), and the
-tail mass beyond any t below that is the Gaussian's up to 2⁻⁶⁴ per draw. torch's own
+√(−2 ln u1) is computed in double (the fallbacks) or in float32 from a float32 u1, which keeps
+2⁻²³ relative precision down to its smallest value (the compiled and device samplers), so
+|z| reaches √(130 ln 2) ≈ 9.4925σ (at u1 = 2⁻⁶⁵), and the tail mass beyond any t below that
+is the Gaussian's up to 2⁻⁶⁴ per draw. torch's own
 ``normal_`` (float32 uniforms, cut at 5.77σ) is used nowhere: a cut tail is mass the accountant
 does not see (an extra δ ≈ Φ̄(t − 1/σ) per participation). Like every floating-point sampler
 this is a discretized Gaussian; it does not defend against the floating-point attack of
