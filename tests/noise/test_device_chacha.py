@@ -146,18 +146,21 @@ def random_words(blocks: int, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_transform_is_gaussian_c_up_to_the_last_bits_of_float32_math(device):
-    """Against the exact-function reference: within 4 ulps (torch's log, sin, cos are within
-    1–2 ulps and its square root exact; compounded through the radius and the product).
+    """Against the exact-function reference: within 5 ulps. torch's log is within 1 ulp, its
+    sin and cos within 2 (CUDA's documented bounds; 1 on the CPU), its square root exact: the
+    radius carries ≤ ½ + ½ ulp, the product ≤ 1 + 2 + ½ = 3.5, one more for whole-ulp rounding.
+    Measured on the CPU (AMD EPYC, 1,024,000 values): 80% equal, the largest gap 3 ulps.
 
     Against the compiled sampler: within 16 ulps (about 1e-6 relative), not bit for bit: its
-    -ffast-math build takes √ from a reciprocal-square-root estimate and one Newton step and
-    log, sin, cos from glibc's vector math (several ulps each, different on AVX2 and AVX-512
-    builds). Measured on an AVX2 machine: half the values equal, the largest gap 5–6 ulps.
+    -ffast-math build takes √ from the CPU's reciprocal-square-root estimate and one Newton
+    step and log, sin, cos from glibc's vector math (several ulps each, different on AVX2 and
+    AVX-512 builds). Measured (AVX2 build, same values): half equal, the largest gap 6 ulps, and
+    the C code itself within 6 ulps of the reference.
     """
     words = random_words(200, seed=1)
     got = gaussian_from_words(words.to(device)).cpu()
     reference = torch.from_numpy(reference_transform(words.numpy()))
-    assert int(ulps(got, reference).max()) <= 4
+    assert int(ulps(got, reference).max()) <= 5
     compiled = torch.stack([c_gaussian(w.reshape(-1)) for w in words])
     gap = ulps(got, compiled)
     assert int(gap.max()) <= 16, int(gap.max())
