@@ -25,7 +25,7 @@ from scipy import stats
 import dpfy.noise.generator
 from dpfy.native.gaussian import BLOCK, WORDS32, ChaChaGaussian, gaussian_from_words as c_gaussian
 from dpfy.native.gaussian import chacha20_keystream as c_keystream
-from dpfy.noise import NoiseSource
+from dpfy.noise import NoiseSource, secure_uniform
 from dpfy.noise.chacha20 import chacha20_blocks, chacha20_keystream, key_words
 from dpfy.noise.device_gaussian import (
     DeviceChaChaGaussian,
@@ -362,3 +362,24 @@ def test_seeded_noise_on_cuda_is_torchs_generator_there_and_resumes():
     resumed.load_state_dict(state)
     assert torch.equal(resumed.gaussian(like, 1.0), x)
     assert "cuda:0" in state["device_generators"] or "cuda" in state["device_generators"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_secure_uniform_is_drawn_on_the_device_open_and_uniform(device):
+    u = secure_uniform(100_000, device)
+    assert u.device.type == torch.device(device).type and u.dtype == torch.float64
+    u = u.cpu()
+    assert 0 < float(u.min()) and float(u.max()) < 1
+    assert abs(float(u.mean()) - 0.5) < 5 * math.sqrt(1 / 12 / u.numel())  # Var U(0,1) = 1/12
+    assert stats.kstest(u.numpy(), "uniform").pvalue > 1e-6
+    assert not torch.equal(secure_uniform(100, device), secure_uniform(100, device))
+
+
+def test_secure_uniforms_device_streams_are_dropped_in_a_forked_child(monkeypatch):
+    from dpfy.noise import generator
+    fresh = generator._SecureWords()
+    fresh(1)  # the host stream exists
+    fresh._devices[torch.device("cpu")] = DeviceChaChaGaussian("cpu", KEY)  # as a device's
+    monkeypatch.setattr(generator.os, "getpid", lambda: -7)  # as in a forked child
+    fresh(1)
+    assert not fresh._devices

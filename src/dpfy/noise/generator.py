@@ -422,32 +422,40 @@ class NoiseSource:
 
 class _SecureWords:
     """A process-wide ChaCha20 stream keyed from os.urandom, for :func:`secure_uniform`;
-    os.urandom itself where the compiled sampler cannot be built. Re-keyed after a fork."""
+    os.urandom itself where the compiled sampler cannot be built; for another device, a
+    ChaCha20 stream on that device. Re-keyed after a fork."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._source: NoiseSource | None = None
+        self._devices: dict[torch.device, DeviceChaChaGaussian] = {}
         self._pid = -1
 
-    def __call__(self, n: int) -> torch.Tensor:
+    def __call__(self, n: int, device: torch.device | None = None) -> torch.Tensor:
         with self._lock:
             if self._source is None or self._pid != os.getpid():
                 try:
                     self._source = NoiseSource(backend="compiled")
                 except NativeUnavailable:
                     self._source = NoiseSource(backend="urandom")
-                self._pid = os.getpid()
-            return self._source._words(n)
+                self._devices, self._pid = {}, os.getpid()
+            if device is None or device.type == "cpu":
+                return self._source._words(n)
+            stream = self._devices.get(device)
+            if stream is None:
+                stream = self._devices[device] = DeviceChaChaGaussian(device)
+        return stream.words(n)  # the stream reserves its counter range under its own lock
 
 
 _secure_words = _SecureWords()
 
 
-def secure_uniform(n: int) -> torch.Tensor:
+def secure_uniform(n: int, device: torch.device | str | None = None) -> torch.Tensor:
     """n float64 uniforms (m + ½)·2⁻⁵², m 52 random bits: exactly in (0, 1), from a CSPRNG.
 
     The bits come from a ChaCha20 stream keyed from ``os.urandom`` (compiled sampler; a
     dataset's worth of Poisson masks costs microseconds), or from ``os.urandom`` directly where
-    the sampler cannot be built. Nothing about them is reproducible or stored.
+    the sampler cannot be built. With a ``device`` other than the CPU, they are drawn there by
+    ChaCha20 in torch operations (its own key). Nothing about them is reproducible or stored.
     """
-    return _open_unit(_secure_words(n))
+    return _open_unit(_secure_words(n, None if device is None else torch.device(device)))
