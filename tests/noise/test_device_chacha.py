@@ -383,3 +383,26 @@ def test_secure_uniforms_device_streams_are_dropped_in_a_forked_child(monkeypatc
     monkeypatch.setattr(generator.os, "getpid", lambda: -7)  # as in a forked child
     fresh(1)
     assert not fresh._devices
+
+
+def host_to_device_copies(fn) -> list[str]:
+    """Names of the host-to-device memory copies the profiler records while ``fn`` runs."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if "HtoD" in e.name]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_secure_noise_on_cuda_copies_nothing_from_the_host():
+    """Issue 29 §2: the secure default makes its noise on the device; after the first draw
+    (the key and the shift constants are copied once) a step's noise moves no bytes from the
+    host."""
+    if not host_to_device_copies(lambda: torch.ones(1000).cuda()):
+        pytest.skip("this profiler records no host-to-device copies")
+    src = NoiseSource()
+    total = torch.zeros(1_000_000, device="cuda")
+    src.noisy_mean(total, 1.0, 2.0)  # first use: the key goes to the device
+    assert host_to_device_copies(lambda: src.noisy_mean(total, 1.0, 2.0)) == []
+    assert host_to_device_copies(lambda: src.add_gaussian_(total, 1.0)) == []

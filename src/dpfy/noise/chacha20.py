@@ -91,13 +91,13 @@ def _input_state(key: torch.Tensor, counter: int, nonce: int, n: int) -> torch.T
     nonce %= 2**64
     low = torch.arange(n, dtype=torch.int64, device=device) + (counter & _MASK32)
     state = torch.empty(16, n, dtype=torch.int32, device=device)
-    for w, s in enumerate(SIGMA):
-        state[w] = s - 2**32 if s >= 2**31 else s
+    for w, s in enumerate(SIGMA):  # fill_ with a number: a kernel argument, no host copy
+        state[w].fill_(s - 2**32 if s >= 2**31 else s)
     state[4:12] = key.view(8, 1)
     state[12] = _as_int32(low & _MASK32)
     state[13] = _as_int32(((counter >> 32) + (low >> 32)) & _MASK32)  # the carry of word 12
     for w, v in ((14, nonce & _MASK32), (15, nonce >> 32)):
-        state[w] = v - 2**32 if v >= 2**31 else v
+        state[w].fill_(v - 2**32 if v >= 2**31 else v)
     return state
 
 
