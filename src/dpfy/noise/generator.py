@@ -63,7 +63,7 @@ _MASK52 = (1 << 52) - 1
 # values a device generator draws per batch: a multiple of 2·BLOCK, so that a chunked draw
 # consumes the stream exactly as one draw of the same size; large, since on an accelerator
 # each of ChaCha20's tensor operations is a kernel launch
-_DEVICE_CHUNK = 1 << 21
+_DEVICE_CHUNK = 1 << 22
 assert _DEVICE_CHUNK % (2 * BLOCK) == 0
 # the backend choice a resumed source makes, from the backend its checkpoint names
 _RESUMED_CHOICE: dict[str, Backend] = {
@@ -311,7 +311,7 @@ class NoiseSource:
         Computed as total/normalizer + N(0, (std/normalizer)²) (the same law). The compiled
         sampler does this in one pass over a float32 CPU ``total``; otherwise each ``chunk`` is
         drawn into one reused chunk-sized buffer, so the extra memory is one chunk. A device
-        generator draws ``max(chunk, 2²¹)`` values at a time on the tensor's device.
+        generator draws ``max(chunk, 2²²)`` values at a time on the tensor's device.
         """
         if std == 0:
             return total.div_(normalizer)
