@@ -1,10 +1,11 @@
 """Compiled N(0, 1) samplers from ``gaussian.c``: ChaCha20 (secure) and xoshiro256++ (seeded).
 
 Both generators produce 64-bit words in 16 SIMD lanes; one shared Box–Muller transform turns
-them into float32 normals: u1 = (r + ½)·2⁻⁶⁴ from all 64 bits of a word, the radius
-√(−2 ln u1) in double, so the largest |z| is ``MAX_RADIUS`` = √(130 ln 2) ≈ 9.4925 (at u1 =
-2⁻⁶⁵) and the tail mass P(|z| > t) is the Gaussian's, up to 2⁻⁶⁴ and the float32 rounding
-of the output, for every t below it. (torch's float32 ``normal_`` stops at 5.77.)
+them into float32 normals: u1 = (r + ½)·2⁻⁶⁴ from all 64 bits of a word, rounded to float32
+(2⁻²³ relative precision at every scale down to 2⁻⁶⁵), the radius √(−2 ln u1) in float32,
+so the largest |z| is ``MAX_RADIUS`` = √(130 ln 2) ≈ 9.4925 (at u1 = 2⁻⁶⁵) and the tail mass
+P(|z| > t) is the Gaussian's, up to 2⁻⁶⁴ and the float32 rounding of the output, for every t
+below it. (torch's float32 ``normal_`` stops at 5.77.)
 
 - :class:`ChaChaGaussian`: RFC 8439 ChaCha20 (20 rounds) keyed with 32 bytes from
   ``os.urandom``: nobody without the key can predict the draws. The key and block counter are
@@ -12,8 +13,11 @@ of the output, for every t below it. (torch's float32 ``normal_`` stops at 5.77.
 - :class:`XoshiroGaussian`: 16 xoshiro256++ streams (lane k = lane 0 jumped k·2¹²⁸ steps),
   seeded from an integer: anyone who knows the seed reproduces the draws.
 
-Draws are bit-identical for the same library build; another CPU level (AVX2 vs AVX-512 vector
-math) may differ in the last bit. The whole state fits in a small int64 tensor, so a checkpoint
+Draws are bit-identical for the same library build on the same CPU; another CPU level (AVX2 vs
+AVX-512 vector math) or vendor may differ in the last bits (the -ffast-math build takes the
+square root from the CPU's reciprocal-square-root estimate and one Newton step). The raw words
+never differ. The same sampler in torch tensor operations, for any device:
+:mod:`dpfy.noise.device_gaussian`. The whole state fits in a small int64 tensor, so a checkpoint
 resumes the exact stream.
 """
 

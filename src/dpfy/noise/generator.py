@@ -18,9 +18,20 @@ Two modes (``NoiseSource(seed)``):
   Anyone who knows the seed reproduces the noise, and so can undo the privacy: a seed is for
   debugging and for reproducing a paper, never for a release.
 
+Where the noise is drawn: the backends above run on the CPU. Noise for a tensor on another
+device (CUDA) is drawn on that device (:mod:`dpfy.noise.device_gaussian`), so no noise crosses
+the host–device bus: secure, ChaCha20 written in torch tensor operations (the compiled
+sampler's keystream bit for bit, the same Box–Muller transform); seeded, torch's generator on
+that device (Philox on CUDA), seeded from the host stream, with the same transform. On the CPU
+the compiled sampler stays the default: it is tens of times faster than ChaCha20 in torch
+tensor operations there (docs/guide/noise_generators.md has the measurements), which
+``backend="torch-chacha20"`` selects on every device.
+
 Tails, every backend: u1 = (r + ½)·2⁻⁶⁴ comes from 64 random bits r and the radius
-√(−2 ln u1) is computed in double, so |z| reaches √(130 ln 2) ≈ 9.4925σ (at u1 = 2⁻⁶⁵), and the
-tail mass beyond any t below that is the Gaussian's up to 2⁻⁶⁴ per draw. torch's own
+√(−2 ln u1) is computed in double (the fallbacks) or in float32 from a float32 u1, which keeps
+2⁻²³ relative precision down to its smallest value (the compiled and device samplers), so
+|z| reaches √(130 ln 2) ≈ 9.4925σ (at u1 = 2⁻⁶⁵), and the tail mass beyond any t below that
+is the Gaussian's up to 2⁻⁶⁴ per draw. torch's own
 ``normal_`` (float32 uniforms, cut at 5.77σ) is used nowhere: a cut tail is mass the accountant
 does not see (an extra δ ≈ Φ̄(t − 1/σ) per participation). Like every floating-point sampler
 this is a discretized Gaussian; it does not defend against the floating-point attack of
@@ -39,12 +50,27 @@ import torch
 
 from dpfy._require import require
 from dpfy.native.build import NativeUnavailable
-from dpfy.native.gaussian import ChaChaGaussian, XoshiroGaussian  # built on first instance
+from dpfy.native.gaussian import BLOCK, ChaChaGaussian, XoshiroGaussian  # built on first use
+from dpfy.noise.device_gaussian import DeviceChaChaGaussian, DeviceSeededGaussian
+
+_DeviceStream = DeviceChaChaGaussian | DeviceSeededGaussian
 
 __all__ = ["NoiseSource", "secure_uniform"]
 
-Backend = Literal["auto", "compiled", "torch", "urandom"]
+Backend = Literal["auto", "compiled", "torch", "urandom", "torch-chacha20"]
+_BACKENDS = ("auto", "compiled", "torch", "urandom", "torch-chacha20")
 _MASK52 = (1 << 52) - 1
+# values a device generator draws per batch: a multiple of 2·BLOCK, so that a chunked draw
+# consumes the stream exactly as one draw of the same size; large, since on an accelerator
+# each of ChaCha20's tensor operations is a kernel launch
+_DEVICE_CHUNK = 1 << 22
+assert _DEVICE_CHUNK % (2 * BLOCK) == 0
+# the backend choice a resumed source makes, from the backend its checkpoint names
+_RESUMED_CHOICE: dict[str, Backend] = {
+    "torch": "torch",
+    "urandom": "urandom",
+    "torch-chacha20": "torch-chacha20",
+}
 
 
 def _open_unit(words: torch.Tensor) -> torch.Tensor:
@@ -100,24 +126,43 @@ class NoiseSource:
     Args:
       seed: ``None`` (default) ⇒ secure: ChaCha20 keyed from ``os.urandom``. An int ⇒
         reproducible: anyone who knows the seed can reproduce the noise and undo the privacy.
-      backend: ``"auto"`` (the compiled sampler, else the fallback with a ``RuntimeWarning``),
-        ``"compiled"`` (error if it cannot be built), ``"torch"`` (reproducible only: a
-        ``torch.Generator`` feeding float64 Box–Muller), ``"urandom"`` (secure only: os.urandom
-        feeding float64 Box–Muller).
+      backend: ``"auto"`` (the compiled sampler, else the fallback with a ``RuntimeWarning``;
+        noise for tensors on another device is drawn there, see below), ``"compiled"`` (error
+        if it cannot be built; every draw on the CPU, copied to the tensor's device),
+        ``"torch"`` (reproducible only: a ``torch.Generator`` feeding float64 Box–Muller on the
+        CPU, torch's generator on the tensor's device for other devices), ``"urandom"``
+        (secure only: os.urandom feeding float64 Box–Muller, copied to the device),
+        ``"torch-chacha20"`` (secure only: ChaCha20 in torch tensor operations on the tensor's
+        device, the CPU included).
+
+    Device: with ``"auto"`` (and ``"torch"``), noise for a tensor that is not on the CPU is
+    drawn on its device: secure, by ChaCha20 in torch operations keyed from ``os.urandom``
+    (one key per device); seeded, by torch's generator on that device (Philox on CUDA),
+    seeded from this source's host stream the first time the device is used.
+    :meth:`generator_for` names the generator a device gets.
 
     Every backend's draws reach |z| = √(130 ln 2) ≈ 9.49σ with Gaussian tail mass (module
-    docstring). ``state_dict()`` of a seeded source holds the generator state that continues
-    its stream bit-identically (secret, like the seed). A secure source's holds no key: a
-    resumed secure run is re-keyed from ``os.urandom`` (:meth:`load_state_dict`), so no
-    checkpoint, saved or leaked, can reproduce or replay its noise.
+    docstring). ``state_dict()`` of a seeded source holds the generator states that continue
+    its streams bit-identically, its device generators' included (secret, like the seed). A
+    secure source's holds no key and no counter, for no device: a resumed secure run is
+    re-keyed from ``os.urandom`` (:meth:`load_state_dict`), so no checkpoint, saved or leaked,
+    can reproduce or replay its noise.
     """
 
     def __init__(self, seed: int | None = None, *, backend: Backend = "auto") -> None:
         require(
-            backend in ("auto", "compiled", "torch", "urandom"),
+            backend in _BACKENDS,
             "backend",
             backend,
-            'one of "auto", "compiled", "torch", "urandom"',
+            'one of "auto", "compiled", "torch", "urandom", "torch-chacha20"',
+        )
+        require(
+            not (seed is not None and backend == "torch-chacha20"),
+            "backend",
+            backend,
+            'not "torch-chacha20" for seeded noise',
+            "ChaCha20 is the secure generator, keyed from os.urandom: pass seed=None for it, "
+            'or backend="torch" for torch\'s seeded generator on the tensor\'s device',
         )
         require(
             not (seed is None and backend == "torch"),
@@ -139,6 +184,9 @@ class NoiseSource:
         self._generator: torch.Generator | None = None  # the "torch" backend
         self._reproducible = seed is not None
         self._pid = os.getpid()
+        self._choice: Backend = backend
+        self._devices: dict[torch.device, _DeviceStream] = {}  # the device generators
+        self._saved_devices: dict[str, torch.Tensor] = {}  # seeded states not yet resumed
         if backend in ("auto", "compiled"):
             try:
                 self._compiled = XoshiroGaussian(seed) if seed is not None else ChaChaGaussian()
@@ -171,21 +219,64 @@ class NoiseSource:
 
     @property
     def backend(self) -> str:
-        """``"chacha20"``, ``"urandom"`` (secure) or ``"xoshiro"``, ``"torch"`` (reproducible)."""
+        """The CPU generator: ``"chacha20"``, ``"urandom"``, ``"torch-chacha20"`` (secure) or
+        ``"xoshiro"``, ``"torch"`` (reproducible)."""
+        if self._choice == "torch-chacha20":
+            return "torch-chacha20"
         if self._compiled is not None:
             return "xoshiro" if self._reproducible else "chacha20"
         return "torch" if self._reproducible else "urandom"
 
-    def _stream(self) -> ChaChaGaussian | XoshiroGaussian:
-        """The compiled sampler; a forked child re-keys a secure one (else parent and child
+    def generator_for(self, device: torch.device | str) -> str:
+        """The generator that draws noise for tensors on ``device``: :attr:`backend` where the
+        host draws it, ``"torch-chacha20"`` (secure) or ``"torch-device"`` (seeded: torch's
+        generator there, Philox on CUDA) where the device draws it itself."""
+        if not self._on_device(torch.device(device)):
+            return self.backend
+        return "torch-device" if self._reproducible else "torch-chacha20"
+
+    def _on_device(self, device: torch.device) -> bool:
+        """Whether noise for tensors on ``device`` is drawn there by a torch generator."""
+        if self._choice == "torch-chacha20":
+            return True
+        return device.type != "cpu" and self._choice in ("auto", "torch")
+
+    def _device_stream(self, device: torch.device) -> _DeviceStream:
+        """The generator on ``device``, made on first use: secure, a fresh ChaCha20 key (and
+        fresh keys in a forked child); seeded, torch's generator there, resumed from a
+        checkpoint's state or seeded from the host stream."""
+        self._rekey_after_fork()
+        stream = self._devices.get(device)
+        if stream is not None:
+            return stream
+        if not self._reproducible:
+            stream = DeviceChaChaGaussian(device)
+        elif str(device) in self._saved_devices:
+            stream = DeviceSeededGaussian(0, device)
+            stream.set_state(self._saved_devices.pop(str(device)))
+        else:
+            stream = DeviceSeededGaussian(int(self._words(1)[0]), device)
+        self._devices[device] = stream
+        return stream
+
+    def _rekey_after_fork(self) -> None:
+        """In a forked child, fresh keys for every secure generator (else parent and child
         would draw the same noise)."""
-        assert self._compiled is not None
         if not self._reproducible and self._pid != os.getpid():
-            self._compiled, self._pid = ChaChaGaussian(), os.getpid()
+            self._pid, self._devices = os.getpid(), {}
+            if self._compiled is not None:
+                self._compiled = ChaChaGaussian()
+
+    def _stream(self) -> ChaChaGaussian | XoshiroGaussian:
+        """The compiled sampler (re-keyed in a forked child if secure)."""
+        self._rekey_after_fork()
+        assert self._compiled is not None
         return self._compiled
 
     def _words(self, n: int) -> torch.Tensor:
-        """n random int64 words from this source's generator."""
+        """n random int64 words from this source's CPU generator."""
+        if self._choice == "torch-chacha20":
+            return self._device_stream(torch.device("cpu")).words(n)
         if self._compiled is not None:
             return self._stream().words(n)
         if self._generator is not None:
@@ -206,6 +297,9 @@ class NoiseSource:
         """A tensor shaped like ``like`` with i.i.d. N(0, std²) entries."""
         if std == 0:
             return torch.zeros_like(like)
+        if self._on_device(like.device):
+            z = self._device_stream(like.device).normal(like.numel()).mul_(std)
+            return z.to(like.dtype).reshape(like.shape)
         z = self._noise(like.numel(), std)
         return z.to(dtype=like.dtype, device=like.device).reshape(like.shape)
 
@@ -216,10 +310,16 @@ class NoiseSource:
 
         Computed as total/normalizer + N(0, (std/normalizer)²) (the same law). The compiled
         sampler does this in one pass over a float32 CPU ``total``; otherwise each ``chunk`` is
-        drawn into one reused chunk-sized buffer, so the extra memory is one chunk.
+        drawn into one reused chunk-sized buffer, so the extra memory is one chunk. A device
+        generator draws ``max(chunk, 2²²)`` values at a time on the tensor's device.
         """
         if std == 0:
             return total.div_(normalizer)
+        if self._on_device(total.device):
+            stream = self._device_stream(total.device)
+            for part in _chunks(total, max(chunk, _DEVICE_CHUNK)):
+                part.div_(normalizer).add_(stream.normal(part.numel()), alpha=std / normalizer)
+            return total
         if self._compiled is not None and _fits_kernel(total):
             self._stream().axpy_(total.view(-1), 1.0 / normalizer, std / normalizer)
             return total
@@ -237,6 +337,11 @@ class NoiseSource:
     def add_gaussian_(self, t: torch.Tensor, std: float, chunk: int = 1 << 16) -> torch.Tensor:
         """t += N(0, std²) in place, drawn ``chunk`` entries at a time (bounded extra memory)."""
         if std == 0:
+            return t
+        if self._on_device(t.device):
+            stream = self._device_stream(t.device)
+            for part in _chunks(t, max(chunk, _DEVICE_CHUNK)):
+                part.add_(stream.normal(part.numel()), alpha=std)
             return t
         if self._compiled is not None and _fits_kernel(t):
             self._stream().axpy_(t.view(-1), 1.0, std)
@@ -256,28 +361,39 @@ class NoiseSource:
         """
         state: dict[str, Any] = {"reproducible": self._reproducible, "backend": self.backend}
         if not self._reproducible:
-            return state
+            return state  # no key, no counter: not the host's, not any device's
         if self._compiled is not None:
             state["state"] = self._stream().get_state()
         else:
             assert self._generator is not None, "reproducible without the compiled sampler: torch's"
             state["generator"] = self._generator.get_state()
+        devices = dict(self._saved_devices)  # resumed from a checkpoint, not used here yet
+        for device, stream in self._devices.items():
+            assert isinstance(stream, DeviceSeededGaussian), "reproducible: seeded streams"
+            devices[str(device)] = stream.get_state()
+        if devices:
+            state["device_generators"] = devices
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Switch to the mode and backend of ``state``: continue a seeded stream, re-key a
         secure one.
 
-        Seeded (``"xoshiro"``, ``"torch"``): the saved stream continues bit-identically; a
-        xoshiro one is refused where the compiled sampler cannot be built, since reproducing
-        it is its point. Secure (``"chacha20"``, ``"urandom"``): a fresh ChaCha20 key from
-        ``os.urandom`` (a key a checkpoint of an older dpfy holds is ignored), so no two
-        resumes of one checkpoint share noise; where the sampler cannot be built, os.urandom
-        itself (warned: still secure).
+        Seeded (``"xoshiro"``, ``"torch"``): the saved streams continue bit-identically, the
+        device generators' too (on the device of the same name; unused where there is none);
+        a xoshiro one is refused where the compiled sampler cannot be built, since reproducing
+        it is its point. Secure (``"chacha20"``, ``"urandom"``, ``"torch-chacha20"``): fresh
+        ChaCha20 keys from ``os.urandom``, for the host and for every device (a key a
+        checkpoint holds is ignored), so no two resumes of one checkpoint share noise; where
+        the sampler cannot be built, os.urandom itself (warned: still secure).
         """
         backend = state["backend"]
         self._reproducible = backend in ("xoshiro", "torch")
         self._compiled, self._generator, self._pid = None, None, os.getpid()
+        self._devices, self._saved_devices = {}, {}  # secure: fresh keys on first use
+        self._choice = _RESUMED_CHOICE.get(backend, "auto")
+        if self._reproducible:
+            self._saved_devices = dict(state.get("device_generators", {}))
         if backend == "torch":
             self._generator = torch.Generator()
             self._generator.set_state(state["generator"])
@@ -306,32 +422,40 @@ class NoiseSource:
 
 class _SecureWords:
     """A process-wide ChaCha20 stream keyed from os.urandom, for :func:`secure_uniform`;
-    os.urandom itself where the compiled sampler cannot be built. Re-keyed after a fork."""
+    os.urandom itself where the compiled sampler cannot be built; for another device, a
+    ChaCha20 stream on that device. Re-keyed after a fork."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._source: NoiseSource | None = None
+        self._devices: dict[torch.device, DeviceChaChaGaussian] = {}
         self._pid = -1
 
-    def __call__(self, n: int) -> torch.Tensor:
+    def __call__(self, n: int, device: torch.device | None = None) -> torch.Tensor:
         with self._lock:
             if self._source is None or self._pid != os.getpid():
                 try:
                     self._source = NoiseSource(backend="compiled")
                 except NativeUnavailable:
                     self._source = NoiseSource(backend="urandom")
-                self._pid = os.getpid()
-            return self._source._words(n)
+                self._devices, self._pid = {}, os.getpid()
+            if device is None or device.type == "cpu":
+                return self._source._words(n)
+            stream = self._devices.get(device)
+            if stream is None:
+                stream = self._devices[device] = DeviceChaChaGaussian(device)
+        return stream.words(n)  # the stream reserves its counter range under its own lock
 
 
 _secure_words = _SecureWords()
 
 
-def secure_uniform(n: int) -> torch.Tensor:
+def secure_uniform(n: int, device: torch.device | str | None = None) -> torch.Tensor:
     """n float64 uniforms (m + ½)·2⁻⁵², m 52 random bits: exactly in (0, 1), from a CSPRNG.
 
     The bits come from a ChaCha20 stream keyed from ``os.urandom`` (compiled sampler; a
     dataset's worth of Poisson masks costs microseconds), or from ``os.urandom`` directly where
-    the sampler cannot be built. Nothing about them is reproducible or stored.
+    the sampler cannot be built. With a ``device`` other than the CPU, they are drawn there by
+    ChaCha20 in torch operations (its own key). Nothing about them is reproducible or stored.
     """
-    return _open_unit(_secure_words(n))
+    return _open_unit(_secure_words(n, None if device is None else torch.device(device)))
