@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dpfy  # noqa: E402
 from dpfy.models.tiny_encoder import TinyEncoder  # noqa: E402
 from dpfy.models import build_model  # noqa: E402
-from _smoke import HELP, size  # noqa: E402
+from _smoke import HELP, require, size  # noqa: E402
 
 BATCH = size(256, 8)
 SIGMA, CLIP = 1.0, 1.0
@@ -200,6 +200,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.smoke:
         args.rounds = 1
+        require("opacus")   # its rows are in the default set
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     rows = args.rows.split(",")

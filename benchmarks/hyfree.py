@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dpfy  # noqa: E402
-from _smoke import HELP  # noqa: E402
+from _smoke import HELP, require  # noqa: E402
 from engine import BATCH, Step, make_model, opacus_row  # noqa: E402
 
 BLOCK = 10           # steps per timed block: a multiple of every K
@@ -116,6 +116,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.smoke:
         args.rounds = 1
+        require("opacus")   # its reference row
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     print(f"threads={args.threads} batch={BATCH} rounds={args.rounds} (median ms per step; "
