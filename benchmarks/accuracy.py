@@ -13,6 +13,7 @@ machine is inflated by other processes; CPU time shows how much of it was this r
     .venv/bin/python benchmarks/accuracy.py --out runs/bench            # 3 seeds, defaults
     .venv/bin/python benchmarks/accuracy.py --out runs/b --seeds 0 --set epochs=20
     .venv/bin/python benchmarks/accuracy.py --out runs/bench --summarize   # merge seed*.json
+    .venv/bin/python benchmarks/accuracy.py --smoke    # digits, logreg, 1 epoch, seed 0 (tests)
 """
 
 from __future__ import annotations
@@ -22,11 +23,16 @@ import json
 import resource
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+from _smoke import HELP
 from dpfy.train.options import parse_scalar
 from dpfy.train import TrainConfig, train
+
+# --smoke: the bundled digits (no download), logistic regression, one epoch, one seed
+SMOKE_SET = ["dataset=digits", "model=logreg", "epochs=1", "batch_size=64"]
 
 
 def cpu_seconds() -> float:
@@ -65,14 +71,27 @@ def markdown(rows: list[dict], cfg: TrainConfig, command: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True, help="directory for the runs and the summary")
+    p.add_argument("--out", help="directory for the runs and the summary (required, except "
+                                 "with --smoke: a temporary one)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
                    help="override TrainConfig fields, e.g. epochs=20 lr=2")
     p.add_argument("--summarize", action="store_true",
                    help="only merge the seed*.json results already in --out")
+    p.add_argument("--smoke", action="store_true", help=HELP)
     args = p.parse_args(argv)
-    out = Path(args.out)
+    if args.smoke:
+        args.seeds, args.set = [0], SMOKE_SET + args.set
+        if args.out is None:
+            with tempfile.TemporaryDirectory() as tmp:
+                return run(args, Path(tmp), argv)
+    if args.out is None:
+        p.error("--out is required (except with --smoke)")
+    return run(args, Path(args.out), argv)
+
+
+def run(args: argparse.Namespace, out: Path, argv: list[str] | None) -> int:
+    """Train the seeds (unless ``--summarize``), then merge every seed*.json in ``out``."""
     if not args.summarize:
         overrides = {k: parse_scalar(v) for k, _, v in (s.partition("=") for s in args.set)}
         out.mkdir(parents=True, exist_ok=True)

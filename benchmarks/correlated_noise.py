@@ -1,6 +1,7 @@
 """Correlated-noise benchmark: step time and memory of BandMF and DP-FTRL's tree against DP-SGD.
 
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/correlated_noise.py [--rounds 15]
+    .venv/bin/python benchmarks/correlated_noise.py --smoke   # batch 8, one round (the tests)
 
 CPU, one thread, batch 256, Fashion-MNIST-shaped input, the tanh CNN and a 784-256-10 MLP (the
 models of benchmarks/engine.py). Rows: DP-SGD (``noise="gaussian"``), the tree
@@ -40,6 +41,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dpfy  # noqa: E402
+from _smoke import HELP  # noqa: E402
 from engine import BATCH, CLIP, SIGMA, make_model, peak_bytes  # noqa: E402
 
 ROWS = {"dp-sgd": {"noise": "gaussian"}, "tree (P=64)": {"noise": "tree"},
@@ -115,7 +117,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--models", default="cnn,mlp")
+    p.add_argument("--smoke", action="store_true", help=HELP)
     args = p.parse_args()
+    if args.smoke:
+        args.rounds = 1
     torch.set_num_threads(1)
     for name in args.models.split(","):
         bench(name, args.rounds)

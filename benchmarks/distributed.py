@@ -7,6 +7,7 @@ sums once per step. Reports the median wall time of a step (after warm-up) and t
 On a 2-core machine shared with other work the speed-up is bounded by the free cores.
 
     .venv/bin/python benchmarks/distributed.py [--steps 30]
+    .venv/bin/python benchmarks/distributed.py --smoke   # N 256, batch 16, 2 steps (the tests)
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
+from _smoke import HELP, size
 
-N, GLOBAL_BATCH = 60_000, 512
+N, GLOBAL_BATCH = size(60_000, 256), size(512, 16)
+WARM = size(5, 1)   # untimed steps before the timed ones
 
 
 def _times(world: int, steps: int) -> list[float]:
-    """Wall time of each private step after 5 warm-up steps (this rank)."""
+    """Wall time of each private step after ``WARM`` warm-up steps (this rank)."""
     data = TensorDataset(torch.randn(N, 784), torch.randint(0, 10, (N,)))
     torch.manual_seed(0)
     model: nn.Module = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512),
@@ -41,13 +44,13 @@ def _times(world: int, steps: int) -> list[float]:
     model, opt, loader = dpfy.make_private(model, opt, DataLoader(
         data, batch_size=GLOBAL_BATCH // world), noise_multiplier=1.0, max_grad_norm=1.0)
     out, it = [], iter(loader)
-    for k in range(steps + 5):
+    for k in range(steps + WARM):
         t0 = time.perf_counter()
         x, y = next(it)
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
-        if k >= 5:
+        if k >= WARM:
             out.append(time.perf_counter() - t0)
     return out
 
@@ -65,7 +68,10 @@ def _worker(rank: int, port: int, steps: int, queue: "mp.Queue[float]") -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--smoke", action="store_true", help=HELP)
     args = ap.parse_args()
+    if args.smoke:
+        args.steps = 2
     torch.set_num_threads(1)
     one = statistics.median(_times(1, args.steps))
     with socket.socket() as s:
@@ -75,9 +81,10 @@ def main() -> None:
     queue = ctx.Queue()
     mp.spawn(_worker, args=(port, args.steps, queue), nprocs=2, join=True)
     two = queue.get()
-    print(f"private step, global batch {GLOBAL_BATCH}, 0.67 M parameters: 1 process "
-          f"{one * 1e3:.1f} ms, 2 processes (gloo) {two * 1e3:.1f} ms, speed-up {one / two:.2f}x "
-          f"(1 thread per process; load average {os.getloadavg()[0]:.1f})")
+    print(f"private step, global batch {GLOBAL_BATCH} of N = {N}, 0.67 M parameters, median of "
+          f"{args.steps} steps, 1 thread per process, load average {os.getloadavg()[0]:.1f}")
+    print("| processes | median step (ms) | speed-up |\n|---|---:|---:|")
+    print(f"| 1 | {one * 1e3:.1f} | 1.00 |\n| 2 (gloo) | {two * 1e3:.1f} | {one / two:.2f} |")
 
 
 if __name__ == "__main__":

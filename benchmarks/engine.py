@@ -1,6 +1,7 @@
 """Engine benchmark: private step time and peak memory as ratios to a non-private step.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/engine.py [--rounds 30] [--models cnn,mlp,encoder]
+    .venv/bin/python benchmarks/engine.py --smoke     # batch 8, one round: runs (the tests)
 
 CPU, threads pinned (1 by default), batch 256, Fashion-MNIST-shaped input (1×28×28; the encoder
 gets 256 sequences of 32 token ids). For every model all rows run in ONE process and are
@@ -49,8 +50,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dpfy  # noqa: E402
 from dpfy.models.tiny_encoder import TinyEncoder  # noqa: E402
 from dpfy.models import build_model  # noqa: E402
+from _smoke import HELP, require, size  # noqa: E402
 
-BATCH = 256
+BATCH = size(256, 8)
 SIGMA, CLIP = 1.0, 1.0
 
 
@@ -154,7 +156,7 @@ def bench(name: str, rounds: int, rows: list[str], warm: int = 1
             makers[r] = lambda m=r.split("=", 1)[1]: dpfy_row(name, "auto", method=m)
     steps = {r: makers[r]() for r in rows}
     for s in steps.values():  # warm-up
-        for _ in range(3):
+        for _ in range(size(3, 1)):
             s()
     times: dict[str, list[float]] = {r: [] for r in rows}
     cpu: dict[str, list[float]] = {r: [] for r in rows}
@@ -194,7 +196,11 @@ def main() -> None:
                     help="comma-separated; dpfy rows use seed=None (secure noise, the default) "
                          "except 'dpfy auto seed=0' (reproducible noise); 'dpfy method=NAME' "
                          "runs the default engine with a registered adaptive method at σ = 1")
+    ap.add_argument("--smoke", action="store_true", help=HELP)
     args = ap.parse_args()
+    if args.smoke:
+        args.rounds = 1
+        require("opacus")   # its rows are in the default set
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     rows = args.rows.split(",")

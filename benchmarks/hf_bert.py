@@ -1,6 +1,7 @@
 """Hugging Face tiny-BERT fine-tuning step: dpfy vs non-private vs Opacus, in one run.
 
     .venv/bin/python benchmarks/hf_bert.py [--rounds 20] [--threads 1,0] [--batch 32] [--seq 64]
+    .venv/bin/python benchmarks/hf_bert.py --smoke   # 1 layer, hidden 32, batch 4 × 8 (the tests)
 
 Model: ``BertForSequenceClassification`` built from a config of bert-tiny's shape (2 layers,
 hidden 128, 2 heads, intermediate 512, vocabulary 30,522; ``--hidden`` etc.), HF's default
@@ -20,9 +21,9 @@ step follows one untimed step of the same row):
   is tried first; if it fails the error is printed and the row runs the adaptation Opacus
   needs: ``position_ids`` and ``token_type_ids`` passed expanded to (B, T).
 
-Printed per row: median wall time per step, median process CPU time per step (all threads; the
-machine may be shared, so CPU time is the steadier number), and ratios to non-private; then
-dpfy's speed-up over the faster Opacus mode.
+Printed per row (a markdown table): median wall time per step, median process CPU time per step
+(all threads; the machine may be shared, so CPU time is the steadier number), and ratios to
+non-private; then dpfy's speed-up over the faster Opacus mode.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ import warnings
 from typing import Callable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from _smoke import HELP, require, size  # noqa: E402
+
+require("transformers", "opacus")
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
@@ -134,10 +139,12 @@ def with_opacus(args: argparse.Namespace, batch: Batch, mode: str) -> Step:
     return stepper(opt, lambda: criterion(model(**adapted).logits, batch["labels"]))
 
 
-def bench(steps: dict[str, Step], rounds: int) -> dict[str, tuple[float, float]]:
-    """(median wall s, median process CPU s) per step of each row, interleaved."""
+def bench(steps: dict[str, Step], rounds: int, warm: int = 2
+          ) -> dict[str, tuple[float, float]]:
+    """(median wall s, median process CPU s) per step of each row, interleaved, after ``warm``
+    untimed steps of each."""
     for s in steps.values():
-        for _ in range(2):
+        for _ in range(warm):
             s()
     wall: dict[str, list[float]] = {r: [] for r in steps}
     cpu: dict[str, list[float]] = {r: [] for r in steps}
@@ -153,6 +160,17 @@ def bench(steps: dict[str, Step], rounds: int) -> dict[str, tuple[float, float]]
     return {r: (statistics.median(wall[r]), statistics.median(cpu[r])) for r in steps}
 
 
+def table(threads: int, med: dict[str, tuple[float, float]]) -> list[str]:
+    """Markdown rows: threads, row, wall and CPU per step, each with its ratio to non-private."""
+    base = med["non-private"]
+    return [f"| {threads} | {r} | {w * 1e3:.1f} ms | {w / base[0]:.2f} | {c * 1e3:.1f} ms | "
+            f"{c / base[1]:.2f} |" for r, (w, c) in med.items()]
+
+
+TABLE_HEAD = ["| threads | row | wall / step | × non-private | CPU / step | × non-private |",
+              "|---|---|---|---|---|---|"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=20)
@@ -166,7 +184,11 @@ def main() -> None:
     ap.add_argument("--intermediate", type=int, default=512)
     ap.add_argument("--lora", action="store_true", help="train LoRA adapters (peft) only")
     ap.add_argument("--no-opacus", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help=HELP)
     args = ap.parse_args()
+    if args.smoke:
+        args.rounds, args.threads, args.batch, args.seq = 1, "1", 4, 8
+        args.vocab, args.hidden, args.layers, args.intermediate = 100, 32, 1, 64
     warnings.filterwarnings("ignore")
     transformers.logging.set_verbosity_error()
     default_threads = torch.get_num_threads()
@@ -181,12 +203,8 @@ def main() -> None:
         if not args.no_opacus:
             for mode in ("hooks", "ghost"):
                 rows[f"opacus-{mode}"] = with_opacus(args, batch, mode)
-        med = bench(rows, args.rounds)
-        base_w, base_c = med["non-private"]
-        print(f"threads {torch.get_num_threads()}:")
-        for r, (w, c) in med.items():
-            print(f"  {r:12s} wall {w * 1e3:7.1f} ms ({w / base_w:4.2f}×)   "
-                  f"cpu {c * 1e3:7.1f} ms ({c / base_c:4.2f}×)")
+        med = bench(rows, args.rounds, warm=size(2, 1))
+        print("\n".join(TABLE_HEAD + table(torch.get_num_threads(), med)))
         opacus = [r for r in med if r.startswith("opacus")]
         if opacus:
             best = min(opacus, key=lambda r: med[r][1])

@@ -2,6 +2,7 @@
 and Opacus, in one run.
 
     .venv/bin/python benchmarks/hf_gpt2.py [--rounds 10] [--threads 1,0] [--batch 32] [--seq 64]
+    .venv/bin/python benchmarks/hf_gpt2.py --smoke   # 1 layer, hidden 32, batch 4 × 8 (the tests)
 
 Model: ``GPT2LMHeadModel`` built from a config (2 layers, hidden 128, 2 heads, MLP 512,
 vocabulary 8,192 by default; ``--vocab 50257`` for GPT-2's tokenizer), HF's default dropout 0.1,
@@ -38,6 +39,10 @@ from typing import Iterator
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from _smoke import HELP, require, size  # noqa: E402
+
+require("transformers", "opacus")
+
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from torch import nn  # noqa: E402
@@ -46,7 +51,7 @@ from transformers.pytorch_utils import Conv1D  # noqa: E402
 
 import dpfy  # noqa: E402
 from dpfy.grads.rules import RULES  # noqa: E402
-from hf_bert import CLIP, SIGMA, Step, adam, bench, stepper  # noqa: E402
+from hf_bert import CLIP, SIGMA, TABLE_HEAD, Step, adam, bench, stepper, table  # noqa: E402
 
 Batch = dict[str, torch.Tensor]
 
@@ -134,16 +139,11 @@ def with_opacus(args: argparse.Namespace, batch: Batch, mode: str) -> Step | Non
     return None
 
 
-# the model and batch shape: --name value for each
+# the model and batch shape: --name value for each (--smoke: the tiny one)
 SHAPE = {"batch": 32, "seq": 64, "vocab": 8192, "hidden": 128, "layers": 2, "heads": 2,
          "inner": 512}
-
-
-def table(threads: int, med: dict[str, tuple[float, float]]) -> list[str]:
-    """Markdown rows: threads, row, wall and CPU per step, each with its ratio to non-private."""
-    base = med["non-private"]
-    return [f"| {threads} | {r} | {w * 1e3:.0f} ms | {w / base[0]:.2f} | {c * 1e3:.0f} ms | "
-            f"{c / base[1]:.2f} |" for r, (w, c) in med.items()]
+SMOKE_SHAPE = {"batch": 4, "seq": 8, "vocab": 100, "hidden": 32, "layers": 1, "heads": 2,
+               "inner": 64}
 
 
 def parse_args() -> argparse.Namespace:
@@ -155,7 +155,13 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--untied", action="store_true",
                     help="lm_head its own parameter (what the tied head costs; not GPT-2)")
     ap.add_argument("--no-opacus", action="store_true")
-    return ap.parse_args()
+    ap.add_argument("--smoke", action="store_true", help=HELP)
+    args = ap.parse_args()
+    if args.smoke:
+        args.rounds, args.threads = 1, "1"
+        for name, value in SMOKE_SHAPE.items():
+            setattr(args, name, value)
+    return args
 
 
 def main() -> None:
@@ -166,8 +172,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, GPT-2 "
           + ", ".join(f"{k} {getattr(args, k)}" for k in SHAPE)
           + f", {'untied' if args.untied else 'tied'} head, AdamW, rounds {args.rounds}")
-    lines = ["| threads | row | wall / step | × non-private | CPU / step | × non-private |",
-             "|---|---|---|---|---|---|"]
+    lines = list(TABLE_HEAD)
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads or default_threads)
         rows: dict[str, Step] = {
@@ -177,7 +182,7 @@ def main() -> None:
             step = with_opacus(args, batch, mode)
             if step is not None:
                 rows[f"opacus-{mode}"] = step
-        lines += table(torch.get_num_threads(), bench(rows, args.rounds))
+        lines += table(torch.get_num_threads(), bench(rows, args.rounds, warm=size(2, 1)))
         print("\n".join(lines[-len(rows):]), flush=True)
     print("\n".join(lines))
 

@@ -1,6 +1,7 @@
 """HyFreeDP's overhead over DP-SGD (seed 004 Table 4 analogue): time per step, as ratios.
 
     .venv/bin/python benchmarks/hyfree.py [--rounds 15] [--models cnn,mlp] [--threads 1]
+    .venv/bin/python benchmarks/hyfree.py --smoke    # batch 8, one round (the tests)
 
 The digest's model (§4.5): a step costs 3 forward-pass units (forward + a backward of ≈ 2);
 HyFreeDP adds 2 forward passes every K steps, so (3 + 2/K)/3 = 1.667 / 1.133 / 1.067 for
@@ -33,6 +34,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dpfy  # noqa: E402
+from _smoke import HELP, require  # noqa: E402
 from engine import BATCH, Step, make_model, opacus_row  # noqa: E402
 
 BLOCK = 10           # steps per timed block: a multiple of every K
@@ -110,13 +112,18 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--models", default="cnn,mlp")
+    ap.add_argument("--smoke", action="store_true", help=HELP)
     args = ap.parse_args()
+    if args.smoke:
+        args.rounds = 1
+        require("opacus")   # its reference row
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     print(f"threads={args.threads} batch={BATCH} rounds={args.rounds} (median ms per step; "
           f"blocks of {BLOCK} steps)")
     for name in args.models.split(","):
-        print(f"\n{name}: | row | ms/step | × non-private | × DP-SGD (automatic, AdamW) |")
+        print(f"\n{name}:\n\n| row | ms/step | × non-private | × DP-SGD (automatic, AdamW) |\n"
+              "|---|---:|---:|---:|")
         for r, ms, vs_base, vs_dp in bench(name, args.rounds):
             print(f"| {r} | {ms:.2f} | {vs_base:.3f} | {vs_dp:.3f} |")
 

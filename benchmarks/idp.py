@@ -1,6 +1,7 @@
 """IDP benchmark: step time of IDP-SGD Sample and Scale against plain DP-SGD (issue 13).
 
     .venv/bin/python benchmarks/idp.py [--rounds 20] [--threads 1]
+    .venv/bin/python benchmarks/idp.py --smoke     # batch 8, 2 epochs, one round (the tests)
 
 The CNN and fixed batch of ``benchmarks/engine.py`` (tanh CNN, batch 256, 1×28×28). The private
 training set is that batch repeated ``REPEAT`` times (N = 5120, q = 256/N = 0.05), planned for
@@ -39,10 +40,11 @@ from torch.utils.data import DataLoader, TensorDataset
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dpfy  # noqa: E402
 from dpfy.privacy.individual import random_budgets  # noqa: E402
+from _smoke import HELP, size  # noqa: E402
 from engine import BATCH, CLIP, dpfy_row, make_model, nonprivate  # noqa: E402
 
 BUDGETS, FRACTIONS = (1.0, 2.0, 3.0), (0.34, 0.43, 0.23)
-REPEAT, EPOCHS, DELTA = 20, 10, 1e-5
+REPEAT, EPOCHS, DELTA = 20, size(10, 2), 1e-5
 Step = Callable[[], None]
 
 
@@ -91,7 +93,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--smoke", action="store_true", help=HELP)
     args = ap.parse_args()
+    if args.smoke:
+        args.rounds = 1
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")

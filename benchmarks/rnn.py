@@ -1,6 +1,7 @@
 """Recurrent-layer benchmark: one training step of a sequence classifier, as a ratio to non-private.
 
     .venv/bin/python benchmarks/rnn.py [--rounds 20] [--threads 1,0] [--cells lstm,gru,rnn]
+    .venv/bin/python benchmarks/rnn.py --smoke    # batch 4 × 4 tokens, hidden 16 (the tests)
 
 Model: token embedding (1000 × 64) -> recurrent layer (hidden 128; ``--layers``/``--bidir``)
 -> Linear(·, 10) on the last output; batch 64 sequences of 32 tokens (``--batch``, ``--steps``).
@@ -33,9 +34,11 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
+from _smoke import HELP, require, size
 from dpfy.layers import swap_recurrent
 
-SIGMA, CLIP, VOCAB, EMB, HIDDEN, CLASSES = 1.0, 1.0, 1000, 64, 128, 10
+SIGMA, CLIP, VOCAB, CLASSES = 1.0, 1.0, 1000, 10
+EMB, HIDDEN = size(64, 8), size(128, 16)
 Step = Callable[[], None]
 
 
@@ -107,7 +110,7 @@ def rows(cell: str, layers: int, bidir: bool, x: torch.Tensor, y: torch.Tensor
 def bench(steps: dict[str, Step], rounds: int) -> dict[str, float]:
     """Median seconds per step of each row, interleaved in a fresh order every round."""
     for s in steps.values():
-        for _ in range(2):
+        for _ in range(size(2, 1)):
             s()
     times: dict[str, list[float]] = {r: [] for r in steps}
     order = list(steps.items())
@@ -130,7 +133,11 @@ def main() -> None:
     ap.add_argument("--bidir", action="store_true")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=32, help="sequence length")
+    ap.add_argument("--smoke", action="store_true", help=HELP)
     args = ap.parse_args()
+    if args.smoke:
+        args.rounds, args.threads, args.batch, args.steps = 1, "1", 4, 4
+        require("opacus")   # its rows
     warnings.filterwarnings("ignore")
     default_threads = torch.get_num_threads()
     g = torch.Generator().manual_seed(0)
@@ -138,14 +145,16 @@ def main() -> None:
     y = torch.randint(0, CLASSES, (args.batch,), generator=g)
     print(f"torch {torch.__version__}, batch {args.batch}, T {args.steps}, hidden {HIDDEN}, "
           f"layers {args.layers}, bidirectional {args.bidir}, rounds {args.rounds}")
+    print("| threads | cell | non-private (ms) | dpfy (ms) | × non-private | opacus (ms) | "
+          "× non-private | opacus / dpfy |\n|---:|---|---:|---:|---:|---:|---:|---:|")
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads or default_threads)
         for cell in args.cells.split(","):
             med = bench(rows(cell, args.layers, args.bidir, x, y), args.rounds)
-            base = med["non-private"]
-            line = ", ".join(f"{r} {t * 1e3:.1f} ms ({t / base:.2f}×)" for r, t in med.items())
-            print(f"threads {torch.get_num_threads()} {cell}: {line}; "
-                  f"opacus/dpfy {med['opacus'] / med['dpfy']:.2f}")
+            base, ours, theirs = med["non-private"], med["dpfy"], med["opacus"]
+            print(f"| {torch.get_num_threads()} | {cell} | {base * 1e3:.1f} | {ours * 1e3:.1f} | "
+                  f"{ours / base:.2f} | {theirs * 1e3:.1f} | {theirs / base:.2f} | "
+                  f"{theirs / ours:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

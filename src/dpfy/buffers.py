@@ -311,6 +311,32 @@ class BufferChange:
         )
 
 
+def inside_torch_compile() -> bool:
+    """Whether this code runs inside a ``torch.compile``'d call (TorchDynamo's frame callback
+    is set), read without importing TorchDynamo (whose import costs seconds)."""
+    dynamo = getattr(torch._C, "_dynamo", None)
+    return dynamo is not None and bool(dynamo.eval_frame.get_eval_frame_callback())
+
+
+def compiled_refusal(changes: list[BufferChange]) -> str:
+    """The refusal for a private model's training forward run inside ``torch.compile`` with a
+    backend under which dpfy's forward check, traced into the graph, misreads the model."""
+    names = ", ".join(
+        repr(f"{c.module}.{c.buffer}" if c.module else c.buffer) for c in changes
+    )
+    return (
+        "the private model ran inside torch.compile, and dpfy's check of its training forward "
+        f"read {names} as changed ({changes[0].how}). That check runs in the model's hooks, "
+        "which torch.compile traces into its graph; with a backend that goes through "
+        "AOTAutograd (inductor, the default, and aot_eager) what it reads there is not the "
+        "tensors' own state, so dpfy cannot verify that the forward wrote no data of the "
+        "batch into the model, and refuses before anything is released. Fix: compile with "
+        "torch.compile(model, backend=\"eager\") (dpfy's per-example hooks then run as in "
+        "the uncompiled model: the same per-example norms and ledger, with no speed-up), or "
+        "train the private model uncompiled."
+    )
+
+
 class _Watch:
     """One hooked module: notes the buffers of ``owners`` before its forward, checks after."""
 
@@ -475,10 +501,14 @@ class BufferGuard:
         if self.collect:
             self.problems.extend(c for c in changes if c not in self.problems)
             return
-        self.raised = PrivacyRefusal(
-            "\n".join(map(str, changes)) + "\nThe model's buffers or parameters now hold values "
-            "of this batch: rebuild (or reload) the model after the fix before training it."
-        )
+        if inside_torch_compile():
+            self.raised = PrivacyRefusal(compiled_refusal(changes))
+        else:
+            self.raised = PrivacyRefusal(
+                "\n".join(map(str, changes)) + "\nThe model's buffers or parameters now hold "
+                "values of this batch: rebuild (or reload) the model after the fix before "
+                "training it."
+            )
         raise self.raised
 
     def check_settled(self) -> None:
