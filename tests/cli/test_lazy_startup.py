@@ -54,6 +54,7 @@ def test_the_package_root_is_lazy_and_complete() -> None:
         "assert callable(dpfy.validate) and dpfy.validate is dpfy.validation.validate\n"
         "from dpfy import make_private, Ledger, epsilon, calibrate_noise_multiplier\n"
         "assert dpfy.make_private is make_private and dpfy.Ledger.__name__ == 'Ledger'\n"
+        "assert dpfy.layers.DPLSTM.__name__ == 'DPLSTM'  # a subpackage, read as an attribute\n"
         "try:\n"
         "    dpfy.no_such_name\n"
         "except AttributeError:\n"
