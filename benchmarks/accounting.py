@@ -16,6 +16,14 @@ the table reports the median time.
     .venv/bin/python benchmarks/accounting.py                  # full run (~10 min on 2 cores)
     .venv/bin/python benchmarks/accounting.py --quick          # skip the slow references
     .venv/bin/python benchmarks/accounting.py --smoke          # tiny ledgers, seconds (tests)
+
+A second table times ``calibrate_noise_multiplier(accountant="pld")`` (what
+``make_private(target_epsilon=...)`` runs) on a few homogeneous Poisson runs, cold caches, CPU
+seconds, and checks each σ with dp_accounting's PLD at the fine 1e-4 grid (ε ≤ target). With
+``--before-src DIR`` the same runs are timed, in a subprocess, with the dpfy found in DIR (e.g.
+an older checkout's ``src``), and shown beside:
+
+    .venv/bin/python benchmarks/accounting.py --calibration-only --before-src /tmp/old/src
 """
 
 from __future__ import annotations
@@ -123,6 +131,84 @@ def dpfy_calibrate_b(accountant: str) -> float:
                                     approximate=accountant == "gdp")
 
 
+# -- calibration of homogeneous runs (issue 31 §4: ≤ 2 s) --------------------------------------
+CALIBRATION_RUNS = [  # (q, steps, target ε) at δ = 1e-5
+    (256 / 60000, 9400, 3.0),    # Fashion-MNIST batch 256, 40 epochs
+    (0.01, 1000, 3.0),
+    (1.0, 100, 3.0),             # full batch: no sampling, closed form
+    (0.128, 16, 1.0),            # tests/integration's re-cut scenario a
+    (0.001, 10000, 8.0),         # small q, small σ: the slowest PLD evaluations
+]
+SMOKE_CALIBRATION_RUNS = [(0.5, 10, 3.0)]
+
+
+def time_calibrations(runs: list[tuple[float, int, float]]) -> list[dict]:
+    """σ, CPU and wall seconds of each PLD calibration, caches emptied before each."""
+    from dpfy.privacy import accountants as _acc
+    from dpfy.privacy import pld as _pld
+    from dpfy.privacy import rdp as _rdp
+    from dpfy.privacy.calibration import calibrate_noise_multiplier
+    out = []
+    for q, steps, target in runs:
+        for cache in (_rdp._atom_rdp, _pld._atom_pld, _pld._mixture_pld, _acc._epsilon_cached):
+            cache.cache_clear()
+        t0, c0 = time.perf_counter(), time.process_time()
+        sigma = calibrate_noise_multiplier(target_epsilon=target, delta=DELTA, sample_rate=q,
+                                           steps=steps, accountant="pld")
+        out.append({"q": q, "steps": steps, "target": target, "sigma": sigma,
+                    "cpu": time.process_time() - c0, "wall": time.perf_counter() - t0})
+    return out
+
+
+def dp_accounting_fine_epsilon(q: float, sigma: float, steps: int) -> float:
+    """ε of ``steps`` Poisson-subsampled Gaussian steps by dp_accounting's PLD at 1e-4."""
+    import dp_accounting
+    from dp_accounting import pld
+    acc = pld.PLDAccountant(value_discretization_interval=1e-4)
+    acc.compose(dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps))
+    return float(acc.get_epsilon(DELTA))
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            model = next(l.split(":", 1)[1].strip() for l in fh if l.startswith("model name"))
+    except (OSError, StopIteration):
+        import platform
+        model = platform.processor() or platform.machine()
+    import os
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return f"{model}, {os.cpu_count()} logical cores, load average {load:.2f}"
+
+
+def calibration_table(runs: list[tuple[float, int, float]], before_src: str | None) -> None:
+    before = None
+    if before_src:
+        import os
+        import subprocess
+        env = {**os.environ, "PYTHONPATH": before_src}
+        done = subprocess.run([sys.executable, __file__, "--calibration-json", json.dumps(runs)],
+                              env=env, capture_output=True, text=True, check=True)
+        before = json.loads(done.stdout.strip().splitlines()[-1])
+    after = time_calibrations(runs)
+    print(f"\nPLD calibration, σ for a target ε at δ = {DELTA:g}, cold caches; CPU: {cpu_name()}")
+    head = "| q | steps | target ε |"
+    if before:
+        head += " before σ | before CPU s |"
+    head += " σ | CPU s | wall s | dp_accounting ε at σ (1e-4) |"
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    for i, r in enumerate(after):
+        row = f"| {r['q']:.4g} | {r['steps']} | {r['target']:g} |"
+        if before:
+            b = before[i]
+            row += f" {b['sigma']:.5f} | {b['cpu']:.2f} |"
+        fine = dp_accounting_fine_epsilon(r["q"], r["sigma"], r["steps"])
+        row += f" {r['sigma']:.5f} | {r['cpu']:.2f} | {r['wall']:.2f} | {fine:.4f} |"
+        print(row, flush=True)
+
+
 # -- harness ---------------------------------------------------------------------------------
 def measure(tasks: dict[str, Callable[[], float]], repeats: dict[str, int]) -> dict[str, dict]:
     """Run every task ``repeats[name]`` times, interleaved round-robin.
@@ -159,7 +245,19 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true",
                         help="tiny ledgers (50 and 40 steps), one repeat, no slow references: "
                              "checks that the script runs (the test suite runs it)")
+    parser.add_argument("--calibration-only", action="store_true",
+                        help="print only the PLD calibration table")
+    parser.add_argument("--before-src", metavar="DIR",
+                        help="also time the calibrations with the dpfy in DIR (its src/)")
+    parser.add_argument("--calibration-json", metavar="RUNS", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.calibration_json:   # the --before-src subprocess
+        print(json.dumps(time_calibrations([tuple(r) for r in json.loads(args.calibration_json)])))
+        return
+    runs = SMOKE_CALIBRATION_RUNS if args.smoke else CALIBRATION_RUNS
+    if args.calibration_only:
+        calibration_table(runs, args.before_src)
+        return
     if args.smoke:
         global STEPS_A, EPOCHS_B, LEVELS_B
         STEPS_A, EPOCHS_B, LEVELS_B = 50, 0.2, 10
@@ -233,6 +331,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=2)
+    calibration_table(runs, args.before_src)
 
 
 if __name__ == "__main__":

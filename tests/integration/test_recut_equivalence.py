@@ -21,6 +21,11 @@ projection, with the tolerance that elementwise allclose implies for each). The 
 parameters' bytes is recorded and reported (bit-identical or not) but not asserted: BLAS and
 thread counts may differ between machines.
 
+Scenario a calibrates σ, whose search changed after the re-cut (issue 31 §4, a faster PLD search
+that returns another σ of the same 1e-3 tolerance band): its calibrated σ and ε are compared
+within a stated tolerance, then the run is repeated with the reference's σ given and compared
+exactly as above (``CALIBRATED_RTOL``).
+
 The seeds below are fixed, public test seeds; a run with a seed is reproducible by design.
 
 Regenerate the reference (only with the code BEFORE a behaviour-kept change, never after it):
@@ -138,12 +143,15 @@ def _mlp(seed: int, sizes: tuple[int, ...]) -> nn.Module:
 
 
 # ------------------------------------------------------------------------------- scenarios
-def scenario_default_recipe() -> dict[str, Any]:
+def scenario_default_recipe(noise_multiplier: float | None = None) -> dict[str, Any]:
     """a. ``dpfy train``'s defaults (dpfy.train.config: tanh_cnn, fashion_mnist, SGD lr 4.0
     momentum 0.9, clip 0.1, flat clipping, engine auto, Poisson, PLD calibration to a target ε
     at δ = 1e-5) scaled to the first 1000 training images, batch 128 (q = 0.128), 2 epochs
     (16 steps). Target ε = 1 instead of 3: over 16 steps ε = 3 means σ ≈ 0.9, whose PLD
-    calibration takes ~10 s here; ε = 1 gives σ ≈ 2.35 (the full recipe's range) in ~2 s."""
+    calibration takes ~10 s here; ε = 1 gives σ ≈ 2.35 (the full recipe's range) in ~2 s.
+
+    With ``noise_multiplier``, the same run with σ given instead of calibrated (the target
+    stays the run's ε cap): see :data:`CALIBRATED_RTOL`."""
     from dpfy.data import load_dataset
     from dpfy.models import build_model
 
@@ -153,8 +161,10 @@ def scenario_default_recipe() -> dict[str, Any]:
     torch.manual_seed(101)                                   # model init, as dpfy train does
     model = build_model("tanh_cnn", input_shape=data.input_shape, num_classes=data.num_classes)
     sgd = torch.optim.SGD(model.parameters(), lr=4.0, momentum=0.9, weight_decay=0.0)
+    budget: dict[str, Any] = ({"target_epsilon": 1.0} if noise_multiplier is None else
+                              {"noise_multiplier": noise_multiplier, "epsilon_cap": 1.0})
     model, opt, loader = dpfy.make_private(
-        model, sgd, DataLoader(train, batch_size=128), target_epsilon=1.0, target_delta=DELTA,
+        model, sgd, DataLoader(train, batch_size=128), **budget, target_delta=DELTA,
         epochs=2, max_grad_norm=0.1, seed=102, accountant="pld")
     _train(model, opt, loader, epochs=2)
     return _result(model, opt)
@@ -268,7 +278,21 @@ SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
 }
 
 
-def run_scenario(name: str) -> dict[str, Any]:
+# Scenario a calibrates σ with PLD. The calibration's contract is the smallest safe σ to a
+# relative 1e-3, on the safe side, and since issue 31 §4 (≤ 2 s calibration) its search runs on
+# the coarse pessimistic 1e-3 PLD grid and steps past each interpolated σ: the σ it returns
+# moved from the reference's 2.351637 to 2.352725 (+4.6e-4), a different point of the same
+# tolerance band. So scenario a is checked in two parts: the calibrated run's σ within
+# CALIBRATED_RTOL of the reference's, the rest of its ledger exact, and its ε at most the target
+# and within CALIBRATED_EPSILON_RTOL of the reference's; then the same run with the reference's
+# σ given (noise_multiplier=) against everything in the reference, exactly as the other
+# scenarios (ledger, ε, parameters). Nothing that does not depend on σ gets a tolerance.
+CALIBRATED_RTOL = 2e-3          # twice the calibration's own relative tolerance on σ
+CALIBRATED_EPSILON_RTOL = 5e-3  # ε ∝ σ^-k with k ≈ 1-2 here: 2e-3 of σ moves ε by ≤ ~4e-3
+TARGET_EPSILON_A = 1.0
+
+
+def run_scenario(name: str, **kwargs: Any) -> dict[str, Any]:
     """One scenario on one torch thread (bit-reproducible summation order), warnings muted
     (the seed warning); the caller's thread count is restored."""
     threads = torch.get_num_threads()
@@ -276,7 +300,7 @@ def run_scenario(name: str) -> dict[str, Any]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return SCENARIOS[name]()
+            return SCENARIOS[name](**kwargs)
     finally:
         torch.set_num_threads(threads)
 
@@ -325,6 +349,24 @@ def compare(name: str, got: dict[str, Any], ref: dict[str, Any]) -> tuple[list[s
     return problems, got["parameters"]["sha256"] == ref["parameters"]["sha256"]
 
 
+def _sigma(ledger: dict[str, Any]) -> float:
+    (group,) = ledger["groups"]
+    (release,) = group["releases"]
+    return float(release["noise_multiplier"])
+
+
+def check_calibration(got: dict[str, Any], ref: dict[str, Any]) -> None:
+    """Scenario a's calibrated run: σ within CALIBRATED_RTOL of the reference's, the ledger
+    otherwise identical, ε ≤ the target and within CALIBRATED_EPSILON_RTOL of the reference's."""
+    sigma, sigma_ref = _sigma(got["ledger"]), _sigma(ref["ledger"])
+    assert abs(sigma / sigma_ref - 1) <= CALIBRATED_RTOL, (sigma, sigma_ref)
+    pinned = json.loads(json.dumps(got["ledger"]).replace(repr(sigma), repr(sigma_ref)))
+    assert pinned == ref["ledger"], (got["ledger"], ref["ledger"])
+    assert got["epsilon"] <= TARGET_EPSILON_A
+    assert abs(got["epsilon"] / ref["epsilon"] - 1) <= CALIBRATED_EPSILON_RTOL, (
+        got["epsilon"], ref["epsilon"])
+
+
 # ----------------------------------------------------------------------------------- tests
 @pytest.fixture(scope="module")
 def reference() -> dict[str, Any]:
@@ -336,8 +378,13 @@ def test_seeded_run_matches_the_pre_recut_reference(name: str, reference: dict,
                                                     record_property: Any) -> None:
     if name == "a_default_recipe" and not FMNIST_DIR.is_dir():
         pytest.skip(f"Fashion-MNIST not installed at {FMNIST_DIR} (scripts/setup.sh)")
-    got = run_scenario(name)
-    problems, bit_identical = compare(name, got, reference["scenarios"][name])
+    ref = reference["scenarios"][name]
+    if name == "a_default_recipe":      # σ is calibrated: see CALIBRATED_RTOL
+        check_calibration(run_scenario(name), ref)
+        got = run_scenario(name, noise_multiplier=_sigma(ref["ledger"]))
+    else:
+        got = run_scenario(name)
+    problems, bit_identical = compare(name, got, ref)
     record_property("parameters_bit_identical", bit_identical)
     print(f"{name}: parameters bit-identical to the reference: {bit_identical}")
     assert not problems, "\n".join(problems)

@@ -32,37 +32,47 @@ EXIT_BAD_INPUT = 2
 EXIT_BUDGET_EXHAUSTED = 3
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention
 
-# Module names under dpfy.cli; a module that does not exist yet is skipped.
-SUBCOMMANDS = (
-    "account",
-    "calibrate",
-    "train",
-    "report",
-    "bench",
-    "explain",
-    "methods",
-    "audit",
-    "tune",
-)
+# Each subcommand (a module under dpfy.cli) with its one-line help. ``dpfy --help`` lists them from
+# here without importing the modules (they import torch); the chosen one is imported to parse.
+SUBCOMMANDS = {
+    "account": "ε (or δ) spent by a DP-SGD run or by a recorded ledger",
+    "calibrate": "noise multiplier (or sample rate, or steps) for a target (ε, δ)",
+    "train": "train a model with differential privacy and write a privacy report",
+    "report": "write privacy_report.md/.json and epsilon_over_steps.png for a ledger",
+    "explain": "per layer: rule, route and why",
+    "methods": "list the registered adaptive methods",
+    "audit": "train a configuration with canaries and print its empirical ε lower bounds",
+    "tune": "run a hyperparameter grid under one privacy budget and publish the winner",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The ``dpfy`` parser, every subcommand registered by its module.
+
+    With ``only``, just that subcommand's module is imported and registered; the others are
+    listed by name and help line alone (what ``main`` does, so that ``dpfy --help`` and
+    ``dpfy --version`` import no subcommand, hence no torch).
+    """
     parser = argparse.ArgumentParser(prog="dpfy", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"dpfy {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in SUBCOMMANDS:
-        try:
-            module = importlib.import_module(f"dpfy.cli.{name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"dpfy.cli.{name}":
-                continue
-            raise
-        module.register(sub)
+    for name, summary in SUBCOMMANDS.items():
+        if only is None or name == only:
+            importlib.import_module(f"dpfy.cli.{name}").register(sub)
+        else:
+            sub.add_parser(name, help=summary)
     return parser
 
 
+def _command(argv: Sequence[str]) -> str:
+    """The subcommand ``argv`` names (its first argument not an option; the top-level parser's
+    own options take no value), or "" when there is none."""
+    return next((a for a in argv if not a.startswith("-")), "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(only=_command(argv))
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

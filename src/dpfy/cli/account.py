@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from dpfy.cli import SUBCOMMANDS
 from dpfy._require import require
 from dpfy.privacy.accountants import ACCOUNTANTS, accountant_label, delta, epsilon
 from dpfy.privacy.ledger import Ledger, Sampling
@@ -161,7 +162,7 @@ def resolve_run_shape(
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "account",
-        help="ε (or δ) spent by a DP-SGD run or by a recorded ledger",
+        help=SUBCOMMANDS["account"],
         description=__doc__.splitlines()[0],
         epilog="Example: dpfy account --sample-rate 0.005 --noise-multiplier 1 --steps 20000 "
         "--delta 1e-6",

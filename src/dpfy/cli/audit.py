@@ -18,6 +18,7 @@ import json
 import sys
 import time
 
+from dpfy.cli import SUBCOMMANDS
 from dpfy._require import require
 from dpfy.audit.canaries import KINDS
 from dpfy.audit.run import DEFAULT_CANARIES, DEFAULT_KIND, audit_config
@@ -32,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "audit",
         parents=[train_parser()],
         conflict_handler="resolve",
-        help="train a configuration with canaries and print its empirical ε lower bounds",
+        help=SUBCOMMANDS["audit"],
         description=__doc__.splitlines()[0],
         epilog="Example: dpfy audit --dataset digits --model logreg --epochs 5 "
         "--batch-size 256 --out runs/audit-digits",

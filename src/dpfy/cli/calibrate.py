@@ -26,6 +26,7 @@ import json
 import math
 from typing import Any
 
+from dpfy.cli import SUBCOMMANDS
 from dpfy._require import require
 from dpfy.cli.account import add_run_shape_arguments, resolve_noise, resolve_run_shape
 from dpfy.privacy.accountants import ACCOUNTANTS, accountant_label, epsilon
@@ -43,7 +44,7 @@ __all__ = ["register", "run"]
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "calibrate",
-        help="noise multiplier (or sample rate, or steps) for a target (ε, δ)",
+        help=SUBCOMMANDS["calibrate"],
         description=__doc__.splitlines()[0],
         epilog="Example: dpfy calibrate --target-epsilon 3 --delta 1e-5 --sample-rate 0.004 "
         "--steps 3000",

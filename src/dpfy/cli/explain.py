@@ -16,11 +16,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from dpfy.cli import SUBCOMMANDS
 from dpfy._require import require
 from dpfy.grads import ROUTES, GradEngine
 from dpfy.memory import format_memory
 from dpfy.models import build_model
-from dpfy.validate import validate
+from dpfy.validation import validate
 
 __all__ = ["register", "run", "explain_model", "format_table"]
 
@@ -89,7 +90,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "explain", help="per layer: rule, route and why", description=__doc__.splitlines()[0]
+        "explain", help=SUBCOMMANDS["explain"], description=__doc__.splitlines()[0]
     )
     p.add_argument("model", help="model-zoo name or package.module:factory")
     p.add_argument(

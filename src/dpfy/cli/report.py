@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from dpfy.cli import SUBCOMMANDS
 from dpfy._require import require
 from dpfy.cli.account import load_ledger
 from dpfy.privacy.accountants import ACCOUNTANTS, RIGOROUS
@@ -29,7 +30,7 @@ DEFAULTS = {"accountant": "pld", "released": "final model weights"}
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "report",
-        help="write privacy_report.md/.json and epsilon_over_steps.png for a ledger",
+        help=SUBCOMMANDS["report"],
         description=__doc__.splitlines()[0],
     )
     p.add_argument("path", metavar="LEDGER_OR_RUN_DIR", help="ledger.json or a run directory")

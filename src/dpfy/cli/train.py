@@ -20,7 +20,7 @@ from pathlib import Path
 from dataclasses import fields
 from typing import Any
 
-from dpfy.cli import EXIT_INTERRUPTED
+from dpfy.cli import EXIT_INTERRUPTED, SUBCOMMANDS
 from dpfy.train import resume, train
 from dpfy.train.config import TrainConfig, coerce, field_types, load_config_file
 from dpfy.train.options import parse_scalar
@@ -49,7 +49,7 @@ def _options(items: list[str], name: str) -> dict[str, Any]:
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "train",
-        help="train a model with differential privacy and write a privacy report",
+        help=SUBCOMMANDS["train"],
         description=__doc__.splitlines()[0],
         epilog="Example: dpfy train --out runs/fmnist   (Fashion-MNIST, ε=3, δ=1e-5)",
     )

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from dpfy.cli import SUBCOMMANDS
 from dpfy.cli import train as train_cli
 from dpfy.privacy.tuning import log_grid
 from dpfy.train.config import TrainConfig
@@ -41,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "tune",
         parents=[train_cli.train_parser()],
         conflict_handler="resolve",
-        help="run a hyperparameter grid under one privacy budget and publish the winner",
+        help=SUBCOMMANDS["tune"],
         description=__doc__.splitlines()[0],
         epilog="Example: dpfy tune --dataset digits --model logreg --epsilon 3 "
         "--grid lr=logspace:-2.5:1.5:7",

@@ -64,6 +64,7 @@ __all__ = [
     "epsilon_curve",
     "epsilon_from_form",
     "delta_from_form",
+    "rdp_integer_orders_epsilon",
 ]
 
 ACCOUNTANTS = ("rdp", "pld", "gdp")
@@ -308,6 +309,17 @@ def epsilon(
     return epsilon_from_form(
         form, delta=delta, accountant=accountant, value_discretization=value_discretization
     )
+
+
+def rdp_integer_orders_epsilon(ledger: Ledger, *, delta: float) -> float:
+    """RDP ε(δ) of ``ledger`` over the integer orders alone (``rdp.INTEGER_ORDERS``).
+
+    A valid upper bound, looser than ``epsilon(ledger, accountant="rdp")`` (fewer orders to
+    minimise over) and up to ~10x cheaper where dp_accounting's series for fractional orders
+    runs its 1000 terms (large σ or q). For the brackets of searches only; never reported.
+    """
+    _check_delta(delta)
+    return _rdp.epsilon(prepare(ledger, accountant="rdp"), delta, integer_orders=True)
 
 
 def delta(

@@ -1,5 +1,8 @@
 """``dpfy.validate``: find (and optionally fix) what stops a model from training privately.
 
+The module is ``dpfy.validation`` so that its name never shadows the function ``dpfy.validate``
+on the lazily loaded package root.
+
 Problems seen without running the model:
 
 - layers that mix the examples of a batch (any BatchNorm): fixable, replaced by a GroupNorm that
