@@ -53,7 +53,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     listed by name and help line alone (what ``main`` does, so that ``dpfy --help`` and
     ``dpfy --version`` import no subcommand, hence no torch).
     """
-    parser = argparse.ArgumentParser(prog="dpfy", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="dpfy",
+        description="Train PyTorch models with differential privacy, account for them and report "
+        "what they spend. `dpfy COMMAND --help` for each command.",
+    )
     parser.add_argument("--version", action="version", version=f"dpfy {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, summary in SUBCOMMANDS.items():
