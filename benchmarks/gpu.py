@@ -384,8 +384,8 @@ def main() -> None:
     print(f"device: {_device_name(device)}; torch {torch.__version__}, opacus "
           f"{opacus.__version__}, dpfy {dpfy.__version__}; rounds {rounds}; "
           f"CUDA tests: {tests}")
-    print(f"| model | batch | row | median step (ms) | time × non-private | peak step memory "
-          f"(MiB) | memory × non-private | note |")
+    print("| model | batch | row | median step (ms) | time × non-private | peak step memory "
+          "(MiB) | memory × non-private | note |")
     print("|---|---|---|---:|---:|---:|---:|---|")
     for name in args.models.split(","):
         case = _case(name, smoke, shapes)
