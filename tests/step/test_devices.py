@@ -341,3 +341,41 @@ def test_no_tensor_of_the_step_is_created_off_the_parameters_device(kwargs, mode
     assert opt.ledger.num_steps >= 1
     assert all(p.device.type == "cpu" for p in model.parameters())
     assert any(not torch.equal(p.detach(), b) for p, b in zip(model.parameters(), before))
+
+
+# -- the CUDA branches' arithmetic, with torch.cuda stubbed (they also run for real on a GPU) ----
+def test_the_cuda_memory_limit_is_half_the_free_memory_there(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10_000, 80_000))
+    assert default_memory_limit(torch.device("cuda", 0)) == 5_000
+
+
+def test_the_cuda_peak_is_the_max_allocated_above_the_start(monkeypatch):
+    from dpfy.memory import measured_peak_bytes
+
+    level = {"now": 100, "peak": 100}
+
+    def allocate():
+        level["peak"] = max(level["peak"], 100 + 700)  # 700 bytes at the step's peak
+        level["now"] = 150  # 50 left allocated after it
+
+    for name, fn in {
+        "synchronize": lambda device=None: None,
+        "reset_peak_memory_stats": lambda device=None: level.update(peak=level["now"]),
+        "memory_allocated": lambda device=None: level["now"],
+        "max_memory_allocated": lambda device=None: level["peak"],
+    }.items():
+        monkeypatch.setattr(torch.cuda, name, fn)
+    assert measured_peak_bytes(allocate, torch.device("cuda", 0)) == 700
+
+
+@pytest.mark.parametrize("cuda, nccl, want", [(True, True, "nccl"), (True, False, "gloo"),
+                                              (False, True, "gloo")])
+def test_the_default_backend_is_nccl_exactly_where_cuda_and_nccl_are(monkeypatch, cuda, nccl,
+                                                                      want):
+    import torch.distributed as dist
+
+    from dpfy.step.distributed import default_backend
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: nccl)
+    assert default_backend() == want
