@@ -32,3 +32,20 @@ def no_compiler(monkeypatch, tmp_path):
     build.load.cache_clear()
     yield
     build.load.cache_clear()
+
+
+# The devices a test parametrized over ``device`` runs on: the CPU always, CUDA where
+# torch sees a GPU (skipped cleanly elsewhere). benchmarks/gpu.py runs the CUDA ones.
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
+    ),
+]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    """A device the test runs on, as a ``torch.device``: ``cpu``, then ``cuda`` if present."""
+    return torch.device(request.param)

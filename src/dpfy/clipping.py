@@ -144,11 +144,11 @@ class PerLayerClipping(ClippingPolicy):
         require(all(c > 0 for c in self.clips), "max_grad_norm", self.clips, "all > 0")
 
     def default_clip(self) -> torch.Tensor:
-        return torch.tensor(self.clips, dtype=torch.float64)
+        return torch.tensor(self.clips, dtype=torch.float64, device="cpu")  # public, host
 
     def _per_layer(self, clip: float | torch.Tensor) -> torch.Tensor:
         """(K,) thresholds; a scalar C (e.g. from a schedule) is split equally, C/√K each."""
-        clip = torch.as_tensor(clip, dtype=torch.float64)
+        clip = torch.as_tensor(clip, dtype=torch.float64, device="cpu")  # public: read on the host
         if clip.ndim == 0:
             return clip.expand(len(self.groups)) / math.sqrt(len(self.groups))
         require(

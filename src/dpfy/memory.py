@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 
 from dpfy._require import require
 from dpfy.grads import GradEngine
@@ -199,10 +199,14 @@ def largest_batch(
     return int(room // slope) if slope > 0 else 2**31 - 1
 
 
-def default_memory_limit() -> int:
-    """Half the memory available now (bytes): /proc/meminfo's MemAvailable on Linux, else
-    half of the physical memory (os.sysconf); the other half is left to the rest of the step
-    (optimizer state, the allocator) and to other processes."""
+def default_memory_limit(device: torch.device | None = None) -> int:
+    """Half the memory available now (bytes) where the model lives: on a CUDA ``device``, half
+    of what ``torch.cuda.mem_get_info`` reports free there; otherwise /proc/meminfo's
+    MemAvailable on Linux, else half of the physical memory (os.sysconf). The other half is
+    left to the rest of the step (optimizer state, the allocator) and to other processes."""
+    if device is not None and device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free) // 2
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -224,13 +228,23 @@ def _status_kib(field: str) -> int | None:
     return None
 
 
-def measured_peak_bytes(fn: Callable[[], Any]) -> int | None:
-    """Peak resident memory ``fn()`` added to this process (bytes), or None where unknown.
+def measured_peak_bytes(fn: Callable[[], Any], device: torch.device | None = None) -> int | None:
+    """Peak memory ``fn()`` added (bytes), or None where unknown.
 
-    Linux only: resets the high-water mark (``/proc/self/clear_refs`` ← 5), runs ``fn`` and
-    reads VmHWM − VmRSS-before. Memory the allocator reuses from earlier frees is not counted,
-    so call it in a fresh process (``dpfy explain --memory`` does) for a faithful number.
+    On a CUDA ``device``: the peak of tensor memory allocated there during ``fn`` above what
+    was allocated before (``torch.cuda.max_memory_allocated``, its peak reset first).
+    Otherwise Linux only: resets the process's high-water mark (``/proc/self/clear_refs`` ← 5),
+    runs ``fn`` and reads VmHWM − VmRSS-before. Memory the allocator reuses from earlier frees
+    is not counted, so call it in a fresh process (``dpfy explain --memory`` does) for a
+    faithful number.
     """
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        start = torch.cuda.memory_allocated(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return max(0, torch.cuda.max_memory_allocated(device) - start)
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -244,16 +258,21 @@ def measured_peak_bytes(fn: Callable[[], Any]) -> int | None:
     return max(0, peak - before) * 1024
 
 
-def loader_call(loader: Any, batch_size: int) -> Callable[[nn.Module], Any]:
+def loader_call(
+    loader: Any, batch_size: int, device: torch.device | None = None
+) -> Callable[[nn.Module], Any]:
     """How the probe calls the model on ``batch_size`` examples of ``loader.dataset``.
 
     The batch is collated by the loader's own ``collate_fn``: a dict batch is passed as
     keyword arguments (``model(**batch)``), a tuple or list by its first element (the
     ``(x, y)`` convention), a tensor as it is. Other layouts: pass an int
-    ``max_physical_batch_size`` instead of ``"auto"``.
+    ``max_physical_batch_size`` instead of ``"auto"``. Its tensors are moved to ``device``
+    (the model's; None: left where the dataset holds them).
     """
     n = min(batch_size, len(loader.dataset))
     batch = loader.collate_fn([loader.dataset[i] for i in range(n)])
+    if device is not None:  # the probe runs where the model lives: the batch moved there once
+        batch = tree_map(lambda t: t.to(device) if torch.is_tensor(t) else t, batch)
     if isinstance(batch, dict):
         return lambda model: model(**batch)
     if isinstance(batch, (tuple, list)) and batch and torch.is_tensor(batch[0]):
@@ -268,17 +287,24 @@ def loader_call(loader: Any, batch_size: int) -> Callable[[nn.Module], Any]:
     return lambda model: model(batch)
 
 
+def _device_of(model: nn.Module) -> torch.device | None:
+    """The device of the model's first parameter (None: a model without parameters)."""
+    return next((p.device for p in model.parameters()), None)
+
+
 def plan_physical_batch(
     model: nn.Module, loader: Any, *, memory_limit: int | None, route: str = "auto"
 ) -> int:
     """``max_physical_batch_size="auto"``: the largest physical batch whose estimate fits.
 
-    ``memory_limit`` in bytes (None: :func:`default_memory_limit`). Raises if not even one
-    example fits.
+    ``memory_limit`` in bytes (None: :func:`default_memory_limit` on the device of the
+    model's parameters, the GPU's free memory on CUDA). Raises if not even one example fits.
     """
-    limit = default_memory_limit() if memory_limit is None else memory_limit
+    device = _device_of(model)
+    limit = default_memory_limit(device) if memory_limit is None else memory_limit
     require(limit > 0, "memory_limit", memory_limit, "> 0 bytes")
-    rows, c = probe_model(model, loader_call(loader, PROBE_BATCH), PROBE_BATCH, route=route)
+    call = loader_call(loader, PROBE_BATCH, device)
+    rows, c = probe_model(model, call, PROBE_BATCH, route=route)
     b = largest_batch(rows, c, limit)
     if b < 1:
         need = estimate_memory(rows, 1, c).bytes
@@ -309,7 +335,7 @@ def measure_private_step(
         grads.weighted_sums({n: torch.ones_like(v) for n, v in sq.items()})
 
     try:
-        return measured_peak_bytes(step)
+        return measured_peak_bytes(step, _device_of(model))
     finally:
         grads.detach()
 
@@ -342,7 +368,7 @@ def format_memory(model: nn.Module, example: torch.Tensor, *, route: str = "auto
         p.numel() * p.element_size() for p in model.parameters()
     )
     measured = (
-        "unavailable (Linux /proc only)"
+        "unavailable (Linux /proc or CUDA only)"
         if peak is None
         else f"{(peak + resident) / 2**20:.3f} MiB ({peak / 2**20:.3f} MiB allocated by "
         f"the step + {resident / 2**20:.3f} MiB input and weights already resident)"

@@ -174,15 +174,42 @@ class DPOptimizer(torch.optim.Optimizer):
         self.original_optimizer.zero_grad(set_to_none=set_to_none)
         self.grads.clear()
 
+    # torch.amp.GradScaler.step(optimizer) then hands the step to us with its scale attached
+    # (``grad_scale``, ``found_inf``) instead of unscaling gradients this optimizer never holds,
+    # so that step() can refuse it by name (see _refuse_grad_scaler)
+    _step_supports_amp_scaling = True
+
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Clip, accumulate; at the end of a logical batch add noise, record, update."""
+        self._refuse_grad_scaler()
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         self.private_step.take_batch()
         return loss
+
+    def _refuse_grad_scaler(self) -> None:
+        """Refuse a step driven by ``torch.amp.GradScaler`` (fp16 loss scaling).
+
+        A scaled loss S·ℓ scales every per-example gradient by S before dpfy clips it, so the
+        clipping would act on S·g_i; and the scaler skips a step when a gradient overflows, a
+        decision that depends on the private batch and would be released unaccounted. Nothing
+        of the batch is taken: the loader yields it again.
+        """
+        if "grad_scale" not in self.__dict__ and "found_inf" not in self.__dict__:
+            return
+        self.private_step.cursor.discard_pending()
+        self.grads.clear()
+        raise PrivacyRefusal(
+            "optimizer.step() must not be driven by torch.amp.GradScaler, got a step from "
+            "GradScaler.step(): the scaled loss multiplies every per-example gradient by the "
+            "loss scale before clipping, and the scaler's skip of an overflowing step depends "
+            "on the private batch. Use bfloat16 autocast, which needs no scaler "
+            "(torch.autocast('cuda', dtype=torch.bfloat16)), call loss.backward() and "
+            "optimizer.step() without the scaler; nothing of this step was released"
+        )
 
     def __repr__(self) -> str:
         return f"DPOptimizer({self.original_optimizer!r})"

@@ -188,7 +188,8 @@ def _scalar_loss(output: Any) -> torch.Tensor:
     if isinstance(output, dict):  # Hugging Face ModelOutput is a dict
         output = tuple(output.values())
     leaves = [t for t in tree_flatten(output)[0] if torch.is_tensor(t) and t.is_floating_point()]
-    return sum((t.float().square().sum() for t in leaves), torch.zeros(()))
+    zero = torch.zeros((), device=leaves[0].device if leaves else None)  # the output's device
+    return sum((t.float().square().sum() for t in leaves), zero)
 
 
 def preflight_problems(

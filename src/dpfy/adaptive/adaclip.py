@@ -85,8 +85,16 @@ class AdaClipState:
 
 def scale_from_variance(var: Tensors) -> dict[str, torch.Tensor]:
     """b = s^{1/4} · (Σ_k √s_k)^{1/2}: minimises Σ_j b_j² subject to Σ_j s_j/b_j² = 1."""
-    total = sum(float(s.sqrt().sum()) for s in var.values())
-    return {n: s.pow(0.25) * math.sqrt(total) for n, s in var.items()}
+    if not var:
+        return {}
+    # Σ_k √s_k stays a tensor where the estimates live: no host read in the step
+    total = torch.stack([s.sqrt().sum() for s in var.values()]).sum()
+    return {n: s.pow(0.25) * total.sqrt() for n, s in var.items()}
+
+
+def _device(tensors: Tensors) -> torch.device | None:
+    """The device of the first of ``tensors`` (None: none given)."""
+    return next((t.device for t in tensors.values()), None)
 
 
 @register("adaclip")
@@ -156,15 +164,20 @@ class AdaClip(Method[AdaClipState]):
         return AdaClipState(mean={}, var={})
 
     def estimates(
-        self, state: AdaClipState, shapes: Mapping[str, torch.Size]
+        self,
+        state: AdaClipState,
+        shapes: Mapping[str, torch.Size],
+        device: torch.device | None = None,
     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """(a_t, s_t) as {name: θ-shaped float64}; before the first release a_0 = 0 and
-        s_0 = C_0²/d, d = Σ parameters (so b_0 = C_0). Public."""
+        s_0 = C_0²/d, d = Σ parameters (so b_0 = C_0), made on ``device`` (the gradients'; the
+        later estimates live where the released gradients do). Public."""
         if not state.var:
             s0 = self._c0() ** 2 / sum(math.prod(s) for s in shapes.values())
+            f64 = torch.float64
             return (
-                {n: torch.zeros(s, dtype=torch.float64) for n, s in shapes.items()},
-                {n: torch.full(s, s0, dtype=torch.float64) for n, s in shapes.items()},
+                {n: torch.zeros(s, dtype=f64, device=device) for n, s in shapes.items()},
+                {n: torch.full(s, s0, dtype=f64, device=device) for n, s in shapes.items()},
             )
         require(
             set(state.var) == set(shapes),
@@ -176,17 +189,22 @@ class AdaClip(Method[AdaClipState]):
         return dict(state.mean), dict(state.var)
 
     def shift_scale(
-        self, state: AdaClipState, shapes: Mapping[str, torch.Size]
+        self,
+        state: AdaClipState,
+        shapes: Mapping[str, torch.Size],
+        device: torch.device | None = None,
     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """(a_t, b_t) as {name: θ-shaped float64} (public)."""
-        mean, var = self.estimates(state, shapes)
+        mean, var = self.estimates(state, shapes, device)
         return mean, scale_from_variance(var)
 
     def transform(
         self, state: AdaClipState, per_sample: Tensors, plan: StepPlan
     ) -> dict[str, torch.Tensor]:
         """w_i = (g_i − a_t) / b_t for every per-sample gradient {name: (m, *θ)}; sensitive."""
-        a, b = self.shift_scale(state, {n: g.shape[1:] for n, g in per_sample.items()})
+        a, b = self.shift_scale(
+            state, {n: g.shape[1:] for n, g in per_sample.items()}, _device(per_sample)
+        )
         return {n: (g - a[n].to(g)) / b[n].to(g) for n, g in per_sample.items()}
 
     def postprocess(
@@ -199,7 +217,7 @@ class AdaClip(Method[AdaClipState]):
     ) -> dict[str, torch.Tensor]:
         """ĝ_t = b_t ⊙ w̃ + a_t from the released standardized mean w̃ = S̃/B (post-processing;
         a_t added once per step, module docstring): what the inner optimizer steps on."""
-        a, b = self.shift_scale(state, {n: w.shape for n, w in gradient.items()})
+        a, b = self.shift_scale(state, {n: w.shape for n, w in gradient.items()}, _device(gradient))
         return {n: (b[n] * w.double() + a[n]).to(w.dtype) for n, w in gradient.items()}
 
     def plan(self, state: AdaClipState, plan: StepPlan) -> StepPlan:
@@ -212,7 +230,7 @@ class AdaClip(Method[AdaClipState]):
     def update(self, state: AdaClipState, outcome: StepOutcome) -> AdaClipState:
         """a_{t+1}, s_{t+1} from the released gradient only (module docstring)."""
         g = {n: t.double() for n, t in outcome.gradient.items()}  # ĝ_t (after postprocess)
-        a, var = self.estimates(state, {n: t.shape for n, t in g.items()})
+        a, var = self.estimates(state, {n: t.shape for n, t in g.items()}, _device(g))
         b = scale_from_variance(var)  # b_t: the one ĝ_t was mapped with
         big_b = outcome.expected_batch_size  # public
         sigma = float(outcome.plan.noise_multiplier)

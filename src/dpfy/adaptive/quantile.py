@@ -60,7 +60,7 @@ def _check_common(initial_clip: float, target_quantile: float, step_size: float)
 def _centred_unclipped(clip: float | torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
     """1[‖g_ik‖ ≤ C_k] − ½ for each example (and group): (B,) or (B, K), each entry ±½.
     Sensitive."""
-    return (norms <= torch.as_tensor(clip).to(norms)).double() - 0.5
+    return (norms <= torch.as_tensor(clip, dtype=norms.dtype, device=norms.device)).double() - 0.5
 
 
 def _geometric(clip: float, frac_unclipped: float, target: float, step_size: float) -> float:

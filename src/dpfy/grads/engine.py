@@ -185,7 +185,8 @@ class GradEngine:
             f"an integer tensor of shape ({b},)",
             "Give the privacy unit of each row of the captured batch",
         )
-        low, top = (int(unit_of_row.min()), int(unit_of_row.max())) if b else (0, -1)
+        # one host read of both ends (a sync on a GPU; user-level steps only)
+        low, top = tuple(torch.stack(unit_of_row.aminmax()).tolist()) if b else (0, -1)
         u = top + 1 if num_units is None else num_units
         require(
             low >= 0 and top < u,

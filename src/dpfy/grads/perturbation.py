@@ -117,7 +117,9 @@ def perturb_rows(
         if out.is_floating_point():
             finite = out[torch.isfinite(out)]
             scale = float(finite.float().std()) if finite.numel() > 1 else 1.0
-            noise = torch.randn(t.shape[1:], generator=generator).to(out)
+            noise = torch.randn(t.shape[1:], generator=generator, device="cpu").to(
+                out
+            )  # same draw on every device
             out[row] += noise * (scale if scale > 0 else 1.0)
         return out.requires_grad_(t.requires_grad) if t.is_leaf and t.requires_grad else out
 
@@ -271,14 +273,16 @@ def _forked_rng(device: torch.device | None) -> Iterator[None]:
 def _cotangents(outs: list[torch.Tensor], rows: int, change_row: bool) -> list[torch.Tensor]:
     """Fixed standard normal cotangents for the output leaves; with ``change_row``, the
     perturbed row's are drawn afresh (that example's loss changes)."""
-    gen = torch.Generator().manual_seed(1)
-    cot = [torch.randn(t.shape, generator=gen, dtype=torch.float64).to(t) for t in outs]
+    gen = torch.Generator().manual_seed(1)  # on the CPU: the same cotangents on every device
+    cot = [
+        torch.randn(t.shape, generator=gen, dtype=torch.float64, device="cpu").to(t) for t in outs
+    ]
     if change_row:
         for c in cot:
             if c.dim() >= 1 and c.shape[0] == rows:
-                c[PERTURBED_ROW] = torch.randn(c.shape[1:], generator=gen, dtype=torch.float64).to(
-                    c
-                )
+                c[PERTURBED_ROW] = torch.randn(
+                    c.shape[1:], generator=gen, dtype=torch.float64, device="cpu"
+                ).to(c)
     return cot
 
 
@@ -307,7 +311,7 @@ def _differs(x: Any, y: Any, dim: int | None, rows: int, exact: bool) -> bool:
     if exact:
         return not torch.equal(_bits(x), _bits(y))
     if x.is_floating_point():
-        return rows_differ(x, y, torch.arange(0), None)
+        return rows_differ(x, y, torch.arange(0, device=x.device), None)  # dim None: unused
     return not torch.equal(x, y)
 
 

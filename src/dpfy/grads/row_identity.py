@@ -146,7 +146,7 @@ def find_mixing(
       None when every row is its example's own (or the model cannot be cut by rows, or its
       differences are randomness), else the refusal and the calls it belongs to.
     """
-    index = probe_index(rows)
+    index = probe_index(rows, device)
     args, kwargs, problem = resize_batch(*root_call, rows, index=index)
     if problem is not None:
         return None  # a transposed view: the layout probe refuses it where it matters
@@ -205,9 +205,15 @@ def holds_batch(args: tuple, kwargs: dict, rows: int) -> bool:
     )
 
 
-def probe_index(rows: int) -> torch.Tensor:
-    """The rows of the second probe batch: all but the first, in reverse order (n − 1 rows)."""
-    return torch.arange(rows - 1, 0, -1)
+def _device_of(tree: Any) -> torch.device | None:
+    """The device of the first tensor in ``tree`` (None: no tensor in it)."""
+    return next((t.device for t in tree_flatten(tree)[0] if torch.is_tensor(t)), None)
+
+
+def probe_index(rows: int, device: torch.device | None = None) -> torch.Tensor:
+    """The rows of the second probe batch: all but the first, in reverse order (n − 1 rows),
+    on ``device`` (the trainable parameters'; the batch's rows are selected there)."""
+    return torch.arange(rows - 1, 0, -1, device=device)
 
 
 @contextlib.contextmanager
@@ -318,7 +324,7 @@ def is_randomness(
     """Whether the first difference (a call's inputs, else the output) shows between two
     forwards on the same batch from different seeds (``full`` and ``again``): randomness that
     eval() does not switch off, not mixing."""
-    same, (rec, out_again) = torch.arange(rows), again
+    same, (rec, out_again) = torch.arange(rows, device=_device_of(out_full)), again
     if not differing:
         return output_differs(out_full, out_again, rows, same)
     uid, j, _ = differing[0]

@@ -1,7 +1,7 @@
 """Data-parallel private training over ``torch.distributed``: one global step from W ranks.
 
 A logical batch of the global run is spread over the W ranks of the default process group
-(gloo on CPU, NCCL on GPUs). Step t, on every rank r:
+(gloo on CPU, NCCL on GPUs: :func:`default_backend` picks it). Step t, on every rank r:
 
 1. sampling: rank r draws the Poisson mask u_i < q over all N examples and keeps the examples it
    owns, i ≡ r (mod W) (:class:`dpfy.sampling.PoissonSampler` with ``shard=(r, W)``). Example
@@ -50,7 +50,30 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dpfy.errors import PrivacyRefusal
 
-__all__ = ["Collective", "current_collective", "unwrap_model", "NoNoise", "global_batch_notice"]
+__all__ = [
+    "Collective",
+    "current_collective",
+    "unwrap_model",
+    "NoNoise",
+    "global_batch_notice",
+    "default_backend",
+    "collective_device",
+]
+
+
+def default_backend() -> str:
+    """The process-group backend for a run on this machine: ``"nccl"`` where CUDA is
+    available (GPU tensors, GPU-to-GPU reductions), ``"gloo"`` otherwise. Pass it to
+    ``torch.distributed.init_process_group``."""
+    return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+
+
+def collective_device() -> torch.device | None:
+    """Where the default process group's collectives need their tensors: this rank's current
+    CUDA device under NCCL (which reduces GPU tensors only), None (anywhere) under gloo."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return None
 
 
 class NoNoise:
@@ -94,14 +117,17 @@ class Collective:
         """All-reduce (sum) ``tensors`` in place, one collective call per dtype.
 
         The tensors are flattened into one buffer per dtype, so a step costs one all-reduce
-        whatever the number of parameters. Every rank ends with the same bytes.
+        whatever the number of parameters. Every rank ends with the same bytes. Under NCCL the
+        buffer is on this rank's GPU (a method's scalar releases, kept on the CPU, are copied
+        there and back: a few numbers).
         """
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for t in tensors:
             by_dtype.setdefault(t.dtype, []).append(t)
+        device = collective_device()
         for dtype in sorted(by_dtype, key=str):  # the same call order on every rank
             ts = by_dtype[dtype]
-            flat = torch.cat([t.reshape(-1) for t in ts])
+            flat = torch.cat([t.reshape(-1).to(device or t.device) for t in ts])
             dist.all_reduce(flat, op=dist.ReduceOp.SUM)
             offset = 0
             for t in ts:
@@ -129,9 +155,15 @@ class Collective:
 
     def broadcast_module(self, module: nn.Module) -> None:
         """Give every rank rank 0's parameters and buffers (the replicas start identical)."""
+        device = collective_device()
         with torch.no_grad():
             for t in list(module.parameters()) + list(module.buffers()):
-                dist.broadcast(t.data, src=0)
+                if device is None or t.device == device:
+                    dist.broadcast(t.data, src=0)
+                else:  # NCCL: through this rank's GPU
+                    moved = t.data.to(device)
+                    dist.broadcast(moved, src=0)
+                    t.data.copy_(moved)
 
 
 def current_collective() -> Collective | None:

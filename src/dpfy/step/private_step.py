@@ -371,7 +371,10 @@ class PrivateStep:
             "sample_rate": plan.sample_rate,
             "lr_scale": plan.lr_scale,
             "batch_size": sums.rows,
-            "mean_grad_norm_nonprivate": (sums.norm_sum / sums.rows if sums.rows else math.nan),
+            # a host read of the debug sum, once per logical step (docs/guide/gpu.md)
+            "mean_grad_norm_nonprivate": (
+                float(sums.norm_sum) / sums.rows if sums.rows else math.nan
+            ),
         }
         self.step_count += 1
         self.updated = True

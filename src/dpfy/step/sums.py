@@ -65,7 +65,9 @@ class StepSums:
     gradient: dict[str, torch.Tensor] | None = None  # sensitive: Σ w_i g_i
     extras: dict[str, Any] = field(default_factory=dict)  # sensitive: Σ v_i ({name: Σ}: shaped)
     rows: int = 0
-    norm_sum: float = 0.0  # debug only, NOT private
+    # debug only, NOT private: Σ of the rows' norms, kept on the norms' device (adding it is no
+    # host synchronization); the step reads it once, at the release
+    norm_sum: float | torch.Tensor = 0.0
 
     def add(
         self,
@@ -153,7 +155,7 @@ class StepSums:
         for name, s in zip(extra_names, sums[1:]):
             self._add_extra(name, s)
         self.rows += int(norms.total.shape[0])
-        self.norm_sum += float(norms.total.sum())
+        self.norm_sum = self.norm_sum + norms.total.detach().sum()
 
     def _add_gradient(self, sums: dict[str, torch.Tensor]) -> None:
         if self.gradient is None:
