@@ -124,7 +124,7 @@ def test_poisson_batches_clip_the_sampled_examples_copies_and_divide_by_qn():
     model, opt, dl = _private(model, x, batch_size=6, physical=2 * K, max_grad_norm=1.9)
     idx, xa, ya, _ = _one_step(model, opt, dl)
     assert opt.ledger.groups[0].sample_rate == pytest.approx(6 / N)   # the examples' q
-    want = _expected_update(ref, idx, xa, ya, clip=1.9, b=6)   # b = qN = 6 examples   # b = qN = 4 examples
+    want = _expected_update(ref, idx, xa, ya, clip=1.9, b=6)   # b = qN = 6 examples
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.detach().double() - before[n], want[n], rtol=1e-4,
                                    atol=1e-6)
