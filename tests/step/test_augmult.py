@@ -223,13 +223,13 @@ def test_physical_batches_count_rows_and_must_hold_one_example():
 
 def test_crop_flip_is_a_shifted_window_of_the_padded_image_then_a_mirror():
     x = torch.arange(2 * 2 * 5 * 4, dtype=torch.float32).view(2, 2, 5, 4) + 1
-    out = random_crop_flip(x, torch.Generator().manual_seed(7), padding=2, flip=True)
+    out = random_crop_flip(x, torch.Generator().manual_seed(7), padding=2, flip=True, fill=-0.5)
     g = torch.Generator().manual_seed(7)   # the same draws, in the documented order
     dy = torch.randint(0, 5, (2,), generator=g)
     dx = torch.randint(0, 5, (2,), generator=g)
     mirror = torch.rand(2, generator=g) < 0.5
     for i in range(2):
-        padded = torch.zeros(2, 9, 8)
+        padded = torch.full((2, 9, 8), -0.5)
         padded[:, 2:7, 2:6] = x[i]
         want = padded[:, dy[i]:dy[i] + 5, dx[i]:dx[i] + 4]
         if mirror[i]:

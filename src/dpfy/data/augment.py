@@ -24,16 +24,17 @@ __all__ = ["crop_flip", "random_crop_flip"]
 
 
 def random_crop_flip(
-    x: torch.Tensor, generator: torch.Generator, *, padding: int, flip: bool
+    x: torch.Tensor, generator: torch.Generator, *, padding: int, flip: bool, fill: float = 0.0
 ) -> torch.Tensor:
     """(N, C, H, W) images, each shifted by an independent random offset in
-    [−padding, padding]² (zero fill: a crop of the zero-padded image) and, with ``flip``,
-    mirrored left-right with probability 1/2."""
+    [−padding, padding]² (a crop of the image padded with ``fill``) and, with ``flip``,
+    mirrored left-right with probability 1/2. The draws, in order: the N row offsets, the N
+    column offsets, then (with ``flip``) N uniforms, a row mirrored where its uniform < 1/2."""
     n, _, h, w = x.shape
     if n == 0:
         return x
     p = padding
-    padded = torch.nn.functional.pad(x, (p, p, p, p))
+    padded = torch.nn.functional.pad(x, (p, p, p, p), value=fill)
     dy = torch.randint(0, 2 * p + 1, (n,), generator=generator)
     dx = torch.randint(0, 2 * p + 1, (n,), generator=generator)
     rows = (dy[:, None] + torch.arange(h)[None, :]).to(x.device)  # (N, H)
@@ -46,11 +47,14 @@ def random_crop_flip(
     return padded[batch, channel, rows[:, None, :, None], cols[:, None, None, :]]
 
 
-def crop_flip(padding: int = 2, flip: bool = False) -> Callable[[Any, torch.Generator], Any]:
+def crop_flip(
+    padding: int = 2, flip: bool = False, fill: float = 0.0
+) -> Callable[[Any, torch.Generator], Any]:
     """The augmentation ``fn(batch, generator)`` of random crops (translation by up to
-    ``padding`` pixels) and, with ``flip``, horizontal flips, applied to the first element of
-    an ``(images, labels, ...)`` batch (or to a batch that is the images tensor); the other
-    elements pass through."""
+    ``padding`` pixels, the uncovered border set to ``fill``: the background's value in the
+    images' normalization, a public constant) and, with ``flip``, horizontal flips, applied to
+    the first element of an ``(images, labels, ...)`` batch (or to a batch that is the images
+    tensor); the other elements pass through."""
     require(
         isinstance(padding, int) and not isinstance(padding, bool) and padding >= 0,
         "padding",
@@ -58,9 +62,12 @@ def crop_flip(padding: int = 2, flip: bool = False) -> Callable[[Any, torch.Gene
         "an integer >= 0",
     )
 
+    def shifted(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        return random_crop_flip(images, generator, padding=padding, flip=flip, fill=fill)
+
     def augment(batch: Any, generator: torch.Generator) -> Any:
         if torch.is_tensor(batch):
-            return random_crop_flip(batch, generator, padding=padding, flip=flip)
+            return shifted(batch, generator)
         images, *rest = batch
         require(
             torch.is_tensor(images) and images.dim() == 4,
@@ -69,7 +76,7 @@ def crop_flip(padding: int = 2, flip: bool = False) -> Callable[[Any, torch.Gene
             "an (N, C, H, W) tensor, the batch's first element",
             "crop_flip augments image batches; write your own fn(batch, generator) for others",
         )
-        return type(batch)([random_crop_flip(images, generator, padding=padding, flip=flip), *rest])
+        return type(batch)([shifted(images, generator), *rest])
 
     augment.__name__ = f"crop_flip(padding={padding}, flip={flip})"
     augment.__qualname__ = augment.__name__

@@ -241,6 +241,20 @@ class TrainConfig:
         "evaluated and saved as model_ema.pt beside model.pt "
         "(post-processing: no privacy cost)",
     )
+    augmult: int = _f(
+        1,
+        "augmentation multiplicity K (De et al. 2022): K augmented "
+        "copies of each sampled example, their mean gradient clipped "
+        "as one unit; K times the compute, the same accounting as "
+        "K = 1 (docs/guide/accuracy.md)",
+    )
+    augment: str | None = _f(
+        None,
+        "with --augmult K >= 2, image batches only: 'crop' (random "
+        "crops of the image padded by --augment-padding background "
+        "pixels) or 'crop_flip' (and random horizontal flips); default crop",
+    )
+    augment_padding: int = _f(2, "with --augmult: the crops' padding, in pixels")
 
     def __post_init__(self) -> None:
         # Frozen: resolved once, so every reader sees a value.
@@ -372,12 +386,44 @@ class TrainConfig:
             "given exactly with --clipping microbatch",
             "Pass --clipping microbatch --microbatch-size K together",
         )
+        self._check_augmult()
         require(
             self.ema is None or 0 < self.ema < 1,
             "ema",
             self.ema,
             "in (0, 1)",
             "0.999 is De et al.'s value",
+        )
+
+    def _check_augmult(self) -> None:
+        """--augmult K >= 1; --augment and its padding only with K >= 2 (make_private refuses
+        what augmentation multiplicity cannot be combined with)."""
+        require(
+            isinstance(self.augmult, int)
+            and not isinstance(self.augmult, bool)
+            and self.augmult >= 1,
+            "augmult",
+            self.augmult,
+            "an integer >= 1",
+        )
+        require(
+            self.augment in (None, "crop", "crop_flip"),
+            "augment",
+            self.augment,
+            "'crop' or 'crop_flip'",
+        )
+        require(
+            self.augmult >= 2 or (self.augment is None and self.augment_padding == 2),
+            "augment",
+            self.augment,
+            "given (with --augment-padding) only with --augmult K >= 2",
+            "Pass --augmult K too",
+        )
+        require(
+            isinstance(self.augment_padding, int) and 0 <= self.augment_padding <= 16,
+            "augment_padding",
+            self.augment_padding,
+            "an integer in [0, 16]",
         )
 
     def _check_users(self) -> None:
