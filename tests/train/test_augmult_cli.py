@@ -26,7 +26,8 @@ def test_augmult_run_from_the_command_line_keeps_the_plain_ledger(tmp_path):
 
 @pytest.mark.parametrize("flags, field", [
     (["--augment", "crop"], "augment"),
-    (["--augment-padding", "3"], "augment"),
+    (["--augment-padding", "3"], "augment_padding"),
+    (["--augmult", "100000"], "augmult"),
     (["--augmult", "0"], "augmult"),
     (["--augmult", "2", "--augment", "rotate"], "augment"),
 ])
@@ -34,3 +35,11 @@ def test_augmult_flags_are_checked(tmp_path, capsys, flags, field):
     assert main(["train", *FAST, *flags, "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and field in err[0], err
+
+
+def test_augmult_refuses_data_that_are_not_images(tmp_path, capsys):
+    flags = ["--dataset", "breast_cancer", "--model", "logreg", "--epochs", "1", "--seed", "3",
+             "--no-progress", "--augmult", "2", "--out", str(tmp_path / "r")]
+    assert main(["train", *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "augmult" in err[0] and "not images" in err[0], err

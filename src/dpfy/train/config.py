@@ -76,6 +76,8 @@ def default_batch_size(num_examples: int) -> int:
 
 
 MAX_EPOCHS = 1_000_000
+# --augmult's bound: K copies multiply every step's rows; far above De et al.'s K = 16.
+MAX_AUGMULT = 256
 # torch.set_num_threads(10**6) maps a thread pool the process cannot hold and crashes it
 # (a segfault, not an error): far above any machine's cores, far below that.
 MAX_THREADS = 1024
@@ -396,15 +398,15 @@ class TrainConfig:
         )
 
     def _check_augmult(self) -> None:
-        """--augmult K >= 1; --augment and its padding only with K >= 2 (make_private refuses
-        what augmentation multiplicity cannot be combined with)."""
+        """--augmult K in [1, MAX_AUGMULT]; --augment and its padding only with K >= 2
+        (make_private refuses what augmentation multiplicity cannot be combined with)."""
         require(
             isinstance(self.augmult, int)
             and not isinstance(self.augmult, bool)
-            and self.augmult >= 1,
+            and 1 <= self.augmult <= MAX_AUGMULT,
             "augmult",
             self.augmult,
-            "an integer >= 1",
+            f"an integer in [1, {MAX_AUGMULT}] (K times the compute per step)",
         )
         require(
             self.augment in (None, "crop", "crop_flip"),
@@ -413,18 +415,19 @@ class TrainConfig:
             "'crop' or 'crop_flip'",
         )
         require(
-            self.augmult >= 2 or (self.augment is None and self.augment_padding == 2),
-            "augment",
-            self.augment,
-            "given (with --augment-padding) only with --augmult K >= 2",
-            "Pass --augmult K too",
-        )
-        require(
             isinstance(self.augment_padding, int) and 0 <= self.augment_padding <= 16,
             "augment_padding",
             self.augment_padding,
             "an integer in [0, 16]",
         )
+        for name, default in (("augment", None), ("augment_padding", 2)):
+            require(
+                self.augmult >= 2 or getattr(self, name) == default,
+                name,
+                getattr(self, name),
+                f"{default!r} (unset) unless --augmult K >= 2",
+                "Pass --augmult K too",
+            )
 
     def _check_users(self) -> None:
         """The user-level flags: all with --user-ids, ELS with its cap, no per-example budgets."""

@@ -204,10 +204,18 @@ def user_options(cfg: TrainConfig) -> dict[str, Any]:
 BACKGROUND = {"fashion_mnist": -FMNIST_MEAN / FMNIST_STD}
 
 
-def augment_options(cfg: TrainConfig) -> dict[str, Any]:
-    """``make_private``'s augmentation multiplicity arguments from ``cfg`` (none at K = 1)."""
+def augment_options(cfg: TrainConfig, input_shape: tuple[int, ...]) -> dict[str, Any]:
+    """``make_private``'s augmentation multiplicity arguments from ``cfg`` (none at K = 1);
+    its crops need images (C, H, W)."""
     if cfg.augmult == 1:
         return {}
+    require(
+        len(input_shape) == 3,
+        "augmult",
+        cfg.augmult,
+        f"1 for {cfg.dataset}, whose examples are not images (shape {input_shape})",
+        "--augmult crops images; drop it for tabular data",
+    )
     return {
         "augmult": cfg.augmult,
         "augment": crop_flip(
@@ -245,7 +253,7 @@ def make_private_run(cfg: TrainConfig, model: nn.Module, data: DataSplits) -> Pr
         loss_fn=per_example_cross_entropy,
         microbatch_size=cfg.microbatch_size,
         **user_options(cfg),
-        **augment_options(cfg),
+        **augment_options(cfg, data.input_shape),
     )
     reads = private.optimizer.method is not None and private.optimizer.method.implements("observe")
     require(
