@@ -205,6 +205,14 @@ def test_combinations_it_cannot_account_are_refused(kw, fix):
         _private(model, x, sigma=1.0, **kw)
 
 
+def test_a_method_with_per_row_loss_probes_is_refused():
+    model, x = _case("linear")
+    with pytest.raises(PrivacyRefusal, match="per-row loss probes"):
+        _private(model, x, sigma=None, target_epsilon=3.0, target_delta=1e-3, epochs=2,
+                 method="hyfree",
+                 loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1], reduction="none"))
+
+
 def test_augment_is_required_with_k_above_1_and_refused_with_k_1():
     model, x = _case("linear")
     with pytest.raises(ValueError, match="augment"):
