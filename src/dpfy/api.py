@@ -59,6 +59,7 @@ from dpfy.sampling import (
     make_sampler,
     make_user_sampler,
 )
+from dpfy.sampling.augmult import Augmentation, AugmultUnits, check_augmult
 from dpfy.sampling.microbatch import check_microbatch, make_microbatch_sampler
 from dpfy.step.distributed import current_collective, global_batch_notice, unwrap_model
 from dpfy.step.guard import EpsilonGuard
@@ -112,6 +113,8 @@ def make_private(
     module: nn.Module | None = None,
     data_loader: DataLoader | None = None,
     microbatch_size: int | None = None,
+    augmult: int = 1,
+    augment: "Callable[[Any, torch.Generator], Any] | str | None" = None,
 ) -> tuple[nn.Module, DPOptimizer, DPDataLoader]:
     """Make ``model``/``optimizer``/``loader`` differentially private (DP-SGD and variants).
 
@@ -209,6 +212,20 @@ def make_private(
         per_example_contract.md); a model that probe cannot run is refused unless declared,
         and then only warned about. A model the probe finds mixing is refused either way.
 
+      augmult, augment: augmentation multiplicity (De et al. 2022, §3.1;
+        ``dpfy.sampling.augmult``, docs/guide/accuracy.md): every sampled example reaches the
+        model as ``augmult`` = K consecutive rows, ``augment(batch, generator)`` maps the
+        collated batch of B·K rows to their augmentations (e.g.
+        ``dpfy.data.augment.crop_flip(padding=2)``; ``"dataset"``: the dataset's own random
+        ``__getitem__`` makes them), and the K copies' gradients are averaged *before*
+        clipping, as one unit: the update is (1/b)(Σ_u clip_C(mean_k g_{u,k}) + noise) with
+        your loss the mean over the B·K rows. Sensitivity stays C per example; q, b and the
+        ledger are the examples', as with K = 1; ``max_physical_batch_size`` counts rows.
+        ``augment`` draws from its own generator (seeded from ``seed``'s own child sequence,
+        never the noise stream). Refused with user ids, microbatch or individual clipping,
+        individualized budgets, correlated noise, data-parallel ranks, and methods whose
+        releases are per row (a per-sample transform, loss probes).
+
       module, data_loader: Opacus's names for ``model`` and ``loader`` (aliases; give one of
         each pair). A :class:`~dpfy.sampling.DPDataLoader` from an earlier ``make_private`` may
         be passed: the new run draws from the DataLoader it was built from.
@@ -273,6 +290,19 @@ def make_private(
             "noise": None if noise == "gaussian" else noise,
         },
     )
+    check_augmult(
+        augmult,
+        augment,
+        others={
+            "user_ids": user_ids,
+            "clipping='microbatch'": clipping == "microbatch",
+            "clipping='individual'": clipping == "individual",
+            "budgets / individual": budgets is not None or individual is not None,
+            "data-parallel ranks": collective,
+            "noise": None if noise == "gaussian" else noise,
+        },
+    )
+    augmentation = Augmentation(augmult, augment, seed) if augmult > 1 else None
     if max_physical_batch_size == "auto":
         max_physical_batch_size = plan_physical_batch(
             model, loader, memory_limit=memory_limit, route=route
@@ -308,6 +338,8 @@ def make_private(
             bands=bands if noise == "bandmf" else None,
         )
     )
+    if augmentation is not None:  # the example stays the unit of privacy; its K rows are clipped
+        sampler.units = AugmultUnits(augmult)
     largest = getattr(sampler, "largest_unit", None)  # ULS: a user's rows of one step
     if largest is not None and isinstance(max_physical_batch_size, int):
         require(
@@ -318,7 +350,12 @@ def make_private(
             f"step (a user's rows are clipped together, in one physical batch)",
             "Raise it, or cap the rows per user and step with max_examples_per_user",
         )
-    dp_loader = DPDataLoader(loader, sampler, max_physical_batch_size=max_physical_batch_size)
+    dp_loader = DPDataLoader(
+        loader,
+        sampler,
+        max_physical_batch_size=max_physical_batch_size,
+        augmentation=augmentation,
+    )
     max_steps = _horizon(epochs, max_steps, target_epsilon, target_delta, len(dp_loader))
     if (target_epsilon is not None or epsilon_cap is not None) and accountant not in RIGOROUS:
         raise ValueError(
@@ -446,8 +483,10 @@ def make_private(
                 "Correlated noise needs one σ for the whole run: use noise='gaussian'",
             )
 
-        if method is not None and sampler.sampling is Sampling.ULS:
-            _refuse_per_example_releases(method, q, noise_multiplier, policy.default_clip())
+        if method is not None and (sampler.sampling is Sampling.ULS or augmentation is not None):
+            _refuse_per_example_releases(
+                method, q, noise_multiplier, policy.default_clip(), augmult=augmult
+            )
         if method is not None:
             _check_capabilities(
                 method,
@@ -730,9 +769,12 @@ def _check_user_level(
         )
 
 
-def _refuse_per_example_releases(method: Method, q: float, sigma: float | None, clip: Any) -> None:
-    """ULS clips users, not rows: a method whose releases are per example (a per-sample
-    transform, loss probes of each example) cannot be accounted per user."""
+def _refuse_per_example_releases(
+    method: Method, q: float, sigma: float | None, clip: Any, *, augmult: int = 1
+) -> None:
+    """ULS clips users, not rows (and ``augmult`` clips an example's K rows together): a
+    method whose releases are per row (a per-sample transform, loss probes of each row)
+    cannot be accounted per unit."""
     name = method.registry_name or type(method).__name__
     state = method.init()
     specs = method.releases(
@@ -742,6 +784,14 @@ def _refuse_per_example_releases(method: Method, q: float, sigma: float | None, 
         ),
     )
     per_example = [n for n, s in specs.items() if s.kind == "loss"]
+    if augmult > 1 and (method.implements("transform") or per_example):
+        raise PrivacyRefusal(
+            f"method {name!r} must release per-unit values with augmult={augmult}, got "
+            f"{'a per-sample transform ' if method.implements('transform') else ''}"
+            f"{('per-row loss probes ' + str(per_example)) if per_example else ''}: they act "
+            f"on each of an example's {augmult} augmented rows, not on the example. Drop "
+            f"augmult, or use a method without them"
+        )
     if method.implements("transform") or per_example:
         raise PrivacyRefusal(
             f"method {name!r} must release per-user values under user_sampling='uls', got "

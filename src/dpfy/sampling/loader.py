@@ -12,6 +12,7 @@ from torch.utils._pytree import tree_map
 
 from dpfy._require import require
 from dpfy.sampling.admit import _refuse
+from dpfy.sampling.augmult import Augmentation
 from dpfy.sampling.collate_probe import CollateProbe
 from dpfy.sampling.poisson import PoissonSampler
 from dpfy.sampling.shuffle import ShuffleSampler
@@ -93,8 +94,15 @@ class _Batches:
     (still prefetching in workers) cannot mix its batches into the current one's.
     """
 
-    def __init__(self, sampler: PoissonSampler | ShuffleSampler, physical: int | None) -> None:
-        self.sampler, self.physical = sampler, physical
+    def __init__(
+        self,
+        sampler: PoissonSampler | ShuffleSampler,
+        physical: int | None,
+        augmentation: Augmentation | None = None,
+    ) -> None:
+        self.sampler, self.augmentation = sampler, augmentation
+        # the sampler cuts examples: with K copies each, a physical batch of P rows holds P // K
+        self.physical = augmentation.examples_per_batch(physical) if augmentation else physical
         self.meta: collections.deque[_Chunk] = collections.deque()
 
     def __len__(self) -> int:
@@ -104,6 +112,8 @@ class _Batches:
         meta: collections.deque[_Chunk] = collections.deque()
         self.meta = meta
         for chunk in self._chunks():
+            if self.augmentation is not None:  # K rows per example, consecutive
+                chunk = chunk._replace(indices=self.augmentation.rows(chunk.indices))
             meta.append(chunk)
             yield chunk.indices.tolist()
 
@@ -143,6 +153,11 @@ class DPDataLoader:
     must be taken by ``optimizer.step()`` before the next is asked for (else
     :class:`~dpfy.errors.PrivacyRefusal`), and a new ``iter(loader)`` continues the pass where
     the steps stopped; only the newest iterator may be used.
+
+    With an :class:`~dpfy.sampling.augmult.Augmentation` of K copies, every sampled example
+    is fetched K times (its rows consecutive), each batch passes through the augmentation
+    (in this process, from its own generator), ``max_physical_batch_size`` counts rows (K per
+    example) and the cursor holds one dataset index per row.
     """
 
     def __init__(
@@ -151,6 +166,7 @@ class DPDataLoader:
         sampler: PoissonSampler | ShuffleSampler,
         *,
         max_physical_batch_size: int | None = None,
+        augmentation: Augmentation | None = None,
     ) -> None:
         if max_physical_batch_size is not None:
             require(
@@ -167,7 +183,8 @@ class DPDataLoader:
         self.original = loader
         self.dataset = loader.dataset
         kind = _PoissonBatches if isinstance(sampler, PoissonSampler) else _ShuffleBatches
-        self._batches = kind(sampler, max_physical_batch_size)
+        self.augmentation = augmentation
+        self._batches = kind(sampler, max_physical_batch_size, augmentation)
         self._yielded: _Chunk | None = None  # last physical batch handed out
         self._current: object | None = None  # token of the newest iteration
         workers: dict[str, Any] = (
@@ -253,6 +270,8 @@ class DPDataLoader:
             except StopIteration:
                 return
             chunk = self._batches.meta.popleft()
+            if self.augmentation is not None:
+                batch = self.augmentation(batch)
             self._yielded = chunk
             self.cursor.advance(chunk.indices, chunk.last)
             self.cursor.batch = batch

@@ -76,6 +76,8 @@ def default_batch_size(num_examples: int) -> int:
 
 
 MAX_EPOCHS = 1_000_000
+# --augmult's bound: K copies multiply every step's rows; far above De et al.'s K = 16.
+MAX_AUGMULT = 256
 # torch.set_num_threads(10**6) maps a thread pool the process cannot hold and crashes it
 # (a segfault, not an error): far above any machine's cores, far below that.
 MAX_THREADS = 1024
@@ -241,6 +243,20 @@ class TrainConfig:
         "evaluated and saved as model_ema.pt beside model.pt "
         "(post-processing: no privacy cost)",
     )
+    augmult: int = _f(
+        1,
+        "augmentation multiplicity K (De et al. 2022): K augmented "
+        "copies of each sampled example, their mean gradient clipped "
+        "as one unit; K times the compute, the same accounting as "
+        "K = 1 (docs/guide/accuracy.md)",
+    )
+    augment: str | None = _f(
+        None,
+        "with --augmult K >= 2, image batches only: 'crop' (random "
+        "crops of the image padded by --augment-padding background "
+        "pixels) or 'crop_flip' (and random horizontal flips); default crop",
+    )
+    augment_padding: int = _f(2, "with --augmult: the crops' padding, in pixels")
 
     def __post_init__(self) -> None:
         # Frozen: resolved once, so every reader sees a value.
@@ -372,6 +388,7 @@ class TrainConfig:
             "given exactly with --clipping microbatch",
             "Pass --clipping microbatch --microbatch-size K together",
         )
+        self._check_augmult()
         require(
             self.ema is None or 0 < self.ema < 1,
             "ema",
@@ -379,6 +396,38 @@ class TrainConfig:
             "in (0, 1)",
             "0.999 is De et al.'s value",
         )
+
+    def _check_augmult(self) -> None:
+        """--augmult K in [1, MAX_AUGMULT]; --augment and its padding only with K >= 2
+        (make_private refuses what augmentation multiplicity cannot be combined with)."""
+        require(
+            isinstance(self.augmult, int)
+            and not isinstance(self.augmult, bool)
+            and 1 <= self.augmult <= MAX_AUGMULT,
+            "augmult",
+            self.augmult,
+            f"an integer in [1, {MAX_AUGMULT}] (K times the compute per step)",
+        )
+        require(
+            self.augment in (None, "crop", "crop_flip"),
+            "augment",
+            self.augment,
+            "'crop' or 'crop_flip'",
+        )
+        require(
+            isinstance(self.augment_padding, int) and 0 <= self.augment_padding <= 16,
+            "augment_padding",
+            self.augment_padding,
+            "an integer in [0, 16]",
+        )
+        for name, default in (("augment", None), ("augment_padding", 2)):
+            require(
+                self.augmult >= 2 or getattr(self, name) == default,
+                name,
+                getattr(self, name),
+                f"{default!r} (unset) unless --augmult K >= 2",
+                "Pass --augmult K too",
+            )
 
     def _check_users(self) -> None:
         """The user-level flags: all with --user-ids, ELS with its cap, no per-example budgets."""

@@ -23,6 +23,8 @@ from dpfy._require import require
 from dpfy.adaptive import make
 from dpfy.api import make_private
 from dpfy.data import DataSplits
+from dpfy.data.augment import crop_flip
+from dpfy.data.fashion_mnist import MEAN as FMNIST_MEAN, STD as FMNIST_STD
 from dpfy.train.config import TrainConfig
 
 __all__ = [
@@ -198,6 +200,32 @@ def user_options(cfg: TrainConfig) -> dict[str, Any]:
     }
 
 
+# A black pixel in each image dataset's normalization (public constants): the crops' fill.
+BACKGROUND = {"fashion_mnist": -FMNIST_MEAN / FMNIST_STD}
+
+
+def augment_options(cfg: TrainConfig, input_shape: tuple[int, ...]) -> dict[str, Any]:
+    """``make_private``'s augmentation multiplicity arguments from ``cfg`` (none at K = 1);
+    its crops need images (C, H, W)."""
+    if cfg.augmult == 1:
+        return {}
+    require(
+        len(input_shape) == 3,
+        "augmult",
+        cfg.augmult,
+        f"1 for {cfg.dataset}, whose examples are not images (shape {input_shape})",
+        "--augmult crops images; drop it for tabular data",
+    )
+    return {
+        "augmult": cfg.augmult,
+        "augment": crop_flip(
+            padding=cfg.augment_padding,
+            flip=(cfg.augment or "crop") == "crop_flip",
+            fill=BACKGROUND.get(cfg.dataset, 0.0),
+        ),
+    }
+
+
 def make_private_run(cfg: TrainConfig, model: nn.Module, data: DataSplits) -> PrivateRun:
     """Wrap ``model`` for DP training on ``data.train`` as ``cfg`` says."""
     optimizer = make_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
@@ -225,6 +253,7 @@ def make_private_run(cfg: TrainConfig, model: nn.Module, data: DataSplits) -> Pr
         loss_fn=per_example_cross_entropy,
         microbatch_size=cfg.microbatch_size,
         **user_options(cfg),
+        **augment_options(cfg, data.input_shape),
     )
     reads = private.optimizer.method is not None and private.optimizer.method.implements("observe")
     require(

@@ -28,6 +28,7 @@ __all__ = [
     "write_report",
     "methods_ran",
     "clip_description",
+    "augmult_description",
     "public_data",
     "RELEASED",
     "NOT_RELEASED",
@@ -68,9 +69,23 @@ def clip_description(cfg: TrainConfig, method) -> str:
     return f"clip {cfg.clip:g}, {cfg.clipping} clipping"
 
 
+def augmult_description(cfg: TrainConfig) -> str:
+    """Augmentation multiplicity in words ("" at K = 1): what was clipped, and why the
+    accounting is the K = 1 run's."""
+    if cfg.augmult == 1:
+        return ""
+    flips = " and horizontal flips" if cfg.augment == "crop_flip" else ""
+    return (
+        f", augmentation multiplicity K = {cfg.augmult} (each sampled example's "
+        f"{cfg.augmult} augmented copies, random crops with padding {cfg.augment_padding}"
+        f"{flips}, had their mean gradient clipped to C as one unit: sensitivity C per "
+        f"example, the same q, σ and ledger as K = 1)"
+    )
+
+
 def _describe(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, private) -> str:
     params = sum(p.numel() for p in private.model.parameters())
-    clip = clip_description(cfg, private.optimizer.method)
+    clip = clip_description(cfg, private.optimizer.method) + augmult_description(cfg)
     return (
         f"{cfg.model} ({params:,} parameters) trained with {ALGORITHM[cfg.noise]} "
         f"({cfg.optimizer}, lr "

@@ -47,7 +47,13 @@ from dpfy.train.evaluate import evaluate
 from dpfy.train.metrics import MetricsLog
 from dpfy.train.plots import plot_accuracy
 from dpfy.train.private import make_optimizer, make_private_run, private_run
-from dpfy.train.report import ALGORITHM, SAMPLER_WORDS, clip_description, write_report
+from dpfy.train.report import (
+    ALGORITHM,
+    SAMPLER_WORDS,
+    augmult_description,
+    clip_description,
+    write_report,
+)
 from dpfy.train.rundir import COMPLETE_MARKER, RunDir, write_atomic
 
 __all__ = [
@@ -413,7 +419,8 @@ def _statement(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, pri
         f"dpfy train: {ALGORITHM[cfg.noise]} on {data.name} (N = {data.num_train}){unit}, "
         f"{SAMPLER_WORDS.get(private.optimizer.sampler.sampling.value, 'Poisson sampling')} "
         f"with rate q = {private.sample_rate:.5g} (expected {batch} {cfg.batch_size}), "
-        f"{private.total_steps} steps, {clip_description(cfg, private.optimizer.method)}, "
+        f"{private.total_steps} steps, {clip_description(cfg, private.optimizer.method)}"
+        f"{augmult_description(cfg)}, "
         f"{noise} ({budget}); "
         f"δ = {cfg.delta:.3g} "
         f"({notes.get('delta_rule', 'given')}); ε accounted with {cfg.accountant.upper()}."
