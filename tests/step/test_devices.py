@@ -290,15 +290,7 @@ _CONFIGS = {
     "per_layer": {"clipping": "per_layer"},
     "automatic": {"clipping": "automatic"},
     "split logical batch": {"max_physical_batch_size": 5},
-    "quantile": pytest.param(
-        {"method": "quantile"},
-        marks=pytest.mark.xfail(
-            reason="noise/generator.py's chunked path (a scalar release's noise) allocates its "
-            "host buffer with torch.empty(n, dtype=float32) and no device='cpu'; that module "
-            "belongs to the device-generator work (issue 29 §2)",
-            strict=False,
-        ),
-    ),
+    "quantile": {"method": "quantile"},
     "oso": {"method": "oso"},
     "adaclip": {"method": "adaclip"},
     "user-level": {"user_ids": torch.arange(48) // 3, "user_sampling": "uls"},

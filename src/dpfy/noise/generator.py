@@ -280,7 +280,7 @@ class NoiseSource:
         if self._compiled is not None:
             return self._stream().words(n)
         if self._generator is not None:
-            return torch.empty(n, dtype=torch.int64).random_(
+            return torch.empty(n, dtype=torch.int64, device="cpu").random_(
                 -(2**63), None, generator=self._generator
             )
         return _urandom_words(n)
@@ -289,7 +289,7 @@ class NoiseSource:
         """(n,) i.i.d. N(0, std²): float32 from the compiled sampler (into ``buf[:n]`` if
         given), else float64 from the fallback's Box–Muller."""
         if self._compiled is not None:
-            out = torch.empty(n, dtype=torch.float32) if buf is None else buf[:n]
+            out = torch.empty(n, dtype=torch.float32, device="cpu") if buf is None else buf[:n]
             return self._stream().axpy_(out, 0.0, std)
         return _normals_from_words(self._words(n + n % 2))[:n].mul_(std)
 
@@ -324,7 +324,7 @@ class NoiseSource:
             self._stream().axpy_(total.view(-1), 1.0 / normalizer, std / normalizer)
             return total
         buf = (
-            torch.empty(min(chunk, total.numel()), dtype=torch.float32)
+            torch.empty(min(chunk, total.numel()), dtype=torch.float32, device="cpu")
             if self._compiled is not None
             else None
         )

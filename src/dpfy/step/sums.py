@@ -204,7 +204,8 @@ class StepSums:
                     n: noise.add_gaussian_(t.clone(), spec.noise_std) for n, t in total.items()
                 }
                 continue
-            t = torch.as_tensor(0.0 if total is None else total, dtype=torch.float64)
+            where = total.device if torch.is_tensor(total) else torch.device("cpu")
+            t = torch.as_tensor(0.0 if total is None else total, dtype=torch.float64, device=where)
             out[name] = noise.add_gaussian_(t.reshape(-1).clone(), spec.noise_std).reshape(t.shape)
         if reduce is not None:
             reduce(
