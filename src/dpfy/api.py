@@ -52,15 +52,13 @@ from dpfy.privacy.accountants import RIGOROUS, check_accountant
 from dpfy.errors import PrivacyRefusal
 from dpfy.sampling import (
     USER_SAMPLINGS,
-    CyclicPoissonSampler,
     DPDataLoader,
-    PoissonSampler,
-    ShuffleSampler,
     make_sampler,
     make_user_sampler,
 )
 from dpfy.sampling.augmult import Augmentation, AugmultUnits, check_augmult
 from dpfy.sampling.microbatch import check_microbatch, make_microbatch_sampler
+from dpfy.sampling.sampler import Sampler
 from dpfy.step.distributed import current_collective, global_batch_notice, unwrap_model
 from dpfy.step.guard import EpsilonGuard
 from dpfy.step.individual import individualize
@@ -303,10 +301,9 @@ def make_private(
         },
     )
     augmentation = Augmentation(augmult, augment, seed) if augmult > 1 else None
+    physical: int | None
     if max_physical_batch_size == "auto":
-        max_physical_batch_size = plan_physical_batch(
-            model, loader, memory_limit=memory_limit, route=route
-        )
+        physical = plan_physical_batch(model, loader, memory_limit=memory_limit, route=route)
     else:
         require(
             memory_limit is None,
@@ -315,9 +312,17 @@ def make_private(
             "None unless max_physical_batch_size='auto'",
             "Pass one of them",
         )
+        require(
+            not isinstance(max_physical_batch_size, str),
+            "max_physical_batch_size",
+            max_physical_batch_size,
+            "an int >= 1, None or 'auto'",
+        )
+        assert not isinstance(max_physical_batch_size, str)  # refused above
+        physical = max_physical_batch_size
 
     # -- the run's facts: the sampler's, and the horizon ---------------------------------------
-    sampler: PoissonSampler | ShuffleSampler | CyclicPoissonSampler = (
+    sampler: Sampler = (
         make_user_sampler(
             loader,
             user_ids,
@@ -341,11 +346,11 @@ def make_private(
     if augmentation is not None:  # the example stays the unit of privacy; its K rows are clipped
         sampler.units = AugmultUnits(augmult)
     largest = getattr(sampler, "largest_unit", None)  # ULS: a user's rows of one step
-    if largest is not None and isinstance(max_physical_batch_size, int):
+    if largest is not None and physical is not None:
         require(
-            largest <= max_physical_batch_size,
+            largest <= physical,
             "max_physical_batch_size",
-            max_physical_batch_size,
+            physical,
             f">= {largest}, the most rows one user brings to a "
             f"step (a user's rows are clipped together, in one physical batch)",
             "Raise it, or cap the rows per user and step with max_examples_per_user",
@@ -353,7 +358,7 @@ def make_private(
     dp_loader = DPDataLoader(
         loader,
         sampler,
-        max_physical_batch_size=max_physical_batch_size,
+        max_physical_batch_size=physical,
         augmentation=augmentation,
     )
     max_steps = _horizon(epochs, max_steps, target_epsilon, target_delta, len(dp_loader))
@@ -366,6 +371,8 @@ def make_private(
         )
 
     # -- calibrate: individual budgets, the method, σ ------------------------------------------
+    # C: the user's (a float, or K floats per layer), or individual clipping's per-example C_i
+    clip_norm: float | Sequence[float] | torch.Tensor = max_grad_norm
     individual_run = None
     if budgets is not None or individual is not None:
         individual_run = individualize(
@@ -388,8 +395,8 @@ def make_private(
             poisson_sampling=poisson_sampling,
         )
         sampler, noise_multiplier = individual_run.sampler, individual_run.noise_multiplier
-        clipping, max_grad_norm = individual_run.clipping, individual_run.max_grad_norm
-        dp_loader = DPDataLoader(loader, sampler, max_physical_batch_size=max_physical_batch_size)
+        clipping, clip_norm = individual_run.clipping, individual_run.max_grad_norm
+        dp_loader = DPDataLoader(loader, sampler, max_physical_batch_size=physical)
     n, q = sampler.dataset_size, sampler.sample_rate
     if collective is not None:
         collective.agree(
@@ -401,7 +408,7 @@ def make_private(
                 "target_delta": target_delta,
                 "epochs": epochs,
                 "max_steps": max_steps,
-                "max_grad_norm": repr(max_grad_norm),
+                "max_grad_norm": repr(clip_norm),
                 "clipping": clipping,
                 "method": repr(method),
                 "accountant": accountant,
@@ -410,9 +417,11 @@ def make_private(
             }
         )
         collective.broadcast_module(model)
+        batch_size = loader.batch_size
+        assert batch_size is not None, "make_sampler refused a loader without a batch_size"
         if collective.rank == 0 and individual_run is None:
             warnings.warn(
-                global_batch_notice(collective.world_size, int(loader.batch_size), n, q),
+                global_batch_notice(collective.world_size, int(batch_size), n, q),
                 stacklevel=2,
             )
     grads = GradEngine(
@@ -421,7 +430,7 @@ def make_private(
     try:
         _check_optimizer_params(optimizer, grads)
         layers = [[u.qualified(r) for r in u.params] for u in grads.units]
-        policy = make_clipping(clipping, max_grad_norm, layers, dataset_size=n)
+        policy = make_clipping(clipping, clip_norm, layers, dataset_size=n)
         if clipping == "individual":
             require(
                 poisson_sampling,
@@ -442,9 +451,7 @@ def make_private(
                 delta=target_delta,
                 target_epsilon=target_epsilon,
                 accountant=accountant,
-                max_grad_norm=(
-                    float(max_grad_norm) if isinstance(max_grad_norm, (int, float)) else None
-                ),
+                max_grad_norm=(float(clip_norm) if isinstance(clip_norm, (int, float)) else None),
                 num_groups=len(grads.units),
                 inner_optimizer=type(optimizer).__name__,
                 inner_hyperparameters={
@@ -491,7 +498,7 @@ def make_private(
             _check_capabilities(
                 method,
                 grads,
-                max_physical_batch_size,
+                physical,
                 clipping,
                 loss_fn,
                 StepPlan(
@@ -876,7 +883,14 @@ def _resolve_method(method: "Method | str | Sequence[Method | str] | None") -> "
     if isinstance(method, str):
         return make_method(method)
     if isinstance(method, (list, tuple)):
-        return chain(*[_resolve_method(m) for m in method])
+        resolved = [_resolve_method(m) for m in method]
+        require(
+            all(m is not None for m in resolved),
+            "method",
+            method,
+            "a list of dpfy methods or registry names, without None",
+        )
+        return chain(*[m for m in resolved if m is not None])
     require(
         isinstance(method, Method),
         "method",

@@ -321,9 +321,7 @@ def inside_torch_compile() -> bool:
 def compiled_refusal(changes: list[BufferChange]) -> str:
     """The refusal for a private model's training forward run inside ``torch.compile`` with a
     backend under which dpfy's forward check, traced into the graph, misreads the model."""
-    names = ", ".join(
-        repr(f"{c.module}.{c.buffer}" if c.module else c.buffer) for c in changes
-    )
+    names = ", ".join(repr(f"{c.module}.{c.buffer}" if c.module else c.buffer) for c in changes)
     return (
         "the private model ran inside torch.compile, and dpfy's check of its training forward "
         f"read {names} as changed ({changes[0].how}). That check runs in the model's hooks, "
@@ -331,7 +329,7 @@ def compiled_refusal(changes: list[BufferChange]) -> str:
         "AOTAutograd (inductor, the default, and aot_eager) what it reads there is not the "
         "tensors' own state, so dpfy cannot verify that the forward wrote no data of the "
         "batch into the model, and refuses before anything is released. Fix: compile with "
-        "torch.compile(model, backend=\"eager\") (dpfy's per-example hooks then run as in "
+        'torch.compile(model, backend="eager") (dpfy\'s per-example hooks then run as in '
         "the uncompiled model: the same per-example norms and ledger, with no speed-up), or "
         "train the private model uncompiled."
     )

@@ -223,7 +223,7 @@ class MicrobatchClipping(FlatClipping):
 
 def make_clipping(
     kind: str,
-    max_grad_norm: float | Sequence[float],
+    max_grad_norm: float | Sequence[float] | torch.Tensor,
     layers: Sequence[Sequence[str]],
     *,
     dataset_size: int | None = None,

@@ -40,7 +40,7 @@ class BandMFMechanism(CorrelatedMechanism):
     """
 
     name = "bandmf"
-    samplings = (Sampling.CYCLIC_POISSON,)
+    samplings: tuple[Sampling, ...] = (Sampling.CYCLIC_POISSON,)
 
     def __init__(
         self,

@@ -66,7 +66,11 @@ def _rotl_(x: torch.Tensor, k: int, tmp: torch.Tensor, c: _Constants) -> None:
 
 
 def _quarter_rounds_(
-    a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor, tmp: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    d: torch.Tensor,
+    tmp: torch.Tensor,
     k: _Constants,
 ) -> None:
     """RFC 8439 §2.1's quarter round on every column of (a, b, c, d) at once, in place."""

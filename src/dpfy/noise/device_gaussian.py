@@ -62,6 +62,7 @@ def gaussian_from_words(words: torch.Tensor) -> torch.Tensor:
     square roots and its own ≤ 1-ulp functions, so the two agree to a few float32 ulps, not
     bit for bit (tests/noise/test_device_chacha.py measures it).
     """
+
     def unsigned(w: torch.Tensor) -> torch.Tensor:  # exact in int64, rounded once to float32
         return (w.to(torch.int64) & 0xFFFFFFFF).float()
 

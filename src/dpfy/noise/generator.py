@@ -162,7 +162,7 @@ class NoiseSource:
             backend,
             'not "torch-chacha20" for seeded noise',
             "ChaCha20 is the secure generator, keyed from os.urandom: pass seed=None for it, "
-            'or backend="torch" for torch\'s seeded generator on the tensor\'s device',
+            "or backend=\"torch\" for torch's seeded generator on the tensor's device",
         )
         require(
             not (seed is None and backend == "torch"),

@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol
 
+import torch
+
 from dpfy._require import require
 from dpfy.noise.generator import NoiseSource
 from dpfy.privacy.ledger import Ledger, Release
@@ -48,6 +50,13 @@ class StepRecord:
         )
 
 
+class StepNoise(Protocol):
+    """What the step draws its noise through: the released mean and the scalar releases."""
+
+    def noisy_mean(self, total: torch.Tensor, std: float, normalizer: float) -> torch.Tensor: ...
+    def add_gaussian_(self, t: torch.Tensor, std: float, chunk: int = ...) -> torch.Tensor: ...
+
+
 class NoiseMechanism(Protocol):
     """What the private step needs of a noise mechanism."""
 
@@ -55,7 +64,7 @@ class NoiseMechanism(Protocol):
     samplings: tuple[Sampling, ...]
 
     def record_for(self, plan: StepPlan, specs: Mapping[str, ReleaseSpec]) -> StepRecord: ...
-    def generator(self) -> NoiseSource: ...
+    def generator(self) -> StepNoise: ...
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
@@ -74,7 +83,7 @@ class GaussianMechanism:
     """
 
     name = "gaussian"
-    samplings = (
+    samplings: tuple[Sampling, ...] = (
         Sampling.POISSON,
         Sampling.FIXED_SIZE,
         Sampling.SHUFFLE,

@@ -52,7 +52,7 @@ class TreeMechanism(CorrelatedMechanism):
     """
 
     name = "tree"
-    samplings = (Sampling.SHUFFLE,)
+    samplings: tuple[Sampling, ...] = (Sampling.SHUFFLE,)
 
     def __init__(
         self,

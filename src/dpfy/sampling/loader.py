@@ -15,6 +15,7 @@ from dpfy.sampling.admit import _refuse
 from dpfy.sampling.augmult import Augmentation
 from dpfy.sampling.collate_probe import CollateProbe
 from dpfy.sampling.poisson import PoissonSampler
+from dpfy.sampling.sampler import Sampler
 from dpfy.sampling.shuffle import ShuffleSampler
 
 __all__ = ["BatchCursor", "DPDataLoader"]
@@ -96,7 +97,7 @@ class _Batches:
 
     def __init__(
         self,
-        sampler: PoissonSampler | ShuffleSampler,
+        sampler: Sampler,
         physical: int | None,
         augmentation: Augmentation | None = None,
     ) -> None:
@@ -163,7 +164,7 @@ class DPDataLoader:
     def __init__(
         self,
         loader: DataLoader,
-        sampler: PoissonSampler | ShuffleSampler,
+        sampler: Sampler,
         *,
         max_physical_batch_size: int | None = None,
         augmentation: Augmentation | None = None,

@@ -20,7 +20,8 @@ from dpfy.privacy.accountants import RIGOROUS
 from dpfy.privacy.group_ledger import GroupLedgers
 from dpfy.privacy.individual import VARIANTS, assign_groups, calibrate_individual
 from dpfy.privacy.releases import group_step_releases
-from dpfy.sampling import PoissonSampler, ShuffleSampler
+from dpfy.sampling import PoissonSampler
+from dpfy.sampling.sampler import Sampler
 from dpfy.step.guard import GroupEpsilonGuard
 from dpfy.types import ReleaseSpec, Sampling, StepPlan
 
@@ -79,7 +80,7 @@ class IndividualBudgets:
 class IndividualRun:
     """What ``make_private`` runs with for individualized budgets (see :func:`individualize`)."""
 
-    sampler: PoissonSampler | ShuffleSampler
+    sampler: Sampler
     noise_multiplier: float
     clipping: str
     max_grad_norm: float | torch.Tensor
@@ -90,7 +91,7 @@ def individualize(
     budgets: Any,
     variant: str | None,
     *,
-    sampler: PoissonSampler | ShuffleSampler,
+    sampler: Sampler,
     max_steps: int | None,
     delta: float | None,
     accountant: str,

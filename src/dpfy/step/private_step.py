@@ -38,7 +38,8 @@ from dpfy.grads.held import frozen_since
 from dpfy.grads.loss_contract import LossContract
 from dpfy.noise import NoiseMechanism
 from dpfy.privacy import Ledger
-from dpfy.sampling import BatchCursor, PoissonSampler, ShuffleSampler
+from dpfy.sampling import BatchCursor
+from dpfy.sampling.sampler import Sampler
 from dpfy.step.distributed import Collective
 from dpfy.step.guard import EpsilonGuard
 from dpfy.step.individual import IndividualBudgets
@@ -71,7 +72,7 @@ class PrivateStep:
         grads: GradEngine,
         clipping: ClippingPolicy,
         mechanism: NoiseMechanism,
-        sampler: PoissonSampler | ShuffleSampler,
+        sampler: Sampler,
         cursor: BatchCursor,
         noise_multiplier: float | None,
         method: Method | None,

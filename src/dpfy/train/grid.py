@@ -185,9 +185,7 @@ class GridResult:
         return self.out / "privacy_report.md"
 
 
-def validation_split(
-    data: DataSplits, cfg: TrainConfig, fraction: float
-) -> tuple[DataSplits, str]:
+def validation_split(data: DataSplits, cfg: TrainConfig, fraction: float) -> tuple[DataSplits, str]:
     """(splits with ``test`` = the selection data, what the selection was made on): a random
     ``fraction`` of the training split held out (never trained on), or the test split when
     ``cfg.public_validation == "test"``. Which examples are held out is secret."""
