@@ -14,7 +14,7 @@ import dpfy
 from dpfy.cli import main
 from dpfy.layers import DPGRU
 
-validate_module = importlib.import_module("dpfy.validate")  # dpfy.validate is also the function
+validate_module = importlib.import_module("dpfy.validation")  # the module behind dpfy.validate
 
 
 class Dropping(nn.Module):
