@@ -42,7 +42,7 @@ from torch.utils._pytree import tree_flatten
 
 from dpfy._require import require
 from dpfy.errors import PrivacyRefusal
-from dpfy.sampling.units import ExampleUnits
+from dpfy.sampling.units import ExampleUnits, known_indices
 
 __all__ = ["AugmultUnits", "Augmentation", "augment_seed", "check_augmult"]
 
@@ -66,14 +66,7 @@ class AugmultUnits(ExampleUnits):
 
     def units_of(self, indices: torch.Tensor | None) -> torch.Tensor | None:
         """(B·K,) each row's example, numbered 0..B−1 within the physical batch."""
-        require(
-            indices is not None,
-            "the batch's dataset indices",
-            None,
-            "known",
-            "Iterate the loader make_private returned",
-        )
-        assert indices is not None  # for the type checker: require refused None
+        indices = known_indices(indices)
         unit = torch.unique(indices.cpu(), return_inverse=True)[1]
         counts = torch.bincount(unit)
         require(

@@ -40,7 +40,7 @@ from dpfy.errors import PrivacyRefusal
 from dpfy.noise import secure_uniform
 from dpfy.sampling.admit import _check_loader
 from dpfy.sampling.poisson import PoissonSampler
-from dpfy.sampling.units import ExampleUnits
+from dpfy.sampling.units import ExampleUnits, known_indices
 
 __all__ = ["MicrobatchUnits", "MicrobatchSampler", "check_microbatch", "make_microbatch_sampler"]
 
@@ -65,14 +65,7 @@ class MicrobatchUnits(ExampleUnits):
 
     def units_of(self, indices: torch.Tensor | None) -> torch.Tensor | None:
         """(B,) each row's microbatch, numbered 0..U'−1 within the physical batch."""
-        require(
-            indices is not None,
-            "the batch's dataset indices",
-            None,
-            "known",
-            "Iterate the loader make_private returned",
-        )
-        assert indices is not None  # for the type checker: require refused None
+        indices = known_indices(indices)
         bins = self.microbatch_of[indices.cpu()]
         require(
             bool((bins >= 0).all()),

@@ -19,7 +19,21 @@ import torch
 
 from dpfy._require import require
 
-__all__ = ["ExampleUnits", "UserUnits", "require_same_unit"]
+__all__ = ["ExampleUnits", "UserUnits", "known_indices", "require_same_unit"]
+
+
+def known_indices(indices: torch.Tensor | None) -> torch.Tensor:
+    """The physical batch's dataset indices, which a unit other than the example needs to say
+    which rows belong together; refused when the batch did not come from dpfy's loader."""
+    require(
+        indices is not None,
+        "the batch's dataset indices",
+        None,
+        "known",
+        "Iterate the loader make_private returned",
+    )
+    assert indices is not None  # the require above refused None
+    return indices
 
 
 class ExampleUnits:
@@ -94,14 +108,7 @@ class UserUnits:
         whose rows are clipped one by one. One ``unique`` over B ids: O(B log B)."""
         if not self.clip_per_user:
             return None
-        require(
-            indices is not None,
-            "the batch's dataset indices",
-            None,
-            "known",
-            "Iterate the loader make_private returned",
-        )
-        assert indices is not None  # the require above refused None
+        indices = known_indices(indices)
         return torch.unique(self.user_of[indices.cpu()], return_inverse=True)[1]
 
     def unit_scale(self, unit_of_row: torch.Tensor) -> torch.Tensor | None:
