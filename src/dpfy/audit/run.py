@@ -45,7 +45,13 @@ from dpfy.models import build_model
 from dpfy.train.config import TrainConfig, resolve
 from dpfy.train.epoch import run_epoch
 from dpfy.train.evaluate import evaluate
-from dpfy.train.private import PrivateRun, build_methods, make_optimizer, private_run
+from dpfy.train.private import (
+    PrivateRun,
+    build_methods,
+    make_optimizer,
+    private_run,
+    run_options,
+)
 from dpfy.train.report import write_report
 from dpfy.train.rundir import RunDir, write_atomic
 from dpfy.train.trainer import check_accountable, check_names, progress_bar, usable_cores
@@ -246,18 +252,8 @@ def audit_config(
             optimizer,
             data.train,
             canaries=draw,
-            batch_size=cfg.batch_size,
-            epochs=cfg.epochs,
             method=build_methods(cfg),
-            noise_multiplier=cfg.noise_multiplier,
-            target_epsilon=cfg.epsilon,
-            target_delta=cfg.delta,
-            max_grad_norm=cfg.clip,
-            clipping=cfg.clipping,
-            route=cfg.route,
-            seed=cfg.seed,
-            max_physical_batch_size=cfg.physical_batch_size,
-            accountant=cfg.accountant,
+            **run_options(cfg),
         )
         private = audited.private
         if plant_noise_scale is not None:

@@ -157,19 +157,7 @@ def run(args: argparse.Namespace) -> int:
     if runs is not None:
         ledger = composed_runs(single_run, runs)  # the ledger the whole grid writes
     reached = epsilon(ledger, delta=args.delta, accountant=args.accountant)
-    out: dict[str, Any] = {
-        "solved": solved,
-        "noise_multiplier": sigma,
-        "sample_rate": q,
-        "steps": steps,
-        "epsilon": reached,
-        "target_epsilon": args.target_epsilon,
-        "delta": args.delta,
-        "accountant": args.accountant,
-        "accountant_label": accountant_label(args.accountant),
-        "approximate": args.accountant == "gdp",
-        "sampling": sampling.value,
-    }
+    out = _solution(args, solved, sigma, q, steps, reached, sampling)
     if runs is not None:
         # "epsilon" is the whole grid's; each run alone spends the per-run share below (at the
         # same δ; under composition it is more than target/K).
@@ -207,6 +195,31 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _solution(
+    args: argparse.Namespace,
+    solved: str,
+    sigma: float,
+    q: float,
+    steps: int,
+    reached: float,
+    sampling: Sampling,
+) -> dict[str, Any]:
+    """The calibrated run's shape and what it spends: the ``--json`` record (and the line)."""
+    return {
+        "solved": solved,
+        "noise_multiplier": sigma,
+        "sample_rate": q,
+        "steps": steps,
+        "epsilon": reached,
+        "target_epsilon": args.target_epsilon,
+        "delta": args.delta,
+        "accountant": args.accountant,
+        "accountant_label": accountant_label(args.accountant),
+        "approximate": args.accountant == "gdp",
+        "sampling": sampling.value,
+    }
+
+
 def _run_correlated(args: argparse.Namespace) -> int:
     """σ for a target ε with --noise tree or bandmf (the other searches are DP-SGD's only)."""
     require(
@@ -239,20 +252,7 @@ def _run_correlated(args: argparse.Namespace) -> int:
         **noise,
     )
     reached = epsilon(ledger, delta=args.delta, accountant=args.accountant)
-    out: dict[str, Any] = {
-        "solved": "noise_multiplier",
-        "noise_multiplier": sigma,
-        "sample_rate": rate,
-        "steps": steps,
-        "epsilon": reached,
-        "target_epsilon": args.target_epsilon,
-        "delta": args.delta,
-        "accountant": args.accountant,
-        "accountant_label": accountant_label(args.accountant),
-        "approximate": args.accountant == "gdp",
-        "sampling": sampling.value,
-        **noise,
-    }
+    out = {**_solution(args, "noise_multiplier", sigma, rate, steps, reached, sampling), **noise}
     if args.json:
         print(json.dumps(out))
         return 0

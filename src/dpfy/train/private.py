@@ -31,6 +31,7 @@ __all__ = [
     "PrivateRun",
     "private_run",
     "make_private_run",
+    "run_options",
     "make_optimizer",
     "per_example_cross_entropy",
 ]
@@ -188,6 +189,25 @@ def load_user_ids(path: str) -> torch.Tensor:
     return torch.as_tensor(arr.astype(np.int64))
 
 
+def run_options(cfg: TrainConfig) -> dict[str, Any]:
+    """``make_private``'s arguments that every run built from ``cfg`` shares (``dpfy train``
+    and ``dpfy audit``): the batch, the horizon, the noise, the clipping and the accountant."""
+    assert cfg.batch_size is not None, "resolve() set the batch size"
+    return {
+        "batch_size": cfg.batch_size,
+        "epochs": cfg.epochs,
+        "noise_multiplier": cfg.noise_multiplier,
+        "target_epsilon": cfg.epsilon,
+        "target_delta": cfg.delta,
+        "max_grad_norm": cfg.clip,
+        "clipping": cfg.clipping,
+        "route": cfg.route,
+        "seed": cfg.seed,
+        "max_physical_batch_size": cfg.physical_batch_size,
+        "accountant": cfg.accountant,
+    }
+
+
 def user_options(cfg: TrainConfig) -> dict[str, Any]:
     """``make_private``'s user-level arguments from ``cfg`` (none without --user-ids)."""
     if cfg.user_ids is None:
@@ -230,23 +250,12 @@ def make_private_run(cfg: TrainConfig, model: nn.Module, data: DataSplits) -> Pr
     """Wrap ``model`` for DP training on ``data.train`` as ``cfg`` says."""
     optimizer = make_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
     method = build_methods(cfg)
-    assert cfg.batch_size is not None, "resolve() set the batch size"
     private = private_run(
         model,
         optimizer,
         data.train,
-        batch_size=cfg.batch_size,
-        epochs=cfg.epochs,
-        noise_multiplier=cfg.noise_multiplier,
-        target_epsilon=cfg.epsilon,
-        target_delta=cfg.delta,
-        max_grad_norm=cfg.clip,
-        clipping=cfg.clipping,
-        route=cfg.route,
-        seed=cfg.seed,
+        **run_options(cfg),
         method=method,
-        max_physical_batch_size=cfg.physical_batch_size,
-        accountant=cfg.accountant,
         noise=cfg.noise,
         bands=cfg.bands,
         # the per-example loss for a method whose specs probe losses (unused otherwise)
