@@ -296,10 +296,7 @@ def solve_mu0(
     return 0.5 * (lo + hi)
 
 
-def _solve(
-    shape: DynamicDPSGD, target_epsilon: float, delta: float, sample_rate: float, calibration: str
-) -> float:
-    """μ_0 of ``shape`` (its T, ρ_μ, stages) whose run spends ``target_epsilon`` at ``delta``."""
+def _check_calibration(calibration: str) -> None:
     require(
         calibration in CALIBRATIONS,
         "calibration",
@@ -307,6 +304,13 @@ def _solve(
         f"one of {list(CALIBRATIONS)}",
         "Use 'pld' for a tight rigorous guarantee; 'gdp' reproduces the paper's CLT calibration",
     )
+
+
+def _solve(
+    shape: DynamicDPSGD, target_epsilon: float, delta: float, sample_rate: float, calibration: str
+) -> float:
+    """μ_0 of ``shape`` (its T, ρ_μ, stages) whose run spends ``target_epsilon`` at ``delta``."""
+    _check_calibration(calibration)
     require(target_epsilon > 0, "target_epsilon", target_epsilon, "> 0")
     if calibration == "gdp":
         assert shape.rho_mu is not None  # __post_init__ fills it
@@ -351,13 +355,7 @@ def calibrate_dynamic(
         equals the target to the accountant's precision) or ``"rdp"``.
       rho_mu, rho_c, stages: as :class:`DynamicDPSGD`.
     """
-    require(
-        calibration in CALIBRATIONS,
-        "calibration",
-        calibration,
-        f"one of {list(CALIBRATIONS)}",
-        "Use 'pld' for a tight rigorous guarantee; 'gdp' reproduces the paper's CLT calibration",
-    )
+    _check_calibration(calibration)
     require(total_steps >= 1, "total_steps", total_steps, ">= 1")
     shape = DynamicDPSGD(
         preset=preset,

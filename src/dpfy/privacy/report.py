@@ -438,8 +438,8 @@ class PrivacyReport:
                 "note": "N unknown: cannot check δ ≪ 1/N (set dataset_size)",
             }
         n = self.dataset_size
+        ok = self.delta <= n**-1.1
         if self.unit == "user":  # the units are users: δ is judged against 1/U
-            ok = self.delta <= n**-1.1
             note = (
                 f"δ = {self.delta:.3g} {'≤' if ok else '>'} 1/U^1.1 = {n**-1.1:.3g}, U = "
                 f"{n} users"
@@ -451,20 +451,13 @@ class PrivacyReport:
                     f"user's data"
                 )
             )
-            return {
-                "dataset_size": n,
-                "one_over_n": 1 / n,
-                "recommended": n**-1.1,
-                "ok": ok,
-                "note": note,
-            }
-        ok = self.delta <= n**-1.1
-        note = (
-            f"δ = {self.delta:.3g} ≤ 1/N^1.1 = {n**-1.1:.3g} (the guide's recommendation)"
-            if ok
-            else f"δ = {self.delta:.3g} > 1/N^1.1 = {n**-1.1:.3g}: the guide recommends δ ≪ 1/N "
-            f"= {1 / n:.3g}; with δ ≥ 1/N the guarantee can allow revealing one record"
-        )
+        else:
+            note = (
+                f"δ = {self.delta:.3g} ≤ 1/N^1.1 = {n**-1.1:.3g} (the guide's recommendation)"
+                if ok
+                else f"δ = {self.delta:.3g} > 1/N^1.1 = {n**-1.1:.3g}: the guide recommends δ ≪ "
+                f"1/N = {1 / n:.3g}; with δ ≥ 1/N the guarantee can allow revealing one record"
+            )
         return {
             "dataset_size": n,
             "one_over_n": 1 / n,
