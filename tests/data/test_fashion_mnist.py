@@ -77,7 +77,8 @@ def test_data_dir_for_bundled_dataset_is_refused(tmp_path):
 
 
 
-def test_scattering_cache_is_keyed_by_the_images_not_only_their_count(tmp_path, monkeypatch):
+def test_scattering_cache_is_keyed_by_the_images_not_only_their_count(tmp_path, monkeypatch,
+                                                                     capsys):
     # Before: the cache file was named by J, L and the split alone, so a second --data-dir with
     # as many images got the first directory's features (only the count was checked).
     monkeypatch.setenv("DPFY_CACHE_DIR", str(tmp_path / "cache"))
@@ -90,3 +91,7 @@ def test_scattering_cache_is_keyed_by_the_images_not_only_their_count(tmp_path, 
     second = load_dataset("fashion_mnist_scattering", data_dir=tmp_path / "b")
     assert not torch.equal(first.train.tensors[0], second.train.tensors[0])
     assert torch.equal(first.test.tensors[0], second.test.tensors[0])  # same test images
+    # the long first computation says so (a silent ten-minute pause looks like a hang); the
+    # cached test features of the second load are read without a word
+    said = capsys.readouterr().err
+    assert said.count("computing the scattering features") == 3  # a's 2 splits, b's train

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -52,6 +53,12 @@ def _cached(split: TensorDataset, name: str, J: int, L: int) -> TensorDataset:
         feats = torch.load(path, weights_only=True)
         if feats.shape[0] == len(images):
             return TensorDataset(feats, labels)
+    print(
+        f"dpfy: computing the scattering features of {len(images):,} {name} images once "
+        f"(about 5 ms of CPU per image); cached as {path}",
+        file=sys.stderr,
+        flush=True,
+    )
     feats = scattering_features(images, J=J, L=L)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
