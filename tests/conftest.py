@@ -11,12 +11,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import settings
 from torch import nn
 
 from dpfy.noise.generator import _secure_words
 from torch.utils.data import TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# Property tests draw the same examples on every run and have no per-example time limit (a
+# loaded CI machine is not a bug); DPFY_FUZZ_RANDOM=1 draws fresh ones (docs/fuzzing.md).
+settings.register_profile(
+    "dpfy",
+    deadline=None,
+    derandomize=os.environ.get("DPFY_FUZZ_RANDOM") != "1",
+    database=None,
+)
+settings.load_profile("dpfy")
 
 
 @pytest.fixture(autouse=True)

@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
-from fuzz.fuzz_support import EXTREME, FUZZ, LIMIT_S, count, hang_guard
+from fuzz.fuzz_support import EXTREME, FUZZ, LIMIT_S, count, hang_guard, warm_up
 from dpfy.errors import BudgetExhausted
 
 odd = st.one_of(st.sampled_from(EXTREME), st.floats(), st.integers(-10**20, 10**20),
@@ -60,6 +60,7 @@ def _attempt(kwargs: dict) -> str:
 
 
 def check_make_private(kwargs: dict, suite: str) -> None:
+    warm_up()
     start = time.process_time()
     with hang_guard():
         try:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from fuzz.fuzz_support import FUZZ, LIMIT_S, check_cli, values
 
+DIGITS_TRAIN = 1438  # digits' training split: the base batch takes it in one step
 BASE = {"--dataset": "digits", "--model": "logreg", "--epochs": "1", "--batch-size": "1438",
         "--lr": "1", "--clip": "1", "--noise-multiplier": "1", "--accountant": "rdp",
         "--seed": "1", "--threads": "1"}
@@ -39,16 +40,24 @@ def _argv(changes: dict[str, str], out) -> list[str]:
 
 
 def _limit(changes: dict[str, str]) -> float:
-    """CPU seconds a run may take: LIMIT_S, plus 0.1 s per epoch asked for beyond the first.
-
-    The base run is one step per epoch, so a valid ``--epochs 623`` is 623 honest steps
-    (about 28 CPU s here, found by CI); the bound still catches a hang, as it is capped.
+    """CPU seconds a run may take: LIMIT_S, plus the honest work of a valid run longer than
+    the base run's one step: 0.1 s per epoch beyond the first (a valid ``--epochs 623`` took
+    28 CPU s, found by CI) and 0.02 s per step beyond one an epoch (``--batch-size 1`` is
+    1,438 steps of one example, 5.6 CPU s on a loaded machine; about 2 ms a step). Both are
+    capped, so the bound still catches a hang.
     """
-    try:
-        epochs = int(changes.get("--epochs", "1"))
-    except ValueError:
-        epochs = 1
-    return LIMIT_S + 0.1 * min(max(epochs - 1, 0), 1200)
+    def number(flag: str, default: int) -> int:
+        try:
+            return int(changes.get(flag, str(default)))
+        except ValueError:
+            return default
+
+    epochs = max(number("--epochs", 1), 1)
+    batch = number("--batch-size", DIGITS_TRAIN)
+    steps_per_epoch = -(-DIGITS_TRAIN // batch) if batch > 0 else 1
+    extra_epochs = min(epochs - 1, 1200)
+    extra_steps = min(extra_epochs + 1, 1200) * (steps_per_epoch - 1)
+    return LIMIT_S + 0.1 * extra_epochs + 0.02 * min(extra_steps, 5000)
 
 
 def check_train(changes: dict[str, str], tmp, capsys, suite: str) -> int:

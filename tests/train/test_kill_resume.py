@@ -159,9 +159,10 @@ def _start(argv: list[str], log: Path, point: str = "none", n: int = 0):
     return proc
 
 
-def _wait(proc, timeout: float = 60.0, kill_after: float | None = None) -> int | None:
+def _wait(proc, timeout: float = 240.0, kill_after: float | None = None) -> int | None:
     """Wait for the child; SIGKILL it after ``kill_after`` s. Returns its exit code, or None
-    when it died of SIGKILL."""
+    when it died of SIGKILL. The timeout only catches a hang: a run takes seconds, but a
+    loaded 2-core CI machine may stretch that several-fold."""
     proc.join(kill_after if kill_after is not None else timeout)
     if proc.exitcode is None:
         proc.kill()                                      # SIGKILL
