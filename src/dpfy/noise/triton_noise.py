@@ -1,0 +1,254 @@
+"""Secure (and seeded) Gaussian noise in one fused Triton kernel per call.
+
+On a GPU, the ChaCha20 sampler in torch tensor operations (:mod:`dpfy.noise.device_gaussian`)
+is ~550 kernel launches per parameter tensor. The kernel of :mod:`dpfy.noise._chacha_triton`
+does the whole thing in one launch: ChaCha20 (RFC 8439, 20 rounds) words and the compiled
+sampler's Box–Muller transform, written straight into the buffer the noise is added to
+(x ← a·x + s·z in place: the released mean of a flat buffer that holds every parameter's sum
+is one launch per step).
+
+Same stream as the other two implementations: for the same key, counter and nonce the words
+are the compiled sampler's (:mod:`dpfy.native.gaussian`) and the torch one's bit for bit (the
+tests check it), and a call for n values consumes ⌈n / 512⌉ sampler blocks of 48 ChaCha20
+blocks each, so the stream position depends only on the sizes asked for, in all three. The
+normals agree to a few float32 ulps (different log, sin and cos implementations): the
+transform is the same float32 formula, so the tails are the same, |z| up to √(130 ln 2) ≈
+9.4925 at u1 = 2⁻⁶⁵ (u1 from 64 bits, 2⁻²³ relative precision at every scale). On CUDA the
+kernel takes log, sin and cos from libdevice (≤ 1, 2 and 2 ulps) and a correctly rounded
+square root, not the approximate hardware instructions.
+
+Keys and counters are secrets. The key lives on the device as 8 int32 words (a tensor the
+kernel reads, never a compile-time constant); the counter and nonce are plain kernel arguments
+marked ``do_not_specialize`` (no compiled variant depends on their values). Each call reserves
+its counter range under a lock before it launches, so no two calls, threads included, ever use
+a ChaCha20 block twice; the counter advances by the blocks consumed (48 per 512 values).
+
+Where it runs: any device Triton compiles for (CUDA, ROCm), and the CPU under Triton's
+interpreter (``TRITON_INTERPRET=1``; slow, for tests). :func:`triton_available` says whether a
+device can use it; :class:`dpfy.noise.NoiseSource` uses it by default on CUDA when Triton is
+installed (``pip install "dpfy[gpu]"``), and on every device with ``backend="triton"``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import threading
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from dpfy.noise.chacha20 import key_words
+from dpfy.noise.device_gaussian import CHACHA_BLOCKS_PER_BLOCK, DeviceChaChaGaussian
+
+__all__ = [
+    "TritonChaChaGaussian",
+    "SeededChaChaGaussian",
+    "triton_available",
+    "triton_interpreted",
+    "chacha_axpy_",
+    "chacha_words",
+    "seeded_stream",
+    "FUSED_DTYPES",
+]
+
+_SAMPLER_VALUES = 512  # normals per sampler block (2·BLOCK)
+_LANES = 16
+_ELEMENTS_PER_PROGRAM = 128  # (sampler block, lane) pairs per Triton program on a GPU
+# under the interpreter each kernel operation is one numpy call over the whole program, so
+# wide programs are what is fast there
+_ELEMENTS_INTERPRETED = 1 << 14
+# sampler blocks per launch: 48g + 47 < 2³² keeps the kernel's uint32 counter offset exact
+_MAX_BLOCKS_PER_LAUNCH = 1 << 24
+FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # the kernel adds in float32
+_lock = threading.Lock()
+_module: ModuleType | None = None
+
+
+def triton_interpreted() -> bool:
+    """Whether ``TRITON_INTERPRET`` is set: kernels then run on the CPU, in numpy."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def triton_available(device: torch.device | str) -> bool:
+    """Whether the fused kernel can run for tensors on ``device``: Triton is installed and the
+    device is a GPU Triton compiles for (CUDA, ROCm), or any device under the interpreter."""
+    if importlib.util.find_spec("triton") is None:
+        return False
+    device = torch.device(device)
+    if triton_interpreted():
+        return True
+    return device.type == "cuda" and torch.cuda.is_available()
+
+
+def _kernels() -> ModuleType:
+    """The kernel module, (re)decorated for the current ``TRITON_INTERPRET``: ``triton.jit``
+    reads it when a function is decorated, so a change needs a reload."""
+    global _module
+    with _lock:
+        if _module is None:
+            _module = importlib.import_module("dpfy.noise._chacha_triton")
+        if bool(_module.INTERPRETED) != triton_interpreted():
+            import triton
+
+            triton.knobs.runtime.interpret = triton_interpreted()
+            _module = importlib.reload(_module)
+        return _module
+
+
+def _program_width(mod: ModuleType) -> int:
+    return _ELEMENTS_INTERPRETED if mod.INTERPRETED else _ELEMENTS_PER_PROGRAM
+
+
+def _int32(v: int) -> int:
+    """The low 32 bits of v as a signed int32 value (a kernel argument of one fixed type)."""
+    v &= 0xFFFFFFFF
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
+def chacha_axpy_(
+    x: torch.Tensor,
+    key: torch.Tensor,
+    counter: int,
+    nonce: int,
+    a: float,
+    s: float,
+    *,
+    write_only: bool = False,
+) -> int:
+    """x ← a·x + s·z in place over the flat contiguous ``x`` (z the stream's N(0, 1) from block
+    ``counter`` on; ``write_only``: x ← s·z, x's old values unread). Returns the ChaCha20 blocks
+    consumed. ``key``: 8 int32 words on x's device (:func:`dpfy.noise.chacha20.key_words`)."""
+    if x.dtype not in FUSED_DTYPES or not x.is_contiguous() or x.dim() != 1:
+        raise ValueError(
+            f"x must be a flat contiguous float32, float16 or bfloat16 tensor, got "
+            f"dtype={x.dtype}, shape={tuple(x.shape)}, contiguous={x.is_contiguous()}. "
+            f"Draw into a float32 buffer and add it"
+        )
+    mod = _kernels()
+    n = x.numel()
+    blocks = -(-n // _SAMPLER_VALUES)
+    accurate = not mod.INTERPRETED and mod.libdevice is not None
+    width = _program_width(mod)
+    for first in range(0, blocks, _MAX_BLOCKS_PER_LAUNCH):
+        count = min(_MAX_BLOCKS_PER_LAUNCH, blocks - first)
+        part = x[first * _SAMPLER_VALUES : (first + count) * _SAMPLER_VALUES]
+        c = (counter + first * CHACHA_BLOCKS_PER_BLOCK) % 2**64
+        grid = (-(-count * _LANES // width),)
+        mod.chacha_gaussian_kernel[grid](
+            part,
+            key,
+            _int32(c),
+            _int32(c >> 32),
+            _int32(nonce),
+            _int32(nonce >> 32),
+            part.numel(),
+            float(a),
+            float(s),
+            BLOCK_SIZE=width,
+            WRITE_ONLY=write_only,
+            ACCURATE=accurate,
+        )
+    return blocks * CHACHA_BLOCKS_PER_BLOCK
+
+
+def chacha_words(key: torch.Tensor, counter: int, nonce: int, nblocks: int) -> torch.Tensor:
+    """(nblocks, 16) int32: word w of ChaCha20 block counter + b at [b, w], computed by the
+    kernel's block function on key's device (the RFC 8439 check of the fused kernel)."""
+    if not 0 < nblocks < 2**32:
+        raise ValueError(f"nblocks must be in [1, 2**32), got nblocks = {nblocks}")
+    out = torch.empty(nblocks, 16, dtype=torch.int32, device=key.device)
+    counter %= 2**64
+    nonce %= 2**64
+    mod = _kernels()
+    width = _program_width(mod)
+    grid = (-(-nblocks // width),)
+    mod.chacha_words_kernel[grid](
+        out, key, _int32(counter), _int32(counter >> 32), _int32(nonce), _int32(nonce >> 32),
+        nblocks, BLOCK_SIZE=width,
+    )  # fmt: skip
+    return out
+
+
+class TritonChaChaGaussian(DeviceChaChaGaussian):
+    """Secure draws on ``device`` by the fused kernel: ChaCha20 keyed from ``os.urandom`` (or a
+    given key). The torch stream's interface (``normal``, ``words``) plus :meth:`axpy_`, the
+    one-launch in-place update; ``words`` (Poisson masks, not noise) stays torch's ChaCha20 on
+    the same key and counter."""
+
+    def _reserve(self, blocks: int) -> int:
+        """The first of ``blocks`` fresh ChaCha20 blocks (the counter moves past them)."""
+        with self._lock:
+            counter = self._counter
+            self._counter = (counter + blocks) % 2**64
+        return counter
+
+    def axpy_(self, x: torch.Tensor, a: float, s: float) -> torch.Tensor:
+        """x ← a·x + s·z in place (x flat, contiguous, float32/16/bf16, on this device)."""
+        if x.numel() == 0:
+            return x
+        blocks = -(-x.numel() // _SAMPLER_VALUES) * CHACHA_BLOCKS_PER_BLOCK
+        chacha_axpy_(x, self._key, self._reserve(blocks), self._nonce, a, s)
+        return x
+
+    def normal(self, n: int) -> torch.Tensor:
+        """(n,) float32 N(0, 1) on the device; consumes ⌈n / 512⌉ sampler blocks."""
+        out = torch.empty(n, dtype=torch.float32, device=self.device)
+        if n:
+            blocks = -(-n // _SAMPLER_VALUES) * CHACHA_BLOCKS_PER_BLOCK
+            chacha_axpy_(out, self._key, self._reserve(blocks), self._nonce, 0.0, 1.0,
+                         write_only=True)  # fmt: skip
+        return out
+
+
+class SeededChaChaGaussian(TritonChaChaGaussian):
+    """Reproducible draws: the fused kernel on a key derived from a seed (not secure: whoever
+    has the key, or :meth:`get_state`, reproduces the draws). Its state is the compiled
+    sampler's ChaCha20 layout, an int64 tensor (key as 4 words, counter, nonce), so a
+    checkpoint continues the stream here or, where Triton is missing, in torch operations
+    (:func:`seeded_stream`)."""
+
+    def get_state(self) -> torch.Tensor:
+        key = self._key.cpu().view(4, 2).to(torch.int64)
+        words = (key[:, 0] & 0xFFFFFFFF) | (key[:, 1] << 32)
+        return torch.cat([words, torch.tensor([_signed64(self._counter), _signed64(self._nonce)])])
+
+    def set_state(self, state: torch.Tensor) -> None:
+        if state.dtype != torch.int64 or state.shape != (6,):
+            raise ValueError(
+                f"state must be an int64 tensor of shape (6,), got dtype={state.dtype}, "
+                f"shape={tuple(state.shape)}. Pass a state from SeededChaChaGaussian.get_state()"
+            )
+        with self._lock:
+            key_bytes = state[:4].contiguous().numpy().astype("<i8").tobytes()
+            self._key = key_words(key_bytes, self.device)
+            self._counter = int(state[4]) % 2**64
+            self._nonce = int(state[5]) % 2**64
+
+
+class _TorchSeededChaCha(SeededChaChaGaussian):
+    """The seeded ChaCha20 stream where Triton cannot run: the same words and (to a few
+    ulps) the same normals, from the torch tensor operations of the parent class's parent."""
+
+    def axpy_(self, x: torch.Tensor, a: float, s: float) -> torch.Tensor:
+        return x.mul_(a).add_(DeviceChaChaGaussian.normal(self, x.numel()), alpha=s)
+
+    def normal(self, n: int) -> torch.Tensor:
+        return DeviceChaChaGaussian.normal(self, n)
+
+
+def _signed64(v: int) -> int:
+    v %= 2**64
+    return v - 2**64 if v >= 2**63 else v
+
+
+def seeded_stream(key: bytes | None, device: torch.device, state: Any = None) -> TritonChaChaGaussian:
+    """A seeded ChaCha20 stream on ``device``: keyed with ``key``, or resumed from ``state``;
+    the fused kernel where Triton can run there, torch operations otherwise."""
+    cls = SeededChaChaGaussian if triton_available(device) else _TorchSeededChaCha
+    stream = cls(device, key if key is not None else bytes(32))
+    if state is not None:
+        stream.set_state(state)
+    return stream
