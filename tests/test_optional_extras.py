@@ -1,5 +1,6 @@
-"""matplotlib, scikit-learn and pyyaml are optional: the core imports and trains without them,
-and a feature that needs one fails at once with one line naming the extra that installs it."""
+"""matplotlib, scikit-learn, pyyaml and triton are optional: the core imports and trains
+without them, and a feature that needs one fails at once with one line naming the extra that
+installs it."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Runs in a child interpreter where importing any optional package fails as if not installed.
 BLOCK = textwrap.dedent("""
     import sys
-    for name in ("matplotlib", "sklearn", "yaml"):
+    for name in ("matplotlib", "sklearn", "yaml", "triton"):
         sys.modules[name] = None     # `import name` raises ModuleNotFoundError; find_spec: None
 """)
 

@@ -19,6 +19,7 @@ EXTRAS = {
     "matplotlib": ("matplotlib", "plots"),
     "sklearn": ("scikit-learn", "datasets"),
     "yaml": ("pyyaml", "yaml"),
+    "triton": ("triton", "gpu"),
 }
 
 

@@ -27,6 +27,7 @@ from dpfy.native.gaussian import BLOCK, WORDS32, ChaChaGaussian, gaussian_from_w
 from dpfy.native.gaussian import chacha20_keystream as c_keystream
 from dpfy.noise import NoiseSource, secure_uniform
 from dpfy.noise.chacha20 import chacha20_blocks, chacha20_keystream, key_words
+from dpfy.noise.triton_noise import triton_available
 from dpfy.noise.device_gaussian import (
     DeviceChaChaGaussian,
     DeviceSeededGaussian,
@@ -245,8 +246,10 @@ def test_seeded_device_draws_are_standard_normal_and_reproducible(device):
 def test_the_cpu_default_stays_the_compiled_sampler_and_devices_get_their_own():
     secure, seeded = NoiseSource(), NoiseSource(3)
     assert secure.generator_for("cpu") == "chacha20" and seeded.generator_for("cpu") == "xoshiro"
-    assert secure.generator_for("cuda") == "torch-chacha20"
-    assert seeded.generator_for("cuda") == "torch-device"  # Philox there: reproducible
+    # on a GPU with Triton, the fused kernel (tests/noise/test_triton_noise.py)
+    fused = triton_available("cuda")
+    assert secure.generator_for("cuda") == ("triton-chacha20" if fused else "torch-chacha20")
+    assert seeded.generator_for("cuda") == ("triton-chacha20-seeded" if fused else "torch-device")
     explicit = NoiseSource(backend="torch-chacha20")
     assert explicit.secure and explicit.backend == "torch-chacha20"
     assert explicit.generator_for("cpu") == "torch-chacha20"

@@ -28,21 +28,22 @@ _TWO_PI_F32: tl.constexpr = tl.constexpr(6.2831854820251465)  # float32(2π), as
 
 
 @triton.jit
-def _rotl(x, k: tl.constexpr):
-    return (x << k) | (x >> (32 - k))
-
-
-@triton.jit
 def _quarter(a, b, c, d):
-    """RFC 8439 §2.1's quarter round on uint32 tensors."""
-    a = a + b
-    d = _rotl(d ^ a, 16)
-    c = c + d
-    b = _rotl(b ^ c, 12)
-    a = a + b
-    d = _rotl(d ^ a, 8)
-    c = c + d
-    b = _rotl(b ^ c, 7)
+    """RFC 8439 §2.1's quarter round on uint32 tensors. Additions wrap modulo 2³² (the
+    cipher's, not an overflow for the interpreter's checker to test); rotations are written
+    out, since under the interpreter every call of a jit function re-patches the language."""
+    a = tl.add(a, b, sanitize_overflow=False)
+    d = d ^ a
+    d = (d << 16) | (d >> 16)
+    c = tl.add(c, d, sanitize_overflow=False)
+    b = b ^ c
+    b = (b << 12) | (b >> 20)
+    a = tl.add(a, b, sanitize_overflow=False)
+    d = d ^ a
+    d = (d << 8) | (d >> 24)
+    c = tl.add(c, d, sanitize_overflow=False)
+    b = b ^ c
+    b = (b << 7) | (b >> 25)
     return a, b, c, d
 
 
@@ -114,9 +115,10 @@ def _block_at(key_ptr, c_lo, c_hi, n_lo, n_hi, offset):
 @triton.jit
 def _u1(hi, lo):
     """u1 = hi·2⁻³² + (lo + ½)·2⁻⁶⁴ in float32, as gaussian.c: in [2⁻⁶⁵, 1]."""
-    return hi.to(tl.float32) * 2.3283064365386963e-10 + (
-        lo.to(tl.float32) + 0.5
-    ) * 5.421010862427522e-20
+    return (
+        hi.to(tl.float32) * 2.3283064365386963e-10
+        + (lo.to(tl.float32) + 0.5) * 5.421010862427522e-20
+    )
 
 
 @triton.jit
@@ -206,3 +208,20 @@ def chacha_words_kernel(
     )
     for w in tl.static_range(16):
         tl.store(out_ptr + 16 * b + w, words[w].to(tl.int32, bitcast=True), mask=mask)
+
+
+@triton.jit
+def gaussian_from_words_kernel(
+    words_ptr, out_ptr, nblocks, BLOCK_SIZE: tl.constexpr, ACCURATE: tl.constexpr
+):
+    """out (G, 512) float32 ← the fused kernel's transform of given words (G, 3, 256) int32
+    (u1's high words, low words, angles): the noise kernel's own functions on chosen input."""
+    e = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    g = e // 256
+    i = e % 256
+    mask = g < nblocks
+    hi = tl.load(words_ptr + g * 768 + i, mask=mask, other=0).to(tl.uint32, bitcast=True)
+    lo = tl.load(words_ptr + g * 768 + 256 + i, mask=mask, other=0).to(tl.uint32, bitcast=True)
+    ang = tl.load(words_ptr + g * 768 + 512 + i, mask=mask, other=0).to(tl.uint32, bitcast=True)
+    radius = _radius(hi, lo, ACCURATE)
+    _store_pair(out_ptr, g * 512 + i, nblocks * 512, radius, ang, 1.0, 1.0, True, ACCURATE)

@@ -44,21 +44,23 @@ import math
 import os
 import threading
 import warnings
-from typing import Any, Iterator, Literal
+from typing import Any, Iterator, Literal, TypeGuard
 
 import torch
 
-from dpfy._require import require
+from dpfy._require import require, require_extra
 from dpfy.native.build import NativeUnavailable
 from dpfy.native.gaussian import BLOCK, ChaChaGaussian, XoshiroGaussian  # built on first use
 from dpfy.noise.device_gaussian import DeviceChaChaGaussian, DeviceSeededGaussian
+from dpfy.noise.triton_noise import FUSED_DTYPES, TritonChaChaGaussian, seeded_stream
+from dpfy.noise.triton_noise import SeededChaChaGaussian, triton_available
 
 _DeviceStream = DeviceChaChaGaussian | DeviceSeededGaussian
 
 __all__ = ["NoiseSource", "secure_uniform"]
 
-Backend = Literal["auto", "compiled", "torch", "urandom", "torch-chacha20"]
-_BACKENDS = ("auto", "compiled", "torch", "urandom", "torch-chacha20")
+Backend = Literal["auto", "compiled", "torch", "urandom", "torch-chacha20", "triton"]
+_BACKENDS = ("auto", "compiled", "torch", "urandom", "torch-chacha20", "triton")
 _MASK52 = (1 << 52) - 1
 # values a device generator draws per batch: a multiple of 2·BLOCK, so that a chunked draw
 # consumes the stream exactly as one draw of the same size; large, since on an accelerator
@@ -115,6 +117,12 @@ def _chunks(t: torch.Tensor, chunk: int) -> Iterator[torch.Tensor]:
         yield flat[start : start + chunk]
 
 
+def _fused(stream: object, t: torch.Tensor) -> TypeGuard[TritonChaChaGaussian]:
+    """The Triton kernel updates ``t`` in place in one launch (else: drawn, then added)."""
+    fits = t.dtype in FUSED_DTYPES and t.is_contiguous()
+    return isinstance(stream, TritonChaChaGaussian) and fits
+
+
 def _fits_kernel(t: torch.Tensor) -> bool:
     """The compiled sampler writes straight into contiguous float32 CPU tensors."""
     return t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
@@ -154,8 +162,10 @@ class NoiseSource:
             backend in _BACKENDS,
             "backend",
             backend,
-            'one of "auto", "compiled", "torch", "urandom", "torch-chacha20"',
+            'one of "auto", "compiled", "torch", "urandom", "torch-chacha20", "triton"',
         )
+        if backend == "triton":
+            require_extra("triton", feature='backend="triton" (the fused noise kernel)')
         require(
             not (seed is not None and backend == "torch-chacha20"),
             "backend",
@@ -185,9 +195,10 @@ class NoiseSource:
         self._reproducible = seed is not None
         self._pid = os.getpid()
         self._choice: Backend = backend
+        host = "auto" if backend == "triton" else backend  # "triton": the host as "auto"
         self._devices: dict[torch.device, _DeviceStream] = {}  # the device generators
         self._saved_devices: dict[str, torch.Tensor] = {}  # seeded states not yet resumed
-        if backend in ("auto", "compiled"):
+        if host in ("auto", "compiled"):
             try:
                 self._compiled = XoshiroGaussian(seed) if seed is not None else ChaChaGaussian()
             except NativeUnavailable as err:
@@ -231,15 +242,23 @@ class NoiseSource:
         """The generator that draws noise for tensors on ``device``: :attr:`backend` where the
         host draws it, ``"torch-chacha20"`` (secure) or ``"torch-device"`` (seeded: torch's
         generator there, Philox on CUDA) where the device draws it itself."""
-        if not self._on_device(torch.device(device)):
+        device = torch.device(device)
+        if not self._on_device(device):
             return self.backend
+        if self._use_triton(device):
+            return "triton-chacha20-seeded" if self._reproducible else "triton-chacha20"
         return "torch-device" if self._reproducible else "torch-chacha20"
 
     def _on_device(self, device: torch.device) -> bool:
         """Whether noise for tensors on ``device`` is drawn there by a torch generator."""
-        if self._choice == "torch-chacha20":
+        if self._choice in ("torch-chacha20", "triton"):
             return True
         return device.type != "cpu" and self._choice in ("auto", "torch")
+
+    def _use_triton(self, device: torch.device) -> bool:
+        """Whether the fused Triton kernel draws the noise for ``device``: asked for
+        (``backend="triton"``), or by default on a GPU where Triton is installed."""
+        return self._choice == "triton" or (self._choice == "auto" and triton_available(device))
 
     def _device_stream(self, device: torch.device) -> _DeviceStream:
         """The generator on ``device``, made on first use: secure, a fresh ChaCha20 key (and
@@ -249,11 +268,18 @@ class NoiseSource:
         stream = self._devices.get(device)
         if stream is not None:
             return stream
+        triton = self._use_triton(device)
         if not self._reproducible:
-            stream = DeviceChaChaGaussian(device)
+            stream = TritonChaChaGaussian(device) if triton else DeviceChaChaGaussian(device)
         elif str(device) in self._saved_devices:
-            stream = DeviceSeededGaussian(0, device)
-            stream.set_state(self._saved_devices.pop(str(device)))
+            saved = self._saved_devices.pop(str(device))
+            if saved.dtype == torch.int64:  # a seeded ChaCha20 stream's (key, counter, nonce)
+                stream = seeded_stream(None, device, saved)
+            else:  # a torch generator's state
+                stream = DeviceSeededGaussian(0, device)
+                stream.set_state(saved)
+        elif triton:  # keyed from the host stream: reproducible from the seed
+            stream = seeded_stream(self._words(4).numpy().astype("<i8").tobytes(), device)
         else:
             stream = DeviceSeededGaussian(int(self._words(1)[0]), device)
         self._devices[device] = stream
@@ -317,6 +343,9 @@ class NoiseSource:
             return total.div_(normalizer)
         if self._on_device(total.device):
             stream = self._device_stream(total.device)
+            if _fused(stream, total):  # one launch: total <- total/b + (std/b)·z
+                stream.axpy_(total.view(-1), 1.0 / normalizer, std / normalizer)
+                return total
             for part in _chunks(total, max(chunk, _DEVICE_CHUNK)):
                 part.div_(normalizer).add_(stream.normal(part.numel()), alpha=std / normalizer)
             return total
@@ -340,6 +369,9 @@ class NoiseSource:
             return t
         if self._on_device(t.device):
             stream = self._device_stream(t.device)
+            if _fused(stream, t):
+                stream.axpy_(t.view(-1), 1.0, std)
+                return t
             for part in _chunks(t, max(chunk, _DEVICE_CHUNK)):
                 part.add_(stream.normal(part.numel()), alpha=std)
             return t
@@ -360,6 +392,8 @@ class NoiseSource:
         fresh noise instead (:meth:`load_state_dict`).
         """
         state: dict[str, Any] = {"reproducible": self._reproducible, "backend": self.backend}
+        if self._choice == "triton":
+            state["device_noise"] = "triton"
         if not self._reproducible:
             return state  # no key, no counter: not the host's, not any device's
         if self._compiled is not None:
@@ -369,7 +403,7 @@ class NoiseSource:
             state["generator"] = self._generator.get_state()
         devices = dict(self._saved_devices)  # resumed from a checkpoint, not used here yet
         for device, stream in self._devices.items():
-            assert isinstance(stream, DeviceSeededGaussian), "reproducible: seeded streams"
+            assert isinstance(stream, DeviceSeededGaussian | SeededChaChaGaussian), "seeded"
             devices[str(device)] = stream.get_state()
         if devices:
             state["device_generators"] = devices
@@ -392,6 +426,8 @@ class NoiseSource:
         self._compiled, self._generator, self._pid = None, None, os.getpid()
         self._devices, self._saved_devices = {}, {}  # secure: fresh keys on first use
         self._choice = _RESUMED_CHOICE.get(backend, "auto")
+        if state.get("device_noise") == "triton":
+            self._choice = "triton"
         if self._reproducible:
             self._saved_devices = dict(state.get("device_generators", {}))
         if backend == "torch":

@@ -50,6 +50,7 @@ __all__ = [
     "triton_interpreted",
     "chacha_axpy_",
     "chacha_words",
+    "gaussian_from_words",
     "seeded_stream",
     "FUSED_DTYPES",
 ]
@@ -91,9 +92,6 @@ def _kernels() -> ModuleType:
         if _module is None:
             _module = importlib.import_module("dpfy.noise._chacha_triton")
         if bool(_module.INTERPRETED) != triton_interpreted():
-            import triton
-
-            triton.knobs.runtime.interpret = triton_interpreted()
             _module = importlib.reload(_module)
         return _module
 
@@ -172,6 +170,26 @@ def chacha_words(key: torch.Tensor, counter: int, nonce: int, nblocks: int) -> t
     return out
 
 
+def gaussian_from_words(words: torch.Tensor) -> torch.Tensor:
+    """(G, 3, 256) int32 words → (G, 512) float32 normals by the fused kernel's transform (the
+    check of its tails on chosen words; :func:`dpfy.noise.device_gaussian.gaussian_from_words`
+    is the same formula in torch operations)."""
+    if words.dtype != torch.int32 or words.dim() != 3 or words.shape[1:] != (3, 256):
+        raise ValueError(
+            f"words must be an int32 tensor of shape (G, 3, 256), got dtype={words.dtype}, "
+            f"shape={tuple(words.shape)}"
+        )
+    mod = _kernels()
+    words = words.contiguous()
+    out = torch.empty(words.shape[0], 512, dtype=torch.float32, device=words.device)
+    width = _program_width(mod)
+    mod.gaussian_from_words_kernel[(-(-out.numel() // 2 // width),)](
+        words, out, words.shape[0], BLOCK_SIZE=width,
+        ACCURATE=not mod.INTERPRETED and mod.libdevice is not None,
+    )  # fmt: skip
+    return out
+
+
 class TritonChaChaGaussian(DeviceChaChaGaussian):
     """Secure draws on ``device`` by the fused kernel: ChaCha20 keyed from ``os.urandom`` (or a
     given key). The torch stream's interface (``normal``, ``words``) plus :meth:`axpy_`, the
@@ -244,7 +262,9 @@ def _signed64(v: int) -> int:
     return v - 2**64 if v >= 2**63 else v
 
 
-def seeded_stream(key: bytes | None, device: torch.device, state: Any = None) -> TritonChaChaGaussian:
+def seeded_stream(
+    key: bytes | None, device: torch.device, state: Any = None
+) -> TritonChaChaGaussian:
     """A seeded ChaCha20 stream on ``device``: keyed with ``key``, or resumed from ``state``;
     the fused kernel where Triton can run there, torch operations otherwise."""
     cls = SeededChaChaGaussian if triton_available(device) else _TorchSeededChaCha
