@@ -265,3 +265,20 @@ def test_without_triton_the_backend_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "triton", None)  # as if not installed
     with pytest.raises(MissingExtra, match=r"dpfy\[gpu\]"):
         NoiseSource(backend="triton")
+
+
+def test_a_kernel_that_cannot_compile_falls_back_to_torch_ops_on_the_same_key(monkeypatch):
+    """First launch fails (as where Triton cannot compile for a device): one warning, the
+    torch ChaCha20 on the same key draws instead, past the failed call's counter range."""
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no compiler for this device")
+
+    monkeypatch.setattr(tn, "chacha_axpy_", broken)
+    stream = tn.TritonChaChaGaussian("cpu", KEY, counter=0)
+    x = torch.zeros(600)
+    with pytest.warns(RuntimeWarning, match="torch operations"):
+        stream.axpy_(x, 1.0, 1.0)
+    assert stream.torch_ops and stream._counter == 4 * SAMPLER_CHACHA_BLOCKS  # 2 reserved + 2 drawn
+    ahead = DeviceChaChaGaussian("cpu", KEY, counter=2 * SAMPLER_CHACHA_BLOCKS).normal(600)
+    assert torch.equal(x, ahead)  # 0·1 + z: the torch stream's own normals, exactly

@@ -35,6 +35,7 @@ import importlib
 import importlib.util
 import os
 import threading
+import warnings
 from types import ModuleType
 from typing import Any
 
@@ -194,7 +195,15 @@ class TritonChaChaGaussian(DeviceChaChaGaussian):
     """Secure draws on ``device`` by the fused kernel: ChaCha20 keyed from ``os.urandom`` (or a
     given key). The torch stream's interface (``normal``, ``words``) plus :meth:`axpy_`, the
     one-launch in-place update; ``words`` (Poisson masks, not noise) stays torch's ChaCha20 on
-    the same key and counter."""
+    the same key and counter.
+
+    If the first launch fails (Triton cannot compile for this device), the stream warns once
+    and continues in torch operations on the same key, past the counter range that launch had
+    reserved: the same generator, slower; never a block used twice.
+    """
+
+    torch_ops = False  # True: drawn by the parent's torch operations instead of the kernel
+    _launched = False
 
     def _reserve(self, blocks: int) -> int:
         """The first of ``blocks`` fresh ChaCha20 blocks (the counter moves past them)."""
@@ -203,21 +212,39 @@ class TritonChaChaGaussian(DeviceChaChaGaussian):
             self._counter = (counter + blocks) % 2**64
         return counter
 
+    def _launch(self, x: torch.Tensor, a: float, s: float, write_only: bool) -> bool:
+        """The kernel on ``x`` (True), or False where the stream draws in torch operations."""
+        if self.torch_ops:
+            return False
+        blocks = -(-x.numel() // _SAMPLER_VALUES) * CHACHA_BLOCKS_PER_BLOCK
+        counter = self._reserve(blocks)
+        try:
+            chacha_axpy_(x, self._key, counter, self._nonce, a, s, write_only=write_only)
+        except Exception as err:  # noqa: BLE001 - any compile failure; a later one propagates
+            if self._launched:
+                raise
+            warnings.warn(
+                f"the fused Triton noise kernel cannot run on {self.device} ({err!r}); this "
+                f"stream draws with ChaCha20 in torch operations instead (as secure, slower)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            self.torch_ops = True
+            return False
+        self._launched = True
+        return True
+
     def axpy_(self, x: torch.Tensor, a: float, s: float) -> torch.Tensor:
         """x ← a·x + s·z in place (x flat, contiguous, float32/16/bf16, on this device)."""
-        if x.numel() == 0:
-            return x
-        blocks = -(-x.numel() // _SAMPLER_VALUES) * CHACHA_BLOCKS_PER_BLOCK
-        chacha_axpy_(x, self._key, self._reserve(blocks), self._nonce, a, s)
+        if x.numel() and not self._launch(x, a, s, write_only=False):
+            x.mul_(a).add_(super().normal(x.numel()), alpha=s)
         return x
 
     def normal(self, n: int) -> torch.Tensor:
         """(n,) float32 N(0, 1) on the device; consumes ⌈n / 512⌉ sampler blocks."""
         out = torch.empty(n, dtype=torch.float32, device=self.device)
-        if n:
-            blocks = -(-n // _SAMPLER_VALUES) * CHACHA_BLOCKS_PER_BLOCK
-            chacha_axpy_(out, self._key, self._reserve(blocks), self._nonce, 0.0, 1.0,
-                         write_only=True)  # fmt: skip
+        if n and not self._launch(out, 0.0, 1.0, write_only=True):
+            return super().normal(n)
         return out
 
 
@@ -246,17 +273,6 @@ class SeededChaChaGaussian(TritonChaChaGaussian):
             self._nonce = int(state[5]) % 2**64
 
 
-class _TorchSeededChaCha(SeededChaChaGaussian):
-    """The seeded ChaCha20 stream where Triton cannot run: the same words and (to a few
-    ulps) the same normals, from the torch tensor operations of the parent class's parent."""
-
-    def axpy_(self, x: torch.Tensor, a: float, s: float) -> torch.Tensor:
-        return x.mul_(a).add_(DeviceChaChaGaussian.normal(self, x.numel()), alpha=s)
-
-    def normal(self, n: int) -> torch.Tensor:
-        return DeviceChaChaGaussian.normal(self, n)
-
-
 def _signed64(v: int) -> int:
     v %= 2**64
     return v - 2**64 if v >= 2**63 else v
@@ -267,8 +283,8 @@ def seeded_stream(
 ) -> TritonChaChaGaussian:
     """A seeded ChaCha20 stream on ``device``: keyed with ``key``, or resumed from ``state``;
     the fused kernel where Triton can run there, torch operations otherwise."""
-    cls = SeededChaChaGaussian if triton_available(device) else _TorchSeededChaCha
-    stream = cls(device, key if key is not None else bytes(32))
+    stream = SeededChaChaGaussian(device, key if key is not None else bytes(32))
+    stream.torch_ops = not triton_available(device)
     if state is not None:
         stream.set_state(state)
     return stream
