@@ -19,10 +19,11 @@ Two modes (``NoiseSource(seed)``):
   debugging and for reproducing a paper, never for a release.
 
 Where the noise is drawn: the backends above run on the CPU. Noise for a tensor on another
-device (CUDA) is drawn on that device (:mod:`dpfy.noise.device_gaussian`), so no noise crosses
-the host–device bus: secure, ChaCha20 written in torch tensor operations (the compiled
-sampler's keystream bit for bit, the same Box–Muller transform); seeded, torch's generator on
-that device (Philox on CUDA), seeded from the host stream, with the same transform. On the CPU
+device (CUDA) is drawn on that device, so no noise crosses the host–device bus: with Triton,
+one fused kernel per draw (:mod:`dpfy.noise.triton_noise`: ChaCha20, keyed from os.urandom or,
+seeded, from the host stream, and the same Box–Muller transform); else, secure, ChaCha20 in
+torch tensor operations (:mod:`dpfy.noise.device_gaussian`: the compiled sampler's keystream
+bit for bit, the same transform) and, seeded, torch's generator there (Philox on CUDA). On the CPU
 the compiled sampler stays the default: it is tens of times faster than ChaCha20 in torch
 tensor operations there (docs/guide/noise_generators.md has the measurements), which
 ``backend="torch-chacha20"`` selects on every device.
@@ -141,12 +142,14 @@ class NoiseSource:
         CPU, torch's generator on the tensor's device for other devices), ``"urandom"``
         (secure only: os.urandom feeding float64 Box–Muller, copied to the device),
         ``"torch-chacha20"`` (secure only: ChaCha20 in torch tensor operations on the tensor's
-        device, the CPU included).
+        device, the CPU included), ``"triton"`` (the fused Triton kernel on every device, the
+        CPU included under ``TRITON_INTERPRET=1``; needs ``dpfy[gpu]``).
 
     Device: with ``"auto"`` (and ``"torch"``), noise for a tensor that is not on the CPU is
-    drawn on its device: secure, by ChaCha20 in torch operations keyed from ``os.urandom``
-    (one key per device); seeded, by torch's generator on that device (Philox on CUDA),
-    seeded from this source's host stream the first time the device is used.
+    drawn on its device: by the fused Triton kernel on a GPU where Triton is installed (not
+    for ``"torch"``), else secure by ChaCha20 in torch operations keyed from ``os.urandom``
+    (one key per device), seeded by torch's generator on that device (Philox on CUDA); seeded
+    keys and generators come from this source's host stream the first time a device is used.
     :meth:`generator_for` names the generator a device gets.
 
     Every backend's draws reach |z| = √(130 ln 2) ≈ 9.49σ with Gaussian tail mass (module
@@ -240,8 +243,8 @@ class NoiseSource:
 
     def generator_for(self, device: torch.device | str) -> str:
         """The generator that draws noise for tensors on ``device``: :attr:`backend` where the
-        host draws it, ``"torch-chacha20"`` (secure) or ``"torch-device"`` (seeded: torch's
-        generator there, Philox on CUDA) where the device draws it itself."""
+        host draws it; where the device draws it itself, ``"triton-chacha20"`` (``-seeded``: the
+        fused kernel), else ``"torch-chacha20"`` or ``"torch-device"`` (seeded: Philox on CUDA)."""
         device = torch.device(device)
         if not self._on_device(device):
             return self.backend
