@@ -282,3 +282,40 @@ def test_a_kernel_that_cannot_compile_falls_back_to_torch_ops_on_the_same_key(mo
     assert stream.torch_ops and stream._counter == 4 * SAMPLER_CHACHA_BLOCKS  # 2 reserved + 2 drawn
     ahead = DeviceChaChaGaussian("cpu", KEY, counter=2 * SAMPLER_CHACHA_BLOCKS).normal(600)
     assert torch.equal(x, ahead)  # 0·1 + z: the torch stream's own normals, exactly
+
+
+@pytest.mark.slow  # compiling the unrolled kernel takes minutes on a loaded 2-core machine
+def test_the_kernel_compiles_for_a_gpu_with_accurate_math(monkeypatch):
+    """No GPU needed: Triton lowers the kernel to PTX for an sm_90 target (an H100/H200) with
+    its bundled toolchain. The GPU build takes log, sin and cos from libdevice and a correctly
+    rounded square root, never the approximate instructions (lg2.approx: 2⁻²² absolute error
+    near u1 = 1; sin/cos.approx), which is what the tail and ulp claims rest on."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile
+
+    monkeypatch.delenv("TRITON_INTERPRET")
+    mod = tn._kernels()
+    assert not mod.INTERPRETED
+    signature = {
+        "x_ptr": "*fp32",
+        "key_ptr": "*i32",
+        "c_lo": "i32",
+        "c_hi": "i32",
+        "n_lo": "i32",
+        "n_hi": "i32",
+        "n": "i32",
+        "a": "fp32",
+        "s": "fp32",
+        "BLOCK_SIZE": "constexpr",
+        "WRITE_ONLY": "constexpr",
+        "ACCURATE": "constexpr",
+    }
+    source = ASTSource(
+        fn=mod.chacha_gaussian_kernel,
+        signature=signature,
+        constexprs={"BLOCK_SIZE": 128, "WRITE_ONLY": False, "ACCURATE": True},
+    )
+    ptx = compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    assert "sqrt.rn.f32" in ptx
+    for approximate in ("lg2.approx", "sin.approx", "cos.approx", "ex2.approx"):
+        assert approximate not in ptx, approximate

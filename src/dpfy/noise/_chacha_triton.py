@@ -155,7 +155,9 @@ def _store_pair(
         tl.store(x_ptr + base + 256, (a * xs + s * zs).to(x_ptr.dtype.element_ty), mask=m_s)
 
 
-@triton.jit(do_not_specialize=["c_lo", "c_hi", "n_lo", "n_hi", "a", "s"])
+# the counter, the nonce and the sizes vary per call: no compiled variant depends on them (one
+# compilation per dtype and mode, ~12k PTX lines each, cached by Triton on disk)
+@triton.jit(do_not_specialize=["c_lo", "c_hi", "n_lo", "n_hi", "n", "a", "s"])
 def chacha_gaussian_kernel(
     x_ptr,
     key_ptr,
@@ -190,7 +192,7 @@ def chacha_gaussian_kernel(
         _store_pair(x_ptr, start + 16 * w, n, radius, ang[w], a, s, WRITE_ONLY, ACCURATE)
 
 
-@triton.jit(do_not_specialize=["c_lo", "c_hi", "n_lo", "n_hi"])
+@triton.jit(do_not_specialize=["c_lo", "c_hi", "n_lo", "n_hi", "nblocks"])
 def chacha_words_kernel(
     out_ptr, key_ptr, c_lo, c_hi, n_lo, n_hi, nblocks, BLOCK_SIZE: tl.constexpr
 ):
