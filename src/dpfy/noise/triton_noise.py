@@ -149,6 +149,7 @@ def chacha_axpy_(
             BLOCK_SIZE=width,
             WRITE_ONLY=write_only,
             ACCURATE=accurate,
+            enable_fp_fusion=False,  # a·x + s·z rounded twice, as everywhere else: no FMA
         )
     return blocks * CHACHA_BLOCKS_PER_BLOCK
 
