@@ -148,6 +148,40 @@ def test_counter_advances_by_the_blocks_consumed_and_is_never_reused():
     assert not torch.allclose(x - 1, first[:513])
 
 
+def test_threads_reserve_disjoint_counter_ranges():
+    """Each call reserves its blocks under the stream's lock before launching: 8 threads × 50
+    reservations of different sizes tile the counter with no overlap and no gap."""
+    import threading
+
+    stream = tn.TritonChaChaGaussian("cpu", KEY, counter=2**64 - 1000)  # wraps past 2⁶⁴ too
+    got: list[tuple[int, int]] = []
+    lock = threading.Lock()
+
+    def work(size: int) -> None:
+        for _ in range(50):
+            start = stream._reserve(size)
+            with lock:
+                got.append((start, size))
+
+    threads = [threading.Thread(target=work, args=(48 * (k + 1),)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    blocks = sorted((start - (2**64 - 1000)) % 2**64 for start, size in got for start in
+                    range(start, start + size))  # fmt: skip
+    assert blocks == list(range(50 * 48 * 36))  # 36 = 1 + … + 8
+
+
+def test_a_draw_split_over_launches_is_the_same_stream(monkeypatch):
+    """Above 2²⁴ sampler blocks a draw is split over launches (the kernel's counter offset is
+    32 bits); each launch starts at its own counter, so the values are the one launch's."""
+    whole = tn.TritonChaChaGaussian("cpu", KEY, counter=2**32 - 60).normal(3 * 512 + 7)
+    monkeypatch.setattr(tn, "_MAX_BLOCKS_PER_LAUNCH", 2)
+    split = tn.TritonChaChaGaussian("cpu", KEY, counter=2**32 - 60).normal(3 * 512 + 7)
+    assert torch.equal(split, whole)
+
+
 def test_fused_update_is_total_over_b_plus_scaled_noise_in_one_pass():
     """x ← a·x + s·z, float32 and bfloat16 in place: float32 has three roundings (a·x, s·z,
     the sum), each ≤ ½ ulp of a value below 2·max|result|; bfloat16 (computed in float32)
