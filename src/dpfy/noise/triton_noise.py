@@ -101,6 +101,11 @@ def _program_width(mod: ModuleType) -> int:
     return _ELEMENTS_INTERPRETED if mod.INTERPRETED else _ELEMENTS_PER_PROGRAM
 
 
+def _accurate(mod: ModuleType) -> bool:
+    """libdevice's log, sin and cos (compiled), or Triton's own (the interpreter's numpy)."""
+    return not mod.INTERPRETED and mod.libdevice is not None
+
+
 def _int32(v: int) -> int:
     """The low 32 bits of v as a signed int32 value (a kernel argument of one fixed type)."""
     v &= 0xFFFFFFFF
@@ -129,7 +134,6 @@ def chacha_axpy_(
     mod = _kernels()
     n = x.numel()
     blocks = -(-n // _SAMPLER_VALUES)
-    accurate = not mod.INTERPRETED and mod.libdevice is not None
     width = _program_width(mod)
     for first in range(0, blocks, _MAX_BLOCKS_PER_LAUNCH):
         count = min(_MAX_BLOCKS_PER_LAUNCH, blocks - first)
@@ -148,7 +152,7 @@ def chacha_axpy_(
             float(s),
             BLOCK_SIZE=width,
             WRITE_ONLY=write_only,
-            ACCURATE=accurate,
+            ACCURATE=_accurate(mod),
             enable_fp_fusion=False,  # a·x + s·z rounded twice, as everywhere else: no FMA
         )
     return blocks * CHACHA_BLOCKS_PER_BLOCK
@@ -186,8 +190,8 @@ def gaussian_from_words(words: torch.Tensor) -> torch.Tensor:
     out = torch.empty(words.shape[0], 512, dtype=torch.float32, device=words.device)
     width = _program_width(mod)
     mod.gaussian_from_words_kernel[(-(-out.numel() // 2 // width),)](
-        words, out, words.shape[0], BLOCK_SIZE=width,
-        ACCURATE=not mod.INTERPRETED and mod.libdevice is not None,
+        words, out, words.shape[0], BLOCK_SIZE=width, ACCURATE=_accurate(mod),
+        enable_fp_fusion=False,
     )  # fmt: skip
     return out
 
