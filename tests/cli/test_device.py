@@ -92,3 +92,13 @@ def test_a_dataset_is_held_on_the_cpu_unchanged():
 
     data = load_dataset("digits")
     assert hold_on_device(data, torch.device("cpu")) is data
+
+
+def test_a_training_set_is_held_on_the_gpu_when_it_fits_in_a_quarter_of_its_free_memory():
+    from dpfy.data import load_dataset
+    from dpfy.train.device import fits
+
+    data = load_dataset("digits")
+    size = sum(t.numel() * t.element_size() for s in (data.train, data.test) for t in s.tensors)
+    assert fits(data, 4 * size)  # exactly a quarter
+    assert not fits(data, 4 * size - 4)

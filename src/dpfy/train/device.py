@@ -29,6 +29,7 @@ __all__ = [
     "device_description",
     "hold_on_device",
     "model_device",
+    "fits",
     "HOLD_FRACTION",
 ]
 
@@ -94,20 +95,22 @@ def hold_on_device(data: DataSplits, device: torch.device) -> DataSplits:
     """``data`` with its training and test splits copied to ``device`` once, where each is a
     ``TensorDataset`` and the two fit in :data:`HOLD_FRACTION` of the device's free memory;
     ``data`` unchanged on the CPU, or when they do not fit (the loop then moves each batch)."""
-    if device.type != "cuda":
-        return data
-    splits = {"train": data.train, "test": data.test}
-    if not all(type(s) is TensorDataset for s in splits.values()):
-        return data
-    size = sum(_nbytes(s) for s in splits.values())
-    free, _ = torch.cuda.mem_get_info(device)
-    if size > HOLD_FRACTION * free:
+    if device.type != "cuda" or not fits(data, torch.cuda.mem_get_info(device)[0]):
         return data
     train, test = (
         TensorDataset(*(t.to(device) for t in s.tensors))  # type: ignore[attr-defined]
         for s in (data.train, data.test)
     )
     return dataclasses.replace(data, train=train, test=test)
+
+
+def fits(data: DataSplits, free: int) -> bool:
+    """Whether both splits are ``TensorDataset`` s whose tensors take at most
+    :data:`HOLD_FRACTION` of ``free`` bytes together."""
+    splits = (data.train, data.test)
+    if not all(type(s) is TensorDataset for s in splits):
+        return False
+    return sum(_nbytes(s) for s in splits) <= HOLD_FRACTION * free
 
 
 def _nbytes(dataset: Dataset) -> int:
