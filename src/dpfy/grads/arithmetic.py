@@ -60,9 +60,8 @@ on the CPU.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, TypeVar
 
 import torch
 
@@ -125,16 +124,16 @@ def tf32_in_effect() -> bool:
         lambda: cudnn.allow_tf32,
         lambda: getattr(getattr(cudnn, "conv", None), "fp32_precision", "ieee"),
     )
-    return matmul or conv or _matmul_precision() != "highest"
+    return matmul or conv or _matmul_precision() in ("high", "medium")
 
 
 def _matmul_precision() -> str:
-    """``torch.get_float32_matmul_precision()``, or ``"highest"`` where torch refuses to say
-    because the per-backend API was used (its flags are then read by :func:`tf32_in_effect`)."""
+    """``torch.get_float32_matmul_precision()``, or ``"mixed"`` where torch refuses to say
+    because the per-backend API was used (its flags are then read one by one)."""
     try:
         return str(torch.get_float32_matmul_precision())
     except RuntimeError:
-        return "highest"
+        return "mixed"
 
 
 def unit_roundoff(dtype: torch.dtype, device_type: str) -> float:
@@ -179,50 +178,52 @@ def round_to_tf32(x: torch.Tensor) -> torch.Tensor:
     return torch.where(finite, rounded.view(torch.float32), x)
 
 
-@contextlib.contextmanager
-def full_precision() -> Iterator[None]:
-    """Float32 computed in float32 inside: TF32 off for cuBLAS and cuDNN, float32 matmul
-    precision ``"highest"``, autocast off on CUDA and the CPU; the user's settings restored
-    after (module docstring, point 2). The flags are process-wide: another thread's forward
-    running meanwhile runs in full float32 too."""
-    cudnn = torch.backends.cudnn
-    precision = _matmul_precision()
-    with contextlib.ExitStack() as stack:
-        if precision != "highest":  # covers cuBLAS's allow_tf32, which reads as "high"
+class full_precision:
+    """Context manager: float32 computed in float32 inside: TF32 off for cuBLAS and cuDNN,
+    float32 matmul precision ``"highest"``, autocast off on CUDA and the CPU; the user's
+    settings restored after (module docstring, point 2). The flags are process-wide: another
+    thread's forward running meanwhile runs in full float32 too. Entering and leaving cost a
+    few microseconds (a flag read each, a write only for a flag that is on)."""
+
+    def __enter__(self) -> "full_precision":
+        self._undo: list[Callable[[], None]] = []
+        matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+        precision = _matmul_precision()
+        if precision == "mixed":  # set through the per-backend API
+            self._undo.append(_tf32_off(matmul, matmul))
+        elif precision != "highest":  # covers cuBLAS's allow_tf32, which reads as "high"
             torch.set_float32_matmul_precision("highest")
-            stack.callback(torch.set_float32_matmul_precision, precision)
-        else:  # set through the per-backend API, or off already
-            matmul = torch.backends.cuda.matmul
-            stack.enter_context(_tf32_off(matmul, matmul))
-        stack.enter_context(_tf32_off(cudnn, getattr(cudnn, "conv", None)))
+            self._undo.append(lambda: torch.set_float32_matmul_precision(precision))
+        self._undo.append(_tf32_off(cudnn, getattr(cudnn, "conv", None)))
         for device_type in ("cuda", "cpu"):
             if _autocast_on(device_type):
-                stack.enter_context(torch.autocast(device_type, enabled=False))
-        yield
+                off = torch.autocast(device_type, enabled=False)
+                off.__enter__()
+                self._undo.append(lambda off=off: off.__exit__(None, None, None))  # type: ignore[misc]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for undo in reversed(self._undo):
+            undo()
 
 
-@contextlib.contextmanager
-def _tf32_off(legacy: Any, new: Any) -> Iterator[None]:
-    """One TF32 flag off inside, restored after: ``legacy.allow_tf32``, or ``new.fp32_precision``
-    where torch refuses the legacy attribute because the newer API was used."""
+def _nothing() -> None:
+    return None
+
+
+def _tf32_off(legacy: Any, new: Any) -> Callable[[], None]:
+    """Switch one TF32 flag off (``legacy.allow_tf32``, or ``new.fp32_precision`` where torch
+    refuses the legacy attribute because the newer API was used); return its restore."""
     try:
-        on, use_legacy = bool(legacy.allow_tf32), True
-    except RuntimeError:  # "mix of the legacy and new APIs": stay with the new one
-        on, use_legacy = getattr(new, "fp32_precision", "ieee") == "tf32", False
-    if not on:
-        yield
-        return
-    if use_legacy:
+        if not legacy.allow_tf32:
+            return _nothing
         legacy.allow_tf32 = False
-    else:
+        return lambda: setattr(legacy, "allow_tf32", True)
+    except RuntimeError:  # "mix of the legacy and new APIs": stay with the new one
+        if getattr(new, "fp32_precision", "ieee") != "tf32":
+            return _nothing
         new.fp32_precision = "ieee"
-    try:
-        yield
-    finally:
-        if use_legacy:
-            legacy.allow_tf32 = True
-        else:
-            new.fp32_precision = "tf32"
+        return lambda: setattr(new, "fp32_precision", "tf32")
 
 
 def in_full_precision(fn: F) -> F:
