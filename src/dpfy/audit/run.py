@@ -43,6 +43,7 @@ from dpfy.audit.sink import CanarySink
 from dpfy.data import load_dataset
 from dpfy.models import build_model
 from dpfy.train.config import TrainConfig, resolve
+from dpfy.train.device import device_description, model_device, resolve_device
 from dpfy.train.epoch import run_epoch
 from dpfy.train.evaluate import evaluate
 from dpfy.train.private import (
@@ -97,6 +98,7 @@ SUPPORTED = frozenset(
         "method_options",
         "route",
         "threads",
+        "device",
     }
 )
 
@@ -228,11 +230,13 @@ def audit_config(
     check_names(cfg, data, model)
     check_accountable(cfg)
     check_supported(cfg)
+    device = resolve_device(cfg.device)  # an unusable --device is refused before any work
     require(canary_kind in KINDS, "canary_kind", canary_kind, f"one of {list(KINDS)}")
     run = RunDir.create(out) if out is not None else None
     try:
         data = data if data is not None else load_dataset(cfg.dataset, data_dir=cfg.data_dir)
         cfg, rule = resolve(cfg, num_examples=data.num_train, reference_delta=data.reference_delta)
+        cfg = dataclasses.replace(cfg, device=str(device))  # config.json names the device
         assert cfg.batch_size is not None and cfg.delta is not None  # resolve fills both
         torch.set_num_threads(cfg.threads or usable_cores())
         seed = cfg.seed if cfg.seed is not None else secrets.randbits(63)
@@ -241,6 +245,7 @@ def audit_config(
             model = build_model(
                 cfg.model, input_shape=data.input_shape, num_classes=data.num_classes
             )
+        model = model.to(device)  # the batches follow it (run_epoch)
         if canary_kind == "dirac":
             model = CanarySink(model, canaries)
         draw = CanarySet.draw(
@@ -312,7 +317,12 @@ def _write(
 ) -> None:
     """The audited run's privacy report (with the audit section), ledger and audit.json."""
     write_report(
-        cfg, {"delta_rule": rule}, data, private, run.staging, sections=(result.section(),)
+        cfg,
+        {"delta_rule": rule, "device": device_description(model_device(private.model))},
+        data,
+        private,
+        run.staging,
+        sections=(result.section(),),
     )
     write_atomic(run.staging / "ledger.json", private.optimizer.ledger.to_json(indent=1) + "\n")
     write_atomic(run.staging / "config.json", cfg.to_public_json() + "\n")

@@ -31,6 +31,7 @@ from dpfy.cli import SUBCOMMANDS
 from dpfy.cli import train as train_cli
 from dpfy.privacy.tuning import log_grid
 from dpfy.train.config import TrainConfig
+from dpfy.train.device import resolve_device
 from dpfy.train import recipe as guide_recipe
 from dpfy.train.grid import SELECT, GridAxis, parse_axis, run_grid
 
@@ -140,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
         )
     settings = train_cli.explicit_settings(args)
     cfg = TrainConfig.from_mapping(settings, source="settings")
+    resolve_device(cfg.device)  # an unusable --device is refused before any work
     out = args.out or f"runs/tune-{cfg.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
     if args.recipe == "guide":
         return _run_recipe(args, cfg, settings, out)

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from dpfy._require import require
+from dpfy.grads.arithmetic import in_full_precision
 from dpfy.grads.capture import Capture, check_unchanged
 from dpfy.grads.explain import explain_rows
 from dpfy.grads.held import hide_from_ddp, hold, release, show_to_ddp
@@ -197,6 +198,7 @@ class GradEngine:
         )
         return self._sq_norms(unit_of_row.long(), u)
 
+    @in_full_precision  # the clip factors' norms in float32, as the sums (grads/arithmetic.py)
     def _sq_norms(
         self, unit_of_row: torch.Tensor | None, num_units: int
     ) -> dict[str, torch.Tensor]:
@@ -228,6 +230,7 @@ class GradEngine:
             out[name] = tied_sq.mul_(s2)
         return out
 
+    @in_full_precision
     def per_sample_grads(self) -> dict[str, torch.Tensor]:
         """{parameter name: ∂ℓ_i/∂θ (B, *θ.shape)}, materialized for every unit. Sensitive.
 
@@ -260,6 +263,7 @@ class GradEngine:
         """{parameter name: Σ_i w_i ∂ℓ_i/∂θ} for weights {name: (B,)} (sensitive inputs)."""
         return self.weighted_sums_many([weights])[0]
 
+    @in_full_precision
     def weighted_sums_many(
         self, weight_sets: list[dict[str, torch.Tensor]]
     ) -> list[dict[str, torch.Tensor]]:

@@ -36,7 +36,8 @@ the same order: the rows are equal bit for bit on a deterministic kernel. A tole
 only let a small leak through (a mixing weight of 1e-4 on each of 255 other rows adds
 2.55e-2·C). Some kernels are not deterministic run to run (atomic additions on a GPU): when A
 and B differ, A is run a third time, and only if A and its repetition differ too are A and B
-compared again with the row-identity probe's float tolerance (``rows_differ``: relative 1e-4).
+compared again with the row-identity probe's float tolerance (``rows_differ``: derived from
+the arithmetic in effect, ``grads/arithmetic.py``).
 
 When the probe cannot run (the forward or backward raises on the perturbed batch): the model is
 refused, naming the error, unless the user declared it row-wise

@@ -14,9 +14,11 @@ The check. At the first training forward of an engine bound to a private batch o
 gradients: once on the batch, once on the batch *without its first row and in reverse order*
 (:func:`probe_index`). Each captured layer call's input rows along the engine's batch dimension
 for that call, and the model's output rows, must then be the full forward's rows in that order,
-up to float32 differences between batch sizes (:func:`rows_differ`). Removing a row catches
-batch statistics; reversing the rest catches sorting, which a removal alone misses whenever the
-removed example sorts to where it already is (any removal misses it on an already-sorted batch).
+up to the differences the arithmetic in effect makes between batch sizes (:func:`rows_differ`,
+``grads/arithmetic.py``: TF32, autocast and cuDNN's choice of algorithm included). Removing a
+row catches batch statistics; reversing the rest catches sorting, which a removal alone misses
+whenever the removed example sorts to where it already is (any removal misses it on an
+already-sorted batch).
 A layer's input that is shared by every example (one row, or a vmap unit's non-batched
 argument) must not change at all.
 
@@ -62,6 +64,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from dpfy.grads.arithmetic import row_rtol
 from dpfy.grads.layout import Rerun, resize_batch
 from dpfy.grads.units import Unit
 
@@ -73,6 +76,7 @@ __all__ = [
     "holds_batch",
     "probe_index",
     "rows_differ",
+    "beyond_arithmetic",
     "call_differs",
     "differing_calls",
     "is_randomness",
@@ -83,7 +87,6 @@ __all__ = [
 ]
 
 MIN_ROWS = 3  # a batch of 1–2 rows is not probed (too few rows to remove one and reorder)
-_RTOL = 1e-4  # float32 BLAS results differ between batch sizes; atol is 1e-5 × the scale
 
 
 @dataclass
@@ -242,9 +245,14 @@ def reseed(seed: int = 0) -> None:
     torch.manual_seed(seed)
 
 
-def rows_differ(full: Any, part: Any, index: torch.Tensor, dim: int | None) -> bool:
+def rows_differ(
+    full: Any, part: Any, index: torch.Tensor, dim: int | None, rtol: float | None = None
+) -> bool:
     """Whether ``part`` is not ``full``'s rows ``index`` along ``dim`` (None: a shared input,
-    which must not change at all), up to float32 differences between batch sizes."""
+    which must not change beyond the arithmetic), up to the differences that the arithmetic
+    in effect makes between batch sizes: ``rtol`` (default :func:`~dpfy.grads.arithmetic.
+    row_rtol` of ``full``'s dtype and device) bounds each element's change by its row's
+    scale (:func:`beyond_arithmetic`)."""
     if not torch.is_tensor(full) or not torch.is_tensor(part):
         return torch.is_tensor(full) != torch.is_tensor(part)
     if dim is not None:
@@ -257,9 +265,30 @@ def rows_differ(full: Any, part: Any, index: torch.Tensor, dim: int | None) -> b
         return not torch.equal(full, part)
     if full.numel() == 0:
         return False
-    bound = full.abs()  # |part − full| ≤ rtol·|full| + 1e-5·max|full|, in one dtype's passes
-    atol = 1e-5 * float(bound.max())
-    return bool((part - full).abs_().gt_(bound.mul_(_RTOL).add_(atol)).any())
+    tol = rtol if rtol is not None else row_rtol(full.dtype, full.device.type)
+    return beyond_arithmetic(full, part, dim, tol)
+
+
+def beyond_arithmetic(full: torch.Tensor, part: torch.Tensor, dim: int | None, rtol: float) -> bool:
+    """Whether some element of ``part`` differs from ``full`` (same shape) by more than
+    ``rtol · (|x| + rms of its row) + 0.1 · rtol · max|x|``, rows along ``dim`` (None: the
+    whole tensor is one row).
+
+    The row's root mean square is the scale of a dot product's rounding error (about
+    u·‖a‖‖b‖, ``grads/arithmetic.py``), which an element that is a small sum of large
+    cancelling terms does not show; the last term, the probe's former absolute floor, keeps
+    a row of zeros (a dead ReLU row) from being judged on its own tiny scale. Computed in
+    float32 at least, one pass per term."""
+    x = full.movedim(dim, 0) if dim is not None else full.unsqueeze(0)
+    y = part.movedim(dim, 0) if dim is not None else part.unsqueeze(0)
+    wide = torch.promote_types(full.dtype, torch.float32)
+    x, y = x.reshape(x.shape[0], -1).to(wide), y.reshape(y.shape[0], -1).to(wide)
+    size = x.shape[1]
+    rms = torch.linalg.vector_norm(x, dim=1, keepdim=True).div_(max(size, 1) ** 0.5)  # (R, 1)
+    bound = x.abs()
+    floor = 0.1 * rtol * float(bound.max())
+    bound.add_(rms).mul_(rtol).add_(floor)
+    return bool((y - x).abs_().gt_(bound).any())
 
 
 Dims = Any  # a rule unit's batch dimension (None: shared), or a vmap unit's (arg, kwarg) dims

@@ -14,6 +14,7 @@ from dpfy._require import require
 from dpfy.sampling.admit import _refuse
 from dpfy.sampling.augmult import Augmentation
 from dpfy.sampling.collate_probe import CollateProbe
+from dpfy.sampling.fetch import BatchedDataset, Collated
 from dpfy.sampling.poisson import PoissonSampler
 from dpfy.sampling.sampler import Sampler
 from dpfy.sampling.shuffle import ShuffleSampler
@@ -81,7 +82,9 @@ class _EmptySafeCollate:
     def __init__(self, collate_fn: Any, dataset: Any) -> None:
         self.collate_fn, self.dataset = CollateProbe(collate_fn), dataset
 
-    def __call__(self, items: list[Any]) -> Any:
+    def __call__(self, items: list[Any] | Collated) -> Any:
+        if isinstance(items, Collated):  # fetched and collated at once (sampling/fetch.py)
+            return items.batch
         if items:
             return self.collate_fn(items)
         one = self.collate_fn([self.dataset[0]])
@@ -192,7 +195,7 @@ class DPDataLoader:
             {"prefetch_factor": loader.prefetch_factor} if loader.num_workers else {}
         )
         self.inner = DataLoader(
-            loader.dataset,
+            BatchedDataset(loader.dataset, loader.collate_fn),  # one fetch per batch
             batch_sampler=self._batches,
             collate_fn=_EmptySafeCollate(loader.collate_fn, loader.dataset),
             num_workers=loader.num_workers,

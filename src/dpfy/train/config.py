@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
@@ -54,9 +55,9 @@ OPTIMIZERS = ("sgd", "adam")
 # The accountants a run may calibrate and cap with: the rigorous ones (never the GDP CLT, which
 # can under-report ε). One list for make_private, the ε guard and the trainer.
 ACCOUNTANTS = RIGOROUS
-# Fields that may differ when resuming: they change where data is read from or how fast the
-# run goes, not what it computes.
-RESUME_IGNORED = frozenset({"data_dir", "threads"})
+# Fields that may differ when resuming: they change where data is read from, where the run
+# computes or how fast it goes, not what it computes (another device may round differently).
+RESUME_IGNORED = frozenset({"data_dir", "threads", "device"})
 # Bounds that keep a typo from starting a run that cannot finish: the largest float32 (lr = 1e300
 # overflowed inside torch's optimizer) and a number of passes no run reaches.
 FLOAT32_MAX = 3.4028234663852886e38
@@ -173,6 +174,9 @@ class TrainConfig:
     )
     route: str = _f("auto", "how per-example norms and sums are computed: auto, ghost, vmap")
     threads: int | None = _f(None, "torch threads; default: number of usable cores")
+    device: str = _f(
+        "auto", "where to train: auto (CUDA when available, else the CPU), cpu, cuda or cuda:K"
+    )
     individual: str | None = _f(
         None,
         "individualized privacy budgets (docs/individual.md): "
@@ -357,6 +361,13 @@ class TrainConfig:
         )
         if self.seed is not None:
             require(0 <= self.seed < 2**63, "seed", self.seed, "in [0, 2**63)")
+        require(
+            re.fullmatch(r"auto|cpu|cuda(:\d+)?", str(self.device)) is not None,
+            "device",
+            self.device,
+            "auto, cpu, cuda or cuda:K",
+            "Write e.g. --device cuda:0",
+        )
         if self.threads is not None:
             require(
                 1 <= self.threads <= MAX_THREADS,

@@ -15,6 +15,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from dpfy.train.device import model_device
+
 __all__ = ["EpochStats", "run_epoch", "EPS_UPDATES_PER_EPOCH"]
 
 # How often per epoch the progress bar recomputes ε (a PLD accountant call costs ~0.1-0.2 s);
@@ -45,11 +47,13 @@ def run_epoch(
         back into training: ``last_step_info`` holds non-private debug statistics.
     """
     model, optimizer = private.model, private.optimizer
+    device = model_device(model)  # each batch moves there once (a no-op for a held dataset)
     model.train()
     total_loss, correct, seen = 0.0, 0, 0
     per_epoch = private.steps_per_epoch
     every = max(1, -(-per_epoch // EPS_UPDATES_PER_EPOCH))  # ceil
     for x, y in private.loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         optimizer.zero_grad(set_to_none=True)
         logits = model(x)  # (B, classes)
         # mean over the physical batch (the engine's loss_reduction="mean"); a Poisson batch

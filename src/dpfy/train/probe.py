@@ -38,6 +38,7 @@ from dpfy.errors import SeedWarning
 from dpfy.models import build_model
 from dpfy.privacy.accountants import pld_min_noise_multiplier
 from dpfy.train.config import TrainConfig
+from dpfy.train.device import resolve_device
 from dpfy.train.evaluate import evaluate
 from dpfy.train.private import make_optimizer
 
@@ -103,7 +104,9 @@ def run_probe(
     require(probe.steps >= 1, "steps", probe.steps, ">= 1")
     require(probe.noise_multiplier >= 0, "noise_multiplier", probe.noise_multiplier, ">= 0")
     torch.manual_seed(cfg.seed if cfg.seed is not None else secrets.randbits(63))
+    device = resolve_device(cfg.device)
     model: nn.Module = build_model(cfg.model, input_shape=input_shape, num_classes=num_classes)
+    model = model.to(device)
     optimizer = make_optimizer(
         _with_lr(cfg, probe.lr), [p for p in model.parameters() if p.requires_grad]
     )
@@ -130,6 +133,7 @@ def run_probe(
     diverged = False
     while opt.step_count < probe.steps and not diverged:
         for x, y in loader:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             opt.zero_grad(set_to_none=True)
             logits = model(x)
             # as dpfy.train.epoch.run_epoch: mean over the batch, an empty batch still steps

@@ -90,8 +90,8 @@ def _describe(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, priv
         f"{cfg.model} ({params:,} parameters) trained with {ALGORITHM[cfg.noise]} "
         f"({cfg.optimizer}, lr "
         f"{cfg.lr:g}, {clip}, expected batch "
-        f"{cfg.batch_size}, {cfg.epochs} epochs) on {data.description}; δ: "
-        f"{notes.get('delta_rule', 'given')}"
+        f"{cfg.batch_size}, {cfg.epochs} epochs) on {data.description}; device: "
+        f"{notes.get('device', cfg.device)}; δ: {notes.get('delta_rule', 'given')}"
     )
 
 

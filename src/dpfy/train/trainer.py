@@ -40,6 +40,7 @@ from dpfy.models import MODELS, build_model
 from dpfy.privacy.accountants import PLD_FINE, pld_min_noise_multiplier
 from dpfy.privacy.individual import load_budgets, random_budgets
 from dpfy.train.checkpoint import Checkpoint, load_latest
+from dpfy.train.device import device_description, hold_on_device, resolve_device
 from dpfy.train.config import RESUME_IGNORED, SEED_WARNING, TrainConfig, parse_floats, resolve
 from dpfy.train.epoch import run_epoch
 from dpfy.train.averaging import ParameterAverage, averaging_section
@@ -144,6 +145,7 @@ def train(
     """
     check_names(cfg, data, model)
     check_accountable(cfg)
+    resolve_device(cfg.device)  # an unusable --device is refused before the data is read
     require_extra("matplotlib", feature="dpfy train (it writes accuracy.png)")
     run = RunDir.create(out)  # before any slow work: an unwritable --out fails at once
     try:
@@ -241,7 +243,11 @@ def _run(
     progress: bool,
     echo: Echo,
 ) -> TrainResult:
+    device = resolve_device(cfg.device)
+    cfg = dataclasses.replace(cfg, device=str(device))  # config.json names the device
     assert cfg.delta is not None, "resolve() set δ (a checkpoint holds the resolved config)"
+    notes = {**notes, "device": device_description(device)}
+    data = hold_on_device(data, device)  # a training set that fits is copied there once
     torch.set_num_threads(cfg.threads or usable_cores())
     # Model init: the given seed, or a fresh secret one that is never stored (a resumed run
     # loads its weights and torch's RNG state from the checkpoint). Sampling and noise: the
@@ -249,6 +255,7 @@ def _run(
     torch.manual_seed(cfg.seed if cfg.seed is not None else secrets.randbits(63))
     if model is None:
         model = build_model(cfg.model, input_shape=data.input_shape, num_classes=data.num_classes)
+    model = model.to(device)
     with warnings.catch_warnings():  # a seeded run's warning is echoed below, once
         warnings.simplefilter("ignore", SeedWarning)
         private = (
