@@ -86,3 +86,32 @@ def test_refusals():
         per_example_epsilons(_ledger(), RATIOS[:3], refresh_every=K, delta=DELTA)
     with pytest.raises(ValueError, match="rounding must be None or in"):
         per_example_epsilons(_ledger(), RATIOS, refresh_every=K, delta=DELTA, rounding=0)
+
+
+def test_norm_tracker_matches_closed_form_softmax_gradient():
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from dpfy.norm_tracker import NormTracker
+
+    torch.manual_seed(0)
+    x, y = torch.randn(30, 5, dtype=torch.float64), torch.randint(0, 3, (30,))
+    model = nn.Linear(5, 3).double()
+    clip = 0.8
+    tracker = NormTracker(model, F.cross_entropy, x, y, clip=clip, refresh_every=2, chunk=7)
+    for _ in range(3):
+        tracker.before_step()
+    assert len(tracker.ratios) == 2  # steps 0 and 2
+    # softmax regression: ∇_W = (p − e_y) xᵀ, ∇_b = p − e_y, so ‖g‖ = ‖p − e_y‖·√(‖x‖² + 1)
+    with torch.no_grad():
+        p = torch.softmax(model(x), 1)
+    g = (p - F.one_hot(y, 3)).norm(dim=1) * (x.square().sum(1) + 1).sqrt()
+    expected = torch.clamp(g / clip, max=1.0).numpy()
+    assert np.allclose(tracker.ratios[0], expected, rtol=1e-10, atol=0)  # float64 sums
+    ledger = Ledger.homogeneous(sample_rate=0.1, noise_multiplier=1.0, steps=3)
+    res = tracker.epsilons(ledger, delta=1e-5)
+    assert res.epsilons.shape == (30,) and res.epsilons.max() <= res.run_epsilon * (1 + 1e-12)
+    with pytest.raises(ValueError, match="ledger steps must be the 3 steps"):
+        tracker.epsilons(Ledger.homogeneous(sample_rate=0.1, noise_multiplier=1.0, steps=4),
+                         delta=1e-5)  # fmt: skip
