@@ -19,6 +19,7 @@ res = tracker.epsilons(opt.ledger, delta=1e-5, rounding=0.01)
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -101,6 +102,20 @@ class NormTracker:
     def final_losses(self) -> np.ndarray:
         """Every example's loss on the model as it is now (for the loss correlation)."""
         return self._norms_and_losses()[1]
+
+    def save(self, path: str | Path) -> None:
+        """Write ``per_example_norms.npz`` (ratios, losses per refresh, the final losses, K) for
+        ``dpfy account --individual``. Private data: keep it with the data holder."""
+        require(len(self.ratios) >= 1, "tracker", "empty", "refreshed at least once",
+                "Call before_step() before the first optimizer step")  # fmt: skip
+        np.savez(
+            path,
+            ratios=np.stack(self.ratios),
+            losses=np.stack(self.losses),
+            final_losses=self.final_losses(),
+            refresh_every=np.array(self.refresh_every),
+            steps=np.array(self.step),
+        )
 
     def epsilons(
         self, ledger: Ledger, *, delta: float, rounding: float | None = None
