@@ -4,7 +4,7 @@
 example and every refresh j, the ratio ρ = ‖clip(g_i)‖ / C of its gradient on the model of
 step j·K (Yu et al.'s K). :class:`NormTracker` records them from a training loop: call
 :meth:`NormTracker.before_step` before each optimizer step; it computes every example's
-gradient norm (``torch.func``: one ``vmap`` of ``grad`` per chunk, in eval mode, no dropout)
+gradient norm (``torch.func``: one ``vmap`` of ``grad`` per chunk, on a copy of the model in eval mode)
 at steps 0, K, 2K, …, and keeps its training loss at that point too (for the correlation the
 report shows). The norms and losses are private data: keep them with the data holder.
 
@@ -19,6 +19,7 @@ res = tracker.epsilons(opt.ledger, delta=1e-5, rounding=0.01)
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Callable
 
@@ -66,28 +67,26 @@ class NormTracker:
         self.losses: list[np.ndarray] = []
 
     def _norms_and_losses(self) -> tuple[np.ndarray, np.ndarray]:
-        params = {k: v.detach() for k, v in self.model.named_parameters()}
-        buffers = {k: v.detach() for k, v in self.model.named_buffers()}
+        # a copy: the private model's dpfy hooks (gradient taps) become inert in copies, so
+        # this analysis never feeds the run's gradient engine
+        model = copy.deepcopy(self.model).eval()
+        params = {k: v.detach() for k, v in model.named_parameters()}
+        buffers = {k: v.detach() for k, v in model.named_buffers()}
 
         def loss_one(p: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            out = functional_call(self.model, (p, buffers), (x.unsqueeze(0),))
+            out = functional_call(model, (p, buffers), (x.unsqueeze(0),))
             return self.loss_fn(out, y.unsqueeze(0))
 
         per_grad = vmap(grad(loss_one), in_dims=(None, 0, 0))
         per_loss = vmap(loss_one, in_dims=(None, 0, 0))
         norms, losses = [], []
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            for i in range(0, self.features.shape[0], self.chunk):
-                x, y = self.features[i : i + self.chunk], self.labels[i : i + self.chunk]
-                g = per_grad(params, x, y)
-                sq = sum(v.flatten(1).square().sum(1) for v in g.values())
-                norms.append(torch.as_tensor(sq).sqrt())
-                with torch.no_grad():
-                    losses.append(per_loss(params, x, y))
-        finally:
-            self.model.train(was_training)
+        for i in range(0, self.features.shape[0], self.chunk):
+            x, y = self.features[i : i + self.chunk], self.labels[i : i + self.chunk]
+            g = per_grad(params, x, y)
+            sq = sum(v.flatten(1).square().sum(1) for v in g.values())
+            norms.append(torch.as_tensor(sq).sqrt())
+            with torch.no_grad():
+                losses.append(per_loss(params, x, y))
         n = torch.cat(norms).double().numpy()
         return np.minimum(n / self.clip, 1.0), torch.cat(losses).double().numpy()
 

@@ -146,3 +146,30 @@ def test_cli_account_individual(tmp_path, capsys):
     assert main(["account", "--ledger", str(tmp_path), "--delta", "1e-5", "--histogram",
                  str(tmp_path / "h.png")]) == 2  # fmt: skip
     assert "histogram must be unset without --individual" in capsys.readouterr().err
+
+
+def test_norm_tracker_on_a_private_model():
+    # regression: the private model's gradient taps broke torch.func on the model itself
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import dpfy
+    from dpfy.norm_tracker import NormTracker
+
+    torch.manual_seed(0)
+    x, y = torch.randn(60, 1, 3, 3), torch.randint(0, 3, (60,))
+    base = nn.Sequential(nn.Flatten(), nn.Linear(9, 3))
+    model, opt, loader = dpfy.make_private(
+        base, torch.optim.SGD(base.parameters(), lr=1.0),
+        DataLoader(TensorDataset(x, y), batch_size=20), target_epsilon=3.0, target_delta=1e-5,
+        epochs=1, max_grad_norm=1.0, accountant="rdp")  # fmt: skip
+    tracker = NormTracker(model, F.cross_entropy, x, y, clip=1.0, refresh_every=2)
+    for xb, yb in loader:
+        tracker.before_step()
+        opt.zero_grad()
+        F.cross_entropy(model(xb), yb).backward()
+        opt.step()
+    res = tracker.epsilons(opt.ledger, delta=1e-5)
+    assert res.epsilons.max() <= res.run_epsilon * (1 + 1e-12)
