@@ -4,9 +4,10 @@
 example and every refresh j, the ratio ρ = ‖clip(g_i)‖ / C of its gradient on the model of
 step j·K (Yu et al.'s K). :class:`NormTracker` records them from a training loop: call
 :meth:`NormTracker.before_step` before each optimizer step; it computes every example's
-gradient norm (``torch.func``: one ``vmap`` of ``grad`` per chunk, on a copy of the model in eval mode)
-at steps 0, K, 2K, …, and keeps its training loss at that point too (for the correlation the
-report shows). The norms and losses are private data: keep them with the data holder.
+gradient norm (``torch.func``: one ``vmap`` of ``grad`` per chunk, on a copy of the model in
+eval mode) at steps 0, K, 2K, …, and keeps its training loss at that point too (for the
+correlation the report shows). The norms and losses are private data: keep them with the data
+holder.
 
 ```python
 tracker = NormTracker(model, loss_fn, features, labels, clip=C, refresh_every=K)
