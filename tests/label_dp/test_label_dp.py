@@ -187,3 +187,9 @@ def test_cli_label_dp_run(tmp_path, capsys):
 def test_cli_refuses_example_level_settings(tmp_path):
     assert main(["train", "--dataset", "digits", "--privacy-unit", "label", "--label-dp",
                  "rr", "--noise-multiplier", "1", "--out", str(tmp_path / "r")]) == 2  # fmt: skip
+
+
+def test_cli_refuses_stages_with_plain_rr(tmp_path, capsys):
+    assert main(["train", "--dataset", "digits", "--privacy-unit", "label", "--label-dp", "rr",
+                 "--label-stages", "0.3,0.7", "--out", str(tmp_path / "r")]) == 2  # fmt: skip
+    assert "label_stages must be unset with --label-dp rr" in capsys.readouterr().err

@@ -52,7 +52,7 @@ def add_flags(p: Any) -> None:
     )
     g.add_argument(
         "--label-stages",
-        default="0.5,0.5",
+        default=None,
         metavar="FRACTIONS",
         help="with --label-dp rr-prior: the stages' fractions of the training set "
         "(default: 0.5,0.5)",
@@ -97,7 +97,20 @@ def run_label(args: Any, settings: dict[str, Any]) -> int:
         )
     _check(args, settings)
     epsilon = float(settings.get("epsilon", 3.0))
-    fractions = [float(f) for f in str(args.label_stages).split(",")]
+    require(
+        args.label_stages is None or args.label_dp == "rr-prior",
+        "label_stages",
+        args.label_stages,
+        "unset with --label-dp rr (plain RR has no stages)",
+        "Drop --label-stages, or use --label-dp rr-prior",
+    )
+    try:
+        fractions = [float(f) for f in str(args.label_stages or "0.5,0.5").split(",")]
+    except ValueError:
+        raise ValueError(
+            f"label_stages must be comma-separated fractions, got label_stages = "
+            f"{args.label_stages!r}. Write e.g. --label-stages 0.4,0.6"
+        ) from None
     seed = settings.get("seed")
     gen = torch.Generator()
     gen.manual_seed(int(seed) if seed is not None else int(torch.seed()) % 2**63)
