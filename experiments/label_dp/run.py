@@ -3,7 +3,7 @@ regression, 3 seeds. Small on purpose (the CPU is shared): 10,000 training image
 (8,000 train + 2,000 validation carved from the official training split), the official
 10,000 test images read once per (mechanism, ε, seed) after the learning rate is chosen on
 the validation split (validation labels are *randomized* too: the selection reads no true
-label, so it is post-processing). Example-level DP-SGD at the same ε is not run here (budget);
+label, so it is post-processing). Example-level DP-SGD at the same ε is dpsgd_baseline.py;
 see README. Writes results.json.
 
 Usage: PYTHONPATH=src python experiments/label_dp/run.py
