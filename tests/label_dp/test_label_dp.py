@@ -181,7 +181,7 @@ def test_cli_label_dp_run(tmp_path, capsys):
                  "--seed", "0", "--out", str(out)]) == 0  # fmt: skip
     led = json.loads((out / "label_ledger.json").read_text())
     assert led["epsilon"] == 2.0 and led["delta"] == 0.0 and led["features_protected"] is False
-    assert "NOT protected" in (out / "report.md").read_text()
+    assert "NOT protected" in (out / "report.md").read_text() and (out / "model.pt").is_file()
 
 
 def test_cli_refuses_example_level_settings(tmp_path):
