@@ -61,6 +61,14 @@ def add_flags(p: Any) -> None:
 
 def _check(args: Any, settings: dict[str, Any]) -> None:
     require(
+        not getattr(args, "resume", None),
+        "resume",
+        getattr(args, "resume", None),
+        "unset with --privacy-unit label (a label-DP run keeps no checkpoint: it is short)",
+        "Start the run again without --resume (it randomizes the labels afresh: publish "
+        "only one of the two runs, or count their ε twice)",
+    )
+    require(
         args.label_dp is not None,
         "label_dp",
         None,
