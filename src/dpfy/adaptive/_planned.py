@@ -16,14 +16,15 @@ are not covered by the budget).
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
 from dpfy._require import require
-from dpfy.adaptive.base import Method
+from dpfy.adaptive.base import Method, bind_facts
 from dpfy.privacy import epsilon
-from dpfy.privacy.calibration import last_passing
+from dpfy.privacy.calibration import calibrate_schedule_scale, last_passing
 from dpfy.privacy.ledger import Ledger
 from dpfy.privacy.releases import planned_ledger
 from dpfy.types import RunFacts, Sampling, StepPlan
@@ -34,6 +35,7 @@ __all__ = [
     "CALIBRATIONS",
     "check_calibration",
     "require_budget",
+    "calibrate_scaled_schedule",
 ]
 
 # Accountants a schedule may be calibrated against; "gdp" (a paper's CLT) only when
@@ -189,3 +191,62 @@ def steps_within_budget(
         return total
     # spent(0) = 0 <= target < spent(total)
     return last_passing(lambda n: spent(n) <= target_epsilon, 0, total)
+
+
+S = TypeVar("S", bound=PlannedSchedule)
+
+
+def calibrate_scaled_schedule(schedule: S, facts: RunFacts) -> S:
+    """Calibrate a schedule whose σ_t is ``initial`` × a fixed shape, for the run's facts.
+
+    The schedule (a frozen dataclass) has the fields ``initial``, ``total_steps``,
+    ``steps_per_epoch``, ``calibration`` and ``approximate`` and a ``shape()`` (σ_t/σ_0 for
+    every step). ``initial`` unset: σ_0 solved so the whole run spends the target ε (one scalar
+    search by the accountant); ``initial`` and a target: stopped early at the last step within
+    the target; ``initial`` and no target: run as given (the budget guard watches the ledger).
+    """
+    name = schedule.registry_name
+    s: Any = schedule
+    steps = s.total_steps if s.total_steps is not None else facts.steps
+    require(
+        steps is not None,
+        "steps",
+        None,
+        f"known for method {name!r}",
+        "Pass epochs= or max_steps= to make_private",
+    )
+    out: Any = replace(
+        s, total_steps=steps, steps_per_epoch=s.steps_per_epoch or facts.steps_per_epoch or 1
+    )
+    accountant = s.calibration or facts.accountant
+    if out.initial is None:
+        require_budget(facts, name)
+        assert facts.target_epsilon is not None and facts.delta is not None  # require_budget
+        scale = calibrate_schedule_scale(
+            shape=out.shape(),
+            target_epsilon=facts.target_epsilon,
+            delta=facts.delta,
+            sample_rate=facts.sample_rate,
+            accountant=accountant,
+            approximate=s.approximate,
+        )
+        out = replace(out, initial=scale)
+    elif facts.target_epsilon is not None:  # early stopping at the target
+        require_budget(facts, name)
+        assert facts.delta is not None  # require_budget refused None
+        stop = steps_within_budget(
+            out,
+            target_epsilon=facts.target_epsilon,
+            delta=facts.delta,
+            sample_rate=facts.sample_rate,
+            accountant=accountant,
+        )
+        require(
+            stop >= 1,
+            "initial",
+            s.initial,
+            "large enough that one step fits the budget",
+            "Raise σ_0 or the target ε",
+        )
+        out = replace(out, total_steps=stop)
+    return bind_facts(out, facts)

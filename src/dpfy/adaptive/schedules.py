@@ -41,14 +41,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from dpfy._require import require
-from dpfy.adaptive._planned import (
-    PlannedSchedule,
-    check_calibration,
-    require_budget,
-    steps_within_budget,
-)
-from dpfy.adaptive.base import bind_facts, register
-from dpfy.privacy.calibration import calibrate_schedule_scale
+from dpfy.adaptive._planned import PlannedSchedule, calibrate_scaled_schedule, check_calibration
+from dpfy.adaptive.base import register
 from dpfy.types import RunFacts
 
 __all__ = ["NoiseDecay", "KINDS", "PER"]
@@ -159,51 +153,7 @@ class NoiseDecay(PlannedSchedule):
     def calibrate(self, facts: RunFacts) -> "NoiseDecay":
         """σ_0 for the run's target ε (``initial`` unset), or the early stop (``initial`` and a
         target), for the run's steps and steps per epoch."""
-        steps = self.total_steps if self.total_steps is not None else facts.steps
-        require(
-            steps is not None,
-            "steps",
-            None,
-            "known for method 'noise_decay'",
-            "Pass epochs= or max_steps= to make_private",
-        )
-        out = replace(
-            self,
-            total_steps=steps,
-            steps_per_epoch=self.steps_per_epoch or facts.steps_per_epoch or 1,
-        )
-        accountant = self.calibration or facts.accountant
-        if out.initial is None:
-            require_budget(facts, "noise_decay")
-            assert facts.target_epsilon is not None and facts.delta is not None  # require_budget
-            scale = calibrate_schedule_scale(
-                shape=out.shape(),
-                target_epsilon=facts.target_epsilon,
-                delta=facts.delta,
-                sample_rate=facts.sample_rate,
-                accountant=accountant,
-                approximate=self.approximate,
-            )
-            out = replace(out, initial=scale)
-        elif facts.target_epsilon is not None:  # early stopping at the target
-            require_budget(facts, "noise_decay")
-            assert facts.delta is not None  # require_budget refused None
-            stop = steps_within_budget(
-                out,
-                target_epsilon=facts.target_epsilon,
-                delta=facts.delta,
-                sample_rate=facts.sample_rate,
-                accountant=accountant,
-            )
-            require(
-                stop >= 1,
-                "initial",
-                self.initial,
-                "large enough that one step fits the budget",
-                "Raise σ_0 or the target ε",
-            )
-            out = replace(out, total_steps=stop)
-        return bind_facts(out, facts)
+        return calibrate_scaled_schedule(self, facts)
 
     def unit(self, step: int) -> int:
         """u: the schedule's time at 0-based ``step`` (epochs completed, or the step)."""

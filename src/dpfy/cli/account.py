@@ -17,6 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from dpfy.cli import SUBCOMMANDS
+from dpfy.cli.account_individual import (
+    add_flags as add_individual_flags,
+    refuse_without_individual,
+    run_individual,
+)
 from dpfy._require import require
 from dpfy.privacy.accountants import ACCOUNTANTS, accountant_label, delta, epsilon
 from dpfy.privacy.ledger import Ledger, Sampling
@@ -188,6 +193,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "shown beside it; else rdp",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_individual_flags(p)
     p.set_defaults(func=run)
 
 
@@ -226,6 +232,9 @@ def run_accountant(path: str) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "individual", None):
+        return run_individual(args, load_ledger)
+    refuse_without_individual(args)
     others: dict[str, float] = {}
     if args.ledger:
         ledger = load_ledger(args.ledger)

@@ -21,6 +21,7 @@ from dataclasses import fields
 from typing import Any
 
 from dpfy.cli import EXIT_INTERRUPTED, SUBCOMMANDS
+from dpfy.cli.label_dp import add_flags as add_label_flags, run_label
 from dpfy.train import resume, train
 from dpfy.train.config import TrainConfig, coerce, field_types, load_config_file
 from dpfy.train.options import parse_scalar
@@ -46,7 +47,9 @@ def _options(items: list[str], name: str) -> dict[str, Any]:
     return out
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction, *, label_dp: bool = True) -> None:
+    """``dpfy train``'s parser; ``label_dp=False`` leaves out the label-DP flags (the commands
+    that reuse these flags, ``dpfy tune`` and ``dpfy audit``, run example-level DP only)."""
     p = subparsers.add_parser(
         "train",
         help=SUBCOMMANDS["train"],
@@ -81,6 +84,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                 help=help_,
                 metavar=f.name.upper(),
             )
+    if label_dp:
+        add_label_flags(p)
     p.set_defaults(func=run)
 
 
@@ -88,7 +93,7 @@ def train_parser() -> argparse.ArgumentParser:
     """``dpfy train``'s parser (every TrainConfig flag) on its own, as the parent of the
     commands that take the same flags (``dpfy tune``, ``dpfy audit``)."""
     holder = argparse.ArgumentParser(add_help=False).add_subparsers()
-    register(holder)
+    register(holder, label_dp=False)
     return holder.choices["train"]
 
 
@@ -113,6 +118,8 @@ def explicit_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     settings = explicit_settings(args)
+    if getattr(args, "privacy_unit", "example") == "label" or getattr(args, "label_dp", None):
+        return run_label(args, settings)
     progress = not args.no_progress
     if args.resume:
         if args.out:

@@ -1,0 +1,175 @@
+"""Individual accounting (Yu et al.): each example's ε from its clipped-norm ratio, checked
+against dp_accounting's RDP accountant composing the example's own events directly."""
+
+import dp_accounting
+import numpy as np
+import pytest
+from dp_accounting.rdp import RdpAccountant
+from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS
+
+from dpfy.privacy import Ledger
+from dpfy.privacy.per_example_accounting import (
+    DATA_DEPENDENT_WARNING,
+    per_example_epsilons,
+    round_up,
+)
+from dpfy.types.sampling import Sampling
+
+Q, SIGMA, T, K, DELTA = 0.1, 1.1, 20, 5, 1e-5
+RATIOS = np.array(
+    [
+        [1.0, 0.5, 0.0, 0.23, 1.7, 0.9],
+        [1.0, 0.4, 0.0, 0.23, 0.2, 0.9],
+        [1.0, 0.3, 0.0, 0.51, 0.2, 0.1],
+        [1.0, 0.2, 0.0, 0.77, 0.2, 0.1],
+    ]
+)
+
+
+def _direct(ratios_of_example, rounded_grid=None):
+    """dp_accounting's RDP accountant over the example's own per-step events."""
+    acc = RdpAccountant(orders=list(DEFAULT_RDP_ORDERS))
+    for rho in ratios_of_example:
+        rho = min(rho, 1.0)
+        if rounded_grid is not None:
+            rho = min(1.0, np.ceil(round(rho / rounded_grid, 9)) * rounded_grid)
+        if rho == 0:
+            continue
+        event = dp_accounting.PoissonSampledDpEvent(Q, dp_accounting.GaussianDpEvent(SIGMA / rho))
+        acc.compose(event, K)
+    return acc.get_epsilon(DELTA)
+
+
+def _ledger(sampling=Sampling.POISSON):
+    return Ledger.homogeneous(sample_rate=Q, noise_multiplier=SIGMA, steps=T, sampling=sampling,
+                              dataset_size=100)  # fmt: skip
+
+
+def test_against_direct_rdp_computation():
+    got = per_example_epsilons(_ledger(), RATIOS, refresh_every=K, delta=DELTA)
+    for i in range(RATIOS.shape[1]):
+        # the same orders and the same RDP terms: equal up to float summation order
+        assert got.epsilons[i] == pytest.approx(_direct(RATIOS[:, i]), rel=1e-9, abs=1e-12)
+    run = RdpAccountant(orders=list(DEFAULT_RDP_ORDERS))
+    run.compose(dp_accounting.PoissonSampledDpEvent(Q, dp_accounting.GaussianDpEvent(SIGMA)), T)
+    assert got.run_epsilon == pytest.approx(run.get_epsilon(DELTA), rel=1e-9)
+    assert got.epsilons.max() <= got.run_epsilon * (1 + 1e-12)
+    assert got.epsilons[0] == pytest.approx(got.run_epsilon, rel=1e-12)  # always at C
+    assert got.epsilons[2] == 0.0  # a zero gradient never reveals anything of the example
+
+
+def test_rounding_up_is_conservative_and_matches_direct():
+    plain = per_example_epsilons(_ledger(), RATIOS, refresh_every=K, delta=DELTA)
+    rounded = per_example_epsilons(_ledger(), RATIOS, refresh_every=K, delta=DELTA,
+                                   rounding=0.25)  # fmt: skip
+    assert np.all(rounded.epsilons >= plain.epsilons - 1e-12)
+    for i in range(RATIOS.shape[1]):
+        assert rounded.epsilons[i] == pytest.approx(_direct(RATIOS[:, i], 0.25), rel=1e-9,
+                                                    abs=1e-12)  # fmt: skip
+    # 0.23 → 0.25, 0.51 → 0.75, 0.5 stays (a grid point), above 1 → 1
+    assert list(round_up(np.array([0.23, 0.51, 0.5, 1.7]), 0.25)) == [0.25, 0.75, 0.5, 1.0]
+
+
+def test_report_states_data_dependence_and_correlation():
+    got = per_example_epsilons(_ledger(), RATIOS, refresh_every=K, delta=DELTA)
+    losses = RATIOS.mean(axis=0)
+    text = got.report(losses)
+    assert DATA_DEPENDENT_WARNING in text and "Spearman" in text
+    c = got.loss_correlation(losses)
+    assert -1 <= c["pearson"] <= 1 and -1 <= c["spearman"] <= 1
+
+
+def test_refusals():
+    with pytest.raises(ValueError, match="ledger sampling must be 'poisson'"):
+        per_example_epsilons(_ledger(Sampling.SHUFFLE), RATIOS, refresh_every=K, delta=DELTA)
+    with pytest.raises(ValueError, match=r"norm_ratios must be \(⌈T/K⌉ = 4, N\)"):
+        per_example_epsilons(_ledger(), RATIOS[:3], refresh_every=K, delta=DELTA)
+    with pytest.raises(ValueError, match="rounding must be None or in"):
+        per_example_epsilons(_ledger(), RATIOS, refresh_every=K, delta=DELTA, rounding=0)
+
+
+def test_norm_tracker_matches_closed_form_softmax_gradient():
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from dpfy.norm_tracker import NormTracker
+
+    torch.manual_seed(0)
+    x, y = torch.randn(30, 5, dtype=torch.float64), torch.randint(0, 3, (30,))
+    model = nn.Linear(5, 3).double()
+    clip = 0.8
+    tracker = NormTracker(model, F.cross_entropy, x, y, clip=clip, refresh_every=2, chunk=7)
+    for _ in range(3):
+        tracker.before_step()
+    assert len(tracker.ratios) == 2  # steps 0 and 2
+    # softmax regression: ∇_W = (p − e_y) xᵀ, ∇_b = p − e_y, so ‖g‖ = ‖p − e_y‖·√(‖x‖² + 1)
+    with torch.no_grad():
+        p = torch.softmax(model(x), 1)
+    g = (p - F.one_hot(y, 3)).norm(dim=1) * (x.square().sum(1) + 1).sqrt()
+    expected = torch.clamp(g / clip, max=1.0).numpy()
+    assert np.allclose(tracker.ratios[0], expected, rtol=1e-10, atol=0)  # float64 sums
+    ledger = Ledger.homogeneous(sample_rate=0.1, noise_multiplier=1.0, steps=3)
+    res = tracker.epsilons(ledger, delta=1e-5)
+    assert res.epsilons.shape == (30,) and res.epsilons.max() <= res.run_epsilon * (1 + 1e-12)
+    with pytest.raises(ValueError, match="ledger steps must be the 3 steps"):
+        tracker.epsilons(Ledger.homogeneous(sample_rate=0.1, noise_multiplier=1.0, steps=4),
+                         delta=1e-5)  # fmt: skip
+
+
+def test_cli_account_individual(tmp_path, capsys):
+    import json
+
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from dpfy.cli import main
+    from dpfy.norm_tracker import NormTracker
+
+    torch.manual_seed(0)
+    x, y = torch.randn(40, 4), torch.randint(0, 2, (40,))
+    tracker = NormTracker(nn.Linear(4, 2), F.cross_entropy, x, y, clip=0.5, refresh_every=5)
+    for _ in range(T):
+        tracker.before_step()
+    (tmp_path / "ledger.json").write_text(_ledger().to_json())
+    tracker.save(tmp_path / "per_example_norms.npz")
+    assert main(["account", "--individual", str(tmp_path), "--delta", "1e-5", "--rounding",
+                 "0.01", "--json"]) == 0  # fmt: skip
+    out = json.loads(capsys.readouterr().out)
+    direct = tracker.epsilons(_ledger(), delta=1e-5, rounding=0.01)
+    assert out["run_epsilon"] == pytest.approx(direct.run_epsilon, rel=1e-12)
+    assert out["quantiles"]["1.0"] == pytest.approx(direct.epsilons.max(), rel=1e-12)
+    assert "not a privacy guarantee" in out["note"]
+    assert main(["account", "--individual", str(tmp_path), "--delta", "1e-5"]) == 0
+    assert DATA_DEPENDENT_WARNING in capsys.readouterr().out
+    assert main(["account", "--ledger", str(tmp_path), "--delta", "1e-5", "--histogram",
+                 str(tmp_path / "h.png")]) == 2  # fmt: skip
+    assert "histogram must be unset without --individual" in capsys.readouterr().err
+
+
+def test_norm_tracker_on_a_private_model():
+    # regression: the private model's gradient taps broke torch.func on the model itself
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import dpfy
+    from dpfy.norm_tracker import NormTracker
+
+    torch.manual_seed(0)
+    x, y = torch.randn(60, 1, 3, 3), torch.randint(0, 3, (60,))
+    base = nn.Sequential(nn.Flatten(), nn.Linear(9, 3))
+    model, opt, loader = dpfy.make_private(
+        base, torch.optim.SGD(base.parameters(), lr=1.0),
+        DataLoader(TensorDataset(x, y), batch_size=20), target_epsilon=3.0, target_delta=1e-5,
+        epochs=1, max_grad_norm=1.0, accountant="rdp")  # fmt: skip
+    tracker = NormTracker(model, F.cross_entropy, x, y, clip=1.0, refresh_every=2)
+    for xb, yb in loader:
+        tracker.before_step()
+        opt.zero_grad()
+        F.cross_entropy(model(xb), yb).backward()
+        opt.step()
+    res = tracker.epsilons(opt.ledger, delta=1e-5)
+    assert res.epsilons.max() <= res.run_epsilon * (1 + 1e-12)
