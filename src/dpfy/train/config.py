@@ -122,7 +122,8 @@ class TrainConfig:
         "expected logical batch size; sample rate q = batch_size "
         "/ N (default: 2048, Tramèr & Boneh's, or N/4 when the "
         "training set has fewer than 8192 examples: digits 359, "
-        "breast_cancer 113)",
+        "breast_cancer 113; with --user-sampling uls the same rule "
+        "counts users, with els the examples kept after capping)",
     )
     physical_batch_size: int | None = _f(None, "largest batch held in memory at once")
     clip: float = _f(0.1, "per-example gradient clipping norm C")
@@ -734,8 +735,9 @@ def guide_delta(num_examples: int) -> float:
 def resolve(
     cfg: TrainConfig, *, num_examples: int, reference_delta: float | None
 ) -> tuple[TrainConfig, str]:
-    """Fill in δ and the batch size (:func:`default_batch_size`); returns the resolved config
-    and how δ was chosen.
+    """Fill in δ and the batch size (:func:`default_batch_size`, applied to the units a step
+    samples: users under ``--user-sampling uls``); returns the resolved config and how δ was
+    chosen.
 
     The seed stays as given: None means a secure run (no seed is invented, see the module
     docstring).
@@ -756,5 +758,9 @@ def resolve(
         f"< 1/N = {1 / num_examples:.3g}",
         "δ ≥ 1/N would allow leaking one example outright; use δ = 1/N^1.1",
     )
-    batch = cfg.batch_size if cfg.batch_size is not None else default_batch_size(num_examples)
+    batch = cfg.batch_size
+    if batch is None:  # the rule applies to what a step samples: users under ULS (train/units)
+        from dpfy.train.units import sampled_units
+
+        batch = default_batch_size(sampled_units(cfg, num_examples)[0])
     return dataclasses.replace(cfg, delta=delta, batch_size=batch), how
