@@ -223,11 +223,12 @@ class TrainConfig:
         "noise mechanism: gaussian (DP-SGD), tree (DP-FTRL tree "
         "aggregation over shuffled passes, no amplification needed) or "
         "bandmf (banded matrix factorization with cyclic Poisson "
-        "sampling; give --bands)",
+        "sampling, --bands)",
     )
     bands: int | None = _f(
         None,
-        "BandMF's band count b, with --noise bandmf (b = 1 is DP-SGD); "
+        "BandMF's band count b, with --noise bandmf (b = 1 is DP-SGD; "
+        "default min(8, N // batch size)); "
         "memory: b - 1 extra copies of the trainable parameters",
     )
     microbatch_size: int | None = _f(
@@ -762,5 +763,13 @@ def resolve(
     if batch is None:  # the rule applies to what a step samples: users under ULS (train/units)
         from dpfy.train.units import sampled_units
 
-        batch = default_batch_size(sampled_units(cfg, num_examples)[0])
-    return dataclasses.replace(cfg, delta=delta, batch_size=batch), how
+        units = sampled_units(
+            num_examples, cfg.user_ids, cfg.user_sampling, cfg.max_examples_per_user
+        )
+        batch = default_batch_size(units[0])
+    bands = cfg.bands
+    if cfg.noise == "bandmf" and bands is None:  # recorded in config.json as run
+        from dpfy.sampling.cyclic import default_bands
+
+        bands = default_bands(num_examples, batch)
+    return dataclasses.replace(cfg, delta=delta, batch_size=batch, bands=bands), how
