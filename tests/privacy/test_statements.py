@@ -99,3 +99,17 @@ def test_calibrate_and_account_default_to_pld_like_train(capsys):
     assert json.loads(capsys.readouterr().out)["noise_multiplier"] == default["noise_multiplier"]
     assert main(["account", "--noise-multiplier", "1", *shape]) == 0
     assert json.loads(capsys.readouterr().out)["accountant"] == "pld"
+
+
+def test_the_privacy_report_of_an_els_run_leaves_gdp_out():
+    from dpfy.privacy.report import PrivacyReport
+
+    ledger = Ledger.homogeneous(sample_rate=0.05, noise_multiplier=1.0, steps=40,
+                                sampling=Sampling.ELS, max_examples_per_user=4, dataset_size=100)
+    report = PrivacyReport.from_ledger(ledger, delta=1e-5, accountant="pld")
+    assert set(report.epsilons) == {"pld", "rdp"} and "gdp" in report.left_out
+    assert "| GDP | left out | the GDP CLT is derived for the subsampled Gaussian" in \
+        report.to_markdown()
+    assert report.to_dict()["left_out"]["gdp"] == report.left_out["gdp"]
+    with pytest.raises(ValueError, match="accountant must be one that applies to this ledger"):
+        PrivacyReport.from_ledger(ledger, delta=1e-5, accountant="gdp")
