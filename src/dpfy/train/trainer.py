@@ -475,8 +475,8 @@ def _finish(
     out = run.finalize()  # drops the secret checkpoints first
     stated = ledger_statement(private.optimizer.ledger, eps, cfg.delta, cfg.accountant.upper())
     echo(
-        f"dpfy train: test accuracy {100 * summary['test_acc']:.2f}% at {stated} after "
-        f"{summary['steps']} steps, {wall:.0f} s"
+        f"dpfy train: test accuracy {100 * summary['test_acc']:.2f}% after "
+        f"{summary['steps']} steps, {wall:.0f} s; {stated}"
     )
     if average is not None:
         echo(
