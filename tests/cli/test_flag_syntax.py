@@ -73,3 +73,4 @@ def test_identifiers_are_rewritten_wherever_they_stand():
     assert as_flags("user_sampling must be left unset without user_ids.", names) == \
         "--user-sampling must be left unset without --user-ids."
     assert as_flags("read user_ids.npy or user_ids()", names) == "read user_ids.npy or user_ids()"
+    assert as_flags("in /data/user_ids/ids.npy", names) == "in /data/user_ids/ids.npy"

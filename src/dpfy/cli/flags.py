@@ -52,7 +52,7 @@ def as_flags(message: str, names: dict[str, str]) -> str:
     """``message`` with each Python name of ``names`` written as its flag (see the module)."""
     for name in sorted(names, key=len, reverse=True):  # loader.batch_size before batch_size
         flag, n = names[name], re.escape(name)
-        edge = r"(?<![\w.\-])"  # not the tail of a longer name, a dotted path or a flag
+        edge = r"(?<![\w.\-/])"  # not the tail of a longer name, a path or a flag
         message = re.sub(
             edge + n + r"=(?P<value>'[^']*'|\"[^\"]*\"|[^\s,;)]*?(?=\.?(?:[\s,;)]|$)))",
             functools.partial(_keyword, flag),
@@ -61,5 +61,5 @@ def as_flags(message: str, names: dict[str, str]) -> str:
         message = re.sub(edge + n + r"(?= must )", flag, message)
         message = re.sub(r"got " + n + r" = ", f"got {flag} = ", message)
         if "_" in name or "." in name:  # an identifier, never an English word: everywhere
-            message = re.sub(edge + n + r"(?![\w(]|\.\w)", flag, message)
+            message = re.sub(edge + n + r"(?![\w(/]|\.\w)", flag, message)
     return re.sub(r"(--[\w-]+(?: [^\s,;)]+)?), (?=--)", r"\1 ", message)  # "--a x, --b y"
