@@ -49,6 +49,7 @@ from dpfy.noise.toeplitz import optimize_banded
 from dpfy.optim import DPOptimizer
 from dpfy.privacy import Ledger, calibrate_noise_multiplier
 from dpfy.privacy.accountants import RIGOROUS, check_accountant
+from dpfy.privacy.delta_check import check_delta
 from dpfy.errors import PrivacyRefusal
 from dpfy.sampling import (
     USER_SAMPLINGS,
@@ -60,6 +61,7 @@ from dpfy.sampling.augmult import Augmentation, AugmultUnits, check_augmult
 from dpfy.sampling.microbatch import check_microbatch, make_microbatch_sampler
 from dpfy.sampling.sampler import Sampler
 from dpfy.step.distributed import current_collective, global_batch_notice, unwrap_model
+from dpfy.step.arguments import check_materialized, check_numbers
 from dpfy.step.guard import EpsilonGuard
 from dpfy.step.individual import individualize
 from dpfy.step.private_step import PrivateStep, require_loss_fn, split_batch_refusal
@@ -203,7 +205,8 @@ def make_private(
         is the expected batch), its strategy optimized for the prefix sums of the run's
         steps; it keeps b − 1 noise vectors of the parameters' size. Both need a fixed σ (no
         method that sets σ or adds releases), one process, no individualized budgets.
-      bands: b for ``noise="bandmf"`` (b = 1 is DP-SGD with Poisson sampling).
+      bands: b for ``noise="bandmf"`` (b = 1 is DP-SGD with Poisson sampling); default
+        min(8, ⌊N/B⌋), :func:`dpfy.sampling.cyclic.default_bands`.
       declare_row_wise: the user's declaration that each row of every layer's input and output
         gradient depends on its own example only. dpfy checks this at the first step by
         perturbing one example in training mode, through the backward (docs/guide/
@@ -240,6 +243,15 @@ def make_private(
         loader = loader.original
     user_model, model = _admit(model, optimizer, loader)
     assert optimizer is not None  # _admit refused anything but an Optimizer
+    check_materialized(model)
+    check_numbers(
+        noise_multiplier=noise_multiplier,
+        target_epsilon=target_epsilon,
+        target_delta=target_delta,
+        epochs=epochs,
+        epsilon_cap=epsilon_cap,
+        max_grad_norm=max_grad_norm if isinstance(max_grad_norm, str) else None,  # or K floats
+    )
     collective = current_collective()  # data-parallel ranks (dpfy.step.distributed), or None
     _check_arguments(
         noise_multiplier=noise_multiplier,
@@ -340,7 +352,7 @@ def make_private(
             sample_rates=sample_rates,
             seed=sampling_seed,
             shard=collective.shard if collective is not None else None,
-            bands=bands if noise == "bandmf" else None,
+            bands=(bands if bands is not None else "default") if noise == "bandmf" else None,
         )
     )
     if augmentation is not None:  # the example stays the unit of privacy; its K rows are clipped
@@ -398,6 +410,7 @@ def make_private(
         clipping, clip_norm = individual_run.clipping, individual_run.max_grad_norm
         dp_loader = DPDataLoader(loader, sampler, max_physical_batch_size=physical)
     n, q = sampler.dataset_size, sampler.sample_rate
+    check_delta(target_delta, n, "users" if user_ids is not None else "examples")
     if collective is not None:
         collective.agree(
             {
@@ -565,11 +578,11 @@ def _check_noise(noise: str, bands: int | None, **others: Any) -> None:
         noise in ("gaussian", "tree", "bandmf"), "noise", noise, "'gaussian', 'tree' or 'bandmf'"
     )
     require(
-        (bands is not None) == (noise == "bandmf"),
+        bands is None or noise == "bandmf",
         "bands",
         bands,
-        "an integer >= 1 with noise='bandmf', None otherwise",
-        "Pass noise='bandmf', bands=b (e.g. bands=8), or drop bands=",
+        "None unless noise='bandmf'",
+        "Pass noise='bandmf' with bands=b, or drop bands=",
     )
     if noise == "gaussian":
         return

@@ -15,8 +15,9 @@ import torch
 from dpfy._require import require
 from dpfy.errors import PrivacyRefusal
 from dpfy.privacy import Ledger, epsilon as ledger_epsilon
-from dpfy.privacy.accountants import APPROXIMATE
+from dpfy.privacy.accountants import APPROXIMATE, accountant_label
 from dpfy.privacy.gdp import ApproximateEpsilon
+from dpfy.privacy.statement import ledger_statement
 from dpfy.sampling.units import require_same_unit
 from dpfy.step.checkpoint import check_ledger_continues, check_same_parameters, parameters_digest
 from dpfy.step.guard import EpsilonGuard
@@ -218,7 +219,12 @@ class DPOptimizer(torch.optim.Optimizer):
     def epsilon(
         self, delta: float, accountant: str | None = None, *, approximate: bool = False
     ) -> float:
-        """ε(δ) of everything released so far, read from the ledger.
+        """ε(δ) of everything released so far, read from the ledger: a bare float (for
+        comparisons and logs). The guarantee it is part of names its unit of privacy and
+        neighbouring relation: state it with :meth:`privacy_statement`, e.g.
+        ``optimizer.privacy_statement(1e-5)`` → "ε = 2.998 at δ = 1e-05 for user-level
+        add-or-remove adjacency (one user added or removed, with all of their examples) [PLD
+        (dp_accounting, upper bound)]".
 
         An approximate accountant (``"gdp"``: the CLT, which can under-report ε) is read only
         with ``approximate=True``, as ``dpfy calibrate``/``report`` need ``--approximate``;
@@ -226,6 +232,14 @@ class DPOptimizer(torch.optim.Optimizer):
         value, with the rigorous PLD ε beside it (``.rigorous``).
         """
         return self._read(self.ledger, delta, accountant, approximate)
+
+    def privacy_statement(self, delta: float, accountant: str | None = None) -> str:
+        """The guarantee of everything released so far as one sentence: ε at ``delta``, the
+        unit of privacy (example or user) and the neighbouring relation, and the accountant
+        (the run's, or ``accountant``: ``"pld"`` or ``"rdp"``)."""
+        name = accountant or self.accountant
+        value = float(self._read(self.ledger, delta, name, False))
+        return ledger_statement(self.ledger, value, delta, accountant_label(name))
 
     def group_epsilons(
         self, delta: float, accountant: str | None = None, *, approximate: bool = False

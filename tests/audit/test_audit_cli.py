@@ -47,7 +47,7 @@ def test_audit_refuses_a_setting_it_would_drop(tmp_path, capsys) -> None:
     # the audit's loop feeds no validation metric: auditing this would audit another run
     args = ["audit", *FLAGS, "--public-validation", "test", "--out", str(tmp_path / "a")]
     assert main(args) == EXIT_BAD_INPUT
-    assert "public_validation must be unset for dpfy audit" in capsys.readouterr().err
+    assert "--public-validation must be unset for dpfy audit" in capsys.readouterr().err
     assert not (tmp_path / "a").exists() and not (tmp_path / "a.partial").exists()
 
 

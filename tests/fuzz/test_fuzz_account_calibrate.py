@@ -142,5 +142,5 @@ def test_account_and_calibrate_flags_many(argv, capsys):
 ])
 def test_tiny_and_infinite_noise_multipliers(sigma, outcome, capsys):
     argv = ["account", "--delta", "1e-5", "--sample-rate", "0.5", "--steps", "3",
-            "--noise-multiplier", sigma]
+            "--accountant", "rdp", "--noise-multiplier", sigma]   # the outcomes are RDP's
     assert check_cli(argv, capsys, "dpfy account (named extremes)") == outcome

@@ -46,6 +46,10 @@ GOOD = {
     "none then mean": (lambda m, x, y: F.cross_entropy(m(x), y, reduction="none").mean(),
                        "mean"),
     "scaled": (lambda m, x, y: 0.5 * F.mse_loss(m(x), F.one_hot(y, 3).float()), "mean"),
+    # a constant per-example scale k = 10: clipped at C/10 at every step (module docstring)
+    "10 × mean": (lambda m, x, y: 10 * F.cross_entropy(m(x), y), "mean"),
+    "sum / 32 × 32 under sum": (lambda m, x, y: F.cross_entropy(m(x), y, reduction="sum")
+                                / 32 * 32, "sum"),
     "sum": (lambda m, x, y: F.cross_entropy(m(x), y, reduction="sum"), "sum"),
     # targets and constants inside each example's own loss are not extra terms or divisors
     "targets subtracted": (lambda m, x, y: (0.5 * (m(x)[:, 0] - y.float()) ** 2).mean(),
@@ -64,10 +68,18 @@ def test_losses_that_keep_the_contract_train(case):
 
 BAD = {
     "sum under mean": (lambda m, x, y: F.cross_entropy(m(x), y, reduction="sum"), "mean",
-                       r"reduced by 'sum'.*loss_reduction='sum'"),
+                       r"scale is k = B \(the sum over the batch;.*loss_reduction='sum'"),
     "none.sum under mean": (lambda m, x, y: F.cross_entropy(m(x), y, reduction="none").sum(),
-                            "mean", r"reduced by 'sum'"),
-    "mean under sum": (lambda m, x, y: F.cross_entropy(m(x), y), "sum", r"reduced by 'mean'"),
+                            "mean", r"scale is k = B \(the sum"),
+    "mean under sum": (lambda m, x, y: F.cross_entropy(m(x), y), "sum",
+                       r"scale is k = 1/B \(the mean over the batch;"),
+    # issue 35 §3: refused as "reduced by 'sum'" before, without the scale it measured. The sum
+    # divided by a constant is B/32 times each example's gradient: k moves with Poisson's B.
+    "sum / 32 under mean": (lambda m, x, y: F.cross_entropy(m(x), y, reduction="sum") / 32,
+                            "mean", r"k = B / 32 \(the sum over the batch / 32; k = "
+                                    r"[0-9.]+ at this batch of B = \d+ rows\)"),
+    "3 × mean under sum": (lambda m, x, y: 3 * F.cross_entropy(m(x), y), "sum",
+                           r"k = \(1/B\) × 3 \(the mean over the batch × 3;"),
     "l2 penalty": (lambda m, x, y: F.cross_entropy(m(x), y)
                    + 1e-3 * sum(p.pow(2).sum() for p in m.parameters()), "mean",
                    r"L2 penalty.*weight_decay="),
@@ -149,7 +161,8 @@ def test_validate_reports_the_same():
     assert dpfy.validate(model, x, loss_fn=lambda out: F.cross_entropy(out, y)) == []
     problems = dpfy.validate(model, x, loss_fn=lambda out: F.cross_entropy(out, y,
                                                                            reduction="sum"))
-    assert len(problems) == 1 and "reduced by 'sum'" in problems[0]
+    assert len(problems) == 1 and "k = B (the sum over the batch; k = 4 at this batch of B = 4" \
+        " rows)" in problems[0]
     assert dpfy.validate(model, x, loss_reduction="sum",
                          loss_fn=lambda out: F.cross_entropy(out, y, reduction="sum")) == []
 

@@ -25,7 +25,7 @@ def test_account_bandmf_one_band_is_dp_sgd(capsys):
 
 def test_account_bandmf_bands_use_group_rate_and_cycles(capsys):
     main(["account", *SHAPE, "--noise-multiplier", "1.2", "--delta", "1e-5", "--json",
-          "--noise", "bandmf", "--bands", "4"])
+          "--noise", "bandmf", "--bands", "4", "--accountant", "rdp"])
     out = _json(capsys)
     assert out["sampling"] == "cyclic_poisson" and out["sample_rate"] == pytest.approx(0.1)
     event = dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
@@ -36,7 +36,7 @@ def test_account_bandmf_bands_use_group_rate_and_cycles(capsys):
 
 def test_account_tree_restarts_every_pass(capsys):
     main(["account", *SHAPE, "--noise-multiplier", "4", "--delta", "1e-5", "--json",
-          "--noise", "tree"])
+          "--noise", "tree", "--accountant", "rdp"])
     out = _json(capsys)
     assert out["sampling"] == "shuffle" and out["period"] == 40
     acc = dp_accounting.rdp.RdpAccountant(

@@ -14,7 +14,7 @@ def _json(capsys):
 
 def test_account_json_matches_the_accountant(capsys):
     assert main(["account", "--sample-rate", "0.005", "--noise-multiplier", "1", "--steps",
-                 "20000", "--delta", "1e-6", "--json"]) == 0
+                 "20000", "--delta", "1e-6", "--accountant", "rdp", "--json"]) == 0
     out = _json(capsys)
     assert out["epsilon"] == pytest.approx(4.95, abs=0.01)     # the guide's 100-epoch RDP value
 
@@ -36,7 +36,7 @@ def test_account_gdp_is_labelled(capsys):
 
 def test_calibrate_json(capsys):
     assert main(["calibrate", "--target-epsilon", "2", "--delta", "1e-5", "--sample-rate",
-                 "0.01", "--steps", "500", "--json"]) == 0
+                 "0.01", "--steps", "500", "--accountant", "rdp", "--json"]) == 0
     out = _json(capsys)
     ledger = Ledger.homogeneous(sample_rate=0.01, noise_multiplier=out["noise_multiplier"],
                                 steps=500)
@@ -71,7 +71,8 @@ def test_report_command(tmp_path, capsys):
     assert (tmp_path / "privacy_report.md").is_file()
     assert (tmp_path / "epsilon_over_steps.png").is_file()
     capsys.readouterr()
-    assert main(["account", "--ledger", str(tmp_path), "--delta", "1e-5", "--json"]) == 0
+    assert main(["account", "--ledger", str(tmp_path), "--delta", "1e-5", "--accountant", "rdp",
+                 "--json"]) == 0
     assert _json(capsys)["epsilon"] == pytest.approx(epsilon(ledger, delta=1e-5))
 
 

@@ -102,7 +102,7 @@ def test_unreachable_target_says_what_to_change():
 
 
 CLI = ["calibrate", "--target-epsilon", "3", "--delta", "1e-5", "--sample-rate", str(Q),
-       "--steps", str(T)]
+       "--steps", str(T), "--accountant", "rdp"]   # the RDP values of Galli et al. 2024
 
 
 def test_cli_grid_runs_json(capsys):

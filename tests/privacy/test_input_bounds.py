@@ -38,11 +38,11 @@ def _dpfy(args, cwd, monkeypatch, capsys):
 @pytest.mark.parametrize("args, needle", [
     (TRAIN + ["--epsilon", "1e9", "--out", "r"], "epsilon must be <= 100"),
     (TRAIN + ["--epsilon", "1000", "--out", "r"], "epsilon must be <= 100"),
-    (TRAIN + ["--noise-multiplier", "1e-4", "--out", "r"], "noise_multiplier must be >= 0.293"),
+    (TRAIN + ["--noise-multiplier", "1e-4", "--out", "r"], "--noise-multiplier must be >= 0.293"),
     (RUN + ["--noise-multiplier", "0.05", "--accountant", "pld"],
-     "noise_multiplier must be >= 0.293"),
+     "--noise-multiplier must be >= 0.293"),
     (["calibrate", "--target-epsilon", "200", "--delta", "1e-5", "--sample-rate", "0.004",
-      "--steps", "3000", "--accountant", "pld"], "target_epsilon must be <= 100"),
+      "--steps", "3000", "--accountant", "pld"], "--target-epsilon must be <= 100"),
 ])
 def test_cli_refuses_in_seconds_with_one_line(tmp_path, monkeypatch, capsys, args, needle):
     code, err, seconds = _dpfy(args, tmp_path, monkeypatch, capsys)

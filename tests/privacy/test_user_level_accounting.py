@@ -197,4 +197,4 @@ def test_dpfy_account_and_calibrate_take_els_k(capsys):
                  "--max-examples-per-user", "2"]) == 0
     assert 1.95 <= json.loads(capsys.readouterr().out)["epsilon"] <= 2.0 + 1e-9
     assert main(["account", *shape, "--noise-multiplier", "2"]) == 2   # ELS without k
-    assert "max_examples_per_user" in capsys.readouterr().err
+    assert "--max-examples-per-user" in capsys.readouterr().err

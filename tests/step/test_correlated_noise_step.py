@@ -119,8 +119,6 @@ def test_report_names_mechanism_sampling_and_assumption():
 def test_refusals():
     with pytest.raises(ValueError, match="bands"):
         build("gaussian", 4)
-    with pytest.raises(ValueError, match="bands"):
-        build("bandmf")
     with pytest.raises(ValueError, match="noise"):
         build("laplace")
     with pytest.raises(ValueError, match="sample_rates"):
@@ -144,3 +142,18 @@ def test_composes_with_clipping_policies(clipping, clip):
     run(model, opt, dl, 3)
     assert opt.ledger.num_steps == 3
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_bandmf_without_bands_takes_the_documented_default():
+    """Issue 35 §3: noise="bandmf" without bands= was refused. The default is
+    b = min(8, ⌊N/B⌋) (dpfy.sampling.cyclic.default_bands): 8 of the 48 // 4 = 12 bands cyclic
+    Poisson allows here, and ⌊N/B⌋ when that is smaller (48 // 16 = 3)."""
+    _, _, dl = build("bandmf")
+    assert dl.sampler.bands == 8
+    torch.manual_seed(0)
+    ds = TensorDataset(torch.randn(48, 6), torch.randint(0, 3, (48,)))
+    model = nn.Linear(6, 3)
+    _, _, dl = dpfy.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                 DataLoader(ds, batch_size=16), noise_multiplier=1.3,
+                                 noise="bandmf")
+    assert dl.sampler.bands == 3

@@ -26,7 +26,7 @@ def test_augmult_run_from_the_command_line_keeps_the_plain_ledger(tmp_path):
 
 @pytest.mark.parametrize("flags, field", [
     (["--augment", "crop"], "augment"),
-    (["--augment-padding", "3"], "augment_padding"),
+    (["--augment-padding", "3"], "--augment-padding"),   # the flag, not the keyword
     (["--augmult", "100000"], "augmult"),
     (["--augmult", "0"], "augmult"),
     (["--augmult", "2", "--augment", "rotate"], "augment"),

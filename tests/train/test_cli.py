@@ -93,7 +93,7 @@ def test_resume_with_a_config_that_does_not_match(tmp_path, capsys, monkeypatch,
     interrupt(cfg, tmp_path / "r", after_epochs=1)
     capsys.readouterr()
     fails(["--resume", str(tmp_path / "r"), "--lr", "0.5", "--no-progress"], capsys,
-          "lr must match the interrupted run when resuming, got lr = 0.5 but the run used 1.0")
+          "--lr must match the interrupted run when resuming, got --lr = 0.5 but the run used 1.0")
     assert (tmp_path / "r.partial" / "checkpoint.pt").is_file()      # still resumable
     assert main(["train", "--resume", str(tmp_path / "r"), "--no-progress"]) == 0
     assert (tmp_path / "r" / "model.pt").is_file()

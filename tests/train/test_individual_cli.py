@@ -55,7 +55,7 @@ def test_budgets_file_of_the_wrong_length_exits_2(tmp_path, capsys):
     (["--individual", "scale", "--budgets", "1,2", "--budget-fractions", "0.5,0.4"],
      "sum\\(fractions\\) must be 1"),
     (["--budgets", "1,2", "--budget-fractions", "0.5,0.5"], "unset without --individual"),
-    (["--individual", "scale", "--budgets", "1,2"], "budget_fractions must be given"),
+    (["--individual", "scale", "--budgets", "1,2"], "--budget-fractions must be given"),
 ])
 def test_bad_flags_exit_2(tmp_path, capsys, flags, match):
     assert main(["train", *FAST, *flags, "--out", str(tmp_path / "r")]) == 2

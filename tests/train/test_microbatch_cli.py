@@ -28,4 +28,4 @@ def test_microbatch_run_from_the_command_line(tmp_path):
 def test_microbatch_flags_go_together(tmp_path, capsys, flags):
     assert main(["train", *FAST, *flags, "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "microbatch_size" in err[0], err
+    assert len(err) == 1 and "--microbatch-size" in err[0], err

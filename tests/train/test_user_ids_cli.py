@@ -46,9 +46,9 @@ def test_uls_from_the_command_line_is_a_user_level_run(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flags, match", [
-    (["--user-sampling", "uls"], "user_sampling must be left unset without user_ids"),
-    (["--user-ids", "IDS", "--user-sampling", "els"], "max_examples_per_user must be given"),
-    (["--user-ids", "IDS", "--user-sampling", "xls"], "user_sampling must be 'uls' or 'els'"),
+    (["--user-sampling", "uls"], "--user-sampling must be left unset without --user-ids"),
+    (["--user-ids", "IDS", "--user-sampling", "els"], "--max-examples-per-user must be given"),
+    (["--user-ids", "IDS", "--user-sampling", "xls"], "--user-sampling must be 'uls' or 'els'"),
 ])
 def test_bad_user_flags_exit_2(tmp_path, capsys, flags, match):
     flags = [_ids(tmp_path) if f == "IDS" else f for f in flags]

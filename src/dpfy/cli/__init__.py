@@ -74,6 +74,14 @@ def _command(argv: Sequence[str]) -> str:
     return next((a for a in argv if not a.startswith("-")), "")
 
 
+def _in_flags(message: str, parser: argparse.ArgumentParser, command: str) -> str:
+    """``message`` with Python keywords written as ``command``'s flags (:mod:`dpfy.cli.flags`)."""
+    from dpfy.cli.flags import as_flags, flag_names  # local: only errors need it
+
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return as_flags(message, flag_names(sub.choices[command]))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(only=_command(argv))
@@ -82,7 +90,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     # TypeError: a wrong type reaching the Python API
     except (ValueError, TypeError, MissingExtra) as e:
-        print(f"dpfy {args.command}: error: {e}", file=sys.stderr)
+        print(
+            f"dpfy {args.command}: error: {_in_flags(str(e), parser, args.command)}",
+            file=sys.stderr,
+        )
         return EXIT_BAD_INPUT
     except BudgetExhausted as e:
         print(f"dpfy {args.command}: budget exhausted: {e}", file=sys.stderr)

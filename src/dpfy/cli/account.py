@@ -26,7 +26,17 @@ from dpfy._require import require
 from dpfy.privacy.accountants import ACCOUNTANTS, accountant_label, delta, epsilon
 from dpfy.privacy.ledger import Ledger, Sampling
 
-__all__ = ["register", "run", "add_run_shape_arguments", "resolve_run_shape"]
+__all__ = [
+    "register",
+    "run",
+    "add_run_shape_arguments",
+    "resolve_run_shape",
+    "DEFAULT_ACCOUNTANT",
+]
+
+# The accountant of `dpfy account` and `dpfy calibrate` when none is named: PLD, as for
+# `dpfy train` and make_private (one default, so a plan and its run state the same ε).
+DEFAULT_ACCOUNTANT = "pld"
 
 
 def add_run_shape_arguments(p: argparse.ArgumentParser, *, steps_required: bool = True) -> None:
@@ -58,7 +68,12 @@ def add_run_shape_arguments(p: argparse.ArgumentParser, *, steps_required: bool 
         "shuffled passes of ceil(1/Q) steps) or bandmf (cyclic Poisson, "
         "--bands B; Q stays the expected batch fraction)",
     )
-    g.add_argument("--bands", type=int, metavar="B", help="BandMF's band count (--noise bandmf)")
+    g.add_argument(
+        "--bands",
+        type=int,
+        metavar="B",
+        help="BandMF's band count (--noise bandmf; default min(8, floor(1/Q)))",
+    )
 
 
 def resolve_noise(args: argparse.Namespace, q: float) -> tuple[Sampling, float, dict[str, Any]]:
@@ -66,11 +81,11 @@ def resolve_noise(args: argparse.Namespace, q: float) -> tuple[Sampling, float, 
     tree on shuffled passes of ⌈1/q⌉ steps; BandMF on cyclic Poisson at the group rate b·q."""
     noise, bands = getattr(args, "noise", "gaussian"), getattr(args, "bands", None)
     require(
-        (bands is not None) == (noise == "bandmf"),
+        bands is None or noise == "bandmf",
         "bands",
         bands,
-        "given exactly with --noise bandmf",
-        "Add --bands B (e.g. 8), or drop --bands",
+        "left unset without --noise bandmf",
+        "Add --noise bandmf, or drop --bands",
     )
     if noise == "gaussian":
         require(
@@ -91,7 +106,11 @@ def resolve_noise(args: argparse.Namespace, q: float) -> tuple[Sampling, float, 
     if noise == "tree":
         period = math.ceil(1 / q - 1e-9)
         return Sampling.SHUFFLE, q, {"noise": "tree", "period": period}
-    assert bands is not None  # required above for --noise bandmf
+    if bands is None:
+        from dpfy.sampling.cyclic import DEFAULT_BANDS  # local: only BandMF needs it
+
+        # make_private's default, min(8, ⌊N/B⌋) with N/B = 1/q
+        bands = max(1, min(DEFAULT_BANDS, math.floor(1 / q + 1e-9)))  # 1e-9: 1/q's rounding
     require(
         bands >= 1 and bands * q <= 1,
         "bands",
@@ -190,7 +209,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="rdp, pld, or gdp (an approximation); default: with --ledger of a run "
         "directory, the run's own accountant (its config.json), the others "
-        "shown beside it; else rdp",
+        f"shown beside it; else {DEFAULT_ACCOUNTANT} (as dpfy train)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_individual_flags(p)
@@ -235,22 +254,28 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "individual", None):
         return run_individual(args, load_ledger)
     refuse_without_individual(args)
+    from dpfy.privacy.statement import inapplicable, relation  # local: not for --help
+
     others: dict[str, float] = {}
+    left_out: dict[str, str] = {}
     if args.ledger:
         ledger = load_ledger(args.ledger)
         shape: dict[str, Any] = {"ledger": args.ledger, "steps": ledger.num_steps}
         if args.accountant is None:
-            args.accountant = run_accountant(args.ledger) or "rdp"
+            args.accountant = run_accountant(args.ledger) or DEFAULT_ACCOUNTANT
             if args.delta is not None:  # the other accountants' ε, beside the run's own
+                left_out = {
+                    a: why for a in ACCOUNTANTS if (why := inapplicable(ledger, a)) is not None
+                }
                 others = {
                     a: epsilon(ledger, delta=args.delta, accountant=a)
                     for a in ACCOUNTANTS
-                    if a != args.accountant
+                    if a != args.accountant and a not in left_out
                 }
     else:
         q, steps = resolve_run_shape(args)
         assert q is not None and steps is not None  # resolve_run_shape required both
-        args.accountant = args.accountant or "rdp"
+        args.accountant = args.accountant or DEFAULT_ACCOUNTANT
         require(
             args.noise_multiplier is not None,
             "noise_multiplier",
@@ -282,12 +307,15 @@ def run(args: argparse.Namespace) -> int:
             "sampling": sampling.value,
             **noise,
         }
+    why = inapplicable(ledger, args.accountant)
+    require(why is None, "accountant", args.accountant, "one that applies to this run", why or "")
     out: dict[str, Any] = {
         **shape,
         "accountant": args.accountant,
         "accountant_label": accountant_label(args.accountant),
         "approximate": args.accountant == "gdp",
         "adjacency": ledger.adjacency(),
+        "unit": ledger.unit(),
     }
     if args.delta is not None:
         out["delta"] = args.delta
@@ -297,6 +325,12 @@ def run(args: argparse.Namespace) -> int:
         out["delta"] = delta(ledger, epsilon=args.epsilon, accountant=args.accountant)
     if others:
         out["others"] = others
+    if left_out:
+        out["left_out"] = left_out
+    out["statement"] = (
+        f"ε = {out['epsilon']:.4g} at δ = {out['delta']:.3g} for "
+        f"{relation(out['unit'], out['adjacency'])} [{out['accountant_label']}]"
+    )
     if args.json:
         print(
             json.dumps(
@@ -315,8 +349,9 @@ def run(args: argparse.Namespace) -> int:
     )
     beside = "".join(f"; {a}: ε = {e:.4g}" for a, e in others.items())
     print(
-        f"{what} satisfy ({out['epsilon']:.4g}, {out['delta']:.3g})-DP "
-        f"[{out['accountant_label']}; {out['adjacency'].replace('_', '-')} adjacency]"
+        f"{what} satisfy {out['statement']}"
         + (f" (the run's accountant{beside})" if others else "")
     )
+    for name, reason in left_out.items():
+        print(f"{name} left out: {reason}")
     return 0

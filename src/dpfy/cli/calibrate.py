@@ -11,7 +11,7 @@ one budget (Galli et al. 2024, per-grid ε): K runs of T steps each, composed, s
 each run gets the share of one run out of K:
 
     dpfy calibrate --target-epsilon 3 --delta 1e-5 --sample-rate 0.008533 --steps 1172 \
-        --grid-runs 49                                             # σ = 3.141 (RDP)
+        --grid-runs 49 --accountant rdp                            # σ = 3.141 (RDP)
 
 The GDP CLT is an approximation that can under-report ε, so ``--accountant gdp`` is refused
 unless ``--approximate`` is given (to reproduce a paper's GDP calibration); the answer then
@@ -28,7 +28,12 @@ from typing import Any
 
 from dpfy.cli import SUBCOMMANDS
 from dpfy._require import require
-from dpfy.cli.account import add_run_shape_arguments, resolve_noise, resolve_run_shape
+from dpfy.cli.account import (
+    DEFAULT_ACCOUNTANT,
+    add_run_shape_arguments,
+    resolve_noise,
+    resolve_run_shape,
+)
 from dpfy.privacy.accountants import ACCOUNTANTS, accountant_label, epsilon
 from dpfy.privacy.calibration import (
     calibrate_noise_multiplier,
@@ -68,8 +73,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--accountant",
         choices=ACCOUNTANTS,
-        default="rdp",
-        help="rdp (default), pld, or gdp (an approximation; needs --approximate)",
+        default=DEFAULT_ACCOUNTANT,
+        help="pld (default, as dpfy train), rdp, or gdp (an approximation; needs --approximate)",
     )
     p.add_argument(
         "--approximate",
@@ -183,16 +188,23 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"{solved} = {out[solved]:.6g}: {runs} runs × {steps} steps at q = {q:.6g} with "
             f"σ = {sigma:.6g} spend ε = {reached:.4g} ≤ {args.target_epsilon:g} at "
-            f"δ = {args.delta:.3g} together (one run alone: ε = "
+            f"δ = {args.delta:.3g} together for {_relation(ledger)} (one run alone: ε = "
             f"{out['epsilon_per_run']:.4g}) [{out['accountant_label']}]{rigorous}"
         )
         return 0
     print(
         f"{solved} = {out[solved]:.6g}: {steps} steps at q = {q:.6g} with σ = {sigma:.6g} "
         f"spend ε = {reached:.4g} ≤ {args.target_epsilon:g} at δ = {args.delta:.3g} "
-        f"[{out['accountant_label']}]{rigorous}"
+        f"for {_relation(ledger)} [{out['accountant_label']}]{rigorous}"
     )
     return 0
+
+
+def _relation(ledger: Ledger) -> str:
+    """The unit and neighbouring relation the calibrated ε is stated for."""
+    from dpfy.privacy.statement import relation  # local: not for --help
+
+    return relation(ledger.unit(), ledger.adjacency())
 
 
 def _solution(
@@ -260,6 +272,6 @@ def _run_correlated(args: argparse.Namespace) -> int:
         f"noise_multiplier = {sigma:.6g}: {steps} steps of {args.noise} noise "
         f"(period {noise['period']}) on {sampling.value} sampling at q = {rate:.6g} spend "
         f"ε = {reached:.4g} ≤ {args.target_epsilon:g} at δ = {args.delta:.3g} "
-        f"[{accountant_label(args.accountant)}]"
+        f"for {_relation(ledger)} [{accountant_label(args.accountant)}]"
     )
     return 0

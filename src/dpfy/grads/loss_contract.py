@@ -15,6 +15,17 @@ alone, and nothing else. Three common losses break it without any error:
   gradient then depends on the other examples, and clipping no longer bounds one example's
   contribution.
 
+Scale. A loss c·Σ_i ℓ_i has the per-example gradient scale k = c·B under ``"mean"`` (the
+engine multiplies by the batch's B rows) and k = c under ``"sum"``; the engine clips k·∇ℓ_i at
+C, so the release has sensitivity C whatever k is, and what is accounted stays exact. A
+*constant* k (``10 * F.cross_entropy(...)``, ``0.5 * mse``) is accepted: it only moves the
+threshold on ∇ℓ_i to C/k, the same at every step, and scales what clipping leaves, as a
+learning rate would. A k that depends on B is refused: the loss reduced the other way
+(``reduction="sum"`` under ``"mean"``, k = B; ``sum / 32``, k = B/32), since Poisson sampling
+draws B anew at every step and the threshold would move with it. The message states the k it
+measured. (``sum / n`` where n equals this batch's rows is read as the mean: it is, for
+``len(x)``.)
+
 How it is seen: at the first training forward after ``make_private`` the model's output tensors
 come back as :class:`Witness` tensors (the same values and autograd graph, a tensor subclass
 whose ``__torch_function__`` notes how each result was computed from the output: the loss
@@ -28,6 +39,7 @@ model's ``forward`` (a Hugging Face model's own loss from ``labels=``) is not se
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -74,7 +86,21 @@ TENSOR_DIVISOR = (
 )
 
 
-def _mismatch(found: str, expected: str) -> str:
+def _measured(found: str, scale: float, rows: int) -> str:
+    """The per-example gradient scale k a loss reduced by ``found`` and then multiplied by the
+    constant ``scale`` gives, relative to the other reduction (module docstring, "Scale")."""
+    times = "" if scale == 1 else f" × {scale:g}" if scale > 1 else f" / {1 / scale:g}"
+    if found == "sum":  # c = scale, read under "mean" as c·B
+        k, rule = scale * rows, "B" if scale == 1 else f"B{times}"
+    else:  # c = scale/B, read under "sum" as c
+        k, rule = scale / rows, "1/B" if scale == 1 else f"(1/B){times}"
+    return (
+        f"a loss whose per-example gradient scale is k = {rule} (the {found} over the batch"
+        f"{times}; k = {k:.4g} at this batch of B = {rows} rows)"
+    )
+
+
+def _mismatch(found: str, expected: str, scale: float, rows: int) -> str:
     fix = (
         "pass loss_reduction='sum' to make_private, or reduce with reduction='mean'"
         if found == "sum"
@@ -82,10 +108,17 @@ def _mismatch(found: str, expected: str) -> str:
         "reduction='sum'"
     )
     return (
-        f"the loss must be the {expected} over the batch's examples for loss_reduction="
-        f"{expected!r}, got a loss reduced by {found!r}: each example's gradient would be "
-        f"read {'B times too large' if found == 'sum' else 'B times too small'} and "
-        f"clipped at a threshold that means something else. Make them agree: {fix}"
+        f"the loss must be the {expected} over the batch's examples, times a constant, for "
+        f"loss_reduction={expected!r}, got {_measured(found, scale, rows)}: k depends on the "
+        f"batch's size B, which Poisson sampling draws anew at every step, so each example's "
+        f"gradient would be clipped at a threshold C/k that moves with B"
+        + (
+            f" ({'B times smaller' if found == 'sum' else 'B times larger'} than the C you chose)"
+            if scale == 1
+            else ""
+        )
+        + ". A constant k (10 × the mean, say) is accepted: it is clipped at "
+        f"C/k, the same at every step. Make them agree: {fix}"
     )
 
 
@@ -96,12 +129,14 @@ class _Notes:
     reductions: frozenset[str] = frozenset()  # over the batch: "mean" / "sum"
     problems: tuple[str, ...] = ()
     loss: bool = False  # a loss already: a loss function's output, or reduced over the batch
+    scale: float = 1.0  # constant factors applied to the loss after its reduction
 
     def join(self, other: "_Notes") -> "_Notes":
         return _Notes(
             self.reductions | other.reductions,
             tuple(dict.fromkeys(self.problems + other.problems)),
             self.loss or other.loss,
+            self.scale if other.scale == 1 else other.scale if self.scale == 1 else math.nan,
         )
 
 
@@ -204,9 +239,19 @@ def _notes_of(
     ):
         (r,) = notes.reductions
         if name in _DIV and r == "sum":  # (Σ_i ℓ_i) / B: a mean
-            return _Notes(frozenset({"mean"}), notes.problems, loss=True)
+            return _Notes(frozenset({"mean"}), notes.problems, loss=True, scale=notes.scale)
         if name in _MUL and r == "mean":  # B · mean: a sum
-            return _Notes(frozenset({"sum"}), notes.problems, loss=True)
+            return _Notes(frozenset({"sum"}), notes.problems, loss=True, scale=notes.scale)
+    if (
+        notes.reductions
+        and isinstance(first, Witness)
+        and isinstance(other, (int, float))
+        and not isinstance(other, bool)
+        and other != 0
+        and name in _MUL | _DIV
+    ):  # a constant factor: the per-example scale k of the module docstring
+        factor = float(other) if name in _MUL else 1 / float(other)
+        return _Notes(notes.reductions, notes.problems, notes.loss, notes.scale * factor)
     return notes
 
 
@@ -341,7 +386,7 @@ class LossContract:
         if trace.loss is not None:
             found += list(trace.loss.problems)
             found += [
-                _mismatch(r, self.loss_reduction)
+                _mismatch(r, self.loss_reduction, trace.loss.scale, trace.rows)
                 for r in sorted(trace.loss.reductions - {self.loss_reduction})
             ]
         return list(dict.fromkeys(found))

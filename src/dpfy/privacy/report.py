@@ -47,6 +47,7 @@ from dpfy.privacy.accountants import (
 )
 from dpfy.privacy.ledger import Ledger, Sampling
 from dpfy.privacy.section import ReportSection
+from dpfy.privacy.statement import inapplicable
 from dpfy.privacy.tuning import group_privacy
 from dpfy.privacy.user_level import USER_UNIT
 
@@ -255,6 +256,7 @@ class PrivacyReport:
     sections: tuple[ReportSection, ...] = ()
     unit: str = "example"  # the ledger's unit of privacy: "example" or "user"
     noise_mechanisms: tuple[Mapping[str, Any], ...] = ()  # correlated noise only
+    left_out: Mapping[str, str] = field(default_factory=dict)  # accountant -> why it does not apply
 
     @classmethod
     def from_ledger(
@@ -344,9 +346,18 @@ class PrivacyReport:
                 group_size,
                 "an integer >= 1",
             )
+        left_out = {a: why for a in ACCOUNTANTS if (why := inapplicable(ledger, a)) is not None}
+        require(
+            accountant not in left_out,
+            "accountant",
+            accountant,
+            "one that applies to this ledger",
+            left_out.get(accountant, ""),
+        )
         eps = {
             name: _epsilon_or_none(ledger, delta, name, headline=name == accountant)
             for name in ACCOUNTANTS
+            if name not in left_out
         }
         headline = eps[accountant]
         assert headline is not None, "the headline accountant raises rather than give None"
@@ -374,6 +385,7 @@ class PrivacyReport:
             sample_rates=(min(rates), max(rates)),
             noise_multipliers=(min(sigmas), max(sigmas)),
             epsilons=eps,
+            left_out=left_out,
             epsilon_without_amplification=epsilon(
                 ledger, delta=delta, accountant=accountant, amplify=False
             ),
@@ -487,6 +499,7 @@ class PrivacyReport:
             "accountant_label": accountant_label(self.accountant),
             "approximate": self.approximate,
             "epsilons": {k: (None if v is None else _finite(v)) for k, v in self.epsilons.items()},
+            "left_out": dict(self.left_out),
             "accountant_labels": {k: accountant_label(k) for k in self.epsilons},
             "epsilon_without_amplification": _finite(self.epsilon_without_amplification),
             "coarsened_sigma_resolution": self.coarsened,
@@ -597,6 +610,8 @@ class PrivacyReport:
                 else ("refused: σ below the PLD grid floor (see the RDP row)")
             )
             lines.append(f"| {name.upper()} | {value} | {note} |")
+        for name, why in self.left_out.items():
+            lines.append(f"| {name.upper()} | left out | {why} |")
         lines += [
             "",
             "## 4. Formal statements",

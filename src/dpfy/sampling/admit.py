@@ -19,7 +19,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from dpfy._require import require
 from dpfy.errors import PrivacyRefusal
-from dpfy.sampling.cyclic import CyclicPoissonSampler
+from dpfy.sampling.cyclic import CyclicPoissonSampler, default_bands
 from dpfy.sampling.poisson import PoissonSampler
 from dpfy.sampling.shuffle import ShuffleSampler
 
@@ -166,7 +166,7 @@ def make_sampler(
     sample_rates: Sequence[float] | torch.Tensor | None = None,
     seed: int | None,
     shard: tuple[int, int] | None = None,
-    bands: int | None = None,
+    bands: int | str | None = None,
 ) -> "PoissonSampler | ShuffleSampler | CyclicPoissonSampler":
     """The sampler dpfy builds for ``loader``: the one place that reads a user's DataLoader.
 
@@ -222,6 +222,8 @@ def make_sampler(
             "batch_size is per rank: divide it by world_size",
         )
         return PoissonSampler(n, sample_rate=batch_size * world / n, seed=seed, shard=shard)
+    if bands == "default":  # BandMF without bands=: min(8, ⌊N/B⌋)
+        bands = default_bands(n, batch_size)
     if bands is not None:
         require(
             poisson_sampling and sample_rates is None,
@@ -230,6 +232,7 @@ def make_sampler(
             "True / None with cyclic Poisson sampling (bands=)",
             "BandMF samples Poisson batches inside its groups; drop those arguments",
         )
+        assert not isinstance(bands, str), "'default' was resolved above"
         return CyclicPoissonSampler(n, batch_size, bands=bands, seed=seed)
     if not poisson_sampling:
         require(

@@ -21,10 +21,28 @@ from dpfy.sampling.poisson import _generator
 from dpfy.sampling.shuffle import _secure_permutation
 from dpfy.sampling.units import ExampleUnits
 
-__all__ = ["CyclicPoissonSampler"]
+__all__ = ["CyclicPoissonSampler", "DEFAULT_BANDS", "default_bands"]
 
 # (step, the step's drawn batch or None, rows of it taken): where the sampler stands
 Position = tuple[int, "torch.Tensor | None", int]
+
+
+# BandMF's band count when none is given (``noise="bandmf"`` / ``--noise bandmf``); see
+# default_bands.
+DEFAULT_BANDS = 8
+
+
+def default_bands(dataset_size: int, batch_size: int) -> int:
+    """b = min(8, ⌊N/B⌋), BandMF's band count when none is given.
+
+    Choquette-Choo et al. 2023 ("Amplified banded matrix factorization") pick b per setting by
+    the error it gives, with no closed form; b = 1 is DP-SGD. ⌊N/B⌋ is the largest b cyclic
+    Poisson sampling allows (each of the b groups must hold the expected batch; at b = N/B a
+    group is used whole and nothing is amplified), and 8 is the middle of the 4 to 16 bands
+    the guide (docs/guide/correlated_noise.md) recommends, keeping the noise buffer at
+    b - 1 = 7 copies of the trainable parameters.
+    """
+    return max(1, min(DEFAULT_BANDS, dataset_size // max(1, batch_size)))
 
 
 class CyclicPoissonSampler:

@@ -40,6 +40,8 @@ class BatchCursor:
         self.ended = True  # the previous yield ended its logical batch
         self._pending = 0
         self._on_taken = on_taken
+        # a step took the last yielded batch (a second step() before the next yield repeats it)
+        self.taken = False
 
     @property
     def pending(self) -> int:
@@ -50,7 +52,7 @@ class BatchCursor:
         taken = self._pending > 0 and value == 0
         self._pending = value
         if taken:
-            self.batch = None
+            self.batch, self.taken = None, True
         if taken and self._on_taken is not None:
             self._on_taken()
 
@@ -64,6 +66,7 @@ class BatchCursor:
             self.logical += 1
         self.indices, self.last, self.ended = indices, last, last
         self._pending += 1
+        self.taken = False
 
 
 class _Chunk(NamedTuple):

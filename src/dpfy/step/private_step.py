@@ -52,6 +52,21 @@ __all__ = ["PrivateStep", "require_loss_fn", "split_batch_refusal"]
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 
 
+def repeated_step_message(released: bool) -> str:
+    """optimizer.step() called again before the loader yielded another batch."""
+    what = (
+        "its logical batch was already released (noised and recorded in the ledger)"
+        if released
+        else "its clipped gradients were already added to the current logical batch"
+    )
+    return (
+        "optimizer.step() must be called once per batch of the private loader, got a second "
+        f"optimizer.step() for the same batch: {what}, and stepping on it again would use its "
+        "examples twice without accounting for it. Draw the next batch from the loader "
+        "(and call loss.backward() on it) before calling optimizer.step() again"
+    )
+
+
 class PrivateStep:
     """Runs the private step for each batch the private loader yields.
 
@@ -152,6 +167,8 @@ class PrivateStep:
         self._refuse_frozen_since()
         self._check_loss_contract()
         pending = self.cursor.pending
+        if pending == 0 and self.cursor.taken:
+            raise ValueError(repeated_step_message(self.cursor.last))
         require(
             pending >= 1,
             "the batch",

@@ -123,7 +123,8 @@ class TrainConfig:
         "expected logical batch size; sample rate q = batch_size "
         "/ N (default: 2048, Tramèr & Boneh's, or N/4 when the "
         "training set has fewer than 8192 examples: digits 359, "
-        "breast_cancer 113)",
+        "breast_cancer 113; with --user-sampling uls the same rule "
+        "counts users, with els the examples kept after capping)",
     )
     physical_batch_size: int | None = _f(None, "largest batch held in memory at once")
     clip: float = _f(0.1, "per-example gradient clipping norm C")
@@ -226,11 +227,12 @@ class TrainConfig:
         "noise mechanism: gaussian (DP-SGD), tree (DP-FTRL tree "
         "aggregation over shuffled passes, no amplification needed) or "
         "bandmf (banded matrix factorization with cyclic Poisson "
-        "sampling; give --bands)",
+        "sampling, --bands)",
     )
     bands: int | None = _f(
         None,
-        "BandMF's band count b, with --noise bandmf (b = 1 is DP-SGD); "
+        "BandMF's band count b, with --noise bandmf (b = 1 is DP-SGD; "
+        "default min(8, N // batch size)); "
         "memory: b - 1 extra copies of the trainable parameters",
     )
     microbatch_size: int | None = _f(
@@ -745,8 +747,9 @@ def guide_delta(num_examples: int) -> float:
 def resolve(
     cfg: TrainConfig, *, num_examples: int, reference_delta: float | None
 ) -> tuple[TrainConfig, str]:
-    """Fill in δ and the batch size (:func:`default_batch_size`); returns the resolved config
-    and how δ was chosen.
+    """Fill in δ and the batch size (:func:`default_batch_size`, applied to the units a step
+    samples: users under ``--user-sampling uls``); returns the resolved config and how δ was
+    chosen.
 
     The seed stays as given: None means a secure run (no seed is invented, see the module
     docstring).
@@ -767,5 +770,17 @@ def resolve(
         f"< 1/N = {1 / num_examples:.3g}",
         "δ ≥ 1/N would allow leaking one example outright; use δ = 1/N^1.1",
     )
-    batch = cfg.batch_size if cfg.batch_size is not None else default_batch_size(num_examples)
-    return dataclasses.replace(cfg, delta=delta, batch_size=batch), how
+    batch = cfg.batch_size
+    if batch is None:  # the rule applies to what a step samples: users under ULS (train/units)
+        from dpfy.train.units import sampled_units
+
+        units = sampled_units(
+            num_examples, cfg.user_ids, cfg.user_sampling, cfg.max_examples_per_user
+        )
+        batch = default_batch_size(units[0])
+    bands = cfg.bands
+    if cfg.noise == "bandmf" and bands is None:  # recorded in config.json as run
+        from dpfy.sampling.cyclic import default_bands
+
+        bands = default_bands(num_examples, batch)
+    return dataclasses.replace(cfg, delta=delta, batch_size=batch, bands=bands), how

@@ -26,6 +26,7 @@ from dpfy.data import DataSplits
 from dpfy.data.augment import crop_flip
 from dpfy.data.fashion_mnist import MEAN as FMNIST_MEAN, STD as FMNIST_STD
 from dpfy.train.config import TrainConfig
+from dpfy.train.units import load_user_ids
 
 __all__ = [
     "PrivateRun",
@@ -161,32 +162,6 @@ def private_run(
         steps_per_epoch=steps_per_epoch,
         total_steps=optimizer.max_steps,
     )
-
-
-def load_user_ids(path: str) -> torch.Tensor:
-    """(N,) integer user ids from a ``.npy`` file or a text/``.csv`` file of integers (one per
-    example, any layout, read in row order), for ``dpfy train --user-ids``. Read once: the ids
-    of a run never change."""
-    import numpy as np  # local: only --user-ids reads files of ids
-
-    try:
-        arr = (
-            np.load(path, allow_pickle=False)
-            if str(path).lower().endswith(".npy")
-            else np.loadtxt(path, delimiter=",", dtype=np.int64, ndmin=1)
-        )
-    except (OSError, ValueError) as err:
-        require(False, "user_ids", path, "a readable file of integer ids", str(err))
-        raise
-    arr = np.asarray(arr).reshape(-1)
-    require(
-        np.issubdtype(arr.dtype, np.integer),
-        "user_ids",
-        f"{path} ({arr.dtype})",
-        "integer ids",
-        "Save one integer user id per training example",
-    )
-    return torch.as_tensor(arr.astype(np.int64))
 
 
 def run_options(cfg: TrainConfig) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from dpfy.errors import SeedWarning
 from dpfy.models import MODELS, build_model
 from dpfy.privacy.accountants import PLD_FINE, pld_min_noise_multiplier
 from dpfy.privacy.individual import load_budgets, random_budgets
+from dpfy.privacy.statement import ledger_statement
 from dpfy.train.checkpoint import Checkpoint, load_latest
 from dpfy.train.device import device_description, hold_on_device, resolve_device
 from dpfy.train.config import RESUME_IGNORED, SEED_WARNING, TrainConfig, parse_floats, resolve
@@ -479,10 +480,10 @@ def _finish(
     # kill from here on leaves a run that --resume only renames.
     write_atomic(staging / COMPLETE_MARKER, json.dumps(summary, indent=2) + "\n")
     out = run.finalize()  # drops the secret checkpoints first
+    stated = ledger_statement(private.optimizer.ledger, eps, cfg.delta, cfg.accountant.upper())
     echo(
-        f"dpfy train: test accuracy {100 * summary['test_acc']:.2f}% at ε = {eps:.3f}, "
-        f"δ = {cfg.delta:.3g} ({cfg.accountant.upper()}) after {summary['steps']} steps, "
-        f"{wall:.0f} s"
+        f"dpfy train: test accuracy {100 * summary['test_acc']:.2f}% after "
+        f"{summary['steps']} steps, {wall:.0f} s; {stated}"
     )
     if average is not None:
         echo(

@@ -1,0 +1,115 @@
+"""Every statement of ε names its unit of privacy and neighbouring relation, and an accountant
+that does not apply to a mechanism is left out with the reason (issue 35 §3).
+
+The ε values are dp_accounting's (RDP and PLD of the user-level Poisson-subsampled Gaussian);
+the unit and relation are what the sampler recorded, derived here from the sampling asked for."""
+
+from __future__ import annotations
+
+import json
+
+import dp_accounting
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import dpfy
+from dpfy.cli import main
+from dpfy.privacy.ledger import Ledger, Sampling
+
+
+def _uls_optimizer():
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(120, 4, generator=g), torch.randint(0, 2, (120,), generator=g))
+    model = nn.Linear(4, 2)
+    model, opt, dl = dpfy.make_private(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), DataLoader(data, batch_size=6),
+        noise_multiplier=1.5, user_ids=torch.arange(120) % 30, user_sampling="uls",
+        max_examples_per_user=4, accountant="rdp")
+    for i, (x, y) in enumerate(dl):
+        if i == 3:
+            break
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return opt
+
+
+def test_optimizer_states_its_unit_and_keeps_epsilon_a_float():
+    opt = _uls_optimizer()
+    eps = opt.epsilon(1e-5)
+    assert type(eps) is float                         # compatibility: a bare number
+    acc = dp_accounting.rdp.RdpAccountant()           # 30 users, 6 expected per step: q = 0.2
+    acc.compose(dp_accounting.PoissonSampledDpEvent(0.2, dp_accounting.GaussianDpEvent(1.5)), 3)
+    assert eps == pytest.approx(acc.get_epsilon(1e-5), rel=1e-9)
+    text = opt.privacy_statement(1e-5)
+    assert text.startswith(f"ε = {eps:.4g} at δ = 1e-05 for user-level add-or-remove adjacency")
+    assert "one user added or removed, with all of their examples" in text and "RDP" in text
+
+
+def test_account_ledger_of_a_user_level_run_names_the_user(tmp_path, capsys):
+    ledger = Ledger.homogeneous(sample_rate=0.2, noise_multiplier=1.5, steps=10,
+                                sampling=Sampling.ULS, dataset_size=30)
+    (tmp_path / "ledger.json").write_text(ledger.to_json())
+    assert main(["account", "--ledger", str(tmp_path / "ledger.json"), "--delta", "1e-5"]) == 0
+    out = capsys.readouterr().out
+    assert "for user-level add-or-remove adjacency (one user added or removed" in out, out
+    assert main(["account", "--ledger", str(tmp_path / "ledger.json"), "--delta", "1e-5",
+                 "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["unit"] == "user" and "user-level" in record["statement"]
+
+
+def _els_run_dir(tmp_path):
+    ledger = Ledger.homogeneous(sample_rate=0.05, noise_multiplier=1.0, steps=40,
+                                sampling=Sampling.ELS, max_examples_per_user=4, dataset_size=100)
+    (tmp_path / "ledger.json").write_text(ledger.to_json())
+    (tmp_path / "config.json").write_text(json.dumps({"accountant": "pld"}))
+    return str(tmp_path)
+
+
+def test_els_run_leaves_gdp_out_with_the_reason(tmp_path, capsys):
+    """The issue's run printed GDP ε = 68.42 beside PLD's 2.998: the CLT is derived for the
+    subsampled Gaussian, an ELS step is a mixture of Gaussians."""
+    run = _els_run_dir(tmp_path)
+    assert main(["account", "--ledger", run, "--delta", "1e-5"]) == 0
+    out = capsys.readouterr().out
+    assert "gdp: ε" not in out and "rdp: ε" in out, out
+    assert "gdp left out: the GDP CLT is derived for the subsampled Gaussian" in out, out
+    assert main(["account", "--ledger", run, "--delta", "1e-5", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert set(record["others"]) == {"rdp"} and "mixture" in record["left_out"]["gdp"]
+    assert main(["account", "--ledger", run, "--delta", "1e-5", "--accountant", "gdp"]) == 2
+    assert "accountant must be one that applies" in capsys.readouterr().err
+
+
+def test_calibrate_and_account_default_to_pld_like_train(capsys):
+    """One default: dpfy train and make_private account with PLD; calibrate and account did
+    with RDP (σ 11.18 against 10.41 for the same tree run in the issue)."""
+    from dpfy.train.config import TrainConfig
+
+    assert TrainConfig().accountant == "pld"
+    shape = ["--delta", "1e-5", "--sample-rate", "0.01", "--steps", "200", "--json"]
+    assert main(["calibrate", "--target-epsilon", "2", *shape]) == 0
+    default = json.loads(capsys.readouterr().out)
+    assert default["accountant"] == "pld"
+    assert main(["calibrate", "--target-epsilon", "2", *shape, "--accountant", "pld"]) == 0
+    assert json.loads(capsys.readouterr().out)["noise_multiplier"] == default["noise_multiplier"]
+    assert main(["account", "--noise-multiplier", "1", *shape]) == 0
+    assert json.loads(capsys.readouterr().out)["accountant"] == "pld"
+
+
+def test_the_privacy_report_of_an_els_run_leaves_gdp_out():
+    from dpfy.privacy.report import PrivacyReport
+
+    ledger = Ledger.homogeneous(sample_rate=0.05, noise_multiplier=1.0, steps=40,
+                                sampling=Sampling.ELS, max_examples_per_user=4, dataset_size=100)
+    report = PrivacyReport.from_ledger(ledger, delta=1e-5, accountant="pld")
+    assert set(report.epsilons) == {"pld", "rdp"} and "gdp" in report.left_out
+    assert "| GDP | left out | the GDP CLT is derived for the subsampled Gaussian" in \
+        report.to_markdown()
+    assert report.to_dict()["left_out"]["gdp"] == report.left_out["gdp"]
+    with pytest.raises(ValueError, match="accountant must be one that applies to this ledger"):
+        PrivacyReport.from_ledger(ledger, delta=1e-5, accountant="gdp")
