@@ -75,7 +75,7 @@ def test_every_command_refuses_cuda_without_a_gpu_before_any_work(
     argv = [command, *FAST, "--no-progress", "--device", "cuda", "--out", str(tmp_path / "r")]
     assert main([*argv, *extra]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"dpfy {command}: error: device must be one torch can use"), err
+    assert err.startswith(f"dpfy {command}: error: --device must be one torch can use"), err
     assert "--device cpu" in err and "\n" not in err
     assert list(tmp_path.iterdir()) == []
 
