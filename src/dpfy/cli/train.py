@@ -21,7 +21,6 @@ from dataclasses import fields
 from typing import Any
 
 from dpfy.cli import EXIT_INTERRUPTED, SUBCOMMANDS
-from dpfy.train import resume, train
 from dpfy.train.config import TrainConfig, coerce, field_types, load_config_file
 from dpfy.train.options import parse_scalar
 from dpfy.train.rundir import RunDir
@@ -112,6 +111,10 @@ def explicit_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported here, not at module level: the training loop imports torch, which `dpfy train
+    # --help` does not need (start-up time).
+    from dpfy.train import resume, train
+
     settings = explicit_settings(args)
     progress = not args.no_progress
     if args.resume:
