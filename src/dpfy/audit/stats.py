@@ -14,13 +14,25 @@ A claim (ε, δ) is rejected at confidence 1 − s when that p-value is ≤ s; t
 the largest ε rejected. :mod:`dpfy.audit.fdp` gives the f-DP variant (Mahloujifar et al.
 2024) on the same guesses.
 
-Which k: the guesses are tried at every threshold on the upper hull of the (false negative,
-true negative) counts (a threshold below that hull is beaten by mixing two on it), and the
-best is kept; because k is chosen after seeing the scores, each is tested at level s / H
-(Bonferroni over the H hull thresholds). This is the choice of jax_privacy's auditing
-module, whose test values (the issue's) are reproduced in ``tests/audit/test_stats.py``. The
-hull itself depends on the scores, so the correction is the reference's convention rather
-than a proof; it is conservative against the uncorrected maximum by a wide margin.
+Which guesses (``guesses=``):
+
+- ``"two_sided"`` (the default, and what ``dpfy audit`` reports): for each k of a grid fixed
+  before the scores are seen — k = m, m/2, m/4, … down to :data:`MIN_GUESSES` (even), so it
+  depends on m alone — guess "in" for the k/2 highest scores and "out" for the k/2 lowest,
+  as Steinke et al.'s guesses T ∈ {−1, 0, +1}^m allow (their Algorithm 1; Mahloujifar et al.
+  audit the same guesses). Each k is tested at level s/G for the G grid sizes. **Why an
+  honest run is rejected with probability at most s:** for each fixed k the guesses are a
+  function of the run's output (ties broken by canary index, which is public and independent
+  of the secret bits), so Theorem 5.2 (resp. the f-DP theorem) bounds that k's rejection
+  probability by s/G; the union bound over the G pre-chosen k gives s. Both tails of the
+  scores carry evidence ("out" canaries are pure noise, "in" ones are shifted up), so at the
+  same precision a two-sided guess makes twice the guesses: a larger bound (measured in
+  docs/audit.md, "The rigorous bounds").
+- ``"hull"``: guesses "in" only, at every threshold on the upper hull of the (false negative,
+  true negative) counts (a threshold below that hull is beaten by mixing two on it), each at
+  level s / H for the H hull thresholds — jax_privacy's auditing module, whose test values
+  are reproduced in ``tests/audit/test_stats.py``. The hull depends on the scores, so this
+  correction is that reference's convention rather than a proof.
 """
 
 from __future__ import annotations
@@ -36,6 +48,10 @@ from dpfy._require import require
 
 __all__ = [
     "AuditBound",
+    "GUESSES",
+    "MIN_GUESSES",
+    "guess_grid",
+    "two_sided_counts",
     "guess_counts",
     "one_run_p_value",
     "epsilon_for_guesses",
@@ -46,6 +62,11 @@ __all__ = [
 
 # Root-finding tolerance on ε (absolute); the known values are given to ~1e-6.
 EPS_XTOL = 1e-9
+# The guessing rules (module docstring); the first is the default.
+GUESSES = ("two_sided", "hull")
+# The smallest guess count on the two-sided grid: fewer guesses, all correct, reject only
+# ε below about 1 at 95 % / G, never the claims an audit is for.
+MIN_GUESSES = 16
 
 
 @dataclass(frozen=True)
@@ -57,7 +78,9 @@ class AuditBound:
       test: ``"one_run"`` (Steinke et al.) or ``"fdp"`` (Mahloujifar et al.).
       guesses, correct: k and v of the threshold that gave it (0, 0 when none did).
       canaries: m; delta, confidence: the claim's δ and the test's level.
-      thresholds: H, the hull thresholds tried (each at level (1 − confidence) / H).
+      thresholds: the guess counts tried, each at level (1 − confidence) / thresholds: the
+        grid's G (``"two_sided"``) or the hull's H (``"hull"``).
+      guessing: the rule, one of :data:`GUESSES`.
     """
 
     epsilon: float
@@ -68,6 +91,7 @@ class AuditBound:
     delta: float
     confidence: float
     thresholds: int
+    guessing: str
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -108,6 +132,31 @@ def _upper_hull(x: np.ndarray, y: np.ndarray) -> np.ndarray:
                 break
         keep.append(i)
     return np.asarray(keep, dtype=np.int64)
+
+
+def guess_grid(canaries: int) -> np.ndarray:
+    """The two-sided rule's guess counts for m canaries: m, m/2, m/4, … (each rounded down to
+    an even number) while ≥ :data:`MIN_GUESSES`; m alone decides them, never the scores."""
+    grid: list[int] = []
+    k = int(canaries)
+    while k >= MIN_GUESSES:
+        grid.append(k - k % 2)
+        k //= 2
+    return np.asarray(grid or [canaries - canaries % 2], dtype=np.int64)
+
+
+def two_sided_counts(scores: np.ndarray, included: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(k, v) for each k of :func:`guess_grid`: "in" for the k/2 highest scores, "out" for the
+    k/2 lowest, v of the k right. Ties are ordered by canary index (a stable sort): public,
+    and independent of the inclusion bits."""
+    s, inc = check_scores(scores, included)
+    order = np.argsort(s, kind="stable")  # (m,) ascending scores
+    k = guess_grid(s.size)
+    v = np.array(
+        [inc[order[s.size - h :]].sum() + (~inc[order[:h]]).sum() for h in k // 2],
+        dtype=np.int64,
+    )
+    return k, v
 
 
 def guess_counts(scores: np.ndarray, included: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -182,16 +231,18 @@ def best_over_thresholds(
     confidence: float,
     test: str,
     epsilon_for: Callable[..., float],
+    guesses: str = "two_sided",
 ) -> AuditBound:
     """The best bound ``epsilon_for(m, k, v, delta=, significance=, floor=)`` gives over the
-    hull thresholds, each at level (1 − confidence)/H.
+    guess counts of the rule ``guesses`` (module docstring), each at level (1 − confidence)/G.
 
     Tried in decreasing precision v/k: a threshold whose precision is ≤ e^ε/(1+e^ε) of the
     best ε so far cannot beat it (its binomial tail is ≥ ½) and is skipped.
     """
     require(0.5 < confidence < 1, "confidence", confidence, "in (0.5, 1)", "Use 0.95")
     require(0 < delta < 1, "delta", delta, "in (0, 1)")
-    k, v = guess_counts(scores, included)
+    require(guesses in GUESSES, "guesses", guesses, f"one of {list(GUESSES)}")
+    k, v = (two_sided_counts if guesses == "two_sided" else guess_counts)(scores, included)
     m = int(np.asarray(scores).size)
     significance = (1 - confidence) / len(k)
     best, best_k, best_v = 0.0, 0, 0
@@ -213,14 +264,21 @@ def best_over_thresholds(
         delta=delta,
         confidence=confidence,
         thresholds=int(guessed.size),
+        guessing=guesses,
     )
 
 
 def one_run_epsilon(
-    scores: np.ndarray, included: np.ndarray, *, delta: float, confidence: float = 0.95
+    scores: np.ndarray,
+    included: np.ndarray,
+    *,
+    delta: float,
+    confidence: float = 0.95,
+    guesses: str = "two_sided",
 ) -> AuditBound:
     """Steinke et al.'s lower bound on ε from canary ``scores`` (higher: more likely "in") and
-    the secret inclusion bits, at ``confidence``, for a claim with this ``delta``."""
+    the secret inclusion bits, at ``confidence``, for a claim with this ``delta``; ``guesses``
+    is the guessing rule (module docstring)."""
     return best_over_thresholds(
         scores,
         included,
@@ -228,4 +286,5 @@ def one_run_epsilon(
         confidence=confidence,
         test="one_run",
         epsilon_for=epsilon_for_guesses,
+        guesses=guesses,
     )
