@@ -52,22 +52,47 @@ def main() -> None:
     arrays, rows = {}, []
     for scale in SCALES:
         cpu, wall = cpu_seconds(), time.time()
-        r = audit_run.audit_config(cfg, plant_noise_scale=None if scale == 1.0 else scale,
-                                   echo=lambda line: print(line, file=sys.stderr))
+        r = audit_run.audit_config(
+            cfg,
+            plant_noise_scale=None if scale == 1.0 else scale,
+            echo=lambda line: print(line, file=sys.stderr),
+        )
         key = f"F{scale:g}"
         arrays[f"{key}_scores"], arrays[f"{key}_included"] = saved["scores"], saved["included"]
-        rows.append({"F": scale, "claimed_epsilon": r.claimed_epsilon, "delta": r.delta,
-                     "steps": r.steps, "canaries_in": r.canaries_in,
-                     "one_run_hull": r.one_run.epsilon, "fdp_hull": r.fdp.epsilon,
-                     "gdp_estimate": r.gdp.epsilon if r.gdp else None,
-                     "gdp_estimate_low": r.gdp.epsilon_low if r.gdp else None,
-                     "cpu_s": round(cpu_seconds() - cpu, 1), "wall_s": round(time.time() - wall, 1)})
+        rows.append(
+            {
+                "F": scale,
+                "claimed_epsilon": r.claimed_epsilon,
+                "delta": r.delta,
+                "steps": r.steps,
+                "canaries_in": r.canaries_in,
+                "one_run_hull": r.one_run.epsilon,
+                "fdp_hull": r.fdp.epsilon,
+                "gdp_estimate": r.gdp.epsilon if r.gdp else None,
+                "gdp_estimate_low": r.gdp.epsilon_low if r.gdp else None,
+                "cpu_s": round(cpu_seconds() - cpu, 1),
+                "wall_s": round(time.time() - wall, 1),
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
         np.savez_compressed(HERE / "fmnist_cnn_scores.npz", **arrays)
-    (HERE / "fmnist_cnn_runs.json").write_text(json.dumps(
-        {"settings": {"epochs": EPOCHS, "seed": 0, "threads": 1, "canaries": 1000,
-                      "canary_kind": "dirac", "other": "TrainConfig defaults"},
-         "runs": rows}, indent=1) + "\n")
+    (HERE / "fmnist_cnn_runs.json").write_text(
+        json.dumps(
+            {
+                "settings": {
+                    "epochs": EPOCHS,
+                    "seed": 0,
+                    "threads": 1,
+                    "canaries": 1000,
+                    "canary_kind": "dirac",
+                    "other": "TrainConfig defaults",
+                },
+                "runs": rows,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from dpfy.audit.stats import (
     guess_grid,
     one_run_epsilon,
     one_run_p_value,
-    two_sided_counts,
+    grid_counts,
 )
 
 N = 10_000          # in-canaries, and as many out-canaries (issue 15 §1)
@@ -81,25 +81,25 @@ def test_refuses_bad_inputs() -> None:
         one_run_epsilon(np.zeros(3), np.zeros(3, bool), delta=1e-6, confidence=0.3)
 
 
-def test_the_two_sided_grid_depends_on_m_alone() -> None:
-    # m, m/2, m/4, ... rounded down to even while >= 16: 1000, 500, 250, 125 -> 124, 62,
-    # 31 -> 30 (15 < 16 stops)
-    assert guess_grid(1000).tolist() == [1000, 500, 250, 124, 62, 30]
-    assert guess_grid(16).tolist() == [16] and guess_grid(5).tolist() == [4]
+def test_the_grid_depends_on_m_alone() -> None:
+    # m, m/2, m/4, ... while >= 16: 1000, 500, 250, 125, 62, 31 (15 < 16 stops)
+    assert guess_grid(1000).tolist() == [1000, 500, 250, 125, 62, 31]
+    assert guess_grid(16).tolist() == [16] and guess_grid(5).tolist() == [5]
 
 
-def test_two_sided_counts_guess_both_tails() -> None:
+def test_grid_counts_guess_one_and_both_tails() -> None:
     # 32 canaries, scores 0..31 (canary j scores j); in: the 8 highest and canaries 0 and 1.
-    # Grid 32, 16: k = 16 guesses "in" for 24..31 (8 right) and "out" for 0..7 (6 right: 0
-    # and 1 were in); k = 32 guesses "in" for 16..31 (8 right), "out" for 0..15 (14 right).
+    # Grid 32, 16. k = 32: one-sided "in" for all (10 right); two-sided "in" for 16..31 (8
+    # right) and "out" for 0..15 (14 right): 22. k = 16: one-sided "in" for 16..31 (8 right);
+    # two-sided "in" for 24..31 (8) and "out" for 0..7 (6: 0 and 1 were in): 14.
     included = np.zeros(32, bool)
     included[24:] = included[:2] = True
-    k, v = two_sided_counts(np.arange(32.0), included)
-    assert k.tolist() == [32, 16] and v.tolist() == [22, 14]
-    # ties are ordered by canary index, never by the secret bits: all scores equal, the "in"
-    # guesses go to the 8 highest indices whatever the bits
-    k, v = two_sided_counts(np.zeros(32), included)
-    assert v.tolist() == [22, 14]
+    k, v = grid_counts(np.arange(32.0), included)
+    assert k.tolist() == [32, 32, 16, 16] and v.tolist() == [10, 22, 8, 14]
+    # ties are ordered by canary index, never by the secret bits: with all scores equal the
+    # guesses fall on the same canaries as above, whatever the bits
+    k, v = grid_counts(np.zeros(32), included)
+    assert v.tolist() == [10, 22, 8, 14]
 
 
 def _honest_gaussian(mu: float, m: int, rng: np.random.Generator) -> tuple:
@@ -109,15 +109,15 @@ def _honest_gaussian(mu: float, m: int, rng: np.random.Generator) -> tuple:
 
 
 def test_an_honest_run_is_not_rejected_more_often_than_the_confidence_allows() -> None:
-    """Derivation (stats module docstring): for each grid k fixed in advance, Theorem 5.2 (and
-    the f-DP theorem) bound the probability that an (ε, δ)-DP run's guesses reject (ε, δ) by
-    5 %/G; the union bound over the G grid sizes gives 5 %. Checked on the tightest honest
+    """Derivation (stats module docstring): for each of the G guesses fixed in advance,
+    Theorem 5.2 (and the f-DP theorem) bound the probability that an (ε, δ)-DP run's guesses
+    reject (ε, δ) by 5 %/G; the union bound over the G guesses gives 5 %. Checked on the tightest honest
     runs: the Gaussian mechanism whose μ-GDP curve *is* the claimed (ε, δ) (what the f-DP test
     assumes), and randomized response at ε (each guess right with probability exactly
     e^ε/(1 + e^ε), the one-run test's worst case). 100 seeded runs each; the theorem allows
     5 % in expectation. Measured at these seeds: 0 of 200 Gaussian tests (m = 1,000 canaries
-    cannot reach ε ≈ 10 of μ = 2; the largest bound was 6.2) and 3 of 100 randomized
-    responses (over 300 more seeds: 5 of 300 at ε = 1, 4 of 300 at ε = 2, i.e. under 2 %)."""
+    cannot reach ε ≈ 10 of μ = 2; the largest bound was 5.8) and 3 of 100 randomized
+    responses (over 300 more seeds: 4 of 300 at ε = 1, 3 of 300 at ε = 2, i.e. under 2 %)."""
     rng = np.random.default_rng(0)
     mu, delta = 2.0, 1e-5
     # ε of μ-GDP at δ, from dp_accounting (an independent library)
@@ -139,13 +139,13 @@ def test_an_honest_run_is_not_rejected_more_often_than_the_confidence_allows() -
     assert rr_rejected <= 5
 
 
-def test_two_sided_guesses_catch_half_the_noise_on_the_default_run() -> None:
+def test_grid_guesses_catch_half_the_noise_on_the_default_run() -> None:
     """The default `dpfy train` run (Fashion-MNIST, q = 0.03414, σ = 1.8095, T = 1,174, δ =
     1e-5, claimed ε = 3.00 by dp_accounting's PLD) audited by 1,000 Dirac canaries, its noise
     ×0.5 behind the ledger's back: the exact white-box view (docs/audit.md, "Measured"),
     simulated at seed 0. Guessing "in" only over the hull (the rule before) leaves the f-DP
-    bound at 2.54, below the claim; two-sided guesses on the fixed grid reach 3.37, above it:
-    a rigorous bound now shows the run false."""
+    bound at 2.54, below the claim; the grid rule's guesses (two-sided among them) reach
+    3.15, above it: a rigorous bound now shows the run false."""
     q, sigma, steps, delta, m = 0.03414, 1.8095, 1174, 1e-5, 1000
     acc = pld.PLDAccountant(value_discretization_interval=1e-3)
     acc.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(sigma)), steps)

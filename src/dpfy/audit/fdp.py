@@ -1,5 +1,5 @@
 """The f-DP one-run audit (Mahloujifar, Melis & Chaudhuri, "Auditing f-Differential Privacy
-in One Run", 2024): the same guesses as :mod:`dpfy.audit.stats` (two-sided by default),
+in One Run", 2024): the same guesses as :mod:`dpfy.audit.stats` (the grid rule by default),
 tested against the whole trade-off curve of the claim instead of its (ε, δ) pair, so the
 bound keeps improving as the number of canaries m grows.
 
@@ -73,7 +73,7 @@ def fdp_epsilon(
     *,
     delta: float,
     confidence: float = 0.95,
-    guesses: str = "two_sided",
+    guesses: str = "grid",
 ) -> AuditBound:
     """Mahloujifar et al.'s f-DP lower bound on ε from canary scores and inclusion bits, with
     the guessing rule ``guesses`` (:mod:`dpfy.audit.stats`)."""

@@ -16,18 +16,20 @@ the largest ε rejected. :mod:`dpfy.audit.fdp` gives the f-DP variant (Mahloujif
 
 Which guesses (``guesses=``):
 
-- ``"two_sided"`` (the default, and what ``dpfy audit`` reports): for each k of a grid fixed
-  before the scores are seen — k = m, m/2, m/4, … down to :data:`MIN_GUESSES` (even), so it
-  depends on m alone — guess "in" for the k/2 highest scores and "out" for the k/2 lowest,
-  as Steinke et al.'s guesses T ∈ {−1, 0, +1}^m allow (their Algorithm 1; Mahloujifar et al.
-  audit the same guesses). Each k is tested at level s/G for the G grid sizes. **Why an
-  honest run is rejected with probability at most s:** for each fixed k the guesses are a
-  function of the run's output (ties broken by canary index, which is public and independent
-  of the secret bits), so Theorem 5.2 (resp. the f-DP theorem) bounds that k's rejection
-  probability by s/G; the union bound over the G pre-chosen k gives s. Both tails of the
-  scores carry evidence ("out" canaries are pure noise, "in" ones are shifted up), so at the
-  same precision a two-sided guess makes twice the guesses: a larger bound (measured in
-  docs/audit.md, "The rigorous bounds").
+- ``"grid"`` (the default, and what ``dpfy audit`` reports): guess counts fixed before the
+  scores are seen — k = m, m/2, m/4, … down to :data:`MIN_GUESSES`, so they depend on m
+  alone — and for each k two guesses: "in" for the k highest scores (one-sided), and "in"
+  for the k/2 highest with "out" for the k/2 lowest (two-sided), as Steinke et al.'s guesses
+  T ∈ {−1, 0, +1}^m allow (their Algorithm 1; Mahloujifar et al. audit the same guesses).
+  Each of the G = 2·(grid size) guesses is tested at level s/G. **Why an honest run is
+  rejected with probability at most s:** each guess is fixed in advance as a function of the
+  run's output (ties broken by canary index, which is public and independent of the secret
+  bits), so Theorem 5.2 (resp. the f-DP theorem) bounds its rejection probability by s/G;
+  the union bound over the G guesses gives s. Two-sided guesses double the guesses at the
+  same precision when every included canary was sampled often ("out" canaries are pure
+  noise, "in" ones are shifted up: long runs); one-sided guesses win when many included
+  canaries were never sampled (qT ≈ 1: the low scores mix "out" with unsampled "in"), so
+  both are tried (measured in docs/audit.md, "Power on the default Fashion-MNIST run").
 - ``"hull"``: guesses "in" only, at every threshold on the upper hull of the (false negative,
   true negative) counts (a threshold below that hull is beaten by mixing two on it), each at
   level s / H for the H hull thresholds — jax_privacy's auditing module, whose test values
@@ -51,7 +53,7 @@ __all__ = [
     "GUESSES",
     "MIN_GUESSES",
     "guess_grid",
-    "two_sided_counts",
+    "grid_counts",
     "guess_counts",
     "one_run_p_value",
     "epsilon_for_guesses",
@@ -63,9 +65,9 @@ __all__ = [
 # Root-finding tolerance on ε (absolute); the known values are given to ~1e-6.
 EPS_XTOL = 1e-9
 # The guessing rules (module docstring); the first is the default.
-GUESSES = ("two_sided", "hull")
-# The smallest guess count on the two-sided grid: fewer guesses, all correct, reject only
-# ε below about 1 at 95 % / G, never the claims an audit is for.
+GUESSES = ("grid", "hull")
+# The smallest guess count on the grid: fewer guesses, all correct, reject only ε below
+# about 1 at 95 % / G, never the claims an audit is for.
 MIN_GUESSES = 16
 
 
@@ -78,8 +80,8 @@ class AuditBound:
       test: ``"one_run"`` (Steinke et al.) or ``"fdp"`` (Mahloujifar et al.).
       guesses, correct: k and v of the threshold that gave it (0, 0 when none did).
       canaries: m; delta, confidence: the claim's δ and the test's level.
-      thresholds: the guess counts tried, each at level (1 − confidence) / thresholds: the
-        grid's G (``"two_sided"``) or the hull's H (``"hull"``).
+      thresholds: the guesses tried, each at level (1 − confidence) / thresholds: the grid
+        rule's G (``"grid"``) or the hull's H (``"hull"``).
       guessing: the rule, one of :data:`GUESSES`.
     """
 
@@ -135,28 +137,33 @@ def _upper_hull(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def guess_grid(canaries: int) -> np.ndarray:
-    """The two-sided rule's guess counts for m canaries: m, m/2, m/4, … (each rounded down to
-    an even number) while ≥ :data:`MIN_GUESSES`; m alone decides them, never the scores."""
+    """The grid rule's guess counts for m canaries: m, m/2, m/4, … while ≥ :data:`MIN_GUESSES`;
+    m alone decides them, never the scores."""
     grid: list[int] = []
     k = int(canaries)
     while k >= MIN_GUESSES:
-        grid.append(k - k % 2)
+        grid.append(k)
         k //= 2
-    return np.asarray(grid or [canaries - canaries % 2], dtype=np.int64)
+    return np.asarray(grid or [canaries], dtype=np.int64)
 
 
-def two_sided_counts(scores: np.ndarray, included: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(k, v) for each k of :func:`guess_grid`: "in" for the k/2 highest scores, "out" for the
-    k/2 lowest, v of the k right. Ties are ordered by canary index (a stable sort): public,
-    and independent of the inclusion bits."""
+def grid_counts(scores: np.ndarray, included: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(k, v) of the grid rule's guesses: for each k of :func:`guess_grid`, "in" for the k
+    highest scores, then "in" for the k/2 highest and "out" for the k/2 lowest (2·⌊k/2⌋
+    guesses); v of them right. Ties are ordered by canary index (a stable sort): public, and
+    independent of the inclusion bits."""
     s, inc = check_scores(scores, included)
     order = np.argsort(s, kind="stable")  # (m,) ascending scores
-    k = guess_grid(s.size)
-    v = np.array(
-        [inc[order[s.size - h :]].sum() + (~inc[order[:h]]).sum() for h in k // 2],
-        dtype=np.int64,
-    )
-    return k, v
+    ranked = inc[order]  # (m,) inclusion bits, lowest score first
+    k_out, v_out = [], []
+    for k in guess_grid(s.size).tolist():
+        h = k // 2
+        k_out += [k, 2 * h]
+        v_out += [
+            int(ranked[s.size - k :].sum()),
+            int(ranked[s.size - h :].sum() + (~ranked[:h]).sum()),
+        ]
+    return np.asarray(k_out, dtype=np.int64), np.asarray(v_out, dtype=np.int64)
 
 
 def guess_counts(scores: np.ndarray, included: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -231,7 +238,7 @@ def best_over_thresholds(
     confidence: float,
     test: str,
     epsilon_for: Callable[..., float],
-    guesses: str = "two_sided",
+    guesses: str = "grid",
 ) -> AuditBound:
     """The best bound ``epsilon_for(m, k, v, delta=, significance=, floor=)`` gives over the
     guess counts of the rule ``guesses`` (module docstring), each at level (1 − confidence)/G.
@@ -242,7 +249,7 @@ def best_over_thresholds(
     require(0.5 < confidence < 1, "confidence", confidence, "in (0.5, 1)", "Use 0.95")
     require(0 < delta < 1, "delta", delta, "in (0, 1)")
     require(guesses in GUESSES, "guesses", guesses, f"one of {list(GUESSES)}")
-    k, v = (two_sided_counts if guesses == "two_sided" else guess_counts)(scores, included)
+    k, v = (grid_counts if guesses == "grid" else guess_counts)(scores, included)
     m = int(np.asarray(scores).size)
     significance = (1 - confidence) / len(k)
     best, best_k, best_v = 0.0, 0, 0
@@ -274,7 +281,7 @@ def one_run_epsilon(
     *,
     delta: float,
     confidence: float = 0.95,
-    guesses: str = "two_sided",
+    guesses: str = "grid",
 ) -> AuditBound:
     """Steinke et al.'s lower bound on ε from canary ``scores`` (higher: more likely "in") and
     the secret inclusion bits, at ``confidence``, for a claim with this ``delta``; ``guesses``
