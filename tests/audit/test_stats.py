@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from scipy import special, stats
+from scipy import stats
 
 from dp_accounting import dp_event, pld
 
@@ -22,7 +22,7 @@ from dpfy.audit.stats import (
     grid_counts,
 )
 
-N = 10_000          # in-canaries, and as many out-canaries (issue 15 §1)
+N = 10_000  # in-canaries, and as many out-canaries (issue 15 §1)
 # Scores at the exact expected positions of N(0, 1) order statistics: the (i + ½)/N quantiles
 # (deterministic; no seed), as in jax_privacy's test that produced the values below.
 OUT = stats.norm.ppf((np.arange(N) + 0.5) / N)
@@ -40,20 +40,22 @@ def test_known_values(shift: float, one_run: float, fdp: float) -> None:
     got = one_run_epsilon(scores, INCLUDED, delta=1e-6, guesses="hull")
     assert got.epsilon == pytest.approx(one_run, rel=1e-5)
     assert fdp_epsilon(scores, INCLUDED, delta=1e-6, guesses="hull").epsilon == pytest.approx(
-        fdp, rel=1e-5)
+        fdp, rel=1e-5
+    )
 
 
 def test_p_value_matches_the_papers_sum_written_out() -> None:
     # Steinke et al. Alg. 2: α accumulates P[B = v − i] one i at a time and keeps max sum / i.
     m, k, v, eps, delta = 100, 40, 31, 0.7, 1e-3
     q = math.exp(eps) / (1 + math.exp(eps))
-    beta = sum(math.comb(k, j) * q**j * (1 - q)**(k - j) for j in range(v, k + 1))
+    beta = sum(math.comb(k, j) * q**j * (1 - q) ** (k - j) for j in range(v, k + 1))
     acc, alpha = 0.0, 0.0
     for i in range(1, v + 1):
-        acc += math.comb(k, v - i) * q**(v - i) * (1 - q)**(k - v + i)
+        acc += math.comb(k, v - i) * q ** (v - i) * (1 - q) ** (k - v + i)
         alpha = max(alpha, acc / i)
-    assert one_run_p_value(m, k, v, eps, delta) == pytest.approx(beta + 2 * m * delta * alpha,
-                                                                 rel=1e-9)
+    assert one_run_p_value(m, k, v, eps, delta) == pytest.approx(
+        beta + 2 * m * delta * alpha, rel=1e-9
+    )
 
 
 def test_guess_counts_keep_the_hull_and_skip_ties() -> None:
@@ -69,7 +71,7 @@ def test_guess_counts_keep_the_hull_and_skip_ties() -> None:
 
 
 def test_no_signal_gives_no_bound() -> None:
-    scores = np.r_[OUT, OUT]          # in and out identically distributed
+    scores = np.r_[OUT, OUT]  # in and out identically distributed
     assert one_run_epsilon(scores, INCLUDED, delta=1e-6).epsilon == 0.0
     assert fdp_epsilon(scores, INCLUDED, delta=1e-6).epsilon == 0.0
 
@@ -109,15 +111,15 @@ def _honest_gaussian(mu: float, m: int, rng: np.random.Generator) -> tuple:
 
 
 def test_an_honest_run_is_not_rejected_more_often_than_the_confidence_allows() -> None:
-    """Derivation (stats module docstring): for each of the G guesses fixed in advance,
-    Theorem 5.2 (and the f-DP theorem) bound the probability that an (ε, δ)-DP run's guesses
-    reject (ε, δ) by 5 %/G; the union bound over the G guesses gives 5 %. Checked on the tightest honest
-    runs: the Gaussian mechanism whose μ-GDP curve *is* the claimed (ε, δ) (what the f-DP test
-    assumes), and randomized response at ε (each guess right with probability exactly
-    e^ε/(1 + e^ε), the one-run test's worst case). 100 seeded runs each; the theorem allows
-    5 % in expectation. Measured at these seeds: 0 of 200 Gaussian tests (m = 1,000 canaries
-    cannot reach ε ≈ 10 of μ = 2; the largest bound was 5.8) and 3 of 100 randomized
-    responses (over 300 more seeds: 4 of 300 at ε = 1, 3 of 300 at ε = 2, i.e. under 2 %)."""
+    """Derivation (stats module docstring): for each of the G guesses fixed in advance, Theorem 5.2
+    (and the f-DP theorem) bound the probability that an (ε, δ)-DP run's guesses reject (ε, δ)
+    by 5 %/G; the union bound over the G guesses gives 5 %. Checked on the tightest honest runs:
+    the Gaussian mechanism whose μ-GDP curve *is* the claimed (ε, δ) (what the f-DP test
+    assumes), and randomized response at ε (each guess right with probability exactly e^ε/(1 +
+    e^ε), the one-run test's worst case). 100 seeded runs each; the theorem allows 5 % in
+    expectation. Measured at these seeds: 0 of 200 Gaussian tests (m = 1,000 canaries cannot
+    reach ε ≈ 10 of μ = 2; the largest bound was 5.8) and 3 of 100 randomized responses (over
+    300 more seeds: 4 of 300 at ε = 1, 3 of 300 at ε = 2, i.e. under 2 %)."""
     rng = np.random.default_rng(0)
     mu, delta = 2.0, 1e-5
     # ε of μ-GDP at δ, from dp_accounting (an independent library)
@@ -134,8 +136,12 @@ def test_an_honest_run_is_not_rejected_more_often_than_the_confidence_allows() -
     for _ in range(100):
         included = rng.random(1000) < 0.5
         truthful = rng.random(1000) < math.exp(eps) / (1 + math.exp(eps))
-        rr_rejected += one_run_epsilon(np.where(truthful, included, ~included).astype(float),
-                                       included, delta=1e-6).epsilon > eps
+        rr_rejected += (
+            one_run_epsilon(
+                np.where(truthful, included, ~included).astype(float), included, delta=1e-6
+            ).epsilon
+            > eps
+        )
     assert rr_rejected <= 5
 
 
@@ -150,7 +156,7 @@ def test_grid_guesses_catch_half_the_noise_on_the_default_run() -> None:
     acc = pld.PLDAccountant(value_discretization_interval=1e-3)
     acc.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(sigma)), steps)
     claim = acc.get_epsilon(delta)
-    assert claim == pytest.approx(3.0, abs=0.02)   # the default run's target
+    assert claim == pytest.approx(3.0, abs=0.02)  # the default run's target
     rng = np.random.default_rng(0)
     included = rng.random(m) < 0.5
     total = np.zeros(m)
