@@ -8,7 +8,9 @@ the machine. Beside it, the minimum CPU time (user + system) of the child: on a 
 loaded machine wall time is inflated by waiting for a core, CPU time much less so. The goals
 (issue 35): ``--help`` under 1 s, the import at most torch's own plus 0.5 s.
 
-    PYTHONPATH=src python benchmarks/startup.py [--repeats 7]
+    PYTHONPATH=src python benchmarks/startup.py [--repeats 7] [--smoke]
+
+``--smoke``: each command once, no warm-up (tests/test_benchmarks_smoke.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import resource
 import subprocess
 import sys
 import time
+
+from _smoke import HELP
 
 COMMANDS = {
     "python -c pass": ["-c", "pass"],
@@ -55,18 +59,22 @@ def timed(args: list[str]) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7, help="fresh processes per command")
-    repeats = parser.parse_args().repeats
+    parser.add_argument("--smoke", action="store_true", help=HELP)
+    args = parser.parse_args()
+    repeats = 1 if args.smoke else args.repeats
     print(f"CPU: {cpu_name()}, {os.cpu_count()} logical cores")
     print(f"Python {platform.python_version()} ({sys.executable}); dpfy from {os.getcwd()}")
-    print(f"load average before: {os.getloadavg()[0]:.2f}; min of {repeats} fresh processes")
+    print(f"load average before: {os.getloadavg()[0]:.2f}; min of {repeats} fresh processes\n")
     times: dict[str, float] = {}
     cpus: dict[str, float] = {}
-    print(f"  {'':34s} {'wall':>7s} {'CPU':>7s}")
-    for name, args in COMMANDS.items():
-        timed(args)  # warm the OS file cache
-        runs = [timed(args) for _ in range(repeats)]
+    print("| command | wall (s) | CPU (s) |\n|---|---:|---:|")
+    for name, cmd in COMMANDS.items():
+        if not args.smoke:
+            timed(cmd)  # warm the OS file cache
+        runs = [timed(cmd) for _ in range(repeats)]
         times[name], cpus[name] = min(w for w, _ in runs), min(c for _, c in runs)
-        print(f"  {name:34s} {times[name]:6.2f}s {cpus[name]:6.2f}s", flush=True)
+        print(f"| `{name}` | {times[name]:.2f} | {cpus[name]:.2f} |", flush=True)
+    print()
     for label, t in (("wall", times), ("CPU", cpus)):
         extra = t["import dpfy; dpfy.make_private"] - t["import torch"]
         print(
