@@ -8,9 +8,9 @@ read, and are then ordinary attributes of the package.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from dpfy._lazy import lazy_attributes
 
 __version__ = "0.1.0"
 
@@ -51,18 +51,4 @@ if TYPE_CHECKING:  # type checkers and IDEs see the names as if imported eagerly
     from dpfy.validation import validate
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        # A subpackage read as an attribute (``import dpfy; dpfy.layers.DPLSTM``), as when the
-        # root imported them eagerly: imported now (which also binds it on the package).
-        if not name.startswith("_") and importlib.util.find_spec(f"dpfy.{name}") is not None:
-            return importlib.import_module(f"dpfy.{name}")
-        raise AttributeError(f"module 'dpfy' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later reads skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_attributes("dpfy", _LAZY, globals())

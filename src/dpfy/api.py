@@ -232,10 +232,13 @@ def make_private(
         be passed: the new run draws from the DataLoader it was built from.
 
     Returns:
-      ``(model, optimizer, loader)``: the same model (hooked; autograd's own gradient of its
-      trainable parameters is off while private, since their gradients come from the engine,
-      and ``p.requires_grad`` still reads True: ``dpfy.grads.held``), a
-      :class:`dpfy.optim.DPOptimizer` and a :class:`dpfy.sampling.DPDataLoader`.
+      model (nn.Module): the same model, hooked. Autograd's own gradient of its trainable
+        parameters is off while private, since their gradients come from the engine, and
+        ``p.requires_grad`` still reads True (``dpfy.grads.held``).
+      optimizer (DPOptimizer): a :class:`dpfy.optim.DPOptimizer` wrapping ``optimizer``; its
+        ``epsilon()`` and ``ledger`` say what the run has spent.
+      loader (DPDataLoader): a :class:`dpfy.sampling.DPDataLoader` that samples ``loader``'s
+        dataset (Poisson by default).
     """
     model = _alias("model", model, "module", module)
     loader = _alias("loader", loader, "data_loader", data_loader)

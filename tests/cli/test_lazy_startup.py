@@ -1,4 +1,8 @@
-"""``dpfy --help`` starts without torch (issue 31 §4: every command took 4–5 s to start).
+"""``dpfy --help`` starts without torch (issue 31 §4: every command took 4–5 s to start), so
+does ``dpfy train --help`` (issue 35 §3: 4.9 s, its parser imported the training loop), and
+``import dpfy; dpfy.make_private`` imports torch but none of SciPy, dp_accounting and the
+other slow optional packages until something is accounted (issue 35 §3: 5.6 s against torch's
+2.4 s). Speed itself is measured by ``benchmarks/startup.py``.
 
 The console script imports the package root and then ``dpfy.cli``; both must leave torch (and
 the accountants) unimported until a subcommand runs. Checked in a fresh interpreter, since this
@@ -26,15 +30,25 @@ except SystemExit as e:
     code = e.code
 else:
     code = None
-print(json.dumps({{"code": code, "heavy": sorted(m for m in ("torch", "numpy", "dp_accounting",
-    "dpfy.api", "dpfy.privacy", "dpfy.train") if m in sys.modules)}}))
+print(json.dumps({{"code": code, "heavy": sorted(m for m in HEAVY if m in sys.modules)}}))
 """
+# What --help and --version must not import. `dpfy train --help` reads TrainConfig's fields
+# (dpfy.train.config, hence dpfy.privacy.accountants and numpy), so it is checked against SLOW.
+HEAVY = ("torch", "numpy", "dp_accounting", "dpfy.api", "dpfy.privacy", "dpfy.train")
+SLOW = ("torch", "scipy", "dp_accounting", "sklearn", "matplotlib", "transformers", "pandas")
 
 
-def _probe(argv: list[str]) -> dict:
+def _probe(argv: list[str], heavy: tuple[str, ...] = HEAVY) -> dict:
     env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, "-c", _PROBE.format(argv=argv)], env=env,
-                         capture_output=True, text=True, timeout=120, check=True)
+    code = f"HEAVY = {heavy!r}\n" + _PROBE.format(argv=argv)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -64,3 +78,27 @@ def test_the_package_root_is_lazy_and_complete() -> None:
     )
     env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300)
+
+
+def test_train_help_imports_no_torch_and_no_accountant() -> None:
+    got = _probe(["train", "--help"], SLOW)
+    assert got["code"] == 0
+    assert got["heavy"] == [], f"dpfy train --help imported {got['heavy']}"
+
+
+def test_make_private_imports_torch_but_not_scipy_or_dp_accounting() -> None:
+    code = (
+        "import json, sys, dpfy\n"
+        "dpfy.make_private\n"
+        f"print(json.dumps(sorted(m for m in {SLOW!r} if m in sys.modules)))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["torch"]

@@ -1,7 +1,7 @@
 """The f-DP one-run audit (Mahloujifar, Melis & Chaudhuri, "Auditing f-Differential Privacy
-in One Run", 2024): the same top-k guesses as :mod:`dpfy.audit.stats`, tested against the
-whole trade-off curve of the claim instead of its (ε, δ) pair, so the bound keeps improving
-as the number of canaries m grows.
+in One Run", 2024): the same guesses as :mod:`dpfy.audit.stats` (the grid rule by default),
+tested against the whole trade-off curve of the claim instead of its (ε, δ) pair, so the
+bound keeps improving as the number of canaries m grows.
 
 The claim (ε, δ) is read as the μ-GDP curve that is exactly (ε, δ)-DP
 (μ = :func:`dpfy.privacy.gdp.mu_for_epsilon`), whose inverse blow-up is
@@ -68,9 +68,15 @@ def epsilon_for_guesses_fdp(
 
 
 def fdp_epsilon(
-    scores: np.ndarray, included: np.ndarray, *, delta: float, confidence: float = 0.95
+    scores: np.ndarray,
+    included: np.ndarray,
+    *,
+    delta: float,
+    confidence: float = 0.95,
+    guesses: str = "grid",
 ) -> AuditBound:
-    """Mahloujifar et al.'s f-DP lower bound on ε from canary scores and inclusion bits."""
+    """Mahloujifar et al.'s f-DP lower bound on ε from canary scores and inclusion bits, with
+    the guessing rule ``guesses`` (:mod:`dpfy.audit.stats`)."""
     return best_over_thresholds(
         scores,
         included,
@@ -78,4 +84,5 @@ def fdp_epsilon(
         confidence=confidence,
         test="fdp",
         epsilon_for=epsilon_for_guesses_fdp,
+        guesses=guesses,
     )

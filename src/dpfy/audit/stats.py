@@ -14,13 +14,27 @@ A claim (ε, δ) is rejected at confidence 1 − s when that p-value is ≤ s; t
 the largest ε rejected. :mod:`dpfy.audit.fdp` gives the f-DP variant (Mahloujifar et al.
 2024) on the same guesses.
 
-Which k: the guesses are tried at every threshold on the upper hull of the (false negative,
-true negative) counts (a threshold below that hull is beaten by mixing two on it), and the
-best is kept; because k is chosen after seeing the scores, each is tested at level s / H
-(Bonferroni over the H hull thresholds). This is the choice of jax_privacy's auditing
-module, whose test values (the issue's) are reproduced in ``tests/audit/test_stats.py``. The
-hull itself depends on the scores, so the correction is the reference's convention rather
-than a proof; it is conservative against the uncorrected maximum by a wide margin.
+Which guesses (``guesses=``):
+
+- ``"grid"`` (the default, and what ``dpfy audit`` reports): guess counts fixed before the
+  scores are seen — k = m, m/2, m/4, … down to :data:`MIN_GUESSES`, so they depend on m
+  alone — and for each k two guesses: "in" for the k highest scores (one-sided), and "in"
+  for the k/2 highest with "out" for the k/2 lowest (two-sided), as Steinke et al.'s guesses
+  T ∈ {−1, 0, +1}^m allow (their Algorithm 1; Mahloujifar et al. audit the same guesses).
+  Each of the G = 2·(grid size) guesses is tested at level s/G. **Why an honest run is
+  rejected with probability at most s:** each guess is fixed in advance as a function of the
+  run's output (ties broken by canary index, which is public and independent of the secret
+  bits), so Theorem 5.2 (resp. the f-DP theorem) bounds its rejection probability by s/G;
+  the union bound over the G guesses gives s. Two-sided guesses double the guesses at the
+  same precision when every included canary was sampled often ("out" canaries are pure
+  noise, "in" ones are shifted up: long runs); one-sided guesses win when many included
+  canaries were never sampled (qT ≈ 1: the low scores mix "out" with unsampled "in"), so
+  both are tried (measured in docs/audit.md, "Power on the default Fashion-MNIST run").
+- ``"hull"``: guesses "in" only, at every threshold on the upper hull of the (false negative,
+  true negative) counts (a threshold below that hull is beaten by mixing two on it), each at
+  level s / H for the H hull thresholds — jax_privacy's auditing module, whose test values
+  are reproduced in ``tests/audit/test_stats.py``. The hull depends on the scores, so this
+  correction is that reference's convention rather than a proof.
 """
 
 from __future__ import annotations
@@ -36,6 +50,10 @@ from dpfy._require import require
 
 __all__ = [
     "AuditBound",
+    "GUESSES",
+    "MIN_GUESSES",
+    "guess_grid",
+    "grid_counts",
     "guess_counts",
     "one_run_p_value",
     "epsilon_for_guesses",
@@ -46,6 +64,11 @@ __all__ = [
 
 # Root-finding tolerance on ε (absolute); the known values are given to ~1e-6.
 EPS_XTOL = 1e-9
+# The guessing rules (module docstring); the first is the default.
+GUESSES = ("grid", "hull")
+# The smallest guess count on the grid: fewer guesses, all correct, reject only ε below
+# about 1 at 95 % / G, never the claims an audit is for.
+MIN_GUESSES = 16
 
 
 @dataclass(frozen=True)
@@ -57,7 +80,9 @@ class AuditBound:
       test: ``"one_run"`` (Steinke et al.) or ``"fdp"`` (Mahloujifar et al.).
       guesses, correct: k and v of the threshold that gave it (0, 0 when none did).
       canaries: m; delta, confidence: the claim's δ and the test's level.
-      thresholds: H, the hull thresholds tried (each at level (1 − confidence) / H).
+      thresholds: the guesses tried, each at level (1 − confidence) / thresholds: the grid
+        rule's G (``"grid"``) or the hull's H (``"hull"``).
+      guessing: the rule, one of :data:`GUESSES`.
     """
 
     epsilon: float
@@ -68,6 +93,7 @@ class AuditBound:
     delta: float
     confidence: float
     thresholds: int
+    guessing: str
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -108,6 +134,36 @@ def _upper_hull(x: np.ndarray, y: np.ndarray) -> np.ndarray:
                 break
         keep.append(i)
     return np.asarray(keep, dtype=np.int64)
+
+
+def guess_grid(canaries: int) -> np.ndarray:
+    """The grid rule's guess counts for m canaries: m, m/2, m/4, … while ≥ :data:`MIN_GUESSES`;
+    m alone decides them, never the scores."""
+    grid: list[int] = []
+    k = int(canaries)
+    while k >= MIN_GUESSES:
+        grid.append(k)
+        k //= 2
+    return np.asarray(grid or [canaries], dtype=np.int64)
+
+
+def grid_counts(scores: np.ndarray, included: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(k, v) of the grid rule's guesses: for each k of :func:`guess_grid`, "in" for the k
+    highest scores, then "in" for the k/2 highest and "out" for the k/2 lowest (2·⌊k/2⌋
+    guesses); v of them right. Ties are ordered by canary index (a stable sort): public, and
+    independent of the inclusion bits."""
+    s, inc = check_scores(scores, included)
+    order = np.argsort(s, kind="stable")  # (m,) ascending scores
+    ranked = inc[order]  # (m,) inclusion bits, lowest score first
+    k_out, v_out = [], []
+    for k in guess_grid(s.size).tolist():
+        h = k // 2
+        k_out += [k, 2 * h]
+        v_out += [
+            int(ranked[s.size - k :].sum()),
+            int(ranked[s.size - h :].sum() + (~ranked[:h]).sum()),
+        ]
+    return np.asarray(k_out, dtype=np.int64), np.asarray(v_out, dtype=np.int64)
 
 
 def guess_counts(scores: np.ndarray, included: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -182,16 +238,18 @@ def best_over_thresholds(
     confidence: float,
     test: str,
     epsilon_for: Callable[..., float],
+    guesses: str = "grid",
 ) -> AuditBound:
     """The best bound ``epsilon_for(m, k, v, delta=, significance=, floor=)`` gives over the
-    hull thresholds, each at level (1 − confidence)/H.
+    guess counts of the rule ``guesses`` (module docstring), each at level (1 − confidence)/G.
 
     Tried in decreasing precision v/k: a threshold whose precision is ≤ e^ε/(1+e^ε) of the
     best ε so far cannot beat it (its binomial tail is ≥ ½) and is skipped.
     """
     require(0.5 < confidence < 1, "confidence", confidence, "in (0.5, 1)", "Use 0.95")
     require(0 < delta < 1, "delta", delta, "in (0, 1)")
-    k, v = guess_counts(scores, included)
+    require(guesses in GUESSES, "guesses", guesses, f"one of {list(GUESSES)}")
+    k, v = (grid_counts if guesses == "grid" else guess_counts)(scores, included)
     m = int(np.asarray(scores).size)
     significance = (1 - confidence) / len(k)
     best, best_k, best_v = 0.0, 0, 0
@@ -213,14 +271,21 @@ def best_over_thresholds(
         delta=delta,
         confidence=confidence,
         thresholds=int(guessed.size),
+        guessing=guesses,
     )
 
 
 def one_run_epsilon(
-    scores: np.ndarray, included: np.ndarray, *, delta: float, confidence: float = 0.95
+    scores: np.ndarray,
+    included: np.ndarray,
+    *,
+    delta: float,
+    confidence: float = 0.95,
+    guesses: str = "grid",
 ) -> AuditBound:
     """Steinke et al.'s lower bound on ε from canary ``scores`` (higher: more likely "in") and
-    the secret inclusion bits, at ``confidence``, for a claim with this ``delta``."""
+    the secret inclusion bits, at ``confidence``, for a claim with this ``delta``; ``guesses``
+    is the guessing rule (module docstring)."""
     return best_over_thresholds(
         scores,
         included,
@@ -228,4 +293,5 @@ def one_run_epsilon(
         confidence=confidence,
         test="one_run",
         epsilon_for=epsilon_for_guesses,
+        guesses=guesses,
     )

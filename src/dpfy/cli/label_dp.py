@@ -13,13 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch.utils.data import TensorDataset
-
 from dpfy._require import require
-from dpfy.data import load_dataset
-from dpfy.label_dp import LabelLedger, fit_classifier, randomize_labels
-from dpfy.models import build_model
 
 __all__ = ["add_flags", "run_label", "LABEL_ONLY", "IGNORED"]
 
@@ -95,6 +89,14 @@ def _check(args: Any, settings: dict[str, Any]) -> None:
 
 def run_label(args: Any, settings: dict[str, Any]) -> int:
     """Train one label-DP run from the parsed ``dpfy train`` flags; write the run directory."""
+    # Imported here, not at the top: ``dpfy train --help`` builds its parser without torch.
+    import torch
+    from torch.utils.data import TensorDataset
+
+    from dpfy.data import load_dataset
+    from dpfy.label_dp import LabelLedger, fit_classifier, randomize_labels
+    from dpfy.models import build_model
+
     if args.label_dp is not None or args.privacy_unit == "label":
         require(
             args.privacy_unit == "label",

@@ -22,7 +22,6 @@ from typing import Any
 
 from dpfy.cli import EXIT_INTERRUPTED, SUBCOMMANDS
 from dpfy.cli.label_dp import add_flags as add_label_flags, run_label
-from dpfy.train import resume, train
 from dpfy.train.config import TrainConfig, coerce, field_types, load_config_file
 from dpfy.train.options import parse_scalar
 from dpfy.train.rundir import RunDir
@@ -117,6 +116,10 @@ def explicit_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported here, not at module level: the training loop imports torch, which `dpfy train
+    # --help` does not need (start-up time).
+    from dpfy.train import resume, train
+
     settings = explicit_settings(args)
     if getattr(args, "privacy_unit", "example") == "label" or getattr(args, "label_dp", None):
         return run_label(args, settings)

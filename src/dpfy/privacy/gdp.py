@@ -29,14 +29,20 @@ References:
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
-from scipy import optimize, special
 
+from dpfy._lazy import LazyModule
 from dpfy._require import require
 from dpfy.privacy.canonical import GAUSSIAN, MIXTURE, CanonicalForm
 from dpfy.privacy.mixture import els_rdp_dominating_pair
+
+if TYPE_CHECKING:
+    from scipy import optimize, special
+else:  # imported on first read, for start-up time only (dpfy._lazy)
+    optimize = LazyModule("scipy.optimize")
+    special = LazyModule("scipy.special")
 
 __all__ = [
     "APPROXIMATION_NOTE",

@@ -21,13 +21,18 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field, replace as dataclasses_replace
-from typing import Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
-import dp_accounting
 
+from dpfy._lazy import LazyModule
 from dpfy._require import require
 from dpfy.privacy.mixture import els_dp_event
 from dpfy.types.sampling import Sampling
+
+if TYPE_CHECKING:
+    import dp_accounting
+else:  # imported on first read, for start-up time only (dpfy._lazy)
+    dp_accounting = LazyModule("dp_accounting")
 
 __all__ = ["Sampling", "Release", "StepGroup", "Ledger", "NOISES"]
 

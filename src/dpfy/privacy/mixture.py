@@ -37,8 +37,15 @@ divergences that each bound one ELS step's.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-from dp_accounting import dp_event
+from dpfy._lazy import LazyModule
+
+if TYPE_CHECKING:
+    from dp_accounting import dp_event
+else:  # imported on first read, for start-up time only (dpfy._lazy)
+    dp_event = LazyModule("dp_accounting.dp_event")
+
 
 __all__ = ["binomial_weights", "els_dp_event", "els_rdp_dominating_pair", "els_rdp_composition"]
 

@@ -24,13 +24,20 @@ Atoms:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import functools
 
-from dp_accounting.pld import privacy_loss_distribution as _pld
 
+from dpfy._lazy import LazyModule
 from dpfy.privacy import gdp as _gdp
 from dpfy.privacy.canonical import GAUSSIAN, MIXTURE, CanonicalForm
 from dpfy.privacy.mixture import binomial_weights
+
+if TYPE_CHECKING:
+    from dp_accounting.pld import privacy_loss_distribution as _pld
+else:  # imported on first read, for start-up time only (dpfy._lazy)
+    _pld = LazyModule("dp_accounting.pld.privacy_loss_distribution")
 
 __all__ = ["DEFAULT_DISCRETIZATION", "build", "epsilon", "delta"]
 

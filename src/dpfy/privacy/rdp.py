@@ -18,21 +18,48 @@ from __future__ import annotations
 
 import functools
 import logging
+from typing import TYPE_CHECKING, Any
 
-import dp_accounting
 import numpy as np
-from dp_accounting.rdp import rdp_privacy_accountant as _rdp
 
+from dpfy._lazy import LazyModule
 from dpfy.privacy.canonical import MIXTURE, POISSON, WITHOUT_REPLACEMENT, Atom, CanonicalForm
 from dpfy.privacy.mixture import els_rdp_composition, els_rdp_dominating_pair
 
+if TYPE_CHECKING:
+    import dp_accounting
+    from dp_accounting.rdp import rdp_privacy_accountant as _rdp
+
+    ORDERS: np.ndarray  # module attributes read on first use (__getattr__ below)
+    INTEGER_ORDERS: np.ndarray
+else:  # imported on first read, for start-up time only (dpfy._lazy)
+    dp_accounting = LazyModule("dp_accounting")
+    _rdp = LazyModule("dp_accounting.rdp.rdp_privacy_accountant")
+
 __all__ = ["ORDERS", "INTEGER_ORDERS", "rdp_curve", "epsilon", "delta"]
 
-ORDERS = np.asarray(_rdp.DEFAULT_RDP_ORDERS, dtype=float)
-# The integer orders alone: closed-form RDP, ~10x faster than ORDERS where dp_accounting's series
-# for fractional orders needs its 1000 iterations (large σ or q). ε from fewer orders is a larger,
-# still valid bound; calibration uses it only to bracket a PLD search (which checks the bracket).
-INTEGER_ORDERS = ORDERS[ORDERS == np.round(ORDERS)]
+
+@functools.cache
+def _orders(integer_orders: bool = False) -> np.ndarray:
+    """:data:`ORDERS` (dp_accounting's default orders), or :data:`INTEGER_ORDERS` with
+    ``integer_orders``: the integer orders alone, closed-form RDP, ~10x faster than ORDERS
+    where dp_accounting's series for fractional orders needs its 1000 iterations (large σ or
+    q). ε from fewer orders is a larger, still valid bound; calibration uses it only to
+    bracket a PLD search (which checks the bracket).
+
+    Read on first use, not at import (dp_accounting is imported lazily, dpfy._lazy); the two
+    are module attributes all the same (``__getattr__`` below).
+    """
+    orders = np.asarray(_rdp.DEFAULT_RDP_ORDERS, dtype=float)
+    out = orders[orders == np.round(orders)] if integer_orders else orders
+    out.setflags(write=False)
+    return out
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("ORDERS", "INTEGER_ORDERS"):
+        return _orders(integer_orders=name == "INTEGER_ORDERS")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class _DropExcludedOrderWarnings(logging.Filter):
@@ -59,7 +86,7 @@ def _atom_rdp(
         if kind == WITHOUT_REPLACEMENT
         else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
     )
-    orders = INTEGER_ORDERS if integer_orders else ORDERS
+    orders = _orders(integer_orders)
     acc = _rdp.RdpAccountant(orders=list(orders), neighboring_relation=relation)
     acc.compose(Atom(kind, q, sigma, 1, n).step_event())
     # dp_accounting keeps the composed curve in `_rdp` (no public getter in 0.6.0, which is pinned).
@@ -71,7 +98,7 @@ def _atom_rdp(
 def rdp_curve(form: CanonicalForm, integer_orders: bool = False) -> np.ndarray:
     """Σ over atoms of count · ε_α(atom), one value per order in :data:`ORDERS` (or in
     :data:`INTEGER_ORDERS` with ``integer_orders``)."""
-    total = np.zeros_like(INTEGER_ORDERS if integer_orders else ORDERS)
+    total = np.zeros_like(_orders(integer_orders))
     for a in form.atoms:
         if a.kind == MIXTURE:  # an ELS step: the smaller of two bounds at each order
             k = int(a.max_examples_per_user)  # type: ignore[arg-type]
@@ -95,7 +122,7 @@ def epsilon(form: CanonicalForm, delta: float, integer_orders: bool = False) -> 
         return float("inf")
     if not form.atoms:
         return 0.0
-    orders = INTEGER_ORDERS if integer_orders else ORDERS
+    orders = _orders(integer_orders)
     eps, _ = _rdp.compute_epsilon(orders, rdp_curve(form, integer_orders), delta)
     return float(eps)
 
@@ -105,5 +132,5 @@ def delta(form: CanonicalForm, epsilon: float) -> float:
         return 1.0
     if not form.atoms:
         return 0.0
-    d, _ = _rdp.compute_delta(ORDERS, rdp_curve(form), epsilon)
+    d, _ = _rdp.compute_delta(_orders(), rdp_curve(form), epsilon)
     return float(d)

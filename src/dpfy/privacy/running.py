@@ -16,10 +16,12 @@ re-accounted in full on each call.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import math
 
-from dp_accounting.rdp import rdp_privacy_accountant as _rdp_acc
 
+from dpfy._lazy import LazyModule
 from dpfy._require import require
 from dpfy.privacy import gdp as _gdp
 from dpfy.privacy import pld as _pld
@@ -27,6 +29,11 @@ from dpfy.privacy import rdp as _rdp
 from dpfy.privacy.accountants import PLD_COARSE, check_accountant, epsilon
 from dpfy.privacy.canonical import CanonicalForm, canonical_form
 from dpfy.privacy.ledger import Ledger, Sampling
+
+if TYPE_CHECKING:
+    from dp_accounting.rdp import rdp_privacy_accountant as _rdp_acc
+else:  # imported on first read, for start-up time only (dpfy._lazy)
+    _rdp_acc = LazyModule("dp_accounting.rdp.rdp_privacy_accountant")
 
 __all__ = ["RunningEpsilon"]
 

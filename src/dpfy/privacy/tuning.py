@@ -32,14 +32,11 @@ Group privacy: (ε, δ)-DP for one example implies (kε, δ·Σ_{i<k} e^{iε})-D
 from __future__ import annotations
 
 import math
-from typing import Callable, Literal, Sequence
+from typing import TYPE_CHECKING, Callable, Literal, Sequence
 
-import dp_accounting
 import numpy as np
-from dp_accounting import dp_event as _events
-from dp_accounting.rdp import rdp_privacy_accountant as _rdp_acc
-from scipy import optimize, special, stats
 
+from dpfy._lazy import LazyModule
 from dpfy._require import require
 from dpfy.privacy import pld as _pld
 from dpfy.privacy import rdp as _rdp
@@ -56,6 +53,19 @@ from dpfy.privacy.calibration import (
     _solve_decreasing,
 )
 from dpfy.privacy.ledger import Ledger, Sampling
+
+if TYPE_CHECKING:
+    import dp_accounting
+    from dp_accounting import dp_event as _events
+    from dp_accounting.rdp import rdp_privacy_accountant as _rdp_acc
+    from scipy import optimize, special, stats
+else:  # imported on first read, for start-up time only (dpfy._lazy)
+    dp_accounting = LazyModule("dp_accounting")
+    _events = LazyModule("dp_accounting.dp_event")
+    _rdp_acc = LazyModule("dp_accounting.rdp.rdp_privacy_accountant")
+    optimize = LazyModule("scipy.optimize")
+    special = LazyModule("scipy.special")
+    stats = LazyModule("scipy.stats")
 
 __all__ = [
     "DISTRIBUTIONS",

@@ -28,10 +28,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from dpfy._require import require, require_extra
-from dpfy.adaptive import REGISTRY  # importing the package registers every method
 from dpfy.privacy.accountants import RIGOROUS
-from dpfy.privacy.calibration import MAX_TARGET_EPSILON
-from dpfy.privacy.individual import check_groups
+
+# dpfy.adaptive (every method, hence torch), dpfy.privacy.calibration and .individual (torch) are
+# imported where they are used, not here: `dpfy train --help` builds its parser from this
+# module's fields and must start without torch (start-up time, not an import cycle).
 
 __all__ = [
     "TrainConfig",
@@ -303,6 +304,8 @@ class TrainConfig:
                 "A target ε must be positive; ε = 3 is a common choice",
             )
             # The calibration's own bound, checked here too so a typo fails before data loads.
+            from dpfy.privacy.calibration import MAX_TARGET_EPSILON
+
             require(
                 self.epsilon <= MAX_TARGET_EPSILON,
                 "epsilon",
@@ -559,6 +562,8 @@ class TrainConfig:
         )
         if self.budgets is not None:
             assert self.budget_fractions is not None, "required with budgets above"
+            from dpfy.privacy.individual import check_groups
+
             check_groups(
                 parse_floats(self.budgets, "budgets"),
                 parse_floats(self.budget_fractions, "budget_fractions"),
@@ -600,6 +605,8 @@ def method_default(method: str | None, what: str, default: Any) -> Any:
     HyFreeDP took as η₀ while the CLI could not tell a default from a given value). An unknown
     name keeps ``default`` here; the trainer refuses the name itself.
     """
+    from dpfy.adaptive import REGISTRY  # importing the package registers every method
+
     for name in (method or "").split(","):
         value = getattr(REGISTRY.get(name.strip()), f"default_{what}", None)
         if value is not None:
