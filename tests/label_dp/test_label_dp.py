@@ -192,4 +192,4 @@ def test_cli_refuses_example_level_settings(tmp_path):
 def test_cli_refuses_stages_with_plain_rr(tmp_path, capsys):
     assert main(["train", "--dataset", "digits", "--privacy-unit", "label", "--label-dp", "rr",
                  "--label-stages", "0.3,0.7", "--out", str(tmp_path / "r")]) == 2  # fmt: skip
-    assert "label_stages must be unset with --label-dp rr" in capsys.readouterr().err
+    assert "--label-stages must be unset with --label-dp rr" in capsys.readouterr().err
