@@ -388,12 +388,13 @@ def run_scenario(name: str, **kwargs: Any) -> dict[str, Any]:
 # (Cauchy–Schwarz). ε recomputed with every numpy exp/log/expm1/log1p/logaddexp result of the
 # accountant (dp_accounting and dpfy.privacy) multiplied by 1 + r_i, r_i uniform on [−ρ, ρ],
 # has E[Δε²] = ρ² ‖g‖₂² / 3, so ρ ‖g‖₂ = √3 · RMS(Δε) and |Δε| ≤ √(3N) · RMS(Δε), the RMS
-# estimated from EPSILON_DRAWS seeded draws (N ≈ 4·10⁵ results per PLD evaluation here). That
-# is 6e-8 (a) and 3e-9 (d) relative: a σ changed by 1e-5 relative still moves ε by 250 such
-# tolerances (1.4e-5 in a), and the ledger catches it anyway.
-# Where no draw moves ε (the RDP scenarios: scalar math only), the floor EPSILON_FLOOR_RTOL
-# allows a different libm on the few hundred scalar operations of its path: 1e-13 relative
-# (450 u). Measured on an AVX-512 CPU against the reference: 1.5e-12 (a) and 3.4e-12 (d).
+# estimated from EPSILON_DRAWS seeded draws (N ≈ 4·10⁵ results per PLD evaluation here, so the
+# √(3N) ≈ 1,100 of the worst case dwarfs the estimate's sampling error). That is 4.5e-8 (a) and
+# 4.8e-9 (d) relative: a σ changed by 1e-5 relative still moves ε by about 300 such tolerances
+# (1.4e-5 in a), and the ledger catches it anyway. Where no draw moves ε (the RDP scenarios
+# here), the floor EPSILON_FLOOR_RTOL allows another libm on the scalar path: 1e-13 relative,
+# 450 operations off by 1 ulp (2u) each. Measured on an AVX-512 CPU against the reference:
+# 1.5e-12 (a) and 3.4e-12 (d) relative, 3e-5 and 7e-4 of the tolerance.
 FLOAT64_U = 2.0**-53
 ELEMENTARY_RELATIVE = 10 * FLOAT64_U  # ρ: 5 ulp between two CPUs' exp/log results
 ELEMENTARY_FUNCTIONS = ("exp", "log", "expm1", "log1p", "logaddexp")
