@@ -89,10 +89,9 @@ def linear_ghost_sq_norms(a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tenso
     lib = _library()
     b, t, da = a.shape
     dg = g.shape[2]
-    # device= explicitly: under a default-device context (torch.device("meta"), or CUDA) a bare
-    # torch.empty lands there, and the C kernel would write through its null/foreign pointer
-    out_w = torch.empty(b, dtype=torch.float32, device="cpu")  # (B,)
-    out_b = torch.empty(b, dtype=torch.float32, device="cpu")  # (B,)
+    # on the CPU whatever torch's default device is (under `torch.device("meta")` the kernel
+    # would write through a meta tensor's pointer: a segfault)
+    out_w, out_b = torch.empty(b, device="cpu"), torch.empty(b, device="cpu")  # (B,) each
     code = lib.dpfy_ghost_norm_linear(
         a.data_ptr(),
         g.data_ptr(),
