@@ -19,6 +19,8 @@ from torch.utils.data import TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from device_index import indexed_device  # noqa: E402  (tests/ is on the path from here on)
+
 # Property tests draw the same examples on every run and have no per-example time limit (a
 # loaded CI machine is not a bug); DPFY_FUZZ_RANDOM=1 draws fresh ones (docs/fuzzing.md).
 settings.register_profile(
@@ -76,6 +78,7 @@ def toy():
 def no_compiler(monkeypatch, tmp_path):
     """No C compiler and an empty library cache: the compiled samplers cannot be built."""
     from dpfy.native import build
+
     monkeypatch.setenv("CC", "dpfy-no-such-compiler")
     monkeypatch.setenv("DPFY_CACHE_DIR", str(tmp_path))
     build.load.cache_clear()
@@ -96,5 +99,20 @@ DEVICES = [
 
 @pytest.fixture(params=DEVICES)
 def device(request):
-    """A device the test runs on, as a ``torch.device``: ``cpu``, then ``cuda`` if present."""
-    return torch.device(request.param)
+    """A device the test runs on, as a ``torch.device`` with its index (``cpu``, then
+    ``cuda:<current>`` if present), so ``tensor.device == device`` holds for tensors made there."""
+    return indexed_device(request.param)
+
+
+@pytest.fixture(autouse=True)
+def _torch_process_settings():
+    """Each test starts with the worker's torch thread count and default device, whatever the
+    tests before it in the same xdist worker did. The count chooses routes (the fused ghost-norm
+    kernel runs only on one thread), so a test that left it at 1 changed what later tests ran:
+    issue 35 §1's worker crashes appeared only in that order."""
+    threads, default = torch.get_num_threads(), torch.get_default_device()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    if torch.get_default_device() != default:
+        torch.set_default_device(default)

@@ -32,13 +32,16 @@ from dpfy.memory import default_memory_limit
 from dpfy.noise import NoiseSource
 from dpfy.step.sums import check_bound
 from dpfy.types import Clip
+from device_index import indexed_device, same_device
 from model_cases import make_data, make_model
 from oracles import clipped_sum, per_example_grads, per_example_norms
 
 
 def _data(n=48, d=6, classes=3, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return TensorDataset(torch.randn(n, d, generator=g), torch.randint(0, classes, (n,), generator=g))
+    return TensorDataset(
+        torch.randn(n, d, generator=g), torch.randint(0, classes, (n,), generator=g)
+    )
 
 
 def _mlp(d=6, classes=3):
@@ -58,14 +61,14 @@ def test_engine_norms_and_clipped_sum_match_the_float64_loop_on_the_device(devic
     eng = GradEngine(model, loss_reduction="mean")
     F.cross_entropy(model(x), y).backward()
     sq = eng.per_sample_sq_norms()
-    assert all(s.device == device for s in sq.values())
+    assert all(same_device(s.device, device) for s in sq.values())
     norms = torch.sqrt(sum(sq.values()))
     torch.testing.assert_close(norms.double(), ref_norms, rtol=1e-4, atol=1e-6)
     w = torch.clamp(clip / norms, max=1.0)
     sums = eng.weighted_sums({n: w for n in sq})
     want = clipped_sum(ref, clip)
     for n, s in sums.items():
-        assert s.device == device and s.dtype == torch.float32
+        assert same_device(s.device, device) and s.dtype == torch.float32
         torch.testing.assert_close(s.double(), want[n], rtol=1e-4, atol=1e-5)
     eng.detach()
 
@@ -80,7 +83,7 @@ def test_noise_on_the_device_has_the_gaussian_mean_variance_and_tails(device, se
     n, sigma = 200_000, 2.5
     like = torch.zeros(n, device=device)
     z = NoiseSource(seed).gaussian(like, sigma)
-    assert z.device == device and z.dtype == torch.float32
+    assert same_device(z.device, device) and z.dtype == torch.float32
     z = z.double().cpu()
     assert abs(float(z.mean())) < 5 * sigma / math.sqrt(n)
     assert abs(float(z.var()) - sigma**2) < 5 * sigma**2 * math.sqrt(2 / (n - 1))
@@ -92,7 +95,7 @@ def test_noise_on_the_device_has_the_gaussian_mean_variance_and_tails(device, se
 def test_noisy_mean_stays_on_the_device_and_in_the_sum_dtype(device):
     total = torch.ones(1000, device=device)
     out = NoiseSource(None).noisy_mean(total.clone(), 1.0, 10.0)
-    assert out.device == device and out.dtype == torch.float32
+    assert same_device(out.device, device) and out.dtype == torch.float32
     assert abs(float(out.mean()) - 0.1) < 5 * 0.1 / math.sqrt(1000)  # std σ/b = 0.1
 
 
@@ -117,8 +120,13 @@ def test_weights_above_their_sensitivity_are_refused_on_the_device(device):
     model = _mlp().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model, opt, dl = dpfy.make_private(
-        model, opt, DataLoader(_data(), batch_size=12), noise_multiplier=1.0,
-        max_grad_norm=1e-3, method=_DoubleWeights(), seed=0,
+        model,
+        opt,
+        DataLoader(_data(), batch_size=12),
+        noise_multiplier=1.0,
+        max_grad_norm=1e-3,
+        method=_DoubleWeights(),
+        seed=0,
     )
     x, y = next(iter(dl))
     F.cross_entropy(model(x.to(device)), y.to(device)).backward()
@@ -146,13 +154,19 @@ def test_a_small_run_trains_on_the_device(device, clipping):
     before = [p.detach().clone() for p in model.parameters()]
     opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
     model, opt, dl = dpfy.make_private(
-        model, opt, DataLoader(_data(), batch_size=12), noise_multiplier=1.0,
-        max_grad_norm=1.0, clipping=clipping, max_physical_batch_size=8,
+        model,
+        opt,
+        DataLoader(_data(), batch_size=12),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        clipping=clipping,
+        max_physical_batch_size=8,
     )  # secure noise (seed=None), logical batches split into physical ones
     steps = _train(model, opt, dl, device)
     assert steps >= opt.ledger.num_steps > 0
     for p, b in zip(model.parameters(), before):
-        assert p.device == device and p.grad is not None and p.grad.device == device
+        assert same_device(p.device, device) and p.grad is not None
+        assert same_device(p.grad.device, device)
         assert not torch.equal(p.detach(), b)
     assert math.isfinite(opt.last_step_info["mean_grad_norm_nonprivate"])
     assert 0 < opt.epsilon(1e-5) < math.inf
@@ -261,8 +275,9 @@ def test_a_private_run_under_bf16_autocast_trains(device):
         loss.backward()
         opt.step()
     assert opt.ledger.num_steps > 0
-    assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32
-               for p in model.parameters())
+    assert all(
+        p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in model.parameters()
+    )
 
 
 def test_a_gradscaler_driven_step_is_refused_naming_the_fix(device):
@@ -298,23 +313,45 @@ _CONFIGS = {
 }
 
 
+# The step takes another route with torch on one intra-op thread: the Linear rule's sequence
+# norms (the encoder's layers, and user-level runs, which pack each user's examples as a
+# sequence) go through the compiled kernel of dpfy/native/ghost_norm.c on an AVX-512 CPU. Its
+# output buffers were made by a bare torch.empty, so under the meta default device the C code
+# wrote through a null pointer and killed the process (issue 35 §1: the xdist worker crashed
+# on these cases only after an earlier test had left torch on one thread). Both thread counts
+# run here, so neither route depends on what ran before (conftest also restores the count).
+_ONE_THREAD = ("flat, secure", "user-level")
+
+
 def _meta_cases():
     """Every configuration on the MLP; on the encoder (embedding, attention, layer norms) the
-    default one in the quick run and the others marked slow (≈ 5 s each here)."""
+    default one in the quick run and the others marked slow (≈ 5 s each here); the
+    configurations of ``_ONE_THREAD`` also with torch on one thread."""
     for name, c in _CONFIGS.items():
         values, marks = (c.values, list(c.marks)) if not isinstance(c, dict) else ((c,), [])
-        yield pytest.param(*values, "mlp", marks=marks, id=f"{name}-mlp")
         slow = [] if name == "flat, secure" else [pytest.mark.slow]
-        yield pytest.param(*values, "encoder", marks=marks + slow, id=f"{name}-encoder")
+        for threads in (None, 1) if name in _ONE_THREAD else (None,):
+            tail = "" if threads is None else ", 1 thread"
+            yield pytest.param(*values, "mlp", threads, marks=marks, id=f"{name}{tail}-mlp")
+            yield pytest.param(
+                *values, "encoder", threads, marks=marks + slow, id=f"{name}{tail}-encoder"
+            )
 
 
-@pytest.mark.parametrize("kwargs, model_name", list(_meta_cases()))
-def test_no_tensor_of_the_step_is_created_off_the_parameters_device(kwargs, model_name):
+@pytest.mark.parametrize("kwargs, model_name, threads", list(_meta_cases()))
+def test_no_tensor_of_the_step_is_created_off_the_parameters_device(
+    kwargs, model_name, threads, request
+):
     """The forward, backward and private step run with torch's default device set to
     ``meta``: a tensor the engine, clipping, sums, noise or a method create without an
     explicit ``device=`` lands on ``meta`` and fails the step as soon as it meets a CPU
     parameter (as a CPU tensor would on a GPU). The loader and sampler run outside (their
-    index tensors live on the host by design)."""
+    index tensors live on the host by design). ``threads=1``: torch on one intra-op thread,
+    where the compiled ghost-norm kernel serves the sequence norms (AVX-512 CPUs)."""
+    if threads is not None:
+        restore = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        request.addfinalizer(lambda: torch.set_num_threads(restore))
     kwargs = dict(kwargs)
     model = make_model(model_name)
     ds = make_data(model_name, 48)
@@ -360,10 +397,10 @@ def test_the_cuda_peak_is_the_max_allocated_above_the_start(monkeypatch):
     assert measured_peak_bytes(allocate, torch.device("cuda", 0)) == 700
 
 
-@pytest.mark.parametrize("cuda, nccl, want", [(True, True, "nccl"), (True, False, "gloo"),
-                                              (False, True, "gloo")])
-def test_the_default_backend_is_nccl_exactly_where_cuda_and_nccl_are(monkeypatch, cuda, nccl,
-                                                                      want):
+@pytest.mark.parametrize(
+    "cuda, nccl, want", [(True, True, "nccl"), (True, False, "gloo"), (False, True, "gloo")]
+)
+def test_the_default_backend_is_nccl_exactly_where_cuda_and_nccl_are(monkeypatch, cuda, nccl, want):
     import torch.distributed as dist
 
     from dpfy.step.distributed import default_backend
@@ -371,3 +408,44 @@ def test_the_default_backend_is_nccl_exactly_where_cuda_and_nccl_are(monkeypatch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(dist, "is_nccl_available", lambda: nccl)
     assert default_backend() == want
+
+
+def test_the_compiled_kernels_write_host_memory_under_any_default_device():
+    """Every native call writes into buffers made on the CPU explicitly: with torch's default
+    device set to ``meta`` the fused ghost norms, the raw words and a fresh ChaCha20 state
+    still come back on the CPU with the values drawn outside the context (a bare
+    torch.empty there is a meta tensor with a null data pointer, which the C code wrote
+    through: a segfault)."""
+    from dpfy.native.gaussian import ChaChaGaussian, XoshiroGaussian
+    from dpfy.native.ghost_norm import kernel_available, linear_ghost_sq_norms
+
+    g = torch.Generator().manual_seed(0)
+    a, grad = torch.randn(3, 5, 4, generator=g), torch.randn(3, 5, 6, generator=g)
+    key = bytes(range(32))
+    want_words = ChaChaGaussian(key).words(8)
+    want_seeded = XoshiroGaussian(7).words(8)
+    want_norms = linear_ghost_sq_norms(a, grad) if kernel_available() else None
+    with torch.device("meta"):
+        assert torch.equal(ChaChaGaussian(key).words(8), want_words)
+        assert torch.equal(XoshiroGaussian(7).words(8), want_seeded)
+        if want_norms is not None:  # the kernel needs AVX-512 and a C compiler
+            got = linear_ghost_sq_norms(a, grad)
+            assert all(x.device.type == "cpu" for x in got)
+            assert all(torch.equal(x, y) for x, y in zip(got, want_norms))
+
+
+# -- device comparisons carry the index (issue 36 §7), checked here with torch.cuda stubbed -----
+@pytest.mark.parametrize("current", [0, 1])
+def test_a_bare_cuda_device_compares_equal_to_its_tensors_indexed_device(monkeypatch, current):
+    """A tensor made with ``device="cuda"`` reports ``cuda:<current>``; torch.device("cuda")
+    itself is not equal to that, which failed 8 of the 95 CUDA tests on a GPU. The fixture's
+    indexed form and ``same_device`` are equal to it, and still tell the two GPUs apart."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
+    tensor_device = torch.device("cuda", current)  # what t.device reports for device="cuda"
+    assert torch.device("cuda") != tensor_device  # the comparison the old fixture made
+    assert indexed_device("cuda") == indexed_device(torch.device("cuda")) == tensor_device
+    assert same_device("cuda", tensor_device) and same_device(tensor_device, "cuda")
+    assert not same_device("cuda", torch.device("cuda", 1 - current))
+    assert indexed_device("cuda:1") == torch.device("cuda", 1)  # an explicit index is kept
+    assert indexed_device("cpu") == torch.device("cpu") == torch.zeros(1).device
+    assert not same_device("cpu", "cuda")

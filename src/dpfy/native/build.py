@@ -9,6 +9,7 @@ A build takes well under a second and is cached in ``$DPFY_CACHE_DIR`` (default
 so an edited source or another CPU gets its own library.
 
 Compiler: ``$CC`` or ``cc``. The vector math comes from glibc's libmvec (Linux x86-64).
+``$DPFY_X86_LEVEL=v3`` builds the AVX2 kernels on an AVX-512 CPU (see ``LEVEL_ENV``).
 """
 
 from __future__ import annotations
@@ -23,13 +24,17 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-__all__ = ["NativeUnavailable", "load", "target_flags", "cache_dir"]
+__all__ = ["NativeUnavailable", "load", "target_flags", "cache_dir", "LEVEL_ENV"]
 
 SOURCE_DIR = Path(__file__).resolve().parent
 # -ffast-math only at compile time, so <math.h> declares libmvec's vector logf/sinf/cosf; the link
 # step below omits it, so gcc's crtfastmath.o (flush denormals to zero, process-wide) stays out.
 COMPILE_FLAGS = ["-O3", "-ffast-math", "-fopenmp-simd", "-fPIC", "-std=c99"]
 LINK_FLAGS = ["-shared", "-lmvec", "-lm"]
+# DPFY_X86_LEVEL=v3 caps the build at x86-64-v3 on an AVX-512 CPU: the AVX2 kernels (and no fused
+# ghost-norm kernel, which needs v4), as a machine without AVX-512 runs them, so one machine
+# can check both paths (CONTRIBUTING.md). Read at the first build of the process.
+LEVEL_ENV = "DPFY_X86_LEVEL"
 _V4 = {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
 _V3 = {"avx2", "fma", "bmi2", "movbe"}
 
@@ -56,7 +61,13 @@ def target_flags() -> list[str]:
             f"{platform.system()} on {platform.machine()}"
         )
     flags = _cpu_flags()
-    if _V4 <= flags:
+    cap = os.environ.get(LEVEL_ENV, "")
+    if cap not in ("", "v3", "v4"):
+        raise ValueError(
+            f'{LEVEL_ENV} must be "v3" or "v4", got {LEVEL_ENV} = {cap!r}. Unset it to build '
+            f"for this CPU's own level, or set v3 to build the AVX2 kernels on an AVX-512 CPU"
+        )
+    if _V4 <= flags and cap != "v3":
         return ["-march=x86-64-v4"]
     if _V3 <= flags:
         return ["-march=x86-64-v3"]

@@ -50,6 +50,10 @@ _KIND_XOSHIRO, _KIND_CHACHA = 0, 1
 _XOSHIRO_WORDS = 4 * LANES  # state: 4 words per lane
 _CHACHA_WORDS = 6  # state: key (4 × 64 bits), block counter, nonce
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
+# Every buffer handed to the C code is made with device=_HOST: under a default-device context
+# (``with torch.device("meta")``, ``torch.set_default_device("cuda")``) a bare torch.empty lands
+# there, and the C code would write through a null (meta) or device pointer: a segfault.
+_HOST = torch.device("cpu")
 
 
 def _library() -> ctypes.CDLL:
@@ -112,7 +116,7 @@ class _CompiledStream:
 
     def words(self, n: int) -> torch.Tensor:
         """The stream's next n raw 64-bit words as int64 (whole blocks are consumed)."""
-        out = torch.empty(n, dtype=torch.int64)
+        out = torch.empty(n, dtype=torch.int64, device=_HOST)
         with self._lock:
             self._lib.dpfy_random_words(out.data_ptr(), n, self._state.data_ptr(), self._kind)
         return out
@@ -137,7 +141,7 @@ class XoshiroGaussian(_CompiledStream):
     _kind, _state_words = _KIND_XOSHIRO, _XOSHIRO_WORDS
 
     def __init__(self, seed: int) -> None:
-        super().__init__(torch.empty(_XOSHIRO_WORDS, dtype=torch.int64))
+        super().__init__(torch.empty(_XOSHIRO_WORDS, dtype=torch.int64, device=_HOST))
         self._lib.dpfy_gaussian_seed(self._state.data_ptr(), seed % 2**64)
 
 
@@ -152,7 +156,8 @@ class ChaChaGaussian(_CompiledStream):
 
     def __init__(self, key: bytes | None = None, counter: int = 0, nonce: int = 0) -> None:
         words = _key_words(os.urandom(32) if key is None else key)
-        super().__init__(torch.cat([words, torch.tensor([_as_int64(counter), _as_int64(nonce)])]))
+        tail = torch.tensor([_as_int64(counter), _as_int64(nonce)], device=_HOST)
+        super().__init__(torch.cat([words, tail]))
 
 
 def chacha20_keystream(key: bytes, counter: int, nonce: int, nblocks: int) -> bytes:
@@ -163,7 +168,7 @@ def chacha20_keystream(key: bytes, counter: int, nonce: int, nblocks: int) -> by
     nonce = n1 | n2 << 32.
     """
     state = ChaChaGaussian(key, counter, nonce)._state
-    out = torch.empty(64 * nblocks, dtype=torch.uint8)
+    out = torch.empty(64 * nblocks, dtype=torch.uint8, device=_HOST)
     _library().dpfy_chacha20_keystream(out.data_ptr(), nblocks, state.data_ptr())
     return bytes(out.numpy())
 
@@ -174,12 +179,12 @@ def gaussian_from_words(words: torch.Tensor) -> torch.Tensor:
     Pair i (outputs i and BLOCK + i) takes u1's high half from words[i], its low half from
     words[BLOCK + i] and its angle from words[2·BLOCK + i] (gaussian.c).
     """
-    if words.dtype != torch.int32 or words.shape != (WORDS32,):
+    if words.dtype != torch.int32 or words.shape != (WORDS32,) or words.device != _HOST:
         raise ValueError(
-            f"words must be an int32 tensor of shape ({WORDS32},), got "
-            f"dtype={words.dtype}, shape={tuple(words.shape)}"
+            f"words must be an int32 CPU tensor of shape ({WORDS32},), got "
+            f"dtype={words.dtype}, shape={tuple(words.shape)}, device={words.device}"
         )
     words = words.contiguous()
-    out = torch.empty(2 * BLOCK, dtype=torch.float32)
+    out = torch.empty(2 * BLOCK, dtype=torch.float32, device=_HOST)
     _library().dpfy_gaussian_from_words(words.data_ptr(), out.data_ptr())
     return out
