@@ -193,3 +193,25 @@ def test_cli_refuses_stages_with_plain_rr(tmp_path, capsys):
     assert main(["train", "--dataset", "digits", "--privacy-unit", "label", "--label-dp", "rr",
                  "--label-stages", "0.3,0.7", "--out", str(tmp_path / "r")]) == 2  # fmt: skip
     assert "--label-stages must be unset with --label-dp rr" in capsys.readouterr().err
+
+
+def test_without_a_generator_the_labels_randomness_comes_from_the_os(monkeypatch):
+    """No seed is the secure default: RR and RR-with-prior draw every uniform from the
+    ChaCha20 stream keyed by the OS (secure_uniform), never from torch's global generator."""
+    import dpfy.label_dp.mechanism as mech
+
+    calls: list[int] = []
+    real = mech.secure_uniform
+
+    def spy(n: int, device=None):
+        calls.append(n)
+        return real(n)
+
+    monkeypatch.setattr(mech, "secure_uniform", spy)
+    y = torch.randint(0, 10, (500,))
+    prior = torch.softmax(torch.randn(500, 10), dim=1)
+    state = torch.get_rng_state()
+    mech.randomized_response(y, 1.0, 10, generator=None)
+    mech.rr_with_prior(y, prior, 1.0, generator=None)
+    assert torch.equal(state, torch.get_rng_state())  # the global generator was not touched
+    assert calls == [500, 500, 500, 500]  # two uniforms per label in each mechanism

@@ -152,7 +152,9 @@ def run_label(args: Any, settings: dict[str, Any]) -> int:
         return torch.softmax(m(x[query]), dim=1)
 
     noisy, release = randomize_labels(
-        y, epsilon, data.num_classes, mechanism=args.label_dp, generator=gen,
+        # no seed: the labels' randomness comes from the OS (secure), like the gradient noise
+        y, epsilon, data.num_classes, mechanism=args.label_dp,
+        generator=gen if seed is not None else None,
         fit_predict=fit_predict, stage_fractions=fractions,
     )  # fmt: skip
     ledger = LabelLedger()

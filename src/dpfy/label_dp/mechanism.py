@@ -28,6 +28,7 @@ import math
 import torch
 
 from dpfy._require import require
+from dpfy.noise.generator import secure_uniform
 
 __all__ = ["keep_probability", "randomized_response", "rr_with_prior", "best_top_k"]
 
@@ -69,16 +70,30 @@ def _check_labels(labels: torch.Tensor, num_classes: int) -> None:
         )
 
 
+def _uniforms(shape: torch.Size, generator: torch.Generator | None) -> torch.Tensor:
+    """Float64 uniforms in [0, 1): from ``generator`` when given (a seeded, reproducible run
+    whose seed is a secret), else from the operating system's entropy through ChaCha20
+    (:func:`dpfy.noise.generator.secure_uniform`), the secure default like the gradient noise."""
+    if generator is None:
+        return secure_uniform(math.prod(shape)).reshape(shape)
+    return torch.rand(shape, generator=generator, dtype=torch.float64)
+
+
 def randomized_response(
-    labels: torch.Tensor, epsilon: float, num_classes: int, *, generator: torch.Generator
+    labels: torch.Tensor, epsilon: float, num_classes: int, *, generator: torch.Generator | None
 ) -> torch.Tensor:
-    """Each label kept with probability e^ε/(e^ε+k−1), else a uniform *other* label."""
+    """Each label kept with probability e^ε/(e^ε+k−1), else a uniform *other* label.
+
+    ``generator=None`` draws the randomness from the OS (secure); a generator makes it
+    reproducible, and anyone who knows its seed can undo the randomization.
+    """
     keep = keep_probability(epsilon, num_classes)
     _check_labels(labels, num_classes)
     y = labels.long()
-    u = torch.rand(y.shape, generator=generator, dtype=torch.float64)
-    # a uniform other label: y + 1 + U{0..k−2} (mod k)
-    shift = torch.randint(0, num_classes - 1, y.shape, generator=generator) + 1
+    u = _uniforms(y.shape, generator)
+    # a uniform other label: y + 1 + U{0..k−2} (mod k), U from a second uniform
+    v = _uniforms(y.shape, generator)
+    shift = (v * (num_classes - 1)).floor().long().clamp(max=num_classes - 2) + 1
     return torch.where(u < keep, y, (y + shift) % num_classes)
 
 
@@ -94,7 +109,11 @@ def best_top_k(prior: torch.Tensor, epsilon: float) -> torch.Tensor:
 
 
 def rr_with_prior(
-    labels: torch.Tensor, prior: torch.Tensor, epsilon: float, *, generator: torch.Generator
+    labels: torch.Tensor,
+    prior: torch.Tensor,
+    epsilon: float,
+    *,
+    generator: torch.Generator | None,
 ) -> torch.Tensor:
     """RR restricted to each example's top-k' classes of ``prior`` (rows: n × k, sum 1).
 
@@ -124,10 +143,10 @@ def rr_with_prior(
     order = torch.sort(prior.double(), dim=1, descending=True, stable=True).indices
     rank_of_y = (order == y[:, None]).float().argmax(dim=1) + 1  # 1-based rank of the label
     inside = rank_of_y <= kp
-    u = torch.rand(y.shape, generator=generator, dtype=torch.float64)
+    u = _uniforms(y.shape, generator)
     keep = 1.0 / (1.0 + (kp.double() - 1) * math.exp(-epsilon))
     # other label inside the top k': a uniform position among the k'−1 others
-    r = torch.rand(y.shape, generator=generator, dtype=torch.float64)
+    r = _uniforms(y.shape, generator)
     other = (r * (kp - 1).double()).floor().long().clamp(max=k - 2)
     other_pos = other + (other >= rank_of_y - 1).long()  # skip the label's own position
     # label outside the top k': a uniform position among all k'

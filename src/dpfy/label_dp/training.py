@@ -52,7 +52,7 @@ def randomize_labels(
     num_classes: int,
     *,
     mechanism: str,
-    generator: torch.Generator,
+    generator: torch.Generator | None,
     fit_predict: FitPredict | None = None,
     stage_fractions: Sequence[float] = (0.5, 0.5),
 ) -> tuple[torch.Tensor, LabelRelease]:
@@ -61,7 +61,9 @@ def randomize_labels(
     ``mechanism="rr"``: one pass of k-ary RR. ``"rr-prior"``: the staged mechanism above;
     ``fit_predict(train_idx, train_noisy_labels, query_idx)`` trains on the given examples'
     randomized labels and returns class probabilities for ``query_idx`` (it sees features
-    by index; it must not read ``labels``).
+    by index; it must not read ``labels``). ``generator=None`` (the secure default) draws the
+    labels' randomness from the OS; the stage split, which does not depend on labels, then
+    comes from torch's global generator.
     """
     require(
         mechanism in ("rr", "rr-prior"),
