@@ -1,0 +1,93 @@
+"""The per-example token loss :class:`~dpfy.hf.DPTrainer` computes for token-level labels.
+
+Hugging Face's causal-LM, masked-LM, token-classification and seq2seq losses are one token mean
+over the whole batch: Σ_{i,t} ℓ_{i,t} / Σ_i n_i, where n_i counts example i's labels that are
+not ignored (−100, padding). Example i's gradient is then scaled by 1/Σ_j n_j, a number that
+depends on the *other* examples: adding or removing one rescales everyone's contribution, so
+clipping each example's gradient no longer bounds its effect on the release (measured in issue
+35: removing one example moved a σ = 0 release by 1.27·C against an accounted C).
+
+The loss computed here is each example's own token mean, then the mean over the batch:
+
+    ℓ_i = (1/n_i) Σ_t ℓ_{i,t}   (0 when n_i = 0),     L = (1/B) Σ_i ℓ_i,
+
+so ``loss_reduction="mean"`` holds exactly and ℓ_i is the model's own loss on example i alone.
+For causal LMs the labels are shifted as Hugging Face shifts them (position t predicts label
+t + 1: the labels are padded with one ignored position at the end and moved left); masked LM,
+token classification and encoder–decoder models (whose labels are the decoder's targets) are
+not shifted. ``label_smoothing`` is torch's (the same formula as the Trainer's label smoother:
+(1 − ε)·NLL + ε·(mean over the vocabulary of −log p)), applied per token.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["IGNORE_INDEX", "token_loss_kind", "per_example_token_loss"]
+
+IGNORE_INDEX = -100  # torch's and Hugging Face's ignore index for labels
+
+_SHIFTED = {"ForCausalLM", "ForConditionalGeneration"}  # decoder-only: HF's ForCausalLMLoss
+_ALIGNED = {"ForMaskedLM", "ForTokenClassification"}
+
+
+def token_loss_kind(model: Any) -> str | None:
+    """``"shifted"`` (causal LM), ``"aligned"`` (masked LM, token classification, seq2seq) or
+    None (not a token-level loss dpfy knows: the model's own loss is used).
+
+    Read from the model's ``config.is_encoder_decoder``, its ``loss_type`` (transformers' loss
+    registry key) and, for models without one, whether its class is one of transformers' causal
+    LM classes. A peft model is read through ``get_base_model()``.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = getattr(base, "config", None)
+    if config is None:
+        return None
+    if getattr(config, "is_encoder_decoder", False):
+        return "aligned"
+    kind = getattr(base, "loss_type", None)
+    if kind in _SHIFTED:
+        return "shifted"
+    if kind in _ALIGNED:
+        return "aligned"
+    if kind is None:
+        from transformers.models.auto import modeling_auto as auto
+
+        if type(base).__name__ in set(auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()):
+            return "shifted"
+    return None
+
+
+def per_example_token_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    shift: bool,
+    label_smoothing: float = 0.0,
+) -> torch.Tensor:
+    """(B,) each example's mean token loss over its labels that are not ``IGNORE_INDEX``.
+
+    Args:
+      logits: (B, T, V) the model's scores (upcast to float32, as Hugging Face's losses do).
+      labels: (B, T) integer targets, ``IGNORE_INDEX`` where ignored.
+      shift: True for causal LMs (position t is scored against label t + 1).
+      label_smoothing: ε of torch's ``cross_entropy``, per token.
+    """
+    if shift:  # HF's ForCausalLMLoss: pad one ignored label at the end, then move left
+        labels = F.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:]
+    b, t = labels.shape
+    logits = logits.float()
+    tokens = F.cross_entropy(
+        logits.reshape(b * t, -1),
+        labels.reshape(b * t),
+        ignore_index=IGNORE_INDEX,
+        reduction="none",
+        label_smoothing=label_smoothing,
+    ).reshape(b, t)  # (B, T), 0 where ignored
+    kept = (labels != IGNORE_INDEX).to(tokens.dtype)  # (B, T)
+    # a weight per token, 1/n_i on example i's kept tokens: example i's divisor is its own
+    weights = kept / kept.sum(1, keepdim=True).clamp(min=1.0)  # (B, T)
+    return (tokens * weights).sum(1)  # (B,)
