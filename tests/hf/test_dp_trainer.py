@@ -9,6 +9,7 @@ no weight decay, constant lr η) the step applied θ' = θ − η·ĝ, so ‖ĝ�
 from __future__ import annotations
 
 import json
+import warnings
 import math
 
 import pytest
@@ -77,3 +78,36 @@ def test_a_gdp_accountant_is_refused_before_training_naming_the_rigorous_ones(tm
         DPTrainer(model=tiny_bert(), args=_args(tmp_path), train_dataset=Tokens(64),
                   dp_args=DPArguments(target_delta=1e-3, noise_multiplier=1.0,
                                       accountant="gdp"))
+
+
+def test_pushing_the_checkpoints_of_a_seeded_run_is_refused(tmp_path):
+    # each checkpoint's optimizer.pt holds the seed and generator states (they undo the noise)
+    args = _args(tmp_path, push_to_hub=True, hub_strategy="checkpoint", hub_model_id="x/y")
+    with pytest.raises(PrivacyRefusal, match="hub_strategy"):
+        DPTrainer(model=tiny_bert(), args=args, train_dataset=Tokens(64),
+                  dp_args=DPArguments(target_delta=1e-3, noise_multiplier=1.0,
+                                      extra={"seed": 0}))
+
+
+def test_the_models_own_token_mean_is_refused_when_asked_for(tmp_path):
+    # per_example_token_loss=False: the model's own loss, HF's token mean over the padded batch
+    # (examples 0, 3, 6, ... have 4 ignored labels): the probe refuses it at the first step
+    trainer = DPTrainer(model=tiny_gpt2(), args=_args(tmp_path, max_steps=1),
+                        train_dataset=Tokens(48, task="lm", pad=True),
+                        dp_args=DPArguments(target_delta=1e-3, noise_multiplier=1.0,
+                                            per_example_token_loss=False, extra={"seed": 1}))
+    with pytest.raises(PrivacyRefusal, match="output gradient, in the backward pass"):
+        trainer.train()
+
+
+def test_a_warning_says_once_why_no_grad_norm_is_logged(tmp_path, monkeypatch):
+    import dpfy.hf.trainer as module
+
+    monkeypatch.setattr(module, "_warned", False)
+    with pytest.warns(UserWarning, match=r"clip_grad_norm_.*returns 0\.0"):
+        DPTrainer(model=tiny_bert(), args=_args(tmp_path), train_dataset=Tokens(64),
+                  dp_args=DPArguments(target_delta=1e-3, noise_multiplier=1.0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the second trainer does not repeat it
+        DPTrainer(model=tiny_bert(), args=_args(tmp_path), train_dataset=Tokens(64),
+                  dp_args=DPArguments(target_delta=1e-3, noise_multiplier=1.0))

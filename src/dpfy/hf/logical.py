@@ -45,6 +45,7 @@ class LogicalBatch:
         self.first, self.rest, self.loader = first, rest, loader
         self.chunks = 0
         self.exhausted = False
+        self.flos = 0.0  # the Trainer's floating-point operation estimate, summed as trained
 
     def __contains__(self, key: object) -> bool:
         return isinstance(self.first, Mapping) and key in self.first

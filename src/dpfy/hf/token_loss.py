@@ -26,7 +26,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-__all__ = ["IGNORE_INDEX", "token_loss_kind", "per_example_token_loss"]
+from dpfy.errors import PrivacyRefusal
+
+__all__ = ["IGNORE_INDEX", "token_loss_kind", "per_example_token_loss", "token_loss"]
 
 IGNORE_INDEX = -100  # torch's and Hugging Face's ignore index for labels
 
@@ -91,3 +93,35 @@ def per_example_token_loss(
     # a weight per token, 1/n_i on example i's kept tokens: example i's divisor is its own
     weights = kept / kept.sum(1, keepdim=True).clamp(min=1.0)  # (B, T)
     return (tokens * weights).sum(1)  # (B,)
+
+
+def token_loss(
+    model: Any, owner: Any, inputs: Any, kind: str, label_smoothing: float = 0.0
+) -> tuple[torch.Tensor, Any]:
+    """(the batch's mean of :func:`per_example_token_loss`, the model's outputs).
+
+    ``model`` is called on ``inputs`` without their ``labels`` (so that the model computes no
+    batch-wide token mean of its own); ``owner`` is the model whose config says whether it is
+    an encoder–decoder (``model`` may be a wrapper of it), whose ``decoder_input_ids`` are then
+    built from the labels as the model builds them. ``kind``: :func:`token_loss_kind`'s answer.
+    """
+    labels = inputs["labels"]
+    inputs = {k: v for k, v in inputs.items() if k != "labels"}
+    shift = kind == "shifted"
+    if "shift_labels" in inputs:  # already shifted by the collator (HF's convention)
+        labels, shift = inputs.pop("shift_labels"), False
+    base = owner.get_base_model() if hasattr(owner, "get_base_model") else owner
+    if getattr(getattr(base, "config", None), "is_encoder_decoder", False):
+        if "decoder_input_ids" not in inputs and "decoder_inputs_embeds" not in inputs:
+            inputs["decoder_input_ids"] = base.prepare_decoder_input_ids_from_labels(labels=labels)
+    outputs = model(**inputs)
+    logits = outputs["logits"]
+    if logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(labels.shape):
+        raise PrivacyRefusal(
+            f"dpfy.hf.DPTrainer: the model's logits must be (B, T, V) aligned with labels "
+            f"(B, T) for the per-example token loss, got logits {tuple(logits.shape)} and "
+            f"labels {tuple(labels.shape)}. Override compute_loss with a loss that is a "
+            f"mean of per-example losses"
+        )
+    loss = per_example_token_loss(logits, labels, shift=shift, label_smoothing=label_smoothing)
+    return loss.mean(), outputs

@@ -57,7 +57,8 @@ from torch.utils.data import DataLoader
 from dpfy.api import make_private
 from dpfy.errors import PrivacyRefusal
 from dpfy.hf.logical import LogicalBatch, LogicalBatches
-from dpfy.hf.token_loss import per_example_token_loss, token_loss_kind
+from dpfy.hf.refusals import refuse_pushed_seed, refuse_settings
+from dpfy.hf.token_loss import token_loss, token_loss_kind
 from dpfy.optim import DPOptimizer
 from dpfy.privacy.report import PrivacyReport
 
@@ -108,28 +109,9 @@ class DPTrainer(transformers.Trainer):
     """A ``transformers.Trainer`` whose training steps are dpfy's private steps (module doc)."""
 
     def __init__(self, *args: Any, dp_args: DPArguments, **kwargs: Any) -> None:
+        refuse_pushed_seed(kwargs.get("args", args[1] if len(args) > 1 else None), dp_args.extra)
         super().__init__(*args, **kwargs)
-        if self.args.gradient_accumulation_steps != 1:
-            raise PrivacyRefusal(
-                f"dpfy.hf.DPTrainer: gradient_accumulation_steps must be 1, got "
-                f"{self.args.gradient_accumulation_steps}: a Poisson-sampled batch has no fixed "
-                f"number of micro-batches. Set DPArguments(max_physical_batch_size=...) to split "
-                f"each logical batch into physical ones inside dpfy's step"
-            )
-        if dp_args.accountant not in ("pld", "rdp"):
-            raise PrivacyRefusal(
-                f"dpfy.hf.DPTrainer: DPArguments.accountant must be 'pld' or 'rdp' (the ε it "
-                f"logs and reports), got {dp_args.accountant!r}. GDP is an approximation: read "
-                f"it after training with trainer.dp_optimizer.epsilon(delta, 'gdp', "
-                f"approximate=True)"
-            )
-        if self.args.world_size != 1:
-            raise PrivacyRefusal(
-                f"dpfy.hf.DPTrainer runs in one process, got world_size "
-                f"{self.args.world_size}. For data-parallel training call dpfy.make_private in "
-                f"a torch.distributed loop (docs: distributed training)"
-            )
-        _refuse_data_readers(self.args, dp_args)
+        refuse_settings(self.args, dp_args.accountant, dp_args.max_physical_batch_size)
         global _warned
         if not _warned:
             warnings.warn(GRAD_NORM_NOTE, UserWarning, stacklevel=2)
@@ -209,6 +191,7 @@ class DPTrainer(transformers.Trainer):
         rows = 0
         for physical in inputs:
             loss = super().training_step(model, physical, None)
+            inputs.flos += float(super().floating_point_ops(physical))
             n = _rows(physical)
             total = loss * n if total is None else total + loss * n
             rows += n
@@ -236,29 +219,9 @@ class DPTrainer(transformers.Trainer):
             or labels.is_floating_point()
         ):
             return super().compute_loss(model, inputs, return_outputs, None)
-        inputs = {k: v for k, v in inputs.items() if k != "labels"}
-        shift = kind == "shifted"
-        if "shift_labels" in inputs:  # already shifted by the collator (HF's convention)
-            labels, shift = inputs.pop("shift_labels"), False
-        base: Any = self.model
-        base = base.get_base_model() if hasattr(base, "get_base_model") else base
-        if getattr(getattr(base, "config", None), "is_encoder_decoder", False):
-            if "decoder_input_ids" not in inputs and "decoder_inputs_embeds" not in inputs:
-                inputs["decoder_input_ids"] = base.prepare_decoder_input_ids_from_labels(
-                    labels=labels
-                )
-        outputs = model(**inputs)
-        logits = outputs["logits"]
-        if logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(labels.shape):
-            raise PrivacyRefusal(
-                f"dpfy.hf.DPTrainer: the model's logits must be (B, T, V) aligned with labels "
-                f"(B, T) for the per-example token loss, got logits {tuple(logits.shape)} and "
-                f"labels {tuple(labels.shape)}. Override compute_loss with a loss that is a "
-                f"mean of per-example losses"
-            )
-        loss = per_example_token_loss(
-            logits, labels, shift=shift, label_smoothing=self.args.label_smoothing_factor
-        ).mean()
+        loss, outputs = token_loss(
+            model, self.model, inputs, kind, self.args.label_smoothing_factor
+        )
         return (loss, outputs) if return_outputs else loss
 
     def _token_loss_kind(self) -> str | None:
@@ -269,8 +232,8 @@ class DPTrainer(transformers.Trainer):
         return self._token_loss if isinstance(self._token_loss, str) else None
 
     def floating_point_ops(self, inputs: Any) -> int:
-        if isinstance(inputs, LogicalBatch):  # counted after its step: the first's keys only
-            return 0
+        if isinstance(inputs, LogicalBatch):  # summed over its physical batches in its step
+            return int(inputs.flos)
         return int(super().floating_point_ops(inputs))
 
     # -- what the logs and the output directory say -----------------------------------------
@@ -322,24 +285,6 @@ def _rows(batch: Any) -> int:
     """The row count of a physical batch (its first tensor's first dimension)."""
     leaves = batch.values() if hasattr(batch, "values") else batch
     return next((int(t.shape[0]) for t in leaves if torch.is_tensor(t) and t.dim()), 0)
-
-
-def _refuse_data_readers(args: Any, dp_args: DPArguments) -> None:
-    """Refuse the Trainer options that read the training data outside dpfy's steps."""
-    if getattr(args, "include_tokens_per_second", False):
-        raise PrivacyRefusal(
-            "dpfy.hf.DPTrainer: include_tokens_per_second must be False, got True: the Trainer "
-            "counts tokens by iterating the training dataloader before training, which would "
-            "draw private batches that no step takes. Leave it off"
-        )
-    seen = getattr(args, "include_num_input_tokens_seen", False)
-    if dp_args.max_physical_batch_size is not None and seen not in ("no", False):
-        raise PrivacyRefusal(
-            f"dpfy.hf.DPTrainer: include_num_input_tokens_seen must be off with "
-            f"DPArguments.max_physical_batch_size, got {seen!r}: a logical batch's physical "
-            f"batches are drawn during its step, after the Trainer counts them. Leave it off, "
-            f"or drop max_physical_batch_size"
-        )
 
 
 class _AfterUpdate(transformers.TrainerCallback):
