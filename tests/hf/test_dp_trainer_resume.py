@@ -17,7 +17,7 @@ import transformers
 from dpfy.hf import DPArguments, DPTrainer
 from hf_models import Tokens, tiny_bert
 
-N, B, EPOCHS = 48, 16, 2  # 3 logical batches per epoch, 6 steps
+N, B, EPOCHS = 24, 8, 2  # 3 logical batches per epoch, 6 steps
 
 
 class StopAt(transformers.TrainerCallback):
@@ -44,8 +44,7 @@ def _trainer(out, physical: int | None, stop: int | None = None) -> DPTrainer:
     return trainer
 
 
-@pytest.mark.parametrize("stop, physical", [(4, None), (3, 8)],
-                         ids=["mid-epoch", "epoch-end-physical"])
+@pytest.mark.parametrize("stop, physical", [(4, 3)], ids=["mid-epoch-physical"])
 def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path, stop, physical):
     whole = _trainer(tmp_path / "whole", physical)
     whole.train()
