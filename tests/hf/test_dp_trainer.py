@@ -9,6 +9,7 @@ no weight decay, constant lr η) the step applied θ' = θ − η·ĝ, so ‖ĝ�
 from __future__ import annotations
 
 import json
+import warnings
 import math
 
 import pytest
@@ -43,14 +44,14 @@ def test_a_trainer_run_spends_the_target_epsilon_logs_it_and_writes_the_report(t
     logs = [h for h in trainer.state.log_history if "loss" in h]
     eps = [h["epsilon"] for h in logs]
     assert eps == sorted(eps) and 1.9 <= eps[-1] <= 2.0 + 1e-9  # the user's target, spent
-    assert all(h["grad_norm"] > 0 for h in logs)
+    assert all("grad_norm" not in h and h["released_grad_norm"] > 0 for h in logs)
     assert any(not torch.equal(p, before[n]) for n, p in model.named_parameters())
     report = json.loads((tmp_path / "privacy_report.json").read_text())
     assert report["epsilon"] == pytest.approx(eps[-1], rel=1e-6)
     assert "one example" in (tmp_path / "privacy_report.md").read_text()
 
 
-def test_grad_norm_in_the_logs_is_the_released_gradients_norm(tmp_path):
+def test_released_grad_norm_in_the_logs_is_the_released_gradients_norm(tmp_path):
     model = tiny_bert()
     args = _args(tmp_path, num_train_epochs=1, max_steps=1, optim="sgd", weight_decay=0.0,
                  lr_scheduler_type="constant", learning_rate=0.5)
@@ -61,7 +62,7 @@ def test_grad_norm_in_the_logs_is_the_released_gradients_norm(tmp_path):
     trainer.train()
     moved = torch.linalg.vector_norm(torch.stack(
         [torch.linalg.vector_norm(p.detach() - before[n]) for n, p in model.named_parameters()]))
-    logged = [h["grad_norm"] for h in trainer.state.log_history if "loss" in h]
+    logged = [h["released_grad_norm"] for h in trainer.state.log_history if "loss" in h]
     assert logged == [pytest.approx(float(moved) / 0.5, rel=1e-4)]
 
 
@@ -77,3 +78,36 @@ def test_a_gdp_accountant_is_refused_before_training_naming_the_rigorous_ones(tm
         DPTrainer(model=tiny_bert(), args=_args(tmp_path), train_dataset=Tokens(64),
                   dp_args=DPArguments(target_delta=1e-3, noise_multiplier=1.0,
                                       accountant="gdp"))
+
+
+def test_pushing_the_checkpoints_of_a_seeded_run_is_refused(tmp_path):
+    # each checkpoint's optimizer.pt holds the seed and generator states (they undo the noise)
+    args = _args(tmp_path, push_to_hub=True, hub_strategy="checkpoint", hub_model_id="x/y")
+    with pytest.raises(PrivacyRefusal, match="hub_strategy"):
+        DPTrainer(model=tiny_bert(), args=args, train_dataset=Tokens(64),
+                  dp_args=DPArguments(target_delta=1e-3, noise_multiplier=1.0,
+                                      extra={"seed": 0}))
+
+
+def test_the_models_own_token_mean_is_refused_when_asked_for(tmp_path):
+    # per_example_token_loss=False: the model's own loss, HF's token mean over the padded batch
+    # (examples 0, 3, 6, ... have 4 ignored labels): the probe refuses it at the first step
+    trainer = DPTrainer(model=tiny_gpt2(), args=_args(tmp_path, max_steps=1),
+                        train_dataset=Tokens(48, task="lm", pad=True),
+                        dp_args=DPArguments(target_delta=1e-3, noise_multiplier=1.0,
+                                            per_example_token_loss=False, extra={"seed": 1}))
+    with pytest.raises(PrivacyRefusal, match="output gradient, in the backward pass"):
+        trainer.train()
+
+
+def test_a_warning_says_once_why_no_grad_norm_is_logged(tmp_path, monkeypatch):
+    import dpfy.hf.trainer as module
+
+    monkeypatch.setattr(module, "_warned", False)
+    with pytest.warns(UserWarning, match=r"clip_grad_norm_.*returns 0\.0"):
+        DPTrainer(model=tiny_bert(), args=_args(tmp_path), train_dataset=Tokens(64),
+                  dp_args=DPArguments(target_delta=1e-3, noise_multiplier=1.0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the second trainer does not repeat it
+        DPTrainer(model=tiny_bert(), args=_args(tmp_path), train_dataset=Tokens(64),
+                  dp_args=DPArguments(target_delta=1e-3, noise_multiplier=1.0))

@@ -22,6 +22,12 @@ followed by a backward from the model's output:
   row ``r`` replaced too (a different loss for that example). Where the model cannot run on
   that batch because integers carry a structure (``EmbeddingBag`` offsets), B changes the
   float rows and the cotangent only.
+- B': when the rows differ in their count of padding-like integer entries (≤ 0: ignored labels
+  such as −100, attention-mask zeros, pad id 0; :func:`probe_rows`), B again with the row that
+  has the most of them replaced by the row that has the fewest. A loss inside the model that
+  divides by a count over the batch (Hugging Face's causal-LM token mean over the non-ignored
+  labels) changes the other rows' output gradients only when the changed row's count changes;
+  B alone misses it when rows 0 and 1 have the same count (the padded example sitting last).
 
 Both start from the same global RNG state (forked, so the training run's stream is unchanged),
 and the batch keeps its shape, so dropout masks and every other draw line up row by row. For
@@ -49,7 +55,8 @@ and randomness that depends on the data. State outside tensors that a forward ch
 counter) is changed by the probe's two forwards too.
 
 Cost: two training forwards and two backwards (without parameter gradients), once per engine;
-a third pair only when rows differ. Measured in ``docs/guide/per_example_contract.md``.
+one more pair when the rows' padding counts differ (B'), and one more when rows differ.
+Measured in ``docs/guide/per_example_contract.md``.
 """
 
 from __future__ import annotations
@@ -73,6 +80,7 @@ __all__ = [
     "perturb_rows",
     "find_cross_row",
     "PERTURBED_ROW",
+    "probe_rows",
     "cross_row_problem",
     "not_checked_problem",
 ]
@@ -100,13 +108,18 @@ class PerturbProbe(RowProbe):
 
 
 def perturb_rows(
-    tree: Any, rows: int, row: int, generator: torch.Generator, integers: bool = True
+    tree: Any,
+    rows: int,
+    row: int,
+    generator: torch.Generator,
+    integers: bool = True,
+    donor: int | None = None,
 ) -> Any:
-    """``tree`` with row ``row`` of every tensor of ``rows`` rows (dimension 0) replaced: by the
-    next row's values, plus standard normal noise at the tensor's scale for a float tensor (so
-    that the row changes even where two rows are equal). ``integers=False`` leaves integer and
-    boolean tensors as they are (ids, masks, offsets)."""
-    donor = (row + 1) % rows
+    """``tree`` with row ``row`` of every tensor of ``rows`` rows (dimension 0) replaced: by row
+    ``donor``'s values (default: the next row), plus standard normal noise at the tensor's scale
+    for a float tensor (so that the row changes even where two rows are equal).
+    ``integers=False`` leaves integer and boolean tensors as they are (ids, masks, offsets)."""
+    donor = (row + 1) % rows if donor is None else donor
 
     def change(t: Any) -> Any:
         if not torch.is_tensor(t) or t.dim() == 0 or t.shape[0] != rows:
@@ -126,6 +139,33 @@ def perturb_rows(
 
     leaves, spec = tree_flatten(tree)
     return tree_unflatten([change(t) for t in leaves], spec)
+
+
+def probe_rows(tree: Any, rows: int) -> list[tuple[int, int]]:
+    """The (changed row, donor row) pairs the probe runs B with: (0, 1) always, and, when the
+    rows' counts of padding-like integer entries (≤ 0: ignored labels such as −100, mask zeros,
+    pad id 0) differ, the row with the most of them (the last such) given the values of the row
+    with the fewest, so that a divisor counted over the batch changes wherever that row sits."""
+    pairs = [(PERTURBED_ROW, (PERTURBED_ROW + 1) % rows)]
+    ints = [
+        t
+        for t in tree_flatten(tree)[0]
+        if torch.is_tensor(t)
+        and t.dim() >= 2
+        and t.shape[0] == rows
+        and not t.is_floating_point()
+        and not t.is_complex()
+    ]
+    if not ints or rows < 2:
+        return pairs
+    counts = sum(((t <= 0).reshape(rows, -1).sum(1).cpu() for t in ints), torch.zeros(rows))
+    if bool((counts == counts[0]).all()):
+        return pairs
+    most = int(rows - 1 - torch.argmax(counts.flip(0)))  # the last row with the most
+    fewest = int(torch.argmin(counts))
+    if (most, fewest) != pairs[0]:
+        pairs.append((most, fewest))
+    return pairs
 
 
 def find_cross_row(
@@ -159,7 +199,7 @@ def find_cross_row(
         if torch.is_tensor(t) and autograd_requires_grad(t) and t.is_leaf
     ]
 
-    def run(call: tuple[tuple, dict], change_row: bool) -> tuple[PerturbProbe, Any]:
+    def run(call: tuple[tuple, dict], change_row: int | None) -> tuple[PerturbProbe, Any]:
         probe = PerturbProbe(rows, shared=shared)
         with _forked_rng(device):
             reseed(0)
@@ -174,26 +214,24 @@ def find_cross_row(
                 torch.autograd.grad(outs, [anchor, *leaves], cot, allow_unused=True)
         return probe, _detached(out)
 
-    try:
-        a, out_a = run(root_call, False)
+    def perturbed(row: int, donor: int) -> tuple[PerturbProbe, Any]:
         try:
-            b, out_b = run(
-                perturb_rows(root_call, rows, PERTURBED_ROW, torch.Generator().manual_seed(0)), True
+            changed = perturb_rows(
+                root_call, rows, row, torch.Generator().manual_seed(0), True, donor
             )
+            return run(changed, row)
         except PrivacyRefusal:
             raise
         except Exception:  # noqa: BLE001 - integers with a structure (EmbeddingBag offsets):
-            b, out_b = run(
-                perturb_rows(
-                    root_call,
-                    rows,
-                    PERTURBED_ROW,  # change floats and
-                    torch.Generator().manual_seed(0),
-                    integers=False,
-                ),
-                True,
+            changed = perturb_rows(  # change floats and the loss only
+                root_call, rows, row, torch.Generator().manual_seed(0), False, donor
             )
-    except PrivacyRefusal:  # the loss only
+            return run(changed, row)
+
+    try:
+        a, out_a = run(root_call, None)
+        runs = [(row, *perturbed(row, donor)) for row, donor in probe_rows(root_call, rows)]
+    except PrivacyRefusal:
         raise
     except Exception as e:  # noqa: BLE001 - a model the probe cannot run: refused or declared
         problem = not_checked_problem(
@@ -215,9 +253,16 @@ def find_cross_row(
         grad_dim = 0 if (units[uid].rule is None or real.shared) else real.batch_dim
         return real.row_dims(units[uid]), grad_dim
 
-    found = _differences(a, out_a, b, out_b, rows, dims, exact=True)
-    if found and _differences(a, out_a, *run(root_call, False), rows, dims, exact=True):
-        found = _differences(a, out_a, b, out_b, rows, dims, exact=False)  # not deterministic
+    found: list[tuple[int | None, int, str]] = []
+    again: tuple[PerturbProbe, Any] | None = None
+    for row, b, out_b in runs:
+        found = _differences(a, out_a, b, out_b, rows, row, dims, exact=True)
+        if found:
+            again = again or run(root_call, None)
+            if _differences(a, out_a, *again, rows, row, dims, exact=True):  # not deterministic
+                found = _differences(a, out_a, b, out_b, rows, row, dims, exact=False)
+        if found:
+            break
     if not found:
         return None
     uid, j, what = found[0]
@@ -271,17 +316,17 @@ def _forked_rng(device: torch.device | None) -> Iterator[None]:
         yield
 
 
-def _cotangents(outs: list[torch.Tensor], rows: int, change_row: bool) -> list[torch.Tensor]:
-    """Fixed standard normal cotangents for the output leaves; with ``change_row``, the
-    perturbed row's are drawn afresh (that example's loss changes)."""
+def _cotangents(outs: list[torch.Tensor], rows: int, change_row: int | None) -> list[torch.Tensor]:
+    """Fixed standard normal cotangents for the output leaves; row ``change_row``'s (None:
+    none) are drawn afresh (that example's loss changes)."""
     gen = torch.Generator().manual_seed(1)  # on the CPU: the same cotangents on every device
     cot = [
         torch.randn(t.shape, generator=gen, dtype=torch.float64, device="cpu").to(t) for t in outs
     ]
-    if change_row:
+    if change_row is not None:
         for c in cot:
             if c.dim() >= 1 and c.shape[0] == rows:
-                c[PERTURBED_ROW] = torch.randn(
+                c[change_row] = torch.randn(
                     c.shape[1:], generator=gen, dtype=torch.float64, device="cpu"
                 ).to(c)
     return cot
@@ -292,23 +337,23 @@ def _detached(out: Any) -> Any:
     return tree_unflatten([t.detach() if torch.is_tensor(t) else t for t in leaves], spec)
 
 
-def _others(t: torch.Tensor, dim: int, rows: int) -> torch.Tensor | None:
-    """``t``'s rows other than the perturbed one along ``dim`` (None: no such dimension)."""
+def _others(t: torch.Tensor, dim: int, rows: int, row: int) -> torch.Tensor | None:
+    """``t``'s rows other than the perturbed ``row`` along ``dim`` (None: no such dimension)."""
     if t.dim() <= dim or t.shape[dim] != rows:
         return None
-    keep = torch.tensor([i for i in range(rows) if i != PERTURBED_ROW], device=t.device)
+    keep = torch.tensor([i for i in range(rows) if i != row], device=t.device)
     return t.index_select(dim, keep)
 
 
-def _differs(x: Any, y: Any, dim: int | None, rows: int, exact: bool) -> bool:
-    """Whether tensors ``x`` and ``y`` differ outside the perturbed row along ``dim`` (None:
+def _differs(x: Any, y: Any, dim: int | None, rows: int, row: int, exact: bool) -> bool:
+    """Whether tensors ``x`` and ``y`` differ outside the perturbed ``row`` along ``dim`` (None:
     everywhere), bit for bit (``exact``) or beyond the row-identity probe's tolerance."""
     if not torch.is_tensor(x) or not torch.is_tensor(y):
         return torch.is_tensor(x) != torch.is_tensor(y)
     if x.shape != y.shape or x.dtype != y.dtype:
         return True
-    if dim is not None and _others(x, dim, rows) is not None:  # else: it must not change
-        x, y = _others(x, dim, rows), _others(y, dim, rows)
+    if dim is not None and _others(x, dim, rows, row) is not None:  # else: it must not change
+        x, y = _others(x, dim, rows, row), _others(y, dim, rows, row)
     if exact:
         return not torch.equal(_bits(x), _bits(y))
     if x.is_floating_point():
@@ -321,10 +366,10 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8) if t.numel() and t.dtype != torch.bool else t
 
 
-def _input_differs(x: Any, y: Any, dims: Any, rows: int, exact: bool) -> str | None:
-    """What differs between one call's inputs in A and B (None: nothing)."""
+def _input_differs(x: Any, y: Any, dims: Any, rows: int, row: int, exact: bool) -> str | None:
+    """What differs between one call's inputs in A and B outside ``row`` (None: nothing)."""
     if not isinstance(dims, tuple):
-        return "its rows" if _differs(x, y, dims, rows, exact) else None
+        return "its rows" if _differs(x, y, dims, rows, row, exact) else None
     (xa, xk), (ya, yk) = x, y
     if len(xa) != len(ya) or set(xk) != set(yk):
         return "its arguments"
@@ -333,7 +378,7 @@ def _input_differs(x: Any, y: Any, dims: Any, rows: int, exact: bool) -> str | N
         *((f"keyword argument {k!r}", xk[k], yk[k], dims[1].get(k)) for k in xk),
     ]
     for name, f, p, d in named:
-        if _differs(f, p, d, rows, exact):
+        if _differs(f, p, d, rows, row, exact):
             return f"its {name}"
     return None
 
@@ -344,11 +389,12 @@ def _differences(
     b: PerturbProbe,
     out_b: Any,
     rows: int,
+    row: int,
     dims: Callable[[int, int], tuple[Any, int | None] | None],
     exact: bool,
 ) -> list[tuple[int | None, int, str]]:
-    """The calls (unit id, call, what) whose other rows differ between A and B, in call
-    order; (None, 0, what) for the model's output."""
+    """The calls (unit id, call, what) whose rows other than ``row`` (the one B changed)
+    differ between A and B, in call order; (None, 0, what) for the model's output."""
     out: list[tuple[int | None, int, str]] = []
     for uid, j in a.order:
         d = dims(uid, j)
@@ -365,11 +411,11 @@ def _differences(
                 )
             )
             continue
-        what = _input_differs(a.inputs[uid][j], got[j], d[0], rows, exact)
+        what = _input_differs(a.inputs[uid][j], got[j], d[0], rows, row, exact)
         if what is None:
             ga, gb = a.grads.get((uid, j), []), b.grads.get((uid, j), [])
             if len(ga) != len(gb) or any(
-                _differs(x, y, d[1], rows, exact)
+                _differs(x, y, d[1], rows, row, exact)
                 for x, y in zip(ga, gb)
                 if x is not None or y is not None
             ):
@@ -378,7 +424,7 @@ def _differences(
             out.append((uid, j, what))
     la, lb = tree_flatten(out_a)[0], tree_flatten(out_b)[0]
     if len(la) != len(lb) or any(
-        _differs(x, y, 0, rows, exact)
+        _differs(x, y, 0, rows, row, exact)
         for x, y in zip(la, lb)
         if torch.is_tensor(x) and x.dim() >= 1 and x.shape[0] == rows
     ):
