@@ -192,14 +192,17 @@ def find_cross_row(
     shared = {uid: [c.shared for c in calls] for uid, calls in now.items()}
     # autograd's own flag: a parameter the private step trains is held (its requires_grad reads
     # True for user code, grads/held.py) and must not be differentiated here
-    leaves: list[torch.Tensor] = [p for p in model.parameters() if autograd_requires_grad(p)]
-    leaves += [
-        t
-        for t in tree_flatten(root_call)[0]
-        if torch.is_tensor(t) and autograd_requires_grad(t) and t.is_leaf
-    ]
+    params: list[torch.Tensor] = [p for p in model.parameters() if autograd_requires_grad(p)]
 
     def run(call: tuple[tuple, dict], change_row: int | None) -> tuple[PerturbProbe, Any]:
+        # the leaves of *this* call: a perturbed input that requires grad (a pipeline stage's
+        # received activations) is a new leaf, and the hooks on its path fire only if it is
+        # among the tensors differentiated
+        leaves = params + [
+            t
+            for t in tree_flatten(call)[0]
+            if torch.is_tensor(t) and autograd_requires_grad(t) and t.is_leaf
+        ]
         probe = PerturbProbe(rows, shared=shared)
         with _forked_rng(device):
             reseed(0)
