@@ -97,3 +97,26 @@ def test_calibrate_steps_never_returns_an_unchecked_cap():
         target_epsilon=3.6, delta=1e-5, noise_multiplier=2.0, sample_rate=1.0, max_steps=3
     )
     assert got == 2
+
+
+def test_calibrate_sigma_takes_the_sampling_as_one_value():
+    # ULS: each user joins with probability q; at the user level one step is a
+    # Poisson-subsampled Gaussian (Charles et al. 2024), written out here by hand.
+    from dpfy.privacy.calibration import calibrate_sigma
+
+    q, steps, target, delta, tol = 0.02, 300, 3.0, 1e-6, 1e-3
+    sigma = calibrate_sigma(
+        UserLevelSampling(q),
+        steps,
+        target_epsilon=target,
+        delta=delta,
+        tol=tol,
+    )
+
+    def eps(s: float) -> float:
+        step = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(s))
+        return _rdp_epsilon(dp_accounting.SelfComposedDpEvent(step, steps), delta)
+
+    # same orders as dpfy's RDP: the two ε agree to float rounding (1e-9 relative)
+    assert eps(sigma) <= target * (1 + 1e-9)
+    assert eps(sigma / (1 + tol)) > target

@@ -42,7 +42,9 @@ from torch import nn
 from dpfy._require import require
 from dpfy.adaptive.base import Method, calibrate_for_run, check_plan
 from dpfy.noise import GaussianMechanism, NoiseSource
-from dpfy.privacy import Ledger, PrivacyReport, Sampling, calibrate_noise_multiplier, epsilon
+from dpfy.privacy import Ledger, PrivacyReport, Sampling, epsilon
+from dpfy.privacy.calibration import calibrate_sigma
+from dpfy.privacy.events import UserLevelSampling
 from dpfy.sampling import PoissonSampler, UserUnits
 from dpfy.federated.round import (
     Contribution,
@@ -154,13 +156,13 @@ class DPFedAvgServer:
         if noise_multiplier is None:
             # the requires above: target_epsilon is given, and with it rounds
             assert target_epsilon is not None and rounds is not None
-            noise_multiplier = calibrate_noise_multiplier(
+            # the round is a ULS step at the user rate: the shared σ search (privacy.search)
+            noise_multiplier = calibrate_sigma(
+                UserLevelSampling(self.user_sample_rate),
+                rounds,
                 target_epsilon=target_epsilon,
                 delta=self.delta,
-                sample_rate=self.user_sample_rate,
-                steps=rounds,
                 accountant=accountant,
-                sampling=Sampling.ULS,
             )
         require(noise_multiplier >= 0, "noise_multiplier", noise_multiplier, ">= 0")
         if noise_multiplier == 0:

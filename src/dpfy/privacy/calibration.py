@@ -70,6 +70,7 @@ from dpfy.privacy.search import Search, calibrate, last_passing
 from dpfy.privacy.sigma_calibration import (
     calibrate_noise_multiplier,
     calibrate_run_noise_multiplier,
+    calibrate_sigma,
 )
 from dpfy.privacy.split import (
     combine_noise_multipliers,
@@ -81,6 +82,7 @@ from dpfy.privacy.split import (
 __all__ = [
     "calibrate",
     "calibrate_noise_multiplier",
+    "calibrate_sigma",
     "calibrate_run_noise_multiplier",
     "calibrate_sample_rate",
     "calibrate_steps",

@@ -101,7 +101,9 @@ class Poisson(SamplingKind):
 
 @dataclass(frozen=True)
 class UserLevelSampling(SamplingKind):
-    """Each user joins a step with probability q (the user rate), at most k examples each."""
+    """Each user joins a step with probability q (the user rate); the cap on a user's examples
+    per step bounds their clipped unit and is not accounted (the ledger records k for ELS only,
+    and refuses it here)."""
 
     sampling = Sampling.ULS
 

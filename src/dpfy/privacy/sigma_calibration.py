@@ -22,12 +22,12 @@ from dpfy.privacy.calibration_inputs import (
     refuse_below_pld_floor,
     sigma_floor,
 )
-from dpfy.privacy.events import sampling_kind
+from dpfy.privacy.events import SamplingKind, sampling_kind
 from dpfy.privacy.ledger import Sampling
 from dpfy.privacy.search import Search, calibrate, solve_decreasing
 from dpfy.types import RunFacts
 
-__all__ = ["calibrate_noise_multiplier", "calibrate_run_noise_multiplier"]
+__all__ = ["calibrate_noise_multiplier", "calibrate_sigma", "calibrate_run_noise_multiplier"]
 
 
 def calibrate_noise_multiplier(
@@ -69,6 +69,44 @@ def calibrate_noise_multiplier(
         grid where that is coarser (module docstring, "Speed"). The default 1e-3 is about 8x
         faster than the run's 1e-4 and can only raise σ (by ~0.1 %); 1e-4 gives the tightest σ.
     """
+    kind = sampling_kind(
+        sampling,
+        sample_rate,
+        dataset_size=dataset_size,
+        max_examples_per_user=max_examples_per_user,
+    )
+    return calibrate_sigma(
+        kind,
+        steps,
+        target_epsilon=target_epsilon,
+        delta=delta,
+        accountant=accountant,
+        tol=tol,
+        approximate=approximate,
+        noise=noise,
+        period=period,
+        search_discretization=search_discretization,
+    )
+
+
+def calibrate_sigma(
+    kind: SamplingKind,
+    steps: int,
+    *,
+    target_epsilon: float,
+    delta: float,
+    accountant: str = "rdp",
+    tol: float = 1e-3,
+    approximate: bool = False,
+    noise: str = "gaussian",
+    period: int | None = None,
+    search_discretization: float = PLD_SEARCH_DISCRETIZATION,
+) -> float:
+    """Smallest σ (to relative ``tol``) whose ledger of ``steps`` identical steps sampled as
+    ``kind`` (:mod:`dpfy.privacy.events`) spends ≤ target: what
+    :func:`calibrate_noise_multiplier` computes, with the sampling as one value."""
+    sampling, sample_rate = kind.sampling, kind.sample_rate
+    dataset_size, max_examples_per_user = kind.dataset_size, kind.max_examples_per_user
     check_target(target_epsilon, delta, accountant, approximate)
     check_rate(sample_rate)
     check_steps(steps)
@@ -77,12 +115,6 @@ def calibrate_noise_multiplier(
         "search_discretization",
         search_discretization,
         "a float in (0, 0.1]",
-    )
-    kind = sampling_kind(
-        sampling,
-        sample_rate,
-        dataset_size=dataset_size,
-        max_examples_per_user=max_examples_per_user,
     )
 
     def fail() -> None:
