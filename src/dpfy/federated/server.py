@@ -33,9 +33,7 @@ vector, which is within the bound, so the accounting (sampling at q_u, sensitivi
 
 from __future__ import annotations
 
-import math
 import warnings
-from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 import torch
@@ -43,10 +41,19 @@ from torch import nn
 
 from dpfy._require import require
 from dpfy.adaptive.base import Method, calibrate_for_run, check_plan
-from dpfy.errors import PrivacyRefusal
 from dpfy.noise import GaussianMechanism, NoiseSource
-from dpfy.privacy import Ledger, PrivacyReport, Sampling, calibrate_noise_multiplier, epsilon
+from dpfy.privacy import Ledger, PrivacyReport, Sampling, epsilon
+from dpfy.privacy.calibration import calibrate_sigma
+from dpfy.privacy.events import UserLevelSampling
 from dpfy.sampling import PoissonSampler, UserUnits
+from dpfy.federated.round import (
+    Contribution,
+    RoundPlan,
+    RoundResult,
+    check_contributions,
+    check_method,
+    noisy_round_mean,
+)
 from dpfy.step.guard import EpsilonGuard
 from dpfy.types import Norms, ReleaseSpec, RunFacts, StepOutcome, StepPlan
 
@@ -61,53 +68,6 @@ __all__ = [
 
 USER_UNIT = UserUnits.description  # "one user, with all of their examples"
 USER_ADJACENCY = UserUnits.adjacency_note  # "add or remove one user (all of their examples)"
-# The clipping check's slack: a float32 delta scaled by C/‖Δ‖ lands within a few ulps of C.
-_CLIP_SLACK = 1e-5
-# Adaptive methods whose clipping is one threshold on the whole delta, min(1, C_t/‖Δ_u‖),
-# which is what the client applies; other methods' clippings are refused (module docstring).
-_SCALAR_CLIP_METHODS = ("quantile",)
-
-
-@dataclass(frozen=True)
-class RoundPlan:
-    """What round ``round`` does, fixed before any user trains: public.
-
-    ``users`` are the sampled users' indices 0..N_users−1 (sorted); ``plan.clip`` is the C_t
-    each of them clips their delta to.
-    """
-
-    round: int
-    users: tuple[int, ...]
-    plan: StepPlan
-
-    @property
-    def clip(self) -> float:
-        return float(self.plan.clip)
-
-
-@dataclass(frozen=True)
-class Contribution:
-    """One sampled user's reply: the clipped delta Δ̃_u and ‖Δ_u‖ before clipping.
-
-    The norm is what the quantile method's count needs (1[‖Δ_u‖ ≤ C_t]); the server is the
-    trusted curator of central DP and never releases it un-noised.
-    """
-
-    user: int
-    clipped: Mapping[str, torch.Tensor]
-    norm: float
-
-
-@dataclass(frozen=True)
-class RoundResult:
-    """What a round released (public): the noisy mean delta and each extra release."""
-
-    round: int
-    num_users: int  # contributions received (public in FL: who replied)
-    clip: float
-    noise_multiplier: float
-    mean_delta: Mapping[str, torch.Tensor]
-    extras: Mapping[str, float | torch.Tensor] = field(default_factory=dict)
 
 
 class DPFedAvgServer:
@@ -187,7 +147,7 @@ class DPFedAvgServer:
         )
         require(server_lr > 0, "server_lr", server_lr, "> 0")
         require(0 <= server_momentum < 1, "server_momentum", server_momentum, "in [0, 1)")
-        self._check_method(method, clip)
+        check_method(method, clip)
         self.model, self.num_users = model, num_users
         self.user_sample_rate = float(user_sample_rate)
         self.delta = float(num_users**-1.1 if delta is None else delta)
@@ -196,13 +156,13 @@ class DPFedAvgServer:
         if noise_multiplier is None:
             # the requires above: target_epsilon is given, and with it rounds
             assert target_epsilon is not None and rounds is not None
-            noise_multiplier = calibrate_noise_multiplier(
+            # the round is a ULS step at the user rate: the shared σ search (privacy.search)
+            noise_multiplier = calibrate_sigma(
+                UserLevelSampling(self.user_sample_rate),
+                rounds,
                 target_epsilon=target_epsilon,
                 delta=self.delta,
-                sample_rate=self.user_sample_rate,
-                steps=rounds,
                 accountant=accountant,
-                sampling=Sampling.ULS,
             )
         require(noise_multiplier >= 0, "noise_multiplier", noise_multiplier, ">= 0")
         if noise_multiplier == 0:
@@ -258,41 +218,6 @@ class DPFedAvgServer:
     def rounds_done(self) -> int:
         return self.ledger.num_steps
 
-    @staticmethod
-    def _check_method(method: Method | None, clip: float | None) -> None:
-        if method is None:
-            require(
-                clip is not None and clip > 0,
-                "clip",
-                clip,
-                "> 0",
-                "Give C, the bound on each user's model delta (it depends on the local "
-                "epochs and learning rate), or method=make('quantile') to adapt it",
-            )
-            return
-        name = method.registry_name or type(method).__name__
-        for hook in ("transform", "postprocess", "observe"):
-            if method.implements(hook):
-                raise PrivacyRefusal(
-                    f"a DP-FedAvg method must act on the round's plan and its releases only, "
-                    f"got method = {name!r} implementing {hook!r}. Use it with make_private "
-                    f"(DP-SGD), or a method without it (quantile, noise decay)"
-                )
-        if method.implements("clipping") and name not in _SCALAR_CLIP_METHODS:
-            raise PrivacyRefusal(
-                f"a DP-FedAvg method's clipping must be one threshold on the whole delta, got "
-                f"method = {name!r}. Clients clip Δ to min(1, C_t/‖Δ‖); use one of "
-                f"{list(_SCALAR_CLIP_METHODS)} or a method that leaves clipping alone"
-            )
-        sets_clip = "clip" in method.sets
-        require(
-            sets_clip == (clip is None),
-            "clip",
-            clip,
-            "None when the method sets C (its initial_clip is C_0), else > 0",
-            f"method {name!r} {'sets' if sets_clip else 'does not set'} the clip",
-        )
-
     # -- a round --------------------------------------------------------------------------
     def begin_round(self) -> RoundPlan:
         """Sample this round's users and fix its plan (public values only)."""
@@ -325,37 +250,6 @@ class DPFedAvgServer:
         users = tuple(int(u) for u in self.sampler.draw().tolist())
         self._pending = RoundPlan(round=t, users=users, plan=plan)
         return self._pending
-
-    def _check_contributions(self, rp: RoundPlan, contributions: Sequence[Contribution]) -> None:
-        """The clipping check: each reply is from a sampled user, once, within C_t."""
-        sampled, seen = set(rp.users), set()
-        for c in contributions:
-            if c.user not in sampled or c.user in seen:
-                raise PrivacyRefusal(
-                    f"a contribution must come from a user sampled for round {rp.round}, once, "
-                    f"got user = {c.user} ({'repeated' if c.user in seen else 'not sampled'}). "
-                    f"Only dpfy's sampler decides who takes part; anything else is unaccounted"
-                )
-            seen.add(c.user)
-            norm = math.sqrt(sum(float(t.double().square().sum()) for t in c.clipped.values()))
-            if not norm <= rp.clip * (1 + _CLIP_SLACK):
-                raise PrivacyRefusal(
-                    f"a user's delta must be clipped to C_t = {rp.clip:.6g}, got norm = "
-                    f"{norm:.6g} from user {c.user} in round {rp.round}. Clip it on the client "
-                    f"with dpfy.federated.clip_delta(delta, config['clip'])"
-                )
-            require(
-                set(c.clipped) == set(self.params),
-                "a contribution's parameters",
-                sorted(c.clipped),
-                f"the model's trainable parameters {sorted(self.params)}",
-            )
-            require(
-                math.isfinite(c.norm) and c.norm >= 0,
-                "a contribution's norm",
-                c.norm,
-                "finite and >= 0",
-            )
 
     def _extras(
         self, specs: Mapping[str, ReleaseSpec], contributions: Sequence[Contribution]
@@ -394,19 +288,14 @@ class DPFedAvgServer:
         rp = self._pending
         require(rp is not None, "a round", None, "begun (begin_round) before it is finished")
         assert rp is not None  # the require above refused None
-        self._check_contributions(rp, contributions)
+        check_contributions(rp, contributions, self.params)
         plan = rp.plan
         specs = {} if self.method is None else dict(self.method.releases(self.method_state, plan))
         record = self.mechanism.record_for(plan, specs)
         b = self.expected_users
         std = plan.noise_multiplier * rp.clip
-        mean: dict[str, torch.Tensor] = {}
         source = self.mechanism.generator()
-        for name, p in self.params.items():  # noise on the sum, once
-            total = torch.zeros_like(p, device="cpu")
-            for c in contributions:
-                total += c.clipped[name].detach().to(total)
-            mean[name] = source.noisy_mean(total, std, b).to(p)
+        mean = noisy_round_mean(self.params, contributions, std, b, source)
         extras = self._extras(specs, contributions)
         record.record(self.ledger)
         self._pending, self._last_plan = None, plan

@@ -32,12 +32,9 @@ import numpy as np
 
 from dpfy._require import require
 from dpfy.privacy.accountants import RIGOROUS, epsilon
-from dpfy.privacy.calibration import (
-    MAX_NOISE_MULTIPLIER,
-    _homogeneous_epsilon,
-    _solve_decreasing,
-    calibrate_noise_multiplier,
-)
+from dpfy.privacy.calibration import MAX_NOISE_MULTIPLIER, calibrate_noise_multiplier
+from dpfy.privacy.events import Poisson
+from dpfy.privacy.search import solve_decreasing
 from dpfy.privacy.group_ledger import GroupLedgers, PrivacyGroup
 from dpfy.privacy.ledger import Sampling
 from dpfy.privacy.releases import group_step_releases
@@ -265,15 +262,8 @@ def _rate_for(
     def eps(inv_rate: float) -> float:
         if inv_rate < 1:
             return math.inf
-        return _homogeneous_epsilon(
-            sample_rate=1.0 / inv_rate,
-            noise_multiplier=sigma,
-            steps=steps,
-            sampling=Sampling.POISSON,
-            dataset_size=None,
-            delta=delta,
-            accountant=accountant,
-        )
+        ledger = Poisson(1.0 / inv_rate).ledger(sigma, steps)
+        return epsilon(ledger, delta=delta, accountant=accountant)
 
     if eps(1.0) <= budget:
         return 1.0
@@ -287,7 +277,7 @@ def _rate_for(
             "Raise the budget or run fewer steps",
         )
 
-    inv = _solve_decreasing(
+    inv = solve_decreasing(
         eps,
         budget,
         1.0 / guess,

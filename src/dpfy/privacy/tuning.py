@@ -42,16 +42,14 @@ from dpfy.privacy import pld as _pld
 from dpfy.privacy import rdp as _rdp
 from dpfy.privacy.accountants import epsilon as _ledger_epsilon
 from dpfy.privacy.accountants import pld_discretization, prepare
-from dpfy.privacy.calibration import (
-    MAX_NOISE_MULTIPLIER,
-    _below_pld_floor,
-    _check_common,
-    _check_rate,
-    _check_steps,
-    _gdp_sigma_guess,
-    _sigma_floor,
-    _solve_decreasing,
-)
+from dpfy.privacy.calibration_inputs import MAX_NOISE_MULTIPLIER
+from dpfy.privacy.calibration_inputs import check_rate as _check_rate
+from dpfy.privacy.calibration_inputs import check_steps as _check_steps
+from dpfy.privacy.calibration_inputs import check_target as _check_common
+from dpfy.privacy.calibration_inputs import gdp_sigma_guess as _gdp_sigma_guess
+from dpfy.privacy.calibration_inputs import refuse_below_pld_floor as _below_pld_floor
+from dpfy.privacy.calibration_inputs import sigma_floor as _sigma_floor
+from dpfy.privacy.search import solve_decreasing as _solve_decreasing
 from dpfy.privacy.ledger import Ledger, Sampling
 
 if TYPE_CHECKING:

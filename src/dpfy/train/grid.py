@@ -28,14 +28,13 @@ data") and the tuning statement repeats it.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import math
 import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch.utils.data import Subset
@@ -45,19 +44,17 @@ from dpfy.data import DataSplits, load_dataset
 from dpfy.errors import PrivacyRefusal
 from dpfy.models import build_model
 from dpfy.privacy.ledger import Ledger
-from dpfy.privacy.report import PrivacyReport, ReportSection, TuningCost
 from dpfy.privacy.tuning import (
     calibrate_grid_noise_multiplier,
     composed_runs,
     grid_epsilon,
-    log_grid,
 )
 from dpfy.sampling import PoissonSampler
 from dpfy.train.config import SEED_WARNING, TrainConfig, resolve
 from dpfy.train.evaluate import evaluate
-from dpfy.train.options import parse_scalar
+from dpfy.train.grid_axes import GRIDDABLE, GridAxis, GridRun, configurations, parse_axis
+from dpfy.train.grid_report import publish_grid, republish_report
 from dpfy.train.private import build_methods
-from dpfy.train.rundir import write_atomic
 from dpfy.train.trainer import train
 
 __all__ = [
@@ -75,96 +72,7 @@ __all__ = [
 
 # Selection metrics on the validation data: name -> (metrics column, higher is better).
 SELECT = {"accuracy": ("test_acc", True), "loss": ("test_loss", False)}
-# TrainConfig fields a grid may vary: they change what a run computes, never its ledger's shape
-# (q, steps, σ), so k runs are k copies of one calibrated ledger. Method options are
-# ``method.KEY`` (one method) or ``NAME.KEY`` (one method of a chain).
-GRIDDABLE = ("lr", "clip", "momentum", "weight_decay")
 Echo = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class GridAxis:
-    """One gridded hyperparameter: a TrainConfig field or a method option, and its values."""
-
-    name: str
-    values: tuple[Any, ...]
-
-    def __post_init__(self) -> None:
-        require(
-            self.name in GRIDDABLE or "." in self.name,
-            "grid name",
-            self.name,
-            f"one of {list(GRIDDABLE)} or a method option METHOD.KEY",
-            "Batch size, epochs and σ fix the ledger of every run and are not gridded",
-        )
-        require(len(self.values) >= 1, "grid values", self.values, "at least one value")
-
-
-def parse_axis(text: str) -> GridAxis:
-    """``"lr=logspace:-2.5:1.5:7"`` (``np.logspace`` endpoints included, as Galli et al. 2024) or
-    ``"clip=0.1,1,10"``, or ``"oso.rule=sign,additive"`` (a method option)."""
-    name, sep, spec = text.partition("=")
-    require(
-        bool(sep and name and spec),
-        "grid",
-        text,
-        "NAME=logspace:LO:HI:K or NAME=V1,V2,...",
-        "Write e.g. --grid lr=logspace:-2.5:1.5:7",
-    )
-    if spec.startswith("logspace:"):
-        parts = spec.split(":")[1:]
-        require(len(parts) == 3, "grid", text, "NAME=logspace:LO:HI:K (exponents of 10, K values)")
-        try:
-            lo, hi, num = float(parts[0]), float(parts[1]), int(parts[2])
-        except ValueError:
-            raise ValueError(
-                f"grid must be NAME=logspace:LO:HI:K with numbers, got grid = "
-                f"{text!r}. Write e.g. lr=logspace:-2.5:1.5:7"
-            ) from None
-        return GridAxis(name, tuple(float(v) for v in log_grid(lo, hi, num)))
-    return GridAxis(name, tuple(parse_scalar(v) for v in spec.split(",") if v != ""))
-
-
-def _with(cfg: TrainConfig, name: str, value: Any) -> TrainConfig:
-    """``cfg`` with one gridded value set (a field, or a method option)."""
-    if "." not in name:
-        change: dict[str, Any] = {name: float(value)}
-        return dataclasses.replace(cfg, **change)
-    require(
-        cfg.method is not None,
-        "grid",
-        name,
-        "a method option only with --method",
-        "Add --method NAME",
-    )
-    target, _, key = name.partition(".")
-    options = dict(cfg.method_options or {})
-    options[key if target == "method" else name] = value
-    return dataclasses.replace(cfg, method_options=options)
-
-
-def configurations(base: TrainConfig, axes: Sequence[GridAxis]) -> list[tuple[dict, TrainConfig]]:
-    """Every combination of the axes' values (first axis slowest), as (settings, config)."""
-    require(len(axes) >= 1, "grid", [], "at least one axis", "Add --grid NAME=...")
-    names = [a.name for a in axes]
-    require(len(set(names)) == len(names), "grid", names, "distinct names")
-    out = []
-    for combo in itertools.product(*(a.values for a in axes)):
-        cfg = base
-        for name, value in zip(names, combo):
-            cfg = _with(cfg, name, value)
-        out.append((dict(zip(names, combo)), cfg))
-    return out
-
-
-@dataclass(frozen=True)
-class GridRun:
-    """One configuration of the grid and what it achieved (metric on the validation data)."""
-
-    index: int
-    settings: dict
-    metric: float
-    epsilon: float  # this run's own ε (its ledger alone)
 
 
 @dataclass(frozen=True)
@@ -362,7 +270,7 @@ def run_grid(
     winner = (max if higher else min)(finite, key=lambda r: r.metric)
     win_dir = staging / f"run-{winner.index:02d}"
     test = _winner_on_test(win_dir, base, data) if base.public_validation != "test" else None
-    _publish(
+    publish_grid(
         win_dir,
         runs,
         winner,
@@ -416,99 +324,3 @@ def _check_first_run(ledger: Ledger, k: int, base: TrainConfig, delta: float) ->
             f"Gaussian at the run's σ). Use a method that splits the run's σ, or a fixed "
             f"--noise-multiplier"
         )
-
-
-def _publish(
-    win_dir: Path,
-    runs: Sequence[GridRun],
-    winner: GridRun,
-    eps_grid: float,
-    delta: float,
-    sigma: float,
-    base: TrainConfig,
-    select: str,
-    selected_on: str,
-    axes: Sequence[GridAxis],
-    ledgers: Sequence[Ledger],
-    test: dict[str, float] | None,
-) -> None:
-    """Re-render the winner's privacy report with the tuning cost and the grid table; write
-    ``grid.json`` (the table's numbers and every run's ledger, so anyone can re-account)."""
-    k = len(runs)
-    names = [a.name for a in axes]
-    target = f"target ε = {base.epsilon:g}" if base.epsilon is not None else "fixed σ"
-    lines = [
-        f"{k} configurations, each trained at σ = {sigma:.4g} ({target} for the whole "
-        f"grid, per-grid budget of Galli et al. 2024). The grid's ε = {eps_grid:.4g} at "
-        f"δ = {delta:.3g} is the {base.accountant.upper()} accountant's ε of all {k} runs' "
-        f"ledgers composed. Winner: run {winner.index} ({select} {winner.metric:.4g}), chosen "
-        f"on the final epoch's {select} of {selected_on}.",
-        "",
-        "| run | " + " | ".join(names) + f" | {select} | ε of the run alone |",
-        "|---|" + "---|" * len(names) + "---|---|",
-    ]
-    for r in runs:
-        mark = " (winner)" if r is winner else ""
-        lines.append(
-            f"| {r.index}{mark} | "
-            + " | ".join(
-                f"{r.settings[n]:.6g}" if isinstance(r.settings[n], float) else str(r.settings[n])
-                for n in names
-            )
-            + f" | {r.metric:.4g} | {r.epsilon:.4g} |"
-        )
-    if test is not None:
-        lines += [
-            "",
-            f"The published model (run {winner.index}) on the test split, which did "
-            f"not take part in the selection ({test['examples']} examples): accuracy "
-            f"{test['accuracy']:.4g}, loss {test['loss']:.4g}.",
-        ]
-    data = {
-        "runs": [dataclasses.asdict(r) for r in runs],
-        "winner": winner.index,
-        "winner_on_test": test,
-        "epsilon": eps_grid,
-        "delta": delta,
-        "noise_multiplier": sigma,
-        "target_epsilon": base.epsilon,
-        "accountant": base.accountant,
-        "select": select,
-        "selected_on": selected_on,
-        "axes": {a.name: list(a.values) for a in axes},
-    }
-    section = ReportSection("Tuning grid", tuple(lines), data)
-    tuning = TuningCost(
-        method=f"per-grid budget: {k} runs composed ({base.accountant.upper()}; Mohapatra et al. "
-        f"2022; Galli et al. 2024)",
-        epsilon=eps_grid,
-        delta=delta,
-        details=f"Grid over {', '.join(names)} (see 'Tuning grid'); the winner was chosen on "
-        f"{selected_on}. The grid was fixed before any run (a non-adaptive search).",
-    )
-    republish_report(win_dir, delta=delta, section=section, tuning=tuning, public_data=selected_on)
-    ledger_dicts = [run_ledger.to_dict() for run_ledger in ledgers]
-    write_atomic(
-        win_dir / "grid.json", json.dumps({**data, "ledgers": ledger_dicts}, indent=1) + "\n"
-    )
-
-
-def republish_report(
-    run_dir: Path,
-    *,
-    delta: float,
-    section: ReportSection,
-    tuning: TuningCost | None,
-    public_data: str,
-) -> None:
-    """Re-render a finished run's privacy report from its own ledger, with a tuning section,
-    the tuning statement (``None``: the search is not accounted) and what public data did."""
-    saved = json.loads((run_dir / "privacy_report.json").read_text())
-    context = PrivacyReport.context_from_dict(saved)
-    context["sections"] = (*context.get("sections", ()), section)
-    context["tuning"] = tuning
-    context["public_data"] = public_data
-    ledger = Ledger.from_json((run_dir / "ledger.json").read_text())
-    PrivacyReport.from_ledger(ledger, delta=delta, accountant=saved["accountant"], **context).write(
-        run_dir
-    )

@@ -1,0 +1,145 @@
+"""What a calibration accepts: the bounds on its inputs and the refusals that name them.
+
+Shared by every search of :mod:`dpfy.privacy.calibration`, :mod:`dpfy.privacy.tuning` and
+:mod:`dpfy.privacy.individual`, so that a mistyped target fails in milliseconds, before any
+accountant runs, with the same message wherever it is given (the bounds are explained in the
+docstring of :mod:`dpfy.privacy.calibration`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from dpfy._require import require
+from dpfy.privacy import gdp
+from dpfy.privacy.accountants import (
+    PLD_COARSE,
+    PLD_FINE,
+    check_accountant,
+    pld_min_noise_multiplier,
+)
+from dpfy.privacy.ledger import Sampling
+
+__all__ = [
+    "MAX_NOISE_MULTIPLIER",
+    "MAX_TARGET_EPSILON",
+    "MIN_TARGET_EPSILON",
+    "PLD_SEARCH_DISCRETIZATION",
+    "check_rigorous",
+    "check_target",
+    "check_rate",
+    "check_steps",
+    "sigma_floor",
+    "refuse_below_pld_floor",
+    "gdp_sigma_guess",
+]
+
+MAX_NOISE_MULTIPLIER = 1e4
+MAX_TARGET_EPSILON = 100.0
+# Below this, σ is so large that the accountants' ε underflows (dp_accounting's RDP returns 0
+# for "negative Rényi divergence" at σ ~ 1e6): a calibration there would trust a rounding error.
+MIN_TARGET_EPSILON = 1e-3
+# The PLD grid a σ search evaluates ε on (module docstring, "Speed"): coarser than the run's
+# 1e-4, pessimistic, so the σ found is safe on the run's grid too.
+PLD_SEARCH_DISCRETIZATION = PLD_COARSE
+
+
+def check_rigorous(accountant: str, approximate: bool) -> None:
+    """Refuse the GDP approximation for a calibration unless ``approximate=True`` opts in."""
+    check_accountant(accountant)
+    require(
+        accountant != "gdp" or approximate is True,
+        "accountant",
+        accountant,
+        "'pld' or 'rdp' for a calibration (GDP is a CLT approximation that can under-report ε)",
+        "Use accountant='pld'; to reproduce a paper's GDP calibration pass "
+        "approximate=True (CLI: --approximate) and state the rigorous PLD ε next to it",
+    )
+
+
+def check_target(
+    target_epsilon: float, delta: float, accountant: str, approximate: bool = False
+) -> None:
+    """Refuse a target ε outside [MIN_TARGET_EPSILON, MAX_TARGET_EPSILON], a δ outside (0, 1)
+    and the GDP approximation without its opt-in."""
+    require(
+        isinstance(target_epsilon, (int, float)) and 0 < target_epsilon < math.inf,
+        "target_epsilon",
+        target_epsilon,
+        "> 0 and finite",
+    )
+    require(
+        target_epsilon <= MAX_TARGET_EPSILON,
+        "target_epsilon",
+        target_epsilon,
+        f"<= {MAX_TARGET_EPSILON:g} (larger ε is no meaningful guarantee and drives σ to 0)",
+        "Lower the target ε, or give a fixed noise multiplier instead of a target",
+    )
+    require(
+        target_epsilon >= MIN_TARGET_EPSILON,
+        "target_epsilon",
+        target_epsilon,
+        f">= {MIN_TARGET_EPSILON:g} (below it the accountants' ε underflows to 0 and a "
+        f"calibration would rest on rounding error)",
+        "Raise the target ε; ε < 0.001 is indistinguishable from not training",
+    )
+    require(
+        isinstance(delta, (int, float)) and 0 < delta < 1,
+        "delta",
+        delta,
+        "in (0, 1)",
+        "The guide's convention is δ ≪ 1/N, e.g. 1/N^1.1",
+    )
+    check_rigorous(accountant, approximate)
+
+
+def sigma_floor(accountant: str, sampling: Sampling) -> float:
+    """Smallest σ a calibration may try: PLD's grid floor for sampled steps, else 0."""
+    if accountant == "pld" and sampling is not Sampling.NONE:
+        return pld_min_noise_multiplier(PLD_FINE)
+    return 0.0
+
+
+def refuse_below_pld_floor(target_epsilon: float, floor: float) -> None:
+    """Raise: the target needs a σ below the PLD grid's floor (RDP can go lower)."""
+    require(
+        False,
+        "target_epsilon",
+        target_epsilon,
+        f"reachable with a noise multiplier >= {floor:.3g} (the PLD accountant's floor)",
+        "Lower the target ε, or calibrate with accountant 'rdp' (--accountant rdp)",
+    )
+
+
+def check_rate(sample_rate: float) -> None:
+    """Refuse a sample rate outside [1e-100, 1]."""
+    require(
+        isinstance(sample_rate, (int, float)) and 0 < sample_rate <= 1,
+        "sample_rate",
+        sample_rate,
+        "in (0, 1]",
+        "Use batch_size / dataset_size",
+    )
+    # (μ/q)² in the search's starting guess overflows below this; no dataset is that large
+    require(
+        sample_rate >= 1e-100,
+        "sample_rate",
+        sample_rate,
+        ">= 1e-100",
+        "Use batch_size / dataset_size",
+    )
+
+
+def check_steps(steps: int) -> None:
+    """Refuse a number of steps that is not an integer >= 1."""
+    require(isinstance(steps, int) and steps >= 1, "steps", steps, "an integer >= 1")
+
+
+def gdp_sigma_guess(target_epsilon: float, delta: float, sample_rate: float, steps: int) -> float:
+    """σ that the GDP CLT gives for homogeneous Poisson steps: a starting point, not a result."""
+    try:
+        mu = gdp.mu_for_epsilon(target_epsilon, delta)
+    except ValueError:
+        return 1.0
+    ratio = (mu / sample_rate) ** 2 / steps
+    return 1.0 / math.sqrt(math.log1p(ratio)) if ratio > 0 else 1.0

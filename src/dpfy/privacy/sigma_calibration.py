@@ -1,0 +1,210 @@
+"""The noise multiplier a run of identical steps needs for a target ε.
+
+How the search is bracketed and why its σ is safe on the run's own PLD grid is told in
+:mod:`dpfy.privacy.calibration` ("Speed"); the search itself is
+:func:`dpfy.privacy.search.calibrate` over the ledgers that :mod:`dpfy.privacy.events` builds.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from dpfy._require import require
+from dpfy.privacy.accountants import PLD_COARSE, pld_min_noise_multiplier
+from dpfy.privacy.accountants import rdp_integer_orders_epsilon
+from dpfy.privacy.calibration_inputs import (
+    MAX_NOISE_MULTIPLIER,
+    PLD_SEARCH_DISCRETIZATION,
+    check_rate,
+    check_steps,
+    check_target,
+    gdp_sigma_guess,
+    refuse_below_pld_floor,
+    sigma_floor,
+)
+from dpfy.privacy.events import SamplingKind, sampling_kind
+from dpfy.privacy.ledger import Sampling
+from dpfy.privacy.search import Search, calibrate, solve_decreasing
+from dpfy.types import RunFacts
+
+__all__ = ["calibrate_noise_multiplier", "calibrate_sigma", "calibrate_run_noise_multiplier"]
+
+
+def calibrate_noise_multiplier(
+    *,
+    target_epsilon: float,
+    delta: float,
+    sample_rate: float,
+    steps: int,
+    accountant: str = "rdp",
+    sampling: Sampling = Sampling.POISSON,
+    dataset_size: int | None = None,
+    tol: float = 1e-3,
+    approximate: bool = False,
+    max_examples_per_user: int | None = None,
+    noise: str = "gaussian",
+    period: int | None = None,
+    search_discretization: float = PLD_SEARCH_DISCRETIZATION,
+) -> float:
+    """Smallest σ (to relative ``tol``) whose ledger of ``steps`` identical steps spends ≤ target.
+
+    User-level runs: ``sampling=Sampling.ULS`` with the *user* rate (a Poisson-subsampled
+    Gaussian at the user level), or ``Sampling.ELS`` with the example rate and
+    ``max_examples_per_user=k`` (a mixture of Gaussians, :mod:`dpfy.privacy.mixture`; the
+    target is then a user-level ε).
+
+    Args:
+      target_epsilon: ε to spend, > 0.
+      delta: δ in (0, 1).
+      sample_rate: q per step (batch_size / dataset_size).
+      steps: number of optimizer updates (logical batches), >= 1.
+      accountant: ``"rdp"``, ``"pld"``, or ``"gdp"`` with ``approximate=True`` only.
+      sampling: the sampler the run will use (decides amplification and adjacency).
+      dataset_size: N, required for ``Sampling.FIXED_SIZE``.
+      tol: relative tolerance on σ; the returned σ is on the safe side.
+      approximate: must be True to calibrate with ``accountant="gdp"`` (module docstring).
+      noise, period: the mechanism's correlation (:class:`~dpfy.privacy.ledger.Release`):
+        ``"tree"`` with its restart length, ``"bandmf"`` with its band count.
+      search_discretization: PLD only: the grid the search evaluates ε on, or the run's own
+        grid where that is coarser (module docstring, "Speed"). The default 1e-3 is about 8x
+        faster than the run's 1e-4 and can only raise σ (by ~0.1 %); 1e-4 gives the tightest σ.
+    """
+    kind = sampling_kind(
+        sampling,
+        sample_rate,
+        dataset_size=dataset_size,
+        max_examples_per_user=max_examples_per_user,
+    )
+    return calibrate_sigma(
+        kind,
+        steps,
+        target_epsilon=target_epsilon,
+        delta=delta,
+        accountant=accountant,
+        tol=tol,
+        approximate=approximate,
+        noise=noise,
+        period=period,
+        search_discretization=search_discretization,
+    )
+
+
+def calibrate_sigma(
+    kind: SamplingKind,
+    steps: int,
+    *,
+    target_epsilon: float,
+    delta: float,
+    accountant: str = "rdp",
+    tol: float = 1e-3,
+    approximate: bool = False,
+    noise: str = "gaussian",
+    period: int | None = None,
+    search_discretization: float = PLD_SEARCH_DISCRETIZATION,
+) -> float:
+    """Smallest σ (to relative ``tol``) whose ledger of ``steps`` identical steps sampled as
+    ``kind`` (:mod:`dpfy.privacy.events`) spends ≤ target: what
+    :func:`calibrate_noise_multiplier` computes, with the sampling as one value."""
+    sampling, sample_rate = kind.sampling, kind.sample_rate
+    dataset_size, max_examples_per_user = kind.dataset_size, kind.max_examples_per_user
+    check_target(target_epsilon, delta, accountant, approximate)
+    check_rate(sample_rate)
+    check_steps(steps)
+    require(
+        isinstance(search_discretization, float) and 0 < search_discretization <= 0.1,
+        "search_discretization",
+        search_discretization,
+        "a float in (0, 0.1]",
+    )
+
+    def fail() -> None:
+        require(
+            False,
+            "target_epsilon",
+            target_epsilon,
+            f"reachable with a noise multiplier below {MAX_NOISE_MULTIPLIER:g}",
+            "Raise the target ε or δ, or lower the sample rate or the number of steps",
+        )
+
+    def eps_rdp_integer_orders(sigma: float) -> float:
+        plain = sampling_kind(sampling, sample_rate, dataset_size=dataset_size)
+        return rdp_integer_orders_epsilon(plain.ledger(sigma, steps), delta=delta)
+
+    floor = sigma_floor(accountant, sampling)
+    guess = gdp_sigma_guess(target_epsilon, delta, sample_rate, steps)
+    bracket = None
+    if sampling is Sampling.ELS:
+        # σ/k is what the PLD grid sees (the dominating pair's noise multiplier); RDP's bound
+        # (cheap) is a safe upper end for PLD's σ, which is never above it
+        k = int(max_examples_per_user or 1)
+        floor = pld_min_noise_multiplier(PLD_COARSE) * k if accountant == "pld" else 0.0
+        guess = max(guess * k, floor * 1.01)
+        if accountant == "pld":
+            rdp_sigma = calibrate_noise_multiplier(
+                target_epsilon=target_epsilon,
+                delta=delta,
+                sample_rate=sample_rate,
+                steps=steps,
+                accountant="rdp",
+                sampling=sampling,
+                tol=tol,
+                max_examples_per_user=max_examples_per_user,
+            )
+            if rdp_sigma < floor:
+                refuse_below_pld_floor(target_epsilon, floor)
+            bracket = (max(rdp_sigma / 2, floor), rdp_sigma)
+    if accountant == "pld" and sampling in (Sampling.POISSON, Sampling.ULS):
+        # PLD is tighter than RDP, so RDP's σ (cheap) is a safe upper end; the GDP CLT value is
+        # usually just below PLD's. Both ends are checked by the search before they are used.
+        rdp_sigma = _rdp_upper_end(eps_rdp_integer_orders, target_epsilon, guess, fail)
+        if rdp_sigma < floor:  # PLD's σ is below RDP's, so below the floor too
+            refuse_below_pld_floor(target_epsilon, floor)
+        bracket = (min(guess, rdp_sigma) * 0.98, rdp_sigma)
+    return calibrate(
+        lambda sigma: kind.ledger(sigma, steps, noise=noise, period=period),
+        target_epsilon,
+        delta,
+        accountant,
+        search=Search(
+            guess=guess,
+            tol=tol,
+            bracket=bracket,
+            lower=floor,
+            upper=MAX_NOISE_MULTIPLIER,
+            straddle=accountant == "pld",
+            discretization=search_discretization,
+        ),
+        fail=fail,
+        fail_low=lambda: refuse_below_pld_floor(target_epsilon, floor),
+    )
+
+
+def _rdp_upper_end(
+    eps_rdp: Callable[[float], float], target: float, guess: float, fail: Callable[[], None]
+) -> float:
+    """A σ whose RDP ε (integer orders, :data:`dpfy.privacy.rdp.INTEGER_ORDERS`) meets the
+    target, to 2 %: the upper end of a PLD search's bracket. PLD is tighter, so it meets the
+    target there too; the search checks that before using it. Integer orders and 2 % keep this
+    to a few closed-form evaluations (~30 ms each), where the RDP accountant's fractional orders
+    cost up to 0.3 s per σ at large σ or q."""
+    return solve_decreasing(
+        eps_rdp, target, guess, rel_tol=0.02, x_max=MAX_NOISE_MULTIPLIER, fail=fail
+    )
+
+
+def calibrate_run_noise_multiplier(facts: RunFacts) -> float:
+    """σ that spends ``facts.target_epsilon`` at ``facts.delta`` over ``facts.steps`` identical
+    steps of this run: its accountant, sampling, dataset size and k (ELS), as
+    :func:`calibrate_noise_multiplier` computes it. The caller checks the budget is given."""
+    assert facts.target_epsilon is not None and facts.delta is not None  # the caller checked
+    assert facts.steps is not None  # the caller checked
+    return calibrate_noise_multiplier(
+        target_epsilon=facts.target_epsilon,
+        delta=facts.delta,
+        sample_rate=facts.sample_rate,
+        steps=facts.steps,
+        accountant=facts.accountant,
+        sampling=facts.sampling,
+        dataset_size=facts.dataset_size,
+        max_examples_per_user=facts.max_examples_per_user,
+    )
