@@ -85,8 +85,14 @@ def train(form, eps, lr, seed, data, public):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model, opt, loader = dpfy.make_private(
-            model, opt, loader, target_epsilon=eps, target_delta=DELTA, epochs=EPOCHS,
-            max_grad_norm=C, seed=seed,
+            model,
+            opt,
+            loader,
+            target_epsilon=eps,
+            target_delta=DELTA,
+            epochs=EPOCHS,
+            max_grad_norm=C,
+            seed=seed,
         )
         for _ in range(EPOCHS):
             model.train()
@@ -107,7 +113,7 @@ def main() -> None:
     splits = load_fashion_mnist()
     x, y = splits.train.tensors
     perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
-    tr, va, pu = perm[:N_TRAIN], perm[N_TRAIN:N_TRAIN + N_VAL], perm[N_TRAIN + N_VAL:][:N_PUB]
+    tr, va, pu = perm[:N_TRAIN], perm[N_TRAIN : N_TRAIN + N_VAL], perm[N_TRAIN + N_VAL :][:N_PUB]
     data = {"train": (x[tr], y[tr]), "val": (x[va], y[va]), "test": splits.test.tensors}
     public = {"pub-digits": digits_public(), "pub-split": x[pu]}
     out = Path(args.out)
@@ -121,17 +127,26 @@ def main() -> None:
                 t0 = time.process_time()
                 model, opt = train(form, eps, lr, 0, data, public)
                 val[lr] = accuracy(model, *data["val"])
-                print(f"val eps={eps} {form} lr={lr}: {val[lr]:.4f} "
-                      f"sigma={opt.noise_multiplier:.3f} cpu={time.process_time() - t0:.1f}s",
-                      flush=True)
+                print(
+                    f"val eps={eps} {form} lr={lr}: {val[lr]:.4f} "
+                    f"sigma={opt.noise_multiplier:.3f} cpu={time.process_time() - t0:.1f}s",
+                    flush=True,
+                )
             best = max(val, key=val.get)
             tests = []
             for seed in range(args.seeds):  # the test set, once per seed at the chosen lr
                 model, opt = train(form, eps, best, 100 + seed, data, public)
                 tests.append(accuracy(model, *data["test"]))
-            row = {"eps": eps, "form": form, "val": val, "lr": best, "test": tests,
-                   "test_mean": float(np.mean(tests)), "test_std": float(np.std(tests)),
-                   "epsilon_spent": opt.epsilon(DELTA)}
+            row = {
+                "eps": eps,
+                "form": form,
+                "val": val,
+                "lr": best,
+                "test": tests,
+                "test_mean": float(np.mean(tests)),
+                "test_std": float(np.std(tests)),
+                "epsilon_spent": opt.epsilon(DELTA),
+            }
             print(json.dumps(row), flush=True)
             rows.append(row)
             (out / "results.json").write_text(json.dumps(rows, indent=1))

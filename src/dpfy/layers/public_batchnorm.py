@@ -232,6 +232,7 @@ class PublicStatistics:
         self._gen = torch.Generator().manual_seed(seed)
         self._order: Iterator[torch.Tensor] = iter(())
         self._versions = -1
+        self._params: list[torch.Tensor] = []
         self._warned = False
         self.refreshes = 0
         self._hook = model.register_forward_pre_hook(OwnHook(self._check_fresh))
@@ -243,7 +244,11 @@ class PublicStatistics:
         return model
 
     def _param_versions(self) -> int:
-        return sum(p._version for p in self.model.parameters())
+        """The parameters' version counters (of the objects seen at the last refresh: a
+        ``functional_call`` inside a forward swaps in other tensors, which must not count)."""
+        if not self._params:
+            self._params = list(self.model.parameters())
+        return sum(p._version for p in self._params)
 
     def _next_batch(self) -> torch.Tensor:
         idx = next(self._order, None)
@@ -275,6 +280,7 @@ class PublicStatistics:
                 layer.collecting = False
             for m, mode in modes:
                 m.training = mode
+        self._params = list(self.model.parameters())
         self._versions = self._param_versions()
         self.refreshes += 1
 
