@@ -37,6 +37,7 @@ from dpfy.buffers import BufferGuard
 from dpfy.clipping import make_clipping
 from dpfy.errors import SeedWarning
 from dpfy.grads import GradEngine
+from dpfy.layers.public_batchnorm import attach_public_statistics
 from dpfy.memory import plan_physical_batch
 from dpfy.noise import (
     BandMFMechanism,
@@ -123,7 +124,8 @@ def make_private(
     sampling and rate, and steps the optimizer on that sum divided by b = qN (Poisson).
 
     Args:
-      model: any ``nn.Module`` without BatchNorm (see :func:`dpfy.validate`); batch dim first.
+      model: any ``nn.Module`` without BatchNorm (see :func:`dpfy.validate`, or
+        :func:`dpfy.layers.public_batchnorm` for public statistics); batch dim first.
         Inside a ``torch.distributed`` process group of W ≥ 2 ranks (wrapped in
         ``DistributedDataParallel`` or not) training is data-parallel: ``loader.batch_size``
         is per rank, each rank clips its part of every global Poisson batch, rank 0 adds the
@@ -554,6 +556,7 @@ def make_private(
             individual=individual_run.budgets if individual_run is not None else None,
         )
         dp_optimizer = DPOptimizer(optimizer, private_step, accountant=accountant, seed=seed)
+        attach_public_statistics(model, optimizer)  # dpfy.layers.public_batchnorm, if used
     except Exception:
         grads.detach()
         raise

@@ -256,7 +256,8 @@ def _static_problems(model: nn.Module, route: str) -> tuple[list[str], set[str]]
             problems.append(
                 f"{label}: {type(m).__name__} mixes the examples of a batch (and "
                 f"learns running statistics from them); dpfy.validate(model, "
-                f"fix=True) replaces it with GroupNorm"
+                f"fix=True) replaces it with GroupNorm, or dpfy.layers.public_batchnorm("
+                f"model, public_data) normalizes with statistics of declared public data"
             )
             named.add(name)
             continue

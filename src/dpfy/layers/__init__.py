@@ -1,8 +1,10 @@
 """DP replacements for layers whose per-example gradients no layer rule can read off a single
 call: recurrent layers and multi-head attention, rebuilt from ``nn.Linear`` calls (see
-``docs/layers.md``), and the in-place swaps that put them into a model."""
+``docs/layers.md``), the in-place swaps that put them into a model, and BatchNorm with public
+statistics (``docs/guide/batchnorm.md``)."""
 
 from dpfy.layers.attention import DPMultiheadAttention
+from dpfy.layers.public_batchnorm import PublicBatchNorm, PublicStatistics, public_batchnorm
 from dpfy.layers.recurrent import DPGRU, DPLSTM, DPRNN, DPRecurrent
 from dpfy.layers.swap import (
     DP_REPLACEMENTS,
@@ -18,6 +20,9 @@ __all__ = [
     "DPLSTM",
     "DPRecurrent",
     "DPMultiheadAttention",
+    "PublicBatchNorm",
+    "PublicStatistics",
+    "public_batchnorm",
     "DP_REPLACEMENTS",
     "dp_replacement",
     "swap_recurrent",
