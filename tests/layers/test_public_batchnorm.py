@@ -162,3 +162,21 @@ def test_refusals():
         public_batchnorm(nn.Sequential(nn.Linear(2, 2)), PUBLIC)
     with pytest.raises(ValueError, match="container"):
         public_batchnorm(nn.BatchNorm1d(3), PUBLIC)
+
+
+def test_running_statistics_carry_nothing_from_a_private_forward():
+    """Regression (adversarial review): the conversion copied the BatchNorm's running estimates,
+    so a train-mode forward on private data before it (a warm-up, a shape check) stayed in the
+    eval-mode statistics that ship with the model. Derivation: from the neutral start (0, 1)
+    one public batch gives running_mean = 0.1·mean(public) exactly, whatever ran before."""
+    torch.manual_seed(0)
+    warm, fresh = bn_cnn(), bn_cnn()
+    fresh.load_state_dict(warm.state_dict())
+    warm.train()
+    warm(PRIVATE * 50 + 30)  # private batch statistics far from the public ones
+    public_batchnorm(warm, PUBLIC, batch_size=40)
+    public_batchnorm(fresh, PUBLIC, batch_size=40)
+    for a, b in zip(warm.modules(), fresh.modules()):
+        if isinstance(a, PublicBatchNorm):
+            assert torch.equal(a.running_mean, b.running_mean)
+            assert torch.equal(a.running_var, b.running_var)

@@ -113,3 +113,13 @@ def test_the_privacy_report_of_an_els_run_leaves_gdp_out():
     assert report.to_dict()["left_out"]["gdp"] == report.left_out["gdp"]
     with pytest.raises(ValueError, match="accountant must be one that applies to this ledger"):
         PrivacyReport.from_ledger(ledger, delta=1e-5, accountant="gdp")
+
+
+@pytest.mark.parametrize("eps, shown", [(1.00049, "1.001"), (8.0004, "8.001"), (2.998, "2.998")])
+def test_a_statement_never_shows_a_smaller_epsilon(eps, shown):
+    """Regression (adversarial review): ``:.4g`` rounded 1.00049 down to "1". Expected strings
+    derived by hand: four significant digits, rounded up."""
+    from dpfy.privacy.statement import epsilon_statement
+
+    text = epsilon_statement(eps, 1e-5, unit="example", adjacency="add_or_remove")
+    assert text.startswith(f"ε = {shown} at δ = 1e-05 ")

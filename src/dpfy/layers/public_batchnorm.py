@@ -110,16 +110,15 @@ class PublicBatchNorm(nn.Module):
 
     @classmethod
     def from_batchnorm(cls, bn: _BatchNorm) -> "PublicBatchNorm":
-        """The replacement of ``bn``: its eps and momentum, its ``weight``/``bias`` Parameter
-        objects (shared), and its running estimates as the starting statistics."""
+        """The replacement of ``bn``: its eps and momentum and its ``weight``/``bias`` Parameter
+        objects (shared). Its running estimates are *not* carried over: a train-mode forward on
+        private data (a warm-up, a shape check) would have left private batch statistics in
+        them, and they ship with the model. The running estimates start where a new BatchNorm's do
+        (mean 0, variance 1) and move with public batches only."""
         new = cls(bn.num_features, bn.eps, bn.momentum, affine=False)
         new.weight, new.bias = bn.weight, bn.bias
         ref = bn.weight if bn.weight is not None else bn.running_mean
         new.to(device=ref.device if ref is not None else None)
-        if bn.running_mean is not None and bn.running_var is not None:
-            for dst, src in (("mean", bn.running_mean), ("var", bn.running_var)):
-                getattr(new, f"public_{dst}").copy_(src)
-                getattr(new, f"running_{dst}").copy_(src)
         return new
 
     def _dims(self, x: torch.Tensor) -> list[int]:

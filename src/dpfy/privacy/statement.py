@@ -33,9 +33,19 @@ def epsilon_statement(
     epsilon: float, delta: float, *, unit: str, adjacency: str, accountant_label: str | None = None
 ) -> str:
     """ "ε = … at δ = … for <unit>-level <relation> adjacency (…)", with ``[accountant]``."""
-    value = "∞" if math.isinf(epsilon) else f"{epsilon:.4g}"
+    value = "∞" if math.isinf(epsilon) else _rounded_up(epsilon, 4)
     tail = f" [{accountant_label}]" if accountant_label else ""
-    return f"ε = {value} at δ = {delta:.3g} for {relation(unit, adjacency)}{tail}"
+    return f"ε = {value} at δ = {_rounded_up(delta, 3)} for {relation(unit, adjacency)}{tail}"
+
+
+def _rounded_up(x: float, digits: int) -> str:
+    """``x`` to ``digits`` significant digits, rounded *up*: a statement never shows a smaller
+    ε or δ than the accountant computed (1.00049 reads 1.001, not 1)."""
+    text = f"{x:.{digits}g}"
+    if x <= 0 or not math.isfinite(x) or float(text) >= x:
+        return text
+    step = 10 ** (math.floor(math.log10(x)) - digits + 1)
+    return f"{float(text) + step:.{digits}g}"
 
 
 def ledger_statement(
