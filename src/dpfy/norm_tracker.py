@@ -75,8 +75,7 @@ class NormTracker:
         buffers = {k: v.detach() for k, v in model.named_buffers()}
 
         def loss_one(p: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            out = functional_call(model, (p, buffers), (x.unsqueeze(0),))
-            return self.loss_fn(out, y.unsqueeze(0))
+            return self._loss_one(model, (p, buffers), x, y)
 
         per_grad = vmap(grad(loss_one), in_dims=(None, 0, 0))
         per_loss = vmap(loss_one, in_dims=(None, 0, 0))
@@ -90,6 +89,13 @@ class NormTracker:
                 losses.append(per_loss(params, x, y))
         n = torch.cat(norms).double().numpy()
         return np.minimum(n / self.clip, 1.0), torch.cat(losses).double().numpy()
+
+    def _loss_one(
+        self, model: nn.Module, state: tuple[dict, dict], x: torch.Tensor, y: torch.Tensor
+    ) -> torch.Tensor:
+        """The loss of one example (x, y) at parameters and buffers ``state``."""
+        out = functional_call(model, state, (x.unsqueeze(0),))
+        return self.loss_fn(out, y.unsqueeze(0))
 
     def before_step(self) -> None:
         """Call once before each optimizer step; refreshes the norms at steps 0, K, 2K, …."""
