@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
@@ -31,7 +31,9 @@ from torch.func import functional_call, grad, vmap
 
 from dpfy._require import require
 from dpfy.privacy.ledger import Ledger
-from dpfy.privacy.per_example_accounting import PerExampleEpsilons, per_example_epsilons
+
+if TYPE_CHECKING:  # dp_accounting (and scipy) load only when ε is computed
+    from dpfy.privacy.per_example_accounting import PerExampleEpsilons
 
 __all__ = ["NormTracker"]
 
@@ -127,6 +129,8 @@ class NormTracker:
         self, ledger: Ledger, *, delta: float, rounding: float | None = None
     ) -> PerExampleEpsilons:
         """The per-example ε of the run so far (data-dependent: an analysis, not a guarantee)."""
+        from dpfy.privacy.per_example_accounting import per_example_epsilons
+
         require(
             ledger.num_steps == self.step,
             "ledger steps",
