@@ -170,3 +170,16 @@ def test_individual_budgets_refused():
             epsilon=None,
             individual_accounting=2,
         )
+
+
+def test_resume_refused():
+    """The norms recorded before an interruption are not in the checkpoint: refused."""
+    from types import SimpleNamespace
+
+    from dpfy.train.config import TrainConfig
+    from dpfy.train.trainer import _resume
+
+    stored = TrainConfig(dataset="digits", individual_accounting=2).to_dict()
+    ckpt = SimpleNamespace(config=stored, notes={})
+    with pytest.raises(ValueError, match="individual_accounting must be unset to resume"):
+        _resume(None, ckpt, None, None, None, False, print)  # type: ignore[arg-type]
