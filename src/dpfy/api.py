@@ -37,6 +37,7 @@ from dpfy.buffers import BufferGuard
 from dpfy.clipping import make_clipping
 from dpfy.errors import SeedWarning
 from dpfy.grads import GradEngine
+from dpfy.individual_tracking import attach_norm_tracker
 from dpfy.layers.public_batchnorm import attach_public_statistics
 from dpfy.memory import plan_physical_batch
 from dpfy.noise import (
@@ -116,6 +117,7 @@ def make_private(
     microbatch_size: int | None = None,
     augmult: int = 1,
     augment: "Callable[[Any, torch.Generator], Any] | str | None" = None,
+    individual_accounting: int | None = None,
 ) -> tuple[nn.Module, DPOptimizer, DPDataLoader]:
     """Make ``model``/``optimizer``/``loader`` differentially private (DP-SGD and variants).
 
@@ -228,6 +230,12 @@ def make_private(
         never the noise stream). Refused with user ids, microbatch or individual clipping,
         individualized budgets, correlated noise, data-parallel ranks, and methods whose
         releases are per row (a per-sample transform, loss probes).
+
+      individual_accounting: K: record every training example's clipped-norm ratio
+        ‖clip(g_i)‖/C every K steps (on a deep copy of the model; needs ``loss_fn``, flat
+        clipping) for ``dpfy account --individual`` (:mod:`dpfy.individual_tracking`, saved by
+        its ``save_norms``). The norms are private data, an analysis for the data holder:
+        never used in training, never part of the release.
 
       module, data_loader: Opacus's names for ``model`` and ``loader`` (aliases; give one of
         each pair). A :class:`~dpfy.sampling.DPDataLoader` from an earlier ``make_private`` may
@@ -557,6 +565,18 @@ def make_private(
         )
         dp_optimizer = DPOptimizer(optimizer, private_step, accountant=accountant, seed=seed)
         attach_public_statistics(model, optimizer)  # dpfy.layers.public_batchnorm, if used
+        if individual_accounting is not None:  # analysis only: nothing of it is released
+            attach_norm_tracker(
+                dp_optimizer,
+                model,
+                loader.dataset,
+                refresh_every=individual_accounting,
+                loss_fn=loss_fn,
+                max_grad_norm=max_grad_norm,
+                clipping=clipping,
+                augmult=augmult,
+                user_level=user_ids is not None,
+            )
     except Exception:
         grads.detach()
         raise

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
@@ -31,7 +31,9 @@ from torch.func import functional_call, grad, vmap
 
 from dpfy._require import require
 from dpfy.privacy.ledger import Ledger
-from dpfy.privacy.per_example_accounting import PerExampleEpsilons, per_example_epsilons
+
+if TYPE_CHECKING:  # dp_accounting (and scipy) load only when ε is computed
+    from dpfy.privacy.per_example_accounting import PerExampleEpsilons
 
 __all__ = ["NormTracker"]
 
@@ -75,8 +77,7 @@ class NormTracker:
         buffers = {k: v.detach() for k, v in model.named_buffers()}
 
         def loss_one(p: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            out = functional_call(model, (p, buffers), (x.unsqueeze(0),))
-            return self.loss_fn(out, y.unsqueeze(0))
+            return self._loss_one(model, (p, buffers), x, y)
 
         per_grad = vmap(grad(loss_one), in_dims=(None, 0, 0))
         per_loss = vmap(loss_one, in_dims=(None, 0, 0))
@@ -90,6 +91,13 @@ class NormTracker:
                 losses.append(per_loss(params, x, y))
         n = torch.cat(norms).double().numpy()
         return np.minimum(n / self.clip, 1.0), torch.cat(losses).double().numpy()
+
+    def _loss_one(
+        self, model: nn.Module, state: tuple[dict, dict], x: torch.Tensor, y: torch.Tensor
+    ) -> torch.Tensor:
+        """The loss of one example (x, y) at parameters and buffers ``state``."""
+        out = functional_call(model, state, (x.unsqueeze(0),))
+        return self.loss_fn(out, y.unsqueeze(0))
 
     def before_step(self) -> None:
         """Call once before each optimizer step; refreshes the norms at steps 0, K, 2K, …."""
@@ -121,6 +129,8 @@ class NormTracker:
         self, ledger: Ledger, *, delta: float, rounding: float | None = None
     ) -> PerExampleEpsilons:
         """The per-example ε of the run so far (data-dependent: an analysis, not a guarantee)."""
+        from dpfy.privacy.per_example_accounting import per_example_epsilons
+
         require(
             ledger.num_steps == self.step,
             "ledger steps",

@@ -17,12 +17,11 @@ from typing import Callable
 import numpy as np
 
 from dpfy._require import require
+from dpfy.individual_tracking import NORMS_FILE
 from dpfy.privacy.ledger import Ledger
 from dpfy.privacy.per_example_accounting import DATA_DEPENDENT_WARNING, per_example_epsilons
 
 __all__ = ["add_flags", "run_individual", "refuse_without_individual", "NORMS_FILE"]
-
-NORMS_FILE = "per_example_norms.npz"
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
@@ -65,7 +64,7 @@ def run_individual(args: argparse.Namespace, load_ledger: Callable[[str], Ledger
         "individual",
         str(norms),
         "an existing per_example_norms.npz",
-        "Record the norms with dpfy.norm_tracker.NormTracker and save() them",
+        "Train with --individual-accounting K (make_private(individual_accounting=K))",
     )
     ledger = load_ledger(args.ledger or str(path))
     with np.load(norms) as f:

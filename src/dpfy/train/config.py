@@ -264,6 +264,13 @@ class TrainConfig:
         "pixels) or 'crop_flip' (and random horizontal flips); default crop",
     )
     augment_padding: int = _f(2, "with --augmult: the crops' padding, in pixels")
+    individual_accounting: int | None = _f(
+        None,
+        "K: record every training example's clipped gradient norm every K steps into "
+        "RUN/per_example_norms.npz for dpfy account --individual (private data: an analysis "
+        "for the data holder, never used in training nor released; "
+        "docs/individual_accounting.md)",
+    )
 
     def __post_init__(self) -> None:
         # Frozen: resolved once, so every reader sees a value.
@@ -405,6 +412,13 @@ class TrainConfig:
             "Pass --clipping microbatch --microbatch-size K together",
         )
         self._check_augmult()
+        require(
+            self.individual_accounting is None or self.individual is None,
+            "individual_accounting",
+            self.individual_accounting,
+            "unset with --individual (budgets)",
+            "Drop --individual-accounting, or --individual",
+        )
         require(
             self.ema is None or 0 < self.ema < 1,
             "ema",

@@ -236,6 +236,7 @@ def make_private_run(cfg: TrainConfig, model: nn.Module, data: DataSplits) -> Pr
         # the per-example loss for a method whose specs probe losses (unused otherwise)
         loss_fn=per_example_cross_entropy,
         microbatch_size=cfg.microbatch_size,
+        individual_accounting=cfg.individual_accounting,
         **user_options(cfg),
         **augment_options(cfg, data.input_shape),
     )

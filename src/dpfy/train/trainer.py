@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 from dpfy._require import require, require_extra
 from dpfy.data import DATASETS, DataSplits, load_dataset
 from dpfy.errors import SeedWarning
+from dpfy.individual_tracking import save_norms
 from dpfy.models import MODELS, build_model
 from dpfy.privacy.accountants import PLD_FINE, pld_min_noise_multiplier
 from dpfy.privacy.individual import load_budgets, random_budgets
@@ -229,6 +230,13 @@ def _resume(
             + ". Drop the differing settings, or start a new run with --out"
         )
     cfg = dataclasses.replace(stored, **{k: v for k, v in overrides.items() if k in RESUME_IGNORED})
+    require(
+        cfg.individual_accounting is None,
+        "individual_accounting",
+        cfg.individual_accounting,
+        "unset to resume (the norms recorded before are lost)",
+        "Start a new run with --out",
+    )
     check_names(cfg, data, model)
     data = data if data is not None else load_dataset(cfg.dataset, data_dir=cfg.data_dir)
     return _run(cfg, ckpt.notes, run, data, model, ckpt, progress, echo)
@@ -459,6 +467,7 @@ def _finish(
     else:
         sections = []
     write_atomic(staging / "ledger.json", private.optimizer.ledger.to_json(indent=1) + "\n")
+    save_norms(private.optimizer, staging)  # --individual-accounting: private, run dir only
     plot_accuracy(metrics.rows, staging / "accuracy.png", title=data.name)
     groups = private.optimizer.groups
     if groups is not None:  # individualized budgets: per-group table and ε over steps
