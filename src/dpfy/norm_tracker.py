@@ -71,24 +71,29 @@ class NormTracker:
 
     def _norms_and_losses(self) -> tuple[np.ndarray, np.ndarray]:
         # a copy: the private model's dpfy hooks (gradient taps) become inert in copies, so
-        # this analysis never feeds the run's gradient engine
-        model = copy.deepcopy(self.model).eval()
+        # this analysis never feeds the run's gradient engine. It keeps the model's mode: the
+        # run clips training-mode gradients (dropout on), and eval-mode norms are smaller, which
+        # would under-state every example's ε; dropout masks are drawn per example from a
+        # forked RNG, so the run's own random stream is not advanced
+        model = copy.deepcopy(self.model).train(self.model.training)
         params = {k: v.detach() for k, v in model.named_parameters()}
         buffers = {k: v.detach() for k, v in model.named_buffers()}
 
         def loss_one(p: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             return self._loss_one(model, (p, buffers), x, y)
 
-        per_grad = vmap(grad(loss_one), in_dims=(None, 0, 0))
-        per_loss = vmap(loss_one, in_dims=(None, 0, 0))
+        per_grad = vmap(grad(loss_one), in_dims=(None, 0, 0), randomness="different")
+        per_loss = vmap(loss_one, in_dims=(None, 0, 0), randomness="different")
+        cuda = sorted({v.device.index or 0 for v in params.values() if v.is_cuda})
         norms, losses = [], []
-        for i in range(0, self.features.shape[0], self.chunk):
-            x, y = self.features[i : i + self.chunk], self.labels[i : i + self.chunk]
-            g = per_grad(params, x, y)
-            sq = sum(v.flatten(1).square().sum(1) for v in g.values())
-            norms.append(torch.as_tensor(sq).sqrt())
-            with torch.no_grad():
-                losses.append(per_loss(params, x, y))
+        with torch.random.fork_rng(devices=cuda):
+            for i in range(0, self.features.shape[0], self.chunk):
+                x, y = self.features[i : i + self.chunk], self.labels[i : i + self.chunk]
+                g = per_grad(params, x, y)
+                sq = sum(v.flatten(1).square().sum(1) for v in g.values())
+                norms.append(torch.as_tensor(sq).sqrt())
+                with torch.no_grad():
+                    losses.append(per_loss(params, x, y))
         n = torch.cat(norms).double().numpy()
         return np.minimum(n / self.clip, 1.0), torch.cat(losses).double().numpy()
 

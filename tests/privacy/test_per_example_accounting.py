@@ -4,7 +4,10 @@ against dp_accounting's RDP accountant composing the example's own events direct
 import dp_accounting
 import numpy as np
 import pytest
+import torch
+import torch.nn.functional as F
 from dp_accounting.rdp import RdpAccountant
+from torch import nn
 from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS
 
 from dpfy.privacy import Ledger
@@ -173,3 +176,37 @@ def test_norm_tracker_on_a_private_model():
         opt.step()
     res = tracker.epsilons(opt.ledger, delta=1e-5)
     assert res.epsilons.max() <= res.run_epsilon * (1 + 1e-12)
+
+
+class _TrainOnlyScale(nn.Module):
+    """Doubles its input in training mode only: train- and eval-mode gradients differ by a
+    known factor, so the mode the tracker measures in shows in its norms."""
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return 2 * h if self.training else h
+
+
+def test_norms_are_measured_in_the_mode_the_run_clips():
+    """Regression (adversarial review): the tracker measured eval-mode norms, smaller than the
+    training-mode gradients the run clips (dropout on), so every ε_i was under-stated. Expected
+    values: a float64 per-example autograd loop in training mode, written here."""
+    from dpfy.norm_tracker import NormTracker
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), _TrainOnlyScale(), nn.Tanh(), nn.Linear(8, 3)).train()
+    x, y = torch.randn(20, 6), torch.randint(0, 3, (20,))
+    clip = 100.0  # no clipping saturates: ratio = norm / C
+    tracker = NormTracker(
+        model, lambda o, t: F.cross_entropy(o, t), x, y, clip=clip, refresh_every=1
+    )
+    state = torch.get_rng_state()
+    tracker.before_step()
+    assert torch.equal(state, torch.get_rng_state())  # the run's random stream is untouched
+    ref = model.double()
+    want = []
+    for i in range(20):
+        ref.zero_grad()
+        F.cross_entropy(ref(x[i : i + 1].double()), y[i : i + 1]).backward()
+        want.append(float(torch.sqrt(sum(p.grad.square().sum() for p in ref.parameters()))) / clip)
+    # float32 per-example gradients of a 2-layer net against float64: a few ulps relative
+    np.testing.assert_allclose(tracker.ratios[0], want, rtol=1e-5)
