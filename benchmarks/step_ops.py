@@ -190,7 +190,7 @@ Step = Callable[[], None]
 
 def nonprivate(name: str, smoke: bool) -> tuple[Step, Step]:
     model, batch, loss = make(name, smoke)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, foreach=True)
 
     def fwd_bwd() -> None:
         opt.zero_grad(set_to_none=True)
@@ -201,7 +201,7 @@ def nonprivate(name: str, smoke: bool) -> tuple[Step, Step]:
 
 def dpfy_row(name: str, smoke: bool, seed: int | None) -> tuple[Step, Step]:
     model, batch, loss = make(name, smoke)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, foreach=True)
     loader = DataLoader(TensorDataset(*batch), batch_size=len(batch[0]))
     model, opt, dl = dpfy.make_private(
         model, opt, loader, noise_multiplier=SIGMA, max_grad_norm=CLIP, seed=seed
@@ -221,7 +221,7 @@ def opacus_row(name: str, smoke: bool) -> tuple[Step, Step]:
     from opacus import PrivacyEngine
 
     model, batch, loss = make(name, smoke)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, foreach=True)
     loader = DataLoader(TensorDataset(*batch), batch_size=len(batch[0]))
     model, opt, _ = PrivacyEngine().make_private(
         module=model,
