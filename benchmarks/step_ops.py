@@ -10,22 +10,26 @@ plus ``Tensor.tolist()`` (which reads memory without dispatching on the CPU). On
 dispatched op is about one kernel launch and each host read a device synchronization, so the
 counts say how launch-bound a step is without a GPU.
 
-dpfy's device code path is forced (``force_device_path``): the two things the step does
-differently on CUDA are (1) noise drawn by the torch generator on the tensor's device
-(``NoiseSource._on_device``) instead of the compiled host sampler, and (2) the Linear rule's
-ghost norm by torch ops instead of the compiled CPU kernel (``fused_ghost_available``). Both are
-patched to their CUDA choice for the dpfy rows; nothing else in the step branches on the device.
+dpfy's device code path is forced (``force_device_path``): what the step does differently on
+CUDA is (1) noise drawn by the torch generator on the tensor's device
+(``NoiseSource._on_device``) instead of the compiled host sampler, with the device generators'
+batch of blocks per call at its accelerator size (``device_gaussian._blocks_per_call``: 8192,
+not the CPU's 64), (2) the Linear rule's ghost norm by torch ops instead of the compiled CPU
+kernel (``fused_ghost_available``) and (3) no embedding-rule shortcut that reads the ids on the
+host. All are set to their CUDA choice for the dpfy rows (``dpfy.grads.rules.base.
+FORCE_DEVICE_PATH`` for (2) and (3); at 4ffc2ac, which lacks it, (2) is patched directly).
 
-Rows: non-private (SGD, torch's default foreach step); dpfy ``seed=0`` (reproducible noise)
-and ``seed=None`` (secure ChaCha20 noise, the default), both with today's device generators;
-``dpfy fused-noise stand-in``: dpfy with each device draw counted as the two ops a fused noise
-kernel launches (an allocation and one fill; the values are torch's, so only its counts mean
-anything): the step's glue without the generator's own ops; Opacus 1.6 ``hooks``. All rows: same
-model weights, batch, σ = 1, C = 1, SGD lr 0.01. Models: ``BertForSequenceClassification``
-from a config (4 layers, hidden 256, 4 heads, intermediate 1024, vocabulary 8192, batch 8 × 32
-tokens, dropout 0 so every row sees the same forward; nothing downloaded) and Tramèr & Boneh's
-tanh CNN (batch 64, 1×28×28). Counts are from the last of ``--steps`` steps (steady state: the
-first dpfy step checks the loss contract and builds its caches).
+Rows: non-private (SGD with ``foreach=True``, torch's default on CUDA; every row uses it); dpfy
+``seed=0`` (reproducible noise) and ``seed=None`` (secure ChaCha20 noise, the default), both
+with today's device generators; ``dpfy fused-noise stand-in``: dpfy with each device draw
+counted as the two ops a fused noise kernel launches (an allocation and one fill; the values are
+torch's, so only its counts mean anything): the step's glue without the generator's own ops;
+Opacus 1.6 ``hooks``. All rows: same model weights, batch, σ = 1, C = 1, SGD lr 0.01. Models:
+``BertForSequenceClassification`` from a config (4 layers, hidden 256, 4 heads, intermediate
+1024, vocabulary 8192, batch 8 × 32 tokens, dropout 0 so every row sees the same forward;
+nothing downloaded) and Tramèr & Boneh's tanh CNN (batch 64, 1×28×28). Counts are from the last
+of ``--steps`` steps (steady state: the first dpfy step checks the loss contract and builds its
+caches).
 
 Columns: ops and host reads in ``optimizer.step()`` alone, and in the whole training step
 (zero_grad + forward + loss + backward + step); "launching ops" leaves out the ops that launch
@@ -129,11 +133,14 @@ def force_device_path(fused_noise: bool = False) -> Iterator[None]:
     """Make dpfy take its CUDA code path on the CPU (see the module docstring); with
     ``fused_noise`` the device generator is replaced by :class:`FusedStandIn` (its counts only)."""
     from dpfy.grads.rules import base, linear
+    from dpfy.noise import device_gaussian
     from dpfy.noise.generator import NoiseSource
 
     forced = getattr(base, "FORCE_DEVICE_PATH", None)  # absent before the glue cut
     base.FORCE_DEVICE_PATH = True  # type: ignore[attr-defined]
     saved = (NoiseSource._on_device, NoiseSource._device_stream, linear.fused_ghost_available)
+    blocks = device_gaussian._blocks_per_call
+    device_gaussian._blocks_per_call = lambda device: 8192  # the accelerator's batch of blocks
     NoiseSource._on_device = lambda self, device: True  # type: ignore[method-assign]
     if fused_noise:
         NoiseSource._device_stream = lambda self, device: FusedStandIn()  # type: ignore
@@ -142,6 +149,7 @@ def force_device_path(fused_noise: bool = False) -> Iterator[None]:
         yield
     finally:
         base.FORCE_DEVICE_PATH = forced  # type: ignore[attr-defined]
+        device_gaussian._blocks_per_call = blocks
         (NoiseSource._on_device, NoiseSource._device_stream, linear.fused_ghost_available) = saved  # type: ignore[assignment]
 
 
