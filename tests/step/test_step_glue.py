@@ -3,8 +3,7 @@
 With the rules' device path forced (``dpfy.grads.rules.base.FORCE_DEVICE_PATH``: what a GPU
 takes), a steady-state training step reads the host at most twice beyond what the model's own
 forward does: once for the sensitivity check before the release (``check_bound``) and once for
-the debug statistic ``mean_grad_norm_nonprivate``; and the whole gradient is noised by one call
-of the noise generator, not one per parameter tensor. Counts, not times.
+the debug statistic ``mean_grad_norm_nonprivate``. Counts, not times.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
 from dpfy.grads.rules import base
-from dpfy.noise import NoiseSource
 
 
 class _Reads(TorchDispatchMode):
@@ -84,26 +82,6 @@ def test_a_steady_step_on_the_device_path_reads_the_host_at_most_twice(monkeypat
     # steady state (the first step also checks the loss contract): the sensitivity check and
     # the debug statistic, nothing per layer or per parameter
     assert reads[1:] == [2, 2]
-
-
-def test_the_whole_gradient_is_noised_by_one_generator_call(monkeypatch):
-    calls = []
-    original = NoiseSource.noisy_mean
-
-    def counted(self, total, std, normalizer, *args, **kwargs):
-        calls.append(total.numel())
-        return original(self, total, std, normalizer, *args, **kwargs)
-
-    monkeypatch.setattr(NoiseSource, "noisy_mean", counted)
-    opt, _ = _run(steps=2)
-    size = sum(p.numel() for p in opt.private_step.params.values())
-    assert len(opt.private_step.params) == 4
-    assert calls == [size, size]  # one flat draw per step, over every parameter
-    grads = [p.grad for p in opt.private_step.params.values()]
-    assert all(
-        g is not None and g.shape == p.shape
-        for g, p in zip(grads, opt.private_step.params.values())
-    )
 
 
 @pytest.mark.parametrize("forced", [False, True])

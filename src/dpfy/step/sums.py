@@ -15,8 +15,6 @@ import torch
 
 from dpfy._require import require
 from dpfy.errors import PrivacyRefusal
-from dpfy.noise import NoiseSource
-from dpfy.step.distributed import NoNoise
 from dpfy.step.probes import post_release
 from dpfy.types import Clip, Norms, ReleaseSpec, StepOutcome, StepPlan
 
@@ -194,10 +192,7 @@ class StepSums:
     ) -> dict[str, Any]:
         """Noise every sum once; set ``p.grad`` = S̃/b; return the released extras.
 
-        The gradient sums are noised as one flat buffer (one call of the generator for the
-        whole step; ``p.grad`` are views of it), so peak memory is 2Σθ while it is formed;
-        correlated mechanisms, whose noise is kept per parameter, are noised parameter by
-        parameter. ``reduce`` (data-parallel
+        One parameter at a time, so peak memory stays Σθ + max θ. ``reduce`` (data-parallel
         training, :mod:`dpfy.step.distributed`) sums the noised tensors over the ranks in place
         before anything is returned: each rank's ``noise`` then holds its share of the one
         Gaussian draw (rank 0 the whole draw, the others none).
@@ -285,31 +280,13 @@ def _release_gradient(
     normalizer: float,
 ) -> list[torch.Tensor]:
     """Set every ``p.grad`` = (S + N(0, std² I))/b from its sum S (sensitive); the released
-    gradients. One flat buffer and one draw of the generator when the sums share a dtype and a
-    device with their parameters and the noise is i.i.d. Gaussian: the same law per coordinate
-    as one draw per parameter, at one launch instead of one per parameter."""
-    first = totals[0] if totals else None
-    flat = (
-        first is not None
-        and len(totals) > 1
-        and isinstance(noise, (NoiseSource, NoNoise))
-        and all(
-            t.dtype == first.dtype and t.device == first.device == p.device and p.dtype == t.dtype
-            for t, p in zip(totals, params)
-        )
-    )
-    if not flat:
-        out = []
-        for total, p in zip(totals, params):
-            p.grad = grad = noise.noisy_mean(total, std, normalizer).to(p.dtype)  # released
-            out.append(grad)
-        return out
-    buffer = torch.cat([t.reshape(-1) for t in totals])  # sensitive until noised
-    totals.clear()
-    noise.noisy_mean(buffer, std, normalizer)  # released
+    gradients. One call of the generator per parameter tensor, in the parameters' order: the
+    seeded generators draw per call (a call's last block is not carried over), so this order
+    is what makes a seeded run's noise, and its parameters, the same as before. A fused
+    generator may take the tensors together behind ``noisy_mean``."""
     out = []
-    for p, part in zip(params, buffer.split([p.numel() for p in params])):
-        p.grad = grad = part.view(p.shape)
+    for total, p in zip(totals, params):
+        p.grad = grad = noise.noisy_mean(total, std, normalizer).to(p.dtype)  # released
         out.append(grad)
     return out
 
