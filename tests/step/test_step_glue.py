@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
 from dpfy.grads.rules import base
+from dpfy.noise import NoiseSource
 
 
 class _Reads(TorchDispatchMode):
@@ -97,3 +98,20 @@ def test_the_device_path_releases_what_the_cpu_path_releases(monkeypatch, forced
     opt2, _ = _run()
     for a, b in zip(got, opt2.private_step.params.values()):
         torch.testing.assert_close(a, b.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_the_noise_is_drawn_per_parameter_tensor_in_order(monkeypatch):
+    """A seeded run's noise is its generator's draws per parameter tensor, in the parameters'
+    order: the seeded generators drop a call's last block, so one call over all parameters (or
+    another order) would change the noise, and a seeded run's parameters, from before."""
+    shapes = []
+    original = NoiseSource.noisy_mean
+
+    def recorded(self, total, std, normalizer, *args, **kwargs):
+        shapes.append(tuple(total.shape))
+        return original(self, total, std, normalizer, *args, **kwargs)
+
+    monkeypatch.setattr(NoiseSource, "noisy_mean", recorded)
+    opt, _ = _run(steps=2)
+    order = [tuple(p.shape) for p in opt.private_step.params.values()]
+    assert len(order) == 4 and shapes == order * 2
