@@ -400,10 +400,29 @@ class _Watch:
         if self.root and marks is not None and marks[0] != self.last_marks:  # written since
             if marks[1] is None:  # with versions: a legitimate write (the optimizer's step)
                 marks = _param_marks(self.owners)
+            if marks is not None:
+                self._refuse_silent(marks)
             self.baseline = marks[1] if marks is not None else None
         self.stack.append(
             (self.snapshot(with_copies=not self.values_checked, params=marks is None), marks)
         )
+
+    def _refuse_silent(self, now: Marks) -> None:
+        """Before a new baseline: a parameter whose marks did not change since the last forward
+        must still have the baseline's fingerprint (a write without a version bump in an
+        earlier forward of this step would otherwise be forgotten)."""
+        was, base = self.last_marks, self.baseline
+        if was is None or base is None or now[1] is None or list(was) != list(now[0]):
+            return
+        differs = (base != now[1]).tolist()  # one host read, only at such a re-baseline
+        how = "given new values without a version bump (.data or a native kernel)"
+        changed = [
+            self.change(k, name, how, after=True)
+            for i, ((k, name), mark) in enumerate(now[0].items())
+            if was[(k, name)] == mark and differs[i]
+        ]
+        if changed:
+            self.guard._refuse(changed)
 
     def post(self) -> None:
         # always_call: runs (and pops) also when the forward raised
