@@ -45,7 +45,8 @@ How changes are seen:
   fingerprint (the sum of their bits read as integers, one read and no copy, all parameters
   compared with one device sync), which any ordinary write changes. The fingerprint is taken
   once per step, at its first checked forward (again after a versioned write between
-  forwards), and compared once, by check 2: a write without a version bump during a later
+  forwards, once the parameters that write left alone are checked against the old one), and
+  compared once, by check 2: a write without a version bump during a later
   forward is refused there, before the step uses the batch, rather than in that forward.
 
 Not watched: Python values that are not tensors (a step counter), tensors inside lists or dicts
