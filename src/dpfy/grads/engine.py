@@ -205,9 +205,14 @@ class GradEngine:
         """Per row (``unit_of_row`` None) or per privacy unit: see the two public methods."""
         b = self._b = self.batch_size()
         s2 = self._scale(b) ** 2
+        # per example, the rules' norms are scaled by s2 at the end in one foreach op (one
+        # launch, not one per parameter); the same product t·s2 either way
+        at_end = unit_of_row is None and s2 != 1.0
         out: dict[str, torch.Tensor] = {}
         for u in self.units:
-            norms = self._routes.sq_norms(u, self._capture.used(u), b, s2, unit_of_row, num_units)
+            norms = self._routes.sq_norms(
+                u, self._capture.used(u), b, 1.0 if at_end else s2, unit_of_row, num_units
+            )
             missing = set(u.params) - set(norms)
             require(
                 not missing,
@@ -219,6 +224,8 @@ class GradEngine:
             for rel, sq in norms.items():
                 if rel in u.params:  # its own trainable ones: not a frozen bias, not a tied use
                     out[u.qualified(rel)] = sq
+        if at_end and out:
+            out = dict(zip(out, torch._foreach_mul(list(out.values()), s2)))
         for name, uses in self._tied.items():
             if unit_of_row is not None:
                 rows = self._routes.tied_grad_sample(uses, b).flatten(1)  # (B, P) sensitive

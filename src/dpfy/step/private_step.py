@@ -31,7 +31,7 @@ import torch
 from dpfy._require import require
 from dpfy.adaptive.base import Method, check_plan
 from dpfy.buffers import guard_of
-from dpfy.clipping import ClippingPolicy, total_norm
+from dpfy.clipping import ClippingPolicy
 from dpfy.errors import PrivacyRefusal
 from dpfy.grads import GradEngine
 from dpfy.grads.held import frozen_since
@@ -44,7 +44,14 @@ from dpfy.step.distributed import Collective
 from dpfy.step.guard import EpsilonGuard
 from dpfy.step.individual import IndividualBudgets
 from dpfy.step.probes import post_release, probe_losses
-from dpfy.step.sums import StepSums, WeightSets, contract, outcome, released_gradient
+from dpfy.step.sums import (
+    StepSums,
+    WeightSets,
+    contract,
+    outcome,
+    released_gradient,
+    stacked_sum,
+)
 from dpfy.types import Clip, Norms, ReleaseSpec, StepPlan
 
 __all__ = ["PrivateStep", "require_loss_fn", "split_batch_refusal"]
@@ -298,7 +305,11 @@ class PrivateStep:
         if unit_of_row is not None:  # Σ_u w_u s_u Σ_{i∈u} g_i = Σ_i w_{u(i)} s_{u(i)} g_i
             weighted_sums = _rows_weighted(weighted_sums, unit_of_row, scale)
         norms = Norms(
-            total=total_norm(sq),
+            # ‖g_i‖ = sqrt(Σ_k ‖g_ik‖²), one stacked sum. The order of the adds is torch's:
+            # for K nonnegative terms any order has relative error ≤ (K − 1)u (Higham, Accuracy
+            # and Stability §4.2), the bound the Python loop had; clipping reads this same n_i,
+            # so ‖w_i g_i‖ = min(1, C/n_i)·n_i ≤ C up to rounding, checked in StepSums.add
+            total=stacked_sum(list(sq.values()), next(iter(sq.values()))).sqrt(),
             per_parameter_sq=sq,
             groups=self.groups,
             indices=self.cursor.indices,

@@ -18,7 +18,14 @@ from dpfy.errors import PrivacyRefusal
 from dpfy.step.probes import post_release
 from dpfy.types import Clip, Norms, ReleaseSpec, StepOutcome, StepPlan
 
-__all__ = ["StepSums", "check_bound", "contract", "outcome", "released_gradient"]
+__all__ = [
+    "StepSums",
+    "check_bound",
+    "contract",
+    "outcome",
+    "released_gradient",
+    "stacked_sum",
+]
 
 WeightSets = list[dict[str, torch.Tensor]]
 WeightedSums = Callable[[WeightSets], WeightSets]
@@ -102,11 +109,13 @@ class StepSums:
                 f"batch of a step, got {clip.sensitivity} after "
                 f"{self.sensitivity} from {owner}"
             )
-        if torch.is_tensor(w):  # one weight per example: ‖w_i g_i‖ = |w_i|·‖g_i‖
-            contrib = (w * norms.total).square()  # (B,)
-        else:  # per parameter: ‖Σ_k w_ik g_ik‖² = Σ_k w_ik² ‖g_ik‖²
-            terms = [weights[n].square() * norms.per_parameter_sq[n] for n in names]
-            contrib = sum(terms[1:], start=terms[0]) if terms else norms.total.new_zeros(0)
+        one = w if torch.is_tensor(w) else _one_weight(weights)
+        if one is not None:  # one weight per example: ‖w_i g_i‖ = |w_i|·‖g_i‖
+            contrib = (one * norms.total).square()  # (B,)
+        else:  # per parameter: ‖Σ_k w_ik g_ik‖² = Σ_k w_ik² ‖g_ik‖², stacked: one sum
+            contrib = stacked_sum(
+                [weights[n].square() * norms.per_parameter_sq[n] for n in names], norms.total
+            )
         check_bound(
             contrib if names else norms.total.new_zeros(0),
             clip.sensitivity,
@@ -189,11 +198,12 @@ class StepSums:
         Gaussian draw (rank 0 the whole draw, the others none).
         """
         std = float(self.plan.noise_multiplier) * float(self.sensitivity or 0.0)
-        released: list[torch.Tensor] = []
-        for n, p in params.items():
-            total = self.gradient.pop(n) if self.gradient is not None else torch.zeros_like(p)
-            p.grad = grad = noise.noisy_mean(total, std, normalizer).to(p.dtype)  # released
-            released.append(grad)
+        totals = [
+            self.gradient.pop(n) if self.gradient is not None else torch.zeros_like(p)
+            for n, p in params.items()
+        ]  # sensitive
+        released = _release_gradient(noise, totals, list(params.values()), std, normalizer)
+        del totals
         out: dict[str, Any] = {}
         for name, spec in self.specs.items():
             if spec.after_release:  # noised by release_probes(), once they are evaluated
@@ -245,6 +255,40 @@ class StepSums:
         if reduce is not None:
             reduce(list(out.values()))
         return {name: float(v.reshape(())) for name, v in out.items()}
+
+
+def _one_weight(weights: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
+    """The weight tensor when every parameter has the same one (flat clipping), else None."""
+    first = next(iter(weights.values()), None)
+    return first if first is not None and all(w is first for w in weights.values()) else None
+
+
+def stacked_sum(terms: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    """Σ_k terms[k], (B,) each: one stacked sum where the dtypes agree (two ops, not K)."""
+    if not terms:
+        return like.new_zeros(0)
+    if len(terms) > 1 and all(t.dtype == terms[0].dtype for t in terms):
+        return torch.stack(terms).sum(0)
+    return sum(terms[1:], start=terms[0])
+
+
+def _release_gradient(
+    noise: Any,
+    totals: list[torch.Tensor],
+    params: list[torch.nn.Parameter],
+    std: float,
+    normalizer: float,
+) -> list[torch.Tensor]:
+    """Set every ``p.grad`` = (S + N(0, std² I))/b from its sum S (sensitive); the released
+    gradients. One call of the generator per parameter tensor, in the parameters' order: the
+    seeded generators draw per call (a call's last block is not carried over), so this order
+    is what makes a seeded run's noise, and its parameters, the same as before. A fused
+    generator may take the tensors together behind ``noisy_mean``."""
+    out = []
+    for total, p in zip(totals, params):
+        p.grad = grad = noise.noisy_mean(total, std, normalizer).to(p.dtype)  # released
+        out.append(grad)
+    return out
 
 
 def _checked_sum(name: str, spec: ReleaseSpec, v: torch.Tensor, owner: str) -> torch.Tensor:

@@ -24,7 +24,17 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-__all__ = ["LayerRule", "RULES", "register_rule", "rule_for"]
+__all__ = ["LayerRule", "RULES", "device_path", "register_rule", "rule_for"]
+
+# Force the rules' accelerator code path on the CPU (benchmarks/step_ops.py counts what a GPU
+# would launch): no data-dependent shortcut that reads the device, no CPU-only kernel.
+FORCE_DEVICE_PATH = False
+
+
+def device_path(t: torch.Tensor) -> bool:
+    """Whether ``t``'s rules take the accelerator path: a host read of ``t`` would synchronize
+    the device, so shortcuts decided by reading data are skipped (the general path is exact)."""
+    return FORCE_DEVICE_PATH or t.device.type != "cpu"
 
 
 class LayerRule:

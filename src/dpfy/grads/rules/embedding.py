@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dpfy.grads.rules.base import LayerRule, register_rule
+from dpfy.grads.rules.base import LayerRule, device_path, register_rule
 
 
 def _flat(
@@ -59,11 +59,12 @@ class EmbeddingRule(LayerRule):
         x, g = _flat(layer, a, g)
         b, t, d = g.shape
         pad = layer.padding_idx
-        # the same ids in every example (positions): one row's structure serves the batch
-        rows = x[:1] if bool((x == x[:1]).all()) else x  # (1 or B, T)
+        # the same ids in every example (positions): one row's structure serves the batch. The
+        # shortcuts read the ids on the host; on a device (a sync each) the general path runs
+        rows = x[:1] if not device_path(x) and bool((x == x[:1]).all()) else x  # (1 or B, T)
         xs, order = rows.sort(dim=1)  # each row's ids ascending
         new = xs[:, 1:] != xs[:, :-1]  # sorted position s+1 holds another id than s
-        if bool(new.all()):  # no id repeats within an example: ‖S_v‖² = ‖g_t‖²
+        if not device_path(x) and bool(new.all()):  # no id repeats: ‖S_v‖² = ‖g_t‖²
             sq = torch.linalg.vector_norm(g, dim=-1).square_()  # (B, T) sensitive
             if pad is not None:
                 sq.masked_fill_(x == pad, 0)
@@ -84,7 +85,7 @@ class EmbeddingRule(LayerRule):
         x, g = _flat(layer, a, g)
         b, t, d = g.shape
         wb = w["weight"].to(g.dtype)  # (B,)
-        if bool((x == x[:1]).all()):  # the same ids in every example, e.g. positions
+        if not device_path(x) and bool((x == x[:1]).all()):  # the same ids in every example
             rows = x[0]  # (T,): weight over examples first, one matrix-vector product
             gw = torch.mv(g.reshape(b, t * d).t(), wb).view(t, d)  # Σ_i w_i g_i, sensitive
         else:

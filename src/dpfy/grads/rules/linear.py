@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dpfy.grads.rules.base import LayerRule, register_rule
+from dpfy.grads.rules.base import LayerRule, device_path, register_rule
 from dpfy.native.ghost_norm import fused_ghost_available, linear_ghost_sq_norms
 
 
@@ -74,7 +74,7 @@ class LinearRule(LayerRule):
             # vector_norm reduces without a (B, d) temporary: memory matters for wide inputs
             g_sq = torch.linalg.vector_norm(g, dim=(1, 2)).square()  # (B,) = the bias's norm
             out = {"weight": torch.linalg.vector_norm(a, dim=(1, 2)).square() * g_sq}
-        elif fused_ghost_available(a, g):  # the same sums, one fused pass (native/ghost_norm.c)
+        elif not device_path(a) and fused_ghost_available(a, g):  # one fused pass (native/)
             out_w, _ = linear_ghost_sq_norms(_last_dim_dense(a), _last_dim_dense(g))
             out = {"weight": out_w}  # (B,)
         else:
@@ -89,13 +89,13 @@ class LinearRule(LayerRule):
     def weighted_sum(self, layer, a, g, w):
         a, g = _as_seq(a, g)  # (B, T, d_in), (B, T, d_out)
         d_out = g.shape[-1]
-        ww = w["weight"].to(g.dtype)  # (B,) sensitive
+        ww = w["weight"].to(g.dtype).view(-1, 1, 1)  # (B, 1, 1) sensitive, one view
         # Σ_i w_i G_iᵀ A_i: scale whichever operand is smaller, then one (d_out, d_in) matmul
         if a.shape[-1] < d_out:
-            out = {"weight": g.reshape(-1, d_out).T @ (a * ww[:, None, None]).flatten(0, 1)}
+            out = {"weight": g.reshape(-1, d_out).T @ (a * ww).flatten(0, 1)}
             gw = None
         else:
-            gw = g * ww[:, None, None]  # (B, T, d_out) sensitive
+            gw = g * ww  # (B, T, d_out) sensitive
             out = {"weight": gw.reshape(-1, d_out).T @ a.flatten(0, 1)}
         if layer.bias is not None:
             if gw is not None and w["bias"] is w["weight"]:

@@ -1,0 +1,164 @@
+"""The step's glue on the accelerator path (issue 36, "What to build" 2), counted on the CPU.
+
+With the rules' device path forced (``dpfy.grads.rules.base.FORCE_DEVICE_PATH``: what a GPU
+takes), a steady-state training step reads the host at most twice beyond what the model's own
+forward does: once for the sensitivity check before the release (``check_bound``) and once for
+the debug statistic ``mean_grad_norm_nonprivate``. Counts, not times.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.data import DataLoader, TensorDataset
+
+import dpfy
+from dpfy.errors import PrivacyRefusal
+from dpfy.grads.rules import base
+from dpfy.noise import NoiseSource
+
+
+class _Reads(TorchDispatchMode):
+    """Counts host reads (``aten::_local_scalar_dense``: item, float, bool) while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ == "_local_scalar_dense":
+            self.reads += 1
+        return func(*args, **(kwargs or {}))
+
+
+class _Tagger(nn.Module):
+    """Token ids (B, T) with repeated ids and shared position ids: both embedding shortcuts
+    (the same ids in every row, no id repeated in a row) would read the ids on the host."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(11, 6), nn.Embedding(5, 6)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x):
+        pos = torch.arange(x.shape[1]).expand_as(x)
+        return self.head(torch.tanh(self.tok(x) + self.pos(pos)).mean(1))
+
+
+def _run(steps: int = 3):
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(
+        torch.randint(0, 11, (32, 5), generator=g), torch.randint(0, 3, (32,), generator=g)
+    )
+    model = _Tagger()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt, loader = dpfy.make_private(
+        model,
+        opt,
+        DataLoader(data, batch_size=8),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        seed=0,
+        poisson_sampling=False,
+    )
+    reads = []
+    for i, (x, y) in enumerate(loader):
+        counter = _Reads()
+        with counter:
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        reads.append(counter.reads)
+        if i + 1 >= steps:
+            break
+    return opt, reads
+
+
+def test_a_steady_step_on_the_device_path_reads_the_host_at_most_twice(monkeypatch):
+    monkeypatch.setattr(base, "FORCE_DEVICE_PATH", True, raising=False)
+    opt, reads = _run()
+    assert opt.step_count == 3
+    # steady state (the first step also checks the loss contract): the sensitivity check and
+    # the debug statistic, nothing per layer or per parameter
+    assert reads[1:] == [2, 2]
+
+
+@pytest.mark.parametrize("forced", [False, True])
+def test_the_device_path_releases_what_the_cpu_path_releases(monkeypatch, forced):
+    """The embedding rule's general path (no host-read shortcut) gives the same norms: the
+    seeded runs end at the same parameters within float32 rounding of a few sums (1e-5)."""
+    monkeypatch.setattr(base, "FORCE_DEVICE_PATH", forced)
+    torch.manual_seed(0)
+    opt, _ = _run()
+    got = [p.detach().clone() for p in opt.private_step.params.values()]
+    monkeypatch.setattr(base, "FORCE_DEVICE_PATH", not forced)
+    torch.manual_seed(0)
+    opt2, _ = _run()
+    for a, b in zip(got, opt2.private_step.params.values()):
+        torch.testing.assert_close(a, b.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_the_noise_is_drawn_per_parameter_tensor_in_order(monkeypatch):
+    """A seeded run's noise is its generator's draws per parameter tensor, in the parameters'
+    order: the seeded generators drop a call's last block, so one call over all parameters (or
+    another order) would change the noise, and a seeded run's parameters, from before."""
+    shapes = []
+    original = NoiseSource.noisy_mean
+
+    def recorded(self, total, std, normalizer, *args, **kwargs):
+        shapes.append(tuple(total.shape))
+        return original(self, total, std, normalizer, *args, **kwargs)
+
+    monkeypatch.setattr(NoiseSource, "noisy_mean", recorded)
+    opt, _ = _run(steps=2)
+    order = [tuple(p.shape) for p in opt.private_step.params.values()]
+    assert len(order) == 4 and shapes == order * 2
+
+
+def test_a_silent_write_in_a_forward_is_refused_across_a_versioned_write_before_the_next():
+    """The fingerprint is taken once per step: a write without a version bump in one forward,
+    then a versioned write before another forward of the same step (which takes a new
+    baseline), is still refused before anything of the step is released."""
+
+    class Sneaky(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin, self.armed = nn.Linear(4, 3), False
+
+        def forward(self, x):
+            if self.armed:  # a later forward (the first is compared bit for bit)
+                self.lin.bias.data.add_(1.0)
+            return self.lin(x)
+
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(32, 4, generator=g), torch.randint(0, 3, (32,), generator=g))
+    model = Sneaky()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt, loader = dpfy.make_private(
+        model,
+        opt,
+        DataLoader(data, batch_size=8),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        seed=0,
+        poisson_sampling=False,
+    )
+    batches = iter(loader)
+    x, y = next(batches)
+    opt.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+    x, y = next(batches)
+    model(x)  # a forward: the step's baseline
+    model.armed = True
+    model(x)  # the silent write
+    model.armed = False
+    with torch.no_grad():
+        model.lin.weight.add_(0.0)  # a versioned write between forwards
+    with pytest.raises(PrivacyRefusal, match="bias.*without a version bump"):
+        F.cross_entropy(model(x), y).backward()  # this forward takes a new baseline
+        opt.step()
+    assert opt.ledger.num_steps == 1
