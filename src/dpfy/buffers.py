@@ -43,11 +43,7 @@ How changes are seen:
   bit for bit with a copy at every checked forward (they are small: statistics, masks, position
   tables); parameters bit for bit at the model's first training forward, and after it by a
   fingerprint (the sum of their bits read as integers, one read and no copy, all parameters
-  compared with one device sync), which any ordinary write changes. The fingerprint is taken
-  once per step, at its first checked forward (again after a versioned write between
-  forwards, once the parameters that write left alone are checked against the old one), and
-  compared once, by check 2: a write without a version bump during a later
-  forward is refused there, before the step uses the batch, rather than in that forward.
+  compared with one device sync), which any ordinary write changes.
 
 Not watched: Python values that are not tensors (a step counter), tensors inside lists or dicts
 held by a module, and changes made outside the window from a training forward to its step (an
@@ -163,8 +159,8 @@ def _fingerprint(p: torch.Tensor) -> torch.Tensor:
     return t.view(_INT_VIEWS[t.element_size()]).sum(dtype=torch.int64)
 
 
-def _param_marks(owners: list[tuple[str, nn.Module]], fingerprints: bool = True) -> Marks | None:
-    """(identity, version, storage) of every parameter of ``owners``, and (``fingerprints``) their
+def _param_marks(owners: list[tuple[str, nn.Module]]) -> Marks | None:
+    """(identity, version, storage) of every parameter of ``owners``, and their
     :func:`_fingerprint` s: the check of the forwards after the first (no copy); None when a
     parameter has no version counter or storage (then the full snapshot is used)."""
     try:
@@ -177,8 +173,8 @@ def _param_marks(owners: list[tuple[str, nn.Module]], fingerprints: bool = True)
         marks = {key: (id(p), p._version, p.data_ptr()) for key, p in params}
         devices = {p.device for _, p in params}
         prints = (
-            torch.stack([_fingerprint(p) for _, p in params])  # one device: no copies
-            if fingerprints and params and len(devices) == 1
+            torch.stack([_fingerprint(p).to(p.device) for _, p in params])
+            if params and len(devices) == 1
             else None
         )  # several devices: marks only
         return marks, prints
@@ -352,20 +348,6 @@ class _Watch:
         # snapshot holds buffers only (None: not a checked forward)
         self.stack: list[tuple[dict[tuple[int, str], _Seen], Marks | None] | None] = []
         self.values_checked = False
-        # root: the parameters' fingerprints at the first checked forward of a step (None: not
-        # taken yet), compared once, by the step's check (BufferGuard.check_settled); and the
-        # marks the last forward ended with (a versioned write since: a new baseline)
-        self.baseline: torch.Tensor | None = None
-        self.last_marks: dict[tuple[int, str], tuple[int, int, int]] | None = None
-
-    def _prints_here(self) -> bool:
-        """Whether this watch fingerprints the parameters at its own forward: the root once
-        per step (its baseline); another watch only outside the root's forward (inside it, the
-        root's baseline covers every parameter of the model)."""
-        if self.root:
-            return self.baseline is None
-        root = self.guard._root
-        return root is None or not root.stack
 
     def snapshot(self, with_copies: bool, params: bool = True) -> dict[tuple[int, str], _Seen]:
         """Every watched tensor's marks; a bitwise copy of each buffer and tensor attribute,
@@ -397,33 +379,10 @@ class _Watch:
         if not is_training_forward(module):
             self.stack.append(None)
             return
-        marks = _param_marks(self.owners, self._prints_here()) if self.values_checked else None
-        if self.root and marks is not None and marks[0] != self.last_marks:  # written since
-            if marks[1] is None:  # with versions: a legitimate write (the optimizer's step)
-                marks = _param_marks(self.owners)
-            if marks is not None:
-                self._refuse_silent(marks)
-            self.baseline = marks[1] if marks is not None else None
+        marks = _param_marks(self.owners) if self.values_checked else None
         self.stack.append(
             (self.snapshot(with_copies=not self.values_checked, params=marks is None), marks)
         )
-
-    def _refuse_silent(self, now: Marks) -> None:
-        """Before a new baseline: a parameter whose marks did not change since the last forward
-        must still have the baseline's fingerprint (a write without a version bump in an
-        earlier forward of this step would otherwise be forgotten)."""
-        was, base = self.last_marks, self.baseline
-        if was is None or base is None or now[1] is None or list(was) != list(now[0]):
-            return
-        differs = (base != now[1]).tolist()  # one host read, only at such a re-baseline
-        how = "given new values without a version bump (.data or a native kernel)"
-        changed = [
-            self.change(k, name, how, after=True)
-            for i, ((k, name), mark) in enumerate(now[0].items())
-            if was[(k, name)] == mark and differs[i]
-        ]
-        if changed:
-            self.guard._refuse(changed)
 
     def post(self) -> None:
         # always_call: runs (and pops) also when the forward raised
@@ -432,16 +391,12 @@ class _Watch:
         if entry is None or (raised is not None and sys.exc_info()[1] is raised):
             return  # not checked, or an inner module's refusal is already on its way up
         self.values_checked = True
-        now = _param_marks(self.owners, self._prints_here())
+        now = _param_marks(self.owners)
         changes = self.changes(*entry, now=now)
         if changes:
             self.guard._refuse(changes)
         if self.root:  # the state the step must find (see BufferGuard.check_settled)
-            if now is not None and self.baseline is None:
-                self.baseline = now[1]  # the first checked forward: its values were compared
-            self.last_marks = now[0] if now is not None else None
-            settled = (now[0], self.baseline) if now is not None else None
-            self.guard.settled = (self.snapshot(with_copies=False, params=now is None), settled)
+            self.guard.settled = (self.snapshot(with_copies=False, params=now is None), now)
 
     def changes(
         self,
@@ -559,7 +514,6 @@ class BufferGuard:
         (a backward hook, or code between ``backward()`` and ``optimizer.step()``): called by
         the private step before it uses the batch's gradients. Then forgets that state."""
         settled, self.settled = self.settled, None
-        self._new_baseline()
         if settled is not None and self._root is not None:
             changes = self._root.changes(*settled, after=True)
             if changes:
@@ -569,12 +523,6 @@ class BufferGuard:
         """Forget the state noted at the last forward (the step's own forwards and updates
         follow; the next training forward notes it again)."""
         self.settled = None
-        self._new_baseline()
-
-    def _new_baseline(self) -> None:
-        """The next checked forward takes the parameters' fingerprints afresh (a step ends)."""
-        if self._root is not None:
-            self._root.baseline, self._root.last_marks = None, None
 
     def detach(self) -> None:
         """Remove every hook of this guard (idempotent)."""

@@ -158,9 +158,10 @@ def probe_rows(tree: Any, rows: int) -> list[tuple[int, int]]:
         and not t.is_floating_point()
         and not t.is_complex()
     ]
-    if not ints or rows < 2:
+    if not ints or rows < 2 or any(t.is_meta for t in ints):  # meta: no values to count
         return pairs
-    counts = sum(((t <= 0).reshape(rows, -1).sum(1).cpu() for t in ints), torch.zeros(rows))
+    zero = torch.zeros(rows, device="cpu")  # explicit: torch's default device may be another
+    counts = sum(((t <= 0).reshape(rows, -1).sum(1).cpu() for t in ints), zero)
     if bool((counts == counts[0]).all()):
         return pairs
     most = int(rows - 1 - torch.argmax(counts.flip(0)))  # the last row with the most
