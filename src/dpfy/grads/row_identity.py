@@ -282,7 +282,9 @@ def beyond_arithmetic(full: torch.Tensor, part: torch.Tensor, dim: int | None, r
     x = full.movedim(dim, 0) if dim is not None else full.unsqueeze(0)
     y = part.movedim(dim, 0) if dim is not None else part.unsqueeze(0)
     wide = torch.promote_types(full.dtype, torch.float32)
-    x, y = x.reshape(x.shape[0], -1).to(wide), y.reshape(y.shape[0], -1).to(wide)
+    # detached: a comparison, never part of a graph (a stage's input may require grad)
+    x = x.detach().reshape(x.shape[0], -1).to(wide)
+    y = y.detach().reshape(y.shape[0], -1).to(wide)
     size = x.shape[1]
     rms = torch.linalg.vector_norm(x, dim=1, keepdim=True).div_(max(size, 1) ** 0.5)  # (R, 1)
     bound = x.abs()
