@@ -15,6 +15,8 @@ import torch
 
 from dpfy._require import require
 from dpfy.errors import PrivacyRefusal
+from dpfy.noise import NoiseSource
+from dpfy.noise.triton_noise import FUSED_DTYPES
 from dpfy.step.probes import post_release
 from dpfy.types import Clip, Norms, ReleaseSpec, StepOutcome, StepPlan
 
@@ -282,13 +284,32 @@ def _release_gradient(
     """Set every ``p.grad`` = (S + N(0, std² I))/b from its sum S (sensitive); the released
     gradients. One call of the generator per parameter tensor, in the parameters' order: the
     seeded generators draw per call (a call's last block is not carried over), so this order
-    is what makes a seeded run's noise, and its parameters, the same as before. A fused
-    generator may take the tensors together behind ``noisy_mean``."""
+    is what makes a seeded run's noise, and its parameters, the same as before. Where the fused
+    Triton kernel draws the noise (a GPU), the sums are laid out in one flat buffer and the
+    whole step's noise is one launch; each ``p.grad`` is then a view of that buffer."""
     out = []
+    if _one_launch(noise, totals):
+        flat = torch.cat([t.reshape(-1) for t in totals])  # (Σ numel,) sensitive until noised
+        noise.noisy_mean(flat, std, normalizer)  # released
+        for part, p in zip(flat.split([t.numel() for t in totals]), params):
+            p.grad = grad = part.view_as(p).to(p.dtype)
+            out.append(grad)
+        return out
     for total, p in zip(totals, params):
         p.grad = grad = noise.noisy_mean(total, std, normalizer).to(p.dtype)  # released
         out.append(grad)
     return out
+
+
+def _one_launch(noise: Any, totals: list[torch.Tensor]) -> bool:
+    """Whether one fused launch can noise every sum: an independent Gaussian source whose Triton
+    kernel serves the sums' one device and dtype. A correlated mechanism keeps state per
+    parameter, and the CPU's compiled sampler is already one pass per tensor: one call each."""
+    if not totals or not isinstance(noise, NoiseSource):
+        return False
+    device, dtype = totals[0].device, totals[0].dtype
+    same = all(t.device == device and t.dtype == dtype for t in totals)
+    return same and dtype in FUSED_DTYPES and noise.fuses(device)
 
 
 def _checked_sum(name: str, spec: ReleaseSpec, v: torch.Tensor, owner: str) -> torch.Tensor:
