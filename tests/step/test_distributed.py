@@ -10,14 +10,12 @@ with the same noise stream, and ε is read from both ledgers by the same account
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
@@ -25,6 +23,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 import dpfy
 from dpfy.errors import PrivacyRefusal
+from spawned_ranks import spawn_ranks
 
 N, PER_RANK, WORLD, STEPS, SIGMA, SEED = 64, 8, 2, 3, 0.7, 11
 
@@ -93,17 +92,9 @@ def _worker(rank: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    out = tmp_path_factory.mktemp("ddp")
-    mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True)
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return spawn_ranks(_worker, WORLD, tmp_path_factory.mktemp("ddp"))
 
 
 @pytest.fixture(scope="module")

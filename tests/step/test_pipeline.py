@@ -16,7 +16,6 @@ from __future__ import annotations
 import datetime
 import math
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,6 @@ import dp_accounting
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from dpfy.clipping import PerLayerClipping
@@ -33,6 +31,7 @@ from dpfy.grads.engine import GradEngine
 from dpfy.privacy import Ledger, Release, Sampling, epsilon
 from dpfy.sampling import PoissonSampler
 from dpfy.step.pipeline import StageClipping, StagePartition, stage_seed
+from spawned_ranks import spawn_ranks
 
 N, Q, STEPS, SIGMA, SEED, WORLD = 32, 0.25, 3, 0.8, 11, 2
 CLIPS = (0.3, 0.5)  # C_0, C_1: small enough that most examples are clipped in both stages
@@ -122,17 +121,9 @@ def _worker(rank: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    out = tmp_path_factory.mktemp("pipe")
-    mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True)
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return spawn_ranks(_worker, WORLD, tmp_path_factory.mktemp("pipe"))
 
 
 def _stage_of(name: str) -> int:
