@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import platform
 import statistics
 import time
 import warnings
@@ -28,6 +27,7 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
+from _machine import cpu_name
 from _smoke import HELP, require, size
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -145,8 +145,8 @@ def main() -> None:
     steps = math.ceil(EPOCHS / q)
     sigma = calibrate_noise_multiplier(
         target_epsilon=EPSILON, delta=DELTA, sample_rate=q, steps=steps, accountant="pld")
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
-    print(f"device: {device} ({name or platform.machine()}), torch {torch.__version__}; "
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+    print(f"device: {device} ({name}), torch {torch.__version__}; "
           f"N = {n}, batch {BATCH}, {EPOCHS} epochs ({steps} steps), σ = {sigma:.4f} "
           f"(ε = {EPSILON}, δ = {DELTA}, PLD)")  # fmt: skip
     rows = {

@@ -18,7 +18,6 @@ tensors bit for bit. It prints the CPU and torch's threads.
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import sys
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
+from _machine import cpu_name
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -43,16 +43,6 @@ class PerExample(Dataset):
 
     def __getitem__(self, i: int):
         return self.inner[i]
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def batches(ds: Dataset, batch: int, steps: int):

@@ -21,7 +21,6 @@ mask (what the sampler draws per step on Fashion-MNIST).
 from __future__ import annotations
 
 import argparse
-import platform
 import random
 import statistics
 import time
@@ -33,6 +32,7 @@ import torch
 from dpfy.native.gaussian import ChaChaGaussian
 from dpfy.noise import NoiseSource, secure_uniform
 from dpfy.noise.device_gaussian import DeviceChaChaGaussian, DeviceSeededGaussian
+from _machine import cpu_name
 
 PARAMS = 203_530  # MLP 784-256-10: 784·256 + 256 + 256·10 + 10
 DATASET = 60_000
@@ -54,18 +54,6 @@ def rows() -> dict[str, Callable[[], object]]:
         for name, src in sources.items()}
     out[f"secure_uniform({DATASET})"] = lambda: secure_uniform(DATASET)
     return out
-
-
-def cpu_model() -> str:
-    """The CPU's model name (Linux /proc/cpuinfo; else what platform says)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def generators(draw: int) -> dict[str, Callable[[], object]]:
@@ -135,7 +123,7 @@ def main() -> None:
     args = parser.parse_args()
     default_threads = torch.get_num_threads()
     rounds, draw = (2, 1 << 12) if args.smoke else (args.rounds, args.draw)
-    print(f"CPU: {cpu_model()}; torch {torch.__version__}, {default_threads} default threads"
+    print(f"CPU: {cpu_name()}; torch {torch.__version__}, {default_threads} default threads"
           + (f"; CUDA: {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""))
     throughput_table(draw, max(3, rounds // 20), default_threads)
     torch.set_num_threads(1)

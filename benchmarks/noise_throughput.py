@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import platform
 import statistics
 import time
 from typing import Callable
@@ -32,19 +31,9 @@ from _smoke import HELP, SMOKE, size
 from dpfy.native.gaussian import ChaChaGaussian
 from dpfy.noise import NoiseSource
 from dpfy.noise.device_gaussian import DeviceChaChaGaussian
+from _machine import cpu_name
 
 BERT_BASE = 110_000_000  # parameters of BERT-base: one step's noise
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def rows(draw: int, interpret: bool) -> dict[str, tuple[str, int, Callable[[], object]]]:
@@ -101,7 +90,7 @@ def main() -> None:
     parser.add_argument("--interpret", action="store_true", help="time the interpreted kernel")
     parser.add_argument("--smoke", action="store_true", help=HELP)
     args = parser.parse_args()
-    where = cpu_model()
+    where = cpu_name()
     if torch.cuda.is_available():
         where += f"; CUDA: {torch.cuda.get_device_name()}"
     print(f"noise throughput on {where} (torch {torch.__version__}, {torch.get_num_threads()} "

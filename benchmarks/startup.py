@@ -24,6 +24,7 @@ import sys
 import time
 
 from _smoke import HELP
+from _machine import cpu_name
 
 COMMANDS = {
     "python -c pass": ["-c", "pass"],
@@ -32,18 +33,6 @@ COMMANDS = {
     "dpfy --help": ["-m", "dpfy", "--help"],
     "dpfy train --help": ["-m", "dpfy", "train", "--help"],
 }
-
-
-def cpu_name() -> str:
-    """The CPU model from /proc/cpuinfo (Linux), else what ``platform`` says."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def timed(args: list[str]) -> tuple[float, float]:

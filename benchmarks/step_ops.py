@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import warnings
 from collections import Counter
@@ -64,6 +63,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 import dpfy  # noqa: E402
 from dpfy.models import build_model  # noqa: E402
 from _smoke import HELP, require, size  # noqa: E402
+from _machine import cpu_name
 
 SIGMA, CLIP, LR = 1.0, 1.0, 0.01
 HOST_READS = {"_local_scalar_dense"}
@@ -288,16 +288,6 @@ def inner_total(c: OpCounter) -> int:
 @contextmanager
 def _nothing() -> Iterator[None]:
     yield
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main() -> None:
