@@ -248,7 +248,7 @@ class NoiseSource:
         device = torch.device(device)
         if not self._on_device(device):
             return self.backend
-        if self.fuses(device):
+        if self._use_triton(device):
             return "triton-chacha20-seeded" if self._reproducible else "triton-chacha20"
         return "torch-device" if self._reproducible else "torch-chacha20"
 
@@ -258,10 +258,10 @@ class NoiseSource:
             return True
         return device.type != "cpu" and self._choice in ("auto", "torch")
 
-    def fuses(self, device: torch.device) -> bool:
-        """Whether the fused Triton kernel noises tensors on ``device`` (asked for, or a GPU)."""
-        wanted = self._choice == "triton" or (self._choice == "auto" and triton_available(device))
-        return self._on_device(device) and wanted
+    def _use_triton(self, device: torch.device) -> bool:
+        """Whether the fused Triton kernel draws the noise for ``device``: asked for
+        (``backend="triton"``), or by default on a GPU where Triton is installed."""
+        return self._choice == "triton" or (self._choice == "auto" and triton_available(device))
 
     def _device_stream(self, device: torch.device) -> _DeviceStream:
         """The generator on ``device``, made on first use: secure, a fresh ChaCha20 key (and
@@ -271,7 +271,7 @@ class NoiseSource:
         stream = self._devices.get(device)
         if stream is not None:
             return stream
-        triton = self.fuses(device)
+        triton = self._use_triton(device)
         if not self._reproducible:
             stream = TritonChaChaGaussian(device) if triton else DeviceChaChaGaussian(device)
         elif str(device) in self._saved_devices:

@@ -31,6 +31,7 @@ installed (``pip install "dpfy[gpu]"``), and on every device with ``backend="tri
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
@@ -74,10 +75,16 @@ def triton_interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
+@functools.cache
+def _triton_installed() -> bool:
+    """Whether Triton can be imported (looked up once: the private step asks every step)."""
+    return importlib.util.find_spec("triton") is not None
+
+
 def triton_available(device: torch.device | str) -> bool:
     """Whether the fused kernel can run for tensors on ``device``: Triton is installed and the
     device is a GPU Triton compiles for (CUDA, ROCm), or any device under the interpreter."""
-    if importlib.util.find_spec("triton") is None:
+    if not _triton_installed():
         return False
     device = torch.device(device)
     if triton_interpreted():

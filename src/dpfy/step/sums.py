@@ -309,7 +309,7 @@ def _one_launch(noise: Any, totals: list[torch.Tensor]) -> bool:
         return False
     device, dtype = totals[0].device, totals[0].dtype
     same = all(t.device == device and t.dtype == dtype for t in totals)
-    return same and dtype in FUSED_DTYPES and noise.fuses(device)
+    return same and dtype in FUSED_DTYPES and noise.generator_for(device).startswith("triton")
 
 
 def _checked_sum(name: str, spec: ReleaseSpec, v: torch.Tensor, owner: str) -> torch.Tensor:
