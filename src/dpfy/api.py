@@ -47,6 +47,7 @@ from dpfy.noise import (
     NoiseSource,
     TreeMechanism,
 )
+from dpfy.noise.seeds import derive_seeds  # re-exported: dpfy.api.derive_seeds
 from dpfy.noise.toeplitz import optimize_banded
 from dpfy.optim import DPOptimizer
 from dpfy.privacy import Ledger, calibrate_noise_multiplier
@@ -72,12 +73,6 @@ from dpfy.types import RunFacts, Sampling, StepPlan
 __all__ = ["make_private", "derive_seeds"]
 
 _ATTACHED: "weakref.WeakKeyDictionary[nn.Module, GradEngine]" = weakref.WeakKeyDictionary()
-
-
-def derive_seeds(seed: int) -> tuple[int, int]:
-    """Independent (sampling, noise) generator seeds from one run seed."""
-    s, n = np.random.SeedSequence(seed).generate_state(2, dtype=np.uint64)
-    return int(s), int(n)
 
 
 def make_private(

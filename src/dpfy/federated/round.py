@@ -1,25 +1,31 @@
-"""One DP-FedAvg round's public values and the server's checks of what users send.
+"""One DP-FedAvg round's public values, the server's checks of what users send, and the round's
+release on the private step's pieces.
 
 A round is one logical batch whose units are users (:mod:`dpfy.federated.server`): its
 :class:`RoundPlan` is fixed before any user trains, each reply is a :class:`Contribution`
-checked by :func:`check_contributions` before anything is summed, and the noisy sum over the
-round's users (:func:`noisy_round_mean`) is drawn on the parameters' device, as a DP-SGD step's
-noise is (:class:`dpfy.noise.NoiseSource` draws where the tensor lives).
+checked by :func:`check_contributions` (who sent it), and :func:`round_release` adds the
+replies to the step's sums (:class:`dpfy.step.sums.StepSums`), whose
+:func:`~dpfy.step.sums.check_bound` asserts every user's ‖Δ̃_u‖ ≤ C_t (and each extra release's
+bound) before anything is summed, and noises each sum once at the release. The sum over users
+is one flat buffer on the parameters' device (:class:`FlatLayout`), so its noise is one draw
+by the mechanism's generator where the parameters live (``NoiseSource.generator_for``).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
+from torch import nn
 
 from dpfy._require import require
 from dpfy.adaptive.base import Method
 from dpfy.errors import PrivacyRefusal
 from dpfy.noise.mechanism import StepNoise
-from dpfy.types import StepPlan
+from dpfy.step.sums import StepSums
+from dpfy.types import Clip, Norms, ReleaseSpec, StepPlan
 
 __all__ = [
     "RoundPlan",
@@ -27,11 +33,10 @@ __all__ = [
     "RoundResult",
     "check_method",
     "check_contributions",
-    "noisy_round_mean",
+    "FlatLayout",
+    "round_release",
 ]
 
-# The clipping check's slack: a float32 delta scaled by C/‖Δ‖ lands within a few ulps of C.
-_CLIP_SLACK = 1e-5
 # Adaptive methods whose clipping is one threshold on the whole delta, min(1, C_t/‖Δ_u‖),
 # which is what the client applies; other methods' clippings are refused (module docstring).
 _SCALAR_CLIP_METHODS = ("quantile",)
@@ -120,8 +125,10 @@ def check_method(method: Method | None, clip: float | None) -> None:
 def check_contributions(
     rp: RoundPlan, contributions: Sequence[Contribution], params: Iterable[str]
 ) -> None:
-    """The clipping check: each reply is from a sampled user, once, within C_t."""
+    """Each reply is from a sampled user, once, for the model's parameters, with a finite
+    norm. The bound ‖Δ̃_u‖ ≤ C_t is the step's check (:func:`round_release`)."""
     sampled, seen = set(rp.users), set()
+    names = set(params)
     for c in contributions:
         if c.user not in sampled or c.user in seen:
             raise PrivacyRefusal(
@@ -130,18 +137,11 @@ def check_contributions(
                 f"Only dpfy's sampler decides who takes part; anything else is unaccounted"
             )
         seen.add(c.user)
-        norm = math.sqrt(sum(float(t.double().square().sum()) for t in c.clipped.values()))
-        if not norm <= rp.clip * (1 + _CLIP_SLACK):
-            raise PrivacyRefusal(
-                f"a user's delta must be clipped to C_t = {rp.clip:.6g}, got norm = "
-                f"{norm:.6g} from user {c.user} in round {rp.round}. Clip it on the client "
-                f"with dpfy.federated.clip_delta(delta, config['clip'])"
-            )
         require(
-            set(c.clipped) == set(params),
+            set(c.clipped) == names,
             "a contribution's parameters",
             sorted(c.clipped),
-            f"the model's trainable parameters {sorted(params)}",
+            f"the model's trainable parameters {sorted(names)}",
         )
         require(
             math.isfinite(c.norm) and c.norm >= 0,
@@ -151,20 +151,133 @@ def check_contributions(
         )
 
 
-def noisy_round_mean(
-    params: Mapping[str, torch.Tensor],
+class FlatLayout:
+    """The trainable parameters as flat buffers: one per (device, dtype), so one for a model
+    on one device in one dtype. A round's sum over users is one buffer each, and its noise one
+    draw over each, on the parameters' device (the sums in the parameters' dtype)."""
+
+    def __init__(self, params: Mapping[str, torch.Tensor]) -> None:
+        self.params = dict(params)
+        self.buffers: dict[str, tuple[str, ...]] = {}
+        for name, p in self.params.items():
+            key = f"{p.device}/{p.dtype}"
+            self.buffers[key] = self.buffers.get(key, ()) + (name,)
+
+    def _like(self, key: str) -> torch.Tensor:
+        return self.params[self.buffers[key][0]]
+
+    def size(self, key: str) -> int:
+        return sum(self.params[n].numel() for n in self.buffers[key])
+
+    def flat(self, key: str, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """One user's tensors of buffer ``key``, concatenated (a new tensor) on its device and
+        in its dtype, in the parameters' order."""
+        p = self._like(key)
+        parts = [tensors[n].detach().reshape(-1) for n in self.buffers[key]]
+        return torch.cat(parts).to(device=p.device, dtype=p.dtype)
+
+    def zeros(self, key: str) -> torch.Tensor:
+        """A zero flat buffer ``key``: on its device, in its dtype."""
+        p = self._like(key)
+        return torch.zeros(self.size(key), device=p.device, dtype=p.dtype)
+
+    def holders(self) -> dict[str, nn.Parameter]:
+        """One (size,) stand-in per buffer for :meth:`StepSums.release` to set ``.grad`` on: an
+        expanded zero, so it allocates nothing (the release's gradient is its own buffer)."""
+        out = {}
+        for key in self.buffers:
+            p = self._like(key)
+            zero = torch.zeros((), device=p.device, dtype=p.dtype).expand(self.size(key))
+            out[key] = nn.Parameter(zero, requires_grad=False)
+        return out
+
+    def split(self, flats: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """{parameter name: its view of the flat buffer}, in the parameters' order."""
+        views: dict[str, torch.Tensor] = {}
+        for key, names in self.buffers.items():
+            parts = flats[key].split([self.params[n].numel() for n in names])
+            views.update({n: part.view_as(self.params[n]) for n, part in zip(names, parts)})
+        return {n: views[n] for n in self.params}
+
+
+def round_release(
+    rp: RoundPlan,
     contributions: Sequence[Contribution],
-    std: float,
-    normalizer: float,
+    layout: FlatLayout,
+    specs: Mapping[str, ReleaseSpec],
     noise: StepNoise,
-) -> dict[str, torch.Tensor]:
-    """(Σ_u Δ̃_u + N(0, std² I)) / normalizer per parameter, summed and noised on the
-    parameter's device: no sum or noise crosses the host–device bus (on the CPU, the sums in
-    the order of the contributions and the draws in the order of the parameters, as before)."""
-    mean: dict[str, torch.Tensor] = {}
-    for name, p in params.items():  # noise on the sum, once
-        total = torch.zeros_like(p)
-        for c in contributions:
-            total += c.clipped[name].detach().to(total)
-        mean[name] = noise.noisy_mean(total, std, normalizer)
-    return mean
+    normalizer: float,
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The round as one logical batch of the private step whose units are users: the step's
+    sums (:class:`~dpfy.step.sums.StepSums`) assert every user's ‖Δ̃_u‖ ≤ C_t and each extra
+    release's bound (:func:`~dpfy.step.sums.check_bound`) before anything is summed, then noise
+    each sum once: S̃ = Σ_u Δ̃_u + N(0, (σC_t)² I), over one flat buffer per
+    :class:`FlatLayout` buffer. Returns the released mean delta {name: S̃/b} and extras.
+
+    A round with no replies still releases (noise only): its sensitivity is C_t all the same.
+    """
+    for name, spec in specs.items():
+        require(
+            spec.kind == "values",
+            f"release {name!r}",
+            spec.kind,
+            "of kind 'values' in DP-FedAvg (a function of the users' delta norms)",
+        )
+    sums = StepSums(plan=rp.plan, specs=specs, sensitivity=rp.clip)
+    if contributions:
+        _add_users(sums, rp, contributions, layout)
+    holders = layout.holders()
+    extras = sums.release(noise, holders, normalizer)  # noised: released
+    flats = {}
+    for key, h in holders.items():
+        assert h.grad is not None, "the release set every buffer's gradient"
+        flats[key] = h.grad
+    return layout.split(flats), extras
+
+
+def _add_users(
+    sums: StepSums, rp: RoundPlan, contributions: Sequence[Contribution], layout: FlatLayout
+) -> None:
+    """The users' clipped deltas as the step's units: weight 1 each (clipped on the client),
+    their norms measured here, the extras' values from the norms the clients reported."""
+    keys = list(layout.buffers)
+    first = layout._like(keys[0]).device
+    sq = {  # ‖Δ̃_u‖² per buffer, (U,) float64, sensitive
+        k: torch.stack([layout.flat(k, c.clipped).double().square().sum() for c in contributions])
+        for k in keys
+    }
+    total = sum((s.to(first) for s in sq.values()), torch.zeros((), device=first)).sqrt()
+    reported = Norms(  # ‖Δ_u‖ before clipping, as the clients sent it: the methods' values
+        total=torch.tensor([c.norm for c in contributions], dtype=torch.float64),
+        per_parameter_sq={},
+        groups=(),
+    )
+    values = {name: spec.values(reported) for name, spec in sums.specs.items() if spec.values}
+
+    def weighted_sums(weight_sets: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+        (weights,) = weight_sets  # DP-FedAvg's extras are values: no weighted deltas besides
+        out = {k: layout.zeros(k) for k in keys}
+        for u, c in enumerate(contributions):
+            for k in keys:
+                out[k].add_(layout.flat(k, c.clipped).mul_(weights[k][u].to(out[k])))
+        return [out]
+
+    ones = torch.ones(len(contributions), dtype=torch.float64, device=first)
+    try:
+        sums.add(
+            weighted_sums,
+            Norms(total=total, per_parameter_sq=sq, groups=()),
+            Clip(weights=ones, sensitivity=rp.clip),
+            values,
+            owner=f"the {len(contributions)} users of round {rp.round}",
+        )
+    except PrivacyRefusal as err:
+        worst = int(total.argmax())  # the refusal's path only: which user, for the message
+        norm = float(total[worst])
+        if norm <= rp.clip:  # the step refused an extra release, not a delta
+            raise
+        raise PrivacyRefusal(
+            f"user {contributions[worst].user}'s delta in round {rp.round} must be clipped "
+            f"to C_t = {rp.clip:.6g}, got norm = {norm:.6g}. Clip it on the client with "
+            f"dpfy.federated.clip_delta(delta, config['clip']) (the step's check: {err})"
+        ) from err

@@ -42,20 +42,21 @@ from torch import nn
 from dpfy._require import require
 from dpfy.adaptive.base import Method, calibrate_for_run, check_plan
 from dpfy.noise import GaussianMechanism, NoiseSource
+from dpfy.noise.seeds import derive_seeds
 from dpfy.privacy import Ledger, PrivacyReport, Sampling, epsilon
-from dpfy.privacy.calibration import calibrate_sigma
-from dpfy.privacy.events import UserLevelSampling
+from dpfy.privacy.calibration import calibrate_run_noise_multiplier
 from dpfy.sampling import PoissonSampler, UserUnits
 from dpfy.federated.round import (
     Contribution,
+    FlatLayout,
     RoundPlan,
     RoundResult,
     check_contributions,
     check_method,
-    noisy_round_mean,
+    round_release,
 )
 from dpfy.step.guard import EpsilonGuard
-from dpfy.types import Norms, ReleaseSpec, RunFacts, StepOutcome, StepPlan
+from dpfy.types import RunFacts, StepOutcome, StepPlan
 
 __all__ = [
     "USER_UNIT",
@@ -153,36 +154,10 @@ class DPFedAvgServer:
         self.delta = float(num_users**-1.1 if delta is None else delta)
         require(0 < self.delta < 1, "delta", self.delta, "in (0, 1)")
         self.accountant, self.rounds, self.seed = accountant, rounds, seed
-        if noise_multiplier is None:
-            # the requires above: target_epsilon is given, and with it rounds
-            assert target_epsilon is not None and rounds is not None
-            # the round is a ULS step at the user rate: the shared σ search (privacy.search)
-            noise_multiplier = calibrate_sigma(
-                UserLevelSampling(self.user_sample_rate),
-                rounds,
-                target_epsilon=target_epsilon,
-                delta=self.delta,
-                accountant=accountant,
-            )
-        require(noise_multiplier >= 0, "noise_multiplier", noise_multiplier, ">= 0")
-        if noise_multiplier == 0:
-            warnings.warn(
-                "noise_multiplier=0: no noise is added to the users' deltas; "
-                "DP-FedAvg is NOT private (use only for debugging)",
-                UserWarning,
-                stacklevel=2,
-            )
-        self.noise_multiplier, self.clip = float(noise_multiplier), clip
-        self.target_epsilon = target_epsilon
-        self.sampler = PoissonSampler(num_users, sample_rate=self.user_sample_rate, seed=seed)
-        self.mechanism = GaussianMechanism(
-            NoiseSource(None if seed is None else seed + 1),
-            sampling=Sampling.ULS,
-            sample_rate=self.user_sample_rate,
-        )
-        self.ledger = Ledger(dataset_size=num_users)
-        self.guard = EpsilonGuard(
-            max_steps=rounds, epsilon_cap=None, delta=self.delta, accountant=accountant
+        # make_private's seed rule: one run seed gives the sampler's and the noise's
+        sampling_seed, noise_seed = derive_seeds(seed) if seed is not None else (None, None)
+        self.sampler = PoissonSampler(
+            num_users, sample_rate=self.user_sample_rate, seed=sampling_seed
         )
         self.facts = RunFacts(
             sampling=Sampling.ULS,
@@ -198,9 +173,31 @@ class DPFedAvgServer:
             inner_optimizer="SGD",
             inner_hyperparameters={"lr": server_lr, "momentum": server_momentum},
         )
+        if noise_multiplier is None:
+            # the requires above: target_epsilon is given, and with it rounds; a round is a
+            # ULS step at the user rate, calibrated as make_private calibrates its run's σ
+            noise_multiplier = calibrate_run_noise_multiplier(self.facts)
+        require(noise_multiplier >= 0, "noise_multiplier", noise_multiplier, ">= 0")
+        if noise_multiplier == 0:
+            warnings.warn(
+                "noise_multiplier=0: no noise is added to the users' deltas; "
+                "DP-FedAvg is NOT private (use only for debugging)",
+                UserWarning,
+                stacklevel=2,
+            )
+        self.noise_multiplier, self.clip = float(noise_multiplier), clip
+        self.target_epsilon = target_epsilon
+        self.mechanism = GaussianMechanism(
+            NoiseSource(noise_seed), sampling=Sampling.ULS, sample_rate=self.user_sample_rate
+        )
+        self.ledger = Ledger(dataset_size=num_users)
+        self.guard = EpsilonGuard(
+            max_steps=rounds, epsilon_cap=None, delta=self.delta, accountant=accountant
+        )
         self.method = None if method is None else calibrate_for_run(method, self.facts)
         self.method_state = None if self.method is None else self.method.init()
         self.params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        self.layout = FlatLayout(self.params)
         self.optimizer = torch.optim.SGD(
             list(self.params.values()), lr=server_lr, momentum=server_momentum
         )
@@ -251,40 +248,8 @@ class DPFedAvgServer:
         self._pending = RoundPlan(round=t, users=users, plan=plan)
         return self._pending
 
-    def _extras(
-        self, specs: Mapping[str, ReleaseSpec], contributions: Sequence[Contribution]
-    ) -> dict[str, float | torch.Tensor]:
-        """Each extra release: Σ_u v_u (bounded by its sensitivity, asserted) + noise."""
-        norms = Norms(
-            total=torch.tensor([c.norm for c in contributions], dtype=torch.float64),
-            per_parameter_sq={},
-            groups=(),
-        )
-        out: dict[str, float | torch.Tensor] = {}
-        source = self.mechanism.generator()
-        for name, spec in specs.items():
-            require(
-                spec.kind == "values",
-                f"release {name!r}",
-                spec.kind,
-                "of kind 'values' in DP-FedAvg (a function of the users' delta norms)",
-            )
-            assert spec.values is not None  # ReleaseSpec gives values for kind 'values'
-            values = spec.values(norms).double()  # (U,) or (U, d)
-            per_user = values.abs() if values.dim() == 1 else values.norm(dim=1)
-            require(
-                bool((per_user <= spec.sensitivity * (1 + 1e-9)).all()),
-                f"release {name!r}",
-                "a user's value above its sensitivity",
-                f"<= {spec.sensitivity}",
-            )
-            total = values.sum(dim=0)
-            noisy = total + source.gaussian(total, spec.noise_std)
-            out[name] = float(noisy) if noisy.dim() == 0 else noisy
-        return out
-
     def finish_round(self, contributions: Sequence[Contribution]) -> RoundResult:
-        """Check, sum, noise (once), record, and apply the round's mean delta."""
+        """Check, sum and noise (once) on the step's sums, record, apply the round's mean delta."""
         rp = self._pending
         require(rp is not None, "a round", None, "begun (begin_round) before it is finished")
         assert rp is not None  # the require above refused None
@@ -293,10 +258,8 @@ class DPFedAvgServer:
         specs = {} if self.method is None else dict(self.method.releases(self.method_state, plan))
         record = self.mechanism.record_for(plan, specs)
         b = self.expected_users
-        std = plan.noise_multiplier * rp.clip
-        source = self.mechanism.generator()
-        mean = noisy_round_mean(self.params, contributions, std, b, source)
-        extras = self._extras(specs, contributions)
+        noise = self.mechanism.generator()
+        mean, extras = round_release(rp, contributions, self.layout, specs, noise, b)
         record.record(self.ledger)
         self._pending, self._last_plan = None, plan
         self._apply(mean, plan.lr_scale)
