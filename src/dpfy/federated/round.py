@@ -163,7 +163,8 @@ class FlatLayout:
             key = f"{p.device}/{p.dtype}"
             self.buffers[key] = self.buffers.get(key, ()) + (name,)
 
-    def _like(self, key: str) -> torch.Tensor:
+    def like(self, key: str) -> torch.Tensor:
+        """A parameter of buffer ``key``: its device and dtype are the buffer's."""
         return self.params[self.buffers[key][0]]
 
     def size(self, key: str) -> int:
@@ -172,13 +173,13 @@ class FlatLayout:
     def flat(self, key: str, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """One user's tensors of buffer ``key``, concatenated (a new tensor) on its device and
         in its dtype, in the parameters' order."""
-        p = self._like(key)
+        p = self.like(key)
         parts = [tensors[n].detach().reshape(-1) for n in self.buffers[key]]
         return torch.cat(parts).to(device=p.device, dtype=p.dtype)
 
     def zeros(self, key: str) -> torch.Tensor:
         """A zero flat buffer ``key``: on its device, in its dtype."""
-        p = self._like(key)
+        p = self.like(key)
         return torch.zeros(self.size(key), device=p.device, dtype=p.dtype)
 
     def holders(self) -> dict[str, nn.Parameter]:
@@ -186,7 +187,7 @@ class FlatLayout:
         expanded zero, so it allocates nothing (the release's gradient is its own buffer)."""
         out = {}
         for key in self.buffers:
-            p = self._like(key)
+            p = self.like(key)
             zero = torch.zeros((), device=p.device, dtype=p.dtype).expand(self.size(key))
             out[key] = nn.Parameter(zero, requires_grad=False)
         return out
@@ -241,7 +242,7 @@ def _add_users(
     """The users' clipped deltas as the step's units: weight 1 each (clipped on the client),
     their norms measured here, the extras' values from the norms the clients reported."""
     keys = list(layout.buffers)
-    first = layout._like(keys[0]).device
+    first = layout.like(keys[0]).device
     sq = {  # ‖Δ̃_u‖² per buffer, (U,) float64, sensitive
         k: torch.stack([layout.flat(k, c.clipped).double().square().sum() for c in contributions])
         for k in keys

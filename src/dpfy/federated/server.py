@@ -7,11 +7,13 @@ Algorithm 2 of Ponomareva et al. 2023) makes DP-SGD's step at the level of users
    round's users (each independently with probability q_u); the plan (σ, C_t, lr scale) is
    fixed from public values and earlier releases only (an adaptive method's ``plan``);
 2. each sampled user trains locally from the global model and returns their model delta
-   clipped to ‖Δ̃_u‖ ≤ C_t (:mod:`dpfy.federated.local`); the server **checks** the bound for
-   every contribution and refuses one above it;
-3. **noise, once**: S̃ = Σ_u Δ̃_u + N(0, (σ·C_t)² I), drawn by dpfy's noise source (secure
-   ChaCha20 unless a seed is given), and divided by the expected number of users q_u·N_users
-   (public, unlike the realised count);
+   clipped to ‖Δ̃_u‖ ≤ C_t (:mod:`dpfy.federated.local`); the round is one logical batch of
+   the private step whose units are users: the step's sums (:class:`dpfy.step.sums.StepSums`)
+   **check** the bound for every contribution (``check_bound``) and refuse one above it;
+3. **noise, once**: S̃ = Σ_u Δ̃_u + N(0, (σ·C_t)² I), one draw over one flat buffer on the
+   parameters' device by the mechanism's generator (secure ChaCha20 keyed from the OS unless
+   a seed is given), and divided by the expected number of users q_u·N_users (public, unlike
+   the realised count);
 4. **ledger**: the round is one Poisson-subsampled Gaussian at the user level
    (``Sampling.ULS`` at rate q_u: user-level sampling, accounted as ULS steps are), recorded
    by the same :class:`~dpfy.noise.GaussianMechanism` record as a DP-SGD step (with each
@@ -86,7 +88,8 @@ class DPFedAvgServer:
         decides C_0 instead, and ``clip`` must be None).
       noise_multiplier: σ (noise std σ·C on the sum); or None with ``target_epsilon``.
       target_epsilon: calibrate σ so that ``rounds`` rounds spend this user-level ε at
-        ``delta`` (by ``accountant``, PLD by default).
+        ``delta`` (by ``accountant``, PLD by default), by the calibration ``make_private``
+        uses for a ULS run (:func:`dpfy.privacy.calibration.calibrate_run_noise_multiplier`).
       delta: δ of the statements; default 1/N_users^1.1.
       rounds: T, the planned number of rounds (needed to calibrate; the server refuses round
         T+1, since ε would exceed what was planned).
@@ -95,8 +98,9 @@ class DPFedAvgServer:
         server calibrates it for the run's facts (expected users per round as its batch size).
       accountant: ``"pld"`` (default) or ``"rdp"``.
       seed: None (default): users are sampled and noise drawn from the OS CSPRNG (ChaCha20);
-        an int makes both reproducible, and the report warns that anyone with the seed can
-        undo the privacy.
+        an int makes both reproducible (the sampler's and the noise's seeds derived from it as
+        ``make_private`` derives them, :func:`dpfy.noise.seeds.derive_seeds`), and the report
+        warns that anyone with the seed can undo the privacy.
     """
 
     def __init__(
