@@ -174,3 +174,15 @@ def test_a_seed_is_split_as_make_private_splits_it():
     run_dp_fedavg(again, _users(), F.cross_entropy, TRAINING, 1)
     for p, q in zip(server.params.values(), again.params.values()):
         assert torch.equal(p, q)
+
+
+def test_a_reply_tensor_that_would_broadcast_is_refused():
+    # a (1,)-shaped reply for a (5, 4) weight has norm |x| but would add x to all 20 entries
+    # (norm √20·|x|) if broadcast into the sum: more than the bound the check measured
+    server = _server()
+    rp = server.begin_round()
+    clipped = {n: torch.zeros_like(p) for n, p in server.params.items()}
+    clipped["0.weight"] = torch.full((1,), CLIP)
+    with pytest.raises(ValueError, match="shaped as the parameters"):
+        server.finish_round([Contribution(user=rp.users[0], clipped=clipped, norm=CLIP)])
+    assert server.ledger.num_steps == 0

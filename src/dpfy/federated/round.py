@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -123,10 +123,10 @@ def check_method(method: Method | None, clip: float | None) -> None:
 
 
 def check_contributions(
-    rp: RoundPlan, contributions: Sequence[Contribution], params: Iterable[str]
+    rp: RoundPlan, contributions: Sequence[Contribution], params: Mapping[str, torch.Tensor]
 ) -> None:
-    """Each reply is from a sampled user, once, for the model's parameters, with a finite
-    norm. The bound ‖Δ̃_u‖ ≤ C_t is the step's check (:func:`round_release`)."""
+    """Each reply is from a sampled user, once, for the model's parameters in their shapes,
+    with a finite norm. The bound ‖Δ̃_u‖ ≤ C_t is the step's check (:func:`round_release`)."""
     sampled, seen = set(rp.users), set()
     names = set(params)
     for c in contributions:
@@ -142,6 +142,14 @@ def check_contributions(
             "a contribution's parameters",
             sorted(c.clipped),
             f"the model's trainable parameters {sorted(names)}",
+        )
+        # a tensor that broadcasts (shape (1,) for a matrix) would add more than its norm
+        wrong = sorted(n for n, t in c.clipped.items() if t.shape != params[n].shape)
+        require(
+            not wrong,
+            "a contribution's tensors",
+            {n: tuple(c.clipped[n].shape) for n in wrong},
+            f"shaped as the parameters ({ {n: tuple(params[n].shape) for n in wrong} })",
         )
         require(
             math.isfinite(c.norm) and c.norm >= 0,
@@ -170,12 +178,13 @@ class FlatLayout:
     def size(self, key: str) -> int:
         return sum(self.params[n].numel() for n in self.buffers[key])
 
-    def flat(self, key: str, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """One user's tensors of buffer ``key``, concatenated (a new tensor) on its device and
-        in its dtype, in the parameters' order."""
-        p = self.like(key)
-        parts = [tensors[n].detach().reshape(-1) for n in self.buffers[key]]
-        return torch.cat(parts).to(device=p.device, dtype=p.dtype)
+    def views(self, flats: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """{parameter name: its view of its flat buffer}, in the parameters' order."""
+        views: dict[str, torch.Tensor] = {}
+        for key, names in self.buffers.items():
+            parts = flats[key].split([self.params[n].numel() for n in names])
+            views.update({n: part.view_as(self.params[n]) for n, part in zip(names, parts)})
+        return {n: views[n] for n in self.params}
 
     def zeros(self, key: str) -> torch.Tensor:
         """A zero flat buffer ``key``: on its device, in its dtype."""
@@ -191,14 +200,6 @@ class FlatLayout:
             zero = torch.zeros((), device=p.device, dtype=p.dtype).expand(self.size(key))
             out[key] = nn.Parameter(zero, requires_grad=False)
         return out
-
-    def split(self, flats: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """{parameter name: its view of the flat buffer}, in the parameters' order."""
-        views: dict[str, torch.Tensor] = {}
-        for key, names in self.buffers.items():
-            parts = flats[key].split([self.params[n].numel() for n in names])
-            views.update({n: part.view_as(self.params[n]) for n, part in zip(names, parts)})
-        return {n: views[n] for n in self.params}
 
 
 def round_release(
@@ -233,7 +234,7 @@ def round_release(
     for key, h in holders.items():
         assert h.grad is not None, "the release set every buffer's gradient"
         flats[key] = h.grad
-    return layout.split(flats), extras
+    return layout.views(flats), extras
 
 
 def _add_users(
@@ -243,11 +244,12 @@ def _add_users(
     their norms measured here, the extras' values from the norms the clients reported."""
     keys = list(layout.buffers)
     first = layout.like(keys[0]).device
-    sq = {  # ‖Δ̃_u‖² per buffer, (U,) float64, sensitive
-        k: torch.stack([layout.flat(k, c.clipped).double().square().sum() for c in contributions])
-        for k in keys
+
+    sq = {  # ‖Δ̃_u‖² over each buffer's parameters, (U,) float64 on ``first``: sensitive
+        k: torch.stack([_sq_norm(c.clipped, names, first) for c in contributions])
+        for k, names in layout.buffers.items()
     }
-    total = sum((s.to(first) for s in sq.values()), torch.zeros((), device=first)).sqrt()
+    total = torch.stack(list(sq.values())).sum(0).sqrt()  # ‖Δ̃_u‖, measured here
     reported = Norms(  # ‖Δ_u‖ before clipping, as the clients sent it: the methods' values
         total=torch.tensor([c.norm for c in contributions], dtype=torch.float64),
         per_parameter_sq={},
@@ -257,11 +259,14 @@ def _add_users(
 
     def weighted_sums(weight_sets: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
         (weights,) = weight_sets  # DP-FedAvg's extras are values: no weighted deltas besides
-        out = {k: layout.zeros(k) for k in keys}
-        for u, c in enumerate(contributions):
-            for k in keys:
-                out[k].add_(layout.flat(k, c.clipped).mul_(weights[k][u].to(out[k])))
-        return [out]
+        flats = {k: layout.zeros(k) for k in keys}
+        views = layout.views(flats)
+        for key, names in layout.buffers.items():
+            w = weights[key].to(flats[key])
+            for u, c in enumerate(contributions):
+                for n in names:  # Σ_u w_u Δ̃_u straight into the flat buffer's views
+                    views[n].addcmul_(c.clipped[n].detach().to(views[n]), w[u])
+        return [flats]
 
     ones = torch.ones(len(contributions), dtype=torch.float64, device=first)
     try:
@@ -282,3 +287,14 @@ def _add_users(
             f"to C_t = {rp.clip:.6g}, got norm = {norm:.6g}. Clip it on the client with "
             f"dpfy.federated.clip_delta(delta, config['clip']) (the step's check: {err})"
         ) from err
+
+
+def _sq_norm(
+    tensors: Mapping[str, torch.Tensor], names: tuple[str, ...], device: torch.device
+) -> torch.Tensor:
+    """Σ_k ‖t_k‖² over ``names``: a float64 scalar on ``device``, each norm accumulated in
+    float64 where its tensor lives (a reply on the host is not copied to the device for it)."""
+    norms = [
+        torch.linalg.vector_norm(tensors[n].detach(), dtype=torch.float64).to(device) for n in names
+    ]
+    return torch.stack(norms).square().sum()
