@@ -127,11 +127,16 @@ def delta_norm(delta: Mapping[str, torch.Tensor]) -> float:
 
 
 def clip_delta(delta: Mapping[str, torch.Tensor], clip: float) -> tuple[Delta, float]:
-    """(Δ · min(1, C/‖Δ‖), ‖Δ‖): the clipped delta and the norm before clipping."""
+    """(Δ · min(1, C/‖Δ‖), ‖Δ‖): the clipped delta and the norm before clipping.
+
+    Scaled in float32 at least: a bfloat16 or float16 product rounds each entry by up to 2⁻⁸
+    (2⁻¹¹ for float16) relative, which can land the delta above C, where the server refuses it
+    (float32's 2⁻²⁴ is within the server's check)."""
     require(clip > 0, "clip", clip, "> 0")
     norm = delta_norm(delta)
     scale = min(1.0, clip / norm) if norm > 0 else 1.0
-    return {n: t * scale for n, t in delta.items()}, norm
+    wide = {n: t.to(torch.promote_types(t.dtype, torch.float32)) for n, t in delta.items()}
+    return {n: t * scale for n, t in wide.items()}, norm
 
 
 def local_seed(seed: int | None, round_index: int, user: int) -> int | None:

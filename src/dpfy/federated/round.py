@@ -35,6 +35,7 @@ __all__ = [
     "check_contributions",
     "FlatLayout",
     "round_release",
+    "sum_dtype",
 ]
 
 # Adaptive methods whose clipping is one threshold on the whole delta, min(1, C_t/‖Δ_u‖),
@@ -159,21 +160,36 @@ def check_contributions(
         )
 
 
+def sum_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a round sums (and noises) parameters of ``dtype`` in: float32 at least.
+
+    A sum in bfloat16 or float16 is not within C of its neighbour's: a partial sum of 256 in
+    bfloat16 moves by 2 when a user adds 1 + 2⁻⁷ (its grid there is spaced 2), nearly twice
+    C. Summed in float32, neighbouring sums differ by C up to float32's rounding (the
+    check's slack); the noisy sum is then cast to the parameters' dtype (post-processing)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 class FlatLayout:
-    """The trainable parameters as flat buffers: one per (device, dtype), so one for a model
-    on one device in one dtype. A round's sum over users is one buffer each, and its noise one
-    draw over each, on the parameters' device (the sums in the parameters' dtype)."""
+    """The trainable parameters as flat buffers: one per (device, summing dtype), so one for a
+    model on one device in one dtype. A round's sum over users is one buffer each, and its
+    noise one draw over each, on the parameters' device, in float32 at least
+    (:func:`sum_dtype`)."""
 
     def __init__(self, params: Mapping[str, torch.Tensor]) -> None:
         self.params = dict(params)
         self.buffers: dict[str, tuple[str, ...]] = {}
         for name, p in self.params.items():
-            key = f"{p.device}/{p.dtype}"
+            key = f"{p.device}/{sum_dtype(p.dtype)}"
             self.buffers[key] = self.buffers.get(key, ()) + (name,)
 
     def like(self, key: str) -> torch.Tensor:
-        """A parameter of buffer ``key``: its device and dtype are the buffer's."""
+        """A parameter of buffer ``key``: its device is the buffer's."""
         return self.params[self.buffers[key][0]]
+
+    def dtype(self, key: str) -> torch.dtype:
+        """The dtype buffer ``key`` sums and noises in."""
+        return sum_dtype(self.like(key).dtype)
 
     def size(self, key: str) -> int:
         return sum(self.params[n].numel() for n in self.buffers[key])
@@ -188,16 +204,15 @@ class FlatLayout:
 
     def zeros(self, key: str) -> torch.Tensor:
         """A zero flat buffer ``key``: on its device, in its dtype."""
-        p = self.like(key)
-        return torch.zeros(self.size(key), device=p.device, dtype=p.dtype)
+        return torch.zeros(self.size(key), device=self.like(key).device, dtype=self.dtype(key))
 
     def holders(self) -> dict[str, nn.Parameter]:
         """One (size,) stand-in per buffer for :meth:`StepSums.release` to set ``.grad`` on: an
         expanded zero, so it allocates nothing (the release's gradient is its own buffer)."""
         out = {}
         for key in self.buffers:
-            p = self.like(key)
-            zero = torch.zeros((), device=p.device, dtype=p.dtype).expand(self.size(key))
+            where, dtype = self.like(key).device, self.dtype(key)
+            zero = torch.zeros((), device=where, dtype=dtype).expand(self.size(key))
             out[key] = nn.Parameter(zero, requires_grad=False)
         return out
 
@@ -214,7 +229,8 @@ def round_release(
     sums (:class:`~dpfy.step.sums.StepSums`) assert every user's ‖Δ̃_u‖ ≤ C_t and each extra
     release's bound (:func:`~dpfy.step.sums.check_bound`) before anything is summed, then noise
     each sum once: S̃ = Σ_u Δ̃_u + N(0, (σC_t)² I), over one flat buffer per
-    :class:`FlatLayout` buffer. Returns the released mean delta {name: S̃/b} and extras.
+    :class:`FlatLayout` buffer. Returns the released mean delta {name: S̃/b}
+    (in the parameters' dtypes) and extras.
 
     A round with no replies still releases (noise only): its sensitivity is C_t all the same.
     """
@@ -234,7 +250,8 @@ def round_release(
     for key, h in holders.items():
         assert h.grad is not None, "the release set every buffer's gradient"
         flats[key] = h.grad
-    return layout.views(flats), extras
+    mean = layout.views(flats)  # noised: the cast to the parameters' dtypes is post-processing
+    return {n: m.to(layout.params[n].dtype) for n, m in mean.items()}, extras
 
 
 def _add_users(
@@ -246,7 +263,7 @@ def _add_users(
     first = layout.like(keys[0]).device
 
     sq = {  # ‖Δ̃_u‖² over each buffer's parameters, (U,) float64 on ``first``: sensitive
-        k: torch.stack([_sq_norm(c.clipped, names, first) for c in contributions])
+        k: torch.stack([_sq_norm(c.clipped, names, layout.dtype(k), first) for c in contributions])
         for k, names in layout.buffers.items()
     }
     total = torch.stack(list(sq.values())).sum(0).sqrt()  # ‖Δ̃_u‖, measured here
@@ -290,11 +307,17 @@ def _add_users(
 
 
 def _sq_norm(
-    tensors: Mapping[str, torch.Tensor], names: tuple[str, ...], device: torch.device
+    tensors: Mapping[str, torch.Tensor],
+    names: tuple[str, ...],
+    dtype: torch.dtype,
+    device: torch.device,
 ) -> torch.Tensor:
     """Σ_k ‖t_k‖² over ``names``: a float64 scalar on ``device``, each norm accumulated in
-    float64 where its tensor lives (a reply on the host is not copied to the device for it)."""
+    float64 where its tensor lives (a reply on the host is not copied to the device for it),
+    of the tensor as the sum adds it: in the buffer's ``dtype`` (no copy where it is the
+    reply's), so no conversion after the check can lengthen it."""
     norms = [
-        torch.linalg.vector_norm(tensors[n].detach(), dtype=torch.float64).to(device) for n in names
+        torch.linalg.vector_norm(tensors[n].detach().to(dtype), dtype=torch.float64).to(device)
+        for n in names
     ]
     return torch.stack(norms).square().sum()
