@@ -11,10 +11,11 @@ optimizer lr 1, so the step is η). ``pur_data``: min_ratio 0.5, 5 % of each ste
 the norm release, moving-average weight 0.9.
 
 - logreg: plain SGD, 10 epochs, η ∈ {0.5, 1, 2}, ε ∈ {1, 3}, seeds 0–2.
-- tanh CNN: SGD with momentum 0.9, 3 epochs, η ∈ {0.05, 0.1}, ε = 3, seeds 0–1.
+- tanh CNN: SGD with momentum 0.9, 6 epochs, η ∈ {0.05, 0.1, 0.2}, ε = 3, seeds 0–1.
 
 Usage: PYTHONPATH=src python experiments/pur/compare.py [logreg|cnn ...]  (writes
-results_compare_<model>.json beside this file)
+results_compare_<model>.json beside this file); ``compare.py --table [logreg|cnn ...]`` prints
+the README's rows from them.
 """
 
 import json
@@ -41,7 +42,7 @@ ARMS = ("constant", "pur", "pur_data")
 SETTINGS = {
     "logreg": dict(model="logreg", epochs=10, momentum=0.0, etas=(0.5, 1.0, 2.0),
                    epsilons=(1.0, 3.0), seeds=(0, 1, 2)),
-    "cnn": dict(model="tanh_cnn", epochs=3, momentum=0.9, etas=(0.05, 0.1), epsilons=(3.0,),
+    "cnn": dict(model="tanh_cnn", epochs=6, momentum=0.9, etas=(0.05, 0.1, 0.2), epsilons=(3.0,),
                 seeds=(0, 1)),
 }  # fmt: skip
 
@@ -122,5 +123,28 @@ def main(names):
         path.write_text(json.dumps(out, indent=1))
 
 
+def table(name):
+    """The README's Markdown rows from results_compare_<name>.json: per ε and arm, the selected
+    η's test accuracy (mean ± sample std over seeds), its validation mean, σ first → last
+    (seed 0), σ averaged over steps and seeds, the ledger's ε (seed 0)."""
+    rows = json.loads(Path(__file__).with_name(f"results_compare_{name}.json").read_text())["rows"]
+    out = []
+    for eps in sorted({r["epsilon"] for r in rows}):
+        for arm in ARMS:
+            sel = [r for r in rows if r["epsilon"] == eps and r["arm"] == arm and r["selected"]]
+            test = torch.tensor([100 * r["test"] for r in sel], dtype=torch.float64)
+            val = sum(100 * r["val"] for r in sel) / len(sel)
+            std = float(test.std()) if len(sel) > 1 else float("nan")
+            mean_sigma = sum(r["sigma_mean"] for r in sel) / len(sel)
+            out.append(f"| {name} | {eps:g} | {arm} | {sel[0]['eta']:g} | {val:.2f} | "
+                       f"{float(test.mean()):.2f} ± {std:.2f} | {sel[0]['sigma_first']:.2f} → "
+                       f"{sel[0]['sigma_last']:.2f} | {mean_sigma:.2f} | "
+                       f"{sel[0]['epsilon_spent']:.3f} |")  # fmt: skip
+    return "\n".join(out)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:] or list(SETTINGS))
+    if sys.argv[1:2] == ["--table"]:
+        print("\n".join(table(n) for n in sys.argv[2:] or list(SETTINGS)))
+    else:
+        main(sys.argv[1:] or list(SETTINGS))
