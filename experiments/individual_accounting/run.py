@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
 from dpfy.data import load_dataset
+from dpfy.data.splits import holdout_indices
 from dpfy.models import build_model
 from dpfy.norm_tracker import NormTracker
 
@@ -29,8 +30,8 @@ N, BATCH, EPOCHS, C, EPS, DELTA, K, R = 8000, 256, 10, 1.0, 3.0, 1e-5, 32, 0.01
 here = Path(__file__).parent
 data = load_dataset("fashion_mnist")
 x_all, y_all = data.train.tensors
-perm = torch.randperm(len(y_all), generator=torch.Generator().manual_seed(1234))
-x, y = x_all[perm[:N]], y_all[perm[:N]]
+tr, _ = holdout_indices(len(y_all), N, 0, seed=1234)
+x, y = x_all[tr], y_all[tr]
 t0 = time.time()
 torch.manual_seed(0)
 model = build_model("logreg", input_shape=data.input_shape, num_classes=10)

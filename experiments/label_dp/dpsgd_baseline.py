@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
 from dpfy.data import load_dataset
+from dpfy.data.splits import holdout_indices
 from dpfy.models import build_model
 
 warnings.filterwarnings("ignore")
@@ -26,8 +27,7 @@ torch.set_num_threads(1)
 N_TRAIN, N_VAL, BATCH, EPOCHS = 8000, 2000, 256, 10
 data = load_dataset("fashion_mnist")
 x_all, y_all = data.train.tensors
-perm = torch.randperm(len(y_all), generator=torch.Generator().manual_seed(1234))
-tr, va = perm[:N_TRAIN], perm[N_TRAIN : N_TRAIN + N_VAL]
+tr, va = holdout_indices(len(y_all), N_TRAIN, N_VAL, seed=1234)
 xt, yt = data.test.tensors
 
 

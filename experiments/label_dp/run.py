@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from dpfy.data import load_dataset
+from dpfy.data.splits import holdout_indices
 from dpfy.label_dp import fit_classifier, randomize_labels
 from dpfy.models import build_model
 
@@ -27,8 +28,8 @@ torch.set_num_threads(1)
 
 data = load_dataset("fashion_mnist")
 x_all, y_all = data.train.tensors
-perm = torch.randperm(len(y_all), generator=torch.Generator().manual_seed(1234))
-x, y = x_all[perm[: N_TRAIN + N_VAL]], y_all[perm[: N_TRAIN + N_VAL]]
+kept = torch.cat(holdout_indices(len(y_all), N_TRAIN, N_VAL, seed=1234))
+x, y = x_all[kept], y_all[kept]
 xt, yt = data.test.tensors
 tr, va = torch.arange(N_TRAIN), torch.arange(N_TRAIN, N_TRAIN + N_VAL)
 

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import dpfy
 from dpfy.adaptive import make
 from dpfy.data import load_dataset
+from dpfy.data.splits import holdout_indices
 from dpfy.models import build_model
 
 warnings.filterwarnings("ignore")
@@ -31,8 +32,7 @@ ETAS, SEEDS, EPSILONS = (0.5, 1.0, 2.0), (0, 1, 2), (1.0, 3.0)
 
 data = load_dataset("fashion_mnist")
 x_all, y_all = data.train.tensors
-perm = torch.randperm(len(y_all), generator=torch.Generator().manual_seed(1234))
-tr, va = perm[:N_TRAIN], perm[N_TRAIN : N_TRAIN + N_VAL]
+tr, va = holdout_indices(len(y_all), N_TRAIN, N_VAL, seed=1234)
 xt, yt = data.test.tensors
 
 

@@ -28,10 +28,8 @@ The bounds hold for noiseless, unclipped gradient descent; under clipping and no
 heuristic shape (as in the paper), but the privacy accounting does not depend on them: every
 σ_t is public and recorded in the ledger.
 
-The data-dependent variant (σ_t ∝ a noisy release of ‖∇F(θ_t)‖) is not provided: its σ_t would
-depend on earlier releases, so its total ε cannot be calibrated in advance like the other
-schedules; a run would need a fixed per-step budget for the norm release plus the budget
-guard's early stop.
+The data-dependent variant (σ_t ∝ a noisy release of the gradient norm) is ``pur_data``
+(``pur_data.py``); the step-size check and the η = 1/(2M) scale below are shared with it.
 
 Releases per step: the clipped-gradient sum, noise multiplier σ_t.
 """
@@ -48,7 +46,7 @@ from dpfy.adaptive._planned import PlannedSchedule, calibrate_scaled_schedule, c
 from dpfy.adaptive.base import register
 from dpfy.types import RunFacts, StepPlan
 
-__all__ = ["PURSchedule", "BOUNDS"]
+__all__ = ["PURSchedule", "BOUNDS", "check_step_size", "optimizer_lr", "with_pur_step"]
 
 BOUNDS = ("convex", "pl")
 
@@ -85,14 +83,7 @@ class PURSchedule(PlannedSchedule):
     sets = frozenset({"noise_multiplier", "lr_scale"})
 
     def __post_init__(self) -> None:
-        require(
-            isinstance(self.smoothness, (int, float)) and 0 < self.smoothness < math.inf,
-            "smoothness",
-            self.smoothness,
-            "> 0 and finite",
-            "Declare M, the loss's smoothness constant (e.g. R²/2 for softmax regression on "
-            "inputs of norm ≤ R)",
-        )
+        check_step_size(self.smoothness, self.step_size)
         require(self.bound in BOUNDS, "bound", self.bound, f"one of {list(BOUNDS)}")
         if self.bound == "pl":
             mu = self.pl_constant
@@ -111,12 +102,6 @@ class PURSchedule(PlannedSchedule):
                 "unset for bound='convex'",
                 "Drop pl_constant, or pass bound='pl'",
             )
-        require(
-            self.step_size in ("pur", "optimizer"),
-            "step_size",
-            self.step_size,
-            "'pur' or 'optimizer'",
-        )
         require(self.per in ("epoch", "step"), "per", self.per, "'epoch' or 'step'")
         if self.initial is not None:
             require(self.initial > 0, "initial", self.initial, "> 0", "Pass σ_0 or leave it unset")
@@ -124,15 +109,7 @@ class PURSchedule(PlannedSchedule):
 
     def calibrate(self, facts: RunFacts) -> "PURSchedule":
         """σ_0 for the run's target ε, and the optimizer's lr for the η = 1/(2M) scale."""
-        lr = (facts.inner_hyperparameters or {}).get("lr")
-        if self.step_size == "pur":
-            require(
-                isinstance(lr, (int, float)) and lr > 0,
-                "optimizer lr",
-                lr,
-                "a positive number for step_size='pur'",
-                "Wrap an optimizer with a learning rate, or pass step_size='optimizer'",
-            )
+        lr = optimizer_lr(facts, self.step_size)
         return calibrate_scaled_schedule(replace(self, lr=lr), facts)
 
     def factor(self, u: int) -> float:
@@ -161,7 +138,38 @@ class PURSchedule(PlannedSchedule):
         return self.initial * self.factor(self.unit(step))
 
     def plan(self, state: None, plan: StepPlan) -> StepPlan:
-        out = super().plan(state, plan)
-        if self.step_size == "optimizer" or self.lr is None:
-            return out
-        return replace(out, lr_scale=1.0 / (2.0 * self.smoothness * self.lr))
+        return with_pur_step(super().plan(state, plan), self.smoothness, self.lr, self.step_size)
+
+
+def check_step_size(smoothness: float, step_size: str) -> None:
+    """Refuse a smoothness M that is not a positive finite number, or an unknown step rule."""
+    require(
+        isinstance(smoothness, (int, float)) and 0 < smoothness < math.inf,
+        "smoothness",
+        smoothness,
+        "> 0 and finite",
+        "Declare M, the loss's smoothness constant (e.g. R²/2 for softmax regression on "
+        "inputs of norm ≤ R)",
+    )
+    require(step_size in ("pur", "optimizer"), "step_size", step_size, "'pur' or 'optimizer'")
+
+
+def optimizer_lr(facts: RunFacts, step_size: str) -> float | None:
+    """The inner optimizer's lr from the run's facts (required for ``step_size="pur"``)."""
+    lr = (facts.inner_hyperparameters or {}).get("lr")
+    if step_size == "pur":
+        require(
+            isinstance(lr, (int, float)) and lr > 0,
+            "optimizer lr",
+            lr,
+            "a positive number for step_size='pur'",
+            "Wrap an optimizer with a learning rate, or pass step_size='optimizer'",
+        )
+    return lr
+
+
+def with_pur_step(plan: StepPlan, smoothness: float, lr: float | None, step_size: str) -> StepPlan:
+    """``plan`` with the lr scale that makes the optimizer's step η = 1/(2M) (step_size="pur")."""
+    if step_size == "optimizer" or lr is None:
+        return plan
+    return replace(plan, lr_scale=1.0 / (2.0 * smoothness * lr))

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch.utils.data import Dataset
 
-__all__ = ["DataSplits"]
+from dpfy._require import require
+
+__all__ = ["DataSplits", "holdout_indices"]
 
 
 @dataclass(frozen=True)
@@ -40,3 +43,24 @@ class DataSplits:
     @property
     def num_test(self) -> int:
         return len(self.test)  # type: ignore[arg-type]
+
+
+def holdout_indices(
+    num_examples: int, num_train: int, num_val: int, *, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Training and validation indices carved from one training split: the first ``num_train``
+    and the next ``num_val`` entries of a random permutation of ``range(num_examples)``.
+
+    The experiments select hyperparameters on the validation part and read the test split once.
+    ``seed`` fixes the permutation so that every experiment uses the same split; it is not a
+    privacy seed (which examples are in the split is public, the examples are not).
+    """
+    require(
+        num_train > 0 and num_val >= 0 and num_train + num_val <= num_examples,
+        "num_train + num_val",
+        num_train + num_val,
+        f"<= num_examples = {num_examples} (num_train > 0, num_val >= 0)",
+        "Carve fewer examples",
+    )
+    perm = torch.randperm(num_examples, generator=torch.Generator().manual_seed(seed))
+    return perm[:num_train], perm[num_train : num_train + num_val]
