@@ -56,6 +56,7 @@ from dpfy.types import PLAN_FIELDS, Clip, Norms, ReleaseSpec, RunFacts, StepOutc
 
 __all__ = [
     "Method",
+    "method_name",
     "bind_facts",
     "calibrate_for_run",
     "check_plan",
@@ -189,6 +190,12 @@ class Method(Generic[S]):
         return not self.ledger_depends_on_data
 
 
+def method_name(method: Method) -> str:
+    """The name a refusal or a report gives ``method``: its registry name (``"+"``-joined for
+    a chain), or its class name when it is not registered."""
+    return method.registry_name or type(method).__name__
+
+
 def bind_facts(method: M, facts: RunFacts) -> M:
     """``method`` marked as calibrated for ``facts`` (a copy if it is a dataclass)."""
     out = dataclasses.replace(method) if dataclasses.is_dataclass(method) else method
@@ -205,7 +212,7 @@ def calibrate_for_run(method: Method, facts: RunFacts) -> Method:
         if diff:
             raise PrivacyRefusal(
                 f"method must be calibrated for this run's facts, got method = "
-                f"{method.registry_name or type(method).__name__!r} built for other facts "
+                f"{method_name(method)!r} built for other facts "
                 f"({'; '.join(diff)}). Build it without facts (dpfy.adaptive.make(name, ...)) "
                 f"and let make_private calibrate it, or pass the run's own facts"
             )
@@ -242,7 +249,7 @@ def check_plan(method: Method, before: StepPlan, after: StepPlan) -> None:
     """Refuse ``after = method.plan(state, before)`` if it changes a field ``method.sets`` does
     not declare (a ``NOISE_SPLIT`` method may raise σ, never lower it)."""
     sets = frozenset(method.sets)
-    name = method.registry_name or type(method).__name__
+    name = method_name(method)
     require(sets <= set(SETS), f"{name}.sets", sorted(sets), f"a subset of {list(SETS)}")
     allowed = set(sets) & set(PLAN_FIELDS)
     if NOISE_SPLIT in sets and "noise_multiplier" not in sets:

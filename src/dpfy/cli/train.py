@@ -96,6 +96,21 @@ def train_parser() -> argparse.ArgumentParser:
     return holder.choices["train"]
 
 
+def add_train_like_parser(
+    subparsers: argparse._SubParsersAction, name: str, doc: str, example: str
+) -> argparse.ArgumentParser:
+    """The parser of command ``name`` that takes every ``dpfy train`` flag (its parent) and adds
+    its own: ``doc`` is the command module's docstring, ``example`` the epilog's command line."""
+    return subparsers.add_parser(
+        name,
+        parents=[train_parser()],
+        conflict_handler="resolve",
+        help=SUBCOMMANDS[name],
+        description=doc.splitlines()[0],
+        epilog=f"Example: {example}",
+    )
+
+
 def explicit_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The settings the user gave (config file, then flags on top), as field values."""
     values = load_config_file(args.config) if args.config else {}
