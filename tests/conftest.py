@@ -141,4 +141,5 @@ def interrupt(monkeypatch):
                 train(cfg, out=out, progress=False, echo=lambda s: None)
         finally:
             monkeypatch.setattr(trainer_mod, "run_epoch", real)
+
     return run

@@ -64,6 +64,7 @@ class CyclicPoissonSampler(UnitSampler):
     """
 
     sampling = Sampling.CYCLIC_POISSON
+
     def __init__(
         self, dataset_size: int, batch_size: int, *, bands: int, seed: int | None = None
     ) -> None:

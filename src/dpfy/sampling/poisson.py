@@ -37,6 +37,7 @@ class PoissonSampler(UnitSampler):
     """
 
     sampling = Sampling.POISSON
+
     def __init__(
         self,
         dataset_size: int,

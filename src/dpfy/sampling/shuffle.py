@@ -61,6 +61,7 @@ class ShuffleSampler(UnitSampler):
     """
 
     sampling = Sampling.SHUFFLE
+
     def __init__(
         self,
         dataset_size: int,
