@@ -57,6 +57,8 @@ from dpfy.types import PLAN_FIELDS, Clip, Norms, ReleaseSpec, RunFacts, StepOutc
 __all__ = [
     "Method",
     "method_name",
+    "setting",
+    "inner_lr",
     "bind_facts",
     "calibrate_for_run",
     "check_plan",
@@ -73,6 +75,7 @@ __all__ = [
 ]
 
 S = TypeVar("S")
+T = TypeVar("T")
 M = TypeVar("M", bound="Method")
 
 REGISTRY: dict[str, type[Method]] = {}
@@ -194,6 +197,24 @@ def method_name(method: Method) -> str:
     """The name a refusal or a report gives ``method``: its registry name (``"+"``-joined for
     a chain), or its class name when it is not registered."""
     return method.registry_name or type(method).__name__
+
+
+def setting(value: T | None, name: str, fix: str) -> T:
+    """``value``, refused while it is None: a setting ``make_private`` fills in when it
+    calibrates the method (or the user gives), which a hook needs; ``fix`` says how to set it."""
+    require(value is not None, name, None, "set", fix)
+    assert value is not None  # the require above refused None
+    return value
+
+
+def inner_lr(facts: RunFacts, name: str, constraint: str, fix: str) -> float:
+    """The wrapped optimizer's learning rate from ``facts``, refused unless it is a number > 0
+    (a method that scales or steps by it reads it here; ``name``, ``constraint`` and ``fix``
+    word the refusal in the method's own terms)."""
+    lr = (facts.inner_hyperparameters or {}).get("lr")
+    require(isinstance(lr, (int, float)) and lr > 0, name, lr, constraint, fix)
+    assert isinstance(lr, (int, float))  # the require above refused others
+    return float(lr)
 
 
 def bind_facts(method: M, facts: RunFacts) -> M:

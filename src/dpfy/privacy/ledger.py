@@ -297,13 +297,17 @@ class Ledger:
     def extend(self, other: "Ledger") -> None:
         """Append every step of ``other`` after this ledger's steps."""
         for g in other.groups:
-            self.record_step(
-                sampling=g.sampling,
-                sample_rate=g.sample_rate,
-                releases=g.releases,
-                count=g.count,
-                max_examples_per_user=g.max_examples_per_user,
-            )
+            self._record_group(g)
+
+    def _record_group(self, g: StepGroup) -> None:
+        """Append the steps of group ``g`` (of another ledger, or read from a file)."""
+        self.record_step(
+            sampling=g.sampling,
+            sample_rate=g.sample_rate,
+            releases=g.releases,
+            count=g.count,
+            max_examples_per_user=g.max_examples_per_user,
+        )
 
     def followed_by(self, other: "Ledger") -> "Ledger":
         """A new ledger: this one's steps, then every step of ``other`` (neither is changed)."""
@@ -467,13 +471,7 @@ class Ledger:
                 f"{out.num_steps} (groups must be contiguous)",
                 "The ledger is corrupt: a step is missing or counted twice",
             )
-            out.record_step(
-                sampling=sg.sampling,
-                sample_rate=sg.sample_rate,
-                releases=sg.releases,
-                count=sg.count,
-                max_examples_per_user=sg.max_examples_per_user,
-            )
+            out._record_group(sg)
         if "num_steps" in d:
             _expect(
                 d["num_steps"] == out.num_steps,
