@@ -138,15 +138,12 @@ class AdaClip(Method[AdaClipState]):
         )
 
     def calibrate(self, facts: RunFacts) -> "AdaClip":
-        c0 = self.initial_clip if self.initial_clip is not None else facts.max_grad_norm
-        require(
-            c0 is not None,
+        c0 = setting(
+            self.initial_clip if self.initial_clip is not None else facts.max_grad_norm,
             "initial_clip",
-            None,
-            "given or the run's max_grad_norm",
             "Pass initial_clip= (the first step's flat clip)",
+            "given or the run's max_grad_norm",
         )
-        assert c0 is not None  # the require above refused None
         return bind_facts(replace(self, initial_clip=float(c0)), facts)
 
     def _c0(self) -> float:

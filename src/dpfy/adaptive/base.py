@@ -199,10 +199,11 @@ def method_name(method: Method) -> str:
     return method.registry_name or type(method).__name__
 
 
-def setting(value: T | None, name: str, fix: str) -> T:
-    """``value``, refused while it is None: a setting ``make_private`` fills in when it
-    calibrates the method (or the user gives), which a hook needs; ``fix`` says how to set it."""
-    require(value is not None, name, None, "set", fix)
+def setting(value: T | None, name: str, fix: str, constraint: str = "set") -> T:
+    """``value``, refused while it is None: a setting the user gives or ``make_private`` fills
+    in from the run (when it calibrates the method), which a hook needs; the refusal says
+    ``name`` must be ``constraint`` and ``fix`` says how to give it."""
+    require(value is not None, name, None, constraint, fix)
     assert value is not None  # the require above refused None
     return value
 

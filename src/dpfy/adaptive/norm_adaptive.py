@@ -121,15 +121,12 @@ class NormAdaptiveClipping(Method[NormAdaptiveState]):
         require(isinstance(self.per_layer, bool), "per_layer", self.per_layer, "a bool")
 
     def calibrate(self, facts: RunFacts) -> "NormAdaptiveClipping":
-        initial = self.initial_clip if self.initial_clip is not None else facts.max_grad_norm
-        require(
-            initial is not None,
+        initial = setting(
+            self.initial_clip if self.initial_clip is not None else facts.max_grad_norm,
             "initial_clip",
-            None,
-            "given when the run has no single max_grad_norm",
             "Pass initial_clip=C_0",
+            "given when the run has no single max_grad_norm",
         )
-        assert initial is not None  # the require above refused None
         groups = 1
         if self.per_layer:
             require(
