@@ -18,6 +18,7 @@ from dpfy.noise.generator import _secure_words
 from torch.utils.data import TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent / "data"))  # fake_idx, from any directory
 
 from device_index import indexed_device  # noqa: E402  (tests/ is on the path from here on)
 
@@ -116,3 +117,29 @@ def _torch_process_settings():
         torch.set_num_threads(threads)
     if torch.get_default_device() != default:
         torch.set_default_device(default)
+
+
+@pytest.fixture
+def interrupt(monkeypatch):
+    """``interrupt(cfg, out, after_epochs=k)``: run the TrainConfig ``cfg`` and stop it after k
+    epochs (the training and command-line tests)."""
+    import dpfy.train.trainer as trainer_mod
+    from dpfy.train import train
+
+    def run(cfg, out: Path, *, after_epochs: int) -> None:
+        real, calls = trainer_mod.run_epoch, []
+
+        def crash(*args, **kwargs):
+            calls.append(1)
+            if len(calls) > after_epochs:
+                raise KeyboardInterrupt
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(trainer_mod, "run_epoch", crash)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                train(cfg, out=out, progress=False, echo=lambda s: None)
+        finally:
+            monkeypatch.setattr(trainer_mod, "run_epoch", real)
+
+    return run

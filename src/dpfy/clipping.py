@@ -39,6 +39,7 @@ __all__ = [
     "MicrobatchClipping",
     "CLIPPINGS",
     "make_clipping",
+    "group_weights",
 ]
 
 CLIPPINGS = ("flat", "per_layer", "automatic", "individual", "microbatch")
@@ -60,6 +61,19 @@ def total_norm(sq: SqNorms) -> torch.Tensor:
 def _min1(clip: torch.Tensor | float, norm: torch.Tensor) -> torch.Tensor:
     # C/0 = inf -> 1: a zero gradient is kept as is (exact, no epsilon in the denominator)
     return torch.clamp(clip / norm, max=1.0)
+
+
+def group_weights(clip: torch.Tensor, per_group: torch.Tensor) -> torch.Tensor:
+    """(B, K) min(1, C_k/‖g_{i,k}‖): the weights of per-group clipping for one planned clip per
+    group ``clip`` (K,) and the per-group norms ``per_group`` (B, K), refused when the norms
+    come in another number of groups than was planned."""
+    require(
+        per_group.shape[1] == clip.numel(),
+        "the number of clipping groups",
+        per_group.shape[1],
+        f"{clip.numel()} (as planned)",
+    )
+    return _min1(clip.to(per_group), per_group)  # (B, K) sensitive
 
 
 class ClippingPolicy:

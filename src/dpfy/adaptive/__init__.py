@@ -20,6 +20,7 @@ from dpfy.adaptive.base import (
     Method,
     check_plan,
     make,
+    method_name,
     register,
 )
 from dpfy.adaptive.chain import Chain, chain
@@ -44,6 +45,7 @@ FILE_ALIASES = {
 
 __all__ = [
     "Method",
+    "method_name",
     "REGISTRY",
     "FILE_ALIASES",
     "PLAN_FIELDS",

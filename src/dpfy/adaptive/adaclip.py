@@ -64,7 +64,7 @@ from typing import Mapping
 import torch
 
 from dpfy._require import require
-from dpfy.adaptive.base import Method, bind_facts, register
+from dpfy.adaptive.base import Method, bind_facts, register, setting
 from dpfy.types import Clip, Norms, RunFacts, StepOutcome, StepPlan
 
 __all__ = ["AdaClip", "AdaClipState", "scale_from_variance"]
@@ -138,27 +138,17 @@ class AdaClip(Method[AdaClipState]):
         )
 
     def calibrate(self, facts: RunFacts) -> "AdaClip":
-        c0 = self.initial_clip if self.initial_clip is not None else facts.max_grad_norm
-        require(
-            c0 is not None,
+        c0 = setting(
+            self.initial_clip if self.initial_clip is not None else facts.max_grad_norm,
             "initial_clip",
-            None,
-            "given or the run's max_grad_norm",
             "Pass initial_clip= (the first step's flat clip)",
+            "given or the run's max_grad_norm",
         )
-        assert c0 is not None  # the require above refused None
         return bind_facts(replace(self, initial_clip=float(c0)), facts)
 
     def _c0(self) -> float:
-        require(
-            self.initial_clip is not None,
-            "initial_clip",
-            None,
-            "set",
-            "Pass the method to make_private (it uses max_grad_norm) or give initial_clip=",
-        )
-        assert self.initial_clip is not None  # the require above refused None
-        return float(self.initial_clip)
+        fix = "Pass the method to make_private (it uses max_grad_norm) or give initial_clip="
+        return float(setting(self.initial_clip, "initial_clip", fix))
 
     def init(self) -> AdaClipState:
         return AdaClipState(mean={}, var={})

@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass, replace
 
 from dpfy._require import require
-from dpfy.adaptive.base import Method, bind_facts, register
+from dpfy.adaptive.base import Method, bind_facts, register, setting
 from dpfy.types import RunFacts
 from dpfy.types.plan import StepPlan
 
@@ -96,17 +96,11 @@ class AdamWOSM(Method[None]):
 
     def second_moment_limit(self, plan: StepPlan) -> float:
         """σ_t·C_t/b: the DP limit of √v (C_t: the gradient sum's L2 sensitivity)."""
-        require(
-            self.normalizer is not None,
-            "normalizer",
-            None,
-            "set",
-            "Pass the method to make_private, which sets it from the batch size",
-        )
-        assert self.normalizer is not None  # the require above refused None
+        fix = "Pass the method to make_private, which sets it from the batch size"
+        normalizer = setting(self.normalizer, "normalizer", fix)
         clip = plan.clip
         c = float(clip) if isinstance(clip, (int, float)) else float(clip.square().sum().sqrt())
-        return plan.noise_multiplier * c / self.normalizer
+        return plan.noise_multiplier * c / normalizer
 
     def plan(self, state: None, plan: StepPlan) -> StepPlan:
         require(

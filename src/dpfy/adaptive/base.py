@@ -56,6 +56,9 @@ from dpfy.types import PLAN_FIELDS, Clip, Norms, ReleaseSpec, RunFacts, StepOutc
 
 __all__ = [
     "Method",
+    "method_name",
+    "setting",
+    "inner_lr",
     "bind_facts",
     "calibrate_for_run",
     "check_plan",
@@ -72,6 +75,7 @@ __all__ = [
 ]
 
 S = TypeVar("S")
+T = TypeVar("T")
 M = TypeVar("M", bound="Method")
 
 REGISTRY: dict[str, type[Method]] = {}
@@ -189,6 +193,31 @@ class Method(Generic[S]):
         return not self.ledger_depends_on_data
 
 
+def method_name(method: Method) -> str:
+    """The name a refusal or a report gives ``method``: its registry name (``"+"``-joined for
+    a chain), or its class name when it is not registered."""
+    return method.registry_name or type(method).__name__
+
+
+def setting(value: T | None, name: str, fix: str, constraint: str = "set") -> T:
+    """``value``, refused while it is None: a setting the user gives or ``make_private`` fills
+    in from the run (when it calibrates the method), which a hook needs; the refusal says
+    ``name`` must be ``constraint`` and ``fix`` says how to give it."""
+    require(value is not None, name, None, constraint, fix)
+    assert value is not None  # the require above refused None
+    return value
+
+
+def inner_lr(facts: RunFacts, name: str, constraint: str, fix: str) -> float:
+    """The wrapped optimizer's learning rate from ``facts``, refused unless it is a number > 0
+    (a method that scales or steps by it reads it here; ``name``, ``constraint`` and ``fix``
+    word the refusal in the method's own terms)."""
+    lr = (facts.inner_hyperparameters or {}).get("lr")
+    require(isinstance(lr, (int, float)) and lr > 0, name, lr, constraint, fix)
+    assert isinstance(lr, (int, float))  # the require above refused others
+    return float(lr)
+
+
 def bind_facts(method: M, facts: RunFacts) -> M:
     """``method`` marked as calibrated for ``facts`` (a copy if it is a dataclass)."""
     out = dataclasses.replace(method) if dataclasses.is_dataclass(method) else method
@@ -205,7 +234,7 @@ def calibrate_for_run(method: Method, facts: RunFacts) -> Method:
         if diff:
             raise PrivacyRefusal(
                 f"method must be calibrated for this run's facts, got method = "
-                f"{method.registry_name or type(method).__name__!r} built for other facts "
+                f"{method_name(method)!r} built for other facts "
                 f"({'; '.join(diff)}). Build it without facts (dpfy.adaptive.make(name, ...)) "
                 f"and let make_private calibrate it, or pass the run's own facts"
             )
@@ -242,7 +271,7 @@ def check_plan(method: Method, before: StepPlan, after: StepPlan) -> None:
     """Refuse ``after = method.plan(state, before)`` if it changes a field ``method.sets`` does
     not declare (a ``NOISE_SPLIT`` method may raise σ, never lower it)."""
     sets = frozenset(method.sets)
-    name = method.registry_name or type(method).__name__
+    name = method_name(method)
     require(sets <= set(SETS), f"{name}.sets", sorted(sets), f"a subset of {list(SETS)}")
     allowed = set(sets) & set(PLAN_FIELDS)
     if NOISE_SPLIT in sets and "noise_multiplier" not in sets:

@@ -24,16 +24,19 @@ from typing import Any, Mapping
 
 import torch
 
-from dpfy.adaptive.base import NOISE_SPLIT, Method, bind_facts, check_plan, calibrate_for_run
+from dpfy.adaptive.base import (
+    NOISE_SPLIT,
+    Method,
+    bind_facts,
+    calibrate_for_run,
+    check_plan,
+    method_name,
+)
 from dpfy.types import Clip, Norms, ReleaseSpec, RunFacts, StepOutcome, StepPlan
 
 __all__ = ["Chain", "chain"]
 
 Tensors = Mapping[str, torch.Tensor]
-
-
-def _name(m: Method) -> str:
-    return m.registry_name or type(m).__name__
 
 
 def chain(*methods: Method) -> "Chain":
@@ -62,26 +65,26 @@ class Chain(Method):
                 if f in seen:
                     raise ValueError(
                         f"chain members must set different plan fields, got {f!r} set by both "
-                        f"{seen[f]!r} and {_name(m)!r}. Keep one of them (e.g. one noise "
+                        f"{seen[f]!r} and {method_name(m)!r}. Keep one of them (e.g. one noise "
                         f"schedule), or fold both rules into one method"
                     )
-                seen[f] = _name(m)
+                seen[f] = method_name(m)
         setter = next((i for i, m in enumerate(self.members) if "noise_multiplier" in m.sets), None)
         splitter = next((i for i, m in enumerate(self.members) if NOISE_SPLIT in m.sets), None)
         if setter is not None and splitter is not None and splitter < setter:
             raise ValueError(
                 f"chain members must put a method that sets σ before one that splits it, got "
-                f"{_name(self.members[splitter])!r} (splits σ) before "
-                f"{_name(self.members[setter])!r} (sets σ). Swap them: the split divides the "
+                f"{method_name(self.members[splitter])!r} (splits σ) before "
+                f"{method_name(self.members[setter])!r} (sets σ). Swap them: the split divides the "
                 f"σ the schedule sets"
             )
-        clippers = [_name(m) for m in self.members if m.implements("clipping")]
+        clippers = [method_name(m) for m in self.members if m.implements("clipping")]
         if len(clippers) > 1:
             raise ValueError(
                 f"chain members must include at most one clipping, got {clippers}. "
                 f"Keep one adaptive clipping method"
             )
-        keys = [_name(m) for m in self.members]
+        keys = [method_name(m) for m in self.members]
         if len(set(keys)) != len(keys):
             raise ValueError(
                 f"chain members must be distinct methods, got {keys}. Use each method once"
@@ -98,13 +101,13 @@ class Chain(Method):
         return any(m.implements(hook) for m in self.members)
 
     def _states(self, state: Mapping[str, Any]):
-        return ((m, state[_name(m)]) for m in self.members)
+        return ((m, state[method_name(m)]) for m in self.members)
 
     def _with(self, hook: str, state: Mapping[str, Any]):
         return ((m, s) for m, s in self._states(state) if m.implements(hook))
 
     def init(self) -> dict[str, Any]:
-        return {_name(m): m.init() for m in self.members}
+        return {method_name(m): m.init() for m in self.members}
 
     def plan(self, state: Mapping[str, Any], plan: StepPlan) -> StepPlan:
         for m, s in self._states(state):
@@ -125,13 +128,13 @@ class Chain(Method):
                 if name in out:
                     raise ValueError(
                         f"release names in a chain must be unique, got {name!r} "
-                        f"twice (again from {_name(m)!r}). Rename one release"
+                        f"twice (again from {method_name(m)!r}). Rename one release"
                     )
                 out[name] = spec
         return out
 
     def update(self, state: Mapping[str, Any], outcome: StepOutcome) -> dict[str, Any]:
-        return {_name(m): m.update(s, outcome) for m, s in self._states(state)}
+        return {method_name(m): m.update(s, outcome) for m, s in self._states(state)}
 
     def calibrate(self, facts: RunFacts) -> "Chain":
         return bind_facts(Chain(tuple(calibrate_for_run(m, facts) for m in self.members)), facts)
@@ -156,6 +159,6 @@ class Chain(Method):
 
     def observe(self, state: Mapping[str, Any], *, val_metric: float) -> dict[str, Any]:
         return {
-            _name(m): (m.observe(s, val_metric=val_metric) if m.implements("observe") else s)
+            method_name(m): (m.observe(s, val_metric=val_metric) if m.implements("observe") else s)
             for m, s in self._states(state)
         }

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from dpfy._require import require
-from dpfy.adaptive.base import Method, check_plan, calibrate_for_run
+from dpfy.adaptive.base import Method, calibrate_for_run, check_plan, method_name
 from dpfy.adaptive.chain import Chain
 from dpfy.privacy.calibration import calibrate_run_noise_multiplier
 from dpfy.privacy.releases import GRADIENT, base_plan
@@ -64,10 +64,6 @@ def _norm(clip: float | torch.Tensor) -> float:
     if torch.is_tensor(clip):
         return float(clip.double().square().sum().sqrt())
     return float(clip)
-
-
-def _name(method: Method) -> str:
-    return method.registry_name or type(method).__name__
 
 
 def _members(method: Method) -> tuple[Method, ...]:
@@ -120,10 +116,15 @@ def describe_releases(
     plan = method.plan(state, base)  # a chain checks each member's plan itself
     check_plan(method, base, plan)
     members = _members(method)
-    states = [state[_name(m)] for m in members] if isinstance(method, Chain) else [state]
+    states = [state[method_name(m)] for m in members] if isinstance(method, Chain) else [state]
     extra = [
         ReleaseRow(
-            n, spec.kind, spec.label, spec.sensitivity, spec.noise_multiplier, owner=_name(member)
+            n,
+            spec.kind,
+            spec.label,
+            spec.sensitivity,
+            spec.noise_multiplier,
+            owner=method_name(member),
         )
         for member, s in zip(members, states)
         for n, spec in member.releases(s, plan).items()

@@ -45,7 +45,7 @@ import torch
 
 from dpfy._require import require
 from dpfy.adaptive._planned import PlannedSchedule, check_calibration, require_budget
-from dpfy.adaptive.base import bind_facts, register
+from dpfy.adaptive.base import bind_facts, register, setting
 from dpfy.privacy import gdp
 from dpfy.privacy.calibration import calibrate_schedule_scale
 from dpfy.types import RunFacts
@@ -168,23 +168,18 @@ class DynamicDPSGD(PlannedSchedule):
 
     def calibrate(self, facts: RunFacts) -> "DynamicDPSGD":
         """T and C_0 from the run; μ_0 solved for its target ε unless given."""
-        steps = self.total_steps if self.total_steps is not None else facts.steps
-        require(
-            steps is not None,
+        steps = setting(
+            self.total_steps if self.total_steps is not None else facts.steps,
             "steps",
-            None,
-            "known for method 'dynamic'",
             "Pass epochs= or max_steps= to make_private",
+            "known for method 'dynamic'",
         )
-        clip0 = self.clip0 if self.clip0 is not None else facts.max_grad_norm
-        require(
-            clip0 is not None,
+        clip0 = setting(
+            self.clip0 if self.clip0 is not None else facts.max_grad_norm,
             "max_grad_norm",
-            None,
-            "a float for method 'dynamic'",
             "Pass one clip norm (C_0), or give clip0=",
+            "a float for method 'dynamic'",
         )
-        assert clip0 is not None  # the require above refused None
         out = replace(self, total_steps=steps, clip0=float(clip0))
         if out.mu0 is None:
             require_budget(facts, "dynamic")

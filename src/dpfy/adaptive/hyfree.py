@@ -78,7 +78,7 @@ from typing import ClassVar, Literal, Mapping
 import torch
 
 from dpfy._require import require
-from dpfy.adaptive.base import Method, bind_facts, register
+from dpfy.adaptive.base import Method, bind_facts, inner_lr, register
 from dpfy.clipping import AutomaticClipping
 from dpfy.privacy.calibration import hyfree_noise_split
 from dpfy.types import Clip, Norms, ReleaseSpec, RunFacts, Sampling, StepOutcome, StepPlan
@@ -279,15 +279,8 @@ class HyFreeDP(Method[HyFreeState]):
         )
         assert facts.target_epsilon is not None and facts.delta is not None  # required above
         assert facts.steps is not None  # the require above refused None
-        base_lr = (facts.inner_hyperparameters or {}).get("lr")
-        require(
-            isinstance(base_lr, (int, float)) and base_lr > 0,
-            "optimizer lr",
-            base_lr,
-            "a number > 0",
-            "HyFreeDP scales the wrapped optimizer's learning rate",
-        )
-        assert isinstance(base_lr, (int, float))  # the require above refused others
+        fix = "HyFreeDP scales the wrapped optimizer's learning rate"
+        base_lr = inner_lr(facts, "optimizer lr", "a number > 0", fix)
         sigma_g, sigma_l = hyfree_noise_split(
             target_epsilon=facts.target_epsilon,
             delta=facts.delta,
@@ -301,7 +294,7 @@ class HyFreeDP(Method[HyFreeState]):
         )
         _warn_small_batch(sigma_l, facts)
         return bind_facts(
-            replace(self, gradient_noise=sigma_g, loss_noise=sigma_l, base_lr=float(base_lr)), facts
+            replace(self, gradient_noise=sigma_g, loss_noise=sigma_l, base_lr=base_lr), facts
         )
 
     def _calibrated(self) -> None:

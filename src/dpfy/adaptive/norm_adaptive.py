@@ -38,7 +38,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from dpfy._require import require
-from dpfy.adaptive.base import NOISE_SPLIT, Method, bind_facts, register
+from dpfy.adaptive.base import NOISE_SPLIT, Method, bind_facts, register, setting
+from dpfy.clipping import group_weights
 from dpfy.privacy.split import gaussian_remainder
 from dpfy.types import Clip, Norms, ReleaseSpec, RunFacts, StepOutcome, StepPlan
 
@@ -120,15 +121,12 @@ class NormAdaptiveClipping(Method[NormAdaptiveState]):
         require(isinstance(self.per_layer, bool), "per_layer", self.per_layer, "a bool")
 
     def calibrate(self, facts: RunFacts) -> "NormAdaptiveClipping":
-        initial = self.initial_clip if self.initial_clip is not None else facts.max_grad_norm
-        require(
-            initial is not None,
+        initial = setting(
+            self.initial_clip if self.initial_clip is not None else facts.max_grad_norm,
             "initial_clip",
-            None,
-            "given when the run has no single max_grad_norm",
             "Pass initial_clip=C_0",
+            "given when the run has no single max_grad_norm",
         )
-        assert initial is not None  # the require above refused None
         groups = 1
         if self.per_layer:
             require(
@@ -142,15 +140,9 @@ class NormAdaptiveClipping(Method[NormAdaptiveState]):
         return bind_facts(replace(self, initial_clip=float(initial), num_groups=groups), facts)
 
     def _k(self) -> int:
-        require(
-            self.num_groups is not None and self.initial_clip is not None,
-            "num_groups",
-            None,
-            "set",
-            "Pass the method to make_private, which calibrates it",
-        )
-        assert self.num_groups is not None  # the require above refused None
-        return int(self.num_groups)
+        both = self.num_groups if self.initial_clip is not None else None  # both or neither
+        fix = "Pass the method to make_private, which calibrates it"
+        return int(setting(both, "num_groups", fix))
 
     def init(self) -> NormAdaptiveState:
         k = self._k()
@@ -184,13 +176,7 @@ class NormAdaptiveClipping(Method[NormAdaptiveState]):
     def clipping(self, state: NormAdaptiveState, norms: Norms, plan: StepPlan) -> Clip:
         clips = self._clips(plan)
         n = self._norms(norms)  # (B, K) sensitive
-        require(
-            n.shape[1] == clips.numel(),
-            "the number of clipping groups",
-            n.shape[1],
-            f"{clips.numel()} (as planned)",
-        )
-        w = torch.clamp(clips.to(n) / n, max=1.0)  # (B, K) sensitive
+        w = group_weights(clips, n)  # (B, K) sensitive
         sensitivity = float(clips.square().sum().sqrt())
         if not self.per_layer:
             return Clip(w[:, 0], sensitivity=sensitivity)

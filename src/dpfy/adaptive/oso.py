@@ -66,7 +66,7 @@ from typing import Literal, Mapping
 import torch
 
 from dpfy._require import require
-from dpfy.adaptive.base import NOISE_SPLIT, Method, bind_facts, register
+from dpfy.adaptive.base import NOISE_SPLIT, Method, bind_facts, inner_lr, register
 from dpfy.privacy.split import split_noise_multiplier
 from dpfy.types import Clip, Norms, ReleaseSpec, RunFacts, StepOutcome, StepPlan
 
@@ -232,16 +232,13 @@ class OnlineSensitivity(Method[OSOState]):
         """The additive rule reads ρ_1, the inner optimizer's learning rate, from the facts."""
         if self.rule != "additive" or self.initial_lr is not None:
             return bind_facts(self, facts)
-        lr = (facts.inner_hyperparameters or {}).get("lr")
-        require(
-            isinstance(lr, (int, float)) and lr > 0,
+        lr = inner_lr(
+            facts,
             "the inner optimizer's lr",
-            lr,
             "a positive number for rule 'additive'",
             "Eqs. 13 and 16 step by ρ_c·ρ_1 and ρ_r·ρ_1; pass initial_lr= explicitly",
         )
-        assert isinstance(lr, (int, float))  # the require above refused others
-        return bind_facts(replace(self, initial_lr=float(lr)), facts)
+        return bind_facts(replace(self, initial_lr=lr), facts)
 
     @property
     def sets(self) -> frozenset[str]:  # type: ignore[override]

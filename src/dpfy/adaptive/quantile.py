@@ -31,7 +31,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from dpfy._require import require
-from dpfy.adaptive.base import NOISE_SPLIT, Method, bind_facts, register
+from dpfy.adaptive.base import NOISE_SPLIT, Method, bind_facts, register, setting
+from dpfy.clipping import group_weights
 from dpfy.privacy.split import quantile_noise_split
 from dpfy.types import Clip, Norms, ReleaseSpec, RunFacts, StepOutcome, StepPlan
 
@@ -114,15 +115,8 @@ class QuantileClipping(Method[QuantileState]):
         return bind_facts(replace(self, count_noise_std=std), facts)
 
     def _std(self) -> float:
-        require(
-            self.count_noise_std is not None,
-            "count_noise_std",
-            None,
-            "set",
-            "Pass the method to make_private (it sets σ_b from the batch size) or give it",
-        )
-        assert self.count_noise_std is not None  # the require above refused None
-        return float(self.count_noise_std)
+        fix = "Pass the method to make_private (it sets σ_b from the batch size) or give it"
+        return float(setting(self.count_noise_std, "count_noise_std", fix))
 
     def init(self) -> QuantileState:
         return QuantileState(clip=(self.initial_clip,))
@@ -196,15 +190,8 @@ class LayerQuantileClipping(Method[QuantileState]):
         return bind_facts(replace(self, num_groups=facts.num_groups), facts)
 
     def init(self) -> QuantileState:
-        require(
-            self.num_groups is not None,
-            "num_groups",
-            None,
-            "set",
-            "Pass the method to make_private, which counts the model's layers",
-        )
-        assert self.num_groups is not None  # the require above refused None
-        k = self.num_groups
+        fix = "Pass the method to make_private, which counts the model's layers"
+        k = setting(self.num_groups, "num_groups", fix)
         return QuantileState(clip=(self.initial_clip / math.sqrt(k),) * k)
 
     def _count_std(self, sigma: float, k: int) -> float:
@@ -221,13 +208,7 @@ class LayerQuantileClipping(Method[QuantileState]):
         clip = plan.clip  # (K,) public
         assert isinstance(clip, torch.Tensor)  # plan() sets one clip per group
         per_group = norms.per_group()  # (B, K) sensitive
-        require(
-            per_group.shape[1] == clip.numel(),
-            "the number of clipping groups",
-            per_group.shape[1],
-            f"{clip.numel()} (as planned)",
-        )
-        w = torch.clamp(clip.to(per_group) / per_group, max=1.0)  # (B, K) sensitive
+        w = group_weights(clip, per_group)  # (B, K) sensitive
         weights = {n: w[:, k] for k, g in enumerate(norms.groups) for n in g}
         return Clip(weights, sensitivity=float(clip.square().sum().sqrt()))
 

@@ -26,7 +26,14 @@ from dpfy import __version__
 from dpfy._require import MissingExtra
 from dpfy.errors import BudgetExhausted
 
-__all__ = ["main", "SUBCOMMANDS", "EXIT_BAD_INPUT", "EXIT_BUDGET_EXHAUSTED", "EXIT_INTERRUPTED"]
+__all__ = [
+    "main",
+    "add_command",
+    "SUBCOMMANDS",
+    "EXIT_BAD_INPUT",
+    "EXIT_BUDGET_EXHAUSTED",
+    "EXIT_INTERRUPTED",
+]
 
 EXIT_BAD_INPUT = 2
 EXIT_BUDGET_EXHAUSTED = 3
@@ -44,6 +51,26 @@ SUBCOMMANDS = {
     "audit": "train a configuration with canaries and print its empirical ε lower bounds",
     "tune": "run a hyperparameter grid under one privacy budget and publish the winner",
 }
+
+
+def add_command(
+    subparsers: argparse._SubParsersAction,
+    name: str,
+    doc: str,
+    example: str | None = None,
+    **options: object,
+) -> argparse.ArgumentParser:
+    """Subcommand ``name``'s parser: its help line from :data:`SUBCOMMANDS`, its description
+    the first line of its module's docstring ``doc``, and ``example`` (a command line) as the
+    epilog; ``options`` go to ``add_parser`` as they are."""
+    epilog = None if example is None else f"Example: {example}"
+    return subparsers.add_parser(
+        name,
+        help=SUBCOMMANDS[name],
+        description=doc.splitlines()[0],
+        epilog=epilog,
+        **options,  # type: ignore[arg-type]
+    )
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

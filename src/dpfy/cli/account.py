@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from dpfy.cli import SUBCOMMANDS
+from dpfy.cli import add_command
 from dpfy.cli.account_individual import (
     add_flags as add_individual_flags,
     refuse_without_individual,
@@ -184,12 +184,11 @@ def resolve_run_shape(
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "account",
-        help=SUBCOMMANDS["account"],
-        description=__doc__.splitlines()[0],
-        epilog="Example: dpfy account --sample-rate 0.005 --noise-multiplier 1 --steps 20000 "
-        "--delta 1e-6",
+        __doc__,
+        "dpfy account --sample-rate 0.005 --noise-multiplier 1 --steps 20000 --delta 1e-6",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_run_shape_arguments(p)

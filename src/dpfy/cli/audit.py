@@ -18,25 +18,22 @@ import json
 import sys
 import time
 
-from dpfy.cli import SUBCOMMANDS
 from dpfy._require import require
 from dpfy.audit.canaries import KINDS
 from dpfy.audit.run import DEFAULT_CANARIES, DEFAULT_KIND, audit_config
-from dpfy.cli.train import explicit_settings, train_parser
+from dpfy.cli.train import add_train_like_parser, explicit_settings
 from dpfy.train.config import TrainConfig
 
 __all__ = ["register", "run"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(  # dpfy train's own parser as the parent
+    p = add_train_like_parser(
+        subparsers,
         "audit",
-        parents=[train_parser()],
-        conflict_handler="resolve",
-        help=SUBCOMMANDS["audit"],
-        description=__doc__.splitlines()[0],
-        epilog="Example: dpfy audit --dataset digits --model logreg --epochs 5 "
-        "--batch-size 256 --out runs/audit-digits",
+        __doc__,
+        "dpfy audit --dataset digits --model logreg --epochs 5 --batch-size 256 "
+        "--out runs/audit-digits",
     )
     p.add_argument(
         "--canaries",

@@ -26,7 +26,7 @@ import json
 import math
 from typing import Any
 
-from dpfy.cli import SUBCOMMANDS
+from dpfy.cli import add_command
 from dpfy._require import require
 from dpfy.cli.account import (
     DEFAULT_ACCOUNTANT,
@@ -47,12 +47,11 @@ __all__ = ["register", "run"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "calibrate",
-        help=SUBCOMMANDS["calibrate"],
-        description=__doc__.splitlines()[0],
-        epilog="Example: dpfy calibrate --target-epsilon 3 --delta 1e-5 --sample-rate 0.004 "
-        "--steps 3000",
+        __doc__,
+        "dpfy calibrate --target-epsilon 3 --delta 1e-5 --sample-rate 0.004 --steps 3000",
     )
     p.add_argument("--target-epsilon", type=float, required=True, metavar="E")
     p.add_argument("--delta", type=float, required=True, metavar="D")

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dpfy.cli import SUBCOMMANDS
+from dpfy.cli import add_command
 from dpfy._require import require
 from dpfy.grads import ROUTES, GradEngine
 from dpfy.memory import format_memory
@@ -89,9 +89,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "explain", help=SUBCOMMANDS["explain"], description=__doc__.splitlines()[0]
-    )
+    p = add_command(subparsers, "explain", __doc__)
     p.add_argument("model", help="model-zoo name or package.module:factory")
     p.add_argument(
         "--input-shape",

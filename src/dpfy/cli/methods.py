@@ -16,7 +16,7 @@ import re
 import sys
 from pathlib import Path
 
-from dpfy.cli import SUBCOMMANDS
+from dpfy.cli import add_command
 from dpfy.adaptive import REGISTRY, make
 from dpfy.adaptive.describe import EXAMPLE_FACTS, describe_releases, facts_text, releases_text
 
@@ -98,6 +98,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("methods", help=SUBCOMMANDS["methods"], description=__doc__.splitlines()[0])
+    p = add_command(sub, "methods", __doc__)
     p.add_argument("--markdown", action="store_true", help="print docs/METHODS.md")
     p.set_defaults(func=run)

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dpfy.cli import SUBCOMMANDS
+from dpfy.cli import add_command
 from dpfy._require import require
 from dpfy.cli.account import load_ledger
 from dpfy.privacy.accountants import ACCOUNTANTS, RIGOROUS
@@ -28,11 +28,7 @@ DEFAULTS = {"accountant": "pld", "released": "final model weights"}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "report",
-        help=SUBCOMMANDS["report"],
-        description=__doc__.splitlines()[0],
-    )
+    p = add_command(subparsers, "report", __doc__)
     p.add_argument("path", metavar="LEDGER_OR_RUN_DIR", help="ledger.json or a run directory")
     p.add_argument(
         "--delta",

@@ -20,7 +20,7 @@ from pathlib import Path
 from dataclasses import fields
 from typing import Any
 
-from dpfy.cli import EXIT_INTERRUPTED, SUBCOMMANDS
+from dpfy.cli import EXIT_INTERRUPTED, add_command
 from dpfy.cli.label_dp import add_flags as add_label_flags, run_label
 from dpfy.train.config import TrainConfig, coerce, field_types, load_config_file
 from dpfy.train.options import parse_scalar
@@ -49,11 +49,8 @@ def _options(items: list[str], name: str) -> dict[str, Any]:
 def register(subparsers: argparse._SubParsersAction, *, label_dp: bool = True) -> None:
     """``dpfy train``'s parser; ``label_dp=False`` leaves out the label-DP flags (the commands
     that reuse these flags, ``dpfy tune`` and ``dpfy audit``, run example-level DP only)."""
-    p = subparsers.add_parser(
-        "train",
-        help=SUBCOMMANDS["train"],
-        description=__doc__.splitlines()[0],
-        epilog="Example: dpfy train --out runs/fmnist   (Fashion-MNIST, ε=3, δ=1e-5)",
+    p = add_command(
+        subparsers, "train", __doc__, "dpfy train --out runs/fmnist   (Fashion-MNIST, ε=3, δ=1e-5)"
     )
     p.add_argument("--config", metavar="FILE", help="TOML or YAML file of settings")
     p.add_argument(
@@ -94,6 +91,16 @@ def train_parser() -> argparse.ArgumentParser:
     holder = argparse.ArgumentParser(add_help=False).add_subparsers()
     register(holder, label_dp=False)
     return holder.choices["train"]
+
+
+def add_train_like_parser(
+    subparsers: argparse._SubParsersAction, name: str, doc: str, example: str
+) -> argparse.ArgumentParser:
+    """The parser of command ``name`` that takes every ``dpfy train`` flag (its parent) and adds
+    its own: ``doc`` is the command module's docstring, ``example`` the epilog's command line."""
+    return add_command(
+        subparsers, name, doc, example, parents=[train_parser()], conflict_handler="resolve"
+    )
 
 
 def explicit_settings(args: argparse.Namespace) -> dict[str, Any]:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import time
 
-from dpfy.cli import SUBCOMMANDS
 from dpfy.cli import train as train_cli
 from dpfy.privacy.tuning import log_grid
 from dpfy.train.config import TrainConfig
@@ -39,14 +38,11 @@ __all__ = ["register", "run"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
+    p = train_cli.add_train_like_parser(
+        subparsers,
         "tune",
-        parents=[train_cli.train_parser()],
-        conflict_handler="resolve",
-        help=SUBCOMMANDS["tune"],
-        description=__doc__.splitlines()[0],
-        epilog="Example: dpfy tune --dataset digits --model logreg --epsilon 3 "
-        "--grid lr=logspace:-2.5:1.5:7",
+        __doc__,
+        "dpfy tune --dataset digits --model logreg --epsilon 3 --grid lr=logspace:-2.5:1.5:7",
     )
     p.add_argument(
         "--epsilon",

@@ -58,6 +58,7 @@ __all__ = [
     "pld_discretization",
     "pld_min_noise_multiplier",
     "check_pld_grid",
+    "check_delta",
     "prepare",
     "epsilon",
     "delta",
@@ -99,7 +100,8 @@ def check_accountant(name: str) -> None:
     require(name in ACCOUNTANTS, "accountant", name, f"one of {list(ACCOUNTANTS)}")
 
 
-def _check_delta(delta: float) -> None:
+def check_delta(delta: float) -> None:
+    """Refuse a δ outside (0, 1)."""
     require(
         isinstance(delta, (int, float)) and 0 < delta < 1,
         "delta",
@@ -237,7 +239,7 @@ def epsilon_from_form(
 ) -> float:
     """ε(δ) of an already prepared canonical form (memoised: forms are immutable)."""
     check_accountant(accountant)
-    _check_delta(delta)
+    check_delta(delta)
     disc = pld_discretization(form, value_discretization)
     if accountant == "pld":
         check_pld_grid(form, disc)
@@ -302,7 +304,7 @@ def epsilon(
     Returns ``inf`` if any release had no noise, 0 for an empty ledger.
     """
     check_accountant(accountant)
-    _check_delta(delta)
+    check_delta(delta)
     form = prepare(
         ledger, accountant=accountant, amplify=amplify, sigma_resolution=sigma_resolution
     )
@@ -318,7 +320,7 @@ def rdp_integer_orders_epsilon(ledger: Ledger, *, delta: float) -> float:
     minimise over) and up to ~10x cheaper where dp_accounting's series for fractional orders
     runs its 1000 terms (large σ or q). For the brackets of searches only; never reported.
     """
-    _check_delta(delta)
+    check_delta(delta)
     return _rdp.epsilon(prepare(ledger, accountant="rdp"), delta, integer_orders=True)
 
 
@@ -369,7 +371,7 @@ def epsilon_curve(
     For PLD on ledgers without shuffled steps, prefixes are composed incrementally.
     """
     check_accountant(accountant)
-    _check_delta(delta)
+    check_delta(delta)
     require(num_points is None or num_points >= 1, "num_points", num_points, ">= 1 or None")
     if ledger.num_steps == 0:
         return []

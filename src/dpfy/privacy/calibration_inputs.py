@@ -16,6 +16,7 @@ from dpfy.privacy.accountants import (
     PLD_COARSE,
     PLD_FINE,
     check_accountant,
+    check_delta,
     pld_min_noise_multiplier,
 )
 from dpfy.privacy.ledger import Sampling
@@ -83,13 +84,7 @@ def check_target(
         f"calibration would rest on rounding error)",
         "Raise the target ε; ε < 0.001 is indistinguishable from not training",
     )
-    require(
-        isinstance(delta, (int, float)) and 0 < delta < 1,
-        "delta",
-        delta,
-        "in (0, 1)",
-        "The guide's convention is δ ≪ 1/N, e.g. 1/N^1.1",
-    )
+    check_delta(delta)
     check_rigorous(accountant, approximate)
 
 

@@ -14,8 +14,8 @@ and uniform rate q fixed and make each group spend exactly (at most) its own bud
   s_p = σ_scale/σ_p. Group p's effective noise multiplier is σ_scale·c/c_p = σ_p.
 
 Only PLD or RDP decide (the GDP CLT can under-report ε). Each group's ledger is written with
-:func:`dpfy.step.group_step_releases`, the function the optimizer records with, and its ε read
-by :func:`dpfy.privacy.epsilon`; every group is checked to spend at most its budget.
+:func:`dpfy.privacy.releases.group_step_releases`, the function the optimizer records with, and
+its ε read by :func:`dpfy.privacy.epsilon`; every group is checked to spend at most its budget.
 
 MNIST Case 1 (budgets {1, 2, 3}, fractions {0.34, 0.43, 0.23}, q = 512/60000, 30 epochs,
 δ = 1e-5, c = 0.2, RDP) gives σ_sample ≈ 1.37, q_p ≈ {0.0048, 0.0091, 0.0131} and σ_scale ≈ 1.55,
@@ -33,6 +33,7 @@ import numpy as np
 from dpfy._require import require
 from dpfy.privacy.accountants import RIGOROUS, epsilon
 from dpfy.privacy.calibration import MAX_NOISE_MULTIPLIER, calibrate_noise_multiplier
+from dpfy.privacy.calibration_inputs import check_rate, check_steps
 from dpfy.privacy.events import Poisson
 from dpfy.privacy.search import solve_decreasing
 from dpfy.privacy.group_ledger import GroupLedgers, PrivacyGroup
@@ -331,14 +332,8 @@ def calibrate_individual(
         f"one of {list(RIGOROUS)} for a calibration",
         "The GDP CLT can under-report ε: calibrate with 'rdp' or 'pld'",
     )
-    require(
-        isinstance(sample_rate, (int, float)) and 0 < sample_rate <= 1,
-        "sample_rate",
-        sample_rate,
-        "in (0, 1]",
-        "Use batch_size / dataset_size",
-    )
-    require(isinstance(steps, int) and steps >= 1, "steps", steps, "an integer >= 1")
+    check_rate(sample_rate)
+    check_steps(steps)
     if variant == "scale" or max_grad_norm is not None:
         require(
             isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0,

@@ -297,13 +297,17 @@ class Ledger:
     def extend(self, other: "Ledger") -> None:
         """Append every step of ``other`` after this ledger's steps."""
         for g in other.groups:
-            self.record_step(
-                sampling=g.sampling,
-                sample_rate=g.sample_rate,
-                releases=g.releases,
-                count=g.count,
-                max_examples_per_user=g.max_examples_per_user,
-            )
+            self._record_group(g)
+
+    def _record_group(self, g: StepGroup) -> None:
+        """Append the steps of group ``g`` (of another ledger, or read from a file)."""
+        self.record_step(
+            sampling=g.sampling,
+            sample_rate=g.sample_rate,
+            releases=g.releases,
+            count=g.count,
+            max_examples_per_user=g.max_examples_per_user,
+        )
 
     def followed_by(self, other: "Ledger") -> "Ledger":
         """A new ledger: this one's steps, then every step of ``other`` (neither is changed)."""
@@ -378,17 +382,14 @@ class Ledger:
         Raises ValueError when user-level steps (ULS, ELS) are mixed with example-level ones:
         the two guarantees protect different things, and no accountant composes them.
         """
-        units = {s.unit for s in self.samplings() if s.unit is not None}
-        require(
-            len(units) <= 1,
-            "ledger samplings",
-            sorted(s.value for s in self.samplings()),
+        return self._one_of_samplings(
+            {s.unit for s in self.samplings() if s.unit is not None},
+            "example",
             "all accounted for one unit of privacy (users or examples)",
             "A user-level run (ULS, ELS) cannot continue as an example-level one or the "
             "reverse: resume with the same user_ids / --user-ids and user sampling, or "
             "start a new run",
         )
-        return units.pop() if units else "example"
 
     def adjacency(self) -> str:
         """The neighbouring relation of the whole ledger: ``add_or_remove`` or ``replace_one``.
@@ -397,16 +398,19 @@ class Ledger:
         steps (replace-one), or user-level steps with example-level ones (:meth:`unit`).
         """
         self.unit()
-        kinds = {s.adjacency for s in self.samplings() if s.adjacency is not None}
-        require(
-            len(kinds) <= 1,
-            "ledger samplings",
-            sorted(s.value for s in self.samplings()),
+        return self._one_of_samplings(
+            {s.adjacency for s in self.samplings() if s.adjacency is not None},
+            "add_or_remove",
             "all analysed under one neighbouring relation",
             "Poisson steps use add/remove adjacency, fixed-size and shuffled steps use "
             "replace-one: account the two parts separately, or use one sampler for the run",
         )
-        return kinds.pop() if kinds else "add_or_remove"
+
+    def _one_of_samplings(self, values: set[str], default: str, constraint: str, fix: str) -> str:
+        """The one value all samplings agree on (``default`` if none says), or a refusal."""
+        kinds = sorted(s.value for s in self.samplings())
+        require(len(values) <= 1, "ledger samplings", kinds, constraint, fix)
+        return values.pop() if values else default
 
     def dp_event(self) -> dp_accounting.DpEvent:
         """The run as recorded: one dp_accounting event per group, composed (NoOp when empty).
@@ -467,13 +471,7 @@ class Ledger:
                 f"{out.num_steps} (groups must be contiguous)",
                 "The ledger is corrupt: a step is missing or counted twice",
             )
-            out.record_step(
-                sampling=sg.sampling,
-                sample_rate=sg.sample_rate,
-                releases=sg.releases,
-                count=sg.count,
-                max_examples_per_user=sg.max_examples_per_user,
-            )
+            out._record_group(sg)
         if "num_steps" in d:
             _expect(
                 d["num_steps"] == out.num_steps,

@@ -19,7 +19,7 @@ from dpfy.noise import secure_uniform
 from dpfy.privacy import Sampling
 from dpfy.sampling.poisson import _generator
 from dpfy.sampling.shuffle import _secure_permutation
-from dpfy.sampling.units import ExampleUnits
+from dpfy.sampling.units import UnitSampler
 
 __all__ = ["CyclicPoissonSampler", "DEFAULT_BANDS", "default_bands"]
 
@@ -45,7 +45,7 @@ def default_bands(dataset_size: int, batch_size: int) -> int:
     return max(1, min(DEFAULT_BANDS, dataset_size // max(1, batch_size)))
 
 
-class CyclicPoissonSampler:
+class CyclicPoissonSampler(UnitSampler):
     """Poisson sampling inside b balanced groups, visited in turn (recorded as CYCLIC_POISSON).
 
     The groups come from one random permutation of the N indices cut into b parts of ⌊N/b⌋ or
@@ -64,12 +64,6 @@ class CyclicPoissonSampler:
     """
 
     sampling = Sampling.CYCLIC_POISSON
-    units = ExampleUnits()  # the unit of privacy: one example per row
-    max_examples_per_user: int | None = None  # k the ledger records (ELS only)
-
-    def units_of(self, indices: torch.Tensor | None) -> torch.Tensor | None:
-        """Each row's unit of privacy (None: every row is its own unit)."""
-        return self.units.units_of(indices)
 
     def __init__(
         self, dataset_size: int, batch_size: int, *, bands: int, seed: int | None = None
@@ -102,10 +96,6 @@ class CyclicPoissonSampler:
         self.groups = [g.sort().values for g in perm.tensor_split(bands)]  # b × (≈N/b,)
         self.current: torch.Tensor | None
         self.step, self.current, self.offset = 0, None, 0  # committed position
-
-    @property
-    def secure(self) -> bool:
-        return self.generator is None
 
     @property
     def steps_per_epoch(self) -> int:

@@ -11,7 +11,7 @@ import torch
 from dpfy._require import require
 from dpfy.noise import secure_uniform
 from dpfy.privacy import Sampling
-from dpfy.sampling.units import ExampleUnits, UserUnits, require_same_unit
+from dpfy.sampling.units import UnitSampler, require_same_unit
 
 __all__ = ["PoissonSampler"]
 
@@ -21,7 +21,7 @@ def _generator(seed: int | None) -> torch.Generator | None:
     return None if seed is None else torch.Generator().manual_seed(seed)
 
 
-class PoissonSampler:
+class PoissonSampler(UnitSampler):
     """Draws Poisson logical batches of dataset indices.
 
     Args:
@@ -37,12 +37,6 @@ class PoissonSampler:
     """
 
     sampling = Sampling.POISSON
-    units: ExampleUnits | UserUnits = ExampleUnits()  # the unit of privacy: one example per row
-    max_examples_per_user: int | None = None  # k the ledger records (ELS only)
-
-    def units_of(self, indices: torch.Tensor | None) -> torch.Tensor | None:
-        """Each row's unit of privacy (None: every row is its own unit)."""
-        return self.units.units_of(indices)
 
     def __init__(
         self,
@@ -100,11 +94,6 @@ class PoissonSampler:
             self.sample_rate = float(sample_rate)
             self.normalizer = self.sample_rate * dataset_size
         self.generator = _generator(seed)
-
-    @property
-    def secure(self) -> bool:
-        """True when the masks come from the OS CSPRNG."""
-        return self.generator is None
 
     @property
     def steps_per_epoch(self) -> int:

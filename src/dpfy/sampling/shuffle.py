@@ -10,7 +10,7 @@ import torch
 
 from dpfy._require import require
 from dpfy.privacy import Sampling
-from dpfy.sampling.units import ExampleUnits
+from dpfy.sampling.units import UnitSampler
 from dpfy.sampling.poisson import _generator
 
 __all__ = ["ShuffleSampler"]
@@ -26,7 +26,7 @@ def _secure_permutation(n: int) -> torch.Tensor:
     return torch.from_numpy(np.argsort(keys, kind="stable"))  # numpy's radix sort: ~10x torch's
 
 
-class ShuffleSampler:
+class ShuffleSampler(UnitSampler):
     """dpfy's permutation sampler for shuffled fixed-size batches (recorded as SHUFFLE).
 
     Each pass draws a permutation π of the N indices and cuts it into batches of b:
@@ -61,12 +61,6 @@ class ShuffleSampler:
     """
 
     sampling = Sampling.SHUFFLE
-    units = ExampleUnits()  # the unit of privacy: one example per row
-    max_examples_per_user: int | None = None  # k the ledger records (ELS only)
-
-    def units_of(self, indices: torch.Tensor | None) -> torch.Tensor | None:
-        """Each row's unit of privacy (None: every row is its own unit)."""
-        return self.units.units_of(indices)
 
     def __init__(
         self,
@@ -89,11 +83,6 @@ class ShuffleSampler:
         self.permutation: torch.Tensor | None = None  # (N,) π of the current pass; secret
         self.offset = 0  # examples of π taken by optimizer steps
         self.passes = 0  # permutations drawn so far
-
-    @property
-    def secure(self) -> bool:
-        """True when the permutations come from the OS CSPRNG."""
-        return self.generator is None
 
     @property
     def sample_rate(self) -> float:

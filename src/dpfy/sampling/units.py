@@ -119,6 +119,26 @@ class UserUnits:
         return 1.0 / torch.bincount(unit_of_row).to(torch.float64)
 
 
+class UnitSampler:
+    """What the samplers of examples share: their unit of privacy (one example per row unless
+    the sampler sets ``units``), the ELS cap k its ledger records (None: none), which unit each
+    row of a batch is, and whether its draws come from the OS CSPRNG (``generator`` None) rather
+    than a seeded, reproducible torch generator."""
+
+    units: ExampleUnits | UserUnits = ExampleUnits()
+    max_examples_per_user: int | None = None
+    generator: torch.Generator | None
+
+    def units_of(self, indices: torch.Tensor | None) -> torch.Tensor | None:
+        """Each row's unit of privacy (None: every row is its own unit)."""
+        return self.units.units_of(indices)
+
+    @property
+    def secure(self) -> bool:
+        """True when the draws come from the OS CSPRNG (not reproducible)."""
+        return self.generator is None
+
+
 def require_same_unit(units: ExampleUnits | UserUnits, saved: dict) -> None:
     """Refuse a sampler checkpoint ``saved`` of another unit of privacy than ``units``: a
     user-level run resumed as an example-level one (or the reverse) would account the wrong

@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from dpfy.adaptive.base import method_name
 from dpfy.adaptive.chain import Chain
 from dpfy.adaptive.describe import describe_releases, releases_text
 from dpfy.data import DataSplits
@@ -55,7 +56,7 @@ def clip_description(cfg: TrainConfig, method) -> str:
     """How the run clips, in words: the configured C and policy, or the method that decides
     (a method that supplies its own clipping ignores --clip; one that sets C_t adapts it)."""
     for m in _members(method):
-        name = m.registry_name or type(m).__name__
+        name = method_name(m)
         if m.implements("clipping"):
             return f"clipping by method '{name}' (--clip not used)"
         if "clip" in m.sets:
@@ -125,8 +126,8 @@ def methods_ran(method, noise_multiplier: float | None = None) -> list[dict[str,
     )
     return [
         {
-            "name": m.registry_name or type(m).__name__,
-            "releases": releases_text(rows, owner=m.registry_name or type(m).__name__),
+            "name": method_name(m),
+            "releases": releases_text(rows, owner=method_name(m)),
         }
         for m in _members(method)
     ]
@@ -144,7 +145,7 @@ def public_data(cfg: TrainConfig, method, num_test: int) -> str | None:
     )
     if not readers:
         return f"{head}. No method of this run read it; only the test-set metrics used it"
-    names = ", ".join(f"`{m.registry_name or type(m).__name__}`" for m in readers)
+    names = ", ".join(f"`{method_name(m)}`" for m in readers)
     drove = sorted({PLAN_FIELD_TEXT.get(f, f) for m in readers for f in m.sets})
     return (
         f"{head}. Its accuracy, measured after every epoch, was read by {names} and "
