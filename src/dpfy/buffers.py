@@ -148,21 +148,45 @@ Marks = tuple[dict[tuple[int, str], tuple[int, int, int]], "torch.Tensor | None"
 _INT_VIEWS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64, 16: torch.int64}
 
 
+def _int_view(p: torch.Tensor) -> torch.Tensor:
+    """``p``'s memory read as integers of its element size (a view: no copy; a contiguous copy
+    when ``p`` is not contiguous)."""
+    t = p.detach()
+    t = t if t.is_contiguous() else t.contiguous()
+    return t.view(_INT_VIEWS[t.element_size()])
+
+
 def _fingerprint(p: torch.Tensor) -> torch.Tensor:
     """The sum of ``p``'s bits read as integers (int64, a 0-dim tensor on ``p``'s device): a
     write that bypasses the version counter (``p.data.add_(x)``) changes it. One read of the
     parameter, no copy; compared for all parameters at once (one device sync)."""
-    t = p.detach()
-    t = t if t.is_contiguous() else t.contiguous()
-    if t.numel() == 0:
-        return torch.zeros((), dtype=torch.int64, device=t.device)
-    return t.view(_INT_VIEWS[t.element_size()]).sum(dtype=torch.int64)
+    return _int_view(p).sum()  # integer sums are int64 (wrapping), the default dtype
 
 
-def _param_marks(owners: list[tuple[str, nn.Module]]) -> Marks | None:
+# the integer view of a parameter, kept while (identity, storage, shape, strides, dtype) hold:
+ViewCache = dict[tuple[int, str], tuple[tuple[object, ...], torch.Tensor]]
+
+
+def _cached_sum(p: torch.Tensor, key: tuple[int, str], views: ViewCache) -> torch.Tensor:
+    """:func:`_fingerprint` of ``p`` through its integer view kept in ``views`` (one op a
+    parameter instead of four: the view is made once). The cached view holds ``p``'s storage,
+    so an equal ``data_ptr`` with equal shape, strides and dtype is that same memory."""
+    if p.numel() == 0 or not p.is_contiguous():
+        return _fingerprint(p) if p.numel() else torch.zeros((), dtype=torch.int64, device=p.device)
+    mark = (id(p), p.data_ptr(), p.shape, p.stride(), p.dtype)
+    kept = views.get(key)
+    if kept is None or kept[0] != mark:
+        kept = views[key] = (mark, _int_view(p))
+    return kept[1].sum()
+
+
+def _param_marks(
+    owners: list[tuple[str, nn.Module]], views: ViewCache | None = None
+) -> Marks | None:
     """(identity, version, storage) of every parameter of ``owners``, and their
     :func:`_fingerprint` s: the check of the forwards after the first (no copy); None when a
-    parameter has no version counter or storage (then the full snapshot is used)."""
+    parameter has no version counter or storage (then the full snapshot is used). ``views``:
+    the caller's cache of integer views (:func:`_cached_sum`)."""
     try:
         params = [
             ((k, n), p)
@@ -172,11 +196,15 @@ def _param_marks(owners: list[tuple[str, nn.Module]]) -> Marks | None:
         ]
         marks = {key: (id(p), p._version, p.data_ptr()) for key, p in params}
         devices = {p.device for _, p in params}
+        cache: ViewCache = {} if views is None else views
         prints = (
-            torch.stack([_fingerprint(p).to(p.device) for _, p in params])
+            torch.stack([_cached_sum(p, key, cache) for key, p in params])
             if params and len(devices) == 1
             else None
         )  # several devices: marks only
+        if views is not None and len(views) > len(params):  # parameters were removed
+            for gone in set(views) - {key for key, _ in params}:
+                del views[gone]
         return marks, prints
     except (RuntimeError, KeyError):
         return None
@@ -348,6 +376,7 @@ class _Watch:
         # snapshot holds buffers only (None: not a checked forward)
         self.stack: list[tuple[dict[tuple[int, str], _Seen], Marks | None] | None] = []
         self.values_checked = False
+        self.views: ViewCache = {}  # parameters' integer views (see _cached_sum)
 
     def snapshot(self, with_copies: bool, params: bool = True) -> dict[tuple[int, str], _Seen]:
         """Every watched tensor's marks; a bitwise copy of each buffer and tensor attribute,
@@ -379,7 +408,7 @@ class _Watch:
         if not is_training_forward(module):
             self.stack.append(None)
             return
-        marks = _param_marks(self.owners) if self.values_checked else None
+        marks = _param_marks(self.owners, self.views) if self.values_checked else None
         self.stack.append(
             (self.snapshot(with_copies=not self.values_checked, params=marks is None), marks)
         )
@@ -391,7 +420,7 @@ class _Watch:
         if entry is None or (raised is not None and sys.exc_info()[1] is raised):
             return  # not checked, or an inner module's refusal is already on its way up
         self.values_checked = True
-        now = _param_marks(self.owners)
+        now = _param_marks(self.owners, self.views)
         changes = self.changes(*entry, now=now)
         if changes:
             self.guard._refuse(changes)
@@ -423,7 +452,10 @@ class _Watch:
                 if name not in dict(_watched(self.owners[k][1], params))
             ]
         if marks is not None:
-            now_marks = (now if now is not None else _param_marks(self.owners)) or ({}, None)
+            now_marks = (now if now is not None else _param_marks(self.owners, self.views)) or (
+                {},
+                None,
+            )
             changes += [
                 self.change(k, name, how, after)
                 for (k, name), how in _marks_changed(marks, now_marks)
