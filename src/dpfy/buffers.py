@@ -123,10 +123,8 @@ def _watched(m: nn.Module, params: bool = True) -> list[tuple[str, torch.Tensor 
     a parameter nor a buffer: saved with ``torch.save(model)`` and read by later forwards all
     the same) and (``params``) parameters (lazy parameters, still to be shaped by their first
     forward, are skipped: they hold no value yet)."""
-    state = [
-        *m._buffers.items(),
-        *((n, t) for n, t in vars(m).items() if isinstance(t, torch.Tensor)),
-    ]
+    state = list(m._buffers.items())
+    state += [(n, t) for n, t in vars(m).items() if isinstance(t, torch.Tensor)]
     if not params:
         return state
     return [*state, *((n, p) for n, p in m._parameters.items() if p is None or not is_lazy(p))]
@@ -433,7 +431,12 @@ class _Watch:
         if changes:
             self.guard._refuse(changes)
         if self.root:  # the state the step must find (see BufferGuard.check_settled)
-            self.guard.settled = (self.snapshot(with_copies=False, params=now is None), now)
+            # nothing changed: the snapshot before the forward describes the state now (the
+            # same tensors, versions, storage and bits); the first forward's holds copies of
+            # the parameters, so it is taken anew
+            same = not changes and entry[1] is not None and now is not None
+            snap = entry[0] if same else self.snapshot(with_copies=False, params=now is None)
+            self.guard.settled = (snap, now)
 
     def changes(
         self,
