@@ -16,6 +16,7 @@ import torch
 from dpfy._require import require
 from dpfy.errors import PrivacyRefusal
 from dpfy.noise import NoiseSource
+from dpfy.noise.release import noisy_means
 from dpfy.noise.triton_noise import FUSED_DTYPES
 from dpfy.step.probes import post_release
 from dpfy.types import Clip, Norms, ReleaseSpec, StepOutcome, StepPlan
@@ -295,8 +296,12 @@ def _release_gradient(
             p.grad = grad = part.view_as(p).to(p.dtype)
             out.append(grad)
         return out
+    if isinstance(noise, NoiseSource):  # the same draws, the arithmetic as foreach ops
+        totals = noisy_means(noise, totals, std, normalizer)  # released
+    else:  # a mechanism with state per call (correlated noise): one call per tensor
+        totals = [noise.noisy_mean(total, std, normalizer) for total in totals]  # released
     for total, p in zip(totals, params):
-        p.grad = grad = noise.noisy_mean(total, std, normalizer).to(p.dtype)  # released
+        p.grad = grad = total.to(p.dtype)
         out.append(grad)
     return out
 

@@ -21,6 +21,8 @@ gain in the real step and +2 MB peak memory.)
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -29,8 +31,13 @@ from dpfy.native.ghost_norm import fused_ghost_available, linear_ghost_sq_norms
 
 
 def _as_seq(a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Flatten all middle dims into one sequence dim: (B, T, d)."""
-    return a.reshape(a.shape[0], -1, a.shape[-1]), g.reshape(g.shape[0], -1, g.shape[-1])
+    """Flatten all middle dims into one sequence dim: (B, T, d) (no op when already 3-D: on a
+    device each reshape is a dispatched op, and the rule asks twice per layer)."""
+    return _seq(a), _seq(g)
+
+
+def _seq(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dim() == 3 else x.reshape(x.shape[0], -1, x.shape[-1])
 
 
 def _last_dim_dense(x: torch.Tensor) -> torch.Tensor:
@@ -65,7 +72,7 @@ class LinearRule(LayerRule):
         return out
 
     def prefers_ghost(self, layer, a, g):
-        t = a[0].numel() // a.shape[-1] if a.shape[0] else 1
+        t = math.prod(a.shape[1:-1]) if a.shape[0] else 1  # positions (no op dispatched)
         return t * t < layer.in_features * layer.out_features
 
     def sq_norm(self, layer, a, g):
