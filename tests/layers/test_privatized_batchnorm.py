@@ -361,3 +361,12 @@ def test_setup_and_finish_as_make_private_calls_them(pre_swapped):
         "bn_square:5",
     ]
     assert opt.epsilon(1e-5) == pytest.approx(1.0, abs=0.01) and opt.epsilon(1e-5) <= 1.0
+
+
+def test_an_empty_poisson_batch_releases_noise_only():
+    model = bn_cnn().train()
+    stats = _standalone(model, sigma=1.0, b=5.0)
+    out = model(torch.zeros(0, 1, 6, 6))
+    assert out.shape == (0, 3) and stats.releases_made == 2
+    mean, _ = stats.current(model[1])
+    assert torch.equal(mean, torch.zeros(4))  # Σ over no rows, zero noise from the double

@@ -276,7 +276,8 @@ class PrivatizedStatistics:
         if self.noise is None:
             self.noise = NoiseSource()  # secure
         a, c = self.bound, layer.num_features
-        xs = x.detach().reshape(x.shape[0], c, -1).to(at_least_float32(x))  # sensitive
+        xs = x.detach().to(at_least_float32(x))  # sensitive
+        xs = xs[:, :, None] if xs.dim() == 2 else xs.flatten(2)  # (B, C, S); B may be 0
         m = xs.mean(-1).clamp_(-a, a)  # (B, C) sensitive, each coordinate in [−A, A]
         q = xs.square().mean(-1).clamp_(max=a * a)  # (B, C) sensitive, in [0, A²]
         d_m, d_q = self.sensitivities(c)
