@@ -17,8 +17,8 @@ FAST = ["--dataset", "digits", "--model", "batchnorm_cnn", "--epochs", "1", "--l
 @pytest.mark.slow   # a whole run and its report
 def test_privatized_run_records_the_statistics(tmp_path):
     out = tmp_path / "r"
-    assert main(["train", *FAST, "--batchnorm", "privatized", "--bn-share", "0.2",
-                 "--out", str(out)]) == 0
+    assert main(["train", *FAST, "--batchnorm", "privatized", "--bn-bound", "2",
+                 "--bn-share", "0.2", "--out", str(out)]) == 0
     ledger = json.loads((out / "ledger.json").read_text())
     releases = ledger["groups"][0]["releases"]
     assert [r["mechanism"] for r in releases] == [
@@ -42,6 +42,12 @@ def test_batchnorm_flags_need_their_mode(tmp_path, capsys, flags):
     assert main(["train", *FAST, *flags, "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "batchnorm" in err[0], err
+
+
+def test_privatized_needs_a_declared_bound(tmp_path, capsys):
+    assert main(["train", *FAST, "--batchnorm", "privatized", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--bn-bound" in err[0], err
 
 
 def test_public_digits_are_for_fashion_mnist(tmp_path, capsys):

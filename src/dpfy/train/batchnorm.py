@@ -19,10 +19,7 @@ from dpfy.data.public_digits import DESCRIPTION, digits_images
 from dpfy.layers.batchnorm_setup import BatchNormSetup, setup_batchnorm
 from dpfy.train.config import TrainConfig
 
-__all__ = ["DEFAULT_BOUND", "batchnorm_for_run", "public_statistics_statement"]
-
-# --bn-bound when not given (see docs/guide/batchnorm.md for how it was chosen)
-DEFAULT_BOUND = 2.0
+__all__ = ["batchnorm_for_run", "public_statistics_statement"]
 
 
 def batchnorm_for_run(cfg: TrainConfig, model: nn.Module, data: DataSplits) -> BatchNormSetup:
@@ -47,13 +44,12 @@ def batchnorm_for_run(cfg: TrainConfig, model: nn.Module, data: DataSplits) -> B
         )
         _, height, width = data.input_shape
         public = digits_images(height, width, mean=MEAN, std=STD)
-    privatized = cfg.batchnorm == "privatized"
     return setup_batchnorm(
         model,
         cfg.batchnorm,
         public_data=public,
         public_description=DESCRIPTION,
-        bn_bound=DEFAULT_BOUND if privatized and cfg.bn_bound is None else cfg.bn_bound,
+        bn_bound=cfg.bn_bound,
         bn_noise_multiplier=cfg.bn_noise_multiplier,
         bn_share=cfg.bn_share,
         max_physical_batch_size=cfg.physical_batch_size,

@@ -35,8 +35,8 @@ class BatchNormFields:
     bn_bound: float | None = _f(
         None,
         "with --batchnorm privatized: the activation bound A each example's per-channel mean "
-        "is clipped to (its mean of squares to A²); sensitivities A·√C and A²·√C "
-        "(default 2.0)",
+        "is clipped to (its mean of squares to A²); sensitivities A·√C and A²·√C; a declared "
+        "bound, required (no default)",
     )
     bn_share: float | None = _f(
         None,
