@@ -65,9 +65,7 @@ def train(form: str, eps: float, hp: dict, seed: int, data: dict, public: torch.
         model = dpfy.validate(model, fix=True)
         setup = setup_batchnorm(model, None)
     elif form == "priv":
-        setup = setup_batchnorm(
-            model, "privatized", bn_bound=hp["bound"], bn_share=hp["share"]
-        )
+        setup = setup_batchnorm(model, "privatized", bn_bound=hp["bound"], bn_share=hp["share"])
     else:
         setup = setup_batchnorm(model, "public", public_data=public, public_description=form)
     opt = torch.optim.SGD(model.parameters(), lr=hp["lr"], momentum=0.9)
@@ -75,8 +73,14 @@ def train(form: str, eps: float, hp: dict, seed: int, data: dict, public: torch.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the seed warning
         model, opt, loader = dpfy.make_private(
-            model, opt, loader, target_epsilon=eps, target_delta=DELTA, epochs=EPOCHS,
-            max_grad_norm=C, seed=seed,
+            model,
+            opt,
+            loader,
+            target_epsilon=eps,
+            target_delta=DELTA,
+            epochs=EPOCHS,
+            max_grad_norm=C,
+            seed=seed,
         )
         setup.finish(opt, calibrated=True)  # the statistics take their share of σ
         for _ in range(EPOCHS):

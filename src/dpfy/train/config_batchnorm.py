@@ -42,7 +42,7 @@ class BatchNormFields:
         None,
         "with --batchnorm privatized: the share of each step's privacy (Gaussian precision) "
         "the statistics take; a calibrated σ is split so the run still spends --epsilon "
-        "(default 0.1 unless --bn-noise-multiplier)",
+        "(default 0.3, chosen on a validation split; unless --bn-noise-multiplier)",
     )
     bn_noise_multiplier: float | None = _f(
         None, "with --batchnorm privatized: σ_bn of every statistics release instead of a share"
