@@ -288,11 +288,39 @@ def test_refusals():
         privatized_batchnorm(bn_cnn(), bound=1.0, noise_multiplier=1.0, share=0.1)
     with pytest.raises(ValueError, match="bound"):
         privatized_batchnorm(bn_cnn(), bound=-1.0, noise_multiplier=1.0)
-    # a copy of the model is not owned: its training forward would release unaccounted
+
+
+def test_a_copy_releases_nothing_and_normalizes_with_its_running_estimates():
+    """dpfy.validate(model, example_input=...) runs a deep copy in training mode: the copy's
+    layers belong to no PrivatizedStatistics, so they must not release (nothing would record
+    it) nor compute batch statistics; they use the running estimates, as in eval mode."""
     owned = bn_cnn()
-    privatized_batchnorm(owned, bound=1.0, noise_multiplier=1.0, expected_batch_size=4)
-    with pytest.raises(PrivacyRefusal, match="PrivatizedStatistics"):
-        copy.deepcopy(owned).train()(X[:4])
+    stats = privatized_batchnorm(owned, bound=1.0, noise_multiplier=1.0, expected_batch_size=4)
+    twin = copy.deepcopy(owned)
+    with pytest.warns(UserWarning, match="belongs to no PrivatizedStatistics"):
+        train_out = twin.train()(X[:4])
+    with torch.no_grad():
+        assert torch.equal(train_out, twin.eval()(X[:4]))
+    assert stats.releases_made == 0
+    with pytest.warns(UserWarning, match="releases nothing"):
+        assert dpfy.validate(owned, example_input=X[:4]) == []
+
+
+def test_a_private_run_without_the_attach_is_refused():
+    """Statistics that a step would not record must not be released: a model made private
+    whose privatized statistics were never attached refuses its first training forward."""
+    torch.manual_seed(0)
+    model = bn_cnn()
+    stats = privatized_batchnorm(model, bound=A, noise_multiplier=3.0, expected_batch_size=20)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(X, Y), batch_size=20)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, opt, loader = dpfy.make_private(model, opt, loader, noise_multiplier=1.0, seed=0)
+    xb, _ = next(iter(loader))
+    with pytest.raises(PrivacyRefusal, match="attach_privatized_statistics"):
+        model(xb)
+    assert stats.releases_made == 0 and len(opt.ledger) == 0
 
 
 def test_physical_batches_are_refused_at_the_forward():

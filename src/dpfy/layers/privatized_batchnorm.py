@@ -49,6 +49,7 @@ whether a forward used them or not (an over-count, never an under-count).
 from __future__ import annotations
 
 import math
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -57,6 +58,7 @@ import torch
 from torch import nn
 
 from dpfy._require import require
+from dpfy.buffers import guard_of
 from dpfy.errors import PrivacyRefusal
 from dpfy.grads.rules.base import register_rule
 from dpfy.layers.statistics_norm import (
@@ -80,7 +82,7 @@ __all__ = [
 ]
 
 # layer -> the PrivatizedStatistics that releases its statistics (a copy of a model is not
-# registered: its layers refuse a training forward)
+# registered: its layers normalize with their running estimates and release nothing)
 _OWNER: "weakref.WeakKeyDictionary[nn.Module, PrivatizedStatistics]" = weakref.WeakKeyDictionary()
 # model -> its PrivatizedStatistics (found by make_private's set-up)
 _STATS: "weakref.WeakKeyDictionary[nn.Module, PrivatizedStatistics]" = weakref.WeakKeyDictionary()
@@ -88,30 +90,33 @@ _STATS: "weakref.WeakKeyDictionary[nn.Module, PrivatizedStatistics]" = weakref.W
 
 class PrivatizedBatchNorm(StatisticsNorm):
     """A BatchNorm whose training statistics are released with Gaussian noise (module
-    docstring). Build it with :func:`privatized_batchnorm`; a layer that no
-    :class:`PrivatizedStatistics` owns (a copy) refuses training forwards."""
+    docstring). Build it with :func:`privatized_batchnorm`. A layer that no
+    :class:`PrivatizedStatistics` owns (a copy of the model, such as ``dpfy.validate``'s)
+    normalizes with its running estimates in training mode too, with a warning: no release,
+    nothing of the batch in the statistics."""
 
     def stats(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The (mean, variance) a forward in the current mode normalizes with: in training
-        mode, this logical batch's released statistics."""
-        if not self.training:
-            return self.running_mean, self.running_var
+        mode, this logical batch's released statistics (running estimates for a copy)."""
         owner = _OWNER.get(self)
-        if owner is None:
-            raise PrivacyRefusal(
-                "PrivatizedBatchNorm must belong to a PrivatizedStatistics in training mode, got "
-                "a layer no privatized_batchnorm() call owns (a copy of the model?): its "
-                "statistics would be released unaccounted. Train the model privatized_batchnorm "
-                "was called on, or call it again on this one"
-            )
+        if not self.training or owner is None:
+            return self.running_mean, self.running_var
         return owner.current(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.dims(x)
+        owner = _OWNER.get(self)
         if not self.training:
             return self.normalize(x, self.running_mean, self.running_var)
-        self.stats()  # refuses a layer no PrivatizedStatistics owns
-        return self.normalize(x, *_OWNER[self].statistics(self, x))
+        if owner is None:  # a copy (dpfy.validate's, a user's): nothing to release with
+            warnings.warn(
+                "PrivatizedBatchNorm: this layer belongs to no PrivatizedStatistics (a copy of "
+                "the model?), so its training forward normalizes with its running estimates "
+                "and releases nothing; call privatized_batchnorm() on the model you train",
+                stacklevel=2,
+            )
+            return self.normalize(x, self.running_mean, self.running_var)
+        return self.normalize(x, *owner.statistics(self, x))
 
     def extra_repr(self) -> str:
         return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, privatized"
@@ -272,6 +277,14 @@ class PrivatizedStatistics:
             "Attach the statistics to a run (make_private does) or pass expected_batch_size=",
         )
         assert b is not None
+        model = self._model()
+        if self.cursor is None and model is not None and guard_of(model) is not None:
+            raise PrivacyRefusal(
+                "privatized BatchNorm statistics must be attached to the private run of their "
+                "model, got a model made private (make_private) without them: its steps would "
+                "not record the statistics' releases. Call attach_privatized_statistics(stats, "
+                "optimizer) (dpfy.layers.batchnorm_setup) right after make_private"
+            )
         sigma = self.sigma()
         if self.noise is None:
             self.noise = NoiseSource()  # secure
