@@ -398,3 +398,23 @@ def test_an_empty_poisson_batch_releases_noise_only():
     assert out.shape == (0, 3) and stats.releases_made == 2
     mean, _ = stats.current(model[1])
     assert torch.equal(mean, torch.zeros(4))  # Σ over no rows, zero noise from the double
+
+
+def test_the_engines_row_probes_accept_the_layer():
+    """Bound to a batch, the engine runs its row-identity (eval) and perturbation (training
+    mode, forward and backward) probes at the first training forward; the probe forwards reuse
+    the step's released statistics (no new release) and find no row mixing."""
+    torch.manual_seed(0)
+    model = bn_cnn().train()
+    stats = _standalone(model)
+    forwards = []
+    model.register_forward_hook(lambda m, a, o: forwards.append(m.training))
+    eng = GradEngine(model, loss_reduction="sum")
+    try:
+        eng.bind_batch(12)
+        nn.functional.cross_entropy(model(X[:12]), Y[:12], reduction="sum").backward()
+        assert eng.preflight() == []
+    finally:
+        eng.detach()
+    assert len(forwards) >= 3 and forwards.count(True) >= 2  # the probes ran, in both modes
+    assert stats.releases_made == 2  # one per layer: the probe forwards reused them
