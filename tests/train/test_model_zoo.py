@@ -22,7 +22,8 @@ def test_tanh_cnn_is_tramer_boneh_26k():
 def test_every_model_runs_on_fashion_mnist_shape(name):
     m = build_model(name, input_shape=(1, 28, 28), num_classes=10)
     assert m(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
-    assert not any(isinstance(l, torch.nn.modules.batchnorm._BatchNorm) for l in m.modules())
+    has_bn = any(isinstance(l, torch.nn.modules.batchnorm._BatchNorm) for l in m.modules())
+    assert has_bn == (name == "batchnorm_cnn")  # the one model for --batchnorm public|privatized
 
 
 def test_logreg_and_mlp_on_vectors():
@@ -37,6 +38,6 @@ def test_image_model_on_vectors_says_what_to_use():
 
 
 def test_unknown_model_lists_names():
-    with pytest.raises(ValueError, match=r"model must be one of \['groupnorm_cnn', 'logreg', "
-                                         r"'mlp', 'scatter_linear', 'tanh_cnn'\], got model = 'resnet'"):
+    names = r"\['batchnorm_cnn', 'groupnorm_cnn', 'logreg', 'mlp', 'scatter_linear', 'tanh_cnn'\]"
+    with pytest.raises(ValueError, match=rf"model must be one of {names}, got model = 'resnet'"):
         build_model("resnet", input_shape=(1, 28, 28), num_classes=10)

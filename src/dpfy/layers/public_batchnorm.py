@@ -45,14 +45,18 @@ import weakref
 from typing import Any, Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.data import Dataset
 
 from dpfy._hooks import OwnHook
 from dpfy._require import require
-from dpfy.grads.rules.base import LayerRule, register_rule
+from dpfy.grads.rules.base import register_rule
+from dpfy.layers.statistics_norm import (
+    StatisticsNorm,
+    StatisticsNormRule,
+    at_least_float32,
+    replace_batchnorms,
+)
 
 __all__ = [
     "PublicBatchNorm",
@@ -62,17 +66,11 @@ __all__ = [
     "public_batchnorm",
 ]
 
-_SWAPPED = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 # model -> its PublicStatistics (found by make_private; a copy of the model is not registered)
 _STATS: "weakref.WeakKeyDictionary[nn.Module, PublicStatistics]" = weakref.WeakKeyDictionary()
 
 
-def _at_least_float32(x: torch.Tensor) -> torch.dtype:
-    """float64 stays float64; half precision is summed in float32."""
-    return torch.promote_types(x.dtype, torch.float32)
-
-
-class PublicBatchNorm(nn.Module):
+class PublicBatchNorm(StatisticsNorm):
     """A BatchNorm whose statistics come from public data only (see the module docstring).
 
     Build it with :meth:`from_batchnorm` (or :func:`public_batchnorm` for a whole model).
@@ -84,11 +82,6 @@ class PublicBatchNorm(nn.Module):
 
     public_mean: torch.Tensor
     public_var: torch.Tensor
-    running_mean: torch.Tensor
-    running_var: torch.Tensor
-    num_batches_tracked: torch.Tensor
-    weight: nn.Parameter | None
-    bias: nn.Parameter | None
 
     def __init__(
         self,
@@ -97,53 +90,21 @@ class PublicBatchNorm(nn.Module):
         momentum: float | None = 0.1,
         affine: bool = True,
     ) -> None:
-        super().__init__()
-        self.num_features, self.eps, self.momentum = num_features, eps, momentum
-        self.weight = nn.Parameter(torch.ones(num_features)) if affine else None
-        self.bias = nn.Parameter(torch.zeros(num_features)) if affine else None
+        super().__init__(num_features, eps, momentum, affine)
         for name, fill in (("public_mean", 0.0), ("public_var", 1.0)):
             self.register_buffer(name, torch.full((num_features,), fill))
-        self.register_buffer("running_mean", torch.zeros(num_features))
-        self.register_buffer("running_var", torch.ones(num_features))
-        self.register_buffer("num_batches_tracked", torch.tensor(0, dtype=torch.long))
         self.collecting = False
-
-    @classmethod
-    def from_batchnorm(cls, bn: _BatchNorm) -> "PublicBatchNorm":
-        """The replacement of ``bn``: its eps and momentum and its ``weight``/``bias`` Parameter
-        objects (shared). Its running estimates are *not* carried over: a train-mode forward on
-        private data (a warm-up, a shape check) would have left private batch statistics in
-        them, and they ship with the model. The running estimates start where a new BatchNorm's do
-        (mean 0, variance 1) and move with public batches only."""
-        new = cls(bn.num_features, bn.eps, bn.momentum, affine=False)
-        new.weight, new.bias = bn.weight, bn.bias
-        ref = bn.weight if bn.weight is not None else bn.running_mean
-        new.to(device=ref.device if ref is not None else None)
-        return new
-
-    def _dims(self, x: torch.Tensor) -> list[int]:
-        """The dimensions a BatchNorm reduces over: all but the channels (dim 1)."""
-        require(
-            x.dim() >= 2 and x.shape[1] == self.num_features,
-            "the input of PublicBatchNorm",
-            tuple(x.shape),
-            f"(B, {self.num_features}, ...)",
-        )
-        return [0, *range(2, x.dim())]
 
     @torch.no_grad()
     def _collect(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A public batch: its statistics, kept for training and folded into the running ones."""
-        dims = self._dims(x)
+        dims = self.dims(x)
         n = x.numel() // x.shape[1]
         require(n > 1, "values per channel in the public batch", n, "> 1")
-        var, mean = torch.var_mean(x.to(_at_least_float32(x)), dim=dims, correction=0)
+        var, mean = torch.var_mean(x.to(at_least_float32(x)), dim=dims, correction=0)
         self.public_mean.copy_(mean)
         self.public_var.copy_(var)
-        self.num_batches_tracked.add_(1)
-        m = self.momentum if self.momentum is not None else 1.0 / int(self.num_batches_tracked)
-        self.running_mean.lerp_(mean, m)
-        self.running_var.lerp_(var * (n / (n - 1)), m)  # unbiased, as nn.BatchNorm keeps it
+        self.fold(mean, var * (n / (n - 1)))  # unbiased, as nn.BatchNorm keeps it
         return self.public_mean, self.public_var
 
     def stats(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,45 +114,17 @@ class PublicBatchNorm(nn.Module):
         return self.running_mean, self.running_var
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.collecting:
-            mean, var = self._collect(x)
-        else:
-            self._dims(x)
-            mean, var = self.stats()
-        # training=False: normalize with the given statistics, never the batch's
-        return F.batch_norm(x, mean, var, self.weight, self.bias, False, 0.0, self.eps)
+        if not self.collecting:
+            return super().forward(x)
+        return self.normalize(x, *self._collect(x))
 
     def extra_repr(self) -> str:
         return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, public statistics"
 
 
 @register_rule(PublicBatchNorm)
-class PublicBatchNormRule(LayerRule):
-    """Per-example gradients of a :class:`PublicBatchNorm`: with the statistics constant,
-    y = x̂ ⊙ γ_c + β_c and x̂ = (x − μ_c)/√(σ²_c + eps), so per example
-    ∂ℓ_i/∂γ_c = Σ_s g_{c,s} x̂_{c,s} and ∂ℓ_i/∂β_c = Σ_s g_{c,s}. (B, C): always materialized."""
-
-    def capture(self, layer: nn.Module, output: torch.Tensor) -> Any:
-        assert isinstance(layer, PublicBatchNorm)
-        # the statistics this forward used (a refresh may come before the gradient is formed)
-        return tuple(t.detach().clone() for t in layer.stats())
-
-    def grad_sample(
-        self, layer: nn.Module, a: torch.Tensor, g: torch.Tensor, saved: Any = None
-    ) -> dict[str, torch.Tensor]:
-        assert isinstance(layer, PublicBatchNorm)
-        b, c = a.shape[0], a.shape[1]
-        g = g.reshape(b, c, -1)  # (B, C, S) sensitive
-        out = {}
-        if layer.weight is not None:
-            mean, var = saved if saved is not None else layer.stats()
-            dt = _at_least_float32(a)
-            scale = (var.to(dt) + layer.eps).rsqrt()[None, :, None]
-            x_hat = (a.reshape(b, c, -1).to(dt) - mean.to(dt)[None, :, None]).mul_(scale)
-            out["weight"] = x_hat.mul_(g).sum(-1).to(g.dtype)  # (B, C) sensitive
-        if layer.bias is not None:
-            out["bias"] = g.sum(-1)  # (B, C) sensitive
-        return out
+class PublicBatchNormRule(StatisticsNormRule):
+    """Per-example gradients of a :class:`PublicBatchNorm` (:class:`StatisticsNormRule`)."""
 
 
 class PublicStatistics:
@@ -323,19 +256,7 @@ def public_batchnorm(
 
     The root module itself cannot be replaced in place: wrap a bare BatchNorm in a container.
     """
-    require(
-        not isinstance(model, _BatchNorm),
-        "model",
-        type(model).__name__,
-        "a container of BatchNorm layers",
-        "Wrap the layer, e.g. nn.Sequential(bn)",
-    )
-    swapped = 0
-    for m in list(model.modules()):
-        for child_name, child in list(m.named_children()):
-            if type(child) in _SWAPPED:
-                setattr(m, child_name, PublicBatchNorm.from_batchnorm(child))  # type: ignore[arg-type]
-                swapped += 1
+    swapped = replace_batchnorms(model, PublicBatchNorm.from_batchnorm, "public_batchnorm")
     require(
         swapped > 0 or any(isinstance(m, PublicBatchNorm) for m in model.modules()),
         "model",

@@ -11,6 +11,7 @@ from typing import Callable
 from torch import nn
 
 from dpfy._require import require
+from dpfy.models.batchnorm_cnn import batchnorm_cnn
 from dpfy.models.groupnorm_cnn import groupnorm_cnn
 from dpfy.models.logreg import logreg
 from dpfy.models.mlp import mlp
@@ -22,12 +23,13 @@ __all__ = ["MODELS", "IMAGE_MODELS", "build_model"]
 MODELS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
     "tanh_cnn": tanh_cnn,
     "groupnorm_cnn": groupnorm_cnn,
+    "batchnorm_cnn": batchnorm_cnn,  # with --batchnorm public|privatized
     "mlp": mlp,
     "logreg": logreg,
     "scatter_linear": scatter_linear,  # on --dataset fashion_mnist_scattering
 }
 # name -> smallest (H, W) the architecture accepts
-IMAGE_MODELS = {"tanh_cnn": 14, "groupnorm_cnn": 4}
+IMAGE_MODELS = {"tanh_cnn": 14, "groupnorm_cnn": 4, "batchnorm_cnn": 4}
 
 
 def build_model(name: str, *, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:

@@ -23,12 +23,13 @@ import dataclasses
 import json
 import math
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
 
 from dpfy._require import require, require_extra
 from dpfy.privacy.accountants import RIGOROUS
+from dpfy.train.config_batchnorm import BatchNormFields, help_field as _f
 
 # dpfy.adaptive (every method, hence torch), dpfy.privacy.calibration and .individual (torch) are
 # imported where they are used, not here: `dpfy train --help` builds its parser from this
@@ -96,12 +97,8 @@ SEED_WARNING = (
 )
 
 
-def _f(default: Any, help: str) -> Any:
-    return field(default=default, metadata={"help": help})
-
-
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(BatchNormFields):
     """Everything that decides what ``dpfy train`` computes. Validated on construction."""
 
     dataset: str = _f("fashion_mnist", "dataset name: fashion_mnist, digits, breast_cancer")

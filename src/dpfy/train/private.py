@@ -25,6 +25,7 @@ from dpfy.api import make_private
 from dpfy.data import DataSplits
 from dpfy.data.augment import crop_flip
 from dpfy.data.fashion_mnist import MEAN as FMNIST_MEAN, STD as FMNIST_STD
+from dpfy.train.batchnorm import batchnorm_for_run
 from dpfy.train.config import TrainConfig
 from dpfy.train.units import load_user_ids
 
@@ -225,6 +226,7 @@ def make_private_run(cfg: TrainConfig, model: nn.Module, data: DataSplits) -> Pr
     """Wrap ``model`` for DP training on ``data.train`` as ``cfg`` says."""
     optimizer = make_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
     method = build_methods(cfg)
+    batchnorm = batchnorm_for_run(cfg, model, data)  # before the engine sees the model
     private = private_run(
         model,
         optimizer,
@@ -240,6 +242,9 @@ def make_private_run(cfg: TrainConfig, model: nn.Module, data: DataSplits) -> Pr
         **user_options(cfg),
         **augment_options(cfg, data.input_shape),
     )
+    # a σ calibrated to --epsilon is split between the gradient and the statistics
+    calibrated = cfg.noise_multiplier is None and private.noise_multiplier is not None
+    batchnorm.finish(private.optimizer, calibrated=calibrated)
     reads = private.optimizer.method is not None and private.optimizer.method.implements("observe")
     require(
         not reads or cfg.public_validation == "test",

@@ -23,6 +23,7 @@ from dpfy.data import DataSplits
 from dpfy.privacy import epsilon as ledger_epsilon
 from dpfy.privacy.report import PrivacyReport, ReportSection
 from dpfy.privacy.user_level import user_level_section
+from dpfy.train.batchnorm import public_statistics_statement
 from dpfy.train.config import SEED_WARNING, TrainConfig
 
 __all__ = [
@@ -261,7 +262,16 @@ def write_report(
         warnings=(SEED_WARNING,) if cfg.reproducible else (),
         not_released=NOT_RELEASED,
         methods=methods_ran(private.optimizer.method, private.noise_multiplier),
-        public_data=public_data(cfg, private.optimizer.method, data.num_test),
+        public_data="; ".join(
+            filter(
+                None,
+                [
+                    public_data(cfg, private.optimizer.method, data.num_test),
+                    public_statistics_statement(cfg),
+                ],
+            )
+        )
+        or None,
         sections=sections,
     ).write(directory)
     return float(ledger_epsilon(ledger, delta=cfg.delta, accountant=cfg.accountant))

@@ -1,0 +1,66 @@
+"""``dpfy train --batchnorm public|privatized``: the run's BatchNorm statistics.
+
+:func:`batchnorm_for_run` converts the model's BatchNorms before ``make_private`` (through
+:func:`dpfy.layers.batchnorm_setup.setup_batchnorm`, the function ``make_private`` itself calls)
+and returns the set-up whose ``finish(optimizer, calibrated=...)`` attaches privatized
+statistics to the run once it is built. Public statistics come from scikit-learn's bundled
+digits (:mod:`dpfy.data.public_digits`), the one public image set available offline here, for
+Fashion-MNIST.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from dpfy._require import require
+from dpfy.data import DataSplits
+from dpfy.data.fashion_mnist import MEAN, STD
+from dpfy.data.public_digits import DESCRIPTION, digits_images
+from dpfy.layers.batchnorm_setup import BatchNormSetup, setup_batchnorm
+from dpfy.train.config import TrainConfig
+
+__all__ = ["batchnorm_for_run", "public_statistics_statement"]
+
+
+def batchnorm_for_run(cfg: TrainConfig, model: nn.Module, data: DataSplits) -> BatchNormSetup:
+    """Convert ``model``'s BatchNorms as ``cfg.batchnorm`` says (nothing when it is None)."""
+    require(
+        cfg.bn_public_data is None or cfg.batchnorm == "public",
+        "bn_public_data",
+        cfg.bn_public_data,
+        "unset unless --batchnorm public",
+        "Drop --bn-public-data, or pass --batchnorm public",
+    )
+    public = None
+    if cfg.batchnorm == "public":
+        which = cfg.bn_public_data or "digits"
+        require(which == "digits", "bn_public_data", which, "'digits'")
+        require(
+            cfg.dataset == "fashion_mnist",
+            "dataset",
+            cfg.dataset,
+            "fashion_mnist with --bn-public-data digits (1-channel images on its scale)",
+            "Use --batchnorm privatized, or the Python API with your own public data",
+        )
+        _, height, width = data.input_shape
+        public = digits_images(height, width, mean=MEAN, std=STD)
+    return setup_batchnorm(
+        model,
+        cfg.batchnorm,
+        public_data=public,
+        public_description=DESCRIPTION,
+        bn_bound=cfg.bn_bound,
+        bn_noise_multiplier=cfg.bn_noise_multiplier,
+        bn_share=cfg.bn_share,
+        max_physical_batch_size=cfg.physical_batch_size,
+    )
+
+
+def public_statistics_statement(cfg: TrainConfig) -> str | None:
+    """The report's statement about the public BatchNorm data, or None."""
+    if cfg.batchnorm != "public":
+        return None
+    return (
+        f"the BatchNorm statistics were computed from {DESCRIPTION}, declared public "
+        f"(--batchnorm public): the guarantee does not cover that data"
+    )
