@@ -146,7 +146,7 @@ def build(
     """The private optimizer and loader of a checked spec (``model`` already admitted)."""
     sampling_seed, noise_seed = derive_seeds(seed) if seed is not None else (None, None)
     acc, unit, asked = spec.accounting, spec.unit, spec
-    augmult = getattr(unit, "augmult", 1)
+    augmult = unit.augmult
     augmentation = Augmentation(augmult, augment, seed) if augmult > 1 else None
     physical: int | None
     if performance.max_physical_batch_size == "auto":

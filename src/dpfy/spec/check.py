@@ -102,7 +102,7 @@ def features(
     add("data_parallel", "data-parallel ranks", spec.sampling.world_size > 1)
     add("users", "user_ids", isinstance(unit, UserUnit))
     add("uls", "user_sampling='uls'", isinstance(unit, UserUnit) and unit.sampling == "uls")
-    add("augmult", f"augmult={getattr(unit, 'augmult', 1)}", getattr(unit, "augmult", 1) > 1)
+    add("augmult", f"augmult={unit.augmult}", unit.augmult > 1)
     add("budgets", "budgets / individual", acc.individual is not None)
     add("correlated", f"noise={noise.name!r}", not isinstance(noise, Gaussian))
     add("individual_clipping", "clipping='individual'", spec.clipping.kind == "individual")
@@ -167,7 +167,7 @@ def _microbatch(run: _Run, flags: list[str]) -> Exception:
 
 
 def _augmult(run: _Run, flags: list[str]) -> Exception:
-    k = getattr(run.spec.unit, "augmult", 1)
+    k = run.spec.unit.augmult
     return PrivacyRefusal(
         f"augmult={k} cannot be combined with {flags}: augmentation multiplicity "
         f"clips an example's {k} copies as one unit of Poisson- or shuffle-sampled "
@@ -203,7 +203,7 @@ def _what_per_row(method: MethodDeclaration | None, join: str, probes: str) -> s
 
 def _augmult_rows(run: _Run, flags: list[str]) -> Exception:
     assert run.method is not None
-    k = getattr(run.spec.unit, "augmult", 1)
+    k = run.spec.unit.augmult
     return PrivacyRefusal(
         f"method {run.method.name!r} must release per-unit values with augmult={k}, got "
         f"{_what_per_row(run.method, ' ', 'per-row')}: they act on each of an example's {k} "

@@ -96,7 +96,7 @@ def _unit(
         "ELS's user-level accounting needs k, the most examples a user keeps",
     )
     assert user_sampling is not None  # required above
-    return UserUnit(user_sampling, max_examples_per_user, user_reduction)
+    return UserUnit(user_sampling, max_examples_per_user, user_reduction, augmult)
 
 
 def _accounting(kw: dict[str, Any]) -> AccountingSpec:

@@ -135,12 +135,15 @@ class UserUnit:
         ``"els"`` (cap every user at k examples, sample examples, account per user).
       max_examples_per_user: k, the cap on a user's examples (needed by ELS).
       reduction: ``"mean"`` or ``"sum"`` of a user's gradients (ULS).
+      augmult: augmented rows per example (as for :class:`ExampleUnit`; the checker refuses
+        K > 1 with users).
     """
 
     name: ClassVar[str] = "user"
     sampling: str = "uls"
     max_examples_per_user: int | None = None
     reduction: str = "mean"
+    augmult: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -148,6 +151,7 @@ class UserUnit:
             "user_sampling": self.sampling,
             "max_examples_per_user": self.max_examples_per_user,
             "user_reduction": self.reduction,
+            "augmult": self.augmult,
         }
 
 
