@@ -34,7 +34,7 @@ from dpfy.noise import NoiseSource
 from dpfy.optim import DPOptimizer
 from dpfy.privacy import Ledger, calibrate_noise_multiplier
 from dpfy.privacy.delta_check import check_delta
-from dpfy.privacy.events import Poisson, sampling_kind
+from dpfy.privacy.events import CyclicPoisson, Poisson, SamplingKind, sampling_kind
 from dpfy.sampling import DPDataLoader, make_sampler, make_user_sampler
 from dpfy.sampling.augmult import Augmentation, AugmultUnits
 from dpfy.sampling.microbatch import make_microbatch_sampler
@@ -75,6 +75,19 @@ def _sampler(
         shard=collective.shard if collective is not None else None,
         bands=(spec.noise.bands or "default") if isinstance(spec.noise, BandMF) else None,
     )
+
+
+def _resolved(sampler: Sampler) -> SamplingKind:
+    """The built sampler's facts as a sampling kind's value (q, N, the user cap, the bands)."""
+    kind = sampling_kind(
+        sampler.sampling,
+        sampler.sample_rate,
+        dataset_size=sampler.dataset_size,
+        max_examples_per_user=getattr(sampler, "max_examples_per_user", None),
+    )
+    if isinstance(kind, CyclicPoisson):
+        kind = dataclasses.replace(kind, bands=getattr(sampler, "bands", None))
+    return kind
 
 
 def _agree(collective: Any, spec: RunSpec, facts: dict[str, Any]) -> None:
@@ -278,14 +291,7 @@ def build(
 
         # -- assemble ---------------------------------------------------------------------------
         ran = dataclasses.replace(acc, max_steps=max_steps, epsilon_cap=epsilon_cap)
-        spec = dataclasses.replace(spec, accounting=ran).with_sampling(
-            sampling_kind(
-                sampler.sampling,
-                q,
-                dataset_size=n,
-                max_examples_per_user=getattr(sampler, "max_examples_per_user", None),
-            )
-        )
+        spec = dataclasses.replace(spec, accounting=ran).with_sampling(_resolved(sampler))
         private_step = PrivateStep(
             optimizer,
             grads=grads,

@@ -109,6 +109,7 @@ class SamplingSpec:
                 "sample_rate": r.sample_rate,
                 "dataset_size": r.dataset_size,
                 "max_examples_per_user": r.max_examples_per_user,
+                "bands": getattr(r, "bands", None),
             }
         return out
 
