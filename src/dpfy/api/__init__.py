@@ -206,7 +206,8 @@ def make_private(
         parameters is off while private, since their gradients come from the engine, and
         ``p.requires_grad`` still reads True (``dpfy.grads.held``).
       optimizer (DPOptimizer): a :class:`dpfy.optim.DPOptimizer` wrapping ``optimizer``; its
-        ``epsilon()`` and ``ledger`` say what the run has spent.
+        ``epsilon()`` and ``ledger`` say what the run has spent; its ``spec`` is the run spec
+        (:class:`dpfy.spec.RunSpec`, docs/spec.md) with σ and the sampler's facts filled in.
       loader (DPDataLoader): a :class:`dpfy.sampling.DPDataLoader` that samples ``loader``'s
         dataset (Poisson by default).
     """
