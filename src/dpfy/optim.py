@@ -72,6 +72,9 @@ class DPOptimizer(torch.optim.Optimizer):
         for hooks in _TORCH_HOOKS:
             setattr(self, hooks, OrderedDict())
 
+    # the run spec make_private built (dpfy.spec.RunSpec), σ and the sampler's facts filled in
+    spec: Any = None
+
     ledger = _step_attribute("ledger", "Every release so far.")
     step_count = _step_attribute("step_count", "Logical steps taken.")
     updated = _step_attribute("updated", "The last step() ended a logical batch.")

@@ -1,0 +1,44 @@
+"""A run described as data: the run spec, its performance options and the one checker.
+
+:class:`RunSpec` says what a run's privacy guarantee is made of (sampling, unit of privacy,
+noise mechanism, clipping, accounting, the adaptive method); :class:`PerformanceOptions` says
+how it is computed and never changes ε; :func:`check` refuses what dpfy cannot account
+together, from each component's declarations (:data:`DECLARATIONS`); :func:`from_keywords`
+maps ``make_private``'s keywords onto them (docs/spec.md).
+"""
+
+from dpfy.spec.check import DECLARATIONS, MethodDeclaration, Refusal, check, declare_method
+from dpfy.spec.keywords import from_keywords
+from dpfy.spec.performance import PerformanceOptions
+from dpfy.spec.run import (
+    AccountingSpec,
+    BandMF,
+    ClippingSpec,
+    ExampleUnit,
+    Gaussian,
+    IndividualBudgets,
+    RunSpec,
+    SamplingSpec,
+    Tree,
+    UserUnit,
+)
+
+__all__ = [
+    "RunSpec",
+    "SamplingSpec",
+    "ExampleUnit",
+    "UserUnit",
+    "Gaussian",
+    "Tree",
+    "BandMF",
+    "ClippingSpec",
+    "AccountingSpec",
+    "IndividualBudgets",
+    "PerformanceOptions",
+    "check",
+    "declare_method",
+    "MethodDeclaration",
+    "Refusal",
+    "DECLARATIONS",
+    "from_keywords",
+]
