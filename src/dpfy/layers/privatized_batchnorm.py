@@ -230,9 +230,29 @@ class PrivatizedStatistics:
         i = self.layers.index(layer)
         got = self._released.get(i)
         if got is None or got.key != key:
+            self._check_rows(i, x)
             mean, var = self._release(layer, x)
             got = self._released[i] = _Released(key, mean, var)
         return got.mean, got.var
+
+    def _check_rows(self, i: int, x: torch.Tensor) -> None:
+        """While a loader batch awaits its step, a release must come from it, one row per
+        example: an example spread over T rows (a sequence flattened to (B·T, C)) moves the sums
+        by T·Δ, and rows of other data are not the sampled batch the step records."""
+        c = self.cursor
+        if c is None or c.pending == 0 or c.indices is None:
+            return  # no step can record this release (the next batch is a new key)
+        rows = int(c.indices.shape[0])
+        if x.shape[0] != rows:
+            raise PrivacyRefusal(
+                f"the input of privatized BatchNorm {self.names[i]!r} must have one row per "
+                f"example of the private batch ({rows} rows), got {x.shape[0]} rows: each row is "
+                f"clipped as one example's statistics, so an example spread over several rows "
+                f"would move the sums by more than the recorded sensitivity, and rows of other "
+                f"data are not the sampled batch. Feed the layer the loader's batch with the "
+                f"positions last, (B, C, T) (BatchNorm1d averages each example's positions); "
+                f"nothing of this step was released"
+            )
 
     def current(self, layer: PrivatizedBatchNorm) -> tuple[torch.Tensor, torch.Tensor]:
         """The statistics the last training forward through ``layer`` used (the rule's capture
