@@ -76,7 +76,14 @@ from torch.utils.hooks import RemovableHandle
 from dpfy._hooks import OwnHook
 from dpfy.errors import PrivacyRefusal
 
-__all__ = ["BufferGuard", "BufferChange", "guard_of", "buffer_fix", "is_training_forward"]
+__all__ = [
+    "BufferGuard",
+    "BufferChange",
+    "guard_of",
+    "buffer_fix",
+    "is_training_forward",
+    "watched",
+]
 
 # The guard attached to each model (by make_private); a new guard on the same model replaces it.
 _GUARDS: "weakref.WeakKeyDictionary[nn.Module, BufferGuard]" = weakref.WeakKeyDictionary()
@@ -580,3 +587,9 @@ class BufferGuard:
 def guard_of(model: nn.Module) -> BufferGuard | None:
     """The guard attached to ``model``, if any."""
     return _GUARDS.get(model)
+
+
+def watched(module: nn.Module) -> bool:
+    """Whether a guard watches ``module``: attached to it or to a model that contains it (a
+    model made private)."""
+    return any(any(m is module for m in model.modules()) for model in list(_GUARDS.keys()))

@@ -102,3 +102,23 @@ def test_one_row_per_example_trains_and_records_every_release():
     assert len(opt.ledger) >= 1 and stats.releases_made == len(opt.ledger)
     for group in opt.ledger.groups:
         assert [r.mechanism for r in group.releases] == ["gradient", "bn_mean:bn", "bn_square:bn"]
+
+
+def test_a_converted_sub_module_of_a_private_model_refuses_without_the_attach():
+    """The statistics of a converted sub-module (expected batch size given, as for a loop of
+    one's own) inside a model made private: its forward must refuse until they are attached."""
+    torch.manual_seed(0)
+    backbone = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+
+    class Head(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = nn.Sequential(backbone, nn.Linear(4, 2))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.inner(x[:, 0])  # the first position only
+
+    model, opt, loader, stats = _private(Head(), attach=False, stats_of=backbone)
+    with pytest.raises(PrivacyRefusal, match="attach_privatized_statistics"):
+        _train(model, opt, loader)
+    assert stats.releases_made == 0 and len(opt.ledger) == 0

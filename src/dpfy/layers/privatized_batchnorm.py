@@ -58,7 +58,7 @@ import torch
 from torch import nn
 
 from dpfy._require import require
-from dpfy.buffers import guard_of
+from dpfy.buffers import watched
 from dpfy.errors import PrivacyRefusal
 from dpfy.grads.rules.base import register_rule
 from dpfy.layers.statistics_norm import (
@@ -297,8 +297,7 @@ class PrivatizedStatistics:
             "Attach the statistics to a run (make_private does) or pass expected_batch_size=",
         )
         assert b is not None
-        model = self._model()
-        if self.cursor is None and model is not None and guard_of(model) is not None:
+        if self.cursor is None and watched(layer):  # in a private run (of any model holding it)
             raise PrivacyRefusal(
                 "privatized BatchNorm statistics must be attached to the private run of their "
                 "model, got a model made private (make_private) without them: its steps would "
