@@ -122,3 +122,34 @@ def test_a_converted_sub_module_of_a_private_model_refuses_without_the_attach():
     with pytest.raises(PrivacyRefusal, match="attach_privatized_statistics"):
         _train(model, opt, loader)
     assert stats.releases_made == 0 and len(opt.ledger) == 0
+
+
+class ZeroNoise:
+    """No noise (the sums themselves are compared)."""
+
+    def gaussian(self, like: torch.Tensor, std: float) -> torch.Tensor:
+        return torch.zeros_like(like)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), "inf_and_minus_inf"])
+def test_a_non_finite_example_moves_the_sums_by_at_most_the_sensitivity(bad):
+    """clamp does not bound NaN: an example whose channel mean is NaN (a NaN value, or +inf and
+    −inf at two positions) made the released sums NaN, folded into the running estimates that
+    ship with the model: a deterministic trace of that example. Its clipped mean must stay in
+    [−A, A] (and its mean of squares in [0, A²]) like any other example's."""
+    model = nn.Sequential(nn.BatchNorm1d(2, affine=False))
+    stats = privatized_batchnorm(model, bound=1.0, noise_multiplier=1.0, expected_batch_size=1.0)
+    stats.noise = ZeroNoise()
+    layer = model[0].train()
+    h = torch.randn(6, 2, 4)
+    mean1, var1 = (t.clone() for t in stats.statistics(layer, h))
+    stats.commit()
+    odd = torch.zeros(1, 2, 4)
+    if bad == "inf_and_minus_inf":
+        odd[0, :, 0], odd[0, :, 1] = float("inf"), float("-inf")
+    else:
+        odd[0, 0, 0] = bad
+    mean2, _ = stats.statistics(layer, torch.cat([h, odd]))
+    assert torch.isfinite(mean2).all()
+    # b = 1 and no noise: the released mean is the sum; one example moves it by ≤ A·√C = √2
+    assert (mean2 - mean1).norm().item() <= 2**0.5 * (1 + 1e-6)  # float32 sums of 7 terms

@@ -14,7 +14,8 @@ example i and channel c, with S_c its values of channel c (spatial positions, or
 
     m_ic = clamp(mean_{s} x_ics, −A, A),      q_ic = min(mean_{s} x_ics², A²)
 
-the example's contribution clipped to the declared activation bound A. Then
+the example's contribution clipped to the declared activation bound A (a NaN mean, from a NaN
+value or +inf and −inf in one example, counts as 0: clamp would leave it unbounded). Then
 
     μ̃ = (Σ_i m_i + N(0, (σ_bn Δ_m)² I_C)) / b,   ν̃ = (Σ_i q_i + N(0, (σ_bn Δ_q)² I_C)) / b,
 
@@ -310,8 +311,9 @@ class PrivatizedStatistics:
         a, c = self.bound, layer.num_features
         xs = x.detach().to(at_least_float32(x))  # sensitive
         xs = xs[:, :, None] if xs.dim() == 2 else xs.flatten(2)  # (B, C, S); B may be 0
-        m = xs.mean(-1).clamp_(-a, a)  # (B, C) sensitive, each coordinate in [−A, A]
-        q = xs.square().mean(-1).clamp_(max=a * a)  # (B, C) sensitive, in [0, A²]
+        # clamp leaves NaN (a NaN value, +inf and −inf in one example) unbounded: count it as 0
+        m = xs.mean(-1).nan_to_num_(0.0).clamp_(-a, a)  # (B, C) sensitive, each in [−A, A]
+        q = xs.square().mean(-1).nan_to_num_(0.0).clamp_(max=a * a)  # (B, C) sensitive, [0, A²]
         d_m, d_q = self.sensitivities(c)
         like = m.new_zeros(c)
         mean = m.sum(0) + self.noise.gaussian(like, sigma * d_m)
