@@ -76,14 +76,7 @@ from torch.utils.hooks import RemovableHandle
 from dpfy._hooks import OwnHook
 from dpfy.errors import PrivacyRefusal
 
-__all__ = [
-    "BufferGuard",
-    "BufferChange",
-    "guard_of",
-    "buffer_fix",
-    "is_training_forward",
-    "watched",
-]
+__all__ = ["BufferGuard", "BufferChange", "guard_of", "buffer_fix", "is_training_forward"]
 
 # The guard attached to each model (by make_private); a new guard on the same model replaces it.
 _GUARDS: "weakref.WeakKeyDictionary[nn.Module, BufferGuard]" = weakref.WeakKeyDictionary()
