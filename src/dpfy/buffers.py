@@ -580,3 +580,9 @@ class BufferGuard:
 def guard_of(model: nn.Module) -> BufferGuard | None:
     """The guard attached to ``model``, if any."""
     return _GUARDS.get(model)
+
+
+def watched(module: nn.Module) -> bool:
+    """Whether a guard watches ``module``: attached to it or to a model that contains it (a
+    model made private)."""
+    return any(any(m is module for m in model.modules()) for model in list(_GUARDS.keys()))

@@ -14,7 +14,8 @@ example i and channel c, with S_c its values of channel c (spatial positions, or
 
     m_ic = clamp(mean_{s} x_ics, −A, A),      q_ic = min(mean_{s} x_ics², A²)
 
-the example's contribution clipped to the declared activation bound A. Then
+the example's contribution clipped to the declared activation bound A (a NaN mean, from a NaN
+value or +inf and −inf in one example, counts as 0: clamp would leave it unbounded). Then
 
     μ̃ = (Σ_i m_i + N(0, (σ_bn Δ_m)² I_C)) / b,   ν̃ = (Σ_i q_i + N(0, (σ_bn Δ_q)² I_C)) / b,
 
@@ -58,7 +59,7 @@ import torch
 from torch import nn
 
 from dpfy._require import require
-from dpfy.buffers import guard_of
+from dpfy.buffers import watched
 from dpfy.errors import PrivacyRefusal
 from dpfy.grads.rules.base import register_rule
 from dpfy.layers.statistics_norm import (
@@ -230,9 +231,29 @@ class PrivatizedStatistics:
         i = self.layers.index(layer)
         got = self._released.get(i)
         if got is None or got.key != key:
+            self._check_rows(i, x)
             mean, var = self._release(layer, x)
             got = self._released[i] = _Released(key, mean, var)
         return got.mean, got.var
+
+    def _check_rows(self, i: int, x: torch.Tensor) -> None:
+        """While a loader batch awaits its step, a release must come from it, one row per
+        example: an example spread over T rows (a sequence flattened to (B·T, C)) moves the sums
+        by T·Δ, and rows of other data are not the sampled batch the step records."""
+        c = self.cursor
+        if c is None or c.pending == 0 or c.indices is None:
+            return  # no step can record this release (the next batch is a new key)
+        rows = int(c.indices.shape[0])
+        if x.shape[0] != rows:
+            raise PrivacyRefusal(
+                f"the input of privatized BatchNorm {self.names[i]!r} must have one row per "
+                f"example of the private batch ({rows} rows), got {x.shape[0]} rows: each row is "
+                f"clipped as one example's statistics, so an example spread over several rows "
+                f"would move the sums by more than the recorded sensitivity, and rows of other "
+                f"data are not the sampled batch. Feed the layer the loader's batch with the "
+                f"positions last, (B, C, T) (BatchNorm1d averages each example's positions); "
+                f"nothing of this step was released"
+            )
 
     def current(self, layer: PrivatizedBatchNorm) -> tuple[torch.Tensor, torch.Tensor]:
         """The statistics the last training forward through ``layer`` used (the rule's capture
@@ -277,8 +298,7 @@ class PrivatizedStatistics:
             "Attach the statistics to a run (make_private does) or pass expected_batch_size=",
         )
         assert b is not None
-        model = self._model()
-        if self.cursor is None and model is not None and guard_of(model) is not None:
+        if self.cursor is None and watched(layer):  # in a private run (of any model holding it)
             raise PrivacyRefusal(
                 "privatized BatchNorm statistics must be attached to the private run of their "
                 "model, got a model made private (make_private) without them: its steps would "
@@ -291,8 +311,9 @@ class PrivatizedStatistics:
         a, c = self.bound, layer.num_features
         xs = x.detach().to(at_least_float32(x))  # sensitive
         xs = xs[:, :, None] if xs.dim() == 2 else xs.flatten(2)  # (B, C, S); B may be 0
-        m = xs.mean(-1).clamp_(-a, a)  # (B, C) sensitive, each coordinate in [−A, A]
-        q = xs.square().mean(-1).clamp_(max=a * a)  # (B, C) sensitive, in [0, A²]
+        # clamp leaves NaN (a NaN value, +inf and −inf in one example) unbounded: count it as 0
+        m = xs.mean(-1).nan_to_num_(0.0).clamp_(-a, a)  # (B, C) sensitive, each in [−A, A]
+        q = xs.square().mean(-1).nan_to_num_(0.0).clamp_(max=a * a)  # (B, C) sensitive, [0, A²]
         d_m, d_q = self.sensitivities(c)
         like = m.new_zeros(c)
         mean = m.sum(0) + self.noise.gaussian(like, sigma * d_m)
