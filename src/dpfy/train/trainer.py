@@ -276,7 +276,7 @@ def _run(
     start_epoch, elapsed = 0, 0.0
     average = ParameterAverage(private.model, cfg.ema) if cfg.ema is not None else None
     if ckpt is None:
-        write_atomic(run.staging / "config.json", cfg.to_public_json() + "\n")
+        write_atomic(run.staging / "config.json", cfg.to_public_json(private.optimizer.spec) + "\n")
         echo(_statement(cfg, notes, data, private))
     else:
         private.model.load_state_dict(ckpt.model)
