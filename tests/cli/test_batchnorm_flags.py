@@ -35,6 +35,8 @@ def test_privatized_run_records_the_statistics(tmp_path):
                                  "noise_multiplier": releases[1]["noise_multiplier"],
                                  "releases": 4, "public_data": None}
     assert spec["noise"]["noise_multiplier"] == releases[0]["noise_multiplier"]
+    report = json.loads((out / "privacy_report.json").read_text())["model_description"]
+    assert f"σ_bn = {releases[1]['noise_multiplier']:.4g}" in report  # read from the spec
 
 
 def test_plain_batchnorm_is_refused(tmp_path, capsys):

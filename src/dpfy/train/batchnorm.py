@@ -16,6 +16,7 @@ from dpfy._require import require
 from dpfy.data import DataSplits
 from dpfy.data.fashion_mnist import MEAN, STD
 from dpfy.data.public_digits import DESCRIPTION, digits_images
+from dpfy.spec import RunSpec
 from dpfy.train.config import TrainConfig
 
 __all__ = ["batchnorm_options", "public_statistics_statement"]
@@ -53,11 +54,12 @@ def batchnorm_options(cfg: TrainConfig, data: DataSplits) -> dict[str, Any]:
     }
 
 
-def public_statistics_statement(cfg: TrainConfig) -> str | None:
-    """The report's statement about the public BatchNorm data, or None."""
-    if cfg.batchnorm != "public":
+def public_statistics_statement(spec: RunSpec | None) -> str | None:
+    """The report's statement about the public BatchNorm data the run spec names, or None."""
+    bn = spec.batchnorm if spec is not None else None
+    if bn is None or bn.kind != "public":
         return None
     return (
-        f"the BatchNorm statistics were computed from {DESCRIPTION}, declared public "
-        f"(--batchnorm public): the guarantee does not cover that data"
+        f"the BatchNorm statistics were computed from {bn.public_data}, declared public "
+        f"(batchnorm='public'): the guarantee does not cover that data"
     )

@@ -435,7 +435,7 @@ def _statement(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, pri
         f"dpfy train: {ALGORITHM[cfg.noise]} on {data.name} (N = {data.num_train}){unit}, "
         f"{SAMPLER_WORDS.get(private.optimizer.sampler.sampling.value, 'Poisson sampling')} "
         f"with rate q = {private.sample_rate:.5g} (expected {batch} {cfg.batch_size}), "
-        f"{private.total_steps} steps, {clip_description(cfg, private.optimizer.method)}"
+        f"{private.total_steps} steps, {clip_description(private)}"
         f"{augmult_description(cfg)}, "
         f"{noise} ({budget}); "
         f"δ = {cfg.delta:.3g} "
