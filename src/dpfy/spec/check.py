@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from dpfy._require import require
-from dpfy.adaptive.base import Method
+from dpfy.adaptive.base import Method, method_name
 from dpfy.errors import PrivacyRefusal
 from dpfy.privacy.accountants import RIGOROUS
 from dpfy.privacy.events import Shuffled
@@ -53,7 +53,7 @@ def declare_method(method: Method, plan: StepPlan) -> MethodDeclaration:
     state = method.init()
     specs = method.releases(state, method.plan(state, plan))
     return MethodDeclaration(
-        name=method.registry_name or type(method).__name__,
+        name=method_name(method),
         sets=frozenset(method.sets),
         transform=method.implements("transform"),
         loss_probes=tuple(n for n, s in specs.items() if s.kind == "loss"),

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
 from dpfy._require import require
+from dpfy.adaptive.base import Method, method_name
 from dpfy.privacy.events import CyclicPoisson, Poisson, SamplingKind, Shuffled
 
 __all__ = [
@@ -341,9 +342,10 @@ class RunSpec:
 
 
 def _method_name(method: Any) -> Any:
-    """A method's registry name (or class name); a list for a chain given as a list."""
+    """A method's registry name (or class name, :func:`dpfy.adaptive.base.method_name`); a list
+    for a chain given as a list."""
     if method is None or isinstance(method, str):
         return method
     if isinstance(method, (list, tuple)):
         return [_method_name(m) for m in method]
-    return getattr(method, "registry_name", None) or type(method).__name__
+    return method_name(method) if isinstance(method, Method) else type(method).__name__
