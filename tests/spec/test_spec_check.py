@@ -107,6 +107,9 @@ TABLE = [
     (dict(batchnorm=BN, clipping=ClippingSpec("microbatch", 1.0, 2)), "privatized.*microbatch"),
     (dict(batchnorm=BN, clipping=ClippingSpec("microbatch", 1.0, 1)), None),  # per example
     (dict(batchnorm=BN, sampling=SamplingSpec(Shuffled)), None),
+    # attach_privatized_statistics: a share of σ = 0 is no σ_bn; a declared σ_bn is fine
+    (dict(batchnorm=BN, noise=Gaussian(0.0)), "noise_multiplier must be > 0 to derive σ_bn"),
+    (dict(batchnorm=BN_SIGMA, noise=Gaussian(0.0)), None),
 ]
 
 

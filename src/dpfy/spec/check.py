@@ -113,6 +113,7 @@ def features(
     privatized = bn is not None and bn.kind == "privatized"
     add("bn_privatized", "batchnorm='privatized'", privatized)
     add("bn_share", "bn_share", privatized and bn is not None and bn.share is not None)
+    add("no_noise", "noise_multiplier=0", noise.noise_multiplier == 0)
     # microbatch units: k = 1 clips each row alone (per-example clipping, dpfy.sampling.microbatch)
     add(
         "microbatch_units",
@@ -284,6 +285,15 @@ def _bn_share(run: _Run, flags: list[str]) -> Exception:
     )
 
 
+def _share_of_nothing(run: _Run, flags: list[str]) -> Exception:
+    bn = run.spec.batchnorm
+    return ValueError(
+        f"noise_multiplier must be > 0 to derive σ_bn from bn_share, got noise_multiplier = 0 "
+        f"(bn_share = {bn.share if bn is not None else None!r}; 0.3 when neither bn_share nor "
+        f"bn_noise_multiplier is given). Declare the statistics' own σ with bn_noise_multiplier="
+    )
+
+
 def _refusal(owner: str, refuses: str, error: Callable[[_Run, list[str]], Exception]) -> Refusal:
     return Refusal(owner, frozenset(refuses.split()), error)
 
@@ -308,6 +318,7 @@ DECLARATIONS: tuple[Refusal, ...] = (
         "split correlated budgets data_parallel users augmult microbatch_units",
         _privatized_batchnorm,
     ),
+    _refusal("bn_share", "no_noise", _share_of_nothing),
     # the method's declarations (the second pass)
     _refusal("sets_sigma", "correlated", _sets_sigma),
     _refusal("sets_sigma", "bn_share", _bn_share),
