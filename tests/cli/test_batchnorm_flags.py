@@ -29,6 +29,14 @@ def test_privatized_run_records_the_statistics(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert 2.97 <= summary["epsilon"] <= 3.0  # calibrated to the target with the statistics
     assert "bn_mean:1" in (out / "privacy_report.md").read_text()
+    # config.json's run spec: the statistics as make_private recorded them, the ledger's σs
+    spec = json.loads((out / "config.json").read_text())["spec"]
+    assert spec["batchnorm"] == {"kind": "privatized", "bound": 2.0, "share": 0.2,
+                                 "noise_multiplier": releases[1]["noise_multiplier"],
+                                 "releases": 4, "public_data": None}
+    assert spec["noise"]["noise_multiplier"] == releases[0]["noise_multiplier"]
+    report = json.loads((out / "privacy_report.json").read_text())["model_description"]
+    assert f"σ_bn = {releases[1]['noise_multiplier']:.4g}" in report  # read from the spec
 
 
 def test_plain_batchnorm_is_refused(tmp_path, capsys):

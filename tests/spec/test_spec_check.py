@@ -19,6 +19,7 @@ from dpfy.spec import (
     DECLARATIONS,
     AccountingSpec,
     BandMF,
+    BatchNormStatistics,
     ClippingSpec,
     ExampleUnit,
     Gaussian,
@@ -35,6 +36,9 @@ from dpfy.spec import (
 SIGMA = Gaussian(noise_multiplier=1.0)
 USERS = UserUnit("uls")
 BUDGETS = AccountingSpec(delta=1e-5, individual=IndividualBudgets([1.0, 2.0], "sample"))
+BN = BatchNormStatistics("privatized", bound=1.0, share=0.3)
+BN_SIGMA = BatchNormStatistics("privatized", bound=1.0, noise_multiplier=4.0)
+PUBLIC_BN = BatchNormStatistics("public", public_data="digits")
 
 # (the spec's parts that differ from a plain σ = 1 DP-SGD run, the error it must raise or None)
 TABLE = [
@@ -89,7 +93,33 @@ TABLE = [
         dict(noise=Gaussian(), accounting=BUDGETS, sampling=SamplingSpec(world_size=2)),
         "data-parallel ranks must be None with budgets",
     ),
+    # privatized BatchNorm statistics: attach_privatized_statistics' own list (correlated noise,
+    # individualized budgets, data-parallel ranks, units other than one example per row)
+    (dict(batchnorm=BN), None),
+    (dict(batchnorm=PUBLIC_BN, noise=Tree(1.0), unit=ExampleUnit(augmult=2)), "augmult=2"),
+    (dict(batchnorm=PUBLIC_BN, noise=Tree(1.0)), None),
+    (dict(batchnorm=BN, noise=Tree(1.0)), "batchnorm='privatized' cannot.*noise='tree'"),
+    (dict(batchnorm=BN, noise=BandMF(1.0)), "noise='bandmf'"),
+    (dict(batchnorm=BN, noise=Gaussian(), accounting=BUDGETS), "privatized.*budgets"),
+    (dict(batchnorm=BN, sampling=SamplingSpec(world_size=2)), "privatized.*data-parallel"),
+    (dict(batchnorm=BN, unit=UserUnit("els", 4)), "privatized.*user_ids"),
+    (dict(batchnorm=BN, unit=ExampleUnit(augmult=2)), "privatized.*augmult=2"),
+    (dict(batchnorm=BN, clipping=ClippingSpec("microbatch", 1.0, 2)), "privatized.*microbatch"),
+    (dict(batchnorm=BN, clipping=ClippingSpec("microbatch", 1.0, 1)), None),  # per example
+    (dict(batchnorm=BN, sampling=SamplingSpec(Shuffled)), None),
+    # attach_privatized_statistics: a share of σ = 0 is no σ_bn; a declared σ_bn is fine
+    (dict(batchnorm=BN, noise=Gaussian(0.0)), "noise_multiplier must be > 0 to derive σ_bn"),
+    (dict(batchnorm=BN_SIGMA, noise=Gaussian(0.0)), None),
 ]
+
+
+@pytest.mark.parametrize("physical", [8, "auto"])
+def test_privatized_statistics_refuse_physical_batches(physical):
+    # setup_batchnorm's own refusal: one release per logical batch, from all of it
+    performance = PerformanceOptions(max_physical_batch_size=physical)
+    with pytest.raises(PrivacyRefusal, match="privatized.*max_physical_batch_size"):
+        check(_spec(dict(batchnorm=BN)), performance)
+    check(_spec(dict(batchnorm=PUBLIC_BN)), performance)
 
 
 def _spec(parts: dict) -> RunSpec:
@@ -151,6 +181,20 @@ METHOD_TABLE = [
         "one physical batch",
     ),
     (dict(post_release=True), {}, PerformanceOptions(), None),
+    # attach_privatized_statistics: a method's σ_t changes every step, a share cannot follow it
+    (
+        dict(sets=frozenset({"noise_multiplier"})),
+        dict(batchnorm=BN),
+        PerformanceOptions(),
+        "bn_share must be None",
+    ),
+    (
+        dict(sets=frozenset({"noise_multiplier"})),
+        dict(batchnorm=BN_SIGMA),
+        PerformanceOptions(),
+        None,
+    ),
+    (dict(), dict(batchnorm=BN), PerformanceOptions(), None),
 ]
 
 

@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from dpfy.adaptive.base import Method
 from dpfy.api.admit import admit, alias, derive_seeds, warn_seed
@@ -78,6 +78,12 @@ def make_private(
     augmult: int = 1,
     augment: "Callable[[Any, torch.Generator], Any] | str | None" = None,
     individual_accounting: int | None = None,
+    batchnorm: str | None = None,
+    public_data: "torch.Tensor | Dataset | None" = None,
+    public_description: str | None = None,
+    bn_bound: float | None = None,
+    bn_share: float | None = None,
+    bn_noise_multiplier: float | None = None,
 ) -> tuple[nn.Module, DPOptimizer, DPDataLoader]:
     """Make ``model``/``optimizer``/``loader`` differentially private (DP-SGD and variants).
 
@@ -87,7 +93,7 @@ def make_private(
 
     Args:
       model: any ``nn.Module`` without BatchNorm (see :func:`dpfy.validate`, or
-        :func:`dpfy.layers.public_batchnorm` for public statistics); batch dim first.
+        ``batchnorm=`` below); batch dim first.
         Inside a ``torch.distributed`` process group of W ≥ 2 ranks (wrapped in
         ``DistributedDataParallel`` or not) training is data-parallel: ``loader.batch_size``
         is per rank, each rank clips its part of every global Poisson batch, rank 0 adds the
@@ -197,6 +203,19 @@ def make_private(
         its ``save_norms``). The norms are private data, an analysis for the data holder:
         never used in training, never part of the release.
 
+      batchnorm, public_data, public_description, bn_bound, bn_share, bn_noise_multiplier:
+        keep the model's BatchNorm layers (docs/guide/batchnorm.md). ``"public"``: their
+        statistics come from ``public_data`` (a tensor of inputs or a Dataset, named
+        ``public_description`` in the spec and the report; not protected by the guarantee).
+        ``"privatized"``: each layer's batch mean and mean of squares, clipped to the declared
+        activation bound ``bn_bound``, are released with Gaussian noise at every step and
+        recorded in the ledger beside the gradient, at ``bn_noise_multiplier`` or taking
+        ``bn_share`` of each step's precision (0.3 by default); a σ calibrated to a target ε
+        is split between the gradient and the statistics so the run spends its target.
+        Privatized statistics are refused with ``max_physical_batch_size``, correlated noise,
+        individualized budgets, data-parallel ranks, user ids, ``augmult`` and microbatch
+        clipping, and ``bn_share`` with a method that sets σ.
+
       module, data_loader: Opacus's names for ``model`` and ``loader`` (aliases; give one of
         each pair). A :class:`~dpfy.sampling.DPDataLoader` from an earlier ``make_private`` may
         be passed: the new run draws from the DataLoader it was built from.
@@ -255,6 +274,12 @@ def make_private(
         microbatch_size=microbatch_size,
         augmult=augmult,
         augment=augment,
+        batchnorm=batchnorm,
+        public_data=public_data,
+        public_description=public_description,
+        bn_bound=bn_bound,
+        bn_share=bn_share,
+        bn_noise_multiplier=bn_noise_multiplier,
     )
     check(spec, performance)  # what cannot be accounted together, before anything is built
     if seed is not None:
@@ -269,6 +294,7 @@ def make_private(
         seed=seed,
         user_ids=user_ids,
         augment=augment,
+        public_data=public_data,
         loss_fn=loss_fn,
         loss_reduction=loss_reduction,
         declare_row_wise=declare_row_wise,

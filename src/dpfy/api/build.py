@@ -28,6 +28,8 @@ from dpfy.buffers import BufferGuard
 from dpfy.clipping import make_clipping
 from dpfy.grads import GradEngine
 from dpfy.individual_tracking import attach_norm_tracker
+from dpfy.layers.batchnorm_setup import BatchNormSetup, setup_batchnorm
+from dpfy.layers.privatized_batchnorm import PrivatizedStatistics
 from dpfy.layers.public_batchnorm import attach_public_statistics
 from dpfy.memory import plan_physical_batch
 from dpfy.noise import NoiseSource
@@ -140,6 +142,42 @@ def _calibrate_method(
     )
 
 
+def _setup_batchnorm(
+    spec: RunSpec, model: nn.Module, public_data: Any, physical: int | None
+) -> BatchNormSetup | None:
+    """Convert the model's BatchNorms as the spec's BatchNorm statistics say, before the
+    gradient engine sees it (None: the model is left as it is)."""
+    bn = spec.batchnorm
+    if bn is None:
+        return None
+    return setup_batchnorm(
+        model,
+        bn.kind,
+        public_data=public_data,
+        public_description=bn.public_data or "public data",
+        bn_bound=bn.bound,
+        bn_noise_multiplier=bn.noise_multiplier,
+        bn_share=bn.share,
+        max_physical_batch_size=physical,
+    )
+
+
+def _finish_batchnorm(
+    setup: BatchNormSetup, spec: RunSpec, optimizer: DPOptimizer, *, calibrated: bool
+) -> RunSpec:
+    """Attach privatized statistics to the built run; the spec with the σ each release got
+    (a calibrated σ is split between the gradient and the statistics)."""
+    setup.finish(optimizer, calibrated=calibrated)
+    stats, bn = setup.stats, spec.batchnorm
+    if not isinstance(stats, PrivatizedStatistics) or bn is None:
+        return spec
+    bn = dataclasses.replace(
+        bn, noise_multiplier=stats.noise_multiplier, releases=stats.num_releases
+    )
+    sigma = optimizer.private_step.noise_multiplier
+    return dataclasses.replace(spec, batchnorm=bn).with_noise_multiplier(sigma)
+
+
 def build(
     spec: RunSpec,
     performance: PerformanceOptions,
@@ -151,6 +189,7 @@ def build(
     seed: int | None,
     user_ids: Any = None,
     augment: Any = None,
+    public_data: Any = None,
     loss_fn: Any = None,
     loss_reduction: str = "mean",
     declare_row_wise: bool = False,
@@ -169,6 +208,8 @@ def build(
     else:
         assert not isinstance(performance.max_physical_batch_size, str)  # PerformanceOptions
         physical = performance.max_physical_batch_size
+
+    bn_setup = _setup_batchnorm(spec, model, public_data, physical)
 
     # -- the run's facts: the sampler's, and the horizon ---------------------------------------
     sampler = _sampler(spec, loader, user_ids, sampling_seed, collective)
@@ -320,6 +361,10 @@ def build(
         )
         dp_optimizer = DPOptimizer(optimizer, private_step, accountant=acc.accountant, seed=seed)
         attach_public_statistics(model, optimizer)  # dpfy.layers.public_batchnorm, if used
+        if bn_setup is not None:
+            sets_sigma = method is not None and "noise_multiplier" in method.sets
+            calibrated = acc.target_epsilon is not None and not sets_sigma
+            spec = _finish_batchnorm(bn_setup, spec, dp_optimizer, calibrated=calibrated)
         if individual_accounting is not None:  # analysis only: nothing of it is released
             attach_norm_tracker(
                 dp_optimizer,

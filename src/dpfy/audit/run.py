@@ -288,7 +288,9 @@ def audit_config(
             planted_noise_scale=plant_noise_scale,
         )
         if run is not None and plant_noise_scale is not None:
-            write_atomic(run.staging / "config.json", cfg.to_public_json() + "\n")
+            write_atomic(
+                run.staging / "config.json", cfg.to_public_json(private.optimizer.spec) + "\n"
+            )
             write_atomic(run.staging / "audit.json", json.dumps(result.to_dict(), indent=2) + "\n")
             run.finalize()
         elif run is not None:
@@ -325,6 +327,6 @@ def _write(
         sections=(result.section(),),
     )
     write_atomic(run.staging / "ledger.json", private.optimizer.ledger.to_json(indent=1) + "\n")
-    write_atomic(run.staging / "config.json", cfg.to_public_json() + "\n")
+    write_atomic(run.staging / "config.json", cfg.to_public_json(private.optimizer.spec) + "\n")
     audit = {**result.to_dict(), "test_loss": float(test[0]), "test_acc": float(test[1])}
     write_atomic(run.staging / "audit.json", json.dumps(audit, indent=2) + "\n")

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from dpfy._require import require
-from dpfy.adaptive.base import Method
+from dpfy.adaptive.base import Method, method_name
 from dpfy.errors import PrivacyRefusal
 from dpfy.noise.mechanism import StepNoise
 from dpfy.step.sums import StepSums
@@ -99,7 +99,7 @@ def check_method(method: Method | None, clip: float | None) -> None:
             "epochs and learning rate), or method=make('quantile') to adapt it",
         )
         return
-    name = method.registry_name or type(method).__name__
+    name = method_name(method)
     for hook in ("transform", "postprocess", "observe"):
         if method.implements(hook):
             raise PrivacyRefusal(

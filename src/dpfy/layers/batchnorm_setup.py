@@ -57,6 +57,7 @@ __all__ = [
     "StatisticsRecord",
     "WithStatisticsReleases",
     "attach_privatized_statistics",
+    "check_batchnorm_arguments",
     "setup_batchnorm",
     "split_noise_multiplier",
 ]
@@ -260,6 +261,57 @@ class BatchNormSetup:
             attach_privatized_statistics(stats, optimizer, calibrated=calibrated)
 
 
+def check_batchnorm_arguments(
+    batchnorm: str | None,
+    *,
+    public_data: bool,
+    bn_bound: float | None,
+    bn_noise_multiplier: float | None,
+    bn_share: float | None,
+    extra: tuple[str, ...] = (),
+) -> None:
+    """Refuse a ``batchnorm`` mode outside :data:`BATCHNORM_MODES`, an argument given without
+    the mode it belongs to (``extra``: the names of other public-data arguments given), and a
+    mode without what it needs (public data, the bound A)."""
+    require(
+        batchnorm is None or batchnorm in BATCHNORM_MODES,
+        "batchnorm",
+        batchnorm,
+        f"None or one of {list(BATCHNORM_MODES)}",
+    )
+    given = {
+        "public_data": public_data,
+        **{name: True for name in extra},
+        "bn_bound": bn_bound is not None,
+        "bn_noise_multiplier": bn_noise_multiplier is not None,
+        "bn_share": bn_share is not None,
+    }
+    privatized = ("bn_bound", "bn_noise_multiplier", "bn_share")
+    allowed = {None: (), "public": ("public_data", *extra), "privatized": privatized}[batchnorm]
+    stray = sorted(k for k, v in given.items() if v and k not in allowed)
+    require(
+        not stray,
+        "arguments",
+        stray,
+        f"none of them with batchnorm={batchnorm!r}",
+        "Pass batchnorm='public' with public_data=, or batchnorm='privatized' with bn_bound=",
+    )
+    require(
+        batchnorm != "public" or public_data,
+        "public_data",
+        None,
+        "a tensor or Dataset of public inputs with batchnorm='public'",
+        "Pass the declared public data the statistics come from",
+    )
+    require(
+        batchnorm != "privatized" or bn_bound is not None,
+        "bn_bound",
+        None,
+        "a number > 0 with batchnorm='privatized'",
+        "Declare the activation bound each example's statistics are clipped to",
+    )
+
+
 def setup_batchnorm(
     model: nn.Module,
     batchnorm: str | None,
@@ -279,50 +331,22 @@ def setup_batchnorm(
     ``"privatized"`` (noisy released statistics, clipped to ``bn_bound``, at
     ``bn_noise_multiplier`` or taking ``bn_share`` of each step's privacy).
     """
-    require(
-        batchnorm is None or batchnorm in BATCHNORM_MODES,
-        "batchnorm",
+    check_batchnorm_arguments(
         batchnorm,
-        f"None or one of {list(BATCHNORM_MODES)}",
-    )
-    extras = {
-        "public_data": public_data is not None,
-        "bn_bound": bn_bound is not None,
-        "bn_noise_multiplier": bn_noise_multiplier is not None,
-        "bn_share": bn_share is not None,
-    }
-    allowed = {None: (), "public": ("public_data",), "privatized": tuple(extras)[1:]}[batchnorm]
-    stray = sorted(k for k, v in extras.items() if v and k not in allowed)
-    require(
-        not stray,
-        "arguments",
-        stray,
-        f"none of them with batchnorm={batchnorm!r}",
-        "Pass batchnorm='public' with public_data=, or batchnorm='privatized' with bn_bound=",
+        public_data=public_data is not None,
+        bn_bound=bn_bound,
+        bn_noise_multiplier=bn_noise_multiplier,
+        bn_share=bn_share,
     )
     if batchnorm is None:
         return BatchNormSetup(None, model)
     if batchnorm == "public":
-        require(
-            public_data is not None,
-            "public_data",
-            None,
-            "a tensor or Dataset of public inputs with batchnorm='public'",
-            "Pass the declared public data the statistics come from",
-        )
-        assert public_data is not None
+        assert public_data is not None  # required above
         public = public_batchnorm(
             model, public_data, batch_size=public_batch_size, description=public_description
         )
         return BatchNormSetup("public", model, public)
-    require(
-        bn_bound is not None,
-        "bn_bound",
-        None,
-        "a number > 0 with batchnorm='privatized'",
-        "Declare the activation bound each example's statistics are clipped to",
-    )
-    if max_physical_batch_size is not None:
+    if max_physical_batch_size is not None:  # also declared in dpfy.spec.check
         raise PrivacyRefusal(
             f"max_physical_batch_size must be None with batchnorm='privatized', got "
             f"max_physical_batch_size = {max_physical_batch_size}: the statistics are released "

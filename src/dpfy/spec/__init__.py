@@ -1,10 +1,10 @@
 """A run described as data: the run spec, its performance options and the one checker.
 
 :class:`RunSpec` says what a run's privacy guarantee is made of (sampling, unit of privacy,
-noise mechanism, clipping, accounting, the adaptive method); :class:`PerformanceOptions` says
-how it is computed and never changes ε; :func:`check` refuses what dpfy cannot account
-together, from each component's declarations (:data:`DECLARATIONS`); :func:`from_keywords`
-maps ``make_private``'s keywords onto them (docs/spec.md).
+noise mechanism, clipping, accounting, the adaptive method, BatchNorm statistics);
+:class:`PerformanceOptions` says how it is computed and never changes ε; :func:`check` refuses
+what dpfy cannot account together, from each component's declarations (:data:`DECLARATIONS`);
+:func:`from_keywords` maps ``make_private``'s keywords onto them (docs/spec.md).
 """
 
 from dpfy.spec.check import DECLARATIONS, MethodDeclaration, Refusal, check, declare_method
@@ -13,6 +13,7 @@ from dpfy.spec.performance import PerformanceOptions
 from dpfy.spec.run import (
     AccountingSpec,
     BandMF,
+    BatchNormStatistics,
     ClippingSpec,
     ExampleUnit,
     Gaussian,
@@ -31,6 +32,7 @@ __all__ = [
     "Gaussian",
     "Tree",
     "BandMF",
+    "BatchNormStatistics",
     "ClippingSpec",
     "AccountingSpec",
     "IndividualBudgets",

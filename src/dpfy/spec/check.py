@@ -1,14 +1,14 @@
 """One checker for a run spec: each component declares what it cannot be combined with.
 
 A run is a set of *features*, each named by the flag that turns it on (:func:`features`):
-``user_ids``, ``noise='tree'``, ``clipping='microbatch'``, ``augmult=2``, data-parallel
-ranks, individualized budgets, a method and what its declarations say (it sets σ, it releases
-per-row values, it clips, it probes after the release). Each feature that constrains others
-declares a :class:`Refusal`: the features it cannot be combined with and the error that says
-why, with the fix. :func:`check` intersects the run's features with every declaration, in
-:data:`DECLARATIONS`' order, and raises the first refusal that applies, naming all of the
-offending flags. Every pair of features is declared once (a test holds this), so the table is
-the one statement of what dpfy cannot account together.
+``user_ids``, ``noise='tree'``, ``clipping='microbatch'``, ``augmult=2``, data-parallel ranks,
+individualized budgets, ``batchnorm='privatized'``, a method and what its declarations say (it
+sets σ, it releases per-row values, it clips, it probes after the release). Each feature that
+constrains others declares a :class:`Refusal`: the features it cannot be combined with and the
+error that says why, with the fix. :func:`check` intersects the run's features with every
+declaration, in :data:`DECLARATIONS`' order, and raises the first refusal that applies, naming
+all of the offending flags. Every pair of features is declared once (a test holds this), so
+the table is the one statement of what dpfy cannot account together.
 
 The method's declarations need the method calibrated for the run's facts, so :func:`check` runs
 twice: on the spec as the keywords give it (``method=None``), and with
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from dpfy._require import require
-from dpfy.adaptive.base import Method
+from dpfy.adaptive.base import Method, method_name
 from dpfy.errors import PrivacyRefusal
 from dpfy.privacy.accountants import RIGOROUS
 from dpfy.privacy.events import Shuffled
@@ -53,7 +53,7 @@ def declare_method(method: Method, plan: StepPlan) -> MethodDeclaration:
     state = method.init()
     specs = method.releases(state, method.plan(state, plan))
     return MethodDeclaration(
-        name=method.registry_name or type(method).__name__,
+        name=method_name(method),
         sets=frozenset(method.sets),
         transform=method.implements("transform"),
         loss_probes=tuple(n for n, s in specs.items() if s.kind == "loss"),
@@ -109,6 +109,17 @@ def features(
     add("microbatch", "clipping='microbatch'", spec.clipping.kind == "microbatch")
     add("not_flat", f"clipping={spec.clipping.kind!r}", spec.clipping.kind != "flat")
     add("method", "method", spec.method is not None)
+    bn, clip = spec.batchnorm, spec.clipping
+    privatized = bn is not None and bn.kind == "privatized"
+    add("bn_privatized", "batchnorm='privatized'", privatized)
+    add("bn_share", "bn_share", privatized and bn is not None and bn.share is not None)
+    add("no_noise", "noise_multiplier=0", noise.noise_multiplier == 0)
+    # microbatch units: k = 1 clips each row alone (per-example clipping, dpfy.sampling.microbatch)
+    add(
+        "microbatch_units",
+        "clipping='microbatch'",
+        clip.kind == "microbatch" and clip.microbatch_size != 1,
+    )
     add("ghost", "route='ghost'", performance.route == "ghost")
     add("split", "max_physical_batch_size", bool(performance.max_physical_batch_size))
     if method is not None:
@@ -254,6 +265,35 @@ def _post_release(run: _Run, flags: list[str]) -> Exception:
     return split_batch_refusal(run.method.name)
 
 
+def _privatized_batchnorm(run: _Run, flags: list[str]) -> Exception:
+    return PrivacyRefusal(
+        f"batchnorm='privatized' cannot be combined with {flags}: its statistics are "
+        f"released once per logical batch, from all of it, with one example per row, as "
+        f"independent Gaussians in one process and one budget. Drop them, or use GroupNorm "
+        f"(dpfy.validate(model, fix=True)) or batchnorm='public'"
+    )
+
+
+def _bn_share(run: _Run, flags: list[str]) -> Exception:
+    name = run.method.name if run.method is not None else "method"
+    bn = run.spec.batchnorm
+    share = bn.share if bn is not None else None
+    return ValueError(
+        f"bn_share must be None with method {name!r}, which sets σ every step, got bn_share = "
+        f"{share!r} (0.3 when neither bn_share nor bn_noise_multiplier is given). Declare the "
+        f"statistics' own σ with bn_noise_multiplier=."
+    )
+
+
+def _share_of_nothing(run: _Run, flags: list[str]) -> Exception:
+    bn = run.spec.batchnorm
+    return ValueError(
+        f"noise_multiplier must be > 0 to derive σ_bn from bn_share, got noise_multiplier = 0 "
+        f"(bn_share = {bn.share if bn is not None else None!r}; 0.3 when neither bn_share nor "
+        f"bn_noise_multiplier is given). Declare the statistics' own σ with bn_noise_multiplier="
+    )
+
+
 def _refusal(owner: str, refuses: str, error: Callable[[_Run, list[str]], Exception]) -> Refusal:
     return Refusal(owner, frozenset(refuses.split()), error)
 
@@ -273,8 +313,15 @@ DECLARATIONS: tuple[Refusal, ...] = (
     _refusal(
         "budgets", "noise_multiplier target_epsilon sample_rates method data_parallel", _individual
     ),
+    _refusal(
+        "bn_privatized",
+        "split correlated budgets data_parallel users augmult microbatch_units",
+        _privatized_batchnorm,
+    ),
+    _refusal("bn_share", "no_noise", _share_of_nothing),
     # the method's declarations (the second pass)
     _refusal("sets_sigma", "correlated", _sets_sigma),
+    _refusal("sets_sigma", "bn_share", _bn_share),
     _refusal("augmult", "per_row", _augmult_rows),
     _refusal("uls", "per_row", _uls_rows),
     _refusal("transform", "ghost", _transform_route),

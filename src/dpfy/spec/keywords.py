@@ -12,6 +12,7 @@ import warnings
 from typing import Any
 
 from dpfy._require import require
+from dpfy.layers.batchnorm_setup import DEFAULT_SHARE, check_batchnorm_arguments
 from dpfy.privacy.accountants import check_accountant
 from dpfy.privacy.events import Poisson, Shuffled
 from dpfy.sampling import USER_SAMPLINGS
@@ -22,6 +23,7 @@ from dpfy.spec.run import (
     NOISES,
     AccountingSpec,
     BandMF,
+    BatchNormStatistics,
     ClippingSpec,
     ExampleUnit,
     IndividualBudgets,
@@ -127,12 +129,34 @@ def _accounting(kw: dict[str, Any]) -> AccountingSpec:
     )
 
 
+def _batchnorm(kw: dict[str, Any]) -> BatchNormStatistics | None:
+    """``batchnorm=`` and its arguments as the spec's BatchNorm statistics (the public data
+    by its name; the share defaulted when neither it nor σ_bn is declared)."""
+    kind, share, sigma = kw.get("batchnorm"), kw.get("bn_share"), kw.get("bn_noise_multiplier")
+    name = kw.get("public_description")
+    check_batchnorm_arguments(
+        kind,
+        public_data=kw.get("public_data") is not None,
+        bn_bound=kw.get("bn_bound"),
+        bn_noise_multiplier=sigma,
+        bn_share=share,
+        extra=("public_description",) if name is not None else (),
+    )
+    if kind is None:
+        return None
+    if kind == "public":
+        return BatchNormStatistics("public", public_data=name or "public data")
+    if share is None and sigma is None:
+        share = DEFAULT_SHARE
+    return BatchNormStatistics("privatized", kw["bn_bound"], share, sigma)
+
+
 def from_keywords(*, world_size: int = 1, **kw: Any) -> tuple[RunSpec, PerformanceOptions]:
     """The spec and performance options of ``make_private``'s keywords (the same names).
 
     ``world_size``: the data-parallel ranks this process trains with (1: one process).
-    ``user_ids`` and ``augment`` are read for their presence only (they are data and code,
-    handed to the builder separately).
+    ``user_ids``, ``augment`` and ``public_data`` are read for their presence only (they are
+    data and code, handed to the builder separately); the BatchNorm keywords may be left out.
     """
     unit = _unit(
         kw["user_ids"],
@@ -161,6 +185,7 @@ def from_keywords(*, world_size: int = 1, **kw: Any) -> tuple[RunSpec, Performan
         clipping=ClippingSpec(kw["clipping"], kw["max_grad_norm"], kw["microbatch_size"]),
         accounting=_accounting(kw),
         method=kw["method"],
+        batchnorm=_batchnorm(kw),
     )
     performance = PerformanceOptions(
         route=kw["route"],

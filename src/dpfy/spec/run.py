@@ -16,6 +16,8 @@ frozen value carrying exactly its own parameters:
   of the guarantee, unlike ``max_physical_batch_size``);
 - **accounting** (:class:`AccountingSpec`): the accountant, δ, a target ε, the ε cap, the
   run's length, individualized budgets;
+- **BatchNorm statistics** (:class:`BatchNormStatistics`, or None): public, or privatized
+  releases that the ledger records beside the gradient's;
 
 plus the adaptive method, whose declarations (what it sets, releases and needs) are read by
 the checker (:mod:`dpfy.spec.check`). What never changes ε is a separate value,
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
 from dpfy._require import require
+from dpfy.adaptive.base import Method, method_name
 from dpfy.privacy.events import CyclicPoisson, Poisson, SamplingKind, Shuffled
 
 __all__ = [
@@ -44,6 +47,7 @@ __all__ = [
     "ClippingSpec",
     "AccountingSpec",
     "IndividualBudgets",
+    "BatchNormStatistics",
     "RunSpec",
     "CLIPPINGS",
     "NOISES",
@@ -267,6 +271,34 @@ class AccountingSpec:
 
 
 @dataclass(frozen=True)
+class BatchNormStatistics:
+    """What normalizes a BatchNorm's training rows (docs/guide/batchnorm.md).
+
+    Args:
+      kind: ``"public"`` (statistics of declared public data: nothing private is released) or
+        ``"privatized"`` (each layer's batch mean and mean of squares, clipped to ``bound``
+        and released with Gaussian noise at every step: more releases in the ledger).
+      bound: A, the declared activation bound (privatized).
+      share: the statistics' fraction of each step's Gaussian precision (privatized; 0.3 when
+        neither it nor σ_bn is given), or None with a declared σ_bn.
+      noise_multiplier: σ_bn of each release: declared, or None until the run is built (then
+        derived from the share, :func:`dpfy.layers.batchnorm_setup.split_noise_multiplier`).
+      releases: k = 2L, the releases per step (two per layer), once the run is built.
+      public_data: the public data's name (public), as the privacy report states it.
+    """
+
+    kind: str
+    bound: float | None = None
+    share: float | None = None
+    noise_multiplier: float | None = None
+    releases: int | None = None
+    public_data: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+@dataclass(frozen=True)
 class RunSpec:
     """What the run's privacy guarantee is made of (the module's docstring names each part).
 
@@ -282,6 +314,7 @@ class RunSpec:
     clipping: ClippingSpec = ClippingSpec()
     accounting: AccountingSpec = AccountingSpec()
     method: Any = field(default=None, compare=False)
+    batchnorm: BatchNormStatistics | None = None
 
     def with_noise_multiplier(self, noise_multiplier: float | None) -> RunSpec:
         """The same spec with σ set (calibrated, or set by a method)."""
@@ -304,13 +337,15 @@ class RunSpec:
             "clipping": self.clipping.to_dict(),
             "accounting": self.accounting.to_dict(),
             "method": _method_name(self.method),
+            "batchnorm": None if self.batchnorm is None else self.batchnorm.to_dict(),
         }
 
 
 def _method_name(method: Any) -> Any:
-    """A method's registry name (or class name); a list for a chain given as a list."""
+    """A method's registry name (or class name, :func:`dpfy.adaptive.base.method_name`); a list
+    for a chain given as a list."""
     if method is None or isinstance(method, str):
         return method
     if isinstance(method, (list, tuple)):
         return [_method_name(m) for m in method]
-    return getattr(method, "registry_name", None) or type(method).__name__
+    return method_name(method) if isinstance(method, Method) else type(method).__name__

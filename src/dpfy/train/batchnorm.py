@@ -1,29 +1,29 @@
 """``dpfy train --batchnorm public|privatized``: the run's BatchNorm statistics.
 
-:func:`batchnorm_for_run` converts the model's BatchNorms before ``make_private`` (through
-:func:`dpfy.layers.batchnorm_setup.setup_batchnorm`, the function ``make_private`` itself calls)
-and returns the set-up whose ``finish(optimizer, calibrated=...)`` attaches privatized
-statistics to the run once it is built. Public statistics come from scikit-learn's bundled
+:func:`batchnorm_options` turns the config's BatchNorm fields into ``make_private``'s
+keywords (``batchnorm=``, ``public_data=``, ``bn_bound=``, ...): ``make_private`` converts the
+model's BatchNorms, records the statistics in the run spec and attaches privatized statistics
+to the run it builds. Public statistics come from scikit-learn's bundled
 digits (:mod:`dpfy.data.public_digits`), the one public image set available offline here, for
 Fashion-MNIST.
 """
 
 from __future__ import annotations
 
-from torch import nn
+from typing import Any
 
 from dpfy._require import require
 from dpfy.data import DataSplits
 from dpfy.data.fashion_mnist import MEAN, STD
 from dpfy.data.public_digits import DESCRIPTION, digits_images
-from dpfy.layers.batchnorm_setup import BatchNormSetup, setup_batchnorm
+from dpfy.spec import RunSpec
 from dpfy.train.config import TrainConfig
 
-__all__ = ["batchnorm_for_run", "public_statistics_statement"]
+__all__ = ["batchnorm_options", "public_statistics_statement"]
 
 
-def batchnorm_for_run(cfg: TrainConfig, model: nn.Module, data: DataSplits) -> BatchNormSetup:
-    """Convert ``model``'s BatchNorms as ``cfg.batchnorm`` says (nothing when it is None)."""
+def batchnorm_options(cfg: TrainConfig, data: DataSplits) -> dict[str, Any]:
+    """``make_private``'s BatchNorm keywords as ``cfg.batchnorm`` says (all None without it)."""
     require(
         cfg.bn_public_data is None or cfg.batchnorm == "public",
         "bn_public_data",
@@ -44,23 +44,22 @@ def batchnorm_for_run(cfg: TrainConfig, model: nn.Module, data: DataSplits) -> B
         )
         _, height, width = data.input_shape
         public = digits_images(height, width, mean=MEAN, std=STD)
-    return setup_batchnorm(
-        model,
-        cfg.batchnorm,
-        public_data=public,
-        public_description=DESCRIPTION,
-        bn_bound=cfg.bn_bound,
-        bn_noise_multiplier=cfg.bn_noise_multiplier,
-        bn_share=cfg.bn_share,
-        max_physical_batch_size=cfg.physical_batch_size,
-    )
+    return {
+        "batchnorm": cfg.batchnorm,
+        "public_data": public,
+        "public_description": DESCRIPTION if public is not None else None,
+        "bn_bound": cfg.bn_bound,
+        "bn_noise_multiplier": cfg.bn_noise_multiplier,
+        "bn_share": cfg.bn_share,
+    }
 
 
-def public_statistics_statement(cfg: TrainConfig) -> str | None:
-    """The report's statement about the public BatchNorm data, or None."""
-    if cfg.batchnorm != "public":
+def public_statistics_statement(spec: RunSpec | None) -> str | None:
+    """The report's statement about the public BatchNorm data the run spec names, or None."""
+    bn = spec.batchnorm if spec is not None else None
+    if bn is None or bn.kind != "public":
         return None
     return (
-        f"the BatchNorm statistics were computed from {DESCRIPTION}, declared public "
-        f"(--batchnorm public): the guarantee does not cover that data"
+        f"the BatchNorm statistics were computed from {bn.public_data}, declared public "
+        f"(batchnorm='public'): the guarantee does not cover that data"
     )

@@ -85,8 +85,8 @@ MAX_AUGMULT = 256
 # (a segfault, not an error): far above any machine's cores, far below that.
 MAX_THREADS = 1024
 # Keys of the published config.json that are facts about the run, not settings: read back
-# (``--config config.json``) they are ignored.
-PUBLIC_ONLY = frozenset({"reproducible"})
+# (``--config config.json``) they are ignored (``spec``: the run spec make_private built).
+PUBLIC_ONLY = frozenset({"reproducible", "spec"})
 
 SEED_WARNING = (
     "This run was trained with a fixed seed (--seed), so it is reproducible: anyone "
@@ -596,9 +596,11 @@ class TrainConfig(BatchNormFields):
         """The settings with the seed blanked and only whether one was given."""
         return {**self.to_dict(), "seed": None, "reproducible": self.reproducible}
 
-    def to_public_json(self) -> str:
-        """``config.json`` of a run: what can be published (no seed, no generator state)."""
-        return json.dumps(self.to_public_dict(), indent=2, sort_keys=True)
+    def to_public_json(self, spec: Any = None) -> str:
+        """``config.json`` of a run: what can be published (no seed, no generator state), with
+        the run spec (``optimizer.spec``, :class:`dpfy.spec.RunSpec`) under ``"spec"``."""
+        extra = {"spec": spec.to_dict()} if spec is not None else {}
+        return json.dumps({**self.to_public_dict(), **extra}, indent=2, sort_keys=True)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], *, source: str = "config") -> "TrainConfig":

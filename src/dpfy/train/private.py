@@ -25,7 +25,7 @@ from dpfy.api import make_private
 from dpfy.data import DataSplits
 from dpfy.data.augment import crop_flip
 from dpfy.data.fashion_mnist import MEAN as FMNIST_MEAN, STD as FMNIST_STD
-from dpfy.train.batchnorm import batchnorm_for_run
+from dpfy.train.batchnorm import batchnorm_options
 from dpfy.train.config import TrainConfig
 from dpfy.train.units import load_user_ids
 
@@ -226,7 +226,6 @@ def make_private_run(cfg: TrainConfig, model: nn.Module, data: DataSplits) -> Pr
     """Wrap ``model`` for DP training on ``data.train`` as ``cfg`` says."""
     optimizer = make_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
     method = build_methods(cfg)
-    batchnorm = batchnorm_for_run(cfg, model, data)  # before the engine sees the model
     private = private_run(
         model,
         optimizer,
@@ -241,10 +240,8 @@ def make_private_run(cfg: TrainConfig, model: nn.Module, data: DataSplits) -> Pr
         individual_accounting=cfg.individual_accounting,
         **user_options(cfg),
         **augment_options(cfg, data.input_shape),
+        **batchnorm_options(cfg, data),
     )
-    # a σ calibrated to --epsilon is split between the gradient and the statistics
-    calibrated = cfg.noise_multiplier is None and private.noise_multiplier is not None
-    batchnorm.finish(private.optimizer, calibrated=calibrated)
     reads = private.optimizer.method is not None and private.optimizer.method.implements("observe")
     require(
         not reads or cfg.public_validation == "test",

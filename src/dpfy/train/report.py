@@ -31,6 +31,7 @@ __all__ = [
     "methods_ran",
     "clip_description",
     "augmult_description",
+    "batchnorm_description",
     "public_data",
     "RELEASED",
     "NOT_RELEASED",
@@ -53,22 +54,40 @@ NOT_RELEASED = (
 )
 
 
-def clip_description(cfg: TrainConfig, method) -> str:
-    """How the run clips, in words: the configured C and policy, or the method that decides
-    (a method that supplies its own clipping ignores --clip; one that sets C_t adapts it)."""
-    for m in _members(method):
+def clip_description(private) -> str:
+    """How the run clips, in words, from its run spec (``optimizer.spec``): the policy and C
+    the run was built with, or the method that decides (a method that supplies its own
+    clipping ignores --clip; one that sets C_t adapts it)."""
+    clip = private.optimizer.spec.clipping
+    for m in _members(private.optimizer.method):
         name = method_name(m)
         if m.implements("clipping"):
             return f"clipping by method '{name}' (--clip not used)"
         if "clip" in m.sets:
-            return f"clip C_t set by method '{name}' ({cfg.clipping} clipping)"
-    if cfg.clipping == "microbatch" and (cfg.microbatch_size or 1) > 1:
+            return f"clip C_t set by method '{name}' ({clip.kind} clipping)"
+    c = clip.max_grad_norm
+    c_text = f"{c:g}" if isinstance(c, (int, float)) else str(c)
+    if clip.kind == "microbatch" and (clip.microbatch_size or 1) > 1:
         return (
-            f"clip {cfg.clip:g}, microbatch clipping (the mean gradient of each microbatch "
-            f"of {cfg.microbatch_size} rows on average is clipped; sensitivity "
-            f"2C = {2 * cfg.clip:g}, the noise is σ·2C)"
+            f"clip {c_text}, microbatch clipping (the mean gradient of each microbatch "
+            f"of {clip.microbatch_size} rows on average is clipped; sensitivity "
+            f"2C = {2 * c:g}, the noise is σ·2C)"
         )
-    return f"clip {cfg.clip:g}, {cfg.clipping} clipping"
+    return f"clip {c_text}, {clip.kind} clipping"
+
+
+def batchnorm_description(spec) -> str:
+    """The run spec's BatchNorm statistics in words ("" without them)."""
+    bn = spec.batchnorm
+    if bn is None:
+        return ""
+    if bn.kind == "public":
+        return f", BatchNorm statistics from {bn.public_data} (declared public)"
+    return (
+        f", BatchNorm statistics privatized (each example's per-channel mean clipped to "
+        f"[−{bn.bound:g}, {bn.bound:g}], {bn.releases} Gaussian releases per step at "
+        f"σ_bn = {bn.noise_multiplier:.4g} beside the gradient's, in the ledger)"
+    )
 
 
 def augmult_description(cfg: TrainConfig) -> str:
@@ -86,10 +105,10 @@ def augmult_description(cfg: TrainConfig) -> str:
 
 
 def _describe(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, private) -> str:
-    params = sum(p.numel() for p in private.model.parameters())
-    clip = clip_description(cfg, private.optimizer.method) + augmult_description(cfg)
+    params, spec = sum(p.numel() for p in private.model.parameters()), private.optimizer.spec
+    clip = clip_description(private) + augmult_description(cfg) + batchnorm_description(spec)
     return (
-        f"{cfg.model} ({params:,} parameters) trained with {ALGORITHM[cfg.noise]} "
+        f"{cfg.model} ({params:,} parameters) trained with {ALGORITHM[spec.noise.name]} "
         f"({cfg.optimizer}, lr "
         f"{cfg.lr:g}, {clip}, expected batch "
         f"{cfg.batch_size}, {cfg.epochs} epochs) on {data.description}; device: "
@@ -267,7 +286,7 @@ def write_report(
                 None,
                 [
                     public_data(cfg, private.optimizer.method, data.num_test),
-                    public_statistics_statement(cfg),
+                    public_statistics_statement(private.optimizer.spec),
                 ],
             )
         )

@@ -276,7 +276,7 @@ def _run(
     start_epoch, elapsed = 0, 0.0
     average = ParameterAverage(private.model, cfg.ema) if cfg.ema is not None else None
     if ckpt is None:
-        write_atomic(run.staging / "config.json", cfg.to_public_json() + "\n")
+        write_atomic(run.staging / "config.json", cfg.to_public_json(private.optimizer.spec) + "\n")
         echo(_statement(cfg, notes, data, private))
     else:
         private.model.load_state_dict(ckpt.model)
@@ -435,7 +435,7 @@ def _statement(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, pri
         f"dpfy train: {ALGORITHM[cfg.noise]} on {data.name} (N = {data.num_train}){unit}, "
         f"{SAMPLER_WORDS.get(private.optimizer.sampler.sampling.value, 'Poisson sampling')} "
         f"with rate q = {private.sample_rate:.5g} (expected {batch} {cfg.batch_size}), "
-        f"{private.total_steps} steps, {clip_description(cfg, private.optimizer.method)}"
+        f"{private.total_steps} steps, {clip_description(private)}"
         f"{augmult_description(cfg)}, "
         f"{noise} ({budget}); "
         f"δ = {cfg.delta:.3g} "
