@@ -450,7 +450,7 @@ def make_private(
     )
     try:
         _check_optimizer_params(optimizer, grads)
-        layers = [[u.qualified(r) for r in u.params] for u in grads.units]
+        layers = [[layer.qualified(r) for r in layer.params] for layer in grads.layers]
         policy = make_clipping(clipping, clip_norm, layers, dataset_size=n)
         if clipping == "individual":
             require(
@@ -473,7 +473,7 @@ def make_private(
                 target_epsilon=target_epsilon,
                 accountant=accountant,
                 max_grad_norm=(float(clip_norm) if isinstance(clip_norm, (int, float)) else None),
-                num_groups=len(grads.units),
+                num_groups=len(grads.layers),
                 inner_optimizer=type(optimizer).__name__,
                 inner_hyperparameters={
                     k: v for k, v in optimizer.param_groups[0].items() if k != "params"

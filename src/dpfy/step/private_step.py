@@ -128,7 +128,9 @@ class PrivateStep:
         self.last_step_info: dict[str, Any] = {}
         self.params = dict(grads.named_params)
         self.covered = frozenset(id(p) for p in self.params.values())
-        self.groups = tuple(tuple(u.qualified(r) for r in u.params) for u in grads.units)
+        self.groups = tuple(
+            tuple(layer.qualified(r) for r in layer.params) for layer in grads.layers
+        )
         self.sums: StepSums | None = None  # sensitive: the logical batch being summed
         self._logical = 0  # cursor.logical of that batch
 
