@@ -24,3 +24,14 @@ def test_old_names_warn_and_resolve(old, new):
 def test_unknown_name_still_raises():
     with pytest.raises(AttributeError):
         grads.no_such_name  # noqa: B018
+
+
+def test_norms_clip_groups_old_name_warns():
+    """``Norms.groups`` (the per-layer clipping groups) is now ``Norms.clip_groups``."""
+    import torch
+
+    from dpfy.types import Norms
+
+    norms = Norms(total=torch.ones(2), per_parameter_sq={"w": torch.ones(2)}, clip_groups=(("w",),))
+    with pytest.warns(DeprecationWarning, match="clip_groups"):
+        assert norms.groups == (("w",),)
