@@ -450,7 +450,7 @@ def make_private(
     )
     try:
         _check_optimizer_params(optimizer, grads)
-        layers = [[layer.qualified(r) for r in layer.params] for layer in grads.layers]
+        layers = [list(layer.param_names) for layer in grads.layers]
         policy = make_clipping(clipping, clip_norm, layers, dataset_size=n)
         if clipping == "individual":
             require(

@@ -181,8 +181,7 @@ class Capture:
         self._ordinals: dict[int, int] = {}  # layer -> calls so far in this forward
         self._layout: LayoutProbe | None = None  # this forward's layout probe, once run
         self._probing: LayoutProbe | RowProbe | None = None  # the probe being recorded
-        # OwnHook: a copy of the model (deepcopy, torch.save) gets inert hooks (dpfy/_hooks.py)
-        self._handles = [
+        self._handles = [  # OwnHook: a copy of the model (deepcopy, torch.save) gets inert hooks
             layer.module.register_forward_hook(OwnHook(self._hook(layer)), with_kwargs=True)
             for layer in layers
         ]
@@ -293,10 +292,8 @@ class Capture:
             return
         assert rows is not None  # row_probe_applies refused None
         self.rows_checked = True
-        now = {
-            id(layer): calls[
-                len(calls) - self._ordinals.get(id(layer), 0) :
-            ]  # this forward's calls
+        now = {  # each layer's calls of this forward
+            id(layer): calls[len(calls) - self._ordinals.get(id(layer), 0) :]
             for layer in self.layers
             for calls in [self.calls[id(layer)]]
         }

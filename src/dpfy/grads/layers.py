@@ -73,6 +73,11 @@ class Layer:
         """The parameters its calls differentiate: its own and the tied ones it shares."""
         return {**self.params, **self.shared} if self.shared else self.params
 
+    @property
+    def param_names(self) -> tuple[str, ...]:
+        """The model-level names of the parameters it owns: its per-layer clipping group."""
+        return tuple(self.qualified(rel) for rel in self.params)
+
     def qualified(self, rel: str) -> str:
         """The model-level name of a parameter (the owner's name for a tied one)."""
         if rel in self.tied:

@@ -128,9 +128,7 @@ class PrivateStep:
         self.last_step_info: dict[str, Any] = {}
         self.params = dict(grads.named_params)
         self.covered = frozenset(id(p) for p in self.params.values())
-        self.clip_groups = tuple(  # per-layer clipping groups: one per layer
-            tuple(layer.qualified(r) for r in layer.params) for layer in grads.layers
-        )
+        self.clip_groups = tuple(layer.param_names for layer in grads.layers)  # per layer
         self.sums: StepSums | None = None  # sensitive: the logical batch being summed
         self._logical = 0  # cursor.logical of that batch
 
