@@ -94,7 +94,7 @@ def with_dpfy(args: argparse.Namespace, batch: Batch, vmap_conv1d: bool = False)
     with conv1d_on_vmap() if vmap_conv1d else contextlib.nullcontext():
         model, opt, dl = dpfy.make_private(model, adam(model), loader, noise_multiplier=SIGMA,
                                            max_grad_norm=CLIP)
-    routes = {u.route for u in opt.grads.units if isinstance(u.module, Conv1D)}
+    routes = {u.route for u in opt.grads.layers if isinstance(u.module, Conv1D)}
     assert routes == ({"vmap"} if vmap_conv1d else {"rule"}), routes
     # as if the private loader had yielded this batch (the batch guard binds its rows)
     return stepper(opt, lambda: model(**batch).loss, lambda: dl.cursor.advance(every, True))

@@ -7,6 +7,7 @@ SGD(lr=1), no momentum and σ = 0 a step moves θ by exactly −Σ_i clip(g_i)/b
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 from typing import Any, Callable
 
@@ -91,9 +92,23 @@ class DPOptimizer(torch.optim.Optimizer):
     individual = _step_attribute("individual", "Individualized budgets, or None.")
 
     @property
-    def groups(self) -> Any:
-        """The privacy groups' ledgers of an individualized run, or None."""
+    def privacy_groups(self) -> Any:
+        """The privacy groups' ledgers of an individualized run (``GroupLedgers``), or None.
+
+        Privacy groups share a budget (individualized budgets); they are not the optimizer's
+        ``param_groups`` nor the per-layer clipping groups."""
         return self.private_step.individual.groups if self.private_step.individual else None
+
+    @property
+    def groups(self) -> Any:
+        """Deprecated name of :attr:`privacy_groups`."""
+        warnings.warn(
+            "DPOptimizer.groups is deprecated, got a read of the old name; use "
+            "optimizer.privacy_groups (the individualized budgets' groups)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.privacy_groups
 
     @property
     def max_steps(self) -> int | None:
@@ -250,14 +265,15 @@ class DPOptimizer(torch.optim.Optimizer):
         """ε(δ) of each privacy group so far, read from its own ledger (individualized runs);
         an approximate accountant as in :meth:`epsilon`."""
         require(
-            self.groups is not None,
+            self.privacy_groups is not None,
             "budgets",
             None,
             "given to make_private",
             "Per-group ε exists only for runs with individualized budgets",
         )
         return [
-            self._read(ledger, delta, accountant, approximate) for ledger in self.groups.ledgers
+            self._read(ledger, delta, accountant, approximate)
+            for ledger in self.privacy_groups.ledgers
         ]
 
     def _read(

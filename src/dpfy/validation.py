@@ -20,7 +20,7 @@ makes at the first training forward, done before training.
 With ``example_batch`` (the pre-flight), a deep copy also runs one *private* forward and backward
 on that batch with the engine attached and its batch guard bound to the batch's rows, and every
 problem the first training steps would raise is listed at once, each naming the module and the
-fix: layers without torch.func support, dropout inside a vmap unit, a layer whose batch cannot be
+fix: layers without torch.func support, dropout inside a vmap layer, a layer whose batch cannot be
 found (time-first and ambiguous, a ``PackedSequence``), a rule refusing its input (EmbeddingBag
 in max mode), a loss that reaches no trainable parameter. Tied weights and 0-dim parameters are
 supported and not problems (``dpfy explain`` shows the ties).
@@ -45,7 +45,7 @@ from torch.utils._pytree import tree_flatten
 
 from dpfy._require import require
 from dpfy.buffers import BufferChange, BufferGuard, guard_of
-from dpfy.grads import GradEngine, build_units
+from dpfy.grads import GradEngine, build_layers
 from dpfy.grads.vmap import _check_no_dropout as check_no_dropout
 from dpfy.grads.loss_contract import LossContract
 from dpfy.grads.rules import rule_for
@@ -295,14 +295,14 @@ def _vmap_problems(model: nn.Module, route: str) -> list[str]:
     if not trainable:
         return []
     try:
-        units = build_units(model, route, trainable)
+        layers = build_layers(model, route, trainable)
     except ValueError:  # a module the engine refuses outright: listed by the checks above
         return []
     problems = []
-    for unit in units:
-        if unit.rule is not None:
+    for layer in layers:
+        if layer.rule is not None:
             continue
-        m, name = unit.module, unit.label
+        m, name = layer.module, layer.label
         if isinstance(m, (nn.RNN, nn.GRU)):
             problems.append(
                 f"{name}: torch.func cannot form the per-example gradients of "
@@ -312,7 +312,7 @@ def _vmap_problems(model: nn.Module, route: str) -> list[str]:
             )
             continue
         try:
-            check_no_dropout(m, unit.name)  # the check the vmap route makes at the step
+            check_no_dropout(m, layer.name)  # the check the vmap route makes at the step
         except ValueError as e:
             problems.append(f"{name}: {e} (the first step would refuse it)")
     return problems

@@ -128,7 +128,7 @@ def _norms(batch: int, groups: int, seed: int) -> Norms:
           for k in range(groups)}
     sq["p0"][:2] = 0.0                                      # a zero gradient, and one more
     total = torch.sqrt(sum(sq.values()))
-    return Norms(total=total, per_parameter_sq=sq, groups=tuple((n,) for n in sq))
+    return Norms(total=total, per_parameter_sq=sq, clip_groups=tuple((n,) for n in sq))
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))

@@ -90,7 +90,7 @@ def train(model, opt, dl, steps):
 # -- through make_private (fail without the guard) --------------------------------------------
 
 def test_instancenorm_running_stats_are_refused_before_training():
-    # make_private itself refuses (grads/units.py::check_model); the guard's own first-forward
+    # make_private itself refuses (grads/layers.py::check_model); the guard's own first-forward
     # refusal of the same buffers is tested below (test_no_grad_..., test_collect_mode_...) and
     # in tests/grads/test_buffer_refusal_early.py.
     model = norm_model(track_running_stats=True)

@@ -79,7 +79,7 @@ def test_input_changed_after_its_per_sample_gradients_were_formed_is_fine():
 
 
 def test_bfloat16_autocast_norms_and_sums_are_float32_and_match_a_per_example_loop():
-    # under autocast the captured activations and gradients are bfloat16; rule units work on
+    # under autocast the captured activations and gradients are bfloat16; rule layers work on
     # float32 copies, so norms (which decide the clipping) and sums are float32, and they match
     # a per-example loop run under the same autocast to bfloat16 accuracy
     torch.manual_seed(0)

@@ -18,7 +18,7 @@ validate_module = importlib.import_module("dpfy.validation")  # the module behin
 
 
 class Dropping(nn.Module):
-    """A module without a rule (a vmap unit) with active dropout inside."""
+    """A module without a rule (a vmap layer) with active dropout inside."""
 
     def __init__(self) -> None:
         super().__init__()

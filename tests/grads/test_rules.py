@@ -142,7 +142,7 @@ def test_unsupported_layer_goes_to_vmap(route):
 
 def test_multihead_attention_vmap_fallback():
     # nn.MultiheadAttention reads out_proj.weight without calling out_proj: the whole module
-    # must be one vmap unit so that out_proj's parameters are not left out.
+    # must be one vmap layer so that out_proj's parameters are not left out.
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
     model = nn.Sequential(layer, nn.Flatten())

@@ -130,7 +130,7 @@ def test_tied_weights_sum_their_uses_before_the_norm(route):
 
 def test_tied_weight_appears_once_in_the_layer_groups():
     eng = GradEngine(Tied())
-    names = [u.qualified(r) for u in eng.units for r in u.params]
+    names = [u.qualified(r) for u in eng.layers for r in u.params]
     eng.detach()
     assert sorted(names) == ["block.bias", "block.weight", "wte.weight"]
 

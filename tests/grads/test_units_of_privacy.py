@@ -48,7 +48,7 @@ def _cases() -> dict[str, tuple[nn.Module, torch.Tensor, int]]:
         # Embedding (ghost), LayerNorm (per-sample), Linear on a sequence
         "seq": (nn.Sequential(nn.Embedding(7, 4), nn.LayerNorm(4), nn.Linear(4, 4), nn.Flatten(),
                               nn.Linear(12, 3)), torch.randint(0, 7, (B, 3), generator=g), 3),
-        # PReLU has no rule: a vmap unit under route="auto"
+        # PReLU has no rule: a vmap layer under route="auto"
         "vmap": (nn.Sequential(nn.Linear(5, 4), nn.PReLU(), nn.Linear(4, 3)),
                  torch.randn(B, 5, generator=g), 3),
         "tied": (Tied(), torch.randint(0, 7, (B, 3), generator=g), 7),

@@ -119,7 +119,7 @@ def test_gpt2s_conv1d_layers_take_the_rule_not_vmap():
     model, batch = _gpt2(32), _batch()
     assert dpfy.validate(model, batch, route="ghost") == []  # every layer has a rule
     eng = GradEngine(model, route="ghost")  # raised for Conv1D while it had no rule
-    assert all(u.route == "rule" for u in eng.units)
+    assert all(u.route == "rule" for u in eng.layers)
     rows = [r for r in eng.explain() if r["type"] == "Conv1D"]
     assert len(rows) == 8 and all(r["rule"] == RULE_FILE for r in rows)  # 4 per block
     eng.detach()

@@ -267,7 +267,7 @@ def test_validate_fix_swaps_recurrent_and_attention_layers():
 
 
 def test_every_weight_takes_a_linear_rule_once_per_sequence():
-    # no vmap unit, and each Linear is called once per forward (not once per time step)
+    # no vmap layer, and each Linear is called once per forward (not once per time step)
     torch.manual_seed(0)
     model = Head(nn.LSTM(3, 4, num_layers=2, bidirectional=True, batch_first=True))
     swap_recurrent(model)

@@ -184,7 +184,7 @@ def test_packed_sequence_is_refused_naming_the_module():
 
 
 def test_layer_on_shared_inputs_whose_output_does_not_broadcast_is_refused():
-    class Table(nn.Module):  # no rule: a vmap unit, called on a (1, 3) shared input
+    class Table(nn.Module):  # no rule: a vmap layer, called on a (1, 3) shared input
         def __init__(self) -> None:
             super().__init__()
             self.w = nn.Parameter(torch.ones(3))

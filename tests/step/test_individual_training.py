@@ -51,7 +51,7 @@ def train(model, opt, loader, steps=None):
 
 def test_sample_rates_ledgers_and_guard():
     model, opt, loader, eps = setup("sample")
-    groups = opt.groups.groups
+    groups = opt.privacy_groups.groups
     assert [g.budget for g in groups] == [2.0, 6.0]
     assert [g.size for g in groups] == [600, 400]
     rates = opt.sampler.rates.numpy()
@@ -83,7 +83,7 @@ def test_sample_rates_ledgers_and_guard():
 
 def test_scale_thresholds_noise_and_group_epsilons():
     model, opt, loader, eps = setup("scale")
-    groups = opt.groups.groups
+    groups = opt.privacy_groups.groups
     clips = opt.clipping.clips.numpy()
     c_p = {g.budget: float(clips[eps == g.budget][0]) for g in groups}
     assert c_p[2.0] < C < c_p[6.0]
@@ -111,17 +111,17 @@ def test_scale_thresholds_noise_and_group_epsilons():
 def test_checkpoint_keeps_group_ledgers(tmp_path):
     model, opt, loader, _ = setup("scale")
     train(model, opt, loader)
-    section = opt.groups.report_section(delta=DELTA, accountant="rdp")
+    section = opt.privacy_groups.report_section(delta=DELTA, accountant="rdp")
     assert [g["budget"] for g in section.data["groups"]] == [2.0, 6.0]
     assert [g["epsilon"] for g in section.data["groups"]] == opt.group_epsilons(DELTA, "rdp")
     report = dpfy.privacy.report.PrivacyReport.from_ledger(
         opt.ledger, delta=DELTA, accountant="rdp", sections=[section])
     assert "Per-group privacy budgets" in report.to_markdown()
-    opt.groups.plot(tmp_path / "eps.png", delta=DELTA, accountant="rdp")
+    opt.privacy_groups.plot(tmp_path / "eps.png", delta=DELTA, accountant="rdp")
     assert (tmp_path / "eps.png").stat().st_size > 0
     state = opt.state_dict()
     before = opt.group_epsilons(DELTA)
-    opt.groups.ledgers = [dpfy.privacy.Ledger(N) for _ in opt.groups.groups]
+    opt.privacy_groups.ledgers = [dpfy.privacy.Ledger(N) for _ in opt.privacy_groups.groups]
     opt.load_state_dict(state)
     assert opt.group_epsilons(DELTA) == before
 
@@ -141,3 +141,11 @@ def test_bad_input(kwargs, match):
     with pytest.raises(ValueError, match=match):
         dpfy.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
                           DataLoader(ds, batch_size=BATCH), **args)
+
+
+def test_privacy_groups_old_name_warns():
+    """``optimizer.groups`` was renamed ``privacy_groups`` (issue 37 §4: the budget groups are
+    not the optimizer's param_groups nor the per-layer clipping groups); the old name warns."""
+    _, opt, _, _ = setup("sample")
+    with pytest.warns(DeprecationWarning, match="privacy_groups"):
+        assert opt.groups is opt.privacy_groups

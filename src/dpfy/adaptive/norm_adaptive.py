@@ -181,7 +181,8 @@ class NormAdaptiveClipping(Method[NormAdaptiveState]):
         if not self.per_layer:
             return Clip(w[:, 0], sensitivity=sensitivity)
         return Clip(
-            {p: w[:, k] for k, g in enumerate(norms.groups) for p in g}, sensitivity=sensitivity
+            {p: w[:, k] for k, g in enumerate(norms.clip_groups) for p in g},
+            sensitivity=sensitivity,
         )
 
     def releases(self, state: NormAdaptiveState, plan: StepPlan) -> dict[str, ReleaseSpec]:

@@ -209,7 +209,7 @@ class LayerQuantileClipping(Method[QuantileState]):
         assert isinstance(clip, torch.Tensor)  # plan() sets one clip per group
         per_group = norms.per_group()  # (B, K) sensitive
         w = group_weights(clip, per_group)  # (B, K) sensitive
-        weights = {n: w[:, k] for k, g in enumerate(norms.groups) for n in g}
+        weights = {n: w[:, k] for k, g in enumerate(norms.clip_groups) for n in g}
         return Clip(weights, sensitivity=float(clip.square().sum().sqrt()))
 
     def releases(self, state, plan: StepPlan) -> dict[str, ReleaseSpec]:

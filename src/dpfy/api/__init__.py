@@ -147,7 +147,7 @@ def make_private(
         thresholds c_p = s_p·max_grad_norm, noise std σ_scale·max_grad_norm). σ and the rates
         or thresholds come from :func:`dpfy.privacy.calibrate_individual` at the loader's q,
         the run's steps (``epochs``/``max_steps``) and ``target_delta``; every group gets its
-        own ledger (``optimizer.groups``, ``optimizer.group_epsilons(δ)``) and ε cap, and
+        own ledger (``optimizer.privacy_groups``, ``optimizer.group_epsilons(δ)``) and ε cap, and
         training stops before any group would exceed its budget. Excludes noise_multiplier,
         target_epsilon, sample_rates, clipping other than flat, methods and shuffling.
       user_ids, user_sampling, max_examples_per_user, user_reduction: user-level DP

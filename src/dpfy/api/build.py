@@ -132,7 +132,7 @@ def _calibrate_method(
             target_epsilon=acc.target_epsilon,
             accountant=acc.accountant,
             max_grad_norm=(float(clip_norm) if isinstance(clip_norm, (int, float)) else None),
-            num_groups=len(grads.units),
+            num_groups=len(grads.layers),
             inner_optimizer=type(optimizer).__name__,
             inner_hyperparameters={
                 k: v for k, v in optimizer.param_groups[0].items() if k != "params"
@@ -279,7 +279,7 @@ def build(
     )
     try:
         check_optimizer_params(optimizer, grads)
-        layers = [[u.qualified(r) for r in u.params] for u in grads.units]
+        layers = [list(layer.param_names) for layer in grads.layers]
         policy = make_clipping(clipping, clip_norm, layers, dataset_size=n)
         if clipping == "individual":
             require(

@@ -270,7 +270,7 @@ def _add_users(
     reported = Norms(  # ‖Δ_u‖ before clipping, as the clients sent it: the methods' values
         total=torch.tensor([c.norm for c in contributions], dtype=torch.float64),
         per_parameter_sq={},
-        groups=(),
+        clip_groups=(),
     )
     values = {name: spec.values(reported) for name, spec in sums.specs.items() if spec.values}
 
@@ -289,7 +289,7 @@ def _add_users(
     try:
         sums.add(
             weighted_sums,
-            Norms(total=total, per_parameter_sq=sq, groups=()),
+            Norms(total=total, per_parameter_sq=sq, clip_groups=()),
             Clip(weights=ones, sensitivity=rp.clip),
             values,
             owner=f"the {len(contributions)} users of round {rp.round}",

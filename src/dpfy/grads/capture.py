@@ -1,9 +1,9 @@
 """Capture: what the user's own forward and backward leave for the per-sample gradients.
 
-The engine never runs a second backward. During the user's forward, a hook on every unit
-(``grads/units.py``) keeps the call's detached inputs, with the private batch found in them (the
+The engine never runs a second backward. During the user's forward, a hook on every layer
+(``grads/layers.py``) keeps the call's detached inputs, with the private batch found in them (the
 batch guard: ``grads/layout.py``); a tensor hook on each output keeps the gradient the loss sends
-it. That is all a layer rule needs (a layer's input and output gradient), and all a vmap unit
+it. That is all a layer rule needs (a layer's input and output gradient), and all a vmap layer
 needs to recompute its per-example vector–Jacobian products.
 
 Three details make that work with the parameters frozen (``requires_grad=False``, so that
@@ -53,7 +53,7 @@ from dpfy.grads.layout import (
 )
 from dpfy.grads.perturbation import PerturbProbe, find_cross_row
 from dpfy.grads.row_identity import RowProbe, find_mixing, row_probe_applies
-from dpfy.grads.units import Unit
+from dpfy.grads.layers import Layer
 
 __all__ = ["Call", "Capture", "Tap", "at_least_float32", "check_unchanged"]
 
@@ -62,7 +62,7 @@ def at_least_float32(t: torch.Tensor) -> torch.Tensor:
     """``t`` in float32 if it is a half-precision float (autocast), else unchanged.
 
     Per-sample norms decide the clipping, and a norm under-estimated in bfloat16 (3 significant
-    digits) would let an example contribute more than C: rule units work in float32 at least.
+    digits) would let an example contribute more than C: rule layers work in float32 at least.
     """
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
@@ -104,9 +104,9 @@ class Tap(torch.autograd.Function):
 
 @dataclass
 class Call:
-    """One captured forward call of a unit and the gradients its outputs received.
+    """One captured forward call of a layer and the gradients its outputs received.
 
-    For a rule unit whose route is "materialized", the per-sample gradients are formed in the
+    For a rule layer whose route is "materialized", the per-sample gradients are formed in the
     backward hook as soon as the output gradient arrives, and the input and output gradient are
     dropped (``eager``): for small layers such as LayerNorm that frees B·T·d activations early.
     """
@@ -120,31 +120,31 @@ class Call:
     versions: tuple[int | None, ...] = ()  # version counters of the tensor args at capture
     batch_dim: int = 0  # where the output gradient holds the batch
     problem: str | None = None  # why this call's rows are not the batch's
-    in_dims: tuple[Any, Any] = ((), {})  # vmap units: batch dim per arg / kwarg
+    in_dims: tuple[Any, Any] = ((), {})  # vmap layers: batch dim per arg / kwarg
     shared: bool = False  # inputs shared by every example (broadcast)
 
     @property
     def used(self) -> bool:
         return self.eager is not None or any(g is not None for g in self.grads)
 
-    def rule_grad_sample(self, unit: Unit, g: torch.Tensor) -> dict[str, torch.Tensor]:
+    def rule_grad_sample(self, layer: Layer, g: torch.Tensor) -> dict[str, torch.Tensor]:
         """The rule's per-sample gradients {rel: (B, *θ)} for this call's input and output
         gradient ``g``, with what its ``capture`` kept. Sensitive."""
-        assert unit.rule is not None, "rule_grad_sample is asked of rule units only"
+        assert layer.rule is not None, "rule_grad_sample is asked of rule layers only"
         if self.saved is None:
-            return unit.rule.grad_sample(unit.module, self.args[0], g)
-        return unit.rule.grad_sample(unit.module, self.args[0], g, saved=self.saved)
+            return layer.rule.grad_sample(layer.module, self.args[0], g)
+        return layer.rule.grad_sample(layer.module, self.args[0], g, saved=self.saved)
 
-    def row_dims(self, unit: Unit) -> Any:
+    def row_dims(self, layer: Layer) -> Any:
         """The batch dimension(s) of the inputs as the capture split them, for the row-identity
-        probe: a vmap unit's in-dims, or a rule unit's batch dimension (None: an input shared by
+        probe: a vmap layer's in-dims, or a rule layer's batch dimension (None: an input shared by
         the batch)."""
-        if unit.rule is None:
+        if layer.rule is None:
             return self.in_dims
         return None if self.shared else self.batch_dim
 
 
-def check_unchanged(unit: Unit, call: Call) -> None:
+def check_unchanged(layer: Layer, call: Call) -> None:
     """Refuse inputs that were modified in place after the layer ran.
 
     With its weights frozen, autograd no longer saves a layer's input, so nothing else would
@@ -153,37 +153,37 @@ def check_unchanged(unit: Unit, call: Call) -> None:
     for a, v in zip(call.args, call.versions):
         if v is not None and _version(a) != v:
             raise ValueError(
-                f"the input of {unit.label} must not change after the layer ran, got it "
+                f"the input of {layer.label} must not change after the layer ran, got it "
                 f"modified in place before backward() (version {v} -> {_version(a)}). Use an "
                 f"out-of-place operation there, e.g. x = x + f(x) instead of x += f(x)"
             )
 
 
 class Capture:
-    """The hooks on ``model`` and, per unit, the calls of the batch being trained on.
+    """The hooks on ``model`` and, per layer, the calls of the batch being trained on.
 
-    ``calls[id(unit)]`` lists the unit's captured calls in call order (several for a layer
+    ``calls[id(layer)]`` lists the layer's captured calls in call order (several for a layer
     called several times per forward). :meth:`bind_batch` gives the private batch's size, which
     every captured call must hold (:meth:`batch_size` raises the problems recorded).
     """
 
-    def __init__(self, model: nn.Module, units: list[Unit], device: torch.device | None) -> None:
+    def __init__(self, model: nn.Module, layers: list[Layer], device: torch.device | None) -> None:
         self.model = model
-        self.units = units
+        self.layers = layers
         self.device = device  # of the trainable parameters: the probes fork the RNG there
-        self.calls: dict[int, list[Call]] = {id(u): [] for u in units}
+        self.calls: dict[int, list[Call]] = {id(layer): [] for layer in layers}
         self.rows: Callable[[], int | None] = lambda: None  # the private batch's size (bound)
         self.rows_checked = False  # the row-identity probe ran (grads/row_identity.py)
         self.declared_row_wise = False  # the user vouches for a model the probes cannot run
         self.anchor = torch.empty(0, requires_grad=True)  # see Tap; never receives a gradient
         self._recomputing = False  # inside our own vmap forward: hooks must not capture it
         self._root_call: tuple[tuple, dict] | None = None  # the model's call, inside its forward
-        self._ordinals: dict[int, int] = {}  # unit -> calls so far in this forward
+        self._ordinals: dict[int, int] = {}  # layer -> calls so far in this forward
         self._layout: LayoutProbe | None = None  # this forward's layout probe, once run
         self._probing: LayoutProbe | RowProbe | None = None  # the probe being recorded
-        # OwnHook: a copy of the model (deepcopy, torch.save) gets inert hooks (dpfy/_hooks.py)
-        self._handles = [
-            u.module.register_forward_hook(OwnHook(self._hook(u)), with_kwargs=True) for u in units
+        self._handles = [  # OwnHook: a copy of the model (deepcopy, torch.save) gets inert hooks
+            layer.module.register_forward_hook(OwnHook(self._hook(layer)), with_kwargs=True)
+            for layer in layers
         ]
         self._handles += [
             model.register_forward_pre_hook(OwnHook(self._enter), with_kwargs=True),
@@ -194,9 +194,9 @@ class Capture:
         """The private batch's size: a callable read at every forward, an int, or None."""
         self.rows = rows if callable(rows) else (lambda: rows)
 
-    def used(self, unit: Unit) -> list[Call]:
-        """The unit's calls whose outputs the loss depended on."""
-        return [c for c in self.calls[id(unit)] if c.used]
+    def used(self, layer: Layer) -> list[Call]:
+        """The layer's calls whose outputs the loss depended on."""
+        return [c for c in self.calls[id(layer)] if c.used]
 
     def clear(self) -> None:
         """Drop every captured activation and gradient (sensitive)."""
@@ -212,7 +212,7 @@ class Capture:
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
-        """Hooks off while the engine recomputes a vmap unit's forward itself."""
+        """Hooks off while the engine recomputes a vmap layer's forward itself."""
         self._recomputing = True
         try:
             yield
@@ -235,14 +235,14 @@ class Capture:
           PrivacyRefusal: a layer whose gradient is used was called on rows that are not the
             private batch's, naming every such layer and the fix.
         """
-        used = [(u, c) for u in self.units for c in self.used(u)]
+        used = [(layer, c) for layer in self.layers for c in self.used(layer)]
         problems = list(dict.fromkeys(c.problem for _, c in used if c.problem is not None))
         if problems:
             raise PrivacyRefusal("; ".join(problems))
         rows = self.rows()
         sizes = {c.batch_size for _, c in used}
         if rows is not None and sizes - {rows}:
-            wrong = sorted({u.label for u, c in used if c.batch_size != rows})
+            wrong = sorted({layer.label for layer, c in used if c.batch_size != rows})
             raise PrivacyRefusal(
                 f"every layer's gradient must come from the {rows} rows of the private batch, "
                 f"got {', '.join(wrong)} called on {sorted(sizes - {rows})} rows. Compute the "
@@ -292,20 +292,20 @@ class Capture:
             return
         assert rows is not None  # row_probe_applies refused None
         self.rows_checked = True
-        now = {
-            id(u): calls[len(calls) - self._ordinals.get(id(u), 0) :]  # this forward's calls
-            for u in self.units
-            for calls in [self.calls[id(u)]]
+        now = {  # each layer's calls of this forward
+            id(layer): calls[len(calls) - self._ordinals.get(id(layer), 0) :]
+            for layer in self.layers
+            for calls in [self.calls[id(layer)]]
         }
-        units = {id(u): u for u in self.units}
+        layers = {id(layer): layer for layer in self.layers}
         found = [
-            find_mixing(self.model, self._root_call, rows, now, units, self.rerun, self.device),
+            find_mixing(self.model, self._root_call, rows, now, layers, self.rerun, self.device),
             find_cross_row(
                 self.model,
                 self._root_call,
                 rows,
                 now,
-                units,
+                layers,
                 self.rerun,
                 self.anchor,
                 self.device,
@@ -316,20 +316,20 @@ class Capture:
             for c in targets:
                 c.problem = c.problem or problem
 
-    # -- each unit's call ------------------------------------------------------------------
-    def _hook(self, unit: Unit) -> Callable[..., Any]:
-        calls = self.calls[id(unit)]
+    # -- each layer's call ------------------------------------------------------------------
+    def _hook(self, layer: Layer) -> Callable[..., Any]:
+        calls = self.calls[id(layer)]
 
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
             if self._probing is not None:  # a probe's forward: record, do not capture
-                return self._record(unit, args, kwargs, output)
+                return self._record(layer, args, kwargs, output)
             if not torch.is_grad_enabled() or self._recomputing:
                 return None
-            call = self._capture(unit, args, kwargs)
+            call = self._capture(layer, args, kwargs)
             broadcast = call.batch_dim == BROADCAST
             single = torch.is_tensor(output)  # the common case: no pytree round trip
-            if single and unit.rule is not None and not broadcast:
-                call.saved = unit.rule.capture(module, output)
+            if single and layer.rule is not None and not broadcast:
+                call.saved = layer.rule.capture(module, output)
             leaves, spec = ([output], None) if single else tree_flatten(output)
             if broadcast:  # each example's own output gradient, not their sum (see Call)
                 bad = [
@@ -341,7 +341,7 @@ class Capture:
                 ]
                 if bad:
                     call.problem = (
-                        f"{unit.label} must, when called on inputs shared by the batch (one "
+                        f"{layer.label} must, when called on inputs shared by the batch (one "
                         f"row), return outputs of one row that broadcast over its "
                         f"{call.batch_size} rows, got output shapes {bad}. Call it on the "
                         f"batch's rows, or on shared inputs with a leading dimension of 1"
@@ -357,9 +357,9 @@ class Capture:
                 if not t.is_floating_point():
                     continue
                 if t.requires_grad:
-                    t.register_hook(self._keeper(unit, call, j))
+                    t.register_hook(self._keeper(layer, call, j))
                 else:  # our frozen weights made it constant: tap it (see Tap)
-                    leaves[k] = Tap.apply(self.anchor, t, self._keeper(unit, call, j))
+                    leaves[k] = Tap.apply(self.anchor, t, self._keeper(layer, call, j))
                     changed = True
             calls.append(call)
             if not changed:
@@ -371,35 +371,35 @@ class Capture:
 
         return hook
 
-    def _record(self, unit: Unit, args: tuple, kwargs: dict, output: Any) -> Any:
+    def _record(self, layer: Layer, args: tuple, kwargs: dict, output: Any) -> Any:
         """In a probe's forward: record the call's shapes (layout probe) or inputs (row-identity
         probe), and expand an output computed from inputs shared by the batch, as the real
         forward does (so that the layers after it see what they see there)."""
         probe = self._probing
         assert probe is not None  # _record runs in a probe's forward only
         rows = probe.rows
-        calls = [] if isinstance(probe, RowProbe) else probe.shapes.setdefault(id(unit), [])
-        if unit.rule is None:
+        calls = [] if isinstance(probe, RowProbe) else probe.shapes.setdefault(id(layer), [])
+        if layer.rule is None:
             if isinstance(probe, RowProbe):
-                probe.record(id(unit), (args, kwargs))
+                probe.record(id(layer), (args, kwargs))
             else:
                 calls.append(call_shapes(args, kwargs))
-            shared = vmap_batch_dims(unit, args, kwargs, rows)[2]
+            shared = vmap_batch_dims(layer, args, kwargs, rows)[2]
         else:
-            a = unit.rule.batch_input(unit.module, args, kwargs)
+            a = layer.rule.batch_input(layer.module, args, kwargs)
             if isinstance(probe, RowProbe):
-                probe.record(id(unit), a)
+                probe.record(id(layer), a)
             else:
                 calls.append(shape_of(a))
             shared = (
                 torch.is_tensor(a)
                 and a.dim() >= 1
-                and rule_candidates(unit, a, rows) == [BROADCAST]
+                and rule_candidates(layer, a, rows) == [BROADCAST]
             )
         if isinstance(probe, RowProbe):  # as the training forward decided for this call
-            shared = probe.was_shared(id(unit), shared)
+            shared = probe.was_shared(id(layer), shared)
         if isinstance(probe, PerturbProbe):
-            return self._probe_taps(unit, output, shared, probe)
+            return self._probe_taps(layer, output, shared, probe)
         if not shared:
             return None
         leaves, spec = tree_flatten(output)
@@ -411,7 +411,7 @@ class Capture:
             spec,
         )
 
-    def _probe_taps(self, unit: Unit, output: Any, shared: bool, probe: PerturbProbe) -> Any:
+    def _probe_taps(self, layer: Layer, output: Any, shared: bool, probe: PerturbProbe) -> Any:
         """In the perturbation probe's forward: the output (expanded over the rows when the
         call is shared by the batch), with each floating leaf's gradient kept into the probe,
         as the training forward's hook keeps it (a hook, or a :class:`Tap` on a constant)."""
@@ -426,7 +426,7 @@ class Capture:
             t = leaves[k]
             if not t.is_floating_point():
                 continue
-            keep = probe.keeper(id(unit), j, len(tensors))
+            keep = probe.keeper(id(layer), j, len(tensors))
             if t.requires_grad:
                 t.register_hook(keep)
             else:
@@ -440,20 +440,20 @@ class Capture:
             self._layout = run_layout_probe(self._root_call, rows, self.rerun)
         return self._layout
 
-    def _capture(self, unit: Unit, args: tuple, kwargs: dict) -> Call:
+    def _capture(self, layer: Layer, args: tuple, kwargs: dict) -> Call:
         """A call's detached inputs, with the batch found in them (the batch guard).
 
         The batch size is the private batch's (:meth:`bind_batch`) when bound, else dim 0 of the
-        first tensor argument. A rule unit's input gets the batch moved to dim 0 (or, shared by
-        every example, expanded to it); a vmap unit gets the in-dims of its arguments. A call
+        first tensor argument. A rule layer's input gets the batch moved to dim 0 (or, shared by
+        every example, expanded to it); a vmap layer gets the in-dims of its arguments. A call
         whose rows cannot be the batch's records a problem, raised if its gradient is used.
         """
         rows = self.rows()
-        j = self._ordinals.get(id(unit), 0)  # this call's place among the unit's calls
-        self._ordinals[id(unit)] = j + 1
+        j = self._ordinals.get(id(layer), 0)  # this call's place among the layer's calls
+        self._ordinals[id(layer)] = j + 1
         xs = tuple(a.detach() if torch.is_tensor(a) else a for a in args)
         kw = {k: v.detach() if torch.is_tensor(v) else v for k, v in kwargs.items()}
-        if unit.rule is None:
+        if layer.rule is None:
             bound = rows is not None
             if not bound:
                 rows = next(
@@ -465,10 +465,10 @@ class Capture:
                     0,
                 )
             assert rows is not None  # bound, or counted just above
-            arg_dims, kw_dims, broadcast, problem = vmap_batch_dims(unit, xs, kw, rows)
+            arg_dims, kw_dims, broadcast, problem = vmap_batch_dims(layer, xs, kw, rows)
             if problem is None and bound and vmap_ambiguous(xs, kw, rows):
                 problem = probed_vmap_problem(
-                    self._layout_probe(rows), unit, j, xs, kw, (arg_dims, kw_dims), rows
+                    self._layout_probe(rows), layer, j, xs, kw, (arg_dims, kw_dims), rows
                 )
             return Call(
                 xs,
@@ -479,13 +479,13 @@ class Capture:
                 problem=problem,
                 in_dims=(arg_dims, kw_dims),
             )
-        a = unit.rule.batch_input(unit.module, xs, kw)
+        a = layer.rule.batch_input(layer.module, xs, kw)
         if torch.is_tensor(a):
             a = at_least_float32(a)
-        dim, problem = (0, None) if rows is None else rule_batch_dim(unit, a, rows)
+        dim, problem = (0, None) if rows is None else rule_batch_dim(layer, a, rows)
         if dim == AMBIGUOUS:
             assert rows is not None  # only a bound batch's dimension can be ambiguous
-            dim, problem = probed_rule_dim(self._layout_probe(rows), unit, j, a, rows)
+            dim, problem = probed_rule_dim(self._layout_probe(rows), layer, j, a, rows)
         if dim == BROADCAST:
             a = a.expand(rows, *a.shape[1:])
         elif dim > 0:
@@ -496,12 +496,12 @@ class Capture:
             xs, kw, b, versions=tuple(_version(t) for t in xs), batch_dim=dim, problem=problem
         )
 
-    def _keeper(self, unit: Unit, call: Call, k: int) -> Callable[[torch.Tensor], None]:
-        """The tensor hook of output leaf ``k``: keep its gradient, or (a rule unit whose
+    def _keeper(self, layer: Layer, call: Call, k: int) -> Callable[[torch.Tensor], None]:
+        """The tensor hook of output leaf ``k``: keep its gradient, or (a rule layer whose
         call takes the per-sample route) form the per-sample gradients at once."""
 
         def keep(grad: torch.Tensor) -> None:
-            rule = unit.rule
+            rule = layer.rule
             if rule is not None:
                 grad = at_least_float32(grad)
                 if call.batch_dim:  # a layer used time-first: its batch back to dim 0
@@ -511,10 +511,10 @@ class Capture:
                 and len(call.grads) == 1
                 and call.batch_size > 0
                 and call.problem is None
-                and (call.eager is not None or not unit.takes_ghost(call.args[0], grad))
+                and (call.eager is not None or not layer.takes_ghost(call.args[0], grad))
             ):
-                check_unchanged(unit, call)
-                gs = call.rule_grad_sample(unit, grad)  # sensitive
+                check_unchanged(layer, call)
+                gs = call.rule_grad_sample(layer, grad)  # sensitive
                 call.eager = (
                     gs if call.eager is None else {n: call.eager[n] + t for n, t in gs.items()}
                 )

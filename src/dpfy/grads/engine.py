@@ -6,12 +6,12 @@ Attach it to a model and it
    autograd no longer computes the non-private parameter gradient (that matmul is replaced by
    our weighted sum, so a private step costs about what a non-private one does), while
    ``p.requires_grad`` still reads True for user code;
-2. captures each unit's inputs and output gradients during the user's forward and backward
+2. captures each layer's inputs and output gradients during the user's forward and backward
    (``grads/capture.py``), with the private batch found in every layer's input
    (``grads/layout.py``) and each row checked to be its own example's
    (``grads/row_identity.py``);
 3. on request computes per-sample squared norms per parameter, ‖∂ℓ_i/∂θ_k‖² (B,), by ghost norm
-   or materialized per-sample gradients (layer rules) or torch.func (vmap units), and the
+   or materialized per-sample gradients (layer rules) or torch.func (vmap layers), and the
    weighted sums Σ_i w_i ∂ℓ_i/∂θ_k by book-keeping, with no second backward
    (``grads/routes.py``; tied weights: ``grads/tied.py``);
 4. states per layer which route it takes and why (``grads/explain.py``).
@@ -39,7 +39,7 @@ from dpfy.grads.explain import explain_rows
 from dpfy.grads.held import hide_from_ddp, hold, release, show_to_ddp
 from dpfy.grads.routes import Routes, Split, grouped_sq_norms
 from dpfy.grads.tied import tied_ghost_sq_norm, tied_uses
-from dpfy.grads.units import build_units
+from dpfy.grads.layers import build_layers
 
 __all__ = ["GradEngine", "LOSS_REDUCTIONS"]
 
@@ -84,9 +84,9 @@ class GradEngine:
             "a module with trainable parameters",
             "Check requires_grad",
         )
-        self.units = build_units(model, route, {id(p) for _, p in self.named_params})
-        self._tied = tied_uses(self.units)  # tied parameter name -> its uses, owner first
-        self._capture = Capture(model, self.units, self.named_params[0][1].device)
+        self.layers = build_layers(model, route, {id(p) for _, p in self.named_params})
+        self._tied = tied_uses(self.layers)  # tied parameter name -> its uses, owner first
+        self._capture = Capture(model, self.layers, self.named_params[0][1].device)
         self._capture.declared_row_wise = declare_row_wise
         self._routes = Routes(self._capture)
         self._b = 0  # batch size of the captures the norms were computed on
@@ -151,7 +151,7 @@ class GradEngine:
 
         A unit of privacy (``dpfy/sampling/units.py``) is the group of rows whose joint
         contribution DP bounds: one user's examples (user-level DP), an example's K augmented
-        copies. Not to be confused with :attr:`units`, the model split into layer units.
+        copies. Not to be confused with :attr:`layers`, the model split into layers.
 
         Args:
           unit_of_row: (B,) integer tensor, the privacy unit of each row of the captured batch,
@@ -209,21 +209,21 @@ class GradEngine:
         # launch, not one per parameter); the same product t·s2 either way
         at_end = unit_of_row is None and s2 != 1.0
         out: dict[str, torch.Tensor] = {}
-        for u in self.units:
+        for layer in self.layers:
             norms = self._routes.sq_norms(
-                u, self._capture.used(u), b, 1.0 if at_end else s2, unit_of_row, num_units
+                layer, self._capture.used(layer), b, 1.0 if at_end else s2, unit_of_row, num_units
             )
-            missing = set(u.params) - set(norms)
+            missing = set(layer.params) - set(norms)
             require(
                 not missing,
-                f"layer rule of {type(u.module).__name__}",
+                f"layer rule of {type(layer.module).__name__}",
                 sorted(missing),
                 "covering every trainable parameter of the layer",
                 "Freeze those parameters or use route='vmap'",
             )
             for rel, sq in norms.items():
-                if rel in u.params:  # its own trainable ones: not a frozen bias, not a tied use
-                    out[u.qualified(rel)] = sq
+                if rel in layer.params:  # its own trainable ones: not a frozen bias, not a tied use
+                    out[layer.qualified(rel)] = sq
         if at_end and out:
             out = dict(zip(out, torch._foreach_mul(list(out.values()), s2)))
         for name, uses in self._tied.items():
@@ -239,28 +239,30 @@ class GradEngine:
 
     @in_full_precision
     def per_sample_grads(self) -> dict[str, torch.Tensor]:
-        """{parameter name: ∂ℓ_i/∂θ (B, *θ.shape)}, materialized for every unit. Sensitive.
+        """{parameter name: ∂ℓ_i/∂θ (B, *θ.shape)}, materialized for every layer. Sensitive.
 
-        For methods that transform per-sample gradients coordinate-wise (AdaClip): every unit
+        For methods that transform per-sample gradients coordinate-wise (AdaClip): every layer
         takes the materialized route (memory B × parameters), whatever the ghost route would
         cost. The captures are dropped afterwards; sum with the returned tensors.
         """
         b = self._b = self.batch_size()
         s = self._scale(b)
         out: dict[str, torch.Tensor] = {}
-        for u in self.units:
-            calls = self._capture.used(u)
+        for layer in self.layers:
+            calls = self._capture.used(layer)
             if not calls or b == 0:
-                gs = {rel: p.new_zeros((b,) + tuple(p.shape)) for rel, p in u.all_params.items()}
+                gs = {
+                    rel: p.new_zeros((b,) + tuple(p.shape)) for rel, p in layer.all_params.items()
+                }
             else:
                 for c in calls:
-                    check_unchanged(u, c)
+                    check_unchanged(layer, c)
                 gs = {
                     rel: t * s if s != 1.0 else t
-                    for rel, t in self._routes.grad_sample(u, calls).items()
+                    for rel, t in self._routes.grad_sample(layer, calls).items()
                 }  # (B, *θ)
             for rel, t in gs.items():
-                q = u.qualified(rel)  # a tied parameter: the sum over its uses
+                q = layer.qualified(rel)  # a tied parameter: the sum over its uses
                 out[q] = t if q not in out else out[q] + t
         self.clear()
         return {n: out[n] for n, _ in self.named_params}
@@ -278,7 +280,7 @@ class GradEngine:
 
         Several sums serve a method that releases a second parameter-shaped sum (OSO's
         threshold gradient Σ_i 1[‖g_i‖ > C] g_i/‖g_i‖). Call after :meth:`per_sample_sq_norms`
-        on the same captures. Each unit's captures are dropped as soon as its sums are formed,
+        on the same captures. Each layer's captures are dropped as soon as its sums are formed,
         last layer first (the order backward freed them in), so that the largest sums are not
         allocated while every activation is still held.
         """
@@ -287,16 +289,16 @@ class GradEngine:
         unique = {id(t): t for ws in weight_sets for t in ws.values()}  # shared: scaled once
         scaled = {k: t * s for k, t in unique.items()} if s != 1.0 else unique
         splits: dict[tuple[int, int], Split | None] = {}
-        for u in reversed(self.units):
+        for layer in reversed(self.layers):
             per_set = [
-                {rel: scaled[id(ws[u.qualified(rel)])] for rel in u.all_params}
+                {rel: scaled[id(ws[layer.qualified(rel)])] for rel in layer.all_params}
                 for ws in weight_sets
             ]
-            for sums, out in zip(self._routes.weighted_sums(u, per_set, splits), outs):
+            for sums, out in zip(self._routes.weighted_sums(layer, per_set, splits), outs):
                 for rel, t in sums.items():
-                    if rel not in u.all_params:
+                    if rel not in layer.all_params:
                         continue  # a frozen parameter of the layer (see routes._with_frozen)
-                    q = u.qualified(rel)  # a tied parameter: Σ_i w_i Σ_uses G_use,i
+                    q = layer.qualified(rel)  # a tied parameter: Σ_i w_i Σ_uses G_use,i
                     out[q] = t if q not in out else out[q] + t
         return [{n: out[n] for n, _ in self.named_params} for out in outs]
 
@@ -304,9 +306,9 @@ class GradEngine:
     def preflight(self) -> list[str]:
         """Every problem of the captured forward/backward at once, without raising (the probe
         of :func:`dpfy.validate`): calls the batch guard refuses, layers whose per-example
-        gradients fail (no torch.func support, dropout inside a vmap unit, a rule refusing its
+        gradients fail (no torch.func support, dropout inside a vmap layer, a rule refusing its
         input), and a loss that reaches no trainable parameter. Drops the captures."""
-        used = [(u, c) for u in self.units for c in self._capture.used(u)]
+        used = [(layer, c) for layer in self.layers for c in self._capture.used(layer)]
         problems = list(dict.fromkeys(c.problem for _, c in used if c.problem is not None))
         rows = self._capture.rows()
         sizes = {c.batch_size for _, c in used if c.problem is None}
@@ -322,27 +324,27 @@ class GradEngine:
             )
         elif len(sizes) == 1:
             b = sizes.pop()
-            for u in self.units:
-                calls = [c for c in self._capture.used(u) if c.problem is None]
+            for layer in self.layers:
+                calls = [c for c in self._capture.used(layer) if c.problem is None]
                 try:
                     if calls:
-                        self._routes.sq_norms(u, calls, b, self._scale(b) ** 2)
+                        self._routes.sq_norms(layer, calls, b, self._scale(b) ** 2)
                 except Exception as e:  # each layer's failure is one problem of the list
-                    problems.append(f"{u.label}: {e}")
+                    problems.append(f"{layer.label}: {e}")
         self.clear()
         return problems
 
     def explain(self) -> list[dict[str, Any]]:
-        """One row per unit: module, type, parameter count, rule file, route and why.
+        """One row per layer: module, type, parameter count, rule file, route and why.
 
         After a forward/backward on an example batch (captures present) the route each rule
-        unit takes at that input size is stated: ``ghost`` or ``per-sample``; otherwise the
+        layer takes at that input size is stated: ``ghost`` or ``per-sample``; otherwise the
         rule ("ghost or per-sample, by size per batch"). A training batch's route is never
         kept (its shape can depend on the data).
         """
-        return explain_rows(self.units, self._capture.used, self.route)
+        return explain_rows(self.layers, self._capture.used, self.route)
 
     def explain_planned(self) -> list[dict[str, Any]]:
         """The rows from the model and the route setting alone, whatever was captured: what
         the privacy report records (data-independent, so nothing in it is a release)."""
-        return explain_rows(self.units, lambda unit: [], self.route)
+        return explain_rows(self.layers, lambda layer: [], self.route)

@@ -1,6 +1,6 @@
-"""``GradEngine.explain()``: per unit, the rule file, the route and why.
+"""``GradEngine.explain()``: per layer, the rule file, the route and why.
 
-A rule unit's route depends on sizes (the rule's ``prefers_ghost``), so it is stated for the
+A rule layer's route depends on sizes (the rule's ``prefers_ghost``), so it is stated for the
 captures present (a forward/backward on an example batch: ``dpfy explain``, the memory
 estimate in ``dpfy/memory.py``), else as "ghost or per-sample, by size per batch". A training
 batch's route is never stated: a batch's shape can depend on its data (a sequence batch padded
@@ -17,51 +17,51 @@ from torch import nn
 
 from dpfy.grads.capture import Call
 from dpfy.grads.rules import rule_for
-from dpfy.grads.units import Unit
+from dpfy.grads.layers import Layer
 
 __all__ = ["explain_rows"]
 
 
 def explain_rows(
-    units: list[Unit], used: Callable[[Unit], list[Call]], route: str
+    layers: list[Layer], used: Callable[[Layer], list[Call]], route: str
 ) -> list[dict[str, Any]]:
-    """One row per unit: module, type, parameter count, rule file, route and why.
+    """One row per layer: module, type, parameter count, rule file, route and why.
 
     Args:
-      units: the engine's units.
-      used: a unit's captured calls whose outputs the loss depended on.
+      layers: the engine's layers.
+      used: a layer's captured calls whose outputs the loss depended on.
       route: the engine's ``route`` argument ("auto", "ghost" or "vmap").
     """
     rows = []
-    for u in units:
-        calls = used(u)
-        if u.rule is None:
+    for layer in layers:
+        calls = used(layer)
+        if layer.rule is None:
             why = (
                 "whole model (route='vmap')"
-                if u.name == "" and route == "vmap"
+                if layer.name == "" and route == "vmap"
                 else "no layer rule for this type; torch.func on its subtree"
-                + _own_parameters_fix(u.module)
+                + _own_parameters_fix(layer.module)
             )
-            rows.append(u.explain(why))
+            rows.append(layer.explain(why))
             continue
-        row = u.explain(
+        row = layer.explain(
             "registered layer rule"
             + "".join(
                 f"; {rel} tied to {q} (per-example gradients summed over its uses)"
-                for rel, q in u.tied.items()
+                for rel, q in layer.tied.items()
             )
         )
         if len(calls) > 1:
             row["route"], row["why"] = "per-sample", f"called {len(calls)} times per batch"
         elif calls:
             c = calls[0]
-            ghost = c.eager is None and u.takes_ghost(c.args[0], c.grads[0])
+            ghost = c.eager is None and layer.takes_ghost(c.args[0], c.grads[0])
             row["route"] = "ghost" if ghost else "per-sample"
             row["why"] = (
                 "ghost norm is cheaper than per-sample gradients at this size"
                 if ghost
                 else "per-sample gradients are cheaper at this size"
-                if u.rule.has_ghost
+                if layer.rule.has_ghost
                 else "per-sample gradients are small"
             )
         rows.append(row)

@@ -3,10 +3,10 @@ layout probe that settles them when the shape cannot.
 
 The engine bounds example i's contribution by clipping the gradient formed from row i of each
 layer's input and output gradient, so it must know which dimension of each captured input holds
-the private batch's rows. For a rule unit it is dimension 0 by convention, another dimension the
+the private batch's rows. For a rule layer it is dimension 0 by convention, another dimension the
 rule allows when only that one has the batch's size (a layer used time-first: the batch is moved
 to dimension 0), or :data:`BROADCAST` for an input of one row shared by every example (its
-output is expanded over the batch). For a vmap unit each tensor argument is batched in
+output is expanded over the batch). For a vmap layer each tensor argument is batched in
 dimension 0 or shared. Anything else is a problem, raised when the call's gradient is used.
 
 On a private batch of 64 rows, a layer input of shape (64, 64, 32) may hold the batch in
@@ -41,7 +41,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from dpfy.grads.units import Unit
+from dpfy.grads.layers import Layer
 
 __all__ = [
     "BROADCAST",
@@ -74,19 +74,19 @@ Rerun = Callable[[Any, tuple, dict], Any]
 class LayoutProbe:
     """The shapes every captured layer saw in the resized forward, or why there are none.
 
-    ``shapes`` maps a unit's id to one entry per call, in call order (see :func:`call_shapes`).
+    ``shapes`` maps a layer's id to one entry per call, in call order (see :func:`call_shapes`).
     """
 
     rows: int  # the resized batch's rows
     shapes: dict[int, list[Any]] = field(default_factory=dict)
     problem: str | None = None  # why the probe could not run
 
-    def record_of(self, unit_id: int, j: int) -> tuple[Any, str | None]:
-        """What the probe recorded for the unit's j-th call, and why nothing (None when there
+    def record_of(self, layer_id: int, j: int) -> tuple[Any, str | None]:
+        """What the probe recorded for the layer's j-th call, and why nothing (None when there
         is a record)."""
         if self.problem is not None:
             return None, self.problem
-        calls = self.shapes.get(unit_id, [])
+        calls = self.shapes.get(layer_id, [])
         if j >= len(calls):
             return None, (
                 f"the resized forward ({self.rows} rows) called it {len(calls)} "
@@ -95,23 +95,23 @@ class LayoutProbe:
         return calls[j], None
 
 
-def rule_candidates(unit: Unit, a: torch.Tensor, b: int) -> list[int]:
-    """The dimensions of a rule unit's input that could hold a batch of ``b`` rows.
+def rule_candidates(layer: Layer, a: torch.Tensor, b: int) -> list[int]:
+    """The dimensions of a rule layer's input that could hold a batch of ``b`` rows.
 
     Dim 0 if it has ``b`` rows (the convention); every other dimension of ``b`` rows the rule
     allows (a layer used time-first); :data:`BROADCAST` for an input of one row, which could be
     shared by every example (``position_ids`` of shape (1, T)).
     """
-    assert unit.rule is not None, "rule_candidates is asked of rule units only"
+    assert layer.rule is not None, "rule_candidates is asked of rule layers only"
     cands = [0] if a.shape[0] == b else []
-    cands += [k for k in unit.rule.batch_dims(unit.module, a) if k > 0 and a.shape[k] == b]
+    cands += [k for k in layer.rule.batch_dims(layer.module, a) if k > 0 and a.shape[k] == b]
     if a.shape[0] == 1 and b != 1:
         cands.append(BROADCAST)
     return cands
 
 
-def rule_batch_dim(unit: Unit, a: Any, b: int) -> tuple[int, str | None]:
-    """Where the batch of ``b`` rows sits in a rule unit's input ``a``: (dim, problem).
+def rule_batch_dim(layer: Layer, a: Any, b: int) -> tuple[int, str | None]:
+    """Where the batch of ``b`` rows sits in a rule layer's input ``a``: (dim, problem).
 
     One candidate (:func:`rule_candidates`) is the answer. Several are :data:`AMBIGUOUS`
     (a (64, 64, d) input on a batch of 64, a (1, 64) input that is either one time step or
@@ -120,17 +120,17 @@ def rule_batch_dim(unit: Unit, a: Any, b: int) -> tuple[int, str | None]:
     """
     if not torch.is_tensor(a) or a.dim() == 0:
         return 0, (
-            f"{unit.label} must receive a tensor whose dimension 0 is the batch, got "
+            f"{layer.label} must receive a tensor whose dimension 0 is the batch, got "
             f"{type(a).__name__}{'' if not torch.is_tensor(a) else ' of shape ()'}; the "
             f"private batch has {b} rows"
         )
-    cands = rule_candidates(unit, a, b)
+    cands = rule_candidates(layer, a, b)
     if len(cands) == 1 or (cands and b == 1):
         return cands[0], None
     if cands:
         return AMBIGUOUS, None
     return 0, (
-        f"{unit.label} must be called on the {b} rows of the private batch, got an "
+        f"{layer.label} must be called on the {b} rows of the private batch, got an "
         f"input of shape {tuple(a.shape)}: no dimension of that size where this layer "
         f"allows a batch. Compute the loss only from the batch the private loader "
         f"yielded, with the batch first in every layer"
@@ -138,7 +138,7 @@ def rule_batch_dim(unit: Unit, a: Any, b: int) -> tuple[int, str | None]:
 
 
 def vmap_ambiguous(args: tuple, kwargs: dict, b: int) -> bool:
-    """Whether a vmap unit's tensor arguments have, besides dimension 0, a dimension of the
+    """Whether a vmap layer's tensor arguments have, besides dimension 0, a dimension of the
     batch's size (then dimension 0 may not be the batch: the layout probe checks)."""
     return b > 1 and any(
         torch.is_tensor(x) and any(n == b for n in x.shape[1:]) for x in (*args, *kwargs.values())
@@ -146,7 +146,7 @@ def vmap_ambiguous(args: tuple, kwargs: dict, b: int) -> bool:
 
 
 def vmap_batch_dims(
-    unit: Unit, args: tuple, kwargs: dict, b: int
+    layer: Layer, args: tuple, kwargs: dict, b: int
 ) -> tuple[tuple, dict, bool, str | None]:
     """vmap in-dims per argument and keyword argument: 0 (batched), None (shared).
 
@@ -185,7 +185,7 @@ def vmap_batch_dims(
         None
         if not problems
         else (
-            f"{unit.label} must be called with the {b} rows of the private batch in dimension 0 "
+            f"{layer.label} must be called with the {b} rows of the private batch in dimension 0 "
             f"of its tensor arguments, got: {'; '.join(problems)}. The engine cannot tell which "
             f"example each row belongs to: pass padded tensors (not a PackedSequence) with the "
             f"batch "
@@ -316,25 +316,25 @@ def followed(
 
 
 def probed_rule_dim(
-    probe: LayoutProbe, unit: Unit, j: int, a: torch.Tensor, rows: int
+    probe: LayoutProbe, layer: Layer, j: int, a: torch.Tensor, rows: int
 ) -> tuple[int, str | None]:
-    """The batch dimension of an ambiguous rule-unit input (its j-th call in this forward),
+    """The batch dimension of an ambiguous rule-layer input (its j-th call in this forward),
     from the probe: the one that followed the batch, or :data:`BROADCAST` for a one-row input
     that did not change; (0, problem) when the probe cannot tell."""
-    probed, why = probe.record_of(id(unit), j)
+    probed, why = probe.record_of(id(layer), j)
     new = probe.rows
     if why is None:
         got = followed(tuple(a.shape), probed, rows, new)
         if got == [] and a.shape[0] == 1:
             return BROADCAST, None
-        if got and got[0] in rule_candidates(unit, a, rows):
+        if got and got[0] in rule_candidates(layer, a, rows):
             return got[0], None
         why = (
             f"on {new} of the batch's rows it received shape {probed}, so no single "
             f"dimension of it follows the batch"
         )
     return 0, (
-        f"{unit.label} must be called with the {rows} rows of the private batch in "
+        f"{layer.label} must be called with the {rows} rows of the private batch in "
         f"one dimension, got an input of shape {tuple(a.shape)} where several "
         f"dimensions could be the batch, and {why}. Call the layer with the batch in "
         f"dimension 0 (transpose after the layer, not before it), or use a batch "
@@ -344,16 +344,16 @@ def probed_rule_dim(
 
 def probed_vmap_problem(
     probe: LayoutProbe,
-    unit: Unit,
+    layer: Layer,
     j: int,
     args: tuple,
     kwargs: dict,
     dims: tuple[tuple, dict],
     rows: int,
 ) -> str | None:
-    """Check a vmap unit's in-dims (batch in dim 0, or shared) for its j-th call against the
+    """Check a vmap layer's in-dims (batch in dim 0, or shared) for its j-th call against the
     probe: None if every tensor argument followed the batch as ``dims`` says."""
-    probed, why = probe.record_of(id(unit), j)
+    probed, why = probe.record_of(id(layer), j)
     new = probe.rows
     if why is None:
         for (name, x, d), got in zip(
@@ -376,7 +376,7 @@ def probed_vmap_problem(
         else:
             return None
     return (
-        f"{unit.label} must be called with the {rows} rows of the private batch in "
+        f"{layer.label} must be called with the {rows} rows of the private batch in "
         f"dimension 0 of its tensor arguments (or shared by every example), and "
         f"{why}. Call it with the batch in dimension 0, or use a batch size that no "
         f"other dimension has"

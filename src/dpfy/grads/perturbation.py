@@ -75,7 +75,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from dpfy.errors import PrivacyRefusal
 from dpfy.grads.held import autograd_requires_grad
 from dpfy.grads.row_identity import RowProbe, reseed
-from dpfy.grads.units import Unit
+from dpfy.grads.layers import Layer
 
 __all__ = [
     "PerturbProbe",
@@ -92,14 +92,14 @@ PERTURBED_ROW = 0  # the example whose input and loss the probe changes
 
 @dataclass
 class PerturbProbe(RowProbe):
-    """A :class:`RowProbe` that also keeps each call's output gradients: ``grads[(unit id,
+    """A :class:`RowProbe` that also keeps each call's output gradients: ``grads[(layer id,
     call)][k]`` for the call's k-th floating output leaf (None until its gradient arrives)."""
 
     grads: dict[tuple[int, int], list[torch.Tensor | None]] = field(default_factory=dict)
 
-    def keeper(self, unit_id: int, k: int, n: int) -> Callable[[torch.Tensor], None]:
+    def keeper(self, layer_id: int, k: int, n: int) -> Callable[[torch.Tensor], None]:
         """The hook that keeps output leaf ``k`` (of ``n``) of the call just recorded."""
-        key = (unit_id, len(self.inputs[unit_id]) - 1)
+        key = (layer_id, len(self.inputs[layer_id]) - 1)
         slots = self.grads.setdefault(key, [None] * n)
 
         def keep(grad: torch.Tensor) -> None:
@@ -176,7 +176,7 @@ def find_cross_row(
     root_call: tuple[tuple, dict],
     rows: int,
     now: dict[int, list[Any]],
-    units: dict[int, Unit],
+    layers: dict[int, Layer],
     rerun: Callable[[RowProbe, tuple, dict], Any],
     anchor: torch.Tensor,
     device: torch.device | None,
@@ -256,8 +256,8 @@ def find_cross_row(
         real = now[uid][j] if j < len(now[uid]) else None
         if real is None or real.problem is not None:
             return None
-        grad_dim = 0 if (units[uid].rule is None or real.shared) else real.batch_dim
-        return real.row_dims(units[uid]), grad_dim
+        grad_dim = 0 if (layers[uid].rule is None or real.shared) else real.batch_dim
+        return real.row_dims(layers[uid]), grad_dim
 
     found: list[tuple[int | None, int, str]] = []
     again: tuple[PerturbProbe, Any] | None = None
@@ -275,12 +275,12 @@ def find_cross_row(
     if not found:
         return None
     uid, j, what = found[0]
-    where = units[uid].label if uid is not None else None
+    where = layers[uid].label if uid is not None else None
     problem = cross_row_problem(where, rows, what)
     targets = (
         [c for calls in now.values() for c in calls]
         if uid is None
-        else [now[u][k] for u, k, _ in found if u is not None]
+        else [now[lid][k] for lid, k, _ in found if lid is not None]
     )
     return problem, targets
 
@@ -426,7 +426,7 @@ def _differences(
     dims: Callable[[int, int], tuple[Any, int | None] | None],
     again: tuple[PerturbProbe, Any] | None,
 ) -> list[tuple[int | None, int, str]]:
-    """The calls (unit id, call, what) whose rows other than ``row`` (the one B changed)
+    """The calls (layer id, call, what) whose rows other than ``row`` (the one B changed)
     differ between A and B, in call order; (None, 0, what) for the model's output. ``again``:
     the repeat A' of run A, whose jitter bounds the comparison (None: bit for bit)."""
     out: list[tuple[int | None, int, str]] = []

@@ -1,12 +1,12 @@
-"""Routes: each unit's per-example squared norms, then its weighted sums, from the captures.
+"""Routes: each layer's per-example squared norms, then its weighted sums, from the captures.
 
-Per unit and batch the norms take one of three routes, and the weighted sums follow it:
+Per layer and batch the norms take one of three routes, and the weighted sums follow it:
 
-- ``zero``: the loss did not depend on the unit (or the batch is empty): zeros;
-- ``ghost``: a rule unit called once whose rule prefers it at this size: ‖∂ℓ_i/∂θ‖² from the
+- ``zero``: the loss did not depend on the layer (or the batch is empty): zeros;
+- ``ghost``: a rule layer called once whose rule prefers it at this size: ‖∂ℓ_i/∂θ‖² from the
   captured input and output gradient without forming per-sample gradients (``rule.sq_norm``),
   then Σ_i w_i ∂ℓ_i/∂θ by book-keeping (``rule.weighted_sum``, contracting w⊙g with the input);
-- ``materialized``: per-sample gradients (B, *θ) — formed in the backward hook for a rule unit
+- ``materialized``: per-sample gradients (B, *θ) — formed in the backward hook for a rule layer
   (``Call.eager``), by ``rule.grad_sample`` or torch.func (``grads/vmap.py``) here — kept as
   (B, P) rows; norms are row norms and weighted sums one (B,)·(B, P) product.
 
@@ -15,12 +15,12 @@ are ‖Σ_{i∈u} ∂ℓ_i/∂θ‖². A ghost layer whose rule is position-addi
 packs each unit's rows into one sequence and takes its ghost norm (:func:`packed_sq_norm`,
 ``grads/packing.py``): no per-sample or per-unit gradient is formed. Every other layer forms
 per-sample gradients and sums them per group with ``index_add`` (:func:`grouped_sq_norms`); a
-ghost unit still takes the book-keeping weighted sum, so only one layer's (B, P) gradients are
+ghost layer still takes the book-keeping weighted sum, so only one layer's (B, P) gradients are
 alive at a time. Which of the two a batch took depends on how many rows its largest unit has,
 which is not public: no batch's route is kept or reported (``GradEngine.explain_planned``).
 
 Two weight sets proportional on the rows where the second is non-zero (OSO's pair) are summed
-in one pass over a ghost unit's rows (:class:`Split`).
+in one pass over a ghost layer's rows (:class:`Split`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import torch
 
 from dpfy.grads.capture import Call, Capture, check_unchanged
 from dpfy.grads.packing import UnitPacking
-from dpfy.grads.units import Unit
+from dpfy.grads.layers import Layer
 from dpfy.grads.vmap import vmap_grad_sample
 
 __all__ = ["Routes", "Split", "find_split", "grouped_sq_norms", "packed_sq_norm", "per_sample_rows"]
@@ -67,23 +67,23 @@ def _row_sums(rows: dict[str, Rows], w: dict[str, torch.Tensor]) -> dict[str, to
 
 
 def packed_sq_norm(
-    u: Unit, a: Any, g: torch.Tensor, unit_of_row: torch.Tensor, num_units: int, b: int
+    layer: Layer, a: Any, g: torch.Tensor, unit_of_row: torch.Tensor, num_units: int, b: int
 ) -> dict[str, torch.Tensor] | None:
     """The privacy units' ‖Σ_{i∈u} ∂ℓ_i/∂θ‖² (U,) by the rule's ghost norm on each unit's rows
     packed into one sequence (``grads/packing.py``), at the captured scale; None when the rule
     is not position-additive, when packing would more than double the rows (a few heavy units
     among light ones), or when the rule prefers per-sample gradients at the packed length."""
-    assert u.rule is not None, "packed_sq_norm is asked of rule units only"
-    tails = u.rule.position_tails
+    assert layer.rule is not None, "packed_sq_norm is asked of rule layers only"
+    tails = layer.rule.position_tails
     if tails is None or not isinstance(a, torch.Tensor):
         return None
     packing = UnitPacking.of(unit_of_row.to(g.device), num_units)
     if packing.padded_rows() > 2 * max(b, 1):
         return None
     pa, pg = packing.pack(a, tails[0]), packing.pack(g, tails[1])  # sensitive
-    if not u.rule.prefers_ghost(u.module, pa, pg):
+    if not layer.rule.prefers_ghost(layer.module, pa, pg):
         return None
-    return u.rule.sq_norm(u.module, pa, pg)  # (U,) each
+    return layer.rule.sq_norm(layer.module, pa, pg)  # (U,) each
 
 
 def grouped_sq_norms(r: torch.Tensor, unit_of_row: torch.Tensor, num_units: int) -> torch.Tensor:
@@ -118,17 +118,17 @@ class Split:
     w1: torch.Tensor  # (B,) sensitive
     w2: torch.Tensor  # (B,) sensitive
 
-    def sums(self, u: Unit, a: torch.Tensor, g: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+    def sums(self, layer: Layer, a: torch.Tensor, g: torch.Tensor) -> list[dict[str, torch.Tensor]]:
         def part(rows: torch.Tensor, w: torch.Tensor) -> dict[str, torch.Tensor]:
             if rows.numel() == 0:
-                return {rel: torch.zeros_like(p) for rel, p in u.all_params.items()}
+                return {rel: torch.zeros_like(p) for rel, p in layer.all_params.items()}
             wr = w.index_select(0, rows)
-            assert u.rule is not None, "the ghost sums are of rule units only"
-            return u.rule.weighted_sum(
-                u.module,
+            assert layer.rule is not None, "the ghost sums are of rule layers only"
+            return layer.rule.weighted_sum(
+                layer.module,
                 a.index_select(0, rows),
                 g.index_select(0, rows),
-                {rel: wr for rel in u.all_params},
+                {rel: wr for rel in layer.all_params},
             )
 
         second = part(self.nonzero, self.w2)
@@ -151,11 +151,11 @@ def find_split(w1: torch.Tensor, w2: torch.Tensor) -> Split | None:
     return Split(zero=zero, nonzero=nonzero, ratio=lo, w1=w1, w2=w2)
 
 
-def _unit_split(
+def _layer_split(
     per_set: list[dict[str, torch.Tensor]], cache: dict[tuple[int, int], Split | None]
 ) -> Split | None:
-    """The :class:`Split` of a unit's two weight sets, or None (each set must give all the
-    unit's parameters one (B,) tensor, and the ratios must be one constant)."""
+    """The :class:`Split` of a layer's two weight sets, or None (each set must give all the
+    layer's parameters one (B,) tensor, and the ratios must be one constant)."""
     ids = [{id(t) for t in ws.values()} for ws in per_set]
     if any(len(i) != 1 for i in ids):
         return None
@@ -166,13 +166,13 @@ def _unit_split(
     return cache[key]
 
 
-def _with_frozen(w: dict[str, torch.Tensor], unit: Unit) -> dict[str, torch.Tensor]:
-    """A rule unit's weights extended to the layer's frozen parameters (a frozen bias, or the
+def _with_frozen(w: dict[str, torch.Tensor], layer: Layer) -> dict[str, torch.Tensor]:
+    """A rule layer's weights extended to the layer's frozen parameters (a frozen bias, or the
     weight under BitFit): rules form every parameter of their layer, so each gets a weight; the
     frozen ones' sums are computed and dropped (they are never released)."""
-    if unit.rule is None or not w:
+    if layer.rule is None or not w:
         return w
-    frozen = set(unit.rule.params(unit.module)) - set(w)
+    frozen = set(layer.rule.params(layer.module)) - set(w)
     if not frozen:
         return w
     some = next(iter(w.values()))
@@ -180,9 +180,9 @@ def _with_frozen(w: dict[str, torch.Tensor], unit: Unit) -> dict[str, torch.Tens
 
 
 class Routes:
-    """Per unit: the route the current batch takes and what the weighted sums need of it.
+    """Per layer: the route the current batch takes and what the weighted sums need of it.
 
-    ``cache[id(unit)]`` is ("zero", None), ("ghost", the call) or ("materialized", rows), set
+    ``cache[id(layer)]`` is ("zero", None), ("ghost", the call) or ("materialized", rows), set
     by :meth:`sq_norms` and used up by :meth:`weighted_sums`.
     """
 
@@ -195,32 +195,34 @@ class Routes:
 
     def sq_norms(
         self,
-        u: Unit,
+        layer: Layer,
         calls: list[Call],
         b: int,
         s2: float,
         unit_of_row: torch.Tensor | None = None,
         num_units: int = 0,
     ) -> dict[str, torch.Tensor]:
-        """{rel: ‖∂ℓ_i/∂θ‖²} (B,) for the unit's parameters (``s2``: the squared scale from a
+        """{rel: ‖∂ℓ_i/∂θ‖²} (B,) for the layer's parameters (``s2``: the squared scale from a
         captured row to example i's gradient), or with ``unit_of_row`` the privacy units'
         ‖Σ_{i∈u} ∂ℓ_i/∂θ‖² (U,). Sensitive."""
         grouped = unit_of_row is not None
-        if not calls or b == 0:  # an empty batch, or a unit the loss did not depend on
-            self.cache[id(u)] = ("zero", None)
-            return {rel: p.new_zeros(num_units if grouped else b) for rel, p in u.params.items()}
+        if not calls or b == 0:  # an empty batch, or a layer the loss did not depend on
+            self.cache[id(layer)] = ("zero", None)
+            return {
+                rel: p.new_zeros(num_units if grouped else b) for rel, p in layer.params.items()
+            }
         for c in calls:
-            check_unchanged(u, c)
-        if u.rule is not None and len(calls) == 1 and calls[0].eager is None:
+            check_unchanged(layer, c)
+        if layer.rule is not None and len(calls) == 1 and calls[0].eager is None:
             c = calls[0]
             a, g = c.args[0], c.grads[0]
             assert g is not None  # a call with no eager sums kept its output gradient
-            if u.takes_ghost(a, g):
-                self.cache[id(u)] = ("ghost", c)
+            if layer.takes_ghost(a, g):
+                self.cache[id(layer)] = ("ghost", c)
                 if unit_of_row is not None:
-                    sq = packed_sq_norm(u, a, g, unit_of_row, num_units, b)
+                    sq = packed_sq_norm(layer, a, g, unit_of_row, num_units, b)
                     if sq is None:  # this layer's per-sample gradients, only while grouped
-                        gs = c.rule_grad_sample(u, g)  # sensitive: rel -> (B, *θ)
+                        gs = c.rule_grad_sample(layer, g)  # sensitive: rel -> (B, *θ)
                         return {
                             rel: grouped_sq_norms(
                                 per_sample_rows(t)[0], unit_of_row, num_units
@@ -228,11 +230,11 @@ class Routes:
                             for rel, t in gs.items()
                         }
                 else:
-                    sq = u.rule.sq_norm(u.module, a, g)
+                    sq = layer.rule.sq_norm(layer.module, a, g)
                 return {rel: t * s2 for rel, t in sq.items()} if s2 != 1 else sq
-        gs = self.grad_sample(u, calls)  # sensitive: rel -> (B, *θ.shape), captured scale
+        gs = self.grad_sample(layer, calls)  # sensitive: rel -> (B, *θ.shape), captured scale
         rows = {rel: per_sample_rows(t) for rel, t in gs.items()}  # sensitive: (B, P) views
-        self.cache[id(u)] = ("materialized", rows)
+        self.cache[id(layer)] = ("materialized", rows)
         if unit_of_row is not None:
             return {
                 rel: grouped_sq_norms(r, unit_of_row, num_units).mul_(s2)
@@ -243,63 +245,69 @@ class Routes:
             for rel, (r, _) in rows.items()
         }  # (B,) each, no (B, P) temporary
 
-    def grad_sample(self, u: Unit, calls: list[Call]) -> dict[str, torch.Tensor]:
+    def grad_sample(self, layer: Layer, calls: list[Call]) -> dict[str, torch.Tensor]:
         """Per-sample gradients {rel: (B, *θ)}, at the captured scale, summed over calls."""
         total: dict[str, torch.Tensor] = {}
         for c in calls:
             if c.eager is not None:
                 gs = c.eager
-            elif u.rule is not None:
+            elif layer.rule is not None:
                 g = c.grads[0]
                 assert g is not None  # a call with no eager sums kept its output gradient
-                gs = c.rule_grad_sample(u, g)
+                gs = c.rule_grad_sample(layer, g)
             else:
-                with self.capture.paused():  # our own forward of the unit: not captured
+                with self.capture.paused():  # our own forward of the layer: not captured
                     gs = vmap_grad_sample(
-                        u.module, u.name, u.all_params, c.args, c.kwargs, c.grads, in_dims=c.in_dims
+                        layer.module,
+                        layer.name,
+                        layer.all_params,
+                        c.args,
+                        c.kwargs,
+                        c.grads,
+                        in_dims=c.in_dims,
                     )
             for rel, t in gs.items():
                 total[rel] = t if rel not in total else total[rel] + t
         return total  # sensitive
 
-    def tied_grad_sample(self, uses: list[tuple[Unit, str]], b: int) -> torch.Tensor:
+    def tied_grad_sample(self, uses: list[tuple[Layer, str]], b: int) -> torch.Tensor:
         """Per-example gradients (B, *θ) of a tied parameter: the sum of its uses' contributions.
 
         Exact (not a bound): ‖Σ_u G_u,i‖ includes the cross terms between the uses, which a sum
         of per-use ghost norms would miss. Costs B × the parameter's size in memory.
         """
         total = None
-        for u, rel in uses:
-            calls = self.capture.used(u)
+        for layer, rel in uses:
+            calls = self.capture.used(layer)
             if calls and b:
-                t = self.grad_sample(u, calls)[rel]
+                t = self.grad_sample(layer, calls)[rel]
                 total = t if total is None else total + t
         p = uses[0][0].all_params[uses[0][1]]
         return total if total is not None else p.new_zeros((b,) + tuple(p.shape))  # sensitive
 
     def weighted_sums(
         self,
-        u: Unit,
+        layer: Layer,
         per_set: list[dict[str, torch.Tensor]],
         splits: dict[tuple[int, int], Split | None],
     ) -> list[dict[str, torch.Tensor]]:
         """Σ_i w_i ∂ℓ_i/∂θ per weight set ({rel: (B,)}, already scaled), by the route the
-        norms took; the unit's captures and cached values are dropped. Sensitive."""
-        kind, data = self.cache.pop(id(u))
-        self.capture.calls[id(u)].clear()
-        per_set = [_with_frozen(w, u) for w in per_set]
-        split = _unit_split(per_set, splits) if kind == "ghost" and len(per_set) == 2 else None
+        norms took; the layer's captures and cached values are dropped. Sensitive."""
+        kind, data = self.cache.pop(id(layer))
+        self.capture.calls[id(layer)].clear()
+        per_set = [_with_frozen(w, layer) for w in per_set]
+        split = _layer_split(per_set, splits) if kind == "ghost" and len(per_set) == 2 else None
         if split is not None:  # two sums for the rows of one (OSO's pair)
-            return split.sums(u, data.args[0], data.grads[0])
-        return [self._weighted_sum(u, kind, data, w) for w in per_set]
+            return split.sums(layer, data.args[0], data.grads[0])
+        return [self._weighted_sum(layer, kind, data, w) for w in per_set]
 
     @staticmethod
     def _weighted_sum(
-        u: Unit, kind: str, data: Any, w: dict[str, torch.Tensor]
+        layer: Layer, kind: str, data: Any, w: dict[str, torch.Tensor]
     ) -> dict[str, torch.Tensor]:
         if kind == "zero":
-            return {rel: torch.zeros_like(p) for rel, p in u.all_params.items()}
+            return {rel: torch.zeros_like(p) for rel, p in layer.all_params.items()}
         if kind == "ghost":
-            assert u.rule is not None, "only rule units take the ghost route"
-            return u.rule.weighted_sum(u.module, data.args[0], data.grads[0], w)
+            assert layer.rule is not None, "only rule layers take the ghost route"
+            return layer.rule.weighted_sum(layer.module, data.args[0], data.grads[0], w)
         return _row_sums(data, w)

@@ -19,7 +19,7 @@ up to the differences the arithmetic in effect makes between batch sizes (:func:
 row catches batch statistics; reversing the rest catches sorting, which a removal alone misses
 whenever the removed example sorts to where it already is (any removal misses it on an
 already-sorted batch).
-A layer's input that is shared by every example (one row, or a vmap unit's non-batched
+A layer's input that is shared by every example (one row, or a vmap layer's non-batched
 argument) must not change at all.
 
 Randomness. Both probe forwards run with the modules in ``eval()`` mode (each module's own mode
@@ -37,7 +37,7 @@ What the probe cannot see: it compares activations, not the loss. A loss that mi
 (normalized by the batch's total token count, an in-batch contrastive loss, mixup in the loss)
 is not detected; nor is mixing that this one batch does not show (a sort that is the identity on
 both probe batches, data-dependent mixing that these rows do not trigger); nor mixing inside a
-vmap unit that does not reach its inputs or the model's output; nor a model whose call cannot
+vmap layer that does not reach its inputs or the model's output; nor a model whose call cannot
 be cut by rows (its probe forward raises, e.g. ``EmbeddingBag`` called with 1-D ids and offsets,
 whose offsets reversed are invalid; or a transposed view as input): such a model is not checked
 here (not refused). Training mode, the backward pass and models that cannot be cut by rows are
@@ -66,7 +66,7 @@ from torch.utils._pytree import tree_flatten
 
 from dpfy.grads.arithmetic import row_rtol
 from dpfy.grads.layout import Rerun, resize_batch
-from dpfy.grads.units import Unit
+from dpfy.grads.layers import Layer
 
 __all__ = [
     "RowProbe",
@@ -91,27 +91,27 @@ MIN_ROWS = 3  # a batch of 1–2 rows is not probed (too few rows to remove one 
 
 @dataclass
 class RowProbe:
-    """What one probe forward recorded: every captured unit's inputs, per call in call order.
+    """What one probe forward recorded: every captured layer's inputs, per call in call order.
 
     ``rows`` is the probe batch's size (the engine expands an output computed from shared
-    inputs to it, as it does in the training forward). ``inputs`` maps a unit's id to one
-    entry per call: a rule unit's batch input, or a vmap unit's (args, kwargs).
+    inputs to it, as it does in the training forward). ``inputs`` maps a layer's id to one
+    entry per call: a rule layer's batch input, or a vmap layer's (args, kwargs).
     """
 
     rows: int
     inputs: dict[int, list[Any]] = field(default_factory=dict)
-    order: list[tuple[int, int]] = field(default_factory=list)  # (unit id, call) in call order
+    order: list[tuple[int, int]] = field(default_factory=list)  # (layer id, call) in call order
     shared: dict[int, list[bool]] = field(default_factory=dict)  # the training forward's
 
-    def was_shared(self, unit_id: int, otherwise: bool) -> bool:
+    def was_shared(self, layer_id: int, otherwise: bool) -> bool:
         """Whether the training forward found the call being recorded shared by the batch
         (``otherwise`` for a call it did not make). Call after :meth:`record`."""
-        made, j = self.shared.get(unit_id, []), len(self.inputs.get(unit_id, [])) - 1
+        made, j = self.shared.get(layer_id, []), len(self.inputs.get(layer_id, [])) - 1
         return made[j] if 0 <= j < len(made) else otherwise
 
-    def record(self, unit_id: int, value: Any) -> None:
-        calls = self.inputs.setdefault(unit_id, [])
-        self.order.append((unit_id, len(calls)))
+    def record(self, layer_id: int, value: Any) -> None:
+        calls = self.inputs.setdefault(layer_id, [])
+        self.order.append((layer_id, len(calls)))
         calls.append(value)
 
 
@@ -131,7 +131,7 @@ def find_mixing(
     root_call: tuple[tuple, dict],
     rows: int,
     now: dict[int, list[Any]],
-    units: dict[int, Unit],
+    layers: dict[int, Layer],
     rerun: Rerun,
     device: torch.device | None,
 ) -> tuple[str, list[Any]] | None:
@@ -139,9 +139,9 @@ def find_mixing(
 
     Args:
       model: the model, called as ``root_call`` (args, kwargs) on the private batch of ``rows``.
-      now: each unit's calls of that forward (``grads/capture.py``'s ``Call``: ``.shared``,
-        ``.problem`` and ``.row_dims(unit)``), by unit id, in call order.
-      units: the units by id.
+      now: each layer's calls of that forward (``grads/capture.py``'s ``Call``: ``.shared``,
+        ``.problem`` and ``.row_dims(layer)``), by layer id, in call order.
+      layers: the layers by id.
       rerun: runs the model recording each layer call into a probe (``Capture.rerun``).
       device: where the trainable parameters live (the RNG forked there too).
 
@@ -171,7 +171,7 @@ def find_mixing(
 
     def dims(uid: int, j: int) -> Any:  # None: a call not to check
         real = now[uid][j] if j < len(now[uid]) else None
-        return None if real is None or real.problem is not None else (real.row_dims(units[uid]),)
+        return None if real is None or real.problem is not None else (real.row_dims(layers[uid]),)
 
     differing = differing_calls(full, part, index, dims)
     out_differs = output_differs(out_full, out_part, rows, index)
@@ -181,12 +181,12 @@ def find_mixing(
     if is_randomness(full, out_full, again, differing, rows, dims):
         return None
     problem = (
-        mixing_problem(units[differing[0][0]].label, rows, differing[0][2])
+        mixing_problem(layers[differing[0][0]].label, rows, differing[0][2])
         if differing
         else mixing_problem(
             None,
             rows,
-            f"its rows; the last layer called is {units[full.order[-1][0]].label}"
+            f"its rows; the last layer called is {layers[full.order[-1][0]].label}"
             if full.order
             else "its rows",
         )
@@ -293,14 +293,14 @@ def beyond_arithmetic(full: torch.Tensor, part: torch.Tensor, dim: int | None, r
     return bool((y - x).abs_().gt_(bound).any())
 
 
-Dims = Any  # a rule unit's batch dimension (None: shared), or a vmap unit's (arg, kwarg) dims
+Dims = Any  # a rule layer's batch dimension (None: shared), or a vmap layer's (arg, kwarg) dims
 
 
 def call_differs(full: Any, part: Any, index: torch.Tensor, dims: Dims) -> str | None:
-    """What differs between a unit call's inputs in the two probe forwards (None: nothing).
+    """What differs between a layer call's inputs in the two probe forwards (None: nothing).
 
     ``dims`` is the engine's batch dimension for that call: an int or None (shared) for a rule
-    unit's one batch input, a tuple (per argument) and a dict (per keyword) for a vmap unit.
+    layer's one batch input, a tuple (per argument) and a dict (per keyword) for a vmap layer.
     """
     if not isinstance(dims, tuple):
         return "its rows" if rows_differ(full, part, index, dims) else None
@@ -323,8 +323,8 @@ def differing_calls(
     index: torch.Tensor,
     dims: Callable[[int, int], tuple[Dims] | None],
 ) -> list[tuple[int, int, str]]:
-    """The unit calls whose inputs differ between the two probe forwards, in call order:
-    (unit id, call, what differs). ``dims(unit id, call)`` gives the call's batch dimension(s)
+    """The layer calls whose inputs differ between the two probe forwards, in call order:
+    (layer id, call, what differs). ``dims(layer id, call)`` gives the call's batch dimension(s)
     as a 1-tuple, or None for a call not to check (the training forward did not make it, or
     already refused it)."""
     out = []

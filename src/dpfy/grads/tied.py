@@ -32,24 +32,24 @@ from torch import nn
 from dpfy.grads.capture import Call, at_least_float32
 from dpfy.grads.rules.embedding import EmbeddingRule, _flat
 from dpfy.grads.rules.linear import LinearRule, _as_seq
-from dpfy.grads.units import Unit
+from dpfy.grads.layers import Layer
 
 __all__ = ["TiedUse", "tied_uses", "tied_use", "tied_sq_norm", "tied_ghost_sq_norm"]
 
-Uses = list[tuple[Unit, str]]  # (unit, the parameter's name relative to it), the owner first
+Uses = list[tuple[Layer, str]]  # (layer, the parameter's name relative to it), the owner first
 
 
-def tied_uses(units: list[Unit]) -> dict[str, Uses]:
-    """{a tied parameter's model-level name: every (unit, relative name) that uses it}, the
-    owning unit first (``grads/units.py``: the unit at its canonical name)."""
+def tied_uses(layers: list[Layer]) -> dict[str, Uses]:
+    """{a tied parameter's model-level name: every (layer, relative name) that uses it}, the
+    owning layer first (``grads/layers.py``: the layer at its canonical name)."""
     uses: dict[str, Uses] = {}
-    for u in units:
-        for rel in u.tied:
-            uses.setdefault(u.tied[rel], []).append((u, rel))
-    for u in units:
-        for rel in u.params:
-            if u.qualified(rel) in uses:
-                uses[u.qualified(rel)].insert(0, (u, rel))
+    for layer in layers:
+        for rel in layer.tied:
+            uses.setdefault(layer.tied[rel], []).append((layer, rel))
+    for layer in layers:
+        for rel in layer.params:
+            if layer.qualified(rel) in uses:
+                uses[layer.qualified(rel)].insert(0, (layer, rel))
     return uses
 
 
@@ -105,26 +105,26 @@ def tied_sq_norm(uses: list[TiedUse]) -> torch.Tensor:
     return total
 
 
-def tied_ghost_sq_norm(uses: Uses, used: Callable[[Unit], list[Call]]) -> torch.Tensor | None:
+def tied_ghost_sq_norm(uses: Uses, used: Callable[[Layer], list[Call]]) -> torch.Tensor | None:
     """A tied weight's per-example squared norm (B,) from its uses' factors, when every use
-    that got a gradient (``used(unit)``: its calls the loss depended on) is one Linear or
+    that got a gradient (``used(layer)``: its calls the loss depended on) is one Linear or
     Embedding call on its captures; else None. Sensitive."""
     factors = []
-    for u, rel in uses:
-        calls = used(u)
+    for layer, rel in uses:
+        calls = used(layer)
         if not calls:
             continue  # this use contributes nothing
         c = calls[0]
         if (
             len(calls) != 1
             or rel != "weight"
-            or u.rule is None
+            or layer.rule is None
             or c.eager is not None
             or len(c.grads) != 1
             or c.grads[0] is None
         ):
             return None
-        use = tied_use(u.rule, u.module, c.args[0], at_least_float32(c.grads[0]))
+        use = tied_use(layer.rule, layer.module, c.args[0], at_least_float32(c.grads[0]))
         if use is None:
             return None
         factors.append(use)

@@ -52,7 +52,7 @@ def _check_no_dropout(module: nn.Module, name: str) -> None:
         if isinstance(sub, nn.MultiheadAttention) and sub.training and sub.dropout > 0:
             raise ValueError(
                 f"module {full!r} (MultiheadAttention) must not use attention dropout inside a "
-                f"vmap unit, got dropout = {sub.dropout} in training mode: dropout "
+                f"vmap layer, got dropout = {sub.dropout} in training mode: dropout "
                 f"randomness under vmap is the cause (the forward is recomputed, so the masks "
                 f"would differ from your loss's). {_FIX_BY_SWAP} (DPMultiheadAttention "
                 f"supports dropout and masks)"
@@ -60,7 +60,7 @@ def _check_no_dropout(module: nn.Module, name: str) -> None:
         if isinstance(sub, _DROPOUTS) and sub.training and sub.p > 0:
             raise ValueError(
                 f"module {full!r} ({type(sub).__name__}) must not be active inside a "
-                f"vmap unit, got p = {sub.p} in training mode. The vmap route recomputes "
+                f"vmap layer, got p = {sub.p} in training mode. The vmap route recomputes "
                 f"the forward, so dropout masks would differ from the ones used in your loss; "
                 f"use route='ghost' with supported layers, move dropout out of the module, or "
                 f"call .eval() on it"
@@ -102,7 +102,7 @@ def vmap_grad_sample(
     if any(g.dim() == 0 for g in grads):  # an output with no batch dim reached the loss
         raise ValueError(
             f"module {name or '(root)'!r} ({type(module).__name__}) must return per-example "
-            f"outputs (batch in dim 0) for its vmap unit, got a 0-dim output that the loss "
+            f"outputs (batch in dim 0) for its vmap layer, got a 0-dim output that the loss "
             f"depends on — a loss computed inside the forward (Hugging Face models do this "
             f"when given labels) is a reduction over the batch, which vmap cannot split per "
             f"example. Use route='auto' (layer rules read the model's own backward), or call "

@@ -3,7 +3,7 @@ layer section, option (a)).
 
 A BatchNorm in training mode normalizes each example with the mean and variance of its batch, so
 every example's output (and gradient) depends on the others: per-example clipping no longer
-bounds one example's contribution, and dpfy refuses the layer (``grads/units.check_model``).
+bounds one example's contribution, and dpfy refuses the layer (``grads/layers.check_model``).
 :func:`public_batchnorm` replaces every ``nn.BatchNorm1d/2d/3d`` of a model, in place, by a
 :class:`PublicBatchNorm` that normalizes with statistics computed from a batch of **public**
 data, never from the private rows:

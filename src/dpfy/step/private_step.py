@@ -128,7 +128,7 @@ class PrivateStep:
         self.last_step_info: dict[str, Any] = {}
         self.params = dict(grads.named_params)
         self.covered = frozenset(id(p) for p in self.params.values())
-        self.groups = tuple(tuple(u.qualified(r) for r in u.params) for u in grads.units)
+        self.clip_groups = tuple(layer.param_names for layer in grads.layers)  # per layer
         self.sums: StepSums | None = None  # sensitive: the logical batch being summed
         self._logical = 0  # cursor.logical of that batch
 
@@ -311,7 +311,7 @@ class PrivateStep:
             # so ‖w_i g_i‖ = min(1, C/n_i)·n_i ≤ C up to rounding, checked in StepSums.add
             total=stacked_sum(list(sq.values()), next(iter(sq.values()))).sqrt(),
             per_parameter_sq=sq,
-            groups=self.groups,
+            clip_groups=self.clip_groups,
             indices=self.cursor.indices,
         )  # sensitive
         clip = method.clipping(state, norms, plan) if method is not None else None

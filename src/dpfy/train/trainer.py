@@ -384,7 +384,7 @@ def _individual_run(cfg: TrainConfig, model: nn.Module, data: DataSplits):
 
 def _group_lines(cfg: TrainConfig, private) -> str:
     """One line per privacy group: its budget and the ε it spent (individualized runs)."""
-    groups = private.optimizer.groups
+    groups = private.optimizer.privacy_groups
     spent = groups.epsilons(delta=cfg.delta, accountant=cfg.accountant)
     return "\n".join(
         f"dpfy train: group {p} ({g.size} examples): ε = {e:.3f} of budget {g.budget:g}"
@@ -469,7 +469,7 @@ def _finish(
     write_atomic(staging / "ledger.json", private.optimizer.ledger.to_json(indent=1) + "\n")
     save_norms(private.optimizer, staging)  # --individual-accounting: private, run dir only
     plot_accuracy(metrics.rows, staging / "accuracy.png", title=data.name)
-    groups = private.optimizer.groups
+    groups = private.optimizer.privacy_groups
     if groups is not None:  # individualized budgets: per-group table and ε over steps
         sections.append(groups.report_section(delta=cfg.delta, accountant=cfg.accountant))
         groups.plot(staging / "group_epsilon.png", delta=cfg.delta, accountant=cfg.accountant)

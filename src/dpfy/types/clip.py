@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -17,13 +18,25 @@ class Norms:
     """Per-example gradient norms of one physical batch. Sensitive: never leaves the step.
 
     ``per_parameter`` maps each trainable parameter name to ‖∂ℓ_i/∂θ_k‖² (B,);
-    ``total`` is ‖∂ℓ_i/∂θ‖ (B,); ``groups`` lists the parameter names of each clipping group.
+    ``total`` is ‖∂ℓ_i/∂θ‖ (B,); ``clip_groups`` lists the parameter names of each clipping
+    group (one per layer: per-layer thresholds clip each to its own C_k), not to be confused
+    with the privacy groups of individualized budgets (``DPOptimizer.privacy_groups``).
     """
 
     total: torch.Tensor  # (B,) sensitive
     per_parameter_sq: Mapping[str, torch.Tensor]  # name -> (B,) sensitive
-    groups: tuple[tuple[str, ...], ...]
+    clip_groups: tuple[tuple[str, ...], ...]
     indices: torch.Tensor | None = None  # (B,) dataset indices, public
+
+    @property
+    def groups(self) -> tuple[tuple[str, ...], ...]:
+        """Deprecated name of :attr:`clip_groups`."""
+        warnings.warn(
+            "Norms.groups is deprecated, got a read of the old name; use Norms.clip_groups",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.clip_groups
 
     def per_group(self) -> torch.Tensor:
         """‖g_ik‖ for each group k, (B, K). Sensitive."""
@@ -31,7 +44,7 @@ class Norms:
             torch.sqrt(
                 sum((self.per_parameter_sq[n] for n in g[1:]), start=self.per_parameter_sq[g[0]])
             )
-            for g in self.groups
+            for g in self.clip_groups
         ]
         return torch.stack(cols, dim=1) if cols else self.total.new_zeros(len(self.total), 0)
 

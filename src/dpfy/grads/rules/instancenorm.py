@@ -5,7 +5,7 @@ positions s, so per sample ∂ℓ_i/∂γ_c = r_{i,c} Σ_s g_{c,s} (x_{c,s} − 
 ∂ℓ_i/∂β_c = Σ_s g_{c,s}. Like GroupNorm with one channel per group, it never mixes samples.
 The per-sample gradients are (B, C), as small as their norms: always materialized.
 
-``track_running_stats=True`` is refused before this rule is reached (``grads.units.check_model``):
+``track_running_stats=True`` is refused before this rule is reached (``grads.layers.check_model``):
 the running statistics would learn from the raw data. An unbatched input (C, L) has no batch
 dimension for the engine to read and is not covered.
 """

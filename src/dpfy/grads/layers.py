@@ -1,20 +1,20 @@
-"""How a model is split into *units*, each handled by one route, and ``explain`` rows.
+"""How a model is split into *layers*, each handled by one route, and ``explain`` rows.
 
-A unit is a module with trainable parameters and one way to get its per-sample gradients:
+A layer is a module with trainable parameters and one way to get its per-sample gradients:
 
 - ``rule``: a registered layer rule (``grads/rules/``): ghost norm or materialized per-sample
   gradients from the activations and output gradients of the user's own backward pass, chosen per
   call by size;
 - ``vmap``: torch.func on the module's whole subtree (any module; one extra forward+backward).
 
-With ``route="vmap"`` the whole model is one vmap unit. Otherwise the model is walked top-down:
-a module with a rule becomes a rule unit; a module that owns trainable parameters directly but has
-no rule becomes a vmap unit covering its subtree (``route="auto"``) or is an error
-(``route="ghost"``). Every trainable parameter ends up in exactly one unit or we raise: no
+With ``route="vmap"`` the whole model is one vmap layer. Otherwise the model is walked top-down:
+a module with a rule becomes a rule layer; a module that owns trainable parameters directly but has
+no rule becomes a vmap layer covering its subtree (``route="auto"``) or is an error
+(``route="ghost"``). Every trainable parameter ends up in exactly one layer or we raise: no
 parameter is ever silently left out.
 
-A parameter used by several units (tied weights: GPT-2's ``lm_head`` and ``wte``) is *owned* by
-the unit at its canonical name (the one ``model.named_parameters()`` gives) and *shared* with the
+A parameter used by several layers (tied weights: GPT-2's ``lm_head`` and ``wte``) is *owned* by
+the layer at its canonical name (the one ``model.named_parameters()`` gives) and *shared* with the
 others: their calls contribute to its per-example gradient, which the engine sums over all uses
 before taking its norm.
 """
@@ -32,7 +32,7 @@ from dpfy.buffers import buffer_fix
 from dpfy.errors import PrivacyRefusal
 from dpfy.grads.rules import LayerRule, rule_for
 
-__all__ = ["Unit", "ROUTES", "build_units", "check_model"]
+__all__ = ["Layer", "ROUTES", "build_layers", "check_model"]
 
 # The routes a GradEngine may be restricted to: "auto" (each layer by its rule, vmap where it has
 # none), "ghost" (rules only: ghost norm or per-sample gradients, chosen per call by size),
@@ -41,7 +41,7 @@ ROUTES = ("auto", "ghost", "vmap")
 
 
 @dataclass
-class Unit:
+class Layer:
     """One module and the route that yields its parameters' per-sample gradients."""
 
     name: str  # qualified module name ("" for the root)
@@ -59,19 +59,24 @@ class Unit:
 
     @property
     def label(self) -> str:
-        """The unit as error messages name it: ``layer 'name' (Type)``."""
+        """The layer as error messages name it: ``layer 'name' (Type)``."""
         return f"layer {self.name or '(root)'!r} ({type(self.module).__name__})"
 
     def takes_ghost(self, a: Any, g: Any) -> bool:
-        """Whether a rule unit's call on input ``a`` with output gradient ``g`` takes the ghost
+        """Whether a rule layer's call on input ``a`` with output gradient ``g`` takes the ghost
         route (a norm without per-sample gradients; the rule decides by size)."""
-        assert self.rule is not None, "takes_ghost is asked of rule units only"
+        assert self.rule is not None, "takes_ghost is asked of rule layers only"
         return self.rule.has_ghost and self.rule.prefers_ghost(self.module, a, g)
 
     @property
     def all_params(self) -> dict[str, nn.Parameter]:
         """The parameters its calls differentiate: its own and the tied ones it shares."""
         return {**self.params, **self.shared} if self.shared else self.params
+
+    @property
+    def param_names(self) -> tuple[str, ...]:
+        """The model-level names of the parameters it owns: its per-layer clipping group."""
+        return tuple(self.qualified(rel) for rel in self.params)
 
     def qualified(self, rel: str) -> str:
         """The model-level name of a parameter (the owner's name for a tied one)."""
@@ -126,21 +131,21 @@ def check_model(model: nn.Module) -> None:
             )
 
 
-def build_units(model: nn.Module, route: str, trainable: set[int]) -> list[Unit]:
-    """Split ``model`` into units (see module docstring); raise for uncovered parameters."""
+def build_layers(model: nn.Module, route: str, trainable: set[int]) -> list[Layer]:
+    """Split ``model`` into layers (see module docstring); raise for uncovered parameters."""
     require(route in ROUTES, "route", route, f"one of {list(ROUTES)}")
     check_model(model)
     if route == "vmap":
         params = {n: p for n, p in model.named_parameters() if id(p) in trainable}
-        return [Unit("", model, None, params)] if params else []
-    units: list[Unit] = []
+        return [Layer("", model, None, params)] if params else []
+    layers: list[Layer] = []
 
     def visit(m: nn.Module, name: str) -> None:
         own = {n: p for n, p in m.named_parameters(recurse=False) if id(p) in trainable}
         rule = rule_for(m)
         if rule is not None:
             if own:
-                units.append(Unit(name, m, rule, own))
+                layers.append(Layer(name, m, rule, own))
             return
         if own:
             if route == "ghost":
@@ -150,16 +155,16 @@ def build_units(model: nn.Module, route: str, trainable: set[int]) -> list[Unit]
                     f"rule. Use route='auto' (vmap for that module only) or register a rule "
                     f"with dpfy.grads.register_rule"
                 )
-            units.append(
-                Unit(name, m, None, {n: p for n, p in m.named_parameters() if id(p) in trainable})
+            layers.append(
+                Layer(name, m, None, {n: p for n, p in m.named_parameters() if id(p) in trainable})
             )
             return
         for child_name, child in m.named_children():
             visit(child, f"{name}.{child_name}" if name else child_name)
 
     visit(model, "")
-    _tie(model, units)
-    covered = {id(p) for u in units for p in u.params.values()}
+    _tie(model, layers)
+    covered = {id(p) for layer in layers for p in layer.params.values()}
     missing = [
         n for n, p in model.named_parameters() if id(p) in trainable and id(p) not in covered
     ]
@@ -167,29 +172,29 @@ def build_units(model: nn.Module, route: str, trainable: set[int]) -> list[Unit]
         not missing,
         "every trainable parameter",
         missing,
-        "covered by a unit",
-        "This is a bug in dpfy's unit builder; please report it",
+        "covered by a layer",
+        "This is a bug in dpfy's layer builder; please report it",
     )
-    return units
+    return layers
 
 
-def _tie(model: nn.Module, units: list[Unit]) -> None:
-    """Give each parameter used by several units one owner; the others share it (see above).
+def _tie(model: nn.Module, layers: list[Layer]) -> None:
+    """Give each parameter used by several layers one owner; the others share it (see above).
 
-    The owner is the unit at the parameter's canonical name (the first ``named_parameters``
-    path), else the first unit that uses it.
+    The owner is the layer at the parameter's canonical name (the first ``named_parameters``
+    path), else the first layer that uses it.
     """
     canonical = {id(p): n for n, p in model.named_parameters()}
-    users: dict[int, list[tuple[Unit, str]]] = {}
-    for u in units:
-        for rel, p in u.params.items():
-            users.setdefault(id(p), []).append((u, rel))
+    users: dict[int, list[tuple[Layer, str]]] = {}
+    for layer in layers:
+        for rel, p in layer.params.items():
+            users.setdefault(id(p), []).append((layer, rel))
     for pid, uses in users.items():
         if len(uses) < 2:
             continue
         name = canonical[pid]
-        owner = next((k for k, (u, rel) in enumerate(uses) if u.qualified(rel) == name), 0)
-        for k, (u, rel) in enumerate(uses):
+        owner = next((k for k, (layer, rel) in enumerate(uses) if layer.qualified(rel) == name), 0)
+        for k, (layer, rel) in enumerate(uses):
             if k != owner:
-                u.shared[rel] = u.params.pop(rel)
-                u.tied[rel] = uses[owner][0].qualified(uses[owner][1])
+                layer.shared[rel] = layer.params.pop(rel)
+                layer.tied[rel] = uses[owner][0].qualified(uses[owner][1])
