@@ -120,13 +120,28 @@ PARAMETER_FIX = (
 )
 
 
+_Tensor = torch.Tensor
+# the attributes every Module has (hook tables, ``training``, ``_parameters``, ...): the scan
+# for tensor attributes skips a module that has no other (ReLU, Flatten, Sequential)
+_MODULE_INTERNALS = frozenset(vars(nn.Module()))
+# a module's attribute names (in order) -> those not in _MODULE_INTERNALS, in order
+_OWN_NAMES: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+
 def _watched(m: nn.Module, params: bool = True) -> list[tuple[str, torch.Tensor | None]]:
     """``m``'s own buffers, tensor attributes (a tensor assigned to ``self.x`` that is neither
     a parameter nor a buffer: saved with ``torch.save(model)`` and read by later forwards all
     the same) and (``params``) parameters (lazy parameters, still to be shaped by their first
     forward, are skipped: they hold no value yet)."""
     state = list(m._buffers.items())
-    state += [(n, t) for n, t in vars(m).items() if isinstance(t, torch.Tensor)]
+    attrs = vars(m)
+    names = tuple(attrs)
+    own = _OWN_NAMES.get(names)
+    if own is None:
+        if len(_OWN_NAMES) > 4096:
+            _OWN_NAMES.clear()
+        own = _OWN_NAMES[names] = tuple(n for n in names if n not in _MODULE_INTERNALS)
+    state += [(n, t) for n in own if isinstance(t := attrs[n], _Tensor)]
     if not params:
         return state
     return [*state, *((n, p) for n, p in m._parameters.items() if p is None or not is_lazy(p))]
@@ -196,22 +211,26 @@ def _param_marks(
     parameter has no version counter or storage (then the full snapshot is used). ``views``:
     the caller's cache of integer views (:func:`_cached_sum`)."""
     try:
-        params = [
-            ((k, n), p)
-            for k, (_, m) in enumerate(owners)
-            for n, p in m._parameters.items()
-            if p is not None and not is_lazy(p)
-        ]
-        marks = {key: (id(p), p._version, p.data_ptr()) for key, p in params}
-        devices = {p.device for _, p in params}
+        marks: dict[tuple[int, str], tuple[int, int, int]] = {}
+        sums: list[torch.Tensor] | None = []
         cache: ViewCache = {} if views is None else views
-        prints = (
-            torch.stack([_cached_sum(p, key, cache) for key, p in params])
-            if params and len(devices) == 1
-            else None
-        )  # several devices: marks only
-        if views is not None and len(views) > len(params):  # parameters were removed
-            for gone in set(views) - {key for key, _ in params}:
+        device = None
+        for k, (_, m) in enumerate(owners):
+            for n, p in m._parameters.items():
+                if p is None or is_lazy(p):
+                    continue
+                key = (k, n)
+                marks[key] = (id(p), p._version, p.data_ptr())
+                if sums is not None:
+                    device = p.device if device is None else device
+                    # several devices: marks only
+                    if p.device == device:
+                        sums.append(_cached_sum(p, key, cache))
+                    else:
+                        sums = None
+        prints = torch.stack(sums) if sums else None
+        if views is not None and len(views) > len(marks):  # parameters were removed
+            for gone in set(views) - set(marks):
                 del views[gone]
         return marks, prints
     except (RuntimeError, KeyError):
