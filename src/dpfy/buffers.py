@@ -43,7 +43,9 @@ How changes are seen:
   bit for bit with a copy at every checked forward (they are small: statistics, masks, position
   tables); parameters bit for bit at the model's first training forward, and after it by a
   fingerprint (the sum of their bits read as integers, one read and no copy, all parameters
-  compared with one device sync), which any ordinary write changes.
+  compared with one device sync; on a device, where the private step reads them, the
+  comparisons stay there as flags read with the step's sensitivity check: dpfy._deferred),
+  which any ordinary write changes.
 
 Not watched: Python values that are not tensors (a step counter), tensors inside lists or dicts
 held by a module, and changes made outside the window from a training forward to its step (an
@@ -476,7 +478,10 @@ class _Watch:
         """What changed since the snapshot ``before`` (and the parameters' ``marks``; ``now``:
         their marks at present, when already taken)."""
         params = marks is None  # the snapshot holds the parameters too
-        pending = self.guard.pending if self.guard.defer and not self.guard.collect else None
+        # deferred where the step reads the flags; not inside torch.compile, whose graph would
+        # hold the comparisons (its refusal names the backend: compiled_refusal)
+        deferring = self.guard.defer and not self.guard.collect and not inside_torch_compile()
+        pending = self.guard.pending if deferring else None
         changes, matched = [], 0
         for k, (_, m) in enumerate(self.owners):
             for name, tensor in _watched(m, params):
