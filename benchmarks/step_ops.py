@@ -5,7 +5,8 @@
 
 What it counts: every aten op that reaches the dispatcher (a ``TorchDispatchMode``; an op a
 kernel calls internally is not seen, as a fused kernel's work is one launch), and every host
-read: ``aten::_local_scalar_dense`` (``.item()``, ``float(t)``, ``bool(t)``, ``is_nonzero``)
+read: ``aten::_local_scalar_dense`` (``.item()``, ``float(t)``, ``bool(t)``, ``is_nonzero``),
+``aten::equal`` (``torch.equal``: a Python bool, computed on the device and read back on CUDA)
 plus ``Tensor.tolist()`` (which reads memory without dispatching on the CPU). On a GPU each
 dispatched op is about one kernel launch and each host read a device synchronization, so the
 counts say how launch-bound a step is without a GPU.
@@ -15,9 +16,11 @@ CUDA is (1) noise drawn by the torch generator on the tensor's device
 (``NoiseSource._on_device``) instead of the compiled host sampler, with the device generators'
 batch of blocks per call at its accelerator size (``device_gaussian._blocks_per_call``: 8192,
 not the CPU's 64), (2) the Linear rule's ghost norm by torch ops instead of the compiled CPU
-kernel (``fused_ghost_available``) and (3) no embedding-rule shortcut that reads the ids on the
-host. All are set to their CUDA choice for the dpfy rows (``dpfy.grads.rules.base.
-FORCE_DEVICE_PATH`` for (2) and (3); at 4ffc2ac, which lacks it, (2) is patched directly).
+kernel (``fused_ghost_available``), (3) no embedding-rule shortcut that reads the ids on the
+host and (4) the model-state guard's value comparisons left on the device for the step's read
+(``dpfy._deferred.FORCE_ON_CPU``; before it, a ``torch.equal`` each). All are set to their CUDA
+choice for the dpfy rows (``dpfy.grads.rules.base.FORCE_DEVICE_PATH`` for (2) and (3); at
+4ffc2ac, which lacks it, (2) is patched directly).
 
 Rows: non-private (SGD with ``foreach=True``, torch's default on CUDA; every row uses it); dpfy
 ``seed=0`` (reproducible noise) and ``seed=None`` (secure ChaCha20 noise, the default), both
@@ -66,7 +69,10 @@ from _smoke import HELP, require, size  # noqa: E402
 from _machine import cpu_name
 
 SIGMA, CLIP, LR = 1.0, 1.0, 0.01
-HOST_READS = {"_local_scalar_dense"}
+# ops that read a device value on the host (on a GPU: wait for the device). ``equal`` returns a
+# Python bool (CUDA computes it on the device and reads it back); ``is_nonzero``, ``item`` and
+# ``allclose`` reach the dispatcher only when not decomposed into ``_local_scalar_dense``
+HOST_READS = {"_local_scalar_dense", "equal", "is_nonzero", "item", "allclose"}
 
 
 # ops that launch no kernel on a GPU: views, aliases, allocations, profiler marks
@@ -138,6 +144,12 @@ def force_device_path(fused_noise: bool = False) -> Iterator[None]:
 
     forced = getattr(base, "FORCE_DEVICE_PATH", None)  # absent before the glue cut
     base.FORCE_DEVICE_PATH = True  # type: ignore[attr-defined]
+    try:
+        from dpfy import _deferred
+    except ImportError:  # before the guard's comparisons were deferred
+        _deferred = None  # type: ignore[assignment]
+    if _deferred is not None:
+        _deferred.FORCE_ON_CPU = True
     saved = (NoiseSource._on_device, NoiseSource._device_stream, linear.fused_ghost_available)
     blocks = device_gaussian._blocks_per_call
     device_gaussian._blocks_per_call = lambda device: 8192  # the accelerator's batch of blocks
@@ -149,6 +161,8 @@ def force_device_path(fused_noise: bool = False) -> Iterator[None]:
         yield
     finally:
         base.FORCE_DEVICE_PATH = forced  # type: ignore[attr-defined]
+        if _deferred is not None:
+            _deferred.FORCE_ON_CPU = False
         device_gaussian._blocks_per_call = blocks
         (NoiseSource._on_device, NoiseSource._device_stream, linear.fused_ghost_available) = saved  # type: ignore[assignment]
 

@@ -43,7 +43,9 @@ How changes are seen:
   bit for bit with a copy at every checked forward (they are small: statistics, masks, position
   tables); parameters bit for bit at the model's first training forward, and after it by a
   fingerprint (the sum of their bits read as integers, one read and no copy, all parameters
-  compared with one device sync), which any ordinary write changes.
+  compared with one device sync; on a device, where the private step reads them, the
+  comparisons stay there as flags read with the step's sensitivity check: dpfy._deferred),
+  which any ordinary write changes.
 
 Not watched: Python values that are not tensors (a step counter), tensors inside lists or dicts
 held by a module, and changes made outside the window from a training forward to its step (an
@@ -65,14 +67,16 @@ from __future__ import annotations
 import sys
 import weakref
 from dataclasses import dataclass
+from functools import partial
 from collections import OrderedDict
-from typing import Any, NamedTuple, cast
+from typing import Any, Callable, NamedTuple, cast
 
 import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 from torch.utils.hooks import RemovableHandle
 
+from dpfy._deferred import Explain, PendingChecks
 from dpfy._hooks import OwnHook
 from dpfy.errors import PrivacyRefusal
 
@@ -118,13 +122,28 @@ PARAMETER_FIX = (
 )
 
 
+_Tensor = torch.Tensor
+# the attributes every Module has (hook tables, ``training``, ``_parameters``, ...): the scan
+# for tensor attributes skips a module that has no other (ReLU, Flatten, Sequential)
+_MODULE_INTERNALS = frozenset(vars(nn.Module()))
+# a module's attribute names (in order) -> those not in _MODULE_INTERNALS, in order
+_OWN_NAMES: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+
 def _watched(m: nn.Module, params: bool = True) -> list[tuple[str, torch.Tensor | None]]:
     """``m``'s own buffers, tensor attributes (a tensor assigned to ``self.x`` that is neither
     a parameter nor a buffer: saved with ``torch.save(model)`` and read by later forwards all
     the same) and (``params``) parameters (lazy parameters, still to be shaped by their first
     forward, are skipped: they hold no value yet)."""
     state = list(m._buffers.items())
-    state += [(n, t) for n, t in vars(m).items() if isinstance(t, torch.Tensor)]
+    attrs = vars(m)
+    names = tuple(attrs)
+    own = _OWN_NAMES.get(names)
+    if own is None:
+        if len(_OWN_NAMES) > 4096:
+            _OWN_NAMES.clear()
+        own = _OWN_NAMES[names] = tuple(n for n in names if n not in _MODULE_INTERNALS)
+    state += [(n, t) for n in own if isinstance(t := attrs[n], _Tensor)]
     if not params:
         return state
     return [*state, *((n, p) for n, p in m._parameters.items() if p is None or not is_lazy(p))]
@@ -194,30 +213,42 @@ def _param_marks(
     parameter has no version counter or storage (then the full snapshot is used). ``views``:
     the caller's cache of integer views (:func:`_cached_sum`)."""
     try:
-        params = [
-            ((k, n), p)
-            for k, (_, m) in enumerate(owners)
-            for n, p in m._parameters.items()
-            if p is not None and not is_lazy(p)
-        ]
-        marks = {key: (id(p), p._version, p.data_ptr()) for key, p in params}
-        devices = {p.device for _, p in params}
+        marks: dict[tuple[int, str], tuple[int, int, int]] = {}
+        sums: list[torch.Tensor] | None = []
         cache: ViewCache = {} if views is None else views
-        prints = (
-            torch.stack([_cached_sum(p, key, cache) for key, p in params])
-            if params and len(devices) == 1
-            else None
-        )  # several devices: marks only
-        if views is not None and len(views) > len(params):  # parameters were removed
-            for gone in set(views) - {key for key, _ in params}:
+        device = None
+        for k, (_, m) in enumerate(owners):
+            for n, p in m._parameters.items():
+                if p is None or is_lazy(p):
+                    continue
+                key = (k, n)
+                marks[key] = (id(p), p._version, p.data_ptr())
+                if sums is not None:
+                    device = p.device if device is None else device
+                    # several devices: marks only
+                    if p.device == device:
+                        sums.append(_cached_sum(p, key, cache))
+                    else:
+                        sums = None
+        prints = torch.stack(sums) if sums else None
+        if views is not None and len(views) > len(marks):  # parameters were removed
+            for gone in set(views) - set(marks):
                 del views[gone]
         return marks, prints
     except (RuntimeError, KeyError):
         return None
 
 
-def _marks_changed(before: Marks, now: Marks) -> list[tuple[tuple[int, str], str]]:
-    """Which parameters changed between two :func:`_param_marks`, and how."""
+VALUES = "given new values without a version bump (.data or a native kernel)"
+Defer = Callable[[torch.Tensor, Explain], None]
+
+
+def _marks_changed(
+    before: Marks, now: Marks, defer: Defer | None = None
+) -> list[tuple[tuple[int, str], str]]:
+    """Which parameters changed between two :func:`_param_marks`, and how. ``defer``: the
+    fingerprints are compared on their device, the mismatch handed to it with how to explain
+    it (no host read here: see :mod:`dpfy._deferred`)."""
     (was, was_prints), (is_, is_prints) = before, now
     out = [(key, "registered during the forward") for key in is_ if key not in was]
     for key, (ident, version, ptr) in was.items():
@@ -235,17 +266,13 @@ def _marks_changed(before: Marks, now: Marks) -> list[tuple[tuple[int, str], str
         )
         if how is not None:
             out.append((key, how))
-    if (
-        not out
-        and was_prints is not None
-        and is_prints is not None
-        and not torch.equal(was_prints, is_prints)
-    ):
+    if not out and was_prints is not None and is_prints is not None:
         keys = list(was)
-        out = [
-            (keys[i], "given new values without a version bump (.data or a native kernel)")
-            for i in (was_prints != is_prints).nonzero().flatten().tolist()
-        ]
+        if defer is not None and PendingChecks.applies(is_prints):
+            defer(was_prints != is_prints, lambda f: [(k, VALUES) for k, x in zip(keys, f) if x])
+        elif not torch.equal(was_prints, is_prints):
+            ne = (was_prints != is_prints).nonzero().flatten().tolist()
+            out = [(keys[i], VALUES) for i in ne]
     return out
 
 
@@ -288,8 +315,11 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.detach().reshape(-1).contiguous().view(torch.uint8)
 
 
-def _how_changed(before: _Seen | None, now: torch.Tensor | None) -> str | None:
-    """What happened during a forward to a buffer present after it, or None if nothing did."""
+def _how_changed(
+    before: _Seen | None, now: torch.Tensor | None, defer: bool = False
+) -> str | torch.Tensor | None:
+    """What happened during a forward to a buffer present after it, or None if nothing did
+    (``defer``: the values' comparison as a (1,) bool tensor on their device, no host read)."""
     if before is None:
         return "registered during the forward"
     if now is not before.tensor:
@@ -298,17 +328,13 @@ def _how_changed(before: _Seen | None, now: torch.Tensor | None) -> str | None:
         return "modified in place"
     if _ptr(now) != before.ptr:
         return "given new storage (.data assignment)"
-    if (
-        before.copy is not None
-        and now is not None
-        and (
-            now.shape != before.copy.shape
-            or now.dtype != before.copy.dtype
-            or not torch.equal(_bits(now), _bits(before.copy))
-        )
-    ):
-        return "given new values without a version bump (.data or a native kernel)"
-    return None
+    if before.copy is None or now is None:
+        return None
+    if now.shape != before.copy.shape or now.dtype != before.copy.dtype:
+        return VALUES
+    if defer and PendingChecks.applies(now):
+        return (_bits(now) != _bits(before.copy)).any().reshape(1)
+    return None if torch.equal(_bits(now), _bits(before.copy)) else VALUES
 
 
 @dataclass(frozen=True)
@@ -410,6 +436,10 @@ class _Watch:
             owner_name, type(m).__name__, name, how, fix or buffer_fix(m), kind, after
         )
 
+    def values_changed(self, k: int, name: str, after: bool, flags: list[bool]) -> list[Any]:
+        """The change a deferred comparison of one tensor's values found (dpfy._deferred)."""
+        return [self.change(k, name, VALUES, after)]
+
     def pre(self, module: nn.Module) -> None:
         if not is_training_forward(module):
             self.stack.append(None)
@@ -448,13 +478,20 @@ class _Watch:
         """What changed since the snapshot ``before`` (and the parameters' ``marks``; ``now``:
         their marks at present, when already taken)."""
         params = marks is None  # the snapshot holds the parameters too
+        # deferred where the step reads the flags; not inside torch.compile, whose graph would
+        # hold the comparisons (its refusal names the backend: compiled_refusal)
+        deferring = self.guard.defer and not self.guard.collect and not inside_torch_compile()
+        pending = self.guard.pending if deferring else None
         changes, matched = [], 0
         for k, (_, m) in enumerate(self.owners):
             for name, tensor in _watched(m, params):
                 seen = before.get((k, name))
                 matched += seen is not None
-                how = _how_changed(seen, tensor)
-                if how is not None:
+                how = _how_changed(seen, tensor, pending is not None)
+                if isinstance(how, torch.Tensor):  # compared on the device: read by the step
+                    assert pending is not None, "deferred only with a pending list"
+                    pending.add(how, partial(self.values_changed, k, name, after))
+                elif how is not None:
                     changes.append(self.change(k, name, how, after))
         if matched != len(before):  # some buffer that was there is gone
             changes += [
@@ -467,9 +504,18 @@ class _Watch:
                 {},
                 None,
             )
+            defer = None
+            if pending is not None:
+
+                def defer(mismatch: torch.Tensor, explain: Explain) -> None:
+                    pending.add(
+                        mismatch,
+                        lambda f: [self.change(k, n, how, after) for (k, n), how in explain(f)],
+                    )
+
             changes += [
                 self.change(k, name, how, after)
-                for (k, name), how in _marks_changed(marks, now_marks)
+                for (k, name), how in _marks_changed(marks, now_marks, defer)
             ]
         return changes
 
@@ -488,6 +534,10 @@ class BufferGuard:
       collect: instead of raising :class:`dpfy.errors.PrivacyRefusal`, append each change to
         ``guard.problems`` (a :class:`BufferChange`, printable as one line); used by
         ``dpfy.validate(model, example_input=...)``.
+
+    ``guard.defer = True`` (set by the private step, which reads ``guard.pending`` before
+    every release): value comparisons on a device are left there as flags, refused when read
+    (:mod:`dpfy._deferred`), instead of one device synchronization each.
     """
 
     def __init__(self, model: nn.Module, *, collect: bool = False) -> None:
@@ -497,11 +547,17 @@ class BufferGuard:
         self.collect = collect
         self.problems: list[BufferChange] = []
         self.raised: PrivacyRefusal | None = None  # the last refusal (outer hooks let it pass)
+        self.defer = False  # see the class docstring
+        self.pending = PendingChecks(self._refuse)
         self._handles: list[RemovableHandle] = []
         modules = list(model.named_modules())
         self.settled: tuple[dict[tuple[int, str], _Seen], Marks | None] | None = None
         self._root: _Watch | None = None
         self._hook(model, modules, root=True)  # the whole tree, seen from the root's forward
+        # a deferred comparison is read before the state is saved (dpfy._deferred)
+        self._handles.append(
+            model.register_state_dict_pre_hook(OwnHook(lambda *a: self.pending.flush()))
+        )
         for name, m in modules:
             if m is not model and any(True for _ in m.named_buffers(recurse=False)):
                 self._hook(m, [(name, m)])

@@ -2,8 +2,11 @@
 
 With the rules' device path forced (``dpfy.grads.rules.base.FORCE_DEVICE_PATH``: what a GPU
 takes), a steady-state training step reads the host at most twice beyond what the model's own
-forward does: once for the sensitivity check before the release (``check_bound``) and once for
-the debug statistic ``mean_grad_norm_nonprivate``. Counts, not times.
+forward does: once for the sensitivity check before the release (``check_bound``, which also
+reads the model-state guard's comparisons left on the device: ``dpfy._deferred``) and once for
+the debug statistic ``mean_grad_norm_nonprivate``. Counts, not times. A host read is
+``aten::_local_scalar_dense`` (item, float, bool), ``aten::equal`` (``torch.equal`` answers a
+Python bool: on CUDA it waits for the device) or ``Tensor.tolist``.
 """
 
 from __future__ import annotations
@@ -16,21 +19,37 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
+from dpfy import _deferred
 from dpfy.grads.rules import base
 from dpfy.noise import NoiseSource
 
 
 class _Reads(TorchDispatchMode):
-    """Counts host reads (``aten::_local_scalar_dense``: item, float, bool) while active."""
+    """Counts host reads (see the module docstring) while active."""
 
     def __init__(self) -> None:
         super().__init__()
         self.reads = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket.__name__ == "_local_scalar_dense":
+        if func.overloadpacket.__name__ in ("_local_scalar_dense", "equal"):
             self.reads += 1
         return func(*args, **(kwargs or {}))
+
+    def __enter__(self):
+        tolist, counter = torch.Tensor.tolist, self
+
+        def counted(t):  # reads memory without a dispatch on the CPU
+            counter.reads += 1
+            return tolist(t)
+
+        self._tolist = tolist
+        torch.Tensor.tolist = counted
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.Tensor.tolist = self._tolist
+        return super().__exit__(*exc)
 
 
 class _Tagger(nn.Module):
@@ -78,10 +97,12 @@ def _run(steps: int = 3):
 
 def test_a_steady_step_on_the_device_path_reads_the_host_at_most_twice(monkeypatch):
     monkeypatch.setattr(base, "FORCE_DEVICE_PATH", True, raising=False)
+    monkeypatch.setattr(_deferred, "FORCE_ON_CPU", True)
     opt, reads = _run()
     assert opt.step_count == 3
-    # steady state (the first step also checks the loss contract): the sensitivity check and
-    # the debug statistic, nothing per layer or per parameter
+    # steady state (the first step also checks the loss contract): the sensitivity check with
+    # the guard's comparisons (before: one torch.equal after the forward, one at the step)
+    # and the debug statistic, nothing per layer or per parameter
     assert reads[1:] == [2, 2]
 
 

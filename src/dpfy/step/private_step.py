@@ -273,6 +273,7 @@ class PrivateStep:
         plan, method, state = sums.plan, self.method, self.method_state
         state_guard = guard_of(self.model)
         if state_guard is not None:  # the model's state as the forward left it (buffers.py)
+            state_guard.defer = True  # its comparisons on a device: read in check_bound
             state_guard.check_settled()
         unit_of_row = self.sampler.units_of(self.cursor.indices)  # None: each row is a unit
         scale = None  # (U,) what a unit's gradient sum is multiplied by before clipping
@@ -342,7 +343,15 @@ class PrivateStep:
         if self.individual is not None:
             assert self.cursor.indices is not None, "a batch is being accumulated"
             fractions = self.individual.clip_fractions(self.cursor.indices)
-        sums.add(weighted_sums, norms, clip, values, owner, clip_fractions=fractions)
+        sums.add(
+            weighted_sums,
+            norms,
+            clip,
+            values,
+            owner,
+            clip_fractions=fractions,
+            pending=state_guard.pending if state_guard is not None else None,
+        )
         self.grads.clear()
         if state_guard is not None:
             state_guard.forget_settled()  # the loss probes' forwards are the step's own

@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from dpfy._deferred import PendingChecks
 from dpfy._require import require
 from dpfy.errors import PrivacyRefusal
 from dpfy.noise import NoiseSource
@@ -37,14 +38,35 @@ WeightedSums = Callable[[WeightSets], WeightSets]
 _SLACK = 1e-5
 
 
-def check_bound(sq_contrib: torch.Tensor, bound: float, *, what: str, owner: str) -> None:
+def check_bound(
+    sq_contrib: torch.Tensor,
+    bound: float,
+    *,
+    what: str,
+    owner: str,
+    pending: PendingChecks | None = None,
+) -> None:
     """Refuse unless every example's contribution has L2 norm ≤ ``bound``.
 
-    ``sq_contrib`` is ‖contribution_i‖², (B,), sensitive. Costs one max over B values.
+    ``sq_contrib`` is ‖contribution_i‖², (B,), sensitive. Costs one max over B values and one
+    host read, which also reads ``pending`` (the model-state guard's comparisons left on the
+    device, :mod:`dpfy._deferred`) and refuses a change they found first.
     """
-    if sq_contrib.numel() == 0:
-        return
-    worst = float(sq_contrib.max().sqrt())
+    flags = pending.tensors() if pending is not None else []
+    if sq_contrib.numel() == 0 or any(f.device != sq_contrib.device for f in flags):
+        if pending is not None:
+            pending.flush()
+        if sq_contrib.numel() == 0:
+            return
+        flags = []
+    top = sq_contrib.max().sqrt()
+    if flags:
+        assert pending is not None, "flags come from pending"
+        read = torch.cat([top.reshape(1), *flags]).tolist()  # one host read for both
+        pending.settle(read[1:])
+        worst = float(read[0])
+    else:
+        worst = float(top)
     if not math.isfinite(worst):
         raise PrivacyRefusal(
             f"{what} got an example's contribution of norm {worst} from {owner}: the "
@@ -87,6 +109,7 @@ class StepSums:
         values: Mapping[str, torch.Tensor],
         owner: str,
         clip_fractions: torch.Tensor | None = None,
+        pending: PendingChecks | None = None,
     ) -> None:
         """Add one physical batch: check every bound, then form and add the weighted sums.
 
@@ -94,6 +117,7 @@ class StepSums:
         (the engine's book-keeping, or a contraction of materialized per-sample gradients).
         ``clip_fractions`` (B,), public: each example's share f_i of Δ under individualized
         thresholds; its contribution is then checked against f_i·Δ (its group's sensitivity).
+        ``pending``: the model-state guard's comparisons, read with the first bound's check.
         """
         names = list(norms.per_parameter_sq)
         w = clip.weights
@@ -124,6 +148,7 @@ class StepSums:
             clip.sensitivity,
             what="the clipped gradient sum",
             owner=owner,
+            pending=pending,
         )
         if clip_fractions is not None and names:  # ‖w_i g_i‖ ≤ f_i·Δ ⇔ ‖w_i g_i‖/f_i ≤ Δ
             check_bound(
