@@ -573,7 +573,7 @@ class TrainConfig(BatchNormFields):
         )
         if self.budgets is not None:
             assert self.budget_fractions is not None, "required with budgets above"
-            from dpfy.privacy.individual import check_groups
+            from dpfy.privacy.individual_budgets import check_groups
 
             check_groups(
                 parse_floats(self.budgets, "budgets"),
