@@ -15,7 +15,6 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "dpfy"
 
 # path relative to src/dpfy -> the most lines it may have until it is split
 OVER_THE_LIMIT = {
-    "train/config.py": 807,
     "privacy/report.py": 798,
     "buffers.py": 591,
     "train/trainer.py": 530,
