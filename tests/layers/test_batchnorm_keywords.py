@@ -15,51 +15,24 @@ What must hold:
 from __future__ import annotations
 
 import json
-import warnings
 
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
-import dpfy
 from dpfy.errors import PrivacyRefusal
 from dpfy.layers.batchnorm_setup import attach_privatized_statistics
 from dpfy.layers.privatized_batchnorm import PrivatizedBatchNorm, privatized_batchnorm
 from dpfy.layers.public_batchnorm import PublicBatchNorm
+from layers.bn_cases import bn_cnn, make_private_quiet, train
 
 A = 2.0  # the declared activation bound
 X = torch.randn(60, 1, 6, 6)
 Y = torch.arange(60) % 3
 
 
-def bn_cnn() -> nn.Module:
-    return nn.Sequential(
-        nn.Conv2d(1, 4, 3, padding=1),
-        nn.BatchNorm2d(4),
-        nn.ReLU(),
-        nn.Flatten(),
-        nn.Linear(4 * 6 * 6, 8),
-        nn.BatchNorm1d(8),
-        nn.Tanh(),
-        nn.Linear(8, 3),
-    )
-
-
 def _private(model: nn.Module, **kw):
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    loader = DataLoader(TensorDataset(X, Y), batch_size=20)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the seed warning
-        return dpfy.make_private(model, opt, loader, seed=0, **kw)
-
-
-def _train(model, opt, loader, epochs=1):
-    for _ in range(epochs):
-        for xb, yb in loader:
-            nn.functional.cross_entropy(model(xb), yb).backward()
-            opt.step()
-            opt.zero_grad()
+    return make_private_quiet(model, X, Y, seed=0, **kw)
 
 
 RUNS = [
@@ -76,7 +49,7 @@ def test_the_keyword_form_is_the_two_call_form(run, bn):
     stats = privatized_batchnorm(by_hand, bound=A, **bn)
     model_h, opt_h, loader_h = _private(by_hand, **run)
     attach_privatized_statistics(stats, opt_h, calibrated="target_epsilon" in run)
-    _train(model_h, opt_h, loader_h, epochs=2)
+    train(model_h, opt_h, loader_h, epochs=2)
 
     torch.manual_seed(0)
     keywords = {f"bn_{k}": v for k, v in bn.items()}
@@ -84,7 +57,7 @@ def test_the_keyword_form_is_the_two_call_form(run, bn):
         bn_cnn(), batchnorm="privatized", bn_bound=A, **keywords, **run
     )
     assert any(isinstance(m, PrivatizedBatchNorm) for m in model_k.modules())
-    _train(model_k, opt_k, loader_k, epochs=2)
+    train(model_k, opt_k, loader_k, epochs=2)
 
     assert len(opt_k.ledger) == len(opt_h.ledger) == 2 * len(loader_k)
     assert opt_k.ledger.groups == opt_h.ledger.groups  # the same releases at the same σ
@@ -155,7 +128,7 @@ def test_microbatches_of_one_are_per_example_clipping_and_admitted():
         clipping="microbatch",
         microbatch_size=1,
     )
-    _train(opt.private_step.model, opt, loader)
+    train(opt.private_step.model, opt, loader)
     assert len(opt.ledger.groups[0].releases) == 5
 
 
@@ -178,6 +151,6 @@ def test_public_statistics_by_keyword_name_their_data():
         noise_multiplier=1.0,
     )
     assert isinstance(model[1], PublicBatchNorm)
-    _train(model, opt, loader)
+    train(model, opt, loader)
     assert opt.spec.batchnorm.public_data == "forty random images"
     assert [r.mechanism for r in opt.ledger.groups[0].releases] == ["gradient"]

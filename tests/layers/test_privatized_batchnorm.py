@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import copy
 import math
-import warnings
 
 import dp_accounting
 import pytest
 import torch
 from dp_accounting import rdp as dp_rdp
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
 import oracles
@@ -37,23 +35,11 @@ from dpfy.layers.batchnorm_setup import (
     split_noise_multiplier,
 )
 from dpfy.layers.privatized_batchnorm import PrivatizedBatchNorm, privatized_batchnorm
+from layers.bn_cases import bn_cnn, make_private_quiet, train
 
 A = 2.0  # the declared activation bound of these tests
 X = torch.randn(60, 1, 6, 6)
 Y = torch.arange(60) % 3
-
-
-def bn_cnn() -> nn.Module:
-    return nn.Sequential(
-        nn.Conv2d(1, 4, 3, padding=1),
-        nn.BatchNorm2d(4),
-        nn.ReLU(),
-        nn.Flatten(),
-        nn.Linear(4 * 6 * 6, 8),
-        nn.BatchNorm1d(8),
-        nn.Tanh(),
-        nn.Linear(8, 3),
-    )
 
 
 class ZeroNoise:
@@ -169,21 +155,13 @@ def _run(*, bn_sigma=None, share=None, sigma=None, target=None, batch=20, epochs
         stats = privatized_batchnorm(model, bound=A, noise_multiplier=bn_sigma, share=share)
     else:  # the same run without statistics releases: the GroupNorm swap
         model = dpfy.validate(model, fix=True)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    loader = DataLoader(TensorDataset(X, Y), batch_size=batch)
     kw = {"noise_multiplier": sigma} if target is None else {"target_epsilon": target}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the seed warning
-        model, opt, loader = dpfy.make_private(
-            model, opt, loader, target_delta=1e-5, epochs=epochs, seed=seed, **kw
-        )
+    model, opt, loader = make_private_quiet(
+        model, X, Y, batch_size=batch, target_delta=1e-5, epochs=epochs, seed=seed, **kw
+    )
     if stats is not None:
         attach_privatized_statistics(stats, opt, calibrated=target is not None)
-    for _ in range(epochs):
-        for xb, yb in loader:
-            nn.functional.cross_entropy(model(xb), yb).backward()
-            opt.step()
-            opt.zero_grad()
+    train(model, opt, loader, epochs)
     return model, opt, stats
 
 
@@ -239,11 +217,7 @@ def test_running_statistics_are_folded_from_released_values_only():
     torch.manual_seed(0)
     model = bn_cnn()
     stats = privatized_batchnorm(model, bound=A, noise_multiplier=3.0)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    loader = DataLoader(TensorDataset(X, Y), batch_size=20)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model, opt, loader = dpfy.make_private(model, opt, loader, noise_multiplier=1.0, seed=0)
+    model, opt, loader = make_private_quiet(model, X, Y, noise_multiplier=1.0, seed=0)
     attach_privatized_statistics(stats, opt)
     model.train()
     model(X * 50)  # a training forward outside the loader: nothing folded
@@ -312,11 +286,7 @@ def test_a_private_run_without_the_attach_is_refused():
     torch.manual_seed(0)
     model = bn_cnn()
     stats = privatized_batchnorm(model, bound=A, noise_multiplier=3.0, expected_batch_size=20)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    loader = DataLoader(TensorDataset(X, Y), batch_size=20)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model, opt, loader = dpfy.make_private(model, opt, loader, noise_multiplier=1.0, seed=0)
+    model, opt, loader = make_private_quiet(model, X, Y, noise_multiplier=1.0, seed=0)
     xb, _ = next(iter(loader))
     with pytest.raises(PrivacyRefusal, match="attach_privatized_statistics"):
         model(xb)
@@ -327,13 +297,9 @@ def test_physical_batches_are_refused_at_the_forward():
     torch.manual_seed(0)
     model = bn_cnn()
     stats = privatized_batchnorm(model, bound=A, noise_multiplier=3.0)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    loader = DataLoader(TensorDataset(X, Y), batch_size=20)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model, opt, loader = dpfy.make_private(
-            model, opt, loader, noise_multiplier=1.0, seed=0, max_physical_batch_size=4
-        )
+    model, opt, loader = make_private_quiet(
+        model, X, Y, noise_multiplier=1.0, seed=0, max_physical_batch_size=4
+    )
     attach_privatized_statistics(stats, opt)
     xb, _ = next(iter(loader))
     with pytest.raises(PrivacyRefusal, match="one physical batch"):
@@ -345,13 +311,9 @@ def test_correlated_noise_and_a_second_attach_are_refused():
     torch.manual_seed(0)
     model = bn_cnn()
     stats = privatized_batchnorm(model, bound=A, noise_multiplier=3.0)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    loader = DataLoader(TensorDataset(X, Y), batch_size=20)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        _, dp_opt, _ = dpfy.make_private(
-            model, opt, loader, noise_multiplier=1.0, seed=0, noise="tree", epochs=1
-        )
+    _, dp_opt, _ = make_private_quiet(
+        model, X, Y, noise_multiplier=1.0, seed=0, noise="tree", epochs=1
+    )
     with pytest.raises(ValueError, match="gaussian"):
         attach_privatized_statistics(stats, dp_opt)
     _, plain_opt, _ = _run(sigma=1.0, bn_sigma=2.0, epochs=1)
@@ -370,18 +332,11 @@ def test_setup_and_finish_as_make_private_calls_them(pre_swapped):
         setup = setup_batchnorm(model, None)
     else:
         setup = setup_batchnorm(model, "privatized", bn_bound=A, bn_share=0.3)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    loader = DataLoader(TensorDataset(X, Y), batch_size=20)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model, opt, loader = dpfy.make_private(
-            model, opt, loader, target_epsilon=1.0, target_delta=1e-5, epochs=1, seed=0
-        )
+    model, opt, loader = make_private_quiet(
+        model, X, Y, target_epsilon=1.0, target_delta=1e-5, epochs=1, seed=0
+    )
     setup.finish(opt, calibrated=True)
-    for xb, yb in loader:
-        nn.functional.cross_entropy(model(xb), yb).backward()
-        opt.step()
-        opt.zero_grad()
+    train(model, opt, loader)
     assert [r.mechanism for r in opt.ledger.groups[0].releases][1:] == [
         "bn_mean:1",
         "bn_square:1",

@@ -22,19 +22,7 @@ import oracles
 from dpfy.errors import PrivacyRefusal
 from dpfy.grads import GradEngine
 from dpfy.layers import PublicBatchNorm, public_batchnorm
-
-
-def bn_cnn() -> nn.Module:
-    return nn.Sequential(
-        nn.Conv2d(1, 4, 3, padding=1),
-        nn.BatchNorm2d(4),
-        nn.ReLU(),
-        nn.Flatten(),
-        nn.Linear(4 * 6 * 6, 8),
-        nn.BatchNorm1d(8),
-        nn.Tanh(),
-        nn.Linear(8, 3),
-    )
+from layers.bn_cases import bn_cnn
 
 
 PUBLIC = torch.randn(40, 1, 6, 6) * 2 + 1  # declared public inputs
