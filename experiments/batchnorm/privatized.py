@@ -18,7 +18,7 @@ Hyperparameters are chosen per (form, ε) on a validation split carved from the 
 for priv also A ∈ BOUNDS and f ∈ SHARES (seed 0). The test set is then read once per (form, ε,
 seed) at the chosen values, 3 seeds. Tuning is not accounted (it used private data).
 
-  PYTHONPATH=src nice -n 10 python experiments/batchnorm/privatized.py \
+  PYTHONPATH=src nice -n 10 python -m experiments.batchnorm.privatized \
       --out experiments/batchnorm/results
 """
 
@@ -28,33 +28,21 @@ import argparse
 import itertools
 import json
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
-from dpfy.data.fashion_mnist import MEAN, STD, load_fashion_mnist
+from dpfy.data.fashion_mnist import MEAN, STD
 from dpfy.data.public_digits import digits_images
 from dpfy.layers.batchnorm_setup import setup_batchnorm
 from dpfy.models import build_model
+from experiments.batchnorm.run import BATCH, DELTA, EPOCHS, accuracy, fit_private, splits
 
-N_TRAIN, N_VAL = 10_000, 2_000
-BATCH, EPOCHS, C, DELTA = 500, 4, 1.0, 1e-5
 LRS = (0.5, 1.0, 2.0, 4.0)
 BOUNDS = (1.0, 3.0)
 SHARES = (0.1, 0.3)
-
-
-def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
-    model.eval()
-    with torch.no_grad():
-        pred = torch.cat([model(xb).argmax(1) for xb in x.split(2000)])
-    return float((pred == y).float().mean())
 
 
 def train(form: str, eps: float, hp: dict, seed: int, data: dict, public: torch.Tensor):
@@ -69,26 +57,16 @@ def train(form: str, eps: float, hp: dict, seed: int, data: dict, public: torch.
     else:
         setup = setup_batchnorm(model, "public", public_data=public, public_description=form)
     opt = torch.optim.SGD(model.parameters(), lr=hp["lr"], momentum=0.9)
-    loader = DataLoader(TensorDataset(*data["train"]), batch_size=BATCH)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the seed warning
-        model, opt, loader = dpfy.make_private(
-            model,
-            opt,
-            loader,
-            target_epsilon=eps,
-            target_delta=DELTA,
-            epochs=EPOCHS,
-            max_grad_norm=C,
-            seed=seed,
-        )
-        setup.finish(opt, calibrated=True)  # the statistics take their share of σ
-        for _ in range(EPOCHS):
-            model.train()
-            for x, y in loader:
-                F.cross_entropy(model(x), y).backward()
-                opt.step()
-                opt.zero_grad()
+    model, opt = fit_private(
+        model,
+        opt,
+        data["train"],
+        eps,
+        seed,
+        batch=BATCH,
+        epochs=EPOCHS,
+        attach=lambda dp_opt: setup.finish(dp_opt, calibrated=True),  # the statistics' share of σ
+    )
     sigma_bn = getattr(setup.stats, "noise_multiplier", None) if form == "priv" else None
     return model, opt, sigma_bn
 
@@ -109,11 +87,7 @@ def main() -> None:
     ap.add_argument("--forms", default="gn,priv,pub-digits")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    splits = load_fashion_mnist()
-    x, y = splits.train.tensors
-    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
-    tr, va = perm[:N_TRAIN], perm[N_TRAIN : N_TRAIN + N_VAL]
-    data = {"train": (x[tr], y[tr]), "val": (x[va], y[va]), "test": splits.test.tensors}
+    data, _ = splits()
     public = digits_images(28, 28, mean=MEAN, std=STD)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

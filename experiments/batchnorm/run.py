@@ -27,6 +27,8 @@ import time
 import warnings
 from pathlib import Path
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -35,33 +37,33 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
 from dpfy.data.fashion_mnist import MEAN, STD, load_fashion_mnist
+from dpfy.data.public_digits import digits_images
 from dpfy.layers import public_batchnorm
+from dpfy.models.batchnorm_cnn import batchnorm_cnn
 
 N_TRAIN, N_VAL, N_PUB = 10_000, 2_000, 2_000
 BATCH, EPOCHS, C, DELTA = 500, 4, 1.0, 1e-5
 
 
 def bn_cnn() -> nn.Module:
-    return nn.Sequential(
-        nn.Conv2d(1, 16, 3, stride=2, padding=1),
-        nn.BatchNorm2d(16),
-        nn.ReLU(),
-        nn.Conv2d(16, 32, 3, stride=2, padding=1),
-        nn.BatchNorm2d(32),
-        nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1),
-        nn.Flatten(),
-        nn.Linear(32, 10),
-    )
+    """The BatchNorm CNN of the module docstring (dpfy.models.batchnorm_cnn) for 1x28x28."""
+    return batchnorm_cnn((1, 28, 28), 10)
 
 
 def digits_public() -> torch.Tensor:
     """scikit-learn's bundled digits (no download), as 1x28x28 Fashion-MNIST-like inputs."""
-    from sklearn.datasets import load_digits
+    return digits_images(28, 28, mean=MEAN, std=STD)
 
-    img = torch.from_numpy(load_digits().images.astype(np.float32) / 16.0)[:, None]
-    img = F.interpolate(img, size=(28, 28), mode="bilinear", align_corners=False)
-    return (img - MEAN) / STD
+
+def splits() -> tuple[dict, torch.Tensor]:
+    """The private train, validation and test sets of the module docstring, and the training
+    images after the validation ones (the public split takes its first N_PUB)."""
+    fmnist = load_fashion_mnist()
+    x, y = fmnist.train.tensors
+    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
+    tr, va = perm[:N_TRAIN], perm[N_TRAIN : N_TRAIN + N_VAL]
+    data = {"train": (x[tr], y[tr]), "val": (x[va], y[va]), "test": fmnist.test.tensors}
+    return data, x[perm[N_TRAIN + N_VAL :]]
 
 
 def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -80,21 +82,29 @@ def train(form, eps, lr, seed, data, public):
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     else:
         public_batchnorm(model, public[form], batch_size=256, description=form, seed=seed)
-    xtr, ytr = data["train"]
-    loader = DataLoader(TensorDataset(xtr, ytr), batch_size=BATCH)
+    return fit_private(model, opt, data["train"], eps, seed, batch=BATCH, epochs=EPOCHS)
+
+
+def fit_private(model, opt, train, eps, seed, *, batch, epochs, attach: Callable | None = None):
+    """make_private on ``train`` = (x, y) at (ε, DELTA), σ calibrated for ``epochs`` epochs of
+    expected batch ``batch``, clip C; ``attach(opt)`` (the statistics' set-up) runs after it;
+    then the DP-SGD steps. Returns the private model and optimizer."""
+    loader = DataLoader(TensorDataset(*train), batch_size=batch)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+        warnings.simplefilter("ignore")  # the seed warning
         model, opt, loader = dpfy.make_private(
             model,
             opt,
             loader,
             target_epsilon=eps,
             target_delta=DELTA,
-            epochs=EPOCHS,
+            epochs=epochs,
             max_grad_norm=C,
             seed=seed,
         )
-        for _ in range(EPOCHS):
+        if attach is not None:
+            attach(opt)
+        for _ in range(epochs):
             model.train()
             for x, y in loader:
                 F.cross_entropy(model(x), y).backward()
@@ -110,12 +120,8 @@ def main() -> None:
     ap.add_argument("--lrs", default="0.5,1,2")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    splits = load_fashion_mnist()
-    x, y = splits.train.tensors
-    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
-    tr, va, pu = perm[:N_TRAIN], perm[N_TRAIN : N_TRAIN + N_VAL], perm[N_TRAIN + N_VAL :][:N_PUB]
-    data = {"train": (x[tr], y[tr]), "val": (x[va], y[va]), "test": splits.test.tensors}
-    public = {"pub-digits": digits_public(), "pub-split": x[pu]}
+    data, rest = splits()
+    public = {"pub-digits": digits_public(), "pub-split": rest[:N_PUB]}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []

@@ -6,6 +6,8 @@ regression, DP-SGD (`dpfy.make_private`): Poisson sampling, batch 256, 10 epochs
 favours it slightly), RDP, plain SGD with lr ∈ {0.5, 1} chosen by the mean validation
 accuracy over seeds 0, 1, 2 (true validation labels: this arm protects them). Writes
 results_dpsgd.json.
+
+Usage: PYTHONPATH=src python -m experiments.label_dp.dpsgd_baseline
 """
 
 import json
@@ -14,26 +16,16 @@ import warnings
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
-from dpfy.data import load_dataset
-from dpfy.data.splits import holdout_indices
 from dpfy.models import build_model
+from experiments.fmnist_holdout import acc, load_holdout, sgd_epochs
 
 warnings.filterwarnings("ignore")
 torch.set_num_threads(1)
 N_TRAIN, N_VAL, BATCH, EPOCHS = 8000, 2000, 256, 10
-data = load_dataset("fashion_mnist")
-x_all, y_all = data.train.tensors
-tr, va = holdout_indices(len(y_all), N_TRAIN, N_VAL, seed=1234)
-xt, yt = data.test.tensors
-
-
-def acc(model, x, y):
-    with torch.no_grad():
-        return float((model(x).argmax(1) == y).float().mean())
+data, (x_all, y_all), (tr, va), (xt, yt) = load_holdout(N_TRAIN, N_VAL)
 
 
 rows, t0 = [], time.time()
@@ -47,11 +39,7 @@ for eps in (0.5, 1.0, 2.0, 4.0, 8.0):
                 DataLoader(TensorDataset(x_all[tr], y_all[tr]), batch_size=BATCH),
                 target_epsilon=eps, target_delta=1e-5, epochs=EPOCHS, max_grad_norm=1.0,
                 seed=seed, accountant="rdp")
-            for _ in range(EPOCHS):
-                for x, y in loader:
-                    opt.zero_grad()
-                    F.cross_entropy(model(x), y).backward()
-                    opt.step()
+            sgd_epochs(model, opt, loader, EPOCHS)
             rows.append(dict(epsilon=eps, lr=lr, seed=seed, val=acc(model, x_all[va], y_all[va]),
                              test=acc(model, xt, yt)))
             print(rows[-1], f"{time.time() - t0:.0f}s", flush=True)

@@ -13,7 +13,7 @@ the norm release, moving-average weight 0.9.
 - logreg: plain SGD, 10 epochs, η ∈ {0.5, 1, 2}, ε ∈ {1, 3}, seeds 0–2.
 - tanh CNN: SGD with momentum 0.9, 6 epochs, η ∈ {0.05, 0.1, 0.2}, ε = 3, seeds 0–1.
 
-Usage: PYTHONPATH=src python experiments/pur/compare.py [logreg|cnn ...]  (writes
+Usage: PYTHONPATH=src python -m experiments.pur.compare [logreg|cnn ...]  (writes
 results_compare_<model>.json beside this file); ``compare.py --table [logreg|cnn ...]`` prints
 the README's rows from them.
 """
@@ -30,10 +30,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
 from dpfy.adaptive import make
-from dpfy.data import load_dataset
-from dpfy.data.splits import holdout_indices
 from dpfy.models import build_model
 from dpfy.privacy.accountants import epsilon
+from experiments.fmnist_holdout import acc, load_holdout
 
 warnings.filterwarnings("ignore")
 torch.set_num_threads(1)
@@ -46,15 +45,7 @@ SETTINGS = {
                 seeds=(0, 1)),
 }  # fmt: skip
 
-data = load_dataset("fashion_mnist")
-x_all, y_all = data.train.tensors
-tr, va = holdout_indices(len(y_all), N_TRAIN, N_VAL, seed=1234)
-xt, yt = data.test.tensors
-
-
-def acc(model, x, y):
-    with torch.no_grad():
-        return float((model(x).argmax(1) == y).float().mean())
+data, (x_all, y_all), (tr, va), (xt, yt) = load_holdout(N_TRAIN, N_VAL)
 
 
 def method_of(arm, eta):

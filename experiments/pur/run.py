@@ -7,7 +7,7 @@ sizes η ∈ {0.5, 1, 2} (PUR: η = 1/(2M), i.e. declared M ∈ {1, 0.5, 0.25}; 
 per arm the η with the best mean validation accuracy over seeds 0, 1, 2 is selected and its
 test accuracy reported. Writes results.json.
 
-Usage: PYTHONPATH=src python experiments/pur/run.py
+Usage: PYTHONPATH=src python -m experiments.pur.run
 """
 
 import json
@@ -16,29 +16,19 @@ import warnings
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
 from dpfy.adaptive import make
-from dpfy.data import load_dataset
-from dpfy.data.splits import holdout_indices
 from dpfy.models import build_model
+from experiments.fmnist_holdout import acc, load_holdout, sgd_epochs
 
 warnings.filterwarnings("ignore")
 torch.set_num_threads(1)
 N_TRAIN, N_VAL, BATCH, EPOCHS, C = 8000, 2000, 256, 10, 1.0
 ETAS, SEEDS, EPSILONS = (0.5, 1.0, 2.0), (0, 1, 2), (1.0, 3.0)
 
-data = load_dataset("fashion_mnist")
-x_all, y_all = data.train.tensors
-tr, va = holdout_indices(len(y_all), N_TRAIN, N_VAL, seed=1234)
-xt, yt = data.test.tensors
-
-
-def acc(model, x, y):
-    with torch.no_grad():
-        return float((model(x).argmax(1) == y).float().mean())
+data, (x_all, y_all), (tr, va), (xt, yt) = load_holdout(N_TRAIN, N_VAL)
 
 
 def run(arm, eta, eps, seed):
@@ -53,11 +43,7 @@ def run(arm, eta, eps, seed):
         model, torch.optim.SGD(model.parameters(), lr=lr), loader, method=method,
         target_epsilon=eps, target_delta=1e-5, epochs=EPOCHS, max_grad_norm=C, seed=seed,
         accountant="rdp")
-    for _ in range(EPOCHS):
-        for x, y in loader:
-            opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
+    sgd_epochs(model, opt, loader, EPOCHS)
     sig = [r.noise_multiplier for g in opt.ledger.groups for r in g.releases]
     return dict(arm=arm, eta=eta, epsilon=eps, seed=seed, val=acc(model, x_all[va], y_all[va]),
                 test=acc(model, xt, yt), sigma_first=sig[0], sigma_last=sig[-1],
