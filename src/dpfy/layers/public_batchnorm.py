@@ -82,18 +82,8 @@ class PublicBatchNorm(StatisticsNorm):
 
     public_mean: torch.Tensor
     public_var: torch.Tensor
-
-    def __init__(
-        self,
-        num_features: int,
-        eps: float = 1e-5,
-        momentum: float | None = 0.1,
-        affine: bool = True,
-    ) -> None:
-        super().__init__(num_features, eps, momentum, affine)
-        for name, fill in (("public_mean", 0.0), ("public_var", 1.0)):
-            self.register_buffer(name, torch.full((num_features,), fill))
-        self.collecting = False
+    extra_buffers = (("public_mean", 0.0), ("public_var", 1.0))
+    collecting: bool = False  # set on the instance by PublicStatistics.refresh only
 
     @torch.no_grad()
     def _collect(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

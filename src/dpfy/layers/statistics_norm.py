@@ -41,8 +41,11 @@ def at_least_float32(x: torch.Tensor) -> torch.dtype:
 class StatisticsNorm(nn.Module):
     """A BatchNorm that normalizes with the statistics :meth:`stats` gives (module docstring).
 
-    Buffers: ``running_mean``/``running_var`` (used in eval mode) and ``num_batches_tracked``.
+    Buffers: ``running_mean``/``running_var`` (used in eval mode) and ``num_batches_tracked``,
+    then a subclass's ``extra_buffers`` (name, initial value), one value per channel.
     """
+
+    extra_buffers: tuple[tuple[str, float], ...] = ()
 
     running_mean: torch.Tensor
     running_var: torch.Tensor
@@ -64,6 +67,8 @@ class StatisticsNorm(nn.Module):
         self.register_buffer("running_mean", torch.zeros(num_features))
         self.register_buffer("running_var", torch.ones(num_features))
         self.register_buffer("num_batches_tracked", torch.tensor(0, dtype=torch.long))
+        for name, fill in self.extra_buffers:
+            self.register_buffer(name, torch.full((num_features,), fill))
 
     @classmethod
     def from_batchnorm(cls: type[N], bn: _BatchNorm) -> N:
