@@ -77,7 +77,7 @@ from torch.nn.parameter import is_lazy
 from torch.utils.hooks import RemovableHandle
 
 from dpfy._deferred import Explain, PendingChecks
-from dpfy._hooks import OwnHook
+from dpfy._hooks import CheckedCopy, OwnHook
 from dpfy.errors import PrivacyRefusal
 
 __all__ = ["BufferGuard", "BufferChange", "guard_of", "buffer_fix", "is_training_forward"]
@@ -554,10 +554,9 @@ class BufferGuard:
         self.settled: tuple[dict[tuple[int, str], _Seen], Marks | None] | None = None
         self._root: _Watch | None = None
         self._hook(model, modules, root=True)  # the whole tree, seen from the root's forward
-        # a deferred comparison is read before the state is saved (dpfy._deferred)
-        self._handles.append(
-            model.register_state_dict_pre_hook(OwnHook(lambda *a: self.pending.flush()))
-        )
+        # a deferred comparison is read before any module's state is saved or copied
+        read = CheckedCopy(lambda *a: self.pending.flush())  # (dpfy._deferred)
+        self._handles += [m.register_state_dict_pre_hook(read) for _, m in modules]
         for name, m in modules:
             if m is not model and any(True for _ in m.named_buffers(recurse=False)):
                 self._hook(m, [(name, m)])

@@ -10,6 +10,9 @@ refused before ``state_dict()`` and after ``LIMIT`` unchecked forwards.
 
 from __future__ import annotations
 
+import copy
+import io
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -113,3 +116,44 @@ def test_forwards_without_a_step_are_read_after_the_limit(monkeypatch):
     with torch.no_grad(), pytest.raises(PrivacyRefusal, match="parameter 'l.bias'"):
         for _ in range(_deferred.LIMIT + 1):
             model(x)
+
+
+def _written_without_a_step(monkeypatch):
+    """A private model whose last training forward wrote its bias silently, with no step after."""
+    model, opt, loader = _private("parameter in forward", monkeypatch)
+    x, y = next(iter(loader))
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+    model.armed = True
+    with torch.no_grad():
+        model(x)  # a training-mode forward with no step after it: its flag waits
+    return model, opt, loader
+
+
+@pytest.mark.parametrize(
+    "save",
+    [
+        lambda m: torch.save(m, io.BytesIO()),  # the whole model pickled: model.pt
+        lambda m: copy.deepcopy(m),  # a best-model snapshot, an EMA
+        lambda m: m.l.state_dict(),  # a part of the model saved on its own
+        lambda m: torch.save(m.l, io.BytesIO()),
+    ],
+    ids=["torch.save(model)", "deepcopy", "submodule.state_dict", "torch.save(submodule)"],
+)
+def test_a_pending_write_is_refused_before_the_model_is_copied(save, monkeypatch):
+    model, _, _ = _written_without_a_step(monkeypatch)
+    with pytest.raises(PrivacyRefusal, match="parameter 'l.bias'"):
+        save(model)
+
+
+def test_a_step_refused_for_another_reason_reads_the_pending_write(monkeypatch):
+    # the horizon refuses the step before its sensitivity check (which reads the flags): the
+    # write is refused there all the same, so no code after the refusal finds it unnoticed
+    model, opt, loader = _written_without_a_step(monkeypatch)
+    opt.max_steps = 1
+    x, y = next(iter(loader))
+    model.armed = False
+    F.cross_entropy(model(x), y).backward()
+    with pytest.raises(PrivacyRefusal, match="parameter 'l.bias'"):
+        opt.step()
+    assert opt.private_step.ledger.num_steps == 1
