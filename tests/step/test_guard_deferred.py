@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import io
+import warnings
 
 import pytest
 import torch
@@ -157,3 +158,48 @@ def test_a_step_refused_for_another_reason_reads_the_pending_write(monkeypatch):
     with pytest.raises(PrivacyRefusal, match="parameter 'l.bias'"):
         opt.step()
     assert opt.private_step.ledger.num_steps == 1
+
+
+class _WritesThenRaises(_Writer):
+    """Writes its bias silently in the forward, then fails (a shape error, an OOM)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        if self.armed:
+            raise RuntimeError("the forward failed after its write")
+        return out
+
+
+@pytest.mark.parametrize(
+    "force, limit", [(False, _deferred.LIMIT), (True, _deferred.LIMIT), (True, 0)]
+)
+def test_a_write_in_a_forward_that_raises_is_refused_later(force, limit, monkeypatch):
+    # torch only warns of a forward hook's error while the forward's own error propagates, so
+    # the guard cannot refuse there: the write must stay pending (CPU and device alike, and
+    # also when the limit of pending comparisons is reached in that forward) and be refused
+    # before the model is saved or stepped, not forgotten with the warning
+    monkeypatch.setattr(_deferred, "FORCE_ON_CPU", force)
+    monkeypatch.setattr(_deferred, "LIMIT", limit)
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(32, 10, generator=g), torch.randint(0, 3, (32,), generator=g))
+    model = _WritesThenRaises("parameter in forward")
+    model, opt, loader = dpfy.make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        DataLoader(data, batch_size=16),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        seed=0,
+        poisson_sampling=False,
+    )
+    batches = iter(loader)
+    x, y = next(batches)
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+    model.armed = True
+    x, y = next(batches)
+    with warnings.catch_warnings(), pytest.raises(RuntimeError, match="failed after"):
+        warnings.simplefilter("ignore")  # torch's note of a hook error it silenced
+        model(x)
+    with pytest.raises(PrivacyRefusal, match="parameter 'l.bias'"):
+        model.state_dict()
