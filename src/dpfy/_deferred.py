@@ -17,6 +17,7 @@ the CPU; the tests check the deferred refusals there).
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable
 
 import torch
@@ -49,8 +50,15 @@ class PendingChecks:
         """``mismatch``: a 1-d bool tensor, any True = changed; ``explain(flags)`` lists what
         changed from its values read on the host."""
         self._items.append((mismatch.reshape(-1), explain))
-        if len(self._items) > LIMIT:
+        # not while an error propagates (a forward that raised): torch silences a forward
+        # hook's refusal then, and the flags read would be forgotten with it
+        if len(self._items) > LIMIT and sys.exc_info()[0] is None:
             self.flush()
+
+    def hold(self, changes: list[Any]) -> None:
+        """Refuse ``changes`` (found already) when the flags are next read: a forward that
+        raised cannot refuse them itself (torch only warns of its hook's error)."""
+        self.add(torch.ones(1, dtype=torch.bool), lambda flags: changes)
 
     def tensors(self) -> list[torch.Tensor]:
         """The flags to read (with the caller's own read: :meth:`settle` their values)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-__all__ = ["OwnHook", "inert_hook"]
+__all__ = ["CheckedCopy", "OwnHook", "inert_hook"]
 
 
 def inert_hook(*args: Any, **kwargs: Any) -> None:
@@ -38,4 +38,21 @@ class OwnHook:
         return inert_hook
 
     def __reduce__(self) -> tuple[Callable[[], Callable[..., None]], tuple[()]]:
+        return (_inert, ())
+
+
+class CheckedCopy(OwnHook):
+    """An :class:`OwnHook` that runs (with no arguments) before a copy of it is made: a check
+    that must pass before a copy of the model exists, deep or pickled (``torch.save(model)``).
+    The model-state guard's comparisons still waiting on the device are read this way
+    (:mod:`dpfy._deferred`), as they are before ``state_dict()``."""
+
+    __slots__ = ()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Callable[..., None]:
+        self.fn()
+        return inert_hook
+
+    def __reduce__(self) -> tuple[Callable[[], Callable[..., None]], tuple[()]]:
+        self.fn()
         return (_inert, ())

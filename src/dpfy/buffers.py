@@ -77,7 +77,7 @@ from torch.nn.parameter import is_lazy
 from torch.utils.hooks import RemovableHandle
 
 from dpfy._deferred import Explain, PendingChecks
-from dpfy._hooks import OwnHook
+from dpfy._hooks import CheckedCopy, OwnHook
 from dpfy.errors import PrivacyRefusal
 
 __all__ = ["BufferGuard", "BufferChange", "guard_of", "buffer_fix", "is_training_forward"]
@@ -449,7 +449,7 @@ class _Watch:
             (self.snapshot(with_copies=not self.values_checked, params=marks is None), marks)
         )
 
-    def post(self) -> None:
+    def post(self, failed: bool = False) -> None:
         # always_call: runs (and pops) also when the forward raised
         entry = self.stack.pop() if self.stack else None
         raised = self.guard.raised
@@ -458,7 +458,9 @@ class _Watch:
         self.values_checked = True
         now = _param_marks(self.owners, self.views)
         changes = self.changes(*entry, now=now)
-        if changes:
+        if changes and failed and sys.exc_info()[0] is not None and not self.guard.collect:
+            self.guard.pending.hold(changes)  # the forward raised: refused when next read
+        elif changes:
             self.guard._refuse(changes)
         if self.root:  # the state the step must find (see BufferGuard.check_settled)
             # nothing changed: the snapshot before the forward describes the state now (the
@@ -554,10 +556,9 @@ class BufferGuard:
         self.settled: tuple[dict[tuple[int, str], _Seen], Marks | None] | None = None
         self._root: _Watch | None = None
         self._hook(model, modules, root=True)  # the whole tree, seen from the root's forward
-        # a deferred comparison is read before the state is saved (dpfy._deferred)
-        self._handles.append(
-            model.register_state_dict_pre_hook(OwnHook(lambda *a: self.pending.flush()))
-        )
+        # a deferred comparison is read before any module's state is saved or copied
+        read = CheckedCopy(lambda *a: self.pending.flush())  # (dpfy._deferred)
+        self._handles += [m.register_state_dict_pre_hook(read) for _, m in modules]
         for name, m in modules:
             if m is not model and any(True for _ in m.named_buffers(recurse=False)):
                 self._hook(m, [(name, m)])
@@ -586,7 +587,7 @@ class BufferGuard:
                 cast("OrderedDict[int, Any]", m._forward_pre_hooks).move_to_end(  # as above
                     handles[0].id, last=False
                 )
-            watch.post()
+            watch.post(failed=output is None)  # None: the forward raised, or returned None
 
         handles += [
             module.register_forward_pre_hook(OwnHook(pre), prepend=True),

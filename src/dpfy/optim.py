@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import torch
 
+from dpfy.buffers import guard_of
 from dpfy._require import require
 from dpfy.errors import PrivacyRefusal
 from dpfy.privacy import Ledger, epsilon as ledger_epsilon
@@ -201,12 +202,20 @@ class DPOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Clip, accumulate; at the end of a logical batch add noise, record, update."""
-        self._refuse_grad_scaler()
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        self.private_step.take_batch()
+        try:
+            self._refuse_grad_scaler()
+            loss = None
+            if closure is not None:
+                with torch.enable_grad():
+                    loss = closure()
+            self.private_step.take_batch()
+        except Exception:
+            # a step refused before its sensitivity check read the model-state guard's
+            # comparisons (dpfy._deferred): a write they found is refused now, not left behind
+            state_guard = guard_of(self.private_step.model)
+            if state_guard is not None:
+                state_guard.pending.flush()
+            raise
         return loss
 
     def _refuse_grad_scaler(self) -> None:

@@ -80,6 +80,8 @@ TABLE = [
     (dict(unit=UserUnit("uls", augmult=2)), "augmult=2 cannot be combined with \\['user_ids'"),
     (dict(unit=ExampleUnit(augmult=2), noise=Tree(1.0)), "augmult=2 cannot"),
     (dict(unit=ExampleUnit(augmult=2), clipping=ClippingSpec("microbatch", 1.0, 2)), "augmult"),
+    # check_microbatch made k = 1 'flat' before check_augmult read the clipping: admitted
+    (dict(unit=ExampleUnit(augmult=2), clipping=ClippingSpec("microbatch", 1.0, 1)), None),
     (dict(unit=ExampleUnit(augmult=2), clipping=ClippingSpec("individual", [1.0])), "augmult"),
     (dict(unit=ExampleUnit(augmult=2), sampling=SamplingSpec(world_size=2)), "augmult"),
     # the accountant that decides noise

@@ -245,3 +245,22 @@ def test_crop_flip_is_a_shifted_window_of_the_padded_image_then_a_mirror():
         assert torch.equal(out[i], want)
     same = crop_flip(padding=0)((x, torch.zeros(2)), torch.Generator())
     assert torch.equal(same[0], x)
+
+
+def test_microbatch_clipping_of_one_row_is_per_example_clipping_with_augmult():
+    # clipping='microbatch' with microbatch_size=1 clips each example alone (Δ = C, flat
+    # clipping: dpfy.sampling.microbatch); make_private at 1fc6db0 turned it into 'flat'
+    # before check_augmult read it, so augmult admitted it. The run is the flat one: the same
+    # ledger and, from the same seed, the same update (the same ops on the same machine: the
+    # default float32 tolerances of assert_close are far above any difference they could have).
+    runs = []
+    for kw in ({}, dict(clipping="microbatch", microbatch_size=1)):
+        model, x = _case("linear")
+        model, opt, dl = _private(model, x, sigma=1.0, **kw)
+        _one_step(model, opt, dl)
+        runs.append((model, opt))
+    (flat, opt_flat), (micro, opt_micro) = runs
+    assert opt_micro.private_step.ledger.num_steps == opt_flat.private_step.ledger.num_steps == 1
+    assert opt_micro.epsilon(1e-5) == opt_flat.epsilon(1e-5)
+    for p, q in zip(micro.parameters(), flat.parameters()):
+        torch.testing.assert_close(p, q)

@@ -306,8 +306,10 @@ DECLARATIONS: tuple[Refusal, ...] = (
     ),
     _refusal("correlated", "data_parallel budgets sample_rates users microbatch", _correlated),
     _refusal("microbatch", "users sample_rates method budgets data_parallel", _microbatch),
-    _refusal(
-        "augmult", "users microbatch individual_clipping budgets data_parallel correlated", _augmult
+    _refusal(  # microbatch_units: at k = 1 each example is clipped alone (flat), as augmult asks
+        "augmult",
+        "users microbatch_units individual_clipping budgets data_parallel correlated",
+        _augmult,
     ),
     _refusal("approximate", "target_epsilon epsilon_cap", _rigorous),
     _refusal(
