@@ -272,7 +272,7 @@ class PrivateStep:
         """Add one physical batch to ``sums``: norms → clipping → extra values → sums."""
         plan, method, state = sums.plan, self.method, self.method_state
         state_guard = guard_of(self.model)
-        if state_guard is not None:  # the model's state as the forward left it (buffers.py)
+        if state_guard is not None:  # the model's state as the forward left it (buffers/guard.py)
             state_guard.defer = True  # its comparisons on a device: read in check_bound
             state_guard.check_settled()
         unit_of_row = self.sampler.units_of(self.cursor.indices)  # None: each row is a unit
