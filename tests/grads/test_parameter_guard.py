@@ -1,4 +1,4 @@
-"""Parameters that a training forward writes are refused, like buffers (dpfy/buffers/guard.py).
+"""Parameters that a training forward writes are refused, like buffers (dpfy/buffers/).
 
 An adversarial review found an ActNorm-style data-dependent initialization (a plain Python
 ``initialized`` flag, the parameters set from the first batch's mean and std inside forward)
@@ -57,42 +57,33 @@ def _private(model):
     g = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(32, 4, generator=g), torch.randint(0, 2, (32,), generator=g))
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    return dpfy.make_private(
-        model, opt, DataLoader(data, batch_size=8), noise_multiplier=1.0, max_grad_norm=1.0, seed=0
-    )
+    return dpfy.make_private(model, opt, DataLoader(data, batch_size=8), noise_multiplier=1.0,
+                             max_grad_norm=1.0, seed=0)
 
 
-@pytest.mark.parametrize(
-    "cls, how",
-    [
-        (ActNorm, "modified in place"),
-        (ThroughData, "without a version bump"),
-        (Replaced, "replaced by another tensor"),
-    ],
-)
+@pytest.mark.parametrize("cls, how", [(ActNorm, "modified in place"),
+                                      (ThroughData, "without a version bump"),
+                                      (Replaced, "replaced by another tensor")])
 def test_a_parameter_written_in_a_training_forward_is_refused(cls, how):
     model, opt, loader = _private(cls())
     x, y = next((x, y) for x, y in loader if len(x) > 0)
-    with pytest.raises(
-        PrivacyRefusal,
-        match=rf"parameter 'loc' of module '\(root\)' "
-        rf"\({cls.__name__}\).*{how}.*before make_private",
-    ):
+    with pytest.raises(PrivacyRefusal, match=rf"parameter 'loc' of module '\(root\)' "
+                       rf"\({cls.__name__}\).*{how}.*before make_private"):
         F.cross_entropy(model(x), y).backward()
     assert opt.step_count == 0 and opt.ledger.num_steps == 0
 
 
 def test_parameters_set_outside_forward_and_evaluation_keep_working():
     model = ActNorm()
-    model.init_from(torch.randn(16, 4))  # before make_private, e.g. from public data
+    model.init_from(torch.randn(16, 4))      # before make_private, e.g. from public data
     model.initialized = True
     model, opt, loader = _private(model)
     for x, y in loader:
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
-        opt.step()  # the optimizer changing parameters is fine
+        opt.step()                          # the optimizer changing parameters is fine
     model.eval()
-    with torch.no_grad():  # the evaluation idiom is not a training forward
+    with torch.no_grad():                    # the evaluation idiom is not a training forward
         model.initialized = False
         model.train(False)
         model(torch.randn(3, 4))
@@ -104,8 +95,7 @@ def test_collect_mode_lists_a_parameter_the_forward_writes():
     model = guard._model()
     model(torch.randn(8, 4))
     assert [(p.what, p.buffer, p.how) for p in guard.problems] == [
-        ("parameter", "loc", "modified in place")
-    ]
+        ("parameter", "loc", "modified in place")]
     guard.detach()
 
 
@@ -134,15 +124,8 @@ class Late(nn.Module):
         return self.lin(x + self.loc)
 
 
-@pytest.mark.parametrize(
-    "how",
-    [
-        "modified in place",
-        "replaced by another tensor",
-        "given new storage",
-        "registered during the forward",
-    ],
-)
+@pytest.mark.parametrize("how", ["modified in place", "replaced by another tensor",
+                                 "given new storage", "registered during the forward"])
 def test_a_parameter_written_in_a_later_forward_is_refused(how):
     guard = BufferGuard(Late(how), collect=True)
     model = guard._model()
