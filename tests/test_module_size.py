@@ -16,7 +16,6 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "dpfy"
 # path relative to src/dpfy -> the most lines it may have until it is split
 OVER_THE_LIMIT = {
     "train/config.py": 807,
-    "privacy/report.py": 798,
     "privacy/ledger.py": 649,
     "privacy/individual.py": 508,
 }
