@@ -1,4 +1,4 @@
-"""Parameters that a training forward writes are refused, like buffers (dpfy/buffers.py).
+"""Parameters that a training forward writes are refused, like buffers (dpfy/buffers/).
 
 An adversarial review found an ActNorm-style data-dependent initialization (a plain Python
 ``initialized`` flag, the parameters set from the first batch's mean and std inside forward)

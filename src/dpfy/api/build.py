@@ -380,7 +380,7 @@ def build(
     except Exception:
         grads.detach()
         raise
-    BufferGuard(model)  # refuses buffers a training forward changes (dpfy/buffers.py)
+    BufferGuard(model)  # refuses buffers a training forward changes (dpfy/buffers/guard.py)
     ATTACHED[model] = grads
     dp_optimizer.spec = spec
     return dp_optimizer, dp_loader

@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -38,14 +38,16 @@ from dpfy._require import require, require_extra
 from dpfy.errors import PrivacyRefusal
 from dpfy.privacy.accountants import (
     ACCOUNTANTS,
-    APPROXIMATE,
     accountant_label,
     check_accountant,
     epsilon,
     epsilon_curve,
     prepare,
 )
-from dpfy.privacy.ledger import Ledger, Sampling
+from dpfy.privacy.ledger import Ledger
+from dpfy.privacy.report_fields import MechanismShare, ReportFields, TuningCost
+from dpfy.privacy.report_markdown import report_markdown
+from dpfy.privacy.report_text import DEFAULT_DP_SETTING, NOISE_HELD, NOISE_TEXT, tier
 from dpfy.privacy.section import ReportSection
 from dpfy.privacy.statement import inapplicable
 from dpfy.privacy.tuning import group_privacy
@@ -78,135 +80,6 @@ CONTEXT = (
     "sections",
 )
 
-DEFAULT_DP_SETTING = (
-    "Central differential privacy: the party that trains the model is trusted to "
-    "run the mechanism as described and sees the raw data; the guarantee is "
-    "about what the released output reveals."
-)
-
-ADJACENCY_TEXT = {
-    "add_or_remove": "add-or-remove one unit of privacy (the datasets differ by one record)",
-    "replace_one": (
-        "replace-one: the datasets have the same size N and differ in one record "
-        "(roughly twice as strong as add-or-remove at the same ε)"
-    ),
-}
-USER_ADJACENCY_TEXT = (
-    "add-or-remove one user: the datasets differ by all of one user's "
-    "examples, however many they are"
-)
-
-SAMPLING_TEXT = {
-    Sampling.POISSON: (
-        "Poisson sampling: each example joined each batch independently with "
-        "probability q (dpfy's sampler recorded this). Amplification by sampling "
-        "is claimed; the assumption held by construction."
-    ),
-    Sampling.FIXED_SIZE: (
-        "Fixed-size batches drawn uniformly without replacement at every step. "
-        "Amplification by sampling without replacement is claimed "
-        "(replace-one adjacency)."
-    ),
-    Sampling.SHUFFLE: (
-        "Fixed-size batches from dpfy's own permutation sampler: one random "
-        "permutation per pass, cut into batches of b; restarts continue the pass. "
-        "No amplification is claimed: each example is charged once per pass at "
-        "the worst position, with replace-one sensitivity."
-    ),
-    Sampling.NONE: "No sampling: every example took part in every such step.",
-    Sampling.ULS: (
-        "User-level sampling (ULS, Charles et al. 2024): each user joined each step "
-        "independently with probability q (the user rate; dpfy's sampler recorded "
-        "it), and a sampled user's examples were clipped together as one unit. "
-        "Amplification by sampling is claimed at the user level (a Poisson-"
-        "subsampled Gaussian); the assumption held by construction."
-    ),
-    Sampling.ELS: (
-        "Example-level sampling with contribution bounding (ELS, Charles et al. "
-        "2024): every user kept at most k examples (the ledger records k), each "
-        "example joined each step independently with probability q and was clipped "
-        "alone. Accounted at the user level: a user's examples enter a step "
-        "Binomial(k, q) times, a mixture of Gaussians (PLD: the mixture; RDP: an "
-        "upper bound on it)."
-    ),
-    Sampling.CYCLIC_POISSON: (
-        "Cyclic Poisson sampling (b-min-separation): dpfy's sampler split "
-        "the examples once into b balanced groups and step t drew each "
-        "example of group t mod b independently with probability q. "
-        "Amplification by sampling is claimed for each participation."
-    ),
-}
-
-# The correlated noise mechanisms: what each assumes about participation (privacy.correlated).
-NOISE_TEXT = {
-    "tree": (
-        "DP-FTRL tree aggregation (Kairouz et al. 2021), the honest tree restarted every "
-        "{period} steps (one pass); assumes each example takes part at most once per "
-        "tree; each tree is charged as one Gaussian release at σ/√depth"
-    ),
-    "bandmf": (
-        "banded matrix factorization (Choquette-Choo et al. 2023) with b = {period} "
-        "bands and unit-norm strategy columns; assumes an example's participations are "
-        "multiples of b steps apart; each participation is charged as one "
-        "Poisson-subsampled Gaussian"
-    ),
-}
-NOISE_HELD = (
-    "held by construction: dpfy's sampler drew every batch and the mechanism checked "
-    "the sampler's position at every release"
-)
-
-
-def tier(eps: float) -> int:
-    """The guide's ε tier: 1 (ε ≤ 1, strong), 2 (ε ≤ 10, reasonable), 3 (weak to none)."""
-    return 1 if eps <= 1 else 2 if eps <= 10 else 3
-
-
-TIER_TEXT = {
-    1: "Tier 1 (ε ≤ 1): strong formal privacy guarantee.",
-    2: "Tier 2 (ε ≤ 10): reasonable privacy guarantee for many applications.",
-    3: (
-        "Tier 3 (ε > 10): weak to no formal guarantee. The DP guarantee alone is not sufficient "
-        "evidence of anonymization; additional measures (e.g. empirical privacy auditing, "
-        "demonstrated robustness to attacks, removing privacy-sensitive data) may be necessary."
-    ),
-}
-
-
-@dataclass(frozen=True)
-class TuningCost:
-    """The privacy cost of the hyperparameter search that chose this run's settings.
-
-    Args:
-      method: how tuning was accounted, e.g. "Papernot-Steinke, Poisson K, mean 100".
-      epsilon: ε of tuning *including* the released run, at ``delta``.
-      delta: δ of that statement.
-      details: anything a reviewer needs (the search space, adaptive or not, ...).
-    """
-
-    method: str
-    epsilon: float
-    delta: float
-    details: str = ""
-
-
-@dataclass(frozen=True)
-class MechanismShare:
-    """One mechanism of the ledger.
-
-    Attributes:
-      mechanism: its name in the ledger (``"gradient"``, ``"quantile_count"``, ...).
-      steps: steps in which it was released.
-      epsilon_alone: ε(δ) of this mechanism's releases alone.
-      noise_share: its share of Σ_t Σ_i σ_{t,i}⁻², the budget that releases made on one batch
-        split exactly (ν⁻² = Σ ν_i⁻²); 1.0 when it is the only mechanism.
-    """
-
-    mechanism: str
-    steps: int
-    epsilon_alone: float
-    noise_share: float
-
 
 def _finite(x: float) -> float | str:
     return x if math.isfinite(x) else "inf"
@@ -220,43 +93,8 @@ def _version(package: str) -> str:
 
 
 @dataclass(frozen=True)
-class PrivacyReport:
+class PrivacyReport(ReportFields):
     """A privacy statement for one run, built by :meth:`from_ledger`."""
-
-    epsilon: float
-    delta: float
-    accountant: str
-    steps: int
-    dataset_size: int | None
-    adjacency: str
-    samplings: tuple[str, ...]
-    sample_rates: tuple[float, float]
-    noise_multipliers: tuple[float, float]
-    epsilons: Mapping[str, float | None]  # None: that accountant refused (PLD floor)
-    epsilon_without_amplification: float
-    coarsened: float | None
-    curve: tuple[tuple[int, float], ...]
-    mechanisms: tuple[MechanismShare, ...]
-    released: str
-    unit_of_privacy: str
-    protects: str
-    dp_setting: str
-    data_accesses: str
-    tuning: TuningCost | None = None
-    group_size: int | None = None
-    group_statement: tuple[float, float] | None = None
-    layer_table: tuple[Mapping[str, Any], ...] = ()
-    model_description: str | None = None
-    sampling_note: str | None = None
-    versions: Mapping[str, str] = field(default_factory=dict)
-    warnings: tuple[str, ...] = ()
-    not_released: str | None = None
-    methods: tuple[Mapping[str, str], ...] = ()
-    public_data: str | None = None
-    sections: tuple[ReportSection, ...] = ()
-    unit: str = "example"  # the ledger's unit of privacy: "example" or "user"
-    noise_mechanisms: tuple[Mapping[str, Any], ...] = ()  # correlated noise only
-    left_out: Mapping[str, str] = field(default_factory=dict)  # accountant -> why it does not apply
 
     @classmethod
     def from_ledger(
@@ -432,62 +270,6 @@ class PrivacyReport:
         return out
 
     # -- rendering ---------------------------------------------------------------------------
-    @property
-    def approximate(self) -> bool:
-        return self.accountant in APPROXIMATE
-
-    @property
-    def tier(self) -> int:
-        worst = max(self.epsilon, self.tuning.epsilon if self.tuning else 0.0)
-        return tier(worst)
-
-    def delta_convention(self) -> dict[str, Any]:
-        """The guide's δ ≪ 1/N convention, checked against N."""
-        if not self.dataset_size:
-            return {
-                "dataset_size": None,
-                "ok": None,
-                "note": "N unknown: cannot check δ ≪ 1/N (set dataset_size)",
-            }
-        n = self.dataset_size
-        ok = self.delta <= n**-1.1
-        if self.unit == "user":  # the units are users: δ is judged against 1/U
-            note = (
-                f"δ = {self.delta:.3g} {'≤' if ok else '>'} 1/U^1.1 = {n**-1.1:.3g}, U = "
-                f"{n} users"
-                + (
-                    ""
-                    if ok
-                    else f": the guide recommends δ ≪ 1/U = {1 / n:.3g}"
-                    f"; with δ ≥ 1/U the guarantee can allow revealing one "
-                    f"user's data"
-                )
-            )
-        else:
-            note = (
-                f"δ = {self.delta:.3g} ≤ 1/N^1.1 = {n**-1.1:.3g} (the guide's recommendation)"
-                if ok
-                else f"δ = {self.delta:.3g} > 1/N^1.1 = {n**-1.1:.3g}: the guide recommends δ ≪ "
-                f"1/N = {1 / n:.3g}; with δ ≥ 1/N the guarantee can allow revealing one record"
-            )
-        return {
-            "dataset_size": n,
-            "one_over_n": 1 / n,
-            "recommended": n**-1.1,
-            "ok": ok,
-            "note": note,
-        }
-
-    def statement(self) -> str:
-        """One sentence a reviewer can quote."""
-        approx = " (GDP CLT approximation, not a guarantee)" if self.approximate else ""
-        return (
-            f"Training satisfies ({self.epsilon:.4g}, {self.delta:.3g})-differential privacy"
-            f"{approx} for {self.unit_of_privacy} under {self.adjacency.replace('_', '-')} "
-            f"adjacency, over {self.steps} steps, by the {self.accountant.upper()} "
-            f"accountant."
-        )
-
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (infinite values are the string ``"inf"``)."""
         d: dict[str, Any] = {
@@ -551,154 +333,9 @@ class PrivacyReport:
         return d
 
     def to_markdown(self) -> str:
-        """The report for people, following the guide's checklist."""
-        f = _fmt
-        lines = ["# Privacy report", ""]
-        for w in self.warnings:
-            lines += [f"> **WARNING:** {w}.", ""]
-        lines += [f"**{self.statement()}**", ""]
-        lines += ["## 1. DP setting", "", self.dp_setting, ""]
-        lines += [
-            "## 2. What the guarantee covers",
-            "",
-            f"- **Data accesses covered:** {self.data_accesses}.",
-            f"- **Released:** {self.released}. Formally the mechanism's output is the whole "
-            "sequence of noisy releases (every noisy gradient and every checkpoint); the "
-            "guarantee covers all of it, and anything computed from it.",
-            *([f"- **Not released (secret):** {self.not_released}."] if self.not_released else []),
-            f"- **Unit of privacy:** {self.unit_of_privacy}; protects {self.protects}.",
-            f"- **Adjacency:** {self._adjacency_text()}.",
-            *self._methods_lines(),
-            *(
-                [f"- **Public data (not protected):** {self.public_data}."]
-                if self.public_data
-                else []
-            ),
-            "",
-        ]
-        lines += [
-            "## 3. Accounting",
-            "",
-            f"- **Accountant:** {accountant_label(self.accountant)}; dp_accounting "
-            f"{self.versions.get('dp-accounting', '?')}.",
-            "- **Sampling:**",
-        ]
-        for s in self.samplings:
-            lines.append(f"  - `{s}`: {SAMPLING_TEXT[Sampling(s)]}")
-        if self.sampling_note:
-            lines.append(f"  - Note: {self.sampling_note}")
-        for row in self.noise_mechanisms:
-            lines.append(
-                f"- **Noise mechanism:** `{row['noise']}` on `{row['sampling']}`: "
-                f"{row['assumption']}; this assumption {row['held']}."
-            )
-        lines.append(
-            f"- **Without amplification by sampling** (if the sampling assumption did "
-            f"not hold): ε = {f(self.epsilon_without_amplification)} at the same δ."
-        )
-        if self.coarsened:
-            lines.append(
-                f"- Noise multipliers were rounded down to a {self.coarsened:.0%} grid "
-                "before accounting (faster; ε stays an upper bound)."
-            )
-        lines += ["", "| accountant | ε | note |", "|---|---|---|"]
-        for name, e in self.epsilons.items():
-            value = f(e) if e is not None else "not computed"
-            note = (
-                accountant_label(name)
-                if e is not None
-                else ("refused: σ below the PLD grid floor (see the RDP row)")
-            )
-            lines.append(f"| {name.upper()} | {value} | {note} |")
-        for name, why in self.left_out.items():
-            lines.append(f"| {name.upper()} | left out | {why} |")
-        lines += [
-            "",
-            "## 4. Formal statements",
-            "",
-            f"- **Training:** ({f(self.epsilon)}, {self.delta:.3g})-DP.",
-            (
-                "- **Tuning:** "
-                + (
-                    f"({f(self.tuning.epsilon)}, {self.tuning.delta:.3g})-DP "
-                    f"including the released run; {self.tuning.method}. "
-                    f"{self.tuning.details}"
-                    if self.tuning
-                    else "not covered: the hyperparameters were not chosen on "
-                    "private data, or that search is not accounted here."
-                )
-            ),
-        ]
-        if self.group_statement:
-            ge, gd = self.group_statement
-            lines.append(
-                f"- **Groups of {self.group_size}:** ({f(ge)}, {gd:.3g})-DP "
-                "(group privacy; degrades fast)."
-            )
-        dc = self.delta_convention()
-        lines += [f"- **δ convention:** {dc['note']}.", f"- **ε tier:** {TIER_TEXT[self.tier]}", ""]
-        lines += [
-            "## 5. Mechanisms",
-            "",
-            "| mechanism | steps released | ε alone | share of the noise budget |",
-            "|---|---|---|---|",
-        ]
-        for m in self.mechanisms:
-            lines.append(
-                f"| {m.mechanism} | {m.steps} | {f(m.epsilon_alone)} | {m.noise_share:.1%} |"
-            )
-        lines += [
-            "",
-            "## 6. Hyperparameters",
-            "",
-            f"- steps (optimizer updates): {self.steps}",
-            f"- dataset size N: {self.dataset_size if self.dataset_size else 'unknown'}",
-            f"- sample rate q: {_range(self.sample_rates)}",
-            f"- noise multiplier σ (all releases of a step combined): "
-            f"{_range(self.noise_multipliers)}",
-            "",
-        ]
-        if self.model_description or self.layer_table:
-            lines += ["## 7. Model", ""]
-            if self.model_description:
-                lines += [self.model_description, ""]
-            if self.layer_table:
-                cols = list(self.layer_table[0].keys())
-                lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-                for r in self.layer_table:
-                    lines.append("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
-                lines.append("")
-        for sec in self.sections:
-            lines += [f"## {sec.title}", "", *sec.lines, ""]
-        lines += [
-            "## ε over steps",
-            "",
-            "![ε over steps](epsilon_over_steps.png)",
-            "",
-            "## Transparency",
-            "",
-            "Computed by dpfy " + self.versions.get("dpfy", "?") + " from the run's ledger "
-            "(every noisy release recorded as a dp_accounting event).",
-            "",
-        ]
-        return "\n".join(lines)
-
-    def _adjacency_text(self) -> str:
-        """The neighbouring relation in words (one user's examples for a user-level run)."""
-        return USER_ADJACENCY_TEXT if self.unit == "user" else ADJACENCY_TEXT[self.adjacency]
-
-    def _methods_lines(self) -> list[str]:
-        """Section 2's list of the adaptive methods that ran (none: plain DP-SGD)."""
-        if not self.methods:
-            return []
-        lines = [
-            "- **Adaptive methods** (in the order they ran in each step; each release is a "
-            "row of the mechanisms table, section 5):"
-        ]
-        for r in self.methods:
-            releases = r.get("releases") or "not stated by the method"
-            lines.append(f"  - `{r['name']}` — releases per step: {releases.rstrip('.')}.")
-        return lines
+        """The report for people, following the guide's checklist (its sections:
+        :mod:`dpfy.privacy.report_markdown`)."""
+        return report_markdown(self)
 
     def plot(self, path: str | Path) -> Path:
         """Write the ε-over-steps PNG to ``path``."""
@@ -747,15 +384,6 @@ def _epsilon_or_none(
         if headline:
             raise
         return None
-
-
-def _fmt(x: float) -> str:
-    return "∞" if math.isinf(x) else f"{x:.4g}"
-
-
-def _range(pair: tuple[float, float]) -> str:
-    lo, hi = pair
-    return f"{lo:.6g}" if lo == hi else f"{lo:.6g} to {hi:.6g}"
 
 
 def _mechanism_shares(ledger: Ledger, *, delta: float, accountant: str) -> list[MechanismShare]:

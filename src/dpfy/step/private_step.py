@@ -16,8 +16,9 @@ It reads top to bottom like this (docs/architecture.md):
 12. update:   state = method.update(state, StepOutcome(...)) — released values only
 
 Individualized budgets (:mod:`dpfy.step.individual`), data-parallel all-reduce
-(:mod:`dpfy.step.distributed`), loss probes (:mod:`dpfy.step.probes`) and the sums
-(:mod:`dpfy.step.sums`) are pieces it calls. :class:`dpfy.optim.DPOptimizer` is only the
+(:mod:`dpfy.step.distributed`), loss probes (:mod:`dpfy.step.probes`), the sums
+(:mod:`dpfy.step.sums`) and the refusals of a misused step (:mod:`dpfy.step.refusals`) are
+pieces it calls. :class:`dpfy.optim.DPOptimizer` is only the
 torch facade around it.
 """
 
@@ -29,7 +30,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from dpfy._require import require
-from dpfy.adaptive.base import Method, check_plan
+from dpfy.adaptive.base import Method
 from dpfy.buffers import guard_of
 from dpfy.clipping import ClippingPolicy
 from dpfy.errors import PrivacyRefusal
@@ -44,6 +45,13 @@ from dpfy.step.distributed import Collective
 from dpfy.step.guard import EpsilonGuard
 from dpfy.step.individual import IndividualBudgets
 from dpfy.step.probes import post_release, probe_losses
+from dpfy.step.refusals import (
+    LossFn,
+    checked_plan,
+    repeated_step_message,
+    require_loss_fn,
+    split_batch_refusal,
+)
 from dpfy.step.sums import (
     StepSums,
     WeightSets,
@@ -55,23 +63,6 @@ from dpfy.step.sums import (
 from dpfy.types import Clip, Norms, ReleaseSpec, StepPlan
 
 __all__ = ["PrivateStep", "require_loss_fn", "split_batch_refusal"]
-
-LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
-
-
-def repeated_step_message(released: bool) -> str:
-    """optimizer.step() called again before the loader yielded another batch."""
-    what = (
-        "its logical batch was already released (noised and recorded in the ledger)"
-        if released
-        else "its clipped gradients were already added to the current logical batch"
-    )
-    return (
-        "optimizer.step() must be called once per batch of the private loader, got a second "
-        f"optimizer.step() for the same batch: {what}, and stepping on it again would use its "
-        "examples twice without accounting for it. Draw the next batch from the loader "
-        "(and call loss.backward() on it) before calling optimizer.step() again"
-    )
 
 
 class PrivateStep:
@@ -145,7 +136,7 @@ class PrivateStep:
             clip=self.clipping.default_clip(),
         )
         if self.method is not None:
-            plan = _checked_plan(self.method, plan, self.method.plan(self.method_state, plan))
+            plan = checked_plan(self.method, plan, self.method.plan(self.method_state, plan))
         if plan.noise_multiplier == 0 and self.noise_multiplier != 0:
             raise ValueError(
                 f"noise_multiplier must be > 0 at step {t}, got noise_multiplier = 0 from "
@@ -272,7 +263,7 @@ class PrivateStep:
         """Add one physical batch to ``sums``: norms → clipping → extra values → sums."""
         plan, method, state = sums.plan, self.method, self.method_state
         state_guard = guard_of(self.model)
-        if state_guard is not None:  # the model's state as the forward left it (buffers.py)
+        if state_guard is not None:  # the model's state as the forward left it (buffers/guard.py)
             state_guard.defer = True  # its comparisons on a device: read in check_bound
             state_guard.check_settled()
         unit_of_row = self.sampler.units_of(self.cursor.indices)  # None: each row is a unit
@@ -470,45 +461,8 @@ class PrivateStep:
         return [names.get(id(p), "<not in the model>") for p in params]
 
 
-def require_loss_fn(specs: Mapping[str, ReleaseSpec], loss_fn: LossFn | None, name: str) -> None:
-    """Loss-probe releases need the per-example loss function; refuse without one."""
-    if any(spec.kind == "loss" for spec in specs.values()):
-        require(
-            callable(loss_fn),
-            "loss_fn",
-            loss_fn,
-            f"a callable for method {name!r}",
-            "It probes per-example losses: pass make_private(..., loss_fn=fn) with "
-            "fn(model, batch) -> (B,) losses (reduction='none')",
-        )
-
-
-def split_batch_refusal(name: str) -> PrivacyRefusal:
-    """The refusal of a logical batch split into physical ones under post-release probes."""
-    return PrivacyRefusal(
-        f"a logical batch must be one physical batch for method {name!r}, got a logical "
-        f"batch split over several physical batches (max_physical_batch_size): its "
-        f"post-release loss probes need the whole batch again after the gradient is released. "
-        f"Make the physical batch as large as the logical one (drop max_physical_batch_size=, "
-        f"or raise it above the largest logical batch); nothing of this step was released"
-    )
-
-
 def _name(method: Method | None) -> str:
     return "" if method is None else (method.registry_name or type(method).__name__)
-
-
-def _checked_plan(method: Method, before: StepPlan, after: StepPlan) -> StepPlan:
-    """``after``, refused if the method changed q or a plan field it does not declare."""
-    require(
-        after.sample_rate == before.sample_rate,
-        "plan.sample_rate",
-        after.sample_rate,
-        f"the sampler's rate {before.sample_rate}",
-        "The sample rate is a fact of the sampler; a method may not change it",
-    )
-    check_plan(method, before, after)
-    return after
 
 
 def _rows_weighted(

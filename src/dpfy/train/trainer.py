@@ -34,11 +34,10 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from dpfy._require import require, require_extra
-from dpfy.data import DATASETS, DataSplits, load_dataset
+from dpfy.data import DataSplits, load_dataset
 from dpfy.errors import SeedWarning
 from dpfy.individual_tracking import save_norms
-from dpfy.models import MODELS, build_model
-from dpfy.privacy.accountants import PLD_FINE, pld_min_noise_multiplier
+from dpfy.models import build_model
 from dpfy.privacy.individual import load_budgets, random_budgets
 from dpfy.privacy.statement import ledger_statement
 from dpfy.train.checkpoint import Checkpoint, load_latest
@@ -49,6 +48,7 @@ from dpfy.train.averaging import ParameterAverage, averaging_section
 from dpfy.train.evaluate import evaluate
 from dpfy.train.metrics import MetricsLog
 from dpfy.train.plots import plot_accuracy
+from dpfy.train.preflight import check_accountable, check_names
 from dpfy.train.private import make_optimizer, make_private_run, private_run
 from dpfy.train.report import (
     ALGORITHM,
@@ -96,34 +96,6 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def check_names(cfg: TrainConfig, data: DataSplits | None, model: nn.Module | None) -> None:
-    """Refuse a dataset or model name that is not listed (or not the ``data`` passed in)."""
-    if data is None:
-        require(
-            cfg.dataset in DATASETS,
-            "dataset",
-            cfg.dataset,
-            f"one of {sorted(DATASETS)}",
-            "Pick a listed name, or pass your own DataSplits through the Python API",
-        )
-    else:
-        require(
-            cfg.dataset == data.name,
-            "dataset",
-            cfg.dataset,
-            f"'{data.name}' (the name of the DataSplits passed in)",
-            "Set TrainConfig(dataset=data.name)",
-        )
-    if model is None:
-        require(
-            cfg.model in MODELS,
-            "model",
-            cfg.model,
-            f"one of {sorted(MODELS)}",
-            "Pick a listed name, or pass your own nn.Module through the Python API",
-        )
-
-
 def train(
     cfg: TrainConfig,
     *,
@@ -163,22 +135,6 @@ def train(
         if not run.has_checkpoint() and not run.is_complete():  # nothing to resume: no trace
             shutil.rmtree(run.staging, ignore_errors=True)
         raise
-
-
-def check_accountable(cfg: TrainConfig) -> None:
-    """Refuse a fixed σ the accountant cannot read in bounded time, before anything runs.
-
-    (A target ε is bounded by the calibration itself: ``dpfy.privacy.calibration``.)
-    """
-    if cfg.noise_multiplier is not None and cfg.accountant == "pld":
-        floor = pld_min_noise_multiplier(PLD_FINE)
-        require(
-            cfg.noise_multiplier >= floor,
-            "noise_multiplier",
-            cfg.noise_multiplier,
-            f">= {floor:.3g} with the PLD accountant (its grid would not fit in memory)",
-            "Raise --noise-multiplier, or account with --accountant rdp",
-        )
 
 
 def resume(

@@ -1,0 +1,228 @@
+"""What the model-state guard (:mod:`dpfy.buffers`) notes of each watched tensor, and how it
+tells that one changed: identity, version counter, storage, a bitwise copy of buffers and tensor
+attributes, and the parameters' fingerprints (the sum of their bits read as integers; see the
+package docstring for why each is needed)."""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import torch
+from torch import nn
+from torch.nn.parameter import is_lazy
+
+from dpfy._deferred import Explain, PendingChecks
+
+_Tensor = torch.Tensor
+# the attributes every Module has (hook tables, ``training``, ``_parameters``, ...): the scan
+# for tensor attributes skips a module that has no other (ReLU, Flatten, Sequential)
+_MODULE_INTERNALS = frozenset(vars(nn.Module()))
+# a module's attribute names (in order) -> those not in _MODULE_INTERNALS, in order
+_OWN_NAMES: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+
+def _watched(m: nn.Module, params: bool = True) -> list[tuple[str, torch.Tensor | None]]:
+    """``m``'s own buffers, tensor attributes (a tensor assigned to ``self.x`` that is neither
+    a parameter nor a buffer: saved with ``torch.save(model)`` and read by later forwards all
+    the same) and (``params``) parameters (lazy parameters, still to be shaped by their first
+    forward, are skipped: they hold no value yet)."""
+    state = list(m._buffers.items())
+    attrs = vars(m)
+    names = tuple(attrs)
+    own = _OWN_NAMES.get(names)
+    if own is None:
+        if len(_OWN_NAMES) > 4096:
+            _OWN_NAMES.clear()
+        own = _OWN_NAMES[names] = tuple(n for n in names if n not in _MODULE_INTERNALS)
+    state += [(n, t) for n in own if isinstance(t := attrs[n], _Tensor)]
+    if not params:
+        return state
+    return [*state, *((n, p) for n, p in m._parameters.items() if p is None or not is_lazy(p))]
+
+
+def _kind(m: nn.Module, name: str) -> str:
+    """What ``name`` is in ``m``: "parameter", "buffer" or "tensor attribute"."""
+    return (
+        "parameter"
+        if name in m._parameters
+        else "buffer"
+        if name in m._buffers
+        else "tensor attribute"
+    )
+
+
+Marks = tuple[dict[tuple[int, str], tuple[int, int, int]], "torch.Tensor | None"]
+
+_INT_VIEWS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64, 16: torch.int64}
+
+
+def _int_view(p: torch.Tensor) -> torch.Tensor:
+    """``p``'s memory read as integers (a view: no copy; a contiguous copy when ``p`` is not
+    contiguous): 64-bit words where its bytes allow (a CPU sums int64 ≈ 15× faster than it
+    sums int32 into int64), else integers of its element size. Either way a change of any one
+    element changes one word, so the wrapping sum."""
+    t = p.detach()
+    t = t if t.is_contiguous() else t.contiguous()
+    words = t.view(_INT_VIEWS[t.element_size()])
+    if t.dim() and t.element_size() < 8 and t.numel() * t.element_size() % 8 == 0:
+        try:
+            return words.view(-1).view(torch.int64)
+        except RuntimeError:  # storage offset not a multiple of 8 bytes
+            pass
+    return words
+
+
+def _fingerprint(p: torch.Tensor) -> torch.Tensor:
+    """The sum of ``p``'s bits read as integers (int64, a 0-dim tensor on ``p``'s device): a
+    write that bypasses the version counter (``p.data.add_(x)``) changes it. One read of the
+    parameter, no copy; compared for all parameters at once (one device sync)."""
+    return _int_view(p).sum()  # integer sums are int64 (wrapping), the default dtype
+
+
+# the integer view of a parameter, kept while (identity, storage, shape, strides, dtype) hold:
+ViewCache = dict[tuple[int, str], tuple[tuple[object, ...], torch.Tensor]]
+
+
+def _cached_sum(p: torch.Tensor, key: tuple[int, str], views: ViewCache) -> torch.Tensor:
+    """:func:`_fingerprint` of ``p`` through its integer view kept in ``views`` (one op a
+    parameter instead of four: the view is made once). The cached view holds ``p``'s storage,
+    so an equal ``data_ptr`` with equal shape, strides and dtype is that same memory."""
+    if p.numel() == 0 or not p.is_contiguous():
+        return _fingerprint(p) if p.numel() else torch.zeros((), dtype=torch.int64, device=p.device)
+    mark = (id(p), p.data_ptr(), p.shape, p.stride(), p.dtype)
+    kept = views.get(key)
+    if kept is None or kept[0] != mark:
+        kept = views[key] = (mark, _int_view(p))
+    return kept[1].sum()
+
+
+def _param_marks(
+    owners: list[tuple[str, nn.Module]], views: ViewCache | None = None
+) -> Marks | None:
+    """(identity, version, storage) of every parameter of ``owners``, and their
+    :func:`_fingerprint` s: the check of the forwards after the first (no copy); None when a
+    parameter has no version counter or storage (then the full snapshot is used). ``views``:
+    the caller's cache of integer views (:func:`_cached_sum`)."""
+    try:
+        marks: dict[tuple[int, str], tuple[int, int, int]] = {}
+        sums: list[torch.Tensor] | None = []
+        cache: ViewCache = {} if views is None else views
+        device = None
+        for k, (_, m) in enumerate(owners):
+            for n, p in m._parameters.items():
+                if p is None or is_lazy(p):
+                    continue
+                key = (k, n)
+                marks[key] = (id(p), p._version, p.data_ptr())
+                if sums is not None:
+                    device = p.device if device is None else device
+                    # several devices: marks only
+                    if p.device == device:
+                        sums.append(_cached_sum(p, key, cache))
+                    else:
+                        sums = None
+        prints = torch.stack(sums) if sums else None
+        if views is not None and len(views) > len(marks):  # parameters were removed
+            for gone in set(views) - set(marks):
+                del views[gone]
+        return marks, prints
+    except (RuntimeError, KeyError):
+        return None
+
+
+VALUES = "given new values without a version bump (.data or a native kernel)"
+Defer = Callable[[torch.Tensor, Explain], None]
+
+
+def _marks_changed(
+    before: Marks, now: Marks, defer: Defer | None = None
+) -> list[tuple[tuple[int, str], str]]:
+    """Which parameters changed between two :func:`_param_marks`, and how. ``defer``: the
+    fingerprints are compared on their device, the mismatch handed to it with how to explain
+    it (no host read here: see :mod:`dpfy._deferred`)."""
+    (was, was_prints), (is_, is_prints) = before, now
+    out = [(key, "registered during the forward") for key in is_ if key not in was]
+    for key, (ident, version, ptr) in was.items():
+        mark = is_.get(key)
+        how = (
+            "deleted during the forward"
+            if mark is None
+            else "replaced by another tensor"
+            if mark[0] != ident
+            else "modified in place"
+            if mark[1] != version
+            else "given new storage (.data assignment)"
+            if mark[2] != ptr
+            else None
+        )
+        if how is not None:
+            out.append((key, how))
+    if not out and was_prints is not None and is_prints is not None:
+        keys = list(was)
+        if defer is not None and PendingChecks.applies(is_prints):
+            defer(was_prints != is_prints, lambda f: [(k, VALUES) for k, x in zip(keys, f) if x])
+        elif not torch.equal(was_prints, is_prints):
+            ne = (was_prints != is_prints).nonzero().flatten().tolist()
+            out = [(keys[i], VALUES) for i in ne]
+    return out
+
+
+class _Seen(NamedTuple):
+    """A buffer as it was before a forward (a tuple: one is built per buffer per forward)."""
+
+    tensor: torch.Tensor | None
+    version: int | None  # None: no version counter (None buffer, inference tensor)
+    ptr: int | None  # None: no storage to point to (None buffer, sparse tensor)
+    copy: torch.Tensor | None  # bitwise copy (parameters: first checked forward only)
+    kind: str = "buffer"  # or "parameter", "tensor attribute"
+
+
+def _version(t: torch.Tensor | None) -> int | None:
+    if t is None:
+        return None
+    try:
+        return t._version
+    except RuntimeError:  # inference tensors keep no version counter (nor accept writes)
+        return None
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    if t is None:
+        return None
+    try:
+        return t.data_ptr()
+    except RuntimeError:  # sparse and other storage-less layouts
+        return None
+
+
+def _copy(t: torch.Tensor | None) -> torch.Tensor | None:
+    if t is None or t.layout != torch.strided or t.device.type == "meta":
+        return None
+    return t.detach().clone()
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes (so NaNs compare equal to themselves and -0.0 differs from 0.0)."""
+    return t.detach().reshape(-1).contiguous().view(torch.uint8)
+
+
+def _how_changed(
+    before: _Seen | None, now: torch.Tensor | None, defer: bool = False
+) -> str | torch.Tensor | None:
+    """What happened during a forward to a buffer present after it, or None if nothing did
+    (``defer``: the values' comparison as a (1,) bool tensor on their device, no host read)."""
+    if before is None:
+        return "registered during the forward"
+    if now is not before.tensor:
+        return "replaced by another tensor"
+    if _version(now) != before.version:
+        return "modified in place"
+    if _ptr(now) != before.ptr:
+        return "given new storage (.data assignment)"
+    if before.copy is None or now is None:
+        return None
+    if now.shape != before.copy.shape or now.dtype != before.copy.dtype:
+        return VALUES
+    if defer and PendingChecks.applies(now):
+        return (_bits(now) != _bits(before.copy)).any().reshape(1)
+    return None if torch.equal(_bits(now), _bits(before.copy)) else VALUES
