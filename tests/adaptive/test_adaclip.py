@@ -208,10 +208,10 @@ def test_end_to_end_the_sensitivity_check_passes_every_step_and_bites():
     seen = []
     original = dpfy.step.sums.check_bound
 
-    def spy(sq, bound, *, what, owner):
+    def spy(sq, bound, *, what, owner, **rest):
         if what == "the clipped gradient sum":
             seen.append((float(sq.max().sqrt()) if sq.numel() else 0.0, bound))
-        return original(sq, bound, what=what, owner=owner)
+        return original(sq, bound, what=what, owner=owner, **rest)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(dpfy.step.sums, "check_bound", spy)

@@ -49,9 +49,9 @@ def _spy_check_bound(monkeypatch):
     calls = []
     real = step_sums.check_bound
 
-    def spy(sq, bound, *, what, owner):
+    def spy(sq, bound, *, what, owner, **rest):
         calls.append((sq.detach().double().cpu().clone(), bound, what))
-        return real(sq, bound, what=what, owner=owner)
+        return real(sq, bound, what=what, owner=owner, **rest)
 
     monkeypatch.setattr(step_sums, "check_bound", spy)
     return calls
