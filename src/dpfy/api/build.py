@@ -249,7 +249,6 @@ def build(
             accountant=acc.accountant,
             max_grad_norm=clip_norm,
             seed=sampling_seed,
-            others={},
             clipping=clipping,
             poisson_sampling=poisson_sampling,
         )

@@ -41,7 +41,6 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from dpfy._require import require
-from dpfy.errors import PrivacyRefusal
 from dpfy.sampling.units import ExampleUnits, known_indices
 
 __all__ = ["AugmultUnits", "Augmentation", "augment_seed", "check_augmult"]
@@ -142,9 +141,9 @@ class Augmentation:
         return out
 
 
-def check_augmult(augmult: int, augment: Any, *, others: dict[str, Any]) -> None:
-    """Refuse an ``augmult`` / ``augment`` pair that is not valid, and the features it cannot
-    be combined with (``others``: name -> value, None or False when not used)."""
+def check_augmult(augmult: int, augment: Any) -> None:
+    """Refuse an ``augmult`` / ``augment`` pair that is not valid (the features augmult cannot
+    be combined with are declared in :mod:`dpfy.spec.check`)."""
     require(
         isinstance(augmult, int) and not isinstance(augmult, bool) and augmult >= 1,
         "augmult",
@@ -176,11 +175,3 @@ def check_augmult(augmult: int, augment: Any, *, others: dict[str, Any]) -> None
         "Pass augment=fn(batch, generator), e.g. dpfy.data.augment.crop_flip(padding=2), or "
         "augment='dataset' if your dataset's __getitem__ draws its own random transform",
     )
-    used = [name for name, v in others.items() if v is not None and v is not False]
-    if used:
-        raise PrivacyRefusal(
-            f"augmult={augmult} cannot be combined with {used}: augmentation multiplicity "
-            f"clips an example's {augmult} copies as one unit of Poisson- or shuffle-sampled "
-            f"examples with independent Gaussian noise, and those act on other units (users, "
-            f"microbatches, rows) or on other mechanisms. Drop them, or drop augmult"
-        )

@@ -175,15 +175,12 @@ class MicrobatchSampler(PoissonSampler):
         super().load_state_dict(state)
 
 
-def check_microbatch(
-    clipping: str, microbatch_size: int | None, *, poisson_sampling: bool, others: dict[str, Any]
-) -> str:
+def check_microbatch(clipping: str, microbatch_size: int | None, *, poisson_sampling: bool) -> str:
     """The clipping policy to build: ``"flat"`` for ``"microbatch"`` at k = 1 (per-example
     clipping, Δ = C), else ``clipping``; refuses what microbatch clipping cannot account.
 
-    ``others``: the features that cannot be combined with it (name -> value; None or False
-    when not used): user ids, per-example rates, methods (their clipping and extra releases
-    are per example), individualized budgets, data-parallel ranks.
+    The features it cannot be combined with (user ids, per-example rates, methods,
+    individualized budgets, data-parallel ranks) are declared in :mod:`dpfy.spec.check`.
     """
     if clipping != "microbatch":
         require(
@@ -211,13 +208,6 @@ def check_microbatch(
         "Microbatch clipping's 2C bound is proven for Poisson sampling with dpfy's "
         "partition; drop poisson_sampling=False",
     )
-    used = [name for name, v in others.items() if v is not None and v is not False]
-    if used:
-        raise PrivacyRefusal(
-            f"clipping='microbatch' cannot be combined with {used}: they act on single "
-            f"examples, and the unit clipped here is a microbatch. Drop them, or use "
-            f"per-example clipping (clipping='flat')"
-        )
     return "flat" if microbatch_size == 1 else clipping
 
 

@@ -61,7 +61,7 @@ def _unit(
     augment: Any,
 ) -> Unit:
     """The unit of privacy: a user (with ``user_ids``) or an example with its K rows."""
-    check_augmult(augmult, augment, others={})  # the combinations: dpfy.spec.check
+    check_augmult(augmult, augment)  # the combinations: dpfy.spec.check
     if user_ids is None:
         require(
             user_sampling is None and max_examples_per_user is None and user_reduction == "mean",
@@ -172,7 +172,6 @@ def from_keywords(*, world_size: int = 1, **kw: Any) -> tuple[RunSpec, Performan
         kw["clipping"],
         kw["microbatch_size"],
         poisson_sampling=kw["poisson_sampling"],
-        others={},
     )
     spec = RunSpec(
         sampling=SamplingSpec(

@@ -97,7 +97,6 @@ def individualize(
     accountant: str,
     max_grad_norm: Any,
     seed: int | None,
-    others: dict[str, Any],
     clipping: str,
     poisson_sampling: bool,
 ) -> IndividualRun:
@@ -116,14 +115,6 @@ def individualize(
         f"one of {list(VARIANTS)} with budgets",
         "Choose per-group sample rates ('sample') or clip thresholds ('scale')",
     )
-    for name, value in others.items():
-        require(
-            value is None,
-            name,
-            "given",
-            "None with budgets (individualized privacy decides σ, the rates and the thresholds)",
-            f"Drop {name}",
-        )
     require(
         clipping == "flat" and poisson_sampling,
         "clipping / poisson_sampling",
