@@ -131,7 +131,12 @@ class NormTracker:
         )
 
     def epsilons(
-        self, ledger: Ledger, *, delta: float, rounding: float | None = None
+        self,
+        ledger: Ledger,
+        *,
+        delta: float,
+        rounding: float | None = None,
+        orders: str = "integer",
     ) -> PerExampleEpsilons:
         """The per-example ε of the run so far (data-dependent: an analysis, not a guarantee)."""
         from dpfy.privacy.per_example_accounting import per_example_epsilons
@@ -149,4 +154,5 @@ class NormTracker:
             refresh_every=self.refresh_every,
             delta=delta,
             rounding=rounding,
+            orders=orders,
         )

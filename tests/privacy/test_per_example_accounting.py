@@ -29,9 +29,12 @@ RATIOS = np.array(
 )
 
 
-def _direct(ratios_of_example, rounded_grid=None):
+INTEGER = [a for a in DEFAULT_RDP_ORDERS if a == int(a)]
+
+
+def _direct(ratios_of_example, rounded_grid=None, orders=DEFAULT_RDP_ORDERS):
     """dp_accounting's RDP accountant over the example's own per-step events."""
-    acc = RdpAccountant(orders=list(DEFAULT_RDP_ORDERS))
+    acc = RdpAccountant(orders=list(orders))
     for rho in ratios_of_example:
         rho = min(rho, 1.0)
         if rounded_grid is not None:
@@ -49,7 +52,7 @@ def _ledger(sampling=Sampling.POISSON):
 
 
 def test_against_direct_rdp_computation():
-    got = per_example_epsilons(_ledger(), RATIOS, refresh_every=K, delta=DELTA)
+    got = per_example_epsilons(_ledger(), RATIOS, refresh_every=K, delta=DELTA, orders="all")
     for i in range(RATIOS.shape[1]):
         # the same orders and the same RDP terms: equal up to float summation order
         assert got.epsilons[i] == pytest.approx(_direct(RATIOS[:, i]), rel=1e-9, abs=1e-12)
@@ -62,15 +65,45 @@ def test_against_direct_rdp_computation():
 
 
 def test_rounding_up_is_conservative_and_matches_direct():
-    plain = per_example_epsilons(_ledger(), RATIOS, refresh_every=K, delta=DELTA)
+    plain = per_example_epsilons(_ledger(), RATIOS, refresh_every=K, delta=DELTA, orders="all")
     rounded = per_example_epsilons(_ledger(), RATIOS, refresh_every=K, delta=DELTA,
-                                   rounding=0.25)  # fmt: skip
+                                   rounding=0.25, orders="all")  # fmt: skip
     assert np.all(rounded.epsilons >= plain.epsilons - 1e-12)
     for i in range(RATIOS.shape[1]):
         assert rounded.epsilons[i] == pytest.approx(_direct(RATIOS[:, i], 0.25), rel=1e-9,
                                                     abs=1e-12)  # fmt: skip
     # 0.23 → 0.25, 0.51 → 0.75, 0.5 stays (a grid point), above 1 → 1
     assert list(round_up(np.array([0.23, 0.51, 0.5, 1.7]), 0.25)) == [0.25, 0.75, 0.5, 1.0]
+
+
+def test_the_default_integer_orders_match_dp_accounting_capped_at_the_runs_epsilon():
+    """The default composes at the integer orders only: dp_accounting's accountant restricted
+    to those orders, then capped at the run's ε (all orders), which bounds every example."""
+    got = per_example_epsilons(_ledger(), RATIOS, refresh_every=K, delta=DELTA)
+    full = per_example_epsilons(_ledger(), RATIOS, refresh_every=K, delta=DELTA, orders="all")
+    assert got.run_epsilon == full.run_epsilon
+    for i in range(RATIOS.shape[1]):
+        want = min(_direct(RATIOS[:, i], orders=INTEGER), got.run_epsilon)
+        # the same terms summed in another order (log-sum-exp against dp_accounting's
+        # pairwise log-add): float64 rounding, a relative 1e-9 leaves room
+        assert got.epsilons[i] == pytest.approx(want, rel=1e-9, abs=1e-12)
+        assert got.epsilons[i] >= full.epsilons[i] - 1e-12  # fewer orders: never smaller
+    assert got.epsilons[0] == got.run_epsilon and got.epsilons[2] == 0.0
+
+
+@pytest.mark.parametrize("q", [0.0, 1e-4, 0.01, 0.3, 0.99, 1.0])
+def test_integer_order_rdp_equals_dp_accountings_term_by_term_sum(q):
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp
+
+    from dpfy.privacy.rdp_integer import subsampled_gaussian_rdp
+
+    sigmas = np.array([0.5, 0.9, 1.1, 3.0, 40.0, 1e6])
+    got = subsampled_gaussian_rdp(q, sigmas, np.array(INTEGER))
+    for row, s in zip(got, sigmas):
+        want = rdp._compute_rdp_poisson_subsampled_gaussian(q, s, INTEGER)
+        # log A_α sums O(α) terms near 1: an absolute rounding of about α·2.2e-16 ≤ 1.2e-13
+        # (α ≤ 512) in log A_α, then divided by α − 1; relative 1e-10 where RDP is not tiny
+        np.testing.assert_allclose(row, want, rtol=1e-10, atol=1.2e-13)
 
 
 def test_report_states_data_dependence_and_correlation():
@@ -89,6 +122,8 @@ def test_refusals():
         per_example_epsilons(_ledger(), RATIOS[:3], refresh_every=K, delta=DELTA)
     with pytest.raises(ValueError, match="rounding must be None or in"):
         per_example_epsilons(_ledger(), RATIOS, refresh_every=K, delta=DELTA, rounding=0)
+    with pytest.raises(ValueError, match="orders must be 'integer' or 'all'"):
+        per_example_epsilons(_ledger(), RATIOS, refresh_every=K, delta=DELTA, orders="even")
 
 
 def test_norm_tracker_matches_closed_form_softmax_gradient():
@@ -149,6 +184,14 @@ def test_cli_account_individual(tmp_path, capsys):
     assert main(["account", "--ledger", str(tmp_path), "--delta", "1e-5", "--histogram",
                  str(tmp_path / "h.png")]) == 2  # fmt: skip
     assert "histogram must be unset without --individual" in capsys.readouterr().err
+    assert main(["account", "--individual", str(tmp_path), "--delta", "1e-5", "--all-orders",
+                 "--json"]) == 0  # fmt: skip
+    every = tracker.epsilons(_ledger(), delta=1e-5, orders="all")
+    assert json.loads(capsys.readouterr().out)["quantiles"]["0.5"] == pytest.approx(
+        float(np.quantile(every.epsilons, 0.5)), rel=1e-12
+    )
+    assert main(["account", "--ledger", str(tmp_path), "--delta", "1e-5", "--all-orders"]) == 2
+    assert "--all-orders must be unset without --individual" in capsys.readouterr().err
 
 
 def test_norm_tracker_on_a_private_model():
