@@ -11,7 +11,8 @@ eagerly, downwards): it is used only for third-party packages that are slow to i
 type checkers see the ordinary import (``if TYPE_CHECKING: import dp_accounting``).
 
 :func:`lazy_attributes` is the package-level counterpart (PEP 562): a package's public names
-resolved from their modules on first read, so that importing the package imports none of them.
+resolved from their modules on first read, so that importing the package imports none of them;
+:func:`by_module` lets a package list them under their modules, each module named once.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import importlib.util
 from types import ModuleType
 from typing import Any, Callable
 
-__all__ = ["LazyModule", "lazy_attributes"]
+__all__ = ["LazyModule", "lazy_attributes", "by_module"]
 
 
 class LazyModule:
@@ -44,6 +45,11 @@ class LazyModule:
     def __repr__(self) -> str:
         state = "loaded" if self._module is not None else "not loaded yet"
         return f"<LazyModule {self._name!r} ({state})>"
+
+
+def by_module(modules: dict[str, tuple[str, ...]]) -> dict[str, str]:
+    """``{module: (name, ...)}`` -> ``{name: module}``, the ``names`` of :func:`lazy_attributes`."""
+    return {name: module for module, names in modules.items() for name in names}
 
 
 def lazy_attributes(

@@ -12,7 +12,7 @@ import importlib
 from types import ModuleType
 from typing import Any
 
-__all__ = ["require", "require_extra", "MissingExtra", "EXTRAS"]
+__all__ = ["require", "require_resumed", "require_extra", "MissingExtra", "EXTRAS"]
 
 # top-level module -> (the distribution that provides it, the dpfy extra that installs it)
 EXTRAS = {
@@ -34,6 +34,19 @@ def require(ok: bool, name: str, value: Any, constraint: str, fix: str = "") -> 
         if fix:
             msg += f" {fix.rstrip('.')}."
         raise ValueError(msg)
+
+
+def require_resumed(what: str, saved: Any, current: Any, fix: str) -> None:
+    """Refuse a checkpoint whose ``what`` (``saved``) is not the resuming run's (``current``),
+    in :func:`require`'s words: "the checkpoint's <what> must be <current>, the run being
+    resumed, got ..." and the fix."""
+    require(
+        saved == current,
+        f"the checkpoint's {what}",
+        saved,
+        f"{current}, the run being resumed",
+        fix,
+    )
 
 
 def require_extra(module: str, *, feature: str) -> ModuleType:

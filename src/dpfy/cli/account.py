@@ -31,6 +31,8 @@ __all__ = [
     "run",
     "add_run_shape_arguments",
     "resolve_run_shape",
+    "resolve_noise",
+    "shape_ledger",
     "DEFAULT_ACCOUNTANT",
 ]
 
@@ -118,6 +120,27 @@ def resolve_noise(args: argparse.Namespace, q: float) -> tuple[Sampling, float, 
         f"an integer in [1, 1/q = {1 / q:.6g}] (each group must hold the expected batch)",
     )
     return Sampling.CYCLIC_POISSON, bands * q, {"noise": "bandmf", "period": bands}
+
+
+def shape_ledger(
+    args: argparse.Namespace,
+    sampling: Sampling,
+    rate: float,
+    sigma: float,
+    steps: int,
+    **keywords: Any,
+) -> Ledger:
+    """The ledger of ``steps`` steps at ``rate`` with σ = ``sigma`` on ``sampling`` over
+    --dataset-size examples; ``keywords`` (k, the noise mechanism) go to
+    :meth:`Ledger.homogeneous` as they are."""
+    return Ledger.homogeneous(
+        sample_rate=rate,
+        noise_multiplier=sigma,
+        steps=steps,
+        sampling=sampling,
+        dataset_size=args.dataset_size,
+        **keywords,
+    )
 
 
 def resolve_run_shape(
@@ -290,14 +313,9 @@ def run(args: argparse.Namespace) -> int:
             "Pass the noise std divided by the clipping norm",
         )
         sampling, rate, noise = resolve_noise(args, q)
-        ledger = Ledger.homogeneous(
-            sample_rate=rate,
-            noise_multiplier=args.noise_multiplier,
-            steps=steps,
-            sampling=sampling,
-            dataset_size=args.dataset_size,
-            max_examples_per_user=args.max_examples_per_user,
-            **noise,
+        k = args.max_examples_per_user
+        ledger = shape_ledger(
+            args, sampling, rate, args.noise_multiplier, steps, max_examples_per_user=k, **noise
         )
         shape = {
             "sample_rate": rate,

@@ -33,6 +33,7 @@ from dpfy.cli.account import (
     add_run_shape_arguments,
     resolve_noise,
     resolve_run_shape,
+    shape_ledger,
 )
 from dpfy.privacy.accountants import ACCOUNTANTS, accountant_label, epsilon
 from dpfy.privacy.calibration import (
@@ -89,14 +90,7 @@ def run(args: argparse.Namespace) -> int:
     if args.noise != "gaussian":
         return _run_correlated(args)
     sampling = Sampling(args.sampling)
-    common = dict(
-        target_epsilon=args.target_epsilon,
-        delta=args.delta,
-        accountant=args.accountant,
-        sampling=sampling,
-        dataset_size=args.dataset_size,
-        approximate=args.approximate,
-    )
+    common = _targets(args, sampling)
     runs = args.grid_runs
     k = {"max_examples_per_user": args.max_examples_per_user}  # ELS's k (else None)
     if runs is not None:
@@ -149,14 +143,7 @@ def run(args: argparse.Namespace) -> int:
             require(0 < q <= 1, "sample_rate", q, "in (0, 1]")
             steps = calibrate_steps(noise_multiplier=sigma, sample_rate=q, **common, **k)
             solved = "steps"
-    ledger = Ledger.homogeneous(
-        sample_rate=q,
-        noise_multiplier=sigma,
-        steps=steps,
-        sampling=sampling,
-        dataset_size=args.dataset_size,
-        **k,
-    )
+    ledger = shape_ledger(args, sampling, q, sigma, steps, **k)
     single_run = ledger
     if runs is not None:
         ledger = composed_runs(single_run, runs)  # the ledger the whole grid writes
@@ -197,6 +184,19 @@ def run(args: argparse.Namespace) -> int:
         f"for {_relation(ledger)} [{out['accountant_label']}]{rigorous}"
     )
     return 0
+
+
+def _targets(args: argparse.Namespace, sampling: Sampling) -> dict[str, Any]:
+    """The calibrations' keywords every search shares: the target, the accountant, the
+    sampling and the dataset size."""
+    return {
+        "target_epsilon": args.target_epsilon,
+        "delta": args.delta,
+        "accountant": args.accountant,
+        "sampling": sampling,
+        "dataset_size": args.dataset_size,
+        "approximate": args.approximate,
+    }
 
 
 def _relation(ledger: Ledger) -> str:
@@ -244,24 +244,9 @@ def _run_correlated(args: argparse.Namespace) -> int:
     assert q is not None and steps is not None  # resolve_run_shape required both
     sampling, rate, noise = resolve_noise(args, q)
     sigma = calibrate_noise_multiplier(
-        target_epsilon=args.target_epsilon,
-        delta=args.delta,
-        sample_rate=rate,
-        steps=steps,
-        accountant=args.accountant,
-        sampling=sampling,
-        dataset_size=args.dataset_size,
-        approximate=args.approximate,
-        **noise,
+        sample_rate=rate, steps=steps, **_targets(args, sampling), **noise
     )
-    ledger = Ledger.homogeneous(
-        sample_rate=rate,
-        noise_multiplier=sigma,
-        steps=steps,
-        sampling=sampling,
-        dataset_size=args.dataset_size,
-        **noise,
-    )
+    ledger = shape_ledger(args, sampling, rate, sigma, steps, **noise)
     reached = epsilon(ledger, delta=args.delta, accountant=args.accountant)
     out = {**_solution(args, "noise_multiplier", sigma, rate, steps, reached, sampling), **noise}
     if args.json:

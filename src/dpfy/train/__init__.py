@@ -10,17 +10,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dpfy._lazy import lazy_attributes
+from dpfy._lazy import by_module, lazy_attributes
 
 __all__ = ["TrainConfig", "TrainResult", "load_config_file", "train", "resume"]
 
-_LAZY = {
-    "TrainConfig": "dpfy.train.config",
-    "load_config_file": "dpfy.train.config",
-    "TrainResult": "dpfy.train.trainer",
-    "train": "dpfy.train.trainer",
-    "resume": "dpfy.train.trainer",
-}
+_LAZY = by_module(
+    {
+        "dpfy.train.config": ("TrainConfig", "load_config_file"),
+        "dpfy.train.trainer": ("TrainResult", "train", "resume"),
+    }
+)
 
 if TYPE_CHECKING:
     from dpfy.train.config import TrainConfig, load_config_file

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from dpfy._require import require
+from dpfy._require import require, require_resumed
 from dpfy.privacy.section import ReportSection
 
 __all__ = ["ParameterAverage", "ema_decay", "averaging_section"]
@@ -93,13 +93,7 @@ class ParameterAverage:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        require(
-            state.get("beta") == self.beta,
-            "the checkpoint's ema",
-            state.get("beta"),
-            f"{self.beta}, the run being resumed",
-            "Resume with the same --ema",
-        )
+        require_resumed("ema", state.get("beta"), self.beta, "Resume with the same --ema")
         self.steps = int(state["steps"])
         self.average = {n: t.clone() for n, t in state["average"].items()}
 

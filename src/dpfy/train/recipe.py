@@ -136,6 +136,10 @@ def clip_search(
     return min(ok, key=lambda r: r.probe.clip)
 
 
+# RecipeResult's fields the recipe decides, in the order recipe.json lists them
+CHOICES = ("lr_nonprivate", "clip", "noise_multiplier", "lr")
+
+
 @dataclass(frozen=True)
 class RecipeResult:
     """What the recipe chose, every tuning run, and the final run."""
@@ -157,12 +161,7 @@ class RecipeResult:
 
     def choices(self) -> dict[str, float]:
         """The recipe's decisions, for comparing two runs of it."""
-        return {
-            "lr_nonprivate": self.lr_nonprivate,
-            "clip": self.clip,
-            "noise_multiplier": self.noise_multiplier,
-            "lr": self.lr,
-        }
+        return {name: getattr(self, name) for name in CHOICES}
 
 
 def run_recipe(

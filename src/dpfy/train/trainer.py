@@ -49,7 +49,7 @@ from dpfy.train.evaluate import evaluate
 from dpfy.train.metrics import MetricsLog
 from dpfy.train.plots import plot_accuracy
 from dpfy.train.preflight import check_accountable, check_names
-from dpfy.train.private import make_optimizer, make_private_run, private_run
+from dpfy.train.private import make_optimizer, make_private_run, private_run, run_options
 from dpfy.train.report import (
     ALGORITHM,
     SAMPLER_WORDS,
@@ -320,21 +320,14 @@ def _individual_run(cfg: TrainConfig, model: nn.Module, data: DataSplits):
             cfg.budget_seed,
         )
     optimizer = make_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
-    assert cfg.batch_size is not None, "resolve() set the batch size"
+    # run_options' σ and target ε are None and its clipping 'flat' here (TrainConfig checks)
     return private_run(
         model,
         optimizer,
         data.train,
-        batch_size=cfg.batch_size,
-        epochs=cfg.epochs,
+        **run_options(cfg),
         budgets=budgets,
         individual=cfg.individual,
-        target_delta=cfg.delta,
-        max_grad_norm=cfg.clip,
-        route=cfg.route,
-        seed=cfg.seed,
-        max_physical_batch_size=cfg.physical_batch_size,
-        accountant=cfg.accountant,
     )
 
 
