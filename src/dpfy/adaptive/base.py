@@ -58,6 +58,8 @@ __all__ = [
     "Method",
     "method_name",
     "setting",
+    "run_steps",
+    "run_clip",
     "inner_lr",
     "bind_facts",
     "calibrate_for_run",
@@ -206,6 +208,21 @@ def setting(value: T | None, name: str, fix: str, constraint: str = "set") -> T:
     require(value is not None, name, None, constraint, fix)
     assert value is not None  # the require above refused None
     return value
+
+
+def run_steps(total_steps: int | None, facts: RunFacts, method: str) -> int:
+    """T: ``total_steps`` when the user fixed it, else the run's steps; refused when neither is
+    known (a method planned over a horizon, named ``method`` in the refusal)."""
+    steps = total_steps if total_steps is not None else facts.steps
+    return setting(
+        steps, "steps", "Pass epochs= or max_steps= to make_private", f"known for method {method!r}"
+    )
+
+
+def run_clip(clip: float | None, facts: RunFacts, name: str, fix: str, constraint: str) -> float:
+    """C_0: ``clip`` when the user gave it, else the run's ``max_grad_norm``; refused when
+    neither is set (``name``, ``fix`` and ``constraint`` word it as :func:`setting` does)."""
+    return setting(clip if clip is not None else facts.max_grad_norm, name, fix, constraint)
 
 
 def inner_lr(facts: RunFacts, name: str, constraint: str, fix: str) -> float:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from dpfy._require import require
-from dpfy.adaptive.base import NOISE_SPLIT, Method, bind_facts, register, setting
+from dpfy.adaptive.base import NOISE_SPLIT, Method, bind_facts, register, run_clip, setting
 from dpfy.clipping import group_weights
 from dpfy.privacy.split import gaussian_remainder
 from dpfy.types import Clip, Norms, ReleaseSpec, RunFacts, StepOutcome, StepPlan
@@ -121,11 +121,9 @@ class NormAdaptiveClipping(Method[NormAdaptiveState]):
         require(isinstance(self.per_layer, bool), "per_layer", self.per_layer, "a bool")
 
     def calibrate(self, facts: RunFacts) -> "NormAdaptiveClipping":
-        initial = setting(
-            self.initial_clip if self.initial_clip is not None else facts.max_grad_norm,
-            "initial_clip",
-            "Pass initial_clip=C_0",
-            "given when the run has no single max_grad_norm",
+        constraint = "given when the run has no single max_grad_norm"
+        initial = run_clip(
+            self.initial_clip, facts, "initial_clip", "Pass initial_clip=C_0", constraint
         )
         groups = 1
         if self.per_layer:
