@@ -60,6 +60,7 @@ __all__ = [
     "setting",
     "run_steps",
     "run_clip",
+    "calibrated",
     "inner_lr",
     "bind_facts",
     "calibrate_for_run",
@@ -223,6 +224,18 @@ def run_clip(clip: float | None, facts: RunFacts, name: str, fix: str, constrain
     """C_0: ``clip`` when the user gave it, else the run's ``max_grad_norm``; refused when
     neither is set (``name``, ``fix`` and ``constraint`` word it as :func:`setting` does)."""
     return setting(clip if clip is not None else facts.max_grad_norm, name, fix, constraint)
+
+
+_CALIBRATES = "Pass it to make_private(method=...), which calibrates it for the run's facts"
+
+
+def calibrated(value: T | None, method: str, fix: str = _CALIBRATES, known: str = "") -> T:
+    """``value``, which calibrating ``method`` for the run sets (``known`` names it in the
+    refusal); refused while it is None, as when the method is used without ``make_private``."""
+    constraint = f"calibrated for the run ({known} known)" if known else "calibrated for the run"
+    require(value is not None, method, "uncalibrated", constraint, fix)
+    assert value is not None  # the require above refused None
+    return value
 
 
 def inner_lr(facts: RunFacts, name: str, constraint: str, fix: str) -> float:

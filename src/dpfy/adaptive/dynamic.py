@@ -45,7 +45,7 @@ import torch
 
 from dpfy._require import require
 from dpfy.adaptive._planned import PlannedSchedule, check_calibration, require_budget
-from dpfy.adaptive.base import bind_facts, register, run_clip, run_steps
+from dpfy.adaptive.base import bind_facts, calibrated, register, run_clip, run_steps
 from dpfy.privacy import gdp
 from dpfy.privacy.calibration import calibrate_schedule_scale
 from dpfy.types import RunFacts
@@ -188,15 +188,8 @@ class DynamicDPSGD(PlannedSchedule):
         return bind_facts(out, facts)
 
     def _mu0(self) -> float:
-        require(
-            self.mu0 is not None,
-            "method 'dynamic'",
-            "uncalibrated",
-            "calibrated for the run (μ_0 known)",
-            "Pass it to make_private(method=...), which solves μ_0, or give mu0=",
-        )
-        assert self.mu0 is not None  # the require above refused None
-        return float(self.mu0)
+        fix = "Pass it to make_private(method=...), which solves μ_0, or give mu0="
+        return float(calibrated(self.mu0, "method 'dynamic'", fix, known="μ_0"))
 
     def fraction(self, step: int) -> float:
         """t/T for 0-based ``step`` (paper t = step + 1), rounded up to the stage end."""
