@@ -61,6 +61,7 @@ __all__ = [
     "run_steps",
     "run_clip",
     "calibrated",
+    "noisy_step",
     "inner_lr",
     "bind_facts",
     "calibrate_for_run",
@@ -236,6 +237,13 @@ def calibrated(value: T | None, method: str, fix: str = _CALIBRATES, known: str 
     require(value is not None, method, "uncalibrated", constraint, fix)
     assert value is not None  # the require above refused None
     return value
+
+
+def noisy_step(sigma: float, method: str, fix: str) -> float:
+    """``sigma``, the step's noise multiplier, refused unless > 0: ``method`` needs noise (a
+    release of its own takes a share of it, or its step size is scaled by it)."""
+    require(sigma > 0, "noise_multiplier", sigma, f"> 0 for {method}", fix)
+    return sigma
 
 
 def inner_lr(facts: RunFacts, name: str, constraint: str, fix: str) -> float:
