@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from dpfy._require import require
-from dpfy.adaptive.base import Method, bind_facts
+from dpfy.adaptive.base import Method, bind_facts, calibrated
 from dpfy.privacy import epsilon
 from dpfy.privacy.calibration import calibrate_schedule_scale, last_passing
 from dpfy.privacy.ledger import Ledger
@@ -114,15 +114,8 @@ class PlannedSchedule(Method[None]):
     # -- derived ---------------------------------------------------------------------------
     def horizon(self) -> int:
         """T, the steps the schedule (and its budget) covers; refused before calibration."""
-        require(
-            self.total_steps is not None,
-            f"method {self.registry_name!r}",
-            "uncalibrated",
-            "calibrated for the run (its total_steps known)",
-            "Pass it to make_private(method=...), which calibrates it for the run's facts",
-        )
-        assert self.total_steps is not None  # the require above refused None
-        return int(self.total_steps)
+        method = f"method {self.registry_name!r}"
+        return int(calibrated(self.total_steps, method, known="its total_steps"))
 
     def check_step(self, step: int) -> None:
         t = self.horizon()

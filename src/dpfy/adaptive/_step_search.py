@@ -48,7 +48,7 @@ from typing import ClassVar, Mapping, Sequence
 import torch
 
 from dpfy._require import require
-from dpfy.adaptive.base import Method, bind_facts
+from dpfy.adaptive.base import Method, bind_facts, calibrated
 from dpfy.privacy.calibration import calibrate_run_noise_multiplier
 from dpfy.privacy.ledger import Ledger
 from dpfy.privacy.releases import base_plan, step_releases
@@ -207,13 +207,7 @@ class StepSearch(Method[SearchState]):
 
     # -- the step ------------------------------------------------------------------------------
     def init(self) -> SearchState:
-        require(
-            self.base_lr is not None,
-            f"method {self.registry_name!r}",
-            "uncalibrated",
-            "calibrated for the run",
-            "Pass it to make_private(method=...), which calibrates it for the run's facts",
-        )
+        calibrated(self.base_lr, f"method {self.registry_name!r}")
         return SearchState()
 
     def _factor(self, state: SearchState) -> float:

@@ -64,7 +64,7 @@ from typing import Mapping
 import torch
 
 from dpfy._require import require
-from dpfy.adaptive.base import Method, bind_facts, register, setting
+from dpfy.adaptive.base import Method, bind_facts, register, run_clip, setting
 from dpfy.types import Clip, Norms, RunFacts, StepOutcome, StepPlan
 
 __all__ = ["AdaClip", "AdaClipState", "scale_from_variance"]
@@ -138,11 +138,9 @@ class AdaClip(Method[AdaClipState]):
         )
 
     def calibrate(self, facts: RunFacts) -> "AdaClip":
-        c0 = setting(
-            self.initial_clip if self.initial_clip is not None else facts.max_grad_norm,
-            "initial_clip",
-            "Pass initial_clip= (the first step's flat clip)",
-            "given or the run's max_grad_norm",
+        fix = "Pass initial_clip= (the first step's flat clip)"
+        c0 = run_clip(
+            self.initial_clip, facts, "initial_clip", fix, "given or the run's max_grad_norm"
         )
         return bind_facts(replace(self, initial_clip=float(c0)), facts)
 

@@ -39,7 +39,7 @@ from typing import ClassVar, Mapping
 import torch
 
 from dpfy._require import require
-from dpfy.adaptive.base import Method, bind_facts, register
+from dpfy.adaptive.base import Method, bind_facts, calibrated, register
 from dpfy.types import RunFacts, StepOutcome, StepPlan
 
 __all__ = ["ADADP", "ADADPState", "relative_error"]
@@ -136,15 +136,8 @@ class ADADP(Method[ADADPState]):
         return bind_facts(replace(self, base_lr=float(lr)), facts)
 
     def init(self) -> ADADPState:
-        require(
-            self.base_lr is not None,
-            "method 'adadp'",
-            "uncalibrated",
-            "calibrated for the run",
-            "Pass it to make_private(method=...)",
-        )
-        assert self.base_lr is not None  # the require above refused None
-        return ADADPState(lr=self.initial_lr if self.initial_lr is not None else self.base_lr)
+        base_lr = calibrated(self.base_lr, "method 'adadp'", "Pass it to make_private(method=...)")
+        return ADADPState(lr=self.initial_lr if self.initial_lr is not None else base_lr)
 
     def plan(self, state: ADADPState, plan: StepPlan) -> StepPlan:
         assert self.base_lr is not None  # init refused an uncalibrated method

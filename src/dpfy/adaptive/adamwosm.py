@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass, replace
 
 from dpfy._require import require
-from dpfy.adaptive.base import Method, bind_facts, register, setting
+from dpfy.adaptive.base import Method, bind_facts, noisy_step, register, setting
 from dpfy.types import RunFacts
 from dpfy.types.plan import StepPlan
 
@@ -103,14 +103,11 @@ class AdamWOSM(Method[None]):
         return plan.noise_multiplier * c / normalizer
 
     def plan(self, state: None, plan: StepPlan) -> StepPlan:
-        require(
-            plan.noise_multiplier > 0,
-            "noise_multiplier",
-            plan.noise_multiplier,
-            "> 0 for adamwosm",
-            "Its step size α/(σC/b) is the DP limit of Adam's second "
-            "moment; without noise use torch.optim.Adam",
+        fix = (
+            "Its step size α/(σC/b) is the DP limit of Adam's second moment; without noise use "
+            "torch.optim.Adam"
         )
+        noisy_step(plan.noise_multiplier, "adamwosm", fix)
         t = plan.step + 1  # Adam's 1-based t
         bias = 1.0 - self.beta1**t
         scale = (1.0 - self.beta1) / (bias * (self.second_moment_limit(plan) + self.eps))

@@ -58,6 +58,10 @@ __all__ = [
     "Method",
     "method_name",
     "setting",
+    "run_steps",
+    "run_clip",
+    "calibrated",
+    "noisy_step",
     "inner_lr",
     "bind_facts",
     "calibrate_for_run",
@@ -206,6 +210,40 @@ def setting(value: T | None, name: str, fix: str, constraint: str = "set") -> T:
     require(value is not None, name, None, constraint, fix)
     assert value is not None  # the require above refused None
     return value
+
+
+def run_steps(total_steps: int | None, facts: RunFacts, method: str) -> int:
+    """T: ``total_steps`` when the user fixed it, else the run's steps; refused when neither is
+    known (a method planned over a horizon, named ``method`` in the refusal)."""
+    steps = total_steps if total_steps is not None else facts.steps
+    return setting(
+        steps, "steps", "Pass epochs= or max_steps= to make_private", f"known for method {method!r}"
+    )
+
+
+def run_clip(clip: float | None, facts: RunFacts, name: str, fix: str, constraint: str) -> float:
+    """C_0: ``clip`` when the user gave it, else the run's ``max_grad_norm``; refused when
+    neither is set (``name``, ``fix`` and ``constraint`` word it as :func:`setting` does)."""
+    return setting(clip if clip is not None else facts.max_grad_norm, name, fix, constraint)
+
+
+_CALIBRATES = "Pass it to make_private(method=...), which calibrates it for the run's facts"
+
+
+def calibrated(value: T | None, method: str, fix: str = _CALIBRATES, known: str = "") -> T:
+    """``value``, which calibrating ``method`` for the run sets (``known`` names it in the
+    refusal); refused while it is None, as when the method is used without ``make_private``."""
+    constraint = f"calibrated for the run ({known} known)" if known else "calibrated for the run"
+    require(value is not None, method, "uncalibrated", constraint, fix)
+    assert value is not None  # the require above refused None
+    return value
+
+
+def noisy_step(sigma: float, method: str, fix: str) -> float:
+    """``sigma``, the step's noise multiplier, refused unless > 0: ``method`` needs noise (a
+    release of its own takes a share of it, or its step size is scaled by it)."""
+    require(sigma > 0, "noise_multiplier", sigma, f"> 0 for {method}", fix)
+    return sigma
 
 
 def inner_lr(facts: RunFacts, name: str, constraint: str, fix: str) -> float:

@@ -45,7 +45,7 @@ import torch
 
 from dpfy._require import require
 from dpfy.adaptive._planned import PlannedSchedule, check_calibration, require_budget
-from dpfy.adaptive.base import bind_facts, register, setting
+from dpfy.adaptive.base import bind_facts, calibrated, register, run_clip, run_steps
 from dpfy.privacy import gdp
 from dpfy.privacy.calibration import calibrate_schedule_scale
 from dpfy.types import RunFacts
@@ -168,18 +168,9 @@ class DynamicDPSGD(PlannedSchedule):
 
     def calibrate(self, facts: RunFacts) -> "DynamicDPSGD":
         """T and C_0 from the run; μ_0 solved for its target ε unless given."""
-        steps = setting(
-            self.total_steps if self.total_steps is not None else facts.steps,
-            "steps",
-            "Pass epochs= or max_steps= to make_private",
-            "known for method 'dynamic'",
-        )
-        clip0 = setting(
-            self.clip0 if self.clip0 is not None else facts.max_grad_norm,
-            "max_grad_norm",
-            "Pass one clip norm (C_0), or give clip0=",
-            "a float for method 'dynamic'",
-        )
+        steps = run_steps(self.total_steps, facts, "dynamic")
+        fix = "Pass one clip norm (C_0), or give clip0="
+        clip0 = run_clip(self.clip0, facts, "max_grad_norm", fix, "a float for method 'dynamic'")
         out = replace(self, total_steps=steps, clip0=float(clip0))
         if out.mu0 is None:
             require_budget(facts, "dynamic")
@@ -197,15 +188,8 @@ class DynamicDPSGD(PlannedSchedule):
         return bind_facts(out, facts)
 
     def _mu0(self) -> float:
-        require(
-            self.mu0 is not None,
-            "method 'dynamic'",
-            "uncalibrated",
-            "calibrated for the run (μ_0 known)",
-            "Pass it to make_private(method=...), which solves μ_0, or give mu0=",
-        )
-        assert self.mu0 is not None  # the require above refused None
-        return float(self.mu0)
+        fix = "Pass it to make_private(method=...), which solves μ_0, or give mu0="
+        return float(calibrated(self.mu0, "method 'dynamic'", fix, known="μ_0"))
 
     def fraction(self, step: int) -> float:
         """t/T for 0-based ``step`` (paper t = step + 1), rounded up to the stage end."""

@@ -78,7 +78,7 @@ from typing import ClassVar, Literal, Mapping
 import torch
 
 from dpfy._require import require
-from dpfy.adaptive.base import Method, bind_facts, inner_lr, register
+from dpfy.adaptive.base import Method, bind_facts, calibrated, inner_lr, register
 from dpfy.clipping import AutomaticClipping
 from dpfy.privacy.calibration import hyfree_noise_split
 from dpfy.types import Clip, Norms, ReleaseSpec, RunFacts, Sampling, StepOutcome, StepPlan
@@ -298,13 +298,7 @@ class HyFreeDP(Method[HyFreeState]):
         )
 
     def _calibrated(self) -> None:
-        require(
-            self.gradient_noise is not None,
-            "method 'hyfree'",
-            "uncalibrated",
-            "calibrated for the run",
-            "Pass it to make_private(method=...), which calibrates it for the run's facts",
-        )
+        calibrated(self.gradient_noise, "method 'hyfree'")
 
     # -- the step ------------------------------------------------------------------------------
     def init(self) -> HyFreeState:

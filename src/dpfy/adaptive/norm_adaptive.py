@@ -38,7 +38,15 @@ from dataclasses import dataclass, replace
 import torch
 
 from dpfy._require import require
-from dpfy.adaptive.base import NOISE_SPLIT, Method, bind_facts, register, setting
+from dpfy.adaptive.base import (
+    NOISE_SPLIT,
+    Method,
+    bind_facts,
+    noisy_step,
+    register,
+    run_clip,
+    setting,
+)
 from dpfy.clipping import group_weights
 from dpfy.privacy.split import gaussian_remainder
 from dpfy.types import Clip, Norms, ReleaseSpec, RunFacts, StepOutcome, StepPlan
@@ -121,11 +129,9 @@ class NormAdaptiveClipping(Method[NormAdaptiveState]):
         require(isinstance(self.per_layer, bool), "per_layer", self.per_layer, "a bool")
 
     def calibrate(self, facts: RunFacts) -> "NormAdaptiveClipping":
-        initial = setting(
-            self.initial_clip if self.initial_clip is not None else facts.max_grad_norm,
-            "initial_clip",
-            "Pass initial_clip=C_0",
-            "given when the run has no single max_grad_norm",
+        constraint = "given when the run has no single max_grad_norm"
+        initial = run_clip(
+            self.initial_clip, facts, "initial_clip", "Pass initial_clip=C_0", constraint
         )
         groups = 1
         if self.per_layer:
@@ -154,14 +160,8 @@ class NormAdaptiveClipping(Method[NormAdaptiveState]):
         return sigma * math.sqrt(self._k() / self.budget_fraction)
 
     def plan(self, state: NormAdaptiveState, plan: StepPlan) -> StepPlan:
-        sigma = plan.noise_multiplier
-        require(
-            sigma > 0,
-            "noise_multiplier",
-            sigma,
-            "> 0 for norm_adaptive",
-            "Its norm release takes a share of the gradient's noise",
-        )
+        fix = "Its norm release takes a share of the gradient's noise"
+        sigma = noisy_step(plan.noise_multiplier, "norm_adaptive", fix)
         sigma_g = gaussian_remainder(sigma, self.norm_noise_multiplier(sigma), count=self._k())
         clip = torch.tensor(state.clip, dtype=torch.float64) if self.per_layer else state.clip[0]
         return replace(plan, noise_multiplier=sigma_g, clip=clip)

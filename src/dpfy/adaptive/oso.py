@@ -66,7 +66,7 @@ from typing import Literal, Mapping
 import torch
 
 from dpfy._require import require
-from dpfy.adaptive.base import NOISE_SPLIT, Method, bind_facts, inner_lr, register
+from dpfy.adaptive.base import NOISE_SPLIT, Method, bind_facts, inner_lr, noisy_step, register
 from dpfy.privacy.split import split_noise_multiplier
 from dpfy.types import Clip, Norms, ReleaseSpec, RunFacts, StepOutcome, StepPlan
 
@@ -250,15 +250,12 @@ class OnlineSensitivity(Method[OSOState]):
 
     def _split(self, noise_multiplier: float) -> tuple[float, float]:
         """(ν_g, ν_q) for the run's ν by the 1 % rule; refuses ν = 0."""
-        require(
-            noise_multiplier > 0,
-            "noise_multiplier",
-            noise_multiplier,
-            "> 0 for method 'oso'",
-            "Its threshold gradient takes a share of the "
-            "gradient's noise ν; pass noise_multiplier= > 0 or target_epsilon=",
+        fix = (
+            "Its threshold gradient takes a share of the gradient's noise ν; pass "
+            "noise_multiplier= > 0 or target_epsilon="
         )
-        return split_noise_multiplier(noise_multiplier, inflation=self.inflation)
+        nu = noisy_step(noise_multiplier, "method 'oso'", fix)
+        return split_noise_multiplier(nu, inflation=self.inflation)
 
     def plan(self, state: OSOState, plan: StepPlan) -> StepPlan:
         nu_g, _ = self._split(plan.noise_multiplier)

@@ -49,7 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from dpfy._require import require
-from dpfy.adaptive.base import Method, bind_facts, register, setting
+from dpfy.adaptive.base import Method, bind_facts, register, run_steps
 from dpfy.privacy.ledger import Ledger
 from dpfy.types import RunFacts, Sampling, StepPlan
 
@@ -129,12 +129,7 @@ class PlateauNoiseDecay(Method[PlateauState]):
 
     def calibrate(self, facts: RunFacts) -> "PlateauNoiseDecay":
         """The run's steps as the horizon (σ_0 is the user's: nothing is solved)."""
-        steps = setting(
-            self.total_steps if self.total_steps is not None else facts.steps,
-            "steps",
-            "Pass epochs= or max_steps= to make_private",
-            "known for method 'plateau'",
-        )
+        steps = run_steps(self.total_steps, facts, "plateau")
         return bind_facts(replace(self, total_steps=steps), facts)
 
     def init(self) -> PlateauState:

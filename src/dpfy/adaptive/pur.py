@@ -43,7 +43,7 @@ import numpy as np
 
 from dpfy._require import require
 from dpfy.adaptive._planned import PlannedSchedule, calibrate_scaled_schedule, check_calibration
-from dpfy.adaptive.base import register
+from dpfy.adaptive.base import calibrated, register
 from dpfy.types import RunFacts, StepPlan
 
 __all__ = ["PURSchedule", "BOUNDS", "check_step_size", "optimizer_lr", "with_pur_step"]
@@ -127,15 +127,9 @@ class PURSchedule(PlannedSchedule):
 
     def noise_multiplier(self, step: int) -> float:
         self.check_step(step)
-        require(
-            self.initial is not None,
-            "method 'pur'",
-            "uncalibrated",
-            "calibrated for the run (σ_0 known)",
-            "Pass it to make_private(method=...), which solves σ_0, or give initial=",
-        )
-        assert self.initial is not None
-        return self.initial * self.factor(self.unit(step))
+        fix = "Pass it to make_private(method=...), which solves σ_0, or give initial="
+        sigma0 = calibrated(self.initial, "method 'pur'", fix, known="σ_0")
+        return sigma0 * self.factor(self.unit(step))
 
     def plan(self, state: None, plan: StepPlan) -> StepPlan:
         return with_pur_step(super().plan(state, plan), self.smoothness, self.lr, self.step_size)

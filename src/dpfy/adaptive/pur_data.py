@@ -53,7 +53,7 @@ from typing import Mapping
 import torch
 
 from dpfy._require import require
-from dpfy.adaptive.base import NOISE_SPLIT, Method, bind_facts, register
+from dpfy.adaptive.base import NOISE_SPLIT, Method, bind_facts, noisy_step, register
 from dpfy.adaptive.pur import check_step_size, optimizer_lr, with_pur_step
 from dpfy.types import ReleaseSpec, RunFacts, StepOutcome, StepPlan
 
@@ -141,14 +141,8 @@ class DataPURSchedule(Method[DataPURState]):
         return DataPURState()
 
     def plan(self, state: DataPURState, plan: StepPlan) -> StepPlan:
-        sigma = plan.noise_multiplier
-        require(
-            sigma > 0,
-            "noise_multiplier",
-            sigma,
-            "> 0 for pur_data",
-            "Its norm release takes a share of the step's noise: give the run a target ε or σ",
-        )
+        fix = "Its norm release takes a share of the step's noise: give the run a target ε or σ"
+        sigma = noisy_step(plan.noise_multiplier, "pur_data", fix)
         split = replace(plan, noise_multiplier=sigma / math.sqrt(1 - self.norm_budget_fraction))
         return with_pur_step(split, self.smoothness, self.lr, self.step_size)
 

@@ -46,18 +46,6 @@ class QuantileState:
     clip: tuple[float, ...]
 
 
-def _check_common(initial_clip: float, target_quantile: float, step_size: float) -> None:
-    require(initial_clip > 0, "initial_clip", initial_clip, "> 0", "Andrew et al. start at 0.1")
-    require(
-        0 < target_quantile < 1,
-        "target_quantile",
-        target_quantile,
-        "in (0, 1)",
-        "γ = 0.5 tracks the median norm",
-    )
-    require(step_size > 0, "step_size", step_size, "> 0", "η_C = 0.2 is the paper's default")
-
-
 def _centred_unclipped(clip: float | torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
     """1[‖g_ik‖ ≤ C_k] − ½ for each example (and group): (B,) or (B, K), each entry ±½.
     Sensitive."""
@@ -69,9 +57,27 @@ def _geometric(clip: float, frac_unclipped: float, target: float, step_size: flo
     return clip * math.exp(-step_size * (frac_unclipped - target))
 
 
+@dataclass(frozen=True)
+class _QuantileTracking(Method[QuantileState]):
+    """The settings both quantile-tracking clippings share: C_0, γ and η_C, and their checks."""
+
+    initial_clip: float = 0.1
+    target_quantile: float = 0.5
+    step_size: float = 0.2
+
+    sets = frozenset({"clip", NOISE_SPLIT})
+
+    def __post_init__(self) -> None:
+        c0, gamma, eta = self.initial_clip, self.target_quantile, self.step_size
+        require(c0 > 0, "initial_clip", c0, "> 0", "Andrew et al. start at 0.1")
+        fix = "γ = 0.5 tracks the median norm"
+        require(0 < gamma < 1, "target_quantile", gamma, "in (0, 1)", fix)
+        require(eta > 0, "step_size", eta, "> 0", "η_C = 0.2 is the paper's default")
+
+
 @register("quantile")
 @dataclass(frozen=True)
-class QuantileClipping(Method[QuantileState]):
+class QuantileClipping(_QuantileTracking):
     """Andrew et al.'s quantile-tracking clip norm (see the module docstring).
 
     Args:
@@ -82,15 +88,10 @@ class QuantileClipping(Method[QuantileState]):
         the run's facts by ``make_private``.
     """
 
-    initial_clip: float = 0.1
-    target_quantile: float = 0.5
-    step_size: float = 0.2
     count_noise_std: float | None = None
 
-    sets = frozenset({"clip", NOISE_SPLIT})
-
     def __post_init__(self) -> None:
-        _check_common(self.initial_clip, self.target_quantile, self.step_size)
+        super().__post_init__()
         if self.count_noise_std is not None:
             require(
                 self.count_noise_std > 0,
@@ -152,7 +153,7 @@ class QuantileClipping(Method[QuantileState]):
 
 @register("per_layer_quantile")
 @dataclass(frozen=True)
-class LayerQuantileClipping(Method[QuantileState]):
+class LayerQuantileClipping(_QuantileTracking):
     """He et al.'s per-layer quantile clipping (see the module docstring).
 
     Args:
@@ -162,16 +163,11 @@ class LayerQuantileClipping(Method[QuantileState]):
       budget_fraction: r in (0, 1), the share of the budget the K counts take (paper: 1–10 %).
     """
 
-    initial_clip: float = 0.1
-    target_quantile: float = 0.5
-    step_size: float = 0.2
     budget_fraction: float = 0.05
     num_groups: int | None = None
 
-    sets = frozenset({"clip", NOISE_SPLIT})
-
     def __post_init__(self) -> None:
-        _check_common(self.initial_clip, self.target_quantile, self.step_size)
+        super().__post_init__()
         require(
             0 < self.budget_fraction < 1,
             "budget_fraction",

@@ -42,7 +42,7 @@ import numpy as np
 
 from dpfy._require import require
 from dpfy.adaptive._planned import PlannedSchedule, calibrate_scaled_schedule, check_calibration
-from dpfy.adaptive.base import register
+from dpfy.adaptive.base import calibrated, register
 from dpfy.types import RunFacts
 
 __all__ = ["NoiseDecay", "KINDS", "PER"]
@@ -186,15 +186,9 @@ class NoiseDecay(PlannedSchedule):
 
     def noise_multiplier(self, step: int) -> float:
         self.check_step(step)
-        require(
-            self.initial is not None,
-            "method 'noise_decay'",
-            "uncalibrated",
-            "calibrated for the run (σ_0 known)",
-            "Pass it to make_private(method=...), which solves σ_0, or give initial=",
-        )
-        assert self.initial is not None  # the require above refused None
-        return self.initial * self.factor(self.unit(step))
+        fix = "Pass it to make_private(method=...), which solves σ_0, or give initial="
+        sigma0 = calibrated(self.initial, "method 'noise_decay'", fix, known="σ_0")
+        return sigma0 * self.factor(self.unit(step))
 
     def shape(self) -> np.ndarray:
         """σ_t / σ_0 for every step, shape (total_steps,): what calibration scales."""

@@ -254,19 +254,18 @@ def _cell(
 
 def _direction_by_autograd(
     kind: str,
-    ih: nn.Linear,
+    xp: torch.Tensor,
     hh: RecurrentLinear,
-    x: torch.Tensor,
     h0: torch.Tensor,
     c0: torch.Tensor | None,
     mask: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The same function step by step with plain autograd ops: the path under torch.func
-    transforms (``route="vmap"``), where the in-place scan and its autograd.Function cannot
-    run. One hh call per step, so slower; exact all the same."""
-    xp = ih(x)
+    """The same function step by step with plain autograd ops, from the input projections
+    ``xp`` (B, T, G·H): the path under torch.func transforms (``route="vmap"``), where the
+    in-place scan and its autograd.Function cannot run. One hh call per step, so slower; exact
+    all the same."""
     h, c, outs = h0, c0, []
-    for t in range(x.shape[1]):
+    for t in range(xp.shape[1]):
         h_new, c_new = _cell(kind, xp[:, t], hh(h), h, c)
         if mask is not None:
             m = mask[:, t, None]
@@ -290,9 +289,9 @@ def run_direction(
 
     ``mask`` (B, T) bool marks the steps inside each example's length (None: all of them).
     """
-    if torch._C._are_functorch_transforms_active():
-        return _direction_by_autograd(kind, ih, hh, x, h0, c0, mask)
     xp = ih(x)  # (B, T, G·H): one Linear call over the whole sequence
+    if torch._C._are_functorch_transforms_active():
+        return _direction_by_autograd(kind, xp, hh, h0, c0, mask)
     with torch.no_grad():
         m = None if mask is None else mask.t().unsqueeze(-1)  # (T, B, 1)
         saved = _scan(

@@ -73,19 +73,12 @@ def _quarter_rounds_(
     tmp: torch.Tensor,
     k: _Constants,
 ) -> None:
-    """RFC 8439 §2.1's quarter round on every column of (a, b, c, d) at once, in place."""
-    a.add_(b)
-    d.bitwise_xor_(a)
-    _rotl_(d, 16, tmp, k)
-    c.add_(d)
-    b.bitwise_xor_(c)
-    _rotl_(b, 12, tmp, k)
-    a.add_(b)
-    d.bitwise_xor_(a)
-    _rotl_(d, 8, tmp, k)
-    c.add_(d)
-    b.bitwise_xor_(c)
-    _rotl_(b, 7, tmp, k)
+    """RFC 8439 §2.1's quarter round on every column of (a, b, c, d) at once, in place: its
+    four lines x += y; z ^= x; z <<<= n, in order."""
+    for x, y, z, n in ((a, b, d, 16), (c, d, b, 12), (a, b, d, 8), (c, d, b, 7)):
+        x.add_(y)
+        z.bitwise_xor_(x)
+        _rotl_(z, n, tmp, k)
 
 
 def _input_state(key: torch.Tensor, counter: int, nonce: int, n: int) -> torch.Tensor:

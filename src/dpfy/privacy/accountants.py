@@ -254,9 +254,7 @@ def _epsilon_cached(
         return _rdp.epsilon(form, delta)
     if accountant == "pld":
         return _pld.epsilon(form, delta, discretization)
-    if form.is_empty:
-        return 0.0
-    return _gdp.epsilon_for_delta(delta, _gdp.mu_of_form(form))
+    return _gdp.epsilon_of_form(form, delta)
 
 
 def delta_from_form(
@@ -275,9 +273,7 @@ def delta_from_form(
         disc = pld_discretization(form, value_discretization)
         check_pld_grid(form, disc)
         return _pld.delta(form, epsilon, disc)
-    if form.is_empty:
-        return 0.0
-    return _gdp.delta_for_epsilon(epsilon, _gdp.mu_of_form(form))
+    return _gdp.delta_of_form(form, epsilon)
 
 
 def epsilon(

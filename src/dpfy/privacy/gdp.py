@@ -37,6 +37,7 @@ from dpfy._lazy import LazyModule
 from dpfy._require import require
 from dpfy.privacy.canonical import GAUSSIAN, MIXTURE, CanonicalForm
 from dpfy.privacy.mixture import els_rdp_dominating_pair
+from dpfy.types.sampling import require_sample_rate
 
 if TYPE_CHECKING:
     from scipy import optimize, special
@@ -52,6 +53,8 @@ __all__ = [
     "epsilon_for_delta",
     "mu_for_epsilon",
     "mu_of_form",
+    "epsilon_of_form",
+    "delta_of_form",
 ]
 
 APPROXIMATION_NOTE = (
@@ -107,13 +110,7 @@ def mu_total(sample_rate: float, mus: Sequence[float] | np.ndarray) -> float:
     With constant μ_t = μ this is Bu et al.'s Eq. (7), μ_tot = p·sqrt(T(e^{μ²} − 1)).
     An approximation (see the module warning).
     """
-    require(
-        0 < sample_rate <= 1,
-        "sample_rate",
-        sample_rate,
-        "in (0, 1]",
-        "Use batch_size / dataset_size",
-    )
+    require_sample_rate(sample_rate)
     arr = np.asarray(list(mus), dtype=float)
     require(arr.size >= 1, "mus", list(mus), "a non-empty sequence of per-step μ_t = 1/σ_t")
     require(bool(np.all(arr >= 0)), "mus", float(arr.min()), ">= 0 for every step")
@@ -192,3 +189,13 @@ def mu_of_form(form: CanonicalForm) -> float:
                 q, sigma = els_rdp_dominating_pair(q, sigma, int(k))
             total += a.count * q**2 * math.expm1(sigma**-2)
     return math.sqrt(total)
+
+
+def epsilon_of_form(form: CanonicalForm, delta: float) -> float:
+    """ε(δ) of a canonical ledger form through its μ_tot (0 for an empty form)."""
+    return 0.0 if form.is_empty else epsilon_for_delta(delta, mu_of_form(form))
+
+
+def delta_of_form(form: CanonicalForm, epsilon: float) -> float:
+    """δ(ε) of a canonical ledger form through its μ_tot (0 for an empty form)."""
+    return 0.0 if form.is_empty else delta_for_epsilon(epsilon, mu_of_form(form))

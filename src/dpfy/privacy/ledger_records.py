@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from dpfy._lazy import LazyModule
 from dpfy._require import require
 from dpfy.privacy.mixture import els_dp_event
-from dpfy.types.sampling import Sampling
+from dpfy.types.sampling import Sampling, require_sample_rate
 
 if TYPE_CHECKING:
     import dp_accounting
@@ -145,13 +145,7 @@ class StepGroup:
             self.sampling,
             f"one of {[s.value for s in Sampling]}",
         )
-        require(
-            0 < self.sample_rate <= 1,
-            "sample_rate",
-            self.sample_rate,
-            "in (0, 1]",
-            "Use batch_size / dataset_size",
-        )
+        require_sample_rate(self.sample_rate)
         require(len(self.releases) >= 1, "releases", self.releases, "at least one Release")
         k = self.max_examples_per_user
         if self.sampling.needs_max_examples_per_user:

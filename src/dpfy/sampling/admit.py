@@ -204,12 +204,16 @@ def make_sampler(
     assert isinstance(dataset, Sized), "a map-style dataset has __len__ (_check_loader)"
     assert batch_size is not None, "_check_loader refused a loader without batch_size"
     n = len(dataset)
+
+    def require_plain_poisson(where: str, fix: str) -> None:
+        """Refuse shuffled batches or per-example rates ``where`` only Poisson at one rate runs."""
+        given = (poisson_sampling, "given" if sample_rates is not None else None)
+        ok = poisson_sampling and sample_rates is None
+        require(ok, "poisson_sampling / sample_rates", given, f"True / None {where}", fix)
+
     if shard is not None:
-        require(
-            poisson_sampling and sample_rates is None,
-            "poisson_sampling / sample_rates",
-            (poisson_sampling, "given" if sample_rates is not None else None),
-            "True / None in data-parallel training",
+        require_plain_poisson(
+            "in data-parallel training",
             "dpfy shards Poisson batches over the ranks; shuffled batches and per-example "
             "rates are single-process only",
         )
@@ -225,11 +229,8 @@ def make_sampler(
     if bands == "default":  # BandMF without bands=: min(8, ⌊N/B⌋)
         bands = default_bands(n, batch_size)
     if bands is not None:
-        require(
-            poisson_sampling and sample_rates is None,
-            "poisson_sampling / sample_rates",
-            (poisson_sampling, "given" if sample_rates is not None else None),
-            "True / None with cyclic Poisson sampling (bands=)",
+        require_plain_poisson(
+            "with cyclic Poisson sampling (bands=)",
             "BandMF samples Poisson batches inside its groups; drop those arguments",
         )
         assert not isinstance(bands, str), "'default' was resolved above"

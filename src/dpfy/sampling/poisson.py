@@ -11,6 +11,7 @@ import torch
 from dpfy._require import require
 from dpfy.noise import secure_uniform
 from dpfy.privacy import Sampling
+from dpfy.types.sampling import require_sample_rate
 from dpfy.sampling.units import UnitSampler, require_same_unit
 
 __all__ = ["PoissonSampler"]
@@ -83,13 +84,7 @@ class PoissonSampler(UnitSampler):
             self.normalizer = float(rates.sum()) if normalizer is None else float(normalizer)
         else:
             assert sample_rate is not None, "exactly one of the two, required above"
-            require(
-                0 < sample_rate <= 1,
-                "sample_rate",
-                sample_rate,
-                "in (0, 1]",
-                "Use batch_size / dataset_size",
-            )
+            require_sample_rate(sample_rate)
             self.rates = None
             self.sample_rate = float(sample_rate)
             self.normalizer = self.sample_rate * dataset_size

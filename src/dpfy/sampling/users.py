@@ -71,6 +71,12 @@ def _at_most_k(group: torch.Tensor, k: int, generator: torch.Generator | None) -
     return ranked < k
 
 
+def _require_clip_per_user(units: UserUnits, wanted: bool, why: str) -> None:
+    """Refuse ``units`` whose clipping (per user, or per example) is not the sampler's."""
+    got = units.clip_per_user
+    require(got == wanted, "units", f"clip_per_user={got}", f"clip_per_user={wanted}", why)
+
+
 class UserPoissonSampler(PoissonSampler):
     """ULS: Poisson sampling of users at rate q_u; a user's rows of a step are one unit.
 
@@ -93,13 +99,7 @@ class UserPoissonSampler(PoissonSampler):
         max_examples_per_user: int | None = None,
         seed: int | None = None,
     ) -> None:
-        require(
-            units.clip_per_user,
-            "units",
-            "clip_per_user=False",
-            "clip_per_user=True",
-            "ULS clips each user's rows together",
-        )
+        _require_clip_per_user(units, True, "ULS clips each user's rows together")
         super().__init__(units.num_users, sample_rate=sample_rate, seed=seed)
         require(
             max_examples_per_user is None
@@ -198,13 +198,7 @@ class UserCappedSampler(PoissonSampler):
         batch_size: int,
         seed: int | None = None,
     ) -> None:
-        require(
-            not units.clip_per_user,
-            "units",
-            "clip_per_user=True",
-            "clip_per_user=False",
-            "ELS clips every example alone",
-        )
+        _require_clip_per_user(units, False, "ELS clips every example alone")
         require(
             isinstance(max_examples_per_user, int) and max_examples_per_user >= 1,
             "max_examples_per_user",

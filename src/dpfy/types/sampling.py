@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["Sampling"]
+from dpfy._require import require
+
+__all__ = ["Sampling", "require_sample_rate"]
 
 
 class Sampling(str, enum.Enum):
@@ -99,3 +101,9 @@ class Sampling(str, enum.Enum):
     def needs_max_examples_per_user(self) -> bool:
         """The step's accounting needs k, the most examples one user holds (ELS)."""
         return self is Sampling.ELS
+
+
+def require_sample_rate(sample_rate: float) -> None:
+    """Refuse a sampling rate q outside (0, 1] (the probability one unit joins a step)."""
+    fix = "Use batch_size / dataset_size"
+    require(0 < sample_rate <= 1, "sample_rate", sample_rate, "in (0, 1]", fix)
