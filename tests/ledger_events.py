@@ -21,7 +21,7 @@ def dp_accounting_epsilon(ledger, delta: float, accountant: str) -> float:
     """ε(δ) of ``ledger`` by dp_accounting's RDP or PLD (value interval 1e-4) accountant."""
     events = [dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
         g.sample_rate, dp_accounting.GaussianDpEvent(effective_sigma(g))), g.count)
-        for g in ledger.groups]
+        for g in ledger.step_groups]
     acc = (dp_accounting.rdp.RdpAccountant() if accountant == "rdp" else
            dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4))
     acc.compose(dp_accounting.ComposedDpEvent(events))

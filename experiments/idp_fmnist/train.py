@@ -92,7 +92,7 @@ def train_idp(spec: IdpSpec, train: TensorDataset, test: TensorDataset, *,
         "sample_rate": spec.batch_size / len(train), "sampler_rate": private.sample_rate,
         "test_accuracy": epochs[-1]["test_accuracy"],
         "epochs": epochs, "groups": _group_rows(spec, optimizer, assignment, accs),
-        "group_ledgers": None if optimizer.groups is None else optimizer.groups.to_dict(),
+        "group_ledgers": None if optimizer.privacy_groups is None else optimizer.privacy_groups.to_dict(),
         "seconds": time.time() - t0,
     }
     return record
@@ -101,10 +101,10 @@ def train_idp(spec: IdpSpec, train: TensorDataset, test: TensorDataset, *,
 def _group_rows(spec: IdpSpec, optimizer: Any, assignment: Any,
                 accs: list[float]) -> list[dict[str, Any]]:
     """One row per group: budget, share, ε (PLD, RDP) from its ledger, q_p, σ_p, accuracy."""
-    if optimizer.groups is not None:
-        ledgers = optimizer.groups.ledgers
+    if optimizer.privacy_groups is not None:
+        ledgers = optimizer.privacy_groups.ledgers
         facts = [(g.sample_rate, optimizer.noise_multiplier / g.clip_fraction)
-                 for g in optimizer.groups.groups]
+                 for g in optimizer.privacy_groups.groups]
     else:                                      # uniform: every example has the run's ledger
         ledgers = [optimizer.ledger] * len(assignment.budgets)
         facts = [(optimizer.sampler.sample_rate, optimizer.noise_multiplier)] * len(ledgers)

@@ -44,7 +44,7 @@ def run(arm, eta, eps, seed):
         target_epsilon=eps, target_delta=1e-5, epochs=EPOCHS, max_grad_norm=C, seed=seed,
         accountant="rdp")
     sgd_epochs(model, opt, loader, EPOCHS)
-    sig = [r.noise_multiplier for g in opt.ledger.groups for r in g.releases]
+    sig = [r.noise_multiplier for g in opt.ledger.step_groups for r in g.releases]
     return dict(arm=arm, eta=eta, epsilon=eps, seed=seed, val=acc(model, x_all[va], y_all[va]),
                 test=acc(model, xt, yt), sigma_first=sig[0], sigma_last=sig[-1],
                 steps=opt.ledger.num_steps)

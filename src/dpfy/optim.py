@@ -98,7 +98,7 @@ class DPOptimizer(torch.optim.Optimizer):
 
         Privacy groups share a budget (individualized budgets); they are not the optimizer's
         ``param_groups`` nor the per-layer clipping groups."""
-        return self.private_step.individual.groups if self.private_step.individual else None
+        return self.private_step.individual.group_ledgers if self.private_step.individual else None
 
     @property
     def groups(self) -> Any:
@@ -382,7 +382,7 @@ class DPOptimizer(torch.optim.Optimizer):
         if step.individual is not None:
             step.individual.load_state_dict(state.get("groups"))
         self.original_optimizer.load_state_dict(state["optimizer"])
-        step.ledger.groups[:] = ledger.groups
+        step.ledger.step_groups[:] = ledger.step_groups
         step.mechanism.load_state_dict(state["noise"])
         self.seed, step.step_count = state["seed"], state["step_count"]
         step.guard = guard  # fresh: it composes the new ledger afresh

@@ -251,10 +251,10 @@ def test_epsilon_equals_dp_accounting_on_the_ledgers_events():
             opt.zero_grad()
             F.cross_entropy(model(x), y).backward()
             opt.step()
-    for g in opt.ledger.groups:
+    for g in opt.ledger.step_groups:
         (r,) = g.releases
         assert r.mechanism == "gradient"
     assert opt.step_count == 8
     assert opt.epsilon(1e-5) == pytest.approx(dp_accounting_epsilon(opt.ledger, 1e-5, "pld"),
                                               rel=1e-6)
-    assert {r.noise_multiplier for g in opt.ledger.groups for r in g.releases} == {1.3}
+    assert {r.noise_multiplier for g in opt.ledger.step_groups for r in g.releases} == {1.3}

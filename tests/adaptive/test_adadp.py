@@ -87,7 +87,7 @@ def test_iterates_and_learning_rate_follow_the_algorithm(tolerance):
 def test_ledger_is_two_plain_dp_sgd_steps_per_iteration():
     opt, _, _ = _run(1.0)
     assert opt.ledger.num_steps == STEPS
-    assert all([r.mechanism for r in g.releases] == ["gradient"] for g in opt.ledger.groups)
+    assert all([r.mechanism for r in g.releases] == ["gradient"] for g in opt.ledger.step_groups)
     import dp_accounting
     acc = dp_accounting.rdp.RdpAccountant()
     acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(

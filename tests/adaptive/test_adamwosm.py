@@ -79,7 +79,7 @@ def test_epsilon_is_plain_dp_sgd_by_dp_accounting():
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
         opt.step()
-    for g in opt.ledger.groups:
+    for g in opt.ledger.step_groups:
         assert [(r.mechanism, r.noise_multiplier) for r in g.releases] == [("gradient", 1.1)]
     assert opt.step_count == 10
     assert opt.epsilon(1e-5) == pytest.approx(dp_accounting_epsilon(opt.ledger, 1e-5, "rdp"),

@@ -79,7 +79,7 @@ def test_schedule_contract(case):
         planned.append(plan.noise_multiplier)
         applied.append(opt.last_step_info["clip"] == pytest.approx(plan.clip))
     # Every release is in the ledger, with the σ_t that was planned for its step.
-    recorded = [r.noise_multiplier for g in opt.ledger.groups for _ in range(g.count)
+    recorded = [r.noise_multiplier for g in opt.ledger.step_groups for _ in range(g.count)
                 for r in g.releases if r.mechanism == "gradient"]
     assert opt.ledger.num_steps == STEPS and recorded == pytest.approx(planned)
     assert all(applied) and all(s > 0 for s in planned)

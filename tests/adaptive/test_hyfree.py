@@ -243,7 +243,7 @@ def test_probe_rounds_are_composed_with_their_gradient_step(run):
     optimistic), never as separate steps."""
     opt, _ = run
     m = opt.method
-    steps = [(g.first_step + i, g) for g in opt.ledger.groups for i in range(g.count)]
+    steps = [(g.first_step + i, g) for g in opt.ledger.step_groups for i in range(g.count)]
     assert len(steps) == N // B * EPOCHS
     for t, g in steps:
         names = [r.mechanism for r in g.releases]

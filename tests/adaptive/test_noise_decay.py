@@ -62,7 +62,7 @@ def test_per_epoch_stepping():
     # per="epoch": u = step // steps_per_epoch, so σ changes every 3 steps
     s = NoiseDecay(kind="time", initial=6, rate=1.0, total_steps=7, per="epoch", steps_per_epoch=3)
     assert list(s.noise_multipliers()) == pytest.approx([6, 6, 6, 3, 3, 3, 2])
-    assert len(s.ledger(sample_rate=0.1).groups) == 3       # one ledger group per epoch
+    assert len(s.ledger(sample_rate=0.1).step_groups) == 3       # one ledger group per epoch
 
 
 def test_plan_is_a_pure_function_of_the_step():

@@ -92,7 +92,7 @@ def test_every_release_is_in_the_ledger_and_epsilon_matches_dp_accounting():
         _step(model, opt, dl)
     sigma0 = opt.method.base_noise
     acc = dp_accounting.rdp.RdpAccountant()
-    for group in opt.ledger.groups:          # q = 1: the batch is the whole data set
+    for group in opt.ledger.step_groups:          # q = 1: the batch is the whole data set
         names = [rel.mechanism for rel in group.releases]
         assert names == ["gradient"] + [f"noisy_btls_loss_{j}" for j in range(5)]
         assert [rel.noise_multiplier for rel in group.releases[1:]] == pytest.approx(

@@ -96,7 +96,7 @@ def test_no_progress_lowers_the_noise_and_the_ledger_matches_dp_accounting():
     assert [s.reductions for s in states] == [1, 2, 3, 3, 3]
     assert torch.allclose(model.weight.reshape(-1), w_star)     # never moved
     sigmas = [sigma0 * 1.1 ** (-min(t, max_red) / 2) for t in range(steps)]
-    recorded = [g for g in opt.ledger.groups for _ in range(g.count)]
+    recorded = [g for g in opt.ledger.step_groups for _ in range(g.count)]
     for group, sigma in zip(recorded, sigmas):
         assert group.sample_rate == 1.0
         assert [r.noise_multiplier for r in group.releases] == pytest.approx(

@@ -121,7 +121,7 @@ def _run(method, *, epochs=2, **kw):
 def test_epsilon_equals_dp_accounting_on_the_composed_events():
     opt, _, _ = _run("norm_adaptive", noise_multiplier=1.0, accountant="rdp")
     # Both releases of a step see the same Poisson sample (tests/ledger_events.py: σ_eff).
-    for g in opt.ledger.groups:
+    for g in opt.ledger.step_groups:
         assert [r.mechanism for r in g.releases] == ["gradient", "clipped_norm_sum"]
     assert opt.step_count == 20
     assert opt.epsilon(1e-5) == pytest.approx(dp_accounting_epsilon(opt.ledger, 1e-5, "rdp"),

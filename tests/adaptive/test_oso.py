@@ -304,7 +304,7 @@ def test_epsilon_equals_dp_accounting_and_the_sensitivity_check_passes_every_ste
     for a, b_ in zip(clips, clips[1:]):
         assert abs(math.log(b_ / a)) == pytest.approx(2.5e-3) or a == b_
     # Both releases of a step share its Poisson sample (tests/ledger_events.py: σ_eff).
-    for g in opt.ledger.groups:
+    for g in opt.ledger.step_groups:
         assert [r.mechanism for r in g.releases] == ["gradient", THRESHOLD_GRADIENT]
     assert opt.epsilon(1e-5) == pytest.approx(dp_accounting_epsilon(opt.ledger, 1e-5, "rdp"),
                                               rel=1e-6)
@@ -313,7 +313,7 @@ def test_epsilon_equals_dp_accounting_and_the_sensitivity_check_passes_every_ste
         dp_accounting_epsilon(opt.ledger, 1e-5, "pld"), rel=1e-6)
     # The pair spends exactly the calibrated ν of plain DP-SGD.
     assert all(effective_sigma(g) == pytest.approx(opt.noise_multiplier, rel=1e-12)
-               for g in opt.ledger.groups)
+               for g in opt.ledger.step_groups)
 
 
 def test_a_method_whose_threshold_weights_exceed_unit_norm_is_refused():

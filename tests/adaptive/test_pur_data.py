@@ -64,7 +64,7 @@ def test_registered_and_listed_with_hong_explained():
 
 def test_ledger_holds_both_releases_and_its_epsilon_is_dp_accountings():
     opt = _run(norm_budget_fraction=0.1)
-    steps = [g for g in opt.ledger.groups for _ in range(g.count)]
+    steps = [g for g in opt.ledger.step_groups for _ in range(g.count)]
     assert len(steps) == STEPS
     acc = RdpAccountant()
     for group in steps:

@@ -99,7 +99,7 @@ def test_chained_decay_and_quantile_epsilon_equals_dp_accounting_on_the_composed
             F.cross_entropy(model(x), y).backward()
             opt.step()
     # The composed per-step events, built from the ledger's raw numbers (tests/ledger_events.py).
-    for g in opt.ledger.groups:
+    for g in opt.ledger.step_groups:
         assert [r.mechanism for r in g.releases] == ["gradient", "unclipped_count"]
     expected = dp_accounting_epsilon(opt.ledger, 1e-5, "pld")
     assert opt.step_count == 20
@@ -119,5 +119,5 @@ def test_per_layer_quantile_clips_each_layer_to_its_threshold():
         opt.step()
     clips = opt.last_step_info["clip"]
     assert len(clips) == 2 and all(c > 0 for c in clips)
-    (mech,) = {tuple(r.mechanism for r in g.releases) for g in opt.ledger.groups}
+    (mech,) = {tuple(r.mechanism for r in g.releases) for g in opt.ledger.step_groups}
     assert mech == ("gradient", "unclipped_counts")

@@ -91,7 +91,7 @@ def test_registered_method_keeps_the_contract(name):
             F.cross_entropy(model(x), y).backward()
             opt.step()
             per_step.append(declared[-1])
-    steps = [g for g in opt.ledger.groups for _ in range(g.count)]
+    steps = [g for g in opt.ledger.step_groups for _ in range(g.count)]
     assert len(steps) == STEPS
     for group, names in zip(steps, per_step):
         mechanisms = [r.mechanism for r in group.releases]

@@ -85,7 +85,7 @@ def _ledger_against_dp_accounting(accountants):
     server = _server(user_sample_rate=q, noise_multiplier=sigma, rounds=rounds, clip=1.0)
     run_dp_fedavg(server, _users(), F.cross_entropy, TRAINING, rounds)
     assert server.ledger.num_steps == rounds and server.ledger.dataset_size == N_USERS
-    (group,) = server.ledger.groups
+    (group,) = server.ledger.step_groups
     assert (group.sample_rate, group.count) == (q, rounds)
     assert [(r.mechanism, r.noise_multiplier) for r in group.releases] == [("gradient", sigma)]
     delta = 1e-3
@@ -171,7 +171,7 @@ def test_quantile_clipping_adapts_C_on_the_user_deltas_and_records_its_count():
     b = server.expected_users
     for (c0, count), (c1, _) in zip(seen, seen[1:]):
         assert c1 == pytest.approx(c0 * math.exp(-0.2 * ((count + b / 2) / b - 0.5)))
-    (group,) = server.ledger.groups
+    (group,) = server.ledger.step_groups
     assert [(r.mechanism, r.noise_multiplier) for r in group.releases] == [
         ("gradient", pytest.approx((sigma ** -2 - (2 * sb) ** -2) ** -0.5)),
         ("unclipped_count", pytest.approx(2 * sb))]

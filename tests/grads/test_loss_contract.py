@@ -114,7 +114,7 @@ def test_the_fix_is_checked_and_nothing_was_released():
     F.cross_entropy(model(x), y, reduction="sum").backward()
     with pytest.raises(PrivacyRefusal):
         opt.step()
-    assert opt.step_count == 0 and len(opt.ledger.groups) == 0
+    assert opt.step_count == 0 and len(opt.ledger.step_groups) == 0
     opt.zero_grad()
     x, y = next(iter(loader))                      # the same batch, yielded again
     F.cross_entropy(model(x), y, reduction="sum").backward()

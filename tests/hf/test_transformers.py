@@ -91,11 +91,11 @@ def test_private_steps_change_the_weights_and_are_in_the_ledger():
             break
     assert all(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
     assert opt.step_count == 3
-    assert sum(g.count for g in opt.ledger.groups) == 3
+    assert sum(g.count for g in opt.ledger.step_groups) == 3
     # ε from dp_accounting on three Poisson-sampled Gaussian steps (q = 8/64, σ = 1)
     want = ledger_events.dp_accounting_epsilon(opt.ledger, 1e-5, "rdp")
     assert opt.epsilon(1e-5, accountant="rdp") == pytest.approx(want, rel=1e-6)
-    assert opt.ledger.groups[0].sample_rate == pytest.approx(8 / 64)
+    assert opt.ledger.step_groups[0].sample_rate == pytest.approx(8 / 64)
 
 
 def test_dropout_on_the_default_engine_matches_the_loop_with_the_same_masks():
@@ -141,4 +141,4 @@ def test_empty_poisson_batch_takes_a_noise_only_step_without_a_forward():
         opt.step()
         if empty:
             break
-    assert empty and opt.step_count == sum(g.count for g in opt.ledger.groups)
+    assert empty and opt.step_count == sum(g.count for g in opt.ledger.step_groups)

@@ -60,11 +60,11 @@ def test_the_keyword_form_is_the_two_call_form(run, bn):
     train(model_k, opt_k, loader_k, epochs=2)
 
     assert len(opt_k.ledger) == len(opt_h.ledger) == 2 * len(loader_k)
-    assert opt_k.ledger.groups == opt_h.ledger.groups  # the same releases at the same σ
+    assert opt_k.ledger.step_groups == opt_h.ledger.step_groups  # the same releases at the same σ
     for name, value in model_h.state_dict().items():  # one machine, the same operations
         assert torch.equal(model_k.state_dict()[name], value), name
     # the spec says what the ledger records: the gradient's σ and each release's σ_bn
-    releases = opt_k.ledger.groups[0].releases
+    releases = opt_k.ledger.step_groups[0].releases
     spec = opt_k.spec
     assert [r.mechanism for r in releases][1:] == [
         "bn_mean:1",
@@ -129,7 +129,7 @@ def test_microbatches_of_one_are_per_example_clipping_and_admitted():
         microbatch_size=1,
     )
     train(opt.private_step.model, opt, loader)
-    assert len(opt.ledger.groups[0].releases) == 5
+    assert len(opt.ledger.step_groups[0].releases) == 5
 
 
 def test_arguments_without_their_mode_are_refused():
@@ -153,4 +153,4 @@ def test_public_statistics_by_keyword_name_their_data():
     assert isinstance(model[1], PublicBatchNorm)
     train(model, opt, loader)
     assert opt.spec.batchnorm.public_data == "forty random images"
-    assert [r.mechanism for r in opt.ledger.groups[0].releases] == ["gradient"]
+    assert [r.mechanism for r in opt.ledger.step_groups[0].releases] == ["gradient"]

@@ -179,7 +179,7 @@ def test_ledger_records_the_statistics_and_epsilon_composes_them():
     # dp_accounting on the same events: each step one Poisson-sampled Gaussian at
     # σ_eff = (σ_g⁻² + 4·σ_bn⁻²)^(−1/2) (Gaussians on one batch stack into one Gaussian
     # mechanism whose sensitivity is the root sum of squares of the σ-scaled ones)
-    q = with_bn.ledger.groups[0].sample_rate
+    q = with_bn.ledger.step_groups[0].sample_rate
     sigma_eff = (1.0**-2 + 4 * 4.0**-2) ** -0.5
     acc = dp_rdp.RdpAccountant()
     acc.compose(
@@ -193,7 +193,7 @@ def test_ledger_records_the_statistics_and_epsilon_composes_them():
 def test_full_batch_epsilon_equals_dp_accounting_without_the_collapse():
     """q = 1: dp_accounting composes the releases themselves, no σ_eff derivation used."""
     _, opt, _ = _run(sigma=2.0, bn_sigma=5.0, batch=60, epochs=3)
-    assert opt.ledger.groups[0].sample_rate == 1.0 and len(opt.ledger) == 3
+    assert opt.ledger.step_groups[0].sample_rate == 1.0 and len(opt.ledger) == 3
     step = dp_accounting.ComposedDpEvent(
         [dp_accounting.GaussianDpEvent(2.0)] + [dp_accounting.GaussianDpEvent(5.0)] * 4
     )
@@ -204,7 +204,7 @@ def test_full_batch_epsilon_equals_dp_accounting_without_the_collapse():
 
 def test_calibrated_run_spends_its_target_with_the_statistics():
     _, opt, stats = _run(target=2.0, share=0.2)
-    g = opt.ledger.groups[0]
+    g = opt.ledger.step_groups[0]
     sigma_g, sigma_bn = g.releases[0].noise_multiplier, g.releases[1].noise_multiplier
     # the split: the statistics take 20 % of the step's precision, the gradient 80 %
     assert 4 * sigma_bn**-2 == pytest.approx(0.2 * (sigma_g**-2 + 4 * sigma_bn**-2), rel=1e-12)
@@ -337,7 +337,7 @@ def test_setup_and_finish_as_make_private_calls_them(pre_swapped):
     )
     setup.finish(opt, calibrated=True)
     train(model, opt, loader)
-    assert [r.mechanism for r in opt.ledger.groups[0].releases][1:] == [
+    assert [r.mechanism for r in opt.ledger.step_groups[0].releases][1:] == [
         "bn_mean:1",
         "bn_square:1",
         "bn_mean:5",

@@ -100,7 +100,7 @@ def test_one_row_per_example_trains_and_records_every_release():
     model, opt, loader, stats = _private(Sequence(flatten=False, affine=False))
     _train(model, opt, loader)
     assert len(opt.ledger) >= 1 and stats.releases_made == len(opt.ledger)
-    for group in opt.ledger.groups:
+    for group in opt.ledger.step_groups:
         assert [r.mechanism for r in group.releases] == ["gradient", "bn_mean:bn", "bn_square:bn"]
 
 

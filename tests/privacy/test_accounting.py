@@ -82,7 +82,7 @@ def test_heterogeneous_equals_dp_accounting_and_order_does_not_matter():
 def test_all_equal_schedule_equals_homogeneous():
     sched = Ledger.from_schedule(sample_rates=[0.01] * 300, noise_multipliers=[1.1] * 300)
     homo = Ledger.homogeneous(sample_rate=0.01, noise_multiplier=1.1, steps=300)
-    assert len(sched.groups) == 1
+    assert len(sched.step_groups) == 1
     for acc in ("rdp", "pld", "gdp"):
         assert epsilon(sched, delta=1e-5, accountant=acc) == epsilon(homo, delta=1e-5,
                                                                      accountant=acc)

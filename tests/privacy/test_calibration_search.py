@@ -40,7 +40,7 @@ def test_poisson_event_is_the_nested_dp_accounting_event():
 
 
 def test_cyclic_poisson_records_its_bands():
-    (group,) = CyclicPoisson(0.02, bands=4).ledger(1.0, 8).groups
+    (group,) = CyclicPoisson(0.02, bands=4).ledger(1.0, 8).step_groups
     assert group.sampling is Sampling.CYCLIC_POISSON
     assert [(r.noise, r.period) for r in group.releases] == [("bandmf", 4)]
 

@@ -96,7 +96,7 @@ def test_calibration_hits_the_target_for_both_mechanisms():
 def test_ledger_round_trip_keeps_noise_and_period():
     ledger = _bandmf(1.0, 0.05, 10, 4)
     again = Ledger.from_json(ledger.to_json())
-    assert again.groups[0].releases == (Release("gradient", 1.0, "bandmf", 4),)
+    assert again.step_groups[0].releases == (Release("gradient", 1.0, "bandmf", 4),)
     plain = Ledger.homogeneous(sample_rate=0.1, noise_multiplier=1.0, steps=3)
     assert "period" not in plain.to_json()     # DP-SGD ledgers are written as before
 

@@ -19,7 +19,7 @@ def test_json_round_trip_keeps_every_field_and_epsilon():
     assert epsilon(again, delta=1e-5) == epsilon(ledger, delta=1e-5)
     fixed = Ledger.homogeneous(sample_rate=0.01, noise_multiplier=1.0, steps=5,
                                sampling=Sampling.FIXED_SIZE, dataset_size=1000)
-    assert Ledger.from_json(fixed.to_json()).groups[0].sampling is Sampling.FIXED_SIZE
+    assert Ledger.from_json(fixed.to_json()).step_groups[0].sampling is Sampling.FIXED_SIZE
 
 
 def test_100k_identical_steps_stay_small():
@@ -27,7 +27,7 @@ def test_100k_identical_steps_stay_small():
     for _ in range(100_000):
         ledger.record_step(sampling=Sampling.POISSON, sample_rate=0.01,
                            releases=[Release("gradient", 1.0)])
-    assert len(ledger.groups) == 1 and ledger.num_steps == 100_000
+    assert len(ledger.step_groups) == 1 and ledger.num_steps == 100_000
     assert len(ledger.to_json()) < 400
 
 
@@ -35,11 +35,11 @@ def test_effective_noise_multiplier_and_non_private():
     ledger = Ledger()
     ledger.record_step(sampling=Sampling.NONE, sample_rate=1.0,
                        releases=[Release("gradient", 3.0), Release("count", 4.0)])
-    assert ledger.groups[0].effective_noise_multiplier() == pytest.approx(2.4)  # (1/9+1/16)^-½
+    assert ledger.step_groups[0].effective_noise_multiplier() == pytest.approx(2.4)  # (1/9+1/16)^-½
     ledger.record_step(sampling=Sampling.NONE, sample_rate=1.0,
                        releases=[Release("gradient", 0.0)])
     assert not ledger.is_private()
-    assert ledger.groups[1].effective_noise_multiplier() == 0.0
+    assert ledger.step_groups[1].effective_noise_multiplier() == 0.0
 
 
 def test_sampling_semantics():

@@ -77,7 +77,7 @@ def test_sampler_mean(distribution, shape):
 def test_composed_runs_equal_more_epochs():
     # 100 runs of one epoch compose to the 100-epoch ledger: RDP 4.95, PLD 4.62 (App. C.1, C.2)
     runs = composed_runs(ONE_EPOCH, 100)
-    assert runs.num_steps == 20000 and len(runs.groups) == 1
+    assert runs.num_steps == 20000 and len(runs.step_groups) == 1
     assert epsilon(runs, delta=DELTA, accountant="rdp") == pytest.approx(4.95, abs=0.01)
 
 

@@ -129,9 +129,9 @@ def test_els_steps_record_k_and_nothing_guesses_it():
     ledger.record_step(sampling=Sampling.ELS, sample_rate=0.1,
                        releases=[Release("gradient", 3.0)], count=4, max_examples_per_user=3)
     back = Ledger.from_json(ledger.to_json())
-    assert back.groups == ledger.groups and back.groups[0].max_examples_per_user == 3
-    assert back.prefix(2).groups[0].max_examples_per_user == 3
-    assert back.only("gradient").groups[0].max_examples_per_user == 3
+    assert back.step_groups == ledger.step_groups and back.step_groups[0].max_examples_per_user == 3
+    assert back.prefix(2).step_groups[0].max_examples_per_user == 3
+    assert back.only("gradient").step_groups[0].max_examples_per_user == 3
     # an example-level ledger's JSON is unchanged (no new key)
     plain = Ledger.homogeneous(sample_rate=0.1, noise_multiplier=1.0, steps=2)
     assert "max_examples_per_user" not in plain.to_json()

@@ -123,7 +123,7 @@ def test_poisson_batches_clip_the_sampled_examples_copies_and_divide_by_qn():
     ref.load_state_dict(before)
     model, opt, dl = _private(model, x, batch_size=6, physical=2 * K, max_grad_norm=1.9)
     idx, xa, ya, _ = _one_step(model, opt, dl)
-    assert opt.ledger.groups[0].sample_rate == pytest.approx(6 / N)   # the examples' q
+    assert opt.ledger.step_groups[0].sample_rate == pytest.approx(6 / N)   # the examples' q
     want = _expected_update(ref, idx, xa, ya, clip=1.9, b=6)   # b = qN = 6 examples
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.detach().double() - before[n], want[n], rtol=1e-4,
@@ -174,7 +174,7 @@ def test_the_ledger_and_the_sampling_facts_are_the_plain_runs():
     _, opt_k = _trained(K, crop_flip(padding=1, flip=True), sigma=1.3)
     _, opt_1 = _trained(1, None, sigma=1.3)
     assert opt_k.ledger.to_dict() == opt_1.ledger.to_dict()   # same q, σ, steps
-    assert opt_k.ledger.num_steps == 3 and opt_k.ledger.groups[0].sample_rate == 5 / N
+    assert opt_k.ledger.num_steps == 3 and opt_k.ledger.step_groups[0].sample_rate == 5 / N
     assert opt_k.epsilon(1e-5) == opt_1.epsilon(1e-5)
     s_k, s_1 = opt_k.private_step.sampler, opt_1.private_step.sampler
     assert (s_k.normalizer, s_k.steps_per_epoch) == (s_1.normalizer, s_1.steps_per_epoch)

@@ -97,7 +97,7 @@ def test_seeded_resume_continues_the_correlated_stream(noise, bands):
 def test_one_band_trains_and_accounts_like_dp_sgd():
     model, opt, dl = build("bandmf", 1, max_steps=6)
     run(model, opt, dl, 6)
-    group = opt.ledger.groups[0]
+    group = opt.ledger.step_groups[0]
     assert group.sampling.value == "cyclic_poisson" and group.sample_rate == 4 / 48
     plain = dpfy.privacy.Ledger.homogeneous(sample_rate=4 / 48, noise_multiplier=1.3, steps=6)
     assert opt.epsilon(1e-5) == pytest.approx(

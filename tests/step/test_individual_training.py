@@ -74,7 +74,7 @@ def test_sample_rates_ledgers_and_guard():
         assert e == pytest.approx(expected, rel=1e-9)
         assert e <= g.budget
     # The run's own ledger is the worst case: the largest rate for everyone.
-    assert opt.ledger.groups[0].sample_rate == max(g.sample_rate for g in groups)
+    assert opt.ledger.step_groups[0].sample_rate == max(g.sample_rate for g in groups)
     # The per-group guard stops a step beyond the calibrated run even after a re-plan.
     opt.max_steps = steps + 50
     with pytest.raises(BudgetExhausted, match="privacy group 0"):

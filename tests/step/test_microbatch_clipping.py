@@ -123,10 +123,10 @@ def test_noise_std_is_2_sigma_C_over_M_and_the_ledger_records_sigma_at_sensitivi
     std = float((model.weight.detach() - before).std())
     assert std == pytest.approx(2 * sigma * clip / m, rel=0.02)
     assert std != pytest.approx(sigma * clip / m, rel=0.2)   # not the per-example Δ = C
-    (release,) = opt.ledger.groups[0].releases
+    (release,) = opt.ledger.step_groups[0].releases
     assert release.noise_multiplier == sigma   # σ relative to the sum's Δ = 2C
-    assert opt.ledger.groups[0].sampling.value == "poisson"
-    assert opt.ledger.groups[0].sample_rate == b / N
+    assert opt.ledger.step_groups[0].sampling.value == "poisson"
+    assert opt.ledger.step_groups[0].sample_rate == b / N
 
 
 def test_removing_one_example_moves_the_sum_by_at_most_2C_and_a_larger_contribution_is_refused():

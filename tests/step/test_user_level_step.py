@@ -97,7 +97,7 @@ def test_uls_clips_each_users_mean_or_sum_as_one_unit_like_the_float64_loop(name
     ref.load_state_dict(before)
     clip = 0.2   # most users are clipped, some not
     model, opt, rows = _one_step(model, x, y, ids, reduction=reduction, clip=clip)
-    assert opt.ledger.groups[0].sampling.value == "uls"
+    assert opt.ledger.step_groups[0].sampling.value == "uls"
     # batch_size = 7 = U: q_u = 1, every user sampled, b = q_u·U = 7
     assert sorted(rows.tolist()) == list(range(N))
     want = _expected_update(ref, x, y, ids, rows, reduction=reduction, clip=clip, b=USERS)
@@ -222,7 +222,7 @@ def test_els_clips_each_kept_example_alone_and_records_k():
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.detach().double() - before[n], -summed[n] / 6.0,
                                    rtol=1e-4, atol=1e-6)
-    group = opt.ledger.groups[0]
+    group = opt.ledger.step_groups[0]
     assert (group.sampling.value, group.max_examples_per_user) == ("els", 2)
     assert opt.ledger.dataset_size == USERS
 

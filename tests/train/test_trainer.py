@@ -37,7 +37,7 @@ def test_run_writes_everything_and_spends_the_target(tmp_path, fast_config):
     assert resolved["seed"] is None and resolved["reproducible"] is True   # never the seed
     assert resolved["delta"] == res.delta
     # the run spec, as make_private built it: the σ and q the ledger recorded, read back as is
-    spec, first = resolved["spec"], ledger.groups[0]
+    spec, first = resolved["spec"], ledger.step_groups[0]
     assert spec["noise"]["noise_multiplier"] == first.releases[0].noise_multiplier
     assert spec["sampling"]["resolved"]["sample_rate"] == first.sample_rate
     assert spec["accounting"]["max_steps"] == 36 and spec["accounting"]["delta"] == res.delta

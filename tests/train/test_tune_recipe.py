@@ -86,7 +86,7 @@ def test_final_run_is_the_reported_ledger_on_the_whole_training_split(clean):
     result, data = clean
     ledger = Ledger.from_json((result.out / "ledger.json").read_text())
     assert ledger.dataset_size == data.num_train          # not the tuning runs' smaller set
-    assert {g.sample_rate for g in ledger.groups} == {BASE["batch_size"] / data.num_train}
+    assert {g.sample_rate for g in ledger.step_groups} == {BASE["batch_size"] / data.num_train}
     eps = dp_accounting_epsilon(ledger, result.final.delta, "rdp")
     assert result.final.epsilon == pytest.approx(eps, rel=1e-6)
     assert eps <= 3.0 * (1 + 1e-9) and eps == pytest.approx(3.0, rel=5e-3)   # σ for the target

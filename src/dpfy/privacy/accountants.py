@@ -374,7 +374,7 @@ def epsilon_curve(
     points = _checkpoints(ledger.num_steps, num_points or ledger.num_steps)
     incremental = (
         accountant == "pld"  # shuffled and cyclic charges need the whole run
-        and all(g.sampling.value not in ("shuffle", "cyclic_poisson") for g in ledger.groups)
+        and all(g.sampling.value not in ("shuffle", "cyclic_poisson") for g in ledger.step_groups)
     )
     out: list[tuple[int, float]] = []
     if not incremental:
@@ -427,7 +427,7 @@ def epsilon_curve(
 def _segment(ledger: Ledger, start: int, stop: int) -> Ledger:
     """Steps [start, stop) of ``ledger`` as a ledger of their own."""
     out = Ledger(ledger.dataset_size)
-    for g in ledger.groups:
+    for g in ledger.step_groups:
         lo, hi = max(g.first_step, start), min(g.last_step + 1, stop)
         if lo < hi:
             out.record_step(

@@ -213,7 +213,7 @@ def canonical_form(ledger: Ledger, *, amplify: bool = True) -> CanonicalForm:
         guarantee "without amplification" that the guide asks reports to show when the sampling
         assumption may not have held).
     """
-    if not ledger.groups:
+    if not ledger.step_groups:
         return CanonicalForm("add_or_remove", ())
     adjacency = ledger.adjacency()
     factor = 0.5 if adjacency == "replace_one" else 1.0
@@ -221,7 +221,7 @@ def canonical_form(ledger: Ledger, *, amplify: bool = True) -> CanonicalForm:
     shuffled: list[StepGroup] = []
     correlated: dict[str, list[StepGroup]] = {"tree": [], "bandmf": []}
     non_private = False
-    for g in ledger.groups:
+    for g in ledger.step_groups:
         sigma = g.effective_noise_multiplier()
         if sigma == 0:
             non_private = True

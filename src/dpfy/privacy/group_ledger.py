@@ -134,7 +134,7 @@ class GroupLedgers:
             sigmas = sorted(
                 {
                     r.noise_multiplier
-                    for g in ledger.groups
+                    for g in ledger.step_groups
                     for r in g.releases
                     if r.mechanism == "gradient"
                 }

@@ -22,6 +22,7 @@ ledger never guesses them.
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, field, replace as dataclasses_replace
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
@@ -50,11 +51,23 @@ class Ledger:
     """
 
     dataset_size: int | None = None
-    groups: list[StepGroup] = field(default_factory=list)
+    step_groups: list[StepGroup] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.dataset_size is not None:
             require(self.dataset_size >= 1, "dataset_size", self.dataset_size, ">= 1")
+
+    @property
+    def groups(self) -> list[StepGroup]:
+        """Deprecated name of :attr:`step_groups` ("groups" also names clipping and privacy
+        groups); it still reads the same list."""
+        warnings.warn(
+            "Ledger.groups is deprecated, got a read of the old name; use Ledger.step_groups "
+            "(the run-length-encoded step groups)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.step_groups
 
     # -- writing ---------------------------------------------------------------------------
     def record_step(
@@ -77,15 +90,15 @@ class Ledger:
             tuple(releases),
             max_examples_per_user,
         )
-        if self.groups and self.groups[-1].same_step_as(group):
-            last = self.groups[-1]
-            self.groups[-1] = dataclasses_replace(last, count=last.count + count)
+        if self.step_groups and self.step_groups[-1].same_step_as(group):
+            last = self.step_groups[-1]
+            self.step_groups[-1] = dataclasses_replace(last, count=last.count + count)
         else:
-            self.groups.append(group)
+            self.step_groups.append(group)
 
     def extend(self, other: "Ledger") -> None:
         """Append every step of ``other`` after this ledger's steps."""
-        for g in other.groups:
+        for g in other.step_groups:
             self._record_group(g)
 
     def _record_group(self, g: StepGroup) -> None:
@@ -108,28 +121,28 @@ class Ledger:
     # -- reading ---------------------------------------------------------------------------
     @property
     def num_steps(self) -> int:
-        return self.groups[-1].last_step + 1 if self.groups else 0
+        return self.step_groups[-1].last_step + 1 if self.step_groups else 0
 
     def __len__(self) -> int:
         return self.num_steps
 
     def __iter__(self) -> Iterator[StepGroup]:
-        return iter(self.groups)
+        return iter(self.step_groups)
 
     def mechanisms(self) -> list[str]:
         """Names of all mechanisms released, in first-seen order."""
         seen: dict[str, None] = {}
-        for g in self.groups:
+        for g in self.step_groups:
             for r in g.releases:
                 seen.setdefault(r.mechanism, None)
         return list(seen)
 
     def samplings(self) -> set[Sampling]:
-        return {g.sampling for g in self.groups}
+        return {g.sampling for g in self.step_groups}
 
     def is_private(self) -> bool:
         """False if any release had no noise (then ε is infinite)."""
-        return all(r.noise_multiplier > 0 for g in self.groups for r in g.releases)
+        return all(r.noise_multiplier > 0 for g in self.step_groups for r in g.releases)
 
     def prefix(self, num_steps: int) -> "Ledger":
         """The ledger of the first ``num_steps`` steps (for ε-over-steps curves)."""
@@ -137,7 +150,7 @@ class Ledger:
             0 <= num_steps <= self.num_steps, "num_steps", num_steps, f"in [0, {self.num_steps}]"
         )
         out = Ledger(self.dataset_size)
-        for g in self.groups:
+        for g in self.step_groups:
             if g.first_step >= num_steps:
                 break
             n = min(g.count, num_steps - g.first_step)
@@ -153,7 +166,7 @@ class Ledger:
     def only(self, mechanism: str) -> "Ledger":
         """The ledger restricted to one mechanism (for each mechanism's share of the budget)."""
         out = Ledger(self.dataset_size)
-        for g in self.groups:
+        for g in self.step_groups:
             rs = tuple(r for r in g.releases if r.mechanism == mechanism)
             if rs:
                 out.record_step(
@@ -210,9 +223,9 @@ class Ledger:
         what the accountants compose: they apply the adjacency and participation rules of
         :class:`Sampling` (see :func:`dpfy.privacy.canonical.accounted_dp_event`).
         """
-        if not self.groups:
+        if not self.step_groups:
             return dp_accounting.NoOpDpEvent()
-        events = [g.dp_event(self.dataset_size) for g in self.groups]
+        events = [g.dp_event(self.dataset_size) for g in self.step_groups]
         return events[0] if len(events) == 1 else dp_accounting.ComposedDpEvent(events)
 
     # -- serialization ---------------------------------------------------------------------
@@ -221,7 +234,7 @@ class Ledger:
             "format": LEDGER_FORMAT,
             "dataset_size": self.dataset_size,
             "num_steps": self.num_steps,
-            "groups": [g.to_dict() for g in self.groups],
+            "groups": [g.to_dict() for g in self.step_groups],
         }
 
     @classmethod

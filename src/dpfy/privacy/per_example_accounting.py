@@ -71,7 +71,7 @@ def round_up(ratios: np.ndarray, r: float | None) -> np.ndarray:
 def _schedule(ledger: Ledger) -> list[tuple[float, float, int]]:
     """(q, σ, count) of each step group, refusing what this analysis cannot account."""
     out = []
-    for g in ledger.groups:
+    for g in ledger.step_groups:
         require(
             g.sampling is Sampling.POISSON,
             "ledger sampling",

@@ -200,8 +200,8 @@ class PrivacyReport(ReportFields):
         headline = eps[accountant]
         assert headline is not None, "the headline accountant raises rather than give None"
         form = prepare(ledger, accountant=accountant)
-        rates = [g.sample_rate for g in ledger.groups]
-        sigmas = [g.effective_noise_multiplier() for g in ledger.groups]
+        rates = [g.sample_rate for g in ledger.step_groups]
+        sigmas = [g.effective_noise_multiplier() for g in ledger.step_groups]
         mechanisms = tuple(_mechanism_shares(ledger, delta=delta, accountant=accountant))
         group = None
         if group_size is not None:
@@ -389,7 +389,7 @@ def _epsilon_or_none(
 def _mechanism_shares(ledger: Ledger, *, delta: float, accountant: str) -> list[MechanismShare]:
     inv_var: dict[str, float] = {}
     steps: dict[str, int] = {}
-    for g in ledger.groups:
+    for g in ledger.step_groups:
         for r in g.releases:
             w = math.inf if r.noise_multiplier == 0 else g.count * r.noise_multiplier**-2
             inv_var[r.mechanism] = inv_var.get(r.mechanism, 0.0) + w
@@ -410,7 +410,7 @@ def _mechanism_shares(ledger: Ledger, *, delta: float, accountant: str) -> list[
 def _noise_mechanisms(ledger: Ledger) -> tuple[dict[str, Any], ...]:
     """One row per correlated mechanism of the ledger: its name, sampling and assumption."""
     seen: dict[tuple, dict[str, Any]] = {}
-    for g in ledger.groups:
+    for g in ledger.step_groups:
         for r in g.releases:
             if r.noise != "gaussian":
                 seen.setdefault(

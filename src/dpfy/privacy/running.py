@@ -72,7 +72,7 @@ class RunningEpsilon:
     # -- pieces -----------------------------------------------------------------------------
     def _segment(self, ledger: Ledger, start: int) -> Ledger:
         out = Ledger(ledger.dataset_size)
-        for g in ledger.groups:
+        for g in ledger.step_groups:
             lo = max(g.first_step, start)
             if lo <= g.last_step:
                 out.record_step(
@@ -86,7 +86,7 @@ class RunningEpsilon:
 
     def _form(self, segment: Ledger, ledger: Ledger) -> CanonicalForm:
         form = canonical_form(segment)
-        if segment.groups:
+        if segment.step_groups:
             require(
                 self._adjacency in (None, form.adjacency) or not form.atoms,
                 "ledger samplings",

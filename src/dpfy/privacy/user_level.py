@@ -43,7 +43,7 @@ def group_privacy_bound(epsilon_example: float, delta: float, k: int) -> tuple[f
 def example_level_ledger(ledger: Ledger) -> Ledger:
     """The ELS steps of ``ledger`` accounted per example: Poisson at q with the same releases."""
     out = Ledger(ledger.dataset_size)
-    for g in ledger.groups:
+    for g in ledger.step_groups:
         sampling = Sampling.POISSON if g.sampling is Sampling.ELS else g.sampling
         out.record_step(
             sampling=sampling, sample_rate=g.sample_rate, releases=g.releases, count=g.count
@@ -93,7 +93,7 @@ def user_level_section(
     # StepGroup refuses an ELS step without k, so the None test drops nothing
     ks = {
         g.max_examples_per_user
-        for g in ledger.groups
+        for g in ledger.step_groups
         if g.sampling is Sampling.ELS and g.max_examples_per_user is not None
     }
     if ks:

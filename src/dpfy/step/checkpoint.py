@@ -76,7 +76,7 @@ def check_ledger_continues(current: Ledger, loaded: Ledger) -> None:
             f"branch from the checkpoint, build a new run with make_private in a fresh "
             f"process and load it there (each published branch's ε composes with the others')"
         )
-    if loaded.prefix(n).groups != current.groups:
+    if loaded.prefix(n).step_groups != current.step_groups:
         raise PrivacyRefusal(
             f"the optimizer state's ledger must begin with the {n} steps this optimizer "
             f"already released, got a ledger that records other steps: those releases would "

@@ -40,28 +40,28 @@ class IndividualBudgets:
     def __init__(
         self, groups: GroupLedgers, guard: GroupEpsilonGuard, group_of: torch.Tensor
     ) -> None:
-        self.groups, self.guard, self.group_of = groups, guard, group_of
+        self.group_ledgers, self.guard, self.group_of = groups, guard, group_of
 
     def clip_fractions(self, indices: torch.Tensor) -> torch.Tensor | None:
         """Each row's share f_i of the sensitivity (B,), public; None when every f_p = 1."""
-        if min(self.groups.clip_fractions) >= 1:
+        if min(self.group_ledgers.clip_fractions) >= 1:
             return None
-        f = torch.tensor(self.groups.clip_fractions, dtype=torch.float64)  # (P,) public
+        f = torch.tensor(self.group_ledgers.clip_fractions, dtype=torch.float64)  # (P,) public
         return f[self.group_of[indices.cpu()]]  # (B,) public
 
     def check(
         self, plan: StepPlan, specs: Mapping[str, ReleaseSpec], sampling: Sampling
     ) -> list[tuple[Release, ...]]:
         """Each group's releases for this step, refused if one would exceed its budget."""
-        releases = group_step_releases(plan, specs, self.groups.clip_fractions)
-        self.guard.check_release(self.groups, sampling=sampling, releases=releases)
+        releases = group_step_releases(plan, specs, self.group_ledgers.clip_fractions)
+        self.guard.check_release(self.group_ledgers, sampling=sampling, releases=releases)
         return releases
 
     def record(self, releases: list[tuple[Release, ...]], sampling: Sampling) -> None:
-        self.groups.record_step(sampling=sampling, releases=releases)
+        self.group_ledgers.record_step(sampling=sampling, releases=releases)
 
     def state_dict(self) -> dict[str, Any]:
-        return self.groups.to_dict()
+        return self.group_ledgers.to_dict()
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         require(
@@ -72,7 +72,7 @@ class IndividualBudgets:
             "Resume from a checkpoint of the same individualized run",
         )
         assert state is not None, "required above"
-        self.groups.ledgers = GroupLedgers.from_dict(state).ledgers
+        self.group_ledgers.ledgers = GroupLedgers.from_dict(state).ledgers
         self.guard.reset()
 
 
