@@ -91,11 +91,9 @@ class LinearRule(LayerRule):
             out_w, _ = linear_ghost_sq_norms(_last_dim_dense(a), _last_dim_dense(g))
             out = {"weight": out_w}  # (B,)
         else:
-            b, t = a.shape[0], a.shape[1]
             aa = torch.bmm(a, a.transpose(1, 2))  # (B, T, T) sensitive
             gg = torch.bmm(g, g.transpose(1, 2))  # (B, T, T) sensitive
-            # ⟨A_i A_iᵀ, G_i G_iᵀ⟩ as one batched dot (one launch, not a product and a sum)
-            out = {"weight": torch.bmm(aa.view(b, 1, t * t), gg.view(b, t * t, 1)).view(b)}
+            out = {"weight": aa.mul_(gg).sum((1, 2))}  # (B,); aa is ours to overwrite
         if layer.bias is not None:
             # ‖Σ_t g_t‖² from the sum itself (module docstring), not the Gram's sum
             out["bias"] = g_sq if a.shape[1] == 1 else _sum_sq(g)
