@@ -83,13 +83,17 @@ def _fingerprint(p: torch.Tensor) -> torch.Tensor:
 ViewCache = dict[tuple[int, str], tuple[tuple[object, ...], torch.Tensor]]
 
 
-def _cached_sum(p: torch.Tensor, key: tuple[int, str], views: ViewCache) -> torch.Tensor:
+def _cached_sum(
+    p: torch.Tensor, key: tuple[int, str], views: ViewCache, ptr: int | None = None
+) -> torch.Tensor:
     """:func:`_fingerprint` of ``p`` through its integer view kept in ``views`` (one op a
     parameter instead of four: the view is made once). The cached view holds ``p``'s storage,
-    so an equal ``data_ptr`` with equal shape, strides and dtype is that same memory."""
-    if p.numel() == 0 or not p.is_contiguous():
+    so an equal ``data_ptr`` with equal shape and dtype of a contiguous ``p`` is that same
+    memory read the same way (contiguous: the shape fixes the strides). ``ptr``: ``p``'s
+    ``data_ptr()`` when the caller has it."""
+    if not p.is_contiguous() or p.numel() == 0:
         return _fingerprint(p) if p.numel() else torch.zeros((), dtype=torch.int64, device=p.device)
-    mark = (id(p), p.data_ptr(), p.shape, p.stride(), p.dtype)
+    mark = (id(p), p.data_ptr() if ptr is None else ptr, p.shape, p.dtype)
     kept = views.get(key)
     if kept is None or kept[0] != mark:
         kept = views[key] = (mark, _int_view(p))
@@ -102,25 +106,32 @@ def _param_marks(
     """(identity, version, storage) of every parameter of ``owners``, and their
     :func:`_fingerprint` s: the check of the forwards after the first (no copy); None when a
     parameter has no version counter or storage (then the full snapshot is used). ``views``:
-    the caller's cache of integer views (:func:`_cached_sum`)."""
+    the caller's cache of integer views (:func:`_cached_sum`). Runs three times a training
+    step, so it reads each parameter's ``data_ptr`` and device once."""
     try:
         marks: dict[tuple[int, str], tuple[int, int, int]] = {}
         sums: list[torch.Tensor] | None = []
         cache: ViewCache = {} if views is None else views
         device = None
         for k, (_, m) in enumerate(owners):
-            for n, p in m._parameters.items():
+            params = m._parameters
+            if not params:
+                continue
+            for n, p in params.items():
                 if p is None or is_lazy(p):
                     continue
                 key = (k, n)
-                marks[key] = (id(p), p._version, p.data_ptr())
-                if sums is not None:
-                    device = p.device if device is None else device
-                    # several devices: marks only
-                    if p.device == device:
-                        sums.append(_cached_sum(p, key, cache))
-                    else:
-                        sums = None
+                ptr = p.data_ptr()
+                marks[key] = (id(p), p._version, ptr)
+                if sums is None:
+                    continue
+                where = p.device
+                if device is None:
+                    device = where
+                elif where != device:  # several devices: marks only
+                    sums = None
+                    continue
+                sums.append(_cached_sum(p, key, cache, ptr))
         prints = torch.stack(sums) if sums else None
         if views is not None and len(views) > len(marks):  # parameters were removed
             for gone in set(views) - set(marks):

@@ -76,6 +76,12 @@ class LinearRule(LayerRule):
         return t * t < layer.in_features * layer.out_features
 
     def sq_norm(self, layer, a, g):
+        if a.dim() == 2 and g.dim() == 2:  # (B, d): no sequence dim, no reshape (2 ops saved)
+            g_sq = torch.linalg.vector_norm(g, dim=1).square()  # (B,) = the bias's norm
+            out = {"weight": torch.linalg.vector_norm(a, dim=1).square() * g_sq}
+            if layer.bias is not None:
+                out["bias"] = g_sq
+            return out
         a, g = _as_seq(a, g)  # (B, T, d_in), (B, T, d_out)
         if a.shape[1] == 1:
             # vector_norm reduces without a (B, d) temporary: memory matters for wide inputs
@@ -94,6 +100,8 @@ class LinearRule(LayerRule):
         return out
 
     def weighted_sum(self, layer, a, g, w):
+        if a.dim() == 2 and g.dim() == 2:
+            return _weighted_sum_2d(layer, a, g, w)
         a, g = _as_seq(a, g)  # (B, T, d_in), (B, T, d_out)
         d_out = g.shape[-1]
         ww = w["weight"].to(g.dtype).view(-1, 1, 1)  # (B, 1, 1) sensitive, one view
@@ -111,3 +119,25 @@ class LinearRule(LayerRule):
                 wt = w["bias"].to(g.dtype).repeat_interleave(g.shape[1])  # (B·T,) sensitive
                 out["bias"] = g.reshape(-1, d_out).T @ wt
         return out
+
+
+def _weighted_sum_2d(
+    layer: nn.Linear, a: torch.Tensor, g: torch.Tensor, w: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """:meth:`LinearRule.weighted_sum` for a (B, d_in) input and (B, d_out) output gradient:
+    the same products as the sequence path with T = 1, without its reshapes and views (each a
+    dispatched op: 6 per layer)."""
+    ww = w["weight"].to(g.dtype).unsqueeze(1)  # (B, 1) sensitive
+    # Σ_i w_i g_i a_iᵀ: scale whichever operand is smaller, then one (d_out, d_in) matmul
+    if a.shape[1] < g.shape[1]:
+        out = {"weight": g.T @ (a * ww)}
+        gw = None
+    else:
+        gw = g * ww  # (B, d_out) sensitive
+        out = {"weight": gw.T @ a}
+    if layer.bias is not None:
+        if gw is not None and w["bias"] is w["weight"]:
+            out["bias"] = gw.sum(0)  # (d_out,)
+        else:  # Σ_i w_i g_i as one matrix-vector product
+            out["bias"] = g.T @ w["bias"].to(g.dtype)
+    return out
