@@ -39,7 +39,7 @@ from dpfy.privacy.calibration import calibrate_noise_multiplier
 
 EPOCHS = size(10, 2)
 BATCH = size(2048, 128)
-SUBSET = size(None, 512)       # training images
+SUBSET = size(None, 512)  # training images
 TEST_SUBSET = size(None, 512)  # test images
 CLIP, LR, MOMENTUM, EPSILON, DELTA = 0.1, 4.0, 0.9, 3.0, 1e-5
 
