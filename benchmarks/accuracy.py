@@ -13,7 +13,7 @@ machine is inflated by other processes; CPU time shows how much of it was this r
     .venv/bin/python benchmarks/accuracy.py --out runs/bench            # 3 seeds, defaults
     .venv/bin/python benchmarks/accuracy.py --out runs/b --seeds 0 --set epochs=20
     .venv/bin/python benchmarks/accuracy.py --out runs/bench --summarize   # merge seed*.json
-    .venv/bin/python benchmarks/accuracy.py --smoke    # tests: digits, logreg, 1 epoch, seed 0, ε 0.5
+    .venv/bin/python benchmarks/accuracy.py --smoke  # the tests: digits, logreg, 1 epoch, ε 0.5
 """
 
 from __future__ import annotations
