@@ -45,7 +45,12 @@ How changes are seen:
   fingerprint (the sum of their bits read as integers, one read and no copy, all parameters
   compared with one device sync; on a device, where the private step reads them, the
   comparisons stay there as flags read with the step's sensitivity check: dpfy._deferred),
-  which any ordinary write changes.
+  which any write that changes the sum of those integers changes: every change of one
+  element, in practice any arithmetic update. A rearrangement that keeps every integer word
+  (the elements of a float64 parameter permuted through ``.data``,
+  ``w.data.copy_(w.data.flip(0))``; a float32 one rolled by two elements) keeps the sum and is
+  not seen (a sum ignores positions; weighting them would cost a read of an index tensor as
+  large as the parameters).
 
 Not watched: Python values that are not tensors (a step counter), tensors inside lists or dicts
 held by a module, and changes made outside the window from a training forward to its step (an

@@ -64,8 +64,13 @@ def round_up(ratios: np.ndarray, r: float | None) -> np.ndarray:
     rho = np.minimum(np.asarray(ratios, dtype=float), 1.0)
     if r is None:
         return rho
-    # the small relative slack keeps 0.3 / 0.1 = 2.9999999999999996 on the grid point 0.3
-    return np.minimum(np.ceil(rho / r * (1 - 1e-12)) * r, 1.0)
+    # ρ/r is rounded in float64, so ⌈ρ/r⌉ can be one off either way (0.3·(1 + 1e-13) / 0.1
+    # lands on 3.0): one step up where k·r < ρ, one down where (k − 1)·r is still ≥ ρ, so the
+    # result is the smallest grid point k·r (as float64 writes it) that is not below ρ
+    k = np.ceil(rho / r)
+    k = np.where(k * r < rho, k + 1, k)
+    k = np.where((k >= 1) & ((k - 1) * r >= rho), k - 1, k)
+    return np.minimum(k * r, 1.0)
 
 
 def _schedule(ledger: Ledger) -> list[tuple[float, float, int]]:
