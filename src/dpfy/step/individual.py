@@ -9,6 +9,7 @@ contribution is asserted against its group's threshold), :meth:`IndividualBudget
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -41,6 +42,17 @@ class IndividualBudgets:
         self, groups: GroupLedgers, guard: GroupEpsilonGuard, group_of: torch.Tensor
     ) -> None:
         self.group_ledgers, self.guard, self.group_of = groups, guard, group_of
+
+    @property
+    def groups(self) -> GroupLedgers:
+        """Deprecated name of :attr:`group_ledgers`; it still reads the same object."""
+        warnings.warn(
+            "IndividualBudgets.groups is deprecated, got a read of the old name; use "
+            "IndividualBudgets.group_ledgers",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.group_ledgers
 
     def clip_fractions(self, indices: torch.Tensor) -> torch.Tensor | None:
         """Each row's share f_i of the sensitivity (B,), public; None when every f_p = 1."""
