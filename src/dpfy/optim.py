@@ -7,13 +7,13 @@ SGD(lr=1), no momentum and σ = 0 a step moves θ by exactly −Σ_i clip(g_i)/b
 
 from __future__ import annotations
 
-import warnings
 from collections import OrderedDict
 from typing import Any, Callable
 
 import torch
 
 from dpfy.buffers import guard_of
+from dpfy._renamed import renamed_attribute
 from dpfy._require import require
 from dpfy.errors import PrivacyRefusal
 from dpfy.privacy import Ledger, epsilon as ledger_epsilon
@@ -100,16 +100,11 @@ class DPOptimizer(torch.optim.Optimizer):
         ``param_groups`` nor the per-layer clipping groups."""
         return self.private_step.individual.group_ledgers if self.private_step.individual else None
 
-    @property
-    def groups(self) -> Any:
-        """Deprecated name of :attr:`privacy_groups`."""
-        warnings.warn(
-            "DPOptimizer.groups is deprecated, got a read of the old name; use "
-            "optimizer.privacy_groups (the individualized budgets' groups)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.privacy_groups
+    groups = renamed_attribute(
+        "DPOptimizer.groups",
+        "privacy_groups",
+        "optimizer.privacy_groups (the individualized budgets' groups)",
+    )
 
     @property
     def max_steps(self) -> int | None:

@@ -52,3 +52,12 @@ def test_sampling_semantics():
 def test_all_exports_exist():
     for name in privacy.__all__:
         assert getattr(privacy, name) is not None
+
+
+def test_the_old_name_groups_reads_step_groups_and_warns():
+    """``Ledger.groups`` was renamed ``step_groups`` (issue 37 §4); the old name still reads the
+    same list, with a DeprecationWarning naming the new one. The JSON key stays "groups"."""
+    ledger = Ledger.homogeneous(sample_rate=0.01, noise_multiplier=1.0, steps=5)
+    with pytest.warns(DeprecationWarning, match=r"Ledger\.groups is deprecated.*step_groups"):
+        assert ledger.groups is ledger.step_groups
+    assert len(ledger.to_dict()["groups"]) == 1

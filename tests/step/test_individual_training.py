@@ -149,3 +149,11 @@ def test_privacy_groups_old_name_warns():
     _, opt, _, _ = setup("sample")
     with pytest.warns(DeprecationWarning, match="privacy_groups"):
         assert opt.groups is opt.privacy_groups
+
+
+def test_individual_budgets_old_name_warns():
+    """``IndividualBudgets.groups`` was renamed ``group_ledgers``; the old name warns."""
+    _, opt, _, _ = setup("sample")
+    budgets = opt.private_step.individual
+    with pytest.warns(DeprecationWarning, match=r"IndividualBudgets\.groups.*group_ledgers"):
+        assert budgets.groups is budgets.group_ledgers

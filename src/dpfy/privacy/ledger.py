@@ -22,12 +22,12 @@ ledger never guesses them.
 from __future__ import annotations
 
 import json
-import warnings
 from dataclasses import dataclass, field, replace as dataclasses_replace
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 
 from dpfy._lazy import LazyModule
+from dpfy._renamed import renamed_attribute
 from dpfy._require import require
 from dpfy.privacy.ledger_json import LEDGER_FORMAT, checked_ledger_fields, parse_ledger_json
 from dpfy.privacy.ledger_records import NOISES, Release, StepGroup
@@ -57,17 +57,10 @@ class Ledger:
         if self.dataset_size is not None:
             require(self.dataset_size >= 1, "dataset_size", self.dataset_size, ">= 1")
 
-    @property
-    def groups(self) -> list[StepGroup]:
-        """Deprecated name of :attr:`step_groups` ("groups" also names clipping and privacy
-        groups); it still reads the same list."""
-        warnings.warn(
-            "Ledger.groups is deprecated, got a read of the old name; use Ledger.step_groups "
-            "(the run-length-encoded step groups)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.step_groups
+    # "groups" also names clipping and privacy groups: the old name reads the same list
+    groups = renamed_attribute(
+        "Ledger.groups", "step_groups", "Ledger.step_groups (the run-length-encoded step groups)"
+    )
 
     # -- writing ---------------------------------------------------------------------------
     def record_step(

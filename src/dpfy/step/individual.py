@@ -9,12 +9,12 @@ contribution is asserted against its group's threshold), :meth:`IndividualBudget
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
 
+from dpfy._renamed import renamed_attribute
 from dpfy._require import require
 from dpfy.privacy import Release
 from dpfy.privacy.accountants import RIGOROUS
@@ -43,16 +43,9 @@ class IndividualBudgets:
     ) -> None:
         self.group_ledgers, self.guard, self.group_of = groups, guard, group_of
 
-    @property
-    def groups(self) -> GroupLedgers:
-        """Deprecated name of :attr:`group_ledgers`; it still reads the same object."""
-        warnings.warn(
-            "IndividualBudgets.groups is deprecated, got a read of the old name; use "
-            "IndividualBudgets.group_ledgers",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.group_ledgers
+    groups = renamed_attribute(
+        "IndividualBudgets.groups", "group_ledgers", "IndividualBudgets.group_ledgers"
+    )
 
     def clip_fractions(self, indices: torch.Tensor) -> torch.Tensor | None:
         """Each row's share f_i of the sensitivity (B,), public; None when every f_p = 1."""

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Mapping
 
 import torch
 
+from dpfy._renamed import renamed_attribute
 from dpfy._require import require
 
 __all__ = ["Norms", "Clip"]
@@ -28,15 +28,7 @@ class Norms:
     clip_groups: tuple[tuple[str, ...], ...]
     indices: torch.Tensor | None = None  # (B,) dataset indices, public
 
-    @property
-    def groups(self) -> tuple[tuple[str, ...], ...]:
-        """Deprecated name of :attr:`clip_groups`."""
-        warnings.warn(
-            "Norms.groups is deprecated, got a read of the old name; use Norms.clip_groups",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.clip_groups
+    groups = renamed_attribute("Norms.groups", "clip_groups", "Norms.clip_groups")
 
     def per_group(self) -> torch.Tensor:
         """‖g_ik‖ for each group k, (B, K). Sensitive."""
