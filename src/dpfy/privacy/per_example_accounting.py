@@ -225,11 +225,12 @@ def per_example_epsilons(
         "'integer' is the fast default; 'all' adds dp_accounting's fractional orders",
     )
     rho = round_up(rho, rounding)
-    # per step, expand the schedule: (q, σ) of step t
-    q_sigma = [(q, s) for q, s, c in _schedule(ledger) for _ in range(c)]
+    schedule = _schedule(ledger)
     run_total = np.zeros(len(ORDERS))
-    for q, sigma in q_sigma:
-        run_total += _atom_rdp(POISSON, q, sigma, None)
+    for q, sigma, count in schedule:  # the run charges every example at C: σ itself
+        run_total += count * _atom_rdp(POISSON, q, sigma, None)
+    # per step, expand the schedule: (q, σ) of step t
+    q_sigma = [(q, s) for q, s, c in schedule for _ in range(c)]
     run_eps = float(_rdp.compute_epsilon(ORDERS, run_total, delta)[0])
     use = INTEGER_ORDERS if orders == "integer" else ORDERS
     total = np.zeros((rho.shape[1], len(use)))
