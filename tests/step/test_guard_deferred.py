@@ -97,13 +97,7 @@ def test_a_silent_write_is_refused_by_the_step_before_its_release(what, message,
 
 
 def test_a_pending_write_is_refused_before_the_state_is_saved(monkeypatch):
-    model, opt, loader = _private("parameter in forward", monkeypatch)
-    x, y = next(iter(loader))
-    F.cross_entropy(model(x), y).backward()
-    opt.step()
-    model.armed = True
-    with torch.no_grad():
-        model(x)  # a training-mode forward with no step after it
+    model, _, _ = _written_without_a_step(monkeypatch)
     with pytest.raises(PrivacyRefusal, match="parameter 'l.bias'"):
         model.state_dict()
 
