@@ -154,8 +154,9 @@ def force_device_path(fused_noise: bool = False) -> Iterator[None]:
     blocks = device_gaussian._blocks_per_call
     device_gaussian._blocks_per_call = lambda device: 8192  # the accelerator's batch of blocks
     NoiseSource._on_device = lambda self, device: True  # type: ignore[method-assign]
-    if fused_noise:
-        NoiseSource._device_stream = lambda self, device: FusedStandIn()  # type: ignore
+    if fused_noise:  # one stand-in stream, as a source keeps one generator per device
+        stand_in = FusedStandIn()
+        NoiseSource._device_stream = lambda self, device: stand_in  # type: ignore
     linear.fused_ghost_available = lambda a, g: False  # type: ignore[assignment]
     try:
         yield

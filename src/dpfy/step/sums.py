@@ -308,9 +308,10 @@ def _release_gradient(
     normalizer: float,
 ) -> list[torch.Tensor]:
     """Set every ``p.grad`` = (S + N(0, std² I))/b from its sum S (sensitive); the released
-    gradients. One call of the generator per parameter tensor, in the parameters' order: the
-    seeded generators draw per call (a call's last block is not carried over), so this order
-    is what makes a seeded run's noise, and its parameters, the same as before. Where the fused
+    gradients. The noise of each parameter tensor is what one call of the generator per
+    tensor, in the parameters' order, draws (a call's last block is not carried over), so a
+    seeded run's noise, and its parameters, stay the same; on a device one call serves a group
+    of tensors (:func:`dpfy.noise.release.noisy_means`). Where the fused
     Triton kernel draws the noise (a GPU), the sums are laid out in one flat buffer and the
     whole step's noise is one launch; each ``p.grad`` is then a view of that buffer."""
     out = []
