@@ -240,10 +240,9 @@ class Routes:
                 rel: grouped_sq_norms(r, unit_of_row, num_units).mul_(s2)
                 for rel, (r, _) in rows.items()
             }
-        return {
-            rel: torch.linalg.vector_norm(r, dim=1).square().mul_(s2)
-            for rel, (r, _) in rows.items()
-        }  # (B,) each, no (B, P) temporary
+        sq = {rel: torch.linalg.vector_norm(r, dim=1).square() for rel, (r, _) in rows.items()}
+        # (B,) each, no (B, P) temporary; unscaled rows (s2 = 1, the usual case) need no launch
+        return {rel: t.mul_(s2) for rel, t in sq.items()} if s2 != 1 else sq
 
     def grad_sample(self, layer: Layer, calls: list[Call]) -> dict[str, torch.Tensor]:
         """Per-sample gradients {rel: (B, *θ)}, at the captured scale, summed over calls."""
