@@ -15,7 +15,7 @@ pytest.importorskip("triton")
 
 import dpfy.noise.triton_noise as tn  # noqa: E402
 from dpfy.noise import NoiseSource  # noqa: E402
-from dpfy.step.sums import _one_launch, _release_gradient  # noqa: E402
+from dpfy.step.sums import _one_launch, release_into_grads  # noqa: E402
 
 SHAPES = [(5, 3), (5,), (2, 2, 4)]
 
@@ -43,7 +43,7 @@ def test_the_steps_noise_is_one_launch_over_one_flat_buffer(monkeypatch):
     monkeypatch.setattr(tn.TritonChaChaGaussian, "axpy_", counted)
     totals, params = _sums()
     flat = torch.cat([t.reshape(-1) for t in totals])  # before the release overwrites totals
-    released = _release_gradient(NoiseSource(7, backend="triton"), totals, params, 2.0, 4.0)
+    released = release_into_grads(NoiseSource(7, backend="triton"), totals, params, 2.0, 4.0)
     assert launches == [flat.numel()]  # one launch for the whole step
     want = NoiseSource(7, backend="triton").noisy_mean(flat, 2.0, 4.0)
     got = torch.cat([p.grad.reshape(-1) for p in params])

@@ -73,6 +73,7 @@ from dpfy.grads.engine import LOSS_REDUCTIONS, GradEngine
 from dpfy.noise.generator import NoiseSource
 from dpfy.noise.mechanism import GaussianMechanism
 from dpfy.privacy.ledger import Ledger
+from dpfy.step.sums import release_into_grads
 from dpfy.types import StepPlan
 
 __all__ = ["StagePartition", "StageClipping", "stage_seed"]
@@ -373,9 +374,10 @@ class StageClipping:
             eng.clear()
         else:  # an empty Poisson batch (a noise-only step), or a stage without parameters
             totals = [torch.zeros_like(p) for p in self._params]
-        gen = self.mechanism.generator()
-        for p, total in zip(self._params, totals):
-            p.grad = gen.noisy_mean(total, self.noise_std, float(self.sampler.normalizer))
+        normalizer = float(self.sampler.normalizer)  # one flat launch or grouped draws on a GPU
+        release_into_grads(
+            self.mechanism.generator(), totals, self._params, self.noise_std, normalizer
+        )
         plan = StepPlan(
             step=self.ledger.num_steps,
             sample_rate=self.sampler.sample_rate,

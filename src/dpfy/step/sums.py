@@ -27,6 +27,7 @@ __all__ = [
     "check_bound",
     "contract",
     "outcome",
+    "release_into_grads",
     "released_gradient",
     "stacked_sum",
 ]
@@ -230,7 +231,7 @@ class StepSums:
             self.gradient.pop(n) if self.gradient is not None else torch.zeros_like(p)
             for n, p in params.items()
         ]  # sensitive
-        released = _release_gradient(noise, totals, list(params.values()), std, normalizer)
+        released = release_into_grads(noise, totals, list(params.values()), std, normalizer)
         del totals
         out: dict[str, Any] = {}
         for name, spec in self.specs.items():
@@ -300,7 +301,7 @@ def stacked_sum(terms: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
     return sum(terms[1:], start=terms[0])
 
 
-def _release_gradient(
+def release_into_grads(
     noise: Any,
     totals: list[torch.Tensor],
     params: list[torch.nn.Parameter],
