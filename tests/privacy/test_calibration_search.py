@@ -120,3 +120,34 @@ def test_calibrate_sigma_takes_the_sampling_as_one_value():
     # same orders as dpfy's RDP: the two ε agree to float rounding (1e-9 relative)
     assert eps(sigma) <= target * (1 + 1e-9)
     assert eps(sigma / (1 + tol)) > target
+
+
+def test_sigma_for_takes_the_target_as_one_value():
+    # The one σ search with the sampling and the target as values: the σ it returns spends at
+    # most ε on dp_accounting's own RDP accountant, and σ/(1 + tol) overspends (tol is the
+    # search's relative tolerance; same orders as dpfy's RDP, so 1e-9 covers float rounding).
+    from dpfy.privacy.calibration import Target, sigma_for
+
+    q, steps, target, delta, tol = 0.01, 400, 2.0, 1e-5, 1e-3
+    sigma = sigma_for(Poisson(q), steps, Target(target, delta, "rdp"), tol=tol)
+
+    def eps(s: float) -> float:
+        step = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(s))
+        return _rdp_epsilon(dp_accounting.SelfComposedDpEvent(step, steps), delta)
+
+    assert eps(sigma) <= target * (1 + 1e-9)
+    assert eps(sigma / (1 + tol)) > target
+
+
+def test_target_refuses_as_the_keyword_calibrators_do():
+    from dpfy.privacy.calibration import Target, calibrate_noise_multiplier
+
+    with pytest.raises(ValueError) as keywords:
+        calibrate_noise_multiplier(
+            target_epsilon=200.0, delta=1e-5, sample_rate=0.01, steps=10, accountant="rdp"
+        )
+    with pytest.raises(ValueError) as value:
+        Target(200.0, 1e-5, "rdp").check()
+    assert str(value.value) == str(keywords.value)
+    with pytest.raises(ValueError, match="approximate=True"):
+        Target(1.0, 1e-5, "gdp").check()

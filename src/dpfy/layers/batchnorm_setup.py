@@ -75,8 +75,8 @@ class StatisticsRecord(StepRecord):
 
     commit: Callable[[], None] | None = field(default=None, compare=False, repr=False)
 
-    def record(self, ledger: Ledger) -> None:
-        super().record(ledger)
+    def record(self, ledger: Ledger, count: int = 1) -> None:
+        super().record(ledger, count)
         if self.commit is not None:
             self.commit()  # post-processing of what was just recorded
 

@@ -41,11 +41,13 @@ class StepRecord:
     releases: tuple[Release, ...]
     max_examples_per_user: int | None = None  # k of an ELS step (the sampler's fact)
 
-    def record(self, ledger: Ledger) -> None:
+    def record(self, ledger: Ledger, count: int = 1) -> None:
+        """Record this step (``count`` times: the ε guard's trial steps) in ``ledger``."""
         ledger.record_step(
             sampling=self.sampling,
             sample_rate=self.sample_rate,
             releases=self.releases,
+            count=count,
             max_examples_per_user=self.max_examples_per_user,
         )
 

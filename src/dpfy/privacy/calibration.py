@@ -58,6 +58,7 @@ from dpfy.privacy.calibration_inputs import (
     MAX_TARGET_EPSILON,
     MIN_TARGET_EPSILON,
     PLD_SEARCH_DISCRETIZATION,
+    Target,
     check_rate,
     check_rigorous,
     check_steps,
@@ -71,6 +72,7 @@ from dpfy.privacy.sigma_calibration import (
     calibrate_noise_multiplier,
     calibrate_run_noise_multiplier,
     calibrate_sigma,
+    sigma_for,
 )
 from dpfy.privacy.split import (
     combine_noise_multipliers,
@@ -84,6 +86,8 @@ __all__ = [
     "calibrate_noise_multiplier",
     "calibrate_sigma",
     "calibrate_run_noise_multiplier",
+    "sigma_for",
+    "Target",
     "calibrate_sample_rate",
     "calibrate_steps",
     "calibrate_schedule_scale",

@@ -9,6 +9,7 @@ docstring of :mod:`dpfy.privacy.calibration`).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from dpfy._require import require
 from dpfy.privacy import gdp
@@ -26,6 +27,7 @@ __all__ = [
     "MAX_TARGET_EPSILON",
     "MIN_TARGET_EPSILON",
     "PLD_SEARCH_DISCRETIZATION",
+    "Target",
     "check_rigorous",
     "check_target",
     "check_rate",
@@ -86,6 +88,25 @@ def check_target(
     )
     check_delta(delta)
     check_rigorous(accountant, approximate)
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a calibration must meet: ε at δ, stated by one accountant.
+
+    One value for the four inputs every search takes, so that a caller names the target once
+    (``Target(3.0, 1e-5, "pld")``) instead of repeating them as keywords. ``approximate`` is
+    the opt-in for the GDP approximation (:func:`check_rigorous`).
+    """
+
+    epsilon: float
+    delta: float
+    accountant: str = "rdp"
+    approximate: bool = False
+
+    def check(self) -> None:
+        """Refuse the target as :func:`check_target` does."""
+        check_target(self.epsilon, self.delta, self.accountant, self.approximate)
 
 
 def sigma_floor(accountant: str, sampling: Sampling) -> float:

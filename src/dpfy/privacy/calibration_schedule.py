@@ -15,16 +15,18 @@ from dpfy._require import require
 from dpfy.privacy.accountants import DEFAULT_RESOLUTION, epsilon
 from dpfy.privacy.calibration_inputs import (
     MAX_NOISE_MULTIPLIER,
+    Target,
     check_rate,
     check_steps,
     check_target,
     refuse_below_pld_floor,
     sigma_floor,
 )
+from dpfy.privacy.events import Poisson
 from dpfy.privacy.ledger import Ledger, Release, Sampling
 from dpfy.privacy.releases import step_releases
 from dpfy.privacy.search import solve_decreasing
-from dpfy.privacy.sigma_calibration import calibrate_noise_multiplier
+from dpfy.privacy.sigma_calibration import sigma_for
 from dpfy.types import ReleaseSpec, StepPlan
 
 __all__ = ["calibrate_schedule_scale", "hyfree_noise_split"]
@@ -173,7 +175,8 @@ def hyfree_noise_split(
         probes use a fresh Poisson sample.
       approximate: must be True with ``accountant="gdp"`` (the paper's own GDP accounting).
     """
-    check_target(target_epsilon, delta, accountant, approximate)
+    target = Target(target_epsilon, delta, accountant, approximate)
+    target.check()
     check_rate(sample_rate)
     check_steps(steps)
     require(
@@ -184,15 +187,7 @@ def hyfree_noise_split(
     )
     require(probes_per_round >= 1, "probes_per_round", probes_per_round, ">= 1")
     require(gamma > 1, "gamma", gamma, "> 1", "The paper uses γ = 1.01")
-    sigma = calibrate_noise_multiplier(
-        target_epsilon=target_epsilon,
-        delta=delta,
-        sample_rate=sample_rate,
-        steps=steps,
-        accountant=accountant,
-        tol=tol / 4,
-        approximate=approximate,
-    )
+    sigma = sigma_for(Poisson(sample_rate), steps, target, tol=tol / 4)
     sigma_g = gamma * sigma
 
     def ledger_for(sigma_l: float) -> Ledger:

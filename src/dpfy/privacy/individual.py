@@ -32,8 +32,8 @@ from typing import Sequence
 
 from dpfy._require import require
 from dpfy.privacy.accountants import RIGOROUS, epsilon
-from dpfy.privacy.calibration import MAX_NOISE_MULTIPLIER, calibrate_noise_multiplier
-from dpfy.privacy.calibration_inputs import check_rate, check_steps
+from dpfy.privacy.calibration import MAX_NOISE_MULTIPLIER, sigma_for
+from dpfy.privacy.calibration_inputs import Target, check_rate, check_steps
 from dpfy.privacy.events import Poisson
 from dpfy.privacy.search import solve_decreasing
 from dpfy.privacy.group_ledger import GroupLedgers, PrivacyGroup
@@ -159,14 +159,7 @@ def _sample_variant(
     already found, so a calibration needs a few dozen accountant calls instead of hundreds.
     """
     strictest = min(budgets)
-    sigma0 = calibrate_noise_multiplier(
-        target_epsilon=strictest,
-        delta=delta,
-        sample_rate=q,
-        steps=steps,
-        accountant=accountant,
-        tol=tol / 4,
-    )
+    sigma0 = sigma_for(Poisson(q), steps, Target(strictest, delta, accountant), tol=tol / 4)
     found: list[tuple[float, tuple[float, ...]]] = []  # (σ, q_p) evaluated so far
 
     def guesses(sigma: float) -> list[float]:
@@ -364,14 +357,7 @@ def _group_sigma(
 ) -> float:
     """σ_p of one group (Scale), with the group named if its budget cannot be met."""
     try:
-        return calibrate_noise_multiplier(
-            target_epsilon=budget,
-            delta=delta,
-            sample_rate=q,
-            steps=steps,
-            accountant=accountant,
-            tol=tol,
-        )
+        return sigma_for(Poisson(q), steps, Target(budget, delta, accountant), tol=tol)
     except ValueError as err:
         raise ValueError(
             f"The group with budget ε = {budget:g} cannot be calibrated: {err}"

@@ -7,6 +7,7 @@ How the search is bracketed and why its σ is safe on the run's own PLD grid is 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 from dpfy._require import require
@@ -15,9 +16,9 @@ from dpfy.privacy.accountants import rdp_integer_orders_epsilon
 from dpfy.privacy.calibration_inputs import (
     MAX_NOISE_MULTIPLIER,
     PLD_SEARCH_DISCRETIZATION,
+    Target,
     check_rate,
     check_steps,
-    check_target,
     gdp_sigma_guess,
     refuse_below_pld_floor,
     sigma_floor,
@@ -27,7 +28,12 @@ from dpfy.privacy.ledger import Sampling
 from dpfy.privacy.search import Search, calibrate, solve_decreasing
 from dpfy.types import RunFacts
 
-__all__ = ["calibrate_noise_multiplier", "calibrate_sigma", "calibrate_run_noise_multiplier"]
+__all__ = [
+    "calibrate_noise_multiplier",
+    "calibrate_sigma",
+    "calibrate_run_noise_multiplier",
+    "sigma_for",
+]
 
 
 def calibrate_noise_multiplier(
@@ -105,9 +111,34 @@ def calibrate_sigma(
     """Smallest σ (to relative ``tol``) whose ledger of ``steps`` identical steps sampled as
     ``kind`` (:mod:`dpfy.privacy.events`) spends ≤ target: what
     :func:`calibrate_noise_multiplier` computes, with the sampling as one value."""
+    return sigma_for(
+        kind,
+        steps,
+        Target(target_epsilon, delta, accountant, approximate),
+        tol=tol,
+        noise=noise,
+        period=period,
+        search_discretization=search_discretization,
+    )
+
+
+def sigma_for(
+    kind: SamplingKind,
+    steps: int,
+    target: Target,
+    *,
+    tol: float = 1e-3,
+    noise: str = "gaussian",
+    period: int | None = None,
+    search_discretization: float = PLD_SEARCH_DISCRETIZATION,
+) -> float:
+    """The one σ search: smallest σ (to relative ``tol``) whose ledger of ``steps`` identical
+    steps sampled as ``kind`` spends at most ``target`` (:class:`Target`). The keyword
+    calibrators (:func:`calibrate_noise_multiplier`, :func:`calibrate_sigma`) and every caller
+    inside dpfy that needs a σ for identical steps end here."""
+    target_epsilon, delta, accountant = target.epsilon, target.delta, target.accountant
     sampling, sample_rate = kind.sampling, kind.sample_rate
-    dataset_size, max_examples_per_user = kind.dataset_size, kind.max_examples_per_user
-    check_target(target_epsilon, delta, accountant, approximate)
+    target.check()
     check_rate(sample_rate)
     check_steps(steps)
     require(
@@ -127,7 +158,7 @@ def calibrate_sigma(
         )
 
     def eps_rdp_integer_orders(sigma: float) -> float:
-        plain = sampling_kind(sampling, sample_rate, dataset_size=dataset_size)
+        plain = sampling_kind(sampling, sample_rate, dataset_size=kind.dataset_size)
         return rdp_integer_orders_epsilon(plain.ledger(sigma, steps), delta=delta)
 
     floor = sigma_floor(accountant, sampling)
@@ -136,20 +167,12 @@ def calibrate_sigma(
     if sampling is Sampling.ELS:
         # σ/k is what the PLD grid sees (the dominating pair's noise multiplier); RDP's bound
         # (cheap) is a safe upper end for PLD's σ, which is never above it
-        k = int(max_examples_per_user or 1)
+        k = int(kind.max_examples_per_user or 1)
         floor = pld_min_noise_multiplier(PLD_COARSE) * k if accountant == "pld" else 0.0
         guess = max(guess * k, floor * 1.01)
         if accountant == "pld":
-            rdp_sigma = calibrate_noise_multiplier(
-                target_epsilon=target_epsilon,
-                delta=delta,
-                sample_rate=sample_rate,
-                steps=steps,
-                accountant="rdp",
-                sampling=sampling,
-                tol=tol,
-                max_examples_per_user=max_examples_per_user,
-            )
+            rdp = Target(target_epsilon, delta, "rdp")
+            rdp_sigma = sigma_for(replace(kind, dataset_size=None), steps, rdp, tol=tol)
             if rdp_sigma < floor:
                 refuse_below_pld_floor(target_epsilon, floor)
             bracket = (max(rdp_sigma / 2, floor), rdp_sigma)
@@ -198,13 +221,10 @@ def calibrate_run_noise_multiplier(facts: RunFacts) -> float:
     :func:`calibrate_noise_multiplier` computes it. The caller checks the budget is given."""
     assert facts.target_epsilon is not None and facts.delta is not None  # the caller checked
     assert facts.steps is not None  # the caller checked
-    return calibrate_noise_multiplier(
-        target_epsilon=facts.target_epsilon,
-        delta=facts.delta,
-        sample_rate=facts.sample_rate,
-        steps=facts.steps,
-        accountant=facts.accountant,
-        sampling=facts.sampling,
+    kind = sampling_kind(
+        facts.sampling,
+        facts.sample_rate,
         dataset_size=facts.dataset_size,
         max_examples_per_user=facts.max_examples_per_user,
     )
+    return sigma_for(kind, facts.steps, Target(facts.target_epsilon, facts.delta, facts.accountant))

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from dpfy._require import require
+from dpfy._require import require, require_resumed
 from dpfy.errors import PrivacyRefusal
 from dpfy.noise import secure_uniform
 from dpfy.sampling.admit import _check_loader
@@ -165,11 +165,10 @@ class MicrobatchSampler(PoissonSampler):
         return {**super().state_dict(), "microbatch_size": self.microbatch_size}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        require(
-            state.get("microbatch_size") == self.microbatch_size,
-            "the checkpoint's microbatch_size",
+        require_resumed(
+            "microbatch_size",
             state.get("microbatch_size"),
-            f"{self.microbatch_size}, the run being resumed",
+            self.microbatch_size,
             "Resume with the same clipping='microbatch' and microbatch_size",
         )
         super().load_state_dict(state)

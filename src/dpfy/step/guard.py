@@ -59,7 +59,7 @@ class EpsilonGuard:
             )
         self.max_steps, self.epsilon_cap = max_steps, epsilon_cap
         self.delta, self.accountant = delta, accountant
-        self._cache: tuple[tuple, int, int] | None = None
+        self._cache: tuple[StepRecord, int, int] | None = None
         self._running: RunningEpsilon | None = None
 
     def reset(self) -> None:
@@ -114,14 +114,24 @@ class EpsilonGuard:
             )
 
     def check(self, ledger: Ledger, record: StepRecord) -> None:
-        """Refuse a step whose ``record`` would take ε(delta) above ``epsilon_cap``."""
-        self.check_release(
-            ledger,
-            sampling=record.sampling,
-            sample_rate=record.sample_rate,
-            releases=record.releases,
-            max_examples_per_user=record.max_examples_per_user,
-        )
+        """Refuse a step whose ``record`` would take ε(delta) above ``epsilon_cap``.
+
+        To avoid an accountant call per step, we search once how many more steps of the same
+        kind fit under the cap and count down; a new kind of step, or a count that ran out,
+        searches again (and only a search that finds 0 refuses).
+        """
+        if self.epsilon_cap is None:
+            return
+        cache = self._cache
+        if cache is None or cache[0] != record or ledger.num_steps - cache[1] >= cache[2]:
+            self._cache = cache = (record, ledger.num_steps, self._steps_under_cap(ledger, record))
+        if cache[2] == 0:
+            raise BudgetExhausted(
+                f"epsilon must stay <= epsilon_cap = {self.epsilon_cap} at delta = "
+                f"{self.delta}, got {ledger.num_steps} steps taken and the next would exceed "
+                f"it. Training must stop here (raise optimizer.epsilon_cap only if your privacy "
+                f"budget allows it)"
+            )
 
     def check_release(
         self,
@@ -132,41 +142,12 @@ class EpsilonGuard:
         releases: Sequence[Release],
         max_examples_per_user: int | None = None,
     ) -> None:
-        """Refuse a step whose releases would take ε(delta) above ``epsilon_cap``.
+        """:meth:`check` of a step given by its parts (the group guard's steps)."""
+        k = max_examples_per_user
+        self.check(ledger, StepRecord(sampling, sample_rate, tuple(releases), k))
 
-        To avoid an accountant call per step, we search once how many more steps of the same
-        kind fit under the cap and count down; a new kind of step, or a count that ran out,
-        searches again (and only a search that finds 0 refuses).
-        """
-        if self.epsilon_cap is None:
-            return
-        kind = (sampling, sample_rate, tuple(releases), max_examples_per_user)
-        cache = self._cache
-        if cache is None or cache[0] != kind or ledger.num_steps - cache[1] >= cache[2]:
-            self._cache = cache = (
-                kind,
-                ledger.num_steps,
-                self._steps_under_cap(
-                    ledger, sampling, sample_rate, releases, max_examples_per_user
-                ),
-            )
-        if cache[2] == 0:
-            raise BudgetExhausted(
-                f"epsilon must stay <= epsilon_cap = {self.epsilon_cap} at delta = "
-                f"{self.delta}, got {ledger.num_steps} steps taken and the next would exceed "
-                f"it. Training must stop here (raise optimizer.epsilon_cap only if your privacy "
-                f"budget allows it)"
-            )
-
-    def _steps_under_cap(
-        self,
-        ledger: Ledger,
-        sampling: Sampling,
-        sample_rate: float,
-        releases: Sequence[Release],
-        max_examples_per_user: int | None = None,
-    ) -> int:
-        """How many more steps like this one fit under the cap.
+    def _steps_under_cap(self, ledger: Ledger, record: StepRecord) -> int:
+        """How many more steps like ``record`` fit under the cap.
 
         Counted with the incremental bound (the ledger so far is composed once; each trial adds
         only its k steps; coarser PLD, so an upper bound and conservative). When that bound says
@@ -182,13 +163,9 @@ class EpsilonGuard:
 
         def extra(k: int) -> Ledger:
             out = Ledger(ledger.dataset_size)
-            out.record_step(
-                sampling=sampling,
-                sample_rate=sample_rate,
-                releases=releases,
-                count=k,
-                max_examples_per_user=max_examples_per_user,
-            )
+            # StepRecord's own recording: a subclass's record() may commit what it records
+            # (StatisticsRecord), which k trial steps must not do
+            StepRecord.record(record, out, count=k)
             return out
 
         def fits(k: int) -> bool:

@@ -53,7 +53,8 @@ import torch
 
 from dpfy._require import require
 from dpfy.data import DataSplits, load_dataset
-from dpfy.privacy.calibration import calibrate_noise_multiplier
+from dpfy.privacy.calibration import Target, sigma_for
+from dpfy.privacy.events import Poisson
 from dpfy.privacy.section import ReportSection
 from dpfy.privacy.tuning import log_grid
 from dpfy.sampling import PoissonSampler
@@ -329,14 +330,8 @@ def final_noise_multiplier(
     if base.epsilon is None:
         assert base.noise_multiplier is not None, "the config gives ε or σ"
         return float(base.noise_multiplier)
-    return calibrate_noise_multiplier(
-        target_epsilon=base.epsilon,
-        delta=delta,
-        sample_rate=sample_rate,
-        steps=steps,
-        accountant=base.accountant,
-        dataset_size=n,
-    )
+    target = Target(base.epsilon, delta, base.accountant)
+    return sigma_for(Poisson(sample_rate, dataset_size=n), steps, target)
 
 
 def _best(results: Sequence[ProbeResult], select: str) -> ProbeResult:
