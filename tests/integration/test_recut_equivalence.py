@@ -604,9 +604,10 @@ def test_seeded_run_matches_the_pre_recut_reference(
         assert got["replicas_bit_identical"], "the two ranks' parameters or ledgers differ"
 
 
-def _changed(ref: dict[str, Any], change: str) -> dict[str, Any]:
-    """Scenario a's reference with σ raised by 1e-5 relative, or one more step, its ε
-    recomputed by the same accountant: what a real change of the run would store."""
+def _changed(ref: dict[str, Any], change: str, accountant: str = "pld") -> dict[str, Any]:
+    """A one-group, one-release reference (scenario a's) with σ raised by 1e-5 relative, or one
+    more step, its ε recomputed by the run's ``accountant``: what a real change of the run
+    would store (test_spec_equivalence.py reuses it)."""
     got = json.loads(json.dumps(ref))
     (group,) = got["ledger"]["groups"]
     if change == "sigma":
@@ -615,7 +616,7 @@ def _changed(ref: dict[str, Any], change: str) -> dict[str, Any]:
     else:
         group["count"] += 1
         got["ledger"]["num_steps"] += 1
-    got["epsilon"] = ledger_epsilon(got["ledger"], "pld")
+    got["epsilon"] = ledger_epsilon(got["ledger"], accountant)
     return got
 
 
