@@ -41,6 +41,11 @@ class StepRecord:
     releases: tuple[Release, ...]
     max_examples_per_user: int | None = None  # k of an ELS step (the sampler's fact)
 
+    def __post_init__(self) -> None:
+        # the releases as a tuple even where a mechanism passes its own list: the ε guard keys
+        # its count of steps under the cap on the record, which must not change afterwards
+        object.__setattr__(self, "releases", tuple(self.releases))
+
     def record(self, ledger: Ledger, count: int = 1) -> None:
         """Record this step (``count`` times: the ε guard's trial steps) in ``ledger``."""
         ledger.record_step(
