@@ -312,9 +312,11 @@ def release_into_grads(
     gradients. The noise of each parameter tensor is what one call of the generator per
     tensor, in the parameters' order, draws (a call's last block is not carried over), so a
     seeded run's noise, and its parameters, stay the same; on a device one call serves a group
-    of tensors (:func:`dpfy.noise.release.noisy_means`). Where the fused
-    Triton kernel draws the noise (a GPU), the sums are laid out in one flat buffer and the
-    whole step's noise is one launch; each ``p.grad`` is then a view of that buffer."""
+    of tensors (:func:`dpfy.noise.release.noisy_means`; torch's CUDA Philox generator, which
+    offsets each call by its own rule, then draws other noise than one call per tensor would).
+    Where the fused Triton kernel draws the noise (a GPU), the sums are laid out in one flat
+    buffer and the whole step's noise is one launch; each ``p.grad`` is then a view of that
+    buffer."""
     out = []
     if _one_launch(noise, totals):
         flat = torch.cat([t.reshape(-1) for t in totals])  # (Σ numel,) sensitive until noised
