@@ -16,6 +16,7 @@ function, its arguments, ``sys.path`` and the working directory.
 from __future__ import annotations
 
 import socket
+from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,9 +37,20 @@ PRELOAD = ["torch", "torch._dynamo", "dp_accounting", "dpfy"]
 def start_ranks(worker: Callable[..., None], world: int, args: tuple) -> None:
     """``torch.multiprocessing.spawn(worker, args, nprocs=world)``, the ranks forked from the
     fork server (module docstring); returns when every rank has ended, raises if one failed."""
-    context = mp.get_context("forkserver")
-    context.set_forkserver_preload(PRELOAD)  # read when the server starts (once per process)
+    preload_in_forkserver(PRELOAD)
     mp.start_processes(worker, args=args, nprocs=world, join=True, start_method="forkserver")
+
+
+def preload_in_forkserver(modules: list[str]) -> None:
+    """Add ``modules`` to what the fork server imports when it starts (it starts once per
+    process, at the first use: a later call changes nothing). Added to, not replaced: another
+    test file (tests/integration/test_kill_resume.py) preloads its own list in the same
+    process, and whichever starts the server first should not cost the other its imports."""
+    server = getattr(forkserver, "_forkserver", None)
+    current = list(getattr(server, "_preload_modules", []))
+    mp.get_context("forkserver").set_forkserver_preload(
+        current + [m for m in modules if m not in current]
+    )
 
 
 def spawn_ranks(worker: Callable[..., None], world: int, out: Path) -> list[Any]:

@@ -57,7 +57,6 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -275,7 +274,6 @@ def scenario_individual_scale() -> dict[str, Any]:
 
 
 DDP_WORLD, DDP_PER_RANK, DDP_STEPS = 2, 8, 5
-FORKSERVER_PRELOAD = ["torch", "torch._dynamo", "dp_accounting", "dpfy"]
 
 
 def _ddp_worker(rank: int, port: int, out: str) -> None:
@@ -327,17 +325,9 @@ def scenario_data_parallel() -> dict[str, Any]:
     """d. DDP-wrapped MLP with a DistributedSampler, 2 gloo ranks, σ = 0.8, 5 steps (max_steps):
     rank 0's ledger and parameters (rank 1's must equal them)."""
     with tempfile.TemporaryDirectory() as out:
-        # The ranks fork from multiprocessing's fork server, a fresh interpreter that imported
-        # torch and dpfy once (tests/spawned_ranks.py says why; this file also runs as a
-        # script, without tests/ on the path, so the two lines are repeated here).
-        mp.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
-        mp.start_processes(
-            _ddp_worker,
-            args=(_free_port(), out),
-            nprocs=DDP_WORLD,
-            join=True,
-            start_method="forkserver",
-        )
+        from spawned_ranks import start_ranks  # tests/ is on the path (conftest, __main__)
+
+        start_ranks(_ddp_worker, DDP_WORLD, (_free_port(), out))
         ranks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(DDP_WORLD)]
     r0, r1 = ranks
     r0["replicas_bit_identical"] = (
@@ -733,4 +723,5 @@ if __name__ == "__main__":
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--write-reference", type=Path, metavar="OUT.json", required=True)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: spawned_ranks
     write_reference(p.parse_args().write_reference)
