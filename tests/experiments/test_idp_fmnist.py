@@ -16,7 +16,10 @@ import torch
 from experiments.idp_fmnist.main import run_specs
 from experiments.idp_fmnist.spec import VARIANTS, IdpSpec
 
-BUDGETS, FRACTIONS = (1.0, 2.0, 3.0), (0.34, 0.43, 0.23)
+# Half of Case 1's budgets {1, 2, 3} (the fractions are Case 1's): every check here holds for
+# any budgets, and the larger σ's they need make the RDP calibrations and PLD grids cheaper
+# (this file: 25.5 -> 22.2 s of CPU).
+BUDGETS, FRACTIONS = (0.5, 1.0, 1.5), (0.34, 0.43, 0.23)
 N, BATCH = 64, 16
 
 

@@ -57,7 +57,6 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -326,7 +325,9 @@ def scenario_data_parallel() -> dict[str, Any]:
     """d. DDP-wrapped MLP with a DistributedSampler, 2 gloo ranks, σ = 0.8, 5 steps (max_steps):
     rank 0's ledger and parameters (rank 1's must equal them)."""
     with tempfile.TemporaryDirectory() as out:
-        mp.spawn(_ddp_worker, args=(_free_port(), out), nprocs=DDP_WORLD, join=True)
+        from spawned_ranks import start_ranks  # tests/ is on the path (conftest, __main__)
+
+        start_ranks(_ddp_worker, DDP_WORLD, (_free_port(), out))
         ranks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(DDP_WORLD)]
     r0, r1 = ranks
     r0["replicas_bit_identical"] = (
@@ -723,4 +724,5 @@ if __name__ == "__main__":
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--write-reference", type=Path, metavar="OUT.json", required=True)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: spawned_ranks
     write_reference(p.parse_args().write_reference)
