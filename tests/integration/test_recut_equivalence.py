@@ -685,38 +685,52 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def write_reference(out: Path) -> None:
+def timed_scenarios(
+    names: Any, run: Callable[[str], dict[str, Any]], line: Callable[[dict[str, Any]], str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run each scenario once: ({name: result}, {name: its wall and CPU seconds, ranks
+    included}), printing ``name: seconds`` and ``line(result)`` as each finishes."""
     scenarios, seconds = {}, {}
-    for name in SCENARIOS:
+    for name in names:
         t0, c0, k0 = time.perf_counter(), time.process_time(), _children_cpu()
-        scenarios[name] = run_scenario(name)
+        scenarios[name] = run(name)
         seconds[name] = {
             "wall": round(time.perf_counter() - t0, 2),
             "cpu": round(time.process_time() - c0 + _children_cpu() - k0, 2),
         }
-        print(
-            f"{name}: {seconds[name]} s, ε = {scenarios[name]['epsilon']:.6g}, "
-            f"sha256 {scenarios[name]['parameters']['sha256'][:16]}",
-            flush=True,
-        )
+        print(f"{name}: {seconds[name]} s, {line(scenarios[name])}", flush=True)
+    return scenarios, seconds
+
+
+def write_reference_doc(
+    out: Path, source: str, epsilon_note: str, timed: tuple[dict[str, Any], dict[str, Any]]
+) -> None:
+    """Write a reference JSON: where it came from (``source``: the commit and how it was
+    imported), the tolerances, the seconds per scenario and the scenarios' results."""
+    scenarios, seconds = timed
     doc = {
-        "source": (
-            f"dpfy commit {_source_commit()} (the trunk before the re-cut), imported from "
-            f"a worktree of that commit (`git worktree add /tmp/dpfy_base c323d27`); "
-            f"written by `{_command()}` in the repository root"
-        ),
+        "source": f"{source}; written by `{_command()}` in the repository root",
         "torch": torch.__version__,
-        "tolerance": {
-            "rtol": RTOL,
-            "atol": ATOL,
-            "ledger": "exact",
-            "epsilon": "derived per run: epsilon_tolerance in the test",
-        },
+        "tolerance": {"rtol": RTOL, "atol": ATOL, "ledger": "exact", "epsilon": epsilon_note},
         "seconds_when_written": seconds,
         "scenarios": scenarios,
     }
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {out} (dpfy from {Path(dpfy.__file__).parent})")
+
+
+def write_reference(out: Path) -> None:
+    """Run every scenario with the dpfy that is imported and write the reference JSON."""
+    timed = timed_scenarios(
+        SCENARIOS,
+        run_scenario,
+        lambda r: f"ε = {r['epsilon']:.6g}, sha256 {r['parameters']['sha256'][:16]}",
+    )
+    source = (
+        f"dpfy commit {_source_commit()} (the trunk before the re-cut), imported from a "
+        f"worktree of that commit (`git worktree add /tmp/dpfy_base c323d27`)"
+    )
+    write_reference_doc(out, source, "derived per run: epsilon_tolerance in the test", timed)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -67,18 +66,16 @@ import dpfy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its sibling
 from test_recut_equivalence import (  # noqa: E402
-    ATOL,
     DELTA,
-    RTOL,
     _changed,
-    _children_cpu,
-    _command,
     _mlp,
     _result,
     _source_commit,
     _train,
     compare,
     epsilon_tolerance,
+    timed_scenarios,
+    write_reference_doc,
 )
 
 REFERENCE = Path(__file__).with_name("spec_reference.json")
@@ -460,33 +457,14 @@ def test_the_comparison_catches_a_changed_sigma_or_seed(change: str, reference: 
 # ------------------------------------------------------------------------------- generator
 def write_reference(out: Path) -> None:
     """Run every scenario with the dpfy that is imported and write the reference JSON."""
-    scenarios, seconds = {}, {}
-    for name in SCENARIOS:
-        wall, cpu = time.perf_counter(), time.process_time() + _children_cpu()
-        scenarios[name] = run_scenario(name)
-        seconds[name] = {
-            "wall": round(time.perf_counter() - wall, 2),
-            "cpu": round(time.process_time() + _children_cpu() - cpu, 2),
-        }
-        print(f"{name}: {seconds[name]} s, ε = {scenarios[name]['epsilon']:.6g}", flush=True)
-    doc = {
-        "source": (
-            f"dpfy commit {_source_commit()} (issue 37 was filed against {SOURCE_COMMIT}), "
-            f"imported from a worktree of that commit (`git worktree add /tmp/dpfy_4ffc2ac "
-            f"{SOURCE_COMMIT}`); written by `{_command()}` in the repository root"
-        ),
-        "torch": torch.__version__,
-        "tolerance": {
-            "rtol": RTOL,
-            "atol": ATOL,
-            "ledger": "exact",
-            "epsilon": f"derived per run ({ACCOUNTANT}): epsilon_tolerance in the recut test",
-        },
-        "seconds_when_written": seconds,
-        "scenarios": scenarios,
-    }
-    out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {out} (dpfy from {Path(dpfy.__file__).parent})")
+    timed = timed_scenarios(SCENARIOS, run_scenario, lambda r: f"ε = {r['epsilon']:.6g}")
+    source = (
+        f"dpfy commit {_source_commit()} (issue 37 was filed against {SOURCE_COMMIT}), "
+        f"imported from a worktree of that commit (`git worktree add /tmp/dpfy_4ffc2ac "
+        f"{SOURCE_COMMIT}`)"
+    )
+    note = f"derived per run ({ACCOUNTANT}): epsilon_tolerance in the recut test"
+    write_reference_doc(out, source, note, timed)
 
 
 if __name__ == "__main__":
