@@ -22,9 +22,6 @@ ratio to non-private per row.
 from __future__ import annotations
 
 import argparse
-import random
-import statistics
-import time
 import warnings
 from typing import Callable
 
@@ -35,6 +32,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
 from _smoke import HELP, require, size
+from _timing import interleaved_medians
 from dpfy.layers import swap_recurrent
 
 SIGMA, CLIP, VOCAB, CLASSES = 1.0, 1.0, 1000, 10
@@ -109,19 +107,7 @@ def rows(cell: str, layers: int, bidir: bool, x: torch.Tensor, y: torch.Tensor
 
 def bench(steps: dict[str, Step], rounds: int) -> dict[str, float]:
     """Median seconds per step of each row, interleaved in a fresh order every round."""
-    for s in steps.values():
-        for _ in range(size(2, 1)):
-            s()
-    times: dict[str, list[float]] = {r: [] for r in steps}
-    order = list(steps.items())
-    for _ in range(rounds):
-        random.Random(len(times["dpfy"])).shuffle(order)
-        for r, s in order:
-            s()  # the timed step follows one of its own (warm caches, as in training)
-            t0 = time.perf_counter()
-            s()
-            times[r].append(time.perf_counter() - t0)
-    return {r: statistics.median(v) for r, v in times.items()}
+    return interleaved_medians(steps, rounds, size(2, 1))
 
 
 def main() -> None:

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import random
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -38,6 +36,7 @@ import dpfy.buffers.marks as marks  # noqa: E402
 from dpfy.buffers.guard import _GUARDS  # noqa: E402
 from dpfy.native import gaussian  # noqa: E402
 from _smoke import HELP, size  # noqa: E402
+from _timing import interleaved_medians  # noqa: E402
 
 Step = Callable[[], None]
 
@@ -97,19 +96,7 @@ def bench(name: str, rounds: int) -> list[tuple[str, float, float]]:
     steps: dict[str, Step] = {"non-private": engine.nonprivate(name)}
     for row, (guard, noise, sums) in ROWS.items():
         steps[row] = ablated(name, guard, noise, sums)
-    for s in steps.values():
-        for _ in range(size(3, 1)):
-            s()
-    cpu: dict[str, list[float]] = {r: [] for r in steps}
-    order = list(steps.items())
-    for _ in range(rounds):
-        random.Random(len(cpu["non-private"])).shuffle(order)
-        for r, s in order:
-            s()  # as in a training loop, the timed step follows one of its own
-            c0 = time.process_time()
-            s()
-            cpu[r].append(time.process_time() - c0)
-    med = {r: statistics.median(v) for r, v in cpu.items()}
+    med = interleaved_medians(steps, rounds, size(3, 1), time.process_time)  # CPU time
     return [(r, med[r] * 1e3, med[r] / med["non-private"]) for r in steps]
 
 
