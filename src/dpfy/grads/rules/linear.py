@@ -45,6 +45,11 @@ def _last_dim_dense(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def _features(x: torch.Tensor) -> tuple[int, ...]:
+    """Every dim of ``x`` but the batch's (dim 0)."""
+    return tuple(range(1, x.dim()))
+
+
 def _sum_sq(g: torch.Tensor) -> torch.Tensor:
     """‖Σ_t g_t‖² (B,) of g (B, T, d), summed in g's dtype and squared from the sum."""
     return torch.linalg.vector_norm(g.sum(1), dim=1).square()
@@ -76,18 +81,16 @@ class LinearRule(LayerRule):
         return t * t < layer.in_features * layer.out_features
 
     def sq_norm(self, layer, a, g):
-        if a.dim() == 2 and g.dim() == 2:  # (B, d): no sequence dim, no reshape (2 ops saved)
-            g_sq = torch.linalg.vector_norm(g, dim=1).square()  # (B,) = the bias's norm
-            out = {"weight": torch.linalg.vector_norm(a, dim=1).square() * g_sq}
+        if math.prod(a.shape[1:-1]) == 1:  # one position, (B, d) included: ‖g aᵀ‖ = ‖g‖·‖a‖
+            # over every dim but the batch's: no reshape (a dispatched op each), and
+            # vector_norm reduces without a (B, d) temporary: memory matters for wide inputs
+            g_sq = torch.linalg.vector_norm(g, dim=_features(g)).square()  # (B,) = the bias's
+            out = {"weight": torch.linalg.vector_norm(a, dim=_features(a)).square() * g_sq}
             if layer.bias is not None:
                 out["bias"] = g_sq
             return out
         a, g = _as_seq(a, g)  # (B, T, d_in), (B, T, d_out)
-        if a.shape[1] == 1:
-            # vector_norm reduces without a (B, d) temporary: memory matters for wide inputs
-            g_sq = torch.linalg.vector_norm(g, dim=(1, 2)).square()  # (B,) = the bias's norm
-            out = {"weight": torch.linalg.vector_norm(a, dim=(1, 2)).square() * g_sq}
-        elif not device_path(a) and fused_ghost_available(a, g):  # one fused pass (native/)
+        if not device_path(a) and fused_ghost_available(a, g):  # one fused pass (native/)
             out_w, _ = linear_ghost_sq_norms(_last_dim_dense(a), _last_dim_dense(g))
             out = {"weight": out_w}  # (B,)
         else:
@@ -96,7 +99,7 @@ class LinearRule(LayerRule):
             out = {"weight": aa.mul_(gg).sum((1, 2))}  # (B,); aa is ours to overwrite
         if layer.bias is not None:
             # ‖Σ_t g_t‖² from the sum itself (module docstring), not the Gram's sum
-            out["bias"] = g_sq if a.shape[1] == 1 else _sum_sq(g)
+            out["bias"] = _sum_sq(g)
         return out
 
     def weighted_sum(self, layer, a, g, w):
