@@ -7,6 +7,8 @@ from the code under test.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import dp_accounting
 import pytest
 from dp_accounting.rdp import RdpAccountant
@@ -30,6 +32,27 @@ def _rdp_epsilon(event: dp_accounting.DpEvent, delta: float) -> float:
     acc = RdpAccountant()
     acc.compose(event)
     return acc.get_epsilon(delta)
+
+
+def _poisson_gaussian_epsilon(q: float, steps: int, delta: float) -> Callable[[float], float]:
+    """σ ↦ ε(δ) of ``steps`` Poisson-subsampled Gaussian steps at rate q, events built with
+    dp_accounting itself (independent of dpfy's event code)."""
+
+    def eps(s: float) -> float:
+        step = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(s))
+        return _rdp_epsilon(dp_accounting.SelfComposedDpEvent(step, steps), delta)
+
+    return eps
+
+
+def _assert_smallest_safe(
+    eps: Callable[[float], float], sigma: float, target: float, tol: float
+) -> None:
+    """Safe side: ε(σ) ≤ target; tight: σ shrunk by the search's relative tolerance overspends.
+    dp_accounting and dpfy minimise over the same RDP orders, so the two ε agree to float
+    rounding (1e-9 relative)."""
+    assert eps(sigma) <= target * (1 + 1e-9)
+    assert eps(sigma / (1 + tol)) > target
 
 
 def test_poisson_event_is_the_nested_dp_accounting_event():
@@ -73,13 +96,9 @@ def test_calibrate_finds_the_smallest_safe_sigma():
         fail=lambda: pytest.fail("bracket"),
     )
 
-    def eps(s: float) -> float:
-        return _rdp_epsilon(Poisson(q).dp_event(s, steps), delta)
-
-    # safe side: ε(σ) <= target; and tight: σ shrunk by the tolerance overspends. dp_accounting
-    # and dpfy minimise over the same orders, so the two ε agree to float rounding (1e-9 rel.)
-    assert eps(sigma) <= target * (1 + 1e-9)
-    assert eps(sigma / (1 + tol)) > target
+    _assert_smallest_safe(
+        lambda s: _rdp_epsilon(Poisson(q).dp_event(s, steps), delta), sigma, target, tol
+    )
 
 
 def test_calibrate_steps_never_returns_an_unchecked_cap():
@@ -113,30 +132,18 @@ def test_calibrate_sigma_takes_the_sampling_as_one_value():
         tol=tol,
     )
 
-    def eps(s: float) -> float:
-        step = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(s))
-        return _rdp_epsilon(dp_accounting.SelfComposedDpEvent(step, steps), delta)
-
-    # same orders as dpfy's RDP: the two ε agree to float rounding (1e-9 relative)
-    assert eps(sigma) <= target * (1 + 1e-9)
-    assert eps(sigma / (1 + tol)) > target
+    _assert_smallest_safe(_poisson_gaussian_epsilon(q, steps, delta), sigma, target, tol)
 
 
 def test_sigma_for_takes_the_target_as_one_value():
     # The one σ search with the sampling and the target as values: the σ it returns spends at
-    # most ε on dp_accounting's own RDP accountant, and σ/(1 + tol) overspends (tol is the
-    # search's relative tolerance; same orders as dpfy's RDP, so 1e-9 covers float rounding).
+    # most ε on dp_accounting's own RDP accountant, and σ/(1 + tol) overspends.
     from dpfy.privacy.calibration import Target, sigma_for
 
     q, steps, target, delta, tol = 0.01, 400, 2.0, 1e-5, 1e-3
     sigma = sigma_for(Poisson(q), steps, Target(target, delta, "rdp"), tol=tol)
 
-    def eps(s: float) -> float:
-        step = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(s))
-        return _rdp_epsilon(dp_accounting.SelfComposedDpEvent(step, steps), delta)
-
-    assert eps(sigma) <= target * (1 + 1e-9)
-    assert eps(sigma / (1 + tol)) > target
+    _assert_smallest_safe(_poisson_gaussian_epsilon(q, steps, delta), sigma, target, tol)
 
 
 def test_target_refuses_as_the_keyword_calibrators_do():
