@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import engine  # noqa: E402
-import dpfy.buffers.marks as marks  # noqa: E402
+import dpfy.buffers.prints as prints  # noqa: E402
 from dpfy.buffers.guard import _GUARDS  # noqa: E402
 from dpfy.native import gaussian  # noqa: E402
 from _smoke import HELP, size  # noqa: E402
@@ -55,12 +55,12 @@ def no_draw() -> Iterator[None]:
 @contextlib.contextmanager
 def no_fingerprint_sums() -> Iterator[None]:
     """The guard's per-parameter integer sums replaced by one constant: NOT a guard."""
-    kept, zero = marks._cached_sum, torch.zeros((), dtype=torch.int64)
-    marks._cached_sum = lambda p, key, views, ptr=None: zero  # type: ignore[assignment]
+    kept, zero = prints._cached_sum, torch.zeros((), dtype=torch.int64)
+    prints._cached_sum = lambda p, key, cache, ptr: zero  # type: ignore[assignment]
     try:
         yield
     finally:
-        marks._cached_sum = kept  # type: ignore[assignment]
+        prints._cached_sum = kept  # type: ignore[assignment]
 
 
 def ablated(name: str, guard: bool, noise: bool, sums: bool = True) -> Step:

@@ -60,7 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import dpfy  # noqa: E402
@@ -113,18 +113,47 @@ def counting() -> Iterator[OpCounter]:
     """An :class:`OpCounter` that also counts ``Tensor.tolist`` (no dispatch on the CPU)."""
     counter = OpCounter()
     tolist = torch.Tensor.tolist
+    launch = _word_sums_launch()
 
     def counted_tolist(self: torch.Tensor) -> Any:
         counter.reads += 1
         counter.ops["tolist"] += 1
         return tolist(self)
 
+    def counted_launch(self: Any) -> torch.Tensor:
+        """On a GPU: the output's allocation and one kernel. Triton's interpreter copies the
+        arguments to and from the host in aten ops of its own; they are not counted."""
+        counter.ops["empty"] += 1
+        counter.ops["triton chunk_word_sums"] += 1
+        counter.launching += 1
+        with _disable_current_modes():
+            return launch(self)
+
     torch.Tensor.tolist = counted_tolist  # type: ignore[method-assign]
+    if launch is not None:
+        _set_word_sums_launch(counted_launch)
     try:
         with counter:
             yield counter
     finally:
         torch.Tensor.tolist = tolist  # type: ignore[method-assign]
+        if launch is not None:
+            _set_word_sums_launch(launch)
+
+
+def _word_sums_launch() -> Any:
+    """``WordSums.__call__`` (the guard's one-launch fingerprints), None before it existed."""
+    try:
+        from dpfy.native.word_sums import WordSums
+    except ImportError:
+        return None
+    return WordSums.__call__
+
+
+def _set_word_sums_launch(f: Any) -> None:
+    from dpfy.native.word_sums import WordSums
+
+    WordSums.__call__ = f  # type: ignore[method-assign]
 
 
 class FusedStandIn:
@@ -150,6 +179,7 @@ def force_device_path(fused_noise: bool = False) -> Iterator[None]:
         _deferred = None  # type: ignore[assignment]
     if _deferred is not None:
         _deferred.FORCE_ON_CPU = True
+    one_launch = _force_one_launch_prints(True)
     saved = (NoiseSource._on_device, NoiseSource._device_stream, linear.fused_ghost_available)
     blocks = device_gaussian._blocks_per_call
     device_gaussian._blocks_per_call = lambda device: 8192  # the accelerator's batch of blocks
@@ -165,7 +195,35 @@ def force_device_path(fused_noise: bool = False) -> Iterator[None]:
         if _deferred is not None:
             _deferred.FORCE_ON_CPU = False
         device_gaussian._blocks_per_call = blocks
+        _force_one_launch_prints(one_launch)
         (NoiseSource._on_device, NoiseSource._device_stream, linear.fused_ghost_available) = saved  # type: ignore[assignment]
+
+
+def _force_one_launch_prints(on: Any) -> Any:
+    """Fingerprint the parameters as on a GPU with Triton: all in one launch
+    (``dpfy.buffers.prints``, run by Triton's interpreter here; the device noise rows keep the
+    torch generator). Returns what to pass to undo it; a no-op before the one-launch prints."""
+    try:
+        from dpfy.buffers import prints
+        from dpfy.noise import generator
+    except ImportError:
+        return None
+    if on is True:
+        kept = (prints.FORCE_ONE_LAUNCH, generator.triton_available, os.environ.get(INTERPRET))
+        prints.FORCE_ONE_LAUNCH = True
+        generator.triton_available = lambda device: False  # type: ignore[assignment]
+        os.environ[INTERPRET] = "1"
+        return kept
+    if on is not None:
+        prints.FORCE_ONE_LAUNCH, generator.triton_available, env = on
+        if env is None:
+            os.environ.pop(INTERPRET, None)
+        else:
+            os.environ[INTERPRET] = env
+    return None
+
+
+INTERPRET = "TRITON_INTERPRET"
 
 
 # -- models ---------------------------------------------------------------------------------

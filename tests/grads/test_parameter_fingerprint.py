@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from dpfy.buffers import _marks_changed, _param_marks
+from dpfy.buffers.prints import PrintCache
 
 
 class _Two(nn.Module):
@@ -28,7 +29,7 @@ class _Two(nn.Module):
 def test_a_silent_write_to_one_element_is_seen(n, where):
     m = _Two(n)
     owners = [("", m)]
-    views: dict = {}
+    views = PrintCache()
     before = _param_marks(owners, views)
     assert before is not None and _marks_changed(before, _param_marks(owners, views)) == []
     m.w.data[where] = -0.0  # == 0.0 as a float, a different bit pattern
@@ -40,7 +41,7 @@ def test_a_silent_write_to_one_element_is_seen(n, where):
 def test_new_storage_is_read_after_a_data_assignment():
     m = _Two(8)
     owners = [("", m)]
-    views: dict = {}
+    views = PrintCache()
     _param_marks(owners, views)
     m.w.data = torch.ones(8)  # new storage: the kept view must not be read any more
     after = _param_marks(owners, views)

@@ -24,10 +24,10 @@ from dpfy.buffers.changes import (
     compiled_refusal,
     inside_torch_compile,
 )
+from dpfy.buffers.prints import PrintCache
 from dpfy.buffers.marks import (
     VALUES,
     Marks,
-    ViewCache,
     _copy,
     _how_changed,
     _kind,
@@ -64,7 +64,7 @@ class _Watch:
         # snapshot holds buffers only (None: not a checked forward)
         self.stack: list[tuple[dict[tuple[int, str], _Seen], Marks | None] | None] = []
         self.values_checked = False
-        self.views: ViewCache = {}  # parameters' integer views (see _cached_sum)
+        self.views = PrintCache()  # kept between the parameters' fingerprints
 
     def snapshot(self, with_copies: bool, params: bool = True) -> dict[tuple[int, str], _Seen]:
         """Every watched tensor's marks; a bitwise copy of each buffer and tensor attribute,
@@ -161,6 +161,7 @@ class _Watch:
             now_marks = (now if now is not None else _param_marks(self.owners, self.views)) or (
                 {},
                 None,
+                (),
             )
             defer = None
             if pending is not None:

@@ -5,13 +5,14 @@ package docstring for why each is needed)."""
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable, Hashable, NamedTuple
 
 import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
 from dpfy._deferred import Explain, PendingChecks
+from dpfy.buffers.prints import PrintCache, fingerprints, relaid
 
 _Tensor = torch.Tensor
 # the attributes every Module has (hook tables, ``training``, ``_parameters``, ...): the scan
@@ -51,92 +52,49 @@ def _kind(m: nn.Module, name: str) -> str:
     )
 
 
-Marks = tuple[dict[tuple[int, str], tuple[int, int, int]], "torch.Tensor | None"]
-
-_INT_VIEWS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64, 16: torch.int64}
-
-
-def _int_view(p: torch.Tensor) -> torch.Tensor:
-    """``p``'s memory read as integers (a view: no copy; a contiguous copy when ``p`` is not
-    contiguous): 64-bit words where its bytes allow (a CPU sums int64 ≈ 15× faster than it
-    sums int32 into int64), else integers of its element size. Either way a change of any one
-    element changes one word, so the wrapping sum."""
-    t = p.detach()
-    t = t if t.is_contiguous() else t.contiguous()
-    words = t.view(_INT_VIEWS[t.element_size()])
-    if t.dim() and t.element_size() < 8 and t.numel() * t.element_size() % 8 == 0:
-        try:
-            return words.view(-1).view(torch.int64)
-        except RuntimeError:  # storage offset not a multiple of 8 bytes
-            pass
-    return words
-
-
-def _fingerprint(p: torch.Tensor) -> torch.Tensor:
-    """The sum of ``p``'s bits read as integers (int64, a 0-dim tensor on ``p``'s device): a
-    write that bypasses the version counter (``p.data.add_(x)``) changes it. One read of the
-    parameter, no copy; compared for all parameters at once (one device sync)."""
-    return _int_view(p).sum()  # integer sums are int64 (wrapping), the default dtype
-
-
-# the integer view of a parameter, kept while (identity, storage, shape, strides, dtype) hold:
-ViewCache = dict[tuple[int, str], tuple[tuple[object, ...], torch.Tensor]]
-
-
-def _cached_sum(
-    p: torch.Tensor, key: tuple[int, str], views: ViewCache, ptr: int | None = None
-) -> torch.Tensor:
-    """:func:`_fingerprint` of ``p`` through its integer view kept in ``views`` (one op a
-    parameter instead of four: the view is made once). The cached view holds ``p``'s storage,
-    so an equal ``data_ptr`` with equal shape and dtype of a contiguous ``p`` is that same
-    memory read the same way (contiguous: the shape fixes the strides). ``ptr``: ``p``'s
-    ``data_ptr()`` when the caller has it."""
-    if not p.is_contiguous() or p.numel() == 0:
-        return _fingerprint(p) if p.numel() else torch.zeros((), dtype=torch.int64, device=p.device)
-    mark = (id(p), p.data_ptr() if ptr is None else ptr, p.shape, p.dtype)
-    kept = views.get(key)
-    if kept is None or kept[0] != mark:
-        kept = views[key] = (mark, _int_view(p))
-    return kept[1].sum()
+# the parameters' (identity, version, storage) by key, their fingerprints and the layout of
+# those (dpfy.buffers.prints)
+Marks = tuple[
+    dict[tuple[int, str], tuple[int, int, int]], "torch.Tensor | None", tuple[Hashable, ...]
+]
 
 
 def _param_marks(
-    owners: list[tuple[str, nn.Module]], views: ViewCache | None = None
+    owners: list[tuple[str, nn.Module]], cache: PrintCache | None = None
 ) -> Marks | None:
-    """(identity, version, storage) of every parameter of ``owners``, and their
-    :func:`_fingerprint` s: the check of the forwards after the first (no copy); None when a
-    parameter has no version counter or storage (then the full snapshot is used). ``views``:
-    the caller's cache of integer views (:func:`_cached_sum`). Runs three times a training
-    step, so it reads each parameter's ``data_ptr`` and device once."""
+    """(identity, version, storage) of every parameter of ``owners``, and their fingerprints
+    (:func:`dpfy.buffers.prints.fingerprints`): the check of the forwards after the first (no
+    copy); None when a parameter has no version counter or storage (then the full snapshot is
+    used). ``cache``: the caller's, kept between calls. Runs three times a training step, so it
+    reads each parameter's ``data_ptr`` and device once."""
     try:
         marks: dict[tuple[int, str], tuple[int, int, int]] = {}
-        sums: list[torch.Tensor] | None = []
-        cache: ViewCache = {} if views is None else views
+        params: list[tuple[Hashable, torch.Tensor, int]] | None = []
         device = None
         for k, (_, m) in enumerate(owners):
-            params = m._parameters
-            if not params:
+            if not m._parameters:
                 continue
-            for n, p in params.items():
+            for n, p in m._parameters.items():
                 if p is None or is_lazy(p):
                     continue
                 key = (k, n)
                 ptr = p.data_ptr()
                 marks[key] = (id(p), p._version, ptr)
-                if sums is None:
+                if params is None:
                     continue
                 where = p.device
                 if device is None:
                     device = where
                 elif where != device:  # several devices: marks only
-                    sums = None
+                    params = None
                     continue
-                sums.append(_cached_sum(p, key, cache, ptr))
-        prints = torch.stack(sums) if sums else None
-        if views is not None and len(views) > len(marks):  # parameters were removed
-            for gone in set(views) - set(marks):
-                del views[gone]
-        return marks, prints
+                params.append((key, p, ptr))
+        cache = PrintCache() if cache is None else cache
+        prints, layout = fingerprints(params, cache) if params else (None, ())
+        if len(cache.views) > len(marks):  # parameters were removed
+            for gone in set(cache.views) - set(marks):
+                del cache.views[gone]
+        return marks, prints, layout
     except (RuntimeError, KeyError):
         return None
 
@@ -151,7 +109,7 @@ def _marks_changed(
     """Which parameters changed between two :func:`_param_marks`, and how. ``defer``: the
     fingerprints are compared on their device, the mismatch handed to it with how to explain
     it (no host read here: see :mod:`dpfy._deferred`)."""
-    (was, was_prints), (is_, is_prints) = before, now
+    (was, was_prints, was_layout), (is_, is_prints, is_layout) = before, now
     out = [(key, "registered during the forward") for key in is_ if key not in was]
     for key, (ident, version, ptr) in was.items():
         mark = is_.get(key)
@@ -169,7 +127,9 @@ def _marks_changed(
         if how is not None:
             out.append((key, how))
     if not out and was_prints is not None and is_prints is not None:
-        keys = list(was)
+        if was_layout != is_layout:  # laid out anew under the same storage: not comparable
+            return [(key, VALUES) for key in relaid(was_layout, is_layout)]  # type: ignore[misc]
+        keys = list(was_layout[1:])
         if defer is not None and PendingChecks.applies(is_prints):
             defer(was_prints != is_prints, lambda f: [(k, VALUES) for k, x in zip(keys, f) if x])
         elif not torch.equal(was_prints, is_prints):

@@ -31,10 +31,6 @@ installed (``pip install "dpfy[gpu]"``), and on every device with ``backend="tri
 
 from __future__ import annotations
 
-import functools
-import importlib
-import importlib.util
-import os
 import threading
 import warnings
 from types import ModuleType
@@ -42,6 +38,7 @@ from typing import Any
 
 import torch
 
+from dpfy.native.triton_support import kernel_module, triton_available, triton_interpreted
 from dpfy.noise.chacha20 import key_words
 from dpfy.noise.device_gaussian import CHACHA_BLOCKS_PER_BLOCK, DeviceChaChaGaussian
 
@@ -66,42 +63,11 @@ _ELEMENTS_INTERPRETED = 1 << 14
 # sampler blocks per launch: 48g + 47 < 2³² keeps the kernel's uint32 counter offset exact
 _MAX_BLOCKS_PER_LAUNCH = 1 << 24
 FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # the kernel adds in float32
-_lock = threading.Lock()
-_module: ModuleType | None = None
-
-
-def triton_interpreted() -> bool:
-    """Whether ``TRITON_INTERPRET`` is set: kernels then run on the CPU, in numpy."""
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-
-
-@functools.cache
-def _triton_installed() -> bool:
-    """Whether Triton can be imported (looked up once: the private step asks every step)."""
-    return importlib.util.find_spec("triton") is not None
-
-
-def triton_available(device: torch.device | str) -> bool:
-    """Whether the fused kernel can run for tensors on ``device``: Triton is installed and the
-    device is a GPU Triton compiles for (CUDA, ROCm), or any device under the interpreter."""
-    if not _triton_installed():
-        return False
-    device = torch.device(device)
-    if triton_interpreted():
-        return True
-    return device.type == "cuda" and torch.cuda.is_available()
 
 
 def _kernels() -> ModuleType:
-    """The kernel module, (re)decorated for the current ``TRITON_INTERPRET``: ``triton.jit``
-    reads it when a function is decorated, so a change needs a reload."""
-    global _module
-    with _lock:
-        if _module is None:
-            _module = importlib.import_module("dpfy.noise._chacha_triton")
-        if bool(_module.INTERPRETED) != triton_interpreted():
-            _module = importlib.reload(_module)
-        return _module
+    """The kernel module, decorated for the current ``TRITON_INTERPRET``."""
+    return kernel_module("dpfy.noise._chacha_triton")
 
 
 def _program_width(mod: ModuleType) -> int:

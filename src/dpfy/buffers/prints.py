@@ -1,0 +1,131 @@
+"""The parameters' fingerprints: the sum of each one's bits read as integers (wrapping), so
+that a write bypassing the version counter (``p.data.add_(x)``, a native kernel) is seen.
+
+Two ways to compute them, the same guarantee (a change of any one word of a parameter changes
+an entry of the result):
+
+- **one sum per parameter** (the CPU's way): through an integer view of the parameter kept
+  between calls, 64-bit words where its bytes allow (a CPU sums int64 ≈ 15× faster than int32);
+- **one launch for all of them** (a GPU's, with Triton): :class:`dpfy.native.word_sums.WordSums`
+  sums chunks of every parameter's 32-bit words in one kernel, one entry per chunk. A sum per
+  parameter would be one kernel launch per parameter tensor, three times a step (the guard
+  checks before and after each training forward and before the step): ~600 launches a step for
+  BERT-base. Parameters whose memory is not whole 32-bit words (an odd-length float16 one) are
+  summed the first way and appended.
+
+Which entry is whose is the *layout* (one key per entry, and which way it was computed): two
+fingerprints are compared only under the same layout. A :class:`PrintCache` keeps the views and
+the launch table between calls, and the way chosen at its first use (so two fingerprints of one
+guard are always computed alike).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Hashable
+
+import torch
+
+from dpfy.native.word_sums import WordSums, summable, word_sums_available
+
+__all__ = ["PrintCache", "fingerprints", "relaid", "FORCE_ONE_LAUNCH"]
+
+# compute in one launch on the CPU too (with TRITON_INTERPRET=1): tests and benchmarks/step_ops
+FORCE_ONE_LAUNCH = False
+
+Key = Hashable
+# what a parameter's integer view or table entry stays valid for: identity, storage, shape, dtype
+_Mark = tuple[int, int, torch.Size, torch.dtype]
+
+_INT_VIEWS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64, 16: torch.int64}
+
+
+@dataclass
+class PrintCache:
+    """What :func:`fingerprints` keeps between calls for one set of parameters."""
+
+    views: dict[Key, tuple[_Mark, torch.Tensor]] = field(default_factory=dict)
+    one_launch: bool | None = None  # the way chosen at the first call (None: not yet)
+    table: tuple[tuple[_Mark, ...], WordSums] | None = None
+
+
+def _int_view(p: torch.Tensor) -> torch.Tensor:
+    """``p``'s memory read as integers (a view: no copy; a contiguous copy when ``p`` is not
+    contiguous): 64-bit words where its bytes allow, else integers of its element size. Either
+    way a change of any one element changes one word, so the wrapping sum."""
+    t = p.detach()
+    t = t if t.is_contiguous() else t.contiguous()
+    words = t.view(_INT_VIEWS[t.element_size()])
+    if t.dim() and t.element_size() < 8 and t.numel() * t.element_size() % 8 == 0:
+        try:
+            return words.view(-1).view(torch.int64)
+        except RuntimeError:  # storage offset not a multiple of 8 bytes
+            pass
+    return words
+
+
+def _fingerprint(p: torch.Tensor) -> torch.Tensor:
+    """The sum of ``p``'s bits read as integers (int64, a 0-dim tensor on ``p``'s device)."""
+    return _int_view(p).sum()  # integer sums are int64 (wrapping), the default dtype
+
+
+def _mark(p: torch.Tensor, ptr: int) -> _Mark:
+    return (id(p), ptr, p.shape, p.dtype)
+
+
+def _cached_sum(p: torch.Tensor, key: Key, cache: PrintCache, ptr: int) -> torch.Tensor:
+    """:func:`_fingerprint` of ``p`` through its integer view kept in ``cache`` (one op a
+    parameter instead of four: the view is made once). The cached view holds ``p``'s storage,
+    so an equal ``data_ptr`` with equal shape and dtype of a contiguous ``p`` is that same
+    memory read the same way (contiguous: the shape fixes the strides)."""
+    if not p.is_contiguous() or p.numel() == 0:
+        return _fingerprint(p) if p.numel() else torch.zeros((), dtype=torch.int64, device=p.device)
+    mark = _mark(p, ptr)
+    kept = cache.views.get(key)
+    if kept is None or kept[0] != mark:
+        kept = cache.views[key] = (mark, _int_view(p))
+    return kept[1].sum()
+
+
+def _one_launch_possible(device: torch.device) -> bool:
+    return (device.type != "cpu" or FORCE_ONE_LAUNCH) and word_sums_available(device)
+
+
+def fingerprints(
+    params: list[tuple[Key, torch.Tensor, int]], cache: PrintCache
+) -> tuple[torch.Tensor | None, tuple[Hashable, ...]]:
+    """The fingerprints of ``params`` ((key, parameter, its ``data_ptr()``), all on one device)
+    and their layout: a tag for the way, then the key of each entry. No host read."""
+    if not params:
+        return None, ()
+    if cache.one_launch is None:
+        cache.one_launch = _one_launch_possible(params[0][1].device)
+    if not cache.one_launch:
+        sums = [_cached_sum(p, key, cache, ptr) for key, p, ptr in params]
+        return torch.stack(sums), ("each", *(key for key, _, _ in params))
+    whole = [(key, p, ptr) for key, p, ptr in params if summable(p)]
+    rest = [(key, p, ptr) for key, p, ptr in params if not summable(p)]
+    prints = None
+    keys: list[Key] = []
+    if whole:
+        marks = tuple(_mark(p, ptr) for _, p, ptr in whole)
+        if cache.table is None or cache.table[0] != marks:
+            cache.table = (marks, WordSums([p for _, p, _ in whole]))
+        table = cache.table[1]
+        prints = table()
+        keys = [whole[i][0] for i in table.owners]
+    if rest:
+        others = torch.stack([_cached_sum(p, key, cache, ptr) for key, p, ptr in rest])
+        prints = others if prints is None else torch.cat([prints, others])
+        keys += [key for key, _, _ in rest]
+    return prints, ("one launch", *keys)
+
+
+def relaid(was: tuple[Hashable, ...], now: tuple[Hashable, ...]) -> list[Hashable]:
+    """The keys whose entries two layouts lay out differently (a parameter given another
+    length under the same storage): every key of either when the way differs."""
+    if was[:1] != now[:1]:
+        return list(dict.fromkeys([*was[1:], *now[1:]]))
+    count_was, count_now = Counter(was[1:]), Counter(now[1:])
+    return [k for k in dict.fromkeys([*count_was, *count_now]) if count_was[k] != count_now[k]]

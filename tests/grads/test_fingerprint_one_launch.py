@@ -1,0 +1,136 @@
+"""The parameters' fingerprints in one Triton launch (``dpfy.native.word_sums``), as a GPU
+computes them, run here under Triton's interpreter (``TRITON_INTERPRET=1``).
+
+Expected values come from a numpy sum of each chunk's bytes read as little-endian int32 and
+added in int64 (wrapping, as numpy's int64 sum does): an independent computation of the same
+definition. The guard must see a silent write to any one word on this path too, name the
+parameter, and keep the CPU's way for a guard that started on it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+pytest.importorskip("triton")
+
+import dpfy  # noqa: E402
+from dpfy import _deferred  # noqa: E402
+from dpfy.buffers import _marks_changed, _param_marks  # noqa: E402
+from dpfy.buffers import prints as prints_mod  # noqa: E402
+from dpfy.buffers.prints import PrintCache  # noqa: E402
+from dpfy.errors import PrivacyRefusal  # noqa: E402
+from dpfy.native import word_sums  # noqa: E402
+from dpfy.native.word_sums import WordSums, summable  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _interpreted(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def _numpy_chunk_sums(t: torch.Tensor, chunk: int) -> list[int]:
+    words = np.frombuffer(t.detach().numpy().tobytes(), dtype="<i4").astype(np.int64)
+    return [int(words[i : i + chunk].sum()) for i in range(0, len(words), chunk)]
+
+
+def test_chunk_sums_equal_an_independent_sum(monkeypatch):
+    monkeypatch.setattr(word_sums, "_CHUNK_INTERPRETED", 1000)  # several chunks a tensor
+    monkeypatch.setattr(word_sums, "_BLOCK_INTERPRETED", 256)  # several blocks a chunk
+    g = torch.Generator().manual_seed(0)
+    ts = [
+        torch.randn(2500, generator=g),  # 3 chunks, the last one short
+        torch.randn(7, 3, generator=g).double(),  # 8-byte elements: 42 words
+        torch.randn(10, generator=g).half(),  # 2-byte elements, even length: 5 words
+        torch.full((1000,), -7.5e37),  # large words: the int64 sums wrap nowhere, int32 would
+    ]
+    table = WordSums(ts)
+    got = table().tolist()
+    want, owners = [], []
+    for i, t in enumerate(ts):
+        sums = _numpy_chunk_sums(t, 1000)
+        want += sums
+        owners += [i] * len(sums)
+    assert got == want
+    assert table.owners == tuple(owners)
+
+
+def test_what_is_not_whole_words_is_refused_by_the_table():
+    odd = torch.zeros(3, dtype=torch.float16)  # 6 bytes
+    assert not summable(odd) and not summable(torch.zeros(4, 4).t()) and summable(torch.ones(1))
+    with pytest.raises(ValueError, match="contiguous 32-bit words"):
+        WordSums([torch.ones(2), odd])
+
+
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(6, 5)
+        self.h = nn.Parameter(torch.ones(3, dtype=torch.float16))  # not whole words: torch sum
+
+
+@pytest.mark.parametrize("where", ["a.weight", "a.bias", "h"])
+def test_a_silent_write_is_seen_and_named(monkeypatch, where):
+    monkeypatch.setattr(prints_mod, "FORCE_ONE_LAUNCH", True)
+    m = _Net()
+    owners = [("", m), ("a", m.a)]
+    cache = PrintCache()
+    before = _param_marks(owners, cache)
+    assert before is not None and cache.one_launch and before[2][0] == "one launch"
+    assert _marks_changed(before, _param_marks(owners, cache)) == []
+    owner, name = where.split(".") if "." in where else ("", where)
+    tensor = getattr(m.a if owner else m, name)
+    tensor.data.view(-1)[-1] = -tensor.data.view(-1)[-1] if name != "bias" else 2.5
+    changed = _marks_changed(before, _param_marks(owners, cache))
+    key = (1, name) if owner else (0, name)
+    assert [k for k, _ in changed] == [key]
+    assert "without a version bump" in changed[0][1]
+
+
+def test_a_guard_keeps_the_way_it_started_with(monkeypatch):
+    m = _Net()
+    owners = [("", m)]
+    cache = PrintCache()
+    before = _param_marks(owners, cache)  # the CPU's way: one sum per parameter
+    monkeypatch.setattr(prints_mod, "FORCE_ONE_LAUNCH", True)
+    assert _marks_changed(before, _param_marks(owners, cache)) == []
+    assert not cache.one_launch
+
+
+def test_a_reshaped_parameter_under_the_same_storage_is_a_change(monkeypatch):
+    monkeypatch.setattr(prints_mod, "FORCE_ONE_LAUNCH", True)
+    monkeypatch.setattr(word_sums, "_CHUNK_INTERPRETED", 16)
+    m = nn.Linear(8, 4)
+    owners = [("", m)]
+    cache = PrintCache()
+    before = _param_marks(owners, cache)
+    m.weight.data = m.weight.data.view(-1)[:16].view(4, 4)  # same start, half the words
+    changed = _marks_changed(before, _param_marks(owners, cache))
+    assert [k for k, _ in changed] == [(0, "weight")]
+
+
+def test_the_private_step_refuses_a_silent_write_on_the_one_launch_path(monkeypatch):
+    monkeypatch.setattr(prints_mod, "FORCE_ONE_LAUNCH", True)
+    monkeypatch.setattr(_deferred, "FORCE_ON_CPU", True)  # the flags read by the step, as on a GPU
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(32, 6, generator=g), torch.randint(0, 5, (32,), generator=g)
+    m = nn.Sequential(nn.Linear(6, 5))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    m, opt, dl = dpfy.make_private(
+        m, opt, DataLoader(TensorDataset(x, y), batch_size=8), noise_multiplier=1.0,
+        max_grad_norm=1.0, seed=0, poisson_sampling=False,
+    )
+    batches = iter(dl)
+    xb, yb = next(batches)
+    F.cross_entropy(m(xb), yb).backward()
+    opt.step()
+    opt.zero_grad()
+    xb, yb = next(batches)
+    F.cross_entropy(m(xb), yb).backward()
+    m[0].weight.data[0, 0] += 1.0  # between backward and step, without a version bump
+    with pytest.raises(PrivacyRefusal, match="parameter '0.weight'.*without a version bump"):
+        opt.step()
