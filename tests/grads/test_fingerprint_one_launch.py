@@ -121,8 +121,13 @@ def test_the_private_step_refuses_a_silent_write_on_the_one_launch_path(monkeypa
     m = nn.Sequential(nn.Linear(6, 5))
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     m, opt, dl = dpfy.make_private(
-        m, opt, DataLoader(TensorDataset(x, y), batch_size=8), noise_multiplier=1.0,
-        max_grad_norm=1.0, seed=0, poisson_sampling=False,
+        m,
+        opt,
+        DataLoader(TensorDataset(x, y), batch_size=8),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        seed=0,
+        poisson_sampling=False,
     )
     batches = iter(dl)
     xb, yb = next(batches)

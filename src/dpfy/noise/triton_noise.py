@@ -31,7 +31,6 @@ installed (``pip install "dpfy[gpu]"``), and on every device with ``backend="tri
 
 from __future__ import annotations
 
-import threading
 import warnings
 from types import ModuleType
 from typing import Any
