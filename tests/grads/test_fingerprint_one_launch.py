@@ -38,7 +38,11 @@ def _numpy_chunk_sums(t: torch.Tensor, chunk: int) -> list[int]:
     return [int(words[i : i + chunk].sum()) for i in range(0, len(words), chunk)]
 
 
-def test_chunk_sums_equal_an_independent_sum(monkeypatch):
+def test_chunk_sums_equal_an_independent_sum(monkeypatch, device):
+    """On the CPU under the interpreter, and compiled on CUDA (benchmarks/gpu.sh runs it)."""
+    if device.type == "cuda":
+        monkeypatch.delenv("TRITON_INTERPRET")
+        monkeypatch.setattr(word_sums, "CHUNK_WORDS", 1000)
     monkeypatch.setattr(word_sums, "_CHUNK_INTERPRETED", 1000)  # several chunks a tensor
     monkeypatch.setattr(word_sums, "_BLOCK_INTERPRETED", 256)  # several blocks a chunk
     g = torch.Generator().manual_seed(0)
@@ -48,7 +52,7 @@ def test_chunk_sums_equal_an_independent_sum(monkeypatch):
         torch.randn(10, generator=g).half(),  # 2-byte elements, even length: 5 words
         torch.full((1000,), -7.5e37),  # large words: the int64 sums wrap nowhere, int32 would
     ]
-    table = WordSums(ts)
+    table = WordSums([t.to(device) for t in ts])
     got = table().tolist()
     want, owners = [], []
     for i, t in enumerate(ts):
@@ -57,6 +61,12 @@ def test_chunk_sums_equal_an_independent_sum(monkeypatch):
         owners += [i] * len(sums)
     assert got == want
     assert table.owners == tuple(owners)
+
+
+def test_the_interpreter_never_reads_a_gpu_tensor():
+    """Under the interpreter the table's addresses are read as host memory."""
+    assert not word_sums.word_sums_available(torch.device("cuda"))
+    assert word_sums.word_sums_available(torch.device("cpu"))
 
 
 def test_what_is_not_whole_words_is_refused_by_the_table():
@@ -113,12 +123,16 @@ def test_a_reshaped_parameter_under_the_same_storage_is_a_change(monkeypatch):
     assert [k for k, _ in changed] == [(0, "weight")]
 
 
-def test_the_private_step_refuses_a_silent_write_on_the_one_launch_path(monkeypatch):
+def test_the_private_step_refuses_a_silent_write_on_the_one_launch_path(monkeypatch, device):
+    """The CPU under the interpreter, forced; CUDA compiled, by default (gpu.sh runs it)."""
+    if device.type == "cuda":
+        monkeypatch.delenv("TRITON_INTERPRET")
     monkeypatch.setattr(prints_mod, "FORCE_ONE_LAUNCH", True)
     monkeypatch.setattr(_deferred, "FORCE_ON_CPU", True)  # the flags read by the step, as on a GPU
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(32, 6, generator=g), torch.randint(0, 5, (32,), generator=g)
-    m = nn.Sequential(nn.Linear(6, 5))
+    x, y = x.to(device), y.to(device)
+    m = nn.Sequential(nn.Linear(6, 5)).to(device)
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     m, opt, dl = dpfy.make_private(
         m,

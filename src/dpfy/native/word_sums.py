@@ -22,7 +22,12 @@ from typing import Sequence
 
 import torch
 
-from dpfy.native.triton_support import kernel_module, triton_available, triton_interpreted
+from dpfy.native.triton_support import (
+    kernel_module,
+    triton_available,
+    triton_installed,
+    triton_interpreted,
+)
 
 __all__ = ["WordSums", "word_sums_available", "summable", "CHUNK_WORDS"]
 
@@ -34,8 +39,11 @@ _CHUNK_INTERPRETED = _BLOCK_INTERPRETED = 1 << 18
 
 
 def word_sums_available(device: torch.device) -> bool:
-    """Whether :class:`WordSums` can run for tensors on ``device`` (Triton installed, and a GPU
-    it compiles for or its interpreter)."""
+    """Whether :class:`WordSums` can run for tensors on ``device``: Triton installed, and a GPU
+    it compiles for, or the CPU under its interpreter (which reads the table's addresses as
+    host memory: never a GPU's tensors then)."""
+    if triton_interpreted():
+        return triton_installed() and torch.device(device).type == "cpu"
     return triton_available(device)
 
 
@@ -58,6 +66,11 @@ class WordSums:
         if not tensors:
             raise ValueError("tensors must hold at least one tensor, got an empty list")
         device = tensors[0].device
+        if not word_sums_available(device):
+            raise ValueError(
+                f"tensors must be on a device Triton runs on here, got {device} "
+                f"(TRITON_INTERPRET={'1' if triton_interpreted() else '0'}). Sum them with torch"
+            )
         chunk = _CHUNK_INTERPRETED if triton_interpreted() else CHUNK_WORDS
         starts: list[int] = []
         lengths: list[int] = []
