@@ -412,7 +412,7 @@ def epsilon_curve(
     )
     check_pld_grid(whole, pld_discretization(whole, value_discretization))
     for t in points:
-        segment = _segment(ledger, done, t)
+        segment = ledger.segment(done, t)
         form = prepare(segment, accountant=accountant, amplify=amplify, sigma_resolution=resolution)
         if form.non_private:
             out.extend((tt, math.inf) for tt in points[len(out) :])
@@ -421,20 +421,4 @@ def epsilon_curve(
         eps = 0.0 if running is None else float(running.get_epsilon_for_delta(delta))
         out.append((t, eps))
         done = t
-    return out
-
-
-def _segment(ledger: Ledger, start: int, stop: int) -> Ledger:
-    """Steps [start, stop) of ``ledger`` as a ledger of their own."""
-    out = Ledger(ledger.dataset_size)
-    for g in ledger.step_groups:
-        lo, hi = max(g.first_step, start), min(g.last_step + 1, stop)
-        if lo < hi:
-            out.record_step(
-                sampling=g.sampling,
-                sample_rate=g.sample_rate,
-                releases=g.releases,
-                count=hi - lo,
-                max_examples_per_user=g.max_examples_per_user,
-            )
     return out

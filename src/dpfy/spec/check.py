@@ -274,23 +274,28 @@ def _privatized_batchnorm(run: _Run, flags: list[str]) -> Exception:
     )
 
 
+def _share_and_fix(run: _Run, sep: str) -> str:
+    """The BatchNorm share as given, its default and the fix: the tail of both refusals of
+    ``bn_share`` (``sep`` joins the share to the default's note)."""
+    bn = run.spec.batchnorm
+    return (
+        f"{bn.share if bn is not None else None!r}{sep}0.3 when neither bn_share nor "
+        f"bn_noise_multiplier is given). Declare the statistics' own σ with bn_noise_multiplier="
+    )
+
+
 def _bn_share(run: _Run, flags: list[str]) -> Exception:
     name = run.method.name if run.method is not None else "method"
-    bn = run.spec.batchnorm
-    share = bn.share if bn is not None else None
     return ValueError(
         f"bn_share must be None with method {name!r}, which sets σ every step, got bn_share = "
-        f"{share!r} (0.3 when neither bn_share nor bn_noise_multiplier is given). Declare the "
-        f"statistics' own σ with bn_noise_multiplier=."
+        f"{_share_and_fix(run, ' (')}."
     )
 
 
 def _share_of_nothing(run: _Run, flags: list[str]) -> Exception:
-    bn = run.spec.batchnorm
     return ValueError(
         f"noise_multiplier must be > 0 to derive σ_bn from bn_share, got noise_multiplier = 0 "
-        f"(bn_share = {bn.share if bn is not None else None!r}; 0.3 when neither bn_share nor "
-        f"bn_noise_multiplier is given). Declare the statistics' own σ with bn_noise_multiplier="
+        f"(bn_share = {_share_and_fix(run, '; ')}"
     )
 
 
