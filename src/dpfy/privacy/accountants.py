@@ -111,6 +111,11 @@ def check_delta(delta: float) -> None:
     )
 
 
+def _check_epsilon(epsilon: float) -> None:
+    """Refuse an ε that is not a number > 0 (the δ(ε) entry points)."""
+    require(isinstance(epsilon, (int, float)) and epsilon > 0, "epsilon", epsilon, "> 0")
+
+
 def _sampled_atoms(form: CanonicalForm) -> int:
     return sum(1 for a in form.atoms if a.kind != GAUSSIAN)
 
@@ -266,7 +271,7 @@ def delta_from_form(
 ) -> float:
     """δ(ε) of an already prepared canonical form."""
     check_accountant(accountant)
-    require(isinstance(epsilon, (int, float)) and epsilon > 0, "epsilon", epsilon, "> 0")
+    _check_epsilon(epsilon)
     if accountant == "rdp":
         return _rdp.delta(form, epsilon)
     if accountant == "pld":
@@ -331,7 +336,7 @@ def delta(
 ) -> float:
     """δ(ε) of everything recorded in ``ledger`` (arguments as in :func:`epsilon`)."""
     check_accountant(accountant)
-    require(isinstance(epsilon, (int, float)) and epsilon > 0, "epsilon", epsilon, "> 0")
+    _check_epsilon(epsilon)
     form = prepare(
         ledger, accountant=accountant, amplify=amplify, sigma_resolution=sigma_resolution
     )

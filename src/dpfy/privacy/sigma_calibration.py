@@ -22,6 +22,7 @@ from dpfy.privacy.calibration_inputs import (
     gdp_sigma_guess,
     refuse_below_pld_floor,
     sigma_floor,
+    unreachable,
 )
 from dpfy.privacy.events import SamplingKind, sampling_kind
 from dpfy.privacy.ledger import Sampling
@@ -148,14 +149,11 @@ def sigma_for(
         "a float in (0, 0.1]",
     )
 
-    def fail() -> None:
-        require(
-            False,
-            "target_epsilon",
-            target_epsilon,
-            f"reachable with a noise multiplier below {MAX_NOISE_MULTIPLIER:g}",
-            "Raise the target ε or δ, or lower the sample rate or the number of steps",
-        )
+    fail = unreachable(
+        target_epsilon,
+        f"reachable with a noise multiplier below {MAX_NOISE_MULTIPLIER:g}",
+        "Raise the target ε or δ, or lower the sample rate or the number of steps",
+    )
 
     def eps_rdp_integer_orders(sigma: float) -> float:
         plain = sampling_kind(sampling, sample_rate, dataset_size=kind.dataset_size)

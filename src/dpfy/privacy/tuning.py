@@ -49,6 +49,7 @@ from dpfy.privacy.calibration_inputs import check_target as _check_common
 from dpfy.privacy.calibration_inputs import gdp_sigma_guess as _gdp_sigma_guess
 from dpfy.privacy.calibration_inputs import refuse_below_pld_floor as _below_pld_floor
 from dpfy.privacy.calibration_inputs import sigma_floor as _sigma_floor
+from dpfy.privacy.calibration_inputs import unreachable as _unreachable
 from dpfy.privacy.search import solve_decreasing as _solve_decreasing
 from dpfy.privacy.ledger import Ledger, Sampling
 
@@ -207,16 +208,12 @@ def calibrate_grid_noise_multiplier(
 
         return eps
 
-    def fail() -> None:
-        require(
-            False,
-            "target_epsilon",
-            target_epsilon,
-            f"reachable by {runs} composed runs with a noise multiplier below "
-            f"{MAX_NOISE_MULTIPLIER:g}",
-            "Raise the target ε or δ, use a smaller grid (fewer runs), or lower the sample "
-            "rate or the number of steps",
-        )
+    fail = _unreachable(
+        target_epsilon,
+        f"reachable by {runs} composed runs with a noise multiplier below {MAX_NOISE_MULTIPLIER:g}",
+        "Raise the target ε or δ, use a smaller grid (fewer runs), or lower the sample "
+        "rate or the number of steps",
+    )
 
     floor = _sigma_floor(accountant, sampling)
     # A starting point only (GDP CLT of runs·steps homogeneous steps); the ledger's ε decides.
