@@ -37,6 +37,7 @@ __all__ = [
     "sigma_floor",
     "unreachable",
     "refuse_below_pld_floor",
+    "pld_bracket",
     "gdp_sigma_guess",
 ]
 
@@ -136,6 +137,19 @@ def refuse_below_pld_floor(target_epsilon: float, floor: float) -> None:
         f"reachable with a noise multiplier >= {floor:.3g} (the PLD accountant's floor)",
         "Lower the target ε, or calibrate with accountant 'rdp' (--accountant rdp)",
     )()
+
+
+def pld_bracket(
+    target_epsilon: float, guess: float, rdp_sigma: float, floor: float
+) -> tuple[float, float]:
+    """Where a PLD σ search starts, from RDP's σ for the same target and the GDP CLT guess.
+
+    PLD is tighter than RDP, so RDP's σ is a safe upper end; the GDP CLT value is usually just
+    below PLD's. The search checks both ends before it uses them. RDP's σ below the PLD floor
+    means PLD's is below it too: refused here, before any PLD grid is built."""
+    if rdp_sigma < floor:
+        refuse_below_pld_floor(target_epsilon, floor)
+    return min(guess, rdp_sigma) * 0.98, rdp_sigma
 
 
 def check_rate(sample_rate: float) -> None:
