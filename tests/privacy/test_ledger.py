@@ -61,3 +61,24 @@ def test_the_old_name_groups_reads_step_groups_and_warns():
     with pytest.warns(DeprecationWarning, match=r"Ledger\.groups is deprecated.*step_groups"):
         assert ledger.groups is ledger.step_groups
     assert len(ledger.to_dict()["groups"]) == 1
+
+
+def _group_rows(ledger):
+    return [(g.count, g.sample_rate, g.releases, g.max_examples_per_user)
+            for g in ledger.step_groups]
+
+
+def test_segment_and_prefix_cut_groups_at_step_boundaries():
+    """Steps [start, stop) as a ledger of their own: groups of 3 (σ 1.0) and 7 (σ 0.9) steps,
+    steps [2, 6) are the last 1 of the first group and the first 3 of the second (counted by
+    hand); a prefix is the segment from step 0, and a segment without stop runs to the end."""
+    g1, g2 = [Release("gradient", 1.0)], [Release("gradient", 0.9)]
+    ledger = Ledger(dataset_size=1000)
+    ledger.record_step(sampling=Sampling.POISSON, sample_rate=0.02, releases=g1, count=3)
+    ledger.record_step(sampling=Sampling.POISSON, sample_rate=0.02, releases=g2, count=7)
+    assert _group_rows(ledger.segment(2, 6)) == [(1, 0.02, tuple(g1), None),
+                                                 (3, 0.02, tuple(g2), None)]
+    assert _group_rows(ledger.segment(4)) == [(6, 0.02, tuple(g2), None)]
+    assert _group_rows(ledger.prefix(4)) == [(3, 0.02, tuple(g1), None),
+                                             (1, 0.02, tuple(g2), None)]
+    assert ledger.segment(10).num_steps == 0 and ledger.segment(2, 6).dataset_size == 1000

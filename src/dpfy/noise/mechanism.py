@@ -48,13 +48,7 @@ class StepRecord:
 
     def record(self, ledger: Ledger, count: int = 1) -> None:
         """Record this step (``count`` times: the ε guard's trial steps) in ``ledger``."""
-        ledger.record_step(
-            sampling=self.sampling,
-            sample_rate=self.sample_rate,
-            releases=self.releases,
-            count=count,
-            max_examples_per_user=self.max_examples_per_user,
-        )
+        ledger.record_like(self, count)
 
 
 class StepNoise(Protocol):

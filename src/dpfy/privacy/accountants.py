@@ -111,6 +111,11 @@ def check_delta(delta: float) -> None:
     )
 
 
+def _check_epsilon(epsilon: float) -> None:
+    """Refuse an ε that is not a number > 0 (the δ(ε) entry points)."""
+    require(isinstance(epsilon, (int, float)) and epsilon > 0, "epsilon", epsilon, "> 0")
+
+
 def _sampled_atoms(form: CanonicalForm) -> int:
     return sum(1 for a in form.atoms if a.kind != GAUSSIAN)
 
@@ -266,7 +271,7 @@ def delta_from_form(
 ) -> float:
     """δ(ε) of an already prepared canonical form."""
     check_accountant(accountant)
-    require(isinstance(epsilon, (int, float)) and epsilon > 0, "epsilon", epsilon, "> 0")
+    _check_epsilon(epsilon)
     if accountant == "rdp":
         return _rdp.delta(form, epsilon)
     if accountant == "pld":
@@ -331,7 +336,7 @@ def delta(
 ) -> float:
     """δ(ε) of everything recorded in ``ledger`` (arguments as in :func:`epsilon`)."""
     check_accountant(accountant)
-    require(isinstance(epsilon, (int, float)) and epsilon > 0, "epsilon", epsilon, "> 0")
+    _check_epsilon(epsilon)
     form = prepare(
         ledger, accountant=accountant, amplify=amplify, sigma_resolution=sigma_resolution
     )
@@ -412,7 +417,7 @@ def epsilon_curve(
     )
     check_pld_grid(whole, pld_discretization(whole, value_discretization))
     for t in points:
-        segment = _segment(ledger, done, t)
+        segment = ledger.segment(done, t)
         form = prepare(segment, accountant=accountant, amplify=amplify, sigma_resolution=resolution)
         if form.non_private:
             out.extend((tt, math.inf) for tt in points[len(out) :])
@@ -421,20 +426,4 @@ def epsilon_curve(
         eps = 0.0 if running is None else float(running.get_epsilon_for_delta(delta))
         out.append((t, eps))
         done = t
-    return out
-
-
-def _segment(ledger: Ledger, start: int, stop: int) -> Ledger:
-    """Steps [start, stop) of ``ledger`` as a ledger of their own."""
-    out = Ledger(ledger.dataset_size)
-    for g in ledger.step_groups:
-        lo, hi = max(g.first_step, start), min(g.last_step + 1, stop)
-        if lo < hi:
-            out.record_step(
-                sampling=g.sampling,
-                sample_rate=g.sample_rate,
-                releases=g.releases,
-                count=hi - lo,
-                max_examples_per_user=g.max_examples_per_user,
-            )
     return out

@@ -52,17 +52,18 @@ number of steps below.
 
 from __future__ import annotations
 
-from dpfy._require import require
 from dpfy.privacy.calibration_inputs import (
     MAX_NOISE_MULTIPLIER,
     MAX_TARGET_EPSILON,
     MIN_TARGET_EPSILON,
     PLD_SEARCH_DISCRETIZATION,
     Target,
+    check_noise_multiplier,
     check_rate,
     check_rigorous,
     check_steps,
     check_target,
+    unreachable,
 )
 from dpfy.privacy.calibration_schedule import calibrate_schedule_scale, hyfree_noise_split
 from dpfy.privacy.events import sampling_kind
@@ -125,18 +126,15 @@ def calibrate_sample_rate(
     :func:`calibrate_noise_multiplier`.
     """
     check_target(target_epsilon, delta, accountant, approximate)
-    require(noise_multiplier > 0, "noise_multiplier", noise_multiplier, "> 0")
+    check_noise_multiplier(noise_multiplier)
     check_steps(steps)
     q_min = 1.0 / dataset_size if dataset_size else 1e-9
 
-    def fail_low() -> None:
-        require(
-            False,
-            "target_epsilon",
-            target_epsilon,
-            f"reachable with the smallest sample rate {q_min:.3g}",
-            "Raise the noise multiplier or the target ε, or run fewer steps",
-        )
+    fail_low = unreachable(
+        target_epsilon,
+        f"reachable with the smallest sample rate {q_min:.3g}",
+        "Raise the noise multiplier or the target ε, or run fewer steps",
+    )
 
     def ledger(q: float) -> Ledger:
         kind = sampling_kind(
@@ -167,7 +165,7 @@ def calibrate_steps(
     integer search). ``approximate`` as in :func:`calibrate_noise_multiplier`.
     """
     check_target(target_epsilon, delta, accountant, approximate)
-    require(noise_multiplier > 0, "noise_multiplier", noise_multiplier, "> 0")
+    check_noise_multiplier(noise_multiplier)
     check_rate(sample_rate)
     kind = sampling_kind(
         sampling,
@@ -176,15 +174,12 @@ def calibrate_steps(
         max_examples_per_user=max_examples_per_user,
     )
 
-    def fail_low() -> None:
-        require(
-            False,
-            "target_epsilon",
-            target_epsilon,
-            "reachable by a single step",
-            "One step already overspends: raise the noise multiplier or the target ε, or lower "
-            "the sample rate",
-        )
+    fail_low = unreachable(
+        target_epsilon,
+        "reachable by a single step",
+        "One step already overspends: raise the noise multiplier or the target ε, or lower "
+        "the sample rate",
+    )
 
     steps = calibrate(
         lambda n: kind.ledger(noise_multiplier, int(n)),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from dpfy._require import require
 from dpfy.privacy import gdp
@@ -32,8 +33,11 @@ __all__ = [
     "check_target",
     "check_rate",
     "check_steps",
+    "check_noise_multiplier",
     "sigma_floor",
+    "unreachable",
     "refuse_below_pld_floor",
+    "pld_bracket",
     "gdp_sigma_guess",
 ]
 
@@ -116,15 +120,36 @@ def sigma_floor(accountant: str, sampling: Sampling) -> float:
     return 0.0
 
 
+def unreachable(target_epsilon: float, constraint: str, fix: str) -> Callable[[], None]:
+    """What a search calls (its ``fail`` or ``fail_low``) when no admissible value meets the
+    target: raise "target_epsilon must be <constraint>, got ...", with the fix."""
+
+    def fail() -> None:
+        require(False, "target_epsilon", target_epsilon, constraint, fix)
+
+    return fail
+
+
 def refuse_below_pld_floor(target_epsilon: float, floor: float) -> None:
     """Raise: the target needs a σ below the PLD grid's floor (RDP can go lower)."""
-    require(
-        False,
-        "target_epsilon",
+    unreachable(
         target_epsilon,
         f"reachable with a noise multiplier >= {floor:.3g} (the PLD accountant's floor)",
         "Lower the target ε, or calibrate with accountant 'rdp' (--accountant rdp)",
-    )
+    )()
+
+
+def pld_bracket(
+    target_epsilon: float, guess: float, rdp_sigma: float, floor: float
+) -> tuple[float, float]:
+    """Where a PLD σ search starts, from RDP's σ for the same target and the GDP CLT guess.
+
+    PLD is tighter than RDP, so RDP's σ is a safe upper end; the GDP CLT value is usually just
+    below PLD's. The search checks both ends before it uses them. RDP's σ below the PLD floor
+    means PLD's is below it too: refused here, before any PLD grid is built."""
+    if rdp_sigma < floor:
+        refuse_below_pld_floor(target_epsilon, floor)
+    return min(guess, rdp_sigma) * 0.98, rdp_sigma
 
 
 def check_rate(sample_rate: float) -> None:
@@ -149,6 +174,11 @@ def check_rate(sample_rate: float) -> None:
 def check_steps(steps: int) -> None:
     """Refuse a number of steps that is not an integer >= 1."""
     require(isinstance(steps, int) and steps >= 1, "steps", steps, "an integer >= 1")
+
+
+def check_noise_multiplier(noise_multiplier: float) -> None:
+    """Refuse a fixed σ that is not > 0 (the searches over q and steps hold σ fixed)."""
+    require(noise_multiplier > 0, "noise_multiplier", noise_multiplier, "> 0")
 
 
 def gdp_sigma_guess(target_epsilon: float, delta: float, sample_rate: float, steps: int) -> float:

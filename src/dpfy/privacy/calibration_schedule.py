@@ -21,6 +21,7 @@ from dpfy.privacy.calibration_inputs import (
     check_target,
     refuse_below_pld_floor,
     sigma_floor,
+    unreachable,
 )
 from dpfy.privacy.events import Poisson
 from dpfy.privacy.ledger import Ledger, Release, Sampling
@@ -87,14 +88,11 @@ def calibrate_schedule_scale(
 
         return eps
 
-    def fail() -> None:
-        require(
-            False,
-            "target_epsilon",
-            target_epsilon,
-            "reachable by scaling the schedule",
-            "Raise the target ε or δ, or shorten the run",
-        )
+    fail = unreachable(
+        target_epsilon,
+        "reachable by scaling the schedule",
+        "Raise the target ε or δ, or shorten the run",
+    )
 
     top = MAX_NOISE_MULTIPLIER / max(values)
     # Start where the (fast, closed-form) GDP CLT puts the answer; only the accountant's own

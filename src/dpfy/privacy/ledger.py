@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace as dataclasses_replace
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol, Sequence
 
 
 from dpfy._lazy import LazyModule
@@ -39,6 +39,19 @@ else:  # imported on first read, for start-up time only (dpfy._lazy)
     dp_accounting = LazyModule("dp_accounting")
 
 __all__ = ["Sampling", "Release", "StepGroup", "Ledger", "NOISES"]
+
+
+class StepFacts(Protocol):
+    """What one recorded step is: a :class:`StepGroup`'s facts without its place and count."""
+
+    @property
+    def sampling(self) -> Sampling: ...
+    @property
+    def sample_rate(self) -> float: ...
+    @property
+    def releases(self) -> Sequence[Release]: ...
+    @property
+    def max_examples_per_user(self) -> int | None: ...
 
 
 @dataclass
@@ -89,20 +102,24 @@ class Ledger:
         else:
             self.step_groups.append(group)
 
+    def record_like(self, step: StepFacts, count: int = 1) -> None:
+        """Record ``count`` steps like ``step``: its sampling, rate, releases and k.
+
+        ``step`` is a group of another ledger (or of a ledger file) or what a noise mechanism
+        says its step releases (:class:`dpfy.noise.StepRecord`); every copy of steps from one
+        ledger to another goes through here."""
+        self.record_step(
+            sampling=step.sampling,
+            sample_rate=step.sample_rate,
+            releases=step.releases,
+            count=count,
+            max_examples_per_user=step.max_examples_per_user,
+        )
+
     def extend(self, other: "Ledger") -> None:
         """Append every step of ``other`` after this ledger's steps."""
         for g in other.step_groups:
-            self._record_group(g)
-
-    def _record_group(self, g: StepGroup) -> None:
-        """Append the steps of group ``g`` (of another ledger, or read from a file)."""
-        self.record_step(
-            sampling=g.sampling,
-            sample_rate=g.sample_rate,
-            releases=g.releases,
-            count=g.count,
-            max_examples_per_user=g.max_examples_per_user,
-        )
+            self.record_like(g, g.count)
 
     def followed_by(self, other: "Ledger") -> "Ledger":
         """A new ledger: this one's steps, then every step of ``other`` (neither is changed)."""
@@ -142,18 +159,17 @@ class Ledger:
         require(
             0 <= num_steps <= self.num_steps, "num_steps", num_steps, f"in [0, {self.num_steps}]"
         )
+        return self.segment(0, num_steps)
+
+    def segment(self, start: int, stop: int | None = None) -> "Ledger":
+        """Steps [start, stop) as a ledger of their own (to the last step when ``stop`` is
+        None): what a running or incremental accountant composes next."""
+        stop = self.num_steps if stop is None else stop
         out = Ledger(self.dataset_size)
         for g in self.step_groups:
-            if g.first_step >= num_steps:
-                break
-            n = min(g.count, num_steps - g.first_step)
-            out.record_step(
-                sampling=g.sampling,
-                sample_rate=g.sample_rate,
-                releases=g.releases,
-                count=n,
-                max_examples_per_user=g.max_examples_per_user,
-            )
+            lo, hi = max(g.first_step, start), min(g.last_step + 1, stop)
+            if lo < hi:
+                out.record_like(g, hi - lo)
         return out
 
     def only(self, mechanism: str) -> "Ledger":
@@ -162,13 +178,7 @@ class Ledger:
         for g in self.step_groups:
             rs = tuple(r for r in g.releases if r.mechanism == mechanism)
             if rs:
-                out.record_step(
-                    sampling=g.sampling,
-                    sample_rate=g.sample_rate,
-                    releases=rs,
-                    count=g.count,
-                    max_examples_per_user=g.max_examples_per_user,
-                )
+                out.record_like(dataclasses_replace(g, releases=rs), g.count)
         return out
 
     def unit(self) -> str:
@@ -238,7 +248,7 @@ class Ledger:
         size, groups = checked_ledger_fields(d, source)
         out = cls(size)
         for g in groups:
-            out._record_group(g)
+            out.record_like(g, g.count)
         return out
 
     def to_json(self, **kwargs: Any) -> str:

@@ -70,20 +70,6 @@ class RunningEpsilon:
         self._non_private = False
 
     # -- pieces -----------------------------------------------------------------------------
-    def _segment(self, ledger: Ledger, start: int) -> Ledger:
-        out = Ledger(ledger.dataset_size)
-        for g in ledger.step_groups:
-            lo = max(g.first_step, start)
-            if lo <= g.last_step:
-                out.record_step(
-                    sampling=g.sampling,
-                    sample_rate=g.sample_rate,
-                    releases=g.releases,
-                    count=g.last_step + 1 - lo,
-                    max_examples_per_user=g.max_examples_per_user,
-                )
-        return out
-
     def _form(self, segment: Ledger, ledger: Ledger) -> CanonicalForm:
         form = canonical_form(segment)
         if segment.step_groups:
@@ -138,7 +124,7 @@ class RunningEpsilon:
                 sigma_resolution=None,
                 value_discretization=self.discretization,
             )
-        form = self._form(self._segment(ledger, self._done), ledger)
+        form = self._form(ledger.segment(self._done), ledger)
         if form.atoms:
             self._adjacency = self._adjacency or form.adjacency
         self._non_private |= form.non_private

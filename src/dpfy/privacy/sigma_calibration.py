@@ -20,8 +20,10 @@ from dpfy.privacy.calibration_inputs import (
     check_rate,
     check_steps,
     gdp_sigma_guess,
+    pld_bracket,
     refuse_below_pld_floor,
     sigma_floor,
+    unreachable,
 )
 from dpfy.privacy.events import SamplingKind, sampling_kind
 from dpfy.privacy.ledger import Sampling
@@ -148,14 +150,11 @@ def sigma_for(
         "a float in (0, 0.1]",
     )
 
-    def fail() -> None:
-        require(
-            False,
-            "target_epsilon",
-            target_epsilon,
-            f"reachable with a noise multiplier below {MAX_NOISE_MULTIPLIER:g}",
-            "Raise the target ε or δ, or lower the sample rate or the number of steps",
-        )
+    fail = unreachable(
+        target_epsilon,
+        f"reachable with a noise multiplier below {MAX_NOISE_MULTIPLIER:g}",
+        "Raise the target ε or δ, or lower the sample rate or the number of steps",
+    )
 
     def eps_rdp_integer_orders(sigma: float) -> float:
         plain = sampling_kind(sampling, sample_rate, dataset_size=kind.dataset_size)
@@ -177,12 +176,8 @@ def sigma_for(
                 refuse_below_pld_floor(target_epsilon, floor)
             bracket = (max(rdp_sigma / 2, floor), rdp_sigma)
     if accountant == "pld" and sampling in (Sampling.POISSON, Sampling.ULS):
-        # PLD is tighter than RDP, so RDP's σ (cheap) is a safe upper end; the GDP CLT value is
-        # usually just below PLD's. Both ends are checked by the search before they are used.
         rdp_sigma = _rdp_upper_end(eps_rdp_integer_orders, target_epsilon, guess, fail)
-        if rdp_sigma < floor:  # PLD's σ is below RDP's, so below the floor too
-            refuse_below_pld_floor(target_epsilon, floor)
-        bracket = (min(guess, rdp_sigma) * 0.98, rdp_sigma)
+        bracket = pld_bracket(target_epsilon, guess, rdp_sigma, floor)
     return calibrate(
         lambda sigma: kind.ledger(sigma, steps, noise=noise, period=period),
         target_epsilon,

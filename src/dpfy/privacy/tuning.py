@@ -47,8 +47,10 @@ from dpfy.privacy.calibration_inputs import check_rate as _check_rate
 from dpfy.privacy.calibration_inputs import check_steps as _check_steps
 from dpfy.privacy.calibration_inputs import check_target as _check_common
 from dpfy.privacy.calibration_inputs import gdp_sigma_guess as _gdp_sigma_guess
+from dpfy.privacy.calibration_inputs import pld_bracket as _pld_bracket
 from dpfy.privacy.calibration_inputs import refuse_below_pld_floor as _below_pld_floor
 from dpfy.privacy.calibration_inputs import sigma_floor as _sigma_floor
+from dpfy.privacy.calibration_inputs import unreachable as _unreachable
 from dpfy.privacy.search import solve_decreasing as _solve_decreasing
 from dpfy.privacy.ledger import Ledger, Sampling
 
@@ -207,23 +209,18 @@ def calibrate_grid_noise_multiplier(
 
         return eps
 
-    def fail() -> None:
-        require(
-            False,
-            "target_epsilon",
-            target_epsilon,
-            f"reachable by {runs} composed runs with a noise multiplier below "
-            f"{MAX_NOISE_MULTIPLIER:g}",
-            "Raise the target ε or δ, use a smaller grid (fewer runs), or lower the sample "
-            "rate or the number of steps",
-        )
+    fail = _unreachable(
+        target_epsilon,
+        f"reachable by {runs} composed runs with a noise multiplier below {MAX_NOISE_MULTIPLIER:g}",
+        "Raise the target ε or δ, use a smaller grid (fewer runs), or lower the sample "
+        "rate or the number of steps",
+    )
 
     floor = _sigma_floor(accountant, sampling)
     # A starting point only (GDP CLT of runs·steps homogeneous steps); the ledger's ε decides.
     guess = _gdp_sigma_guess(target_epsilon, delta, sample_rate, steps * runs)
     bracket = None
     if accountant == "pld" and sampling is Sampling.POISSON:
-        # RDP bounds PLD from above, so RDP's σ is a safe upper end (checked by the search).
         rdp_sigma = _solve_decreasing(
             eps_with("rdp"),
             target_epsilon,
@@ -232,9 +229,7 @@ def calibrate_grid_noise_multiplier(
             x_max=MAX_NOISE_MULTIPLIER,
             fail=fail,
         )
-        if rdp_sigma < floor:
-            _below_pld_floor(target_epsilon, floor)
-        bracket = (min(guess, rdp_sigma) * 0.98, rdp_sigma)
+        bracket = _pld_bracket(target_epsilon, guess, rdp_sigma, floor)
     return _solve_decreasing(
         eps_with(accountant),
         target_epsilon,

@@ -169,22 +169,28 @@ def _correlated(run: _Run, flags: list[str]) -> Exception:
     )
 
 
-def _microbatch(run: _Run, flags: list[str]) -> Exception:
+def _cannot_combine(owner: str, flags: list[str], why: str, instead: str) -> Exception:
+    """The refusal of a feature that ``flags`` cannot join: why, and what to do instead."""
     return PrivacyRefusal(
-        f"clipping='microbatch' cannot be combined with {flags}: they act on single "
-        f"examples, and the unit clipped here is a microbatch. Drop them, or use "
-        f"per-example clipping (clipping='flat')"
+        f"{owner} cannot be combined with {flags}: {why}. Drop them, or {instead}"
+    )
+
+
+def _microbatch(run: _Run, flags: list[str]) -> Exception:
+    why = "they act on single examples, and the unit clipped here is a microbatch"
+    return _cannot_combine(
+        "clipping='microbatch'", flags, why, "use per-example clipping (clipping='flat')"
     )
 
 
 def _augmult(run: _Run, flags: list[str]) -> Exception:
     k = run.spec.unit.augmult
-    return PrivacyRefusal(
-        f"augmult={k} cannot be combined with {flags}: augmentation multiplicity "
-        f"clips an example's {k} copies as one unit of Poisson- or shuffle-sampled "
-        f"examples with independent Gaussian noise, and those act on other units (users, "
-        f"microbatches, rows) or on other mechanisms. Drop them, or drop augmult"
+    why = (
+        f"augmentation multiplicity clips an example's {k} copies as one unit of Poisson- or "
+        f"shuffle-sampled examples with independent Gaussian noise, and those act on other units "
+        f"(users, microbatches, rows) or on other mechanisms"
     )
+    return _cannot_combine(f"augmult={k}", flags, why, "drop augmult")
 
 
 def _individual(run: _Run, flags: list[str]) -> Exception:
@@ -266,31 +272,36 @@ def _post_release(run: _Run, flags: list[str]) -> Exception:
 
 
 def _privatized_batchnorm(run: _Run, flags: list[str]) -> Exception:
-    return PrivacyRefusal(
-        f"batchnorm='privatized' cannot be combined with {flags}: its statistics are "
-        f"released once per logical batch, from all of it, with one example per row, as "
-        f"independent Gaussians in one process and one budget. Drop them, or use GroupNorm "
-        f"(dpfy.validate(model, fix=True)) or batchnorm='public'"
+    why = (
+        "its statistics are released once per logical batch, from all of it, with one example "
+        "per row, as independent Gaussians in one process and one budget"
+    )
+    instead = "use GroupNorm (dpfy.validate(model, fix=True)) or batchnorm='public'"
+    return _cannot_combine("batchnorm='privatized'", flags, why, instead)
+
+
+def _share_and_fix(run: _Run, sep: str) -> str:
+    """The BatchNorm share as given, its default and the fix: the tail of both refusals of
+    ``bn_share`` (``sep`` joins the share to the default's note)."""
+    bn = run.spec.batchnorm
+    return (
+        f"{bn.share if bn is not None else None!r}{sep}0.3 when neither bn_share nor "
+        f"bn_noise_multiplier is given). Declare the statistics' own σ with bn_noise_multiplier="
     )
 
 
 def _bn_share(run: _Run, flags: list[str]) -> Exception:
     name = run.method.name if run.method is not None else "method"
-    bn = run.spec.batchnorm
-    share = bn.share if bn is not None else None
     return ValueError(
         f"bn_share must be None with method {name!r}, which sets σ every step, got bn_share = "
-        f"{share!r} (0.3 when neither bn_share nor bn_noise_multiplier is given). Declare the "
-        f"statistics' own σ with bn_noise_multiplier=."
+        f"{_share_and_fix(run, ' (')}."
     )
 
 
 def _share_of_nothing(run: _Run, flags: list[str]) -> Exception:
-    bn = run.spec.batchnorm
     return ValueError(
         f"noise_multiplier must be > 0 to derive σ_bn from bn_share, got noise_multiplier = 0 "
-        f"(bn_share = {bn.share if bn is not None else None!r}; 0.3 when neither bn_share nor "
-        f"bn_noise_multiplier is given). Declare the statistics' own σ with bn_noise_multiplier="
+        f"(bn_share = {_share_and_fix(run, '; ')}"
     )
 
 
