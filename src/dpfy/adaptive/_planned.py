@@ -15,8 +15,8 @@ are not covered by the budget).
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any, TypeVar
+from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -31,6 +31,7 @@ from dpfy.types import RunFacts, Sampling, StepPlan
 
 __all__ = [
     "PlannedSchedule",
+    "ScaledSchedule",
     "steps_within_budget",
     "CALIBRATIONS",
     "check_calibration",
@@ -90,16 +91,23 @@ def require_budget(facts: RunFacts, name: str) -> None:
     )
 
 
+@dataclass(frozen=True, kw_only=True)
 class PlannedSchedule(Method[None]):
     """Base for data-independent schedules; subclasses define the per-step values.
 
-    Subclasses are frozen dataclasses with a ``total_steps: int | None`` field (None until
-    ``calibrate`` sets the run's steps) and override :meth:`noise_multiplier` and, if they
-    schedule the clip, :meth:`clip`.
+    Subclasses are frozen dataclasses; they override :meth:`noise_multiplier` and, if they
+    schedule the clip, :meth:`clip`. The fields here, keyword-only (after the subclass's own),
+    are the options every planned schedule has: ``total_steps`` (T; None until ``calibrate``
+    sets the run's steps), ``calibration`` (the accountant its scale is solved against, one of
+    :data:`CALIBRATIONS`; None: the run's) and ``approximate`` (must be True with
+    ``calibration="gdp"``); subclasses check them (:func:`check_calibration`).
     Releases per step: the clipped-gradient sum only, with noise multiplier σ_t.
     """
 
-    total_steps: int | None
+    total_steps: int | None = None
+    calibration: str | None = None
+    approximate: bool = False
+
     sets = frozenset({"noise_multiplier"})
 
     # -- what a subclass defines -----------------------------------------------------------
@@ -158,6 +166,41 @@ class PlannedSchedule(Method[None]):
         return planned_ledger(self, facts)
 
 
+@dataclass(frozen=True, kw_only=True)
+class ScaledSchedule(PlannedSchedule):
+    """Base for schedules whose σ_t is ``initial`` (σ_0) times a shape that does not depend on
+    it, ``factor(unit(t))`` (``noise_decay``, ``pur``), calibrated by
+    :func:`calibrate_scaled_schedule`.
+
+    Its fields, keyword-only like :class:`PlannedSchedule`'s, are the options those schedules
+    add: ``per`` (the unit u, ``"epoch"`` or ``"step"``), ``initial`` (σ_0; None: solved in
+    ``calibrate`` for the run's target ε) and ``steps_per_epoch`` (None: the run's). Each
+    subclass checks them in its ``__post_init__`` and defines :meth:`unit` and :meth:`factor`.
+    """
+
+    per: str = "epoch"
+    initial: float | None = None
+    steps_per_epoch: int | None = None
+
+    def unit(self, step: int) -> int:
+        """u: the schedule's time at 0-based ``step``."""
+        raise NotImplementedError
+
+    def factor(self, u: int) -> float:
+        """σ_u / σ_0 at schedule time u (independent of ``initial``)."""
+        raise NotImplementedError
+
+    def shape(self) -> np.ndarray:
+        """σ_t / σ_0 for every step, shape (total_steps,): what calibration scales."""
+        return np.array([self.factor(self.unit(t)) for t in range(self.horizon())])
+
+    def noise_multiplier(self, step: int) -> float:
+        self.check_step(step)
+        fix = "Pass it to make_private(method=...), which solves σ_0, or give initial="
+        sigma0 = calibrated(self.initial, f"method {self.registry_name!r}", fix, known="σ_0")
+        return sigma0 * self.factor(self.unit(step))
+
+
 def steps_within_budget(
     schedule: PlannedSchedule,
     *,
@@ -186,21 +229,17 @@ def steps_within_budget(
     return last_passing(lambda n: spent(n) <= target_epsilon, 0, total)
 
 
-S = TypeVar("S", bound=PlannedSchedule)
+S = TypeVar("S", bound=ScaledSchedule)
 
 
 def calibrate_scaled_schedule(schedule: S, facts: RunFacts) -> S:
-    """Calibrate a schedule whose σ_t is ``initial`` × a fixed shape, for the run's facts.
-
-    The schedule (a frozen dataclass) has the fields ``initial``, ``total_steps``,
-    ``steps_per_epoch``, ``calibration`` and ``approximate`` and a ``shape()`` (σ_t/σ_0 for
-    every step). ``initial`` unset: σ_0 solved so the whole run spends the target ε (one scalar
+    """Calibrate a :class:`ScaledSchedule` (σ_t = ``initial`` × its ``shape()``) for the run's
+    facts. ``initial`` unset: σ_0 solved so the whole run spends the target ε (one scalar
     search by the accountant); ``initial`` and a target: stopped early at the last step within
     the target; ``initial`` and no target: run as given (the budget guard watches the ledger).
     """
     name = schedule.registry_name
-    s: Any = schedule
-    steps = s.total_steps if s.total_steps is not None else facts.steps
+    steps = schedule.total_steps if schedule.total_steps is not None else facts.steps
     require(
         steps is not None,
         "steps",
@@ -208,10 +247,12 @@ def calibrate_scaled_schedule(schedule: S, facts: RunFacts) -> S:
         f"known for method {name!r}",
         "Pass epochs= or max_steps= to make_private",
     )
-    out: Any = replace(
-        s, total_steps=steps, steps_per_epoch=s.steps_per_epoch or facts.steps_per_epoch or 1
+    out = replace(
+        schedule,
+        total_steps=steps,
+        steps_per_epoch=schedule.steps_per_epoch or facts.steps_per_epoch or 1,
     )
-    accountant = s.calibration or facts.accountant
+    accountant = schedule.calibration or facts.accountant
     if out.initial is None:
         require_budget(facts, name)
         assert facts.target_epsilon is not None and facts.delta is not None  # require_budget
@@ -221,7 +262,7 @@ def calibrate_scaled_schedule(schedule: S, facts: RunFacts) -> S:
             delta=facts.delta,
             sample_rate=facts.sample_rate,
             accountant=accountant,
-            approximate=s.approximate,
+            approximate=schedule.approximate,
         )
         out = replace(out, initial=scale)
     elif facts.target_epsilon is not None:  # early stopping at the target
@@ -237,7 +278,7 @@ def calibrate_scaled_schedule(schedule: S, facts: RunFacts) -> S:
         require(
             stop >= 1,
             "initial",
-            s.initial,
+            schedule.initial,
             "large enough that one step fits the budget",
             "Raise σ_0 or the target ε",
         )

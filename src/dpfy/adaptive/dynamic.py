@@ -99,10 +99,7 @@ class DynamicDPSGD(PlannedSchedule):
     rho_mu: float | None = None
     rho_c: float | None = None
     stages: int | None = None
-    calibration: str | None = None
-    approximate: bool = False
     mu0: float | None = None
-    total_steps: int | None = None
     clip0: float | None = None
 
     sets = frozenset({"noise_multiplier", "clip"})

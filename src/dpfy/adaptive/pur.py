@@ -39,11 +39,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-import numpy as np
-
 from dpfy._require import require
-from dpfy.adaptive._planned import PlannedSchedule, calibrate_scaled_schedule, check_calibration
-from dpfy.adaptive.base import calibrated, register
+from dpfy.adaptive._planned import ScaledSchedule, calibrate_scaled_schedule, check_calibration
+from dpfy.adaptive.base import register
 from dpfy.types import RunFacts, StepPlan
 
 __all__ = ["PURSchedule", "BOUNDS", "check_step_size", "optimizer_lr", "with_pur_step"]
@@ -53,7 +51,7 @@ BOUNDS = ("convex", "pl")
 
 @register("pur")
 @dataclass(frozen=True)
-class PURSchedule(PlannedSchedule):
+class PURSchedule(ScaledSchedule):
     """Fay et al.'s data-independent PUR schedule: σ_t ∝ a gradient-norm bound, η = 1/(2M).
 
     Args:
@@ -71,12 +69,6 @@ class PURSchedule(PlannedSchedule):
     bound: str = "convex"
     pl_constant: float | None = None
     step_size: str = "pur"
-    per: str = "epoch"
-    initial: float | None = None
-    total_steps: int | None = None
-    steps_per_epoch: int | None = None
-    calibration: str | None = None
-    approximate: bool = False
     lr: float | None = None  # the inner optimizer's lr, read from the run in calibrate
 
     example_options = {"smoothness": 10.0}
@@ -121,15 +113,6 @@ class PURSchedule(PlannedSchedule):
 
     def unit(self, step: int) -> int:
         return step if self.per == "step" else step // int(self.steps_per_epoch or 1)
-
-    def shape(self) -> np.ndarray:
-        return np.array([self.factor(self.unit(t)) for t in range(self.horizon())])
-
-    def noise_multiplier(self, step: int) -> float:
-        self.check_step(step)
-        fix = "Pass it to make_private(method=...), which solves σ_0, or give initial="
-        sigma0 = calibrated(self.initial, "method 'pur'", fix, known="σ_0")
-        return sigma0 * self.factor(self.unit(step))
 
     def plan(self, state: None, plan: StepPlan) -> StepPlan:
         return with_pur_step(super().plan(state, plan), self.smoothness, self.lr, self.step_size)

@@ -38,11 +38,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-import numpy as np
-
 from dpfy._require import require
-from dpfy.adaptive._planned import PlannedSchedule, calibrate_scaled_schedule, check_calibration
-from dpfy.adaptive.base import calibrated, register
+from dpfy.adaptive._planned import ScaledSchedule, calibrate_scaled_schedule, check_calibration
+from dpfy.adaptive.base import register
 from dpfy.types import RunFacts
 
 __all__ = ["NoiseDecay", "KINDS", "PER"]
@@ -53,7 +51,7 @@ PER = ("epoch", "step")
 
 @register("noise_decay")
 @dataclass(frozen=True)
-class NoiseDecay(PlannedSchedule):
+class NoiseDecay(ScaledSchedule):
     """σ_t by one of the decay rules above, stepped per epoch or per step.
 
     The defaults run as they are: ``polynomial`` decay with k = 1, i.e. σ falls linearly from
@@ -85,12 +83,6 @@ class NoiseDecay(PlannedSchedule):
     rate: float = 1.0
     period: int | None = None
     final_ratio: float = 0.5
-    per: str = "epoch"
-    initial: float | None = None
-    total_steps: int | None = None
-    steps_per_epoch: int | None = None
-    calibration: str | None = None
-    approximate: bool = False
 
     example_options = {"kind": "exponential", "rate": 0.3}
 
@@ -183,16 +175,6 @@ class NoiseDecay(PlannedSchedule):
             return k ** (u // self.period)
         end = self.final_ratio  # polynomial
         return (1.0 - end) * (1.0 - min(u, self.period) / self.period) ** k + end
-
-    def noise_multiplier(self, step: int) -> float:
-        self.check_step(step)
-        fix = "Pass it to make_private(method=...), which solves σ_0, or give initial="
-        sigma0 = calibrated(self.initial, "method 'noise_decay'", fix, known="σ_0")
-        return sigma0 * self.factor(self.unit(step))
-
-    def shape(self) -> np.ndarray:
-        """σ_t / σ_0 for every step, shape (total_steps,): what calibration scales."""
-        return np.array([self.factor(self.unit(t)) for t in range(self.horizon())])
 
     def scaled(self, scale: float) -> "NoiseDecay":
         """The same shape with σ_0 multiplied by ``scale``."""
