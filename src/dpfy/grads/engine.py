@@ -41,9 +41,20 @@ from dpfy.grads.routes import Routes, Split, grouped_sq_norms
 from dpfy.grads.tied import tied_ghost_sq_norm, tied_uses
 from dpfy.grads.layers import build_layers
 
-__all__ = ["GradEngine", "LOSS_REDUCTIONS"]
+__all__ = ["GradEngine", "LOSS_REDUCTIONS", "require_loss_reduction"]
 
 LOSS_REDUCTIONS = ("mean", "sum")
+
+
+def require_loss_reduction(loss_reduction: str) -> None:
+    """Refuse a ``loss_reduction`` that is not one of :data:`LOSS_REDUCTIONS` (how the loss
+    reduces over the batch: it sets the scale the per-example gradients are read at)."""
+    require(
+        loss_reduction in LOSS_REDUCTIONS,
+        "loss_reduction",
+        loss_reduction,
+        f"one of {list(LOSS_REDUCTIONS)}",
+    )
 
 
 class GradEngine:
@@ -67,12 +78,7 @@ class GradEngine:
         loss_reduction: str = "mean",
         declare_row_wise: bool = False,
     ) -> None:
-        require(
-            loss_reduction in LOSS_REDUCTIONS,
-            "loss_reduction",
-            loss_reduction,
-            f"one of {list(LOSS_REDUCTIONS)}",
-        )
+        require_loss_reduction(loss_reduction)
         self.model = model
         self.route = route
         self.loss_reduction = loss_reduction

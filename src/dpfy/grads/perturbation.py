@@ -63,10 +63,9 @@ Measured in ``docs/guide/per_example_contract.md``.
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -74,7 +73,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from dpfy.errors import PrivacyRefusal
 from dpfy.grads.held import autograd_requires_grad
-from dpfy.grads.row_identity import RowProbe, reseed
+from dpfy.grads.row_identity import RowProbe, forked_rng, reseed, rows_mixed_problem
 from dpfy.grads.layers import Layer
 
 __all__ = [
@@ -207,7 +206,7 @@ def find_cross_row(
             if torch.is_tensor(t) and autograd_requires_grad(t) and t.is_leaf
         ]
         probe = PerturbProbe(rows, shared=shared)
-        with _forked_rng(device):
+        with forked_rng(device), torch.enable_grad():
             reseed(0)
             out = rerun(probe, *call)
             outs = [
@@ -287,19 +286,16 @@ def find_cross_row(
 
 def cross_row_problem(label: str | None, rows: int, detail: str) -> str:
     """The refusal: which layer (None: the model's output), what changed, and the fix."""
-    where = f"the input of {label}" if label is not None else "the model's output"
-    return (
-        f"{where} must keep each example's row computed from that example alone, got "
-        f"other examples' rows that changed when one example's input and loss were "
-        f"changed, in training mode, among the {rows} rows of the batch ({detail}): the "
-        f"model mixes or moves examples across the batch (batch statistics, in training "
-        f"mode only too; a custom autograd Function mixing gradients; rows reshaped into "
-        f"a sequence that attention or a layer mixes; a loss computed inside the model "
-        f"that divides by a count over the batch, such as a token mean over padded labels: "
-        f"sum per-example losses instead), so dpfy cannot bound one example's "
-        f"contribution. Compute each example's output and gradient from that example "
-        f"alone: LayerNorm or GroupNorm instead of batch statistics, and keep the batch in "
-        f"dimension 0, never reordered or mixed"
+    return rows_mixed_problem(
+        label,
+        f"other examples' rows that changed when one example's input and loss were changed, "
+        f"in training mode, among the {rows} rows of the batch ({detail})",
+        "batch statistics, in training mode only too; a custom autograd Function mixing "
+        "gradients; rows reshaped into a sequence that attention or a layer mixes; a loss "
+        "computed inside the model that divides by a count over the batch, such as a token "
+        "mean over padded labels: sum per-example losses instead",
+        "output and gradient",
+        "reordered or mixed",
     )
 
 
@@ -312,17 +308,6 @@ def not_checked_problem(error: str) -> str:
         f"same shape, or, if every row of every layer's input and gradient depends only on "
         f"its own example, declare it: make_private(..., declare_row_wise=True)"
     )
-
-
-@contextlib.contextmanager
-def _forked_rng(device: torch.device | None) -> Iterator[None]:
-    devices = (
-        [device.index if device.index is not None else torch.cuda.current_device()]
-        if device is not None and device.type == "cuda"
-        else []
-    )
-    with torch.random.fork_rng(devices=devices), torch.enable_grad():
-        yield
 
 
 def _cotangents(outs: list[torch.Tensor], rows: int, change_row: int | None) -> list[torch.Tensor]:

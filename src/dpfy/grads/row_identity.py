@@ -81,9 +81,11 @@ __all__ = [
     "differing_calls",
     "is_randomness",
     "output_differs",
+    "forked_rng",
     "probe_mode",
     "reseed",
     "mixing_problem",
+    "rows_mixed_problem",
 ]
 
 MIN_ROWS = 3  # a batch of 1–2 rows is not probed (too few rows to remove one and reorder)
@@ -225,18 +227,24 @@ def probe_mode(model: nn.Module, device: torch.device | None) -> Iterator[None]:
     after, module by module), and the global RNG forked (restored after, so that the training
     run's stream is unchanged). Call :func:`reseed` before each forward."""
     modes = [(m, m.training) for m in model.modules()]
-    devices = (
-        [device.index if device.index is not None else torch.cuda.current_device()]
-        if device is not None and device.type == "cuda"
-        else []
-    )
     try:
-        with torch.random.fork_rng(devices=devices), torch.no_grad():
+        with forked_rng(device), torch.no_grad():
             model.eval()
             yield
     finally:
         for m, mode in modes:
             m.training = mode
+
+
+def forked_rng(device: torch.device | None) -> contextlib.AbstractContextManager[None]:
+    """The global RNG forked for a probe: the CPU's and, for a CUDA ``device``, that device's
+    (restored after, so that the training run's stream is unchanged)."""
+    devices = (
+        [device.index if device.index is not None else torch.cuda.current_device()]
+        if device is not None and device.type == "cuda"
+        else []
+    )
+    return torch.random.fork_rng(devices=devices)
 
 
 def reseed(seed: int = 0) -> None:
@@ -380,13 +388,27 @@ def output_differs(full: Any, part: Any, rows: int, index: torch.Tensor) -> bool
 
 def mixing_problem(label: str | None, rows: int, detail: str) -> str:
     """The refusal: which layer (None: the model's output) and why, with the fix."""
+    return rows_mixed_problem(
+        label,
+        f"rows that changed when one example was removed from the {rows} rows of the batch and "
+        f"the rest reordered ({detail})",
+        "batch statistics computed by hand, sorting or permuting rows, a reshape that moves "
+        "the batch dimension",
+        "output",
+        "reordered",
+    )
+
+
+def rows_mixed_problem(label: str | None, got: str, causes: str, computed: str, never: str) -> str:
+    """The refusal of a model whose rows mix across the batch, worded once for both probes:
+    where (``label``'s input; None: the model's output), what the probe ``got``, the usual
+    ``causes``, and the fix (each example's ``computed`` from that example alone; the batch
+    in dimension 0, never ``never``)."""
     where = f"the input of {label}" if label is not None else "the model's output"
     return (
-        f"{where} must keep each example's row computed from that example alone, got rows "
-        f"that changed when one example was removed from the {rows} rows of the batch and "
-        f"the rest reordered ({detail}): the model mixes or moves examples across the batch "
-        f"(batch statistics computed by hand, sorting or permuting rows, a reshape that "
-        f"moves the batch dimension), so dpfy cannot bound one example's contribution. "
-        f"Compute each example's output from that example alone: LayerNorm or GroupNorm "
-        f"instead of batch statistics, and keep the batch in dimension 0, never reordered"
+        f"{where} must keep each example's row computed from that example alone, got {got}: "
+        f"the model mixes or moves examples across the batch ({causes}), so dpfy cannot bound "
+        f"one example's contribution. Compute each example's {computed} from that example "
+        f"alone: LayerNorm or GroupNorm instead of batch statistics, and keep the batch in "
+        f"dimension 0, never {never}"
     )

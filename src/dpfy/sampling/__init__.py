@@ -27,7 +27,8 @@ not prove what such a loader does, and in Poisson mode it would silently ignore 
 
 Randomness: ``seed=None`` draws from the OS CSPRNG (not reproducible, by design); an int seeds a
 ``torch.Generator`` (reproducible: anyone with the seed can redraw the batches). Generator
-states go into ``state_dict`` (checkpoints) only.
+states go into ``state_dict`` (checkpoints) only. Every sampler draws through
+:mod:`dpfy.sampling.draws`, which writes both sources once.
 
 A logical batch (one optimizer update, one noise draw, one ledger step) is split into physical
 batches of at most ``max_physical_batch_size`` rows; the loader tells the optimizer through a

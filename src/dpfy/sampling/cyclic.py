@@ -15,10 +15,14 @@ from typing import Any, Iterator
 import torch
 
 from dpfy._require import require
-from dpfy.noise import secure_uniform
 from dpfy.privacy import Sampling
-from dpfy.sampling.poisson import _generator
-from dpfy.sampling.shuffle import _secure_permutation
+from dpfy.sampling.draws import (
+    generator_state,
+    permutation,
+    restore_generator,
+    seeded_generator,
+    uniform,
+)
 from dpfy.sampling.units import UnitSampler
 
 __all__ = ["CyclicPoissonSampler", "DEFAULT_BANDS", "default_bands"]
@@ -87,12 +91,8 @@ class CyclicPoissonSampler(UnitSampler):
         self.dataset_size, self.batch_size, self.bands = dataset_size, batch_size, bands
         self.sample_rate = rate
         self.normalizer = float(batch_size)
-        self.generator = _generator(seed)
-        perm = (
-            _secure_permutation(dataset_size)
-            if self.generator is None
-            else torch.randperm(dataset_size, generator=self.generator)
-        )
+        self.generator = seeded_generator(seed)
+        perm = permutation(dataset_size, self.generator)
         self.groups = [g.sort().values for g in perm.tensor_split(bands)]  # b × (≈N/b,)
         self.current: torch.Tensor | None
         self.step, self.current, self.offset = 0, None, 0  # committed position
@@ -109,12 +109,7 @@ class CyclicPoissonSampler(UnitSampler):
     def draw(self, step: int) -> torch.Tensor:
         """Step ``step``'s batch: each example of its group with probability q, (B,) sorted."""
         members = self.groups[self.group_of(step)]
-        u = (
-            secure_uniform(members.numel())
-            if self.generator is None
-            else torch.rand(members.numel(), generator=self.generator, dtype=torch.float64)
-        )
-        return members[u < self.sample_rate]
+        return members[uniform(members.numel(), self.generator) < self.sample_rate]
 
     def at_batch_start(self) -> bool:
         return self.current is None
@@ -153,7 +148,7 @@ class CyclicPoissonSampler(UnitSampler):
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "generator": None if self.generator is None else self.generator.get_state(),
+            "generator": generator_state(self.generator),
             "groups": self.groups,
             "step": self.step,
             "current": self.current,
@@ -168,8 +163,7 @@ class CyclicPoissonSampler(UnitSampler):
             f"{self.bands} (this run's bands)",
             "Resume with the same bands",
         )
-        if self.generator is not None and state["generator"] is not None:
-            self.generator.set_state(state["generator"])
+        restore_generator(self.generator, state["generator"])
         self.groups = list(state["groups"])
         self.step, self.current, self.offset = (
             int(state["step"]),

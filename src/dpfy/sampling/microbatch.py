@@ -37,8 +37,8 @@ import torch
 
 from dpfy._require import require, require_resumed
 from dpfy.errors import PrivacyRefusal
-from dpfy.noise import secure_uniform
 from dpfy.sampling.admit import _check_loader
+from dpfy.sampling.draws import uniform
 from dpfy.sampling.poisson import PoissonSampler
 from dpfy.sampling.units import ExampleUnits, known_indices
 
@@ -127,11 +127,7 @@ class MicrobatchSampler(PoissonSampler):
         """One logical batch: the sampled rows, grouped by the microbatch each one drew."""
         idx = super().draw()  # (B,) sorted
         m = self.num_microbatches
-        u = (
-            secure_uniform(len(idx))
-            if self.generator is None
-            else torch.rand(len(idx), generator=self.generator, dtype=torch.float64)
-        )
+        u = uniform(len(idx), self.generator)
         bins = torch.clamp((u * m).long(), max=m - 1)  # (B,) uniform on 0..M−1
         order = torch.argsort(bins, stable=True)
         self.partition.microbatch_of.fill_(-1)

@@ -9,17 +9,12 @@ from typing import Any, Sequence
 import torch
 
 from dpfy._require import require
-from dpfy.noise import secure_uniform
 from dpfy.privacy import Sampling
+from dpfy.sampling.draws import generator_state, restore_generator, seeded_generator, uniform
 from dpfy.types.sampling import require_sample_rate
 from dpfy.sampling.units import UnitSampler, require_same_unit
 
 __all__ = ["PoissonSampler"]
-
-
-def _generator(seed: int | None) -> torch.Generator | None:
-    """A seeded torch generator, or None for the OS CSPRNG."""
-    return None if seed is None else torch.Generator().manual_seed(seed)
 
 
 class PoissonSampler(UnitSampler):
@@ -88,7 +83,7 @@ class PoissonSampler(UnitSampler):
             self.rates = None
             self.sample_rate = float(sample_rate)
             self.normalizer = self.sample_rate * dataset_size
-        self.generator = _generator(seed)
+        self.generator = seeded_generator(seed)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -97,12 +92,7 @@ class PoissonSampler(UnitSampler):
 
     def draw(self) -> torch.Tensor:
         """One logical batch: the (sorted) indices of the examples that were sampled, (B,)."""
-        n = self.dataset_size
-        u = (
-            secure_uniform(n)
-            if self.generator is None
-            else torch.rand(n, generator=self.generator, dtype=torch.float64)
-        )  # (N,)
+        u = uniform(self.dataset_size, self.generator)  # (N,)
         q = self.rates if self.rates is not None else self.sample_rate
         idx = torch.nonzero(u < q).flatten()  # (B,) B ~ Binomial(N, q)
         if self.shard is not None:
@@ -114,7 +104,7 @@ class PoissonSampler(UnitSampler):
         """Accepted for DistributedSampler-style loops; Poisson draws are fresh every step."""
 
     def state_dict(self) -> dict[str, Any]:
-        return {"generator": None if self.generator is None else self.generator.get_state()}
+        return {"generator": generator_state(self.generator)}
 
     def physical_batches(self, idx: torch.Tensor, physical: int | None) -> list[torch.Tensor]:
         """A logical batch cut into physical batches of at most ``physical`` rows."""
@@ -122,5 +112,4 @@ class PoissonSampler(UnitSampler):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         require_same_unit(self.units, state)
-        if self.generator is not None and state["generator"] is not None:
-            self.generator.set_state(state["generator"])
+        restore_generator(self.generator, state["generator"])

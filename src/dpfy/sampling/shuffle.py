@@ -2,28 +2,16 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any, Iterator
 
-import numpy as np
 import torch
 
 from dpfy._require import require
 from dpfy.privacy import Sampling
 from dpfy.sampling.units import UnitSampler
-from dpfy.sampling.poisson import _generator
+from dpfy.sampling.draws import generator_state, permutation, restore_generator, seeded_generator
 
 __all__ = ["ShuffleSampler"]
-
-
-def _secure_permutation(n: int) -> torch.Tensor:
-    """A uniformly random permutation of 0..n-1 from the OS CSPRNG, (n,) int64.
-
-    Sorts n independent 64-bit keys from ``os.urandom``; two equal keys (probability below
-    n²/2⁶⁵) only make their relative order deterministic, and any order is still a permutation.
-    """
-    keys = np.frombuffer(os.urandom(8 * n), dtype=np.int64)  # (n,)
-    return torch.from_numpy(np.argsort(keys, kind="stable"))  # numpy's radix sort: ~10x torch's
 
 
 class ShuffleSampler(UnitSampler):
@@ -79,7 +67,7 @@ class ShuffleSampler(UnitSampler):
             "Use a batch size no larger than the dataset",
         )
         self.dataset_size, self.batch_size, self.drop_last = dataset_size, batch_size, drop_last
-        self.generator = _generator(seed)
+        self.generator = seeded_generator(seed)
         self.permutation: torch.Tensor | None = None  # (N,) π of the current pass; secret
         self.offset = 0  # examples of π taken by optimizer steps
         self.passes = 0  # permutations drawn so far
@@ -115,12 +103,7 @@ class ShuffleSampler(UnitSampler):
     def _start_pass_if_done(self) -> None:
         if self.permutation is not None and self.offset < self.pass_length:
             return
-        n = self.dataset_size
-        self.permutation = (
-            _secure_permutation(n)
-            if self.generator is None
-            else torch.randperm(n, generator=self.generator)
-        )
+        self.permutation = permutation(self.dataset_size, self.generator)
         self.offset = 0
         self.passes += 1
 
@@ -153,7 +136,7 @@ class ShuffleSampler(UnitSampler):
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "generator": None if self.generator is None else self.generator.get_state(),
+            "generator": generator_state(self.generator),
             "permutation": self.permutation,
             "offset": self.offset,
             "passes": self.passes,
@@ -183,7 +166,6 @@ class ShuffleSampler(UnitSampler):
             f"in [0, {self.pass_length}]",
             "Resume with the same batch size and drop_last",
         )
-        if self.generator is not None and state["generator"] is not None:
-            self.generator.set_state(state["generator"])
+        restore_generator(self.generator, state["generator"])
         self.permutation, self.offset = perm, offset
         self.passes = int(state["passes"])

@@ -33,22 +33,15 @@ import torch
 
 from dpfy._require import require
 from dpfy.errors import PrivacyRefusal
-from dpfy.noise import secure_uniform
 from dpfy.privacy import Sampling
 from dpfy.sampling.admit import _check_loader
+from dpfy.sampling.draws import seeded_generator, uniform
 from dpfy.sampling.poisson import PoissonSampler
 from dpfy.sampling.units import UserUnits
 
 __all__ = ["UserPoissonSampler", "UserCappedSampler", "USER_SAMPLINGS", "make_user_sampler"]
 
 USER_SAMPLINGS = ("uls", "els")
-
-
-def _uniform(n: int, generator: torch.Generator | None) -> torch.Tensor:
-    """n uniforms in (0, 1), float64: the seeded generator's, or the OS CSPRNG's."""
-    if generator is None:
-        return secure_uniform(n)
-    return torch.rand(n, generator=generator, dtype=torch.float64)
 
 
 def _members(units: UserUnits, users: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,7 +55,7 @@ def _members(units: UserUnits, users: torch.Tensor) -> tuple[torch.Tensor, torch
 
 def _at_most_k(group: torch.Tensor, k: int, generator: torch.Generator | None) -> torch.Tensor:
     """(R,) bool: keep at most k rows of each group, a uniformly random subset of each."""
-    keys = _uniform(len(group), generator)
+    keys = uniform(len(group), generator)
     order = torch.argsort(group.double() + keys * 0.5)  # groups stay apart: keys < 1/2 + gap
     ranked = torch.empty_like(group)
     sorted_group = group[order]
@@ -126,7 +119,7 @@ class UserPoissonSampler(PoissonSampler):
     def draw(self) -> torch.Tensor:
         """One logical batch: the dataset indices of the sampled users' rows, grouped by user."""
         users = torch.nonzero(
-            _uniform(self.dataset_size, self.generator) < self.sample_rate
+            uniform(self.dataset_size, self.generator) < self.sample_rate
         ).flatten()  # (S,)
         rows, group = _members(self.units, users)
         if self.max_examples_per_step is not None and len(rows):
@@ -160,12 +153,7 @@ class UserPoissonSampler(PoissonSampler):
         return parts
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            **super().state_dict(),
-            "unit": self.units.name,
-            "user_sampling": "uls",
-            "users": self.units.digest,
-        }
+        return {**super().state_dict(), **_resume_facts("uls", self.units)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         _check_resume(state, "uls", self.units)
@@ -206,7 +194,7 @@ class UserCappedSampler(PoissonSampler):
             "an integer >= 1 for ELS",
             "ELS caps every user at k examples: pass max_examples_per_user=k",
         )
-        generator = None if seed is None else torch.Generator().manual_seed(seed)
+        generator = seeded_generator(seed)
         every = torch.arange(units.num_users)
         rows, group = _members(units, every)
         self.kept = torch.sort(rows[_at_most_k(group, max_examples_per_user, generator)]).values
@@ -236,17 +224,11 @@ class UserCappedSampler(PoissonSampler):
 
     def draw(self) -> torch.Tensor:
         """One logical batch: the sorted dataset indices of the sampled kept examples."""
-        mask = _uniform(self.num_kept, self.generator) < self.sample_rate
+        mask = uniform(self.num_kept, self.generator) < self.sample_rate
         return self.kept[mask]
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            **super().state_dict(),
-            "unit": self.units.name,
-            "user_sampling": "els",
-            "users": self.units.digest,
-            "kept": self.kept,
-        }
+        return {**super().state_dict(), **_resume_facts("els", self.units), "kept": self.kept}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         _check_resume(state, "els", self.units)
@@ -261,6 +243,12 @@ class UserCappedSampler(PoissonSampler):
         if kept is not None:
             self.kept = kept
         super().load_state_dict(state)
+
+
+def _resume_facts(user_sampling: str, units: UserUnits) -> dict[str, Any]:
+    """What a user-level sampler's checkpoint records for :func:`_check_resume` to compare:
+    the unit of privacy, the user sampling and the users' digest."""
+    return {"unit": units.name, "user_sampling": user_sampling, "users": units.digest}
 
 
 def _check_resume(state: dict[str, Any], user_sampling: str, units: UserUnits) -> None:

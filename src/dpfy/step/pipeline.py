@@ -69,7 +69,7 @@ from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 from dpfy._require import require
 from dpfy.clipping import PerLayerClipping
 from dpfy.errors import PrivacyRefusal
-from dpfy.grads.engine import LOSS_REDUCTIONS, GradEngine
+from dpfy.grads.engine import GradEngine, require_loss_reduction
 from dpfy.noise.generator import NoiseSource
 from dpfy.noise.mechanism import GaussianMechanism
 from dpfy.privacy.ledger import Ledger
@@ -204,12 +204,7 @@ class StageClipping:
         assert clips is not None  # the require above refused None
         require(all(c > 0 for c in clips), "clips", list(clips), "all > 0")
         require(noise_multiplier >= 0, "noise_multiplier", noise_multiplier, ">= 0")
-        require(
-            loss_reduction in LOSS_REDUCTIONS,
-            "loss_reduction",
-            loss_reduction,
-            f"one of {list(LOSS_REDUCTIONS)}",
-        )
+        require_loss_reduction(loss_reduction)
         require(
             dist.is_initialized(),
             "torch.distributed",
