@@ -38,7 +38,7 @@ Releases per step: the clipped-gradient sum (clip C_t), noise multiplier z_t.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -99,8 +99,10 @@ class DynamicDPSGD(PlannedSchedule):
     rho_mu: float | None = None
     rho_c: float | None = None
     stages: int | None = None
-    mu0: float | None = None
-    clip0: float | None = None
+    # keyword-only: they came after the shared options, which are keyword-only now (a
+    # positional argument must never land in another field than it did)
+    mu0: float | None = field(default=None, kw_only=True)
+    clip0: float | None = field(default=None, kw_only=True)
 
     sets = frozenset({"noise_multiplier", "clip"})
     example_options = {"stages": 2}

@@ -37,7 +37,7 @@ Releases per step: the clipped-gradient sum, noise multiplier σ_t.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from dpfy._require import require
 from dpfy.adaptive._planned import ScaledSchedule, calibrate_scaled_schedule, check_calibration
@@ -69,7 +69,9 @@ class PURSchedule(ScaledSchedule):
     bound: str = "convex"
     pl_constant: float | None = None
     step_size: str = "pur"
-    lr: float | None = None  # the inner optimizer's lr, read from the run in calibrate
+    # keyword-only: it came after the shared options, which are keyword-only now (a positional
+    # argument must never land in another field than it did)
+    lr: float | None = field(default=None, kw_only=True)  # the inner optimizer's lr (calibrate)
 
     example_options = {"smoothness": 10.0}
     sets = frozenset({"noise_multiplier", "lr_scale"})
