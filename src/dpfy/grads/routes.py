@@ -50,19 +50,25 @@ def per_sample_rows(t: torch.Tensor) -> Rows:
     if t.dim() == 1:  # a 0-dim parameter (nn.Parameter(torch.tensor(1.0))): one column
         return t.view(-1, 1), lambda row: row.view(())
     strides = t.stride()
-    order = sorted(range(1, t.dim()), key=lambda d: -strides[d])
-    p = t.permute(0, *order)
+    natural = list(range(1, t.dim()))
+    order = sorted(natural, key=lambda d: -strides[d])
+    # the permutes only where the layout is not θ's own (each is a dispatched op on a device)
+    p = t if order == natural else t.permute(0, *order)
     if not p.is_contiguous():
-        p, order = t.contiguous(), list(range(1, t.dim()))
-    inverse = [order.index(d) for d in range(1, t.dim())]
+        p, order = t.contiguous(), natural
     shape = p.shape[1:]
+    if order == natural:
+        return p.view(p.shape[0], -1), lambda row: row.view(shape)
+    inverse = [order.index(d) for d in natural]
     return p.view(p.shape[0], -1), lambda row: row.view(shape).permute(*inverse)
 
 
 def _row_sums(rows: dict[str, Rows], w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Σ_i w_i row_i for materialized per-sample rows, back in each parameter's shape."""
+    # rᵀ w as one matrix-vector product (w @ r dispatches it as an unsqueezed matmul: 3 ops)
     return {
-        rel: unflatten(w[rel].to(r.dtype) @ r).contiguous() for rel, (r, unflatten) in rows.items()
+        rel: unflatten(torch.mv(r.t(), w[rel].to(r.dtype))).contiguous()
+        for rel, (r, unflatten) in rows.items()
     }
 
 
