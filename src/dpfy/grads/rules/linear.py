@@ -118,9 +118,8 @@ class LinearRule(LayerRule):
         if layer.bias is not None:
             if gw is not None and w["bias"] is w["weight"]:
                 out["bias"] = gw.sum((0, 1))  # (d_out,)
-            else:  # Σ_i w_i Σ_t g_it as one matrix-vector product, no (B, T, d) temporary
-                wt = w["bias"].to(g.dtype).repeat_interleave(g.shape[1])  # (B·T,) sensitive
-                out["bias"] = g.reshape(-1, d_out).T @ wt
+            else:  # Σ_i w_i Σ_t g_it: each example's sum (B, d_out), one matrix-vector product
+                out["bias"] = torch.mv(g.sum(1).t(), w["bias"].to(g.dtype))
         return out
 
 
