@@ -153,3 +153,15 @@ def test_the_private_step_refuses_a_silent_write_on_the_one_launch_path(monkeypa
     m[0].weight.data[0, 0] += 1.0  # between backward and step, without a version bump
     with pytest.raises(PrivacyRefusal, match="parameter '0.weight'.*without a version bump"):
         opt.step()
+
+
+def test_a_model_moved_to_another_device_gets_that_devices_way(monkeypatch):
+    """A guard that fingerprinted on a GPU in one launch, then sees the model on the CPU
+    (moved between steps), sums on the CPU's way instead of asking Triton for CPU tensors."""
+    monkeypatch.delenv("TRITON_INTERPRET")  # the CPU as it is: no Triton kernel runs on it
+    m = nn.Linear(4, 3)
+    owners = [("", m)]
+    cache = PrintCache(one_launch=True, device=torch.device("cuda", 0))  # as left by the GPU
+    before = _param_marks(owners, cache)
+    assert before is not None and before[2][0] == "each" and cache.device == torch.device("cpu")
+    assert _marks_changed(before, _param_marks(owners, cache)) == []

@@ -15,8 +15,10 @@ an entry of the result):
 
 Which entry is whose is the *layout* (one key per entry, and which way it was computed): two
 fingerprints are compared only under the same layout. A :class:`PrintCache` keeps the views and
-the launch table between calls, and the way chosen at its first use (so two fingerprints of one
-guard are always computed alike).
+the launch table between calls, and the way chosen for the parameters' device (so two
+fingerprints of one guard on one device are always computed alike; a model moved to another
+device between forwards gets that device's way, and its parameters' new storage is a change the
+marks report before any fingerprint is compared).
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ class PrintCache:
     """What :func:`fingerprints` keeps between calls for one set of parameters."""
 
     views: dict[Key, tuple[_Mark, torch.Tensor]] = field(default_factory=dict)
-    one_launch: bool | None = None  # the way chosen at the first call (None: not yet)
+    one_launch: bool | None = None  # the way chosen for ``device`` (None: not yet)
+    device: torch.device | None = None  # the parameters' device at the call that chose it
     table: tuple[tuple[_Mark, ...], WordSums] | None = None
 
 
@@ -99,8 +102,9 @@ def fingerprints(
     and their layout: a tag for the way, then the key of each entry. No host read."""
     if not params:
         return None, ()
-    if cache.one_launch is None:
-        cache.one_launch = _one_launch_possible(params[0][1].device)
+    device = params[0][1].device
+    if cache.device != device:  # the first call, or the model moved: choose the way anew
+        cache.device, cache.one_launch = device, _one_launch_possible(device)
     if not cache.one_launch:
         sums = [_cached_sum(p, key, cache, ptr) for key, p, ptr in params]
         return torch.stack(sums), ("each", *(key for key, _, _ in params))
