@@ -153,3 +153,31 @@ def test_the_private_step_refuses_a_silent_write_on_the_one_launch_path(monkeypa
     m[0].weight.data[0, 0] += 1.0  # between backward and step, without a version bump
     with pytest.raises(PrivacyRefusal, match="parameter '0.weight'.*without a version bump"):
         opt.step()
+
+
+def test_a_parameter_made_non_contiguous_under_the_same_storage_is_a_change(monkeypatch):
+    """Transposed in place of itself (same storage, same square shape, no version bump) it is
+    summed the other way, after the bias: the layouts hold the same keys as often, in another
+    order. Its entry must not be taken for compared, nor the bias's write go unseen."""
+    monkeypatch.setattr(prints_mod, "FORCE_ONE_LAUNCH", True)
+    m = nn.Linear(4, 4)
+    owners = [("", m)]
+    cache = PrintCache()
+    before = _param_marks(owners, cache)
+    m.weight.data = m.weight.data.t()
+    m.bias.data[0] += 1.0  # a silent write
+    changed = _marks_changed(before, _param_marks(owners, cache))
+    assert sorted(k for k, _ in changed) == [(0, "bias"), (0, "weight")]
+
+
+def test_parameters_moved_to_a_device_without_triton_are_summed_with_torch(monkeypatch):
+    """The one-launch way chosen on a device where Triton runs; the model then moved where it
+    does not (a GPU's model to the CPU; here the CPU's to ``meta``): fingerprinted, no crash."""
+    monkeypatch.setattr(prints_mod, "FORCE_ONE_LAUNCH", True)
+    m = nn.Linear(4, 4)
+    owners = [("", m)]
+    cache = PrintCache()
+    assert _param_marks(owners, cache)[2][0] == "one launch"
+    m.to("meta")
+    after = _param_marks(owners, cache)
+    assert after is not None and after[2][0] == "each"
