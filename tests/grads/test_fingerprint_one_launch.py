@@ -181,3 +181,17 @@ def test_parameters_moved_to_a_device_without_triton_are_summed_with_torch(monke
     m.to("meta")
     after = _param_marks(owners, cache)
     assert after is not None and after[2][0] == "each"
+
+
+def test_a_device_change_lets_go_of_the_table(monkeypatch):
+    """The launch table holds the parameters' memory: kept after the model moved to a device
+    fingerprinted the other way, it would hold a GPU's copy of the model for good."""
+    monkeypatch.setattr(prints_mod, "FORCE_ONE_LAUNCH", True)
+    m = nn.Linear(4, 4)
+    owners = [("", m)]
+    cache = PrintCache()
+    _param_marks(owners, cache)
+    assert cache.table is not None
+    m.to("meta")
+    _param_marks(owners, cache)
+    assert cache.table is None

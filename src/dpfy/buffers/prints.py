@@ -103,6 +103,8 @@ def fingerprints(
     device = params[0][1].device
     if cache.one_launch is None or cache.device != device:  # a GPU's way is not the CPU's
         cache.one_launch, cache.device = _one_launch_possible(device), device
+        cache.table = None  # it holds the parameters' memory on the device they left
+        cache.views.clear()
     if not cache.one_launch:
         sums = [_cached_sum(p, key, cache, ptr) for key, p, ptr in params]
         return torch.stack(sums), ("each", *(key for key, _, _ in params))
