@@ -195,3 +195,22 @@ def test_a_device_change_lets_go_of_the_table(monkeypatch):
     m.to("meta")
     _param_marks(owners, cache)
     assert cache.table is None
+
+
+@pytest.mark.parametrize("deferred", [False, True])
+def test_a_parameter_of_several_chunks_is_named_once(monkeypatch, deferred):
+    """Each changed chunk is an entry; the refusal names the parameter, once (BERT's word
+    embeddings are ~360 chunks on a GPU)."""
+    monkeypatch.setattr(prints_mod, "FORCE_ONE_LAUNCH", True)
+    monkeypatch.setattr(word_sums, "_CHUNK_INTERPRETED", 16)
+    m = nn.Linear(8, 8)  # weight: 64 words, 4 chunks
+    owners = [("", m)]
+    cache = PrintCache()
+    before = _param_marks(owners, cache)
+    m.weight.data.mul_(0.5)  # every chunk changes
+    got: list = []
+    defer = (lambda mismatch, explain: got.extend(explain(mismatch.tolist()))) if deferred else None
+    if deferred:
+        monkeypatch.setattr(_deferred, "FORCE_ON_CPU", True)
+    got += _marks_changed(before, _param_marks(owners, cache), defer)
+    assert [k for k, _ in got] == [(0, "weight")]
