@@ -165,3 +165,64 @@ def test_a_model_moved_to_another_device_gets_that_devices_way(monkeypatch):
     before = _param_marks(owners, cache)
     assert before is not None and before[2][0] == "each" and cache.device == torch.device("cpu")
     assert _marks_changed(before, _param_marks(owners, cache)) == []
+
+
+def test_a_parameter_made_non_contiguous_under_the_same_storage_is_a_change(monkeypatch):
+    """Transposed in place of itself (same storage, same square shape, no version bump) it is
+    summed the other way, after the bias: the layouts hold the same keys as often, in another
+    order. Its entry must not be taken for compared, nor the bias's write go unseen."""
+    monkeypatch.setattr(prints_mod, "FORCE_ONE_LAUNCH", True)
+    m = nn.Linear(4, 4)
+    owners = [("", m)]
+    cache = PrintCache()
+    before = _param_marks(owners, cache)
+    m.weight.data = m.weight.data.t()
+    m.bias.data[0] += 1.0  # a silent write
+    changed = _marks_changed(before, _param_marks(owners, cache))
+    assert sorted(k for k, _ in changed) == [(0, "bias"), (0, "weight")]
+
+
+def test_parameters_moved_to_a_device_without_triton_are_summed_with_torch(monkeypatch):
+    """The one-launch way chosen on a device where Triton runs; the model then moved where it
+    does not (a GPU's model to the CPU; here the CPU's to ``meta``): fingerprinted, no crash."""
+    monkeypatch.setattr(prints_mod, "FORCE_ONE_LAUNCH", True)
+    m = nn.Linear(4, 4)
+    owners = [("", m)]
+    cache = PrintCache()
+    assert _param_marks(owners, cache)[2][0] == "one launch"
+    m.to("meta")
+    after = _param_marks(owners, cache)
+    assert after is not None and after[2][0] == "each"
+
+
+def test_a_device_change_lets_go_of_the_table(monkeypatch):
+    """The launch table holds the parameters' memory: kept after the model moved to a device
+    fingerprinted the other way, it would hold a GPU's copy of the model for good."""
+    monkeypatch.setattr(prints_mod, "FORCE_ONE_LAUNCH", True)
+    m = nn.Linear(4, 4)
+    owners = [("", m)]
+    cache = PrintCache()
+    _param_marks(owners, cache)
+    assert cache.table is not None
+    m.to("meta")
+    _param_marks(owners, cache)
+    assert cache.table is None
+
+
+@pytest.mark.parametrize("deferred", [False, True])
+def test_a_parameter_of_several_chunks_is_named_once(monkeypatch, deferred):
+    """Each changed chunk is an entry; the refusal names the parameter, once (BERT's word
+    embeddings are ~360 chunks on a GPU)."""
+    monkeypatch.setattr(prints_mod, "FORCE_ONE_LAUNCH", True)
+    monkeypatch.setattr(word_sums, "_CHUNK_INTERPRETED", 16)
+    m = nn.Linear(8, 8)  # weight: 64 words, 4 chunks
+    owners = [("", m)]
+    cache = PrintCache()
+    before = _param_marks(owners, cache)
+    m.weight.data.mul_(0.5)  # every chunk changes
+    got: list = []
+    defer = (lambda mismatch, explain: got.extend(explain(mismatch.tolist()))) if deferred else None
+    if deferred:
+        monkeypatch.setattr(_deferred, "FORCE_ON_CPU", True)
+    got += _marks_changed(before, _param_marks(owners, cache), defer)
+    assert [k for k, _ in got] == [(0, "weight")]

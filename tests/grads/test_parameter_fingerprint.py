@@ -48,3 +48,16 @@ def test_new_storage_is_read_after_a_data_assignment():
     m.w.data[3] = 2.0
     changed = _marks_changed(after, _param_marks(owners, views))
     assert [key for key, _ in changed] == [(0, "w")]
+
+
+def test_parameters_iterated_in_another_order_are_not_compared_across():
+    """A parameter registered anew (same tensor, same storage) is iterated last: the entries
+    are in another order, and a silent write to another parameter must still be seen."""
+    m = nn.Linear(4, 4)
+    owners = [("", m)]
+    views = PrintCache()
+    before = _param_marks(owners, views)
+    m._parameters["weight"] = m._parameters.pop("weight")
+    m.bias.data[0] += 1.0  # a silent write
+    changed = _marks_changed(before, _param_marks(owners, views))
+    assert (0, "bias") in [k for k, _ in changed]

@@ -5,7 +5,7 @@ package docstring for why each is needed)."""
 
 from __future__ import annotations
 
-from typing import Callable, Hashable, NamedTuple
+from typing import Callable, Hashable, NamedTuple, cast
 
 import torch
 from torch import nn
@@ -129,12 +129,16 @@ def _marks_changed(
     if not out and was_prints is not None and is_prints is not None:
         if was_layout != is_layout:  # laid out anew under the same storage: not comparable
             return [(key, VALUES) for key in relaid(was_layout, is_layout)]  # type: ignore[misc]
-        keys = list(was_layout[1:])
+        # a parameter of several chunks has several entries; the keys are _param_marks's
+        keys = cast(list[tuple[int, str]], list(was_layout[1:]))
+
+        def changed(flags: list[bool]) -> list[tuple[tuple[int, str], str]]:
+            return [(k, VALUES) for k in dict.fromkeys(k for k, x in zip(keys, flags) if x)]
+
         if defer is not None and PendingChecks.applies(is_prints):
-            defer(was_prints != is_prints, lambda f: [(k, VALUES) for k, x in zip(keys, f) if x])
+            defer(was_prints != is_prints, changed)
         elif not torch.equal(was_prints, is_prints):
-            ne = (was_prints != is_prints).nonzero().flatten().tolist()
-            out = [(keys[i], VALUES) for i in ne]
+            out = changed((was_prints != is_prints).tolist())
     return out
 
 

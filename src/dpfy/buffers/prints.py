@@ -15,15 +15,13 @@ an entry of the result):
 
 Which entry is whose is the *layout* (one key per entry, and which way it was computed): two
 fingerprints are compared only under the same layout. A :class:`PrintCache` keeps the views and
-the launch table between calls, and the way chosen for the parameters' device (so two
-fingerprints of one guard on one device are always computed alike; a model moved to another
-device between forwards gets that device's way, and its parameters' new storage is a change the
-marks report before any fingerprint is compared).
+the launch table between calls, and the way chosen at its first use on a device (so two
+fingerprints of one guard on one device are always computed alike; parameters moved to another
+device, whose storage changed anyway, are fingerprinted the way that device allows).
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Hashable
 
@@ -48,8 +46,8 @@ class PrintCache:
     """What :func:`fingerprints` keeps between calls for one set of parameters."""
 
     views: dict[Key, tuple[_Mark, torch.Tensor]] = field(default_factory=dict)
-    one_launch: bool | None = None  # the way chosen for ``device`` (None: not yet)
-    device: torch.device | None = None  # the parameters' device at the call that chose it
+    one_launch: bool | None = None  # the way chosen at the first call on `device` (None: not yet)
+    device: torch.device | None = None
     table: tuple[tuple[_Mark, ...], WordSums] | None = None
 
 
@@ -103,8 +101,10 @@ def fingerprints(
     if not params:
         return None, ()
     device = params[0][1].device
-    if cache.device != device:  # the first call, or the model moved: choose the way anew
-        cache.device, cache.one_launch = device, _one_launch_possible(device)
+    if cache.one_launch is None or cache.device != device:  # a GPU's way is not the CPU's
+        cache.one_launch, cache.device = _one_launch_possible(device), device
+        cache.table = None  # it holds the parameters' memory on the device they left
+        cache.views.clear()
     if not cache.one_launch:
         sums = [_cached_sum(p, key, cache, ptr) for key, p, ptr in params]
         return torch.stack(sums), ("each", *(key for key, _, _ in params))
@@ -127,9 +127,23 @@ def fingerprints(
 
 
 def relaid(was: tuple[Hashable, ...], now: tuple[Hashable, ...]) -> list[Hashable]:
-    """The keys whose entries two layouts lay out differently (a parameter given another
-    length under the same storage): every key of either when the way differs."""
+    """The keys whose entries two layouts lay out differently: those given another number of
+    entries (another length under the same storage); else those at other positions (a
+    parameter made non-contiguous under the same storage, so summed after the others;
+    parameters iterated in another order); every key of either when the way differs. Not
+    empty when the layouts differ (the caller refuses then), so nothing is compared with an
+    entry of another parameter or computed another way."""
     if was[:1] != now[:1]:
         return list(dict.fromkeys([*was[1:], *now[1:]]))
-    count_was, count_now = Counter(was[1:]), Counter(now[1:])
-    return [k for k in dict.fromkeys([*count_was, *count_now]) if count_was[k] != count_now[k]]
+    at_was, at_now = _positions(was[1:]), _positions(now[1:])
+    every = dict.fromkeys([*at_was, *at_now])
+    counted = [k for k in every if len(at_was.get(k, ())) != len(at_now.get(k, ()))]
+    return counted or [k for k in every if at_was.get(k) != at_now.get(k)]
+
+
+def _positions(keys: tuple[Hashable, ...]) -> dict[Hashable, list[int]]:
+    """Each key's entries, by position."""
+    at: dict[Hashable, list[int]] = {}
+    for i, key in enumerate(keys):
+        at.setdefault(key, []).append(i)
+    return at
