@@ -226,3 +226,37 @@ def test_a_parameter_of_several_chunks_is_named_once(monkeypatch, deferred):
         monkeypatch.setattr(_deferred, "FORCE_ON_CPU", True)
     got += _marks_changed(before, _param_marks(owners, cache), defer)
     assert [k for k, _ in got] == [(0, "weight")]
+
+
+def _failing_launch(self):
+    raise RuntimeError("PTX assembler not found")  # as a broken Triton install would
+
+
+def test_a_kernel_that_fails_at_its_first_launch_falls_back_with_a_warning(monkeypatch):
+    """The guard must not stop every private forward on a GPU whose Triton cannot compile: the
+    first launch failing, nothing of its way was kept, so torch's way takes over (and stays)."""
+    monkeypatch.setattr(prints_mod, "FORCE_ONE_LAUNCH", True)
+    monkeypatch.setattr(prints_mod, "_FAILED", set())
+    monkeypatch.setattr(WordSums, "__call__", _failing_launch)
+    m = nn.Linear(4, 3)
+    owners = [("", m)]
+    cache = PrintCache()
+    with pytest.warns(RuntimeWarning, match="PTX assembler not found.*each\\s+parameter"):
+        before = _param_marks(owners, cache)
+    assert before is not None and before[2][0] == "each" and cache.one_launch is False
+    assert _param_marks(owners, PrintCache())[2][0] == "each"  # the device is remembered
+    m.weight.data[0, 0] += 1.0
+    changed = _marks_changed(before, _param_marks(owners, cache))
+    assert [k for k, _ in changed] == [(0, "weight")]
+
+
+def test_a_kernel_that_fails_after_it_ran_is_not_papered_over(monkeypatch):
+    """Fingerprints of the one-launch way exist then: switching ways would compare across them."""
+    monkeypatch.setattr(prints_mod, "FORCE_ONE_LAUNCH", True)
+    monkeypatch.setattr(prints_mod, "_FAILED", set())
+    m = nn.Linear(4, 3)
+    owners = [("", m)]
+    cache = PrintCache()
+    assert _param_marks(owners, cache)[2][0] == "one launch"
+    monkeypatch.setattr(WordSums, "__call__", _failing_launch)
+    assert _param_marks(owners, cache) is None  # the guard's full snapshot then, as for any

@@ -22,6 +22,7 @@ device, whose storage changed anyway, are fingerprinted the way that device allo
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Hashable
 
@@ -49,6 +50,7 @@ class PrintCache:
     one_launch: bool | None = None  # the way chosen at the first call on `device` (None: not yet)
     device: torch.device | None = None
     table: tuple[tuple[_Mark, ...], WordSums] | None = None
+    launched: bool = False  # the kernel has run for this cache on ``device``
 
 
 def _int_view(p: torch.Tensor) -> torch.Tensor:
@@ -89,8 +91,45 @@ def _cached_sum(p: torch.Tensor, key: Key, cache: PrintCache, ptr: int) -> torch
     return kept[1].sum()
 
 
+# devices where the one-launch kernel failed at its first launch (it did not compile, or Triton
+# cannot run there): their parameters are summed one by one from then on
+_FAILED: set[torch.device] = set()
+
+
 def _one_launch_possible(device: torch.device) -> bool:
-    return (device.type != "cpu" or FORCE_ONE_LAUNCH) and word_sums_available(device)
+    return (
+        (device.type != "cpu" or FORCE_ONE_LAUNCH)
+        and device not in _FAILED
+        and word_sums_available(device)
+    )
+
+
+def _each(
+    params: list[tuple[Key, torch.Tensor, int]], cache: PrintCache
+) -> tuple[torch.Tensor, tuple[Hashable, ...]]:
+    """One sum per parameter (the CPU's way)."""
+    sums = [_cached_sum(p, key, cache, ptr) for key, p, ptr in params]
+    return torch.stack(sums), ("each", *(key for key, _, _ in params))
+
+
+def _launch_failed(
+    params: list[tuple[Key, torch.Tensor, int]], cache: PrintCache, err: Exception
+) -> tuple[torch.Tensor, tuple[Hashable, ...]]:
+    """The kernel failed at this cache's first launch: nothing computed its way was kept, so the
+    cache (and every later one on this device) takes the other way, with a warning."""
+    device = params[0][1].device
+    if device not in _FAILED:
+        warnings.warn(
+            f"dpfy's one-launch parameter fingerprint (dpfy.native.word_sums) failed on "
+            f"{device} ({type(err).__name__}: {err}); the model-state guard sums each "
+            f"parameter with torch instead (one launch per parameter tensor, three times a "
+            f"step). Check the Triton install (pip install 'dpfy[gpu]')",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    _FAILED.add(device)
+    cache.one_launch, cache.table = False, None
+    return _each(params, cache)
 
 
 def fingerprints(
@@ -104,20 +143,26 @@ def fingerprints(
     if cache.one_launch is None or cache.device != device:  # a GPU's way is not the CPU's
         cache.one_launch, cache.device = _one_launch_possible(device), device
         cache.table = None  # it holds the parameters' memory on the device they left
+        cache.launched = False
         cache.views.clear()
     if not cache.one_launch:
-        sums = [_cached_sum(p, key, cache, ptr) for key, p, ptr in params]
-        return torch.stack(sums), ("each", *(key for key, _, _ in params))
+        return _each(params, cache)
     whole = [(key, p, ptr) for key, p, ptr in params if summable(p)]
     rest = [(key, p, ptr) for key, p, ptr in params if not summable(p)]
     prints = None
     keys: list[Key] = []
     if whole:
         marks = tuple(_mark(p, ptr) for _, p, ptr in whole)
-        if cache.table is None or cache.table[0] != marks:
-            cache.table = (marks, WordSums([p for _, p, _ in whole]))
-        table = cache.table[1]
-        prints = table()
+        try:
+            if cache.table is None or cache.table[0] != marks:
+                cache.table = (marks, WordSums([p for _, p, _ in whole]))
+            table = cache.table[1]
+            prints = table()
+        except Exception as err:  # noqa: BLE001 - any failure of Triton's compile or launch
+            if cache.launched:  # fingerprints of its way exist: switching would misread them
+                raise
+            return _launch_failed(params, cache, err)
+        cache.launched = True
         keys = [whole[i][0] for i in table.owners]
     if rest:
         others = torch.stack([_cached_sum(p, key, cache, ptr) for key, p, ptr in rest])
