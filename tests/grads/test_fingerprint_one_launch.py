@@ -22,6 +22,7 @@ import dpfy  # noqa: E402
 from dpfy import _deferred  # noqa: E402
 from dpfy.buffers import _marks_changed, _param_marks  # noqa: E402
 from dpfy.buffers import prints as prints_mod  # noqa: E402
+from dpfy.buffers.guard import BufferGuard  # noqa: E402
 from dpfy.buffers.prints import PrintCache  # noqa: E402
 from dpfy.errors import PrivacyRefusal  # noqa: E402
 from dpfy.native import word_sums  # noqa: E402
@@ -260,3 +261,52 @@ def test_a_kernel_that_fails_after_it_ran_is_not_papered_over(monkeypatch):
     assert _param_marks(owners, cache)[2][0] == "one launch"
     monkeypatch.setattr(WordSums, "__call__", _failing_launch)
     assert _param_marks(owners, cache) is None  # the guard's full snapshot then, as for any
+
+
+class _Writer(nn.Module):
+    """A forward that writes into its weight without a version bump when told to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+        self.write = False
+
+    def forward(self, x):
+        if self.write:
+            self.lin.weight.data[0, 0] += 1.0
+        return self.lin(x)
+
+
+def _guarded_after_a_launch(monkeypatch):
+    """A guarded model whose fingerprints were taken in one launch, then the kernel fails."""
+    monkeypatch.setattr(prints_mod, "FORCE_ONE_LAUNCH", True)
+    monkeypatch.setattr(prints_mod, "_FAILED", set())
+    m = _Writer()
+    guard = BufferGuard(m)
+    x = torch.randn(2, 4)
+    m(x)
+    m(x)
+    assert guard._root is not None and guard._root.views.launched
+    monkeypatch.setattr(WordSums, "__call__", _failing_launch)
+    return m, guard, x
+
+
+def test_a_failed_launch_after_it_ran_leaves_no_forward_unchecked(monkeypatch):
+    """The marks are None then (the failure is a RuntimeError, as Triton's launch errors are)
+    and the guard takes its full snapshot: that snapshot must copy the parameters too, or a
+    silent write in that forward goes unseen."""
+    m, guard, x = _guarded_after_a_launch(monkeypatch)
+    m.write = True
+    with pytest.raises(PrivacyRefusal, match="parameter 'lin.weight'.*without a version bump"):
+        m(x)
+    guard.detach()
+
+
+def test_a_failed_launch_after_it_ran_leaves_no_step_unchecked(monkeypatch):
+    """The same for the state the step checks (a write between backward and step)."""
+    m, guard, x = _guarded_after_a_launch(monkeypatch)
+    m(x)
+    m.lin.weight.data[0, 0] += 1.0
+    with pytest.raises(PrivacyRefusal, match="parameter 'lin.weight'.*without a version bump"):
+        guard.check_settled()
+    guard.detach()

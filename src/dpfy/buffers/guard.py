@@ -101,9 +101,10 @@ class _Watch:
             self.stack.append(None)
             return
         marks = _param_marks(self.owners, self.views) if self.values_checked else None
-        self.stack.append(
-            (self.snapshot(with_copies=not self.values_checked, params=marks is None), marks)
-        )
+        # no marks (the first checked forward, or they could not be taken: a parameter without
+        # storage, a fingerprint kernel failing): the snapshot copies the parameters, or their
+        # values would go unchecked in this forward
+        self.stack.append((self.snapshot(with_copies=marks is None, params=marks is None), marks))
 
     def post(self, failed: bool = False) -> None:
         # always_call: runs (and pops) also when the forward raised
@@ -123,7 +124,7 @@ class _Watch:
             # same tensors, versions, storage and bits); the first forward's holds copies of
             # the parameters, so it is taken anew
             same = not changes and entry[1] is not None and now is not None
-            snap = entry[0] if same else self.snapshot(with_copies=False, params=now is None)
+            snap = entry[0] if same else self.snapshot(with_copies=now is None, params=now is None)
             self.guard.settled = (snap, now)
 
     def changes(
