@@ -43,8 +43,10 @@ How changes are seen:
   bit for bit with a copy at every checked forward (they are small: statistics, masks, position
   tables); parameters bit for bit at the model's first training forward, and after it by a
   fingerprint (the sum of their bits read as integers, one read and no copy, all parameters
-  compared with one device sync; on a device, where the private step reads them, the
-  comparisons stay there as flags read with the step's sensitivity check: dpfy._deferred),
+  compared with one device sync; bit for bit with a copy at every forward where it cannot be
+  taken: parameters on several devices, a fingerprint kernel failing; on a device, where the
+  private step reads them, the comparisons stay there as flags read with the step's
+  sensitivity check: dpfy._deferred),
   which any write that changes the sum of those integers changes: every change of one
   element, in practice any arithmetic update. A rearrangement that keeps every integer word
   (the elements of a float64 parameter permuted through ``.data``,

@@ -121,9 +121,10 @@ class _Watch:
             self.guard._refuse(changes)
         if self.root:  # the state the step must find (see BufferGuard.check_settled)
             # nothing changed: the snapshot before the forward describes the state now (the
-            # same tensors, versions, storage and bits); the first forward's holds copies of
-            # the parameters, so it is taken anew
-            same = not changes and entry[1] is not None and now is not None
+            # same tensors, versions, storage and bits); one that holds copies of the
+            # parameters (the first forward's) is taken anew where fingerprints stand in for
+            # them, and kept where none can (their copies are what the step compares)
+            same = not changes and (entry[1] is None) == (now is None)
             snap = entry[0] if same else self.snapshot(with_copies=now is None, params=now is None)
             self.guard.settled = (snap, now)
 

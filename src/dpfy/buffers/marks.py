@@ -64,12 +64,13 @@ def _param_marks(
 ) -> Marks | None:
     """(identity, version, storage) of every parameter of ``owners``, and their fingerprints
     (:func:`dpfy.buffers.prints.fingerprints`): the check of the forwards after the first (no
-    copy); None when a parameter has no version counter or storage (then the full snapshot is
-    used). ``cache``: the caller's, kept between calls. Runs three times a training step, so it
-    reads each parameter's ``data_ptr`` and device once."""
+    copy); None when a parameter has no version counter or storage, or the parameters are on
+    several devices (then the full snapshot, which copies them, is used). ``cache``: the
+    caller's, kept between calls. Runs three times a training step, so it reads each
+    parameter's ``data_ptr`` and device once."""
     try:
         marks: dict[tuple[int, str], tuple[int, int, int]] = {}
-        params: list[tuple[Hashable, torch.Tensor, int]] | None = []
+        params: list[tuple[Hashable, torch.Tensor, int]] = []
         device = None
         for k, (_, m) in enumerate(owners):
             if not m._parameters:
@@ -80,14 +81,11 @@ def _param_marks(
                 key = (k, n)
                 ptr = p.data_ptr()
                 marks[key] = (id(p), p._version, ptr)
-                if params is None:
-                    continue
                 where = p.device
                 if device is None:
                     device = where
-                elif where != device:  # several devices: marks only
-                    params = None
-                    continue
+                elif where != device:  # no one tensor of fingerprints: compared bit for bit
+                    return None
                 params.append((key, p, ptr))
         cache = PrintCache() if cache is None else cache
         prints, layout = fingerprints(params, cache) if params else (None, ())
