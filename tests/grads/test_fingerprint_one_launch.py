@@ -310,3 +310,27 @@ def test_a_failed_launch_after_it_ran_leaves_no_step_unchecked(monkeypatch):
     with pytest.raises(PrivacyRefusal, match="parameter 'lin.weight'.*without a version bump"):
         guard.check_settled()
     guard.detach()
+
+
+def test_a_kernel_that_fails_within_a_forward_is_refused_as_unverified(monkeypatch):
+    """Fingerprints before the forward, none after it: the values were not compared, which
+    the refusal says (it named every parameter 'deleted during the forward' before)."""
+    monkeypatch.setattr(prints_mod, "FORCE_ONE_LAUNCH", True)
+    monkeypatch.setattr(prints_mod, "_FAILED", set())
+    m = nn.Linear(4, 3)
+    guard = BufferGuard(m, collect=True)
+    x = torch.randn(2, 4)
+    m(x)  # the fingerprints of its post hook: the first launch
+    launch, calls = WordSums.__call__, []
+
+    def fails_after_one(self):
+        calls.append(1)
+        return launch(self) if len(calls) == 1 else _failing_launch(self)
+
+    monkeypatch.setattr(WordSums, "__call__", fails_after_one)
+    m(x)  # the pre hook's fingerprints are taken, the post hook's are not
+    assert {(p.buffer, p.how.split(":")[0]) for p in guard.problems} == {
+        ("weight", "unverified"),
+        ("bias", "unverified"),
+    }
+    guard.detach()

@@ -53,3 +53,30 @@ def test_a_silent_write_before_the_step_into_a_model_on_several_devices_is_refus
     guard.check_settled()
     assert [(p.buffer, p.after) for p in guard.problems] == [("bias", True)]
     guard.detach()
+
+
+class Moves(nn.Module):
+    """Replaces its bias by one on another device in its second training forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == 2:
+            self.lin.bias = nn.Parameter(self.lin.bias.detach().to("meta"))
+            return self.lin.weight.sum() * x
+        return self.lin(x)
+
+
+def test_a_parameter_moved_to_another_device_in_a_forward_is_named_as_such():
+    """Fingerprints before, none after (several devices now): the marks still say what
+    happened, and to which parameter (not every parameter 'deleted')."""
+    guard = BufferGuard(Moves(), collect=True)
+    model = guard._model()
+    model(torch.randn(8, 4))
+    model(torch.randn(8, 4))
+    assert [(p.buffer, p.how) for p in guard.problems] == [("bias", "replaced by another tensor")]
+    guard.detach()

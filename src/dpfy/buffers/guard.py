@@ -26,6 +26,7 @@ from dpfy.buffers.changes import (
 )
 from dpfy.buffers.prints import PrintCache
 from dpfy.buffers.marks import (
+    UNREAD,
     VALUES,
     Marks,
     _copy,
@@ -160,11 +161,13 @@ class _Watch:
                 if name not in dict(_watched(self.owners[k][1], params))
             ]
         if marks is not None:
-            now_marks = (now if now is not None else _param_marks(self.owners, self.views)) or (
-                {},
-                None,
-                (),
-            )
+            now_marks = now if now is not None else _param_marks(self.owners, self.views)
+            # fingerprints before but none now (a parameter moved to another device, their
+            # kernel failing): identity, version and storage still say what changed; if
+            # nothing, the values could not be compared, which is not a pass
+            unread = now_marks is None and marks[1] is not None
+            if now_marks is None:
+                now_marks = _param_marks(self.owners, fingerprinted=False) or ({}, None, ())
             defer = None
             if pending is not None:
 
@@ -174,10 +177,10 @@ class _Watch:
                         lambda f: [self.change(k, n, how, after) for (k, n), how in explain(f)],
                     )
 
-            changes += [
-                self.change(k, name, how, after)
-                for (k, name), how in _marks_changed(marks, now_marks, defer)
-            ]
+            found = _marks_changed(marks, now_marks, defer)
+            if unread and not found:
+                found = [(key, UNREAD) for key in marks[0]]
+            changes += [self.change(k, name, how, after) for (k, name), how in found]
         return changes
 
 

@@ -60,13 +60,14 @@ Marks = tuple[
 
 
 def _param_marks(
-    owners: list[tuple[str, nn.Module]], cache: PrintCache | None = None
+    owners: list[tuple[str, nn.Module]], cache: PrintCache | None = None, fingerprinted: bool = True
 ) -> Marks | None:
     """(identity, version, storage) of every parameter of ``owners``, and their fingerprints
     (:func:`dpfy.buffers.prints.fingerprints`): the check of the forwards after the first (no
     copy); None when a parameter has no version counter or storage, or the parameters are on
     several devices (then the full snapshot, which copies them, is used). ``cache``: the
-    caller's, kept between calls. Runs three times a training step, so it reads each
+    caller's, kept between calls. ``fingerprinted=False``: the marks alone, with no
+    fingerprints (on any devices). Runs three times a training step, so it reads each
     parameter's ``data_ptr`` and device once."""
     try:
         marks: dict[tuple[int, str], tuple[int, int, int]] = {}
@@ -81,6 +82,8 @@ def _param_marks(
                 key = (k, n)
                 ptr = p.data_ptr()
                 marks[key] = (id(p), p._version, ptr)
+                if not fingerprinted:
+                    continue
                 where = p.device
                 if device is None:
                     device = where
@@ -98,6 +101,12 @@ def _param_marks(
 
 
 VALUES = "given new values without a version bump (.data or a native kernel)"
+# fingerprints before, none after (not a pass: the values were not compared)
+UNREAD = (
+    "unverified: the parameters' fingerprints could not be taken again, so their values were "
+    "not compared with those before (a fingerprint kernel that failed, or parameters now on "
+    "several devices)"
+)
 Defer = Callable[[torch.Tensor, Explain], None]
 
 
