@@ -65,6 +65,12 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import dpfy  # noqa: E402
 from dpfy.models import build_model  # noqa: E402
+
+try:  # the guard's one-launch fingerprints (absent in trees before them: A/B runs)
+    from dpfy.buffers import prints as one_launch_prints_module
+    from dpfy.native.word_sums import WordSums
+except ImportError:
+    one_launch_prints_module = WordSums = None  # type: ignore[assignment]
 from _smoke import HELP, require, size  # noqa: E402
 from _machine import cpu_name
 
@@ -113,7 +119,7 @@ def counting() -> Iterator[OpCounter]:
     """An :class:`OpCounter` that also counts ``Tensor.tolist`` (no dispatch on the CPU)."""
     counter = OpCounter()
     tolist = torch.Tensor.tolist
-    launch = _word_sums_launch()
+    launch = WordSums.__call__ if WordSums is not None else None
 
     def counted_tolist(self: torch.Tensor) -> Any:
         counter.reads += 1
@@ -130,30 +136,15 @@ def counting() -> Iterator[OpCounter]:
             return launch(self)
 
     torch.Tensor.tolist = counted_tolist  # type: ignore[method-assign]
-    if launch is not None:
-        _set_word_sums_launch(counted_launch)
+    if WordSums is not None:
+        WordSums.__call__ = counted_launch  # type: ignore[method-assign]
     try:
         with counter:
             yield counter
     finally:
         torch.Tensor.tolist = tolist  # type: ignore[method-assign]
-        if launch is not None:
-            _set_word_sums_launch(launch)
-
-
-def _word_sums_launch() -> Any:
-    """``WordSums.__call__`` (the guard's one-launch fingerprints), None before it existed."""
-    try:
-        from dpfy.native.word_sums import WordSums
-    except ImportError:
-        return None
-    return WordSums.__call__
-
-
-def _set_word_sums_launch(f: Any) -> None:
-    from dpfy.native.word_sums import WordSums
-
-    WordSums.__call__ = f  # type: ignore[method-assign]
+        if WordSums is not None:
+            WordSums.__call__ = launch  # type: ignore[method-assign]
 
 
 class FusedStandIn:
@@ -179,7 +170,6 @@ def force_device_path(fused_noise: bool = False) -> Iterator[None]:
         _deferred = None  # type: ignore[assignment]
     if _deferred is not None:
         _deferred.FORCE_ON_CPU = True
-    one_launch = _force_one_launch_prints(True)
     saved = (NoiseSource._on_device, NoiseSource._device_stream, linear.fused_ghost_available)
     blocks = device_gaussian._blocks_per_call
     device_gaussian._blocks_per_call = lambda device: 8192  # the accelerator's batch of blocks
@@ -189,38 +179,42 @@ def force_device_path(fused_noise: bool = False) -> Iterator[None]:
         NoiseSource._device_stream = lambda self, device: stand_in  # type: ignore
     linear.fused_ghost_available = lambda a, g: False  # type: ignore[assignment]
     try:
-        yield
+        with one_launch_prints():
+            yield
     finally:
         base.FORCE_DEVICE_PATH = forced  # type: ignore[attr-defined]
         if _deferred is not None:
             _deferred.FORCE_ON_CPU = False
         device_gaussian._blocks_per_call = blocks
-        _force_one_launch_prints(one_launch)
         (NoiseSource._on_device, NoiseSource._device_stream, linear.fused_ghost_available) = saved  # type: ignore[assignment]
 
 
-def _force_one_launch_prints(on: Any) -> Any:
+@contextmanager
+def one_launch_prints() -> Iterator[None]:
     """Fingerprint the parameters as on a GPU with Triton: all in one launch
     (``dpfy.buffers.prints``, run by Triton's interpreter here; the device noise rows keep the
-    torch generator). Returns what to pass to undo it; a no-op before the one-launch prints."""
+    torch generator). Nothing in trees before the one-launch fingerprints."""
+    if one_launch_prints_module is None:
+        yield
+        return
+    from dpfy.noise import generator
+
+    kept = (
+        one_launch_prints_module.FORCE_ONE_LAUNCH,
+        generator.triton_available,
+        os.environ.get(INTERPRET),
+    )
+    one_launch_prints_module.FORCE_ONE_LAUNCH = True
+    generator.triton_available = lambda device: False  # type: ignore[assignment]
+    os.environ[INTERPRET] = "1"
     try:
-        from dpfy.buffers import prints
-        from dpfy.noise import generator
-    except ImportError:
-        return None
-    if on is True:
-        kept = (prints.FORCE_ONE_LAUNCH, generator.triton_available, os.environ.get(INTERPRET))
-        prints.FORCE_ONE_LAUNCH = True
-        generator.triton_available = lambda device: False  # type: ignore[assignment]
-        os.environ[INTERPRET] = "1"
-        return kept
-    if on is not None:
-        prints.FORCE_ONE_LAUNCH, generator.triton_available, env = on
+        yield
+    finally:
+        one_launch_prints_module.FORCE_ONE_LAUNCH, generator.triton_available, env = kept
         if env is None:
             os.environ.pop(INTERPRET, None)
         else:
             os.environ[INTERPRET] = env
-    return None
 
 
 INTERPRET = "TRITON_INTERPRET"
