@@ -286,7 +286,7 @@ def _guarded_after_a_launch(monkeypatch):
     x = torch.randn(2, 4)
     m(x)
     m(x)
-    assert guard._root is not None and guard._root.views.launched
+    assert guard._root is not None and guard._root.prints.launched
     monkeypatch.setattr(WordSums, "__call__", _failing_launch)
     return m, guard, x
 

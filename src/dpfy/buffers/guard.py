@@ -65,7 +65,7 @@ class _Watch:
         # snapshot holds buffers only (None: not a checked forward)
         self.stack: list[tuple[dict[tuple[int, str], _Seen], Marks | None] | None] = []
         self.values_checked = False
-        self.views = PrintCache()  # kept between the parameters' fingerprints
+        self.prints = PrintCache()  # kept between the parameters' fingerprints
 
     def snapshot(self, with_copies: bool, params: bool = True) -> dict[tuple[int, str], _Seen]:
         """Every watched tensor's marks; a bitwise copy of each buffer and tensor attribute,
@@ -101,7 +101,7 @@ class _Watch:
         if not is_training_forward(module):
             self.stack.append(None)
             return
-        marks = _param_marks(self.owners, self.views) if self.values_checked else None
+        marks = _param_marks(self.owners, self.prints) if self.values_checked else None
         # no marks (the first checked forward, or they could not be taken: a parameter without
         # storage, a fingerprint kernel failing): the snapshot copies the parameters, or their
         # values would go unchecked in this forward
@@ -114,7 +114,7 @@ class _Watch:
         if entry is None or (raised is not None and sys.exc_info()[1] is raised):
             return  # not checked, or an inner module's refusal is already on its way up
         self.values_checked = True
-        now = _param_marks(self.owners, self.views)
+        now = _param_marks(self.owners, self.prints)
         changes = self.changes(*entry, now=now)
         if changes and failed and sys.exc_info()[0] is not None and not self.guard.collect:
             self.guard.pending.hold(changes)  # the forward raised: refused when next read
@@ -161,7 +161,7 @@ class _Watch:
                 if name not in dict(_watched(self.owners[k][1], params))
             ]
         if marks is not None:
-            now_marks = now if now is not None else _param_marks(self.owners, self.views)
+            now_marks = now if now is not None else _param_marks(self.owners, self.prints)
             # fingerprints before but none now (a parameter moved to another device, their
             # kernel failing): identity, version and storage still say what changed; if
             # nothing, the values could not be compared, which is not a pass

@@ -90,8 +90,10 @@ def _param_marks(
                 elif where != device:  # no one tensor of fingerprints: compared bit for bit
                     return None
                 params.append((key, p, ptr))
+        if not fingerprinted:
+            return marks, None, ()
         cache = PrintCache() if cache is None else cache
-        prints, layout = fingerprints(params, cache) if params else (None, ())
+        prints, layout = fingerprints(params, cache)
         if len(cache.views) > len(marks):  # parameters were removed
             for gone in set(cache.views) - set(marks):
                 del cache.views[gone]

@@ -47,8 +47,8 @@ class PrintCache:
     """What :func:`fingerprints` keeps between calls for one set of parameters."""
 
     views: dict[Key, tuple[_Mark, torch.Tensor]] = field(default_factory=dict)
-    one_launch: bool | None = None  # the way chosen at the first call on `device` (None: not yet)
-    device: torch.device | None = None
+    device: torch.device | None = None  # where the way below was chosen (None: not yet)
+    one_launch: bool = False  # the way chosen for ``device``
     table: tuple[tuple[_Mark, ...], WordSums] | None = None
     launched: bool = False  # the kernel has run for this cache on ``device``
 
@@ -140,7 +140,7 @@ def fingerprints(
     if not params:
         return None, ()
     device = params[0][1].device
-    if cache.one_launch is None or cache.device != device:  # a GPU's way is not the CPU's
+    if cache.device != device:  # the first call, or the model moved: a GPU's way is not the CPU's
         cache.one_launch, cache.device = _one_launch_possible(device), device
         cache.table = None  # it holds the parameters' memory on the device they left
         cache.launched = False
@@ -165,9 +165,9 @@ def fingerprints(
         cache.launched = True
         keys = [whole[i][0] for i in table.owners]
     if rest:
-        others = torch.stack([_cached_sum(p, key, cache, ptr) for key, p, ptr in rest])
+        others, each_layout = _each(rest, cache)
         prints = others if prints is None else torch.cat([prints, others])
-        keys += [key for key, _, _ in rest]
+        keys += each_layout[1:]
     return prints, ("one launch", *keys)
 
 
