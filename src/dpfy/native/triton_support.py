@@ -13,11 +13,18 @@ import importlib
 import importlib.util
 import os
 import threading
+from contextlib import AbstractContextManager, nullcontext
 from types import ModuleType
 
 import torch
 
-__all__ = ["triton_installed", "triton_interpreted", "triton_available", "kernel_module"]
+__all__ = [
+    "triton_installed",
+    "triton_interpreted",
+    "triton_available",
+    "kernel_module",
+    "launching_on",
+]
 
 _lock = threading.Lock()
 _modules: dict[str, ModuleType] = {}
@@ -56,3 +63,9 @@ def kernel_module(name: str) -> ModuleType:
             mod = importlib.reload(mod)
         _modules[name] = mod
         return mod
+
+
+def launching_on(device: torch.device) -> AbstractContextManager[object]:
+    """Make ``device`` current while a kernel for its tensors is launched: Triton launches on
+    the current CUDA device, which for tensors on ``cuda:1`` need not be theirs."""
+    return torch.cuda.device(device) if device.type == "cuda" else nullcontext()

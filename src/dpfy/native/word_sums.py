@@ -17,13 +17,13 @@ identity, storage, shape or dtype changed (:mod:`dpfy.buffers.marks` does).
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Sequence
 
 import torch
 
 from dpfy.native.triton_support import (
     kernel_module,
+    launching_on,
     triton_available,
     triton_installed,
     triton_interpreted,
@@ -97,9 +97,7 @@ class WordSums:
         mod = kernel_module("dpfy.native._word_sums_triton")
         out = torch.empty(len(self.owners), dtype=torch.int64, device=self.device)
         block = _BLOCK_INTERPRETED if mod.INTERPRETED else _BLOCK
-        # Triton launches on the current CUDA device: make it the tensors' (cuda:1 included)
-        on = torch.cuda.device(self.device) if self.device.type == "cuda" else nullcontext()
-        with on:
+        with launching_on(self.device):
             mod.chunk_word_sums[(len(self.owners),)](
                 self._addresses, self._lengths, out, BLOCK=block
             )

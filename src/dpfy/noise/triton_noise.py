@@ -37,7 +37,12 @@ from typing import Any
 
 import torch
 
-from dpfy.native.triton_support import kernel_module, triton_available, triton_interpreted
+from dpfy.native.triton_support import (
+    kernel_module,
+    launching_on,
+    triton_available,
+    triton_interpreted,
+)
 from dpfy.noise.chacha20 import key_words
 from dpfy.noise.device_gaussian import CHACHA_BLOCKS_PER_BLOCK, DeviceChaChaGaussian
 
@@ -107,26 +112,27 @@ def chacha_axpy_(
     n = x.numel()
     blocks = -(-n // _SAMPLER_VALUES)
     width = _program_width(mod)
-    for first in range(0, blocks, _MAX_BLOCKS_PER_LAUNCH):
-        count = min(_MAX_BLOCKS_PER_LAUNCH, blocks - first)
-        part = x[first * _SAMPLER_VALUES : (first + count) * _SAMPLER_VALUES]
-        c = (counter + first * CHACHA_BLOCKS_PER_BLOCK) % 2**64
-        grid = (-(-count * _LANES // width),)
-        mod.chacha_gaussian_kernel[grid](
-            part,
-            key,
-            _int32(c),
-            _int32(c >> 32),
-            _int32(nonce),
-            _int32(nonce >> 32),
-            part.numel(),
-            float(a),
-            float(s),
-            BLOCK_SIZE=width,
-            WRITE_ONLY=write_only,
-            ACCURATE=_accurate(mod),
-            enable_fp_fusion=False,  # a·x + s·z rounded twice, as everywhere else: no FMA
-        )
+    with launching_on(x.device):  # Triton launches on the current CUDA device
+        for first in range(0, blocks, _MAX_BLOCKS_PER_LAUNCH):
+            count = min(_MAX_BLOCKS_PER_LAUNCH, blocks - first)
+            part = x[first * _SAMPLER_VALUES : (first + count) * _SAMPLER_VALUES]
+            c = (counter + first * CHACHA_BLOCKS_PER_BLOCK) % 2**64
+            grid = (-(-count * _LANES // width),)
+            mod.chacha_gaussian_kernel[grid](
+                part,
+                key,
+                _int32(c),
+                _int32(c >> 32),
+                _int32(nonce),
+                _int32(nonce >> 32),
+                part.numel(),
+                float(a),
+                float(s),
+                BLOCK_SIZE=width,
+                WRITE_ONLY=write_only,
+                ACCURATE=_accurate(mod),
+                enable_fp_fusion=False,  # a·x + s·z rounded twice, as everywhere else: no FMA
+            )
     return blocks * CHACHA_BLOCKS_PER_BLOCK
 
 
@@ -141,10 +147,11 @@ def chacha_words(key: torch.Tensor, counter: int, nonce: int, nblocks: int) -> t
     mod = _kernels()
     width = _program_width(mod)
     grid = (-(-nblocks // width),)
-    mod.chacha_words_kernel[grid](
-        out, key, _int32(counter), _int32(counter >> 32), _int32(nonce), _int32(nonce >> 32),
-        nblocks, BLOCK_SIZE=width,
-    )  # fmt: skip
+    with launching_on(key.device):
+        mod.chacha_words_kernel[grid](
+            out, key, _int32(counter), _int32(counter >> 32), _int32(nonce), _int32(nonce >> 32),
+            nblocks, BLOCK_SIZE=width,
+        )  # fmt: skip
     return out
 
 
@@ -161,10 +168,11 @@ def gaussian_from_words(words: torch.Tensor) -> torch.Tensor:
     words = words.contiguous()
     out = torch.empty(words.shape[0], 512, dtype=torch.float32, device=words.device)
     width = _program_width(mod)
-    mod.gaussian_from_words_kernel[(-(-out.numel() // 2 // width),)](
-        words, out, words.shape[0], BLOCK_SIZE=width, ACCURATE=_accurate(mod),
-        enable_fp_fusion=False,
-    )  # fmt: skip
+    with launching_on(words.device):
+        mod.gaussian_from_words_kernel[(-(-out.numel() // 2 // width),)](
+            words, out, words.shape[0], BLOCK_SIZE=width, ACCURATE=_accurate(mod),
+            enable_fp_fusion=False,
+        )  # fmt: skip
     return out
 
 
