@@ -126,9 +126,17 @@ def _user_ids(seed: int, n: int, users: int) -> torch.Tensor:
     return torch.randint(0, users, (n,), generator=torch.Generator().manual_seed(seed))
 
 
-def _private(model: nn.Module, lr: float, momentum: float, ds: Dataset, batch: int, **kw: Any):
+def _trained(
+    model: nn.Module, lr: float, momentum: float, ds: Dataset, batch: int, epochs: int, **kw: Any
+) -> dict[str, Any]:
+    """``model`` made private with SGD(lr, momentum), batch ``batch`` and ``kw``, trained for
+    ``epochs`` epochs; its fingerprint."""
     sgd = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-    return dpfy.make_private(model, sgd, DataLoader(ds, batch_size=batch), target_delta=DELTA, **kw)
+    model, opt, loader = dpfy.make_private(
+        model, sgd, DataLoader(ds, batch_size=batch), target_delta=DELTA, epochs=epochs, **kw
+    )
+    _train(model, opt, loader, epochs=epochs)
+    return _result(model, opt)
 
 
 # ---------------------------------------------------------------------------- scenarios
@@ -137,24 +145,22 @@ def scenario_user_level_uls() -> dict[str, Any]:
     most 5 rows of each, clips each user's mean gradient to C = 1; σ calibrated by RDP to a
     user-level ε = 4 over 1 epoch (6 steps); SGD lr 0.1, momentum 0.5."""
     ds = _examples(500, 160, 6)
-    model, opt, loader = _private(
+    return _trained(
         _mlp(501, (6, 8, 3)),
         0.1,
         0.5,
         ds,
         4,
+        1,
         user_ids=_user_ids(502, 160, 24),
         user_sampling="uls",
         max_examples_per_user=5,
         user_reduction="mean",
         target_epsilon=4.0,
-        epochs=1,
         max_grad_norm=1.0,
         seed=503,
         accountant="rdp",
     )
-    _train(model, opt, loader, epochs=1)
-    return _result(model, opt)
 
 
 def scenario_user_level_els(seed: int = 513) -> dict[str, Any]:
@@ -162,43 +168,39 @@ def scenario_user_level_els(seed: int = 513) -> dict[str, Any]:
     each user, Poisson-samples examples at 12 / N_kept (5 steps), clips each to C = 1; σ = 1;
     SGD lr 0.3."""
     ds = _examples(510, 240, 6)
-    model, opt, loader = _private(
+    return _trained(
         _mlp(511, (6, 8, 3)),
         0.3,
         0.0,
         ds,
         12,
+        1,
         user_ids=_user_ids(512, 240, 20),
         user_sampling="els",
         max_examples_per_user=3,
         noise_multiplier=1.0,
-        epochs=1,
         max_grad_norm=1.0,
         seed=seed,
         accountant="rdp",
     )
-    _train(model, opt, loader, epochs=1)
-    return _result(model, opt)
 
 
 def _correlated(noise: str, seed: int, **kw: Any) -> dict[str, Any]:
     ds = _examples(600, 96, 5)
-    model, opt, loader = _private(
+    return _trained(
         _mlp(601, (5, 7, 3)),
         0.2,
         0.0,
         ds,
         16,
+        2,
         noise=noise,
         noise_multiplier=1.0,
-        epochs=2,
         max_grad_norm=0.5,
         seed=seed,
         accountant="rdp",
         **kw,
     )
-    _train(model, opt, loader, epochs=2)
-    return _result(model, opt)
 
 
 def scenario_tree() -> dict[str, Any]:
@@ -218,22 +220,20 @@ def scenario_microbatch() -> dict[str, Any]:
     (sensitivity 2C), Poisson batches of expected 24 from 120 examples, σ = 1, 1 epoch (5
     steps); SGD lr 0.1, momentum 0.5."""
     ds = _examples(700, 120, 6)
-    model, opt, loader = _private(
+    return _trained(
         _mlp(701, (6, 8, 3)),
         0.1,
         0.5,
         ds,
         24,
+        1,
         clipping="microbatch",
         microbatch_size=4,
         noise_multiplier=1.0,
-        epochs=1,
         max_grad_norm=0.5,
         seed=702,
         accountant="rdp",
     )
-    _train(model, opt, loader, epochs=1)
-    return _result(model, opt)
 
 
 def scenario_augmult() -> dict[str, Any]:
@@ -247,22 +247,20 @@ def scenario_augmult() -> dict[str, Any]:
         torch.randn(64, 1, 6, 6, generator=g), torch.randint(0, 3, (64,), generator=g)
     )
     model = nn.Sequential(nn.Flatten(), _mlp(801, (36, 10, 3)))
-    model, opt, loader = _private(
+    return _trained(
         model,
         0.3,
         0.0,
         ds,
         16,
+        1,
         augmult=2,
         augment=crop_flip(padding=1, flip=True),
         noise_multiplier=1.0,
-        epochs=1,
         max_grad_norm=1.0,
         seed=802,
         accountant="rdp",
     )
-    _train(model, opt, loader, epochs=1)
-    return _result(model, opt)
 
 
 FEDAVG_ROUNDS = 4
