@@ -37,8 +37,6 @@ from __future__ import annotations
 import argparse
 import math
 import platform
-import random
-import statistics
 import subprocess
 import sys
 import time
@@ -53,8 +51,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dpfy  # noqa: E402
 from dpfy.noise import NoiseSource  # noqa: E402
+from _timing import interleaved_medians  # noqa: E402
 
 SIGMA, CLIP, LR = 1.0, 1.0, 1e-3
 Step = Callable[[], None]
@@ -287,21 +287,14 @@ def bench(name: str, case: dict[str, Any], device: torch.device, rounds: int,
             notes[r] = _error(e)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    times: dict[str, list[float]] = {r: [] for r in steps}
-    order = list(steps.items())
-    for k in range(rounds):
-        random.Random(k).shuffle(order)
-        for r, s in order:
-            s()
-            _sync(device)
-            t0 = time.perf_counter()
-            s()
-            _sync(device)
-            times[r].append(time.perf_counter() - t0)
+    def synced() -> float:  # the clock read once the device has finished what was queued
+        _sync(device)
+        return time.perf_counter()
+
+    medians = interleaved_medians(steps, rounds, warm=0, clock=synced)  # warmed above
     peaks = {r: _peak_bytes(s, device) for r, s in steps.items()}
-    out = [(r, statistics.median(times[r]) if r in steps else math.nan,
-            peaks.get(r, math.nan), notes[r]) for r in rows]
-    del steps, order
+    out = [(r, medians.get(r, math.nan), peaks.get(r, math.nan), notes[r]) for r in rows]
+    del steps
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return out
