@@ -18,9 +18,18 @@ import triton
 import triton.language as tl
 
 INTERPRETED = bool(triton.knobs.runtime.interpret)
-# tl.sum's own combine function: the interpreter recognizes it and sums with numpy (any other
-# combine function it calls element by element)
-_SUM = tl.standard._sum_combine
+
+
+@triton.jit
+def _add(a, b):
+    return a + b
+
+
+# interpreted: tl.sum's own combine function, which the interpreter recognizes and sums with
+# numpy (any other combine function it calls element by element); compiled: this module's own,
+# since tl.standard's is the interpreter's when Triton was first imported under TRITON_INTERPRET=1
+# (and a kernel cannot call that one)
+_SUM = tl.standard._sum_combine if INTERPRETED else _add
 
 
 @triton.jit
