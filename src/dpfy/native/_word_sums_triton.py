@@ -9,7 +9,8 @@ added in int64 (wrapping), so a change of any one word changes the chunk's sum.
 Only Triton's builtins are used (``tl.full``, ``tl.reduce`` with ``tl.sum``'s combine function), not
 the jit-decorated helpers of ``triton.language.standard`` (``tl.zeros``, ``tl.sum``): those are
 decorated when Triton is first imported, so under ``TRITON_INTERPRET=1`` set later (the tests)
-the interpreter cannot call them.
+the interpreter cannot call them, and with it set then, a compiled kernel cannot (hence
+``_SUM``, below).
 """
 
 from __future__ import annotations
