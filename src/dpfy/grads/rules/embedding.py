@@ -25,13 +25,15 @@ from dpfy.grads.rules.base import LayerRule, device_path, register_rule
 def _flat(
     layer: nn.Embedding, x: torch.Tensor, g: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ids as (B, T) and output gradients as (B, T, d); padding positions are not masked here."""
+    """Ids as (B, T) and output gradients as (B, T, d); padding positions are not masked here.
+    Tensors already of those ranks are returned as they are (a reshape is a dispatched op)."""
     if layer.max_norm is not None or layer.sparse:
         raise ValueError(
             f"nn.Embedding with max_norm or sparse=True is not supported by "
             f"per-sample clipping, got {layer}. Remove max_norm/sparse"
         )
-    return x.reshape(x.shape[0], -1), g.reshape(g.shape[0], -1, g.shape[-1])
+    x = x if x.dim() == 2 else x.reshape(x.shape[0], -1)
+    return x, g if g.dim() == 3 else g.reshape(g.shape[0], -1, g.shape[-1])
 
 
 @register_rule(nn.Embedding)
