@@ -115,12 +115,17 @@ class LinearRule(LayerRule):
         a, g = _as_seq(a, g)  # (B, T, d_in), (B, T, d_out)
         ww = w["weight"].to(g.dtype).view(-1, 1, 1)  # (B, 1, 1) sensitive, one view
         # Σ_i w_i G_iᵀ A_i: scale g (also the bias's sum when it shares the weights), then one
-        # (d_out, d_in) matmul. Scaling the smaller operand instead saved B·T·|d_out - d_in|
-        # multiplications, against a (B·T·d_in·d_out) matmul, at the price of 2-3 more ops
-        gw = g * ww  # (B, T, d_out) sensitive
-        out = {"weight": torch.mm(_rows_t(gw), a.flatten(0, 1))}
+        # (d_out, d_in) matmul. On CPU a narrower input is scaled instead: B·T·(d_out - d_in)
+        # multiplications less (256 -> 1024 at B·T = 1024: 8.6 instead of 9.1 ms), worth more
+        # there than the 2 ops it adds (a matrix-vector product for the bias)
+        if a.shape[-1] < g.shape[-1] and not device_path(g):
+            out = {"weight": torch.mm(_rows_t(g), (a * ww).flatten(0, 1))}
+            gw = None
+        else:
+            gw = g * ww  # (B, T, d_out) sensitive
+            out = {"weight": torch.mm(_rows_t(gw), a.flatten(0, 1))}
         if layer.bias is not None:
-            if w["bias"] is w["weight"]:
+            if gw is not None and w["bias"] is w["weight"]:
                 out["bias"] = gw.sum((0, 1))  # (d_out,)
             else:  # Σ_i w_i Σ_t g_it: each example's sum (B, d_out), one matrix-vector product
                 out["bias"] = torch.mv(g.sum(1).t(), w["bias"].to(g.dtype))
