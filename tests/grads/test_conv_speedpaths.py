@@ -15,7 +15,7 @@ from torch import nn
 
 import oracles
 from dpfy.grads import rule_for
-from dpfy.grads.rules import conv
+from dpfy.grads.rules import base, conv
 
 RTOL = 1e-9  # float64 throughout: only summation order differs from the loop
 
@@ -92,8 +92,12 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("on_device_path", [False, True])
 @pytest.mark.parametrize("make, shape, covered", CASES)
-def test_conv_rule_matches_loop(make, shape, covered):
+def test_conv_rule_matches_loop(make, shape, covered, on_device_path, monkeypatch):
+    # the device path sums the super-pixel Gram's shifted blocks in one reduction, the CPU's
+    # in a loop of adds
+    monkeypatch.setattr(base, "FORCE_DEVICE_PATH", on_device_path)
     torch.manual_seed(0)
     layer = make()
     check_rule(layer, torch.randn(shape))  # whichever paths the guards pick
@@ -114,6 +118,22 @@ def test_superpixel_cost_guard(make, shape, chosen):
     layer = make()
     g = captured(layer, torch.randn(shape))
     assert (conv._superpixel_ratio(layer, g) is not None) == chosen
+
+
+@pytest.mark.parametrize("on_device_path", [False, True])
+@pytest.mark.parametrize("layout", ["channels_last", "offset"])
+def test_superpixels_read_any_input_layout(layout, on_device_path, monkeypatch):
+    """The super-pixels are a strided view built from the input's own strides and offset: a
+    channels-last input and one that starts inside its storage give the loop's norms."""
+    monkeypatch.setattr(base, "FORCE_DEVICE_PATH", on_device_path)
+    torch.manual_seed(0)
+    layer = nn.Conv2d(4, 6, 4, stride=2, groups=2)
+    x = torch.randn(4, 4, 10, 11, dtype=torch.float64)  # float64: check_superpixels keeps it
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    else:
+        x = x[1:]  # storage offset 4·10·11
+    check_superpixels(layer, x)
 
 
 def test_conv_rule_empty_batch():

@@ -8,7 +8,9 @@ hypothesis and include B = 0 (an empty Poisson batch).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from typing import Iterator
 
 import pytest
 import torch
@@ -17,6 +19,7 @@ from torch import nn
 
 import oracles
 from dpfy.grads import GradEngine, RULES, LayerRule, register_rule, rule_for
+from dpfy.grads.rules import base
 
 RTOL = 1e-9  # the engine runs in float64 here, so only summation order differs from the loop
 
@@ -52,13 +55,26 @@ def check(model: nn.Module, x: torch.Tensor, route: str = "auto") -> None:
 B = st.integers(0, 4)
 
 
+@contextlib.contextmanager
+def device_path(on: bool) -> Iterator[None]:
+    """The rules' accelerator code path (what a GPU takes) forced on the CPU, or not."""
+    kept = base.FORCE_DEVICE_PATH
+    base.FORCE_DEVICE_PATH = on
+    try:
+        yield
+    finally:
+        base.FORCE_DEVICE_PATH = kept
+
+
 @settings(max_examples=12, deadline=None)
 @given(b=B, t=st.integers(1, 4), d_in=st.integers(1, 6), d_out=st.integers(1, 6),
-       bias=st.booleans(), seq=st.booleans())
-def test_linear(b, t, d_in, d_out, bias, seq):
+       bias=st.booleans(), seq=st.booleans(), on_device_path=st.booleans())
+def test_linear(b, t, d_in, d_out, bias, seq, on_device_path):
+    # the device path has no fused CPU kernel and scales g whichever operand is narrower
     torch.manual_seed(0)
     x = torch.randn(b, t, d_in) if seq else torch.randn(b, d_in)
-    check(nn.Linear(d_in, d_out, bias=bias), x)
+    with device_path(on_device_path):
+        check(nn.Linear(d_in, d_out, bias=bias), x)
 
 
 @settings(max_examples=12, deadline=None)

@@ -49,6 +49,8 @@ def per_sample_rows(t: torch.Tensor) -> Rows:
     """
     if t.dim() == 1:  # a 0-dim parameter (nn.Parameter(torch.tensor(1.0))): one column
         return t.view(-1, 1), lambda row: row.view(())
+    if t.dim() == 2 and t.is_contiguous():  # a vector parameter: already its rows (no view op)
+        return t, lambda row: row
     strides = t.stride()
     natural = list(range(1, t.dim()))
     order = sorted(natural, key=lambda d: -strides[d])
@@ -246,9 +248,13 @@ class Routes:
                 rel: grouped_sq_norms(r, unit_of_row, num_units).mul_(s2)
                 for rel, (r, _) in rows.items()
             }
-        sq = {rel: torch.linalg.vector_norm(r, dim=1).square() for rel, (r, _) in rows.items()}
-        # (B,) each, no (B, P) temporary; unscaled rows (s2 = 1, the usual case) need no launch
-        return {rel: t.mul_(s2) for rel, t in sq.items()} if s2 != 1 else sq
+        # (B,) each, no (B, P) temporary; squared in one foreach launch for all the layer's
+        # parameters; unscaled rows (s2 = 1, the usual case) need no launch to scale
+        norms = [torch.linalg.vector_norm(r, dim=1) for r, _ in rows.values()]
+        squares = [norms[0].square()] if len(norms) == 1 else list(torch._foreach_pow(norms, 2))
+        if s2 != 1 and squares:
+            torch._foreach_mul_(squares, s2)
+        return dict(zip(rows, squares))
 
     def grad_sample(self, layer: Layer, calls: list[Call]) -> dict[str, torch.Tensor]:
         """Per-sample gradients {rel: (B, *θ)}, at the captured scale, summed over calls."""

@@ -28,6 +28,7 @@ the patch route's cost, an upper bound of the super-pixel route's where that one
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -35,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.conv import _ConvNd
 
-from dpfy.grads.rules.base import LayerRule, register_rule
+from dpfy.grads.rules.base import LayerRule, device_path, register_rule
 
 
 def _geometry(layer: _ConvNd) -> tuple[tuple[int, ...], ...]:
@@ -108,31 +109,43 @@ def _weight_sq_norm_by_superpixels(
 ) -> torch.Tensor:
     """‖∂ℓ_i/∂W‖² (B,) from the Gram of s_h×s_w super-pixels (module docstring).
 
-    Positions are flattened row-major on the super-pixel grid's width w_s = w_o + r_w - 1, so
-    that the shift by δ = (p, q) is one offset p·w_s + q and each shifted block is a plain 2-D
-    slice; the w_s - w_o extra columns per row this adds get a zero output gradient."""
+    The super-pixels are one strided view of the input in (B, G, C/G, s_h, s_w, h_s, w_s) order
+    (one dispatched op, where slicing and unflattening took one per dimension). Positions are
+    flattened row-major on the super-pixel grid's width w_s = w_o + r_w - 1, so that the shift
+    by δ = (p, q) is one offset p·w_s + q and the r_h·r_w shifted blocks of the Gram are one
+    strided view (B·G, r_h, r_w, n, n); the w_s - w_o extra columns per row that this adds are
+    left out by a last strided view of the patch Gram at the h_o×w_o output positions, so the
+    output gradient needs no zero padding."""
     a, g, _, (sh, sw), _ = _as_2d(layer, _padded(layer, a), g)
-    b, c, grp = a.shape[0], a.shape[1], layer.groups
+    b, grp = a.shape[0], layer.groups
+    c = a.shape[1] // grp
     ho, wo = g.shape[-2], g.shape[-1]
     hs, ws = ho + rh - 1, wo + rw - 1  # the super-pixel grid the output reads (≤ the input)
-    x = a[:, :, : hs * sh, : ws * sw].unflatten(3, (ws, sw)).unflatten(2, (hs, sh))
-    x = x.unflatten(1, (grp, c // grp))  # (B, G, C/G, h_s, s_h, w_s, s_w) view
-    f = c // grp * sh * sw
-    s = x.permute(0, 1, 2, 4, 6, 3, 5).reshape(b * grp, f, hs * ws)  # (B·G, F, M) sensitive
-    ss = torch.bmm(s.transpose(1, 2), s)  # (B·G, M, M) super-pixel Gram, sensitive
-    n = (ho - 1) * ws + wo  # output positions, extra columns included
-    uu = None  # (B·G, n, n) patch Gram, sensitive
-    for p in range(rh):
-        for q in range(rw):
-            o = p * ws + q
-            block = ss[:, o : o + n, o : o + n]
-            uu = block.clone() if uu is None else uu.add_(block)
-    del s, ss, block  # the super-pixels and their Gram are no longer needed
-    g = F.pad(g, (0, ws - wo)) if ws > wo else g  # (B, C_out, h_o, w_s) sensitive
-    g3 = g.reshape(b * grp, layer.out_channels // grp, ho * ws)[:, :, :n]  # (B·G, O/G, n)
-    ggt = torch.bmm(g3.transpose(1, 2), g3)  # (B·G, n, n) sensitive
-    assert uu is not None  # the loop ran rh·rw ≥ 1 times
-    return uu.mul_(ggt).sum((1, 2)).reshape(b, grp).sum(1)  # (B,)
+    m, n = hs * ws, (ho - 1) * ws + wo  # super-pixels; output positions, extra columns included
+    st = a.stride()
+    x = a.as_strided(  # (B, G, C/G, s_h, s_w, h_s, w_s) view of a (any strides)
+        (b, grp, c, sh, sw, hs, ws),
+        (st[0], c * st[1], st[1], st[2], st[3], sh * st[2], sw * st[3]),
+        a.storage_offset(),
+    )
+    s = x.reshape(b * grp, c * sh * sw, m)  # (B·G, F, M) sensitive, one copy
+    ss = torch.bmm(s.transpose(1, 2), s)  # (B·G, M, M) super-pixel Gram, sensitive, contiguous
+    del s
+    blocks = ss.as_strided((b * grp, rh, rw, n, n), (m * m, ws * (m + 1), m + 1, m, 1))
+    if device_path(ss):  # one reduction over the shifts
+        uu = blocks.sum((1, 2))  # (B·G, n, n) patch Gram, sensitive
+    else:  # on CPU a reduction over strided dims is slow (9 ms, not 0.2, at B = 256): a loop
+        uu = blocks[:, 0, 0].clone()
+        for p, q in itertools.product(range(rh), range(rw)):
+            if p or q:
+                uu.add_(blocks[:, p, q])
+    del ss, blocks  # the super-pixels' Gram is no longer needed
+    su = uu.stride()  # its (h_o, w_o, h_o, w_o) output positions, extra columns left out
+    uu = uu.as_strided((b * grp, ho, wo, ho, wo), (su[0], ws * su[1], su[1], ws * su[2], su[2]))
+    g3 = g.reshape(b * grp, layer.out_channels // grp, ho * wo)  # (B·G, O/G, L)
+    ggt = torch.bmm(g3.transpose(1, 2), g3)  # (B·G, L, L) sensitive
+    sq = ggt.view(uu.shape).mul_(uu).sum((1, 2, 3, 4))  # (B·G,)
+    return sq if grp == 1 else sq.view(b, grp).sum(1)  # (B,)
 
 
 def _grad_sample_by_backward(
@@ -219,8 +232,8 @@ class ConvRule(LayerRule):
         return out
 
     def prefers_ghost(self, layer, a, g):
-        positions = g[0, 0].numel() if a.shape[0] else 1  # L
-        d = layer.weight[0].numel()  # D = C_in/G · k_h · k_w
+        positions = math.prod(g.shape[2:])  # L (from shapes: indexing a tensor is an op)
+        d = math.prod(layer.weight.shape[1:])  # D = C_in/G · k_h · k_w
         o = layer.out_channels // layer.groups
         return positions * (d + o) < d * o
 
@@ -235,9 +248,11 @@ class ConvRule(LayerRule):
             g3 = gg.reshape(-1, gg.shape[2], gg.shape[3])  # (B·G, O/G, L) view
             uu = torch.bmm(u3, u3.transpose(1, 2))  # (B·G, L, L) sensitive
             ggt = torch.bmm(g3.transpose(1, 2), g3)  # (B·G, L, L) sensitive
-            out = {"weight": uu.mul_(ggt).sum((1, 2)).reshape(b, layer.groups).sum(1)}  # (B,)
+            sq = uu.mul_(ggt).sum((1, 2))  # (B·G,)
+            out = {"weight": sq if layer.groups == 1 else sq.view(b, layer.groups).sum(1)}
         if layer.bias is not None:
-            out["bias"] = g.flatten(2).sum(-1).square().sum(1)  # (B,)
+            # ‖Σ_l g_l‖²: the spatial sum in one reduction over its dims (no flattening view)
+            out["bias"] = g.sum(tuple(range(2, g.dim()))).square().sum(1)  # (B,)
         return out
 
     def weighted_sum(self, layer, a, g, w):

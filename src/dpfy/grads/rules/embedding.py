@@ -17,6 +17,7 @@ place during the forward, which this rule does not model, so it is refused.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from dpfy.grads.rules.base import LayerRule, device_path, register_rule
@@ -25,13 +26,15 @@ from dpfy.grads.rules.base import LayerRule, device_path, register_rule
 def _flat(
     layer: nn.Embedding, x: torch.Tensor, g: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ids as (B, T) and output gradients as (B, T, d); padding positions are not masked here."""
+    """Ids as (B, T) and output gradients as (B, T, d); padding positions are not masked here.
+    Tensors already of those ranks are returned as they are (a reshape is a dispatched op)."""
     if layer.max_norm is not None or layer.sparse:
         raise ValueError(
             f"nn.Embedding with max_norm or sparse=True is not supported by "
             f"per-sample clipping, got {layer}. Remove max_norm/sparse"
         )
-    return x.reshape(x.shape[0], -1), g.reshape(g.shape[0], -1, g.shape[-1])
+    x = x if x.dim() == 2 else x.reshape(x.shape[0], -1)
+    return x, g if g.dim() == 3 else g.reshape(g.shape[0], -1, g.shape[-1])
 
 
 @register_rule(nn.Embedding)
@@ -71,14 +74,14 @@ class EmbeddingRule(LayerRule):
             return {"weight": sq.sum(1)}  # (B,)
         # slot of sorted position s = number of id changes before s, then back to the ids'
         # own order, plus the example offset b·T
-        slot = torch.zeros_like(xs, dtype=torch.long)
-        torch.cumsum(new, 1, out=slot[:, 1:])
+        slot = F.pad(torch.cumsum(new, 1), (1, 0))  # (1 or B, T) int64, first slot 0
         slot = torch.empty_like(slot).scatter_(1, order, slot)
         slot = slot + torch.arange(0, b * t, t, device=x.device)[:, None]  # (B, T)
         if pad is not None:
             slot.masked_fill_(x == pad, b * t)  # padding rows go to a row that is dropped
-        sums = g.new_zeros(b * t + 1, d).index_add_(0, slot.reshape(-1), g.reshape(-1, d))
-        sums = sums[:-1].view(b, t * d)  # (B, T·d) the rows S_v of each example, sensitive
+        extra = pad is not None  # that row exists only with a padding id (a slice less)
+        sums = g.new_zeros(b * t + extra, d).index_add_(0, slot.reshape(-1), g.reshape(-1, d))
+        sums = (sums[:-1] if extra else sums).view(b, t * d)  # (B, T·d) rows S_v, sensitive
         return {"weight": torch.linalg.vector_norm(sums, dim=1).square_()}  # (B,)
 
     def weighted_sum(self, layer, a, g, w):
@@ -90,11 +93,11 @@ class EmbeddingRule(LayerRule):
             gw = torch.mv(g.reshape(b, t * d).t(), wb).view(t, d)  # Σ_i w_i g_i, sensitive
         else:
             rows = x.reshape(-1)  # (B·T,)
-            gw = (g * wb[:, None, None]).reshape(-1, d)  # (B·T, d) sensitive
+            gw = (g * wb.view(-1, 1, 1)).reshape(-1, d)  # (B·T, d) sensitive
         out = torch.zeros_like(layer.weight)
         out.index_add_(0, rows, gw.to(out.dtype))
         if layer.padding_idx is not None:
-            out[layer.padding_idx] = 0  # only padding positions were added there
+            out.select(0, layer.padding_idx).zero_()  # only padding positions were added there
         return {"weight": out}
 
 
