@@ -214,16 +214,25 @@ def _nothing() -> None:
 def _tf32_off(legacy: Any, new: Any) -> Callable[[], None]:
     """Switch one TF32 flag off (``legacy.allow_tf32``, or ``new.fp32_precision`` where torch
     refuses the legacy attribute because the newer API was used); return its restore."""
+    undo = _nothing
     try:
-        if not legacy.allow_tf32:
-            return _nothing
-        legacy.allow_tf32 = False
-        return lambda: setattr(legacy, "allow_tf32", True)
-    except RuntimeError:  # "mix of the legacy and new APIs": stay with the new one
-        if getattr(new, "fp32_precision", "ieee") != "tf32":
-            return _nothing
-        new.fp32_precision = "ieee"
-        return lambda: setattr(new, "fp32_precision", "tf32")
+        if legacy.allow_tf32:
+            legacy.allow_tf32 = False
+            undo = functools.partial(setattr, legacy, "allow_tf32", True)
+    except RuntimeError:  # "mix of the legacy and new APIs": the new one decides
+        pass
+    # the legacy switch sets the new API's flag to "none", which inherits: under
+    # torch.backends.fp32_precision = "tf32" (or torch.backends.cudnn's) it still reads "tf32",
+    # and cuDNN's convolutions would still round to TF32 inside
+    if getattr(new, "fp32_precision", "ieee") != "tf32":
+        return undo
+    new.fp32_precision = "ieee"
+
+    def restore() -> None:
+        new.fp32_precision = "tf32"
+        undo()
+
+    return restore
 
 
 def in_full_precision(fn: F) -> F:
