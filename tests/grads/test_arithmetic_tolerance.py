@@ -239,6 +239,8 @@ def _fp32_defaults(backends) -> None:
     backends.cuda.matmul.fp32_precision = "none"
     backends.cudnn.conv.fp32_precision = "tf32"  # cuDNN's TF32 default (allow_tf32 = True)
     backends.cudnn.rnn.fp32_precision = "tf32"
+    for flag in (backends.mkldnn.matmul, backends.mkldnn.conv):
+        flag.fp32_precision = "none"
     assert torch.get_float32_matmul_precision() == "highest" and backends.cudnn.allow_tf32
 
 
@@ -264,3 +266,36 @@ def test_full_precision_switches_off_tf32_set_through_the_newer_api(fp32_precisi
     # the user's setting again after
     assert backends.cudnn.conv.fp32_precision == "tf32"
     assert backends.cuda.matmul.fp32_precision == "tf32"
+
+
+@pytest.fixture
+def onednn_precision():
+    """The CPU's oneDNN float32 precision flags for one test; torch's defaults ("none")
+    restored after."""
+    mkldnn = getattr(torch.backends, "mkldnn", None)
+    if not hasattr(getattr(mkldnn, "matmul", None), "fp32_precision"):
+        pytest.skip("this torch has no oneDNN fp32_precision flags")
+    yield mkldnn
+    mkldnn.matmul.fp32_precision = "none"
+    mkldnn.conv.fp32_precision = "none"
+
+
+def test_onednn_bfloat16_float32_matmuls_are_seen_and_switched_off(onednn_precision):
+    """``torch.backends.mkldnn.matmul.fp32_precision = "bf16"`` lets oneDNN compute float32
+    matrix products in bfloat16 on CPUs that have it (AMX, AVX512-BF16): the CPU's TF32. The
+    row probe's tolerance must follow it (else a false refusal), and the engine's norms and sums
+    must not run in it (else a clipped contribution exceeds C by bfloat16's rounding)."""
+    mkldnn = onednn_precision
+    mkldnn.matmul.fp32_precision = "bf16"
+    assert unit_roundoff(torch.float32, "cpu") == BF16_U
+    assert row_rtol(torch.float32, "cpu") == ROW_FACTOR * BF16_U
+    with full_precision():
+        assert mkldnn.matmul.fp32_precision == "ieee"
+        assert unit_roundoff(torch.float32, "cpu") == 2.0**-24
+    assert mkldnn.matmul.fp32_precision == "bf16"
+    mkldnn.matmul.fp32_precision = "none"
+    mkldnn.conv.fp32_precision = "tf32"
+    assert unit_roundoff(torch.float32, "cpu") == TF32_U
+    with full_precision():
+        assert mkldnn.conv.fp32_precision == "ieee"
+    assert mkldnn.conv.fp32_precision == "tf32"
