@@ -215,10 +215,11 @@ def round_to_tf32(x: torch.Tensor) -> torch.Tensor:
 
 class full_precision:
     """Context manager: float32 computed in float32 inside: TF32 off for cuBLAS and cuDNN,
-    TF32 and bfloat16 off for the CPU's oneDNN, float32 matmul precision ``"highest"``, autocast off on CUDA and the CPU; the user's
-    settings restored after (module docstring, point 2). The flags are process-wide: another
-    thread's forward running meanwhile runs in full float32 too. Entering and leaving cost a
-    few microseconds (a flag read each, a write only for a flag that is on)."""
+    TF32 and bfloat16 off for the CPU's oneDNN, float32 matmul precision ``"highest"``,
+    autocast off on CUDA and the CPU; the user's settings restored after (module docstring,
+    point 2). The flags are process-wide: another thread's forward running meanwhile runs in
+    full float32 too. Entering and leaving cost a few microseconds (a flag read each, a write
+    only for a flag that is on)."""
 
     def __enter__(self) -> "full_precision":
         self._undo: list[Callable[[], None]] = []
