@@ -4,10 +4,13 @@ training and Opacus 1.6 on the models practitioners train, and the noise generat
     benchmarks/gpu.sh                        # = python benchmarks/gpu.py, one H100: ≈ 5–8 min
     python benchmarks/gpu.py --smoke         # CPU, tiny sizes, seconds (the test suite runs it)
 
-1. Tests: ``pytest tests/step/test_devices.py tests/grads/test_fingerprint_one_launch.py -k cuda``
-   (the guard's one-launch fingerprints compiled; the engine against the float64 loop,
-   noise statistics, sensitivity refusals, a small run, a checkpoint resumed on the CPU, bf16
-   and fp16 autocast), in a subprocess; its summary line is printed above the table.
+1. Tests: ``pytest tests/step/test_devices.py tests/grads/test_fingerprint_one_launch.py
+   tests/noise/test_device_chacha.py tests/cli/test_device.py -k cuda`` (the guard's one-launch
+   fingerprints compiled; the engine against the float64 loop, noise statistics, sensitivity
+   refusals, a small run, a checkpoint resumed on the CPU, bf16 and fp16 autocast; ChaCha20 in
+   torch operations against RFC 8439 and the compiled sampler on the device; ``dpfy train
+   --device cuda`` with its training set held there), in a subprocess; its summary line is
+   printed above the table.
 2. Step time and peak memory, for each model all rows in ONE process, *interleaved*: each round
    runs the rows in a fresh (seeded) order, each timed step right after one untimed step of the
    same row; the median over rounds is reported. A step is zero_grad + forward + loss +
@@ -332,7 +335,8 @@ def cuda_tests() -> str:
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-q",
          "-m", "not slow or slow", "-k", "cuda", "tests/step/test_devices.py",
-         "tests/grads/test_fingerprint_one_launch.py"],
+         "tests/grads/test_fingerprint_one_launch.py", "tests/noise/test_device_chacha.py",
+         "tests/cli/test_device.py"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
         env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "src")})
     lines = [ln for ln in done.stdout.splitlines() if ln.strip()]

@@ -94,8 +94,8 @@ class NormTracker:
                 norms.append(torch.as_tensor(sq).sqrt())
                 with torch.no_grad():
                     losses.append(per_loss(params, x, y))
-        n = torch.cat(norms).double().numpy()
-        return np.minimum(n / self.clip, 1.0), torch.cat(losses).double().numpy()
+        n = torch.cat(norms).double().cpu().numpy()  # from a GPU too: numpy reads the host
+        return np.minimum(n / self.clip, 1.0), torch.cat(losses).double().cpu().numpy()
 
     def _loss_one(
         self, model: nn.Module, state: tuple[dict, dict], x: torch.Tensor, y: torch.Tensor

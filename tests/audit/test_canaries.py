@@ -103,3 +103,63 @@ def test_not_a_training_method() -> None:
     from dpfy.cli import build_parser
     with pytest.raises(SystemExit):
         build_parser().parse_args(["train", "--method", "_audit_canaries", "--bogus"])
+
+
+class _OnGPU(torch.Tensor):
+    """A tensor on another device, as torch treats one: an operation that mixes it with a host
+    float tensor of one or more dimensions raises ("Expected all tensors to be on the same
+    device"); ``.cpu()`` brings it to the host and ``host.to(it)`` to the device; host indices
+    and scalars may index or scale it (as on CUDA)."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cpu:
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **kwargs).as_subclass(torch.Tensor)
+        if func is torch.Tensor.to and any(isinstance(a, cls) for a in args[1:]):
+            with torch._C.DisableTorchFunctionSubclass():  # moved to the device
+                return func(*args, **kwargs).as_subclass(cls)
+        leaves = [
+            a
+            for a in torch.utils._pytree.tree_flatten((args, kwargs))[0]
+            if isinstance(a, torch.Tensor)
+        ]
+        with torch._C.DisableTorchFunctionSubclass():  # host values, not indices or scalars
+            host = [
+                t
+                for t in leaves
+                if not isinstance(t, cls) and t.dim() > 0 and t.is_floating_point()
+            ]
+        if host and any(isinstance(t, cls) for t in leaves):
+            raise RuntimeError(f"Expected all tensors to be on the same device ({func})")
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+def test_canaries_score_and_replace_gradients_on_a_gpu() -> None:
+    """``dpfy audit`` trains on the GPU where there is one (``--device auto``): the canaries'
+    directions are drawn on the host, the per-example and released gradients are on the
+    device. Before, the projection multiplied the two and the replacement wrote host rows into
+    device gradients: both refused by torch across devices (emulated by ``_OnGPU``)."""
+    model = nn.Linear(3, 2)  # d = 8
+    draw = CanarySet.draw(model, 4, torch.Generator().manual_seed(5))
+    data = CanaryDataset(_data(5, 3, 2), draw, (torch.zeros(3), torch.tensor(0)))
+    probe = CanaryGradients(draw, data)
+
+    class Cursor:
+        indices = torch.tensor([0, 5])
+
+    probe.bind(Cursor())
+    per_sample = {
+        "weight": torch.ones(2, 2, 3).as_subclass(_OnGPU),
+        "bias": torch.ones(2, 2).as_subclass(_OnGPU),
+    }
+    plan = StepPlan(step=0, sample_rate=1.0, noise_multiplier=1.0, clip=0.5)
+    out = probe.transform(probe.init(), per_sample, plan)
+    flat = torch.cat([out["weight"].reshape(2, -1), out["bias"]], dim=1).cpu()
+    assert torch.allclose(flat[1], 0.5 * draw.directions[data.in_ids[0]])
+    released = {n: t[1].cpu().as_subclass(_OnGPU) for n, t in out.items()}
+    scores = draw.project(released).cpu()
+    want = draw.directions.double() @ flat[1].double()  # ⟨0.5·u_j0, u_j⟩, on the host
+    # float32 dot products of d = 8 terms of unit vectors scaled by 0.5: error ≤ 8·2⁻²⁴·0.5
+    assert torch.allclose(scores, want, rtol=0, atol=8 * 2.0**-24)

@@ -102,3 +102,27 @@ def test_a_training_set_is_held_on_the_gpu_when_it_fits_in_a_quarter_of_its_free
     size = sum(t.numel() * t.element_size() for s in (data.train, data.test) for t in s.tensors)
     assert fits(data, 4 * size)  # exactly a quarter
     assert not fits(data, 4 * size - 4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_run_trains_there_with_its_training_set_held_on_the_gpu(tmp_path, monkeypatch):
+    """``dpfy train --device cuda`` end to end on a GPU (benchmarks/gpu.sh runs it): the
+    training set is copied to the device once, the private loader indexes it there, and the
+    run names the device it ran on."""
+    import dpfy.train.trainer as trainer_mod
+
+    held = []
+    hold = trainer_mod.hold_on_device
+
+    def spy(data, device):
+        out = hold(data, device)
+        held.append(out.train.tensors[0].device)
+        return out
+
+    monkeypatch.setattr(trainer_mod, "hold_on_device", spy)
+    out = tmp_path / "r"
+    assert main(["train", *FAST, "--no-progress", "--device", "cuda", "--out", str(out)]) == 0
+    index = torch.cuda.current_device()
+    assert held == [torch.device("cuda", index)]  # the digits fit in a quarter of any GPU
+    assert json.loads((out / "config.json").read_text())["device"] == f"cuda:{index}"
+    assert f"device: cuda:{index} (" in (out / "privacy_report.md").read_text()

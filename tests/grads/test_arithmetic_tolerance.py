@@ -219,3 +219,83 @@ def test_norms_are_computed_in_float32_so_a_clipped_contribution_stays_within_c(
     # ≤ γ_64 ≈ 64u each, so the product within 128u and the norm within 64u; TF32 operands
     # err by up to 2^-11 per element, about 6e-5 relative on the norm: 15 times more
     assert float(contribution.max()) <= clip * (1 + 64 * 2.0**-24)
+
+
+@pytest.fixture
+def fp32_precision_api():
+    """torch's per-backend ``fp32_precision`` flags (torch ≥ 2.9) for one test; torch's
+    defaults restored after (they are process-wide)."""
+    backends = torch.backends
+    if not hasattr(backends, "fp32_precision"):
+        pytest.skip("this torch has no fp32_precision API")
+    _fp32_defaults(backends)  # an earlier test's set_float32_matmul_precision sets "ieee"
+    yield backends
+    _fp32_defaults(backends)
+
+
+def _fp32_defaults(backends) -> None:
+    backends.fp32_precision = "none"
+    backends.cudnn.fp32_precision = "none"
+    backends.cuda.matmul.fp32_precision = "none"
+    backends.cudnn.conv.fp32_precision = "tf32"  # cuDNN's TF32 default (allow_tf32 = True)
+    backends.cudnn.rnn.fp32_precision = "tf32"
+    for flag in (backends.mkldnn.matmul, backends.mkldnn.conv):
+        flag.fp32_precision = "none"
+    assert torch.get_float32_matmul_precision() == "highest" and backends.cudnn.allow_tf32
+
+
+@pytest.mark.parametrize("where", ["all backends", "cudnn"])
+def test_full_precision_switches_off_tf32_set_through_the_newer_api(fp32_precision_api, where):
+    """``torch.backends.fp32_precision = "tf32"`` (or ``torch.backends.cudnn``'s) allows TF32
+    in every cuDNN convolution by inheritance. Switching the legacy ``cudnn.allow_tf32`` off
+    resets the convolutions' own flag to "none", which inherits "tf32" again: the engine's
+    convolution_backward sums (grads/rules/conv.py) would round to TF32 while their norms
+    (cuBLAS, switched off) do not, and a clipped contribution could exceed C by TF32's error.
+    The flags are what cuDNN reads when an op is launched, so they are checked here on the CPU."""
+    backends = fp32_precision_api
+    if where == "all backends":
+        backends.fp32_precision = "tf32"
+    else:
+        backends.cudnn.fp32_precision = "tf32"
+    assert backends.cudnn.conv.fp32_precision == "tf32"  # inherited: TF32 in effect
+    assert unit_roundoff(torch.float32, "cuda") == TF32_U
+    with full_precision():
+        assert backends.cudnn.conv.fp32_precision != "tf32"
+        assert backends.cuda.matmul.fp32_precision != "tf32"
+        assert unit_roundoff(torch.float32, "cuda") == 2.0**-24
+    # the user's setting again after
+    assert backends.cudnn.conv.fp32_precision == "tf32"
+    assert backends.cuda.matmul.fp32_precision == "tf32"
+
+
+@pytest.fixture
+def onednn_precision():
+    """The CPU's oneDNN float32 precision flags for one test; torch's defaults ("none")
+    restored after."""
+    mkldnn = getattr(torch.backends, "mkldnn", None)
+    if not hasattr(getattr(mkldnn, "matmul", None), "fp32_precision"):
+        pytest.skip("this torch has no oneDNN fp32_precision flags")
+    yield mkldnn
+    mkldnn.matmul.fp32_precision = "none"
+    mkldnn.conv.fp32_precision = "none"
+
+
+def test_onednn_bfloat16_float32_matmuls_are_seen_and_switched_off(onednn_precision):
+    """``torch.backends.mkldnn.matmul.fp32_precision = "bf16"`` lets oneDNN compute float32
+    matrix products in bfloat16 on CPUs that have it (AMX, AVX512-BF16): the CPU's TF32. The
+    row probe's tolerance must follow it (else a false refusal), and the engine's norms and sums
+    must not run in it (else a clipped contribution exceeds C by bfloat16's rounding)."""
+    mkldnn = onednn_precision
+    mkldnn.matmul.fp32_precision = "bf16"
+    assert unit_roundoff(torch.float32, "cpu") == BF16_U
+    assert row_rtol(torch.float32, "cpu") == ROW_FACTOR * BF16_U
+    with full_precision():
+        assert mkldnn.matmul.fp32_precision == "ieee"
+        assert unit_roundoff(torch.float32, "cpu") == 2.0**-24
+    assert mkldnn.matmul.fp32_precision == "bf16"
+    mkldnn.matmul.fp32_precision = "none"
+    mkldnn.conv.fp32_precision = "tf32"
+    assert unit_roundoff(torch.float32, "cpu") == TF32_U
+    with full_precision():
+        assert mkldnn.conv.fp32_precision == "ieee"
+    assert mkldnn.conv.fp32_precision == "tf32"

@@ -140,11 +140,12 @@ class CanarySet:
         return out
 
     def project(self, vector: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """⟨vector, u_j⟩ for every canary j, (m,) float64."""
+        """⟨vector, u_j⟩ for every canary j, (m,) float64 on the host, where the directions and
+        the scores are (a released gradient on a GPU is read there once per step)."""
         if self.directions is None:
-            return vector[str(self.sink)].detach().reshape(-1)[: self.count].double()
+            return vector[str(self.sink)].detach().reshape(-1)[: self.count].double().cpu()
         flat = torch.cat([vector[n].detach().reshape(-1).float() for n, _ in self.layout])
-        return (self.directions @ flat).double()
+        return (self.directions @ flat.cpu()).double()
 
 
 def _numel(shape: Sequence[int]) -> int:
@@ -240,7 +241,7 @@ class CanaryGradients(Method[torch.Tensor]):
         out = {}
         for name, g in per_sample.items():
             g = g.clone()
-            g[where] = replaced[name].to(g.dtype)
+            g[where] = replaced[name].to(g)  # the gradients' device and dtype
             out[name] = g
         return out
 

@@ -148,9 +148,44 @@ def unit_roundoff(dtype: torch.dtype, device_type: str) -> float:
             u = max(u, BF16_U)
         elif device_type == "cuda" and tf32_in_effect() or precision == "high":
             u = max(u, TF32_U)
+        if device_type == "cpu":  # oneDNN's own flags (torch.backends.mkldnn.*.fp32_precision)
+            u = max([u] + [_REDUCED_U.get(_fp32_precision(f), u) for f in _onednn_flags()])
     if dtype in (torch.float32, torch.float64) and _autocast_on(device_type):
         u = max(u, dtype_roundoff(torch.get_autocast_dtype(device_type)))
     return u
+
+
+# the unit roundoff a backend's fp32_precision setting lets float32 operations run in
+_REDUCED_U = {"tf32": TF32_U, "bf16": BF16_U}
+
+
+def _onednn_flags() -> list[Any]:
+    """The CPU's oneDNN matmul and convolution flag objects (where torch has them)."""
+    mkldnn = getattr(torch.backends, "mkldnn", None)
+    return [f for f in (getattr(mkldnn, "matmul", None), getattr(mkldnn, "conv", None)) if f]
+
+
+def _fp32_precision(flag: Any) -> str:
+    return str(getattr(flag, "fp32_precision", "ieee"))
+
+
+def _reduced_off(flag: Any) -> Callable[[], None]:
+    """Set one backend's float32 precision to "ieee" where it allows TF32 or bfloat16 (the
+    CPU's oneDNN: ``torch.backends.mkldnn.matmul.fp32_precision = "bf16"``); its restore."""
+    before = _fp32_precision(flag)
+    if before not in _REDUCED_U:
+        return _nothing
+    flag.fp32_precision = "ieee"
+    return functools.partial(_restore, flag, before)
+
+
+def _restore(flag: Any, before: str) -> None:
+    """Give ``flag`` back the precision ``before`` it read: inherited ("none") where its parent
+    (``torch.backends.fp32_precision``, the backend's) gives that, so that a later change of
+    the parent still reaches it; else set explicitly."""
+    flag.fp32_precision = "none"
+    if _fp32_precision(flag) != before:
+        flag.fp32_precision = before
 
 
 def _autocast_on(device_type: str) -> bool:
@@ -180,10 +215,11 @@ def round_to_tf32(x: torch.Tensor) -> torch.Tensor:
 
 class full_precision:
     """Context manager: float32 computed in float32 inside: TF32 off for cuBLAS and cuDNN,
-    float32 matmul precision ``"highest"``, autocast off on CUDA and the CPU; the user's
-    settings restored after (module docstring, point 2). The flags are process-wide: another
-    thread's forward running meanwhile runs in full float32 too. Entering and leaving cost a
-    few microseconds (a flag read each, a write only for a flag that is on)."""
+    TF32 and bfloat16 off for the CPU's oneDNN, float32 matmul precision ``"highest"``,
+    autocast off on CUDA and the CPU; the user's settings restored after (module docstring,
+    point 2). The flags are process-wide: another thread's forward running meanwhile runs in
+    full float32 too. Entering and leaving cost a few microseconds (a flag read each, a write
+    only for a flag that is on)."""
 
     def __enter__(self) -> "full_precision":
         self._undo: list[Callable[[], None]] = []
@@ -195,6 +231,7 @@ class full_precision:
             torch.set_float32_matmul_precision("highest")
             self._undo.append(lambda: torch.set_float32_matmul_precision(precision))
         self._undo.append(_tf32_off(cudnn, getattr(cudnn, "conv", None)))
+        self._undo += [_reduced_off(flag) for flag in _onednn_flags()]
         for device_type in ("cuda", "cpu"):
             if _autocast_on(device_type):
                 off = torch.autocast(device_type, enabled=False)
@@ -214,16 +251,25 @@ def _nothing() -> None:
 def _tf32_off(legacy: Any, new: Any) -> Callable[[], None]:
     """Switch one TF32 flag off (``legacy.allow_tf32``, or ``new.fp32_precision`` where torch
     refuses the legacy attribute because the newer API was used); return its restore."""
+    undo = _nothing
     try:
-        if not legacy.allow_tf32:
-            return _nothing
-        legacy.allow_tf32 = False
-        return lambda: setattr(legacy, "allow_tf32", True)
-    except RuntimeError:  # "mix of the legacy and new APIs": stay with the new one
-        if getattr(new, "fp32_precision", "ieee") != "tf32":
-            return _nothing
-        new.fp32_precision = "ieee"
-        return lambda: setattr(new, "fp32_precision", "tf32")
+        if legacy.allow_tf32:
+            legacy.allow_tf32 = False
+            undo = functools.partial(setattr, legacy, "allow_tf32", True)
+    except RuntimeError:  # "mix of the legacy and new APIs": the new one decides
+        pass
+    # the legacy switch sets the new API's flag to "none", which inherits: under
+    # torch.backends.fp32_precision = "tf32" (or torch.backends.cudnn's) it still reads "tf32",
+    # and cuDNN's convolutions would still round to TF32 inside
+    if getattr(new, "fp32_precision", "ieee") != "tf32":
+        return undo
+    new.fp32_precision = "ieee"
+
+    def restore() -> None:
+        _restore(new, "tf32")
+        undo()
+
+    return restore
 
 
 def in_full_precision(fn: F) -> F:

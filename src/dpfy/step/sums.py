@@ -16,6 +16,7 @@ import torch
 from dpfy._deferred import PendingChecks
 from dpfy._require import require
 from dpfy.errors import PrivacyRefusal
+from dpfy.grads.arithmetic import in_full_precision
 from dpfy.noise import NoiseSource
 from dpfy.noise.release import noisy_means
 from dpfy.noise.triton_noise import FUSED_DTYPES
@@ -356,8 +357,11 @@ def _checked_sum(name: str, spec: ReleaseSpec, v: torch.Tensor, owner: str) -> t
 
 
 def contract(per_sample: Mapping[str, torch.Tensor]) -> WeightedSums:
-    """Σ_i w_i g_i over materialized per-sample gradients {name: (B, *θ)} (sensitive)."""
+    """Σ_i w_i g_i over materialized per-sample gradients {name: (B, *θ)} (sensitive), in full
+    float32 as the clip factors' norms (a matrix product: TF32 on a GPU would let a clipped
+    contribution exceed C by its rounding; ``dpfy.grads.arithmetic``, point 2)."""
 
+    @in_full_precision
     def sums(weight_sets: WeightSets) -> WeightSets:
         return [
             {n: torch.einsum("b,b...->...", ws[n].to(g.dtype), g) for n, g in per_sample.items()}

@@ -41,8 +41,13 @@ __all__ = [
 
 def per_example_cross_entropy(model: nn.Module, batch) -> torch.Tensor:
     """Per-example training losses (B,) of ``dpfy train``'s classifiers, for methods whose
-    release specs probe losses (HyFreeDP, NoisyMax); the same loss the training loop minimizes."""
+    release specs probe losses (HyFreeDP, NoisyMax) and the per-example norm tracker; the same
+    loss the training loop minimizes. They pass the batch as the loader yields it (on the host
+    unless the training set is held on the device), so it is moved to the model's device first,
+    as the training loop moves it."""
     x, y = batch
+    device = next((p.device for p in model.parameters()), x.device)
+    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
     return torch.nn.functional.cross_entropy(model(x), y, reduction="none")
 
 
