@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -53,3 +54,16 @@ def test_the_norms_of_a_model_on_a_gpu_are_read_to_the_host(monkeypatch):
         ratios.append(min(float(norm) / 0.5, 1.0))
     # float32 norms of 15 squares: relative error ≤ 15·2^-24 ≈ 1e-6 (γ_15, Higham §3.1)
     np.testing.assert_allclose(tracker.ratios[0], ratios, rtol=1e-5)
+
+
+def test_the_tracker_moves_its_rows_to_the_models_device():
+    """The tracker holds the training rows where the dataset is (the host, when the training set
+    does not fit on the GPU) and the model may be on a GPU, where torch refuses host rows. A
+    model on ``meta`` stands in for the GPU (torch refuses host tensors there alike: "not on the
+    expected device"). Moved, the rows reach the model; the run then stops where meta tensors
+    hold no data to read back, which a GPU's do."""
+    model = nn.Linear(4, 3).to("meta")
+    x, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
+    tracker = NormTracker(model, F.cross_entropy, x, y, clip=0.5, refresh_every=1, chunk=4)
+    with pytest.raises(NotImplementedError, match="meta tensor; no data"):
+        tracker.before_step()

@@ -85,10 +85,14 @@ class NormTracker:
         per_grad = vmap(grad(loss_one), in_dims=(None, 0, 0), randomness="different")
         per_loss = vmap(loss_one, in_dims=(None, 0, 0), randomness="different")
         cuda = sorted({v.device.index or 0 for v in params.values() if v.is_cuda})
+        # the rows go where the model is, a chunk at a time (the training set may stay on the
+        # host while the model is on a GPU: torch refuses host rows there)
+        device = next(iter(params.values())).device if params else self.features.device
         norms, losses = [], []
         with torch.random.fork_rng(devices=cuda):
             for i in range(0, self.features.shape[0], self.chunk):
-                x, y = self.features[i : i + self.chunk], self.labels[i : i + self.chunk]
+                x = self.features[i : i + self.chunk].to(device)
+                y = self.labels[i : i + self.chunk].to(device)
                 g = per_grad(params, x, y)
                 sq = sum(v.flatten(1).square().sum(1) for v in g.values())
                 norms.append(torch.as_tensor(sq).sqrt())

@@ -356,3 +356,24 @@ def test_the_kernel_compiles_for_a_gpu_with_accurate_math(monkeypatch, tmp_path)
     assert "sqrt.rn.f32" in ptx
     for approximate in ("lg2.approx", "sin.approx", "cos.approx", "ex2.approx"):
         assert approximate not in ptx, approximate
+
+
+class _DeviceState(torch.Tensor):
+    """A state tensor as one loaded with ``map_location="cuda"`` behaves towards numpy:
+    refused until ``.cpu()`` ("can't convert cuda:0 device type tensor to numpy")."""
+
+    def numpy(self, *args, **kwargs):
+        raise TypeError("can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu()")
+
+    def cpu(self, *args, **kwargs):
+        return self.as_subclass(torch.Tensor)
+
+
+def test_a_seeded_stream_resumes_from_a_state_loaded_onto_the_device():
+    """A checkpoint's generator state may come back on the GPU (``torch.load(...,
+    map_location="cuda")``); resuming from it must continue the same stream."""
+    a = tn.seeded_stream(bytes(range(32)), torch.device("cpu"))
+    state = a.get_state()
+    x = a.normal(1000)
+    b = tn.seeded_stream(None, torch.device("cpu"), state=state.clone().as_subclass(_DeviceState))
+    assert torch.equal(b.normal(1000), x)

@@ -140,7 +140,8 @@ def make_private(
       loss_reduction: ``"mean"`` or ``"sum"``, how your loss reduces over the batch.
       sample_rates: per-example Poisson rates q_i instead of batch_size / N.
       loss_fn: ``fn(model, batch) -> (B,)`` per-example losses, for methods with loss probes
-        (``needs.probes``); called under no_grad at perturbed parameters.
+        (``needs.probes``); called under no_grad at perturbed parameters, with the batch as
+        the private loader yields it (move it to the model's device, as your training loop does).
       budgets, individual: individualized privacy (docs/individual.md): one ε per training
         example (aligned with the dataset; the groups are the distinct budgets) and
         ``individual="sample"`` (per-group Poisson rates q_p, one σ) or ``"scale"`` (per-group

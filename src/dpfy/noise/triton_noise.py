@@ -253,7 +253,7 @@ class SeededChaChaGaussian(TritonChaChaGaussian):
                 f"shape={tuple(state.shape)}. Pass a state from SeededChaChaGaussian.get_state()"
             )
         with self._lock:
-            key_bytes = state[:4].contiguous().numpy().astype("<i8").tobytes()
+            key_bytes = state[:4].cpu().contiguous().numpy().astype("<i8").tobytes()
             self._key = key_words(key_bytes, self.device)
             self._counter = int(state[4]) % 2**64
             self._nonce = int(state[5]) % 2**64
