@@ -7,8 +7,9 @@ Where the private step is there to read them (it opts in: ``BufferGuard.defer``)
 instead computes each mismatch as a device tensor and adds it here; the step reads them all
 with the sensitivity check's own read (:func:`dpfy.step.sums.check_bound`), before anything of
 the batch is used in a release, and the guard refuses there with the same message it gives in
-the forward. Anything still pending is also read before ``model.state_dict()`` and when more
-than :data:`LIMIT` comparisons wait (forwards with no step between them).
+the forward. Anything still pending is also read before ``model.state_dict()`` (and so before
+a copy or a pickle), before an evaluation forward, and when more than :data:`LIMIT` comparisons
+wait (forwards with no step between them).
 
 On the CPU a comparison is no device synchronization: the guard compares at once, as before,
 unless :data:`FORCE_ON_CPU` is set (``benchmarks/step_ops.py`` counts the device code path on

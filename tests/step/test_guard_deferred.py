@@ -197,3 +197,16 @@ def test_a_write_in_a_forward_that_raises_is_refused_later(force, limit, monkeyp
         model(x)
     with pytest.raises(PrivacyRefusal, match="parameter 'l.bias'"):
         model.state_dict()
+
+
+def test_a_pending_write_is_refused_before_an_evaluation_forward(monkeypatch):
+    """A model used in memory after training forwards with no step (evaluated, served) is
+    refused at its first evaluation forward, as the CPU refuses the write in the forward."""
+    model, _, loader = _written_without_a_step(monkeypatch)
+    x, _ = next(iter(loader))
+    model.eval()
+    with torch.no_grad():  # an evaluation forward (``is_training_forward``: eval and no grad)
+        with pytest.raises(PrivacyRefusal, match="parameter 'l.bias'"):
+            model(x)
+        model.armed = False
+        assert model(x).shape == (16, 3)  # read once: the next evaluation forward runs

@@ -99,6 +99,10 @@ class _Watch:
 
     def pre(self, module: nn.Module) -> None:
         if not is_training_forward(module):
+            # an evaluation forward uses the model as it stands: a write that training forwards
+            # with no step after them left on the device for the step to read is refused first,
+            # as the CPU refuses it in the forward (no read when nothing waits)
+            self.guard.pending.flush()
             self.stack.append(None)
             return
         marks = _param_marks(self.owners, self.prints) if self.values_checked else None
