@@ -70,7 +70,7 @@ def device_path(on: bool) -> Iterator[None]:
 @given(b=B, t=st.integers(1, 4), d_in=st.integers(1, 6), d_out=st.integers(1, 6),
        bias=st.booleans(), seq=st.booleans(), on_device_path=st.booleans())
 def test_linear(b, t, d_in, d_out, bias, seq, on_device_path):
-    # the device path has no fused CPU kernel and scales g whichever operand is narrower
+    # the device path has no fused CPU kernel (and its 2-D weighted sum always scales gᵀ)
     torch.manual_seed(0)
     x = torch.randn(b, t, d_in) if seq else torch.randn(b, d_in)
     with device_path(on_device_path):

@@ -251,7 +251,8 @@ class Routes:
         # (B,) each, no (B, P) temporary; squared in one foreach launch for all the layer's
         # parameters; unscaled rows (s2 = 1, the usual case) need no launch to scale
         norms = [torch.linalg.vector_norm(r, dim=1) for r, _ in rows.values()]
-        squares = [norms[0].square()] if len(norms) == 1 else list(torch._foreach_pow(norms, 2))
+        # a foreach op refuses an empty list (a rule returning no rows): the engine then refuses
+        squares = [n.square() for n in norms] if len(norms) < 2 else torch._foreach_pow(norms, 2)
         if s2 != 1 and squares:
             torch._foreach_mul_(squares, s2)
         return dict(zip(rows, squares))

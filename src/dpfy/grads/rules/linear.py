@@ -115,10 +115,11 @@ class LinearRule(LayerRule):
         a, g = _as_seq(a, g)  # (B, T, d_in), (B, T, d_out)
         ww = w["weight"].to(g.dtype).view(-1, 1, 1)  # (B, 1, 1) sensitive, one view
         # Σ_i w_i G_iᵀ A_i: scale g (also the bias's sum when it shares the weights), then one
-        # (d_out, d_in) matmul. On CPU a narrower input is scaled instead: B·T·(d_out - d_in)
-        # multiplications less (256 -> 1024 at B·T = 1024: 8.6 instead of 9.1 ms), worth more
-        # there than the 2 ops it adds (a matrix-vector product for the bias)
-        if a.shape[-1] < g.shape[-1] and not device_path(g):
+        # (d_out, d_in) matmul. A narrower input is scaled instead, on every device: scaling g
+        # would allocate a second B·T·d_out tensor (an untied LM head's: about twice the largest
+        # capture at the peak), and B·T·(d_out - d_in) multiplications are saved (256 -> 1024 at
+        # B·T = 1024 on CPU: 8.6 instead of 9.1 ms), for 2 more ops (the bias's product)
+        if a.shape[-1] < g.shape[-1]:
             out = {"weight": torch.mm(_rows_t(g), (a * ww).flatten(0, 1))}
             gw = None
         else:
