@@ -213,3 +213,16 @@ def test_subclass_is_not_silently_treated_as_parent():
     assert rule_for(MyLinear(2, 2)) is None
     torch.manual_seed(0)
     check(MyLinear(3, 2), torch.randn(3, 3))  # correct through the vmap route
+
+
+@pytest.mark.parametrize("on_device_path", [False, True])
+def test_embedding_of_empty_sequences_has_a_zero_norm(on_device_path):
+    """Ids of shape (B, 0) read no embedding row: each example's gradient is 0. The device path
+    once built its slot offsets with ``arange(0, B·T, T)``, whose step 0 torch refuses."""
+    from dpfy.grads.rules.embedding import EmbeddingRule
+
+    layer = nn.Embedding(4, 3)
+    x, g = torch.zeros(2, 0, dtype=torch.long), torch.zeros(2, 0, 3)
+    with device_path(on_device_path):
+        sq = EmbeddingRule().sq_norm(layer, x, g)["weight"]
+    assert torch.equal(sq, torch.zeros(2))

@@ -61,6 +61,8 @@ class EmbeddingRule(LayerRule):
     def sq_norm(self, layer, a, g):
         x, g = _flat(layer, a, g)
         b, t, d = g.shape
+        if t == 0:  # empty sequences read no row: a zero gradient (and no arange of step 0)
+            return {"weight": g.new_zeros(b)}
         pad = layer.padding_idx
         # the same ids in every example (positions): one row's structure serves the batch. The
         # shortcuts read the ids on the host; on a device (a sync each) the general path runs
