@@ -366,6 +366,7 @@ def _statement(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, pri
         if cfg.budgets is not None
         else f"individualized budgets from {cfg.budgets_file}, IDP-SGD {cfg.individual}"
     )
+    assert cfg.delta is not None, "δ is resolved before the run starts"
     sigma = private.noise_multiplier
     noise = (
         f"noise multiplier σ = {sigma:.4g}"
