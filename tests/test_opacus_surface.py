@@ -51,3 +51,9 @@ def test_opacus_s_prv_accountant_is_refused_naming_pld():
     model, opt, loader = _parts()
     with pytest.raises(ValueError, match="accountant must be one of .* Use 'pld'"):
         dpfy.make_private(model, opt, loader, noise_multiplier=1.0, accountant="prv")
+
+
+def test_opacus_s_adaptive_clipping_is_refused_naming_the_quantile_method():
+    model, opt, loader = _parts()
+    with pytest.raises(ValueError, match="clipping must be one of .* method='quantile'"):
+        dpfy.make_private(model, opt, loader, noise_multiplier=1.0, clipping="adaptive")
