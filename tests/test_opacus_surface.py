@@ -44,3 +44,16 @@ def test_dpfy_s_own_loader_can_be_privatized_again():
     nn.functional.cross_entropy(model2(x), y).backward()
     opt2.step()
     assert opt2.step_count == 1
+
+
+def test_opacus_s_prv_accountant_is_refused_naming_pld():
+    # Opacus's numerical accountant is "prv"; dpfy's is dp_accounting's PLD. The refusal names it.
+    model, opt, loader = _parts()
+    with pytest.raises(ValueError, match="accountant must be one of .* Use 'pld'"):
+        dpfy.make_private(model, opt, loader, noise_multiplier=1.0, accountant="prv")
+
+
+def test_opacus_s_adaptive_clipping_is_refused_naming_the_quantile_method():
+    model, opt, loader = _parts()
+    with pytest.raises(ValueError, match="clipping must be one of .* method='quantile'"):
+        dpfy.make_private(model, opt, loader, noise_multiplier=1.0, clipping="adaptive")

@@ -248,7 +248,16 @@ def make_clipping(
     ``layers`` lists the parameter names of each layer (engine order), for ``per_layer``; a
     scalar C is then split equally, C_k = C/√K, so that the total sensitivity is C.
     """
-    require(kind in CLIPPINGS, "clipping", kind, f"one of {list(CLIPPINGS)}")
+    require(
+        kind in CLIPPINGS,
+        "clipping",
+        kind,
+        f"one of {list(CLIPPINGS)}",
+        "Opacus's clipping='adaptive' (quantile-tracked C, Andrew et al.) is method='quantile' "
+        "here, with clipping='flat'"
+        if kind == "adaptive"
+        else "",
+    )
     scalar = isinstance(max_grad_norm, (int, float))
     if kind == "per_layer":
         k = len(layers)

@@ -44,6 +44,14 @@ def test_plain_batchnorm_is_refused(tmp_path, capsys):
     assert "BatchNorm" in capsys.readouterr().err
 
 
+def test_plain_batchnorm_is_refused_naming_the_command_line_fix(tmp_path, capsys):
+    # A command-line user is told the flags, not the Python API's dpfy.validate(fix=True).
+    assert main(["train", *FAST, "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--batchnorm privatized --bn-bound" in err[0], err
+    assert "--model groupnorm_cnn" in err[0] and "dpfy.validate" not in err[0], err
+
+
 @pytest.mark.parametrize("flags", [["--bn-bound", "2"], ["--bn-share", "0.1"],
                                    ["--batchnorm", "public", "--bn-bound", "2"]])
 def test_batchnorm_flags_need_their_mode(tmp_path, capsys, flags):

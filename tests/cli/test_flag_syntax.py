@@ -42,6 +42,17 @@ def test_a_refusal_from_make_private_reads_in_flags(tmp_path, capsys):
     assert "bands=" not in err and "noise='bandmf'" not in err, err
 
 
+def test_a_config_file_s_keys_are_named_as_the_file_spells_them(tmp_path, capsys):
+    # A misspelt key in a TOML config: the message lists the keys the file may hold
+    # (batch_size), not the flags (--batch-size), which the file cannot use.
+    config = tmp_path / "c.toml"
+    config.write_text('dataset = "digits"\nepoch = 3\n')
+    assert main(["train", "--config", str(config), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "key = 'epoch'" in err and "'batch_size'" in err and "'weight_decay'" in err, err
+    assert "--batch-size" not in err and "--weight-decay" not in err, err
+
+
 def test_train_bandmf_without_bands_gets_the_default():
     """b = min(8, ⌊N/B⌋): digits' default batch is 1438 // 4 = 359, so ⌊1438/359⌋ = 4 bands."""
     cfg = resolve(TrainConfig(dataset="digits", noise="bandmf"), num_examples=1438,

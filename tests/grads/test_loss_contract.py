@@ -20,6 +20,8 @@ import dpfy
 from dpfy.errors import PrivacyRefusal
 
 warnings.filterwarnings("ignore", message="noise_multiplier=0")
+# torch's own warning on a broadcasting loss (the cases below that broadcast on purpose)
+pytestmark = pytest.mark.filterwarnings("ignore:Using a target size")
 
 
 def _run(loss, *, reduction="mean", steps=2):
@@ -46,6 +48,13 @@ GOOD = {
     "none then mean": (lambda m, x, y: F.cross_entropy(m(x), y, reduction="none").mean(),
                        "mean"),
     "scaled": (lambda m, x, y: 0.5 * F.mse_loss(m(x), F.one_hot(y, 3).float()), "mean"),
+    # a target of no batch dimension broadcasts across examples: the same constant for each
+    "mse against a constant": (lambda m, x, y: F.mse_loss(m(x), torch.zeros(3)), "mean"),
+    "mse (B, 1) vs (B, 1)": (lambda m, x, y: F.mse_loss(m(x)[:, :1], y.float()[:, None]),
+                             "mean"),
+    # a per-class constant whose length happens to be B: each example meets the same constant
+    "mse against a constant of length B": (lambda m, x, y: F.mse_loss(
+        m(x)[:, :1].expand(-1, len(x)), torch.arange(float(len(x)))), "mean"),
     # a constant per-example scale k = 10: clipped at C/10 at every step (module docstring)
     "10 × mean": (lambda m, x, y: 10 * F.cross_entropy(m(x), y), "mean"),
     "sum / 32 × 32 under sum": (lambda m, x, y: F.cross_entropy(m(x), y, reduction="sum")
@@ -93,6 +102,13 @@ BAD = {
         r"ignore_index=-100\) in unequal numbers"),
     "class weights": (lambda m, x, y: F.cross_entropy(m(x), y, weight=torch.ones(3)), "mean",
                       r"class weights"),
+    # (B, 1) against (B,) broadcasts to (B, B): Σ_ij (o_i − y_j)², so example j's target
+    # reaches every example's gradient; torch only warns
+    "mse (B, 1) vs (B,)": (lambda m, x, y: F.mse_loss(m(x)[:, :1], y.float()), "mean",
+                           r"mse_loss's input and target must have the same number of "
+                           r"dimensions, got input of shape \(\d+, 1\) and target of shape"),
+    "l1 (B,) vs (B, 1)": (lambda m, x, y: nn.L1Loss()(m(x)[:, 0], y.float()[:, None]), "mean",
+                          r"l1_loss's input and target.*target.unsqueeze"),
 }
 
 

@@ -72,6 +72,17 @@ def test_report_holds_the_tuning_statement_and_the_table(tuned):
     assert "seed" not in json.dumps(grid)
 
 
+def test_the_grid_s_epsilon_and_delta_are_stated_rounded_up(tuned):
+    # A stated (ε, δ) is never smaller than the one computed (tests/privacy/test_stated_rounding.py)
+    import re
+    result, _, _ = tuned
+    md = (result.out / "privacy_report.md").read_text()
+    (eps, delta), = re.findall(r"The grid's ε = ([0-9.e+-]+) at δ = ([0-9.e+-]+) ", md)
+    (eps_t, delta_t), = re.findall(r"\*\*Tuning:\*\* \(([0-9.e+-]+), ([0-9.e+-]+)\)", md)
+    for e, d in ((eps, delta), (eps_t, delta_t)):
+        assert float(e) >= result.epsilon and float(d) >= result.delta, (e, d, result)
+
+
 def test_winner_is_the_best_validation_metric(tuned):
     result, grid, _ = tuned
     best = max(grid["runs"], key=lambda r: r["metric"])

@@ -276,7 +276,11 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "individual", None):
         return run_individual(args, load_ledger)
     refuse_without_individual(args)
-    from dpfy.privacy.statement import inapplicable, relation  # local: not for --help
+    from dpfy.privacy.statement import (  # local: not for --help
+        epsilon_statement,
+        inapplicable,
+        stated_epsilon,
+    )
 
     others: dict[str, float] = {}
     left_out: dict[str, str] = {}
@@ -344,9 +348,12 @@ def run(args: argparse.Namespace) -> int:
         out["others"] = others
     if left_out:
         out["left_out"] = left_out
-    out["statement"] = (
-        f"ε = {out['epsilon']:.4g} at δ = {out['delta']:.3g} for "
-        f"{relation(out['unit'], out['adjacency'])} [{out['accountant_label']}]"
+    out["statement"] = epsilon_statement(  # rounded up: never smaller than computed
+        out["epsilon"],
+        out["delta"],
+        unit=out["unit"],
+        adjacency=out["adjacency"],
+        accountant_label=out["accountant_label"],
     )
     if args.json:
         print(
@@ -364,7 +371,7 @@ def run(args: argparse.Namespace) -> int:
         else f"{out['steps']} steps of sampling rate q = {out['sample_rate']:.6g} "
         f"({out['sampling']}) with noise multiplier σ = {out['noise_multiplier']:g}"
     )
-    beside = "".join(f"; {a}: ε = {e:.4g}" for a, e in others.items())
+    beside = "".join(f"; {a}: ε = {stated_epsilon(e)}" for a, e in others.items())
     print(
         f"{what} satisfy {out['statement']}"
         + (f" (the run's accountant{beside})" if others else "")

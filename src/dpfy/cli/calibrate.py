@@ -173,14 +173,14 @@ def run(args: argparse.Namespace) -> int:
     if runs is not None:
         print(
             f"{solved} = {out[solved]:.6g}: {runs} runs × {steps} steps at q = {q:.6g} with "
-            f"σ = {sigma:.6g} spend ε = {reached:.4g} ≤ {args.target_epsilon:g} at "
+            f"σ = {sigma:.6g} spend ε = {_stated(reached)} ≤ {args.target_epsilon:g} at "
             f"δ = {args.delta:.3g} together for {_relation(ledger)} (one run alone: ε = "
-            f"{out['epsilon_per_run']:.4g}) [{out['accountant_label']}]{rigorous}"
+            f"{_stated(out['epsilon_per_run'])}) [{out['accountant_label']}]{rigorous}"
         )
         return 0
     print(
         f"{solved} = {out[solved]:.6g}: {steps} steps at q = {q:.6g} with σ = {sigma:.6g} "
-        f"spend ε = {reached:.4g} ≤ {args.target_epsilon:g} at δ = {args.delta:.3g} "
+        f"spend ε = {_stated(reached)} ≤ {args.target_epsilon:g} at δ = {args.delta:.3g} "
         f"for {_relation(ledger)} [{out['accountant_label']}]{rigorous}"
     )
     return 0
@@ -197,6 +197,13 @@ def _targets(args: argparse.Namespace, sampling: Sampling) -> dict[str, Any]:
         "dataset_size": args.dataset_size,
         "approximate": args.approximate,
     }
+
+
+def _stated(epsilon: float) -> str:
+    """ε as a statement shows it: rounded up, never smaller than computed."""
+    from dpfy.privacy.statement import stated_epsilon  # local: not for --help
+
+    return stated_epsilon(epsilon)
 
 
 def _relation(ledger: Ledger) -> str:
@@ -255,7 +262,7 @@ def _run_correlated(args: argparse.Namespace) -> int:
     print(
         f"noise_multiplier = {sigma:.6g}: {steps} steps of {args.noise} noise "
         f"(period {noise['period']}) on {sampling.value} sampling at q = {rate:.6g} spend "
-        f"ε = {reached:.4g} ≤ {args.target_epsilon:g} at δ = {args.delta:.3g} "
+        f"ε = {_stated(reached)} ≤ {args.target_epsilon:g} at δ = {args.delta:.3g} "
         f"for {_relation(ledger)} [{accountant_label(args.accountant)}]"
     )
     return 0

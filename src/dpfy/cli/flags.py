@@ -49,7 +49,12 @@ def _keyword(flag: str, match: re.Match[str]) -> str:
 
 
 def as_flags(message: str, names: dict[str, str]) -> str:
-    """``message`` with each Python name of ``names`` written as its flag (see the module)."""
+    """``message`` with each Python name of ``names`` written as its flag (see the module).
+
+    A message about a config file's keys is left as it is: its names are the file's keys
+    (``batch_size``), which the file must spell that way, not flags."""
+    if message.startswith("config file "):
+        return message
     for name in sorted(names, key=len, reverse=True):  # loader.batch_size before batch_size
         flag, n = names[name], re.escape(name)
         edge = r"(?<![\w.\-/])"  # not the tail of a longer name, a path or a flag

@@ -13,7 +13,9 @@ alone, and nothing else. Three common losses break it without any error:
   ``num_items_in_batch``, the batch's token count), or a ``"mean"`` cross entropy over ignored
   targets (``ignore_index``) in unequal numbers per example or with class weights. Example i's
   gradient then depends on the other examples, and clipping no longer bounds one example's
-  contribution.
+  contribution. So it does under an elementwise loss (``mse_loss``, ``l1_loss``, ...) whose
+  input and target both lead with the batch but differ in rank: (B, 1) against (B,) broadcasts
+  to (B, B), every output against every target (torch only warns).
 
 Scale. A loss c·Σ_i ℓ_i has the per-example gradient scale k = c·B under ``"mean"`` (the
 engine multiplies by the batch's B rows) and k = c under ``"sum"``; the engine clips k·∇ℓ_i at
@@ -69,6 +71,8 @@ _MUL = {"mul", "__mul__", "__rmul__", "__imul__", "mul_", "multiply"}
 _DIV = {"div", "__truediv__", "__itruediv__", "div_", "divide", "true_divide"}
 _REDUCE = {"sum": "sum", "nansum": "sum", "mean": "mean", "nanmean": "mean"}
 _COUNTED = {"cross_entropy", "nll_loss"}  # "mean" divides by the count of kept targets
+# elementwise losses that broadcast input against target (torch only warns)
+_BROADCASTING = {"mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "poisson_nll_loss"}
 
 EXTRA_TERM = (
     "the loss must be computed from the model's output only, got a term added to it that "
@@ -274,6 +278,9 @@ def _loss_notes(
     if a.get("size_average") is not None or a.get("reduce") is not None:
         reduction = nn._reduction.legacy_get_string(a.get("size_average"), a.get("reduce"))
     x = a.get("input", args[0] if args else None)
+    broadcast = _broadcast_problem(name, x, a.get("target"), rows)
+    if broadcast:
+        return _Notes(problems=broadcast, loss=True)
     if (
         reduction == "none"
         or rows == 0
@@ -289,6 +296,41 @@ def _loss_notes(
     if name in _COUNTED and reduction == "mean":
         problems = _counted_mean_problem(name, a, rows)
     return _Notes(frozenset({found}), problems, loss=True)
+
+
+def _broadcast_problem(name: str, x: Any, target: Any, rows: int) -> tuple[str, ...]:
+    """An elementwise loss whose input and target both lead with the batch's rows but differ in
+    rank: broadcasting aligns trailing dimensions, so one's batch dimension meets the other's
+    last ((B, 1) against (B,) gives (B, B)) and each example is compared with every target."""
+    if (
+        name not in _BROADCASTING
+        or rows < 2
+        or not isinstance(x, torch.Tensor)
+        or not isinstance(target, torch.Tensor)
+        or x.dim() == target.dim()
+        or min(x.dim(), target.dim()) == 0
+        or x.shape[0] != rows
+        or target.shape[0] != rows
+        or not _expands(x.shape, target.shape)
+    ):
+        return ()
+    return (
+        f"{name}'s input and target must have the same number of dimensions, got input of "
+        f"shape {tuple(x.shape)} and target of shape {tuple(target.shape)}: broadcasting "
+        f"compares each example's output with the other examples' targets, so each example's "
+        f"gradient would depend on the other examples and clipping would no longer bound one "
+        f"example's contribution. Match the shapes (output.squeeze(-1), or "
+        f"target.unsqueeze(-1))",
+    )
+
+
+def _expands(x: torch.Size, target: torch.Size) -> bool:
+    """Whether broadcasting ``target`` against ``x`` gives more elements than ``x`` (a per-class
+    constant target of length B does not: each example meets the same constant)."""
+    try:
+        return torch.broadcast_shapes(x, target) != x
+    except RuntimeError:  # torch's own error follows in the loss itself
+        return False
 
 
 def _counted_mean_problem(name: str, a: dict[str, Any], rows: int) -> tuple[str, ...]:

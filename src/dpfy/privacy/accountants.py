@@ -97,7 +97,13 @@ def accountant_label(name: str) -> str:
 
 def check_accountant(name: str) -> None:
     """Raise unless ``name`` is one of ACCOUNTANTS (the check every entry point shares)."""
-    require(name in ACCOUNTANTS, "accountant", name, f"one of {list(ACCOUNTANTS)}")
+    require(
+        name in ACCOUNTANTS,
+        "accountant",
+        name,
+        f"one of {list(ACCOUNTANTS)}",
+        "Use 'pld' (the default: numerical and tight, where Opacus has 'prv') or 'rdp'",
+    )
 
 
 def check_delta(delta: float) -> None:

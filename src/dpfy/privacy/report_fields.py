@@ -11,6 +11,7 @@ from typing import Any, Mapping
 from dpfy.privacy.accountants import APPROXIMATE
 from dpfy.privacy.report_text import ADJACENCY_TEXT, USER_ADJACENCY_TEXT, tier
 from dpfy.privacy.section import ReportSection
+from dpfy.privacy.statement import rounded_up, stated_epsilon
 
 __all__ = ["TuningCost", "MechanismShare", "ReportFields"]
 
@@ -142,7 +143,8 @@ class ReportFields:
         """One sentence a reviewer can quote."""
         approx = " (GDP CLT approximation, not a guarantee)" if self.approximate else ""
         return (
-            f"Training satisfies ({self.epsilon:.4g}, {self.delta:.3g})-differential privacy"
+            f"Training satisfies ({stated_epsilon(self.epsilon)}, {rounded_up(self.delta, 3)})"
+            "-differential privacy"
             f"{approx} for {self.unit_of_privacy} under {self.adjacency.replace('_', '-')} "
             f"adjacency, over {self.steps} steps, by the {self.accountant.upper()} "
             f"accountant."

@@ -3,12 +3,12 @@ Markdown, section by section following the guide's checklist."""
 
 from __future__ import annotations
 
-import math
 
 from dpfy.privacy.accountants import accountant_label
 from dpfy.privacy.ledger import Sampling
 from dpfy.privacy.report_fields import ReportFields
 from dpfy.privacy.report_text import SAMPLING_TEXT, TIER_TEXT
+from dpfy.privacy.statement import rounded_up, stated_epsilon
 
 __all__ = ["report_markdown"]
 
@@ -79,11 +79,11 @@ def report_markdown(report: ReportFields) -> str:
         "",
         "## 4. Formal statements",
         "",
-        f"- **Training:** ({f(report.epsilon)}, {report.delta:.3g})-DP.",
+        f"- **Training:** ({f(report.epsilon)}, {rounded_up(report.delta, 3)})-DP.",
         (
             "- **Tuning:** "
             + (
-                f"({f(report.tuning.epsilon)}, {report.tuning.delta:.3g})-DP "
+                f"({f(report.tuning.epsilon)}, {rounded_up(report.tuning.delta, 3)})-DP "
                 f"including the released run; {report.tuning.method}. "
                 f"{report.tuning.details}"
                 if report.tuning
@@ -95,7 +95,7 @@ def report_markdown(report: ReportFields) -> str:
     if report.group_statement:
         ge, gd = report.group_statement
         lines.append(
-            f"- **Groups of {report.group_size}:** ({f(ge)}, {gd:.3g})-DP "
+            f"- **Groups of {report.group_size}:** ({f(ge)}, {rounded_up(gd, 3)})-DP "
             "(group privacy; degrades fast)."
         )
     dc = report.delta_convention()
@@ -146,7 +146,8 @@ def report_markdown(report: ReportFields) -> str:
 
 
 def _fmt(x: float) -> str:
-    return "∞" if math.isinf(x) else f"{x:.4g}"
+    """ε rounded up (never shown smaller than computed), as :func:`stated_epsilon`."""
+    return stated_epsilon(x)
 
 
 def _range(pair: tuple[float, float]) -> str:

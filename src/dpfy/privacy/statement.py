@@ -13,7 +13,14 @@ import math
 
 from dpfy.privacy.ledger import Ledger, Sampling
 
-__all__ = ["relation", "epsilon_statement", "ledger_statement", "inapplicable"]
+__all__ = [
+    "relation",
+    "epsilon_statement",
+    "ledger_statement",
+    "inapplicable",
+    "rounded_up",
+    "stated_epsilon",
+]
 
 _WHAT = {
     ("example", "add_or_remove"): "one example added or removed",
@@ -33,12 +40,17 @@ def epsilon_statement(
     epsilon: float, delta: float, *, unit: str, adjacency: str, accountant_label: str | None = None
 ) -> str:
     """ "ε = … at δ = … for <unit>-level <relation> adjacency (…)", with ``[accountant]``."""
-    value = "∞" if math.isinf(epsilon) else _rounded_up(epsilon, 4)
+    value = stated_epsilon(epsilon)
     tail = f" [{accountant_label}]" if accountant_label else ""
-    return f"ε = {value} at δ = {_rounded_up(delta, 3)} for {relation(unit, adjacency)}{tail}"
+    return f"ε = {value} at δ = {rounded_up(delta, 3)} for {relation(unit, adjacency)}{tail}"
 
 
-def _rounded_up(x: float, digits: int) -> str:
+def stated_epsilon(epsilon: float) -> str:
+    """ε as every statement and report shows it: 4 significant digits rounded up, or ∞."""
+    return "∞" if math.isinf(epsilon) else rounded_up(epsilon, 4)
+
+
+def rounded_up(x: float, digits: int) -> str:
     """``x`` to ``digits`` significant digits, rounded *up*: a statement never shows a smaller
     ε or δ than the accountant computed (1.00049 reads 1.001, not 1)."""
     text = f"{x:.{digits}g}"

@@ -31,6 +31,15 @@ def batchnorm_options(cfg: TrainConfig, data: DataSplits) -> dict[str, Any]:
         "unset unless --batchnorm public",
         "Drop --bn-public-data, or pass --batchnorm public",
     )
+    require(
+        cfg.batchnorm is not None or cfg.model != "batchnorm_cnn",
+        "batchnorm",
+        cfg.batchnorm,
+        "'public' or 'privatized' with --model batchnorm_cnn (its BatchNorm mixes the "
+        "examples of a batch)",
+        "Pass --batchnorm privatized --bn-bound A, or --batchnorm public (Fashion-MNIST), or "
+        "use --model groupnorm_cnn",
+    )
     public = None
     if cfg.batchnorm == "public":
         which = cfg.bn_public_data or "digits"

@@ -44,6 +44,7 @@ from dpfy.data import DataSplits, load_dataset
 from dpfy.errors import PrivacyRefusal
 from dpfy.models import build_model
 from dpfy.privacy.ledger import Ledger
+from dpfy.privacy.statement import rounded_up, stated_epsilon
 from dpfy.privacy.tuning import (
     calibrate_grid_noise_multiplier,
     composed_runs,
@@ -256,7 +257,7 @@ def run_grid(
         )
         echo(
             f"dpfy tune: run {i + 1}/{k} {settings}: {select} {runs[-1].metric:.4g}, "
-            f"ε of this run {result.epsilon:.4g}"
+            f"ε of this run {stated_epsilon(result.epsilon)}"
         )
     eps_grid = grid_epsilon(ledgers, delta=delta, accountant=base.accountant)
     finite = [r for r in runs if math.isfinite(r.metric)]
@@ -288,7 +289,8 @@ def run_grid(
     shutil.rmtree(staging)
     echo(
         f"dpfy tune: winner {winner.settings} ({select} {winner.metric:.4g}); the grid of {k} "
-        f"runs spent ε = {eps_grid:.4g} at δ = {delta:.3g} ({base.accountant.upper()}); "
+        f"runs spent ε = {stated_epsilon(eps_grid)} at δ = {rounded_up(delta, 3)} "
+        f"({base.accountant.upper()}); "
         f"privacy report: {out / 'privacy_report.md'}"
     )
     return GridResult(

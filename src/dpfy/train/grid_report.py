@@ -14,6 +14,7 @@ from typing import Sequence
 
 from dpfy.privacy.ledger import Ledger
 from dpfy.privacy.report import PrivacyReport, ReportSection, TuningCost
+from dpfy.privacy.statement import rounded_up, stated_epsilon
 from dpfy.train.config import TrainConfig
 from dpfy.train.grid_axes import GridAxis, GridRun
 from dpfy.train.rundir import write_atomic
@@ -42,9 +43,10 @@ def publish_grid(
     target = f"target ε = {base.epsilon:g}" if base.epsilon is not None else "fixed σ"
     lines = [
         f"{k} configurations, each trained at σ = {sigma:.4g} ({target} for the whole "
-        f"grid, per-grid budget of Galli et al. 2024). The grid's ε = {eps_grid:.4g} at "
-        f"δ = {delta:.3g} is the {base.accountant.upper()} accountant's ε of all {k} runs' "
-        f"ledgers composed. Winner: run {winner.index} ({select} {winner.metric:.4g}), chosen "
+        f"grid, per-grid budget of Galli et al. 2024). The grid's ε = "
+        f"{stated_epsilon(eps_grid)} at δ = {rounded_up(delta, 3)} is the "
+        f"{base.accountant.upper()} accountant's ε of all {k} runs' ledgers composed. "
+        f"Winner: run {winner.index} ({select} {winner.metric:.4g}), chosen "
         f"on the final epoch's {select} of {selected_on}.",
         "",
         "| run | " + " | ".join(names) + f" | {select} | ε of the run alone |",
@@ -58,7 +60,7 @@ def publish_grid(
                 f"{r.settings[n]:.6g}" if isinstance(r.settings[n], float) else str(r.settings[n])
                 for n in names
             )
-            + f" | {r.metric:.4g} | {r.epsilon:.4g} |"
+            + f" | {r.metric:.4g} | {stated_epsilon(r.epsilon)} |"
         )
     if test is not None:
         lines += [

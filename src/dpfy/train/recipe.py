@@ -56,6 +56,7 @@ from dpfy.data import DataSplits, load_dataset
 from dpfy.privacy.calibration import Target, sigma_for
 from dpfy.privacy.events import Poisson
 from dpfy.privacy.section import ReportSection
+from dpfy.privacy.statement import rounded_up, stated_epsilon
 from dpfy.privacy.tuning import log_grid
 from dpfy.sampling import PoissonSampler
 from dpfy.train.config import SEED_WARNING, TrainConfig, resolve
@@ -310,8 +311,9 @@ def run_recipe(
     )
     _publish(result, base, held, data, delta, select, tolerance, reference, steps, batch)
     echo(
-        f"dpfy tune: final run lr {lr:.4g}, C {clip:.4g}, σ {sigma:.4g}: ε = {final.epsilon:.4g} "
-        f"at δ = {delta:.3g} for the final run ONLY; test accuracy {final.test_acc:.4g}"
+        f"dpfy tune: final run lr {lr:.4g}, C {clip:.4g}, σ {sigma:.4g}: ε = "
+        f"{stated_epsilon(final.epsilon)} at δ = {rounded_up(delta, 3)} for the final run ONLY; "
+        f"test accuracy {final.test_acc:.4g}"
     )
     echo(
         f"dpfy tune: NOT covered by that ε: searches 1-2 trained {len(nonprivate) + len(clips)} "

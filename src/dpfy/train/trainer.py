@@ -39,7 +39,7 @@ from dpfy.errors import SeedWarning
 from dpfy.individual_tracking import save_norms
 from dpfy.models import build_model
 from dpfy.privacy.individual import load_budgets, random_budgets
-from dpfy.privacy.statement import ledger_statement
+from dpfy.privacy.statement import ledger_statement, rounded_up
 from dpfy.train.checkpoint import Checkpoint, load_latest
 from dpfy.train.device import device_description, hold_on_device, resolve_device
 from dpfy.train.config import RESUME_IGNORED, SEED_WARNING, TrainConfig, parse_floats, resolve
@@ -366,6 +366,7 @@ def _statement(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, pri
         if cfg.budgets is not None
         else f"individualized budgets from {cfg.budgets_file}, IDP-SGD {cfg.individual}"
     )
+    assert cfg.delta is not None, "δ is resolved before the run starts"
     sigma = private.noise_multiplier
     noise = (
         f"noise multiplier σ = {sigma:.4g}"
@@ -387,7 +388,7 @@ def _statement(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, pri
         f"{private.total_steps} steps, {clip_description(private)}"
         f"{augmult_description(cfg)}, "
         f"{noise} ({budget}); "
-        f"δ = {cfg.delta:.3g} "
+        f"δ = {rounded_up(cfg.delta, 3)} "
         f"({notes.get('delta_rule', 'given')}); ε accounted with {cfg.accountant.upper()}."
     )
 
