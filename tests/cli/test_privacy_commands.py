@@ -90,3 +90,28 @@ def test_report_refuses_a_gdp_headline_unless_asked_and_never_keeps_it(tmp_path,
     assert "not a guarantee" in capsys.readouterr().out
     assert main(["report", str(tmp_path), "--delta", "1e-5"]) == 0   # the default again
     assert "by the PLD accountant" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "solve",
+    [
+        # σ solved, 0.8289392923: to nearest 0.828939 (below), shown rounded up
+        ["--sample-rate", "0.01", "--steps", "400"],
+        # q solved, 0.0176323735: to nearest 0.0176324 (above), shown rounded down
+        ["--noise-multiplier", "1.1", "--steps", "500"],
+    ],
+)
+def test_calibrate_shows_the_solution_on_the_side_that_spends_no_more(solve, capsys):
+    """A user copies the printed value into a run: σ shown to 6 digits must not be below the
+    calibrated σ, nor q above the calibrated q (rounding to nearest can go either way)."""
+    argv = ["calibrate", "--target-epsilon", "2", "--delta", "1e-5"]  # PLD, the default
+    assert main(argv + solve + ["--json"]) == 0
+    out = _json(capsys)
+    assert main(argv + solve) == 0
+    line = capsys.readouterr().out
+    solved = out["solved"]
+    shown = float(line.split(f"{solved} = ")[1].split(":")[0])
+    if solved == "noise_multiplier":
+        assert out[solved] <= shown <= out[solved] * (1 + 1e-5)
+    else:
+        assert out[solved] * (1 - 1e-5) <= shown <= out[solved]

@@ -170,20 +170,37 @@ def run(args: argparse.Namespace) -> int:
         if "epsilon_pld" in out
         else ""
     )
+    shape = f"at q = {_shown('sample_rate', q)} with σ = {_shown('noise_multiplier', sigma)}"
     if runs is not None:
         print(
-            f"{solved} = {out[solved]:.6g}: {runs} runs × {steps} steps at q = {q:.6g} with "
-            f"σ = {sigma:.6g} spend ε = {_stated(reached)} ≤ {args.target_epsilon:g} at "
+            f"{solved} = {_shown(solved, out[solved])}: {runs} runs × {steps} steps {shape} "
+            f"spend ε = {_stated(reached)} ≤ {args.target_epsilon:g} at "
             f"δ = {args.delta:.3g} together for {_relation(ledger)} (one run alone: ε = "
             f"{_stated(out['epsilon_per_run'])}) [{out['accountant_label']}]{rigorous}"
         )
         return 0
     print(
-        f"{solved} = {out[solved]:.6g}: {steps} steps at q = {q:.6g} with σ = {sigma:.6g} "
-        f"spend ε = {_stated(reached)} ≤ {args.target_epsilon:g} at δ = {args.delta:.3g} "
+        f"{solved} = {_shown(solved, out[solved])}: {steps} steps {shape} spend ε = "
+        f"{_stated(reached)} ≤ {args.target_epsilon:g} at δ = {args.delta:.3g} "
         f"for {_relation(ledger)} [{out['accountant_label']}]{rigorous}"
     )
     return 0
+
+
+def _shown(name: str, value: float) -> str:
+    """A solved value as printed, to 6 significant digits on the side that spends no more than
+    the value itself: σ rounded up, q rounded down (a user copies it into a run); steps whole."""
+    from dpfy.privacy.statement import rounded_up  # local: not for --help
+
+    if name == "noise_multiplier":
+        return rounded_up(value, 6)
+    if name == "sample_rate":
+        text = f"{value:.6g}"
+        if float(text) <= value:
+            return text
+        step = 10 ** (math.floor(math.log10(value)) - 5)
+        return f"{float(text) - step:.6g}"
+    return f"{value:.6g}"
 
 
 def _targets(args: argparse.Namespace, sampling: Sampling) -> dict[str, Any]:
