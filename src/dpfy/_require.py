@@ -27,13 +27,22 @@ class MissingExtra(ImportError):
     """An optional package a feature needs is not installed; the message names the extra."""
 
 
-def require(ok: bool, name: str, value: Any, constraint: str, fix: str = "") -> None:
-    """Raise ``ValueError`` naming the parameter, the constraint, the value and the fix."""
+def require(
+    ok: bool,
+    name: str,
+    value: Any,
+    constraint: str,
+    fix: str = "",
+    error: type[ValueError] = ValueError,
+) -> None:
+    """Raise ``error`` (``ValueError``, or a subclass such as
+    :class:`dpfy.errors.PrivacyRefusal`) naming the parameter, the constraint, the value and the
+    fix."""
     if not ok:
         msg = f"{name} must be {constraint}, got {name} = {value!r}."
         if fix:
             msg += f" {fix.rstrip('.')}."
-        raise ValueError(msg)
+        raise error(msg)
 
 
 def require_resumed(what: str, saved: Any, current: Any, fix: str) -> None:

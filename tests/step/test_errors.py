@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
-from dpfy.errors import BudgetExhausted
+from dpfy.errors import BudgetExhausted, PrivacyRefusal
 
 
 def data(n=40, d=4):
@@ -132,7 +132,8 @@ def test_step_needs_a_batch_from_the_private_loader():
     x, y = data().tensors
     opt.zero_grad()
     F.cross_entropy(m(x[:8]), y[:8]).backward()
-    with pytest.raises(ValueError, match="loader returned by make_private"):
+    # a batch dpfy did not sample cannot be accounted: a PrivacyRefusal (README)
+    with pytest.raises(PrivacyRefusal, match="loader returned by make_private"):
         opt.step()
 
 
@@ -226,7 +227,7 @@ def test_two_batches_before_one_step_are_refused():
     for _ in range(2):
         x, y = next(it)
         F.cross_entropy(m(x), y).backward()
-    with pytest.raises(ValueError, match="batches per optimizer.step\\(\\) must be exactly 1"):
+    with pytest.raises(PrivacyRefusal, match="batches per optimizer.step\\(\\) must be exactly 1"):
         opt.step()
 
 
@@ -299,3 +300,15 @@ def test_import_dpfy_registers_the_layer_replacements_for_validate_fix():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == "DPGRU"
+
+
+def test_a_second_step_on_one_batch_is_a_privacy_refusal():
+    # the batch's clipped gradients were already released: a second release of them would
+    # spend a step the ledger does not record
+    m, opt, dl = private(nn.Linear(4, 2))
+    x, y = next(iter(dl))
+    F.cross_entropy(m(x), y).backward()
+    opt.step()
+    F.cross_entropy(m(x), y).backward()
+    with pytest.raises(PrivacyRefusal, match="must be called once per batch"):
+        opt.step()

@@ -165,8 +165,10 @@ class PrivateStep:
         self._refuse_frozen_since()
         self._check_loss_contract()
         pending = self.cursor.pending
+        # a batch the private loader did not yield (or yielded for an earlier step) is one
+        # whose sampling dpfy did not do: it cannot be accounted
         if pending == 0 and self.cursor.taken:
-            raise ValueError(repeated_step_message(self.cursor.last))
+            raise PrivacyRefusal(repeated_step_message(self.cursor.last))
         require(
             pending >= 1,
             "the batch",
@@ -174,6 +176,7 @@ class PrivateStep:
             "one yielded by the loader make_private returned",
             "Iterate the loader returned by make_private; each of its batches allows one "
             "optimizer.step()",
+            error=PrivacyRefusal,
         )
         # Two batches before one step would pair example i of one with example i of the other
         # in the per-sample gradients (sensitivity 2C, not C): refuse.
@@ -184,6 +187,7 @@ class PrivateStep:
             "exactly 1",
             "Call optimizer.step() after every batch of the private loader; to accumulate "
             "gradients over a large logical batch use max_physical_batch_size=",
+            error=PrivacyRefusal,
         )
         if self.sums is None:
             plan = self.plan()
