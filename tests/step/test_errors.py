@@ -176,7 +176,7 @@ def test_tied_weights_train_on_the_default_and_vmap_engines():
 def test_model_made_private_twice_is_refused():
     model = nn.Linear(4, 2)
     private(model)
-    with pytest.raises(ValueError, match="already private"):
+    with pytest.raises(ValueError, match="has not made private yet"):
         private(model)
 
 

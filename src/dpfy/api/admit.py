@@ -82,7 +82,7 @@ def admit(
         inner not in ATTACHED,
         "model",
         type(model).__name__,
-        "not already private",
+        "a model make_private has not made private yet",
         "Call make_private once per model (build a fresh model to start over)",
     )
     return model, inner
