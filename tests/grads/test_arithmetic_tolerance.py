@@ -299,3 +299,24 @@ def test_onednn_bfloat16_float32_matmuls_are_seen_and_switched_off(onednn_precis
     with full_precision():
         assert mkldnn.conv.fp32_precision == "ieee"
     assert mkldnn.conv.fp32_precision == "tf32"
+
+
+def test_full_precision_restores_legacy_cublas_tf32_without_touching_onednn(fp32_precision_api):
+    """``torch.backends.cuda.matmul.allow_tf32 = True`` (the legacy API) allows TF32 in cuBLAS
+    only: ``get_float32_matmul_precision()`` then reads "high". Restoring that through
+    ``set_float32_matmul_precision("high")`` also set the CPU's oneDNN matmuls to "tf32", so
+    the user's CPU matmuls after the section ran in TF32 where oneDNN has it (and dpfy's own
+    row probe coarsened its CPU tolerance). Every flag must read as before the section."""
+    backends = fp32_precision_api
+    backends.cuda.matmul.allow_tf32 = True
+    try:
+        before = (backends.mkldnn.matmul.fp32_precision, backends.cuda.matmul.fp32_precision)
+        assert before == ("none", "tf32") and torch.get_float32_matmul_precision() == "high"
+        with full_precision():
+            assert backends.cuda.matmul.fp32_precision == "ieee"
+        assert (backends.mkldnn.matmul.fp32_precision, backends.cuda.matmul.fp32_precision) == (
+            before
+        )
+        assert backends.cuda.matmul.allow_tf32 and torch.get_float32_matmul_precision() == "high"
+    finally:
+        backends.cuda.matmul.allow_tf32 = False

@@ -228,8 +228,9 @@ class full_precision:
         if precision == "mixed":  # set through the per-backend API
             self._undo.append(_tf32_off(matmul, matmul))
         elif precision != "highest":  # covers cuBLAS's allow_tf32, which reads as "high"
+            onednn = _onednn_flags()[:1]  # oneDNN's matmul flag, which the call below sets too
+            self._undo.append(_matmul_precision_back(precision, onednn))
             torch.set_float32_matmul_precision("highest")
-            self._undo.append(lambda: torch.set_float32_matmul_precision(precision))
         self._undo.append(_tf32_off(cudnn, getattr(cudnn, "conv", None)))
         self._undo += [_reduced_off(flag) for flag in _onednn_flags()]
         for device_type in ("cuda", "cpu"):
@@ -242,6 +243,23 @@ class full_precision:
     def __exit__(self, *exc: object) -> None:
         for undo in reversed(self._undo):
             undo()
+
+
+def _matmul_precision_back(precision: str, onednn: list[Any]) -> Callable[[], None]:
+    """The restore of ``torch.set_float32_matmul_precision("highest")`` (returned when called
+    with the flags as they were): ``precision`` again, then oneDNN's matmul flag as before.
+    Setting "high" also sets oneDNN's matmuls to "tf32", where the legacy
+    ``torch.backends.cuda.matmul.allow_tf32 = True``, which also reads as "high", had left
+    them in float32."""
+    before = [_fp32_precision(flag) for flag in onednn]
+
+    def back() -> None:
+        torch.set_float32_matmul_precision(precision)
+        for flag, was in zip(onednn, before):
+            if _fp32_precision(flag) != was:
+                _restore(flag, was)
+
+    return back
 
 
 def _nothing() -> None:
