@@ -299,3 +299,58 @@ def test_onednn_bfloat16_float32_matmuls_are_seen_and_switched_off(onednn_precis
     with full_precision():
         assert mkldnn.conv.fp32_precision == "ieee"
     assert mkldnn.conv.fp32_precision == "tf32"
+
+
+def test_full_precision_restores_legacy_cublas_tf32_without_touching_onednn(fp32_precision_api):
+    """``torch.backends.cuda.matmul.allow_tf32 = True`` (the legacy API) allows TF32 in cuBLAS
+    only: ``get_float32_matmul_precision()`` then reads "high". Restoring that through
+    ``set_float32_matmul_precision("high")`` also set the CPU's oneDNN matmuls to "tf32", so
+    the user's CPU matmuls after the section ran in TF32 where oneDNN has it (and dpfy's own
+    row probe coarsened its CPU tolerance). Every flag must read as before the section."""
+    backends = fp32_precision_api
+    backends.cuda.matmul.allow_tf32 = True
+    try:
+        before = (backends.mkldnn.matmul.fp32_precision, backends.cuda.matmul.fp32_precision)
+        assert before == ("none", "tf32") and torch.get_float32_matmul_precision() == "high"
+        with full_precision():
+            assert backends.cuda.matmul.fp32_precision == "ieee"
+        assert (backends.mkldnn.matmul.fp32_precision, backends.cuda.matmul.fp32_precision) == (
+            before
+        )
+        assert backends.cuda.matmul.allow_tf32 and torch.get_float32_matmul_precision() == "high"
+    finally:
+        backends.cuda.matmul.allow_tf32 = False
+
+
+def test_full_precision_holds_while_another_thread_is_still_inside(precision):
+    """The flags are process-wide. Thread A enters (TF32 allowed: it switches it off), thread
+    B enters (finds it off: nothing to restore), A leaves and restores TF32 while B is still
+    computing its norms and sums: B's would run in TF32 and a clipped contribution could
+    exceed C (two private models trained in threads, or a served model's step). The flags
+    are switched off by the first thread to enter and restored by the last to leave."""
+    import threading
+
+    precision("high")
+    a_inside, a_left, seen = threading.Event(), threading.Event(), []
+
+    def thread_a():
+        with full_precision():
+            a_inside.set()
+            b_inside.wait(10)
+        a_left.set()
+
+    def thread_b():
+        a_inside.wait(10)
+        with full_precision():
+            b_inside.set()
+            a_left.wait(10)
+            seen.append(torch.backends.cuda.matmul.fp32_precision)
+
+    b_inside = threading.Event()
+    threads = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert seen == ["ieee"]  # B still in float32 after A left
+    assert torch.get_float32_matmul_precision() == "high"  # restored once both left

@@ -61,6 +61,7 @@ on the CPU.
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any, Callable, TypeVar
 
 import torch
@@ -218,21 +219,16 @@ class full_precision:
     TF32 and bfloat16 off for the CPU's oneDNN, float32 matmul precision ``"highest"``,
     autocast off on CUDA and the CPU; the user's settings restored after (module docstring,
     point 2). The flags are process-wide: another thread's forward running meanwhile runs in
-    full float32 too. Entering and leaving cost a few microseconds (a flag read each, a write
-    only for a flag that is on)."""
+    full float32 too, and they are restored when the last thread inside leaves. Entering and
+    leaving cost a few microseconds (a flag read each, a write only for a flag that is on)."""
 
     def __enter__(self) -> "full_precision":
+        with _SECTIONS.lock:  # the first thread in switches the flags off, the last out back
+            if _SECTIONS.inside == 0:
+                _SECTIONS.undo = _flags_off()
+            _SECTIONS.inside += 1
         self._undo: list[Callable[[], None]] = []
-        matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
-        precision = _matmul_precision()
-        if precision == "mixed":  # set through the per-backend API
-            self._undo.append(_tf32_off(matmul, matmul))
-        elif precision != "highest":  # covers cuBLAS's allow_tf32, which reads as "high"
-            torch.set_float32_matmul_precision("highest")
-            self._undo.append(lambda: torch.set_float32_matmul_precision(precision))
-        self._undo.append(_tf32_off(cudnn, getattr(cudnn, "conv", None)))
-        self._undo += [_reduced_off(flag) for flag in _onednn_flags()]
-        for device_type in ("cuda", "cpu"):
+        for device_type in ("cuda", "cpu"):  # autocast is per thread
             if _autocast_on(device_type):
                 off = torch.autocast(device_type, enabled=False)
                 off.__enter__()
@@ -242,6 +238,58 @@ class full_precision:
     def __exit__(self, *exc: object) -> None:
         for undo in reversed(self._undo):
             undo()
+        with _SECTIONS.lock:
+            _SECTIONS.inside -= 1
+            if _SECTIONS.inside == 0:
+                for undo in reversed(_SECTIONS.undo):
+                    undo()
+                _SECTIONS.undo = []
+
+
+class _Sections:
+    """How many :class:`full_precision` sections are open, in every thread, and the restores
+    of the process-wide flags the first of them switched off: a thread leaving while another
+    is still inside must not give the other's norms and sums TF32 back."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.inside = 0
+        self.undo: list[Callable[[], None]] = []
+
+
+_SECTIONS = _Sections()
+
+
+def _flags_off() -> list[Callable[[], None]]:
+    """Switch TF32 and bfloat16 off in cuBLAS, cuDNN and oneDNN; the restores, in order."""
+    undo: list[Callable[[], None]] = []
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    precision = _matmul_precision()
+    if precision == "mixed":  # set through the per-backend API
+        undo.append(_tf32_off(matmul, matmul))
+    elif precision != "highest":  # covers cuBLAS's allow_tf32, which reads as "high"
+        onednn = _onednn_flags()[:1]  # oneDNN's matmul flag, which the call below sets too
+        undo.append(_matmul_precision_back(precision, onednn))
+        torch.set_float32_matmul_precision("highest")
+    undo.append(_tf32_off(cudnn, getattr(cudnn, "conv", None)))
+    return undo + [_reduced_off(flag) for flag in _onednn_flags()]
+
+
+def _matmul_precision_back(precision: str, onednn: list[Any]) -> Callable[[], None]:
+    """The restore of ``torch.set_float32_matmul_precision("highest")`` (returned when called
+    with the flags as they were): ``precision`` again, then oneDNN's matmul flag as before.
+    Setting "high" also sets oneDNN's matmuls to "tf32", where the legacy
+    ``torch.backends.cuda.matmul.allow_tf32 = True``, which also reads as "high", had left
+    them in float32."""
+    before = [_fp32_precision(flag) for flag in onednn]
+
+    def back() -> None:
+        torch.set_float32_matmul_precision(precision)
+        for flag, was in zip(onednn, before):
+            if _fp32_precision(flag) != was:
+                _restore(flag, was)
+
+    return back
 
 
 def _nothing() -> None:
