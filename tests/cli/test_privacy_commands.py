@@ -115,3 +115,30 @@ def test_calibrate_shows_the_solution_on_the_side_that_spends_no_more(solve, cap
         assert out[solved] <= shown <= out[solved] * (1 + 1e-5)
     else:
         assert out[solved] * (1 - 1e-5) <= shown <= out[solved]
+
+
+@pytest.mark.parametrize(
+    "solve, solved",
+    [
+        # T solved: 3,813,822 steps (RDP); 6 digits read 3.81382e+06, not a whole count
+        (["--sample-rate", "0.001", "--noise-multiplier", "3", "--accountant", "rdp"], "steps"),
+        # σ solved for tree noise, 8.398163614: to nearest 8.39816 (below the solution)
+        (["--sample-rate", "0.01", "--steps", "100", "--noise", "tree"], "noise_multiplier"),
+    ],
+)
+def test_calibrate_shows_steps_whole_tree_sigma_up_and_delta_up(solve, solved, capsys):
+    """Every solved kind is shown on the side that spends no more (steps as the integer
+    itself, σ not below the solution), and the δ given, 3.361e-4, reads 0.000337 as in every
+    statement (to nearest, 0.000336 is below the δ the ε holds at)."""
+    argv = ["calibrate", "--target-epsilon", "3", "--delta", "3.361e-4"]
+    assert main(argv + solve + ["--json"]) == 0
+    out = _json(capsys)
+    assert out["solved"] == solved
+    assert main(argv + solve) == 0
+    line = capsys.readouterr().out
+    shown = line.split(f"{solved} = ")[1].split(":")[0]
+    if solved == "steps":
+        assert shown == str(out["steps"])
+    else:
+        assert out[solved] <= float(shown) <= out[solved] * (1 + 1e-5)
+    assert "δ = 0.000337 " in line and "0.000336" not in line

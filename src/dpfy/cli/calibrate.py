@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     rigorous = (
         f"; rigorous PLD ε of this {'grid' if runs is not None else 'run'} = "
-        f"{out['epsilon_pld']:.4g}"
+        f"{_stated(out['epsilon_pld'])}"
         if "epsilon_pld" in out
         else ""
     )
@@ -175,13 +175,14 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"{solved} = {_shown(solved, out[solved])}: {runs} runs × {steps} steps {shape} "
             f"spend ε = {_stated(reached)} ≤ {args.target_epsilon:g} at "
-            f"δ = {args.delta:.3g} together for {_relation(ledger)} (one run alone: ε = "
+            f"δ = {_shown('delta', args.delta)} together for {_relation(ledger)} "
+            f"(one run alone: ε = "
             f"{_stated(out['epsilon_per_run'])}) [{out['accountant_label']}]{rigorous}"
         )
         return 0
     print(
         f"{solved} = {_shown(solved, out[solved])}: {steps} steps {shape} spend ε = "
-        f"{_stated(reached)} ≤ {args.target_epsilon:g} at δ = {args.delta:.3g} "
+        f"{_stated(reached)} ≤ {args.target_epsilon:g} at δ = {_shown('delta', args.delta)} "
         f"for {_relation(ledger)} [{out['accountant_label']}]{rigorous}"
     )
     return 0
@@ -189,9 +190,15 @@ def run(args: argparse.Namespace) -> int:
 
 def _shown(name: str, value: float) -> str:
     """A solved value as printed, to 6 significant digits on the side that spends no more than
-    the value itself: σ rounded up, q rounded down (a user copies it into a run); steps whole."""
+    the value itself: σ rounded up, q rounded down (a user copies it into a run); steps whole
+    (to 6 digits, 3813826 read 3.81383e+06, more steps than solved); δ rounded up to 3 digits,
+    as every statement shows it."""
     from dpfy.privacy.statement import rounded_up  # local: not for --help
 
+    if name == "steps":
+        return str(int(value))
+    if name == "delta":
+        return rounded_up(value, 3)
     if name == "noise_multiplier":
         return rounded_up(value, 6)
     if name == "sample_rate":
@@ -277,9 +284,10 @@ def _run_correlated(args: argparse.Namespace) -> int:
         print(json.dumps(out))
         return 0
     print(
-        f"noise_multiplier = {sigma:.6g}: {steps} steps of {args.noise} noise "
-        f"(period {noise['period']}) on {sampling.value} sampling at q = {rate:.6g} spend "
-        f"ε = {_stated(reached)} ≤ {args.target_epsilon:g} at δ = {args.delta:.3g} "
+        f"noise_multiplier = {_shown('noise_multiplier', sigma)}: {steps} steps of {args.noise} "
+        f"noise (period {noise['period']}) on {sampling.value} sampling at "
+        f"q = {_shown('sample_rate', rate)} spend "
+        f"ε = {_stated(reached)} ≤ {args.target_epsilon:g} at δ = {_shown('delta', args.delta)} "
         f"for {_relation(ledger)} [{accountant_label(args.accountant)}]"
     )
     return 0
