@@ -71,3 +71,27 @@ def test_dpfy_calibrate_states_the_reached_epsilon_rounded_up(capsys):
     assert main(args) == 0
     stated = re.search(r"spend ε = ([0-9.e+-]+) ≤", capsys.readouterr().out)
     assert stated is not None and float(stated[1]) >= reached
+
+
+@pytest.mark.parametrize("steps", STEPS)
+def test_the_user_level_section_states_its_pairs_rounded_up(steps):
+    """The ELS section's user-level pair, the example-level pair and the group-privacy bound
+    (kε, k·e^{kε}·δ) are statements too: none shows less than its section data (before, ε to
+    4 digits and δ to 3 to nearest: δ = 3.3610e-4 read 0.000336)."""
+    from dpfy.privacy.ledger import Sampling
+    from dpfy.privacy.user_level import user_level_section
+
+    ledger = Ledger.homogeneous(sample_rate=0.05, noise_multiplier=1.1, steps=steps,
+                                sampling=Sampling.ELS, max_examples_per_user=2,
+                                dataset_size=50)
+    section = user_level_section(ledger, delta=DELTA, accountant="rdp", num_users=50,
+                                 num_examples=100, algorithm="ELS")
+    (user_line,) = [s for s in section.lines if "User-level ε" in s]
+    (group_line,) = [s for s in section.lines if "Group privacy instead" in s]
+    (user,) = _pairs(user_line, "")
+    (example, group) = _pairs(group_line, "")
+    data = section.data
+    assert user[0] >= data["epsilon_user"] and user[1] >= DELTA
+    assert example[0] >= data["epsilon_example"] and example[1] >= DELTA
+    assert group[0] >= data["group_privacy"]["epsilon"]
+    assert group[1] >= data["group_privacy"]["delta"]

@@ -28,6 +28,7 @@ from dpfy._require import require, require_extra
 from dpfy.privacy.accountants import accountant_label, epsilon, epsilon_curve
 from dpfy.privacy.ledger import Ledger, Release, Sampling
 from dpfy.privacy.section import ReportSection
+from dpfy.privacy.statement import stated_epsilon
 
 __all__ = ["PrivacyGroup", "GroupLedgers", "group_noise_multiplier"]
 
@@ -141,7 +142,7 @@ class GroupLedgers:
             )
             sigma = f"{sigmas[0]:.4g}" if len(sigmas) == 1 else "varies"
             rows.append(
-                f"| {p} | {group.budget:g} | {eps:.4g} | {delta:g} | {group.size} | "
+                f"| {p} | {group.budget:g} | {stated_epsilon(eps)} | {delta:g} | {group.size} | "
                 f"{group.sample_rate:.4g} | {sigma} |"
             )
             data.append({**asdict(group), "epsilon": eps, "delta": delta})

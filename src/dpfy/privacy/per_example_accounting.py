@@ -40,6 +40,7 @@ from dpfy._require import require, require_extra
 from dpfy.privacy.canonical import POISSON
 from dpfy.privacy.ledger import Ledger
 from dpfy.privacy.rdp import INTEGER_ORDERS, ORDERS, _atom_rdp
+from dpfy.privacy.statement import stated_epsilon
 from dpfy.privacy.rdp_integer import epsilons_from_rdp, subsampled_gaussian_rdp
 from dpfy.types.sampling import Sampling
 
@@ -135,9 +136,9 @@ class PerExampleEpsilons:
         lines = [
             "## Individual (per-example) accounting",
             "",
-            f"Run's ε = {self.run_epsilon:.4g} at δ = {self.delta:g} (RDP, dp_accounting's "
-            f"orders). Each ε_i is composed at {_ORDER_WORDS[self.orders]} and capped at the "
-            "run's ε.",
+            f"Run's ε = {stated_epsilon(self.run_epsilon)} at δ = {self.delta:g} (RDP, "
+            f"dp_accounting's orders). Each ε_i is composed at {_ORDER_WORDS[self.orders]} "
+            "and capped at the run's ε.",
             "",
             "| quantile | ε_i |",
             "|---|---|",

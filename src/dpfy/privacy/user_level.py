@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 from dpfy.privacy.accountants import epsilon
 from dpfy.privacy.ledger import Ledger, Sampling
 from dpfy.privacy.section import ReportSection
+from dpfy.privacy.statement import rounded_up, stated_epsilon
 
 __all__ = [
     "USER_UNIT",
@@ -114,10 +115,12 @@ def user_level_section(
                 if accountant == "pld"
                 else ", an upper bound: looser; PLD accounts the mixture itself"
             )
-            + f"): ({eps_user:.4g}, {delta:.3g}).",
-            f"- **Group privacy instead** (the same steps per example: ({eps_ex:.4g}, "
-            f"{delta:.3g}); for groups of k = {k}: (kε, k·e^{{kε}}·δ)): "
-            f"({ge:.4g}, {gd:.3g})" + (" — δ ≥ 1: no guarantee at all" if gd >= 1 else "") + ".",
+            + f"): ({stated_epsilon(eps_user)}, {rounded_up(delta, 3)}).",
+            f"- **Group privacy instead** (the same steps per example: "
+            f"({stated_epsilon(eps_ex)}, {rounded_up(delta, 3)}); for groups of k = {k}: "
+            f"(kε, k·e^{{kε}}·δ)): ({stated_epsilon(ge)}, {rounded_up(gd, 3)})"
+            + (" — δ ≥ 1: no guarantee at all" if gd >= 1 else "")
+            + ".",
         ]
         out.update(
             {

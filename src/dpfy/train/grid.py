@@ -231,7 +231,8 @@ def run_grid(
     echo(
         f"dpfy tune: {k} configurations, σ = {sigma:.4g} for each "
         f"({'grid target ε = %g' % base.epsilon if base.epsilon is not None else 'fixed σ'}, "
-        f"δ = {delta:.3g}, q = {sampler.sample_rate:.5g}, {steps} steps per run); selecting "
+        f"δ = {rounded_up(delta, 3)}, q = {sampler.sample_rate:.5g}, {steps} steps per run); "
+        f"selecting "
         f"on {select} of {selected_on.split(' (')[0]}"
     )
     if base.reproducible:

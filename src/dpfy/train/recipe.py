@@ -371,7 +371,8 @@ def _table(rows: Sequence[dict], select: str) -> list[str]:
         "|---|---|---|---|---|---|",
     ]
     for row in rows:
-        eps = "∞ (no noise)" if row["epsilon_alone"] is None else f"{row['epsilon_alone']:.4g}"
+        alone = row["epsilon_alone"]
+        eps = "∞ (no noise)" if alone is None else stated_epsilon(alone)
         clip = "off" if row["clip"] is None else f"{row['clip']:.4g}"
         mark = " (chosen)" if row["chosen"] else ""
         lines.append(

@@ -39,7 +39,7 @@ from dpfy.errors import SeedWarning
 from dpfy.individual_tracking import save_norms
 from dpfy.models import build_model
 from dpfy.privacy.individual import load_budgets, random_budgets
-from dpfy.privacy.statement import ledger_statement, rounded_up
+from dpfy.privacy.statement import ledger_statement, rounded_up, stated_epsilon
 from dpfy.train.checkpoint import Checkpoint, load_latest
 from dpfy.train.device import device_description, hold_on_device, resolve_device
 from dpfy.train.config import RESUME_IGNORED, SEED_WARNING, TrainConfig, parse_floats, resolve
@@ -336,7 +336,7 @@ def _group_lines(cfg: TrainConfig, private) -> str:
     groups = private.optimizer.privacy_groups
     spent = groups.epsilons(delta=cfg.delta, accountant=cfg.accountant)
     return "\n".join(
-        f"dpfy train: group {p} ({g.size} examples): ε = {e:.3f} of budget {g.budget:g}"
+        f"dpfy train: group {p} ({g.size} examples): ε = {stated_epsilon(e)} of budget {g.budget:g}"
         for p, (g, e) in enumerate(zip(groups.groups, spent))
     )
 
