@@ -55,6 +55,17 @@ GOOD = {
     # a per-class constant whose length happens to be B: each example meets the same constant
     "mse against a constant of length B": (lambda m, x, y: F.mse_loss(
         m(x)[:, :1].expand(-1, len(x)), torch.arange(float(len(x)))), "mean"),
+    "(o (B, 1) - y (B, 1))² by hand": (lambda m, x, y: (m(x)[:, :1] - y.float()[:, None])
+                                        .pow(2).mean(), "mean"),
+    "(o (B,) - y (B,))² by hand": (lambda m, x, y: (m(x)[:, 0] - y.float()).pow(2).mean(),
+                                   "mean"),
+    # a per-feature constant broadcast over the batch (its length need not differ from B)
+    "o (B, 3) - a constant (3,)": (lambda m, x, y: F.cross_entropy(m(x) - torch.ones(3), y),
+                                   "mean"),
+    "per-token (3B, 1) vs (3B, 1)": (lambda m, x, y: F.mse_loss(
+        m(x).reshape(-1, 1), y.float().repeat_interleave(3)[:, None]), "mean"),
+    "gaussian_nll (B, 1) vs (B, 1), var (B,)": (lambda m, x, y: F.gaussian_nll_loss(
+        m(x)[:, :1], y.float()[:, None], torch.ones(len(x))), "mean"),
     # a constant per-example scale k = 10: clipped at C/10 at every step (module docstring)
     "10 × mean": (lambda m, x, y: 10 * F.cross_entropy(m(x), y), "mean"),
     "sum / 32 × 32 under sum": (lambda m, x, y: F.cross_entropy(m(x), y, reduction="sum")
@@ -106,9 +117,25 @@ BAD = {
     # reaches every example's gradient; torch only warns
     "mse (B, 1) vs (B,)": (lambda m, x, y: F.mse_loss(m(x)[:, :1], y.float()), "mean",
                            r"mse_loss's input and target must have the same number of "
-                           r"dimensions, got input of shape \(\d+, 1\) and target of shape"),
+                           r"dimensions, got input.shape = \(\d+, 1\) and target.shape = "),
     "l1 (B,) vs (B, 1)": (lambda m, x, y: nn.L1Loss()(m(x)[:, 0], y.float()[:, None]), "mean",
                           r"l1_loss's input and target.*target.unsqueeze"),
+    # the same (B, B) broadcast where torch does not even warn
+    "gaussian_nll (B, 1) vs (B,)": (lambda m, x, y: F.gaussian_nll_loss(
+        m(x)[:, :1], y.float(), torch.ones(len(x), 1)), "mean", r"gaussian_nll_loss's input"),
+    "kl_div (B, 1) vs (B,)": (lambda m, x, y: F.kl_div(
+        m(x)[:, :1], y.float().div(3), reduction="batchmean"), "mean", r"kl_div's input"),
+    "hinge_embedding (B, 1) vs (B,)": (lambda m, x, y: F.hinge_embedding_loss(
+        m(x)[:, :1], 2.0 * (y > 0) - 1), "mean", r"hinge_embedding_loss's input"),
+    # tokens flattened: (B·T, 1) against (B·T,) broadcasts to (B·T, B·T)
+    "mse (3B, 1) vs (3B,)": (lambda m, x, y: F.mse_loss(
+        m(x).reshape(-1, 1), y.float().repeat_interleave(3)), "mean",
+        r"got input.shape = \(\d+, 1\)"),
+    # the target subtracted by hand, either way round: Σ_ij (o_i − y_j)²
+    "(o (B, 1) - y (B,))² by hand": (lambda m, x, y: (m(x)[:, :1] - y.float()).pow(2).mean(),
+                                     "mean", r"a subtraction's input and target"),
+    "(y (B,) - o (B, 1))² by hand": (lambda m, x, y: (y.float() - m(x)[:, :1]).pow(2).mean(),
+                                     "mean", r"a subtraction's input and target"),
 }
 
 

@@ -71,8 +71,18 @@ _MUL = {"mul", "__mul__", "__rmul__", "__imul__", "mul_", "multiply"}
 _DIV = {"div", "__truediv__", "__itruediv__", "div_", "divide", "true_divide"}
 _REDUCE = {"sum": "sum", "nansum": "sum", "mean": "mean", "nanmean": "mean"}
 _COUNTED = {"cross_entropy", "nll_loss"}  # "mean" divides by the count of kept targets
-# elementwise losses that broadcast input against target (torch only warns)
-_BROADCASTING = {"mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "poisson_nll_loss"}
+# elementwise losses that broadcast input against target (torch warns for some, not for
+# gaussian_nll_loss, kl_div or hinge_embedding_loss)
+_BROADCASTING = {
+    "mse_loss",
+    "l1_loss",
+    "smooth_l1_loss",
+    "huber_loss",
+    "poisson_nll_loss",
+    "gaussian_nll_loss",
+    "kl_div",
+    "hinge_embedding_loss",
+}
 
 EXTRA_TERM = (
     "the loss must be computed from the model's output only, got a term added to it that "
@@ -212,6 +222,14 @@ def _notes_of(
                 return notes.join(_Notes(frozenset({_REDUCE[name]}), loss=True))
         return notes
     other = (args[1] if len(args) > 1 else kwargs.get("other")) if args else None
+    if not notes.loss and name in _ADD:  # a target subtracted by hand: ((o - y) ** 2).mean()
+        pair = (first, other) if isinstance(first, Witness) else (other, first)
+        if not isinstance(pair[1], Witness):
+            problem = _broadcast_problem(
+                "a subtraction's" if "sub" in name else "an addition's", *pair, rows
+            )
+            if problem:
+                return notes.join(_Notes(problems=problem))
     # Terms and divisors matter once the value is a loss; before (targets subtracted from the
     # output, a per-example weight) they are part of each example's own loss.
     if (
@@ -278,7 +296,9 @@ def _loss_notes(
     if a.get("size_average") is not None or a.get("reduce") is not None:
         reduction = nn._reduction.legacy_get_string(a.get("size_average"), a.get("reduce"))
     x = a.get("input", args[0] if args else None)
-    broadcast = _broadcast_problem(name, x, a.get("target"), rows)
+    broadcast = (
+        _broadcast_problem(f"{name}'s", x, a.get("target"), rows) if name in _BROADCASTING else ()
+    )
     if broadcast:
         return _Notes(problems=broadcast, loss=True)
     if (
@@ -298,25 +318,26 @@ def _loss_notes(
     return _Notes(frozenset({found}), problems, loss=True)
 
 
-def _broadcast_problem(name: str, x: Any, target: Any, rows: int) -> tuple[str, ...]:
-    """An elementwise loss whose input and target both lead with the batch's rows but differ in
-    rank: broadcasting aligns trailing dimensions, so one's batch dimension meets the other's
-    last ((B, 1) against (B,) gives (B, B)) and each example is compared with every target."""
+def _broadcast_problem(whose: str, x: Any, target: Any, rows: int) -> tuple[str, ...]:
+    """An elementwise loss (or a subtraction) whose input and target both lead with the batch's
+    rows, or with a multiple of them (tokens flattened to (B·T, 1) against (B·T,)), but differ
+    in rank: broadcasting aligns trailing dimensions, so one's leading dimension meets the
+    other's last ((B, 1) against (B,) gives (B, B)) and each row is compared with every
+    target."""
     if (
-        name not in _BROADCASTING
-        or rows < 2
+        rows < 2
         or not isinstance(x, torch.Tensor)
         or not isinstance(target, torch.Tensor)
         or x.dim() == target.dim()
         or min(x.dim(), target.dim()) == 0
-        or x.shape[0] != rows
-        or target.shape[0] != rows
+        or x.shape[0] != target.shape[0]
+        or x.shape[0] % rows
         or not _expands(x.shape, target.shape)
     ):
         return ()
     return (
-        f"{name}'s input and target must have the same number of dimensions, got input of "
-        f"shape {tuple(x.shape)} and target of shape {tuple(target.shape)}: broadcasting "
+        f"{whose} input and target must have the same number of dimensions, got "
+        f"input.shape = {tuple(x.shape)} and target.shape = {tuple(target.shape)}: broadcasting "
         f"compares each example's output with the other examples' targets, so each example's "
         f"gradient would depend on the other examples and clipping would no longer bound one "
         f"example's contribution. Match the shapes (output.squeeze(-1), or "
