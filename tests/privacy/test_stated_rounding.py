@@ -95,3 +95,17 @@ def test_the_user_level_section_states_its_pairs_rounded_up(steps):
     assert example[0] >= data["epsilon_example"] and example[1] >= DELTA
     assert group[0] >= data["group_privacy"]["epsilon"]
     assert group[1] >= data["group_privacy"]["delta"]
+
+
+def test_rounding_up_ignores_the_float_noise_of_an_exact_value():
+    """3 runs at δ = 1e-5 compose to k·δ = 3 × 1e-5, which floats compute as
+    3.0000000000000004e-05 (one unit in the last place above 3e-05): it must read "3e-05", not
+    "3.01e-05"; likewise 1 + 2^-52 reads "1". A real excess keeps rounding up: 1.00049 reads
+    1.001 and 3e-05 · (1 + 1e-9) reads 3.01e-05 (1e-9 is far above the float noise, 2^-52)."""
+    from dpfy.privacy.statement import rounded_up, stated_epsilon
+
+    assert 3 * 1e-5 > 3e-05  # the float noise this is about
+    assert rounded_up(3 * 1e-5, 3) == "3e-05"
+    assert stated_epsilon(1 + 2**-52) == "1"
+    assert stated_epsilon(1.00049) == "1.001"
+    assert rounded_up(3e-05 * (1 + 1e-9), 3) == "3.01e-05"
