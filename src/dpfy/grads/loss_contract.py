@@ -223,10 +223,10 @@ def _notes_of(
         return notes
     other = (args[1] if len(args) > 1 else kwargs.get("other")) if args else None
     if not notes.loss and name in _ADD:  # a target subtracted by hand: ((o - y) ** 2).mean()
-        pair = (first, other) if isinstance(first, Witness) else (other, first)
-        if not isinstance(pair[1], Witness):
+        out, target = (first, other) if isinstance(first, Witness) else (other, first)
+        if not isinstance(target, Witness):
             problem = _broadcast_problem(
-                "a subtraction's" if "sub" in name else "an addition's", *pair, rows
+                "a subtraction's" if "sub" in name else "an addition's", out, target, rows
             )
             if problem:
                 return notes.join(_Notes(problems=problem))
