@@ -109,3 +109,17 @@ def test_rounding_up_ignores_the_float_noise_of_an_exact_value():
     assert stated_epsilon(1 + 2**-52) == "1"
     assert stated_epsilon(1.00049) == "1.001"
     assert rounded_up(3e-05 * (1 + 1e-9), 3) == "3.01e-05"
+
+
+def test_the_label_dp_guarantee_is_stated_rounded_up():
+    """Label DP's pure ε is the sum of its releases' ε (here 0.61721 + 0.61720 = 1.23441, a
+    5th digit that rounds down at 4): the guarantee reads 1.235, not 1.234."""
+    from dpfy.label_dp.ledger import LabelLedger, LabelRelease
+
+    ledger = LabelLedger()
+    ledger.record(LabelRelease("rr", 0.61721, 10, 100))
+    ledger.record(LabelRelease("rr", 0.61720, 10, 100))
+    text = ledger.report()
+    stated = float(re.search(r"pure ε-label-DP with ε = ([0-9.e+-]+),", text)[1])
+    assert stated >= 0.61721 + 0.61720
+    assert "ε = 0.6173." in text and "ε = 0.6172." in text  # each release, rounded up

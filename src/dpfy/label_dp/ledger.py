@@ -25,6 +25,7 @@ from typing import Any
 import dp_accounting
 
 from dpfy._require import require
+from dpfy.privacy.statement import stated_epsilon
 
 __all__ = [
     "RELATION",
@@ -140,8 +141,8 @@ class LabelLedger:
         lines = [
             "## Privacy guarantee (label DP)",
             "",
-            f"- Guarantee: pure ε-label-DP with ε = {self.epsilon():.4g}, δ = 0 (exact, "
-            "not a bound from an accountant's approximation).",
+            f"- Guarantee: pure ε-label-DP with ε = {stated_epsilon(self.epsilon())}, δ = 0 "
+            "(exact, not a bound from an accountant's approximation).",
             "- Neighbouring relation: two training sets that differ in the label of one "
             "example (replace one label); the features are identical and public.",
             f"- {FEATURES_NOT_PROTECTED}.",
@@ -156,7 +157,7 @@ class LabelLedger:
             )
             lines.append(
                 f"- Release: {r.num_labels} labels over {r.num_classes} classes, {how}; each "
-                f"label randomized once at ε = {r.epsilon:.4g}."
+                f"label randomized once at ε = {stated_epsilon(r.epsilon)}."
             )
         lines.append(
             "- Training on the randomized labels is post-processing: it reads no true label."
