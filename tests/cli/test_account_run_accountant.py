@@ -35,3 +35,18 @@ def test_the_run_s_accountant_is_the_default_and_the_others_are_beside_it(tmp_pa
     assert main(["account", "--ledger", str(run), "--delta", str(DELTA), "--accountant",
                  "rdp", "--json"]) == 0                   # an explicit choice wins
     assert json.loads(capsys.readouterr().out)["accountant"] == "rdp"
+
+
+def test_the_gdp_value_beside_the_run_s_accountant_is_labelled_an_approximation(tmp_path, capsys):
+    """The GDP CLT may under-report ε (docs/accounting.md); shown beside a rigorous ε without a
+    label, a reader could take it for a bound. Checked: PLD by dp_accounting here is above it."""
+    path = tmp_path / "ledger.json"
+    path.write_text(Ledger.homogeneous(sample_rate=Q, noise_multiplier=SIGMA, steps=T).to_json())
+    assert main(["account", "--ledger", str(path), "--delta", str(DELTA)]) == 0
+    line = capsys.readouterr().out
+    gdp_part = line[line.index("gdp: ε"):]
+    assert "approximation" in gdp_part.split(";")[0]
+    assert main(["account", "--ledger", str(path), "--delta", str(DELTA), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "approximation" in out["others_labels"]["gdp"]
+    assert "upper bound" in out["others_labels"]["rdp"]

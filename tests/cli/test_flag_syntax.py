@@ -85,3 +85,17 @@ def test_identifiers_are_rewritten_wherever_they_stand():
         "--user-sampling must be left unset without --user-ids."
     assert as_flags("read user_ids.npy or user_ids()", names) == "read user_ids.npy or user_ids()"
     assert as_flags("in /data/user_ids/ids.npy", names) == "in /data/user_ids/ids.npy"
+
+
+def test_a_switch_set_true_reads_as_the_bare_switch(capsys):
+    """``approximate=True`` is ``--approximate`` at the command line (a store_true flag takes no
+    value): the GDP refusal of ``dpfy calibrate`` read "pass --approximate True (CLI:
+    --approximate)", a command argparse rejects."""
+    assert as_flags("pass approximate=True and state it", {"approximate": "--approximate"}) == \
+        "pass --approximate and state it"
+    argv = ["calibrate", "--target-epsilon", "3", "--delta", "1e-5", "--sample-rate", "0.01",
+            "--steps", "100", "--accountant", "gdp"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--approximate True" not in err and "CLI:" not in err
+    assert "pass --approximate and" in err

@@ -105,6 +105,11 @@ def test_quantile_split_and_remainder():
         gaussian_remainder(1.0, 1.9, count=1) and gaussian_remainder(1.0, 2.0, count=4)
     with pytest.raises(ValueError, match="whole budget"):
         quantile_noise_split(1.0, 1.0, num_counts=4)   # 2σ_b = 2 = σ·√4
+    # the refusal names the setting the user gives, σ_b, and its bound σ·√K/2 (= 0.5 for σ = 1,
+    # K = 1), not the count's multiplier 2σ_b (it read "other must be > 1, got other = 0.8")
+    with pytest.raises(ValueError, match=r"count_noise_std must be > σ·√K/2 = 0\.5 .*got "
+                                         r"count_noise_std = 0\.4"):
+        quantile_noise_split(1.0, 0.4)
 
 
 @pytest.mark.parametrize("eps, k, sigma_l", [(3, 10, 1.961), (3, 5, 2.688), (3, 1, 5.846),

@@ -1,6 +1,8 @@
 """Ledger completeness: samplings, composed releases, JSON round trip, compactness."""
 
 
+import json
+
 import pytest
 
 import dpfy.privacy as privacy
@@ -82,3 +84,14 @@ def test_segment_and_prefix_cut_groups_at_step_boundaries():
     assert _group_rows(ledger.prefix(4)) == [(3, 0.02, tuple(g1), None),
                                              (1, 0.02, tuple(g2), None)]
     assert ledger.segment(10).num_steps == 0 and ledger.segment(2, 6).dataset_size == 1000
+
+
+@pytest.mark.parametrize("where", ["top", "group", "release"])
+def test_a_field_the_format_does_not_define_is_refused_not_ignored(where):
+    """A misspelt ``max_examples_per_user`` (k = 8 examples per user under ELS) was dropped and
+    the file read as if it were not there; any unknown field is now refused, by name."""
+    d = json.loads(Ledger.homogeneous(sample_rate=0.01, noise_multiplier=1.0, steps=10).to_json())
+    target = {"top": d, "group": d["groups"][0], "release": d["groups"][0]["releases"][0]}[where]
+    target["max_example_per_user"] = 8
+    with pytest.raises(ValueError, match="max_example_per_user"):
+        Ledger.from_json(json.dumps(d))

@@ -23,7 +23,13 @@ from dpfy.cli.account_individual import (
     run_individual,
 )
 from dpfy._require import require
-from dpfy.privacy.accountants import ACCOUNTANTS, accountant_label, delta, epsilon
+from dpfy.privacy.accountants import (
+    ACCOUNTANTS,
+    APPROXIMATE,
+    accountant_label,
+    delta,
+    epsilon,
+)
 from dpfy.privacy.ledger import Ledger, Sampling
 
 __all__ = [
@@ -346,6 +352,7 @@ def run(args: argparse.Namespace) -> int:
         out["delta"] = delta(ledger, epsilon=args.epsilon, accountant=args.accountant)
     if others:
         out["others"] = others
+        out["others_labels"] = {a: accountant_label(a) for a in others}
     if left_out:
         out["left_out"] = left_out
     out["statement"] = epsilon_statement(  # rounded up: never smaller than computed
@@ -371,7 +378,10 @@ def run(args: argparse.Namespace) -> int:
         else f"{out['steps']} steps of sampling rate q = {out['sample_rate']:.6g} "
         f"({out['sampling']}) with noise multiplier σ = {out['noise_multiplier']:g}"
     )
-    beside = "".join(f"; {a}: ε = {stated_epsilon(e)}" for a, e in others.items())
+    beside = "".join(  # the GDP CLT may under-report: it says so wherever it is shown
+        f"; {a}: ε = {stated_epsilon(e)}" + (" (approximation)" if a in APPROXIMATE else "")
+        for a, e in others.items()
+    )
     print(
         f"{what} satisfy {out['statement']}"
         + (f" (the run's accountant{beside})" if others else "")

@@ -43,7 +43,7 @@ def flag_names(parser: argparse.ArgumentParser) -> dict[str, str]:
 
 def _keyword(flag: str, match: re.Match[str]) -> str:
     value = match.group("value")
-    if value in ("None", ""):
+    if value in ("None", "", "True"):  # keyword=True is a switch: the bare flag turns it on
         return flag
     return f"{flag} {value.strip(chr(39) + chr(34))}"
 

@@ -43,6 +43,7 @@ from torch import nn
 
 from dpfy._require import require
 from dpfy.adaptive.base import Method, calibrate_for_run, check_plan
+from dpfy.errors import BudgetExhausted
 from dpfy.noise import GaussianMechanism, NoiseSource
 from dpfy.noise.seeds import derive_seeds
 from dpfy.privacy import Ledger, PrivacyReport, Sampling, epsilon
@@ -230,6 +231,13 @@ class DPFedAvgServer:
             "Every sampled round is one release in the ledger, even with no replies",
         )
         t = self.rounds_done
+        horizon = self.guard.max_steps
+        if horizon is not None and t >= horizon:
+            raise BudgetExhausted(
+                f"the round must be < rounds = {horizon} (the horizon the server was planned "
+                f"for), got round = {t}. Stop, or re-plan explicitly by setting "
+                f"server.guard.max_steps to a larger value, knowing ε will exceed the target"
+            )
         self.guard.check_step(t)
         base = StepPlan(
             step=t,

@@ -60,7 +60,7 @@ def check_rigorous(accountant: str, approximate: bool) -> None:
         accountant,
         "'pld' or 'rdp' for a calibration (GDP is a CLT approximation that can under-report ε)",
         "Use accountant='pld'; to reproduce a paper's GDP calibration pass "
-        "approximate=True (CLI: --approximate) and state the rigorous PLD ε next to it",
+        "approximate=True and state the rigorous PLD ε next to it",
     )
 
 

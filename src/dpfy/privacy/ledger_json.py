@@ -50,6 +50,7 @@ def checked_ledger_fields(d: Any, source: str) -> tuple[int | None, list[StepGro
         f"'{LEDGER_FORMAT}'",
         "This is not a dpfy ledger",
     )
+    _known_keys(d, _LEDGER_KEYS, source, "")
     size = d.get("dataset_size")
     _expect(
         size is None or _is_int(size) and size >= 1,
@@ -90,6 +91,33 @@ def checked_ledger_fields(d: Any, source: str) -> tuple[int | None, list[StepGro
 _LEDGER_FIX = "Pass the ledger.json written by dpfy train (or Ledger.to_json()) unchanged"
 
 
+# the fields to_dict writes: a key outside them (a misspelt max_examples_per_user, a field
+# of another format) would be ignored while the ε read from the file depends on it
+_LEDGER_KEYS = ("format", "dataset_size", "num_steps", "groups")
+_GROUP_KEYS = (
+    "first_step",
+    "count",
+    "sampling",
+    "sample_rate",
+    "releases",
+    "max_examples_per_user",
+)
+_RELEASE_KEYS = ("mechanism", "noise_multiplier", "noise", "period")
+
+
+def _known_keys(d: dict[str, Any], keys: tuple[str, ...], source: str, where: str) -> None:
+    """Refuse a field this format does not define rather than account without it."""
+    unknown = sorted(str(k) for k in d if k not in keys)
+    _expect(
+        not unknown,
+        source,
+        f"{where}.keys" if where else "keys",
+        unknown,
+        f"among {list(keys)}",
+        "Remove or correct the unknown fields; dpfy cannot account what it does not read",
+    )
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -108,6 +136,7 @@ def _expect(
 def _group_from_dict(g: Any, source: str, where: str) -> StepGroup:
     """One step group of a serialized ledger, each field checked before it is used."""
     _expect(isinstance(g, dict), source, where, g, "a JSON object")
+    _known_keys(g, _GROUP_KEYS, source, where)
     for key in ("first_step", "count"):
         _expect(_is_int(g.get(key)), source, f"{where}.{key}", g.get(key), "an integer")
     _expect(
@@ -135,6 +164,7 @@ def _group_from_dict(g: Any, source: str, where: str) -> StepGroup:
     for j, r in enumerate(releases):
         at = f"{where}.releases[{j}]"
         _expect(isinstance(r, dict), source, at, r, "a JSON object")
+        _known_keys(r, _RELEASE_KEYS, source, at)
         _expect(
             isinstance(r.get("mechanism"), str),
             source,

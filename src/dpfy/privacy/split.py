@@ -93,4 +93,15 @@ def quantile_noise_split(total: float, count_noise_std: float, *, num_counts: in
         "> 0",
         "Andrew et al. use expected batch size / 20",
     )
+    # checked here so that the refusal names the setting a user gives (σ_b), not the
+    # count's noise multiplier 2σ_b that gaussian_remainder sees
+    least = total * math.sqrt(num_counts) / 2
+    require(
+        count_noise_std > least,
+        "count_noise_std",
+        count_noise_std,
+        f"> σ·√K/2 = {least:.6g} (the counts would spend the whole budget of σ = {total:g})",
+        "Pass a larger count_noise_std= (the default, expected batch or users per round / 20, "
+        "is too small for few units per step), or a smaller total σ",
+    )
     return gaussian_remainder(total, 2 * count_noise_std, count=num_counts)
