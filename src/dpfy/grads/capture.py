@@ -53,7 +53,7 @@ from dpfy.grads.layout import (
     vmap_batch_dims,
 )
 from dpfy.grads.perturbation import PerturbProbe, find_cross_row
-from dpfy.grads.row_identity import RowProbe, find_mixing, row_probe_applies
+from dpfy.grads.row_identity import MIN_ROWS, RowProbe, find_mixing, row_probe_applies
 from dpfy.grads.layers import Layer
 
 __all__ = ["Call", "Capture", "Tap", "at_least_float32", "check_unchanged"]
@@ -183,7 +183,8 @@ class Capture:
             self._root_call, self._layout = None, None
 
     def _check_rows(self) -> None:
-        """At the end of the first forward on a bound batch of ≥ 3 rows: give every call of
+        """At the end of a forward on a bound batch of ≥ 2 rows, until one of ≥ 3 (the full
+        check, ``row_identity.MIN_ROWS``) has been probed: give every call of
         this forward whose rows are not its examples' own the problem (raised when its
         gradient is used, listed by the pre-flight)."""
         assert self._root_call is not None  # called at the end of the model's own forward
@@ -191,7 +192,7 @@ class Capture:
         if not row_probe_applies(self._root_call, rows):
             return
         assert rows is not None  # row_probe_applies refused None
-        self.rows_checked = True
+        self.rows_checked = rows >= MIN_ROWS  # a 2-row check is partial (row_identity.py)
         now = {  # each layer's calls of this forward
             id(layer): calls[len(calls) - self._ordinals.get(id(layer), 0) :]
             for layer in self.layers
