@@ -117,6 +117,11 @@ class DPTrainer(transformers.Trainer):
             warnings.warn(GRAD_NORM_NOTE, UserWarning, stacklevel=2)
             _warned = True
         self.args.max_grad_norm = 0.0
+        if self.args.gradient_checkpointing:  # reentrant checkpointing cannot be probed
+            given = self.args.gradient_checkpointing_kwargs  # a dict after HF's __post_init__
+            kw: dict[str, Any] = dict(given) if isinstance(given, dict) else {}
+            kw.setdefault("use_reentrant", False)  # an explicit True is refused, with the fix
+            self.args.gradient_checkpointing_kwargs = kw
         # the model's own loss, averaged over the batch's examples: never divided by a token
         # count passed from outside (num_items_in_batch), which is not a per-example mean
         self.model_accepts_loss_kwargs = False
