@@ -3,7 +3,8 @@ all have two rows must be refused too, not trained unprobed.
 
 The probes ran only at the first forward of >= 3 rows, so a loader of 2-row batches (or a
 Poisson run whose early batches had 2 rows) released every step with example 0's gradient
-scaled by example 1's token count: unaccounted. A row-wise run of 2-row batches (equal label
+scaled by example 1's token count: unaccounted. The probe runs on the first 2-row batch, so
+every pair here has unequal counts (the pairs are shuffled, seeded). A row-wise run of 2-row batches (equal label
 counts: the token mean is then (1/2)·Σ_i example i's own mean) still trains.
 """
 
@@ -49,6 +50,7 @@ def _run(lengths: list[int]) -> int:
         noise_multiplier=1.0,
         max_grad_norm=1.0,
         poisson_sampling=False,
+        seed=0,
     )
     steps = 0
     for batch in loader:
@@ -61,7 +63,7 @@ def _run(lengths: list[int]) -> int:
 
 def test_two_row_batches_of_unequal_label_counts_are_refused() -> None:
     with pytest.raises(PrivacyRefusal, match="wte"):
-        _run([8, 3] * 3)
+        _run([8, 7, 6, 5, 4, 3])  # every pair has unequal label counts
 
 
 def test_two_row_batches_of_equal_label_counts_train() -> None:

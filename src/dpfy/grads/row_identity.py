@@ -9,7 +9,7 @@ that mixes or moves rows across the batch breaks it silently: batch statistics w
 its contribution to the released sum is no longer bounded by C (measured: 4.45·C, 1.37·C).
 
 The check. At the first training forward of an engine bound to a private batch of n ≥ 3 rows
-(and at every forward of n = 2 rows before that: the removal only, :data:`MIN_PROBE_ROWS`)
+(and at the first forward of n = 2 rows before that: the removal only, :data:`MIN_PROBE_ROWS`)
 (and in :func:`dpfy.validate`'s pre-flight), the capture (``grads/capture.py``) calls
 :func:`find_mixing`, which runs the model twice more, without
 gradients: once on the batch, once on the batch *without its first row and in reverse order*
@@ -94,7 +94,7 @@ MIN_ROWS = 3  # the first forward of >= 3 rows is the engine's full check (remov
 # A 2-row batch is probed too (a 1-row batch cannot mix): removing its first row catches batch
 # statistics and the perturbation probe a loss that couples the two (HF's token mean over
 # unequal label counts), though a reorder of one row shows nothing; such a check does not count
-# as the full one, so every 2-row forward is probed until a batch of MIN_ROWS rows is.
+# as the full one: the first 2-row forward is probed, and the first of MIN_ROWS rows still is.
 MIN_PROBE_ROWS = 2
 
 
