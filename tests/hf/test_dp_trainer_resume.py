@@ -31,28 +31,56 @@ class StopAt(transformers.TrainerCallback):
             control.should_training_stop = True
 
 
-def _trainer(out, physical: int | None, stop: int | None = None) -> DPTrainer:
+def _trainer(out, physical: int | None, stop: int | None = None, dropout: float = 0.0) -> DPTrainer:
     args = transformers.TrainingArguments(
-        output_dir=str(out), per_device_train_batch_size=B, num_train_epochs=EPOCHS,
-        learning_rate=0.05, logging_steps=1, save_strategy="steps", save_steps=1,
-        report_to="none", use_cpu=True, disable_tqdm=True, seed=0)
-    trainer = DPTrainer(model=tiny_bert(), args=args, train_dataset=Tokens(N),
-                        dp_args=DPArguments(target_epsilon=2.0, target_delta=1e-3,
-                                            max_physical_batch_size=physical,
-                                            extra={"seed": 11}),
-                        callbacks=[StopAt(stop)] if stop else None)
+        output_dir=str(out),
+        per_device_train_batch_size=B,
+        num_train_epochs=EPOCHS,
+        learning_rate=0.05,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=1,
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+    )
+    trainer = DPTrainer(
+        model=tiny_bert(dropout),
+        args=args,
+        train_dataset=Tokens(N),
+        dp_args=DPArguments(
+            target_epsilon=2.0,
+            target_delta=1e-3,
+            max_physical_batch_size=physical,
+            extra={"seed": 11},
+        ),
+        callbacks=[StopAt(stop)] if stop else None,
+    )
     return trainer
 
 
-@pytest.mark.parametrize("stop, physical", [(4, 3)], ids=["mid-epoch-physical"])
-def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path, stop, physical):
-    whole = _trainer(tmp_path / "whole", physical)
+# with dropout, the resumed steps must draw the masks the uninterrupted run drew: the
+# Trainer's RNG state of the checkpoint is restored where that run stood when it was saved
+# (mid-epoch: after the resumed run's new epoch iterator, which draws from torch's generator)
+@pytest.mark.parametrize(
+    "stop, physical, dropout",
+    [(4, 3, 0.0), (4, None, 0.1), (4, 3, 0.1), (3, None, 0.1)],
+    ids=[
+        "mid-epoch-physical",
+        "mid-epoch-dropout",
+        "mid-epoch-physical-dropout",
+        "epoch-end-dropout",
+    ],
+)
+def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path, stop, physical, dropout):
+    whole = _trainer(tmp_path / "whole", physical, dropout=dropout)
     whole.train()
 
-    first = _trainer(tmp_path / "resumed", physical, stop=stop)
+    first = _trainer(tmp_path / "resumed", physical, stop=stop, dropout=dropout)
     first.train()
     assert first.state.global_step == stop
-    resumed = _trainer(tmp_path / "resumed", physical)
+    resumed = _trainer(tmp_path / "resumed", physical, dropout=dropout)
     resumed.train(resume_from_checkpoint=True)  # the newest checkpoint: checkpoint-{stop}
 
     ref, got = whole.dp_optimizer, resumed.dp_optimizer
@@ -67,5 +95,5 @@ def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path, stop, physical):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7, msg=lambda m, n=n: f"{n}: {m}")
     # the resumed run logged the steps it trained, with the continued ε
     logs = [h for h in resumed.state.log_history if "loss" in h]
-    assert [h["step"] for h in logs][-(6 - stop):] == list(range(stop + 1, 7))
+    assert [h["step"] for h in logs][-(6 - stop) :] == list(range(stop + 1, 7))
     assert logs[-1]["epsilon"] == pytest.approx(ref.epsilon(1e-3))

@@ -53,7 +53,7 @@ from dpfy.grads.layout import (
     vmap_batch_dims,
 )
 from dpfy.grads.perturbation import PerturbProbe, find_cross_row
-from dpfy.grads.row_identity import RowProbe, find_mixing, row_probe_applies
+from dpfy.grads.row_identity import MIN_ROWS, RowProbe, find_mixing, row_probe_applies
 from dpfy.grads.layers import Layer
 
 __all__ = ["Call", "Capture", "Tap", "at_least_float32", "check_unchanged"]
@@ -74,6 +74,7 @@ class Capture:
         self.calls: dict[int, list[Call]] = {id(layer): [] for layer in layers}
         self.rows: Callable[[], int | None] = lambda: None  # the private batch's size (bound)
         self.rows_checked = False  # the row-identity probe ran (grads/row_identity.py)
+        self.pair_checked = False  # it ran on a 2-row batch (partial: no reorder)
         self.declared_row_wise = False  # the user vouches for a model the probes cannot run
         self.anchor = torch.empty(0, requires_grad=True)  # see Tap; never receives a gradient
         self._recomputing = False  # inside our own vmap forward: hooks must not capture it
@@ -183,7 +184,8 @@ class Capture:
             self._root_call, self._layout = None, None
 
     def _check_rows(self) -> None:
-        """At the end of the first forward on a bound batch of ≥ 3 rows: give every call of
+        """At the end of the first forward on a bound batch of ≥ 3 rows (the full check,
+        ``row_identity.MIN_ROWS``), and of the first on 2 rows before it: give every call of
         this forward whose rows are not its examples' own the problem (raised when its
         gradient is used, listed by the pre-flight)."""
         assert self._root_call is not None  # called at the end of the model's own forward
@@ -191,7 +193,12 @@ class Capture:
         if not row_probe_applies(self._root_call, rows):
             return
         assert rows is not None  # row_probe_applies refused None
-        self.rows_checked = True
+        if rows < MIN_ROWS:  # a 2-row check is partial (row_identity.py): once, then wait
+            if self.pair_checked:  # for a batch of MIN_ROWS rows for the full one
+                return
+            self.pair_checked = True
+        else:
+            self.rows_checked = True
         now = {  # each layer's calls of this forward
             id(layer): calls[len(calls) - self._ordinals.get(id(layer), 0) :]
             for layer in self.layers

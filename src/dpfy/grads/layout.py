@@ -133,7 +133,10 @@ def rule_batch_dim(layer: Layer, a: Any, b: int) -> tuple[int, str | None]:
         f"{layer.label} must be called on the {b} rows of the private batch, got an "
         f"input of shape {tuple(a.shape)}: no dimension of that size where this layer "
         f"allows a batch. Compute the loss only from the batch the private loader "
-        f"yielded, with the batch first in every layer"
+        f"yielded, with the batch first in every layer. An input shared by every example "
+        f"without a batch dimension (T5's relative position buckets, shape (T, T)) has no "
+        f"per-example gradient here: freeze the layer (requires_grad_(False)) before "
+        f"make_private"
     )
 
 

@@ -300,7 +300,21 @@ def cross_row_problem(label: str | None, rows: int, detail: str) -> str:
 
 
 def not_checked_problem(error: str) -> str:
-    """The refusal of a model the perturbation probe cannot run."""
+    """The refusal of a model the perturbation probe cannot run.
+
+    Reentrant activation checkpointing (``torch.utils.checkpoint(..., use_reentrant=True)``,
+    Hugging Face's default for ``gradient_checkpointing_enable()``) cannot be differentiated by
+    the probe's ``torch.autograd.grad``: the fix is the non-reentrant variant, named first.
+    """
+    if "use_reentrant" in error:
+        return (
+            f"activation checkpointing must be non-reentrant (use_reentrant=False) for dpfy "
+            f"to check that each example's rows come from that example alone, got the "
+            f"per-example probe failing ({error}). Use "
+            f"model.gradient_checkpointing_enable(gradient_checkpointing_kwargs="
+            f"{{'use_reentrant': False}}) (or torch.utils.checkpoint(..., "
+            f"use_reentrant=False))"
+        )
     return (
         f"the model must let dpfy check that each example's rows come from that example "
         f"alone, got the per-example probe failing on the batch with one example changed "

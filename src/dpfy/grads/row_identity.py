@@ -9,6 +9,7 @@ that mixes or moves rows across the batch breaks it silently: batch statistics w
 its contribution to the released sum is no longer bounded by C (measured: 4.45·C, 1.37·C).
 
 The check. At the first training forward of an engine bound to a private batch of n ≥ 3 rows
+(and at the first forward of n = 2 rows before that: the removal only, :data:`MIN_PROBE_ROWS`)
 (and in :func:`dpfy.validate`'s pre-flight), the capture (``grads/capture.py``) calls
 :func:`find_mixing`, which runs the model twice more, without
 gradients: once on the batch, once on the batch *without its first row and in reverse order*
@@ -71,6 +72,7 @@ from dpfy.grads.layers import Layer
 __all__ = [
     "RowProbe",
     "MIN_ROWS",
+    "MIN_PROBE_ROWS",
     "row_probe_applies",
     "find_mixing",
     "holds_batch",
@@ -88,7 +90,12 @@ __all__ = [
     "rows_mixed_problem",
 ]
 
-MIN_ROWS = 3  # a batch of 1–2 rows is not probed (too few rows to remove one and reorder)
+MIN_ROWS = 3  # the first forward of >= 3 rows is the engine's full check (remove one, reorder)
+# A 2-row batch is probed too (a 1-row batch cannot mix): removing its first row catches batch
+# statistics and the perturbation probe a loss that couples the two (HF's token mean over
+# unequal label counts), though a reorder of one row shows nothing; such a check does not count
+# as the full one: the first 2-row forward is probed, and the first of MIN_ROWS rows still is.
+MIN_PROBE_ROWS = 2
 
 
 @dataclass
@@ -119,10 +126,10 @@ class RowProbe:
 
 def row_probe_applies(root_call: tuple[tuple, dict], rows: int | None) -> bool:
     """Whether the model's call ``root_call`` is one to probe: a forward with autograd on over
-    the bound private batch of at least :data:`MIN_ROWS` rows."""
+    the bound private batch of at least :data:`MIN_PROBE_ROWS` rows."""
     return (
         rows is not None
-        and rows >= MIN_ROWS
+        and rows >= MIN_PROBE_ROWS
         and torch.is_grad_enabled()
         and holds_batch(*root_call, rows)
     )

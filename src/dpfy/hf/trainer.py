@@ -117,6 +117,11 @@ class DPTrainer(transformers.Trainer):
             warnings.warn(GRAD_NORM_NOTE, UserWarning, stacklevel=2)
             _warned = True
         self.args.max_grad_norm = 0.0
+        if self.args.gradient_checkpointing:  # reentrant checkpointing cannot be probed
+            given = self.args.gradient_checkpointing_kwargs  # a dict after HF's __post_init__
+            kw: dict[str, Any] = dict(given) if isinstance(given, dict) else {}
+            kw.setdefault("use_reentrant", False)  # an explicit True is refused, with the fix
+            self.args.gradient_checkpointing_kwargs = kw
         # the model's own loss, averaged over the batch's examples: never divided by a token
         # count passed from outside (num_items_in_batch), which is not a per-example mean
         self.model_accepts_loss_kwargs = False
@@ -125,6 +130,7 @@ class DPTrainer(transformers.Trainer):
         self.released_grad_norm: float | None = None  # the last step's, public
         self._loader: Any = None  # dpfy's DPDataLoader
         self._token_loss: str | None | bool = False  # False: not read from the model yet
+        self._rng_checkpoint: Any = None  # a mid-epoch resume's RNG state, loaded at its step
         self.add_callback(_AfterUpdate(self))
 
     # -- the private loader, model and optimizer, built together ------------------------------
@@ -184,6 +190,9 @@ class DPTrainer(transformers.Trainer):
         the private optimizer's ``step()`` only accumulates the clipped sum; the Trainer's own
         ``optimizer.step()`` after this is the logical batch's one update.
         """
+        if self._rng_checkpoint is not None:  # where the interrupted run stood when saved
+            super()._load_rng_state(self._rng_checkpoint)
+            self._rng_checkpoint = None
         if not isinstance(inputs, LogicalBatch):
             return super().training_step(model, inputs, None)
         assert self.dp_optimizer is not None and self._loader is not None  # built with it
@@ -266,6 +275,21 @@ class DPTrainer(transformers.Trainer):
             "sampler is replaced)",
             layer_table=opt.grads.explain_planned(),
         )  # no training batch's route
+
+    def _load_rng_state(self, checkpoint: Any) -> None:
+        """The checkpoint's RNG states (dropout masks), restored where the saved run stood.
+
+        With ``ignore_data_skip`` the Trainer restores them at the start of the resumed epoch,
+        before it builds the epoch's iterator, which draws from torch's generator. At an epoch's
+        end that is where the interrupted run stood too; mid-epoch that run had its iterator
+        already, so the states are restored just before the first resumed step instead (else
+        every later dropout mask differs from the uninterrupted run's).
+        """
+        steps = len(self._loader) if self._loader is not None else 0
+        if steps and self.state.global_step % steps:
+            self._rng_checkpoint = checkpoint
+        else:
+            super()._load_rng_state(checkpoint)
 
     def train(self, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
         """``Trainer.train``; a resume continues the private optimizer's ledger, sampler and
