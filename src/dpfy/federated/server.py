@@ -43,7 +43,6 @@ from torch import nn
 
 from dpfy._require import require
 from dpfy.adaptive.base import Method, calibrate_for_run, check_plan
-from dpfy.errors import BudgetExhausted
 from dpfy.noise import GaussianMechanism, NoiseSource
 from dpfy.noise.seeds import derive_seeds
 from dpfy.privacy import Ledger, PrivacyReport, Sampling, epsilon
@@ -231,14 +230,11 @@ class DPFedAvgServer:
             "Every sampled round is one release in the ledger, even with no replies",
         )
         t = self.rounds_done
-        horizon = self.guard.max_steps
-        if horizon is not None and t >= horizon:
-            raise BudgetExhausted(
-                f"the round must be < rounds = {horizon} (the horizon the server was planned "
-                f"for), got round = {t}. Stop, or re-plan explicitly by setting "
-                f"server.guard.max_steps to a larger value, knowing ε will exceed the target"
-            )
-        self.guard.check_step(t)
+        self.guard.check_step(
+            t,
+            names=("round", "rounds", "server"),
+            replan="server.guard.max_steps to a larger value",
+        )
         base = StepPlan(
             step=t,
             sample_rate=self.user_sample_rate,

@@ -103,14 +103,25 @@ class EpsilonGuard:
             max_steps=max_steps, epsilon_cap=cap, delta=delta, accountant=accountant
         )
 
-    def check_step(self, step: int) -> None:
-        """Refuse a step at or beyond the horizon (before anything is computed for it)."""
+    def check_step(
+        self,
+        step: int,
+        *,
+        names: tuple[str, str, str] = ("step", "max_steps", "run"),
+        replan: str = "optimizer.max_steps to a larger value (and optimizer.epsilon_cap, which "
+        "a target ε sets)",
+    ) -> None:
+        """Refuse a step at or beyond the horizon (before anything is computed for it).
+
+        ``names``: what a step, the horizon and the whole are called where the refusal is read
+        (the federated server: a round, its rounds, the server); ``replan``: the setting that
+        moves the horizon there."""
         if self.max_steps is not None and step >= self.max_steps:
+            what, horizon, whole = names
             raise BudgetExhausted(
-                f"step must be < max_steps = {self.max_steps} (the horizon the run was planned "
-                f"for), got step = {step}. Stop training, or re-plan explicitly by setting "
-                f"optimizer.max_steps to a larger value (and optimizer.epsilon_cap, which a "
-                f"target ε sets), knowing ε will exceed the target"
+                f"{what} must be < {horizon} = {self.max_steps} (the horizon the {whole} was "
+                f"planned for), got {what} = {step}. Stop training, or re-plan explicitly by "
+                f"setting {replan}, knowing ε will exceed the target"
             )
 
     def check(self, ledger: Ledger, record: StepRecord) -> None:
