@@ -193,21 +193,16 @@ def _shown(name: str, value: float) -> str:
     the value itself: σ rounded up, q rounded down (a user copies it into a run); steps whole
     (to 6 digits, 3813826 read 3.81383e+06, more steps than solved); δ rounded up to 3 digits,
     as every statement shows it."""
-    from dpfy.privacy.statement import rounded_up  # local: not for --help
+    from dpfy.privacy import statement  # local: not for --help
 
     if name == "steps":
         return str(int(value))
     if name == "delta":
-        return rounded_up(value, 3)
+        return statement.stated_delta(value)
     if name == "noise_multiplier":
-        return rounded_up(value, 6)
-    if name == "sample_rate":
-        text = f"{value:.6g}"
-        if float(text) <= value:
-            return text
-        step = 10 ** (math.floor(math.log10(value)) - 5)
-        return f"{float(text) - step:.6g}"
-    return f"{value:.6g}"
+        return statement.rounded_up(value, 6)
+    assert name == "sample_rate", name  # the four values a calibration prints
+    return statement.rounded_down(value, 6)
 
 
 def _targets(args: argparse.Namespace, sampling: Sampling) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 from dpfy.privacy.accountants import APPROXIMATE
 from dpfy.privacy.report_text import ADJACENCY_TEXT, USER_ADJACENCY_TEXT, tier
 from dpfy.privacy.section import ReportSection
-from dpfy.privacy.statement import rounded_up, stated_epsilon
+from dpfy.privacy.statement import stated_delta, stated_epsilon
 
 __all__ = ["TuningCost", "MechanismShare", "ReportFields"]
 
@@ -143,7 +143,7 @@ class ReportFields:
         """One sentence a reviewer can quote."""
         approx = " (GDP CLT approximation, not a guarantee)" if self.approximate else ""
         return (
-            f"Training satisfies ({stated_epsilon(self.epsilon)}, {rounded_up(self.delta, 3)})"
+            f"Training satisfies ({stated_epsilon(self.epsilon)}, {stated_delta(self.delta)})"
             "-differential privacy"
             f"{approx} for {self.unit_of_privacy} under {self.adjacency.replace('_', '-')} "
             f"adjacency, over {self.steps} steps, by the {self.accountant.upper()} "

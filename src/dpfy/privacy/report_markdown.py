@@ -3,19 +3,18 @@ Markdown, section by section following the guide's checklist."""
 
 from __future__ import annotations
 
-
 from dpfy.privacy.accountants import accountant_label
 from dpfy.privacy.ledger import Sampling
 from dpfy.privacy.report_fields import ReportFields
 from dpfy.privacy.report_text import SAMPLING_TEXT, TIER_TEXT
-from dpfy.privacy.statement import rounded_up, stated_epsilon
+from dpfy.privacy.statement import stated_delta, stated_epsilon
 
 __all__ = ["report_markdown"]
 
 
 def report_markdown(report: ReportFields) -> str:
     """The report for people, following the guide's checklist."""
-    f = _fmt
+    f = stated_epsilon  # every ε rounded up: never shown smaller than computed
     lines = ["# Privacy report", ""]
     for w in report.warnings:
         lines += [f"> **WARNING:** {w}.", ""]
@@ -79,11 +78,11 @@ def report_markdown(report: ReportFields) -> str:
         "",
         "## 4. Formal statements",
         "",
-        f"- **Training:** ({f(report.epsilon)}, {rounded_up(report.delta, 3)})-DP.",
+        f"- **Training:** ({f(report.epsilon)}, {stated_delta(report.delta)})-DP.",
         (
             "- **Tuning:** "
             + (
-                f"({f(report.tuning.epsilon)}, {rounded_up(report.tuning.delta, 3)})-DP "
+                f"({f(report.tuning.epsilon)}, {stated_delta(report.tuning.delta)})-DP "
                 f"including the released run; {report.tuning.method}. "
                 f"{report.tuning.details}"
                 if report.tuning
@@ -95,7 +94,7 @@ def report_markdown(report: ReportFields) -> str:
     if report.group_statement:
         ge, gd = report.group_statement
         lines.append(
-            f"- **Groups of {report.group_size}:** ({f(ge)}, {rounded_up(gd, 3)})-DP "
+            f"- **Groups of {report.group_size}:** ({f(ge)}, {stated_delta(gd)})-DP "
             "(group privacy; degrades fast)."
         )
     dc = report.delta_convention()
@@ -143,11 +142,6 @@ def report_markdown(report: ReportFields) -> str:
         "",
     ]
     return "\n".join(lines)
-
-
-def _fmt(x: float) -> str:
-    """ε rounded up (never shown smaller than computed), as :func:`stated_epsilon`."""
-    return stated_epsilon(x)
 
 
 def _range(pair: tuple[float, float]) -> str:

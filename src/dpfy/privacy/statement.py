@@ -19,7 +19,9 @@ __all__ = [
     "ledger_statement",
     "inapplicable",
     "rounded_up",
+    "rounded_down",
     "stated_epsilon",
+    "stated_delta",
 ]
 
 _WHAT = {
@@ -42,12 +44,17 @@ def epsilon_statement(
     """ "ε = … at δ = … for <unit>-level <relation> adjacency (…)", with ``[accountant]``."""
     value = stated_epsilon(epsilon)
     tail = f" [{accountant_label}]" if accountant_label else ""
-    return f"ε = {value} at δ = {rounded_up(delta, 3)} for {relation(unit, adjacency)}{tail}"
+    return f"ε = {value} at δ = {stated_delta(delta)} for {relation(unit, adjacency)}{tail}"
 
 
 def stated_epsilon(epsilon: float) -> str:
     """ε as every statement and report shows it: 4 significant digits rounded up, or ∞."""
     return "∞" if math.isinf(epsilon) else rounded_up(epsilon, 4)
+
+
+def stated_delta(delta: float) -> str:
+    """δ as every statement and report shows it: 3 significant digits rounded up."""
+    return rounded_up(delta, 3)
 
 
 def rounded_up(x: float, digits: int) -> str:
@@ -61,8 +68,21 @@ def rounded_up(x: float, digits: int) -> str:
     text = f"{x:.{digits}g}"
     if x <= 0 or not math.isfinite(x) or float(text) * (1 + 2**-50) >= x:
         return text
-    step = 10 ** (math.floor(math.log10(x)) - digits + 1)
-    return f"{float(text) + step:.{digits}g}"
+    return f"{float(text) + _last_place(x, digits):.{digits}g}"
+
+
+def rounded_down(x: float, digits: int) -> str:
+    """``x`` to ``digits`` significant digits, rounded *down*: for a value whose larger
+    neighbour would spend more (a sample rate a user copies into a run)."""
+    text = f"{x:.{digits}g}"
+    if x <= 0 or not math.isfinite(x) or float(text) <= x:
+        return text
+    return f"{float(text) - _last_place(x, digits):.{digits}g}"
+
+
+def _last_place(x: float, digits: int) -> float:
+    """One unit in the last of ``digits`` significant digits of ``x`` (> 0)."""
+    return 10 ** (math.floor(math.log10(x)) - digits + 1)
 
 
 def ledger_statement(

@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 from dpfy.privacy.accountants import epsilon
 from dpfy.privacy.ledger import Ledger, Sampling
 from dpfy.privacy.section import ReportSection
-from dpfy.privacy.statement import rounded_up, stated_epsilon
+from dpfy.privacy.statement import stated_delta, stated_epsilon
 
 __all__ = [
     "USER_UNIT",
@@ -115,10 +115,10 @@ def user_level_section(
                 if accountant == "pld"
                 else ", an upper bound: looser; PLD accounts the mixture itself"
             )
-            + f"): ({stated_epsilon(eps_user)}, {rounded_up(delta, 3)}).",
+            + f"): ({stated_epsilon(eps_user)}, {stated_delta(delta)}).",
             f"- **Group privacy instead** (the same steps per example: "
-            f"({stated_epsilon(eps_ex)}, {rounded_up(delta, 3)}); for groups of k = {k}: "
-            f"(kε, k·e^{{kε}}·δ)): ({stated_epsilon(ge)}, {rounded_up(gd, 3)})"
+            f"({stated_epsilon(eps_ex)}, {stated_delta(delta)}); for groups of k = {k}: "
+            f"(kε, k·e^{{kε}}·δ)): ({stated_epsilon(ge)}, {stated_delta(gd)})"
             + (" — δ ≥ 1: no guarantee at all" if gd >= 1 else "")
             + ".",
         ]

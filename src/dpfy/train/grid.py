@@ -44,7 +44,7 @@ from dpfy.data import DataSplits, load_dataset
 from dpfy.errors import PrivacyRefusal
 from dpfy.models import build_model
 from dpfy.privacy.ledger import Ledger
-from dpfy.privacy.statement import rounded_up, stated_epsilon
+from dpfy.privacy.statement import stated_delta, stated_epsilon
 from dpfy.privacy.tuning import (
     calibrate_grid_noise_multiplier,
     composed_runs,
@@ -231,7 +231,7 @@ def run_grid(
     echo(
         f"dpfy tune: {k} configurations, σ = {sigma:.4g} for each "
         f"({'grid target ε = %g' % base.epsilon if base.epsilon is not None else 'fixed σ'}, "
-        f"δ = {rounded_up(delta, 3)}, q = {sampler.sample_rate:.5g}, {steps} steps per run); "
+        f"δ = {stated_delta(delta)}, q = {sampler.sample_rate:.5g}, {steps} steps per run); "
         f"selecting "
         f"on {select} of {selected_on.split(' (')[0]}"
     )
@@ -290,7 +290,7 @@ def run_grid(
     shutil.rmtree(staging)
     echo(
         f"dpfy tune: winner {winner.settings} ({select} {winner.metric:.4g}); the grid of {k} "
-        f"runs spent ε = {stated_epsilon(eps_grid)} at δ = {rounded_up(delta, 3)} "
+        f"runs spent ε = {stated_epsilon(eps_grid)} at δ = {stated_delta(delta)} "
         f"({base.accountant.upper()}); "
         f"privacy report: {out / 'privacy_report.md'}"
     )

@@ -14,7 +14,7 @@ from typing import Sequence
 
 from dpfy.privacy.ledger import Ledger
 from dpfy.privacy.report import PrivacyReport, ReportSection, TuningCost
-from dpfy.privacy.statement import rounded_up, stated_epsilon
+from dpfy.privacy.statement import stated_delta, stated_epsilon
 from dpfy.train.config import TrainConfig
 from dpfy.train.grid_axes import GridAxis, GridRun
 from dpfy.train.rundir import write_atomic
@@ -44,7 +44,7 @@ def publish_grid(
     lines = [
         f"{k} configurations, each trained at σ = {sigma:.4g} ({target} for the whole "
         f"grid, per-grid budget of Galli et al. 2024). The grid's ε = "
-        f"{stated_epsilon(eps_grid)} at δ = {rounded_up(delta, 3)} is the "
+        f"{stated_epsilon(eps_grid)} at δ = {stated_delta(delta)} is the "
         f"{base.accountant.upper()} accountant's ε of all {k} runs' ledgers composed. "
         f"Winner: run {winner.index} ({select} {winner.metric:.4g}), chosen "
         f"on the final epoch's {select} of {selected_on}.",

@@ -56,7 +56,7 @@ from dpfy.data import DataSplits, load_dataset
 from dpfy.privacy.calibration import Target, sigma_for
 from dpfy.privacy.events import Poisson
 from dpfy.privacy.section import ReportSection
-from dpfy.privacy.statement import rounded_up, stated_epsilon
+from dpfy.privacy.statement import stated_delta, stated_epsilon
 from dpfy.privacy.tuning import log_grid
 from dpfy.sampling import PoissonSampler
 from dpfy.train.config import SEED_WARNING, TrainConfig, resolve
@@ -312,7 +312,7 @@ def run_recipe(
     _publish(result, base, held, data, delta, select, tolerance, reference, steps, batch)
     echo(
         f"dpfy tune: final run lr {lr:.4g}, C {clip:.4g}, σ {sigma:.4g}: ε = "
-        f"{stated_epsilon(final.epsilon)} at δ = {rounded_up(delta, 3)} for the final run ONLY; "
+        f"{stated_epsilon(final.epsilon)} at δ = {stated_delta(delta)} for the final run ONLY; "
         f"test accuracy {final.test_acc:.4g}"
     )
     echo(

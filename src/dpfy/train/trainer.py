@@ -39,7 +39,7 @@ from dpfy.errors import SeedWarning
 from dpfy.individual_tracking import save_norms
 from dpfy.models import build_model
 from dpfy.privacy.individual import load_budgets, random_budgets
-from dpfy.privacy.statement import ledger_statement, rounded_up, stated_epsilon
+from dpfy.privacy.statement import ledger_statement, stated_delta, stated_epsilon
 from dpfy.train.checkpoint import Checkpoint, load_latest
 from dpfy.train.device import device_description, hold_on_device, resolve_device
 from dpfy.train.config import RESUME_IGNORED, SEED_WARNING, TrainConfig, parse_floats, resolve
@@ -388,7 +388,7 @@ def _statement(cfg: TrainConfig, notes: Mapping[str, Any], data: DataSplits, pri
         f"{private.total_steps} steps, {clip_description(private)}"
         f"{augmult_description(cfg)}, "
         f"{noise} ({budget}); "
-        f"δ = {rounded_up(cfg.delta, 3)} "
+        f"δ = {stated_delta(cfg.delta)} "
         f"({notes.get('delta_rule', 'given')}); ε accounted with {cfg.accountant.upper()}."
     )
 
