@@ -33,6 +33,7 @@ from dpfy.spec.run import (
     Unit,
     UserUnit,
 )
+from dpfy.step.arguments import check_numbers
 
 __all__ = ["from_keywords"]
 
@@ -158,6 +159,15 @@ def from_keywords(*, world_size: int = 1, **kw: Any) -> tuple[RunSpec, Performan
     ``user_ids``, ``augment`` and ``public_data`` are read for their presence only (they are
     data and code, handed to the builder separately); the BatchNorm keywords may be left out.
     """
+    max_grad_norm = kw["max_grad_norm"]  # a float or K floats; a string is refused here
+    check_numbers(
+        noise_multiplier=kw["noise_multiplier"],
+        target_epsilon=kw["target_epsilon"],
+        target_delta=kw["target_delta"],
+        epochs=kw["epochs"],
+        epsilon_cap=kw["epsilon_cap"],
+        max_grad_norm=max_grad_norm if isinstance(max_grad_norm, str) else None,
+    )
     unit = _unit(
         kw["user_ids"],
         kw["user_sampling"],
