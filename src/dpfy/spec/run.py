@@ -31,6 +31,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
+import numpy as np
+
 from dpfy._require import require
 from dpfy.adaptive.base import Method, method_name
 from dpfy.privacy.events import CyclicPoisson, Poisson, SamplingKind, Shuffled
@@ -70,6 +72,23 @@ def _summary(value: Any) -> Any:
     return f"{n} values"
 
 
+def _by_value(value: Any) -> Any:
+    """What a spec compares and hashes in place of a value held as given (per-example rates,
+    thresholds or budgets as a list, array or tensor; a method or a chain of them): the
+    numbers themselves, so that two specs are equal only when every value is, never because a
+    field was left out of the comparison."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, Method):
+        return repr(value)
+    if isinstance(value, (list, tuple)) and any(isinstance(v, (Method, str)) for v in value):
+        return tuple(_by_value(v) for v in value)  # a chain of methods
+    if hasattr(value, "detach"):  # a tensor, on any device: read once, when the spec is built
+        value = value.detach().cpu().double().numpy()
+    array = np.asarray(value, dtype=np.float64)
+    return array.shape, array.tobytes()
+
+
 @dataclass(frozen=True)
 class SamplingSpec:
     """How units enter a step.
@@ -90,8 +109,10 @@ class SamplingSpec:
     sample_rates: Any = field(default=None, compare=False)
     world_size: int = 1
     resolved: SamplingKind | None = None
+    _sample_rates: Any = field(init=False, repr=False)  # compared in place of sample_rates
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_sample_rates", _by_value(self.sample_rates))
         require(
             self.kind in (Poisson, Shuffled),
             "sampling.kind",
@@ -224,6 +245,10 @@ class ClippingSpec:
     kind: str = "flat"
     max_grad_norm: float | Sequence[float] | Any = field(default=1.0, compare=False)
     microbatch_size: int | None = None
+    _max_grad_norm: Any = field(init=False, repr=False)  # compared in place of max_grad_norm
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_max_grad_norm", _by_value(self.max_grad_norm))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -240,6 +265,10 @@ class IndividualBudgets:
 
     budgets: Any = field(default=None, compare=False)
     variant: str | None = None
+    _budgets: Any = field(init=False, repr=False)  # compared in place of budgets
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_budgets", _by_value(self.budgets))
 
     def to_dict(self) -> dict[str, Any]:
         return {"budgets": _summary(self.budgets), "individual": self.variant}
@@ -315,6 +344,10 @@ class RunSpec:
     accounting: AccountingSpec = AccountingSpec()
     method: Any = field(default=None, compare=False)
     batchnorm: BatchNormStatistics | None = None
+    _method: Any = field(init=False, repr=False)  # compared in place of method
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_method", _by_value(self.method))
 
     def with_noise_multiplier(self, noise_multiplier: float | None) -> RunSpec:
         """The same spec with σ set (calibrated, or set by a method)."""

@@ -1,0 +1,42 @@
+"""Two run specs are equal only when every value in them is: per-example rates, per-layer or
+per-example thresholds, budgets and methods included (they were left out of the comparison, so
+specs with rates 0.01 and 0.9 compared equal)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from dpfy.adaptive.plateau import PlateauNoiseDecay
+from dpfy.spec.run import ClippingSpec, IndividualBudgets, RunSpec, SamplingSpec
+
+
+def test_sample_rates_are_compared():
+    low = RunSpec(sampling=SamplingSpec(sample_rates=[0.01] * 3))
+    high = RunSpec(sampling=SamplingSpec(sample_rates=[0.9] * 3))
+    assert low != high
+    assert low == RunSpec(sampling=SamplingSpec(sample_rates=np.full(3, 0.01)))
+    rates = torch.full((3,), 0.01, dtype=torch.float64)  # float32's 0.01 is another rate
+    assert low == RunSpec(sampling=SamplingSpec(sample_rates=rates))
+    assert hash(low) == hash(RunSpec(sampling=SamplingSpec(sample_rates=(0.01, 0.01, 0.01))))
+
+
+def test_thresholds_budgets_and_methods_are_compared():
+    assert RunSpec(clipping=ClippingSpec("per_layer", [1.0, 2.0])) != RunSpec(
+        clipping=ClippingSpec("per_layer", [1.0, 3.0])
+    )
+    one = RunSpec(accounting=RunSpec().accounting.__class__(individual=IndividualBudgets([1, 2])))
+    two = RunSpec(accounting=RunSpec().accounting.__class__(individual=IndividualBudgets([1, 3])))
+    assert one != two
+
+    def plateau(factor: float) -> RunSpec:
+        return RunSpec(method=PlateauNoiseDecay(initial=2.0, factor=factor))
+
+    assert plateau(0.5) != plateau(0.9) and plateau(0.5) == plateau(0.5)
+    assert RunSpec(method="plateau") != RunSpec(method="dynamic")
+
+
+def test_a_filled_in_spec_is_another_value():
+    spec = RunSpec(sampling=SamplingSpec(sample_rates=[0.1, 0.2]))
+    assert spec.with_noise_multiplier(1.0) != spec
+    assert spec.with_noise_multiplier(1.0) == spec.with_noise_multiplier(1.0)
