@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpfy._require import require
-from dpfy.audit.stats import check_scores
+from dpfy.audit.stats import _Record, check_scores
 from dpfy.privacy.gdp import epsilon_for_delta
 
 __all__ = ["GdpEstimate", "gdp_estimate", "standardized_shift", "DEFAULT_RESAMPLES"]
@@ -44,7 +44,7 @@ BOOTSTRAP_SEED = 0  # resamples public scores: reproducibility, not secrecy
 
 
 @dataclass(frozen=True)
-class GdpEstimate:
+class GdpEstimate(_Record):
     """μ̂ and ε̂ (the estimate), with their lower limits at ``confidence``."""
 
     mu: float
@@ -54,9 +54,6 @@ class GdpEstimate:
     delta: float
     confidence: float
     resamples: int
-
-    def to_dict(self) -> dict:
-        return dict(self.__dict__)
 
 
 def standardized_shift(in_scores: np.ndarray, out_scores: np.ndarray) -> np.ndarray:

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 from scipy import optimize, special, stats
@@ -71,8 +71,16 @@ GUESSES = ("grid", "hull")
 MIN_GUESSES = 16
 
 
+class _Record:
+    """:meth:`to_dict` for the audit's results, whose fields are all numbers and strings: the
+    fields by name, as they are (JSON-readable)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
 @dataclass(frozen=True)
-class AuditBound:
+class AuditBound(_Record):
     """A lower bound on ε from one audit.
 
     Attributes:
@@ -94,9 +102,6 @@ class AuditBound:
     confidence: float
     thresholds: int
     guessing: str
-
-    def to_dict(self) -> dict:
-        return dict(self.__dict__)
 
 
 def check_scores(scores: np.ndarray, included: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

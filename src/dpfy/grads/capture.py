@@ -53,7 +53,13 @@ from dpfy.grads.layout import (
     vmap_batch_dims,
 )
 from dpfy.grads.perturbation import PerturbProbe, find_cross_row
-from dpfy.grads.row_identity import MIN_ROWS, RowProbe, find_mixing, row_probe_applies
+from dpfy.grads.row_identity import (
+    MIN_ROWS,
+    ProbedForward,
+    RowProbe,
+    find_mixing,
+    row_probe_applies,
+)
 from dpfy.grads.layers import Layer
 
 __all__ = ["Call", "Capture", "Tap", "at_least_float32", "check_unchanged"]
@@ -205,19 +211,12 @@ class Capture:
             for calls in [self.calls[id(layer)]]
         }
         layers = {id(layer): layer for layer in self.layers}
+        probed = ProbedForward(
+            self.model, self._root_call, rows, now, layers, self.rerun, self.device
+        )
         found = [
-            find_mixing(self.model, self._root_call, rows, now, layers, self.rerun, self.device),
-            find_cross_row(
-                self.model,
-                self._root_call,
-                rows,
-                now,
-                layers,
-                self.rerun,
-                self.anchor,
-                self.device,
-                self.declared_row_wise,
-            ),
+            find_mixing(probed),
+            find_cross_row(probed, self.anchor, self.declared_row_wise),
         ]
         for problem, targets in filter(None, found):
             for c in targets:

@@ -68,13 +68,17 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
-from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from dpfy.errors import PrivacyRefusal
 from dpfy.grads.held import autograd_requires_grad
-from dpfy.grads.row_identity import RowProbe, forked_rng, reseed, rows_mixed_problem
-from dpfy.grads.layers import Layer
+from dpfy.grads.row_identity import (
+    ProbedForward,
+    RowProbe,
+    forked_rng,
+    reseed,
+    rows_mixed_problem,
+)
 
 __all__ = [
     "PerturbProbe",
@@ -171,30 +175,24 @@ def probe_rows(tree: Any, rows: int) -> list[tuple[int, int]]:
 
 
 def find_cross_row(
-    model: nn.Module,
-    root_call: tuple[tuple, dict],
-    rows: int,
-    now: dict[int, list[Any]],
-    layers: dict[int, Layer],
-    rerun: Callable[[RowProbe, tuple, dict], Any],
-    anchor: torch.Tensor,
-    device: torch.device | None,
-    declared: bool = False,
+    probed: ProbedForward, anchor: torch.Tensor, declared: bool = False
 ) -> tuple[str, list[Any]] | None:
     """The perturbation check of one training forward (see the module docstring).
 
-    Args mirror :func:`dpfy.grads.row_identity.find_mixing`; ``anchor`` is the capture's leaf
-    that its taps hang on (the backward is taken with respect to it and to every leaf that
-    requires a gradient, so that no parameter's ``.grad`` is written); ``declared``: the user
-    declared the model row-wise (a probe that cannot run then warns instead of refusing).
+    ``probed`` is the forward (:class:`dpfy.grads.row_identity.ProbedForward`); ``anchor`` is
+    the capture's leaf that its taps hang on (the backward is taken with respect to it and to
+    every leaf that requires a gradient, so that no parameter's ``.grad`` is written);
+    ``declared``: the user declared the model row-wise (a probe that cannot run then warns
+    instead of refusing).
 
     Returns:
       None when no other row changed, else the refusal and the calls it belongs to.
     """
-    shared = {uid: [c.shared for c in calls] for uid, calls in now.items()}
+    root_call, rows, layers, device = probed.root_call, probed.rows, probed.layers, probed.device
+    shared = probed.shared()
     # autograd's own flag: a parameter the private step trains is held (its requires_grad reads
     # True for user code, grads/held.py) and must not be differentiated here
-    params: list[torch.Tensor] = [p for p in model.parameters() if autograd_requires_grad(p)]
+    params: list[torch.Tensor] = [p for p in probed.model.parameters() if autograd_requires_grad(p)]
 
     def run(call: tuple[tuple, dict], change_row: int | None) -> tuple[PerturbProbe, Any]:
         # the leaves of *this* call: a perturbed input that requires grad (a pipeline stage's
@@ -208,7 +206,7 @@ def find_cross_row(
         probe = PerturbProbe(rows, shared=shared)
         with forked_rng(device), torch.enable_grad():
             reseed(0)
-            out = rerun(probe, *call)
+            out = probed.rerun(probe, *call)
             outs = [
                 t
                 for t in tree_flatten(out)[0]
@@ -249,11 +247,11 @@ def find_cross_row(
                 stacklevel=2,
             )
             return None
-        return problem, [c for calls in now.values() for c in calls]
+        return problem, probed.calls()
 
     def dims(uid: int, j: int) -> tuple[Any, int | None] | None:
-        real = now[uid][j] if j < len(now[uid]) else None
-        if real is None or real.problem is not None:
+        real = probed.to_check(uid, j)
+        if real is None:
             return None
         grad_dim = 0 if (layers[uid].rule is None or real.shared) else real.batch_dim
         return real.row_dims(layers[uid]), grad_dim
@@ -277,9 +275,9 @@ def find_cross_row(
     where = layers[uid].label if uid is not None else None
     problem = cross_row_problem(where, rows, what)
     targets = (
-        [c for calls in now.values() for c in calls]
+        probed.calls()
         if uid is None
-        else [now[lid][k] for lid, k, _ in found if lid is not None]
+        else [probed.now[lid][k] for lid, k, _ in found if lid is not None]
     )
     return problem, targets
 

@@ -74,6 +74,7 @@ __all__ = [
     "MIN_ROWS",
     "MIN_PROBE_ROWS",
     "row_probe_applies",
+    "ProbedForward",
     "find_mixing",
     "holds_batch",
     "probe_index",
@@ -135,16 +136,10 @@ def row_probe_applies(root_call: tuple[tuple, dict], rows: int | None) -> bool:
     )
 
 
-def find_mixing(
-    model: nn.Module,
-    root_call: tuple[tuple, dict],
-    rows: int,
-    now: dict[int, list[Any]],
-    layers: dict[int, Layer],
-    rerun: Rerun,
-    device: torch.device | None,
-) -> tuple[str, list[Any]] | None:
-    """The row-identity check of one training forward (see the module docstring).
+@dataclass(frozen=True)
+class ProbedForward:
+    """One training forward, as the row checks (:func:`find_mixing`,
+    :func:`dpfy.grads.perturbation.find_cross_row`) run it again.
 
     Args:
       model: the model, called as ``root_call`` (args, kwargs) on the private batch of ``rows``.
@@ -153,22 +148,52 @@ def find_mixing(
       layers: the layers by id.
       rerun: runs the model recording each layer call into a probe (``Capture.rerun``).
       device: where the trainable parameters live (the RNG forked there too).
+    """
+
+    model: nn.Module
+    root_call: tuple[tuple, dict]
+    rows: int
+    now: dict[int, list[Any]]
+    layers: dict[int, Layer]
+    rerun: Rerun
+    device: torch.device | None
+
+    def shared(self) -> dict[int, list[bool]]:
+        """Which calls the forward found shared by the batch, by layer id (a probe's
+        ``shared``)."""
+        return {uid: [c.shared for c in calls] for uid, calls in self.now.items()}
+
+    def to_check(self, uid: int, j: int) -> Any:
+        """Layer ``uid``'s ``j``-th call in the forward, or None when it made no such call or
+        the call already has its problem (a call not to check)."""
+        calls = self.now[uid]
+        real = calls[j] if j < len(calls) else None
+        return None if real is None or real.problem is not None else real
+
+    def calls(self) -> list[Any]:
+        """Every call of the forward (the targets of a refusal of its output)."""
+        return [c for calls in self.now.values() for c in calls]
+
+
+def find_mixing(probed: ProbedForward) -> tuple[str, list[Any]] | None:
+    """The row-identity check of one training forward (see the module docstring).
 
     Returns:
       None when every row is its example's own (or the model cannot be cut by rows, or its
       differences are randomness), else the refusal and the calls it belongs to.
     """
-    index = probe_index(rows, device)
+    root_call, rows, layers = probed.root_call, probed.rows, probed.layers
+    index = probe_index(rows, probed.device)
     args, kwargs, problem = resize_batch(*root_call, rows, index=index)
     if problem is not None:
         return None  # a transposed view: the layout probe refuses it where it matters
-    shared = {uid: [c.shared for c in calls] for uid, calls in now.items()}
+    shared = probed.shared()
 
     def forward(args: tuple, kwargs: dict, rows: int, seed: int = 0) -> tuple[RowProbe, Any]:
-        with probe_mode(model, device):
+        with probe_mode(probed.model, probed.device):
             reseed(seed)
             probe = RowProbe(rows, shared=shared)
-            return probe, rerun(probe, args, kwargs)
+            return probe, probed.rerun(probe, args, kwargs)
 
     try:
         (full, out_full), (part, out_part) = (
@@ -179,8 +204,8 @@ def find_mixing(
         return None  # (EmbeddingBag's 1-D ids with offsets cannot be cut by rows)
 
     def dims(uid: int, j: int) -> Any:  # None: a call not to check
-        real = now[uid][j] if j < len(now[uid]) else None
-        return None if real is None or real.problem is not None else (real.row_dims(layers[uid]),)
+        real = probed.to_check(uid, j)
+        return None if real is None else (real.row_dims(layers[uid]),)
 
     differing = differing_calls(full, part, index, dims)
     out_differs = output_differs(out_full, out_part, rows, index)
@@ -200,11 +225,7 @@ def find_mixing(
             else "its rows",
         )
     )
-    targets = (
-        [c for calls in now.values() for c in calls]
-        if out_differs
-        else [now[uid][j] for uid, j, _ in differing]
-    )
+    targets = probed.calls() if out_differs else [probed.now[uid][j] for uid, j, _ in differing]
     return problem, targets
 
 

@@ -89,6 +89,22 @@ def _by_value(value: Any) -> Any:
     return array.shape, array.tobytes()
 
 
+def _fields(value: Any) -> dict[str, Any]:
+    """A dataclass's fields by name, each as it is (``dataclasses.asdict`` would also turn a
+    nested spec into its fields, where :meth:`AccountingSpec.to_dict` wants its own names)."""
+    return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+
+
+class _Noise:
+    """What the noise mechanisms share: :meth:`to_dict` is the mechanism's name, then its
+    fields (σ and its own parameters; the class-level sampling is not a field)."""
+
+    name: ClassVar[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"noise": self.name, **_fields(self)}
+
+
 @dataclass(frozen=True)
 class SamplingSpec:
     """How units enter a step.
@@ -185,7 +201,7 @@ Unit = ExampleUnit | UserUnit
 
 
 @dataclass(frozen=True)
-class Gaussian:
+class Gaussian(_Noise):
     """Independent Gaussian noise N(0, (σΔ)²) on every step's sum (DP-SGD); σ None until
     calibrated (``target_epsilon``) or set by a method; 0 is allowed for debugging."""
 
@@ -193,12 +209,9 @@ class Gaussian:
     sampling: ClassVar[type[SamplingKind] | None] = None  # the spec's sampling, as asked
     noise_multiplier: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"noise": self.name, "noise_multiplier": self.noise_multiplier}
-
 
 @dataclass(frozen=True)
-class Tree:
+class Tree(_Noise):
     """DP-FTRL's tree aggregation over shuffled passes, restarted each pass (Kairouz et al.
     2021); no amplification is claimed."""
 
@@ -206,12 +219,9 @@ class Tree:
     sampling: ClassVar[type[SamplingKind] | None] = Shuffled  # one participation per pass
     noise_multiplier: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"noise": self.name, "noise_multiplier": self.noise_multiplier}
-
 
 @dataclass(frozen=True)
-class BandMF:
+class BandMF(_Noise):
     """Banded matrix factorization (Choquette-Choo et al. 2023) with ``bands`` b over cyclic
     Poisson sampling; ``bands=None``: :func:`dpfy.sampling.cyclic.default_bands`."""
 
@@ -219,9 +229,6 @@ class BandMF:
     sampling: ClassVar[type[SamplingKind] | None] = CyclicPoisson  # Poisson inside b groups
     noise_multiplier: float | None = None
     bands: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"noise": self.name, "noise_multiplier": self.noise_multiplier, "bands": self.bands}
 
 
 Mechanism = Gaussian | Tree | BandMF
@@ -294,9 +301,8 @@ class AccountingSpec:
     individual: IndividualBudgets | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["individual"] = None if self.individual is None else self.individual.to_dict()
-        return out
+        individual = None if self.individual is None else self.individual.to_dict()
+        return {**_fields(self), "individual": individual}
 
 
 @dataclass(frozen=True)
@@ -324,7 +330,7 @@ class BatchNormStatistics:
     public_data: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return _fields(self)
 
 
 @dataclass(frozen=True)
