@@ -113,5 +113,10 @@ def test_the_shared_keywords_reach_the_base_mechanism():
     with pytest.raises(TypeError, match="sample_rate"):
         TreeMechanism(NoiseSource(0, backend="torch"), period=4, noise_multiplier=1.0)
     with pytest.raises(TypeError, match="sampler_positon"):
-        TreeMechanism(NoiseSource(0, backend="torch"), period=4, noise_multiplier=1.0,
-                      sample_rate=0.1, sampler_positon=None)
+        TreeMechanism(
+            NoiseSource(0, backend="torch"),
+            period=4,
+            noise_multiplier=1.0,
+            sample_rate=0.1,
+            sampler_positon=None,
+        )

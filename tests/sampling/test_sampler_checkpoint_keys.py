@@ -27,9 +27,7 @@ BUILDERS = {
     "poisson": lambda: PoissonSampler(12, sample_rate=0.5, seed=3),
     "shuffle": lambda: ShuffleSampler(12, 5, seed=3),
     "cyclic": lambda: CyclicPoissonSampler(12, 2, bands=3, seed=3),
-    "uls": lambda: UserPoissonSampler(
-        UserUnits(IDS, clip_per_user=True), sample_rate=0.5, seed=3
-    ),
+    "uls": lambda: UserPoissonSampler(UserUnits(IDS, clip_per_user=True), sample_rate=0.5, seed=3),
     "els": lambda: UserCappedSampler(
         UserUnits(IDS, clip_per_user=False), max_examples_per_user=2, batch_size=4, seed=3
     ),
