@@ -2,6 +2,7 @@
 decomposition (variance σ²Δ² × their count), the tree restarts each pass, SGD on the released
 residuals is θ_0 − η·(noisy prefix sum), and a checkpoint continues the stream."""
 
+import pytest
 import torch
 
 from dpfy.noise import NoiseSource, TreeMechanism
@@ -102,3 +103,20 @@ def test_accounted_depth_is_the_most_released_nodes_any_leaf_enters():
         released = [(e - (e & -e) + 1, e) for e in range(1, leaves + 1)]
         worst = max(sum(s <= leaf <= e for s, e in released) for leaf in range(1, leaves + 1))
         assert worst == tree_depth(leaves), leaves
+
+
+def test_the_shared_keywords_reach_the_base_mechanism():
+    """noise_multiplier, sample_rate and sampler_position are passed on to CorrelatedMechanism
+    (sampler_position None unless given); a missing or misspelt one is a TypeError naming it."""
+    mech = _tree()
+    assert (mech.noise_multiplier, mech.sample_rate, mech.sampler_position) == (1.0, 0.1, None)
+    with pytest.raises(TypeError, match="sample_rate"):
+        TreeMechanism(NoiseSource(0, backend="torch"), period=4, noise_multiplier=1.0)
+    with pytest.raises(TypeError, match="sampler_positon"):
+        TreeMechanism(
+            NoiseSource(0, backend="torch"),
+            period=4,
+            noise_multiplier=1.0,
+            sample_rate=0.1,
+            sampler_positon=None,
+        )

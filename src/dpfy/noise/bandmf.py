@@ -15,12 +15,12 @@ Its accounting (cyclic Poisson sampling with b groups, every column of C of norm
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Unpack
 
 import torch
 
 from dpfy._require import require
-from dpfy.noise.correlated import CorrelatedMechanism
+from dpfy.noise.correlated import CorrelatedArgs, CorrelatedMechanism
 from dpfy.noise.generator import NoiseSource
 from dpfy.noise.toeplitz import check_normalized
 from dpfy.types import Sampling
@@ -47,20 +47,12 @@ class BandMFMechanism(CorrelatedMechanism):
         source: NoiseSource,
         *,
         coefficients: torch.Tensor,
-        noise_multiplier: float,
-        sample_rate: float,
-        sampler_position: Callable[[], int] | None = None,
+        **stream: Unpack[CorrelatedArgs],
     ) -> None:
         c = torch.as_tensor(coefficients, dtype=torch.float64).flatten()
         require(c.numel() >= 1 and float(c[0]) > 0, "coefficients[0]", c[:1].tolist(), "> 0")
         check_normalized(c)
-        super().__init__(
-            source,
-            noise_multiplier=noise_multiplier,
-            sampling=Sampling.CYCLIC_POISSON,
-            sample_rate=sample_rate,
-            sampler_position=sampler_position,
-        )
+        super().__init__(source, sampling=Sampling.CYCLIC_POISSON, **stream)
         self.coefficients = c  # public: the strategy
 
     @property

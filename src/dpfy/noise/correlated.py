@@ -23,7 +23,7 @@ exactly; a secure one continues its ChaCha20 stream, never repeating a draw.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NotRequired, TypedDict
 
 import torch
 
@@ -34,7 +34,7 @@ from dpfy.noise.mechanism import StepRecord
 from dpfy.privacy.ledger import Release
 from dpfy.types import ReleaseSpec, Sampling, StepPlan
 
-__all__ = ["CorrelatedMechanism", "CorrelatedStepNoise"]
+__all__ = ["CorrelatedMechanism", "CorrelatedStepNoise", "CorrelatedArgs"]
 
 
 class CorrelatedStepNoise:
@@ -62,6 +62,16 @@ class CorrelatedStepNoise:
         )
 
     gaussian = add_gaussian_
+
+
+class CorrelatedArgs(TypedDict):
+    """The keywords every correlated mechanism takes beside its own, passed on to
+    :class:`CorrelatedMechanism` (which documents them): ``noise_multiplier``, ``sample_rate``
+    and, optionally, ``sampler_position``."""
+
+    noise_multiplier: float
+    sample_rate: float
+    sampler_position: NotRequired[Callable[[], int] | None]
 
 
 class CorrelatedMechanism:

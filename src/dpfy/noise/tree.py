@@ -24,12 +24,12 @@ variant.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Unpack
 
 import torch
 
 from dpfy._require import require
-from dpfy.noise.correlated import CorrelatedMechanism
+from dpfy.noise.correlated import CorrelatedArgs, CorrelatedMechanism
 from dpfy.noise.generator import NoiseSource
 from dpfy.types import Sampling
 
@@ -59,18 +59,10 @@ class TreeMechanism(CorrelatedMechanism):
         source: NoiseSource,
         *,
         period: int,
-        noise_multiplier: float,
-        sample_rate: float,
-        sampler_position: Callable[[], int] | None = None,
+        **stream: Unpack[CorrelatedArgs],
     ) -> None:
         require(isinstance(period, int) and period >= 1, "period", period, "an integer >= 1")
-        super().__init__(
-            source,
-            noise_multiplier=noise_multiplier,
-            sampling=Sampling.SHUFFLE,
-            sample_rate=sample_rate,
-            sampler_position=sampler_position,
-        )
+        super().__init__(source, sampling=Sampling.SHUFFLE, **stream)
         self._period = period
         self.levels: list[list[int]] = []  # per slot: the levels of its buffered nodes
 

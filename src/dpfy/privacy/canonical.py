@@ -34,19 +34,13 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Iterable
+from typing import Iterable
 
-
-from dpfy._lazy import LazyModule
 from dpfy._require import require
+from dpfy.privacy._dp_accounting import dp_accounting
 from dpfy.privacy.correlated import correlated_release, cyclic_charges, tree_charges
 from dpfy.privacy.ledger import Ledger, Sampling, StepGroup
 from dpfy.privacy.mixture import els_dp_event
-
-if TYPE_CHECKING:
-    import dp_accounting
-else:  # imported on first read, for start-up time only (dpfy._lazy)
-    dp_accounting = LazyModule("dp_accounting")
 
 __all__ = [
     "POISSON",

@@ -20,15 +20,10 @@ accountants cannot prove (e.g. ELS without its cap, cyclic Poisson without its b
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
-from dpfy._lazy import LazyModule
+from dpfy.privacy._dp_accounting import dp_accounting
 from dpfy.privacy.ledger import Ledger, Sampling
-
-if TYPE_CHECKING:
-    import dp_accounting
-else:  # imported on first read, for start-up time only (dpfy._lazy)
-    dp_accounting = LazyModule("dp_accounting")
 
 __all__ = [
     "SamplingKind",

@@ -23,20 +23,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace as dataclasses_replace
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol, Sequence
+from typing import Any, Iterable, Iterator, Protocol, Sequence
 
-
-from dpfy._lazy import LazyModule
 from dpfy._renamed import renamed_attribute
 from dpfy._require import require
+from dpfy.privacy._dp_accounting import dp_accounting
 from dpfy.privacy.ledger_json import LEDGER_FORMAT, checked_ledger_fields, parse_ledger_json
 from dpfy.privacy.ledger_records import NOISES, Release, StepGroup
 from dpfy.types.sampling import Sampling
-
-if TYPE_CHECKING:
-    import dp_accounting
-else:  # imported on first read, for start-up time only (dpfy._lazy)
-    dp_accounting = LazyModule("dp_accounting")
 
 __all__ = ["Sampling", "Release", "StepGroup", "Ledger", "NOISES"]
 

@@ -11,17 +11,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from dpfy._lazy import LazyModule
 from dpfy._require import require
+from dpfy.privacy._dp_accounting import dp_accounting
 from dpfy.privacy.mixture import els_dp_event
 from dpfy.types.sampling import Sampling, require_sample_rate
-
-if TYPE_CHECKING:
-    import dp_accounting
-else:  # imported on first read, for start-up time only (dpfy._lazy)
-    dp_accounting = LazyModule("dp_accounting")
 
 __all__ = ["Release", "StepGroup", "NOISES"]
 

@@ -23,17 +23,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dpfy._lazy import LazyModule
+from dpfy.privacy._dp_accounting import dp_accounting
 from dpfy.privacy.canonical import MIXTURE, POISSON, WITHOUT_REPLACEMENT, Atom, CanonicalForm
 from dpfy.privacy.mixture import els_rdp_composition, els_rdp_dominating_pair
 
 if TYPE_CHECKING:
-    import dp_accounting
     from dp_accounting.rdp import rdp_privacy_accountant as _rdp
 
     ORDERS: np.ndarray  # module attributes read on first use (__getattr__ below)
     INTEGER_ORDERS: np.ndarray
 else:  # imported on first read, for start-up time only (dpfy._lazy)
-    dp_accounting = LazyModule("dp_accounting")
     _rdp = LazyModule("dp_accounting.rdp.rdp_privacy_accountant")
 
 __all__ = ["ORDERS", "INTEGER_ORDERS", "rdp_curve", "epsilon", "delta"]

@@ -17,7 +17,6 @@ import torch
 from dpfy._require import require
 from dpfy.privacy import Sampling
 from dpfy.sampling.draws import (
-    generator_state,
     permutation,
     restore_generator,
     seeded_generator,
@@ -68,6 +67,7 @@ class CyclicPoissonSampler(UnitSampler):
     """
 
     sampling = Sampling.CYCLIC_POISSON
+    resumed = ("groups", "step", "current", "offset")
 
     def __init__(
         self, dataset_size: int, batch_size: int, *, bands: int, seed: int | None = None
@@ -145,15 +145,6 @@ class CyclicPoissonSampler(UnitSampler):
 
     def set_epoch(self, epoch: int) -> None:
         """Accepted for DistributedSampler-style loops; the groups cycle by step."""
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "generator": generator_state(self.generator),
-            "groups": self.groups,
-            "step": self.step,
-            "current": self.current,
-            "offset": self.offset,
-        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         require(

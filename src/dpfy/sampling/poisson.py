@@ -10,7 +10,7 @@ import torch
 
 from dpfy._require import require
 from dpfy.privacy import Sampling
-from dpfy.sampling.draws import generator_state, restore_generator, seeded_generator, uniform
+from dpfy.sampling.draws import restore_generator, seeded_generator, uniform
 from dpfy.types.sampling import require_sample_rate
 from dpfy.sampling.units import UnitSampler, require_same_unit
 
@@ -102,9 +102,6 @@ class PoissonSampler(UnitSampler):
 
     def set_epoch(self, epoch: int) -> None:
         """Accepted for DistributedSampler-style loops; Poisson draws are fresh every step."""
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"generator": generator_state(self.generator)}
 
     def physical_batches(self, idx: torch.Tensor, physical: int | None) -> list[torch.Tensor]:
         """A logical batch cut into physical batches of at most ``physical`` rows."""

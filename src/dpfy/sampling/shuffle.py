@@ -9,7 +9,7 @@ import torch
 from dpfy._require import require
 from dpfy.privacy import Sampling
 from dpfy.sampling.units import UnitSampler
-from dpfy.sampling.draws import generator_state, permutation, restore_generator, seeded_generator
+from dpfy.sampling.draws import permutation, restore_generator, seeded_generator
 
 __all__ = ["ShuffleSampler"]
 
@@ -49,6 +49,7 @@ class ShuffleSampler(UnitSampler):
     """
 
     sampling = Sampling.SHUFFLE
+    resumed = ("permutation", "offset", "passes")
 
     def __init__(
         self,
@@ -133,14 +134,6 @@ class ShuffleSampler(UnitSampler):
             "Only the private loader commits the positions it yielded",
         )
         self.offset = end_offset
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "generator": generator_state(self.generator),
-            "permutation": self.permutation,
-            "offset": self.offset,
-            "passes": self.passes,
-        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         require(

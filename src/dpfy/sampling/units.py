@@ -14,10 +14,12 @@ with row weights w_{u(i)}; the report states the unit (:attr:`ExampleUnits.descr
 from __future__ import annotations
 
 import hashlib
+from typing import Any, ClassVar
 
 import torch
 
 from dpfy._require import require
+from dpfy.sampling.draws import generator_state
 
 __all__ = ["ExampleUnits", "UserUnits", "known_indices", "require_same_unit"]
 
@@ -122,12 +124,19 @@ class UserUnits:
 class UnitSampler:
     """What the samplers of examples share: their unit of privacy (one example per row unless
     the sampler sets ``units``), the ELS cap k its ledger records (None: none), which unit each
-    row of a batch is, and whether its draws come from the OS CSPRNG (``generator`` None) rather
-    than a seeded, reproducible torch generator."""
+    row of a batch is, whether its draws come from the OS CSPRNG (``generator`` None) rather
+    than a seeded, reproducible torch generator, and what its checkpoint saves."""
 
     units: ExampleUnits | UserUnits = ExampleUnits()
     max_examples_per_user: int | None = None
     generator: torch.Generator | None
+    resumed: ClassVar[tuple[str, ...]] = ()  # what a checkpoint keeps beside the generator
+
+    def state_dict(self) -> dict[str, Any]:
+        """SECRET (checkpoints only): the generator's state under ``"generator"``, then each
+        attribute named in ``resumed`` (where the sampler stands in its draws) under its name."""
+        saved = {name: getattr(self, name) for name in self.resumed}
+        return {"generator": generator_state(self.generator), **saved}
 
     def units_of(self, indices: torch.Tensor | None) -> torch.Tensor | None:
         """Each row's unit of privacy (None: every row is its own unit)."""
