@@ -168,13 +168,3 @@ def test_running_statistics_carry_nothing_from_a_private_forward():
         if isinstance(a, PublicBatchNorm):
             assert torch.equal(a.running_mean, b.running_mean)
             assert torch.equal(a.running_var, b.running_var)
-
-
-def test_keywords_are_public_statistics_own():
-    """public_batchnorm passes batch_size, description and seed on to PublicStatistics: the
-    defaults are its (256 capped at the public set's size, "public data", 0) and a misspelt
-    keyword is a TypeError naming it."""
-    stats = public_batchnorm(bn_cnn(), PUBLIC)
-    assert (stats.batch_size, stats.description) == (40, "public data")
-    with pytest.raises(TypeError, match="batch_sise"):
-        public_batchnorm(bn_cnn(), PUBLIC, batch_sise=8)

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from typing import Any, Iterator, TypedDict, Unpack
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -62,7 +62,6 @@ __all__ = [
     "PublicBatchNorm",
     "PublicBatchNormRule",
     "PublicStatistics",
-    "PublicStatisticsOptions",
     "attach_public_statistics",
     "public_batchnorm",
 ]
@@ -116,15 +115,6 @@ class PublicBatchNorm(StatisticsNorm):
 @register_rule(PublicBatchNorm)
 class PublicBatchNormRule(StatisticsNormRule):
     """Per-example gradients of a :class:`PublicBatchNorm` (:class:`StatisticsNormRule`)."""
-
-
-class PublicStatisticsOptions(TypedDict, total=False):
-    """The optional keywords of :class:`PublicStatistics` (documented there, with their
-    defaults), which :func:`public_batchnorm` passes on."""
-
-    batch_size: int
-    description: str
-    seed: int
 
 
 class PublicStatistics:
@@ -244,13 +234,15 @@ class PublicStatistics:
 def public_batchnorm(
     model: nn.Module,
     public_data: torch.Tensor | Dataset,
-    **options: Unpack[PublicStatisticsOptions],
+    *,
+    batch_size: int = 256,
+    description: str = "public data",
+    seed: int = 0,
 ) -> PublicStatistics:
     """Replace every BatchNorm1d/2d/3d of ``model`` (in place) by a :class:`PublicBatchNorm`
     sharing its parameters, compute the first statistics from ``public_data``, and return the
     :class:`PublicStatistics` that refreshes them. Call it before ``make_private``, which
     attaches the refresh to the optimizer; with your own loop, call ``stats.attach(optimizer)``.
-    ``batch_size``, ``description`` and ``seed`` are :class:`PublicStatistics`'s.
 
     The root module itself cannot be replaced in place: wrap a bare BatchNorm in a container.
     """
@@ -265,7 +257,9 @@ def public_batchnorm(
     old = _STATS.get(model)
     if old is not None:
         old.detach()
-    stats = PublicStatistics(model, public_data, **options)
+    stats = PublicStatistics(
+        model, public_data, batch_size=batch_size, description=description, seed=seed
+    )
     stats.refresh()
     _STATS[model] = stats  # found by make_private
     return stats
