@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 from dpfy._require import require
 from dpfy.adaptive.base import Method, calibrate_for_run
 from dpfy.api.admit import ATTACHED, check_optimizer_params, derive_seeds, resolve_method
-from dpfy.api.mechanism import horizon, mechanism, period
+from dpfy.api.mechanism import horizon, mechanism
 from dpfy.buffers import BufferGuard
 from dpfy.clipping import make_clipping
 from dpfy.grads import GradEngine
@@ -34,7 +34,8 @@ from dpfy.layers.public_batchnorm import attach_public_statistics
 from dpfy.memory import plan_physical_batch
 from dpfy.noise import NoiseSource
 from dpfy.optim import DPOptimizer
-from dpfy.privacy import Ledger, calibrate_noise_multiplier
+from dpfy.privacy import Ledger
+from dpfy.privacy.calibration_inputs import Target
 from dpfy.privacy.delta_check import check_delta
 from dpfy.privacy.events import CyclicPoisson, Poisson, SamplingKind, sampling_kind
 from dpfy.sampling import DPDataLoader, make_sampler, make_user_sampler
@@ -308,18 +309,17 @@ def build(
         ):
             # horizon() required δ and the run's length with a target ε
             assert acc.delta is not None and max_steps is not None
-            sigma = calibrate_noise_multiplier(
-                target_epsilon=acc.target_epsilon,
-                delta=acc.delta,
-                sample_rate=q,
-                steps=max_steps,
-                accountant=acc.accountant,
-                sampling=sampler.sampling,
+            kind = sampling_kind(
+                sampler.sampling,
+                q,
                 max_examples_per_user=getattr(sampler, "max_examples_per_user", None),
-                noise=spec.noise.name,
-                period=period(spec.noise, sampler),
             )
-            spec = spec.with_noise_multiplier(sigma)
+            target = Target(acc.target_epsilon, acc.delta, acc.accountant)
+            noise = spec.noise.calibrated(
+                kind, max_steps, target, period=spec.noise.period(sampler)
+            )
+            sigma = noise.noise_multiplier
+            spec = dataclasses.replace(spec, noise=noise)
         epsilon_cap = acc.epsilon_cap
         if acc.target_epsilon is not None and epsilon_cap is None:
             epsilon_cap = acc.target_epsilon  # the target is a limit, whatever changes the horizon

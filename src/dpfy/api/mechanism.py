@@ -14,18 +14,9 @@ from dpfy.noise import (
     TreeMechanism,
 )
 from dpfy.noise.toeplitz import optimize_banded
-from dpfy.spec.run import Mechanism
+from dpfy.spec.run import Gaussian, Mechanism, Tree
 
-__all__ = ["horizon", "mechanism", "period"]
-
-
-def period(spec: Mechanism, sampler: Any) -> int | None:
-    """The release's period: the tree's restart length (steps per pass) or the band count."""
-    return {
-        "gaussian": None,
-        "tree": getattr(sampler, "steps_per_epoch", None),
-        "bandmf": getattr(sampler, "bands", None),
-    }[spec.name]
+__all__ = ["horizon", "mechanism"]
 
 
 def mechanism(
@@ -34,7 +25,7 @@ def mechanism(
     """The run's noise mechanism on the sampler's facts (BandMF's strategy optimized for the
     prefix sums of ``horizon`` steps), at the spec's calibrated σ."""
     noise, noise_multiplier = spec.name, spec.noise_multiplier
-    if noise == "gaussian":
+    if isinstance(spec, Gaussian):
         return GaussianMechanism(
             source,
             sampling=sampler.sampling,
@@ -49,17 +40,17 @@ def mechanism(
         "Pass noise_multiplier=σ or target_epsilon= (correlated noise cannot be turned off)",
     )
     assert noise_multiplier is not None  # the require above refused None
-    if noise == "tree":
+    if isinstance(spec, Tree):
         return TreeMechanism(
             source,
-            period=sampler.steps_per_epoch,
+            period=spec.period(sampler),
             noise_multiplier=noise_multiplier,
             sample_rate=sampler.sample_rate,
             sampler_position=lambda: sampler.batch_in_pass,
         )
     return BandMFMechanism(
         source,
-        coefficients=optimize_banded(horizon, sampler.bands),
+        coefficients=optimize_banded(horizon, spec.period(sampler)),
         noise_multiplier=noise_multiplier,
         sample_rate=sampler.sample_rate,
         sampler_position=lambda: sampler.step,

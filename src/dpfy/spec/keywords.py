@@ -41,16 +41,17 @@ __all__ = ["from_keywords"]
 def _noise(noise: str, bands: int | None, noise_multiplier: float | None) -> Mechanism:
     """``noise=`` and ``bands=`` as a mechanism."""
     require(noise in NOISES, "noise", noise, "'gaussian', 'tree' or 'bandmf'")
+    kind = NOISES[noise]
     require(
-        bands is None or noise == "bandmf",
+        bands is None or kind is BandMF,
         "bands",
         bands,
         "None unless noise='bandmf'",
         "Pass noise='bandmf' with bands=b, or drop bands=",
     )
-    if noise == "bandmf":
+    if kind is BandMF:
         return BandMF(noise_multiplier=noise_multiplier, bands=bands)
-    return NOISES[noise](noise_multiplier=noise_multiplier)
+    return kind(noise_multiplier=noise_multiplier)
 
 
 def _unit(

@@ -29,13 +29,16 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Self, Sequence
 
 import numpy as np
 
 from dpfy._require import require
 from dpfy.adaptive.base import Method, method_name
+from dpfy.privacy.calibration_inputs import Target
 from dpfy.privacy.events import CyclicPoisson, Poisson, SamplingKind, Shuffled
+from dpfy.privacy.ledger import Ledger
+from dpfy.privacy.sigma_calibration import sigma_for
 
 __all__ = [
     "SamplingSpec",
@@ -96,10 +99,39 @@ def _fields(value: Any) -> dict[str, Any]:
 
 
 class _Noise:
-    """What the noise mechanisms share: :meth:`to_dict` is the mechanism's name, then its
-    fields (σ and its own parameters; the class-level sampling is not a field)."""
+    """What the noise mechanisms share: each produces its own accounting from σ
+    (:meth:`ledger`, :meth:`calibrated`), on the release period its sampler gives it
+    (:meth:`period`); :meth:`to_dict` is the mechanism's name, then its fields (σ and its own
+    parameters; the class-level sampling is not a field)."""
 
     name: ClassVar[str]
+    noise_multiplier: float | None
+
+    def period(self, sampler: Any) -> int | None:
+        """The release's period on the built sampler (independent noise has none)."""
+        return None
+
+    def ledger(self, kind: SamplingKind, steps: int, *, period: int | None = None) -> Ledger:
+        """The ledger of ``steps`` steps of this mechanism at its σ, sampled as ``kind``
+        (:mod:`dpfy.privacy.events`): the accounting event its releases make."""
+        require(
+            self.noise_multiplier is not None,
+            "noise_multiplier",
+            self.noise_multiplier,
+            "set before the run is accounted",
+            "Calibrate it first (calibrated(...)) or pass noise_multiplier=σ",
+        )
+        assert self.noise_multiplier is not None  # the require above refused None
+        return kind.ledger(self.noise_multiplier, steps, noise=self.name, period=period)
+
+    def calibrated(
+        self, kind: SamplingKind, steps: int, target: Target, *, period: int | None = None
+    ) -> Self:
+        """The same mechanism at the smallest σ whose :meth:`ledger` of ``steps`` steps spends
+        at most ``target`` (:func:`dpfy.privacy.sigma_calibration.sigma_for`, the one σ
+        search)."""
+        sigma = sigma_for(kind, steps, target, noise=self.name, period=period)
+        return dataclasses.replace(self, noise_multiplier=sigma)  # type: ignore[type-var]
 
     def to_dict(self) -> dict[str, Any]:
         return {"noise": self.name, **_fields(self)}
@@ -219,6 +251,10 @@ class Tree(_Noise):
     sampling: ClassVar[type[SamplingKind] | None] = Shuffled  # one participation per pass
     noise_multiplier: float | None = None
 
+    def period(self, sampler: Any) -> int:
+        """The tree restarts every pass: its period is the sampler's steps per pass."""
+        return int(sampler.steps_per_epoch)
+
 
 @dataclass(frozen=True)
 class BandMF(_Noise):
@@ -229,6 +265,10 @@ class BandMF(_Noise):
     sampling: ClassVar[type[SamplingKind] | None] = CyclicPoisson  # Poisson inside b groups
     noise_multiplier: float | None = None
     bands: int | None = None
+
+    def period(self, sampler: Any) -> int:
+        """The band count the cyclic sampler settled on (``bands=None`` picks a default)."""
+        return int(sampler.bands)
 
 
 Mechanism = Gaussian | Tree | BandMF
