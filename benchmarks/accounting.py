@@ -150,7 +150,7 @@ def time_calibrations(runs: list[tuple[float, int, float]]) -> list[dict]:
     from dpfy.privacy.calibration import calibrate_noise_multiplier
     out = []
     for q, steps, target in runs:
-        for cache in (_rdp._atom_rdp, _pld._atom_pld, _pld._mixture_pld, _acc._epsilon_cached):
+        for cache in (_rdp.atom_rdp, _pld._atom_pld, _pld._mixture_pld, _acc._epsilon_cached):
             cache.cache_clear()
         t0, c0 = time.perf_counter(), time.process_time()
         sigma = calibrate_noise_multiplier(target_epsilon=target, delta=DELTA, sample_rate=q,
@@ -313,7 +313,7 @@ def main() -> None:
 
     def cold(fn: Callable[[], float]) -> Callable[[], float]:
         def run() -> float:
-            _rdp._atom_rdp.cache_clear()
+            _rdp.atom_rdp.cache_clear()
             _pld._atom_pld.cache_clear()
             _acc._epsilon_cached.cache_clear()
             return fn()

@@ -48,7 +48,7 @@ def calibration(steps: int) -> Callable[[], float]:
     from dpfy.privacy import accountants, calibrate_noise_multiplier, pld, rdp
 
     def run() -> float:   # cold: no ε cached from an earlier repeat
-        rdp._atom_rdp.cache_clear()
+        rdp.atom_rdp.cache_clear()
         pld._atom_pld.cache_clear()
         accountants._epsilon_cached.cache_clear()
         return calibrate_noise_multiplier(target_epsilon=3.0, delta=DELTA, sample_rate=Q,

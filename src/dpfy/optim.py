@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import torch
 
+from dpfy.adaptive.base import method_name
 from dpfy.buffers import guard_of
 from dpfy._renamed import renamed_attribute
 from dpfy._require import require
@@ -307,7 +308,7 @@ class DPOptimizer(torch.optim.Optimizer):
         require(
             self.method is not None and self.method.implements("observe"),
             "the method",
-            getattr(self.method, "registry_name", None),
+            None if self.method is None else method_name(self.method),
             "one that implements observe",
             "Only such methods read a validation metric",
         )

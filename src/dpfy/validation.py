@@ -46,7 +46,7 @@ from torch.utils._pytree import tree_flatten
 from dpfy._require import require
 from dpfy.buffers import BufferChange, BufferGuard, guard_of
 from dpfy.grads import GradEngine, build_layers
-from dpfy.grads.vmap import _check_no_dropout as check_no_dropout
+from dpfy.grads.vmap import check_no_dropout
 from dpfy.grads.loss_contract import LossContract
 from dpfy.grads.rules import rule_for
 from dpfy.layers import dp_replacement

@@ -20,7 +20,7 @@ pytest.importorskip("triton")
 
 import dpfy  # noqa: E402
 from dpfy import _deferred  # noqa: E402
-from dpfy.buffers import _marks_changed, _param_marks  # noqa: E402
+from dpfy.buffers.marks import marks_changed, param_marks  # noqa: E402
 from dpfy.buffers import prints as prints_mod  # noqa: E402
 from dpfy.buffers.guard import BufferGuard  # noqa: E402
 from dpfy.buffers.prints import PrintCache  # noqa: E402
@@ -90,13 +90,13 @@ def test_a_silent_write_is_seen_and_named(monkeypatch, where):
     m = _Net()
     owners = [("", m), ("a", m.a)]
     cache = PrintCache()
-    before = _param_marks(owners, cache)
+    before = param_marks(owners, cache)
     assert before is not None and cache.one_launch and before[2][0] == "one launch"
-    assert _marks_changed(before, _param_marks(owners, cache)) == []
+    assert marks_changed(before, param_marks(owners, cache)) == []
     owner, name = where.split(".") if "." in where else ("", where)
     tensor = getattr(m.a if owner else m, name)
     tensor.data.view(-1)[-1] = -tensor.data.view(-1)[-1] if name != "bias" else 2.5
-    changed = _marks_changed(before, _param_marks(owners, cache))
+    changed = marks_changed(before, param_marks(owners, cache))
     key = (1, name) if owner else (0, name)
     assert [k for k, _ in changed] == [key]
     assert "without a version bump" in changed[0][1]
@@ -106,9 +106,9 @@ def test_a_guard_keeps_the_way_it_started_with(monkeypatch):
     m = _Net()
     owners = [("", m)]
     cache = PrintCache()
-    before = _param_marks(owners, cache)  # the CPU's way: one sum per parameter
+    before = param_marks(owners, cache)  # the CPU's way: one sum per parameter
     monkeypatch.setattr(prints_mod, "FORCE_ONE_LAUNCH", True)
-    assert _marks_changed(before, _param_marks(owners, cache)) == []
+    assert marks_changed(before, param_marks(owners, cache)) == []
     assert not cache.one_launch
 
 
@@ -118,9 +118,9 @@ def test_a_reshaped_parameter_under_the_same_storage_is_a_change(monkeypatch):
     m = nn.Linear(8, 4)
     owners = [("", m)]
     cache = PrintCache()
-    before = _param_marks(owners, cache)
+    before = param_marks(owners, cache)
     m.weight.data = m.weight.data.view(-1)[:16].view(4, 4)  # same start, half the words
-    changed = _marks_changed(before, _param_marks(owners, cache))
+    changed = marks_changed(before, param_marks(owners, cache))
     assert [k for k, _ in changed] == [(0, "weight")]
 
 
@@ -163,9 +163,9 @@ def test_a_model_moved_to_another_device_gets_that_devices_way(monkeypatch):
     m = nn.Linear(4, 3)
     owners = [("", m)]
     cache = PrintCache(one_launch=True, device=torch.device("cuda", 0))  # as left by the GPU
-    before = _param_marks(owners, cache)
+    before = param_marks(owners, cache)
     assert before is not None and before[2][0] == "each" and cache.device == torch.device("cpu")
-    assert _marks_changed(before, _param_marks(owners, cache)) == []
+    assert marks_changed(before, param_marks(owners, cache)) == []
 
 
 def test_a_parameter_made_non_contiguous_under_the_same_storage_is_a_change(monkeypatch):
@@ -176,10 +176,10 @@ def test_a_parameter_made_non_contiguous_under_the_same_storage_is_a_change(monk
     m = nn.Linear(4, 4)
     owners = [("", m)]
     cache = PrintCache()
-    before = _param_marks(owners, cache)
+    before = param_marks(owners, cache)
     m.weight.data = m.weight.data.t()
     m.bias.data[0] += 1.0  # a silent write
-    changed = _marks_changed(before, _param_marks(owners, cache))
+    changed = marks_changed(before, param_marks(owners, cache))
     assert sorted(k for k, _ in changed) == [(0, "bias"), (0, "weight")]
 
 
@@ -190,9 +190,9 @@ def test_parameters_moved_to_a_device_without_triton_are_summed_with_torch(monke
     m = nn.Linear(4, 4)
     owners = [("", m)]
     cache = PrintCache()
-    assert _param_marks(owners, cache)[2][0] == "one launch"
+    assert param_marks(owners, cache)[2][0] == "one launch"
     m.to("meta")
-    after = _param_marks(owners, cache)
+    after = param_marks(owners, cache)
     assert after is not None and after[2][0] == "each"
 
 
@@ -203,10 +203,10 @@ def test_a_device_change_lets_go_of_the_table(monkeypatch):
     m = nn.Linear(4, 4)
     owners = [("", m)]
     cache = PrintCache()
-    _param_marks(owners, cache)
+    param_marks(owners, cache)
     assert cache.table is not None
     m.to("meta")
-    _param_marks(owners, cache)
+    param_marks(owners, cache)
     assert cache.table is None
 
 
@@ -219,13 +219,13 @@ def test_a_parameter_of_several_chunks_is_named_once(monkeypatch, deferred):
     m = nn.Linear(8, 8)  # weight: 64 words, 4 chunks
     owners = [("", m)]
     cache = PrintCache()
-    before = _param_marks(owners, cache)
+    before = param_marks(owners, cache)
     m.weight.data.mul_(0.5)  # every chunk changes
     got: list = []
     defer = (lambda mismatch, explain: got.extend(explain(mismatch.tolist()))) if deferred else None
     if deferred:
         monkeypatch.setattr(_deferred, "FORCE_ON_CPU", True)
-    got += _marks_changed(before, _param_marks(owners, cache), defer)
+    got += marks_changed(before, param_marks(owners, cache), defer)
     assert [k for k, _ in got] == [(0, "weight")]
 
 
@@ -243,11 +243,11 @@ def test_a_kernel_that_fails_at_its_first_launch_falls_back_with_a_warning(monke
     owners = [("", m)]
     cache = PrintCache()
     with pytest.warns(RuntimeWarning, match="PTX assembler not found.*each\\s+parameter"):
-        before = _param_marks(owners, cache)
+        before = param_marks(owners, cache)
     assert before is not None and before[2][0] == "each" and cache.one_launch is False
-    assert _param_marks(owners, PrintCache())[2][0] == "each"  # the device is remembered
+    assert param_marks(owners, PrintCache())[2][0] == "each"  # the device is remembered
     m.weight.data[0, 0] += 1.0
-    changed = _marks_changed(before, _param_marks(owners, cache))
+    changed = marks_changed(before, param_marks(owners, cache))
     assert [k for k, _ in changed] == [(0, "weight")]
 
 
@@ -258,9 +258,9 @@ def test_a_kernel_that_fails_after_it_ran_is_not_papered_over(monkeypatch):
     m = nn.Linear(4, 3)
     owners = [("", m)]
     cache = PrintCache()
-    assert _param_marks(owners, cache)[2][0] == "one launch"
+    assert param_marks(owners, cache)[2][0] == "one launch"
     monkeypatch.setattr(WordSums, "__call__", _failing_launch)
-    assert _param_marks(owners, cache) is None  # the guard's full snapshot then, as for any
+    assert param_marks(owners, cache) is None  # the guard's full snapshot then, as for any
 
 
 class _Writer(nn.Module):

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from dpfy.buffers import _marks_changed, _param_marks
+from dpfy.buffers.marks import marks_changed, param_marks
 from dpfy.buffers.prints import PrintCache
 
 
@@ -30,10 +30,10 @@ def test_a_silent_write_to_one_element_is_seen(n, where):
     m = _Two(n)
     owners = [("", m)]
     views = PrintCache()
-    before = _param_marks(owners, views)
-    assert before is not None and _marks_changed(before, _param_marks(owners, views)) == []
+    before = param_marks(owners, views)
+    assert before is not None and marks_changed(before, param_marks(owners, views)) == []
     m.w.data[where] = -0.0  # == 0.0 as a float, a different bit pattern
-    changed = _marks_changed(before, _param_marks(owners, views))
+    changed = marks_changed(before, param_marks(owners, views))
     assert [key for key, _ in changed] == [(0, "w")]
     assert "without a version bump" in changed[0][1]
 
@@ -42,11 +42,11 @@ def test_new_storage_is_read_after_a_data_assignment():
     m = _Two(8)
     owners = [("", m)]
     views = PrintCache()
-    _param_marks(owners, views)
+    param_marks(owners, views)
     m.w.data = torch.ones(8)  # new storage: the kept view must not be read any more
-    after = _param_marks(owners, views)
+    after = param_marks(owners, views)
     m.w.data[3] = 2.0
-    changed = _marks_changed(after, _param_marks(owners, views))
+    changed = marks_changed(after, param_marks(owners, views))
     assert [key for key, _ in changed] == [(0, "w")]
 
 
@@ -56,8 +56,8 @@ def test_parameters_iterated_in_another_order_are_not_compared_across():
     m = nn.Linear(4, 4)
     owners = [("", m)]
     views = PrintCache()
-    before = _param_marks(owners, views)
+    before = param_marks(owners, views)
     m._parameters["weight"] = m._parameters.pop("weight")
     m.bias.data[0] += 1.0  # a silent write
-    changed = _marks_changed(before, _param_marks(owners, views))
+    changed = marks_changed(before, param_marks(owners, views))
     assert (0, "bias") in [k for k, _ in changed]

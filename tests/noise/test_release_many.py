@@ -23,8 +23,8 @@ def on_device(monkeypatch):
     """The device path on the CPU, with a small device chunk (a multiple of 2·BLOCK) so a
     tensor of a few thousand entries is drawn in several chunks, and a small pending bound."""
     monkeypatch.setattr(NoiseSource, "_on_device", lambda self, device: True)
-    monkeypatch.setattr(generator, "_DEVICE_CHUNK", 4 * BLOCK)
-    monkeypatch.setattr(release, "_DEVICE_CHUNK", 4 * BLOCK)
+    monkeypatch.setattr(generator, "DEVICE_CHUNK", 4 * BLOCK)
+    monkeypatch.setattr(release, "DEVICE_CHUNK", 4 * BLOCK)
     monkeypatch.setattr(release, "PENDING", 6 * BLOCK)
 
 

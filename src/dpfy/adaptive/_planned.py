@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from dpfy._require import require
-from dpfy.adaptive.base import Method, bind_facts, calibrated
+from dpfy.adaptive.base import Method, bind_facts, calibrated, method_name
 from dpfy.privacy import epsilon
 from dpfy.privacy.calibration import calibrate_schedule_scale, last_passing
 from dpfy.privacy.ledger import Ledger
@@ -122,7 +122,7 @@ class PlannedSchedule(Method[None]):
     # -- derived ---------------------------------------------------------------------------
     def horizon(self) -> int:
         """T, the steps the schedule (and its budget) covers; refused before calibration."""
-        method = f"method {self.registry_name!r}"
+        method = f"method {method_name(self)!r}"
         return int(calibrated(self.total_steps, method, known="its total_steps"))
 
     def check_step(self, step: int) -> None:
@@ -197,7 +197,7 @@ class ScaledSchedule(PlannedSchedule):
     def noise_multiplier(self, step: int) -> float:
         self.check_step(step)
         fix = "Pass it to make_private(method=...), which solves σ_0, or give initial="
-        sigma0 = calibrated(self.initial, f"method {self.registry_name!r}", fix, known="σ_0")
+        sigma0 = calibrated(self.initial, f"method {method_name(self)!r}", fix, known="σ_0")
         return sigma0 * self.factor(self.unit(step))
 
 
@@ -238,7 +238,7 @@ def calibrate_scaled_schedule(schedule: S, facts: RunFacts) -> S:
     search by the accountant); ``initial`` and a target: stopped early at the last step within
     the target; ``initial`` and no target: run as given (the budget guard watches the ledger).
     """
-    name = schedule.registry_name
+    name = method_name(schedule)
     steps = schedule.total_steps if schedule.total_steps is not None else facts.steps
     require(
         steps is not None,

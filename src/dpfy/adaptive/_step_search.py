@@ -48,7 +48,7 @@ from typing import ClassVar, Mapping, Sequence
 import torch
 
 from dpfy._require import require
-from dpfy.adaptive.base import Method, bind_facts, calibrated
+from dpfy.adaptive.base import Method, bind_facts, calibrated, method_name
 from dpfy.privacy.calibration import calibrate_run_noise_multiplier
 from dpfy.privacy.ledger import Ledger
 from dpfy.privacy.releases import base_plan, step_releases
@@ -146,7 +146,7 @@ class StepSearch(Method[SearchState]):
     # -- calibration ---------------------------------------------------------------------------
     def calibrate(self, facts: RunFacts) -> "StepSearch":
         """Check the inner optimizer; with a target ε, σ_0 from the worst-case ledger."""
-        name = self.registry_name
+        name = method_name(self)
         hyper = dict(facts.inner_hyperparameters or {})
         if facts.inner_optimizer is not None:  # make_private's facts always name it
             require(
@@ -207,7 +207,7 @@ class StepSearch(Method[SearchState]):
 
     # -- the step ------------------------------------------------------------------------------
     def init(self) -> SearchState:
-        calibrated(self.base_lr, f"method {self.registry_name!r}")
+        calibrated(self.base_lr, f"method {method_name(self)!r}")
         return SearchState()
 
     def _factor(self, state: SearchState) -> float:

@@ -52,6 +52,7 @@ import torch
 
 from dpfy._require import require
 from dpfy.errors import PrivacyRefusal
+from dpfy.privacy.releases import method_name
 from dpfy.types import PLAN_FIELDS, Clip, Norms, ReleaseSpec, RunFacts, StepOutcome, StepPlan
 
 __all__ = [
@@ -195,12 +196,6 @@ class Method(Generic[S]):
         ledger can be written before training); a method whose noise reacts to released
         values sets the class attribute ``ledger_depends_on_data = True``."""
         return not self.ledger_depends_on_data
-
-
-def method_name(method: Method) -> str:
-    """The name a refusal or a report gives ``method``: its registry name (``"+"``-joined for
-    a chain), or its class name when it is not registered."""
-    return method.registry_name or type(method).__name__
 
 
 def setting(value: T | None, name: str, fix: str, constraint: str = "set") -> T:

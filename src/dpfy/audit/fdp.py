@@ -24,7 +24,7 @@ import functools
 import numpy as np
 from scipy import special
 
-from dpfy.audit.stats import AuditBound, _largest_rejected, best_over_thresholds
+from dpfy.audit.stats import AuditBound, largest_rejected, best_over_thresholds
 from dpfy.privacy.gdp import mu_for_epsilon
 
 __all__ = ["fdp_rejects_by", "epsilon_for_guesses_fdp", "fdp_epsilon"]
@@ -61,7 +61,7 @@ def epsilon_for_guesses_fdp(
     floor: float = 0.0,
 ) -> float:
     """The largest ε whose Gaussian-curve (ε, δ) claim these guesses reject, or ``floor``."""
-    return _largest_rejected(
+    return largest_rejected(
         lambda e: fdp_rejects_by(canaries, guesses, correct, max(e, 1e-12), delta, significance),
         floor,
     )

@@ -57,6 +57,7 @@ __all__ = [
     "guess_counts",
     "one_run_p_value",
     "epsilon_for_guesses",
+    "largest_rejected",
     "one_run_epsilon",
     "best_over_thresholds",
     "check_scores",
@@ -202,9 +203,10 @@ def one_run_p_value(
     return min(tail + 2 * canaries * delta * alpha, 1.0)
 
 
-def _largest_rejected(rejects_by: Callable[[float], float], floor: float) -> float:
+def largest_rejected(rejects_by: Callable[[float], float], floor: float) -> float:
     """The largest ε ≥ ``floor`` with ``rejects_by(ε) > 0`` (a decreasing function of ε), or
-    ``floor`` when it is not rejected there."""
+    ``floor`` when it is not rejected there: the one root search of both audits' ε
+    (:func:`epsilon_for_guesses` here, the f-DP audit in :mod:`dpfy.audit.fdp`)."""
     if rejects_by(floor) <= 0:
         return floor
     lo, hi = floor, max(1.0, 2 * floor)
@@ -230,7 +232,7 @@ def epsilon_for_guesses(
     """
     if one_run_p_value(canaries, guesses, correct, floor, 0.0) > significance:
         return floor  # not even with δ = 0 (the p-value only grows with δ)
-    return _largest_rejected(
+    return largest_rejected(
         lambda e: significance - one_run_p_value(canaries, guesses, correct, e, delta), floor
     )
 

@@ -73,8 +73,6 @@ from __future__ import annotations
 
 from dpfy.buffers.changes import BufferChange, buffer_fix, inside_torch_compile
 from dpfy.buffers.guard import BufferGuard, guard_of, is_training_forward, watched
-from dpfy.buffers.marks import _marks_changed as _marks_changed
-from dpfy.buffers.marks import _param_marks as _param_marks
 
 __all__ = [
     "BufferGuard",

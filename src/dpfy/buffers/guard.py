@@ -29,15 +29,15 @@ from dpfy.buffers.marks import (
     UNREAD,
     VALUES,
     Marks,
-    _copy,
-    _how_changed,
-    _kind,
-    _marks_changed,
-    _param_marks,
-    _ptr,
-    _Seen,
-    _version,
-    _watched,
+    copy_of,
+    how_changed,
+    kind_of,
+    marks_changed,
+    param_marks,
+    ptr_of,
+    Seen,
+    version_of,
+    watched_tensors,
 )
 from dpfy.errors import PrivacyRefusal
 
@@ -63,23 +63,23 @@ class _Watch:
         self.root = root  # watches the whole tree from the model's own forward
         # one entry per open call: the full snapshot, and the parameters' marks when the
         # snapshot holds buffers only (None: not a checked forward)
-        self.stack: list[tuple[dict[tuple[int, str], _Seen], Marks | None] | None] = []
+        self.stack: list[tuple[dict[tuple[int, str], Seen], Marks | None] | None] = []
         self.values_checked = False
         self.prints = PrintCache()  # kept between the parameters' fingerprints
 
-    def snapshot(self, with_copies: bool, params: bool = True) -> dict[tuple[int, str], _Seen]:
+    def snapshot(self, with_copies: bool, params: bool = True) -> dict[tuple[int, str], Seen]:
         """Every watched tensor's marks; a bitwise copy of each buffer and tensor attribute,
         and (``with_copies``: the first checked forward) of each parameter too."""
         return {
-            (k, name): _Seen(
+            (k, name): Seen(
                 t,
-                _version(t),
-                _ptr(t),
-                _copy(t) if with_copies or name not in m._parameters else None,
-                _kind(m, name),
+                version_of(t),
+                ptr_of(t),
+                copy_of(t) if with_copies or name not in m._parameters else None,
+                kind_of(m, name),
             )
             for k, (_, m) in enumerate(self.owners)
-            for name, t in _watched(m, params)
+            for name, t in watched_tensors(m, params)
         }
 
     def change(
@@ -87,7 +87,7 @@ class _Watch:
     ) -> BufferChange:
         owner_name, m = self.owners[k]
         how = how.replace(" during the forward", "") if after else how
-        kind = kind or _kind(m, name)
+        kind = kind or kind_of(m, name)
         fix = {"parameter": PARAMETER_FIX, "tensor attribute": ATTRIBUTE_FIX}.get(kind)
         return BufferChange(
             owner_name, type(m).__name__, name, how, fix or buffer_fix(m), kind, after
@@ -105,7 +105,7 @@ class _Watch:
             self.guard.pending.flush()
             self.stack.append(None)
             return
-        marks = _param_marks(self.owners, self.prints) if self.values_checked else None
+        marks = param_marks(self.owners, self.prints) if self.values_checked else None
         # no marks (the first checked forward, or they could not be taken: a parameter without
         # storage, a fingerprint kernel failing): the snapshot copies the parameters, or their
         # values would go unchecked in this forward
@@ -118,7 +118,7 @@ class _Watch:
         if entry is None or (raised is not None and sys.exc_info()[1] is raised):
             return  # not checked, or an inner module's refusal is already on its way up
         self.values_checked = True
-        now = _param_marks(self.owners, self.prints)
+        now = param_marks(self.owners, self.prints)
         changes = self.changes(*entry, now=now)
         if changes and failed and sys.exc_info()[0] is not None and not self.guard.collect:
             self.guard.pending.hold(changes)  # the forward raised: refused when next read
@@ -135,7 +135,7 @@ class _Watch:
 
     def changes(
         self,
-        before: dict[tuple[int, str], _Seen],
+        before: dict[tuple[int, str], Seen],
         marks: Marks | None,
         after: bool = False,
         now: Marks | None = None,
@@ -149,10 +149,10 @@ class _Watch:
         pending = self.guard.pending if deferring else None
         changes, matched = [], 0
         for k, (_, m) in enumerate(self.owners):
-            for name, tensor in _watched(m, params):
+            for name, tensor in watched_tensors(m, params):
                 seen = before.get((k, name))
                 matched += seen is not None
-                how = _how_changed(seen, tensor, pending is not None)
+                how = how_changed(seen, tensor, pending is not None)
                 if isinstance(how, torch.Tensor):  # compared on the device: read by the step
                     assert pending is not None, "deferred only with a pending list"
                     pending.add(how, partial(self.values_changed, k, name, after))
@@ -162,16 +162,16 @@ class _Watch:
             changes += [
                 self.change(k, name, "deleted during the forward", after, seen.kind)
                 for (k, name), seen in before.items()
-                if name not in dict(_watched(self.owners[k][1], params))
+                if name not in dict(watched_tensors(self.owners[k][1], params))
             ]
         if marks is not None:
-            now_marks = now if now is not None else _param_marks(self.owners, self.prints)
+            now_marks = now if now is not None else param_marks(self.owners, self.prints)
             # fingerprints before but none now (a parameter moved to another device, their
             # kernel failing): identity, version and storage still say what changed; if
             # nothing, the values could not be compared, which is not a pass
             unread = now_marks is None and marks[1] is not None
             if now_marks is None:
-                now_marks = _param_marks(self.owners, fingerprinted=False) or ({}, None, ())
+                now_marks = param_marks(self.owners, fingerprinted=False) or ({}, None, ())
             defer = None
             if pending is not None:
 
@@ -181,7 +181,7 @@ class _Watch:
                         lambda f: [self.change(k, n, how, after) for (k, n), how in explain(f)],
                     )
 
-            found = _marks_changed(marks, now_marks, defer)
+            found = marks_changed(marks, now_marks, defer)
             if unread and not found:
                 found = [(key, UNREAD) for key in marks[0]]
             changes += [self.change(k, name, how, after) for (k, name), how in found]
@@ -219,7 +219,7 @@ class BufferGuard:
         self.pending = PendingChecks(self._refuse)
         self._handles: list[RemovableHandle] = []
         modules = list(model.named_modules())
-        self.settled: tuple[dict[tuple[int, str], _Seen], Marks | None] | None = None
+        self.settled: tuple[dict[tuple[int, str], Seen], Marks | None] | None = None
         self._root: _Watch | None = None
         self._hook(model, modules, root=True)  # the whole tree, seen from the root's forward
         # a deferred comparison is read before any module's state is saved or copied

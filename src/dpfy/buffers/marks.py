@@ -22,7 +22,7 @@ _MODULE_INTERNALS = frozenset(vars(nn.Module()))
 _OWN_NAMES: dict[tuple[str, ...], tuple[str, ...]] = {}
 
 
-def _watched(m: nn.Module, params: bool = True) -> list[tuple[str, torch.Tensor | None]]:
+def watched_tensors(m: nn.Module, params: bool = True) -> list[tuple[str, torch.Tensor | None]]:
     """``m``'s own buffers, tensor attributes (a tensor assigned to ``self.x`` that is neither
     a parameter nor a buffer: saved with ``torch.save(model)`` and read by later forwards all
     the same) and (``params``) parameters (lazy parameters, still to be shaped by their first
@@ -41,7 +41,7 @@ def _watched(m: nn.Module, params: bool = True) -> list[tuple[str, torch.Tensor 
     return [*state, *((n, p) for n, p in m._parameters.items() if p is None or not is_lazy(p))]
 
 
-def _kind(m: nn.Module, name: str) -> str:
+def kind_of(m: nn.Module, name: str) -> str:
     """What ``name`` is in ``m``: "parameter", "buffer" or "tensor attribute"."""
     return (
         "parameter"
@@ -59,7 +59,7 @@ Marks = tuple[
 ]
 
 
-def _param_marks(
+def param_marks(
     owners: list[tuple[str, nn.Module]], cache: PrintCache | None = None, fingerprinted: bool = True
 ) -> Marks | None:
     """(identity, version, storage) of every parameter of ``owners``, and their fingerprints
@@ -112,10 +112,10 @@ UNREAD = (
 Defer = Callable[[torch.Tensor, Explain], None]
 
 
-def _marks_changed(
+def marks_changed(
     before: Marks, now: Marks, defer: Defer | None = None
 ) -> list[tuple[tuple[int, str], str]]:
-    """Which parameters changed between two :func:`_param_marks`, and how. ``defer``: the
+    """Which parameters changed between two :func:`param_marks`, and how. ``defer``: the
     fingerprints are compared on their device, the mismatch handed to it with how to explain
     it (no host read here: see :mod:`dpfy._deferred`)."""
     (was, was_prints, was_layout), (is_, is_prints, is_layout) = before, now
@@ -138,7 +138,7 @@ def _marks_changed(
     if not out and was_prints is not None and is_prints is not None:
         if was_layout != is_layout:  # laid out anew under the same storage: not comparable
             return [(key, VALUES) for key in relaid(was_layout, is_layout)]  # type: ignore[misc]
-        # a parameter of several chunks has several entries; the keys are _param_marks's
+        # a parameter of several chunks has several entries; the keys are param_marks's
         keys = cast(list[tuple[int, str]], list(was_layout[1:]))
 
         def changed(flags: list[bool]) -> list[tuple[tuple[int, str], str]]:
@@ -151,7 +151,7 @@ def _marks_changed(
     return out
 
 
-class _Seen(NamedTuple):
+class Seen(NamedTuple):
     """A buffer as it was before a forward (a tuple: one is built per buffer per forward)."""
 
     tensor: torch.Tensor | None
@@ -161,7 +161,9 @@ class _Seen(NamedTuple):
     kind: str = "buffer"  # or "parameter", "tensor attribute"
 
 
-def _version(t: torch.Tensor | None) -> int | None:
+def version_of(t: torch.Tensor | None) -> int | None:
+    """``t``'s in-place version counter, or None where it has none (None, an inference
+    tensor): the guard notes it before a forward and compares it after (:mod:`dpfy.buffers`)."""
     if t is None:
         return None
     try:
@@ -170,7 +172,9 @@ def _version(t: torch.Tensor | None) -> int | None:
         return None
 
 
-def _ptr(t: torch.Tensor | None) -> int | None:
+def ptr_of(t: torch.Tensor | None) -> int | None:
+    """``t``'s storage address, or None where it has none (None, a sparse tensor): a changed
+    address is a ``.data`` assignment, which bumps no version counter."""
     if t is None:
         return None
     try:
@@ -179,7 +183,9 @@ def _ptr(t: torch.Tensor | None) -> int | None:
         return None
 
 
-def _copy(t: torch.Tensor | None) -> torch.Tensor | None:
+def copy_of(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A detached copy of ``t`` to compare its bits with after the forward (writes that bypass
+    the version counter), or None where none can be taken (None, not strided, on ``meta``)."""
     if t is None or t.layout != torch.strided or t.device.type == "meta":
         return None
     return t.detach().clone()
@@ -190,8 +196,8 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.detach().reshape(-1).contiguous().view(torch.uint8)
 
 
-def _how_changed(
-    before: _Seen | None, now: torch.Tensor | None, defer: bool = False
+def how_changed(
+    before: Seen | None, now: torch.Tensor | None, defer: bool = False
 ) -> str | torch.Tensor | None:
     """What happened during a forward to a buffer present after it, or None if nothing did
     (``defer``: the values' comparison as a (1,) bool tensor on their device, no host read)."""
@@ -199,9 +205,9 @@ def _how_changed(
         return "registered during the forward"
     if now is not before.tensor:
         return "replaced by another tensor"
-    if _version(now) != before.version:
+    if version_of(now) != before.version:
         return "modified in place"
-    if _ptr(now) != before.ptr:
+    if ptr_of(now) != before.ptr:
         return "given new storage (.data assignment)"
     if before.copy is None or now is None:
         return None

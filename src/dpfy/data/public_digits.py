@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dpfy.data.sklearn_sets import _sklearn
+from dpfy.data.sklearn_sets import sklearn_datasets
 
 __all__ = ["DESCRIPTION", "digits_images"]
 
@@ -23,6 +23,6 @@ DESCRIPTION = "scikit-learn's bundled digits (1,797 8x8 images, upscaled)"
 
 def digits_images(height: int, width: int, *, mean: float, std: float) -> torch.Tensor:
     """(1797, 1, height, width) float32: the digits in [0, 1], upscaled, then (x − mean)/std."""
-    images = torch.from_numpy(_sklearn().load_digits().images / 16.0).float()[:, None]
+    images = torch.from_numpy(sklearn_datasets().load_digits().images / 16.0).float()[:, None]
     up = F.interpolate(images, size=(height, width), mode="bilinear", align_corners=False)
     return (up - mean) / std

@@ -14,7 +14,7 @@ from torch.utils.data import TensorDataset
 from dpfy._require import require_extra
 from dpfy.data.splits import DataSplits
 
-__all__ = ["load_digits", "load_breast_cancer", "BREAST_CANCER_RANGES"]
+__all__ = ["load_digits", "load_breast_cancer", "BREAST_CANCER_RANGES", "sklearn_datasets"]
 
 TEST_FRACTION = 0.2
 SPLIT_SEED = 0  # fixes which examples are held out; public, unrelated to the DP noise
@@ -56,7 +56,10 @@ BREAST_CANCER_RANGES: tuple[tuple[float, float], ...] = (
 )
 
 
-def _sklearn():
+def sklearn_datasets():
+    """``sklearn.datasets`` (an optional extra: a clear refusal naming it when it is not
+    installed), where the digits and breast cancer sets come from, here and in
+    :mod:`dpfy.data.public_digits`."""
     return require_extra("sklearn.datasets", feature="the digits and breast_cancer datasets")
 
 
@@ -75,7 +78,7 @@ def _split(x: np.ndarray, y: np.ndarray) -> tuple[TensorDataset, TensorDataset]:
 
 def load_digits() -> DataSplits:
     """1,797 8×8 handwritten digits (UCI optdigits); pixel counts 0..16 scaled to [0, 1]."""
-    bunch = _sklearn().load_digits()
+    bunch = sklearn_datasets().load_digits()
     x = (bunch.images / 16.0)[:, None, :, :]  # (N, 1, 8, 8)
     train, test = _split(x, bunch.target)
     return DataSplits(
@@ -90,7 +93,7 @@ def load_digits() -> DataSplits:
 
 def load_breast_cancer() -> DataSplits:
     """569 tumours, 30 features, 2 classes; features min-max scaled with published bounds."""
-    bunch = _sklearn().load_breast_cancer()
+    bunch = sklearn_datasets().load_breast_cancer()
     lo, hi = np.array(BREAST_CANCER_RANGES).T  # (30,), (30,)
     x = np.clip((bunch.data - lo) / (hi - lo), 0.0, 1.0)  # (N, 30)
     train, test = _split(x, bunch.target)

@@ -65,6 +65,7 @@ except ImportError as err:  # pragma: no cover - depends on the environment
     ) from err
 
 from dpfy._require import require
+from dpfy.adaptive.base import method_name
 from dpfy.errors import PrivacyRefusal
 from dpfy.federated.local import (
     LocalTraining,
@@ -228,7 +229,7 @@ class DPFedAvgStrategy(Strategy):
             s.user_sample_rate,
             s.noise_multiplier,
             s.clip,
-            None if s.method is None else s.method.registry_name,
+            None if s.method is None else method_name(s.method),
         )
         log(INFO, "\t└── unit of privacy: one user, with all of their examples; ledger: dpfy")
 

@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from dpfy._require import require
-from dpfy.adaptive.base import Method, calibrate_for_run, check_plan
+from dpfy.adaptive.base import Method, calibrate_for_run, check_plan, method_name
 from dpfy.noise import GaussianMechanism, NoiseSource
 from dpfy.noise.seeds import derive_seeds
 from dpfy.privacy import Ledger, PrivacyReport, Sampling, epsilon
@@ -325,7 +325,7 @@ class DPFedAvgServer:
             if self.method is None or self._last_plan is None
             else (
                 {
-                    "name": self.method.registry_name,
+                    "name": method_name(self.method),
                     "releases": "; ".join(
                         spec.label
                         for spec in self.method.releases(

@@ -13,7 +13,7 @@ import torch
 
 from dpfy.grads.layers import Layer
 
-__all__ = ["Call", "Tap", "at_least_float32", "check_unchanged"]
+__all__ = ["Call", "Tap", "at_least_float32", "check_unchanged", "version_of"]
 
 
 def at_least_float32(t: torch.Tensor) -> torch.Tensor:
@@ -25,8 +25,10 @@ def at_least_float32(t: torch.Tensor) -> torch.Tensor:
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 
-def _version(t: Any) -> int | None:
-    """A tensor's in-place version counter (None: not a tensor, or one that has none)."""
+def version_of(t: Any) -> int | None:
+    """A tensor's in-place version counter (None: not a tensor, or one that has none): noted
+    when a layer's input is captured (:mod:`dpfy.grads.capture`), so that
+    :func:`check_unchanged` can refuse an input modified in place before ``backward()``."""
     if not torch.is_tensor(t):
         return None
     try:
@@ -109,9 +111,9 @@ def check_unchanged(layer: Layer, call: Call) -> None:
     notice: the per-sample gradients would be computed from the modified values.
     """
     for a, v in zip(call.args, call.versions):
-        if v is not None and _version(a) != v:
+        if v is not None and version_of(a) != v:
             raise ValueError(
                 f"the input of {layer.label} must not change after the layer ran, got it "
-                f"modified in place before backward() (version {v} -> {_version(a)}). Use an "
+                f"modified in place before backward() (version {v} -> {version_of(a)}). Use an "
                 f"out-of-place operation there, e.g. x = x + f(x) instead of x += f(x)"
             )

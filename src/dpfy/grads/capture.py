@@ -36,7 +36,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from dpfy._hooks import OwnHook
 from dpfy._require import require
 from dpfy.errors import PrivacyRefusal
-from dpfy.grads.calls import Call, Tap, _version, at_least_float32, check_unchanged
+from dpfy.grads.calls import Call, Tap, version_of, at_least_float32, check_unchanged
 from dpfy.grads.layout import (
     AMBIGUOUS,
     BROADCAST,
@@ -380,7 +380,7 @@ class Capture:
                 xs,
                 kw,
                 rows,
-                versions=tuple(_version(a) for a in xs),
+                versions=tuple(version_of(a) for a in xs),
                 batch_dim=BROADCAST if broadcast else 0,
                 problem=problem,
                 in_dims=(arg_dims, kw_dims),
@@ -399,7 +399,7 @@ class Capture:
         xs = (a,) + xs[1:]
         b = a.shape[0] if torch.is_tensor(a) and a.dim() >= 1 else 0
         return Call(
-            xs, kw, b, versions=tuple(_version(t) for t in xs), batch_dim=dim, problem=problem
+            xs, kw, b, versions=tuple(version_of(t) for t in xs), batch_dim=dim, problem=problem
         )
 
     def _keeper(self, layer: Layer, call: Call, k: int) -> Callable[[torch.Tensor], None]:

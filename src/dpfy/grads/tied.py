@@ -30,8 +30,8 @@ import torch
 from torch import nn
 
 from dpfy.grads.capture import Call, at_least_float32
-from dpfy.grads.rules.embedding import EmbeddingRule, _flat
-from dpfy.grads.rules.linear import LinearRule, _as_seq
+from dpfy.grads.rules.embedding import EmbeddingRule, flat_ids
+from dpfy.grads.rules.linear import LinearRule, as_seq
 from dpfy.grads.layers import Layer
 
 __all__ = ["TiedUse", "tied_uses", "tied_use", "tied_sq_norm", "tied_ghost_sq_norm"]
@@ -68,11 +68,11 @@ def tied_use(rule: object, layer: nn.Module, a: torch.Tensor, g: torch.Tensor) -
     """The use's factors, or None for a layer type without them (exact types only: a subclass
     such as transformers' Conv1D lays its weight out transposed)."""
     if type(rule) is LinearRule:
-        a, g = _as_seq(a, g)
+        a, g = as_seq(a, g)
         return TiedUse("linear", g, a)
     if type(rule) is EmbeddingRule:
         assert isinstance(layer, nn.Embedding), "an EmbeddingRule's layer is an nn.Embedding"
-        x, delta = _flat(layer, a, g)
+        x, delta = flat_ids(layer, a, g)
         if layer.padding_idx is not None:
             delta = delta.masked_fill((x == layer.padding_idx)[..., None], 0)
         return TiedUse("embedding", x, delta)

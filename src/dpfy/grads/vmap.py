@@ -23,7 +23,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["vmap_grad_sample", "SWAPPABLE"]
+__all__ = ["vmap_grad_sample", "SWAPPABLE", "check_no_dropout"]
 
 _DROPOUTS = (
     nn.Dropout,
@@ -46,7 +46,11 @@ _FIX_BY_SWAP = (
 )
 
 
-def _check_no_dropout(module: nn.Module, name: str) -> None:
+def check_no_dropout(module: nn.Module, name: str) -> None:
+    """Refuse dropout (a dropout module, or attention dropout) in training mode inside
+    ``module`` (called ``name``): vmap recomputes the forward, so its masks would differ from
+    those of the user's loss. Checked before a vmap layer's per-sample gradients, and by
+    :func:`dpfy.validate` ahead of training."""
     for sub_name, sub in module.named_modules():
         full = ".".join(x for x in (name, sub_name) if x) or type(module).__name__
         if isinstance(sub, nn.MultiheadAttention) and sub.training and sub.dropout > 0:
@@ -88,7 +92,7 @@ def vmap_grad_sample(
       in_dims: (per argument, per keyword argument) 0 where the tensor is batched in dim 0,
         None where it is shared; default: positional tensors batched, keywords shared.
     """
-    _check_no_dropout(module, name)
+    check_no_dropout(module, name)
     detached = {n: p.detach() for n, p in params.items()}
     frozen = {n: t.detach() for n, t in module.named_parameters() if n not in params}
     frozen.update(dict(module.named_buffers()))

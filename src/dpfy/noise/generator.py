@@ -58,7 +58,7 @@ from dpfy.noise.triton_noise import SeededChaChaGaussian, triton_available
 
 _DeviceStream = DeviceChaChaGaussian | DeviceSeededGaussian
 
-__all__ = ["NoiseSource", "secure_uniform"]
+__all__ = ["DEVICE_CHUNK", "NoiseSource", "chunks", "fused", "secure_uniform"]
 
 Backend = Literal["auto", "compiled", "torch", "urandom", "torch-chacha20", "triton"]
 _BACKENDS = ("auto", "compiled", "torch", "urandom", "torch-chacha20", "triton")
@@ -66,8 +66,8 @@ _MASK52 = (1 << 52) - 1
 # values a device generator draws per batch: a multiple of 2·BLOCK, so that a chunked draw
 # consumes the stream exactly as one draw of the same size; large, since on an accelerator
 # each of ChaCha20's tensor operations is a kernel launch
-_DEVICE_CHUNK = 1 << 22
-assert _DEVICE_CHUNK % (2 * BLOCK) == 0
+DEVICE_CHUNK = 1 << 22
+assert DEVICE_CHUNK % (2 * BLOCK) == 0
 # the backend choice a resumed source makes, from the backend its checkpoint names
 _RESUMED_CHOICE: dict[str, Backend] = {
     "torch": "torch",
@@ -111,15 +111,17 @@ def _urandom_words(n: int) -> torch.Tensor:
     return torch.frombuffer(bytearray(os.urandom(8 * n)), dtype=torch.int64)
 
 
-def _chunks(t: torch.Tensor, chunk: int) -> Iterator[torch.Tensor]:
-    """Consecutive flat views of at most ``chunk`` entries covering ``t`` (written in place)."""
+def chunks(t: torch.Tensor, chunk: int) -> Iterator[torch.Tensor]:
+    """Consecutive flat views of at most ``chunk`` entries covering ``t`` (written in place):
+    the parts a draw on a device is split into, here and in :mod:`dpfy.noise.release`."""
     flat = t.view(-1)
     for start in range(0, flat.numel(), chunk):
         yield flat[start : start + chunk]
 
 
-def _fused(stream: object, t: torch.Tensor) -> TypeGuard[TritonChaChaGaussian]:
-    """The Triton kernel updates ``t`` in place in one launch (else: drawn, then added)."""
+def fused(stream: object, t: torch.Tensor) -> TypeGuard[TritonChaChaGaussian]:
+    """The Triton kernel updates ``t`` in place in one launch (else: drawn, then added); where
+    it does, :func:`dpfy.noise.release.noisy_means` leaves ``t`` to ``NoiseSource.noisy_mean``."""
     fits = t.dtype in FUSED_DTYPES and t.is_contiguous()
     return isinstance(stream, TritonChaChaGaussian) and fits
 
@@ -346,10 +348,10 @@ class NoiseSource:
             return total.div_(normalizer)
         if self._on_device(total.device):
             stream = self._device_stream(total.device)
-            if _fused(stream, total):  # one launch: total <- total/b + (std/b)·z
+            if fused(stream, total):  # one launch: total <- total/b + (std/b)·z
                 stream.axpy_(total.view(-1), 1.0 / normalizer, std / normalizer)
                 return total
-            for part in _chunks(total, max(chunk, _DEVICE_CHUNK)):
+            for part in chunks(total, max(chunk, DEVICE_CHUNK)):
                 part.div_(normalizer).add_(stream.normal(part.numel()), alpha=std / normalizer)
             return total
         if self._compiled is not None and _fits_kernel(total):
@@ -360,7 +362,7 @@ class NoiseSource:
             if self._compiled is not None
             else None
         )
-        for part in _chunks(total, chunk):
+        for part in chunks(total, chunk):
             part.div_(normalizer).add_(
                 self._noise(part.numel(), std / normalizer, buf).to(part.device)
             )
@@ -372,16 +374,16 @@ class NoiseSource:
             return t
         if self._on_device(t.device):
             stream = self._device_stream(t.device)
-            if _fused(stream, t):
+            if fused(stream, t):
                 stream.axpy_(t.view(-1), 1.0, std)
                 return t
-            for part in _chunks(t, max(chunk, _DEVICE_CHUNK)):
+            for part in chunks(t, max(chunk, DEVICE_CHUNK)):
                 part.add_(stream.normal(part.numel()), alpha=std)
             return t
         if self._compiled is not None and _fits_kernel(t):
             self._stream().axpy_(t.view(-1), 1.0, std)
             return t
-        for part in _chunks(t, chunk):
+        for part in chunks(t, chunk):
             part.add_(self._noise(part.numel(), std).to(part.device))
         return t
 

@@ -22,12 +22,12 @@ from __future__ import annotations
 import torch
 
 from dpfy.native.gaussian import BLOCK
-from dpfy.noise.generator import _DEVICE_CHUNK, NoiseSource, _chunks, _fused
+from dpfy.noise.generator import DEVICE_CHUNK, NoiseSource, chunks, fused
 
 __all__ = ["noisy_means"]
 
 # noise values drawn and held before the group's foreach add (float32: 64 MiB)
-PENDING = 4 * _DEVICE_CHUNK
+PENDING = 4 * DEVICE_CHUNK
 _ALIGN = 2 * BLOCK  # values per sampler block: where each tensor's draw starts
 
 
@@ -45,12 +45,12 @@ def noisy_means(
     if std == 0 or not totals or not all(noise._on_device(t.device) for t in totals):
         return [noise.noisy_mean(t, std, normalizer) for t in totals]
     streams = [noise._device_stream(t.device) for t in totals]
-    if any(_fused(s, t) for s, t in zip(streams, totals)):
+    if any(fused(s, t) for s, t in zip(streams, totals)):
         return [noise.noisy_mean(t, std, normalizer) for t in totals]
     torch._foreach_div_(totals, normalizer)  # the same quotient as each tensor's div_
     scale = std / normalizer
     group: list[torch.Tensor] = []  # consecutive parts of one stream, drawn by one call
-    held, size, last = 0, _DEVICE_CHUNK, streams[0]  # noisy_mean's device chunk, as there
+    held, size, last = 0, DEVICE_CHUNK, streams[0]  # noisy_mean's device chunk, as there
 
     def flush() -> None:
         nonlocal group, held
@@ -63,7 +63,7 @@ def noisy_means(
         group, held = [], 0
 
     for t, stream in zip(totals, streams):
-        for part in [t] if t.numel() <= size else list(_chunks(t, size)):
+        for part in [t] if t.numel() <= size else list(chunks(t, size)):
             need = _aligned(part.numel())
             if stream is not last or held + need > PENDING:
                 flush()

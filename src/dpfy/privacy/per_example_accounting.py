@@ -39,7 +39,7 @@ from dp_accounting.rdp import rdp_privacy_accountant as _rdp
 from dpfy._require import require, require_extra
 from dpfy.privacy.canonical import POISSON
 from dpfy.privacy.ledger import Ledger
-from dpfy.privacy.rdp import INTEGER_ORDERS, ORDERS, _atom_rdp
+from dpfy.privacy.rdp import INTEGER_ORDERS, ORDERS, atom_rdp
 from dpfy.privacy.statement import stated_epsilon
 from dpfy.privacy.rdp_integer import epsilons_from_rdp, subsampled_gaussian_rdp
 from dpfy.types.sampling import Sampling
@@ -229,7 +229,7 @@ def per_example_epsilons(
     schedule = _schedule(ledger)
     run_total = np.zeros(len(ORDERS))
     for q, sigma, count in schedule:  # the run charges every example at C: σ itself
-        run_total += count * _atom_rdp(POISSON, q, sigma, None)
+        run_total += count * atom_rdp(POISSON, q, sigma, None)
     # per step, expand the schedule: (q, σ) of step t
     q_sigma = [(q, s) for q, s, c in schedule for _ in range(c)]
     run_eps = float(_rdp.compute_epsilon(ORDERS, run_total, delta)[0])
@@ -253,5 +253,5 @@ def _rdp_of(q: float, sigmas: np.ndarray, integer: bool) -> np.ndarray:
     """RDP curves (len(sigmas), orders) of Poisson-subsampled Gaussian steps at rate q."""
     if integer:
         return subsampled_gaussian_rdp(q, sigmas, INTEGER_ORDERS)
-    curves = [_atom_rdp(POISSON, q, float(s), None) for s in sigmas]
+    curves = [atom_rdp(POISSON, q, float(s), None) for s in sigmas]
     return np.stack(curves) if curves else np.zeros((0, len(ORDERS)))

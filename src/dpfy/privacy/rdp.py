@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 else:  # imported on first read, for start-up time only (dpfy._lazy)
     _rdp = LazyModule("dp_accounting.rdp.rdp_privacy_accountant")
 
-__all__ = ["ORDERS", "INTEGER_ORDERS", "rdp_curve", "epsilon", "delta"]
+__all__ = ["ORDERS", "INTEGER_ORDERS", "atom_rdp", "rdp_curve", "epsilon", "delta"]
 
 
 @functools.cache
@@ -77,9 +77,13 @@ logging.getLogger("absl").addFilter(_DropExcludedOrderWarnings())
 
 
 @functools.lru_cache(maxsize=65536)
-def _atom_rdp(
+def atom_rdp(
     kind: str, q: float, sigma: float, n: int | None, integer_orders: bool = False
 ) -> np.ndarray:
+    """The RDP curve (one ε_α per order; read-only, cached) of one step of sampling ``kind``
+    at rate ``q`` with noise multiplier ``sigma`` (``n``: the dataset size, for sampling
+    without replacement): :func:`rdp_curve` sums these, and per-example accounting weighs
+    them by each example's count (:mod:`dpfy.privacy.per_example_accounting`)."""
     relation = (
         dp_accounting.NeighboringRelation.REPLACE_ONE
         if kind == WITHOUT_REPLACEMENT
@@ -104,12 +108,12 @@ def rdp_curve(form: CanonicalForm, integer_orders: bool = False) -> np.ndarray:
             rate, sigma = els_rdp_dominating_pair(a.sample_rate, a.noise_multiplier, k)
             parts, q, sigma_part = els_rdp_composition(a.sample_rate, a.noise_multiplier, k)
             bound = np.minimum(
-                _atom_rdp(POISSON, rate, sigma, None, integer_orders),
-                parts * _atom_rdp(POISSON, q, sigma_part, None, integer_orders),
+                atom_rdp(POISSON, rate, sigma, None, integer_orders),
+                parts * atom_rdp(POISSON, q, sigma_part, None, integer_orders),
             )
             total = total + a.count * bound
             continue
-        total = total + a.count * _atom_rdp(
+        total = total + a.count * atom_rdp(
             a.kind, a.sample_rate, a.noise_multiplier, a.dataset_size, integer_orders
         )
     return total

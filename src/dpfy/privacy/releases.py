@@ -17,7 +17,14 @@ from dpfy.privacy.group_ledger import group_noise_multiplier
 from dpfy.privacy.ledger import Ledger, Release
 from dpfy.types import ReleaseSpec, RunFacts, StepPlan
 
-__all__ = ["GRADIENT", "step_releases", "group_step_releases", "base_plan", "planned_ledger"]
+__all__ = [
+    "GRADIENT",
+    "step_releases",
+    "group_step_releases",
+    "base_plan",
+    "planned_ledger",
+    "method_name",
+]
 
 GRADIENT = "gradient"
 
@@ -31,6 +38,14 @@ class PlannedMethod(Protocol):
     def init(self) -> Any: ...
     def plan(self, state: Any, plan: StepPlan) -> StepPlan: ...
     def releases(self, state: Any, plan: StepPlan) -> Mapping[str, ReleaseSpec]: ...
+
+
+def method_name(method: object) -> str:
+    """The name a refusal or a report gives ``method``: its registry name (``"+"``-joined for
+    a chain), or its class name when it has none (not registered, or not a
+    ``dpfy.adaptive.Method``). Here, below ``dpfy.adaptive`` (which exports it), so that the
+    privacy layer's refusals name a method the same way."""
+    return getattr(method, "registry_name", "") or type(method).__name__
 
 
 def step_releases(plan: StepPlan, specs: Mapping[str, ReleaseSpec]) -> tuple[Release, ...]:
@@ -94,7 +109,7 @@ def planned_ledger(
     if not method.is_data_independent():
         raise ValueError(
             f"method must be data-independent to write its ledger in advance, got method = "
-            f"{method.registry_name or type(method).__name__} (it adapts to released values). "
+            f"{method_name(method)} (it adapts to released values). "
             f"Give its noise explicitly and let the ε guard (target_epsilon= or "
             f"epsilon_cap=) stop training at the target"
         )

@@ -415,16 +415,16 @@ class RunSpec:
             "noise": self.noise.to_dict(),
             "clipping": self.clipping.to_dict(),
             "accounting": self.accounting.to_dict(),
-            "method": _method_name(self.method),
+            "method": _method_field(self.method),
             "batchnorm": None if self.batchnorm is None else self.batchnorm.to_dict(),
         }
 
 
-def _method_name(method: Any) -> Any:
-    """A method's registry name (or class name, :func:`dpfy.adaptive.base.method_name`); a list
-    for a chain given as a list."""
+def _method_field(method: Any) -> Any:
+    """The spec's ``method`` as JSON: as given when None or a name, else the method's name
+    (:func:`dpfy.adaptive.base.method_name`); a list for a chain given as a list."""
     if method is None or isinstance(method, str):
         return method
     if isinstance(method, (list, tuple)):
-        return [_method_name(m) for m in method]
-    return method_name(method) if isinstance(method, Method) else type(method).__name__
+        return [_method_field(m) for m in method]
+    return method_name(method)

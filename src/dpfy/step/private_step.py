@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from dpfy._require import require
-from dpfy.adaptive.base import Method
+from dpfy.adaptive.base import Method, method_name
 from dpfy.buffers import guard_of
 from dpfy.clipping import ClippingPolicy
 from dpfy.errors import PrivacyRefusal
@@ -466,7 +466,8 @@ class PrivateStep:
 
 
 def _name(method: Method | None) -> str:
-    return "" if method is None else (method.registry_name or type(method).__name__)
+    """:func:`dpfy.adaptive.base.method_name`, or "" for a run without a method."""
+    return "" if method is None else method_name(method)
 
 
 def _rows_weighted(

@@ -40,6 +40,7 @@ import torch
 from torch.utils.data import Subset
 
 from dpfy._require import require
+from dpfy.adaptive.base import method_name
 from dpfy.data import DataSplits, load_dataset
 from dpfy.errors import PrivacyRefusal
 from dpfy.models import build_model
@@ -144,7 +145,7 @@ def _check_methods(
         require(
             "noise_multiplier" not in m.sets,
             "method",
-            m.registry_name,
+            method_name(m),
             "a method that keeps the run's σ for dpfy tune",
             "It sets σ_t itself (a schedule calibrates σ_t to one run's ε), which the "
             "per-grid calibration cannot account. Use a method that keeps the run's σ "
@@ -155,7 +156,7 @@ def _check_methods(
                 a.name != "clip" or "clip" not in m.sets,
                 "grid name",
                 a.name,
-                f"not 'clip' with method {m.registry_name!r}, which sets C_t itself",
+                f"not 'clip' with method {method_name(m)!r}, which sets C_t itself",
                 f"Grid its own option instead, e.g. {m.registry_name}.initial_clip",
             )
 

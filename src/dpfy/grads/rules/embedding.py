@@ -23,11 +23,12 @@ from torch import nn
 from dpfy.grads.rules.base import LayerRule, device_path, register_rule
 
 
-def _flat(
+def flat_ids(
     layer: nn.Embedding, x: torch.Tensor, g: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Ids as (B, T) and output gradients as (B, T, d); padding positions are not masked here.
-    Tensors already of those ranks are returned as they are (a reshape is a dispatched op)."""
+    Tensors already of those ranks are returned as they are (a reshape is a dispatched op).
+    Shared with the tied-embedding rule (:mod:`dpfy.grads.tied`), which reads ids the same way."""
     if layer.max_norm is not None or layer.sparse:
         raise ValueError(
             f"nn.Embedding with max_norm or sparse=True is not supported by "
@@ -46,7 +47,7 @@ class EmbeddingRule(LayerRule):
         return tuple(range(a.dim()))  # ids: every dimension is a position or the batch
 
     def grad_sample(self, layer, a, g):
-        x, g = _flat(layer, a, g)
+        x, g = flat_ids(layer, a, g)
         b, t, d = g.shape
         out = torch.zeros(b, layer.num_embeddings, d, dtype=g.dtype, device=g.device)
         rows = (x + torch.arange(b, device=x.device)[:, None] * layer.num_embeddings).reshape(-1)
@@ -59,7 +60,7 @@ class EmbeddingRule(LayerRule):
         return True
 
     def sq_norm(self, layer, a, g):
-        x, g = _flat(layer, a, g)
+        x, g = flat_ids(layer, a, g)
         b, t, d = g.shape
         if t == 0:  # empty sequences read no row: a zero gradient (and no arange of step 0)
             return {"weight": g.new_zeros(b)}
@@ -87,7 +88,7 @@ class EmbeddingRule(LayerRule):
         return {"weight": torch.linalg.vector_norm(sums, dim=1).square_()}  # (B,)
 
     def weighted_sum(self, layer, a, g, w):
-        x, g = _flat(layer, a, g)
+        x, g = flat_ids(layer, a, g)
         b, t, d = g.shape
         wb = w["weight"].to(g.dtype)  # (B,)
         if not device_path(x) and bool((x == x[:1]).all()):  # the same ids in every example

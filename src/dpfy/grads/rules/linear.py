@@ -30,9 +30,10 @@ from dpfy.grads.rules.base import LayerRule, device_path, register_rule
 from dpfy.native.ghost_norm import fused_ghost_available, linear_ghost_sq_norms
 
 
-def _as_seq(a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def as_seq(a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Flatten all middle dims into one sequence dim: (B, T, d) (no op when already 3-D: on a
-    device each reshape is a dispatched op, and the rule asks twice per layer)."""
+    device each reshape is a dispatched op, and the rule asks twice per layer). Shared with the
+    tied-weight rule (:mod:`dpfy.grads.tied`), whose linear use reads its inputs the same way."""
     return _seq(a), _seq(g)
 
 
@@ -64,7 +65,7 @@ class LinearRule(LayerRule):
         return tuple(range(a.dim() - 1))  # every dimension but the features
 
     def grad_sample(self, layer, a, g):
-        a, g = _as_seq(a, g)  # (B, T, d_in), (B, T, d_out)
+        a, g = as_seq(a, g)  # (B, T, d_in), (B, T, d_out)
         # the batched matmul is faster with the longer of d_in, d_out as its last dimension;
         # a transposed result is a permuted view, which the engine reads without a copy
         if g.shape[-1] >= a.shape[-1]:
@@ -96,7 +97,7 @@ class LinearRule(LayerRule):
             if layer.bias is not None:
                 out["bias"] = g_sq
             return out
-        a, g = _as_seq(a, g)  # (B, T, d_in), (B, T, d_out)
+        a, g = as_seq(a, g)  # (B, T, d_in), (B, T, d_out)
         if not device_path(a) and fused_ghost_available(a, g):  # one fused pass (native/)
             out_w, _ = linear_ghost_sq_norms(_last_dim_dense(a), _last_dim_dense(g))
             out = {"weight": out_w}  # (B,)
@@ -112,7 +113,7 @@ class LinearRule(LayerRule):
     def weighted_sum(self, layer, a, g, w):
         if a.dim() == 2 and g.dim() == 2:
             return _weighted_sum_2d(layer, a, g, w)
-        a, g = _as_seq(a, g)  # (B, T, d_in), (B, T, d_out)
+        a, g = as_seq(a, g)  # (B, T, d_in), (B, T, d_out)
         ww = w["weight"].to(g.dtype).view(-1, 1, 1)  # (B, 1, 1) sensitive, one view
         # Σ_i w_i G_iᵀ A_i: scale g (also the bias's sum when it shares the weights), then one
         # (d_out, d_in) matmul. A narrower input is scaled instead, on every device: scaling g
