@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpfy._require import require
-from dpfy.audit.stats import _Record, check_scores
+from dpfy.audit.stats import FieldsAsDict, check_scores
 from dpfy.privacy.gdp import epsilon_for_delta
 
 __all__ = ["GdpEstimate", "gdp_estimate", "standardized_shift", "DEFAULT_RESAMPLES"]
@@ -44,7 +44,7 @@ BOOTSTRAP_SEED = 0  # resamples public scores: reproducibility, not secrecy
 
 
 @dataclass(frozen=True)
-class GdpEstimate(_Record):
+class GdpEstimate(FieldsAsDict):
     """μ̂ and ε̂ (the estimate), with their lower limits at ``confidence``."""
 
     mu: float

@@ -72,7 +72,7 @@ GUESSES = ("grid", "hull")
 MIN_GUESSES = 16
 
 
-class _Record:
+class FieldsAsDict:
     """:meth:`to_dict` for the audit's results, whose fields are all numbers and strings: the
     fields by name, as they are (JSON-readable)."""
 
@@ -81,7 +81,7 @@ class _Record:
 
 
 @dataclass(frozen=True)
-class AuditBound(_Record):
+class AuditBound(FieldsAsDict):
     """A lower bound on ε from one audit.
 
     Attributes:

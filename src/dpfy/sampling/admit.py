@@ -26,8 +26,9 @@ from dpfy.sampling.shuffle import ShuffleSampler
 __all__ = ["make_sampler"]
 
 
-def _refuse(name: str, value: Any, constraint: str, fix: str) -> NoReturn:
-    """Raise :class:`PrivacyRefusal` in ``require``'s message format."""
+def refuse(name: str, value: Any, constraint: str, fix: str) -> NoReturn:
+    """Raise :class:`PrivacyRefusal` in ``require``'s message format (the samplers' refusals
+    of a loader or a batch whose sampling dpfy cannot account)."""
     try:
         require(False, name, value, constraint, fix)
     except ValueError as err:
@@ -96,12 +97,13 @@ def _is_rank_shard(sampler: Any, dataset: Any, shard: tuple[int, int] | None) ->
     )
 
 
-def _check_loader(
+def check_loader(
     loader: DataLoader, poisson_sampling: bool, shard: tuple[int, int] | None = None
 ) -> None:
-    """Refuse a loader whose sampling dpfy cannot account (or would silently ignore)."""
+    """Refuse a loader whose sampling dpfy cannot account (or would silently ignore); every
+    sampler's constructor (Poisson, shuffled, user-level, microbatch) asks it first."""
     if type(loader).__module__.startswith("accelerate"):
-        _refuse(
+        refuse(
             "loader",
             f"{type(loader).__name__} (prepared by Hugging Face Accelerate)",
             "the plain torch DataLoader",
@@ -110,7 +112,7 @@ def _check_loader(
             "Accelerate's loader re-batches the data, and dpfy must draw every batch itself",
         )
     if isinstance(loader.dataset, IterableDataset):
-        _refuse(
+        refuse(
             "loader.dataset",
             type(loader.dataset).__name__,
             "a map-style dataset",
@@ -129,7 +131,7 @@ def _check_loader(
         or (poisson_sampling and _is_rank_shard(sampler, loader.dataset, shard))
     )
     if not plain:
-        _refuse(
+        refuse(
             "loader.sampler",
             _describe(sampler),
             "a plain SequentialSampler or RandomSampler over loader.dataset "
@@ -149,7 +151,7 @@ def _check_loader(
         and batches.sampler is sampler
         and loader.batch_size is not None
     ):
-        _refuse(
+        refuse(
             "loader.batch_sampler",
             type(batches).__name__,
             "the DataLoader's own BatchSampler (built from batch_size=)",
@@ -199,10 +201,10 @@ def make_sampler(
       PrivacyRefusal: a sampler, batch sampler or dataset dpfy cannot account.
       ValueError: a batch size or rates that are not valid for the dataset.
     """
-    _check_loader(loader, poisson_sampling, shard)
+    check_loader(loader, poisson_sampling, shard)
     dataset, batch_size = loader.dataset, loader.batch_size
-    assert isinstance(dataset, Sized), "a map-style dataset has __len__ (_check_loader)"
-    assert batch_size is not None, "_check_loader refused a loader without batch_size"
+    assert isinstance(dataset, Sized), "a map-style dataset has __len__ (check_loader)"
+    assert batch_size is not None, "check_loader refused a loader without batch_size"
     n = len(dataset)
 
     def require_plain_poisson(where: str, fix: str) -> None:

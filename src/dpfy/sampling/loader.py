@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 from torch.utils._pytree import tree_map
 
 from dpfy._require import require
-from dpfy.sampling.admit import _refuse
+from dpfy.sampling.admit import refuse
 from dpfy.sampling.augmult import Augmentation
 from dpfy.sampling.collate_probe import CollateProbe
 from dpfy.sampling.fetch import BatchedDataset, Collated
@@ -249,7 +249,7 @@ class DPDataLoader:
 
     def _check_stepped(self) -> None:
         if self._shuffled and self.cursor.pending:
-            _refuse(
+            refuse(
                 "optimizer.step()",
                 "not called on the previous batch",
                 "called once after every batch of the shuffled private loader",

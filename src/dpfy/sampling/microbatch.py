@@ -37,7 +37,7 @@ import torch
 
 from dpfy._require import require, require_resumed
 from dpfy.errors import PrivacyRefusal
-from dpfy.sampling.admit import _check_loader
+from dpfy.sampling.admit import check_loader
 from dpfy.sampling.draws import uniform
 from dpfy.sampling.poisson import PoissonSampler
 from dpfy.sampling.units import ExampleUnits, known_indices
@@ -210,7 +210,7 @@ def make_microbatch_sampler(
     loader: Any, microbatch_size: int, *, seed: int | None
 ) -> MicrobatchSampler:
     """The sampler for ``clipping="microbatch"`` at k >= 2: Poisson at q = batch_size / N."""
-    _check_loader(loader, True)
+    check_loader(loader, True)
     n = len(loader.dataset)
     b = loader.batch_size
     require(1 <= b <= n, "loader.batch_size", b, f"in [1, {n}]")

@@ -34,7 +34,7 @@ import torch
 from dpfy._require import require
 from dpfy.errors import PrivacyRefusal
 from dpfy.privacy import Sampling
-from dpfy.sampling.admit import _check_loader
+from dpfy.sampling.admit import check_loader
 from dpfy.sampling.draws import seeded_generator, uniform
 from dpfy.sampling.poisson import PoissonSampler
 from dpfy.sampling.units import UserUnits
@@ -288,7 +288,7 @@ def make_user_sampler(
     kept: the ids cannot change during the run). ULS reads ``loader.batch_size`` as the
     expected number of users per step, ELS as the expected number of examples per step.
     """
-    _check_loader(loader, True)
+    check_loader(loader, True)
     require(
         user_sampling in USER_SAMPLINGS,
         "user_sampling",
