@@ -26,3 +26,15 @@ def dp_accounting_epsilon(ledger, delta: float, accountant: str) -> float:
            dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4))
     acc.compose(dp_accounting.ComposedDpEvent(events))
     return acc.get_epsilon(delta)
+
+
+def grid_ledger(grid: dict):
+    """The runs' ledgers of a tuning grid (``grid.json``'s ``ledgers``) composed into one, each
+    run's steps after the previous run's: what the grid's ε is spent on."""
+    from dpfy.privacy.ledger import Ledger
+
+    ledgers = [Ledger.from_dict(d) for d in grid["ledgers"]]
+    out = Ledger(ledgers[0].dataset_size)
+    for one in ledgers:
+        out.extend(one)
+    return out

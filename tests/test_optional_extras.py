@@ -72,11 +72,3 @@ def test_core_trains_and_the_cli_names_the_extra_without_optional_packages(tmp_p
     lines = done.stderr.strip().splitlines()          # ... one line naming the extra ...
     assert len(lines) == 1 and 'pip install "dpfy[plots]"' in lines[0], done.stderr
     assert not (tmp_path / "run").exists() and not (tmp_path / "run.partial").exists()  # at once
-
-
-def test_version_flag_prints_the_package_version(capsys):
-    import dpfy
-    from dpfy.cli import main
-    with pytest.raises(SystemExit) as e:
-        main(["--version"])
-    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"dpfy {dpfy.__version__}"

@@ -10,9 +10,7 @@ of each update in their comments.
 
 from __future__ import annotations
 
-import json
 import math
-import warnings
 from dataclasses import replace
 
 import pytest
@@ -25,7 +23,6 @@ import dpfy
 from ledger_events import dp_accounting_epsilon, effective_sigma
 from dpfy.adaptive import make
 from dpfy.adaptive.oso import THRESHOLD_GRADIENT, OnlineSensitivity
-from dpfy.cli import main
 from dpfy.types import Norms, StepOutcome, StepPlan
 
 import oracles
@@ -347,23 +344,3 @@ def test_state_survives_a_checkpoint_and_the_cli_options_build_it():
     restored = torch.load(buf, weights_only=False)["method_state"]
     assert restored.clip == s.clip and torch.equal(restored.prev_direction["w"],
                                                    s.prev_direction["w"])
-
-
-BASE = ["train", "--dataset", "digits", "--model", "logreg", "--noise-multiplier", "1",
-        "--epochs", "1", "--accountant", "rdp", "--batch-size", "128", "--no-progress"]
-
-
-def test_dpfy_train_method_oso_records_both_releases(tmp_path, capsys):
-    out = tmp_path / "run"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        code = main(BASE + ["--out", str(out), "--method", "oso",
-                            "--method-options", "clip_rate=0.01", "rule=sign"])
-    assert code == 0
-    ledger = json.loads((out / "ledger.json").read_text())
-    assert {r["mechanism"] for g in ledger["groups"] for r in g["releases"]} == {
-        "gradient", THRESHOLD_GRADIENT}
-    code = main(BASE + ["--out", str(tmp_path / "bad"), "--method", "oso",
-                        "--method-options", "rule=bogus"])
-    err = capsys.readouterr().err.strip()
-    assert code == 2 and "rule must be one of" in err and len(err.splitlines()) == 1

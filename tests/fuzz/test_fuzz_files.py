@@ -104,15 +104,6 @@ def test_a_wrong_field_is_named_with_its_file(tmp_path, capsys):
                      "ledger.json, named") == 2
 
 
-def test_the_issue_example_names_file_line_and_fix(tmp_path, capsys):
-    path = tmp_path / "ledger.json"
-    path.write_text("{\n")
-    from dpfy.cli import main
-    assert main(["account", "--ledger", str(path), "--delta", "1e-5"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert str(path) in err and "line 2 column 1" in err and "dpfy train" in err, err
-
-
 def test_wrong_field_message_names_file_and_field(tmp_path):
     bad = _mutate(GOOD, ("groups", 1, "releases", 0, "noise_multiplier"), "x", False)
     with pytest.raises(ValueError, match=r"ledger 'f.json' field groups\[1\]\.releases\[0\]"

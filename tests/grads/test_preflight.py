@@ -1,6 +1,7 @@
 """The pre-flight (issue 14 §2): ``dpfy.validate(model, example_batch)`` and ``dpfy explain`` run
 one private forward/backward on a tiny batch and list every problem at once, each naming the
-module and the fix, before training starts."""
+module and the fix, before training starts. (`dpfy explain` printing it:
+tests/cli/test_explain_cli.py.)"""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
 import dpfy
-from dpfy.cli import main
 from dpfy.layers import DPGRU
 
 validate_module = importlib.import_module("dpfy.validation")  # the module behind dpfy.validate
@@ -100,8 +100,3 @@ def test_fix_swaps_in_the_dp_layers_before_the_norm_fixes():
     fixed = dpfy.validate(model, fix=True)
     assert type(fixed[0]) is nn.GroupNorm and type(fixed[1]) is DPGRU
     assert type(model[0]) is nn.BatchNorm1d and type(model[1]) is nn.GRU
-
-
-def test_cli_explain_prints_the_preflight(capsys):
-    assert main(["explain", "tanh_cnn", "--batch-size", "2"]) == 0
-    assert "Problems (dpfy.validate on a 4-row batch): none" in capsys.readouterr().out

@@ -1,7 +1,7 @@
 """Label DP: randomized response and RR with a prior give exactly ε, the staged prior never
 reads the labels it randomizes, the label ledger records ε (δ = 0), and the report says the
 features are not protected. Every expected number is derived in this file or comes from
-dp_accounting."""
+dp_accounting. `dpfy train --privacy-unit label`: tests/cli/test_label_dp_cli.py."""
 
 import json
 import math
@@ -11,7 +11,6 @@ import pytest
 import torch
 from dp_accounting import pld
 
-from dpfy.cli import main
 from dpfy.label_dp import (
     LabelLedger,
     LabelRelease,
@@ -172,27 +171,6 @@ def test_ledger_round_trip_sum_and_report():
 def test_refusals(kwargs, message):
     with pytest.raises(ValueError, match=message):
         keep_probability(**kwargs)
-
-
-def test_cli_label_dp_run(tmp_path, capsys):
-    out = tmp_path / "run"
-    assert main(["train", "--dataset", "digits", "--model", "logreg", "--privacy-unit",
-                 "label", "--label-dp", "rr-prior", "--epsilon", "2", "--epochs", "2",
-                 "--seed", "0", "--out", str(out)]) == 0  # fmt: skip
-    led = json.loads((out / "label_ledger.json").read_text())
-    assert led["epsilon"] == 2.0 and led["delta"] == 0.0 and led["features_protected"] is False
-    assert "NOT protected" in (out / "report.md").read_text() and (out / "model.pt").is_file()
-
-
-def test_cli_refuses_example_level_settings(tmp_path):
-    assert main(["train", "--dataset", "digits", "--privacy-unit", "label", "--label-dp",
-                 "rr", "--noise-multiplier", "1", "--out", str(tmp_path / "r")]) == 2  # fmt: skip
-
-
-def test_cli_refuses_stages_with_plain_rr(tmp_path, capsys):
-    assert main(["train", "--dataset", "digits", "--privacy-unit", "label", "--label-dp", "rr",
-                 "--label-stages", "0.3,0.7", "--out", str(tmp_path / "r")]) == 2  # fmt: skip
-    assert "--label-stages must be unset with --label-dp rr" in capsys.readouterr().err
 
 
 def test_without_a_generator_the_labels_randomness_comes_from_the_os(monkeypatch):

@@ -2,15 +2,13 @@
 protocol, its k log-uniform grid points and a budget per grid): log_grid, grid σ, `--grid-runs`.
 
 ε checks here use dp_accounting directly on the composed events, not dpfy's accountants.
+`dpfy calibrate --grid-runs`: tests/cli/test_grid_budget_cli.py.
 """
-
-import json
 
 import dp_accounting
 import numpy as np
 import pytest
 
-from dpfy.cli import main
 from dpfy.privacy.calibration import calibrate_noise_multiplier
 from dpfy.privacy.ledger import Ledger, Release, Sampling
 from dpfy.privacy.tuning import calibrate_grid_noise_multiplier, grid_epsilon, log_grid
@@ -99,46 +97,6 @@ def test_unreachable_target_says_what_to_change():
     with pytest.raises(ValueError, match="fewer runs"):
         calibrate_grid_noise_multiplier(target_epsilon=1e-3, delta=1e-12, sample_rate=1.0,
                                         steps=10 ** 6, runs=10, accountant="rdp")
-
-
-CLI = ["calibrate", "--target-epsilon", "3", "--delta", "1e-5", "--sample-rate", str(Q),
-       "--steps", str(T), "--accountant", "rdp"]   # the RDP values of Galli et al. 2024
-
-
-def test_cli_grid_runs_json(capsys):
-    assert main(CLI + ["--grid-runs", "7", "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["runs"] == 7 and out["steps"] == T and out["total_steps"] == 7 * T
-    assert out["noise_multiplier"] == pytest.approx(1.358, rel=0.01)
-    assert out["epsilon"] == pytest.approx(_rdp_epsilon(out["noise_multiplier"], 7 * T))
-    assert out["epsilon"] <= 3
-    assert out["epsilon_per_run"] == pytest.approx(_rdp_epsilon(out["noise_multiplier"], T))
-    assert out["epsilon_per_run"] < out["epsilon"]
-    assert out["budget_share_per_run"] == pytest.approx(1 / 7)
-
-
-def test_cli_without_grid_runs_is_unchanged(capsys):
-    assert main(CLI + ["--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert "runs" not in out and "epsilon_per_run" not in out
-    assert out["noise_multiplier"] == pytest.approx(0.837, rel=0.01)
-
-
-def test_cli_grid_runs_text(capsys):
-    assert main(CLI + ["--grid-runs", "49"]) == 0
-    text = capsys.readouterr().out
-    assert "49 runs × 1172 steps" in text and "σ = 3.14" in text
-
-
-@pytest.mark.parametrize("extra", [["--grid-runs", "0"],
-                                   ["--grid-runs", "7", "--noise-multiplier", "1"]])
-def test_cli_grid_runs_bad_input_exits_2(extra, capsys):
-    argv = CLI + extra
-    if "--noise-multiplier" in extra:
-        argv = [a for a in argv if a not in ("--steps", str(T))]
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "must be" in err[0]
 
 
 def test_grid_epsilon_composes_every_run_as_dp_accounting_does():

@@ -182,19 +182,3 @@ def test_els_sigma_calibrated_by_pld_spends_the_target_on_the_mixture():
                                        max_examples_per_user=k, tol=1e-2)
     mixture = dp_event.MixtureOfGaussiansDpEvent(sigma, list(range(k + 1)), _binomial(k, q))
     assert 1.9 <= _pld(mixture, steps, 1e-3) <= 2.0 + 1e-6
-
-
-def test_dpfy_account_and_calibrate_take_els_k(capsys):
-    import json
-
-    from dpfy.cli import main
-    shape = ["--delta", "1e-5", "--sample-rate", "0.05", "--steps", "20", "--sampling", "els",
-             "--accountant", "rdp", "--json"]
-    assert main(["calibrate", "--target-epsilon", "2", *shape,
-                 "--max-examples-per-user", "2"]) == 0
-    sigma = json.loads(capsys.readouterr().out)["noise_multiplier"]
-    assert main(["account", *shape, "--noise-multiplier", str(sigma),
-                 "--max-examples-per-user", "2"]) == 0
-    assert 1.95 <= json.loads(capsys.readouterr().out)["epsilon"] <= 2.0 + 1e-9
-    assert main(["account", *shape, "--noise-multiplier", "2"]) == 2   # ELS without k
-    assert "--max-examples-per-user" in capsys.readouterr().err

@@ -2,18 +2,16 @@
 
 The expected average is computed in the test from the iterates a toy private run visits:
 θ̄_t = β_t θ̄_{t−1} + (1 − β_t) θ_t with β_t = min(β, (1+t)/(10+t)), θ̄_0 = θ_0 (the warm-up
-of TensorFlow's ExponentialMovingAverage with num_updates = t)."""
+of TensorFlow's ExponentialMovingAverage with num_updates = t). `dpfy train --ema`:
+tests/cli/test_parameter_averaging_cli.py."""
 
-import json
 import warnings
 
-import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import dpfy
-from dpfy.cli import main
 from dpfy.train.averaging import ParameterAverage
 from dpfy.train.epoch import run_epoch
 from dpfy.train.private import PrivateRun
@@ -57,28 +55,3 @@ def test_the_average_equals_the_hand_computed_ema_of_a_toy_private_run():
     for n, p in model.named_parameters():   # restored after evaluation
         assert torch.equal(p.detach(), raw[n])
     assert not torch.equal(saved["weight"], raw["weight"])
-
-
-def test_ema_must_be_in_0_1(tmp_path, capsys):
-    assert main(["train", "--dataset", "digits", "--model", "logreg", "--ema", "1.5",
-                 "--out", str(tmp_path / "r")]) == 2
-    assert "ema" in capsys.readouterr().err
-
-
-@pytest.mark.slow   # a whole run
-def test_dpfy_train_ema_saves_and_evaluates_the_average_beside_the_raw_weights(tmp_path):
-    out = tmp_path / "r"
-    assert main(["train", "--dataset", "digits", "--model", "logreg", "--epochs", "2",
-                 "--lr", "1.0", "--clip", "1.0", "--threads", "1", "--no-progress",
-                 "--seed", "3", "--epsilon", "3", "--batch-size", "64", "--ema", "0.9",
-                 "--out", str(out)]) == 0
-    summary = json.loads((out / "summary.json").read_text())
-    raw = torch.load(out / "model.pt")
-    ema = torch.load(out / "model_ema.pt")
-    assert raw.keys() == ema.keys() and any(not torch.equal(raw[k], ema[k]) for k in raw)
-    assert 0 < summary["test_acc_ema"] <= 1 and summary["ema"] == 0.9
-    report = json.loads((out / "privacy_report.json").read_text())
-    (section,) = [s for s in report["sections"] if s["title"] == "Parameter averaging"]
-    assert section["data"]["released"] == ["model.pt", "model_ema.pt"]
-    rows = json.loads((out / "metrics.json").read_text())
-    assert rows[-1]["test_acc_ema"] == summary["test_acc_ema"]

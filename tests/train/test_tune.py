@@ -1,7 +1,8 @@
 """Hyperparameter tuning under one budget (issue 11; digest 002 §3.3): ``run_grid``/``dpfy tune``.
 
 The grid's ε is checked with dp_accounting directly on the composed events of every run's
-ledger (tests/ledger_events.py), never with dpfy's accountants.
+ledger (tests/ledger_events.py), never with dpfy's accountants. `dpfy tune`'s command-line
+tests: tests/cli/test_tune_cli.py.
 """
 
 import json
@@ -11,25 +12,17 @@ import pytest
 
 import torch
 
-from dpfy.cli import main
 from dpfy.data import load_dataset
 from dpfy.models import build_model
 from dpfy.privacy.ledger import Ledger
 from dpfy.train import TrainConfig
 from dpfy.train.grid import parse_axis, run_grid
 from ledger_events import dp_accounting_epsilon
+from ledger_events import grid_ledger as _composed
 
 QUIET = dict(echo=lambda s: None)
 BASE = dict(dataset="digits", model="logreg", epochs=1, batch_size=128, clip=1.0, seed=3,
             threads=1, accountant="rdp")
-
-
-def _composed(grid: dict) -> Ledger:
-    ledgers = [Ledger.from_dict(d) for d in grid["ledgers"]]
-    out = Ledger(ledgers[0].dataset_size)
-    for one in ledgers:
-        out.extend(one)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -99,41 +92,6 @@ def test_winner_is_the_best_validation_metric(tuned):
     assert grid["winner_on_test"]["accuracy"] == pytest.approx(acc)
     assert result.winner_on_test["examples"] == len(y)
     assert not result.out.with_name(result.out.name + ".grid").exists()
-
-
-def test_cli_public_test_split_loss_and_method_option(tmp_path, capsys):
-    out = tmp_path / "w"
-    code = main(["tune", "--dataset", "digits", "--model", "logreg", "--epochs", "1",
-                 "--batch-size", "256", "--threads", "1", "--noise-multiplier", "2",
-                 "--accountant", "rdp", "--method", "oso", "--lr", "0.5",
-                 "--grid", "oso.rule=sign,additive", "--public-validation", "test",
-                 "--select", "loss", "--out", str(out), "--no-progress"])
-    assert code == 0, capsys.readouterr().err
-    grid = json.loads((out / "grid.json").read_text())
-    assert [r["settings"]["oso.rule"] for r in grid["runs"]] == ["sign", "additive"]
-    assert grid["winner"] == min(grid["runs"], key=lambda r: r["metric"])["index"]
-    assert "declared public" in grid["selected_on"]
-    # Fixed σ: the grid's ε is only computed, from both ledgers composed (each step releases
-    # OSO's two sums, one Gaussian at σ together).
-    eps = dp_accounting_epsilon(_composed(grid), grid["delta"], "rdp")
-    assert grid["epsilon"] == pytest.approx(eps, rel=1e-6)
-
-
-@pytest.mark.parametrize("argv, word", [
-    (["--grid", "batch_size=64,128"], "grid name"),
-    (["--grid", "lr=logspace:-1:1"], "grid"),
-    (["--grid", "lr=0.1", "--method", "noise_decay", "--method-options", "kind=time",
-      "rate=0.5"], "keeps the run's σ"),
-    (["--grid", "lr=0.1", "--resume", "x"], "resume"),
-    (["--grid", "clip=0.1,1", "--method", "oso"], "initial_clip"),
-    (["--grid", "oso.clip_rate=0.1,5", "--method", "oso"], "clip_rate"),   # 2nd config bad
-])
-def test_cli_refusals_are_one_line(argv, word, tmp_path, capsys):
-    code = main(["tune", "--dataset", "digits", "--model", "logreg", "--out",
-                 str(tmp_path / "o"), *argv])
-    err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and word in err
-    assert not (tmp_path / "o").exists() and not (tmp_path / "o.grid").exists()
 
 
 def test_interrupted_grid_is_not_silently_rerun(tmp_path):
