@@ -111,3 +111,37 @@ def test_a_warning_says_once_why_no_grad_norm_is_logged(tmp_path, monkeypatch):
         warnings.simplefilter("error")  # the second trainer does not repeat it
         DPTrainer(model=tiny_bert(), args=_args(tmp_path), train_dataset=Tokens(64),
                   dp_args=DPArguments(target_delta=1e-3, noise_multiplier=1.0))
+
+
+# The report's sampling note and unit of privacy are the run's (issue 37): DPTrainer used to say
+# "Poisson sampling" whatever dpfy's sampler did. 48 examples, expected batch 16: q = 16/48 for
+# examples; 24 users of 2 examples each: q_u = 16/24 (ULS reads the batch size as users per step).
+# Each expected note is the one `dpfy train` writes for that sampler, with q to 5 digits.
+@pytest.mark.parametrize("extra, note, unit", [
+    ({}, "Poisson sampling by dpfy's sampler (the Trainer's shuffling sampler is replaced)",
+     "one example"),
+    ({"poisson_sampling": False},
+     f"Shuffled passes (one per epoch) by dpfy's sampler, q = {16 / 48:.5g}, 3 steps per epoch",
+     "one example"),
+    ({"noise": "tree"},  # DP-FTRL's tree assumes one participation per pass: shuffled passes
+     f"Shuffled passes (one per epoch) by dpfy's sampler, q = {16 / 48:.5g}, 3 steps per epoch",
+     "one example"),
+    ({"noise": "bandmf", "bands": 2},  # 2 groups of 24, each example's rate 16/24 in its own
+     f"Cyclic Poisson sampling (Poisson within each band's group) by dpfy's sampler, "
+     f"q = {16 / 24:.5g}, 3 steps per epoch", "one example"),
+    ({"user_ids": torch.arange(48) // 2, "user_sampling": "uls"},
+     f"Poisson sampling by dpfy's sampler, q = {16 / 24:.5g} (per user), ",
+     "one user, with all of their examples"),
+], ids=["poisson", "shuffled", "tree", "bandmf", "user-level"])
+def test_the_report_states_the_sampling_and_unit_the_run_used(tmp_path, extra, note, unit):
+    trainer = DPTrainer(model=tiny_bert(), args=_args(tmp_path, max_steps=1),
+                        train_dataset=Tokens(48),
+                        dp_args=DPArguments(target_delta=1e-3, noise_multiplier=1.0,
+                                            extra={"seed": 0, **extra}))
+    trainer.train()
+    report = trainer.privacy_report()
+    assert report.sampling_note.startswith(note)
+    assert extra == {} or "Poisson sampling by dpfy's sampler (the Trainer" not in \
+        report.sampling_note
+    assert report.unit_of_privacy == unit
+    assert unit in (tmp_path / "privacy_report.md").read_text()

@@ -5,8 +5,9 @@
 
 On a run directory the report is re-rendered from the run's ledger with the context its
 ``privacy_report.json`` saved (model section, sampling note, warnings, what was released), so
-the Markdown comes out the same as the one ``dpfy train`` wrote. Flags given explicitly
-override the saved context.
+the Markdown comes out the same as the one ``dpfy train`` wrote. Without a saved report, the
+unit of privacy and the sampling note come from the run spec in its ``config.json`` when it
+has one. Flags given explicitly override both.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dpfy._require import require
 from dpfy.cli.account import load_ledger
 from dpfy.privacy.accountants import ACCOUNTANTS, RIGOROUS
 from dpfy.privacy.report import PrivacyReport
+from dpfy.privacy.report_text import sampling_note, unit_text
 
 __all__ = ["register", "run"]
 
@@ -66,6 +68,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _spec_context(spec: Any) -> dict[str, str]:
+    """The unit of privacy and the sampling note of the run spec a run directory's config.json
+    carries (its ``"spec"``, :meth:`dpfy.spec.RunSpec.to_dict`); {} without one (a run written
+    before config.json held it, or a bare ledger). The loader's steps per epoch are not in the
+    spec, so this note leaves them out; the saved report's note, when there is one, is kept."""
+    resolved = (spec or {}).get("sampling", {}).get("resolved")
+    if not resolved:
+        return {}
+    return {
+        "unit_of_privacy": unit_text(spec["unit"]["unit"]),
+        "sampling_note": sampling_note(resolved["sampling"], resolved["sample_rate"]),
+    }
+
+
 def _saved(directory: Path, name: str) -> dict[str, Any]:
     file = directory / name
     return json.loads(file.read_text()) if file.is_file() else {}
@@ -91,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         "GDP's CLT value is not a guarantee: add --approximate to write it anyway, with "
         "--out elsewhere to keep the run's report",
     )
-    context = PrivacyReport.context_from_dict(saved)
+    context = {**_spec_context(config.get("spec")), **PrivacyReport.context_from_dict(saved)}
     if context.get("accountant") not in RIGOROUS:  # an approximate headline is never the default
         context["accountant"] = DEFAULTS["accountant"]
     for key in ("accountant", "released", "unit_of_privacy", "group_size"):

@@ -5,9 +5,11 @@ An HF user keeps their ``TrainingArguments``, dataset, collator and model, and s
 
 - **The train dataloader is dpfy's**: the Trainer's plain loader (its collator, its
   ``per_device_train_batch_size`` as the expected batch) goes through :func:`dpfy.make_private`,
-  which replaces the shuffling sampler with Poisson sampling (the sampling the accountant
-  analyses). It is not passed to ``accelerator.prepare``: Accelerate's dataloader wrapper would
-  re-batch it, and the ledger would no longer describe what was trained on.
+  which replaces the shuffling sampler with dpfy's own (Poisson sampling by default; shuffled
+  passes with ``poisson_sampling=False`` or ``noise="tree"``, cyclic Poisson with
+  ``noise="bandmf"``, users with ``user_ids``: the sampling the accountant analyses). It is
+  not passed to ``accelerator.prepare``: Accelerate's dataloader wrapper would re-batch it,
+  and the ledger would no longer describe what was trained on.
 - **The optimizer is dpfy's**: the Trainer builds its optimizer (AdamW with its weight-decay
   groups) as usual, then ``make_private`` wraps it; the LR scheduler is built on it.
 - **One Trainer step is one logical batch** (:mod:`dpfy.hf.logical`): with
@@ -34,7 +36,8 @@ An HF user keeps their ``TrainingArguments``, dataset, collator and model, and s
   (``ignore_data_skip``), the restored sampler continues with the next draw. A checkpoint of a
   seeded run holds the seed: it is secret.
 - **The privacy report** (``privacy_report.md``/``.json``) is written into ``output_dir`` at
-  the end of :meth:`DPTrainer.train`.
+  the end of :meth:`DPTrainer.train`; its sampling note and unit of privacy are the run spec's
+  (:func:`dpfy.spec.report_context`), so they name the sampler and unit the run used.
 
 Refused, with the fix: ``gradient_accumulation_steps > 1`` (a Poisson batch has no fixed
 number of micro-batches; use :attr:`DPArguments.max_physical_batch_size`), more than one
@@ -60,7 +63,9 @@ from dpfy.hf.logical import LogicalBatch, LogicalBatches
 from dpfy.hf.refusals import refuse_pushed_seed, refuse_settings
 from dpfy.hf.token_loss import token_loss, token_loss_kind
 from dpfy.optim import DPOptimizer
+from dpfy.privacy.ledger import Sampling
 from dpfy.privacy.report import PrivacyReport
+from dpfy.spec import report_context
 
 try:  # transformers is an optional dependency: the `dpfy[hf]` extra
     import transformers
@@ -80,6 +85,8 @@ GRAD_NORM_NOTE = (
     "norm of the noisy averaged gradient each update applied"
 )
 _warned = False  # GRAD_NORM_NOTE is shown once per process
+# The sampling note of an example-level Poisson run (other samplings: dpfy.spec.report_context)
+POISSON_NOTE = "Poisson sampling by dpfy's sampler (the Trainer's shuffling sampler is replaced)"
 
 
 @dataclass
@@ -261,19 +268,23 @@ class DPTrainer(transformers.Trainer):
         super().log(logs, start_time)
 
     def privacy_report(self) -> PrivacyReport:
-        """The run's privacy report (the unit of privacy is read from dpfy's sampler)."""
+        """The run's privacy report; the unit of privacy and the sampling note are the run
+        spec's (:func:`dpfy.spec.report_context`): Poisson, shuffled passes
+        (``poisson_sampling=False``, ``noise="tree"``), cyclic Poisson (``noise="bandmf"``),
+        user-level (``user_ids``), as the run drew its batches."""
         if self.dp_optimizer is None:
             raise ValueError("DPTrainer.privacy_report: call train() first")
         opt = self.dp_optimizer
+        context = report_context(opt.spec, steps_per_epoch=len(self._loader))
+        if opt.spec.sampling.resolved.sampling is Sampling.POISSON:  # example-level Poisson
+            context["sampling_note"] = POISSON_NOTE
         return PrivacyReport.from_ledger(
             opt.ledger,
             delta=self.dp_args.target_delta,
             accountant=self.dp_args.accountant,
-            unit_of_privacy=opt.sampler.units.description,
             model_description=f"{type(self.model).__name__} trained with dpfy.hf.DPTrainer",
-            sampling_note="Poisson sampling by dpfy's sampler (the Trainer's shuffling "
-            "sampler is replaced)",
             layer_table=opt.grads.explain_planned(),
+            **context,
         )  # no training batch's route
 
     def _load_rng_state(self, checkpoint: Any) -> None:

@@ -47,7 +47,13 @@ from dpfy.privacy.accountants import (
 from dpfy.privacy.ledger import Ledger
 from dpfy.privacy.report_fields import MechanismShare, ReportFields, TuningCost
 from dpfy.privacy.report_markdown import report_markdown
-from dpfy.privacy.report_text import DEFAULT_DP_SETTING, NOISE_HELD, NOISE_TEXT, tier
+from dpfy.privacy.report_text import (
+    DEFAULT_DP_SETTING,
+    NOISE_HELD,
+    NOISE_TEXT,
+    tier,
+    unit_text,
+)
 from dpfy.privacy.section import ReportSection
 from dpfy.privacy.statement import inapplicable
 from dpfy.privacy.tuning import group_privacy
@@ -169,7 +175,7 @@ class PrivacyReport(ReportFields):
         n = dataset_size if dataset_size is not None else ledger.dataset_size
         unit = ledger.unit()
         if unit_of_privacy is None:
-            unit_of_privacy = USER_UNIT if unit == "user" else "one example"
+            unit_of_privacy = unit_text(unit)
         require(
             unit != "user" or "user" in unit_of_privacy.lower(),
             "unit_of_privacy",

@@ -1,10 +1,13 @@
 """The fixed sentences of the privacy report (:mod:`dpfy.privacy.report`): the default DP
-setting, each adjacency, each sampling and correlated noise mechanism in words, and the guide's
-ε tiers."""
+setting, each adjacency, each sampling and correlated noise mechanism in words, the guide's
+ε tiers, and a run's sampling note and unit of privacy from the run spec's values
+(:func:`sampling_note`, :func:`unit_text`; :func:`dpfy.spec.report_context` reads them off a
+:class:`~dpfy.spec.RunSpec`)."""
 
 from __future__ import annotations
 
 from dpfy.privacy.ledger import Sampling
+from dpfy.privacy.user_level import USER_UNIT
 
 __all__ = [
     "DEFAULT_DP_SETTING",
@@ -15,6 +18,9 @@ __all__ = [
     "NOISE_HELD",
     "TIER_TEXT",
     "tier",
+    "SAMPLER_WORDS",
+    "sampling_note",
+    "unit_text",
 ]
 
 DEFAULT_DP_SETTING = (
@@ -110,3 +116,35 @@ TIER_TEXT = {
         "demonstrated robustness to attacks, removing privacy-sensitive data) may be necessary."
     ),
 }
+
+
+# The sampler's scheme, first words of a run's sampling note. User-level sampling draws users
+# (ULS) or examples (ELS) by Poisson sampling; the note says "(per user)" for ULS's rate.
+SAMPLER_WORDS = {
+    Sampling.POISSON: "Poisson sampling",
+    Sampling.ULS: "Poisson sampling",
+    Sampling.ELS: "Poisson sampling",
+    Sampling.SHUFFLE: "Shuffled passes (one per epoch)",
+    Sampling.CYCLIC_POISSON: "Cyclic Poisson sampling (Poisson within each band's group)",
+    Sampling.FIXED_SIZE: "Fixed-size batches drawn without replacement",
+    Sampling.NONE: "No sampling (every example in every step)",
+}
+
+
+def sampling_note(
+    sampling: Sampling | str, sample_rate: float, steps_per_epoch: int | None = None
+) -> str:
+    """A run's sampling note: what dpfy's sampler did, from the facts the built sampler put in
+    the run spec (``spec.sampling.resolved``: its sampling and q), and the loader's steps per
+    epoch (``None``: not known, left out). Every kind has its own words, so a run that did
+    not Poisson-sample is never said to have."""
+    sampling = Sampling(sampling)
+    per_user = " (per user)" if sampling is Sampling.ULS else ""
+    steps = "" if steps_per_epoch is None else f", {steps_per_epoch} steps per epoch"
+    return f"{SAMPLER_WORDS[sampling]} by dpfy's sampler, q = {sample_rate:.5g}{per_user}{steps}"
+
+
+def unit_text(unit: str) -> str:
+    """The unit of privacy in the report's words, from the unit's name (``spec.unit.name``,
+    ``ledger.unit()``): ``"user"`` is one user with all of their examples, else one example."""
+    return USER_UNIT if unit == "user" else "one example"

@@ -4,12 +4,14 @@
 noise mechanism, clipping, accounting, the adaptive method, BatchNorm statistics);
 :class:`PerformanceOptions` says how it is computed and never changes ε; :func:`check` refuses
 what dpfy cannot account together, from each component's declarations (:data:`DECLARATIONS`);
-:func:`from_keywords` maps ``make_private``'s keywords onto them (docs/spec.md).
+:func:`from_keywords` maps ``make_private``'s keywords onto them (docs/spec.md);
+:func:`report_context` is the privacy report's sampling note and unit of privacy, read from it.
 """
 
 from dpfy.spec.check import DECLARATIONS, MethodDeclaration, Refusal, check, declare_method
 from dpfy.spec.keywords import from_keywords
 from dpfy.spec.performance import PerformanceOptions
+from dpfy.spec.report import report_context
 from dpfy.spec.run import (
     AccountingSpec,
     BandMF,
@@ -43,4 +45,5 @@ __all__ = [
     "Refusal",
     "DECLARATIONS",
     "from_keywords",
+    "report_context",
 ]

@@ -23,6 +23,7 @@ from dpfy.data import DataSplits
 from dpfy.privacy import epsilon as ledger_epsilon
 from dpfy.privacy.report import PrivacyReport, ReportSection
 from dpfy.privacy.user_level import user_level_section
+from dpfy.spec import report_context
 from dpfy.train.batchnorm import public_statistics_statement
 from dpfy.train.config import SEED_WARNING, TrainConfig
 
@@ -240,12 +241,6 @@ ALGORITHM = {
     "tree": "DP-FTRL (tree aggregation)",
     "bandmf": "BandMF (banded matrix factorization)",
 }
-# The sampler's scheme in the report's sampling note (--noise picks the sampler).
-SAMPLER_WORDS = {
-    "poisson": "Poisson sampling",
-    "shuffle": "Shuffled passes (one per epoch)",
-    "cyclic_poisson": "Cyclic Poisson sampling (Poisson within each band's group)",
-}
 
 
 def write_report(
@@ -270,14 +265,11 @@ def write_report(
         delta=cfg.delta,
         accountant=cfg.accountant,
         released=RELEASED,
-        unit_of_privacy=sampler.units.description,  # the sampler's unit
         dataset_size=sampler.dataset_size if users else data.num_train,  # U or N
         model_description=_describe(cfg, notes, data, private),
         layer_table=private.optimizer.grads.explain_planned(),  # per layer: rule, route (R7)
-        sampling_note=f"{SAMPLER_WORDS.get(sampler.sampling.value, 'Poisson sampling')} by "
-        f"dpfy's sampler, q = {private.sample_rate:.5g}"
-        f"{' (per user)' if sampler.sampling.value == 'uls' else ''}, "
-        f"{private.steps_per_epoch} steps per epoch",
+        # the unit of privacy and the sampling note, from the run spec
+        **report_context(private.optimizer.spec, steps_per_epoch=private.steps_per_epoch),
         warnings=(SEED_WARNING,) if cfg.reproducible else (),
         not_released=NOT_RELEASED,
         methods=methods_ran(private.optimizer.method, private.noise_multiplier),

@@ -39,6 +39,7 @@ from dpfy.errors import SeedWarning
 from dpfy.individual_tracking import save_norms
 from dpfy.models import build_model
 from dpfy.privacy.individual import load_budgets, random_budgets
+from dpfy.privacy.report_text import SAMPLER_WORDS
 from dpfy.privacy.statement import ledger_statement, stated_delta, stated_epsilon
 from dpfy.train.checkpoint import Checkpoint, load_latest
 from dpfy.train.device import device_description, hold_on_device, resolve_device
@@ -52,7 +53,6 @@ from dpfy.train.preflight import check_accountable, check_names
 from dpfy.train.private import make_optimizer, make_private_run, private_run, run_options
 from dpfy.train.report import (
     ALGORITHM,
-    SAMPLER_WORDS,
     augmult_description,
     clip_description,
     write_report,
