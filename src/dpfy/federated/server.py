@@ -29,6 +29,9 @@ itself: its release is the centred count Σ_u (1[‖Δ_u‖ ≤ C_t] − ½) ove
 computed from each user's delta norm before clipping, noised with σ_b (expected users / 20
 by default, as in the paper) and recorded; C moves geometrically towards the γ-quantile.
 
+The run is stated as a :class:`dpfy.spec.RunSpec` (``server.spec``, built and checked by
+:mod:`dpfy.federated.run_spec`), the same value ``make_private`` builds for a user-level ULS run.
+
 Dropped users (sampled, no reply) contribute nothing; a missing contribution is the zero
 vector, which is within the bound, so the accounting (sampling at q_u, sensitivity C_t) holds.
 """
@@ -80,6 +83,12 @@ class DPFedAvgServer:
     Use :meth:`begin_round` (the users to ask and the clip they apply), then
     :meth:`finish_round` with their :class:`Contribution` s. :func:`dpfy.federated.run_dp_fedavg`
     drives it in process; :class:`dpfy.federated.flower.DPFedAvgStrategy` drives it from Flower.
+
+    ``spec`` is the run as a :class:`dpfy.spec.RunSpec` (:mod:`dpfy.federated.run_spec`): one
+    user as the unit, user-level sampling at q_u over N_users, Gaussian σ (given or
+    calibrated), one C on the whole delta, the accountant, δ and the planned rounds; checked
+    by :func:`dpfy.spec.check` as ``make_private``'s is, and the one source of the sampler's,
+    the mechanism's, the ledger's and the guard's facts.
 
     Args:
       model: the global model; its trainable parameters are what the rounds update.
