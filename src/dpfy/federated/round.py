@@ -89,7 +89,13 @@ class RoundResult:
 def check_method(method: Method | None, clip: float | None) -> None:
     """Refuse a method DP-FedAvg cannot account: one that transforms or observes sensitive
     values, clips other than by one threshold on the whole delta, or disagrees with ``clip``
-    about who sets C."""
+    about who sets C.
+
+    These are the server's own refusals, run before :func:`dpfy.spec.check`: the checker has
+    no declaration for a post-processing or observing hook, a clipping rule's shape, or who
+    sets C. Its one overlap, the ``uls`` × per-row declaration, also refuses a per-sample
+    transform, but with ``make_private``'s fix (``user_sampling='els'``), which DP-FedAvg has
+    no counterpart of; this message comes first and names the fix that applies here."""
     if method is None:
         require(
             clip is not None and clip > 0,
