@@ -32,6 +32,7 @@ __all__ = [
     "Contribution",
     "RoundResult",
     "check_method",
+    "check_release_kind",
     "check_contributions",
     "FlatLayout",
     "round_release",
@@ -88,7 +89,13 @@ class RoundResult:
 def check_method(method: Method | None, clip: float | None) -> None:
     """Refuse a method DP-FedAvg cannot account: one that transforms or observes sensitive
     values, clips other than by one threshold on the whole delta, or disagrees with ``clip``
-    about who sets C."""
+    about who sets C.
+
+    These are the server's own refusals, run before :func:`dpfy.spec.check`: the checker has
+    no declaration for a post-processing or observing hook, a clipping rule's shape, or who
+    sets C. Its one overlap, the ``uls`` × per-row declaration, also refuses a per-sample
+    transform, but with ``make_private``'s fix (``user_sampling='els'``), which DP-FedAvg has
+    no counterpart of; this message comes first and names the fix that applies here."""
     if method is None:
         require(
             clip is not None and clip > 0,
@@ -120,6 +127,18 @@ def check_method(method: Method | None, clip: float | None) -> None:
         clip,
         "None when the method sets C (its initial_clip is C_0), else > 0",
         f"method {name!r} {'sets' if sets_clip else 'does not set'} the clip",
+    )
+
+
+def check_release_kind(name: str, spec: ReleaseSpec) -> None:
+    """A round releases values of the users' delta norms only (the quantile method's count):
+    refuse a release of another kind (a loss probe, a weighted sum of the deltas)."""
+    require(
+        spec.kind == "values",
+        f"release {name!r}",
+        spec.kind,
+        "of kind 'values' in DP-FedAvg (a function of the users' delta norms)",
+        "Use a method whose releases read only the users' delta norms (quantile)",
     )
 
 
@@ -235,12 +254,7 @@ def round_release(
     A round with no replies still releases (noise only): its sensitivity is C_t all the same.
     """
     for name, spec in specs.items():
-        require(
-            spec.kind == "values",
-            f"release {name!r}",
-            spec.kind,
-            "of kind 'values' in DP-FedAvg (a function of the users' delta norms)",
-        )
+        check_release_kind(name, spec)
     sums = StepSums(plan=rp.plan, specs=specs, sensitivity=rp.clip)
     if contributions:
         _add_users(sums, rp, contributions, layout)

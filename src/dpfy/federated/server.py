@@ -29,6 +29,9 @@ itself: its release is the centred count Σ_u (1[‖Δ_u‖ ≤ C_t] − ½) ove
 computed from each user's delta norm before clipping, noised with σ_b (expected users / 20
 by default, as in the paper) and recorded; C moves geometrically towards the γ-quantile.
 
+The run is stated as a :class:`dpfy.spec.RunSpec` (``server.spec``, built and checked by
+:mod:`dpfy.federated.run_spec`), the same value ``make_private`` builds for a user-level ULS run.
+
 Dropped users (sampled, no reply) contribute nothing; a missing contribution is the zero
 vector, which is within the bound, so the accounting (sampling at q_u, sensitivity C_t) holds.
 """
@@ -36,7 +39,7 @@ vector, which is within the bound, so the accounting (sampling at q_u, sensitivi
 from __future__ import annotations
 
 import warnings
-from typing import Mapping, Sequence
+from typing import Mapping, Sequence, cast
 
 import torch
 from torch import nn
@@ -45,9 +48,10 @@ from dpfy._require import require
 from dpfy.adaptive.base import Method, calibrate_for_run, check_plan, method_name
 from dpfy.noise import GaussianMechanism, NoiseSource
 from dpfy.noise.seeds import derive_seeds
-from dpfy.privacy import Ledger, PrivacyReport, Sampling, epsilon
+from dpfy.privacy import Ledger, PrivacyReport, epsilon
 from dpfy.privacy.calibration import calibrate_run_noise_multiplier
 from dpfy.sampling import PoissonSampler, UserUnits
+from dpfy.federated.run_spec import asked_spec, check_declarations, run_facts, with_sampler
 from dpfy.federated.round import (
     Contribution,
     FlatLayout,
@@ -58,7 +62,7 @@ from dpfy.federated.round import (
     round_release,
 )
 from dpfy.step.guard import EpsilonGuard
-from dpfy.types import RunFacts, StepOutcome, StepPlan
+from dpfy.types import StepOutcome, StepPlan
 
 __all__ = [
     "USER_UNIT",
@@ -79,6 +83,12 @@ class DPFedAvgServer:
     Use :meth:`begin_round` (the users to ask and the clip they apply), then
     :meth:`finish_round` with their :class:`Contribution` s. :func:`dpfy.federated.run_dp_fedavg`
     drives it in process; :class:`dpfy.federated.flower.DPFedAvgStrategy` drives it from Flower.
+
+    ``spec`` is the run as a :class:`dpfy.spec.RunSpec` (:mod:`dpfy.federated.run_spec`): one
+    user as the unit, user-level sampling at q_u over N_users, Gaussian σ (given or
+    calibrated), one C on the whole delta, the accountant, δ and the planned rounds; checked
+    by :func:`dpfy.spec.check` as ``make_private``'s is, and the one source of the sampler's,
+    the mechanism's, the ledger's and the guard's facts.
 
     Args:
       model: the global model; its trainable parameters are what the rounds update.
@@ -152,31 +162,28 @@ class DPFedAvgServer:
         )
         require(server_lr > 0, "server_lr", server_lr, "> 0")
         require(0 <= server_momentum < 1, "server_momentum", server_momentum, "in [0, 1)")
-        check_method(method, clip)
+        check_method(method, clip)  # what the spec's checker cannot say about a round
         self.model, self.num_users = model, num_users
-        self.user_sample_rate = float(user_sample_rate)
-        self.delta = float(num_users**-1.1 if delta is None else delta)
-        require(0 < self.delta < 1, "delta", self.delta, "in (0, 1)")
-        self.accountant, self.rounds, self.seed = accountant, rounds, seed
+        delta = float(num_users**-1.1 if delta is None else delta)
+        require(0 < delta < 1, "delta", delta, "in (0, 1)")
+        # the run as a spec, checked as every entry point's is, before anything is built
+        asked = asked_spec(
+            clip=clip,
+            noise_multiplier=noise_multiplier,
+            target_epsilon=target_epsilon,
+            delta=delta,
+            rounds=rounds,
+            accountant=accountant,
+            method=method,
+        )
+        self.seed = seed
         # make_private's seed rule: one run seed gives the sampler's and the noise's
         sampling_seed, noise_seed = derive_seeds(seed) if seed is not None else (None, None)
         self.sampler = PoissonSampler(
-            num_users, sample_rate=self.user_sample_rate, seed=sampling_seed
+            num_users, sample_rate=float(user_sample_rate), seed=sampling_seed
         )
-        self.facts = RunFacts(
-            sampling=Sampling.ULS,
-            sample_rate=self.user_sample_rate,
-            steps=rounds,
-            dataset_size=num_users,
-            steps_per_epoch=self.sampler.steps_per_epoch,
-            normalizer=self.expected_users,
-            delta=self.delta,
-            target_epsilon=target_epsilon,
-            accountant=accountant,
-            max_grad_norm=clip,
-            inner_optimizer="SGD",
-            inner_hyperparameters={"lr": server_lr, "momentum": server_momentum},
-        )
+        spec = with_sampler(asked, self.sampler)
+        self.facts = run_facts(spec, self.sampler, lr=server_lr, momentum=server_momentum)
         if noise_multiplier is None:
             # the requires above: target_epsilon is given, and with it rounds; a round is a
             # ULS step at the user rate, calibrated as make_private calibrates its run's σ
@@ -189,17 +196,24 @@ class DPFedAvgServer:
                 UserWarning,
                 stacklevel=2,
             )
-        self.noise_multiplier, self.clip = float(noise_multiplier), clip
-        self.target_epsilon = target_epsilon
-        self.mechanism = GaussianMechanism(
-            NoiseSource(noise_seed), sampling=Sampling.ULS, sample_rate=self.user_sample_rate
-        )
-        self.ledger = Ledger(dataset_size=num_users)
-        self.guard = EpsilonGuard(
-            max_steps=rounds, epsilon_cap=None, delta=self.delta, accountant=accountant
-        )
+        self.spec = spec.with_noise_multiplier(float(noise_multiplier))
         self.method = None if method is None else calibrate_for_run(method, self.facts)
+        if self.method is not None:  # the checker's second pass: the method's declarations
+            check_declarations(asked, self.method, self._base_plan(0))
         self.method_state = None if self.method is None else self.method.init()
+        # the step's pieces, each from the spec's values (one source of the run's facts)
+        resolved, acc = self.spec.sampling.resolved, self.spec.accounting
+        assert resolved is not None  # with_sampler filled it in
+        self.mechanism = GaussianMechanism(
+            NoiseSource(noise_seed), sampling=resolved.sampling, sample_rate=resolved.sample_rate
+        )
+        self.ledger = Ledger(dataset_size=resolved.dataset_size)
+        self.guard = EpsilonGuard(
+            max_steps=acc.max_steps,
+            epsilon_cap=acc.epsilon_cap,
+            delta=acc.delta,
+            accountant=acc.accountant,
+        )
         self.params = {n: p for n, p in model.named_parameters() if p.requires_grad}
         self.layout = FlatLayout(self.params)
         self.optimizer = torch.optim.SGD(
@@ -209,11 +223,45 @@ class DPFedAvgServer:
         self._pending: RoundPlan | None = None
         self._last_plan: StepPlan | None = None
 
-    # -- facts ----------------------------------------------------------------------------
+    # -- facts: read from the spec ---------------------------------------------------------
     @property
     def expected_users(self) -> float:
         """q_u·N_users: the public normalizer of the noisy sum (not the realised count)."""
         return self.sampler.normalizer
+
+    # the run's values, each read from ``spec`` (filled in when the server was built)
+    @property
+    def user_sample_rate(self) -> float:
+        """q_u, each user's probability of joining a round."""
+        return float(self.spec.sampling.resolved.sample_rate)  # type: ignore[union-attr]
+
+    @property
+    def noise_multiplier(self) -> float:
+        """σ, given or calibrated."""
+        return float(self.spec.noise.noise_multiplier)  # type: ignore[arg-type]
+
+    @property
+    def clip(self) -> float | None:
+        """C, or None when the method sets C (one float: ``asked_spec``)."""
+        return cast("float | None", self.spec.clipping.max_grad_norm)
+
+    @property
+    def delta(self) -> float:
+        """δ of the user-level statements (1/N_users^1.1 unless given)."""
+        return float(self.spec.accounting.delta)  # type: ignore[arg-type]
+
+    @property
+    def accountant(self) -> str:
+        return self.spec.accounting.accountant
+
+    @property
+    def rounds(self) -> int | None:
+        """T, the planned rounds (the spec's ``max_steps``)."""
+        return self.spec.accounting.max_steps
+
+    @property
+    def target_epsilon(self) -> float | None:
+        return self.spec.accounting.target_epsilon
 
     @property
     def rounds_done(self) -> int:
@@ -235,14 +283,7 @@ class DPFedAvgServer:
             names=("round", "rounds", "server"),
             replan="server.guard.max_steps to a larger value",
         )
-        base = StepPlan(
-            step=t,
-            sample_rate=self.user_sample_rate,
-            noise_multiplier=self.noise_multiplier,
-            clip=1.0 if self.clip is None else float(self.clip),
-            lr_scale=1.0,
-        )
-        plan = base
+        base = plan = self._base_plan(t)
         if self.method is not None:
             plan = self.method.plan(self.method_state, base)
             check_plan(self.method, base, plan)
@@ -255,6 +296,17 @@ class DPFedAvgServer:
         users = tuple(int(u) for u in self.sampler.draw().tolist())
         self._pending = RoundPlan(round=t, users=users, plan=plan)
         return self._pending
+
+    def _base_plan(self, t: int) -> StepPlan:
+        """Round ``t``'s plan before the method's: the spec's q_u, σ and C (1 when the method
+        sets C: its ``plan`` replaces it)."""
+        return StepPlan(
+            step=t,
+            sample_rate=self.user_sample_rate,
+            noise_multiplier=self.noise_multiplier,
+            clip=1.0 if self.clip is None else float(self.clip),
+            lr_scale=1.0,
+        )
 
     def finish_round(self, contributions: Sequence[Contribution]) -> RoundResult:
         """Check, sum and noise (once) on the step's sums, record, apply the round's mean delta."""
