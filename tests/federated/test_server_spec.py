@@ -150,3 +150,17 @@ class _LossProbe(Method):
 def test_a_loss_probe_is_refused_when_the_server_is_built_not_at_its_first_round():
     with pytest.raises(ValueError, match="of kind 'values' in DP-FedAvg"):
         _server(noise_multiplier=1.0, method=_LossProbe())
+
+
+def test_delta_is_held_to_the_users_as_make_private_holds_it():
+    # the guide's rule (dpfy.privacy.delta_check): δ counted against N users; make_private
+    # refuses δ ≥ 1/√N and warns at δ ≥ 1/N for a user-level run, and so does the server
+    from dpfy.privacy.delta_check import DeltaWarning
+
+    with pytest.raises(ValueError, match=r"delta must be < 1/√N = 0\.289 for N = 12 users"):
+        _server(delta=0.3, noise_multiplier=1.0)
+    with pytest.warns(DeltaWarning, match=r"delta = 0\.1 is >= 1/N = 0\.0833 for N = 12 users"):
+        _server(delta=0.1, noise_multiplier=1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeltaWarning)
+        _server(noise_multiplier=1.0)  # δ = 1e-3 < 1/N

@@ -51,6 +51,7 @@ from dpfy.noise.seeds import derive_seeds
 from dpfy.privacy import Ledger, PrivacyReport, epsilon
 from dpfy.privacy.calibration import calibrate_run_noise_multiplier
 from dpfy.sampling import PoissonSampler, UserUnits
+from dpfy.privacy.delta_check import check_delta
 from dpfy.federated.run_spec import asked_spec, check_declarations, run_facts, with_sampler
 from dpfy.federated.round import (
     Contribution,
@@ -166,6 +167,7 @@ class DPFedAvgServer:
         self.model, self.num_users = model, num_users
         delta = float(num_users**-1.1 if delta is None else delta)
         require(0 < delta < 1, "delta", delta, "in (0, 1)")
+        check_delta(delta, num_users, "users", name="delta")  # δ ≪ 1/N, as make_private asks
         # the run as a spec, checked as every entry point's is, before anything is built
         asked = asked_spec(
             clip=clip,

@@ -21,20 +21,23 @@ class DeltaWarning(UserWarning):
     """δ ≥ 1/N: more than one unit of privacy may be revealed outright."""
 
 
-def check_delta(delta: float | None, num_units: int, unit: str = "examples") -> None:
-    """Warn at δ ≥ 1/N and refuse δ ≥ 1/√N (module docstring), N = ``num_units`` ``unit``."""
+def check_delta(
+    delta: float | None, num_units: int, unit: str = "examples", name: str = "target_delta"
+) -> None:
+    """Warn at δ ≥ 1/N and refuse δ ≥ 1/√N (module docstring), N = ``num_units`` ``unit``;
+    ``name`` is what the caller's keyword for δ is called."""
     if delta is None or num_units < 1:
         return
     guide = float(num_units) ** -1.1
     if delta >= 1 / math.sqrt(num_units):
         raise ValueError(
-            f"target_delta must be < 1/√N = {1 / math.sqrt(num_units):.3g} for N = {num_units} "
+            f"{name} must be < 1/√N = {1 / math.sqrt(num_units):.3g} for N = {num_units} "
             f"{unit} (δ·N = {delta * num_units:.3g} {unit} could be revealed outright; the "
-            f"guide asks δ ≪ 1/N), got target_delta = {delta!r}. Use δ = 1/N^1.1 = {guide:.3g}."
+            f"guide asks δ ≪ 1/N), got {name} = {delta!r}. Use δ = 1/N^1.1 = {guide:.3g}."
         )
     if delta >= 1 / num_units:
         warnings.warn(
-            f"target_delta = {delta!r} is >= 1/N = {1 / num_units:.3g} for N = {num_units} "
+            f"{name} = {delta!r} is >= 1/N = {1 / num_units:.3g} for N = {num_units} "
             f"{unit}: about δ·N = {delta * num_units:.3g} {unit} may be revealed outright. The "
             f"guide asks δ ≪ 1/N, e.g. δ = 1/N^1.1 = {guide:.3g}.",
             DeltaWarning,
