@@ -4,8 +4,8 @@ flag given with the flags it needs and without those it cannot be combined with.
 :class:`CheckedFields` is the base of :class:`~dpfy.train.config.TrainConfig`, which resolves
 its method-dependent defaults and then calls :meth:`CheckedFields._check_values`: a typo fails
 here, in milliseconds, before any data loads. The bounds below keep a value from starting a run
-that cannot finish. Nothing here imports torch (the calibration's bound on ε, which does, is
-imported where it is used).
+that cannot finish. Nothing here imports torch (the calibration's bound on ε and, for
+--individual, :func:`dpfy.spec.check`, which do, are imported where they are used).
 """
 
 from __future__ import annotations
