@@ -60,6 +60,11 @@ def test_budgets_file_of_the_wrong_length_exits_2(tmp_path, capsys):
      "sum\\(fractions\\) must be 1"),
     (["--budgets", "1,2", "--budget-fractions", "0.5,0.5"], "unset without --individual"),
     (["--individual", "scale", "--budgets", "1,2"], "--budget-fractions must be given"),
+    # the checker's refusals (dpfy.spec.check) in the CLI's words
+    (["--individual", "scale", "--budgets", "1,2", "--budget-fractions", "0.5,0.5",
+      "--epsilon", "3"], "error: --epsilon must be None with budgets .* Drop --epsilon\\.$"),
+    (["--individual", "scale", "--budgets", "1,2", "--budget-fractions", "0.5,0.5",
+      "--noise", "tree"], "with --noise tree, got arguments = \\['budgets / individual'\\]"),
 ])
 def test_bad_flags_exit_2(tmp_path, capsys, flags, match):
     assert main(["train", *FAST, *flags, "--out", str(tmp_path / "r")]) == 2

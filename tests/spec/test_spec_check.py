@@ -95,6 +95,42 @@ TABLE = [
         dict(noise=Gaussian(), accounting=BUDGETS, sampling=SamplingSpec(world_size=2)),
         "data-parallel ranks must be None with budgets",
     ),
+    # individualize's own refusals, made after the sampler was built until the checker held
+    # them: budgets sample or scale around one flat threshold c, under Poisson sampling,
+    # calibrated by a rigorous accountant
+    (
+        dict(noise=Gaussian(), accounting=BUDGETS, clipping=ClippingSpec("per_layer")),
+        "clipping must be 'flat' with budgets.*got clipping = 'per_layer'. Drop clipping=",
+    ),
+    (
+        dict(noise=Gaussian(), accounting=BUDGETS, clipping=ClippingSpec("individual", [1.0])),
+        "clipping must be 'flat' with budgets.*got clipping = 'individual'",
+    ),
+    (
+        dict(noise=Gaussian(), accounting=BUDGETS, sampling=SamplingSpec(Shuffled)),
+        "poisson_sampling must be True with budgets.*Drop poisson_sampling=False",
+    ),
+    (
+        dict(
+            noise=Gaussian(),
+            accounting=AccountingSpec("gdp", 1e-5, individual=BUDGETS.individual),
+        ),
+        "accountant must be one of \\['pld', 'rdp'\\] with budgets.*Calibrate with 'rdp' or 'pld'",
+    ),
+    (
+        dict(
+            noise=Gaussian(), accounting=AccountingSpec("rdp", 1e-5, individual=BUDGETS.individual)
+        ),
+        None,
+    ),
+    # the builder's own refusal: per-example thresholds need the batch's dataset indices
+    (
+        dict(clipping=ClippingSpec("individual", [1.0]), sampling=SamplingSpec(Shuffled)),
+        "poisson_sampling must be True for clipping='individual'.*Drop poisson_sampling=False",
+    ),
+    (dict(clipping=ClippingSpec("individual", [1.0])), None),
+    # noise='tree' shuffles by itself; the builder's check read the asked sampling: admitted
+    (dict(clipping=ClippingSpec("individual", [1.0]), noise=Tree(1.0)), None),
     # privatized BatchNorm statistics: attach_privatized_statistics' own list (correlated noise,
     # individualized budgets, data-parallel ranks, units other than one example per row)
     (dict(batchnorm=BN), None),

@@ -131,6 +131,9 @@ def test_checkpoint_keeps_group_ledgers(tmp_path):
     (dict(budgets=np.r_[np.ones(N - 1), 0.0]), "budget must be > 0"),
     (dict(individual="both"), "individual must be one of"),
     (dict(noise_multiplier=1.0), "noise_multiplier must be None with budgets"),
+    (dict(clipping="per_layer"), "clipping must be 'flat' with budgets"),
+    (dict(poisson_sampling=False), "poisson_sampling must be True with budgets"),
+    (dict(accountant="gdp"), "accountant must be one of \\['pld', 'rdp'\\] with budgets"),
 ])
 def test_bad_input(kwargs, match):
     ds = TensorDataset(torch.randn(N, 5), torch.randint(0, 3, (N,)))

@@ -102,3 +102,30 @@ def test_no_seed_is_invented_and_none_is_published():
     assert "987654321" not in seeded.to_public_json()
     assert TrainConfig.from_mapping(public) == TrainConfig()      # read back: no seed
     assert TrainConfig.from_mapping(seeded.to_dict()) == seeded   # the checkpoint's full copy
+
+
+_BUDGETS = dict(individual="sample", budgets="1,2", budget_fractions="0.5,0.5", epsilon=None)
+
+
+@pytest.mark.parametrize(
+    "flags, match",
+    [
+        # the pairs TrainConfig once spelled itself, now the checker's (dpfy.spec.check) words
+        (dict(epsilon=3.0), "target_epsilon must be None with budgets"),
+        (dict(noise_multiplier=1.0), "noise_multiplier must be None with budgets"),
+        (dict(method="adaclip"), "method must be None with budgets"),
+        (dict(clipping="per_layer"), "clipping must be 'flat' with budgets"),
+        (dict(user_ids="ids.npy", user_sampling="uls"), "user-level DP .*budgets / individual"),
+        # dpfy train --individual builds its run from the budgets alone: these were dropped
+        (dict(noise="tree"), "noise='tree'.*budgets / individual"),
+        (dict(augmult=2), "augmult=2 cannot be combined with \\['budgets / individual'\\]"),
+        (
+            dict(batchnorm="privatized", bn_bound=1.0),
+            "batchnorm='privatized' cannot be combined with \\['budgets / individual'\\]",
+        ),
+    ],
+)
+def test_what_budgets_cannot_be_combined_with_is_the_checkers(flags, match):
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(**{**_BUDGETS, **flags})
+    TrainConfig(**_BUDGETS)  # admitted alone

@@ -237,7 +237,6 @@ def build(
     clipping = spec.clipping.kind
     if clipping == "microbatch" and spec.clipping.microbatch_size == 1:
         clipping = "flat"  # k = 1: each row its own unit, Δ = C (dpfy.sampling.microbatch)
-    poisson_sampling = spec.sampling.kind is Poisson
     sigma = spec.noise.noise_multiplier
     individual_run = None
     if acc.individual is not None:  # its combinations were refused by dpfy.spec.check
@@ -250,8 +249,6 @@ def build(
             accountant=acc.accountant,
             max_grad_norm=clip_norm,
             seed=sampling_seed,
-            clipping=clipping,
-            poisson_sampling=poisson_sampling,
         )
         sampler, sigma = individual_run.sampler, individual_run.noise_multiplier
         clipping, clip_norm = individual_run.clipping, individual_run.max_grad_norm
@@ -281,14 +278,6 @@ def build(
         check_optimizer_params(optimizer, grads)
         layers = [list(layer.param_names) for layer in grads.layers]
         policy = make_clipping(clipping, clip_norm, layers, dataset_size=n)
-        if clipping == "individual":
-            require(
-                poisson_sampling,
-                "poisson_sampling",
-                False,
-                "True for clipping='individual'",
-                "Per-example thresholds need the batch's dataset indices",
-            )
         method = resolve_method(spec.method)
         if method is not None:
             method = _calibrate_method(

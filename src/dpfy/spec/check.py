@@ -201,6 +201,38 @@ def _individual(run: _Run, flags: list[str]) -> Exception:
     )
 
 
+def _budgets_flat(run: _Run, flags: list[str]) -> Exception:
+    return ValueError(
+        f"clipping must be 'flat' with budgets (individualized privacy samples or scales "
+        f"around the base flat threshold c = max_grad_norm), got clipping = "
+        f"{run.spec.clipping.kind!r}. Drop clipping=; individual='scale' gives each group its "
+        f"own threshold."
+    )
+
+
+def _budgets_poisson(run: _Run, flags: list[str]) -> Exception:
+    return ValueError(
+        "poisson_sampling must be True with budgets (each group's ε is accounted for Poisson "
+        "sampling at its own rate), got poisson_sampling = False. Drop poisson_sampling=False."
+    )
+
+
+def _budgets_rigorous(run: _Run, flags: list[str]) -> Exception:
+    return ValueError(
+        f"accountant must be one of {list(RIGOROUS)} with budgets (it calibrates every "
+        f"group's σ or rate), got accountant = {run.spec.accounting.accountant!r}. Calibrate "
+        f"with 'rdp' or 'pld'."
+    )
+
+
+def _individual_clipping_poisson(run: _Run, flags: list[str]) -> Exception:
+    return ValueError(
+        "poisson_sampling must be True for clipping='individual', got poisson_sampling = "
+        "False. Per-example thresholds need the batch's dataset indices. Drop "
+        "poisson_sampling=False."
+    )
+
+
 def _sets_sigma(run: _Run, flags: list[str]) -> Exception:
     name = run.method.name if run.method is not None else "method"
     noise = run.spec.noise.name
@@ -326,6 +358,10 @@ DECLARATIONS: tuple[Refusal, ...] = (
     _refusal(
         "budgets", "noise_multiplier target_epsilon sample_rates method data_parallel", _individual
     ),
+    _refusal("budgets", "not_flat", _budgets_flat),
+    _refusal("budgets", "shuffle", _budgets_poisson),
+    _refusal("budgets", "approximate", _budgets_rigorous),
+    _refusal("individual_clipping", "shuffle", _individual_clipping_poisson),
     _refusal(
         "bn_privatized",
         "split correlated budgets data_parallel users augmult microbatch_units",

@@ -17,7 +17,6 @@ import torch
 from dpfy._renamed import renamed_attribute
 from dpfy._require import require
 from dpfy.privacy import Release
-from dpfy.privacy.accountants import RIGOROUS
 from dpfy.privacy.group_ledger import GroupLedgers
 from dpfy.privacy.individual import VARIANTS, assign_groups, calibrate_individual
 from dpfy.privacy.releases import group_step_releases
@@ -102,10 +101,11 @@ def individualize(
     accountant: str,
     max_grad_norm: Any,
     seed: int | None,
-    clipping: str,
-    poisson_sampling: bool,
 ) -> IndividualRun:
-    """Calibrate IDP-SGD Sample or Scale for the run and build its sampler and clipping."""
+    """Calibrate IDP-SGD Sample or Scale for the run and build its sampler and clipping.
+
+    Its combinations (flat clipping, Poisson sampling, a rigorous accountant, nothing else that
+    decides σ) were refused by :func:`dpfy.spec.check` before the sampler was built."""
     require(
         budgets is not None,
         "budgets",
@@ -119,13 +119,6 @@ def individualize(
         variant,
         f"one of {list(VARIANTS)} with budgets",
         "Choose per-group sample rates ('sample') or clip thresholds ('scale')",
-    )
-    require(
-        clipping == "flat" and poisson_sampling,
-        "clipping / poisson_sampling",
-        (clipping, poisson_sampling),
-        "('flat', True) with budgets",
-        "Individualized budgets need Poisson sampling and the base flat threshold c",
     )
     require(
         isinstance(max_grad_norm, (int, float)),
@@ -146,13 +139,6 @@ def individualize(
         None,
         "given with budgets",
         "The calibration keeps the run's steps fixed: pass epochs= or max_steps=",
-    )
-    require(
-        accountant in RIGOROUS,
-        "accountant",
-        accountant,
-        f"one of {list(RIGOROUS)} with budgets",
-        "Calibrate with 'rdp' or 'pld'",
     )
     assert variant is not None and delta is not None and max_steps is not None, "required above"
     n = sampler.dataset_size

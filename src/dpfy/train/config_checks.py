@@ -4,8 +4,8 @@ flag given with the flags it needs and without those it cannot be combined with.
 :class:`CheckedFields` is the base of :class:`~dpfy.train.config.TrainConfig`, which resolves
 its method-dependent defaults and then calls :meth:`CheckedFields._check_values`: a typo fails
 here, in milliseconds, before any data loads. The bounds below keep a value from starting a run
-that cannot finish. Nothing here imports torch (the calibration's bound on ε, which does, is
-imported where it is used).
+that cannot finish. Nothing here imports torch (the calibration's bound on ε and, for
+--individual, :func:`dpfy.spec.check`, which do, are imported where they are used).
 """
 
 from __future__ import annotations
@@ -179,6 +179,8 @@ class CheckedFields(TrainFields):
             "Pass --clipping microbatch --microbatch-size K together",
         )
         self._check_augmult()
+        if self.individual is not None:
+            self._check_individual_run()
         require(
             self.individual_accounting is None or self.individual is None,
             "individual_accounting",
@@ -275,16 +277,10 @@ class CheckedFields(TrainFields):
             self.user_reduction,
             "'mean' or 'sum'",
         )
-        require(
-            self.individual is None,
-            "individual",
-            self.individual,
-            "unset with --user-ids (per-example budgets cannot be accounted per user)",
-            "Drop --individual, or --user-ids",
-        )
 
     def _check_individual(self) -> None:
-        """The --individual flags: one source of budgets, nothing that would decide σ besides."""
+        """The --individual flags: one source of budgets, as groups or a file (what they cannot
+        be combined with: :meth:`_check_individual_run`)."""
         if self.individual is None:
             given = [
                 n
@@ -320,33 +316,66 @@ class CheckedFields(TrainFields):
             "given exactly with --budgets",
             "Give each group's share of the training set",
         )
-        require(
-            self.epsilon is None and self.noise_multiplier is None,
-            "epsilon",
-            self.epsilon,
-            "unset with --individual (each group's budget is its ε)",
-            "Drop --epsilon and --noise-multiplier",
-        )
-        require(
-            self.method is None and self.clipping == "flat",
-            "individual",
-            self.individual,
-            "used without --method and --clipping other than flat",
-            "Drop those flags",
-        )
-        require(
-            self.accountant in RIGOROUS,
-            "accountant",
-            self.accountant,
-            f"one of {list(RIGOROUS)} with --individual",
-            "Use --accountant rdp or pld",
-        )
         if self.budgets is not None:
             assert self.budget_fractions is not None, "required with budgets above"
             check_groups(
                 parse_floats(self.budgets, "budgets"),
                 parse_floats(self.budget_fractions, "budget_fractions"),
             )
+
+    def _check_individual_run(self) -> None:
+        """What --individual cannot be combined with, asked of :func:`dpfy.spec.check` (the
+        declarations ``make_private`` refuses by) for the run these flags describe: ``dpfy
+        train --individual`` builds its run from the budgets alone, so a flag the checker
+        refuses with budgets (--epsilon, --method, --clipping other than flat, --user-ids,
+        --augmult, --noise, --batchnorm privatized) is refused here, never dropped. Its
+        messages name ``make_private``'s keywords, which the CLI writes as flags."""
+        # imported here: dpfy.spec imports torch, which a config without budgets never needs
+        from dpfy.spec import (
+            AccountingSpec,
+            BatchNormStatistics,
+            ClippingSpec,
+            ExampleUnit,
+            IndividualBudgets,
+            PerformanceOptions,
+            RunSpec,
+            UserUnit,
+            check,
+        )
+        from dpfy.spec.run import NOISES
+
+        require(self.noise in NOISES, "noise", self.noise, f"one of {list(NOISES)}")
+        unit = (
+            ExampleUnit(self.augmult)
+            if self.user_ids is None
+            else UserUnit(
+                str(self.user_sampling),
+                self.max_examples_per_user,
+                self.user_reduction,
+                self.augmult,
+            )
+        )
+        spec = RunSpec(  # dpfy train samples Poisson batches in one process
+            unit=unit,
+            noise=NOISES[self.noise](noise_multiplier=self.noise_multiplier),
+            clipping=ClippingSpec(self.clipping, self.clip, self.microbatch_size),
+            accounting=AccountingSpec(
+                self.accountant,
+                self.delta,
+                target_epsilon=self.epsilon,
+                individual=IndividualBudgets(variant=self.individual),
+            ),
+            method=self.method,
+            batchnorm=(
+                BatchNormStatistics(self.batchnorm, self.bn_bound, self.bn_share)
+                if self.batchnorm is not None
+                else None
+            ),
+        )
+        performance = PerformanceOptions(
+            route=self.route, max_physical_batch_size=self.physical_batch_size
+        )
+        check(spec, performance)
 
 
 def parse_floats(text: str, name: str) -> list[float]:
