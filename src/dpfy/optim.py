@@ -8,7 +8,7 @@ SGD(lr=1), no momentum and σ = 0 a step moves θ by exactly −Σ_i clip(g_i)/b
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -25,6 +25,9 @@ from dpfy.sampling.units import require_same_unit
 from dpfy.step.checkpoint import check_ledger_continues, check_same_parameters, parameters_digest
 from dpfy.step.guard import EpsilonGuard
 from dpfy.step.private_step import PrivateStep
+
+if TYPE_CHECKING:
+    from dpfy.spec import RunSpec
 
 __all__ = ["DPOptimizer"]
 
@@ -76,7 +79,7 @@ class DPOptimizer(torch.optim.Optimizer):
             setattr(self, hooks, OrderedDict())
 
     # the run spec make_private built (dpfy.spec.RunSpec), σ and the sampler's facts filled in
-    spec: Any = None
+    spec: RunSpec | None = None
 
     ledger = _step_attribute("ledger", "Every release so far.")
     step_count = _step_attribute("step_count", "Logical steps taken.")

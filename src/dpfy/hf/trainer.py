@@ -274,9 +274,10 @@ class DPTrainer(transformers.Trainer):
         user-level (``user_ids``), as the run drew its batches."""
         if self.dp_optimizer is None:
             raise ValueError("DPTrainer.privacy_report: call train() first")
-        opt = self.dp_optimizer
-        context = report_context(opt.spec, steps_per_epoch=len(self._loader))
-        if opt.spec.sampling.resolved.sampling is Sampling.POISSON:  # example-level Poisson
+        opt, spec = self.dp_optimizer, self.dp_optimizer.spec
+        assert spec is not None and spec.sampling.resolved is not None  # make_private's, built
+        context = report_context(spec, steps_per_epoch=len(self._loader))
+        if spec.sampling.resolved.sampling is Sampling.POISSON:  # example-level Poisson
             context["sampling_note"] = POISSON_NOTE
         return PrivacyReport.from_ledger(
             opt.ledger,
