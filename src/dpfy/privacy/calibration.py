@@ -43,11 +43,11 @@ gives (q = 256/60000, 9,400 steps, ε = 3: 0.8726 against 0.8720). Each evaluati
 (q, σ) (:mod:`dpfy.privacy.pld`) and per ledger (:mod:`dpfy.privacy.accountants`).
 
 The searches live beside this module along their seams, and are re-exported here: the bounds on
-their inputs in :mod:`dpfy.privacy.calibration_inputs`, the one search over ``parameter →
-ledger`` in :mod:`dpfy.privacy.search`, the sampling kinds that build those ledgers in
-:mod:`dpfy.privacy.events`, σ for identical steps in :mod:`dpfy.privacy.sigma_calibration`,
-schedules and HyFreeDP in :mod:`dpfy.privacy.calibration_schedule`; the sample rate and the
-number of steps below.
+their inputs and the keywords that name their target in :mod:`dpfy.privacy.calibration_inputs`,
+the one search over ``parameter → ledger`` in :mod:`dpfy.privacy.search`, the sampling kinds
+that build those ledgers in :mod:`dpfy.privacy.events`, σ for identical steps in
+:mod:`dpfy.privacy.sigma_calibration`, schedules and HyFreeDP in
+:mod:`dpfy.privacy.calibration_schedule`; the sample rate and the number of steps below.
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 Shared by every search of :mod:`dpfy.privacy.calibration`, :mod:`dpfy.privacy.tuning` and
 :mod:`dpfy.privacy.individual`, so that a mistyped target fails in milliseconds, before any
 accountant runs, with the same message wherever it is given (the bounds are explained in the
-docstring of :mod:`dpfy.privacy.calibration`).
+docstring of :mod:`dpfy.privacy.calibration`). The keywords every calibrator takes its target
+by are declared here once (:class:`TargetKeywords` and its extensions with the sampling), and
+:func:`target_from` turns them into a checked :class:`Target`.
 """
 
 from __future__ import annotations
