@@ -43,36 +43,41 @@ gives (q = 256/60000, 9,400 steps, ε = 3: 0.8726 against 0.8720). Each evaluati
 (q, σ) (:mod:`dpfy.privacy.pld`) and per ledger (:mod:`dpfy.privacy.accountants`).
 
 The searches live beside this module along their seams, and are re-exported here: the bounds on
-their inputs in :mod:`dpfy.privacy.calibration_inputs`, the one search over ``parameter →
-ledger`` in :mod:`dpfy.privacy.search`, the sampling kinds that build those ledgers in
-:mod:`dpfy.privacy.events`, σ for identical steps in :mod:`dpfy.privacy.sigma_calibration`,
-schedules and HyFreeDP in :mod:`dpfy.privacy.calibration_schedule`; the sample rate and the
-number of steps below.
+their inputs and the keywords that name their target in :mod:`dpfy.privacy.calibration_inputs`,
+the one search over ``parameter → ledger`` in :mod:`dpfy.privacy.search`, the sampling kinds
+that build those ledgers in :mod:`dpfy.privacy.events`, σ for identical steps in
+:mod:`dpfy.privacy.sigma_calibration`, schedules and HyFreeDP in
+:mod:`dpfy.privacy.calibration_schedule`; the sample rate and the number of steps below.
 """
 
 from __future__ import annotations
+
+from typing import Callable, Unpack
 
 from dpfy.privacy.calibration_inputs import (
     MAX_NOISE_MULTIPLIER,
     MAX_TARGET_EPSILON,
     MIN_TARGET_EPSILON,
     PLD_SEARCH_DISCRETIZATION,
+    SampledTargetKeywords,
     Target,
+    TargetKeywords,
+    UserTargetKeywords,
     check_noise_multiplier,
     check_rate,
     check_rigorous,
     check_steps,
-    check_target,
+    target_from,
     unreachable,
 )
 from dpfy.privacy.calibration_schedule import calibrate_schedule_scale, hyfree_noise_split
-from dpfy.privacy.events import sampling_kind
-from dpfy.privacy.ledger import Ledger, Sampling
+from dpfy.privacy.ledger import Ledger
 from dpfy.privacy.search import Search, calibrate, last_passing
 from dpfy.privacy.sigma_calibration import (
     calibrate_noise_multiplier,
     calibrate_run_noise_multiplier,
     calibrate_sigma,
+    kind_from,
     sigma_for,
 )
 from dpfy.privacy.split import (
@@ -89,6 +94,9 @@ __all__ = [
     "calibrate_run_noise_multiplier",
     "sigma_for",
     "Target",
+    "TargetKeywords",
+    "SampledTargetKeywords",
+    "UserTargetKeywords",
     "calibrate_sample_rate",
     "calibrate_steps",
     "calibrate_schedule_scale",
@@ -108,86 +116,72 @@ __all__ = [
 
 def calibrate_sample_rate(
     *,
-    target_epsilon: float,
-    delta: float,
     noise_multiplier: float,
     steps: int,
-    accountant: str = "rdp",
-    sampling: Sampling = Sampling.POISSON,
-    dataset_size: int | None = None,
     tol: float = 1e-3,
-    approximate: bool = False,
-    max_examples_per_user: int | None = None,
+    **target: Unpack[UserTargetKeywords],
 ) -> float:
     """Largest q in (0, 1] (to relative ``tol``) whose ledger spends ≤ target.
 
     Multiply by the dataset size and round *down* to get a batch size. Raises if even
-    q = 1e-9 (or 1/N when ``dataset_size`` is given) overspends. ``approximate`` as in
-    :func:`calibrate_noise_multiplier`.
+    q = 1e-9 (or 1/N when ``dataset_size`` is given) overspends. The target and the sampling
+    are the keywords of :class:`UserTargetKeywords`, as in :func:`calibrate_noise_multiplier`:
+    ``target_epsilon``, ``delta``, ``accountant="rdp"``, ``approximate=False``,
+    ``sampling=Sampling.POISSON``, ``dataset_size=None``, ``max_examples_per_user=None``.
     """
-    check_target(target_epsilon, delta, accountant, approximate)
+    goal = target_from("calibrate_sample_rate", UserTargetKeywords, target)
     check_noise_multiplier(noise_multiplier)
     check_steps(steps)
+    dataset_size = target.get("dataset_size")
     q_min = 1.0 / dataset_size if dataset_size else 1e-9
-
-    fail_low = unreachable(
-        target_epsilon,
+    return _largest_within(
+        goal,
+        lambda q: kind_from(target, q).ledger(noise_multiplier, steps),
+        Search(direction="increasing", guess=0.01, tol=tol, lower=q_min, upper=1.0),
         f"reachable with the smallest sample rate {q_min:.3g}",
         "Raise the noise multiplier or the target ε, or run fewer steps",
-    )
-
-    def ledger(q: float) -> Ledger:
-        kind = sampling_kind(
-            sampling, q, dataset_size=dataset_size, max_examples_per_user=max_examples_per_user
-        )
-        return kind.ledger(noise_multiplier, steps)
-
-    search = Search(direction="increasing", guess=0.01, tol=tol, lower=q_min, upper=1.0)
-    return calibrate(
-        ledger, target_epsilon, delta, accountant, search=search, fail=fail_low, fail_low=fail_low
     )
 
 
 def calibrate_steps(
     *,
-    target_epsilon: float,
-    delta: float,
     noise_multiplier: float,
     sample_rate: float,
-    accountant: str = "rdp",
-    sampling: Sampling = Sampling.POISSON,
-    dataset_size: int | None = None,
     max_steps: int = 10**8,
-    approximate: bool = False,
-    max_examples_per_user: int | None = None,
+    **target: Unpack[UserTargetKeywords],
 ) -> int:
     """Largest number of steps (at most ``max_steps``) whose ledger spends ≤ target (exact
-    integer search). ``approximate`` as in :func:`calibrate_noise_multiplier`.
+    integer search). The target and the sampling are the keywords of
+    :class:`UserTargetKeywords`, with the defaults of :func:`calibrate_sample_rate`.
     """
-    check_target(target_epsilon, delta, accountant, approximate)
+    goal = target_from("calibrate_steps", UserTargetKeywords, target)
     check_noise_multiplier(noise_multiplier)
     check_rate(sample_rate)
-    kind = sampling_kind(
-        sampling,
-        sample_rate,
-        dataset_size=dataset_size,
-        max_examples_per_user=max_examples_per_user,
-    )
-
-    fail_low = unreachable(
-        target_epsilon,
+    kind = kind_from(target, sample_rate)
+    steps = _largest_within(
+        goal,
+        lambda n: kind.ledger(noise_multiplier, int(n)),
+        Search(direction="steps", lower=1, upper=max_steps),
         "reachable by a single step",
         "One step already overspends: raise the noise multiplier or the target ε, or lower "
         "the sample rate",
     )
+    return int(steps)
 
-    steps = calibrate(
-        lambda n: kind.ledger(noise_multiplier, int(n)),
-        target_epsilon,
-        delta,
-        accountant,
-        search=Search(direction="steps", lower=1, upper=max_steps),
+
+def _largest_within(
+    goal: Target, ledger: Callable[[float], Ledger], search: Search, constraint: str, fix: str
+) -> float:
+    """The largest value ``search`` admits whose ``ledger`` spends at most ``goal`` (σ held
+    fixed). Its one failure is that even the smallest value overspends: "target_epsilon must
+    be <constraint>", with the fix."""
+    fail_low = unreachable(goal.epsilon, constraint, fix)
+    return calibrate(
+        ledger,
+        goal.epsilon,
+        goal.delta,
+        goal.accountant,
+        search=search,
         fail=fail_low,
         fail_low=fail_low,
     )
-    return int(steps)

@@ -3,14 +3,16 @@
 Shared by every search of :mod:`dpfy.privacy.calibration`, :mod:`dpfy.privacy.tuning` and
 :mod:`dpfy.privacy.individual`, so that a mistyped target fails in milliseconds, before any
 accountant runs, with the same message wherever it is given (the bounds are explained in the
-docstring of :mod:`dpfy.privacy.calibration`).
+docstring of :mod:`dpfy.privacy.calibration`). The keywords every calibrator takes its target
+by are declared here once (:class:`TargetKeywords` and its extensions with the sampling), and
+:func:`target_from` turns them into a checked :class:`Target`.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, TypedDict
 
 from dpfy._require import require
 from dpfy.privacy import gdp
@@ -29,6 +31,10 @@ __all__ = [
     "MIN_TARGET_EPSILON",
     "PLD_SEARCH_DISCRETIZATION",
     "Target",
+    "TargetKeywords",
+    "SampledTargetKeywords",
+    "UserTargetKeywords",
+    "target_from",
     "check_rigorous",
     "check_target",
     "check_rate",
@@ -111,6 +117,76 @@ class Target:
     def check(self) -> None:
         """Refuse the target as :func:`check_target` does."""
         check_target(self.epsilon, self.delta, self.accountant, self.approximate)
+
+
+class _RequiredTargetKeywords(TypedDict):
+    target_epsilon: float
+    delta: float
+
+
+# The optional keywords are declared by ``total=False`` classes, not ``NotRequired[...]``: under
+# ``from __future__ import annotations`` Python 3.11 cannot see ``NotRequired`` at run time and
+# lists such keys in ``__required_keys__``, which :func:`target_from` reads.
+class TargetKeywords(_RequiredTargetKeywords, total=False):
+    """A :class:`Target` as the keywords of a calibrator (``**target: Unpack[TargetKeywords]``).
+
+    ``target_epsilon`` (ε, > 0) and ``delta`` (δ in (0, 1)) are required; ``accountant``
+    (``"rdp"``, ``"pld"``, or ``"gdp"`` with ``approximate=True`` only) defaults to ``"rdp"``
+    (``"pld"`` for :func:`~dpfy.privacy.calibration_schedule.calibrate_schedule_scale`), and
+    ``approximate``, the opt-in for the GDP approximation (:func:`check_rigorous`), to False.
+    """
+
+    accountant: str
+    approximate: bool
+
+
+class SampledTargetKeywords(TargetKeywords, total=False):
+    """The target and how the run samples: ``sampling`` (default ``Sampling.POISSON``), the
+    sampler the run will use, which decides amplification and adjacency, and ``dataset_size``
+    (default None), N, required for ``Sampling.FIXED_SIZE``."""
+
+    sampling: Sampling
+    dataset_size: int | None
+
+
+class UserTargetKeywords(SampledTargetKeywords, total=False):
+    """The sampled target and ``max_examples_per_user`` (default None): k, the cap on one
+    user's examples that ``Sampling.ELS`` accounts (the target is then a user-level ε)."""
+
+    max_examples_per_user: int | None
+
+
+def target_from(
+    caller: str, group: Any, given: TargetKeywords, *, default_accountant: str = "rdp"
+) -> Target:
+    """The checked :class:`Target` that a calibrator's keyword group ``given`` names.
+
+    ``group`` is the TypedDict the calibrator's ``**target`` is declared with (Any: mypy has no
+    type for a TypedDict class), ``caller`` the calibrator's name. A ``**target: Unpack[...]``
+    takes any keyword at run time (only mypy checks it), so this raises the TypeError Python
+    raises for a named keyword: one the group does not declare, or a required one missing.
+    Then the defaults (``accountant`` = ``default_accountant``, ``approximate`` = False) and
+    :func:`check_target`'s refusals.
+    """
+    declared = list(group.__annotations__)  # the group's keys, bases first
+    for name in given:
+        if name not in declared:
+            raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}")
+    missing = [n for n in declared if n in group.__required_keys__ and n not in given]
+    if missing:
+        s = "s" if len(missing) > 1 else ""
+        names = " and ".join(repr(n) for n in missing)
+        raise TypeError(
+            f"{caller}() missing {len(missing)} required keyword-only argument{s}: {names}"
+        )
+    target = Target(
+        given["target_epsilon"],
+        given["delta"],
+        given.get("accountant", default_accountant),
+        given.get("approximate", False),
+    )
+    target.check()
+    return target
 
 
 def sigma_floor(accountant: str, sampling: Sampling) -> float:

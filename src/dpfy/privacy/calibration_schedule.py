@@ -7,7 +7,7 @@ record, as every calibration does (:mod:`dpfy.privacy.calibration`).
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Callable, Sequence, Unpack
 
 import numpy as np
 
@@ -15,19 +15,20 @@ from dpfy._require import require
 from dpfy.privacy.accountants import DEFAULT_RESOLUTION, epsilon
 from dpfy.privacy.calibration_inputs import (
     MAX_NOISE_MULTIPLIER,
-    Target,
+    SampledTargetKeywords,
+    TargetKeywords,
     check_rate,
     check_steps,
-    check_target,
     refuse_below_pld_floor,
     sigma_floor,
+    target_from,
     unreachable,
 )
 from dpfy.privacy.events import Poisson
 from dpfy.privacy.ledger import Ledger, Release, Sampling
 from dpfy.privacy.releases import step_releases
 from dpfy.privacy.search import solve_decreasing
-from dpfy.privacy.sigma_calibration import sigma_for
+from dpfy.privacy.sigma_calibration import kind_from, sigma_for
 from dpfy.types import ReleaseSpec, StepPlan
 
 __all__ = ["calibrate_schedule_scale", "hyfree_noise_split"]
@@ -36,14 +37,9 @@ __all__ = ["calibrate_schedule_scale", "hyfree_noise_split"]
 def calibrate_schedule_scale(
     *,
     shape: Sequence[float] | np.ndarray,
-    target_epsilon: float,
-    delta: float,
     sample_rate: float,
-    accountant: str = "pld",
-    sampling: Sampling = Sampling.POISSON,
-    dataset_size: int | None = None,
     tol: float = 2e-3,
-    approximate: bool = False,
+    **target: Unpack[SampledTargetKeywords],
 ) -> float:
     """Smallest s such that the ledger with σ_t = s·shape[t] (one step per entry) spends ≤ target.
 
@@ -52,11 +48,19 @@ def calibrate_schedule_scale(
     the accountant's grid (1 % RDP, 2 % PLD; see :mod:`dpfy.privacy.accountants`), so the
     returned s is an upper bound on the exact answer: within ~1–3 % of it, and always on the
     safe side (the ledger the run writes spends at most the target). With PLD every σ_t must
-    stay above the PLD floor (module docstring). ``approximate`` as in
-    :func:`calibrate_noise_multiplier`.
+    stay above the PLD floor (module docstring). The target and the sampling are the keywords
+    of :class:`~dpfy.privacy.calibration_inputs.SampledTargetKeywords`: ``target_epsilon``,
+    ``delta``, ``accountant="pld"`` (here, where the others default to ``"rdp"``),
+    ``approximate=False`` (as in :func:`calibrate_noise_multiplier`),
+    ``sampling=Sampling.POISSON``, ``dataset_size=None``.
     """
-    check_target(target_epsilon, delta, accountant, approximate)
+    goal = target_from(
+        "calibrate_schedule_scale", SampledTargetKeywords, target, default_accountant="pld"
+    )
+    target_epsilon, delta, accountant = goal.epsilon, goal.delta, goal.accountant
     check_rate(sample_rate)
+    sampled = kind_from(target, sample_rate)
+    sampling, dataset_size = sampled.sampling, sampled.dataset_size
     values = [float(v) for v in shape]
     require(len(values) >= 1, "shape", shape, "a non-empty sequence (one value per step)")
     require(
@@ -145,17 +149,14 @@ def _mean(values: Sequence[float]) -> float:
 
 def hyfree_noise_split(
     *,
-    target_epsilon: float,
-    delta: float,
     sample_rate: float,
     steps: int,
     probe_every: int,
     probes_per_round: int = 3,
     gamma: float = 1.01,
-    accountant: str = "rdp",
     probes_share_batch: bool = True,
     tol: float = 1e-3,
-    approximate: bool = False,
+    **target: Unpack[TargetKeywords],
 ) -> tuple[float, float]:
     """HyFreeDP's end-to-end split (Bu & Liu 2025, Algorithm 2, §4.3 and Appendix C): (σ_g, σ_l).
 
@@ -171,10 +172,11 @@ def hyfree_noise_split(
         is
         the paper's own accounting (Theorem 2, 3T/K extra mechanisms) and is only valid if the
         probes use a fresh Poisson sample.
-      approximate: must be True with ``accountant="gdp"`` (the paper's own GDP accounting).
+      **target: the keywords of :class:`~dpfy.privacy.calibration_inputs.TargetKeywords`:
+        ``target_epsilon`` and ``delta``, ``accountant="rdp"``, and ``approximate=False``,
+        which must be True with ``accountant="gdp"`` (the paper's own GDP accounting).
     """
-    target = Target(target_epsilon, delta, accountant, approximate)
-    target.check()
+    goal = target_from("hyfree_noise_split", TargetKeywords, target)
     check_rate(sample_rate)
     check_steps(steps)
     require(
@@ -185,7 +187,7 @@ def hyfree_noise_split(
     )
     require(probes_per_round >= 1, "probes_per_round", probes_per_round, ">= 1")
     require(gamma > 1, "gamma", gamma, "> 1", "The paper uses γ = 1.01")
-    sigma = sigma_for(Poisson(sample_rate), steps, target, tol=tol / 4)
+    sigma = sigma_for(Poisson(sample_rate), steps, goal, tol=tol / 4)
     sigma_g = gamma * sigma
 
     def ledger_for(sigma_l: float) -> Ledger:
@@ -217,7 +219,7 @@ def hyfree_noise_split(
         return ledger
 
     def eps(sigma_l: float) -> float:
-        return epsilon(ledger_for(sigma_l), delta=delta, accountant=accountant)
+        return epsilon(ledger_for(sigma_l), delta=goal.delta, accountant=goal.accountant)
 
     def fail() -> None:
         require(
@@ -229,6 +231,6 @@ def hyfree_noise_split(
         )
 
     sigma_l = solve_decreasing(
-        eps, target_epsilon, sigma_g * 2, rel_tol=tol, x_max=MAX_NOISE_MULTIPLIER, fail=fail
+        eps, goal.epsilon, sigma_g * 2, rel_tol=tol, x_max=MAX_NOISE_MULTIPLIER, fail=fail
     )
     return sigma_g, sigma_l

@@ -8,7 +8,7 @@ How the search is bracketed and why its σ is safe on the run's own PLD grid is 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Unpack, cast
 
 from dpfy._require import require
 from dpfy.privacy.accountants import PLD_COARSE, pld_min_noise_multiplier
@@ -21,13 +21,17 @@ from dpfy.privacy.accountants import (
 from dpfy.privacy.calibration_inputs import (
     MAX_NOISE_MULTIPLIER,
     PLD_SEARCH_DISCRETIZATION,
+    SampledTargetKeywords,
     Target,
+    TargetKeywords,
+    UserTargetKeywords,
     check_rate,
     check_steps,
     gdp_sigma_guess,
     pld_bracket,
     refuse_below_pld_floor,
     sigma_floor,
+    target_from,
     unreachable,
 )
 from dpfy.privacy.events import SamplingKind, sampling_kind
@@ -39,25 +43,20 @@ __all__ = [
     "calibrate_noise_multiplier",
     "calibrate_sigma",
     "calibrate_run_noise_multiplier",
+    "kind_from",
     "sigma_for",
 ]
 
 
 def calibrate_noise_multiplier(
     *,
-    target_epsilon: float,
-    delta: float,
     sample_rate: float,
     steps: int,
-    accountant: str = "rdp",
-    sampling: Sampling = Sampling.POISSON,
-    dataset_size: int | None = None,
     tol: float = 1e-3,
-    approximate: bool = False,
-    max_examples_per_user: int | None = None,
     noise: str = "gaussian",
     period: int | None = None,
     search_discretization: float = PLD_SEARCH_DISCRETIZATION,
+    **target: Unpack[UserTargetKeywords],
 ) -> float:
     """Smallest σ (to relative ``tol``) whose ledger of ``steps`` identical steps spends ≤ target.
 
@@ -67,36 +66,29 @@ def calibrate_noise_multiplier(
     target is then a user-level ε).
 
     Args:
-      target_epsilon: ε to spend, > 0.
-      delta: δ in (0, 1).
       sample_rate: q per step (batch_size / dataset_size).
       steps: number of optimizer updates (logical batches), >= 1.
-      accountant: ``"rdp"``, ``"pld"``, or ``"gdp"`` with ``approximate=True`` only.
-      sampling: the sampler the run will use (decides amplification and adjacency).
-      dataset_size: N, required for ``Sampling.FIXED_SIZE``.
       tol: relative tolerance on σ; the returned σ is on the safe side.
-      approximate: must be True to calibrate with ``accountant="gdp"`` (module docstring).
       noise, period: the mechanism's correlation (:class:`~dpfy.privacy.ledger.Release`):
         ``"tree"`` with its restart length, ``"bandmf"`` with its band count.
       search_discretization: PLD only: the grid the search evaluates ε on, or the run's own
         grid where that is coarser (module docstring, "Speed"). The default 1e-3 is about 8x
         faster than the run's 1e-4; where its σ leaves more than 2·tol of the target unspent on
         the run's grid, the search is refined on that grid. 1e-4 searches on it throughout.
+      **target: the target and the sampling (:class:`UserTargetKeywords`):
+        ``target_epsilon`` (ε to spend, > 0) and ``delta`` (δ in (0, 1)), required;
+        ``accountant="rdp"`` (``"pld"``, or ``"gdp"`` with ``approximate=True`` only);
+        ``approximate=False`` (True to calibrate with ``"gdp"``, module docstring);
+        ``sampling=Sampling.POISSON``, the sampler the run will use (decides amplification and
+        adjacency); ``dataset_size=None`` (N, required for ``Sampling.FIXED_SIZE``);
+        ``max_examples_per_user=None`` (k, for ``Sampling.ELS``).
     """
-    kind = sampling_kind(
-        sampling,
-        sample_rate,
-        dataset_size=dataset_size,
-        max_examples_per_user=max_examples_per_user,
-    )
-    return calibrate_sigma(
-        kind,
+    goal = target_from("calibrate_noise_multiplier", UserTargetKeywords, target)
+    return sigma_for(
+        kind_from(target, sample_rate),
         steps,
-        target_epsilon=target_epsilon,
-        delta=delta,
-        accountant=accountant,
+        goal,
         tol=tol,
-        approximate=approximate,
         noise=noise,
         period=period,
         search_discretization=search_discretization,
@@ -107,26 +99,39 @@ def calibrate_sigma(
     kind: SamplingKind,
     steps: int,
     *,
-    target_epsilon: float,
-    delta: float,
-    accountant: str = "rdp",
     tol: float = 1e-3,
-    approximate: bool = False,
     noise: str = "gaussian",
     period: int | None = None,
     search_discretization: float = PLD_SEARCH_DISCRETIZATION,
+    **target: Unpack[TargetKeywords],
 ) -> float:
     """Smallest σ (to relative ``tol``) whose ledger of ``steps`` identical steps sampled as
     ``kind`` (:mod:`dpfy.privacy.events`) spends ≤ target: what
-    :func:`calibrate_noise_multiplier` computes, with the sampling as one value."""
+    :func:`calibrate_noise_multiplier` computes, with the sampling as one value. The target is
+    given by the keywords of :class:`TargetKeywords`: ``target_epsilon`` and ``delta``,
+    ``accountant="rdp"``, ``approximate=False``."""
+    goal = target_from("calibrate_sigma", TargetKeywords, target)
     return sigma_for(
         kind,
         steps,
-        Target(target_epsilon, delta, accountant, approximate),
+        goal,
         tol=tol,
         noise=noise,
         period=period,
         search_discretization=search_discretization,
+    )
+
+
+def kind_from(given: SampledTargetKeywords, sample_rate: float) -> SamplingKind:
+    """The sampling kind at rate ``sample_rate`` that a calibrator's keyword group names, with
+    its defaults: Poisson sampling, no dataset size, no cap on a user's examples (a group
+    without ``max_examples_per_user``, :class:`SampledTargetKeywords`, has none)."""
+    k = cast("int | None", given.get("max_examples_per_user"))
+    return sampling_kind(
+        given.get("sampling", Sampling.POISSON),
+        sample_rate,
+        dataset_size=given.get("dataset_size"),
+        max_examples_per_user=k,
     )
 
 

@@ -32,7 +32,7 @@ Group privacy: (ε, δ)-DP for one example implies (kε, δ·Σ_{i<k} e^{iε})-D
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Callable, Literal, Sequence
+from typing import TYPE_CHECKING, Callable, Literal, Sequence, Unpack
 
 import numpy as np
 
@@ -45,13 +45,15 @@ from dpfy.privacy.accountants import pld_discretization, prepare
 from dpfy.privacy.calibration_inputs import MAX_NOISE_MULTIPLIER
 from dpfy.privacy.calibration_inputs import check_rate as _check_rate
 from dpfy.privacy.calibration_inputs import check_steps as _check_steps
-from dpfy.privacy.calibration_inputs import check_target as _check_common
+from dpfy.privacy.calibration_inputs import SampledTargetKeywords
 from dpfy.privacy.calibration_inputs import gdp_sigma_guess as _gdp_sigma_guess
 from dpfy.privacy.calibration_inputs import pld_bracket as _pld_bracket
 from dpfy.privacy.calibration_inputs import refuse_below_pld_floor as _below_pld_floor
 from dpfy.privacy.calibration_inputs import sigma_floor as _sigma_floor
+from dpfy.privacy.calibration_inputs import target_from as _target_from
 from dpfy.privacy.calibration_inputs import unreachable as _unreachable
 from dpfy.privacy.search import solve_decreasing as _solve_decreasing
+from dpfy.privacy.sigma_calibration import kind_from as _kind_from
 from dpfy.privacy.ledger import Ledger, Sampling
 
 if TYPE_CHECKING:
@@ -160,16 +162,11 @@ def log_grid(lo: float, hi: float, num: int) -> np.ndarray:
 
 def calibrate_grid_noise_multiplier(
     *,
-    target_epsilon: float,
-    delta: float,
     sample_rate: float,
     steps: int,
     runs: int,
-    accountant: str = "rdp",
-    sampling: Sampling = Sampling.POISSON,
-    dataset_size: int | None = None,
     tol: float = 1e-3,
-    approximate: bool = False,
+    **target: Unpack[SampledTargetKeywords],
 ) -> float:
     """Smallest σ (to relative ``tol``) such that ``runs`` runs of ``steps`` steps spend ≤ target.
 
@@ -181,12 +178,17 @@ def calibrate_grid_noise_multiplier(
     :func:`dpfy.privacy.calibration.calibrate_noise_multiplier`, whose other arguments this
     shares). ``runs=1`` is that function's answer. Seeds of one configuration are not charged by
     Galli et al.'s protocol; if they are released or selected on, count them in ``runs``.
+    The target and the sampling are the keywords of
+    :class:`~dpfy.privacy.calibration_inputs.SampledTargetKeywords`: ``target_epsilon``,
+    ``delta``, ``accountant="rdp"``, ``approximate=False``, ``sampling=Sampling.POISSON``,
+    ``dataset_size=None``.
 
     Galli et al. 2024's settings (ε = 3, δ = 1e-5, q = 0.008533, T = 1172, RDP): σ = 1.358 for 7
     runs,
     2.683 for 35, 3.141 for 49 (one run: 0.837).
     """
-    _check_common(target_epsilon, delta, accountant, approximate)
+    goal = _target_from("calibrate_grid_noise_multiplier", SampledTargetKeywords, target)
+    target_epsilon, delta, accountant = goal.epsilon, goal.delta, goal.accountant
     _check_rate(sample_rate)
     _check_steps(steps)
     require(
@@ -195,16 +197,11 @@ def calibrate_grid_noise_multiplier(
         runs,
         "an integer >= 1 (the number of configurations in the grid)",
     )
+    kind = _kind_from(target, sample_rate)
 
     def eps_with(name: str) -> Callable[[float], float]:
         def eps(sigma: float) -> float:
-            one = Ledger.homogeneous(
-                sample_rate=sample_rate,
-                noise_multiplier=sigma,
-                steps=steps,
-                sampling=sampling,
-                dataset_size=dataset_size,
-            )
+            one = kind.ledger(sigma, steps)
             return _ledger_epsilon(composed_runs(one, runs), delta=delta, accountant=name)
 
         return eps
@@ -216,11 +213,11 @@ def calibrate_grid_noise_multiplier(
         "rate or the number of steps",
     )
 
-    floor = _sigma_floor(accountant, sampling)
+    floor = _sigma_floor(accountant, kind.sampling)
     # A starting point only (GDP CLT of runs·steps homogeneous steps); the ledger's ε decides.
     guess = _gdp_sigma_guess(target_epsilon, delta, sample_rate, steps * runs)
     bracket = None
-    if accountant == "pld" and sampling is Sampling.POISSON:
+    if accountant == "pld" and kind.sampling is Sampling.POISSON:
         rdp_sigma = _solve_decreasing(
             eps_with("rdp"),
             target_epsilon,
