@@ -40,3 +40,28 @@ def test_a_filled_in_spec_is_another_value():
     spec = RunSpec(sampling=SamplingSpec(sample_rates=[0.1, 0.2]))
     assert spec.with_noise_multiplier(1.0) != spec
     assert spec.with_noise_multiplier(1.0) == spec.with_noise_multiplier(1.0)
+
+
+def test_values_the_spec_cannot_read_as_numbers_still_reach_their_refusal():
+    # an object that is not a method, a dict or a lambda is compared by identity, so
+    # make_private refuses it by name as before, not with numpy's conversion error
+    import pytest
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import dpfy
+
+    model = nn.Linear(3, 2)
+    data = DataLoader(TensorDataset(torch.randn(8, 3), torch.randint(0, 2, (8,))), batch_size=4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="method must be a dpfy method"):
+        dpfy.make_private(model, opt, data, noise_multiplier=1.0, method=object())
+    thing = object()
+    assert RunSpec(method=thing) == RunSpec(method=thing) != RunSpec(method=object())
+
+
+def test_thresholds_given_as_tensors_are_read_once():
+    # per-layer C as 0-d tensors, one of them a leaf that requires grad (a schedule's knob)
+    clips = (torch.tensor(1.0, requires_grad=True), torch.tensor(2.0))
+    assert ClippingSpec("per_layer", clips) == ClippingSpec("per_layer", [1.0, 2.0])
+    assert hash(ClippingSpec("per_layer", clips)) == hash(ClippingSpec("per_layer", (1.0, 2.0)))

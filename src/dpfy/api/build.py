@@ -42,13 +42,14 @@ from dpfy.sampling import DPDataLoader, make_sampler, make_user_sampler
 from dpfy.sampling.augmult import Augmentation, AugmultUnits
 from dpfy.sampling.microbatch import make_microbatch_sampler
 from dpfy.sampling.sampler import Sampler
+from dpfy.spec.facts import run_facts
 from dpfy.spec import PerformanceOptions, RunSpec, check, declare_method
 from dpfy.spec.run import BandMF, Tree, UserUnit
 from dpfy.step.distributed import global_batch_notice
 from dpfy.step.guard import EpsilonGuard
 from dpfy.step.individual import individualize
 from dpfy.step.private_step import PrivateStep
-from dpfy.types import RunFacts, StepPlan
+from dpfy.types import StepPlan
 
 __all__ = ["build"]
 
@@ -119,26 +120,19 @@ def _calibrate_method(
     method: Method, spec: RunSpec, sampler: Sampler, grads: GradEngine, **facts: Any
 ) -> Method:
     """The method calibrated for the run's facts (q, N, steps, sampling, δ, target ε, ...)."""
-    acc, clip_norm, optimizer = spec.accounting, facts["clip_norm"], facts["optimizer"]
+    clip_norm, optimizer = facts["clip_norm"], facts["optimizer"]
     return calibrate_for_run(
         method,
-        RunFacts(
-            sampling=sampler.sampling,
-            sample_rate=sampler.sample_rate,
+        run_facts(
+            spec,
+            _resolved(sampler),
             steps=facts["max_steps"],
-            dataset_size=sampler.dataset_size,
             steps_per_epoch=facts["steps_per_epoch"],
             normalizer=sampler.normalizer,
-            delta=acc.delta,
-            target_epsilon=acc.target_epsilon,
-            accountant=acc.accountant,
-            max_grad_norm=(float(clip_norm) if isinstance(clip_norm, (int, float)) else None),
+            max_grad_norm=float(clip_norm) if isinstance(clip_norm, (int, float)) else None,
+            optimizer=type(optimizer).__name__,
+            hyperparameters={k: v for k, v in optimizer.param_groups[0].items() if k != "params"},
             num_groups=len(grads.layers),
-            inner_optimizer=type(optimizer).__name__,
-            inner_hyperparameters={
-                k: v for k, v in optimizer.param_groups[0].items() if k != "params"
-            },
-            max_examples_per_user=sampler.max_examples_per_user,
         ),
     )
 

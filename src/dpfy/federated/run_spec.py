@@ -46,6 +46,7 @@ from dpfy.spec import (
     check,
     declare_method,
 )
+from dpfy.spec.facts import run_facts as spec_run_facts
 from dpfy.types import RunFacts, StepPlan
 
 __all__ = ["asked_spec", "with_sampler", "run_facts", "check_declarations"]
@@ -89,22 +90,18 @@ def run_facts(spec: RunSpec, sampler: PoissonSampler, **optimizer: Any) -> RunFa
     """The run's facts, read from the spec (its sampler's facts filled in) and the server's
     sampler (steps per epoch, the normalizer q_u·N_users): what calibration and a method's
     ``calibrate`` read. ``optimizer``: the server SGD's hyperparameters (lr, momentum)."""
-    resolved, acc = spec.sampling.resolved, spec.accounting
+    resolved = spec.sampling.resolved
     assert resolved is not None, "with_sampler filled in the sampler's facts"
     clip = cast("float | None", spec.clipping.max_grad_norm)  # one float, or None (asked_spec)
-    return RunFacts(
-        sampling=resolved.sampling,
-        sample_rate=resolved.sample_rate,
-        steps=acc.max_steps,
-        dataset_size=resolved.dataset_size,
+    return spec_run_facts(
+        spec,
+        resolved,
+        steps=spec.accounting.max_steps,
         steps_per_epoch=sampler.steps_per_epoch,
         normalizer=sampler.normalizer,
-        delta=acc.delta,
-        target_epsilon=acc.target_epsilon,
-        accountant=acc.accountant,
         max_grad_norm=clip,
-        inner_optimizer="SGD",
-        inner_hyperparameters=dict(optimizer),
+        optimizer="SGD",
+        hyperparameters=optimizer,
     )
 
 

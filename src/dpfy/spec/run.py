@@ -34,7 +34,7 @@ from typing import Any, ClassVar, Self, Sequence
 import numpy as np
 
 from dpfy._require import require
-from dpfy.adaptive.base import Method, method_name
+from dpfy.adaptive.base import method_name
 from dpfy.privacy.calibration_inputs import Target
 from dpfy.privacy.events import CyclicPoisson, Poisson, SamplingKind, Shuffled
 from dpfy.privacy.ledger import Ledger
@@ -79,17 +79,55 @@ def _by_value(value: Any) -> Any:
     """What a spec compares and hashes in place of a value held as given (per-example rates,
     thresholds or budgets as a list, array or tensor; a method or a chain of them): the
     numbers themselves, so that two specs are equal only when every value is, never because a
-    field was left out of the comparison."""
+    field was left out of the comparison.
+
+    Numbers (a tensor on any device, an array, a sequence of numbers or of 0-d tensors) become
+    their float64 values, read once when the spec is built; a dataclass (every dpfy method) its
+    type and fields, each by value; a sequence of anything else (a chain of methods) its items
+    by value; any other object itself, by identity, so a value :func:`dpfy.spec.check` or the
+    builder will refuse still reaches them."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    if isinstance(value, Method):
-        return repr(value)
-    if isinstance(value, (list, tuple)) and any(isinstance(v, (Method, str)) for v in value):
-        return tuple(_by_value(v) for v in value)  # a chain of methods
-    if hasattr(value, "detach"):  # a tensor, on any device: read once, when the spec is built
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = dataclasses.fields(value)
+        return type(value), tuple(_by_value(getattr(value, f.name)) for f in fields if f.compare)
+    if isinstance(value, (list, tuple)) and not all(_is_number(v) for v in value):
+        return tuple(_by_value(v) for v in value)
+    if not _is_number(value) and not isinstance(value, (list, tuple)):
+        return _Identity(value)
+    if isinstance(value, (list, tuple)) and any(hasattr(v, "detach") for v in value):
+        value = [float(v.detach().cpu()) if hasattr(v, "detach") else v for v in value]
+    if hasattr(value, "detach"):  # a tensor, on any device
         value = value.detach().cpu().double().numpy()
     array = np.asarray(value, dtype=np.float64)
     return array.shape, array.tobytes()
+
+
+def _is_number(value: Any) -> bool:
+    """A real number, or an array or tensor of them (any shape, any device)."""
+    if isinstance(value, (bool, int, float, np.number)):
+        return True
+    dtype = getattr(value, "dtype", None)  # an ndarray or a tensor
+    if dtype is None or not hasattr(value, "shape"):
+        return False
+    if hasattr(value, "detach"):
+        return not dtype.is_complex  # a torch tensor of real numbers
+    return np.issubdtype(dtype, np.number) and not np.issubdtype(dtype, np.complexfloating)
+
+
+class _Identity:
+    """A value compared by identity (an object the spec cannot read as numbers)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Identity) and other.value is self.value
+
+    def __hash__(self) -> int:
+        return id(self.value)
 
 
 def _fields(value: Any) -> dict[str, Any]:
