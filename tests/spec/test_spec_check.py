@@ -123,13 +123,10 @@ TABLE = [
         ),
         None,
     ),
-    # the builder's own refusal: per-example thresholds need the batch's dataset indices
-    (
-        dict(clipping=ClippingSpec("individual", [1.0]), sampling=SamplingSpec(Shuffled)),
-        "poisson_sampling must be True for clipping='individual'.*Drop poisson_sampling=False",
-    ),
+    # per-example thresholds under shuffled passes: the shuffled sampler gives the batch's
+    # dataset indices as the Poisson one does (tests/step/test_individual_clipping_shuffled.py)
+    (dict(clipping=ClippingSpec("individual", [1.0]), sampling=SamplingSpec(Shuffled)), None),
     (dict(clipping=ClippingSpec("individual", [1.0])), None),
-    # noise='tree' shuffles by itself; the builder's check read the asked sampling: admitted
     (dict(clipping=ClippingSpec("individual", [1.0]), noise=Tree(1.0)), None),
     # privatized BatchNorm statistics: attach_privatized_statistics' own list (correlated noise,
     # individualized budgets, data-parallel ranks, units other than one example per row)
@@ -285,3 +282,12 @@ def test_pairs_of_features_refused_in_both_orders_of_construction(a, b):
         check(_spec({**parts[a], **parts[b]}))
     with pytest.raises((ValueError, PrivacyRefusal)):
         check(_spec({**parts[b], **parts[a]}))
+
+
+def test_budgets_refusal_shows_what_was_given():
+    # it said "got method = 'given'"; the value the user passed, and a fix the CLI can
+    # rewrite as a flag ("Drop method=." reads "Drop --method.")
+    with pytest.raises(ValueError, match=r"got method = 'adaclip'\. Drop method=\.$"):
+        check(RunSpec(accounting=BUDGETS, method="adaclip"))
+    with pytest.raises(ValueError, match=r"got noise_multiplier = 1\.5\. Drop noise_multiplier="):
+        check(RunSpec(accounting=BUDGETS, noise=Gaussian(1.5)))

@@ -195,9 +195,18 @@ def _augmult(run: _Run, flags: list[str]) -> Exception:
 
 def _individual(run: _Run, flags: list[str]) -> Exception:
     name = flags[0]
+    spec = run.spec
+    given = {  # what the user gave, as they gave it
+        "noise_multiplier": spec.noise.noise_multiplier,
+        "target_epsilon": spec.accounting.target_epsilon,
+        "sample_rates": "per-example rates",
+        "method": spec.to_dict()["method"],
+        "data-parallel ranks": spec.sampling.world_size,
+    }.get(name, "given")
     return ValueError(
         f"{name} must be None with budgets (individualized privacy decides σ, the rates and "
-        f"the thresholds), got {name} = 'given'. Drop {name}."
+        f"the thresholds), got {name} = {given!r}. "
+        + ("Run it in one process." if name == "data-parallel ranks" else f"Drop {name}=.")
     )
 
 
@@ -222,14 +231,6 @@ def _budgets_rigorous(run: _Run, flags: list[str]) -> Exception:
         f"accountant must be one of {list(RIGOROUS)} with budgets (it calibrates every "
         f"group's σ or rate), got accountant = {run.spec.accounting.accountant!r}. Calibrate "
         f"with 'rdp' or 'pld'."
-    )
-
-
-def _individual_clipping_poisson(run: _Run, flags: list[str]) -> Exception:
-    return ValueError(
-        "poisson_sampling must be True for clipping='individual', got poisson_sampling = "
-        "False. Per-example thresholds need the batch's dataset indices. Drop "
-        "poisson_sampling=False."
     )
 
 
@@ -361,7 +362,6 @@ DECLARATIONS: tuple[Refusal, ...] = (
     _refusal("budgets", "not_flat", _budgets_flat),
     _refusal("budgets", "shuffle", _budgets_poisson),
     _refusal("budgets", "approximate", _budgets_rigorous),
-    _refusal("individual_clipping", "shuffle", _individual_clipping_poisson),
     _refusal(
         "bn_privatized",
         "split correlated budgets data_parallel users augmult microbatch_units",
