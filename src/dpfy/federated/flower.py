@@ -74,7 +74,7 @@ from dpfy.federated.local import (
     local_seed,
     user_contribution,
 )
-from dpfy.federated.server import Contribution, DPFedAvgServer
+from dpfy.federated.server import USER_UNIT, Contribution, DPFedAvgServer
 
 __all__ = [
     "DPFedAvgStrategy",
@@ -231,7 +231,7 @@ class DPFedAvgStrategy(Strategy):
             s.clip,
             None if s.method is None else method_name(s.method),
         )
-        log(INFO, "\t└── unit of privacy: one user, with all of their examples; ledger: dpfy")
+        log(INFO, f"\t└── unit of privacy: {USER_UNIT}; ledger: dpfy")
 
 
 def make_client_app(

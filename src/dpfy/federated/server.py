@@ -50,6 +50,7 @@ from dpfy.noise import GaussianMechanism, NoiseSource
 from dpfy.noise.seeds import derive_seeds
 from dpfy.privacy import Ledger, PrivacyReport, epsilon
 from dpfy.privacy.calibration import calibrate_run_noise_multiplier
+from dpfy.privacy.user_level import USER_UNIT
 from dpfy.sampling import PoissonSampler, UserUnits
 from dpfy.privacy.delta_check import check_delta
 from dpfy.federated.run_spec import asked_spec, check_declarations, run_facts, with_sampler
@@ -74,7 +75,6 @@ __all__ = [
     "DPFedAvgServer",
 ]
 
-USER_UNIT = UserUnits.description  # "one user, with all of their examples"
 USER_ADJACENCY = UserUnits.adjacency_note  # "add or remove one user (all of their examples)"
 
 

@@ -57,7 +57,6 @@ class AugmultUnits(ExampleUnits):
     """
 
     name = "example"  # adjacency: add or remove one example (with all of its copies)
-    description = "one example"  # the privacy report's wording: the unit of privacy
     adjacency_note = "add or remove one example"
 
     def __init__(self, k: int) -> None:

@@ -57,7 +57,6 @@ class MicrobatchUnits(ExampleUnits):
     """
 
     name = "example"
-    description = "one example"  # the privacy report's wording: the unit of privacy
     adjacency_note = "add or remove one example"
 
     def __init__(self, dataset_size: int) -> None:

@@ -8,7 +8,7 @@ A sampler holds its units (``sampler.units``) and says, for the dataset indices 
 batch, which unit each row belongs to (:meth:`ExampleUnits.units_of`): ``None`` when every row
 is its own unit, else a (B,) tensor of unit positions 0..U−1. The private step then asks the
 gradient engine for per-unit norms ‖Σ_{i∈u} g_i‖, clips per unit, and forms the weighted sum
-with row weights w_{u(i)}; the report states the unit (:attr:`ExampleUnits.description`).
+with row weights w_{u(i)}; the report states the unit (:func:`dpfy.privacy.report_text.unit_text`).
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ class ExampleUnits:
     """Each example (one row of the training set) is one unit of privacy."""
 
     name = "example"
-    description = "one example"  # the privacy report's wording
     adjacency_note = "add or remove one example"
 
     def units_of(self, indices: torch.Tensor | None) -> torch.Tensor | None:
@@ -72,7 +71,6 @@ class UserUnits:
     """
 
     name = "user"
-    description = "one user, with all of their examples"  # the privacy report's wording
     adjacency_note = "add or remove one user (all of their examples)"
 
     def __init__(
