@@ -135,6 +135,10 @@ def kind_from(given: SampledTargetKeywords, sample_rate: float) -> SamplingKind:
     )
 
 
+# what to change when no σ up to MAX_NOISE_MULTIPLIER meets the target
+UNREACHABLE_FIX = "Raise the target ε or δ, or lower the sample rate or the number of steps"
+
+
 def sigma_for(
     kind: SamplingKind,
     steps: int,
@@ -144,9 +148,11 @@ def sigma_for(
     noise: str = "gaussian",
     period: int | None = None,
     search_discretization: float = PLD_SEARCH_DISCRETIZATION,
+    unreachable_fix: str = UNREACHABLE_FIX,
 ) -> float:
     """The one σ search: smallest σ (to relative ``tol``) whose ledger of ``steps`` identical
-    steps sampled as ``kind`` spends at most ``target`` (:class:`Target`). The keyword
+    steps sampled as ``kind`` spends at most ``target`` (:class:`Target`); ``unreachable_fix``
+    is the refusal's fix when no σ up to the bound meets it, in the caller's terms. The keyword
     calibrators (:func:`calibrate_noise_multiplier`, :func:`calibrate_sigma`) and every caller
     inside dpfy that needs a σ for identical steps end here."""
     target_epsilon, delta, accountant = target.epsilon, target.delta, target.accountant
@@ -164,7 +170,7 @@ def sigma_for(
     fail = unreachable(
         target_epsilon,
         f"reachable with a noise multiplier below {MAX_NOISE_MULTIPLIER:g}",
-        "Raise the target ε or δ, or lower the sample rate or the number of steps",
+        unreachable_fix,
     )
 
     def eps_rdp_integer_orders(sigma: float) -> float:

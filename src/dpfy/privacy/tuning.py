@@ -32,7 +32,7 @@ Group privacy: (ε, δ)-DP for one example implies (kε, δ·Σ_{i<k} e^{iε})-D
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Callable, Literal, Sequence, Unpack
+from typing import TYPE_CHECKING, Literal, Sequence, Unpack
 
 import numpy as np
 
@@ -40,21 +40,16 @@ from dpfy._lazy import LazyModule
 from dpfy._require import require
 from dpfy.privacy import pld as _pld
 from dpfy.privacy import rdp as _rdp
-from dpfy.privacy.accountants import epsilon as _ledger_epsilon
+from dpfy.privacy.accountants import epsilon as ledger_epsilon
 from dpfy.privacy.accountants import pld_discretization, prepare
-from dpfy.privacy.calibration_inputs import MAX_NOISE_MULTIPLIER
-from dpfy.privacy.calibration_inputs import check_rate as _check_rate
-from dpfy.privacy.calibration_inputs import check_steps as _check_steps
-from dpfy.privacy.calibration_inputs import SampledTargetKeywords
-from dpfy.privacy.calibration_inputs import gdp_sigma_guess as _gdp_sigma_guess
-from dpfy.privacy.calibration_inputs import pld_bracket as _pld_bracket
-from dpfy.privacy.calibration_inputs import refuse_below_pld_floor as _below_pld_floor
-from dpfy.privacy.calibration_inputs import sigma_floor as _sigma_floor
-from dpfy.privacy.calibration_inputs import target_from as _target_from
-from dpfy.privacy.calibration_inputs import unreachable as _unreachable
-from dpfy.privacy.search import solve_decreasing as _solve_decreasing
-from dpfy.privacy.sigma_calibration import kind_from as _kind_from
-from dpfy.privacy.ledger import Ledger, Sampling
+from dpfy.privacy.calibration_inputs import (
+    SampledTargetKeywords,
+    check_rate,
+    check_steps,
+    target_from,
+)
+from dpfy.privacy.ledger import Ledger
+from dpfy.privacy.sigma_calibration import kind_from, sigma_for
 
 if TYPE_CHECKING:
     import dp_accounting
@@ -130,7 +125,7 @@ def grid_epsilon(ledgers: Sequence[Ledger], *, delta: float, accountant: str = "
     out = Ledger(ledgers[0].dataset_size)
     for ledger in ledgers:
         out.extend(ledger)
-    return _ledger_epsilon(out, delta=delta, accountant=accountant)
+    return ledger_epsilon(out, delta=delta, accountant=accountant)
 
 
 def log_grid(lo: float, hi: float, num: int) -> np.ndarray:
@@ -184,59 +179,27 @@ def calibrate_grid_noise_multiplier(
     ``dataset_size=None``.
 
     Galli et al. 2024's settings (ε = 3, δ = 1e-5, q = 0.008533, T = 1172, RDP): σ = 1.358 for 7
-    runs,
-    2.683 for 35, 3.141 for 49 (one run: 0.837).
+    runs, 2.683 for 35, 3.141 for 49 (one run: 0.837).
     """
-    goal = _target_from("calibrate_grid_noise_multiplier", SampledTargetKeywords, target)
-    target_epsilon, delta, accountant = goal.epsilon, goal.delta, goal.accountant
-    _check_rate(sample_rate)
-    _check_steps(steps)
+    goal = target_from("calibrate_grid_noise_multiplier", SampledTargetKeywords, target)
+    check_rate(sample_rate)
+    check_steps(steps)
     require(
         isinstance(runs, int) and not isinstance(runs, bool) and runs >= 1,
         "runs",
         runs,
         "an integer >= 1 (the number of configurations in the grid)",
     )
-    kind = _kind_from(target, sample_rate)
-
-    def eps_with(name: str) -> Callable[[float], float]:
-        def eps(sigma: float) -> float:
-            one = kind.ledger(sigma, steps)
-            return _ledger_epsilon(composed_runs(one, runs), delta=delta, accountant=name)
-
-        return eps
-
-    fail = _unreachable(
-        target_epsilon,
-        f"reachable by {runs} composed runs with a noise multiplier below {MAX_NOISE_MULTIPLIER:g}",
-        "Raise the target ε or δ, use a smaller grid (fewer runs), or lower the sample "
-        "rate or the number of steps",
-    )
-
-    floor = _sigma_floor(accountant, kind.sampling)
-    # A starting point only (GDP CLT of runs·steps homogeneous steps); the ledger's ε decides.
-    guess = _gdp_sigma_guess(target_epsilon, delta, sample_rate, steps * runs)
-    bracket = None
-    if accountant == "pld" and kind.sampling is Sampling.POISSON:
-        rdp_sigma = _solve_decreasing(
-            eps_with("rdp"),
-            target_epsilon,
-            guess,
-            rel_tol=tol,
-            x_max=MAX_NOISE_MULTIPLIER,
-            fail=fail,
-        )
-        bracket = _pld_bracket(target_epsilon, guess, rdp_sigma, floor)
-    return _solve_decreasing(
-        eps_with(accountant),
-        target_epsilon,
-        guess,
-        rel_tol=tol,
-        x_max=MAX_NOISE_MULTIPLIER,
-        fail=fail,
-        bracket=bracket,
-        x_min=floor,
-        fail_low=lambda: _below_pld_floor(target_epsilon, floor),
+    kind = kind_from(target, sample_rate)
+    # ``runs`` runs of ``steps`` identical steps are runs·steps identical steps (one group of
+    # the ledger composed_runs writes), so the grid's σ is the one σ search's for them
+    return sigma_for(
+        kind,
+        steps * runs,
+        goal,
+        tol=tol,
+        unreachable_fix="Raise the target ε or δ, use a smaller grid (fewer runs), or lower the "
+        "sample rate or the number of steps",
     )
 
 
