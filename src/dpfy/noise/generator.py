@@ -45,29 +45,25 @@ import math
 import os
 import threading
 import warnings
-from typing import Any, Iterator, Literal, TypeGuard
+from typing import Any, Literal
 
 import torch
 
 from dpfy._require import require, require_extra
 from dpfy.native.build import NativeUnavailable
-from dpfy.native.gaussian import BLOCK, ChaChaGaussian, XoshiroGaussian  # built on first use
+from dpfy.native.gaussian import ChaChaGaussian, XoshiroGaussian  # built on first use
 from dpfy.noise.device_gaussian import DeviceChaChaGaussian, DeviceSeededGaussian
-from dpfy.noise.triton_noise import FUSED_DTYPES, TritonChaChaGaussian, seeded_stream
+from dpfy.noise.device_draws import DEVICE_CHUNK, chunks, fused
+from dpfy.noise.triton_noise import TritonChaChaGaussian, seeded_stream
 from dpfy.noise.triton_noise import SeededChaChaGaussian, triton_available
 
 _DeviceStream = DeviceChaChaGaussian | DeviceSeededGaussian
 
-__all__ = ["DEVICE_CHUNK", "NoiseSource", "chunks", "fused", "secure_uniform"]
+__all__ = ["NoiseSource", "secure_uniform"]
 
 Backend = Literal["auto", "compiled", "torch", "urandom", "torch-chacha20", "triton"]
 _BACKENDS = ("auto", "compiled", "torch", "urandom", "torch-chacha20", "triton")
 _MASK52 = (1 << 52) - 1
-# values a device generator draws per batch: a multiple of 2·BLOCK, so that a chunked draw
-# consumes the stream exactly as one draw of the same size; large, since on an accelerator
-# each of ChaCha20's tensor operations is a kernel launch
-DEVICE_CHUNK = 1 << 22
-assert DEVICE_CHUNK % (2 * BLOCK) == 0
 # the backend choice a resumed source makes, from the backend its checkpoint names
 _RESUMED_CHOICE: dict[str, Backend] = {
     "torch": "torch",
@@ -109,21 +105,6 @@ def _urandom_words(n: int) -> torch.Tensor:
     if n == 0:
         return torch.zeros(0, dtype=torch.int64)
     return torch.frombuffer(bytearray(os.urandom(8 * n)), dtype=torch.int64)
-
-
-def chunks(t: torch.Tensor, chunk: int) -> Iterator[torch.Tensor]:
-    """Consecutive flat views of at most ``chunk`` entries covering ``t`` (written in place):
-    the parts a draw on a device is split into, here and in :mod:`dpfy.noise.release`."""
-    flat = t.view(-1)
-    for start in range(0, flat.numel(), chunk):
-        yield flat[start : start + chunk]
-
-
-def fused(stream: object, t: torch.Tensor) -> TypeGuard[TritonChaChaGaussian]:
-    """The Triton kernel updates ``t`` in place in one launch (else: drawn, then added); where
-    it does, :func:`dpfy.noise.release.noisy_means` leaves ``t`` to ``NoiseSource.noisy_mean``."""
-    fits = t.dtype in FUSED_DTYPES and t.is_contiguous()
-    return isinstance(stream, TritonChaChaGaussian) and fits
 
 
 def _fits_kernel(t: torch.Tensor) -> bool:

@@ -22,7 +22,8 @@ from __future__ import annotations
 import torch
 
 from dpfy.native.gaussian import BLOCK
-from dpfy.noise.generator import DEVICE_CHUNK, NoiseSource, chunks, fused
+from dpfy.noise.device_draws import DEVICE_CHUNK, chunks, fused
+from dpfy.noise.generator import NoiseSource
 
 __all__ = ["noisy_means"]
 
