@@ -131,3 +131,44 @@ def test_grid_epsilon_refuses_runs_on_different_datasets():
         grid_epsilon([a, b], delta=DELTA)
     with pytest.raises(ValueError, match="at least one"):
         grid_epsilon([], delta=DELTA)
+
+
+def _gaussian_rdp_epsilon(sigma: float, count: int, delta: float) -> float:
+    """dp_accounting's RDP ε of ``count`` unsampled Gaussian releases at noise multiplier σ."""
+    acc = dp_accounting.rdp.RdpAccountant()
+    acc.compose(dp_accounting.GaussianDpEvent(sigma), count)
+    return acc.get_epsilon(delta)
+
+
+@pytest.mark.parametrize("runs", [3, 10])
+def test_a_shuffled_grid_counts_a_pass_per_run(runs):
+    # q = 0.01: a pass is L = 100 steps; each of the grid's runs of T = 50 steps starts a fresh
+    # pass, so one example can take part once in every run: `runs` participations, each an
+    # unsampled Gaussian at σ/2 (replace-one adjacency: sensitivity 2C). The runs' steps end to
+    # end read as ⌈runs·50/100⌉ participations (5 for 10 runs), which undercounted ε (4.44 at
+    # the σ it gave, against a target of 3).
+    from dpfy.privacy.tuning import composed_runs
+
+    q, steps, delta, target = 0.01, 50, 1e-5, 3.0
+    sigma = calibrate_grid_noise_multiplier(
+        target_epsilon=target, delta=delta, sample_rate=q, steps=steps, runs=runs,
+        accountant="rdp", sampling=Sampling.SHUFFLE)
+    spent = _gaussian_rdp_epsilon(sigma / 2, runs, delta)
+    assert spent <= target
+    assert _gaussian_rdp_epsilon(sigma / (1 + TOL) / 2, runs, delta) > target  # the smallest σ
+    one = Ledger.homogeneous(sample_rate=q, noise_multiplier=sigma, steps=steps,
+                             sampling=Sampling.SHUFFLE)
+    assert grid_epsilon([one] * runs, delta=delta, accountant="rdp") == pytest.approx(
+        spent, rel=1e-9)
+    with pytest.raises(ValueError, match=r"Use grid_epsilon"):
+        composed_runs(one, runs)  # one ledger cannot say where a shuffled run restarts
+
+
+def test_runs_of_whole_passes_are_the_same_either_way():
+    # T a multiple of L: every run ends at a pass boundary, so the runs' steps end to end make
+    # as many participations as the runs do apart
+    q, delta = 0.01, 1e-5
+    one = Ledger.homogeneous(sample_rate=q, noise_multiplier=2.0, steps=300,
+                             sampling=Sampling.SHUFFLE)
+    assert grid_epsilon([one] * 4, delta=delta, accountant="rdp") == pytest.approx(
+        _gaussian_rdp_epsilon(1.0, 12, delta), rel=1e-9)

@@ -42,7 +42,7 @@ from dpfy.privacy.calibration import (
     calibrate_steps,
 )
 from dpfy.privacy.ledger import Ledger, Sampling
-from dpfy.privacy.tuning import calibrate_grid_noise_multiplier, composed_runs
+from dpfy.privacy.tuning import calibrate_grid_noise_multiplier, grid_epsilon
 
 __all__ = ["register", "run"]
 
@@ -143,22 +143,24 @@ def run(args: argparse.Namespace) -> int:
             require(0 < q <= 1, "sample_rate", q, "in (0, 1]")
             steps = calibrate_steps(noise_multiplier=sigma, sample_rate=q, **common, **k)
             solved = "steps"
-    ledger = shape_ledger(args, sampling, q, sigma, steps, **k)
-    single_run = ledger
-    if runs is not None:
-        ledger = composed_runs(single_run, runs)  # the ledger the whole grid writes
-    reached = epsilon(ledger, delta=args.delta, accountant=args.accountant)
+    single_run = shape_ledger(args, sampling, q, sigma, steps, **k)
+    runs_ledgers = [single_run] * (runs or 1)  # the grid's runs, each from a fresh sampler
+
+    def spent(accountant: str) -> float:
+        return grid_epsilon(runs_ledgers, delta=args.delta, accountant=accountant)
+
+    reached = spent(args.accountant)
     out = _solution(args, solved, sigma, q, steps, reached, sampling)
     if runs is not None:
         # "epsilon" is the whole grid's; each run alone spends the per-run share below (at the
         # same δ; under composition it is more than target/K).
         out["runs"] = runs
         out["steps_per_run"] = steps
-        out["total_steps"] = ledger.num_steps
+        out["total_steps"] = runs * single_run.num_steps
         out["epsilon_per_run"] = epsilon(single_run, delta=args.delta, accountant=args.accountant)
         out["budget_share_per_run"] = 1.0 / runs  # each run is 1/K of the composition
     if args.accountant == "gdp":
-        out["epsilon_pld"] = epsilon(ledger, delta=args.delta, accountant="pld")
+        out["epsilon_pld"] = spent("pld")
     if args.dataset_size and solved == "sample_rate":
         out["batch_size"] = int(q * args.dataset_size)
     if args.json:
@@ -175,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"{solved} = {_shown(solved, out[solved])}: {runs} runs × {steps} steps {shape} "
             f"spend ε = {_stated(reached)} ≤ {args.target_epsilon:g} at "
-            f"δ = {_shown('delta', args.delta)} together for {_relation(ledger)} "
+            f"δ = {_shown('delta', args.delta)} together for {_relation(single_run)} "
             f"(one run alone: ε = "
             f"{_stated(out['epsilon_per_run'])}) [{out['accountant_label']}]{rigorous}"
         )
@@ -183,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"{solved} = {_shown(solved, out[solved])}: {steps} steps {shape} spend ε = "
         f"{_stated(reached)} ≤ {args.target_epsilon:g} at δ = {_shown('delta', args.delta)} "
-        f"for {_relation(ledger)} [{out['accountant_label']}]{rigorous}"
+        f"for {_relation(single_run)} [{out['accountant_label']}]{rigorous}"
     )
     return 0
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from dpfy._require import require
 from dpfy.privacy._dp_accounting import dp_accounting
@@ -53,6 +53,8 @@ __all__ = [
     "accounted_dp_event",
     "coarsen",
     "shuffle_participations",
+    "pass_length",
+    "independent_runs",
 ]
 
 POISSON = "poisson"
@@ -155,10 +157,37 @@ def shuffle_participations(runs: Iterable[tuple[float, int]]) -> int:
     """
     total, n_runs = 0, 0
     for q, c in runs:
-        epoch_len = max(1, math.floor(1 / q + 1e-9))
-        total += -(-c // epoch_len)
+        total += -(-c // pass_length(q))
         n_runs += 1
     return total + max(0, n_runs - 1)
+
+
+def pass_length(sample_rate: float) -> int:
+    """L = ⌊1/q⌋, the fewest steps a shuffled pass at batch fraction q has
+    (:func:`shuffle_participations`)."""
+    return max(1, math.floor(1 / sample_rate + 1e-9))
+
+
+def independent_runs(forms: Sequence[CanonicalForm]) -> CanonicalForm:
+    """The composition of runs that each start afresh, as a grid's configurations do (each
+    with its own sampler from the first step of a pass, its own tree): every run's form as its
+    own ledger gives it, all composed. One ledger of their steps end to end cannot say this: it
+    would read a shuffled run that ends mid-pass as continued by the next run's first steps,
+    and charge fewer participations than the runs make."""
+    require(len(forms) >= 1, "forms", len(forms), "at least one run's form")
+    adjacency = {f.adjacency for f in forms if not f.is_empty} or {forms[0].adjacency}
+    require(
+        len(adjacency) == 1,
+        "runs",
+        sorted(adjacency),
+        "of one adjacency (add-or-remove or replace-one)",
+        "A grid's runs are sampled the same way",
+    )
+    return CanonicalForm(
+        adjacency.pop(),
+        _merge(a for f in forms for a in f.atoms),
+        any(f.non_private for f in forms),
+    )
 
 
 def _merge(atoms: Iterable[Atom]) -> tuple[Atom, ...]:

@@ -40,15 +40,15 @@ from dpfy._lazy import LazyModule
 from dpfy._require import require
 from dpfy.privacy import pld as _pld
 from dpfy.privacy import rdp as _rdp
-from dpfy.privacy.accountants import epsilon as ledger_epsilon
-from dpfy.privacy.accountants import pld_discretization, prepare
+from dpfy.privacy.accountants import epsilon_from_form, pld_discretization, prepare
 from dpfy.privacy.calibration_inputs import (
     SampledTargetKeywords,
     check_rate,
     check_steps,
     target_from,
 )
-from dpfy.privacy.ledger import Ledger
+from dpfy.privacy.canonical import canonical_form, independent_runs, pass_length
+from dpfy.privacy.ledger import Ledger, Sampling
 from dpfy.privacy.sigma_calibration import kind_from, sigma_for
 
 if TYPE_CHECKING:
@@ -99,8 +99,25 @@ def _shape(distribution: str, shape: float | None) -> float:
 
 
 def composed_runs(single_run: Ledger, runs: int) -> Ledger:
-    """The ledger of ``runs`` independent runs of ``single_run``, one after another."""
+    """The ledger of ``runs`` independent runs of ``single_run``, one after another.
+
+    Exact for runs whose steps do not depend on where a pass or a tree starts (Poisson,
+    user-level, fixed-size, unsampled steps). A shuffled or correlated run restarts its passes
+    and its tree, which one ledger of the steps end to end cannot say: such a run is refused;
+    :func:`grid_epsilon` accounts the runs as independent."""
     require(isinstance(runs, int) and runs >= 1, "runs", runs, "an integer >= 1")
+    restarts = {g.sampling.value for g in single_run.step_groups if g.sampling is Sampling.SHUFFLE}
+    restarts |= {
+        r.noise for g in single_run.step_groups for r in g.releases if r.noise != "gaussian"
+    }
+    require(
+        runs == 1 or not restarts,
+        "single_run",
+        f"a ledger with {sorted(restarts)} steps",
+        "a ledger whose steps do not restart with each run (shuffled passes and correlated "
+        "noise do)",
+        "Use grid_epsilon([single_run] * runs, ...), which accounts each run on its own",
+    )
     out = Ledger(single_run.dataset_size)
     for _ in range(runs):
         out.extend(single_run)
@@ -122,10 +139,9 @@ def grid_epsilon(ledgers: Sequence[Ledger], *, delta: float, accountant: str = "
         "runs on one dataset (one dataset size)",
         "A grid's runs train on the same private examples",
     )
-    out = Ledger(ledgers[0].dataset_size)
-    for ledger in ledgers:
-        out.extend(ledger)
-    return ledger_epsilon(out, delta=delta, accountant=accountant)
+    # each run on its own (a grid's run restarts its sampler's passes and its tree), composed
+    form = independent_runs([canonical_form(ledger) for ledger in ledgers])
+    return epsilon_from_form(form, delta=delta, accountant=accountant)
 
 
 def log_grid(lo: float, hi: float, num: int) -> np.ndarray:
@@ -191,11 +207,17 @@ def calibrate_grid_noise_multiplier(
         "an integer >= 1 (the number of configurations in the grid)",
     )
     kind = kind_from(target, sample_rate)
-    # ``runs`` runs of ``steps`` identical steps are runs·steps identical steps (one group of
-    # the ledger composed_runs writes), so the grid's σ is the one σ search's for them
+    # ``runs`` runs of ``steps`` identical steps spend what runs·steps identical steps do
+    # (Poisson, user-level, fixed-size: one atom of runs·steps releases), so the grid's σ is
+    # the one σ search's for them. A shuffled run starts a fresh pass, so each run makes
+    # ⌈steps/L⌉ participations: as many as one run of ⌈steps/L⌉ whole passes, runs times.
+    total = steps * runs
+    if kind.sampling is Sampling.SHUFFLE:
+        length = pass_length(sample_rate)
+        total = -(-steps // length) * length * runs
     return sigma_for(
         kind,
-        steps * runs,
+        total,
         goal,
         tol=tol,
         unreachable_fix="Raise the target ε or δ, use a smaller grid (fewer runs), or lower the "
