@@ -261,6 +261,14 @@ def make_clipping(
     scalar = isinstance(max_grad_norm, (int, float))
     if kind == "per_layer":
         k = len(layers)
+        if not isinstance(max_grad_norm, (int, float)):
+            require(
+                all(torch.as_tensor(c).numel() == 1 for c in max_grad_norm),
+                "max_grad_norm",
+                [tuple(torch.as_tensor(c).shape) for c in max_grad_norm],
+                "one number per layer (a float, or K numbers) with clipping='per_layer'",
+                "Give each layer's threshold as a number",
+            )
         clips = (
             [float(max_grad_norm) / math.sqrt(k)] * k
             if isinstance(max_grad_norm, (int, float))

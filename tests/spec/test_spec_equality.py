@@ -65,3 +65,23 @@ def test_thresholds_given_as_tensors_are_read_once():
     clips = (torch.tensor(1.0, requires_grad=True), torch.tensor(2.0))
     assert ClippingSpec("per_layer", clips) == ClippingSpec("per_layer", [1.0, 2.0])
     assert hash(ClippingSpec("per_layer", clips)) == hash(ClippingSpec("per_layer", (1.0, 2.0)))
+
+
+def test_thresholds_the_spec_cannot_read_still_reach_their_refusal():
+    # per-layer thresholds as 2-element tensors: the clipping's own check says what is wrong,
+    # not torch's "only one element tensors can be converted"
+    import pytest
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import dpfy
+
+    model = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 2))
+    data = DataLoader(TensorDataset(torch.randn(8, 3), torch.randint(0, 2, (8,))), batch_size=4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    bad = [torch.tensor([1.0, 1.0]), torch.tensor([1.0, 1.0])]
+    with pytest.raises((ValueError, TypeError)) as err:
+        dpfy.make_private(
+            model, opt, data, noise_multiplier=1.0, max_grad_norm=bad, clipping="per_layer"
+        )
+    assert "one number per layer" in str(err.value)

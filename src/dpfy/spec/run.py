@@ -95,11 +95,14 @@ def _by_value(value: Any) -> Any:
         return tuple(_by_value(v) for v in value)
     if not _is_number(value) and not isinstance(value, (list, tuple)):
         return _Identity(value)
-    if isinstance(value, (list, tuple)) and any(hasattr(v, "detach") for v in value):
-        value = [float(v.detach().cpu()) if hasattr(v, "detach") else v for v in value]
-    if hasattr(value, "detach"):  # a tensor, on any device
-        value = value.detach().cpu().double().numpy()
-    array = np.asarray(value, dtype=np.float64)
+    try:
+        if isinstance(value, (list, tuple)) and any(hasattr(v, "detach") for v in value):
+            value = [float(v.detach().cpu()) if hasattr(v, "detach") else v for v in value]
+        if hasattr(value, "detach"):  # a tensor, on any device
+            value = value.detach().cpu().double().numpy()
+        array = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError, RuntimeError, NotImplementedError):
+        return _Identity(value)  # not numbers the spec can read (ragged, meta): their checks say
     return array.shape, array.tobytes()
 
 
