@@ -200,3 +200,21 @@ def test_mypy_checks_the_keyword_groups_at_call_sites(tmp_path, monkeypatch):
     assert 'Argument "target_epsilon"' in errors[2] and '"float"' in errors[2]
     assert 'Unexpected keyword argument "tol" for "calibrate_steps"' in errors[3]
     assert 'Unexpected keyword argument "max_examples_per_user"' in errors[4]
+
+
+def test_help_shows_every_keyword_with_its_default():
+    # **target hides the target keywords from help() and inspect.signature; each calibrator
+    # spells them out again, with the defaults target_from applies
+    import inspect
+
+    from dpfy.privacy.calibration import calibrate_noise_multiplier, calibrate_schedule_scale
+    from dpfy.privacy.ledger import Sampling
+
+    params = inspect.signature(calibrate_noise_multiplier).parameters
+    assert params["target_epsilon"].default is inspect.Parameter.empty
+    assert params["delta"].default is inspect.Parameter.empty
+    assert params["accountant"].default == "rdp" and params["approximate"].default is False
+    assert params["sampling"].default is Sampling.POISSON
+    assert params["max_examples_per_user"].default is None
+    assert "target" not in params  # no **target left
+    assert inspect.signature(calibrate_schedule_scale).parameters["accountant"].default == "pld"

@@ -67,6 +67,7 @@ from dpfy.privacy.calibration_inputs import (
     check_rate,
     check_rigorous,
     check_steps,
+    shows_keywords,
     target_from,
     unreachable,
 )
@@ -114,6 +115,7 @@ __all__ = [
 ]
 
 
+@shows_keywords(UserTargetKeywords)
 def calibrate_sample_rate(
     *,
     noise_multiplier: float,
@@ -143,6 +145,7 @@ def calibrate_sample_rate(
     )
 
 
+@shows_keywords(UserTargetKeywords)
 def calibrate_steps(
     *,
     noise_multiplier: float,

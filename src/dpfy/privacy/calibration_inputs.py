@@ -10,9 +10,10 @@ by are declared here once (:class:`TargetKeywords` and its extensions with the s
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, TypedDict
+from typing import Any, Callable, TypedDict, TypeVar
 
 from dpfy._require import require
 from dpfy.privacy import gdp
@@ -45,6 +46,7 @@ __all__ = [
     "refuse_below_pld_floor",
     "pld_bracket",
     "gdp_sigma_guess",
+    "shows_keywords",
 ]
 
 MAX_NOISE_MULTIPLIER = 1e4
@@ -154,6 +156,51 @@ class UserTargetKeywords(SampledTargetKeywords, total=False):
     user's examples that ``Sampling.ELS`` accounts (the target is then a user-level ε)."""
 
     max_examples_per_user: int | None
+
+
+# the optional target keywords' defaults, as target_from and kind_from apply them
+KEYWORD_DEFAULTS: dict[str, Any] = {
+    "accountant": "rdp",
+    "approximate": False,
+    "sampling": Sampling.POISSON,
+    "dataset_size": None,
+    "max_examples_per_user": None,
+}
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def shows_keywords(group: Any, **defaults: Any) -> Callable[[F], F]:
+    """Give a calibrator declared with ``**target: Unpack[group]`` the signature its callers
+    read in ``help()`` and ``inspect.signature``: the group's keywords spelled out, keyword-only,
+    with their defaults (:data:`KEYWORD_DEFAULTS`, overridden by ``defaults``, e.g.
+    ``accountant="pld"``). The function itself is unchanged; :func:`target_from` still refuses
+    an undeclared keyword."""
+
+    def wrap(fn: F) -> F:
+        signature = inspect.signature(fn)
+        own = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        values = {**KEYWORD_DEFAULTS, **defaults}
+
+        def spelled(required: bool) -> list[inspect.Parameter]:
+            return [
+                inspect.Parameter(
+                    name,
+                    inspect.Parameter.KEYWORD_ONLY,
+                    default=inspect.Parameter.empty if required else values[name],
+                    # under `from __future__ import annotations` the group holds ForwardRefs
+                    annotation=getattr(annotation, "__forward_arg__", annotation),
+                )
+                for name, annotation in group.__annotations__.items()
+                if (name in group.__required_keys__) == required
+            ]
+
+        positional = [p for p in own if p.kind is not p.KEYWORD_ONLY]
+        keyword = [p for p in own if p.kind is p.KEYWORD_ONLY]
+        parameters = positional + spelled(True) + keyword + spelled(False)
+        fn.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+        return fn
+
+    return wrap
 
 
 def target_from(

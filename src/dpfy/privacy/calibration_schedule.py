@@ -21,6 +21,7 @@ from dpfy.privacy.calibration_inputs import (
     check_steps,
     refuse_below_pld_floor,
     sigma_floor,
+    shows_keywords,
     target_from,
     unreachable,
 )
@@ -34,6 +35,7 @@ from dpfy.types import ReleaseSpec, StepPlan
 __all__ = ["calibrate_schedule_scale", "hyfree_noise_split"]
 
 
+@shows_keywords(SampledTargetKeywords, accountant="pld")
 def calibrate_schedule_scale(
     *,
     shape: Sequence[float] | np.ndarray,
@@ -147,6 +149,7 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values)
 
 
+@shows_keywords(TargetKeywords)
 def hyfree_noise_split(
     *,
     sample_rate: float,

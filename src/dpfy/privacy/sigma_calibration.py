@@ -31,6 +31,7 @@ from dpfy.privacy.calibration_inputs import (
     pld_bracket,
     refuse_below_pld_floor,
     sigma_floor,
+    shows_keywords,
     target_from,
     unreachable,
 )
@@ -48,6 +49,7 @@ __all__ = [
 ]
 
 
+@shows_keywords(UserTargetKeywords)
 def calibrate_noise_multiplier(
     *,
     sample_rate: float,
@@ -95,6 +97,7 @@ def calibrate_noise_multiplier(
     )
 
 
+@shows_keywords(TargetKeywords)
 def calibrate_sigma(
     kind: SamplingKind,
     steps: int,

@@ -45,6 +45,7 @@ from dpfy.privacy.calibration_inputs import (
     SampledTargetKeywords,
     check_rate,
     check_steps,
+    shows_keywords,
     target_from,
 )
 from dpfy.privacy.canonical import canonical_form, independent_runs, pass_length
@@ -171,6 +172,7 @@ def log_grid(lo: float, hi: float, num: int) -> np.ndarray:
     return np.logspace(lo, hi, num)
 
 
+@shows_keywords(SampledTargetKeywords)
 def calibrate_grid_noise_multiplier(
     *,
     sample_rate: float,
