@@ -22,6 +22,7 @@ clipping); Abadi et al. 2016 (flat); McMahan et al. 2018 (per-layer).
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Sequence, cast
 
@@ -235,6 +236,18 @@ class MicrobatchClipping(FlatClipping):
         return 2.0 * float(clip)
 
 
+def _one_number(value: object) -> bool:
+    """A real number: a Python or NumPy scalar, or a tensor or array of one element."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, numbers.Real):
+        return True
+    if isinstance(value, torch.Tensor):
+        return value.numel() == 1 and not value.is_complex()
+    size = getattr(value, "size", None)  # a NumPy array's element count
+    return isinstance(size, int) and size == 1 and hasattr(value, "dtype")
+
+
 def make_clipping(
     kind: str,
     max_grad_norm: float | Sequence[float] | torch.Tensor,
@@ -261,19 +274,18 @@ def make_clipping(
     scalar = isinstance(max_grad_norm, (int, float))
     if kind == "per_layer":
         k = len(layers)
-        if not isinstance(max_grad_norm, (int, float)):
+        if _one_number(max_grad_norm):  # C, split as C/√K
+            clips = [float(cast(float, max_grad_norm)) / math.sqrt(k)] * k
+        else:
+            items = list(cast(Sequence[float], max_grad_norm))  # read once: a generator is fine
             require(
-                all(torch.as_tensor(c).numel() == 1 for c in max_grad_norm),
+                all(_one_number(c) for c in items),
                 "max_grad_norm",
-                [tuple(torch.as_tensor(c).shape) for c in max_grad_norm],
+                max_grad_norm if isinstance(max_grad_norm, (list, tuple)) else items,
                 "one number per layer (a float, or K numbers) with clipping='per_layer'",
                 "Give each layer's threshold as a number",
             )
-        clips = (
-            [float(max_grad_norm) / math.sqrt(k)] * k
-            if isinstance(max_grad_norm, (int, float))
-            else [float(c) for c in max_grad_norm]
-        )
+            clips = [float(c) for c in items]
         return PerLayerClipping(tuple(tuple(g) for g in layers), tuple(clips))
     if kind == "individual":
         per_example = torch.as_tensor(max_grad_norm, dtype=torch.float64)

@@ -172,3 +172,24 @@ def test_runs_of_whole_passes_are_the_same_either_way():
                              sampling=Sampling.SHUFFLE)
     assert grid_epsilon([one] * 4, delta=delta, accountant="rdp") == pytest.approx(
         _gaussian_rdp_epsilon(1.0, 12, delta), rel=1e-9)
+
+
+def test_one_run_grid_is_the_run_even_for_a_long_schedule():
+    # a schedule of 100 distinct σ's: epsilon() rounds them down to its grid (safe side, fast);
+    # the grid's ε of that one run must be the same number, not a slower exact one
+    from dpfy.privacy import epsilon
+
+    sigmas = np.linspace(1.0, 2.0, 100)
+    run = Ledger.from_schedule(sample_rates=[0.01] * 100, noise_multipliers=list(sigmas))
+    for accountant in ("rdp", "pld"):
+        assert grid_epsilon([run], delta=DELTA, accountant=accountant) == pytest.approx(
+            epsilon(run, delta=DELTA, accountant=accountant), rel=1e-12)
+
+
+def test_a_grid_of_two_units_is_refused():
+    # one ε for user-level and example-level runs together states neither guarantee
+    users = Ledger.homogeneous(sample_rate=0.1, noise_multiplier=1.0, steps=10,
+                               sampling=Sampling.ULS)
+    examples = Ledger.homogeneous(sample_rate=0.1, noise_multiplier=1.0, steps=10)
+    with pytest.raises(ValueError, match="one unit of privacy"):
+        grid_epsilon([users, examples], delta=DELTA, accountant="rdp")

@@ -85,3 +85,23 @@ def test_thresholds_the_spec_cannot_read_still_reach_their_refusal():
             model, opt, data, noise_multiplier=1.0, max_grad_norm=bad, clipping="per_layer"
         )
     assert "one number per layer" in str(err.value)
+
+
+def test_per_layer_thresholds_as_any_numbers():
+    # a generator, NumPy scalars and 0-d tensors are numbers per layer; a nested list is not
+    import numpy as np
+    import pytest
+
+    from dpfy.clipping import make_clipping
+
+    layers = [["a.weight"], ["b.weight"]]
+    assert make_clipping("per_layer", (c for c in [1.0, 2.0]), layers).clips == (1.0, 2.0)
+    assert make_clipping("per_layer", [torch.tensor(1.0), np.float32(2.0)], layers).clips == (
+        1.0,
+        2.0,
+    )
+    assert make_clipping("per_layer", torch.tensor(2.0), layers).clips == pytest.approx(
+        (2.0 / 2**0.5, 2.0 / 2**0.5)
+    )
+    with pytest.raises(ValueError, match="one number per layer"):
+        make_clipping("per_layer", [[1.0], [2.0]], layers)

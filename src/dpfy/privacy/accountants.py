@@ -60,6 +60,7 @@ __all__ = [
     "check_pld_grid",
     "check_delta",
     "prepare",
+    "prepare_form",
     "epsilon",
     "delta",
     "epsilon_curve",
@@ -134,9 +135,20 @@ def prepare(
     sigma_resolution: Resolution = AUTO,
 ) -> CanonicalForm:
     """The canonical form ``accountant`` will read, coarsened as ``sigma_resolution`` says."""
-    check_accountant(accountant)
     require(isinstance(ledger, Ledger), "ledger", type(ledger).__name__, "a dpfy Ledger")
-    form = canonical_form(ledger, amplify=amplify)
+    return prepare_form(
+        canonical_form(ledger, amplify=amplify),
+        accountant=accountant,
+        sigma_resolution=sigma_resolution,
+    )
+
+
+def prepare_form(
+    form: CanonicalForm, *, accountant: str = "rdp", sigma_resolution: Resolution = AUTO
+) -> CanonicalForm:
+    """``form`` as ``accountant`` will read it, coarsened as ``sigma_resolution`` says (what
+    :func:`prepare` does after reducing a ledger; a grid's composed runs start here)."""
+    check_accountant(accountant)
     if sigma_resolution is None:
         return form
     if sigma_resolution == AUTO:

@@ -40,7 +40,12 @@ from dpfy._lazy import LazyModule
 from dpfy._require import require
 from dpfy.privacy import pld as _pld
 from dpfy.privacy import rdp as _rdp
-from dpfy.privacy.accountants import epsilon_from_form, pld_discretization, prepare
+from dpfy.privacy.accountants import (
+    epsilon_from_form,
+    pld_discretization,
+    prepare,
+    prepare_form,
+)
 from dpfy.privacy.calibration_inputs import (
     SampledTargetKeywords,
     check_rate,
@@ -140,8 +145,18 @@ def grid_epsilon(ledgers: Sequence[Ledger], *, delta: float, accountant: str = "
         "runs on one dataset (one dataset size)",
         "A grid's runs train on the same private examples",
     )
-    # each run on its own (a grid's run restarts its sampler's passes and its tree), composed
+    units = {ledger.unit() for ledger in ledgers if ledger.step_groups}
+    require(
+        len(units) <= 1,
+        "ledgers",
+        sorted(units),
+        "runs of one unit of privacy (examples or users)",
+        "A grid's ε is stated for one unit: tune user-level and example-level runs apart",
+    )
+    # each run on its own (a grid's run restarts its sampler's passes and its tree), composed;
+    # σ's rounded down as epsilon() rounds a long schedule's (safe side, and fast)
     form = independent_runs([canonical_form(ledger) for ledger in ledgers])
+    form = prepare_form(form, accountant=accountant)
     return epsilon_from_form(form, delta=delta, accountant=accountant)
 
 
