@@ -47,6 +47,7 @@ __all__ = [
     "pld_bracket",
     "gdp_sigma_guess",
     "shows_keywords",
+    "KEYWORD_DEFAULTS",
 ]
 
 MAX_NOISE_MULTIPLIER = 1e4
@@ -158,7 +159,8 @@ class UserTargetKeywords(SampledTargetKeywords, total=False):
     max_examples_per_user: int | None
 
 
-# the optional target keywords' defaults, as target_from and kind_from apply them
+# the optional target keywords' defaults: what target_from and kind_from apply, and what
+# shows_keywords writes into the calibrators' signatures
 KEYWORD_DEFAULTS: dict[str, Any] = {
     "accountant": "rdp",
     "approximate": False,
@@ -204,7 +206,11 @@ def shows_keywords(group: Any, **defaults: Any) -> Callable[[F], F]:
 
 
 def target_from(
-    caller: str, group: Any, given: TargetKeywords, *, default_accountant: str = "rdp"
+    caller: str,
+    group: Any,
+    given: TargetKeywords,
+    *,
+    default_accountant: str = KEYWORD_DEFAULTS["accountant"],
 ) -> Target:
     """The checked :class:`Target` that a calibrator's keyword group ``given`` names.
 
@@ -212,7 +218,7 @@ def target_from(
     type for a TypedDict class), ``caller`` the calibrator's name. A ``**target: Unpack[...]``
     takes any keyword at run time (only mypy checks it), so this raises the TypeError Python
     raises for a named keyword: one the group does not declare, or a required one missing.
-    Then the defaults (``accountant`` = ``default_accountant``, ``approximate`` = False) and
+    Then the defaults (:data:`KEYWORD_DEFAULTS`; ``accountant`` = ``default_accountant``) and
     :func:`check_target`'s refusals.
     """
     declared = list(group.__annotations__)  # the group's keys, bases first
@@ -230,7 +236,7 @@ def target_from(
         given["target_epsilon"],
         given["delta"],
         given.get("accountant", default_accountant),
-        given.get("approximate", False),
+        given.get("approximate", KEYWORD_DEFAULTS["approximate"]),
     )
     target.check()
     return target

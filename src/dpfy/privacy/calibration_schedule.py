@@ -35,7 +35,11 @@ from dpfy.types import ReleaseSpec, StepPlan
 __all__ = ["calibrate_schedule_scale", "hyfree_noise_split"]
 
 
-@shows_keywords(SampledTargetKeywords, accountant="pld")
+# the schedules' own default accountant (the other calibrators' is "rdp")
+SCHEDULE_ACCOUNTANT = "pld"
+
+
+@shows_keywords(SampledTargetKeywords, accountant=SCHEDULE_ACCOUNTANT)
 def calibrate_schedule_scale(
     *,
     shape: Sequence[float] | np.ndarray,
@@ -57,7 +61,10 @@ def calibrate_schedule_scale(
     ``sampling=Sampling.POISSON``, ``dataset_size=None``.
     """
     goal = target_from(
-        "calibrate_schedule_scale", SampledTargetKeywords, target, default_accountant="pld"
+        "calibrate_schedule_scale",
+        SampledTargetKeywords,
+        target,
+        default_accountant=SCHEDULE_ACCOUNTANT,
     )
     target_epsilon, delta, accountant = goal.epsilon, goal.delta, goal.accountant
     check_rate(sample_rate)

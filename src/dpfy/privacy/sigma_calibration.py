@@ -8,7 +8,7 @@ How the search is bracketed and why its σ is safe on the run's own PLD grid is 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable, Unpack, cast
+from typing import Callable, Unpack
 
 from dpfy._require import require
 from dpfy.privacy.accountants import PLD_COARSE, pld_min_noise_multiplier
@@ -19,6 +19,7 @@ from dpfy.privacy.accountants import (
     rdp_integer_orders_epsilon,
 )
 from dpfy.privacy.calibration_inputs import (
+    KEYWORD_DEFAULTS,
     MAX_NOISE_MULTIPLIER,
     PLD_SEARCH_DISCRETIZATION,
     SampledTargetKeywords,
@@ -129,12 +130,12 @@ def kind_from(given: SampledTargetKeywords, sample_rate: float) -> SamplingKind:
     """The sampling kind at rate ``sample_rate`` that a calibrator's keyword group names, with
     its defaults: Poisson sampling, no dataset size, no cap on a user's examples (a group
     without ``max_examples_per_user``, :class:`SampledTargetKeywords`, has none)."""
-    k = cast("int | None", given.get("max_examples_per_user"))
+    keywords = {**KEYWORD_DEFAULTS, **given}
     return sampling_kind(
-        given.get("sampling", Sampling.POISSON),
+        keywords["sampling"],
         sample_rate,
-        dataset_size=given.get("dataset_size"),
-        max_examples_per_user=k,
+        dataset_size=keywords["dataset_size"],
+        max_examples_per_user=keywords["max_examples_per_user"],
     )
 
 

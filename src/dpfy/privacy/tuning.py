@@ -200,9 +200,9 @@ def calibrate_grid_noise_multiplier(
 
     The per-grid budget of Galli et al. 2024 (Mohapatra et al. 2022): a grid of ``runs``
     configurations, each trained with noise multiplier σ for ``steps`` identical steps at
-    ``sample_rate``, is one data access; the ledger it writes is :func:`composed_runs` of one
-    run's ledger, and σ is searched so that this whole ledger spends at most ``target_epsilon``
-    at ``delta`` (the result is on the safe side, as in
+    ``sample_rate``, is one data access; its runs, each accounted on its own and composed
+    (:func:`grid_epsilon`: a shuffled run restarts its passes), spend at most ``target_epsilon``
+    at ``delta`` at the σ returned (the result is on the safe side, as in
     :func:`dpfy.privacy.calibration.calibrate_noise_multiplier`, whose other arguments this
     shares). ``runs=1`` is that function's answer. Seeds of one configuration are not charged by
     Galli et al.'s protocol; if they are released or selected on, count them in ``runs``.
