@@ -91,9 +91,10 @@ def _by_value(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = dataclasses.fields(value)
         return type(value), tuple(_by_value(getattr(value, f.name)) for f in fields if f.compare)
-    if isinstance(value, (list, tuple)) and not all(_is_number(v) for v in value):
-        return tuple(_by_value(v) for v in value)
-    if not _is_number(value) and not isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple)):
+        if not all(_is_number(v) for v in value):  # a chain of methods, or not numbers
+            return tuple(_by_value(v) for v in value)
+    elif not _is_number(value):
         return _Identity(value)
     try:
         if isinstance(value, (list, tuple)) and any(hasattr(v, "detach") for v in value):
